@@ -1,0 +1,128 @@
+# tidal — build, test, demo.  `make help` lists the targets.
+#
+# Switches (few, named for what they change):
+#   CUDA=0        build without the CUDA backend and kernels (default: on when nvcc is found)
+#   CUDA_ARCH=... nvcc -gencode flags (default: sm_90 code plus compute_80 PTX, portable to sm_80+)
+#   SANITIZE=address,undefined   build into build-san/ with ASan/UBSan (CPU tests)
+#   OPT=-O2       optimisation flags
+
+CC       ?= gcc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+ifeq ($(strip $(NVCC)),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80
+
+OPT      ?= -O2
+BUILD    := build
+ifneq ($(strip $(SANITIZE)),)
+BUILD    := build-san
+OPT      := -O1 -g -fno-omit-frame-pointer -fsanitize=$(SANITIZE) -fno-sanitize-recover=all
+endif
+
+PKGS     := hwloc libcjson
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+TEST_CFLAGS := $(shell pkg-config --cflags cmocka 2>/dev/null)
+TEST_LIBS   := $(shell pkg-config --libs cmocka 2>/dev/null)
+
+CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -fopenmp -pthread \
+            -Iinclude -MMD -MP $(PKG_CFLAGS)
+LDLIBS   := $(PKG_LIBS) -fopenmp -pthread -lm
+NVFLAGS  := -std=c++17 -O3 $(CUDA_ARCH) -Iinclude -Xcompiler -fPIC,-Wall -MMD -MP
+
+ifeq ($(CUDA),1)
+CFLAGS   += -DTD_HAVE_CUDA -I$(CUDA_HOME)/include
+NVFLAGS  += -DTD_HAVE_CUDA
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt
+endif
+
+# Library sources: every .c in the module folders; *_cuda.c and *.cu only with CUDA.
+MODULES  := offload memmgr optim trainer
+ALL_C    := $(filter-out trainer/main.c,$(wildcard $(addsuffix /*.c,$(MODULES))))
+ifeq ($(CUDA),1)
+LIB_C    := $(ALL_C)
+LIB_CU   := $(wildcard $(addsuffix /*.cu,$(MODULES)))
+else
+LIB_C    := $(filter-out %_cuda.c,$(ALL_C))
+LIB_CU   :=
+endif
+LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
+BENCH_C  := $(if $(filter 1,$(CUDA)),$(wildcard bench/*.c),$(filter-out %_cuda.c,$(wildcard bench/*.c)))
+CLI_OBJ  := $(BUILD)/trainer/main.o $(BENCH_C:%.c=$(BUILD)/%.o)
+
+TESTS      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
+GPU_TESTS  := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
+TEST_SUPPORT := $(wildcard tests/support/*.c)
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/%.o)
+
+# Per-ISA flags: one definition, compiled once per instruction set.
+$(BUILD)/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2
+$(BUILD)/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
+
+.PHONY: all lib cli test gpu-test bench-gpu demo deps clean help check-deps
+all: $(BUILD)/tidal
+
+help:
+	@echo "make            build libtidal.a and the tidal command into $(BUILD)/"
+	@echo "make demo       train a small GPT on the fortunes corpus (GPU if present, else CPU)"
+	@echo "make test       all CPU tests (SANITIZE=address,undefined for ASan/UBSan)"
+	@echo "make gpu-test   GPU tests (needs a CUDA device)"
+	@echo "make bench-gpu  GPU benchmarks"
+	@echo "make deps       install missing system packages with apt-get"
+	@echo "switches: CUDA=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
+
+# --- dependencies -----------------------------------------------------------
+deps:
+	@./tools/deps.sh install demo
+# Runs `make deps` by itself when a package is missing.
+check-deps:
+	@./tools/deps.sh check || ./tools/deps.sh install
+
+# --- build -------------------------------------------------------------------
+$(BUILD)/libtidal.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tidal: $(CLI_OBJ) $(BUILD)/libtidal.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libtidal.a $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(if $(filter tests/%,$<),$(TEST_CFLAGS) -Itests/support) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(BUILD)/libtidal.a
+	$(CC) $(CFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libtidal.a $(TEST_LIBS) $(LDLIBS)
+
+# --- test --------------------------------------------------------------------
+# ASan needs the shadow gap unprotected for the CUDA runtime to initialise.
+test: check-deps
+	@$(MAKE) --no-print-directory $(BUILD)/tidal $(TESTS)
+	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  TD_BACKEND=cpu ./tests/run.sh $(TESTS)
+
+gpu-test: check-deps
+	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
+	@TD_BACKEND=cuda ./tests/run.sh $(GPU_TESTS)
+
+bench-gpu: check-deps
+	@$(MAKE) --no-print-directory $(BUILD)/tidal
+	./bench/bench-gpu.sh $(BUILD)/tidal
+
+demo:
+	@./tools/deps.sh check demo || ./tools/deps.sh install demo
+	@$(MAKE) --no-print-directory $(BUILD)/tidal
+	./tools/demo.sh $(BUILD)/tidal
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

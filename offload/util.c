@@ -1,0 +1,108 @@
+/* Byte sizes, clocks and the seeded RNG (see include/tidal/util.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "tidal/util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+td_status td_parse_bytes(const char *text, size_t *bytes_out)
+{
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1}, {"b", 1},
+        {"k", 1024.0}, {"kib", 1024.0}, {"kb", 1e3},
+        {"m", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},
+        {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
+        {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
+    };
+    if (!text || !*text)
+        return td_error_set(TD_ERR_INVALID, "empty size; expected e.g. 4096, 512MiB or 24GiB");
+    const char *p = text;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p == '-' || *p == '+')
+        return td_error_set(TD_ERR_INVALID, "size '%s' must be a positive number of bytes", text);
+    errno = 0;
+    char *end;
+    double v = strtod(p, &end);
+    if (end == p || errno || !isfinite(v) || v < 0)
+        return td_error_set(TD_ERR_INVALID, "size '%s' is not a number; expected e.g. 4096, 512MiB or 24GiB", text);
+    while (isspace((unsigned char)*end)) end++;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            double bytes = v * units[i].mult;
+            if (bytes >= 18446744073709549568.0)
+                return td_error_set(TD_ERR_INVALID, "size '%s' is too large", text);
+            if (bytes != floor(bytes))
+                return td_error_set(TD_ERR_INVALID, "size '%s' is not a whole number of bytes", text);
+            *bytes_out = (size_t)bytes;
+            return TD_OK;
+        }
+    }
+    return td_error_set(TD_ERR_INVALID, "size '%s' has an unknown unit '%s'; use B, KiB, MiB, GiB, TiB (or kB, MB, GB, TB)", text, end);
+}
+
+char *td_format_bytes(size_t bytes, char *buf, size_t buf_bytes)
+{
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) { v /= 1024.0; u++; }
+    if (u == 0) snprintf(buf, buf_bytes, "%zu B", bytes);
+    else snprintf(buf, buf_bytes, "%.2f %s", v, unit[u]);
+    return buf;
+}
+
+double td_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+void td_sleep_us(long us)
+{
+    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void td_rng_seed(td_rng *rng, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t td_rng_next(td_rng *rng)
+{
+    uint64_t *s = rng->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+uint64_t td_rng_below(td_rng *rng, uint64_t bound)
+{
+    if (bound == 0) return 0;
+    uint64_t limit = UINT64_MAX - UINT64_MAX % bound; /* reject the biased tail */
+    uint64_t x;
+    do x = td_rng_next(rng); while (x >= limit);
+    return x % bound;
+}
+
+double td_rng_uniform(td_rng *rng) { return (double)(td_rng_next(rng) >> 11) * 0x1.0p-53; }

@@ -1,0 +1,31 @@
+/* Shared helpers for tidal's cmocka tests. */
+#ifndef TD_TEST_H
+#define TD_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tidal/alloc.h"
+#include "tidal/backend.h"
+#include "tidal/status.h"
+#include "tidal/util.h"
+
+/* Fails the test with the library's message when `expr` is not TD_OK. */
+#define TD_ASSERT_OK(expr)                                                        \
+    do {                                                                          \
+        td_status st_ = (expr);                                                   \
+        if (st_ != TD_OK) fail_msg("%s -> %s: %s (at %s)", #expr,                \
+                                   td_status_name(st_), td_error_msg(), td_error_where()); \
+    } while (0)
+
+/* The backend tests run on: env TD_BACKEND (cpu|cuda|auto), default cpu. */
+td_backend_kind td_test_backend_kind(void);
+/* Creates that backend; `debug` turns on the cpu backend's delay+poison mode. */
+td_backend *td_test_backend(int debug);
+/* Number of seeds for randomized tests: env TD_TEST_SEEDS, default `fallback`. */
+int td_test_seeds(int fallback);
+
+#endif

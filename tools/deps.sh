@@ -1,0 +1,32 @@
+#!/bin/sh
+# tools/deps.sh check|install [demo] — the system packages tidal needs.
+#   check    exits non-zero when a library (or, with `demo`, the fortunes
+#            corpus) is missing; libraries are looked up with pkg-config, so
+#            packages unpacked elsewhere (PKG_CONFIG_PATH) count.
+#   install  installs what is missing with apt-get (sudo when not root).
+# Called by `make deps`, and by `make test` / `make demo` when something is missing.
+set -e
+LIBS="hwloc libcjson cmocka"
+need_pkgs() {
+    pkgs=""
+    command -v pkg-config >/dev/null 2>&1 || pkgs="pkg-config"
+    pkg-config --exists hwloc 2>/dev/null || pkgs="$pkgs libhwloc-dev"
+    pkg-config --exists libcjson 2>/dev/null || pkgs="$pkgs libcjson-dev"
+    pkg-config --exists cmocka 2>/dev/null || pkgs="$pkgs libcmocka-dev"
+    if [ "$1" = demo ] && ! ls /usr/share/games/fortunes/fortunes >/dev/null 2>&1; then
+        pkgs="$pkgs fortunes"
+    fi
+    echo $pkgs
+}
+missing=$(need_pkgs "$2")
+case "$1" in
+check) [ -z "$missing" ] ;;
+install)
+    if [ -z "$missing" ]; then echo "deps: all present"; exit 0; fi
+    echo "deps: installing $missing"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q $missing || { $SUDO apt-get update -q && $SUDO apt-get install -y -q $missing; }
+    ;;
+*) echo "usage: $0 check|install [demo]" >&2; exit 2 ;;
+esac

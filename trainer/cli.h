@@ -1,0 +1,8 @@
+/* The `tidal` command's subcommands.  Each takes the arguments after its
+ * name and returns a process exit code (0 ok, 1 runtime error, 2 usage). */
+#ifndef TIDAL_CLI_H
+#define TIDAL_CLI_H
+
+int td_cli_memsim_main(int argc, char **argv);
+
+#endif
