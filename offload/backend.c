@@ -74,7 +74,7 @@ td_status td_backend_create(const td_backend_params *params, td_backend **out)
         td_status st = td_backend_cpu_create(&p, out);
         if (st == TD_OK) {
             char desc[sizeof (*out)->description];
-            snprintf(desc, sizeof desc, "%s; no GPU: %.80s", (*out)->description, why);
+            snprintf(desc, sizeof desc, "%.200s; no GPU: %.100s", (*out)->description, why);
             memcpy((*out)->description, desc, sizeof desc);
             td_error_clear();
         }

@@ -30,7 +30,7 @@ struct td_backend {
     const td_backend_ops *ops;
     td_backend_kind kind;
     char name[16];
-    char description[160];
+    char description[320];
 };
 
 td_status td_backend_cpu_create(const td_backend_params *params, td_backend **out);

@@ -1,0 +1,126 @@
+/* Topology and NUMA placement with hwloc (see include/tidal/topo.h). */
+#include "tidal/topo.h"
+#include "tidal/alloc.h"
+#include "tidal/util.h"
+
+#include <hwloc.h>
+#include <stdio.h>
+#include <string.h>
+
+struct td_topo {
+    hwloc_topology_t topology;
+    hwloc_cpuset_t local_cpus;
+    hwloc_nodeset_t local_nodes;
+    int local_cores;
+    int numa_nodes;
+    int membind_refused;
+    char description[256];
+};
+
+static void describe(td_topo *t, const char *gpu)
+{
+    char cpus[64], nodes[64];
+    hwloc_bitmap_list_snprintf(cpus, sizeof cpus, t->local_cpus);
+    hwloc_bitmap_list_snprintf(nodes, sizeof nodes, t->local_nodes);
+    snprintf(t->description, sizeof t->description, "NUMA node%s %s of %d (%d cores, cpus %s)%s%s%s",
+             hwloc_bitmap_weight(t->local_nodes) == 1 ? "" : "s", nodes, t->numa_nodes, t->local_cores, cpus,
+             gpu ? " nearest GPU " : "", gpu ? gpu : "", t->membind_refused ? "; memory binding refused" : "");
+}
+
+td_status td_topo_create(td_backend *b, td_topo **out)
+{
+    td_status st = TD_OK;
+    char busid[32] = {0};
+    int have_gpu = 0;
+    *out = NULL;
+    td_topo *t = td_calloc(1, sizeof *t, TD_ROLE_META);
+    if (!t) return TD_ERR_NOMEM;
+    if (hwloc_topology_init(&t->topology) != 0) {
+        td_free(t);
+        return td_error_set(TD_ERR_BACKEND, "hwloc_topology_init failed");
+    }
+    if (b && td_backend_get_kind(b) == TD_BACKEND_CUDA && td_backend_pci_bus_id(b, busid, sizeof busid) == TD_OK) {
+        have_gpu = 1;
+        hwloc_topology_set_io_types_filter(t->topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    }
+    if (hwloc_topology_load(t->topology) != 0)
+        TD_FAIL(TD_ERR_BACKEND, "hwloc could not read the machine's topology");
+    hwloc_obj_t local = hwloc_get_root_obj(t->topology);
+    if (have_gpu) {
+        hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(t->topology, busid);
+        hwloc_obj_t anc = pci ? hwloc_get_non_io_ancestor_obj(t->topology, pci) : NULL;
+        if (anc && anc->cpuset && !hwloc_bitmap_iszero(anc->cpuset)) local = anc;
+    }
+    t->local_cpus = hwloc_bitmap_dup(local->cpuset);
+    t->local_nodes = hwloc_bitmap_dup(local->nodeset);
+    if (!t->local_cpus || !t->local_nodes) TD_FAIL(TD_ERR_NOMEM, "hwloc bitmap allocation failed");
+    t->local_cores = hwloc_get_nbobjs_inside_cpuset_by_type(t->topology, t->local_cpus, HWLOC_OBJ_CORE);
+    if (t->local_cores <= 0) t->local_cores = hwloc_bitmap_weight(t->local_cpus);
+    t->numa_nodes = hwloc_get_nbobjs_by_type(t->topology, HWLOC_OBJ_NUMANODE);
+    describe(t, have_gpu ? busid : NULL);
+    *out = t;
+    return TD_OK;
+cleanup:
+    td_topo_destroy(t);
+    return st;
+}
+
+void td_topo_destroy(td_topo *t)
+{
+    if (!t) return;
+    if (t->local_cpus) hwloc_bitmap_free(t->local_cpus);
+    if (t->local_nodes) hwloc_bitmap_free(t->local_nodes);
+    hwloc_topology_destroy(t->topology);
+    td_free(t);
+}
+
+const char *td_topo_describe(const td_topo *t) { return t->description; }
+int td_topo_local_cores(const td_topo *t) { return t->local_cores; }
+int td_topo_numa_nodes(const td_topo *t) { return t->numa_nodes; }
+
+td_status td_topo_bind_thread(td_topo *t)
+{
+    if (hwloc_set_cpubind(t->topology, t->local_cpus, HWLOC_CPUBIND_THREAD) != 0)
+        return td_error_set(TD_ERR_UNSUPPORTED, "binding a thread to the GPU-local cores was refused");
+    return TD_OK;
+}
+
+td_status td_topo_bind_thread_to_core(td_topo *t, int index, int count)
+{
+    int cores = t->local_cores > 0 ? t->local_cores : 1;
+    hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(t->topology, t->local_cpus, HWLOC_OBJ_CORE,
+                                                            (unsigned)(index % cores));
+    if (!core) return td_topo_bind_thread(t);
+    (void)count;
+    if (hwloc_set_cpubind(t->topology, core->cpuset, HWLOC_CPUBIND_THREAD) != 0)
+        return td_error_set(TD_ERR_UNSUPPORTED, "binding thread %d to core %d was refused", index, index % cores);
+    return TD_OK;
+}
+
+void *td_topo_alloc(td_topo *t, size_t bytes)
+{
+    void *p = NULL;
+    if (!t->membind_refused)
+        p = hwloc_alloc_membind(t->topology, bytes, t->local_nodes, HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET);
+    if (!p) {
+        /* Containers may refuse mbind; placement then falls to first touch. */
+        if (!t->membind_refused) {
+            t->membind_refused = 1;
+            char *gpu = strstr(t->description, "nearest GPU ");
+            char busid[32] = {0};
+            if (gpu) snprintf(busid, sizeof busid, "%.31s", gpu + 12);
+            describe(t, gpu ? busid : NULL);
+        }
+        p = hwloc_alloc(t->topology, bytes);
+    }
+    if (!p) {
+        char s[32];
+        td_error_set(TD_ERR_NOMEM, "cannot map %s of host memory", td_format_bytes(bytes, s, sizeof s));
+    }
+    return p;
+}
+
+void td_topo_free(td_topo *t, void *ptr, size_t bytes)
+{
+    if (ptr) hwloc_free(t->topology, ptr, bytes);
+}
