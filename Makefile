@@ -109,9 +109,11 @@ test: check-deps
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TD_BACKEND=cpu ./tests/run.sh $(TESTS)
 
+# The backend-generic CPU tests run again on the cuda backend, beside tests/gpu/.
+GENERIC_TESTS := $(filter $(addprefix $(BUILD)/tests/,test_arena test_copy test_fault test_hostpool),$(TESTS))
 gpu-test: check-deps
 	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
-	@TD_BACKEND=cuda ./tests/run.sh $(GPU_TESTS)
+	@TD_BACKEND=cuda ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
 
 bench-gpu: check-deps
 	@$(MAKE) --no-print-directory $(BUILD)/tidal

@@ -1,0 +1,96 @@
+/* Fault injection: the n-th host allocation, pin or device reservation
+ * fails, for every n a scenario reaches.  Each failure must come back as an
+ * error, nothing may leak (td_host_live_allocs and, under ASan, LeakSanitizer)
+ * and nothing may crash. */
+#include "td_test.h"
+#include "tidal/arena.h"
+#include "tidal/copy.h"
+#include "tidal/hostpool.h"
+#include "tidal/topo.h"
+
+#include <string.h>
+
+/* Builds the whole offload stack, uses it, and tears it down.  Returns the
+ * first error; cleans up after itself whatever happens. */
+static td_status scenario(void)
+{
+    td_status st = TD_OK;
+    td_backend *b = NULL;
+    td_topo *topo = NULL;
+    td_hostpool *pool = NULL;
+    td_arena *arena = NULL;
+    td_slot_pool *slots = NULL;
+    td_copy_engine *eng = NULL;
+    void *h = NULL, *h2 = NULL, *act = NULL, *slot[3] = {0};
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = td_test_backend_kind();
+    bp.cpu_device_bytes = 64 * TD_MiB;
+    TD_TRY(td_backend_create(&bp, &b));
+    TD_TRY(td_topo_create(b, &topo));
+    td_hostpool_params hp = { .slab_bytes = 2 * TD_MiB, .pin_limit_bytes = 64 * TD_MiB };
+    TD_TRY(td_hostpool_create(b, topo, &hp, &pool));
+    TD_TRY(td_hostpool_alloc(pool, TD_MiB, TD_ROLE_CHUNK, &h));
+    TD_TRY(td_hostpool_alloc(pool, 3 * TD_MiB, TD_ROLE_STAGING, &h2)); /* second slab */
+    TD_TRY(td_arena_create(b, 8 * TD_MiB, &arena));
+    TD_TRY(td_slot_pool_create(arena, TD_MiB, TD_ROLE_CHUNK, &slots));
+    for (int i = 0; i < 3; i++) TD_TRY(td_slot_acquire(slots, &slot[i]));
+    TD_TRY(td_arena_alloc(arena, 12345, TD_ROLE_ACTIVATION, &act));
+    td_copy_params cp = td_copy_default_params();
+    cp.events_per_queue = 4;
+    TD_TRY(td_copy_engine_create(b, &cp, &eng));
+    memset(h, 7, TD_MiB);
+    td_copy_ticket t;
+    TD_TRY(td_copy_submit(eng, TD_COPY_H2D, slot[0], h, TD_MiB, NULL, &t));
+    TD_TRY(td_copy_submit(eng, TD_COPY_D2H, h2, slot[0], TD_MiB, &t, &t));
+    TD_TRY(td_copy_wait(eng, &t));
+    if (memcmp(h, h2, TD_MiB) != 0) TD_FAIL(TD_ERR_STATE, "round trip corrupted data");
+cleanup:
+    td_copy_engine_destroy(eng);
+    for (int i = 0; i < 3; i++) if (slot[i]) td_slot_release(slots, slot[i]);
+    td_slot_pool_destroy(slots);
+    if (act) td_arena_release(arena, act);
+    td_arena_destroy(arena);
+    if (h) td_hostpool_release(pool, h);
+    if (h2) td_hostpool_release(pool, h2);
+    td_hostpool_destroy(pool);
+    td_topo_destroy(topo);
+    td_backend_free(b);
+    return st;
+}
+
+static void sweep(td_fault_kind kind, long min_reached)
+{
+    size_t live_before = td_host_live_allocs();
+    size_t used_before = td_host_used_total();
+    long n = 1;
+    for (;; n++) {
+        td_fault_arm(kind, n);
+        td_status st = scenario();
+        long reached = td_fault_count(kind);
+        td_fault_disarm_all();
+        assert_int_equal(td_host_live_allocs(), live_before);
+        assert_int_equal(td_host_used_total(), used_before);
+        if (reached < n) { /* the n-th operation never came: the scenario ran clean */
+            if (st != TD_OK) fail_msg("clean run failed: %s", td_error_msg());
+            break;
+        }
+        if (st == TD_OK) fail_msg("fault %d at n=%ld was swallowed", (int)kind, n);
+        assert_true(st == TD_ERR_FAULT || st == TD_ERR_NOMEM);
+        assert_true(strlen(td_error_msg()) > 0);
+    }
+    assert_true(n - 1 >= min_reached); /* the scenario really exercised this kind */
+}
+
+static void test_fault_host_alloc(void **state) { sweep(TD_FAULT_HOST_ALLOC, 10); }
+static void test_fault_pin(void **state) { sweep(TD_FAULT_PIN, 2); }
+static void test_fault_dev_reserve(void **state) { sweep(TD_FAULT_DEV_RESERVE, 1); }
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fault_host_alloc),
+        cmocka_unit_test(test_fault_pin),
+        cmocka_unit_test(test_fault_dev_reserve),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
