@@ -3,6 +3,7 @@
 #include "td_test.h"
 #include "tidal/tensor_state.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define S(x) TD_TENSOR_##x
