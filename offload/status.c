@@ -28,7 +28,12 @@ td_status td_error_prefix(td_status st, const char *fmt, ...)
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     memcpy(old, msg_buf, sizeof old);
-    snprintf(msg_buf, sizeof msg_buf, "%s%s", head, old);
+    size_t h = strlen(head), o = strlen(old);
+    if (h > TD_MSG_BYTES - 1) h = TD_MSG_BYTES - 1;
+    if (o > TD_MSG_BYTES - 1 - h) o = TD_MSG_BYTES - 1 - h;
+    memcpy(msg_buf, head, h);
+    memcpy(msg_buf + h, old, o);
+    msg_buf[h + o] = '\0';
     return st;
 }
 
