@@ -1,0 +1,250 @@
+/* `tidal memsim`: replay a chunk access trace under a budget and an eviction
+ * policy, and report what would move (see include/tidal/memsim.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "tidal/memsim.h"
+#include "tidal/util.h"
+
+static void memsim_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: tidal memsim --trace FILE --budget BYTES [--policy belady|lru] [--prefetch N]\n"
+        "                    [--json] [--log FILE]\n\n"
+        "Replays a chunk access trace (written by --trace-out, or by hand; format in\n"
+        "docs/memory-manager.md) on a device of BYTES, evicting by the policy, and counts\n"
+        "loads (H2D), evictions, writebacks (D2H of dirty chunks) and the peak.\n\n"
+        "  --trace FILE     the trace ('-' reads standard input)\n"
+        "  --budget BYTES   device bytes for chunks + non-model bytes: 4096, 512MiB, 24GiB\n"
+        "  --policy P       belady (default: furthest next use, wrapping into the next\n"
+        "                   step; clean before dirty on ties) or lru (baseline)\n"
+        "  --prefetch N     issue loads up to N accesses ahead when they fit (default 0)\n"
+        "  --json           print one JSON object instead of the table\n"
+        "  --log FILE       write every load, eviction, access and non-model change\n");
+}
+
+/* "--name value" or "--name=value"; advances *i past what it used. */
+static int take_value(int argc, char **argv, int *i, const char *name, const char **value)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n)) return 0;
+    if (argv[*i][n] == '=') {
+        *value = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != '\0') return 0;
+    if (*i + 1 >= argc) {
+        *value = NULL;
+        return 1;
+    }
+    *value = argv[++*i];
+    return 1;
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_counts(FILE *f, const td_memsim_counts *c)
+{
+    fprintf(f, "\"accesses\": %llu, \"loads\": %llu, \"demand_loads\": %llu, \"stalls\": %llu, "
+               "\"prefetch_loads\": %llu, \"prefetch_hits\": %llu, \"prefetch_wasted\": %llu, "
+               "\"evictions\": %llu, \"writebacks\": %llu, \"bytes_h2d\": %llu, \"bytes_d2h\": %llu",
+            (unsigned long long)c->accesses, (unsigned long long)c->loads, (unsigned long long)c->demand_loads,
+            (unsigned long long)c->demand_loads, (unsigned long long)c->prefetch_loads,
+            (unsigned long long)c->prefetch_hits, (unsigned long long)c->prefetch_wasted,
+            (unsigned long long)c->evictions, (unsigned long long)c->writebacks,
+            (unsigned long long)c->bytes_h2d, (unsigned long long)c->bytes_d2h);
+}
+
+static unsigned long long chunk_bytes_total(const td_trace *t)
+{
+    unsigned long long sum = 0;
+    for (uint32_t i = 0; i < td_trace_chunk_count(t); i++) sum += td_trace_chunk_bytes(t, i);
+    return sum;
+}
+
+static void print_json(FILE *f, const char *path, const td_trace *t, const td_memsim_params *p,
+                       const td_memsim_result *r, double parse_ms, double sim_ms)
+{
+    fputs("{\"trace\": ", f);
+    json_string(f, path);
+    fprintf(f, ", \"budget_bytes\": %llu, \"policy\": \"%s\", \"prefetch\": %u, \"chunks\": %llu, "
+               "\"chunk_bytes_total\": %llu, \"steps\": %llu, ",
+            (unsigned long long)p->budget_bytes, td_evict_policy_name(p->policy), p->prefetch,
+            (unsigned long long)r->chunks, chunk_bytes_total(t), (unsigned long long)r->steps);
+    json_counts(f, &r->total);
+    fprintf(f, ", \"peak_device_bytes\": %llu, \"peak_chunk_bytes\": %llu, \"peak_nonmodel_bytes\": %llu, "
+               "\"compulsory_loads\": %llu, \"dirtyings\": %llu, \"dirty_end\": %llu, \"resident_end\": %llu, "
+               "\"resident_bytes_end\": %llu, \"last_step\": {",
+            (unsigned long long)r->peak_device_bytes, (unsigned long long)r->peak_chunk_bytes,
+            (unsigned long long)r->peak_nonmodel_bytes, (unsigned long long)r->compulsory_loads,
+            (unsigned long long)r->dirtyings, (unsigned long long)r->dirty_end,
+            (unsigned long long)r->resident_end, (unsigned long long)r->resident_bytes_end);
+    json_counts(f, &r->last_step);
+    fprintf(f, "}, \"parse_ms\": %.3f, \"simulate_ms\": %.3f}\n", parse_ms, sim_ms);
+}
+
+static void print_table(FILE *f, const char *path, const td_trace *t, const td_memsim_params *p,
+                        const td_memsim_result *r, double parse_ms, double sim_ms)
+{
+    char a[32], b[32], c[32], d[32];
+    const td_memsim_counts *k = &r->total;
+    fprintf(f, "trace      %s: %llu chunks (%s), %llu steps, %llu accesses\n", path,
+            (unsigned long long)r->chunks, td_format_bytes(chunk_bytes_total(t), a, sizeof a),
+            (unsigned long long)r->steps, (unsigned long long)k->accesses);
+    fprintf(f, "budget     %s, policy %s, prefetch %u\n", td_format_bytes(p->budget_bytes, a, sizeof a),
+            td_evict_policy_name(p->policy), p->prefetch);
+    fprintf(f, "loads      %llu (stalls %llu, prefetched %llu: %llu used, %llu wasted); compulsory %llu\n",
+            (unsigned long long)k->loads, (unsigned long long)k->demand_loads,
+            (unsigned long long)k->prefetch_loads, (unsigned long long)k->prefetch_hits,
+            (unsigned long long)k->prefetch_wasted, (unsigned long long)r->compulsory_loads);
+    fprintf(f, "evictions  %llu, writebacks %llu (dirtied %llu times, %llu still dirty at the end)\n",
+            (unsigned long long)k->evictions, (unsigned long long)k->writebacks,
+            (unsigned long long)r->dirtyings, (unsigned long long)r->dirty_end);
+    fprintf(f, "moved      H2D %s, D2H %s\n", td_format_bytes(k->bytes_h2d, a, sizeof a),
+            td_format_bytes(k->bytes_d2h, b, sizeof b));
+    fprintf(f, "peak       %s on the device (chunks %s, non-model %s); budget %s\n",
+            td_format_bytes(r->peak_device_bytes, a, sizeof a), td_format_bytes(r->peak_chunk_bytes, b, sizeof b),
+            td_format_bytes(r->peak_nonmodel_bytes, c, sizeof c), td_format_bytes(p->budget_bytes, d, sizeof d));
+    if (r->steps) {
+        const td_memsim_counts *l = &r->last_step;
+        fprintf(f, "last step  %llu accesses, %llu loads (stalls %llu), %llu writebacks, H2D %s, D2H %s\n",
+                (unsigned long long)l->accesses, (unsigned long long)l->loads,
+                (unsigned long long)l->demand_loads, (unsigned long long)l->writebacks,
+                td_format_bytes(l->bytes_h2d, a, sizeof a), td_format_bytes(l->bytes_d2h, b, sizeof b));
+    }
+    fprintf(f, "time       parse %.1f ms, simulate %.1f ms\n", parse_ms, sim_ms);
+}
+
+static void log_event(void *ctx, const td_memsim_event *ev)
+{
+    FILE *f = ctx;
+    unsigned long long pos = (unsigned long long)ev->pos, dev = (unsigned long long)ev->device_bytes;
+    switch (ev->kind) {
+    case TD_MEMSIM_LOAD:
+        if (ev->prefetch)
+            fprintf(f, "%llu load %u prefetch-for %llu device %llu\n", pos, ev->chunk,
+                    (unsigned long long)ev->target, dev);
+        else
+            fprintf(f, "%llu load %u demand device %llu\n", pos, ev->chunk, dev);
+        break;
+    case TD_MEMSIM_EVICT:
+        fprintf(f, "%llu evict %u %s device %llu\n", pos, ev->chunk, ev->writeback ? "writeback" : "clean", dev);
+        break;
+    case TD_MEMSIM_ACCESS:
+        fprintf(f, "%llu access %u %c line %u device %llu\n", pos, ev->chunk, ev->write ? 'w' : 'r', ev->line, dev);
+        break;
+    case TD_MEMSIM_NONMODEL:
+        fprintf(f, "%llu nonmodel %llu line %u device %llu\n", pos, (unsigned long long)ev->bytes, ev->line, dev);
+        break;
+    case TD_MEMSIM_STEP:
+        fprintf(f, "%llu step line %u\n", pos, ev->line);
+        break;
+    }
+}
+
+int td_cli_memsim_main(int argc, char **argv)
+{
+    const char *trace_path = NULL, *budget_text = NULL, *policy_text = "belady", *prefetch_text = "0";
+    const char *log_path = NULL;
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *v = NULL;
+        const char **slot = NULL;
+        const char *name = argv[i];
+        if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
+            memsim_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(name, "--json")) { json = 1; continue; }
+        if (take_value(argc, argv, &i, "--trace", &v)) slot = &trace_path;
+        else if (take_value(argc, argv, &i, "--budget", &v)) slot = &budget_text;
+        else if (take_value(argc, argv, &i, "--policy", &v)) slot = &policy_text;
+        else if (take_value(argc, argv, &i, "--prefetch", &v)) slot = &prefetch_text;
+        else if (take_value(argc, argv, &i, "--log", &v)) slot = &log_path;
+        else {
+            fprintf(stderr, "tidal memsim: unknown option '%s'\n\n", name);
+            memsim_usage(stderr);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "tidal memsim: %s needs a value\n\n", name);
+            memsim_usage(stderr);
+            return 2;
+        }
+        *slot = v;
+    }
+    if (!trace_path || !budget_text) {
+        fprintf(stderr, "tidal memsim: %s is required\n\n", !trace_path ? "--trace FILE" : "--budget BYTES");
+        memsim_usage(stderr);
+        return 2;
+    }
+    td_memsim_params p = td_memsim_default_params();
+    size_t budget;
+    if (td_parse_bytes(budget_text, &budget) != TD_OK) {
+        fprintf(stderr, "tidal memsim: --budget: %s\n", td_error_msg());
+        return 2;
+    }
+    p.budget_bytes = budget;
+    if (td_evict_policy_parse(policy_text, &p.policy) != TD_OK) {
+        fprintf(stderr, "tidal memsim: --policy: %s\n", td_error_msg());
+        return 2;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(prefetch_text, &end, 10);
+    if (!*prefetch_text || *end || errno || n > UINT32_MAX || prefetch_text[0] == '-') {
+        fprintf(stderr, "tidal memsim: --prefetch '%s' must be a whole number of accesses (0 to %u)\n",
+                prefetch_text, UINT32_MAX);
+        return 2;
+    }
+    p.prefetch = (uint32_t)n;
+
+    int rc = 1;
+    td_trace *t = NULL;
+    FILE *log = NULL;
+    td_memsim_result r;
+    double t0 = td_now_ms();
+    if (td_trace_load(trace_path, &t) != TD_OK) {
+        fprintf(stderr, "tidal memsim: %s\n", td_error_msg());
+        goto done;
+    }
+    double t1 = td_now_ms();
+    if (log_path) {
+        log = !strcmp(log_path, "-") ? stdout : fopen(log_path, "w");
+        if (!log) {
+            fprintf(stderr, "tidal memsim: cannot create --log file '%s': %s\n", log_path, strerror(errno));
+            goto done;
+        }
+        p.on_event = log_event;
+        p.ctx = log;
+    }
+    if (td_memsim_run(t, &p, &r) != TD_OK) {
+        fprintf(stderr, "tidal memsim: %s\n", td_error_msg());
+        goto done;
+    }
+    double t2 = td_now_ms();
+    if (json) print_json(stdout, trace_path, t, &p, &r, t1 - t0, t2 - t1);
+    else print_table(stdout, trace_path, t, &p, &r, t1 - t0, t2 - t1);
+    rc = 0;
+done:
+    if (log && log != stdout && fclose(log) != 0 && rc == 0) {
+        fprintf(stderr, "tidal memsim: writing --log file '%s' failed: %s\n", log_path, strerror(errno));
+        rc = 1;
+    }
+    fflush(stdout);
+    td_trace_destroy(t);
+    return rc;
+}
