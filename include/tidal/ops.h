@@ -1,0 +1,135 @@
+/* GPT-2 reference ops on the CPU: fp32, forward and backward, OpenMP.
+ *
+ * These are the readable oracle for the CUDA ops (every CUDA op is tested
+ * against its counterpart here) and the compute of the cpu backend.  They are
+ * written to be read first and to be fast enough to train a small model
+ * second: the matmul is blocked and vectorised, the rest are plain loops.
+ *
+ * Shape letters, used in every comment below:
+ *   B  batch size             T   sequence length (<= maxT, the rows of wpe)
+ *   C  channels (width)       NH  attention heads, hs = C / NH head size
+ *   N  rows = B * T           OC  output channels of a matmul
+ *   V  vocabulary             Vp  padded vocabulary (>= V): rows of wte and
+ *                                 columns of the logits; columns >= V are ignored
+ * All tensors are dense, row-major, fp32.  Token and target ids are int.
+ *
+ * Conventions:
+ *   - A forward writes its outputs (overwrites); a backward ADDS into every
+ *     gradient it produces (input and parameter gradients alike), so the
+ *     caller zeroes gradients once and branches of the residual stream and
+ *     micro-batches accumulate.  The one exception is
+ *     td_ops_crossentropy_backward, which writes dlogits (in place allowed).
+ *   - Outputs must not alias inputs unless a function says so.
+ *   - Deterministic: every output element, including the parameter-gradient
+ *     reductions over rows, is computed by exactly one thread in a fixed
+ *     order, so results are bit-identical for any OpenMP thread count (and, for
+ *     the matmul, for every instruction-set variant: no FMA contraction, the
+ *     same summation order).  docs/model.md describes each op's order.
+ *   - Preconditions (token ids in [0, Vp), targets in [0, V) or negative,
+ *     T <= maxT, C % NH == 0) are the caller's to check; the whole-model
+ *     functions of gpt_ref.h check them and return errors.
+ * Thread-safety: every function is reentrant; each runs its own OpenMP
+ * parallel region (do not call from inside one). */
+#ifndef TIDAL_OPS_H
+#define TIDAL_OPS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A target below zero (conventionally this value) is ignored by the loss. */
+#define TD_OPS_IGNORE_INDEX (-1)
+/* LayerNorm epsilon (GPT-2). */
+#define TD_OPS_LN_EPS 1e-5f
+
+/* --- embedding ------------------------------------------------------------ */
+
+/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C). */
+void td_ops_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C);
+/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. */
+void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                             int B, int T, int C);
+
+/* --- LayerNorm ------------------------------------------------------------ */
+
+/* Per row of inp (N,C): out = (inp - mean) * rstd * weight (C) + bias (C),
+ * rstd = 1 / sqrt(var + 1e-5) with the biased variance.  Saves mean, rstd (N). */
+void td_ops_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+/* dinp (N,C), dweight (C), dbias (C) += from dout (N,C). */
+void td_ops_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
+
+/* --- matmul --------------------------------------------------------------- */
+
+/* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL. */
+void td_ops_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC);
+/* dinp (N,C) += dout (N,OC) @ weight;  dweight (OC,C) += dout^T @ inp;
+ * dbias (OC) += column sums of dout.  dinp and dbias may be NULL (skipped). */
+void td_ops_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC);
+/* The instruction set the matmul runs with here: "avx512", "avx2" or "generic". */
+const char *td_ops_matmul_isa(void);
+
+/* --- attention ------------------------------------------------------------ */
+
+/* Causal multi-head self-attention.  qkv (B,T,3C) holds q, k, v side by side,
+ * head h in channels [h*hs, (h+1)*hs) of each.  out (B,T,C), heads side by side:
+ *   out[b,t,h] = sum_{t2<=t} softmax_t2(q[t].k[t2] / sqrt(hs)) v[t2].
+ * Saves lse (B,NH,T), the log-sum-exp of each row of scaled scores; backward
+ * recomputes the attention weights from it instead of keeping (B,NH,T,T). */
+void td_ops_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
+                              int NH);
+/* dqkv (B,T,3C) += from dout (B,T,C); needs the forward's out and lse. */
+void td_ops_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                               const float *out, const float *lse, int B, int T, int C, int NH);
+
+/* --- pointwise ------------------------------------------------------------ */
+
+/* out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements. */
+void td_ops_gelu_forward(float *out, const float *inp, size_t n);
+/* dinp += gelu'(inp) * dout. */
+void td_ops_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* out = a + b; out may alias a or b. */
+void td_ops_residual_forward(float *out, const float *a, const float *b, size_t n);
+/* da += dout; db += dout. */
+void td_ops_residual_backward(float *da, float *db, const float *dout, size_t n);
+
+/* --- softmax and loss ----------------------------------------------------- */
+
+/* probs (N,Vp) = softmax over the first V columns of logits (N,Vp); columns >= V get 0. */
+void td_ops_softmax_forward(float *probs, const float *logits, int N, int V, int Vp);
+/* Fused softmax cross-entropy.  losses (N) = lse - logits[n, targets[n]] with
+ * lse (N) = log sum_{v<V} exp(logits[n,v]) saved; a row whose target is
+ * negative is ignored (loss 0).  Columns >= V never take part. */
+void td_ops_crossentropy_forward(float *losses, float *lse, const float *logits,
+                                 const int *targets, int N, int V, int Vp);
+/* dlogits (N,Vp) = dloss * (softmax(logits) - onehot(target)) for each kept
+ * row: the gradient of dloss * sum_n losses[n].  Ignored rows and columns >= V
+ * get 0.  WRITES dlogits (no accumulation); dlogits may be logits itself. */
+void td_ops_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                                  const int *targets, float dloss, int N, int V, int Vp);
+
+/* --- the head ------------------------------------------------------------- */
+
+/* lnf (N,C) = LayerNorm(x; lnf_w, lnf_b) saving lnf_mean, lnf_rstd (N);
+ * logits (N,Vp) = lnf @ wte^T (the input embedding, tied). */
+void td_ops_head_forward(float *logits, float *lnf, float *lnf_mean, float *lnf_rstd,
+                         const float *x, const float *lnf_w, const float *lnf_b, const float *wte,
+                         int N, int C, int Vp);
+/* From dlogits (N,Vp): dwte (Vp,C), dlnf_w, dlnf_b (C), dx (N,C) +=.
+ * dlnf (N,C) is scratch, overwritten. */
+void td_ops_head_backward(float *dx, float *dlnf_w, float *dlnf_b, float *dwte, float *dlnf,
+                          const float *dlogits, const float *x, const float *lnf,
+                          const float *lnf_mean, const float *lnf_rstd, const float *lnf_w,
+                          const float *wte, int N, int C, int Vp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
