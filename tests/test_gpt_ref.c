@@ -1,0 +1,389 @@
+/* The GPT-2 reference model (include/tidal/gpt_ref.h): the parameter table,
+ * initialisation, input checks, a finite-difference check of the whole model
+ * (embedding, 2 blocks, head, loss) and bit-identical results for any thread
+ * count. */
+#include "td_test.h"
+#include "tidal/gpt_ref.h"
+#include "tidal/ops.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *fvec(size_t n) { float *p = calloc(n ? n : 1, sizeof(float)); assert_non_null(p); return p; }
+
+static const td_gpt_ref_config tiny = {
+    .n_layer = 2, .n_head = 2, .n_embd = 16, .n_positions = 8, .vocab_size = 20, .padded_vocab_size = 24,
+};
+
+/* --- layout --------------------------------------------------------------- */
+
+static void test_layout_table(void **state)
+{
+    /* GPT-2 124M: Hugging Face counts 124,439,808 parameters (V = 50257);
+     * padded to 50304 as in llm.c: 124,475,904. */
+    td_gpt_ref_config g = {12, 12, 768, 1024, 50257, 50257};
+    TD_ASSERT_OK(td_gpt_ref_config_check(&g));
+    assert_int_equal(td_gpt_ref_params_numel(&g), 124439808);
+    g.padded_vocab_size = 50304;
+    assert_int_equal(td_gpt_ref_params_numel(&g), 124475904);
+    assert_int_equal(td_gpt_ref_tensor_count(&g), 4 + 12 * 12);
+
+    /* tensors tile the buffer in order; each block is one contiguous span */
+    size_t next = 0;
+    for (int i = 0; i < td_gpt_ref_tensor_count(&g); i++) {
+        td_gpt_ref_tensor t;
+        td_gpt_ref_tensor_get(&g, i, &t);
+        assert_int_equal(t.offset, next);
+        assert_int_equal(t.numel, t.ndim == 2 ? (size_t)t.shape[0] * t.shape[1] : (size_t)t.shape[0]);
+        next += t.numel;
+        if (t.layer >= 0) {
+            size_t off, n;
+            td_gpt_ref_block_span(&g, t.layer, &off, &n);
+            assert_true(t.offset >= off && t.offset + t.numel <= off + n);
+            if (t.kind == TD_GPT_REF_LN1_W) assert_int_equal(t.offset, off);
+            if (t.kind == TD_GPT_REF_FCPROJ_B) assert_int_equal(t.offset + t.numel, off + n);
+        }
+    }
+    assert_int_equal(next, td_gpt_ref_params_numel(&g));
+
+    /* names, shapes and HF orientation of a few */
+    td_gpt_ref_tensor t;
+    td_gpt_ref_tensor_get(&g, 0, &t);
+    assert_string_equal(t.name, "wte.weight");
+    assert_int_equal(t.shape[0], 50304);
+    td_gpt_ref_tensor_get(&g, 2 + 12 * 3 + 2, &t);
+    assert_string_equal(t.name, "h.3.attn.c_attn.weight");
+    assert_int_equal(t.kind, TD_GPT_REF_QKV_W);
+    assert_int_equal(t.shape[0], 3 * 768);
+    assert_int_equal(t.shape[1], 768);
+    assert_true(t.hf_transposed);
+    td_gpt_ref_tensor_get(&g, 2 + 12 * 11 + 11, &t);
+    assert_string_equal(t.name, "h.11.mlp.c_proj.bias");
+    assert_false(t.hf_transposed);
+    td_gpt_ref_tensor_get(&g, 2 + 12 * 11 + 10, &t);
+    assert_string_equal(t.name, "h.11.mlp.c_proj.weight");
+    assert_int_equal(t.shape[0], 768);
+    assert_int_equal(t.shape[1], 4 * 768);
+    td_gpt_ref_tensor_get(&g, td_gpt_ref_tensor_count(&g) - 1, &t);
+    assert_string_equal(t.name, "ln_f.bias");
+    assert_int_equal(t.layer, -1);
+
+    /* the block view points at the table's offsets */
+    float *base = (float *)(uintptr_t)4096; /* never dereferenced */
+    td_gpt_ref_block v;
+    size_t off, n;
+    td_gpt_ref_block_span(&g, 5, &off, &n);
+    td_gpt_ref_block_view(&g, base, &v);
+    td_gpt_ref_tensor_get(&g, 2 + 12 * 5 + 6, &t);
+    assert_string_equal(t.name, "h.5.ln_2.weight");
+    assert_ptr_equal(v.ln2_w, base + (t.offset - off));
+    td_gpt_ref_tensor_get(&g, 2 + 12 * 5 + 11, &t);
+    assert_ptr_equal(v.fcproj_b, base + (t.offset - off));
+}
+
+static void test_config_and_batch_errors(void **state)
+{
+    td_gpt_ref_config c = tiny;
+    c.n_embd = 15;
+    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "not a multiple of the 2 heads"));
+    c = tiny;
+    c.padded_vocab_size = 19;
+    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "padded vocabulary 19 is smaller than the vocabulary 20"));
+    c = tiny;
+    c.n_layer = 0;
+    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+
+    int tok[6] = {1, 2, 3, 4, 5, 6}, tgt[6] = {2, 3, 4, 5, 6, -1};
+    TD_ASSERT_OK(td_gpt_ref_check_batch(&tiny, tok, tgt, 2, 3));
+    assert_int_equal(td_gpt_ref_check_batch(&tiny, tok, tgt, 1, 9), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "sequence <= 8"));
+    tok[4] = 20;
+    assert_int_equal(td_gpt_ref_check_batch(&tiny, tok, tgt, 2, 3), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "token 20 at batch 1, position 1 is outside the vocabulary [0, 20)"));
+    tok[4] = 5;
+    tgt[0] = 21;
+    assert_int_equal(td_gpt_ref_check_batch(&tiny, tok, tgt, 2, 3), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "target 21 at batch 0, position 0"));
+    /* forward refuses too, before touching anything */
+    float loss = -1;
+    assert_int_equal(td_gpt_ref_forward(&tiny, NULL, tok, tgt, 2, 3, NULL, &loss, NULL), TD_ERR_INVALID);
+    assert_true(loss == -1);
+}
+
+/* --- init ----------------------------------------------------------------- */
+
+static void test_init(void **state)
+{
+    const td_gpt_ref_config c = {4, 4, 64, 32, 500, 512};
+    const size_t n = td_gpt_ref_params_numel(&c);
+    float *p = fvec(n), *q = fvec(n);
+    td_gpt_ref_init(&c, p, 7);
+    for (int i = 0; i < td_gpt_ref_tensor_count(&c); i++) {
+        td_gpt_ref_tensor t;
+        td_gpt_ref_tensor_get(&c, i, &t);
+        /* tensor by tensor, into another buffer: the same bits */
+        td_gpt_ref_init_tensor(&c, i, q + t.offset, 7);
+        const float *x = p + t.offset;
+        size_t used = t.kind == TD_GPT_REF_WTE ? (size_t)c.vocab_size * c.n_embd : t.numel;
+        double s = 0, s2 = 0;
+        for (size_t k = 0; k < used; k++) { s += x[k]; s2 += (double)x[k] * x[k]; }
+        const double mean = s / used, std = sqrt(s2 / used - mean * mean);
+        switch (t.kind) {
+        case TD_GPT_REF_LN1_W: case TD_GPT_REF_LN2_W: case TD_GPT_REF_LNF_W:
+            assert_true(mean == 1.0 && std == 0.0);
+            break;
+        case TD_GPT_REF_LN1_B: case TD_GPT_REF_LN2_B: case TD_GPT_REF_LNF_B: case TD_GPT_REF_QKV_B:
+        case TD_GPT_REF_ATTPROJ_B: case TD_GPT_REF_FC_B: case TD_GPT_REF_FCPROJ_B:
+            assert_true(mean == 0.0 && std == 0.0);
+            break;
+        default: {
+            const double want = t.kind == TD_GPT_REF_ATTPROJ_W || t.kind == TD_GPT_REF_FCPROJ_W
+                                    ? 0.02 / sqrt(2.0 * c.n_layer) : 0.02;
+            if (fabs(std - want) > 0.05 * want || fabs(mean) > 0.1 * want)
+                fail_msg("%s: mean %g std %g, want std %g", t.name, mean, std, want);
+        }
+        }
+        if (t.kind == TD_GPT_REF_WTE)
+            for (size_t k = used; k < t.numel; k++) assert_true(x[k] == 0.0f);
+    }
+    assert_memory_equal(p, q, n * sizeof(float));
+    td_gpt_ref_init(&c, q, 8);
+    assert_memory_not_equal(p, q, n * sizeof(float));
+    free(p);
+    free(q);
+}
+
+/* --- the whole model ------------------------------------------------------ */
+
+typedef struct model {
+    td_gpt_ref_config cfg;
+    int B, T;
+    int *tok, *tgt;
+    float *params, *grads, *acts, *scratch;
+    size_t n_params;
+} model;
+
+static void model_make(model *m, const td_gpt_ref_config *cfg, int B, int T, uint64_t seed,
+                       float noise)
+{
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = T;
+    m->n_params = td_gpt_ref_params_numel(cfg);
+    m->params = fvec(m->n_params);
+    m->grads = fvec(m->n_params);
+    m->acts = fvec(td_gpt_ref_acts_numel(cfg, B, T));
+    m->scratch = fvec(td_gpt_ref_scratch_numel(cfg, B, T));
+    m->tok = malloc((size_t)B * T * sizeof(int));
+    m->tgt = malloc((size_t)B * T * sizeof(int));
+    td_rng rng;
+    td_rng_seed(&rng, seed);
+    for (int i = 0; i < B * T; i++) {
+        m->tok[i] = (int)td_rng_below(&rng, (uint64_t)cfg->vocab_size);
+        m->tgt[i] = (int)td_rng_below(&rng, (uint64_t)cfg->vocab_size);
+    }
+    m->tgt[1] = TD_OPS_IGNORE_INDEX; /* one masked target */
+    td_gpt_ref_init(cfg, m->params, seed);
+    /* Noise on every parameter (padding rows of wte included) so that
+     * LayerNorm weights, biases and activations are generic, not 1 and 0. */
+    for (size_t i = 0; i < m->n_params; i++)
+        m->params[i] += noise * (float)(2.0 * td_rng_uniform(&rng) - 1.0);
+}
+
+static void model_free(model *m)
+{
+    free(m->params); free(m->grads); free(m->acts); free(m->scratch); free(m->tok); free(m->tgt);
+}
+
+static double model_loss(model *m)
+{
+    float loss;
+    TD_ASSERT_OK(td_gpt_ref_forward(&m->cfg, m->params, m->tok, m->tgt, m->B, m->T, m->acts, &loss, NULL));
+    /* in double, from the per-token losses, for the finite differences */
+    const float *l = td_gpt_ref_losses(&m->cfg, m->B, m->T, m->acts);
+    double s = 0;
+    int n = 0;
+    for (int i = 0; i < m->B * m->T; i++)
+        if (m->tgt[i] >= 0) { s += l[i]; n++; }
+    assert_true(fabs(s / n - loss) <= 1e-6 * fabs(loss));
+    return s / n;
+}
+
+static void model_grads(model *m)
+{
+    int n;
+    float loss;
+    memset(m->grads, 0, m->n_params * sizeof(float));
+    TD_ASSERT_OK(td_gpt_ref_forward(&m->cfg, m->params, m->tok, m->tgt, m->B, m->T, m->acts, &loss, &n));
+    assert_int_equal(n, m->B * m->T - 1);
+    TD_ASSERT_OK(td_gpt_ref_backward(&m->cfg, m->params, m->grads, m->tok, m->tgt, 1.0f / (float)n,
+                                     m->B, m->T, m->acts, m->scratch));
+}
+
+static void test_loss_at_init_is_log_vocab(void **state)
+{
+    const td_gpt_ref_config c = {2, 4, 64, 32, 300, 320};
+    model m;
+    model_make(&m, &c, 2, 32, 3, 0.0f);
+    const double loss = model_loss(&m);
+    /* near-zero logits: the loss of a uniform guess */
+    assert_true(fabs(loss - log(300.0)) < 0.05);
+    model_free(&m);
+}
+
+/* Central differences of the mean loss against the backward, at a few
+ * coordinates of every tensor, plus one directional derivative along a
+ * random direction over all parameters at once. */
+static void test_whole_model_finite_differences(void **state)
+{
+    model m;
+    model_make(&m, &tiny, 2, 5, 5, 0.25f);
+    model_grads(&m);
+    td_rng rng;
+    td_rng_seed(&rng, 99);
+    const float h = 1e-2f;
+    const double atol = 3e-4, rtol = 1e-2;
+    double worst = 0;
+    int checked = 0;
+    for (int i = 0; i < td_gpt_ref_tensor_count(&m.cfg); i++) {
+        td_gpt_ref_tensor t;
+        td_gpt_ref_tensor_get(&m.cfg, i, &t);
+        for (int s = 0; s < 6; s++) {
+            const size_t k = t.offset + td_rng_below(&rng, t.numel);
+            const float saved = m.params[k], up = saved + h, down = saved - h;
+            m.params[k] = up;
+            const double lp = model_loss(&m);
+            m.params[k] = down;
+            const double lm = model_loss(&m);
+            m.params[k] = saved;
+            const double num = (lp - lm) / ((double)up - down), ana = m.grads[k];
+            const double err = fabs(num - ana);
+            worst = fmax(worst, err);
+            checked++;
+            if (err > atol + rtol * fmax(fabs(num), fabs(ana)))
+                fail_msg("%s[%zu]: numeric %.8g, analytic %.8g", t.name, k - t.offset, num, ana);
+        }
+    }
+    printf("  fd whole model: %d coords, max |diff| %.2e\n", checked, worst);
+
+    /* directional: d/de L(p + e u) at 0 equals grad . u */
+    float *u = fvec(m.n_params), *p0 = fvec(m.n_params);
+    memcpy(p0, m.params, m.n_params * sizeof(float));
+    double gu = 0;
+    for (size_t k = 0; k < m.n_params; k++) {
+        u[k] = (float)(2.0 * td_rng_uniform(&rng) - 1.0);
+        gu += (double)m.grads[k] * u[k];
+    }
+    const double e = 1e-3;
+    for (size_t k = 0; k < m.n_params; k++) m.params[k] = p0[k] + (float)e * u[k];
+    const double lp = model_loss(&m);
+    for (size_t k = 0; k < m.n_params; k++) m.params[k] = p0[k] - (float)e * u[k];
+    const double lm = model_loss(&m);
+    const double num = (lp - lm) / (2 * e);
+    printf("  directional: numeric %.8g, analytic %.8g\n", num, gu);
+    assert_true(fabs(num - gu) < 2e-3 * fabs(gu) + 1e-4);
+
+    /* no gradient reaches the wte padding rows or the unused positions */
+    for (size_t k = (size_t)m.cfg.vocab_size * m.cfg.n_embd; k < (size_t)m.cfg.padded_vocab_size * m.cfg.n_embd; k++)
+        assert_true(m.grads[k] == 0.0f);
+    td_gpt_ref_tensor wpe;
+    td_gpt_ref_tensor_get(&m.cfg, 1, &wpe);
+    for (size_t k = (size_t)m.T * m.cfg.n_embd; k < wpe.numel; k++) assert_true(m.grads[wpe.offset + k] == 0.0f);
+    free(u);
+    free(p0);
+    model_free(&m);
+}
+
+/* The block API is what the whole model runs: re-running a block from its
+ * kept input (activation checkpointing) reproduces its activations and output
+ * bit for bit, and backward through it gives the model's gradients. */
+static void test_block_recompute_matches(void **state)
+{
+    model m;
+    model_make(&m, &tiny, 2, 6, 13, 0.25f);
+    model_grads(&m);
+    const int B = m.B, T = m.T, C = m.cfg.n_embd;
+    const size_t NC = (size_t)B * T * C, nacts = td_gpt_ref_block_acts_numel(&m.cfg, B, T);
+    /* layout: x_0, acts_0, x_1, acts_1, x_2, ... */
+    const float *x1 = m.acts + NC + nacts, *x2 = x1 + NC + nacts;
+    float *acts = fvec(nacts), *y = fvec(NC);
+    td_gpt_ref_block w;
+    td_gpt_ref_block_acts a;
+    size_t off, n;
+    td_gpt_ref_block_span(&m.cfg, 1, &off, &n);
+    td_gpt_ref_block_view(&m.cfg, m.params + off, &w);
+    td_gpt_ref_block_acts_view(&m.cfg, B, T, acts, &a);
+    td_gpt_ref_block_forward(&m.cfg, &w, &a, x1, y, B, T);
+    assert_memory_equal(y, x2, NC * sizeof(float));
+    assert_memory_equal(acts, x1 + NC, nacts * sizeof(float));
+
+    /* Block 1's gradients from the model's backward equal a backward through
+     * the block API fed with dL/dx2, rebuilt here from the ops. */
+    const int N = B * T, Vp = m.cfg.padded_vocab_size, V = m.cfg.vocab_size;
+    float *logits = fvec((size_t)N * Vp), *lnf = fvec(NC), *mean = fvec(N), *rstd = fvec(N);
+    float *losses = fvec(N), *lse = fvec(N), *dx2 = fvec(NC), *dlnf = fvec(NC);
+    float *wte_grad = fvec((size_t)Vp * C), *lnf_grad = fvec(2 * (size_t)C);
+    td_gpt_ref_tensor lnfw;
+    td_gpt_ref_tensor_get(&m.cfg, td_gpt_ref_tensor_count(&m.cfg) - 2, &lnfw);
+    td_ops_head_forward(logits, lnf, mean, rstd, x2, m.params + lnfw.offset, m.params + lnfw.offset + C,
+                        m.params, N, C, Vp);
+    td_ops_crossentropy_forward(losses, lse, logits, m.tgt, N, V, Vp);
+    td_ops_crossentropy_backward(logits, logits, lse, m.tgt, 1.0f / (float)(N - 1), N, V, Vp);
+    td_ops_head_backward(dx2, lnf_grad, lnf_grad + C, wte_grad, dlnf, logits, x2, lnf, mean, rstd,
+                         m.params + lnfw.offset, m.params, N, C, Vp);
+    float *g = fvec(n), *dx1 = fvec(NC), *scratch = fvec(td_gpt_ref_block_scratch_numel(&m.cfg, B, T));
+    td_gpt_ref_block gv;
+    td_gpt_ref_block_view(&m.cfg, g, &gv);
+    td_gpt_ref_block_backward(&m.cfg, &w, &gv, &a, x1, dx2, dx1, scratch, B, T);
+    assert_memory_equal(g, m.grads + off, n * sizeof(float));
+    assert_memory_equal(lnf_grad, m.grads + lnfw.offset, 2 * (size_t)C * sizeof(float));
+    free(logits); free(lnf); free(mean); free(rstd); free(losses); free(lse); free(dx2); free(dlnf);
+    free(wte_grad); free(lnf_grad); free(dx1);
+    free(acts); free(y); free(g); free(scratch);
+    model_free(&m);
+}
+
+static void test_bit_identical_across_threads(void **state)
+{
+    const td_gpt_ref_config c = {2, 4, 64, 32, 100, 128};
+    model m;
+    model_make(&m, &c, 3, 32, 21, 0.05f);
+    const int saved = omp_get_max_threads();
+    float *first = NULL, first_loss = 0;
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        model_grads(&m);
+        float loss;
+        TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, m.tgt, m.B, m.T, m.acts, &loss, NULL));
+        if (!first) {
+            first = malloc(m.n_params * sizeof(float));
+            memcpy(first, m.grads, m.n_params * sizeof(float));
+            first_loss = loss;
+        } else {
+            assert_memory_equal(&loss, &first_loss, sizeof loss);
+            assert_memory_equal(first, m.grads, m.n_params * sizeof(float));
+        }
+    }
+    omp_set_num_threads(saved);
+    free(first);
+    model_free(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_table),
+        cmocka_unit_test(test_config_and_batch_errors),
+        cmocka_unit_test(test_init),
+        cmocka_unit_test(test_loss_at_init_is_log_vocab),
+        cmocka_unit_test(test_whole_model_finite_differences),
+        cmocka_unit_test(test_block_recompute_matches),
+        cmocka_unit_test(test_bit_identical_across_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
