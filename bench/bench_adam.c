@@ -1,0 +1,409 @@
+/* `tidal bench adam`: CPU AdamW throughput beside a STREAM-style memory
+ * bandwidth measured in the same run, on the same threads.
+ *
+ * Two paths, per size:
+ *   fp32   fp32 grads, no param output: reads master, m, v, grad and writes
+ *          master, m, v = 16 + 12 = 28 bytes per param;
+ *   mixed  bf16 grads in, bf16 params out (the offload path): reads master,
+ *          m, v (12) and the bf16 grad (2), writes master, m, v (12) and the
+ *          bf16 param (2) = 28 bytes per param.
+ * Stores to master, m, v hit lines just read, so these counts are the DRAM
+ * traffic; the bf16 output lines are also read for ownership by the CPU
+ * (not counted, as STREAM does not count it).
+ *
+ * The bandwidth reference is STREAM's triad a = b + s*c on three arrays of
+ * 512 MiB, 12 bytes per element counted, best of 10, with the same OpenMP
+ * team and static partition as the optimizer.  Each result's
+ * fraction_of_bound = (its bytes / its time) / triad bandwidth, i.e. how close
+ * it runs to the time those bytes take at the measured rate.  The figure for
+ * a path is the median over its timed steps.  Buffers are allocated per size
+ * and first-touched by td_adam_cpu_init, as in training.
+ *
+ * `--check-dir DIR` instead runs the optimizer on inputs written by
+ * tests/gpu/adam_torch_check.py (the torch oracle) and writes its results
+ * there; see bench/adam_check.c. */
+#include "bench.h"
+#include "adam_check.h"
+#include "tidal/alloc.h"
+#include "tidal/optim.h"
+#include "tidal/optim_convert.h"
+#include "tidal/util.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define BYTES_PER_PARAM 28.0
+#define STREAM_ELEMS ((size_t)128 << 20) /* 512 MiB per fp32 array */
+
+static const double default_sizes[] = {1e6, 4e6, 16e6, 64e6, 200e6, 1e9};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tidal bench adam [--json] [--max-params N] [--threads T] [--isa ISA] [--min-seconds S]\n"
+            "       tidal bench adam --check-dir DIR [--isa ISA] [--threads T]\n\n"
+            "CPU AdamW throughput (G params/s, GB/s) for the fp32 path (fp32 grads, 28 bytes/param)\n"
+            "and the mixed path (bf16 grads in, bf16 params out, 28 bytes/param), for sizes\n"
+            "1M, 4M, 16M, 64M, 200M, 1G params up to --max-params, beside STREAM triad bandwidth\n"
+            "measured in the same run; fraction_of_bound = achieved GB/s / triad GB/s.\n\n"
+            "  --max-params N   largest size (default 1G; k/M/G are powers of 1000); sizes that do\n"
+            "                   not fit in available memory (16 bytes/param) are skipped and reported\n"
+            "  --threads T      optimizer threads (default: all cores)\n"
+            "  --isa ISA        auto (default), scalar, avx2, avx512\n"
+            "  --min-seconds S  time per figure (default 1.0; at least 5 steps, median reported)\n"
+            "  --json           one JSON object on stdout\n"
+            "  --check-dir DIR  run the torch-oracle replay in DIR (tests/gpu/adam_torch_check.py)\n");
+}
+
+/* "200M", "1G", "1e9", "4000000": decimal multipliers. */
+static int parse_count(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0)) return -1;
+    if (*end == 'k' || *end == 'K') v *= 1e3, end++;
+    else if (*end == 'M' || *end == 'm') v *= 1e6, end++;
+    else if (*end == 'G' || *end == 'g') v *= 1e9, end++;
+    if (*end || v > 1e12) return -1;
+    *out = floor(v);
+    return 0;
+}
+
+static size_t mem_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* A 2 MiB-aligned block from the accounting allocator, with transparent huge
+ * pages requested (fewer TLB misses when streaming GiBs). */
+typedef struct big_buf { void *raw, *ptr; } big_buf;
+
+static td_status big_alloc(big_buf *b, size_t bytes)
+{
+    b->raw = td_malloc(bytes + 2 * TD_MiB, TD_ROLE_OPTIM);
+    if (!b->raw) return td_error_prefix(TD_ERR_NOMEM, "bench buffer of %zu bytes: ", bytes);
+    b->ptr = (void *)td_align_up((size_t)b->raw, 2 * TD_MiB);
+    madvise(b->ptr, td_align_up(bytes, 2 * TD_MiB), MADV_HUGEPAGE);
+    return TD_OK;
+}
+
+static void big_free(big_buf *b)
+{
+    td_free(b->raw);
+    b->raw = b->ptr = NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+triad_range(float *restrict a, const float *restrict b, const float *restrict c, size_t lo, size_t hi, float s)
+{
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) a[i] = b[i] + s * c[i];
+}
+
+/* STREAM triad on the optimizer's team and partition; best rate of 10. */
+static td_status stream_triad(td_adam_cpu *cpu, double *gbytes_per_s)
+{
+    td_status st = TD_OK;
+    big_buf a = {0}, b = {0}, c = {0};
+    size_t n = STREAM_ELEMS;
+    TD_TRY(big_alloc(&a, n * 4));
+    TD_TRY(big_alloc(&b, n * 4));
+    TD_TRY(big_alloc(&c, n * 4));
+    float *pa = a.ptr, *pb = b.ptr, *pc = c.ptr;
+    int threads = td_adam_cpu_threads(cpu);
+    double best = 1e30;
+    for (int rep = -1; rep < 10; rep++) {
+        double t0 = td_now_ms();
+#pragma omp parallel num_threads(threads)
+        {
+            for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+                size_t lo, hi;
+                td_adam_cpu_partition(cpu, n, t, &lo, &hi);
+                if (rep < 0) /* first touch by the owning thread */
+                    for (size_t i = lo; i < hi; i++) pa[i] = 0.0f, pb[i] = 1.0f, pc[i] = 2.0f;
+                else
+                    triad_range(pa, pb, pc, lo, hi, 3.0f);
+            }
+        }
+        double ms = td_now_ms() - t0;
+        if (rep >= 0 && ms < best) best = ms;
+    }
+    if (pa[n / 3] != 7.0f) TD_FAIL(TD_ERR_STATE, "stream triad produced a wrong value");
+    *gbytes_per_s = 12.0 * (double)n / (best * 1e-3) / 1e9;
+cleanup:
+    big_free(&a);
+    big_free(&b);
+    big_free(&c);
+    return st;
+}
+
+typedef struct result {
+    const char *path;
+    double params, gparams_per_s, gbytes_per_s, stream_gbytes_per_s, fraction;
+    int threads;
+} result;
+
+/* The reference pass: the fp32 path's bytes with trivial arithmetic.  Reads
+ * a, b, c, d and writes a, b, c in place (a += 0*d ...): 28 bytes per
+ * element, all of which really move (no write-allocate reads: the written
+ * lines were just read).  `zero` comes from the caller so the compiler
+ * cannot drop the stores; the values do not change.  Cloned per ISA so it
+ * runs with the widest vectors the CPU has, as the optimizer does. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+reference_range(float *restrict a, float *restrict b, float *restrict c, const float *restrict d, size_t lo,
+                size_t hi, float zero)
+{
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) {
+        float g = zero * d[i];
+        a[i] += g, b[i] += g, c[i] += g;
+    }
+}
+
+static void reference_pass(td_adam_cpu *cpu, float *a, float *b, float *c, const float *d, size_t n, float zero)
+{
+    int threads = td_adam_cpu_threads(cpu);
+#pragma omp parallel num_threads(threads)
+    {
+        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+            size_t lo, hi;
+            td_adam_cpu_partition(cpu, n, t, &lo, &hi);
+            reference_range(a, b, c, d, lo, hi, zero);
+        }
+    }
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Times one path at one size, each AdamW step followed by one reference
+ * pass over the same buffers, so both see the same machine (memory
+ * bandwidth on shared or virtual machines drifts by tens of percent over
+ * seconds).  Medians of both. */
+static td_status time_path(td_adam_cpu *cpu, const td_adam_hparams *hp, td_adam_chunk *ch, float *ref_d,
+                           double min_s, double *adam_ms, double *ref_ms)
+{
+    td_status st = TD_OK;
+    int cap = 2000, n = 0;
+    double *ms = malloc(sizeof(double) * 2 * (size_t)cap), t_start = td_now_ms();
+    volatile float zero_v = 0.0f;
+    if (!ms) return td_error_set(TD_ERR_NOMEM, "out of memory");
+    for (long step = 1;; step++) {
+        td_adam_coeffs c;
+        TD_TRY(td_adam_coeffs_make(hp, 1e-4, step, 1.0 / 1024, &c));
+        double t0 = td_now_ms();
+        TD_TRY(td_adam_cpu_update(cpu, &c, ch, 1));
+        double t1 = td_now_ms();
+        reference_pass(cpu, ch->master, ch->m, ch->v, ref_d, ch->numel, zero_v);
+        double t2 = td_now_ms();
+        if (step <= 2) continue; /* warm-up: clocks, TLBs, page tables */
+        ms[n] = t1 - t0;
+        ms[cap + n] = t2 - t1;
+        n++;
+        if (n >= cap || (n >= 5 && (td_now_ms() - t_start) * 1e-3 >= min_s)) break;
+    }
+    *adam_ms = median(ms, n);
+    *ref_ms = median(ms + cap, n);
+cleanup:
+    free(ms);
+    return st;
+}
+
+/* Grads and params: deterministic values in [-1, 1), written in parallel. */
+static void fill(td_adam_cpu *cpu, void *p, td_optim_dtype dt, size_t n, uint32_t salt)
+{
+    int threads = td_adam_cpu_threads(cpu);
+#pragma omp parallel num_threads(threads)
+    {
+        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+            size_t lo, hi;
+            td_adam_cpu_partition(cpu, n, t, &lo, &hi);
+            for (size_t i = lo; i < hi; i++) {
+                uint32_t h = (uint32_t)i * 2654435761u ^ salt;
+                h ^= h >> 15;
+                h *= 2246822519u;
+                float x = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+                if (dt == TD_OPTIM_DTYPE_F32) ((float *)p)[i] = x;
+                else ((uint16_t *)p)[i] = td_bf16_from_f32(x);
+            }
+        }
+    }
+}
+
+static td_status bench_size(td_adam_cpu *cpu, size_t n, double min_s, result out[2])
+{
+    td_status st = TD_OK;
+    big_buf master = {0}, m = {0}, v = {0}, g = {0};
+    td_adam_hparams hp = td_adam_default_hparams();
+    TD_TRY(big_alloc(&master, n * 4));
+    TD_TRY(big_alloc(&m, n * 4));
+    TD_TRY(big_alloc(&v, n * 4));
+    TD_TRY(big_alloc(&g, n * 4)); /* fp32 grads; or bf16 grads + bf16 params, one half each */
+    for (int path = 0; path < 2; path++) {
+        td_adam_chunk ch = {.master = master.ptr, .m = m.ptr, .v = v.ptr, .numel = n};
+        if (path == 0) {
+            ch.grad = g.ptr;
+            ch.grad_dtype = TD_OPTIM_DTYPE_F32;
+        } else {
+            ch.grad = g.ptr;
+            ch.grad_dtype = TD_OPTIM_DTYPE_BF16;
+            ch.param_out = (uint16_t *)g.ptr + n;
+            ch.param_dtype = TD_OPTIM_DTYPE_BF16;
+        }
+        TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32)); /* first touch of master, m, v */
+        fill(cpu, master.ptr, TD_OPTIM_DTYPE_F32, n, 0x9e3779b9u);
+        fill(cpu, g.ptr, ch.grad_dtype, n, 0x85ebca6bu + (uint32_t)path);
+        double ms = 0, ref_ms = 0;
+        TD_TRY(time_path(cpu, &hp, &ch, g.ptr, min_s, &ms, &ref_ms));
+        result *r = &out[path];
+        r->path = path == 0 ? "fp32" : "mixed";
+        r->params = (double)n;
+        r->threads = td_adam_cpu_threads(cpu);
+        r->gparams_per_s = (double)n / (ms * 1e-3) / 1e9;
+        r->gbytes_per_s = r->gparams_per_s * BYTES_PER_PARAM;
+        r->stream_gbytes_per_s = BYTES_PER_PARAM * (double)n / (ref_ms * 1e-3) / 1e9;
+        r->fraction = r->gbytes_per_s / r->stream_gbytes_per_s;
+    }
+cleanup:
+    big_free(&master);
+    big_free(&m);
+    big_free(&v);
+    big_free(&g);
+    return st;
+}
+
+int td_bench_adam_main(int argc, char **argv)
+{
+    double max_params = 1e9, min_s = 1.0;
+    int json = 0, threads = 0, rc = 1;
+    const char *check_dir = NULL;
+    td_optim_isa isa = TD_OPTIM_ISA_AUTO;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--max-params") && v) { if (parse_count(v, &max_params)) goto bad_value; i++; }
+        else if (!strcmp(a, "--threads") && v) { threads = atoi(v); if (threads < 1 || threads > 4096) goto bad_value; i++; }
+        else if (!strcmp(a, "--isa") && v) { if (td_optim_isa_parse(v, &isa)) goto bad_value; i++; }
+        else if (!strcmp(a, "--min-seconds") && v) { min_s = atof(v); if (!(min_s >= 0 && min_s < 3600)) goto bad_value; i++; }
+        else if (!strcmp(a, "--check-dir") && v) { check_dir = v; i++; }
+        else {
+            fprintf(stderr, "tidal bench adam: unknown or incomplete option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+        continue;
+    bad_value:
+        fprintf(stderr, "tidal bench adam: bad value for %s: '%s'%s%s\n", a, v, td_error_msg()[0] ? ": " : "",
+                td_error_msg());
+        return 2;
+    }
+
+    td_adam_cpu *cpu = NULL;
+    cJSON *out = NULL;
+    td_status st = TD_OK;
+    result *res = NULL;
+    int n_res = 0;
+    td_adam_cpu_params cp = td_adam_cpu_default_params();
+    cp.threads = threads;
+    cp.isa = isa;
+    TD_TRY(td_adam_cpu_create(&cp, &cpu));
+    if (check_dir) {
+        TD_TRY(td_adam_check_run(cpu, check_dir));
+        rc = 0;
+        goto cleanup;
+    }
+
+    size_t sizes[16];
+    int n_sizes = 0;
+    for (size_t i = 0; i < sizeof default_sizes / sizeof *default_sizes; i++)
+        if (default_sizes[i] <= max_params) sizes[n_sizes++] = (size_t)default_sizes[i];
+    if (n_sizes == 0 || (double)sizes[n_sizes - 1] < max_params) sizes[n_sizes++] = (size_t)max_params;
+    size_t avail = mem_available_bytes(), fit = 0;
+    /* 16 bytes/param of buffers; leave a tenth of what is free to the rest of the machine. */
+    while (fit < (size_t)n_sizes && (avail == 0 || 16.0 * (double)sizes[fit] <= 0.9 * (double)avail)) fit++;
+
+    fprintf(stderr, "bench adam: %d threads, %s kernels, %zu MiB available\n", td_adam_cpu_threads(cpu),
+            td_optim_isa_name(td_adam_cpu_isa(cpu)), avail >> 20);
+    double triad = 0;
+    TD_TRY(stream_triad(cpu, &triad));
+    fprintf(stderr, "  stream triad %.2f GB/s (3 arrays counted)\n", triad);
+    res = calloc((size_t)n_sizes * 2, sizeof *res);
+    if (!res) TD_FAIL(TD_ERR_NOMEM, "out of memory");
+    for (size_t s = 0; s < fit; s++) {
+        TD_TRY(bench_size(cpu, sizes[s], min_s, res + n_res));
+        for (int k = 0; k < 2; k++, n_res++)
+            fprintf(stderr, "  %-5s %10zu params  %6.3f Gparams/s  %7.2f GB/s  stream %7.2f GB/s  %.3f of bound\n",
+                    res[n_res].path, sizes[s], res[n_res].gparams_per_s, res[n_res].gbytes_per_s,
+                    res[n_res].stream_gbytes_per_s, res[n_res].fraction);
+    }
+    for (size_t s = fit; s < (size_t)n_sizes; s++)
+        fprintf(stderr, "  skipped %zu params: needs %.1f GiB, %.1f GiB available\n", sizes[s],
+                16.0 * (double)sizes[s] / (double)TD_GiB, (double)avail / (double)TD_GiB);
+
+    /* The headline bandwidth: the reference pass at the largest size (DRAM). */
+    double stream = n_res ? res[n_res - 2].stream_gbytes_per_s : 0;
+    if (json) {
+        out = cJSON_CreateObject();
+        cJSON_AddNumberToObject(out, "stream_gbytes_per_s", stream);
+        cJSON_AddStringToObject(out, "stream_kernel",
+                                "a+=0*d, b+=0*d, c+=0*d over the fp32 path's buffers at the largest size: "
+                                "4 arrays read, 3 written, 28 bytes/elem, median, interleaved with the AdamW steps");
+        cJSON_AddNumberToObject(out, "stream_triad_gbytes_per_s", triad);
+        cJSON_AddStringToObject(out, "isa", td_optim_isa_name(td_adam_cpu_isa(cpu)));
+        cJSON_AddNumberToObject(out, "bytes_per_param_fp32", BYTES_PER_PARAM);
+        cJSON_AddNumberToObject(out, "bytes_per_param_mixed", BYTES_PER_PARAM);
+        cJSON *arr = cJSON_AddArrayToObject(out, "results");
+        for (int i = 0; i < n_res; i++) {
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "path", res[i].path);
+            cJSON_AddNumberToObject(r, "params", res[i].params);
+            cJSON_AddNumberToObject(r, "threads", res[i].threads);
+            cJSON_AddNumberToObject(r, "gparams_per_s", res[i].gparams_per_s);
+            cJSON_AddNumberToObject(r, "gbytes_per_s", res[i].gbytes_per_s);
+            cJSON_AddNumberToObject(r, "stream_gbytes_per_s", res[i].stream_gbytes_per_s);
+            cJSON_AddNumberToObject(r, "fraction_of_bound", res[i].fraction);
+            cJSON_AddItemToArray(arr, r);
+        }
+        cJSON *skipped = cJSON_AddArrayToObject(out, "skipped_params");
+        for (size_t s = fit; s < (size_t)n_sizes; s++) cJSON_AddItemToArray(skipped, cJSON_CreateNumber((double)sizes[s]));
+        char *text = cJSON_Print(out);
+        if (!text) TD_FAIL(TD_ERR_NOMEM, "out of memory printing JSON");
+        printf("%s\n", text);
+        cJSON_free(text);
+    } else {
+        printf("stream: %.2f GB/s (AdamW's access pattern, largest size); triad %.2f GB/s; %d threads, %s\n", stream,
+               triad, td_adam_cpu_threads(cpu), td_optim_isa_name(td_adam_cpu_isa(cpu)));
+        printf("%-6s %12s %12s %10s %12s %10s\n", "path", "params", "Gparams/s", "GB/s", "stream GB/s", "of bound");
+        for (int i = 0; i < n_res; i++)
+            printf("%-6s %12.0f %12.3f %10.2f %12.2f %10.3f\n", res[i].path, res[i].params, res[i].gparams_per_s,
+                   res[i].gbytes_per_s, res[i].stream_gbytes_per_s, res[i].fraction);
+    }
+    rc = 0;
+cleanup:
+    if (st) fprintf(stderr, "tidal bench adam: %s\n", td_error_msg());
+    cJSON_Delete(out);
+    free(res);
+    td_adam_cpu_destroy(cpu);
+    return rc;
+}

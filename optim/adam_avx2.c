@@ -1,0 +1,56 @@
+/* The AVX2 + FMA + F16C instance of optim/adam_kernel.h: 8 floats per vector.
+ * bf16 rounding is integer arithmetic (RNE, NaN kept quiet); fp16 uses
+ * VCVTPS2PH with round-to-nearest-even, which the scalar converter matches. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#define TD_KERNEL_TABLE td_adam_kernels_avx2
+#define VW 8
+typedef __m256 vf;
+
+static inline vf vf_set1(float x) { return _mm256_set1_ps(x); }
+static inline vf vf_loadu(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vf_storeu(float *p, vf x) { _mm256_storeu_ps(p, x); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vf_sqrt(vf a) { return _mm256_sqrt_ps(a); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+
+static inline vf vf_load_bf16(const uint16_t *p)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+static inline void vf_store_bf16(uint16_t *p, vf x)
+{
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+static inline void vf_store_f16(uint16_t *p, vf x)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+typedef struct vs_t { __m256d a, b; } vs_t;
+static inline vs_t vs_zero(void) { return (vs_t){_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+static inline void vs_add_sq(vs_t *s, vf g)
+{
+    __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(g)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1));
+    s->a = _mm256_fmadd_pd(lo, lo, s->a);
+    s->b = _mm256_fmadd_pd(hi, hi, s->b);
+}
+static inline double vs_total(const vs_t *s)
+{
+    double t[4];
+    _mm256_storeu_pd(t, _mm256_add_pd(s->a, s->b));
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+#include "adam_kernel.h"

@@ -1,0 +1,53 @@
+/* The AVX-512 (F/BW/VL/DQ) instance of optim/adam_kernel.h: 16 floats per
+ * vector.  bf16 rounding is integer arithmetic (RNE, NaN kept quiet; it does
+ * not need AVX512_BF16); fp16 uses VCVTPS2PH with round-to-nearest-even. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#define TD_KERNEL_TABLE td_adam_kernels_avx512
+#define VW 16
+typedef __m512 vf;
+
+static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
+static inline vf vf_loadu(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_storeu(float *p, vf x) { _mm512_storeu_ps(p, x); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vf_sqrt(vf a) { return _mm512_sqrt_ps(a); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+
+static inline vf vf_load_bf16(const uint16_t *p)
+{
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+static inline void vf_store_bf16(uint16_t *p, vf x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i nan = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+    r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, nan);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+static inline void vf_store_f16(uint16_t *p, vf x)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+typedef struct vs_t { __m512d a, b; } vs_t;
+static inline vs_t vs_zero(void) { return (vs_t){_mm512_setzero_pd(), _mm512_setzero_pd()}; }
+static inline void vs_add_sq(vs_t *s, vf g)
+{
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(g));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g), 1)));
+    s->a = _mm512_fmadd_pd(lo, lo, s->a);
+    s->b = _mm512_fmadd_pd(hi, hi, s->b);
+}
+static inline double vs_total(const vs_t *s) { return _mm512_reduce_add_pd(_mm512_add_pd(s->a, s->b)); }
+
+#include "adam_kernel.h"

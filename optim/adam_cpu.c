@@ -1,0 +1,273 @@
+/* The CPU AdamW engine: picks the kernel for this CPU, and runs it on one
+ * OpenMP team with a static partition.
+ *
+ * Why a static partition: the state of a 4B-param model is 48 GiB that is
+ * streamed once per step; the bound is DRAM bandwidth.  Each page must be
+ * read by a thread on the NUMA node that holds it, and the cheapest way to
+ * get that is to let the same thread first-touch it (td_adam_cpu_init) and
+ * update it every step.  Dynamic scheduling would move pages between
+ * threads and across nodes.  Why OpenMP: libgomp keeps its worker threads
+ * between parallel regions (one persistent team per calling thread), so a
+ * region per call costs a few microseconds, and thread i is the same OS
+ * thread on every call, which keeps the hwloc binding and the partition
+ * consistent. */
+#include "adam_impl.h"
+#include "tidal/alloc.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "tidal/optim_convert.h"
+
+#define TD_PART_ELEMS 1024 /* 4 KiB of fp32: partition bounds fall on page bounds */
+#define TD_PARTIAL_STRIDE 8 /* doubles: one cache line per thread's partial sum */
+
+struct td_adam_cpu {
+    int threads;
+    td_optim_isa isa;
+    const td_adam_kernels *k;
+    td_topo *topo;
+    int bound;            /* the team of `bound_for` is bound to cores */
+    pthread_t bound_for;
+    double *partials;     /* threads * TD_PARTIAL_STRIDE */
+};
+
+/* ---- instruction sets ------------------------------------------------------ */
+
+static const char *const isa_names[TD_OPTIM_ISA_COUNT] = {"auto", "scalar", "avx2", "avx512"};
+
+const char *td_optim_isa_name(td_optim_isa isa)
+{
+    return (unsigned)isa < TD_OPTIM_ISA_COUNT ? isa_names[isa] : "?";
+}
+
+td_status td_optim_isa_parse(const char *name, td_optim_isa *out)
+{
+    for (int i = 0; i < TD_OPTIM_ISA_COUNT; i++)
+        if (name && !strcmp(name, isa_names[i])) {
+            *out = (td_optim_isa)i;
+            return TD_OK;
+        }
+    return td_error_set(TD_ERR_INVALID, "unknown instruction set '%s': use auto, scalar, avx2 or avx512",
+                        name ? name : "(null)");
+}
+
+int td_optim_isa_supported(td_optim_isa isa)
+{
+    __builtin_cpu_init();
+    switch (isa) {
+    case TD_OPTIM_ISA_AUTO:
+    case TD_OPTIM_ISA_SCALAR: return 1;
+    case TD_OPTIM_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case TD_OPTIM_ISA_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               td_optim_isa_supported(TD_OPTIM_ISA_AVX2);
+    default: return 0;
+    }
+}
+
+td_optim_isa td_optim_isa_best(void)
+{
+    if (td_optim_isa_supported(TD_OPTIM_ISA_AVX512)) return TD_OPTIM_ISA_AVX512;
+    if (td_optim_isa_supported(TD_OPTIM_ISA_AVX2)) return TD_OPTIM_ISA_AVX2;
+    return TD_OPTIM_ISA_SCALAR;
+}
+
+const td_adam_kernels *td_adam_kernels_for(td_optim_isa isa)
+{
+    if (isa == TD_OPTIM_ISA_AUTO) isa = td_optim_isa_best();
+    if (isa == TD_OPTIM_ISA_AVX512) return &td_adam_kernels_avx512;
+    if (isa == TD_OPTIM_ISA_AVX2) return &td_adam_kernels_avx2;
+    return &td_adam_kernels_scalar;
+}
+
+void td_adam_update_range(td_optim_isa isa, const td_adam_coeffs *c, const td_adam_chunk *chunk, size_t begin,
+                          size_t end)
+{
+    td_adam_kernels_for(isa)->update(c, chunk, begin, end);
+}
+
+double td_grad_sumsq_range(td_optim_isa isa, const void *grad, td_optim_dtype dtype, size_t begin, size_t end)
+{
+    return td_adam_kernels_for(isa)->sumsq(grad, dtype, begin, end);
+}
+
+/* ---- the engine -------------------------------------------------------------- */
+
+td_adam_cpu_params td_adam_cpu_default_params(void)
+{
+    return (td_adam_cpu_params){.threads = 0, .isa = TD_OPTIM_ISA_AUTO, .topo = NULL};
+}
+
+td_status td_adam_cpu_create(const td_adam_cpu_params *params, td_adam_cpu **out)
+{
+    td_status st = TD_OK;
+    td_adam_cpu *cpu = NULL;
+    if (!out) return td_error_set(TD_ERR_INVALID, "td_adam_cpu_create: out is NULL");
+    *out = NULL;
+    td_adam_cpu_params p = params ? *params : td_adam_cpu_default_params();
+    if ((unsigned)p.isa >= TD_OPTIM_ISA_COUNT) TD_FAIL(TD_ERR_INVALID, "td_adam_cpu_create: bad isa %d", (int)p.isa);
+    if (!td_optim_isa_supported(p.isa))
+        TD_FAIL(TD_ERR_UNSUPPORTED, "this CPU lacks %s (needs %s); use --optim-isa auto or a lower one",
+                td_optim_isa_name(p.isa),
+                p.isa == TD_OPTIM_ISA_AVX512 ? "AVX-512 F/BW/VL/DQ" : "AVX2, FMA and F16C");
+    if (p.threads < 0 || p.threads > 4096)
+        TD_FAIL(TD_ERR_INVALID, "optimizer threads %d out of range: use 0 (all local cores) to 4096", p.threads);
+    if (p.threads == 0) p.threads = p.topo ? td_topo_local_cores(p.topo) : omp_get_max_threads();
+    if (p.threads < 1) p.threads = 1;
+    cpu = td_calloc(1, sizeof *cpu, TD_ROLE_META);
+    if (!cpu) TD_FAIL(TD_ERR_NOMEM, "out of memory creating the CPU optimizer");
+    cpu->partials = td_calloc((size_t)p.threads * TD_PARTIAL_STRIDE, sizeof(double), TD_ROLE_META);
+    if (!cpu->partials) TD_FAIL(TD_ERR_NOMEM, "out of memory creating the CPU optimizer");
+    cpu->threads = p.threads;
+    cpu->isa = p.isa == TD_OPTIM_ISA_AUTO ? td_optim_isa_best() : p.isa;
+    cpu->k = td_adam_kernels_for(cpu->isa);
+    cpu->topo = p.topo;
+    *out = cpu;
+    return TD_OK;
+cleanup:
+    td_adam_cpu_destroy(cpu);
+    return st;
+}
+
+void td_adam_cpu_destroy(td_adam_cpu *cpu)
+{
+    if (!cpu) return;
+    td_free(cpu->partials);
+    td_free(cpu);
+}
+
+td_optim_isa td_adam_cpu_isa(const td_adam_cpu *cpu) { return cpu->isa; }
+int td_adam_cpu_threads(const td_adam_cpu *cpu) { return cpu->threads; }
+
+void td_adam_cpu_partition(const td_adam_cpu *cpu, size_t numel, int thread, size_t *begin, size_t *end)
+{
+    size_t blocks = (numel + TD_PART_ELEMS - 1) / TD_PART_ELEMS, n = (size_t)cpu->threads, t = (size_t)thread;
+    size_t per = blocks / n, extra = blocks % n;
+    size_t b0 = t * per + (t < extra ? t : extra), b1 = b0 + per + (t < extra);
+    *begin = b0 * TD_PART_ELEMS < numel ? b0 * TD_PART_ELEMS : numel;
+    *end = b1 * TD_PART_ELEMS < numel ? b1 * TD_PART_ELEMS : numel;
+}
+
+/* Binds the calling thread's team, once per calling thread.  Best effort: a
+ * machine that refuses binding still runs, with the OS placing threads. */
+static void bind_team(td_adam_cpu *cpu)
+{
+    if (!cpu->topo || (cpu->bound && pthread_equal(cpu->bound_for, pthread_self()))) return;
+    td_topo *topo = cpu->topo;
+    int n = cpu->threads;
+#pragma omp parallel num_threads(n)
+    {
+        for (int t = omp_get_thread_num(); t < n; t += omp_get_num_threads()) td_topo_bind_thread_to_core(topo, t, n);
+    }
+    cpu->bound = 1;
+    cpu->bound_for = pthread_self();
+}
+
+static td_status check_chunk(const td_adam_chunk *ch, int need_grad, const char *what)
+{
+    if ((unsigned)ch->grad_dtype >= TD_OPTIM_DTYPE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "%s: bad grad dtype %d", what, (int)ch->grad_dtype);
+    if (ch->param_out && (unsigned)ch->param_dtype >= TD_OPTIM_DTYPE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "%s: bad param dtype %d", what, (int)ch->param_dtype);
+    if (ch->numel && (!ch->master || !ch->m || !ch->v || (need_grad && !ch->grad)))
+        return td_error_set(TD_ERR_INVALID, "%s: a chunk of %zu elements has a NULL master, m, v or grad", what,
+                            ch->numel);
+    if (ch->param_out && ch->param_out == (void *)ch->master && ch->param_dtype != TD_OPTIM_DTYPE_F32)
+        return td_error_set(TD_ERR_INVALID, "%s: param_out aliases master but is %s, not fp32", what,
+                            td_optim_dtype_name(ch->param_dtype));
+    return TD_OK;
+}
+
+td_status td_adam_cpu_update(td_adam_cpu *cpu, const td_adam_coeffs *c, const td_adam_chunk *chunks, int n)
+{
+    if (!cpu || !c || (n > 0 && !chunks) || n < 0)
+        return td_error_set(TD_ERR_INVALID, "td_adam_cpu_update: NULL engine, coefficients or chunks");
+    for (int j = 0; j < n; j++) {
+        td_status st = check_chunk(&chunks[j], 1, "td_adam_cpu_update");
+        if (st) return td_error_prefix(st, "chunk %d: ", j);
+    }
+    bind_team(cpu);
+    const td_adam_kernels *k = cpu->k;
+    int threads = cpu->threads;
+#pragma omp parallel num_threads(threads)
+    {
+        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads())
+            for (int j = 0; j < n; j++) {
+                size_t b, e;
+                td_adam_cpu_partition(cpu, chunks[j].numel, t, &b, &e);
+                if (b < e) k->update(c, &chunks[j], b, e);
+            }
+    }
+    return TD_OK;
+}
+
+td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_optim_dtype dtype, size_t numel,
+                                 td_grad_stats *acc)
+{
+    if (!cpu || !acc || (numel && !grad))
+        return td_error_set(TD_ERR_INVALID, "td_adam_cpu_grad_stats: NULL engine, grad or accumulator");
+    if ((unsigned)dtype >= TD_OPTIM_DTYPE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "td_adam_cpu_grad_stats: bad grad dtype %d", (int)dtype);
+    bind_team(cpu);
+    const td_adam_kernels *k = cpu->k;
+    int threads = cpu->threads;
+    double *partials = cpu->partials;
+#pragma omp parallel num_threads(threads)
+    {
+        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+            size_t b, e;
+            td_adam_cpu_partition(cpu, numel, t, &b, &e);
+            partials[(size_t)t * TD_PARTIAL_STRIDE] = b < e ? k->sumsq(grad, dtype, b, e) : 0.0;
+        }
+    }
+    double sum = 0.0;
+    for (int t = 0; t < threads; t++) sum += partials[(size_t)t * TD_PARTIAL_STRIDE];
+    acc->sumsq += sum;
+    return TD_OK;
+}
+
+static float load_elem(const void *p, td_optim_dtype dt, size_t i)
+{
+    if (dt == TD_OPTIM_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)p)[i]);
+    if (dt == TD_OPTIM_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static void store_elem(void *p, td_optim_dtype dt, size_t i, float x)
+{
+    if (dt == TD_OPTIM_DTYPE_BF16) ((uint16_t *)p)[i] = td_bf16_from_f32(x);
+    else if (dt == TD_OPTIM_DTYPE_F16) ((uint16_t *)p)[i] = td_f16_from_f32(x);
+    else ((float *)p)[i] = x;
+}
+
+td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const void *init, td_optim_dtype init_dtype)
+{
+    if (!cpu || !chunk) return td_error_set(TD_ERR_INVALID, "td_adam_cpu_init: NULL engine or chunk");
+    td_status st = check_chunk(chunk, 0, "td_adam_cpu_init");
+    if (st) return st;
+    if (init && (unsigned)init_dtype >= TD_OPTIM_DTYPE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "td_adam_cpu_init: bad init dtype %d", (int)init_dtype);
+    bind_team(cpu);
+    int threads = cpu->threads;
+#pragma omp parallel num_threads(threads)
+    {
+        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+            size_t b, e;
+            td_adam_cpu_partition(cpu, chunk->numel, t, &b, &e);
+            if (b >= e) continue;
+            if (init)
+                for (size_t i = b; i < e; i++) chunk->master[i] = load_elem(init, init_dtype, i);
+            else
+                memset(chunk->master + b, 0, (e - b) * sizeof(float));
+            memset(chunk->m + b, 0, (e - b) * sizeof(float));
+            memset(chunk->v + b, 0, (e - b) * sizeof(float));
+            if (chunk->param_out && chunk->param_out != (void *)chunk->master)
+                for (size_t i = b; i < e; i++) store_elem(chunk->param_out, chunk->param_dtype, i, chunk->master[i]);
+        }
+    }
+    return TD_OK;
+}

@@ -1,0 +1,142 @@
+/* AdamW coefficients, grad statistics and the step controller: the scalar
+ * decisions made once per step (skip or not, lr, clip coefficient), in
+ * double, before any chunk is touched. */
+#include "tidal/optim.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const dtype_names[TD_OPTIM_DTYPE_COUNT] = {"fp32", "bf16", "fp16"};
+
+size_t td_optim_dtype_bytes(td_optim_dtype dt) { return dt == TD_OPTIM_DTYPE_F32 ? 4 : 2; }
+
+const char *td_optim_dtype_name(td_optim_dtype dt)
+{
+    return (unsigned)dt < TD_OPTIM_DTYPE_COUNT ? dtype_names[dt] : "?";
+}
+
+td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out)
+{
+    for (int i = 0; i < TD_OPTIM_DTYPE_COUNT; i++)
+        if (name && !strcmp(name, dtype_names[i])) {
+            *out = (td_optim_dtype)i;
+            return TD_OK;
+        }
+    return td_error_set(TD_ERR_INVALID, "unknown dtype '%s': use fp32, bf16 or fp16", name ? name : "(null)");
+}
+
+td_adam_hparams td_adam_default_hparams(void)
+{
+    return (td_adam_hparams){
+        .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01, .decay = TD_ADAM_DECAY_DECOUPLED};
+}
+
+td_status td_adam_hparams_check(const td_adam_hparams *hp)
+{
+    if (!hp) return td_error_set(TD_ERR_INVALID, "AdamW hyper-parameters are NULL");
+    if (!(hp->beta1 >= 0 && hp->beta1 < 1))
+        return td_error_set(TD_ERR_INVALID, "beta1 %g out of range: use 0 <= beta1 < 1 (e.g. 0.9)", hp->beta1);
+    if (!(hp->beta2 >= 0 && hp->beta2 < 1))
+        return td_error_set(TD_ERR_INVALID, "beta2 %g out of range: use 0 <= beta2 < 1 (e.g. 0.999)", hp->beta2);
+    if (!(hp->eps > 0 && isfinite(hp->eps)))
+        return td_error_set(TD_ERR_INVALID, "eps %g out of range: use a positive value (e.g. 1e-8)", hp->eps);
+    if (!(hp->weight_decay >= 0 && isfinite(hp->weight_decay)))
+        return td_error_set(TD_ERR_INVALID, "weight decay %g out of range: use >= 0", hp->weight_decay);
+    if (hp->decay != TD_ADAM_DECAY_DECOUPLED && hp->decay != TD_ADAM_DECAY_L2)
+        return td_error_set(TD_ERR_INVALID, "bad weight-decay mode %d", (int)hp->decay);
+    return TD_OK;
+}
+
+td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, double grad_mul, td_adam_coeffs *out)
+{
+    td_status st = td_adam_hparams_check(hp);
+    if (st) return st;
+    if (!out) return td_error_set(TD_ERR_INVALID, "td_adam_coeffs_make: out is NULL");
+    if (step < 1) return td_error_set(TD_ERR_INVALID, "AdamW step %ld: steps count from 1", step);
+    if (!(lr >= 0 && isfinite(lr))) return td_error_set(TD_ERR_INVALID, "learning rate %g: use a finite lr >= 0", lr);
+    if (!(grad_mul >= 0 && isfinite(grad_mul)))
+        return td_error_set(TD_ERR_INVALID, "grad multiplier %g (clip / loss scale) is not finite and >= 0", grad_mul);
+    /* Bias corrections in double, as torch computes them in Python floats. */
+    double bc1 = 1.0 - pow(hp->beta1, (double)step);
+    double bc2 = 1.0 - pow(hp->beta2, (double)step);
+    int l2 = hp->decay == TD_ADAM_DECAY_L2;
+    *out = (td_adam_coeffs){
+        .grad_mul = (float)grad_mul,
+        .l2 = l2 ? (float)hp->weight_decay : 0.0f,
+        .decay_mul = l2 ? 1.0f : (float)(1.0 - lr * hp->weight_decay),
+        .beta1 = (float)hp->beta1,
+        .one_minus_beta1 = (float)(1.0 - hp->beta1),
+        .beta2 = (float)hp->beta2,
+        .one_minus_beta2 = (float)(1.0 - hp->beta2),
+        .step_size = (float)(lr / bc1),
+        .rsqrt_bc2 = (float)(1.0 / sqrt(bc2)),
+        .eps = (float)hp->eps,
+    };
+    return TD_OK;
+}
+
+/* ---- grad statistics --------------------------------------------------------- */
+
+int td_grad_stats_overflow(const td_grad_stats *s) { return !isfinite(s->sumsq); }
+
+double td_grad_stats_norm(const td_grad_stats *s, double loss_scale) { return sqrt(s->sumsq) / loss_scale; }
+
+double td_clip_coef(double norm, double max_norm)
+{
+    if (!(max_norm > 0)) return 1.0;
+    double c = max_norm / (norm + 1e-6);
+    return c < 1.0 ? c : 1.0;
+}
+
+/* ---- the step controller ------------------------------------------------------ */
+
+td_optim_params td_optim_default_params(void)
+{
+    return (td_optim_params){
+        .adam = td_adam_default_hparams(),
+        .lr = td_lr_schedule_default(),
+        .scaler = td_loss_scaler_default_params(),
+        .max_grad_norm = 1.0,
+    };
+}
+
+td_status td_optim_init(td_optim *o, const td_optim_params *p)
+{
+    td_status st = TD_OK;
+    if (!o || !p) return td_error_set(TD_ERR_INVALID, "td_optim_init: NULL optimizer or params");
+    memset(o, 0, sizeof *o);
+    TD_TRY(td_adam_hparams_check(&p->adam));
+    TD_TRY(td_lr_schedule_check(&p->lr));
+    if (!isfinite(p->max_grad_norm))
+        TD_FAIL(TD_ERR_INVALID, "max grad norm %g: use a finite value (<= 0 turns clipping off)", p->max_grad_norm);
+    TD_TRY(td_loss_scaler_init(&o->scaler, &p->scaler));
+    o->params = *p;
+cleanup:
+    return st;
+}
+
+double td_optim_loss_scale(const td_optim *o) { return o->scaler.scale; }
+
+td_status td_optim_begin_step(td_optim *o, const td_grad_stats *global, td_optim_step *out)
+{
+    if (!o || !global || !out) return td_error_set(TD_ERR_INVALID, "td_optim_begin_step: NULL argument");
+    memset(out, 0, sizeof *out);
+    out->loss_scale = o->scaler.scale;
+    out->grad_norm = td_grad_stats_norm(global, out->loss_scale);
+    if (td_loss_scaler_update(&o->scaler, td_grad_stats_overflow(global))) {
+        out->skip = 1;
+        out->step = o->step;
+        out->lr = td_lr_at(&o->params.lr, o->step + 1);
+        out->clip_coef = 1.0;
+        o->skipped_steps++;
+        return TD_OK;
+    }
+    out->step = o->step + 1;
+    out->lr = td_lr_at(&o->params.lr, out->step);
+    out->clip_coef = td_clip_coef(out->grad_norm, o->params.max_grad_norm);
+    td_status st = td_adam_coeffs_make(&o->params.adam, out->lr, out->step, out->clip_coef / out->loss_scale,
+                                       &out->coeffs);
+    if (st) return st;
+    o->step = out->step;
+    return TD_OK;
+}
