@@ -24,6 +24,7 @@ typedef struct sim {
     td_evictor *ev;
     uint8_t *flags;           /* [chunks] F_* */
     uint32_t *victims;        /* [chunks] scratch for td_evictor_make_room */
+    uint64_t *peak_tree;      /* see build_peak_tree (with prefetch only) */
     uint64_t resident_bytes, nonmodel_bytes;
     uint64_t pos;             /* the access being served, or next */
     uint32_t line;            /* the trace line being served */
@@ -103,8 +104,23 @@ static void load(sim *s, uint32_t c, int prefetch, uint64_t target)
                                .bytes = b, .prefetch = (uint8_t)prefetch });
 }
 
+/* The most non-model bytes live at any moment in (access a, access b]. */
+static uint64_t peak_nonmodel(const sim *s, uint64_t a, uint64_t b)
+{
+    uint64_t best = 0;
+    size_t n = s->n_access;
+    for (size_t lo = a + 1 + n, hi = b + 1 + n; lo < hi; lo /= 2, hi /= 2) {
+        if (lo & 1) { if (s->peak_tree[lo] > best) best = s->peak_tree[lo]; lo++; }
+        if (hi & 1) { hi--; if (s->peak_tree[hi] > best) best = s->peak_tree[hi]; }
+    }
+    return best;
+}
+
 /* Issues loads for accesses pos+1 .. pos+N in order while they fit, evicting
- * only chunks whose next use is after the access being prefetched. */
+ * only chunks whose next use is after the access being prefetched.  "Fit"
+ * holds from now until that access: against the most non-model bytes live
+ * in between, so a prefetched chunk is not pushed out by activations growing
+ * before its use. */
 static td_status prefetch(sim *s)
 {
     td_status st = TD_OK;
@@ -112,15 +128,19 @@ static td_status prefetch(sim *s)
     if (s->frontier < (int64_t)s->pos) s->frontier = (int64_t)s->pos;
     uint64_t limit = s->pos + s->p->prefetch;
     if (limit > s->n_access - 1) limit = s->n_access - 1;
-    uint64_t cap = s->p->budget_bytes - s->nonmodel_bytes;
     while ((uint64_t)s->frontier < limit) {
         uint64_t j = (uint64_t)s->frontier + 1;
         uint32_t c = s->seq[j];
         if (!(s->flags[c] & F_RESIDENT)) {
-            uint64_t need = s->bytes[c], free_bytes = cap - s->resident_bytes;
-            if (need > free_bytes && td_evictor_freeable(s->ev, j + 1, need - free_bytes) < need - free_bytes)
+            uint64_t nonmodel = peak_nonmodel(s, s->pos, j);
+            if (nonmodel < s->nonmodel_bytes) nonmodel = s->nonmodel_bytes;
+            /* Room for everything resident plus c under budget - nonmodel. */
+            uint64_t need = s->resident_bytes + s->bytes[c], room = s->p->budget_bytes - nonmodel;
+            if (need > room && td_evictor_freeable(s->ev, j + 1, need - room) < need - room)
                 break; /* try again after the next access */
-            TD_TRY(make_room(s, need, j + 1));
+            uint32_t n;
+            TD_TRY(td_evictor_make_room(s->ev, need, room, j + 1, s->victims, &n));
+            evict(s, n);
             load(s, c, 1, j);
             TD_TRY(td_evictor_update(s->ev, c, s->pos, j, 0));
         }
@@ -128,6 +148,30 @@ static td_status prefetch(sim *s)
     }
 cleanup:
     return st;
+}
+
+/* peak_tree[n + q] = the most non-model bytes live between access q - 1 and
+ * access q, both excluded (spikes included); a segment tree above it. */
+static td_status build_peak_tree(sim *s)
+{
+    size_t n = s->n_access;
+    s->peak_tree = td_calloc(2 * n + 2, sizeof *s->peak_tree, TD_ROLE_META);
+    if (!s->peak_tree) return td_error_prefix(TD_ERR_NOMEM, "memsim: ");
+    const td_trace_event *ev = td_trace_events(s->t);
+    size_t n_events = td_trace_event_count(s->t), q = 0;
+    uint64_t live = 0, peak = 0;
+    for (size_t i = 0; i < n_events; i++) {
+        if (ev[i].kind == TD_TRACE_NONMODEL) {
+            live = ev[i].nonmodel_bytes;
+            if (live > peak) peak = live;
+        } else if (ev[i].kind == TD_TRACE_ACCESS) {
+            s->peak_tree[n + q++] = peak > live ? peak : live;
+            peak = live;
+        }
+    }
+    for (size_t i = n; i-- > 1;)
+        s->peak_tree[i] = s->peak_tree[2 * i] > s->peak_tree[2 * i + 1] ? s->peak_tree[2 * i] : s->peak_tree[2 * i + 1];
+    return TD_OK;
 }
 
 static td_status set_nonmodel(sim *s, uint64_t bytes)
@@ -249,6 +293,7 @@ td_status td_memsim_run(const td_trace *t, const td_memsim_params *p, td_memsim_
     s.flags = td_calloc((size_t)n_chunks + 1, 1, TD_ROLE_META);
     s.victims = td_malloc(((size_t)n_chunks + 1) * sizeof *s.victims, TD_ROLE_META);
     if (!s.flags || !s.victims) TD_FAIL(TD_ERR_NOMEM, "memsim: %s", td_error_msg());
+    if (p->prefetch) TD_TRY(build_peak_tree(&s));
     out->chunks = n_chunks;
     out->steps = td_trace_step_count(t);
 
@@ -275,6 +320,7 @@ cleanup:
     td_free(seq);
     td_free(s.flags);
     td_free(s.victims);
+    td_free(s.peak_tree);
     td_nextuse_destroy(s.nu);
     td_evictor_destroy(s.ev);
     return st;

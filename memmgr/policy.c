@@ -401,6 +401,27 @@ td_status td_evictor_make_room(td_evictor *e, uint64_t need_bytes, uint64_t free
         victims[n++] = (uint32_t)v;
         free_bytes += e->bytes[v];
     }
+    if (e->policy == TD_EVICT_BELADY) {
+        /* With mixed sizes a late, large victim can make earlier small ones
+         * unnecessary: keep those, nearest next use first.  (Never happens
+         * with uniform sizes, where the furthest-first set is minimal.) */
+        uint32_t kept = 0;
+        for (uint32_t i = n - 1; i-- > 0;) {
+            uint32_t v = victims[i];
+            if (free_bytes - e->bytes[v] >= need_bytes) {
+                free_bytes -= e->bytes[v];
+                td_evictor_update(e, v, e->last[v], e->next[v], e->dirty[v]);
+                victims[i] = NIL;
+                kept++;
+            }
+        }
+        if (kept) {
+            uint32_t m = 0;
+            for (uint32_t i = 0; i < n; i++)
+                if (victims[i] != NIL) victims[m++] = victims[i];
+            n = m;
+        }
+    }
     *n_victims = n;
     return TD_OK;
 }

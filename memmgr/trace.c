@@ -5,6 +5,7 @@
 #include "tidal/trace.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tidal/alloc.h"
@@ -194,21 +195,20 @@ static td_status parse_u64(const parser *p, uint32_t line, const char *what, tok
 {
     char buf[48];
     uint64_t v = 0;
-    if (t.len == 0 || t.len > 20) goto bad;
+    int overflow = 0;
     for (size_t i = 0; i < t.len; i++) {
         unsigned d = (unsigned)(unsigned char)t.s[i] - '0';
-        if (d > 9) goto bad;
-        if (v > (UINT64_MAX - d) / 10) goto bad;
-        v = v * 10 + d;
+        if (d > 9)
+            return td_error_set(TD_ERR_INVALID, LOC_FMT "%s '%s' is not a plain decimal number",
+                                LOC(p->t, line), what, show(t.s, t.len, buf));
+        if (v > (UINT64_MAX - d) / 10) overflow = 1;
+        else v = v * 10 + d;
     }
-    if (v > max)
+    if (overflow || v > max)
         return td_error_set(TD_ERR_INVALID, LOC_FMT "%s %s is too large (at most %llu)", LOC(p->t, line),
                             what, show(t.s, t.len, buf), (unsigned long long)max);
     *out = v;
     return TD_OK;
-bad:
-    return td_error_set(TD_ERR_INVALID, LOC_FMT "%s '%s' is not a plain decimal number", LOC(p->t, line),
-                        what, show(t.s, t.len, buf));
 }
 
 static td_status arity(const parser *p, uint32_t line, int n, int want, const char *usage)
