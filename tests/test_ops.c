@@ -403,6 +403,73 @@ static void test_attention_gradients(void **state)
     free(c.qkv); free(c.out); free(c.lse); free(c.wt); free(dqkv);
 }
 
+/* Straightforward attention in double: scores, softmax, weighted values, and
+ * the textbook backward through the stored weights. */
+static void naive_attention(double *out, double *dqkv, const float *qkv, const float *dout, int B,
+                            int T, int C, int NH)
+{
+    const int hs = C / NH;
+    const double scale = 1.0 / sqrt(hs);
+    double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double));
+#define Q(b, t, i) qkv[((size_t)(b) * T + (t)) * 3 * C + (i)]
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                double mx = -INFINITY, sum = 0, pdp = 0;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] = 0;
+                    for (int i = 0; i < hs; i++) p[t2] += (double)Q(b, t, h * hs + i) * Q(b, t2, C + h * hs + i);
+                    p[t2] *= scale;
+                    mx = fmax(mx, p[t2]);
+                }
+                for (int t2 = 0; t2 <= t; t2++) { p[t2] = exp(p[t2] - mx); sum += p[t2]; }
+                const float *d = dout + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) out[((size_t)b * T + t) * C + h * hs + i] = 0;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] /= sum;
+                    dp[t2] = 0;
+                    for (int i = 0; i < hs; i++) {
+                        out[((size_t)b * T + t) * C + h * hs + i] += p[t2] * Q(b, t2, 2 * C + h * hs + i);
+                        dp[t2] += (double)d[i] * Q(b, t2, 2 * C + h * hs + i);
+                        dqkv[((size_t)b * T + t2) * 3 * C + 2 * C + h * hs + i] += p[t2] * d[i];
+                    }
+                    pdp += p[t2] * dp[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const double ds = p[t2] * (dp[t2] - pdp) * scale;
+                    for (int i = 0; i < hs; i++) {
+                        dqkv[((size_t)b * T + t) * 3 * C + h * hs + i] += ds * Q(b, t2, C + h * hs + i);
+                        dqkv[((size_t)b * T + t2) * 3 * C + C + h * hs + i] += ds * Q(b, t, h * hs + i);
+                    }
+                }
+            }
+#undef Q
+    free(p);
+    free(dp);
+}
+
+/* Sequences of several query and key tiles (tiles are 64), a partial last tile. */
+static void test_attention_matches_naive_across_tiles(void **state)
+{
+    td_rng rng;
+    td_rng_seed(&rng, 43);
+    const int B = 2, T = 150, C = 32, NH = 2;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+    float *qkv = frand(&rng, nqkv, 2), *dout = frand(&rng, nout, 1);
+    float *out = fvec(nout), *lse = fvec((size_t)B * NH * T), *dqkv = fvec(nqkv);
+    double *ref = calloc(nout, sizeof(double)), *ref_d = calloc(nqkv, sizeof(double));
+    td_ops_attention_forward(out, lse, qkv, B, T, C, NH);
+    td_ops_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    naive_attention(ref, ref_d, qkv, dout, B, T, C, NH);
+    double worst = 0, worst_d = 0;
+    for (size_t i = 0; i < nout; i++) worst = fmax(worst, fabs(out[i] - ref[i]));
+    for (size_t i = 0; i < nqkv; i++) worst_d = fmax(worst_d, fabs(dqkv[i] - ref_d[i]) / (1 + fabs(ref_d[i])));
+    printf("  attention vs double reference: out %.2e, dqkv %.2e\n", worst, worst_d);
+    assert_true(worst < 1e-5);
+    assert_true(worst_d < 1e-5);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv); free(ref); free(ref_d);
+}
+
 /* --- pointwise ------------------------------------------------------------ */
 
 static void test_gelu(void **state)
@@ -603,7 +670,7 @@ static void test_backward_bit_identical_across_threads(void **state)
 {
     td_rng rng;
     td_rng_seed(&rng, 81);
-    det_ctx c = {.B = 3, .T = 50, .C = 160, .NH = 5, .OC = 200, .Vp = 11};
+    det_ctx c = {.B = 3, .T = 150, .C = 160, .NH = 5, .OC = 200, .Vp = 11};
     const int N = c.B * c.T;
     c.tok = malloc((size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) c.tok[i] = (int)td_rng_below(&rng, 5);
@@ -638,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_encoder),
         cmocka_unit_test(test_attention_forward_values),
         cmocka_unit_test(test_attention_gradients),
+        cmocka_unit_test(test_attention_matches_naive_across_tiles),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_softmax_and_crossentropy_values),

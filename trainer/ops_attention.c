@@ -3,23 +3,29 @@
  * Memory trade-off: the textbook reference (llm.c's train_gpt2.c) keeps the
  * pre-softmax scores and the softmax weights, 2 x (B,NH,T,T) floats per layer
  * (GPT-2 124M at B=8, T=1024: 2 x 384 MiB per layer, 9 GiB for 12 layers),
- * and backward needs two more such buffers.  Here forward keeps only the
+ * and its backward needs two more such buffers.  Here forward keeps only the
  * log-sum-exp of each score row, lse (B,NH,T) (384 KiB per layer there), and
- * backward recomputes each weight as p = exp(q.k / sqrt(hs) - lse), as
- * FlashAttention does; that costs one more q.k product per pair (t, t2) in
- * backward and nothing in memory.  The softmax backward needs
- * D[t] = sum_t2 p[t2] dp[t2], which equals dout[t] . out[t] (FlashAttention-2),
- * so one pass over t2 suffices and no row buffer is needed.  The CUDA
- * attention saves the same lse, so this is also the contract it is tested on.
+ * backward recomputes each weight as p = exp(s - lse), s = q.k / sqrt(hs), as
+ * FlashAttention does: one more Q K^T product in backward, nothing in memory.
+ * The softmax backward needs D[t] = sum_t2 p[t2] dp[t2], which equals
+ * dout[t] . out[t] (FlashAttention-2), so no row of p has to be kept.  The
+ * CUDA attention saves the same lse, so this is also the contract it is
+ * tested against.
  *
- * Forward finds a row's max score in a first pass and accumulates
- * exp(s - max) weighted values in a second (recomputing q.k rather than
- * storing a row), then normalises: the exact softmax, no online rescaling.
- *
- * Parallelism and order: forward rows (b, h, t) are independent.  Backward
- * adds into dk[t2] and dv[t2] from every t >= t2, so a thread owns a whole
- * head (b, h) and runs t, then t2, in ascending order: the same sums in the
- * same order for any thread count. */
+ * Work is cut into tiles of QT queries x KT keys of one head and done with
+ * the blocked GEMM (ops_gemm_impl.h) on small stack buffers, so attention runs
+ * at matmul speed.  Key tiles strictly above the diagonal are skipped; inside
+ * a diagonal tile the entries with t2 > t are masked (p = 0).
+ *   forward, per query tile, key tiles in ascending order (online softmax):
+ *     S = Q K^T * scale;  m' = max(m, rowmax S);  rescale out and l by exp(m - m');
+ *     P = exp(S - m');  l += rowsum P;  out += P V;   finally out /= l, lse = m + log l
+ *   backward, per head, query tiles then key tiles in ascending order:
+ *     P = exp(Q K^T * scale - lse);  dP = dout V^T;  dS = P (dP - D) * scale;
+ *     dQ += dS K;  dK += dS^T Q;  dV += P^T dout
+ * Parallelism and order: forward tiles (b, h, query tile) are independent.
+ * Backward adds into dK and dV from every query tile, so a thread owns a whole
+ * head (b, h) and walks its tiles in a fixed order; the GEMM's own sums have a
+ * fixed order too.  So the results are bit-identical for any thread count. */
 #include "tidal/ops.h"
 
 #include <math.h>
@@ -27,35 +33,66 @@
 
 #include "ops_internal.h"
 
+enum { QT = 64, KT = 64 }; /* queries and keys per tile: 2 x 16 KiB of stack */
+
 void td_ops_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                               int NH)
 {
-    const int hs = C / NH;
+    const int hs = C / NH, q_tiles = (T + QT - 1) / QT;
     const float scale = 1.0f / sqrtf((float)hs);
     const size_t C3 = 3 * (size_t)C;
-#pragma omp parallel for collapse(3) schedule(dynamic, 8)
+    td_ops_gemm_fn *gemm = td_ops_gemm_get(td_ops_isa_best());
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const float *base = qkv + (size_t)b * T * C3;         // (T, 3C)
-                const float *q = base + t * C3 + h * hs;                // (hs)
-                float *o = out + ((size_t)b * T + t) * C + h * hs;     // (hs)
-                float max = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float s = td_ops_dot(q, base + t2 * C3 + C + h * hs, hs) * scale;
-                    if (s > max) max = s;
+            for (int qt = 0; qt < q_tiles; qt++) {
+                const int t0 = qt * QT, nq = T - t0 < QT ? T - t0 : QT;
+                const float *q = qkv + ((size_t)b * T + t0) * C3 + h * hs;  // (nq, hs), row stride 3C
+                const float *k = qkv + (size_t)b * T * C3 + C + h * hs;     // (T, hs), row stride 3C
+                const float *v = k + C;                                     // (T, hs), row stride 3C
+                float *o = out + ((size_t)b * T + t0) * C + h * hs;         // (nq, hs), row stride C
+                float s[QT * KT];                                           // (nq, nk), row stride KT
+                float m[QT], l[QT];
+                for (int r = 0; r < nq; r++) {
+                    m[r] = -INFINITY;
+                    l[r] = 0.0f;
+                    memset(o + (size_t)r * C, 0, (size_t)hs * sizeof(float));
                 }
-                float sum = 0.0f;
-                memset(o, 0, (size_t)hs * sizeof(float));
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float s = td_ops_dot(q, base + t2 * C3 + C + h * hs, hs) * scale;
-                    const float p = expf(s - max);
-                    sum += p;
-                    td_ops_axpy(o, p, base + t2 * C3 + 2 * C + h * hs, hs);
+                for (int j0 = 0; j0 < t0 + nq; j0 += KT) { // keys up to the last query
+                    const int nk = t0 + nq - j0 < KT ? t0 + nq - j0 : KT;
+                    memset(s, 0, sizeof s);
+                    gemm(nq, nk, hs, s, KT, q, C3, 1, k + j0 * C3, 1, C3); // S = Q K^T
+                    for (int r = 0; r < nq; r++) {
+                        float *sr = s + r * KT;
+                        const int keys = t0 + r - j0 + 1 < nk ? t0 + r - j0 + 1 : nk; // t2 <= t
+                        if (keys <= 0) { // the whole tile is in this query's future
+                            memset(sr, 0, (size_t)nk * sizeof(float));
+                            continue;
+                        }
+                        float mx = m[r];
+                        for (int j = 0; j < keys; j++) {
+                            sr[j] *= scale;
+                            if (sr[j] > mx) mx = sr[j];
+                        }
+                        const float rescale = expf(m[r] - mx); // 0 on the first tile
+                        float *orow = o + (size_t)r * C;
+                        for (int i = 0; i < hs; i++) orow[i] *= rescale;
+                        l[r] *= rescale;
+                        for (int j = 0; j < keys; j++) {
+                            sr[j] = expf(sr[j] - mx);
+                            l[r] += sr[j];
+                        }
+                        for (int j = keys; j < nk; j++) sr[j] = 0.0f;
+                        m[r] = mx;
+                    }
+                    gemm(nq, hs, nk, o, C, s, KT, 1, v + j0 * C3, C3, 1); // out += P V
                 }
-                const float inv = 1.0f / sum;
-                for (int i = 0; i < hs; i++) o[i] *= inv;
-                lse[((size_t)b * NH + h) * T + t] = max + logf(sum);
+                for (int r = 0; r < nq; r++) {
+                    const float inv = 1.0f / l[r];
+                    float *orow = o + (size_t)r * C;
+                    for (int i = 0; i < hs; i++) orow[i] *= inv;
+                    lse[((size_t)b * NH + h) * T + t0 + r] = m[r] + logf(l[r]);
+                }
             }
 }
 
@@ -65,27 +102,44 @@ void td_ops_attention_backward(float *dqkv, const float *dout, const float *qkv,
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const size_t C3 = 3 * (size_t)C;
+    td_ops_gemm_fn *gemm = td_ops_gemm_get(td_ops_isa_best());
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            const float *base = qkv + (size_t)b * T * C3;  // (T, 3C)
-            float *dbase = dqkv + (size_t)b * T * C3;      // (T, 3C)
-            for (int t = 0; t < T; t++) {
-                const float *q = base + t * C3 + h * hs;
-                float *dq = dbase + t * C3 + h * hs;
-                const float *o = out + ((size_t)b * T + t) * C + h * hs;
-                const float *dO = dout + ((size_t)b * T + t) * C + h * hs;
-                const float row_lse = lse[((size_t)b * NH + h) * T + t];
-                const float D = td_ops_dot(dO, o, hs);  // sum_t2 p dp
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *k = base + t2 * C3 + C + h * hs;
-                    const float *v = base + t2 * C3 + 2 * C + h * hs;
-                    const float p = expf(td_ops_dot(q, k, hs) * scale - row_lse);
-                    const float dp = td_ops_dot(dO, v, hs);   // d loss / d p
-                    const float ds = p * (dp - D) * scale;    // d loss / d (q.k)
-                    td_ops_axpy(dq, ds, k, hs);
-                    td_ops_axpy(dbase + t2 * C3 + C + h * hs, ds, q, hs);   // dk[t2]
-                    td_ops_axpy(dbase + t2 * C3 + 2 * C + h * hs, p, dO, hs); // dv[t2]
+            const float *k = qkv + (size_t)b * T * C3 + C + h * hs;  // (T, hs), row stride 3C
+            const float *v = k + C;
+            float *dk = dqkv + (size_t)b * T * C3 + C + h * hs;      // (T, hs), row stride 3C
+            float *dv = dk + C;
+            const float *row_lse = lse + ((size_t)b * NH + h) * T;   // (T)
+            float p[QT * KT], ds[QT * KT], D[QT];                    // (nq, nk), row stride KT
+            for (int t0 = 0; t0 < T; t0 += QT) {
+                const int nq = T - t0 < QT ? T - t0 : QT;
+                const float *q = qkv + ((size_t)b * T + t0) * C3 + h * hs;
+                float *dq = dqkv + ((size_t)b * T + t0) * C3 + h * hs;
+                const float *o = out + ((size_t)b * T + t0) * C + h * hs;
+                const float *dO = dout + ((size_t)b * T + t0) * C + h * hs;
+                for (int r = 0; r < nq; r++)
+                    D[r] = td_ops_dot(dO + (size_t)r * C, o + (size_t)r * C, hs);
+                for (int j0 = 0; j0 < t0 + nq; j0 += KT) {
+                    const int nk = t0 + nq - j0 < KT ? t0 + nq - j0 : KT;
+                    memset(p, 0, sizeof p);
+                    gemm(nq, nk, hs, p, KT, q, C3, 1, k + j0 * C3, 1, C3);    // S = Q K^T
+                    memset(ds, 0, sizeof ds);
+                    gemm(nq, nk, hs, ds, KT, dO, C, 1, v + j0 * C3, 1, C3);   // dP = dout V^T
+                    for (int r = 0; r < nq; r++)
+                        for (int j = 0; j < nk; j++) {
+                            float *pr = p + r * KT + j, *dr = ds + r * KT + j;
+                            if (j0 + j > t0 + r) { // masked: no weight, no gradient
+                                *pr = 0.0f;
+                                *dr = 0.0f;
+                                continue;
+                            }
+                            *pr = expf(*pr * scale - row_lse[t0 + r]);
+                            *dr = *pr * (*dr - D[r]) * scale;
+                        }
+                    gemm(nq, hs, nk, dq, C3, ds, KT, 1, k + j0 * C3, C3, 1);          // dQ += dS K
+                    gemm(nk, hs, nq, dk + j0 * C3, C3, ds, 1, KT, q, C3, 1);          // dK += dS^T Q
+                    gemm(nk, hs, nq, dv + j0 * C3, C3, p, 1, KT, dO, C, 1);           // dV += P^T dout
                 }
             }
         }

@@ -17,6 +17,8 @@
  * right and bottom edges run a scalar loop with the same summation order. */
 #include "ops_internal.h"
 
+#include <omp.h>
+
 #if !defined(TD_GEMM_NAME) || !defined(TD_GEMM_R) || !defined(TD_GEMM_J)
 #error "define TD_GEMM_NAME, TD_GEMM_R and TD_GEMM_J before including ops_gemm_impl.h"
 #endif
@@ -79,7 +81,8 @@ void TD_GEMM_NAME(int M, int N, int K, float *c, size_t ldc, const float *a, siz
 {
     if (M <= 0 || N <= 0 || K <= 0) return;
     const long m_blocks = (M + GEMM_MB - 1) / GEMM_MB, n_blocks = (N + GEMM_NB - 1) / GEMM_NB;
-#pragma omp parallel for schedule(static)
+    /* Serial when called from a parallel region (the attention's tiles). */
+#pragma omp parallel for schedule(static) if (!omp_in_parallel())
     for (long task = 0; task < m_blocks * n_blocks; task++) {
         const int m0 = (int)(task / n_blocks) * GEMM_MB, n0 = (int)(task % n_blocks) * GEMM_NB;
         const int mb = M - m0 < GEMM_MB ? M - m0 : GEMM_MB;

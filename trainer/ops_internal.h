@@ -8,7 +8,8 @@
  * with -std=c11, which implies -ffp-contract=off).  Each C element is owned by
  * one thread and its k-sum never changes order, so the result equals the
  * naive triple loop bit for bit, for any thread count and any variant.
- * c must not overlap a or b. */
+ * c must not overlap a or b.  It runs its own OpenMP loop over tiles, or runs
+ * serially when called from inside a parallel region. */
 #ifndef TIDAL_OPS_INTERNAL_H
 #define TIDAL_OPS_INTERNAL_H
 
