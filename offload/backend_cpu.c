@@ -130,13 +130,12 @@ static td_status cpu_dev_reserve(td_backend *b, size_t bytes, void **ptr)
     int fits = bytes <= c->capacity_bytes - reserved;
     if (fits) c->reserved_bytes += bytes;
     pthread_mutex_unlock(&c->dev_lock);
-    td_format_bytes(bytes, s, sizeof s);
-    td_format_bytes(c->capacity_bytes, cap, sizeof cap);
-    td_format_bytes(reserved, held, sizeof held);
     if (!fits)
         return td_error_set(TD_ERR_DEVICE_MEM, "cannot reserve %s of device memory on the cpu backend: its device "
                             "region holds %s and %s is already reserved; raise TD_CPU_DEVICE_BYTES or lower "
-                            "--gpu-budget", s, cap, held);
+                            "--gpu-budget", td_format_bytes(bytes, s, sizeof s),
+                            td_format_bytes(c->capacity_bytes, cap, sizeof cap),
+                            td_format_bytes(reserved, held, sizeof held));
     char *base = NULL;
     if (bytes <= SIZE_MAX - 2 * (size_t)DEV_ALIGN)
         base = aligned_alloc(DEV_ALIGN, DEV_ALIGN + td_align_up(bytes, DEV_ALIGN));
@@ -146,7 +145,7 @@ static td_status cpu_dev_reserve(td_backend *b, size_t bytes, void **ptr)
         pthread_mutex_unlock(&c->dev_lock);
         return td_error_set(TD_ERR_DEVICE_MEM, "the host could not back %s of the cpu backend's device region "
                             "(%s already reserved): out of host memory; lower TD_CPU_DEVICE_BYTES or --gpu-budget",
-                            s, held);
+                            td_format_bytes(bytes, s, sizeof s), td_format_bytes(reserved, held, sizeof held));
     }
     dev_header *h = (dev_header *)base;
     h->bytes = bytes;
@@ -174,11 +173,14 @@ static void cpu_host_unregister(td_backend *b, void *ptr) {}
 
 /* --- workers ---------------------------------------------------------------- */
 
-static void event_complete(cpu_backend *c, td_event *ev, td_queue q, uint64_t gen)
+/* Record `gen` of ev, made on queue q, has completed; `from_ring` when a
+ * worker ran it (the ring lets go of the event). */
+static void event_complete(cpu_backend *c, td_event *ev, td_queue q, uint64_t gen, int from_ring)
 {
     pthread_mutex_lock(&c->ev_lock);
     ev->done_gen[q] = gen;
     ev->done_ms[q] = td_now_ms();
+    ev->in_rings -= from_ring;
     pthread_cond_broadcast(&c->ev_done);
     pthread_mutex_unlock(&c->ev_lock);
 }
@@ -202,12 +204,7 @@ static void run_op(cpu_backend *c, td_queue q, const op *o)
         else memset(o->dst, o->value, o->bytes);
         break;
     case OP_RECORD:
-        pthread_mutex_lock(&c->ev_lock);
-        o->ev->done_gen[q] = o->gen;
-        o->ev->done_ms[q] = td_now_ms();
-        o->ev->in_rings--;
-        pthread_cond_broadcast(&c->ev_done);
-        pthread_mutex_unlock(&c->ev_lock);
+        event_complete(c, o->ev, q, o->gen, 1);
         break;
     case OP_WAIT:
         pthread_mutex_lock(&c->ev_lock);
@@ -306,7 +303,7 @@ static td_status cpu_event_record(td_backend *b, td_event *ev, td_queue q)
     /* Pushed outside ev_lock: a full ring blocks here until its worker, which
      * needs ev_lock to complete records, makes room. */
     if (w) worker_push(w, &(op){ .kind = OP_RECORD, .ev = ev, .gen = gen });
-    else event_complete(c, ev, q, gen); /* compute has already done everything before it */
+    else event_complete(c, ev, q, gen, 0); /* compute has already done everything before it */
     return TD_OK;
 }
 

@@ -270,13 +270,18 @@ void bcase_events(void **state)
 
     /* Timing a copy on the H2D queue. */
     fill(src, n, 5);
+    double delay_ms = td_backend_default_params().cpu_debug_delay_us / 1000.0;
+    double t0 = td_now_ms();
     TD_ASSERT_OK(td_event_record(b, start, TD_QUEUE_H2D));
     TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_H2D, d, src, n));
     TD_ASSERT_OK(td_event_record(b, end, TD_QUEUE_H2D));
-    if (is_cpu(b)) { /* the copy sleeps for the debug delay: surely not done yet */
-        TD_ASSERT_OK(td_event_query(b, end, &done));
+    TD_ASSERT_OK(td_event_query(b, end, &done));
+    td_status early = td_event_elapsed_ms(b, start, end, &ms);
+    if (is_cpu(b) && td_now_ms() - t0 < 0.75 * delay_ms) {
+        /* The copy sleeps for the debug delay, which has not passed (a host
+         * stalled longer than that makes this check moot, not wrong). */
         assert_false(done);
-        assert_int_not_equal(td_event_elapsed_ms(b, start, end, &ms), TD_OK); /* not complete */
+        assert_int_not_equal(early, TD_OK);
     }
     TD_ASSERT_OK(td_event_sync(b, end));
     TD_ASSERT_OK(td_event_query(b, start, &done));
@@ -285,7 +290,7 @@ void bcase_events(void **state)
     assert_true(done);
     TD_ASSERT_OK(td_event_elapsed_ms(b, start, end, &ms));
     assert_true(ms >= 0);
-    if (is_cpu(b)) assert_true(ms >= 0.9 * td_backend_default_params().cpu_debug_delay_us / 1000.0);
+    if (is_cpu(b)) assert_true(ms >= 0.9 * delay_ms);
     print_message("1 MiB H2D copy: %.3f ms by events\n", ms);
 
     /* On the compute queue. */
