@@ -1,0 +1,180 @@
+/* The chunk manager: what lives where, and moving it there before it is needed.
+ *
+ * Tensors (params, grads, optimizer state, other buffers) are registered
+ * once, then packed into chunks: one list of chunks per role, filled in
+ * registration order, every chunk of the model holding the same number of
+ * elements (searched to waste the fewest padding bytes; a tensor larger
+ * than that gets a chunk of its own).  Registering grads, master, m and v in
+ * the same order as the params therefore gives every role the same layout:
+ * chunk i of each role holds the same tensors, which is what a per-chunk
+ * optimizer needs.
+ *
+ * Every chunk has a pinned host copy (from the pinned pool) and, while
+ * resident, a device copy (a slot in the arena), with a dirty bit per side.
+ * Each tensor has a state (tensor_state.h); a chunk with any tensor in
+ * COMPUTE is pinned on the device.
+ *
+ *   td_memmgr_access(ids, COMPUTE, flags)  makes the chunks resident (waiting
+ *       on a prefetch in flight, else loading now, evicting as needed; the
+ *       compute queue is ordered after the load, the host does not wait) and
+ *       returns device pointers.  TD_ACCESS_WRITE marks the device copy dirty.
+ *   td_memmgr_release(ids, to)  ends the use; the chunk becomes evictable
+ *       once no tensor of it is in COMPUTE.
+ *   td_memmgr_host_access(ids, flags)  a valid host copy for the CPU (the
+ *       optimizer): waits for a write-back in flight, or copies back now;
+ *       TD_ACCESS_WRITE makes the device copy stale (reloaded at next access)
+ *       and is refused for FREE tensors.
+ *
+ * FREE means "no payload": a chunk whose tensors are all FREE is handed out
+ * zero-filled by the next access, never loaded, never written back.
+ *   td_memmgr_writeback_async(ids)  starts copying dirty chunks to the host
+ *       now (grads leaving the GPU while backward continues).
+ *
+ * Steps: td_memmgr_step_begin / _end bracket a training step.  The first step
+ * is the warm-up: the tracer records the chunk access sequence and the
+ * non-model bytes live in the arena at each access; at its end the plan is
+ * made: the next-use table for Belady eviction (wrapping into the next step),
+ * the placement of the `auto` policy, and the prefetch window.  From then on
+ * each access issues the loads of the next chunks early.
+ *
+ * Device memory: only through the arena (chunk slots by td_slot_pool, one
+ * pool per chunk size); td_memmgr_alloc_nonmodel gives activations and
+ * workspaces room by evicting chunks when the arena is full.  The budget is
+ * never exceeded: a request that cannot be met even with every unpinned
+ * chunk evicted fails with TD_ERR_BUDGET and says what would fit.
+ *
+ * Thread-safety: one thread drives a manager (the step loop).  The optimizer
+ * threads may read and write host copies they obtained with host_access. */
+#ifndef TIDAL_MEMMGR_H
+#define TIDAL_MEMMGR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tidal/arena.h"
+#include "tidal/copy.h"
+#include "tidal/dtype.h"
+#include "tidal/hostpool.h"
+#include "tidal/policy.h"
+#include "tidal/status.h"
+#include "tidal/tensor_state.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_memmgr td_memmgr;
+
+typedef enum td_tensor_role {
+    TD_TENSOR_PARAM,
+    TD_TENSOR_GRAD,
+    TD_TENSOR_MASTER,
+    TD_TENSOR_ADAM_M,
+    TD_TENSOR_ADAM_V,
+    TD_TENSOR_OTHER,
+    TD_TENSOR_ROLE_COUNT
+} td_tensor_role;
+
+const char *td_tensor_role_name(td_tensor_role r);
+
+typedef enum td_placement {
+    TD_PLACEMENT_CUDA,    /* everything resident: a plain GPU trainer */
+    TD_PLACEMENT_CPU,     /* everything homed on the host; chunks visit the device */
+    TD_PLACEMENT_STATIC,  /* user fractions offloaded */
+    TD_PLACEMENT_AUTO,    /* after warm-up: keep resident what the budget allows */
+} td_placement;
+
+const char *td_placement_name(td_placement p);
+td_status td_placement_parse(const char *name, td_placement *out);
+
+/* Where a chunk lives between uses. */
+typedef enum td_chunk_home {
+    TD_HOME_HOST,    /* loaded for use, evictable */
+    TD_HOME_DEVICE,  /* resident from first use on, never evicted */
+} td_chunk_home;
+
+#define TD_ACCESS_READ  0u
+#define TD_ACCESS_WRITE 1u
+
+typedef struct td_memmgr_params {
+    size_t min_chunk_numel, max_chunk_numel; /* search range; 0: 1Mi..64Mi elements */
+    size_t chunk_numel;                      /* fixed size, skips the search; 0: search */
+    td_placement placement;                  /* default AUTO */
+    double offload_param_frac;               /* STATIC: fraction of param/grad chunks homed on the host */
+    double offload_optim_frac;               /* STATIC: fraction of optimizer-state chunks on the host */
+    td_evict_policy eviction;                /* default BELADY (LRU during warm-up) */
+    int prefetch;                            /* look-ahead in accesses; -1 auto (default), 0 off */
+    const char *trace_out;                   /* write the warm-up trace here (tidal-trace 1), or NULL */
+} td_memmgr_params;
+
+td_memmgr_params td_memmgr_default_params(void);
+
+typedef struct td_memmgr_stats {
+    uint64_t loads, evictions, writebacks;        /* chunk transfers */
+    uint64_t bytes_h2d, bytes_d2h;
+    uint64_t prefetches, demand_loads;            /* loads issued ahead / at the access */
+    uint64_t stalls;                              /* accesses whose load was not finished yet */
+    double stall_ms;                              /* host time spent waiting on copies */
+    uint64_t steps, accesses;
+    size_t device_chunk_bytes, device_peak_bytes; /* chunk slots held now; arena peak */
+    size_t host_chunk_bytes;                      /* pinned host copies */
+} td_memmgr_stats;
+
+td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
+                           const td_memmgr_params *params, td_memmgr **out);
+/* Waits for copies in flight and returns every byte it took. */
+void td_memmgr_destroy(td_memmgr *m);
+
+/* Registration (before td_memmgr_layout).  Names are copied.  A tensor
+ * starts FREE with zeroed contents. */
+td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dtype dtype, td_tensor_role role,
+                             int *id_out);
+/* Packs the tensors into chunks and allocates the host copies (pinned). */
+td_status td_memmgr_layout(td_memmgr *m);
+void td_memmgr_print_layout(td_memmgr *m, FILE *f);
+
+/* Layout queries. */
+int td_memmgr_tensor_count(const td_memmgr *m);
+int td_memmgr_chunk_count(const td_memmgr *m);
+size_t td_memmgr_chunk_numel(const td_memmgr *m);         /* the searched size */
+size_t td_memmgr_padding_bytes(const td_memmgr *m);       /* bytes wasted by the layout */
+int td_memmgr_tensor_chunk(const td_memmgr *m, int id);
+size_t td_memmgr_tensor_offset(const td_memmgr *m, int id); /* elements into its chunk */
+size_t td_memmgr_tensor_numel(const td_memmgr *m, int id);
+const char *td_memmgr_tensor_name(const td_memmgr *m, int id);
+td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
+size_t td_memmgr_chunk_bytes(const td_memmgr *m, int chunk);
+td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int chunk);
+td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int chunk);
+int td_memmgr_chunk_resident(const td_memmgr *m, int chunk);
+/* Chunk `index` of a role's list, -1 if none: chunk i of every role holds
+ * the same tensors when the roles were registered alike. */
+int td_memmgr_role_chunk(const td_memmgr *m, td_tensor_role role, int index);
+int td_memmgr_role_chunk_count(const td_memmgr *m, td_tensor_role role);
+
+td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state state, unsigned flags,
+                           void **dev_ptrs);
+td_status td_memmgr_release(td_memmgr *m, const int *ids, int n, td_tensor_state to);
+/* A state change that moves nothing (e.g. READY_FOR_REDUCE -> HOLD). */
+td_status td_memmgr_set_state(td_memmgr *m, const int *ids, int n, td_tensor_state to);
+td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned flags, void **host_ptrs);
+td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
+
+/* Device memory for non-model buffers, evicting chunks to make room. */
+td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, void **ptr);
+td_status td_memmgr_free_nonmodel(td_memmgr *m, void *ptr);
+
+td_status td_memmgr_step_begin(td_memmgr *m);
+td_status td_memmgr_step_end(td_memmgr *m);
+int td_memmgr_warmed_up(const td_memmgr *m);
+
+void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out);
+/* Device bytes the chunks need at the least: the largest set pinned at once
+ * in the warm-up step plus its non-model bytes (0 before warm-up). */
+size_t td_memmgr_min_budget(const td_memmgr *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

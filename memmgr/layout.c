@@ -1,0 +1,198 @@
+/* Registration and chunk layout: packing tensors into chunks of one size,
+ * searched to waste the fewest padding bytes. */
+#include "memmgr_impl.h"
+#include "tidal/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *td_tensor_role_name(td_tensor_role r)
+{
+    static const char *names[TD_TENSOR_ROLE_COUNT] = {"param", "grad", "master", "adam_m", "adam_v", "other"};
+    return (unsigned)r < TD_TENSOR_ROLE_COUNT ? names[r] : "unknown";
+}
+
+td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dtype dtype, td_tensor_role role,
+                             int *id_out)
+{
+    if (m->laid_out) return td_error_set(TD_ERR_STATE, "memmgr: '%s' registered after the layout was made", name);
+    if (!name || !*name) return td_error_set(TD_ERR_INVALID, "memmgr: a tensor needs a name");
+    if (numel == 0) return td_error_set(TD_ERR_INVALID, "memmgr: tensor '%s' has no elements", name);
+    if ((unsigned)dtype >= TD_DTYPE_COUNT || (unsigned)role >= TD_TENSOR_ROLE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "memmgr: tensor '%s' has a bad dtype or role", name);
+    if (m->n_tensors == m->cap_tensors) {
+        int cap = m->cap_tensors ? 2 * m->cap_tensors : 64;
+        mm_tensor *grown = td_malloc((size_t)cap * sizeof *grown, TD_ROLE_META);
+        if (!grown) return TD_ERR_NOMEM;
+        if (m->n_tensors) memcpy(grown, m->tensors, (size_t)m->n_tensors * sizeof *grown);
+        td_free(m->tensors);
+        m->tensors = grown;
+        m->cap_tensors = cap;
+    }
+    char *copy = td_strdup(name, TD_ROLE_META);
+    if (!copy) return TD_ERR_NOMEM;
+    m->tensors[m->n_tensors] = (mm_tensor){ .name = copy, .numel = numel, .dtype = dtype, .role = role,
+                                            .chunk = -1, .state = TD_TENSOR_FREE };
+    *id_out = m->n_tensors++;
+    return TD_OK;
+}
+
+/* Packs every role with capacity `cap`, in registration order: a tensor
+ * goes at the next aligned offset of the open chunk of its role and dtype if
+ * it fits, else opens a new chunk; a tensor larger than `cap` gets a chunk of
+ * its own and leaves the open one open.  Counts chunks and padding bytes;
+ * with `record`, also fills m->chunks (sized by a counting pass) and places
+ * the tensors.  One walk for both, so the search prices what the layout does. */
+static void pack(td_memmgr *m, size_t cap, int record, size_t *chunks_out, size_t *waste_out)
+{
+    size_t chunks = 0, waste = 0;
+    for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) {
+        if (record) m->role_first[r] = (int)chunks;
+        size_t used = 0, open_el = 0;
+        long open = -1;
+        for (int i = 0; i < m->n_tensors; i++) {
+            mm_tensor *t = &m->tensors[i];
+            if (t->role != (td_tensor_role)r) continue;
+            size_t el = td_dtype_bytes(t->dtype);
+            long c;
+            size_t start;
+            if (t->numel > cap) {
+                c = (long)chunks++;
+                start = 0;
+                if (record)
+                    m->chunks[c] = (mm_chunk){ .role = t->role, .dtype = t->dtype, .numel = t->numel };
+            } else {
+                start = td_align_up(used, MM_ALIGN_NUMEL);
+                if (open < 0 || start + t->numel > cap || el != open_el) {
+                    if (open >= 0) waste += (cap - used) * open_el;
+                    open = (long)chunks++;
+                    open_el = el;
+                    start = 0;
+                    if (record)
+                        m->chunks[open] = (mm_chunk){ .role = t->role, .dtype = t->dtype, .numel = cap };
+                } else {
+                    waste += (start - used) * el;
+                }
+                used = start + t->numel;
+                c = open;
+            }
+            if (record) {
+                t->chunk = (int)c;
+                t->offset = start;
+            }
+        }
+        if (open >= 0) waste += (cap - used) * open_el;
+        if (record) m->role_count[r] = (int)chunks - m->role_first[r];
+    }
+    *chunks_out = chunks;
+    *waste_out = waste;
+}
+
+static void pack_cost(const td_memmgr *m, size_t cap, size_t *chunks_out, size_t *waste_out)
+{
+    pack((td_memmgr *)m, cap, 0, chunks_out, waste_out);
+}
+
+/* Candidates: every aligned size in the range when there are at most 8192
+ * of them (exact), else a geometric ladder of 256 rungs plus every tensor
+ * size in range (a chunk exactly one tensor wide wastes nothing).  The
+ * fewest padding bytes win; at equal waste, fewer chunks, then the larger. */
+static size_t search_chunk_numel(const td_memmgr *m)
+{
+    size_t lo = td_align_up(m->params.min_chunk_numel, MM_ALIGN_NUMEL), hi = m->params.max_chunk_numel;
+    size_t best = lo, best_waste = SIZE_MAX, best_chunks = SIZE_MAX;
+    int exhaustive = hi >= lo && (hi - lo) / MM_ALIGN_NUMEL < 8192;
+    for (size_t k = 0;; k++) {
+        size_t cap;
+        if (exhaustive) {
+            cap = lo + k * MM_ALIGN_NUMEL;
+            if (cap > hi) break;
+        } else if (k < 256) {
+            cap = td_align_up((size_t)((double)lo * pow((double)hi / (double)lo, (double)k / 255.0)), MM_ALIGN_NUMEL);
+        } else {
+            if (k - 256 >= (size_t)m->n_tensors) break;
+            cap = td_align_up(m->tensors[k - 256].numel, MM_ALIGN_NUMEL);
+        }
+        if (cap < lo || cap > hi) continue;
+        size_t chunks, waste;
+        pack_cost(m, cap, &chunks, &waste);
+        if (waste < best_waste || (waste == best_waste && (chunks < best_chunks || (chunks == best_chunks && cap > best)))) {
+            best = cap;
+            best_waste = waste;
+            best_chunks = chunks;
+        }
+    }
+    return best;
+}
+
+td_status mm_layout(td_memmgr *m)
+{
+    if (m->n_tensors == 0) return td_error_set(TD_ERR_INVALID, "memmgr: no tensors registered");
+    if (m->params.chunk_numel) {
+        m->chunk_numel = td_align_up(m->params.chunk_numel, MM_ALIGN_NUMEL);
+    } else {
+        if (m->params.min_chunk_numel == 0 || m->params.max_chunk_numel < m->params.min_chunk_numel)
+            return td_error_set(TD_ERR_INVALID, "memmgr: chunk search range %zu..%zu elements is empty",
+                                m->params.min_chunk_numel, m->params.max_chunk_numel);
+        m->chunk_numel = search_chunk_numel(m);
+    }
+    size_t n_chunks, waste;
+    pack_cost(m, m->chunk_numel, &n_chunks, &waste);
+    m->padding_bytes = waste;
+    m->chunks = td_calloc(n_chunks, sizeof *m->chunks, TD_ROLE_META);
+    int *members = td_malloc((size_t)m->n_tensors * sizeof *members, TD_ROLE_META);
+    if (!m->chunks || !members) {
+        td_free(members);
+        td_free(m->chunks);
+        m->chunks = NULL;
+        return TD_ERR_NOMEM;
+    }
+    m->n_chunks = (int)n_chunks;
+    pack(m, m->chunk_numel, 1, &n_chunks, &waste);
+    /* Members grouped by chunk (a counting sort by chunk id, tensors in
+     * registration order within each). */
+    int *count = td_calloc(n_chunks + 1, sizeof *count, TD_ROLE_META);
+    if (!count) {
+        td_free(members);
+        return TD_ERR_NOMEM;
+    }
+    for (int i = 0; i < m->n_tensors; i++) count[m->tensors[i].chunk + 1]++;
+    for (size_t c = 0; c < n_chunks; c++) count[c + 1] += count[c];
+    for (size_t c = 0; c < n_chunks; c++) {
+        m->chunks[c].tensors = members + count[c];
+        m->chunks[c].n_tensors = 0;
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        mm_chunk *ch = &m->chunks[m->tensors[i].chunk];
+        ch->tensors[ch->n_tensors++] = i;
+    }
+    td_free(count);
+    for (size_t c = 0; c < n_chunks; c++) {
+        mm_chunk *ch = &m->chunks[c];
+        ch->index = (int)c - m->role_first[ch->role];
+        ch->bytes = ch->numel * td_dtype_bytes(ch->dtype);
+        ch->n_free = ch->n_tensors;
+    }
+    return TD_OK;
+}
+
+void td_memmgr_print_layout(td_memmgr *m, FILE *f)
+{
+    char a[32], b[32];
+    fprintf(f, "chunk layout: %d tensors in %d chunks of %zu elements; %s padding\n", m->n_tensors, m->n_chunks,
+            m->chunk_numel, td_format_bytes(m->padding_bytes, a, sizeof a));
+    for (int k = 0; k < m->n_chunks; k++) {
+        const mm_chunk *ch = &m->chunks[k];
+        size_t used = 0;
+        for (int j = 0; j < ch->n_tensors; j++) used += m->tensors[ch->tensors[j]].numel;
+        fprintf(f, "  chunk %3d  %-6s #%-3d %-4s %10s  %5.1f%% full  home %-6s  %d tensor%s: ", k,
+                td_tensor_role_name(ch->role), ch->index, td_dtype_name(ch->dtype),
+                td_format_bytes(ch->bytes, b, sizeof b), 100.0 * (double)used / (double)ch->numel,
+                ch->home == TD_HOME_DEVICE ? "device" : "host", ch->n_tensors, ch->n_tensors == 1 ? "" : "s");
+        for (int j = 0; j < ch->n_tensors && j < 4; j++)
+            fprintf(f, "%s%s", j ? ", " : "", m->tensors[ch->tensors[j]].name);
+        if (ch->n_tensors > 4) fprintf(f, ", ... (%d more)", ch->n_tensors - 4);
+        fprintf(f, "\n");
+    }
+}

@@ -1,0 +1,771 @@
+/* The chunk manager: residency, eviction, write-back, prefetch, the warm-up
+ * tracer and the plan (see include/tidal/memmgr.h). */
+#include "memmgr_impl.h"
+#include "tidal/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+td_memmgr_params td_memmgr_default_params(void)
+{
+    return (td_memmgr_params){
+        .min_chunk_numel = (size_t)1 << 20,
+        .max_chunk_numel = (size_t)64 << 20,
+        .placement = TD_PLACEMENT_AUTO,
+        .eviction = TD_EVICT_BELADY,
+        .prefetch = -1,
+    };
+}
+
+const char *td_placement_name(td_placement p)
+{
+    static const char *names[] = {"cuda", "cpu", "static", "auto"};
+    return (unsigned)p <= TD_PLACEMENT_AUTO ? names[p] : "unknown";
+}
+
+td_status td_placement_parse(const char *name, td_placement *out)
+{
+    for (int p = 0; p <= TD_PLACEMENT_AUTO; p++)
+        if (name && !strcmp(name, td_placement_name((td_placement)p))) { *out = (td_placement)p; return TD_OK; }
+    return td_error_set(TD_ERR_INVALID, "unknown policy '%s'; use cuda, cpu, static or auto", name ? name : "");
+}
+
+td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
+                           const td_memmgr_params *params, td_memmgr **out)
+{
+    *out = NULL;
+    td_memmgr_params p = params ? *params : td_memmgr_default_params();
+    if (p.offload_param_frac < 0 || p.offload_param_frac > 1 || p.offload_optim_frac < 0 || p.offload_optim_frac > 1)
+        return td_error_set(TD_ERR_INVALID, "offload fractions must lie in [0, 1] (got %g and %g)",
+                            p.offload_param_frac, p.offload_optim_frac);
+    td_memmgr *m = td_calloc(1, sizeof *m, TD_ROLE_META);
+    if (!m) return TD_ERR_NOMEM;
+    m->arena = arena;
+    m->pool = pool;
+    m->engine = engine;
+    m->backend = td_copy_backend(engine);
+    m->params = p;
+    m->params.trace_out = NULL;
+    if (p.trace_out && !(m->params.trace_out = td_strdup(p.trace_out, TD_ROLE_META))) {
+        td_free(m);
+        return TD_ERR_NOMEM;
+    }
+    *out = m;
+    return TD_OK;
+}
+
+static void release_spares(td_memmgr *m, mm_pool *pool);
+static uint64_t next_use_of(td_memmgr *m, int c, uint64_t last_use);
+
+void td_memmgr_destroy(td_memmgr *m)
+{
+    if (!m) return;
+    td_copy_drain(m->engine);
+    td_queue_sync(m->backend, TD_QUEUE_COMPUTE);
+    for (int c = 0; c < m->n_chunks; c++) {
+        mm_chunk *ch = &m->chunks[c];
+        if (ch->dev) td_slot_release(ch->pool->slots, ch->dev);
+        if (ch->host) td_hostpool_release(m->pool, ch->host);
+    }
+    for (int i = 0; i < m->n_pools; i++) {
+        release_spares(m, &m->pools[i]);
+        td_free(m->pools[i].spare);
+        td_slot_pool_destroy(m->pools[i].slots);
+    }
+    td_free(m->pools);
+    for (int i = 0; i < m->n_tensors; i++) td_free(m->tensors[i].name);
+    td_free(m->tensors);
+    if (m->chunks && m->n_chunks) td_free(m->chunks[0].tensors); /* one array for all chunks */
+    td_free(m->chunks);
+    td_free(m->trace_seq);
+    td_free(m->trace_write);
+    td_free(m->trace_nonmodel);
+    td_nextuse_destroy(m->nextuse);
+    td_evictor_destroy(m->evictor);
+    td_free((char *)m->params.trace_out);
+    td_free(m);
+}
+
+/* ---- placement -------------------------------------------------------------- */
+
+static int is_optim_role(td_tensor_role r) { return r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V; }
+
+/* Homes before the warm-up: every policy but AUTO decides here for good. */
+static void place_initial(td_memmgr *m)
+{
+    for (int c = 0; c < m->n_chunks; c++) {
+        mm_chunk *ch = &m->chunks[c];
+        td_chunk_home home = TD_HOME_HOST;
+        switch (m->params.placement) {
+        case TD_PLACEMENT_CUDA: home = TD_HOME_DEVICE; break;
+        case TD_PLACEMENT_CPU: home = TD_HOME_HOST; break;
+        case TD_PLACEMENT_AUTO: home = TD_HOME_HOST; break; /* decided after the warm-up */
+        case TD_PLACEMENT_STATIC: {
+            /* The last fraction of each role's list is offloaded: the first
+             * blocks stay resident, so a step starts without waiting. */
+            double frac = is_optim_role(ch->role) ? m->params.offload_optim_frac : m->params.offload_param_frac;
+            int count = m->role_count[ch->role];
+            int keep = count - (int)(frac * count + 0.5);
+            home = ch->index < keep ? TD_HOME_DEVICE : TD_HOME_HOST;
+            break;
+        }
+        }
+        ch->home = home;
+    }
+}
+
+td_status td_memmgr_layout(td_memmgr *m)
+{
+    td_status st = TD_OK;
+    if (m->laid_out) return td_error_set(TD_ERR_STATE, "memmgr: layout already made");
+    TD_TRY(mm_layout(m));
+    place_initial(m);
+    uint64_t *bytes = td_malloc((size_t)m->n_chunks * sizeof *bytes, TD_ROLE_META);
+    if (!bytes) { st = TD_ERR_NOMEM; goto cleanup; }
+    for (int c = 0; c < m->n_chunks; c++) bytes[c] = m->chunks[c].bytes;
+    st = td_evictor_create(TD_EVICT_LRU, (uint32_t)m->n_chunks, bytes, &m->evictor); /* no future known yet */
+    td_free(bytes);
+    if (st) goto cleanup;
+    for (int c = 0; c < m->n_chunks; c++) {
+        mm_chunk *ch = &m->chunks[c];
+        TD_TRY(td_hostpool_alloc(m->pool, ch->bytes, is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ch->host));
+        memset(ch->host, 0, ch->bytes);
+        m->stats.host_chunk_bytes += ch->bytes;
+    }
+    m->laid_out = 1;
+    return TD_OK;
+cleanup:
+    return st; /* td_memmgr_destroy frees what was taken */
+}
+
+/* ---- device slots --------------------------------------------------------- */
+
+static td_status pool_for(td_memmgr *m, mm_chunk *ch, mm_pool **out)
+{
+    for (int i = 0; i < m->n_pools; i++)
+        if (m->pools[i].bytes == ch->bytes) { *out = &m->pools[i]; return TD_OK; }
+    mm_pool *grown = td_malloc((size_t)(m->n_pools + 1) * sizeof *grown, TD_ROLE_META);
+    if (!grown) return TD_ERR_NOMEM;
+    if (m->n_pools) memcpy(grown, m->pools, (size_t)m->n_pools * sizeof *grown);
+    mm_pool *p = &grown[m->n_pools];
+    *p = (mm_pool){ .bytes = ch->bytes };
+    td_status st = td_slot_pool_create(m->arena, ch->bytes, TD_ROLE_CHUNK, &p->slots);
+    if (st) { td_free(grown); return st; }
+    /* Chunks point at their pool: re-aim them at the moved array. */
+    for (int c = 0; c < m->n_chunks; c++)
+        if (m->chunks[c].pool) m->chunks[c].pool = grown + (m->chunks[c].pool - m->pools);
+    td_free(m->pools);
+    m->pools = grown;
+    *out = &m->pools[m->n_pools++];
+    return TD_OK;
+}
+
+static td_status push_spare(mm_pool *p, void *ptr, td_copy_ticket fence)
+{
+    if (p->n_spare == p->cap_spare) {
+        int cap = p->cap_spare ? 2 * p->cap_spare : 16;
+        mm_spare *grown = td_malloc((size_t)cap * sizeof *grown, TD_ROLE_META);
+        if (!grown) return TD_ERR_NOMEM;
+        if (p->n_spare) memcpy(grown, p->spare, (size_t)p->n_spare * sizeof *grown);
+        td_free(p->spare);
+        p->spare = grown;
+        p->cap_spare = cap;
+    }
+    p->spare[p->n_spare++] = (mm_spare){ ptr, fence };
+    return TD_OK;
+}
+
+/* Spare slots go back to the arena.  The compute queue (the only other user
+ * of arena memory) waits for their fences, and whatever is later carved from
+ * that memory waits for trim_fence. */
+static void release_spares(td_memmgr *m, mm_pool *pool)
+{
+    if (!pool->n_spare) return;
+    while (pool->n_spare) {
+        mm_spare *s = &pool->spare[--pool->n_spare];
+        td_copy_order(m->engine, TD_QUEUE_COMPUTE, &s->fence);
+        td_slot_release(pool->slots, s->ptr);
+    }
+    td_slot_pool_trim(pool->slots);
+    td_copy_mark(m->engine, TD_QUEUE_COMPUTE, &m->trim_fence);
+}
+
+static void release_all_spares(td_memmgr *m)
+{
+    for (int i = 0; i < m->n_pools; i++) release_spares(m, &m->pools[i]);
+}
+
+static int chunk_dirty(const mm_chunk *ch)
+{
+    /* FREE tensors hold no payload: a chunk of only FREE tensors is never written back. */
+    return ch->dev && ch->dev_ver > ch->host_ver && ch->n_free < ch->n_tensors;
+}
+
+static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
+{
+    td_status st = td_copy_submit(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->bytes, &ch->fence, &ch->writeback);
+    if (st) return st;
+    ch->host_ver = ch->dev_ver;
+    ch->fence = ch->writeback;
+    m->stats.writebacks++;
+    m->stats.bytes_d2h += ch->bytes;
+    return TD_OK;
+}
+
+/* Gives up the device copy (writing it back first if it is dirty); the slot
+ * becomes a spare of its pool, fenced by the chunk's last use. */
+static td_status evict(td_memmgr *m, mm_chunk *ch)
+{
+    td_status st;
+    if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
+    if ((st = push_spare(ch->pool, ch->dev, ch->fence))) return st;
+    td_evictor_remove(m->evictor, (uint32_t)(ch - m->chunks));
+    ch->dev = NULL;
+    ch->dev_ver = ch->host_ver;
+    m->stats.evictions++;
+    return TD_OK;
+}
+
+static size_t nonmodel_bytes(td_memmgr *m)
+{
+    td_arena_stats s;
+    td_arena_get_stats(m->arena, &s);
+    return s.used_bytes - s.used[TD_ROLE_CHUNK] - s.used[TD_ROLE_OPTIM];
+}
+
+static td_status budget_error(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use)
+{
+    char need[32], budget[32], held[512];
+    td_arena_describe(m->arena, held, sizeof held);
+    td_arena_stats s;
+    td_arena_get_stats(m->arena, &s);
+    size_t pinned = 0;
+    int n_pinned = 0;
+    for (int c = 0; c < m->n_chunks; c++)
+        if (m->chunks[c].dev && (m->chunks[c].pins || m->chunks[c].home == TD_HOME_DEVICE)) {
+            pinned += m->chunks[c].bytes;
+            n_pinned++;
+        }
+    char p[32], nm[32], min[32];
+    size_t minimum = pinned + ch->bytes + nonmodel_bytes(m);
+    return td_error_set(TD_ERR_BUDGET,
+                        "memmgr: no room for chunk %d (%s %s #%d, %s)%s: %d chunks in use or homed on the device "
+                        "hold %s, non-model buffers %s; %s; this access needs a budget of at least %s "
+                        "(--gpu-budget %s is too small), or offload more (--policy cpu) or lower --micro-batch",
+                        (int)(ch - m->chunks), td_dtype_name(ch->dtype), td_tensor_role_name(ch->role), ch->index,
+                        td_format_bytes(ch->bytes, need, sizeof need),
+                        min_next_use ? " without evicting a chunk needed sooner" : "", n_pinned,
+                        td_format_bytes(pinned, p, sizeof p), td_format_bytes(nonmodel_bytes(m), nm, sizeof nm), held,
+                        td_format_bytes(minimum, min, sizeof min), td_format_bytes(s.budget_bytes, budget, sizeof budget));
+}
+
+/* When every host-homed chunk is pinned or gone and the arena is still too
+ * full (or too fragmented), a device-homed chunk not in use may leave: home
+ * is the plan's preference, not a pin; it comes back at its next use.  The
+ * one needed last goes. */
+static int64_t device_homed_victim(td_memmgr *m)
+{
+    int64_t best = -1;
+    uint64_t best_next = 0;
+    for (int c = 0; c < m->n_chunks; c++) {
+        mm_chunk *ch = &m->chunks[c];
+        if (!ch->dev || ch->pins || ch->home != TD_HOME_DEVICE) continue;
+        uint64_t next = next_use_of(m, c, ch->last_use);
+        if (best < 0 || next > best_next) { best = c; best_next = next; }
+    }
+    return best;
+}
+
+/* A device slot for `ch`, evicting what the policy gives up.  `after`: the
+ * ticket the slot's previous user left.  With min_next_use > 0 (prefetch),
+ * only chunks needed later than that may go, and failure is quiet. */
+static td_status get_slot(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, void **ptr, td_copy_ticket *after)
+{
+    td_status st;
+    if (!ch->pool && (st = pool_for(m, ch, &ch->pool))) return st;
+    mm_pool *pool = ch->pool;
+    for (;;) {
+        if (pool->n_spare) {
+            mm_spare s = pool->spare[--pool->n_spare];
+            *ptr = s.ptr;
+            *after = s.fence;
+            return TD_OK;
+        }
+        st = td_slot_acquire(pool->slots, ptr);
+        if (st == TD_OK) {
+            *after = m->trim_fence;
+            return TD_OK;
+        }
+        if (st != TD_ERR_BUDGET) return st;
+        /* Spares of other sizes are free room first; then a victim. */
+        int had_spares = 0;
+        for (int i = 0; i < m->n_pools; i++) had_spares |= m->pools[i].n_spare > 0;
+        if (had_spares) {
+            release_all_spares(m);
+            continue;
+        }
+        int64_t v = td_evictor_pick(m->evictor, min_next_use);
+        if (v < 0 && min_next_use) return TD_ERR_BUDGET; /* a prefetch that does not fit: no message needed */
+        if (v < 0) v = device_homed_victim(m);
+        if (v < 0) return budget_error(m, ch, min_next_use);
+        if ((st = evict(m, &m->chunks[v]))) return st;
+    }
+}
+
+/* Makes the device copy current: a load (H2D) into a new slot or over a
+ * stale one, or zeros for a chunk of only FREE tensors. */
+static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, int prefetch)
+{
+    td_status st;
+    td_copy_ticket after = {0};
+    if (!ch->dev) {
+        void *ptr;
+        if ((st = get_slot(m, ch, min_next_use, &ptr, &after))) return st;
+        ch->dev = ptr;
+    } else {
+        after = ch->fence; /* stale in place: overwrite after its last use */
+    }
+    if (ch->n_free == ch->n_tensors) {
+        if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &after))) return st;
+        if ((st = td_backend_memset_async(m->backend, TD_QUEUE_COMPUTE, ch->dev, 0, ch->bytes))) return st;
+        if ((st = td_copy_mark(m->engine, TD_QUEUE_COMPUTE, &ch->fence))) return st;
+        ch->load = ch->fence;
+        ch->dev_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
+        return TD_OK;
+    }
+    /* The host copy may still be arriving from this chunk's own write-back. */
+    if ((st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->writeback))) return st;
+    if ((st = td_copy_submit(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->bytes, &after, &ch->load))) return st;
+    ch->fence = ch->load;
+    ch->dev_ver = ch->host_ver;
+    m->stats.loads++;
+    m->stats.bytes_h2d += ch->bytes;
+    if (prefetch) m->stats.prefetches++;
+    else m->stats.demand_loads++;
+    return TD_OK;
+}
+
+static int needs_load(const mm_chunk *ch) { return !ch->dev || ch->host_ver > ch->dev_ver; }
+
+/* ---- positions, tracer and plan ----------------------------------------- */
+
+static uint64_t next_use_of(td_memmgr *m, int c, uint64_t last_use)
+{
+    if (!m->nextuse) return TD_NEXTUSE_NEVER;
+    if (!m->off_trace && td_nextuse_valid(m->nextuse, last_use) &&
+        td_nextuse_chunk_at(m->nextuse, last_use) == (uint32_t)c)
+        return td_nextuse_after(m->nextuse, last_use);
+    return td_nextuse_of(m->nextuse, (uint32_t)c, m->pos);
+}
+
+static void offer(td_memmgr *m, int c)
+{
+    mm_chunk *ch = &m->chunks[c];
+    if (!ch->dev || ch->pins || ch->home == TD_HOME_DEVICE) {
+        td_evictor_remove(m->evictor, (uint32_t)c);
+        return;
+    }
+    td_evictor_update(m->evictor, (uint32_t)c, ch->last_use, next_use_of(m, c, ch->last_use), chunk_dirty(ch));
+}
+
+static td_status trace_record(td_memmgr *m, int c, int write, size_t pinned_bytes)
+{
+    if (m->trace_len == m->trace_cap) {
+        size_t cap = m->trace_cap ? 2 * m->trace_cap : 1024;
+        uint32_t *seq = td_malloc(cap * sizeof *seq, TD_ROLE_META);
+        uint8_t *wr = td_malloc(cap, TD_ROLE_META);
+        uint64_t *nm = td_malloc(cap * sizeof *nm, TD_ROLE_META);
+        if (!seq || !wr || !nm) {
+            td_free(seq); td_free(wr); td_free(nm);
+            return TD_ERR_NOMEM;
+        }
+        if (m->trace_len) {
+            memcpy(seq, m->trace_seq, m->trace_len * sizeof *seq);
+            memcpy(wr, m->trace_write, m->trace_len);
+            memcpy(nm, m->trace_nonmodel, m->trace_len * sizeof *nm);
+        }
+        td_free(m->trace_seq); td_free(m->trace_write); td_free(m->trace_nonmodel);
+        m->trace_seq = seq; m->trace_write = wr; m->trace_nonmodel = nm;
+        m->trace_cap = cap;
+    }
+    size_t nonmodel = nonmodel_bytes(m);
+    m->trace_seq[m->trace_len] = (uint32_t)c;
+    m->trace_write[m->trace_len] = (uint8_t)write;
+    m->trace_nonmodel[m->trace_len] = nonmodel;
+    m->trace_len++;
+    m->chunks[c].accesses++;
+    if (pinned_bytes + nonmodel > m->min_budget) m->min_budget = pinned_bytes + nonmodel;
+    return TD_OK;
+}
+
+/* Moves the cursor past chunk c's access; leaves the recorded order if the
+ * run does (then next uses come from "first use at or after now"). */
+static void advance(td_memmgr *m, int c)
+{
+    if (!m->nextuse || m->off_trace) { m->pos++; return; }
+    if (td_nextuse_chunk_at(m->nextuse, m->pos) == (uint32_t)c) { m->pos++; return; }
+    m->off_trace = 1;
+    m->pos++;
+}
+
+td_status td_memmgr_step_begin(td_memmgr *m)
+{
+    if (!m->laid_out) return td_error_set(TD_ERR_STATE, "memmgr: step begun before td_memmgr_layout");
+    if (m->in_step) return td_error_set(TD_ERR_STATE, "memmgr: step %llu begun twice", (unsigned long long)m->step);
+    m->in_step = 1;
+    m->off_trace = 0;
+    /* Step k covers positions [k * len, (k + 1) * len); step 0 is the warm-up. */
+    m->pos = m->warmed_up ? m->step * m->trace_len : 0;
+    return TD_OK;
+}
+
+static td_status write_trace(td_memmgr *m)
+{
+    td_trace_writer *w = NULL;
+    td_status st = td_trace_writer_open(m->params.trace_out, &w);
+    if (st) return st;
+    st = td_trace_writer_comment(w, "warm-up step recorded by tidal's chunk manager");
+    for (int c = 0; st == TD_OK && c < m->n_chunks; c++) st = td_trace_writer_chunk(w, (uint32_t)c, m->chunks[c].bytes);
+    if (st == TD_OK) st = td_trace_writer_step(w);
+    uint64_t last_nm = 0;
+    for (size_t i = 0; st == TD_OK && i < m->trace_len; i++) {
+        if (m->trace_nonmodel[i] != last_nm) {
+            st = td_trace_writer_nonmodel(w, m->trace_nonmodel[i]);
+            last_nm = m->trace_nonmodel[i];
+        }
+        if (st == TD_OK) st = td_trace_writer_access(w, m->trace_seq[i], m->trace_write[i]);
+    }
+    td_status close_st = td_trace_writer_close(w);
+    return st ? st : close_st;
+}
+
+/* AUTO: keep resident the most-used chunks the budget leaves room for, after
+ * the warm-up's peak (chunks in use + non-model) and one spare chunk for the
+ * prefetch to land in. */
+static void place_auto(td_memmgr *m)
+{
+    td_arena_stats s;
+    td_arena_get_stats(m->arena, &s);
+    size_t largest = 0;
+    for (int c = 0; c < m->n_chunks; c++)
+        if (m->chunks[c].accesses && m->chunks[c].bytes > largest) largest = m->chunks[c].bytes;
+    size_t reserve = m->min_budget + largest;
+    size_t room = s.budget_bytes > reserve ? s.budget_bytes - reserve : 0;
+    /* Pick by accesses per byte, most first (ties: lower id), by selection. */
+    char *picked = td_calloc((size_t)m->n_chunks, 1, TD_ROLE_META);
+    if (!picked) return; /* stays all-host: correct, only slower */
+    for (;;) {
+        int best = -1;
+        for (int c = 0; c < m->n_chunks; c++) {
+            mm_chunk *ch = &m->chunks[c];
+            if (picked[c] || !ch->accesses || ch->bytes > room) continue;
+            if (best < 0 || ch->accesses * m->chunks[best].bytes > m->chunks[best].accesses * ch->bytes) best = c;
+        }
+        if (best < 0) break;
+        picked[best] = 1;
+        room -= m->chunks[best].bytes;
+        m->chunks[best].home = TD_HOME_DEVICE;
+    }
+    td_free(picked);
+}
+
+td_status td_memmgr_step_end(td_memmgr *m)
+{
+    td_status st = TD_OK;
+    if (!m->in_step) return td_error_set(TD_ERR_STATE, "memmgr: step ended without td_memmgr_step_begin");
+    m->in_step = 0;
+    m->step++;
+    m->stats.steps++;
+    if (m->warmed_up || m->trace_len == 0) return TD_OK;
+    /* The warm-up step is over: make the plan. */
+    TD_TRY(td_nextuse_create(m->trace_seq, m->trace_len, (uint32_t)m->n_chunks, 0, &m->nextuse));
+    uint64_t *bytes = td_malloc((size_t)m->n_chunks * sizeof *bytes, TD_ROLE_META);
+    if (!bytes) { st = TD_ERR_NOMEM; goto cleanup; }
+    for (int c = 0; c < m->n_chunks; c++) bytes[c] = m->chunks[c].bytes;
+    td_evictor *ev = NULL;
+    st = td_evictor_create(m->params.eviction, (uint32_t)m->n_chunks, bytes, &ev);
+    td_free(bytes);
+    if (st) goto cleanup;
+    td_evictor_destroy(m->evictor);
+    m->evictor = ev;
+    if (m->params.placement == TD_PLACEMENT_AUTO) place_auto(m);
+    m->warmed_up = 1;
+    m->pos = m->trace_len; /* the start of step 1, for the next uses below */
+    for (int c = 0; c < m->n_chunks; c++) offer(m, c);
+    m->prefetch_window = m->params.prefetch < 0 ? 4 : m->params.prefetch;
+    if (m->params.trace_out) TD_TRY(write_trace(m));
+    return TD_OK;
+cleanup:
+    return st;
+}
+
+int td_memmgr_warmed_up(const td_memmgr *m) { return m->warmed_up; }
+size_t td_memmgr_min_budget(const td_memmgr *m) { return m->min_budget; }
+
+/* ---- access and release ------------------------------------------------- */
+
+static td_status check_ids(td_memmgr *m, const int *ids, int n, const char *what)
+{
+    if (!m->laid_out) return td_error_set(TD_ERR_STATE, "memmgr: %s before td_memmgr_layout", what);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= m->n_tensors)
+            return td_error_set(TD_ERR_INVALID, "memmgr: %s of tensor id %d (%d registered)", what, ids[i], m->n_tensors);
+        for (int j = 0; j < i; j++)
+            if (ids[j] == ids[i])
+                return td_error_set(TD_ERR_INVALID, "memmgr: %s names tensor '%s' twice", what, m->tensors[ids[i]].name);
+    }
+    return TD_OK;
+}
+
+static td_status check_transitions(td_memmgr *m, const int *ids, int n, td_tensor_state to)
+{
+    for (int i = 0; i < n; i++) {
+        td_status st = td_tensor_state_check(m->tensors[ids[i]].name, m->tensors[ids[i]].state, to);
+        if (st) return st;
+    }
+    return TD_OK;
+}
+
+/* Applies a checked state change and keeps the chunk counts. */
+static void set_state(td_memmgr *m, int id, td_tensor_state to)
+{
+    mm_tensor *t = &m->tensors[id];
+    mm_chunk *ch = &m->chunks[t->chunk];
+    ch->n_free += (to == TD_TENSOR_FREE) - (t->state == TD_TENSOR_FREE);
+    ch->pins += (to == TD_TENSOR_COMPUTE) - (t->state == TD_TENSOR_COMPUTE);
+    t->state = to;
+}
+
+/* Distinct chunks of ids, in first-mention order; returns how many. */
+static int chunks_of(td_memmgr *m, const int *ids, int n, int *out)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        int c = m->tensors[ids[i]].chunk, seen = 0;
+        for (int j = 0; j < k && !seen; j++) seen = out[j] == c;
+        if (!seen) out[k++] = c;
+    }
+    return k;
+}
+
+static void prefetch(td_memmgr *m)
+{
+    if (!m->nextuse || m->off_trace || m->prefetch_window <= 0) return;
+    for (uint64_t p = m->pos; p < m->pos + (uint64_t)m->prefetch_window; p++) {
+        int c = (int)td_nextuse_chunk_at(m->nextuse, p);
+        mm_chunk *ch = &m->chunks[c];
+        if (!needs_load(ch) || ch->pins || ch->n_free == ch->n_tensors) continue; /* empty: zeroed at access */
+        int was_candidate = td_evictor_contains(m->evictor, (uint32_t)c);
+        td_evictor_remove(m->evictor, (uint32_t)c); /* never its own victim */
+        /* Only chunks next used after p may make room for it (Belady-safe). */
+        td_status st = materialize(m, ch, p + 1, 1);
+        if (st == TD_OK || was_candidate) {
+            ch->last_use = m->pos;
+            offer(m, c);
+        }
+        if (st) { td_error_clear(); return; } /* no room yet: stop here */
+    }
+}
+
+td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state state, unsigned flags,
+                           void **dev_ptrs)
+{
+    td_status st;
+    int local[64], *cs = n <= 64 ? local : td_malloc((size_t)n * sizeof *cs, TD_ROLE_META);
+    if (!cs) return TD_ERR_NOMEM;
+    if ((st = check_ids(m, ids, n, "access")) || (st = check_transitions(m, ids, n, state))) goto out;
+    int k = chunks_of(m, ids, n, cs);
+    /* Pin first, so that making room for one never evicts another. */
+    for (int i = 0; i < k; i++) td_evictor_remove(m->evictor, (uint32_t)cs[i]);
+    for (int i = 0; i < k; i++) {
+        mm_chunk *ch = &m->chunks[cs[i]];
+        ch->pins++;
+        /* A chunk of only FREE tensors is handed out zeroed, also when resident. */
+        int empty = ch->n_free == ch->n_tensors;
+        if ((needs_load(ch) || empty) && (st = materialize(m, ch, 0, 0))) {
+            for (int j = 0; j <= i; j++) m->chunks[cs[j]].pins--;
+            for (int j = 0; j < k; j++) offer(m, cs[j]);
+            goto out;
+        }
+    }
+    size_t pinned_bytes = 0;
+    if (!m->warmed_up && m->in_step)
+        for (int c = 0; c < m->n_chunks; c++) pinned_bytes += m->chunks[c].pins ? m->chunks[c].bytes : 0;
+    for (int i = 0; i < k; i++) {
+        mm_chunk *ch = &m->chunks[cs[i]];
+        ch->pins--;
+        int done = 1;
+        td_copy_done(m->engine, &ch->load, &done);
+        if (!done) m->stats.stalls++;
+        if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &ch->load))) goto out;
+        /* Also for reads: the fence left at release must imply the write-back is over. */
+        if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &ch->writeback))) goto out;
+        if (m->in_step) {
+            if (!m->warmed_up && (st = trace_record(m, cs[i], (flags & TD_ACCESS_WRITE) != 0, pinned_bytes))) goto out;
+            ch->last_use = m->pos;
+            advance(m, cs[i]);
+        }
+        m->stats.accesses++;
+    }
+    for (int i = 0; i < n; i++) {
+        set_state(m, ids[i], state);
+        mm_tensor *t = &m->tensors[ids[i]];
+        dev_ptrs[i] = (char *)m->chunks[t->chunk].dev + t->offset * td_dtype_bytes(t->dtype);
+    }
+    for (int i = 0; i < k; i++) {
+        mm_chunk *ch = &m->chunks[cs[i]];
+        if (flags & TD_ACCESS_WRITE) ch->dev_ver = (ch->dev_ver > ch->host_ver ? ch->dev_ver : ch->host_ver) + 1;
+        offer(m, cs[i]);
+    }
+    if (m->in_step) prefetch(m);
+out:
+    if (cs != local) td_free(cs);
+    return st;
+}
+
+td_status td_memmgr_set_state(td_memmgr *m, const int *ids, int n, td_tensor_state to)
+{
+    td_status st;
+    if ((st = check_ids(m, ids, n, "state change")) || (st = check_transitions(m, ids, n, to))) return st;
+    if (to == TD_TENSOR_COMPUTE)
+        return td_error_set(TD_ERR_STATE, "memmgr: tensor '%s' enters COMPUTE only through td_memmgr_access",
+                            m->tensors[ids[0]].name);
+    return td_memmgr_release(m, ids, n, to);
+}
+
+td_status td_memmgr_release(td_memmgr *m, const int *ids, int n, td_tensor_state to)
+{
+    td_status st;
+    if ((st = check_ids(m, ids, n, "release")) || (st = check_transitions(m, ids, n, to))) return st;
+    if (to == TD_TENSOR_COMPUTE)
+        return td_error_set(TD_ERR_STATE, "memmgr: release to COMPUTE; use td_memmgr_access");
+    int unpinned = 0;
+    for (int i = 0; i < n; i++) {
+        int was = m->tensors[ids[i]].state == TD_TENSOR_COMPUTE;
+        set_state(m, ids[i], to);
+        unpinned |= was && m->chunks[m->tensors[ids[i]].chunk].pins == 0;
+    }
+    /* The kernels that used these chunks may still run: fence their slots. */
+    td_copy_ticket mark = {0};
+    if (unpinned && (st = td_copy_mark(m->engine, TD_QUEUE_COMPUTE, &mark))) return st;
+    for (int i = 0; i < n; i++) {
+        mm_chunk *ch = &m->chunks[m->tensors[ids[i]].chunk];
+        if (ch->pins == 0 && ch->dev && mark.seq) ch->fence = mark;
+        offer(m, (int)(ch - m->chunks));
+    }
+    return TD_OK;
+}
+
+td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n)
+{
+    td_status st;
+    if ((st = check_ids(m, ids, n, "write-back"))) return st;
+    for (int i = 0; i < n; i++) {
+        mm_chunk *ch = &m->chunks[m->tensors[ids[i]].chunk];
+        if (ch->pins || !chunk_dirty(ch)) continue;
+        if ((st = start_writeback(m, ch))) return st;
+        offer(m, (int)(ch - m->chunks));
+    }
+    return TD_OK;
+}
+
+td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned flags, void **host_ptrs)
+{
+    td_status st;
+    if ((st = check_ids(m, ids, n, "host access"))) return st;
+    for (int i = 0; i < n; i++) {
+        mm_tensor *t = &m->tensors[ids[i]];
+        mm_chunk *ch = &m->chunks[t->chunk];
+        if (ch->pins)
+            return td_error_set(TD_ERR_STATE, "memmgr: host access to '%s' while its chunk is in COMPUTE on the device",
+                                t->name);
+        /* A FREE tensor holds no payload: writes to it would be dropped when
+         * its chunk is next handed out zeroed. */
+        if ((flags & TD_ACCESS_WRITE) && t->state == TD_TENSOR_FREE)
+            return td_error_set(TD_ERR_STATE, "memmgr: host write to '%s' while it is FREE; move it to HOLD first "
+                                "(td_memmgr_set_state)", t->name);
+    }
+    for (int i = 0; i < n; i++) {
+        mm_tensor *t = &m->tensors[ids[i]];
+        mm_chunk *ch = &m->chunks[t->chunk];
+        if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
+        if ((st = td_copy_wait(m->engine, &ch->writeback))) return st;
+        if (flags & TD_ACCESS_WRITE) {
+            /* The upload in flight reads this host copy: let it finish first. */
+            if ((st = td_copy_wait(m->engine, &ch->load))) return st;
+            ch->host_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
+            offer(m, t->chunk);
+        }
+        host_ptrs[i] = (char *)ch->host + t->offset * td_dtype_bytes(t->dtype);
+    }
+    return TD_OK;
+}
+
+/* ---- non-model memory ----------------------------------------------------- */
+
+td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, void **ptr)
+{
+    for (;;) {
+        td_status st = td_arena_alloc(m->arena, bytes, role, ptr);
+        if (st != TD_ERR_BUDGET) return st;
+        int had_spares = 0;
+        for (int i = 0; i < m->n_pools; i++) had_spares |= m->pools[i].n_spare > 0;
+        if (had_spares) {
+            release_all_spares(m);
+        } else {
+            int64_t v = td_evictor_pick(m->evictor, 0);
+            if (v < 0) v = device_homed_victim(m);
+            if (v < 0) return td_error_prefix(TD_ERR_BUDGET, "memmgr: every chunk not in use is already on the host; ");
+            if ((st = evict(m, &m->chunks[v]))) return st;
+        }
+        /* Memory reused for activations: the compute queue already waits (release_spares). */
+    }
+}
+
+td_status td_memmgr_free_nonmodel(td_memmgr *m, void *ptr)
+{
+    td_status st = td_arena_release(m->arena, ptr);
+    if (st) return st;
+    /* A chunk slot carved from this memory must wait for the kernels that used it. */
+    return td_copy_mark(m->engine, TD_QUEUE_COMPUTE, &m->trim_fence);
+}
+
+/* ---- queries ---------------------------------------------------------------- */
+
+void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out)
+{
+    *out = m->stats;
+    out->stall_ms = 0;
+    td_copy_stats cs;
+    td_copy_get_stats(m->engine, &cs);
+    out->stall_ms = cs.host_wait_ms;
+    td_arena_stats s;
+    td_arena_get_stats(m->arena, &s);
+    out->device_chunk_bytes = s.used[TD_ROLE_CHUNK] + s.used[TD_ROLE_OPTIM];
+    out->device_peak_bytes = s.peak_bytes;
+}
+
+int td_memmgr_tensor_count(const td_memmgr *m) { return m->n_tensors; }
+int td_memmgr_chunk_count(const td_memmgr *m) { return m->n_chunks; }
+size_t td_memmgr_chunk_numel(const td_memmgr *m) { return m->chunk_numel; }
+size_t td_memmgr_padding_bytes(const td_memmgr *m) { return m->padding_bytes; }
+int td_memmgr_tensor_chunk(const td_memmgr *m, int id) { return m->tensors[id].chunk; }
+size_t td_memmgr_tensor_offset(const td_memmgr *m, int id) { return m->tensors[id].offset; }
+size_t td_memmgr_tensor_numel(const td_memmgr *m, int id) { return m->tensors[id].numel; }
+const char *td_memmgr_tensor_name(const td_memmgr *m, int id) { return m->tensors[id].name; }
+td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id) { return m->tensors[id].state; }
+size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
+td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int c) { return m->chunks[c].role; }
+td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int c) { return m->chunks[c].home; }
+int td_memmgr_chunk_resident(const td_memmgr *m, int c) { return m->chunks[c].dev != NULL; }
+
+int td_memmgr_role_chunk(const td_memmgr *m, td_tensor_role role, int index)
+{
+    if ((unsigned)role >= TD_TENSOR_ROLE_COUNT || index < 0 || index >= m->role_count[role]) return -1;
+    return m->role_first[role] + index;
+}
+
+int td_memmgr_role_chunk_count(const td_memmgr *m, td_tensor_role role)
+{
+    return (unsigned)role < TD_TENSOR_ROLE_COUNT ? m->role_count[role] : 0;
+}

@@ -1,0 +1,473 @@
+/* The chunk manager: layout, tensor states through access/release, and
+ * randomized traces under random budgets in the cpu backend's delaying,
+ * poisoning debug mode (or on cuda with TD_BACKEND=cuda): the budget is
+ * never exceeded, nothing is read before it arrives, contents survive any
+ * number of evictions and reloads, dirty data is never lost. */
+#include "td_test.h"
+#include "tidal/memmgr.h"
+#include "tidal/trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct rig {
+    td_backend *b;
+    td_hostpool *pool;
+    td_arena *arena;
+    td_copy_engine *eng;
+    td_memmgr *m;
+} rig;
+
+static void rig_open(rig *r, int debug, size_t budget, const td_memmgr_params *mp)
+{
+    memset(r, 0, sizeof *r);
+    r->b = td_test_backend(debug);
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = 4 * TD_MiB;
+    TD_ASSERT_OK(td_hostpool_create(r->b, NULL, &hp, &r->pool));
+    TD_ASSERT_OK(td_arena_create(r->b, budget, &r->arena));
+    td_copy_params cp = td_copy_default_params();
+    cp.events_per_queue = 8; /* small ring: tickets get reused often */
+    TD_ASSERT_OK(td_copy_engine_create(r->b, &cp, &r->eng));
+    TD_ASSERT_OK(td_memmgr_create(r->arena, r->pool, r->eng, mp, &r->m));
+}
+
+static void rig_close(rig *r)
+{
+    td_memmgr_destroy(r->m);
+    td_copy_engine_destroy(r->eng);
+    td_arena_destroy(r->arena);
+    td_hostpool_destroy(r->pool);
+    td_backend_free(r->b);
+}
+
+/* Device memory through the compute queue: a plain memcpy on cpu, a copy
+ * on the compute stream on cuda; either way ordered after the loads. */
+static void dev_read(rig *r, void *dst, const void *dev, size_t n)
+{
+    TD_ASSERT_OK(td_backend_copy_async(r->b, TD_QUEUE_COMPUTE, dst, dev, n));
+    TD_ASSERT_OK(td_queue_sync(r->b, TD_QUEUE_COMPUTE));
+}
+
+static void dev_write(rig *r, void *dev, const void *src, size_t n)
+{
+    TD_ASSERT_OK(td_backend_copy_async(r->b, TD_QUEUE_COMPUTE, dev, src, n));
+    TD_ASSERT_OK(td_queue_sync(r->b, TD_QUEUE_COMPUTE));
+}
+
+/* ---- layout ---------------------------------------------------------------- */
+
+static void test_layout_packs_and_mirrors(void **state)
+{
+    rig r;
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.min_chunk_numel = 1000;
+    mp.max_chunk_numel = 20000;
+    rig_open(&r, 0, 16 * TD_MiB, &mp);
+    static const size_t sizes[] = {3000, 700, 700, 5000, 64, 30000, 1200, 4100, 999};
+    int n = (int)(sizeof sizes / sizeof sizes[0]);
+    int pid[9], gid[9], mid[9];
+    char name[64];
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "p%d", i);
+        TD_ASSERT_OK(td_memmgr_register(r.m, name, sizes[i], TD_DTYPE_BF16, TD_TENSOR_PARAM, &pid[i]));
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "g%d", i);
+        TD_ASSERT_OK(td_memmgr_register(r.m, name, sizes[i], TD_DTYPE_BF16, TD_TENSOR_GRAD, &gid[i]));
+        snprintf(name, sizeof name, "m%d", i);
+        TD_ASSERT_OK(td_memmgr_register(r.m, name, sizes[i], TD_DTYPE_F32, TD_TENSOR_MASTER, &mid[i]));
+    }
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    size_t cap = td_memmgr_chunk_numel(r.m);
+    assert_true(cap >= 1000 && cap <= 20000 + 64);
+    /* Tensors lie inside their chunks, aligned, without overlap. */
+    for (int i = 0; i < n; i++) {
+        int c = td_memmgr_tensor_chunk(r.m, pid[i]);
+        size_t off = td_memmgr_tensor_offset(r.m, pid[i]);
+        assert_int_equal(off % 64, 0);
+        assert_true(off + sizes[i] <= td_memmgr_chunk_bytes(r.m, c) / 2);
+        for (int j = 0; j < i; j++)
+            if (td_memmgr_tensor_chunk(r.m, pid[j]) == c) {
+                size_t o2 = td_memmgr_tensor_offset(r.m, pid[j]);
+                assert_true(o2 + sizes[j] <= off || off + sizes[i] <= o2);
+            }
+        if (sizes[i] > cap) assert_int_equal(td_memmgr_chunk_bytes(r.m, c), sizes[i] * 2); /* own chunk */
+        /* Grads and master mirror the params: same chunk index, same offset. */
+        int idx = c - td_memmgr_role_chunk(r.m, TD_TENSOR_PARAM, 0);
+        assert_int_equal(td_memmgr_tensor_chunk(r.m, gid[i]), td_memmgr_role_chunk(r.m, TD_TENSOR_GRAD, idx));
+        assert_int_equal(td_memmgr_tensor_offset(r.m, gid[i]), off);
+        assert_int_equal(td_memmgr_tensor_chunk(r.m, mid[i]), td_memmgr_role_chunk(r.m, TD_TENSOR_MASTER, idx));
+        assert_int_equal(td_memmgr_tensor_offset(r.m, mid[i]), off);
+    }
+    /* The searched size wastes no more than any other aligned size in range
+     * (brute force over every candidate, packing as documented). */
+    size_t best_waste = SIZE_MAX;
+    for (size_t c = 1024; c <= 20000; c += 64) {
+        size_t waste = 0;
+        for (int role = 0; role < 3; role++) {
+            size_t el = role == 2 ? 4 : 2, used = 0;
+            int open = 0;
+            for (int i = 0; i < n; i++) {
+                if (sizes[i] > c) continue;
+                size_t start = (used + 63) / 64 * 64;
+                if (!open || start + sizes[i] > c) {
+                    if (open) waste += (c - used) * el;
+                    open = 1;
+                    start = 0;
+                } else {
+                    waste += (start - used) * el;
+                }
+                used = start + sizes[i];
+            }
+            if (open) waste += (c - used) * el;
+        }
+        if (waste < best_waste) best_waste = waste;
+    }
+    assert_true(td_memmgr_padding_bytes(r.m) <= best_waste);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    td_memmgr_print_layout(r.m, f);
+    fclose(f);
+    assert_non_null(strstr(text, "chunk layout: 27 tensors"));
+    assert_non_null(strstr(text, "p5")); /* the big one, alone */
+    free(text);
+    int x;
+    assert_int_equal(td_memmgr_register(r.m, "late", 10, TD_DTYPE_F32, TD_TENSOR_OTHER, &x), TD_ERR_STATE);
+    rig_close(&r);
+}
+
+static void test_bad_registrations(void **state)
+{
+    rig r;
+    rig_open(&r, 0, TD_MiB, NULL);
+    int id;
+    assert_int_equal(td_memmgr_register(r.m, "empty", 0, TD_DTYPE_F32, TD_TENSOR_PARAM, &id), TD_ERR_INVALID);
+    assert_int_equal(td_memmgr_register(r.m, "", 5, TD_DTYPE_F32, TD_TENSOR_PARAM, &id), TD_ERR_INVALID);
+    assert_int_equal(td_memmgr_register(r.m, "x", 5, (td_dtype)9, TD_TENSOR_PARAM, &id), TD_ERR_INVALID);
+    assert_int_equal(td_memmgr_layout(r.m), TD_ERR_INVALID); /* nothing registered */
+    rig_close(&r);
+}
+
+/* ---- states through the manager ------------------------------------------- */
+
+static void test_states_and_zero_fill(void **state)
+{
+    rig r;
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    rig_open(&r, 1, TD_MiB, &mp);
+    int a, b;
+    TD_ASSERT_OK(td_memmgr_register(r.m, "a", 1000, TD_DTYPE_F32, TD_TENSOR_GRAD, &a));
+    TD_ASSERT_OK(td_memmgr_register(r.m, "b", 1000, TD_DTYPE_F32, TD_TENSOR_GRAD, &b));
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    int ids[2] = {a, b};
+    void *p[2];
+    float buf[1000];
+    /* HOLD -> READY_FOR_REDUCE is illegal: an error naming the tensor, nothing changes. */
+    assert_int_equal(td_memmgr_release(r.m, &a, 1, TD_TENSOR_READY_FOR_REDUCE), TD_ERR_STATE);
+    assert_non_null(strstr(td_error_msg(), "'a': illegal transition FREE -> READY_FOR_REDUCE"));
+    assert_int_equal(td_memmgr_tensor_state(r.m, a), TD_TENSOR_FREE);
+    TD_ASSERT_OK(td_memmgr_access(r.m, ids, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, p));
+    dev_read(&r, buf, p[0], sizeof buf);
+    for (int i = 0; i < 1000; i++) assert_true(buf[i] == 0.0f); /* FREE chunk comes zeroed */
+    for (int i = 0; i < 1000; i++) buf[i] = (float)i;
+    dev_write(&r, p[0], buf, sizeof buf);
+    /* Nested COMPUTE is a bug: refused. */
+    assert_int_equal(td_memmgr_access(r.m, &a, 1, TD_TENSOR_COMPUTE, 0, p), TD_ERR_STATE);
+    assert_int_equal(td_memmgr_host_access(r.m, &a, 1, 0, p), TD_ERR_STATE); /* in COMPUTE on the device */
+    int twice[2] = {a, a};
+    assert_int_equal(td_memmgr_release(r.m, twice, 2, TD_TENSOR_HOLD_AFTER_BWD), TD_ERR_INVALID);
+    TD_ASSERT_OK(td_memmgr_release(r.m, ids, 2, TD_TENSOR_HOLD_AFTER_BWD));
+    TD_ASSERT_OK(td_memmgr_set_state(r.m, ids, 2, TD_TENSOR_READY_FOR_REDUCE));
+    TD_ASSERT_OK(td_memmgr_writeback_async(r.m, ids, 2));
+    void *h[2];
+    TD_ASSERT_OK(td_memmgr_host_access(r.m, ids, 2, TD_ACCESS_READ, h));
+    assert_memory_equal(h[0], buf, sizeof buf); /* the grad reached the host */
+    /* Consumed: FREE again; the next access starts from zeros again. */
+    TD_ASSERT_OK(td_memmgr_set_state(r.m, ids, 2, TD_TENSOR_FREE));
+    TD_ASSERT_OK(td_memmgr_access(r.m, ids, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, p));
+    dev_read(&r, buf, p[0], sizeof buf);
+    for (int i = 0; i < 1000; i++) assert_true(buf[i] == 0.0f);
+    TD_ASSERT_OK(td_memmgr_release(r.m, ids, 2, TD_TENSOR_HOLD));
+    rig_close(&r);
+}
+
+/* ---- randomized traces ------------------------------------------------------ */
+
+typedef struct model {
+    int n;
+    int id[24];
+    size_t numel[24];
+    unsigned char *shadow[24]; /* expected contents (bytes) */
+    int defined[24];
+} model;
+
+static void fill_random(td_rng *rng, unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(td_rng_next(rng) >> 24);
+}
+
+/* One randomized run; returns the loads of its steps after the warm-up. */
+static uint64_t random_run(uint64_t seed, td_evict_policy policy, int prefetch, td_placement placement,
+                           int check_budget_min)
+{
+    td_rng rng;
+    td_rng_seed(&rng, seed);
+    model md = {0};
+    md.n = 6 + (int)td_rng_below(&rng, 18);
+    size_t total = 0, largest = 0;
+    for (int i = 0; i < md.n; i++) {
+        md.numel[i] = 64 + td_rng_below(&rng, 6000);
+        total += md.numel[i] * 4;
+        if (md.numel[i] * 4 > largest) largest = md.numel[i] * 4;
+    }
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 2048 + 64 * td_rng_below(&rng, 64);
+    mp.eviction = policy;
+    mp.prefetch = prefetch;
+    mp.placement = placement;
+    /* A budget between "one access fits" and "everything fits". */
+    size_t chunk_bytes = (mp.chunk_numel > 6064 ? mp.chunk_numel : 6064) * 4 + 4096;
+    size_t lo = 6 * chunk_bytes, hi = total * 2 + 6 * chunk_bytes + 1;
+    size_t budget = lo + td_rng_below(&rng, hi - lo);
+    if (placement == TD_PLACEMENT_STATIC) { /* half the chunks live on the device for good */
+        mp.offload_param_frac = mp.offload_optim_frac = 0.5;
+        budget = total + 8 * chunk_bytes + td_rng_below(&rng, total);
+    }
+    rig r;
+    rig_open(&r, 1, budget, &mp);
+    char name[32];
+    for (int i = 0; i < md.n; i++) {
+        snprintf(name, sizeof name, "t%d", i);
+        td_tensor_role role = (td_tensor_role)td_rng_below(&rng, TD_TENSOR_ROLE_COUNT);
+        TD_ASSERT_OK(td_memmgr_register(r.m, name, md.numel[i], TD_DTYPE_F32, role, &md.id[i]));
+        md.shadow[i] = calloc(md.numel[i], 4);
+    }
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    /* The step's access pattern, repeated every step (so the plan applies). */
+    int n_ops = 10 + (int)td_rng_below(&rng, 30);
+    int op_tensor[40][3], op_count[40], op_write[40], op_host[40];
+    size_t op_nonmodel[40];
+    for (int k = 0; k < n_ops; k++) {
+        op_count[k] = 1 + (int)td_rng_below(&rng, 3);
+        for (int j = 0; j < op_count[k]; j++) {
+            int t;
+            int dup;
+            do {
+                t = (int)td_rng_below(&rng, (uint64_t)md.n);
+                dup = 0;
+                for (int q = 0; q < j; q++) dup |= op_tensor[k][q] == t;
+            } while (dup);
+            op_tensor[k][j] = t;
+        }
+        op_write[k] = (int)td_rng_below(&rng, 2);
+        op_host[k] = td_rng_below(&rng, 8) == 0;
+        op_nonmodel[k] = td_rng_below(&rng, 4) == 0 ? td_rng_below(&rng, chunk_bytes) + 1 : 0;
+    }
+    unsigned char *buf = malloc(6064 * 4);
+    uint64_t loads_after_warmup = 0;
+    td_memmgr_stats before = {0};
+    for (int step = 0; step < 4; step++) {
+        TD_ASSERT_OK(td_memmgr_step_begin(r.m));
+        if (step == 1) td_memmgr_get_stats(r.m, &before);
+        for (int k = 0; k < n_ops; k++) {
+            int ids[3];
+            void *ptr[3];
+            for (int j = 0; j < op_count[k]; j++) ids[j] = md.id[op_tensor[k][j]];
+            void *nm = NULL;
+            if (op_nonmodel[k]) TD_ASSERT_OK(td_memmgr_alloc_nonmodel(r.m, op_nonmodel[k], TD_ROLE_ACTIVATION, &nm));
+            if (op_host[k]) {
+                if (op_write[k]) /* a host write needs a payload-holding state */
+                    for (int j = 0; j < op_count[k]; j++)
+                        if (td_memmgr_tensor_state(r.m, ids[j]) == TD_TENSOR_FREE) {
+                            assert_int_equal(td_memmgr_host_access(r.m, &ids[j], 1, TD_ACCESS_WRITE, ptr), TD_ERR_STATE);
+                            TD_ASSERT_OK(td_memmgr_set_state(r.m, &ids[j], 1, TD_TENSOR_HOLD));
+                        }
+                TD_ASSERT_OK(td_memmgr_host_access(r.m, ids, op_count[k], op_write[k] ? TD_ACCESS_WRITE : 0, ptr));
+                for (int j = 0; j < op_count[k]; j++) {
+                    int t = op_tensor[k][j];
+                    size_t bytes = md.numel[t] * 4;
+                    if (md.defined[t]) assert_memory_equal(ptr[j], md.shadow[t], bytes);
+                    if (op_write[k]) {
+                        fill_random(&rng, md.shadow[t], bytes);
+                        memcpy(ptr[j], md.shadow[t], bytes);
+                        md.defined[t] = 1;
+                    }
+                }
+            } else {
+                int first_use[3];
+                for (int j = 0; j < op_count[k]; j++)
+                    first_use[j] = td_memmgr_tensor_state(r.m, ids[j]) == TD_TENSOR_FREE;
+                TD_ASSERT_OK(td_memmgr_access(r.m, ids, op_count[k], TD_TENSOR_COMPUTE,
+                                              op_write[k] ? TD_ACCESS_WRITE : 0, ptr));
+                for (int j = 0; j < op_count[k]; j++) {
+                    int t = op_tensor[k][j];
+                    size_t bytes = md.numel[t] * 4;
+                    dev_read(&r, buf, ptr[j], bytes);
+                    if (md.defined[t] && !first_use[j]) assert_memory_equal(buf, md.shadow[t], bytes);
+                    if (op_write[k]) {
+                        fill_random(&rng, md.shadow[t], bytes);
+                        dev_write(&r, ptr[j], md.shadow[t], bytes);
+                        md.defined[t] = 1;
+                    } else if (first_use[j]) {
+                        memcpy(md.shadow[t], buf, bytes); /* whatever a FREE tensor held, now it is this */
+                        md.defined[t] = 1;
+                    }
+                }
+                TD_ASSERT_OK(td_memmgr_release(r.m, ids, op_count[k], TD_TENSOR_HOLD));
+            }
+            if (nm) TD_ASSERT_OK(td_memmgr_free_nonmodel(r.m, nm));
+            td_arena_stats as;
+            td_arena_get_stats(r.arena, &as);
+            assert_true(as.peak_bytes <= budget);
+            assert_true(as.used_bytes <= budget);
+        }
+        TD_ASSERT_OK(td_memmgr_step_end(r.m));
+    }
+    td_memmgr_stats after;
+    td_memmgr_get_stats(r.m, &after);
+    loads_after_warmup = after.loads - before.loads;
+    assert_true(after.device_peak_bytes <= budget);
+    if (check_budget_min) assert_true(td_memmgr_min_budget(r.m) <= budget);
+    /* Finally every tensor's newest data reaches the host intact. */
+    for (int i = 0; i < md.n; i++) {
+        void *h;
+        TD_ASSERT_OK(td_memmgr_host_access(r.m, &md.id[i], 1, 0, &h));
+        if (md.defined[i]) assert_memory_equal(h, md.shadow[i], md.numel[i] * 4);
+        free(md.shadow[i]);
+    }
+    free(buf);
+    rig_close(&r);
+    return loads_after_warmup;
+}
+
+static void test_random_traces_keep_data(void **state)
+{
+    int seeds = td_test_seeds(12);
+    for (int s = 1; s <= seeds; s++) {
+        random_run((uint64_t)s, TD_EVICT_BELADY, -1, TD_PLACEMENT_CPU, 1);
+        random_run((uint64_t)s + 1000, TD_EVICT_LRU, 0, TD_PLACEMENT_AUTO, 1);
+        random_run((uint64_t)s + 2000, TD_EVICT_BELADY, 2, TD_PLACEMENT_STATIC, 0);
+    }
+}
+
+/* On a cyclic pattern larger than the budget, Belady-with-wrap beats LRU
+ * (which misses on every access of a loop one chunk too big). */
+static void test_belady_beats_lru_on_a_loop(void **state)
+{
+    uint64_t loads[2];
+    for (int pol = 0; pol < 2; pol++) {
+        td_memmgr_params mp = td_memmgr_default_params();
+        mp.chunk_numel = 4096; /* 16 KiB chunks */
+        mp.eviction = pol ? TD_EVICT_BELADY : TD_EVICT_LRU;
+        mp.placement = TD_PLACEMENT_CPU;
+        mp.prefetch = 0;
+        rig r;
+        rig_open(&r, 0, 4 * 16384, &mp); /* room for 4 of 5 chunks */
+        int id[5];
+        for (int i = 0; i < 5; i++) TD_ASSERT_OK(td_memmgr_register(r.m, "x", 4096, TD_DTYPE_F32, TD_TENSOR_PARAM, &id[i]));
+        TD_ASSERT_OK(td_memmgr_layout(r.m));
+        td_memmgr_stats s0, s1;
+        for (int step = 0; step < 6; step++) {
+            if (step == 1) td_memmgr_get_stats(r.m, &s0);
+            TD_ASSERT_OK(td_memmgr_step_begin(r.m));
+            for (int i = 0; i < 5; i++) {
+                void *p;
+                TD_ASSERT_OK(td_memmgr_access(r.m, &id[i], 1, TD_TENSOR_COMPUTE, 0, &p));
+                TD_ASSERT_OK(td_memmgr_release(r.m, &id[i], 1, TD_TENSOR_HOLD));
+            }
+            TD_ASSERT_OK(td_memmgr_step_end(r.m));
+        }
+        td_memmgr_get_stats(r.m, &s1);
+        loads[pol] = s1.loads - s0.loads;
+        rig_close(&r);
+    }
+    assert_int_equal(loads[0], 25); /* LRU: every access of the loop misses */
+    /* Belady (MIN) on a cycle of 5 chunks through 4 slots misses once every
+     * 4 accesses: at positions 5, 9, ..., 29 of the 25 accesses measured. */
+    assert_int_equal(loads[1], 7);
+}
+
+/* The budget-too-small error says what would fit. */
+static void test_budget_too_small(void **state)
+{
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    rig r;
+    rig_open(&r, 0, 20000, &mp);
+    int a, b;
+    TD_ASSERT_OK(td_memmgr_register(r.m, "a", 4096, TD_DTYPE_F32, TD_TENSOR_PARAM, &a));
+    TD_ASSERT_OK(td_memmgr_register(r.m, "b", 4096, TD_DTYPE_F32, TD_TENSOR_PARAM, &b));
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    int ids[2] = {a, b};
+    void *p[2];
+    assert_int_equal(td_memmgr_access(r.m, ids, 2, TD_TENSOR_COMPUTE, 0, p), TD_ERR_BUDGET);
+    assert_non_null(strstr(td_error_msg(), "needs a budget of at least 32.00 KiB"));
+    assert_int_equal(td_memmgr_tensor_state(r.m, a), TD_TENSOR_FREE); /* nothing changed */
+    TD_ASSERT_OK(td_memmgr_access(r.m, &a, 1, TD_TENSOR_COMPUTE, 0, p)); /* one at a time fits */
+    TD_ASSERT_OK(td_memmgr_release(r.m, &a, 1, TD_TENSOR_HOLD));
+    TD_ASSERT_OK(td_memmgr_access(r.m, &b, 1, TD_TENSOR_COMPUTE, 0, p));
+    TD_ASSERT_OK(td_memmgr_release(r.m, &b, 1, TD_TENSOR_HOLD));
+    rig_close(&r);
+}
+
+/* cuda placement keeps everything resident; auto with room does the same
+ * after the warm-up; the warm-up trace is written and parses. */
+static void test_placements_and_trace_out(void **state)
+{
+    char path[] = "/tmp/tidal-trace-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    for (int pl = 0; pl < 2; pl++) {
+        td_memmgr_params mp = td_memmgr_default_params();
+        mp.chunk_numel = 4096;
+        mp.placement = pl ? TD_PLACEMENT_AUTO : TD_PLACEMENT_CUDA;
+        mp.trace_out = pl ? path : NULL;
+        rig r;
+        rig_open(&r, 0, TD_MiB, &mp);
+        int id[6];
+        for (int i = 0; i < 6; i++) TD_ASSERT_OK(td_memmgr_register(r.m, "w", 3000, TD_DTYPE_F32, TD_TENSOR_PARAM, &id[i]));
+        TD_ASSERT_OK(td_memmgr_layout(r.m));
+        td_memmgr_stats s[3];
+        for (int step = 0; step < 3; step++) {
+            TD_ASSERT_OK(td_memmgr_step_begin(r.m));
+            for (int i = 0; i < 6; i++) {
+                void *p;
+                TD_ASSERT_OK(td_memmgr_access(r.m, &id[i], 1, TD_TENSOR_COMPUTE, i % 2 ? TD_ACCESS_WRITE : 0, &p));
+                TD_ASSERT_OK(td_memmgr_release(r.m, &id[i], 1, TD_TENSOR_HOLD));
+            }
+            TD_ASSERT_OK(td_memmgr_step_end(r.m));
+            td_memmgr_get_stats(r.m, &s[step]);
+        }
+        assert_int_equal(s[2].loads, s[0].loads); /* nothing moves after the first step */
+        assert_int_equal(s[2].evictions, 0);
+        for (int c = 0; c < td_memmgr_chunk_count(r.m); c++)
+            assert_int_equal(td_memmgr_chunk_home(r.m, c), TD_HOME_DEVICE);
+        rig_close(&r);
+    }
+    td_trace *t;
+    TD_ASSERT_OK(td_trace_load(path, &t));
+    assert_int_equal(td_trace_access_count(t), 6);
+    assert_int_equal(td_trace_step_count(t), 1);
+    td_trace_destroy(t);
+    unlink(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_packs_and_mirrors),
+        cmocka_unit_test(test_bad_registrations),
+        cmocka_unit_test(test_states_and_zero_fill),
+        cmocka_unit_test(test_random_traces_keep_data),
+        cmocka_unit_test(test_belady_beats_lru_on_a_loop),
+        cmocka_unit_test(test_budget_too_small),
+        cmocka_unit_test(test_placements_and_trace_out),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
