@@ -110,7 +110,7 @@ test: check-deps
 	  TD_BACKEND=cpu ./tests/run.sh $(TESTS)
 
 # The backend-generic CPU tests run again on the cuda backend, beside tests/gpu/.
-GENERIC_TESTS := $(filter $(addprefix $(BUILD)/tests/,test_arena test_copy test_fault test_hostpool),$(TESTS))
+GENERIC_TESTS := $(filter $(addprefix $(BUILD)/tests/,test_arena test_copy test_fault test_hostpool test_memmgr),$(TESTS))
 gpu-test: check-deps
 	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
 	@TD_BACKEND=cuda ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
