@@ -12,8 +12,10 @@
  * Every instance performs the same IEEE operations in the same order, so
  * they agree bit for bit (the CUDA kernel in adam.cu does the same too).
  *
- * Dtype combinations are specialised by calling the always-inline loop with
- * constant dtypes from a switch: one source, twelve straight loops.
+ * Dtype combinations and the decay mode are specialised by calling the
+ * always-inline loop with constants from a switch: one source, 24 straight
+ * loops.  AdamW's loops do not touch the L2 term at all (0 * Inf would turn
+ * an Inf param into NaN where torch keeps it Inf).
  * The tail (fewer than VW elements) goes through small zero-padded local
  * buffers, so every element takes the same vector path. */
 #include "adam_impl.h"
@@ -43,20 +45,20 @@ TD_KINLINE void store_param(void *p, int dt, size_t i, vf x)
 
 /* VW elements at index i.  The formulas, in order (docs/optimizer.md):
  *   g  = grad * grad_mul                      unscale and clip
- *   g  = l2*p + g                             Adam's L2 (l2 = 0 for AdamW)
+ *   g  = l2*p + g                             Adam's L2 (not in AdamW loops)
  *   p  = p * decay_mul                        AdamW's decay (1 for Adam)
  *   m  = beta1*m + (1-beta1)*g
  *   v  = beta2*v + ((1-beta2)*g)*g
  *   d  = sqrt(v)*rsqrt_bc2 + eps
  *   p  = p - step_size*(m/d)                                              */
-TD_KINLINE void adam_block(const kcoeffs *k, float *master, float *m, float *v, const void *grad, int gdt,
+TD_KINLINE void adam_block(const kcoeffs *k, int l2, float *master, float *m, float *v, const void *grad, int gdt,
                            void *out, int pdt, size_t i)
 {
     vf g = vf_mul(load_grad(grad, gdt, i), k->grad_mul);
     vf p = vf_loadu(master + i);
     vf mm = vf_loadu(m + i);
     vf vv = vf_loadu(v + i);
-    g = vf_fma(k->l2, p, g);
+    if (l2) g = vf_fma(k->l2, p, g);
     p = vf_mul(p, k->decay_mul);
     mm = vf_fma(k->beta1, mm, vf_mul(k->one_minus_beta1, g));
     vv = vf_fma(k->beta2, vv, vf_mul(vf_mul(k->one_minus_beta2, g), g));
@@ -68,13 +70,14 @@ TD_KINLINE void adam_block(const kcoeffs *k, float *master, float *m, float *v, 
     store_param(out, pdt, i, p);
 }
 
-TD_KINLINE void adam_loop(const kcoeffs *k, const td_adam_chunk *ch, int gdt, int pdt, size_t begin, size_t end)
+TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, size_t begin,
+                          size_t end)
 {
     float *master = ch->master, *m = ch->m, *v = ch->v;
     const void *grad = ch->grad;
     void *out = ch->param_out;
     size_t i = begin;
-    for (; i + VW <= end; i += VW) adam_block(k, master, m, v, grad, gdt, out, pdt, i);
+    for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, i);
     if (i == end) return;
     size_t n = end - i, gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
     float lp[VW] = {0}, lm[VW] = {0}, lv[VW] = {0};
@@ -83,7 +86,7 @@ TD_KINLINE void adam_loop(const kcoeffs *k, const td_adam_chunk *ch, int gdt, in
     memcpy(lm, m + i, n * 4);
     memcpy(lv, v + i, n * 4);
     memcpy(lg, (const unsigned char *)grad + i * gsz, n * gsz);
-    adam_block(k, lp, lm, lv, lg, gdt, lo, pdt, 0);
+    adam_block(k, l2, lp, lm, lv, lg, gdt, lo, pdt, 0);
     memcpy(master + i, lp, n * 4);
     memcpy(m + i, lm, n * 4);
     memcpy(v + i, lv, n * 4);
@@ -99,14 +102,19 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
     };
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_PDT_NONE;
     enum { F32 = TD_OPTIM_DTYPE_F32, BF16 = TD_OPTIM_DTYPE_BF16, F16 = TD_OPTIM_DTYPE_F16, NONE = TD_PDT_NONE };
-#define TD_ADAM_CASE(g, p) \
-    case (g) * 4 + (p): adam_loop(&k, ch, (g), (p), begin, end); break;
-    switch ((int)ch->grad_dtype * 4 + pdt) {
-        TD_ADAM_CASE(F32, NONE) TD_ADAM_CASE(F32, F32) TD_ADAM_CASE(F32, BF16) TD_ADAM_CASE(F32, F16)
-        TD_ADAM_CASE(BF16, NONE) TD_ADAM_CASE(BF16, F32) TD_ADAM_CASE(BF16, BF16) TD_ADAM_CASE(BF16, F16)
-        TD_ADAM_CASE(F16, NONE) TD_ADAM_CASE(F16, F32) TD_ADAM_CASE(F16, BF16) TD_ADAM_CASE(F16, F16)
+#define TD_ADAM_CASE(l, g, p) \
+    case ((l) * 4 + (g)) * 4 + (p): adam_loop(&k, (l), ch, (g), (p), begin, end); break;
+#define TD_ADAM_CASES(l)                                                                                         \
+    TD_ADAM_CASE(l, F32, NONE) TD_ADAM_CASE(l, F32, F32) TD_ADAM_CASE(l, F32, BF16) TD_ADAM_CASE(l, F32, F16)     \
+    TD_ADAM_CASE(l, BF16, NONE) TD_ADAM_CASE(l, BF16, F32) TD_ADAM_CASE(l, BF16, BF16) TD_ADAM_CASE(l, BF16, F16) \
+    TD_ADAM_CASE(l, F16, NONE) TD_ADAM_CASE(l, F16, F32) TD_ADAM_CASE(l, F16, BF16) TD_ADAM_CASE(l, F16, F16)
+    int l2 = c->l2 != 0.0f;
+    switch ((l2 * 4 + (int)ch->grad_dtype) * 4 + pdt) {
+        TD_ADAM_CASES(0)
+        TD_ADAM_CASES(1)
     default: break; /* dtypes are checked by the callers */
     }
+#undef TD_ADAM_CASES
 #undef TD_ADAM_CASE
 }
 

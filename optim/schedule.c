@@ -7,6 +7,9 @@
 #include <math.h>
 #include <string.h>
 
+/* Warmup: lr * t / W for t <= W.  After it, the decay clock k = t - W - 1
+ * starts at 0, so the first step after warmup (or step 1 without warmup)
+ * runs at the peak lr. */
 static const char *const decay_names[TD_LR_DECAY_COUNT] = {"constant", "cosine", "linear", "noam", "exponential"};
 
 const char *td_lr_decay_name(td_lr_decay d) { return (unsigned)d < TD_LR_DECAY_COUNT ? decay_names[d] : "?"; }
@@ -36,8 +39,10 @@ td_status td_lr_schedule_check(const td_lr_schedule *s)
     if (!(s->min_lr >= 0 && s->min_lr <= s->lr))
         return td_error_set(TD_ERR_INVALID, "min lr %g: use 0 <= min lr <= lr (%g)", s->min_lr, s->lr);
     if (s->warmup_steps < 0) return td_error_set(TD_ERR_INVALID, "warmup steps %ld < 0", s->warmup_steps);
-    if ((s->decay == TD_LR_DECAY_COSINE || s->decay == TD_LR_DECAY_LINEAR) && s->total_steps <= s->warmup_steps)
-        return td_error_set(TD_ERR_INVALID, "%s decay needs total steps (%ld) > warmup steps (%ld): set --steps",
+    if ((s->decay == TD_LR_DECAY_COSINE || s->decay == TD_LR_DECAY_LINEAR) && s->total_steps < s->warmup_steps + 2)
+        return td_error_set(TD_ERR_INVALID,
+                            "%s decay needs total steps (%ld) >= warmup steps (%ld) + 2: raise --steps or lower "
+                            "--warmup-steps",
                             decay_names[s->decay], s->total_steps, s->warmup_steps);
     if (s->decay == TD_LR_DECAY_EXPONENTIAL && !(s->gamma > 0 && s->gamma <= 1))
         return td_error_set(TD_ERR_INVALID, "exponential decay factor %g: use 0 < gamma <= 1 (e.g. 0.999)", s->gamma);
@@ -52,7 +57,9 @@ double td_lr_at(const td_lr_schedule *s, long step)
     switch (s->decay) {
     case TD_LR_DECAY_COSINE:
     case TD_LR_DECAY_LINEAR: {
-        double p = (t - w) / ((double)s->total_steps - w);
+        /* k = 0 on the first step after warmup, so that step runs at the peak. */
+        double span = (double)s->total_steps - w - 1; /* >= 1 (checked) */
+        double p = (t - w - 1) / span;
         p = p < 0 ? 0 : p > 1 ? 1 : p;
         double f = s->decay == TD_LR_DECAY_COSINE ? 0.5 * (1.0 + cos(M_PI * p)) : 1.0 - p;
         return floor + (lr - floor) * f;
@@ -63,7 +70,7 @@ double td_lr_at(const td_lr_schedule *s, long step)
         double f = t / wp < sqrt(wp / t) ? t / wp : sqrt(wp / t);
         return t <= wp ? lr * f : fmax(floor, lr * f);
     }
-    case TD_LR_DECAY_EXPONENTIAL: return fmax(floor, lr * pow(s->gamma, t - w));
+    case TD_LR_DECAY_EXPONENTIAL: return fmax(floor, lr * pow(s->gamma, t - w - 1));
     default: return lr;
     }
 }

@@ -193,13 +193,17 @@ typedef enum td_lr_decay {
 } td_lr_decay;
 
 /* Linear warmup over `warmup_steps` (step t <= W: lr * t / W, so the first
- * step's lr is lr / W, never 0), then the decay, never below min_lr:
+ * step's lr is lr / W, never 0), then the decay, never below min_lr, on the
+ * clock k = t - W - 1 (0 on the first step after warmup, which runs at lr):
  *   constant     lr
  *   cosine       min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
  *   linear       min_lr + (lr - min_lr) * (1 - p)
  *   noam         max(min_lr, lr * sqrt(W' / t)),    W' = max(W, 1)
- *   exponential  max(min_lr, lr * gamma^(t - W))
- * with p = (t - W) / (total_steps - W) clamped to [0, 1]. */
+ *   exponential  max(min_lr, lr * gamma^k)
+ * with p = k / (total_steps - W - 1) clamped to [0, 1], so cosine and linear
+ * reach min_lr at step total_steps (which must be >= W + 2).  Noam is the
+ * usual lr * min(t / W', sqrt(W' / t)): warmup and decay meet at t = W'.
+ * td_lr_at expects a schedule that passed td_lr_schedule_check. */
 typedef struct td_lr_schedule {
     td_lr_decay decay;
     double lr;           /* peak */
