@@ -43,7 +43,11 @@ static void pack_panel(float *restrict panel, const float *restrict b, size_t b_
 /* noipa: compiled on its own, without inter-procedural rewrites of its
  * arguments, GCC keeps every accumulator in a register (inlined or
  * IPA-specialised, it spilled some on AVX2). */
+#if defined(__clang__)
+__attribute__((noinline))
+#else
 __attribute__((noipa))
+#endif
 static void register_tile(float *restrict c, size_t ldc, const float *restrict a, size_t a_ms,
                           size_t a_ks, const float *restrict panel, int kb)
 {

@@ -28,8 +28,10 @@
  *   - Preconditions (token ids in [0, Vp), targets in [0, V) or negative,
  *     T <= maxT, C % NH == 0) are the caller's to check; the whole-model
  *     functions of gpt_ref.h check them and return errors.
- * Thread-safety: every function is reentrant; each runs its own OpenMP
- * parallel region (do not call from inside one). */
+ * Thread-safety: every function is reentrant and runs its own OpenMP
+ * parallel loop (called from inside a parallel region, the matmul runs
+ * serially).  Nothing allocates: the matmul and attention use at most about
+ * 100 KiB of stack per thread. */
 #ifndef TIDAL_OPS_H
 #define TIDAL_OPS_H
 
