@@ -348,6 +348,54 @@ static void test_block_recompute_matches(void **state)
     model_free(&m);
 }
 
+/* Logits without targets are the same; all targets masked gives loss 0 and
+ * no gradient; two micro-batches accumulate to the gradient of the whole
+ * batch (up to summation order). */
+static void test_targets_masks_and_micro_batches(void **state)
+{
+    model m;
+    model_make(&m, &tiny, 2, 6, 17, 0.25f);
+    const int N = m.B * m.T, Vp = m.cfg.padded_vocab_size;
+    const size_t nl = (size_t)N * Vp;
+    float loss;
+    int n = -1;
+    TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, m.tgt, m.B, m.T, m.acts, &loss, &n));
+    float *logits = malloc(nl * sizeof(float));
+    memcpy(logits, td_gpt_ref_logits(&m.cfg, m.B, m.T, m.acts), nl * sizeof(float));
+    TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, NULL, m.B, m.T, m.acts, &loss, &n));
+    assert_memory_equal(logits, td_gpt_ref_logits(&m.cfg, m.B, m.T, m.acts), nl * sizeof(float));
+    assert_true(loss == 0.0f && n == 0);
+    assert_int_equal(td_gpt_ref_backward(&m.cfg, m.params, m.grads, m.tok, NULL, 1.0f, m.B, m.T,
+                                         m.acts, m.scratch), TD_ERR_INVALID);
+
+    int *masked = malloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) masked[i] = TD_OPS_IGNORE_INDEX;
+    memset(m.grads, 0, m.n_params * sizeof(float));
+    TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, masked, m.B, m.T, m.acts, &loss, &n));
+    assert_true(loss == 0.0f && n == 0);
+    TD_ASSERT_OK(td_gpt_ref_backward(&m.cfg, m.params, m.grads, m.tok, masked, 1.0f, m.B, m.T, m.acts, m.scratch));
+    for (size_t k = 0; k < m.n_params; k++) assert_true(m.grads[k] == 0.0f);
+
+    /* whole batch vs its two halves, each with dloss = 1 / (targets in the batch) */
+    model_grads(&m);
+    const int n_all = N - 1;
+    float *whole = malloc(m.n_params * sizeof(float));
+    memcpy(whole, m.grads, m.n_params * sizeof(float));
+    memset(m.grads, 0, m.n_params * sizeof(float));
+    for (int half = 0; half < 2; half++) {
+        const int *tok = m.tok + half * m.T, *tgt = m.tgt + half * m.T;
+        TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, tok, tgt, 1, m.T, m.acts, &loss, &n));
+        TD_ASSERT_OK(td_gpt_ref_backward(&m.cfg, m.params, m.grads, tok, tgt, 1.0f / (float)n_all, 1,
+                                         m.T, m.acts, m.scratch));
+    }
+    double worst = 0;
+    for (size_t k = 0; k < m.n_params; k++)
+        worst = fmax(worst, fabs(m.grads[k] - whole[k]) / (1e-3 + fabs(whole[k])));
+    assert_true(worst < 1e-4);
+    free(logits); free(masked); free(whole);
+    model_free(&m);
+}
+
 static void test_bit_identical_across_threads(void **state)
 {
     const td_gpt_ref_config c = {2, 4, 64, 32, 100, 128};
@@ -383,6 +431,7 @@ int main(void)
         cmocka_unit_test(test_loss_at_init_is_log_vocab),
         cmocka_unit_test(test_whole_model_finite_differences),
         cmocka_unit_test(test_block_recompute_matches),
+        cmocka_unit_test(test_targets_masks_and_micro_batches),
         cmocka_unit_test(test_bit_identical_across_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
