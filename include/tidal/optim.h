@@ -92,8 +92,8 @@ td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, d
 /* One chunk: `numel` elements of each array.  master, m, v are updated in
  * place; param_out (may be NULL) receives the new master rounded to
  * param_dtype.  Arrays must not overlap, except that param_out may be
- * `master` itself when param_dtype is fp32 (a no-op copy).  No alignment is
- * required; 64-byte alignment is fastest. */
+ * `master` itself when param_dtype is fp32 (a no-op copy).  Arrays need only
+ * their elements' natural alignment; 64-byte alignment is fastest. */
 typedef struct td_adam_chunk {
     float *master, *m, *v;
     const void *grad;
