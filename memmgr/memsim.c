@@ -135,7 +135,10 @@ static td_status prefetch(sim *s)
             uint64_t nonmodel = peak_nonmodel(s, s->pos, j);
             if (nonmodel < s->nonmodel_bytes) nonmodel = s->nonmodel_bytes;
             /* Room for everything resident plus c under budget - nonmodel. */
-            uint64_t need = s->resident_bytes + s->bytes[c], room = s->p->budget_bytes - nonmodel;
+            if (nonmodel > s->p->budget_bytes) break; /* the trace fails before then */
+            uint64_t room = s->p->budget_bytes - nonmodel;
+            if (s->bytes[c] > room) break; /* never fits (its access will say so) */
+            uint64_t need = s->resident_bytes + s->bytes[c];
             if (need > room && td_evictor_freeable(s->ev, j + 1, need - room) < need - room)
                 break; /* try again after the next access */
             uint32_t n;

@@ -709,6 +709,68 @@ static void test_budget_errors(void **state)
     td_trace_destroy(t);
 }
 
+/* Random budgets, also below what the trace needs and with chunks near the
+ * 64-bit limit: the run succeeds exactly when the budget is at least
+ * td_memsim_min_budget, and fails naming a line otherwise. */
+static void test_budget_threshold_random(void **state)
+{
+    int seeds = td_test_seeds(400);
+    for (int seed = 1; seed <= seeds; seed++) {
+        td_rng rng;
+        td_rng_seed(&rng, (uint64_t)seed * 104729);
+        gen_opts o = { .max_chunks = 12, .max_accesses = 60, .uniform = seed % 3 == 0, .nonmodel = seed % 2 };
+        uint64_t fits;
+        td_trace *t = gen_trace(&rng, &o, &fits);
+        if (seed % 5 == 0) /* a chunk too large for any budget, accessed last */
+            TD_ASSERT_OK(td_trace_add_chunk(t, td_trace_chunk_count(t), UINT64_MAX - td_rng_below(&rng, 10), 99));
+        if (seed % 5 == 0) TD_ASSERT_OK(td_trace_add_access(t, td_trace_chunk_count(t) - 1, 1, 100));
+        uint64_t min = td_memsim_min_budget(t);
+        uint64_t budget = td_rng_below(&rng, 2) ? td_rng_below(&rng, fits + 1) : fits;
+        if (td_rng_below(&rng, 4) == 0 && min < UINT64_MAX) budget = min - td_rng_below(&rng, 2);
+        td_memsim_params p = td_memsim_default_params();
+        p.budget_bytes = budget;
+        p.policy = (td_evict_policy)(seed % 2);
+        p.prefetch = (uint32_t)td_rng_below(&rng, 6);
+        td_memsim_result r;
+        td_status st = run_checked(t, p, &r, 1);
+        if (budget >= min) {
+            TD_ASSERT_OK(st);
+        } else {
+            assert_int_equal(st, TD_ERR_BUDGET);
+            assert_non_null(strstr(td_error_msg(), "gen:"));
+            assert_non_null(strstr(td_error_msg(), "raise --budget to at least"));
+        }
+        td_trace_destroy(t);
+    }
+}
+
+/* The n-th allocation fails, for every n a run reaches: an error, no leak. */
+static void test_alloc_failures(void **state)
+{
+    td_trace *t = load_corpus("gpt_gpu_adam.trace");
+    size_t live = td_host_live_allocs();
+    int failures = 0;
+    for (long n = 1;; n++) {
+        td_memsim_params p = td_memsim_default_params();
+        p.budget_bytes = td_memsim_min_budget(t) + 100 * TD_MiB;
+        p.prefetch = 2;
+        td_memsim_result r;
+        td_fault_arm(TD_FAULT_HOST_ALLOC, n);
+        td_status st = td_memsim_run(t, &p, &r);
+        long reached = td_fault_count(TD_FAULT_HOST_ALLOC);
+        td_fault_disarm_all();
+        assert_int_equal(td_host_live_allocs(), live);
+        if (st == TD_OK) {
+            assert_true(reached < n);
+            break;
+        }
+        assert_int_equal(st, TD_ERR_NOMEM);
+        failures++;
+    }
+    assert_true(failures >= 5);
+    td_trace_destroy(t);
+}
+
 static void test_prefetch(void **state)
 {
     td_trace *t = load_corpus("gpt_tiny.trace");
@@ -934,6 +996,8 @@ int main(void)
         cmocka_unit_test(test_known_schedule),
         cmocka_unit_test(test_belady_ties_and_wrap),
         cmocka_unit_test(test_budget_errors),
+        cmocka_unit_test(test_budget_threshold_random),
+        cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_belady_optimal_on_uniform_sizes),
         cmocka_unit_test(test_belady_never_worse_than_lru_random),
