@@ -37,7 +37,8 @@ NVFLAGS  := -std=c++17 -O3 $(CUDA_ARCH) -Iinclude -Xcompiler -fPIC,-Wall -MMD -M
 ifeq ($(CUDA),1)
 CFLAGS   += -DTD_HAVE_CUDA -I$(CUDA_HOME)/include
 NVFLAGS  += -DTD_HAVE_CUDA
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt
+# .cu objects need the C++ runtime (static-init guards, exception personality) at link time.
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 
 # Library sources: every .c in the module folders; *_cuda.c and *.cu only with CUDA.
