@@ -60,8 +60,11 @@ static uint64_t next_use_of(td_memmgr *m, int c, uint64_t last_use);
 void td_memmgr_destroy(td_memmgr *m)
 {
     if (!m) return;
+    mm_tl_close(m);
     td_copy_drain(m->engine);
     td_queue_sync(m->backend, TD_QUEUE_COMPUTE);
+    for (int i = 0; i < 2 * MM_MEASURE_LOADS; i++) td_event_free(m->backend, m->measure.ev[i]);
+    for (int i = 0; i < 2; i++) td_event_free(m->backend, m->measure.step_ev[i]);
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         if (ch->dev) td_slot_release(ch->pool->slots, ch->dev);
@@ -126,6 +129,8 @@ td_status td_memmgr_layout(td_memmgr *m)
     st = td_evictor_create(TD_EVICT_LRU, (uint32_t)m->n_chunks, bytes, &m->evictor); /* no future known yet */
     td_free(bytes);
     if (st) goto cleanup;
+    for (int i = 0; i < 2 * MM_MEASURE_LOADS; i++) TD_TRY(td_event_create(m->backend, &m->measure.ev[i]));
+    for (int i = 0; i < 2; i++) TD_TRY(td_event_create(m->backend, &m->measure.step_ev[i]));
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         TD_TRY(td_hostpool_alloc(m->pool, ch->bytes, is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ch->host));
@@ -203,8 +208,13 @@ static int chunk_dirty(const mm_chunk *ch)
 
 static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
 {
-    td_status st = td_copy_submit(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->bytes, &ch->fence, &ch->writeback);
+    td_event *e0, *e1;
+    int tl_index;
+    mm_tl_copy_events(m, &e0, &e1, &tl_index);
+    td_status st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->bytes, &ch->fence, e0, e1,
+                                        &ch->writeback);
     if (st) return st;
+    mm_tl_copy(m, MM_TL_WRITEBACK, (int)(ch - m->chunks), tl_index);
     ch->host_ver = ch->dev_ver;
     ch->fence = ch->writeback;
     m->stats.writebacks++;
@@ -223,6 +233,7 @@ static td_status evict(td_memmgr *m, mm_chunk *ch)
     ch->dev = NULL;
     ch->dev_ver = ch->host_ver;
     m->stats.evictions++;
+    mm_tl_instant(m, MM_TL_EVICT, (int)(ch - m->chunks), 0);
     return TD_OK;
 }
 
@@ -335,7 +346,19 @@ static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, 
     }
     /* The host copy may still be arriving from this chunk's own write-back. */
     if ((st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->writeback))) return st;
-    if ((st = td_copy_submit(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->bytes, &after, &ch->load))) return st;
+    td_event *e0 = NULL, *e1 = NULL;
+    int tl_index = -1;
+    mm_measure *ms = &m->measure;
+    if (!m->warmed_up && m->in_step && !prefetch && ms->n < MM_MEASURE_LOADS && ms->ev[0]) {
+        e0 = ms->ev[2 * ms->n];
+        e1 = ms->ev[2 * ms->n + 1];
+        ms->bytes[ms->n++] = ch->bytes;
+    } else {
+        mm_tl_copy_events(m, &e0, &e1, &tl_index);
+    }
+    if ((st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->bytes, &after, e0, e1, &ch->load)))
+        return st;
+    mm_tl_copy(m, MM_TL_LOAD, (int)(ch - m->chunks), tl_index);
     ch->fence = ch->load;
     ch->dev_ver = ch->host_ver;
     m->stats.loads++;
@@ -416,7 +439,56 @@ td_status td_memmgr_step_begin(td_memmgr *m)
     m->off_trace = 0;
     /* Step k covers positions [k * len, (k + 1) * len); step 0 is the warm-up. */
     m->pos = m->warmed_up ? m->step * m->trace_len : 0;
+    td_memmgr_get_stats(m, &m->step_start); /* also folds the arena's peak into the run's */
+    td_arena_reset_peak(m->arena);          /* per-step peaks from here */
+    td_status st;
+    if (!m->warmed_up && m->measure.step_ev[0] &&
+        (st = td_event_record(m->backend, m->measure.step_ev[0], TD_QUEUE_COMPUTE)))
+        return st;
+    return mm_tl_step_begin(m);
+}
+
+/* Warm-up timing: load time per MiB from the timed demand loads, and
+ * compute time per access from the step's span on the compute queue. */
+static td_status measure_warmup(td_memmgr *m)
+{
+    mm_measure *ms = &m->measure;
+    td_status st;
+    if (!ms->step_ev[0]) return TD_OK;
+    if ((st = td_event_record(m->backend, ms->step_ev[1], TD_QUEUE_COMPUTE))) return st;
+    if ((st = td_event_sync(m->backend, ms->step_ev[1]))) return st;
+    float step_ms = 0;
+    if ((st = td_event_elapsed_ms(m->backend, ms->step_ev[0], ms->step_ev[1], &step_ms))) return st;
+    ms->step_ms = step_ms;
+    double load_ms = 0, mib = 0;
+    for (int i = 0; i < ms->n; i++) {
+        float ms_i = 0;
+        if ((st = td_event_sync(m->backend, ms->ev[2 * i + 1]))) return st;
+        if ((st = td_event_elapsed_ms(m->backend, ms->ev[2 * i], ms->ev[2 * i + 1], &ms_i))) return st;
+        load_ms += ms_i;
+        mib += (double)ms->bytes[i] / (double)TD_MiB;
+    }
+    ms->load_ms_per_mib = mib > 0 ? load_ms / mib : 0;
     return TD_OK;
+}
+
+/* Prefetch far enough ahead that a load (at the measured rate) finishes
+ * within the compute of the accesses before its use: window = ceil(load
+ * time of an average chunk / compute time per access) + 1, in [1, 64].  The
+ * free budget bounds it too: a prefetch never evicts a chunk needed sooner. */
+static int prefetch_window(td_memmgr *m)
+{
+    if (m->params.prefetch >= 0) return m->params.prefetch;
+    const mm_measure *ms = &m->measure;
+    if (m->trace_len == 0 || ms->step_ms <= 0 || ms->load_ms_per_mib <= 0) return 4;
+    double bytes = 0;
+    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)m->chunks[m->trace_seq[i]].bytes;
+    double chunk_load_ms = ms->load_ms_per_mib * bytes / (double)m->trace_len / (double)TD_MiB;
+    double access_ms = ms->step_ms / (double)m->trace_len;
+    double w = access_ms > 0 ? chunk_load_ms / access_ms + 1.0 : 64.0;
+    if (w < 1) w = 1;
+    if (w > 64) w = 64;
+    return (int)(w + 0.999);
 }
 
 static td_status write_trace(td_memmgr *m)
@@ -476,8 +548,28 @@ td_status td_memmgr_step_end(td_memmgr *m)
     m->in_step = 0;
     m->step++;
     m->stats.steps++;
+    TD_TRY(mm_tl_step_end(m));
+    /* This step's figures: deltas of the counters, peaks of the arena. */
+    td_memmgr_stats now;
+    td_memmgr_get_stats(m, &now);
+    m->last_step = now;
+    m->last_step.loads -= m->step_start.loads;
+    m->last_step.evictions -= m->step_start.evictions;
+    m->last_step.writebacks -= m->step_start.writebacks;
+    m->last_step.bytes_h2d -= m->step_start.bytes_h2d;
+    m->last_step.bytes_d2h -= m->step_start.bytes_d2h;
+    m->last_step.prefetches -= m->step_start.prefetches;
+    m->last_step.demand_loads -= m->step_start.demand_loads;
+    m->last_step.stalls -= m->step_start.stalls;
+    m->last_step.stall_ms -= m->step_start.stall_ms;
+    m->last_step.accesses -= m->step_start.accesses;
+    td_arena_stats as;
+    td_arena_get_stats(m->arena, &as);
+    memcpy(m->last_step_peak, as.peak, sizeof as.peak);
+    m->last_step_peak_total = as.peak_bytes;
     if (m->warmed_up || m->trace_len == 0) return TD_OK;
     /* The warm-up step is over: make the plan. */
+    TD_TRY(measure_warmup(m));
     TD_TRY(td_nextuse_create(m->trace_seq, m->trace_len, (uint32_t)m->n_chunks, 0, &m->nextuse));
     uint64_t *bytes = td_malloc((size_t)m->n_chunks * sizeof *bytes, TD_ROLE_META);
     if (!bytes) { st = TD_ERR_NOMEM; goto cleanup; }
@@ -492,7 +584,7 @@ td_status td_memmgr_step_end(td_memmgr *m)
     m->warmed_up = 1;
     m->pos = m->trace_len; /* the start of step 1, for the next uses below */
     for (int c = 0; c < m->n_chunks; c++) offer(m, c);
-    m->prefetch_window = m->params.prefetch < 0 ? 4 : m->params.prefetch;
+    m->prefetch_window = prefetch_window(m);
     if (m->params.trace_out) TD_TRY(write_trace(m));
     return TD_OK;
 cleanup:
@@ -618,6 +710,11 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
         offer(m, cs[i]);
     }
     if (m->in_step) prefetch(m);
+    if (m->tl) {
+        td_arena_stats as;
+        td_arena_get_stats(m->arena, &as);
+        mm_tl_instant(m, MM_TL_MEMORY, -1, (double)as.used_bytes);
+    }
 out:
     if (cs != local) td_free(cs);
     return st;
@@ -742,7 +839,29 @@ void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out)
     td_arena_stats s;
     td_arena_get_stats(m->arena, &s);
     out->device_chunk_bytes = s.used[TD_ROLE_CHUNK] + s.used[TD_ROLE_OPTIM];
-    out->device_peak_bytes = s.peak_bytes;
+    size_t peak = s.peak_bytes > m->peak_total ? s.peak_bytes : m->peak_total;
+    ((td_memmgr *)m)->peak_total = peak;
+    out->device_peak_bytes = peak;
+}
+
+size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes)
+{
+    const td_memmgr_stats *s = &m->last_step;
+    int n = snprintf(buf, buf_bytes,
+                     "{\"step\":%llu,\"accesses\":%llu,\"loads\":%llu,\"evictions\":%llu,\"writebacks\":%llu,"
+                     "\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"prefetches\":%llu,\"demand_loads\":%llu,"
+                     "\"stalls\":%llu,\"stall_ms\":%.3f,\"prefetch_window\":%d,\"device_peak_bytes\":%zu,\"peak_bytes\":{",
+                     (unsigned long long)(m->step ? m->step - 1 : 0), (unsigned long long)s->accesses,
+                     (unsigned long long)s->loads, (unsigned long long)s->evictions, (unsigned long long)s->writebacks,
+                     (unsigned long long)s->bytes_h2d, (unsigned long long)s->bytes_d2h,
+                     (unsigned long long)s->prefetches, (unsigned long long)s->demand_loads,
+                     (unsigned long long)s->stalls, s->stall_ms, m->prefetch_window, m->last_step_peak_total);
+    for (int r = 0; r < TD_ROLE_COUNT && n > 0 && (size_t)n < buf_bytes; r++)
+        n += snprintf(buf + n, buf_bytes - (size_t)n, "%s\"%s\":%zu", r ? "," : "", td_role_name((td_role)r),
+                      m->last_step_peak[r]);
+    if (n > 0 && (size_t)n < buf_bytes) n += snprintf(buf + n, buf_bytes - (size_t)n, "}}");
+    if (n < 0) n = 0;
+    return (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
 }
 
 int td_memmgr_tensor_count(const td_memmgr *m) { return m->n_tensors; }

@@ -50,6 +50,39 @@ typedef struct mm_chunk {
     uint64_t accesses;          /* in the warm-up step */
 } mm_chunk;
 
+/* The timeline (Chrome / Perfetto JSON): copies and compute ranges timed by
+ * events from a fixed pool, written out at each step's end. */
+typedef enum mm_tl_kind { MM_TL_LOAD, MM_TL_WRITEBACK, MM_TL_RANGE, MM_TL_EVICT, MM_TL_MEMORY } mm_tl_kind;
+typedef struct mm_tl_rec {
+    mm_tl_kind kind;
+    int chunk;
+    int ev0, ev1;        /* indices into the pool; ev1 < 0 for instants */
+    double value;
+    char name[48];
+} mm_tl_rec;
+typedef struct mm_timeline {
+    FILE *f;
+    td_event **events;
+    int n_events, used;
+    mm_tl_rec *recs;
+    int n_recs, cap_recs;
+    int open_ranges[16], n_open;
+    int base;            /* event at the step's start */
+    double t0_ms, step_offset_ms;
+    uint64_t dropped;
+    int wrote_any;
+} mm_timeline;
+
+/* Load timing of the warm-up, for the prefetch window. */
+#define MM_MEASURE_LOADS 32
+typedef struct mm_measure {
+    td_event *ev[2 * MM_MEASURE_LOADS];
+    size_t bytes[MM_MEASURE_LOADS];
+    int n;
+    td_event *step_ev[2];
+    double load_ms_per_mib, step_ms;
+} mm_measure;
+
 struct td_memmgr {
     td_arena *arena;
     td_hostpool *pool;
@@ -83,9 +116,22 @@ struct td_memmgr {
     int prefetch_window;
 
     td_memmgr_stats stats;
+    td_memmgr_stats step_start;  /* stats at the current step's start */
+    td_memmgr_stats last_step;   /* the last finished step's deltas */
+    size_t last_step_peak[TD_ROLE_COUNT], last_step_peak_total, peak_total;
+    mm_timeline *tl;
+    mm_measure measure;
 };
 
 /* layout.c */
 td_status mm_layout(td_memmgr *m);
+
+/* timeline.c: all no-ops when no timeline is open. */
+void mm_tl_copy_events(td_memmgr *m, td_event **start, td_event **end, int *index);
+void mm_tl_copy(td_memmgr *m, mm_tl_kind kind, int chunk, int index);
+void mm_tl_instant(td_memmgr *m, mm_tl_kind kind, int chunk, double value);
+td_status mm_tl_step_begin(td_memmgr *m);
+td_status mm_tl_step_end(td_memmgr *m);
+void mm_tl_close(td_memmgr *m);
 
 #endif

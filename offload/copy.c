@@ -121,6 +121,12 @@ td_status td_copy_order(td_copy_engine *e, td_queue q, const td_copy_ticket *t)
 td_status td_copy_submit(td_copy_engine *e, td_copy_dir dir, void *dst, const void *src, size_t bytes,
                          const td_copy_ticket *after, td_copy_ticket *out)
 {
+    return td_copy_submit_timed(e, dir, dst, src, bytes, after, NULL, NULL, out);
+}
+
+td_status td_copy_submit_timed(td_copy_engine *e, td_copy_dir dir, void *dst, const void *src, size_t bytes,
+                               const td_copy_ticket *after, td_event *start, td_event *end, td_copy_ticket *out)
+{
     if ((unsigned)dir >= TD_COPY_DIR_COUNT) return td_error_set(TD_ERR_INVALID, "copy engine: no direction %d", (int)dir);
     td_queue q = dir_queue[dir];
     ring *r = &e->rings[q];
@@ -134,12 +140,14 @@ td_status td_copy_submit(td_copy_engine *e, td_copy_dir dir, void *dst, const vo
             st = td_queue_wait_event(e->backend, q, e->rings[after->queue].events[after->slot]);
         if (st) goto out;
     }
+    if (start && (st = td_event_record(e->backend, start, q))) goto out;
     for (size_t done = 0; done < bytes;) {
         size_t piece = bytes - done < e->params.chunk_bytes ? bytes - done : e->params.chunk_bytes;
         st = td_backend_copy_async(e->backend, q, (char *)dst + done, (const char *)src + done, piece);
         if (st) goto out;
         done += piece;
     }
+    if (end && (st = td_event_record(e->backend, end, q))) goto out;
     st = record_locked(e, q, out);
     if (st == TD_OK) {
         atomic_fetch_add(&e->bytes[dir], bytes);

@@ -7,6 +7,8 @@
 #include "tidal/memmgr.h"
 #include "tidal/trace.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -458,6 +460,76 @@ static void test_placements_and_trace_out(void **state)
     unlink(path);
 }
 
+/* Step statistics as JSON and the Perfetto timeline of a small run. */
+static void test_step_json_and_timeline(void **state)
+{
+    char path[] = "/tmp/tidal-timeline-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    mp.placement = TD_PLACEMENT_CPU;
+    rig r;
+    rig_open(&r, 1, 3 * 16384, &mp); /* 3 of 4 chunks fit */
+    int id[4];
+    for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_memmgr_register(r.m, "w", 4096, TD_DTYPE_F32, TD_TENSOR_PARAM, &id[i]));
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_memmgr_set_state(r.m, &id[i], 1, TD_TENSOR_HOLD));
+    TD_ASSERT_OK(td_memmgr_timeline_open(r.m, path));
+    char json[1024];
+    for (int step = 0; step < 3; step++) {
+        TD_ASSERT_OK(td_memmgr_step_begin(r.m));
+        for (int i = 0; i < 4; i++) {
+            void *p;
+            TD_ASSERT_OK(td_memmgr_timeline_range(r.m, "block", 1));
+            TD_ASSERT_OK(td_memmgr_access(r.m, &id[i], 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &p));
+            TD_ASSERT_OK(td_memmgr_release(r.m, &id[i], 1, TD_TENSOR_HOLD));
+            TD_ASSERT_OK(td_memmgr_timeline_range(r.m, NULL, 0));
+        }
+        TD_ASSERT_OK(td_memmgr_step_end(r.m));
+        td_memmgr_step_json(r.m, json, sizeof json);
+        cJSON *o = cJSON_Parse(json);
+        assert_non_null(o);
+        assert_int_equal((int)cJSON_GetObjectItem(o, "step")->valuedouble, step);
+        assert_int_equal((int)cJSON_GetObjectItem(o, "accesses")->valuedouble, 4);
+        double loads = cJSON_GetObjectItem(o, "loads")->valuedouble;
+        double wb = cJSON_GetObjectItem(o, "writebacks")->valuedouble;
+        assert_true(loads >= 1 && loads <= 4); /* each step re-reads what did not stay */
+        assert_true(wb >= 1);                  /* and writes back what it dirtied and evicted */
+        assert_true(cJSON_GetObjectItem(o, "bytes_h2d")->valuedouble == loads * 16384);
+        cJSON *peak = cJSON_GetObjectItem(o, "peak_bytes");
+        assert_true(cJSON_GetObjectItem(peak, "chunks")->valuedouble <= 3 * 16384);
+        cJSON_Delete(o);
+    }
+    rig_close(&r); /* closes the timeline */
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    cJSON *doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    cJSON *events = cJSON_GetObjectItem(doc, "traceEvents");
+    int loads = 0, ranges = 0, counters = 0, writebacks = 0;
+    cJSON *ev;
+    cJSON_ArrayForEach(ev, events) {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
+        const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "ph"));
+        if (!name || !ph) continue;
+        if (!strncmp(name, "load chunk", 10)) loads++;
+        if (!strncmp(name, "writeback chunk", 15)) writebacks++;
+        if (!strcmp(name, "block") && !strcmp(ph, "X")) ranges++;
+        if (!strcmp(ph, "C")) counters++;
+        if (!strcmp(ph, "X")) assert_true(cJSON_GetObjectItem(ev, "dur")->valuedouble >= 0);
+    }
+    cJSON_Delete(doc);
+    assert_int_equal(ranges, 12);
+    assert_true(loads >= 3 && writebacks >= 2 && counters == 12);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_belady_beats_lru_on_a_loop),
         cmocka_unit_test(test_budget_too_small),
         cmocka_unit_test(test_placements_and_trace_out),
+        cmocka_unit_test(test_step_json_and_timeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -57,6 +57,11 @@ void td_copy_engine_destroy(td_copy_engine *e);
  * that produced a gradient.  `out` (may be NULL) gets the ticket. */
 td_status td_copy_submit(td_copy_engine *e, td_copy_dir dir, void *dst, const void *src, size_t bytes,
                          const td_copy_ticket *after, td_copy_ticket *out);
+/* The same, also recording the caller's events `start` (after the wait on
+ * `after`, before the copy) and `end` (after it), for timelines and
+ * bandwidth measurement; either may be NULL. */
+td_status td_copy_submit_timed(td_copy_engine *e, td_copy_dir dir, void *dst, const void *src, size_t bytes,
+                               const td_copy_ticket *after, td_event *start, td_event *end, td_copy_ticket *out);
 /* A ticket for everything submitted to queue q so far (e.g. compute). */
 td_status td_copy_mark(td_copy_engine *e, td_queue q, td_copy_ticket *out);
 /* Queue q waits for the ticket without blocking the host. */

@@ -104,7 +104,9 @@ typedef struct td_memmgr_params {
     double offload_param_frac;               /* STATIC: fraction of param/grad chunks homed on the host */
     double offload_optim_frac;               /* STATIC: fraction of optimizer-state chunks on the host */
     td_evict_policy eviction;                /* default BELADY (LRU during warm-up) */
-    int prefetch;                            /* look-ahead in accesses; -1 auto (default), 0 off */
+    int prefetch;                            /* look-ahead in accesses; -1 auto (default): sized from the
+                                                warm-up's measured load time per chunk and compute time per
+                                                access; 0 off */
     const char *trace_out;                   /* write the warm-up trace here (tidal-trace 1), or NULL */
 } td_memmgr_params;
 
@@ -165,11 +167,28 @@ td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
 td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, void **ptr);
 td_status td_memmgr_free_nonmodel(td_memmgr *m, void *ptr);
 
+/* step_begin starts a new peak window in the arena (td_arena_reset_peak);
+ * the run's peak stays in td_memmgr_stats.device_peak_bytes. */
 td_status td_memmgr_step_begin(td_memmgr *m);
 td_status td_memmgr_step_end(td_memmgr *m);
 int td_memmgr_warmed_up(const td_memmgr *m);
 
 void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out);
+/* The last finished step as one JSON object (no newline): step, loads,
+ * evictions, writebacks, bytes_h2d, bytes_d2h, prefetches, demand_loads,
+ * stalls, stall_ms, device_peak_bytes and peak_bytes per arena role.
+ * Returns the length written (truncated to buf_bytes - 1). */
+size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes);
+
+/* Timeline: from now on, every step's chunk loads, write-backs, evictions,
+ * arena use and the compute ranges named below go to `path` as Chrome trace
+ * JSON (open in https://ui.perfetto.dev or chrome://tracing).  Times come
+ * from device events, synchronised at each step's end (a timeline costs a
+ * sync per step; without one nothing waits).  Written until destroy. */
+td_status td_memmgr_timeline_open(td_memmgr *m, const char *path);
+/* Marks a compute range on the compute queue ("block 3 forward"); begin = 1
+ * opens it, begin = 0 closes the innermost open range (ranges nest). */
+td_status td_memmgr_timeline_range(td_memmgr *m, const char *name, int begin);
 /* Device bytes the chunks need at the least: the largest set pinned at once
  * in the warm-up step plus its non-model bytes (0 before warm-up). */
 size_t td_memmgr_min_budget(const td_memmgr *m);

@@ -1,0 +1,203 @@
+/* The chunk manager's timeline: Chrome trace JSON of loads, write-backs,
+ * evictions, arena use and compute ranges (see td_memmgr_timeline_open).
+ *
+ * Every record holds indices into a fixed pool of backend events recorded in
+ * the stream order of what they mark; at a step's end the pool is
+ * synchronised, converted to microseconds from the step's base event, written
+ * and reset.  A step that needs more events than the pool holds drops the
+ * rest and says how many in the file. */
+#include "memmgr_impl.h"
+#include "tidal/util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TL_EVENTS 4096
+
+td_status td_memmgr_timeline_open(td_memmgr *m, const char *path)
+{
+    td_status st = TD_OK;
+    if (m->tl) return td_error_set(TD_ERR_STATE, "memmgr: a timeline is already open");
+    mm_timeline *tl = td_calloc(1, sizeof *tl, TD_ROLE_META);
+    if (!tl) return TD_ERR_NOMEM;
+    tl->events = td_calloc(TL_EVENTS, sizeof *tl->events, TD_ROLE_META);
+    tl->cap_recs = TL_EVENTS;
+    tl->recs = td_malloc((size_t)tl->cap_recs * sizeof *tl->recs, TD_ROLE_META);
+    if (!tl->events || !tl->recs) { st = TD_ERR_NOMEM; goto cleanup; }
+    for (; tl->n_events < TL_EVENTS; tl->n_events++) TD_TRY(td_event_create(m->backend, &tl->events[tl->n_events]));
+    tl->f = fopen(path, "w");
+    if (!tl->f) TD_FAIL(TD_ERR_IO, "cannot write the timeline '%s': %s", path, strerror(errno));
+    fprintf(tl->f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+                   "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"tidal %s\"}},\n"
+                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n"
+                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"H2D\"}},\n"
+                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":2,\"args\":{\"name\":\"D2H\"}}",
+            td_backend_describe(m->backend));
+    tl->base = -1;
+    tl->t0_ms = td_now_ms();
+    m->tl = tl;
+    return TD_OK;
+cleanup:
+    for (int i = 0; i < tl->n_events; i++) td_event_free(m->backend, tl->events[i]);
+    td_free(tl->events);
+    td_free(tl->recs);
+    td_free(tl);
+    return st;
+}
+
+static int take_event(mm_timeline *tl)
+{
+    if (tl->used >= tl->n_events) {
+        tl->dropped++;
+        return -1;
+    }
+    return tl->used++;
+}
+
+static mm_tl_rec *add_rec(mm_timeline *tl)
+{
+    if (tl->n_recs >= tl->cap_recs) {
+        tl->dropped++;
+        return NULL;
+    }
+    return &tl->recs[tl->n_recs++];
+}
+
+void mm_tl_copy_events(td_memmgr *m, td_event **start, td_event **end, int *index)
+{
+    *start = *end = NULL;
+    *index = -1;
+    mm_timeline *tl = m->tl;
+    if (!tl || tl->base < 0 || tl->used + 2 > tl->n_events) return;
+    *index = tl->used;
+    *start = tl->events[tl->used++];
+    *end = tl->events[tl->used++];
+}
+
+void mm_tl_copy(td_memmgr *m, mm_tl_kind kind, int chunk, int index)
+{
+    if (!m->tl || index < 0) return;
+    mm_tl_rec *r = add_rec(m->tl);
+    if (r) *r = (mm_tl_rec){ .kind = kind, .chunk = chunk, .ev0 = index, .ev1 = index + 1 };
+}
+
+/* An instant on the compute queue (an eviction, the arena's use). */
+void mm_tl_instant(td_memmgr *m, mm_tl_kind kind, int chunk, double value)
+{
+    mm_timeline *tl = m->tl;
+    if (!tl || tl->base < 0) return;
+    int e = take_event(tl);
+    if (e < 0) return;
+    mm_tl_rec *r = add_rec(tl);
+    if (!r || td_event_record(m->backend, tl->events[e], TD_QUEUE_COMPUTE) != TD_OK) return;
+    *r = (mm_tl_rec){ .kind = kind, .chunk = chunk, .ev0 = e, .ev1 = -1, .value = value };
+}
+
+td_status td_memmgr_timeline_range(td_memmgr *m, const char *name, int begin)
+{
+    mm_timeline *tl = m->tl;
+    if (!tl || tl->base < 0) return TD_OK;
+    if (!begin) {
+        if (tl->n_open == 0) return td_error_set(TD_ERR_STATE, "timeline: range end without a begin");
+        int ri = tl->open_ranges[--tl->n_open];
+        int e = take_event(tl);
+        if (ri < 0 || e < 0) return TD_OK;
+        tl->recs[ri].ev1 = e;
+        return td_event_record(m->backend, tl->events[e], TD_QUEUE_COMPUTE);
+    }
+    if (tl->n_open == (int)(sizeof tl->open_ranges / sizeof tl->open_ranges[0]))
+        return td_error_set(TD_ERR_STATE, "timeline: ranges nested deeper than %d", tl->n_open);
+    int e = take_event(tl);
+    mm_tl_rec *r = e >= 0 ? add_rec(tl) : NULL;
+    tl->open_ranges[tl->n_open++] = r ? (int)(r - tl->recs) : -1;
+    if (!r) return TD_OK;
+    *r = (mm_tl_rec){ .kind = MM_TL_RANGE, .chunk = -1, .ev0 = e, .ev1 = -1 };
+    snprintf(r->name, sizeof r->name, "%s", name ? name : "compute");
+    return td_event_record(m->backend, tl->events[e], TD_QUEUE_COMPUTE);
+}
+
+td_status mm_tl_step_begin(td_memmgr *m)
+{
+    mm_timeline *tl = m->tl;
+    if (!tl) return TD_OK;
+    tl->used = 0;
+    tl->n_recs = 0;
+    tl->n_open = 0;
+    tl->step_offset_ms = td_now_ms() - tl->t0_ms;
+    tl->base = take_event(tl);
+    return td_event_record(m->backend, tl->events[tl->base], TD_QUEUE_COMPUTE);
+}
+
+static td_status elapsed_us(td_memmgr *m, int base, int e, double *us)
+{
+    td_status st = td_event_sync(m->backend, m->tl->events[e]);
+    if (st) return st;
+    float ms = 0;
+    st = td_event_elapsed_ms(m->backend, m->tl->events[base], m->tl->events[e], &ms);
+    *us = (m->tl->step_offset_ms + ms) * 1e3;
+    return st;
+}
+
+td_status mm_tl_step_end(td_memmgr *m)
+{
+    mm_timeline *tl = m->tl;
+    if (!tl || tl->base < 0) return TD_OK;
+    td_status st = td_event_sync(m->backend, tl->events[tl->base]);
+    if (st) return st;
+    static const char *tid_name[] = {"H2D", "D2H"};
+    for (int i = 0; i < tl->n_recs; i++) {
+        mm_tl_rec *r = &tl->recs[i];
+        double t0, t1 = 0;
+        if ((st = elapsed_us(m, tl->base, r->ev0, &t0))) return st;
+        if (r->ev1 >= 0 && (st = elapsed_us(m, tl->base, r->ev1, &t1))) return st;
+        switch (r->kind) {
+        case MM_TL_LOAD:
+        case MM_TL_WRITEBACK: {
+            const mm_chunk *ch = &m->chunks[r->chunk];
+            int tid = r->kind == MM_TL_LOAD ? 1 : 2;
+            fprintf(tl->f, ",\n{\"name\":\"%s chunk %d\",\"cat\":\"copy\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
+                           "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"chunk\":%d,\"role\":\"%s\",\"bytes\":%zu,\"step\":%llu}}",
+                    r->kind == MM_TL_LOAD ? "load" : "writeback", r->chunk, tid, t0, t1 > t0 ? t1 - t0 : 0,
+                    r->chunk, td_tensor_role_name(ch->role), ch->bytes, (unsigned long long)m->step);
+            (void)tid_name;
+            break;
+        }
+        case MM_TL_RANGE:
+            if (r->ev1 < 0) break; /* never closed */
+            fprintf(tl->f, ",\n{\"name\":\"%s\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":0,"
+                           "\"ts\":%.3f,\"dur\":%.3f}", r->name, t0, t1 > t0 ? t1 - t0 : 0);
+            break;
+        case MM_TL_EVICT:
+            fprintf(tl->f, ",\n{\"name\":\"evict chunk %d\",\"cat\":\"chunk\",\"ph\":\"i\",\"s\":\"p\",\"pid\":0,"
+                           "\"tid\":0,\"ts\":%.3f,\"args\":{\"chunk\":%d}}", r->chunk, t0, r->chunk);
+            break;
+        case MM_TL_MEMORY:
+            fprintf(tl->f, ",\n{\"name\":\"device arena\",\"ph\":\"C\",\"pid\":0,\"ts\":%.3f,"
+                           "\"args\":{\"used_bytes\":%.0f}}", t0, r->value);
+            break;
+        }
+    }
+    if (tl->dropped)
+        fprintf(tl->f, ",\n{\"name\":\"timeline: %llu records dropped this step (pool of %d events)\","
+                       "\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":%.3f}",
+                (unsigned long long)tl->dropped, tl->n_events, tl->step_offset_ms * 1e3);
+    tl->dropped = 0;
+    tl->base = -1;
+    if (fflush(tl->f) != 0) return td_error_set(TD_ERR_IO, "writing the timeline: %s", strerror(errno));
+    return TD_OK;
+}
+
+void mm_tl_close(td_memmgr *m)
+{
+    mm_timeline *tl = m->tl;
+    if (!tl) return;
+    if (tl->base >= 0) mm_tl_step_end(m);
+    fprintf(tl->f, "\n]}\n");
+    fclose(tl->f);
+    for (int i = 0; i < tl->n_events; i++) td_event_free(m->backend, tl->events[i]);
+    td_free(tl->events);
+    td_free(tl->recs);
+    td_free(tl);
+    m->tl = NULL;
+}
