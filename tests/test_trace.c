@@ -6,6 +6,7 @@
  * allocation failures leak nothing.  The policy objects: checked against
  * naive reimplementations on random inputs. */
 #include "td_test.h"
+#include "tidal/memsim.h"
 #include "tidal/policy.h"
 #include "tidal/trace.h"
 
@@ -420,6 +421,16 @@ static void mutate_file(const char *path, void *vctx)
             td_trace *back = roundtrip(t);
             assert_true(td_trace_equal(t, back));
             td_trace_destroy(back);
+            /* Whatever parses also simulates: it fits, or the error says why. */
+            td_memsim_params p = td_memsim_default_params();
+            uint64_t min = td_memsim_min_budget(t);
+            p.budget_bytes = td_rng_below(&ctx->rng, 2) ? min : td_rng_below(&ctx->rng, min + 1);
+            p.policy = (td_evict_policy)td_rng_below(&ctx->rng, TD_EVICT_POLICY_COUNT);
+            p.prefetch = (uint32_t)td_rng_below(&ctx->rng, 5);
+            td_memsim_result res;
+            td_status sst = td_memsim_run(t, &p, &res);
+            assert_int_equal(sst, p.budget_bytes >= min ? TD_OK : TD_ERR_BUDGET);
+            if (sst == TD_OK) assert_true(res.peak_device_bytes <= p.budget_bytes);
             td_trace_destroy(t);
             ctx->parsed++;
         } else {

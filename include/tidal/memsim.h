@@ -13,9 +13,10 @@
  *  - It is a planner: the policy sees the whole trace.  Belady's "next use"
  *    wraps past the end into the last step (td_trace_period_start).
  *  - Prefetch N: after serving access i, loads for the accesses i+1..i+N are
- *    issued in order, each only if it fits the budget at issue time by
- *    evicting chunks not needed before it (else issuing stops until the next
- *    access).  Each prefetched chunk is later a prefetch hit, or wasted if it
+ *    issued in order, each only if it fits the budget from now until its
+ *    use (against the most non-model bytes live in between), evicting only
+ *    chunks whose next use comes after it; else issuing stops until the next
+ *    access.  Each prefetched chunk is later a prefetch hit, or wasted if it
  *    was evicted before its use.  The model has no clock: a stall is a demand
  *    load, whatever its size.
  * The simulator reports every move through an optional callback, so tests
