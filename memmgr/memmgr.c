@@ -83,6 +83,7 @@ void td_memmgr_destroy(td_memmgr *m)
     td_free(m->trace_seq);
     td_free(m->trace_write);
     td_free(m->trace_nonmodel);
+    td_free(m->trace_nm_peak);
     td_nextuse_destroy(m->nextuse);
     td_evictor_destroy(m->evictor);
     td_free((char *)m->params.trace_out);
@@ -398,23 +399,27 @@ static td_status trace_record(td_memmgr *m, int c, int write, size_t pinned_byte
         uint32_t *seq = td_malloc(cap * sizeof *seq, TD_ROLE_META);
         uint8_t *wr = td_malloc(cap, TD_ROLE_META);
         uint64_t *nm = td_malloc(cap * sizeof *nm, TD_ROLE_META);
-        if (!seq || !wr || !nm) {
-            td_free(seq); td_free(wr); td_free(nm);
+        uint64_t *pk = td_malloc(cap * sizeof *pk, TD_ROLE_META);
+        if (!seq || !wr || !nm || !pk) {
+            td_free(seq); td_free(wr); td_free(nm); td_free(pk);
             return TD_ERR_NOMEM;
         }
         if (m->trace_len) {
             memcpy(seq, m->trace_seq, m->trace_len * sizeof *seq);
             memcpy(wr, m->trace_write, m->trace_len);
             memcpy(nm, m->trace_nonmodel, m->trace_len * sizeof *nm);
+            memcpy(pk, m->trace_nm_peak, m->trace_len * sizeof *pk);
         }
-        td_free(m->trace_seq); td_free(m->trace_write); td_free(m->trace_nonmodel);
-        m->trace_seq = seq; m->trace_write = wr; m->trace_nonmodel = nm;
+        td_free(m->trace_seq); td_free(m->trace_write); td_free(m->trace_nonmodel); td_free(m->trace_nm_peak);
+        m->trace_seq = seq; m->trace_write = wr; m->trace_nonmodel = nm; m->trace_nm_peak = pk;
         m->trace_cap = cap;
     }
     size_t nonmodel = nonmodel_bytes(m);
     m->trace_seq[m->trace_len] = (uint32_t)c;
     m->trace_write[m->trace_len] = (uint8_t)write;
     m->trace_nonmodel[m->trace_len] = nonmodel;
+    m->trace_nm_peak[m->trace_len] = m->nm_peak_since > nonmodel ? m->nm_peak_since : nonmodel;
+    m->nm_peak_since = nonmodel;
     m->trace_len++;
     m->chunks[c].accesses++;
     if (pinned_bytes + nonmodel > m->min_budget) m->min_budget = pinned_bytes + nonmodel;
@@ -501,7 +506,12 @@ static td_status write_trace(td_memmgr *m)
     if (st == TD_OK) st = td_trace_writer_step(w);
     uint64_t last_nm = 0;
     for (size_t i = 0; st == TD_OK && i < m->trace_len; i++) {
-        if (m->trace_nonmodel[i] != last_nm) {
+        /* A spike between accesses (logits, say) as a peak then the level. */
+        if (m->trace_nm_peak[i] > m->trace_nonmodel[i] && m->trace_nm_peak[i] != last_nm) {
+            st = td_trace_writer_nonmodel(w, m->trace_nm_peak[i]);
+            last_nm = m->trace_nm_peak[i];
+        }
+        if (st == TD_OK && m->trace_nonmodel[i] != last_nm) {
             st = td_trace_writer_nonmodel(w, m->trace_nonmodel[i]);
             last_nm = m->trace_nonmodel[i];
         }
@@ -804,6 +814,10 @@ td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, voi
 {
     for (;;) {
         td_status st = td_arena_alloc(m->arena, bytes, role, ptr);
+        if (st == TD_OK && !m->warmed_up && m->in_step) {
+            size_t nm = nonmodel_bytes(m);
+            if (nm > m->nm_peak_since) m->nm_peak_since = nm;
+        }
         if (st != TD_ERR_BUDGET) return st;
         int had_spares = 0;
         for (int i = 0; i < m->n_pools; i++) had_spares |= m->pools[i].n_spare > 0;

@@ -108,6 +108,8 @@ struct td_memmgr {
     uint32_t *trace_seq;        /* warm-up access sequence */
     uint8_t *trace_write;
     uint64_t *trace_nonmodel;
+    uint64_t *trace_nm_peak;    /* peak non-model bytes since the previous access */
+    size_t nm_peak_since;
     size_t trace_len, trace_cap;
     size_t min_budget;
     td_nextuse *nextuse;

@@ -442,6 +442,11 @@ static void test_placements_and_trace_out(void **state)
                 void *p;
                 TD_ASSERT_OK(td_memmgr_access(r.m, &id[i], 1, TD_TENSOR_COMPUTE, i % 2 ? TD_ACCESS_WRITE : 0, &p));
                 TD_ASSERT_OK(td_memmgr_release(r.m, &id[i], 1, TD_TENSOR_HOLD));
+                if (i == 2) { /* a spike between two accesses: the trace must show it */
+                    void *spike;
+                    TD_ASSERT_OK(td_memmgr_alloc_nonmodel(r.m, 5000, TD_ROLE_ACTIVATION, &spike));
+                    TD_ASSERT_OK(td_memmgr_free_nonmodel(r.m, spike));
+                }
             }
             TD_ASSERT_OK(td_memmgr_step_end(r.m));
             td_memmgr_get_stats(r.m, &s[step]);
@@ -456,6 +461,15 @@ static void test_placements_and_trace_out(void **state)
     TD_ASSERT_OK(td_trace_load(path, &t));
     assert_int_equal(td_trace_access_count(t), 6);
     assert_int_equal(td_trace_step_count(t), 1);
+    const td_trace_event *ev = td_trace_events(t);
+    int spike_at = -1, back_at = -1, accesses = 0;
+    for (size_t i = 0; i < td_trace_event_count(t); i++) {
+        if (ev[i].kind == TD_TRACE_ACCESS) accesses++;
+        if (ev[i].kind == TD_TRACE_NONMODEL && ev[i].nonmodel_bytes == 5120) spike_at = accesses;
+        if (ev[i].kind == TD_TRACE_NONMODEL && ev[i].nonmodel_bytes == 0 && spike_at >= 0) back_at = accesses;
+    }
+    assert_int_equal(spike_at, 3); /* after the third access, before the fourth */
+    assert_int_equal(back_at, 3);
     td_trace_destroy(t);
     unlink(path);
 }
