@@ -776,35 +776,62 @@ td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n)
     return TD_OK;
 }
 
+/* A valid host copy of one chunk: checks, then waits (see host_access). */
+static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
+{
+    td_status st;
+    if (ch->pins)
+        return td_error_set(TD_ERR_STATE, "memmgr: host access to chunk %d ('%s', ...) while it is in COMPUTE on the "
+                            "device", (int)(ch - m->chunks), m->tensors[ch->tensors[0]].name);
+    if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
+    if ((st = td_copy_wait(m->engine, &ch->writeback))) return st;
+    if (flags & TD_ACCESS_WRITE) {
+        /* The upload in flight reads this host copy: let it finish first. */
+        if ((st = td_copy_wait(m->engine, &ch->load))) return st;
+        ch->host_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
+        offer(m, (int)(ch - m->chunks));
+    }
+    return TD_OK;
+}
+
+/* A FREE tensor holds no payload: host writes to it would be dropped when
+ * its chunk is next handed out zeroed. */
+static td_status check_host_write(td_memmgr *m, int id)
+{
+    if (m->tensors[id].state != TD_TENSOR_FREE) return TD_OK;
+    return td_error_set(TD_ERR_STATE, "memmgr: host write to '%s' while it is FREE; move it to HOLD first "
+                        "(td_memmgr_set_state)", m->tensors[id].name);
+}
+
 td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned flags, void **host_ptrs)
 {
     td_status st;
     if ((st = check_ids(m, ids, n, "host access"))) return st;
     for (int i = 0; i < n; i++) {
-        mm_tensor *t = &m->tensors[ids[i]];
-        mm_chunk *ch = &m->chunks[t->chunk];
-        if (ch->pins)
+        if (m->chunks[m->tensors[ids[i]].chunk].pins)
             return td_error_set(TD_ERR_STATE, "memmgr: host access to '%s' while its chunk is in COMPUTE on the device",
-                                t->name);
-        /* A FREE tensor holds no payload: writes to it would be dropped when
-         * its chunk is next handed out zeroed. */
-        if ((flags & TD_ACCESS_WRITE) && t->state == TD_TENSOR_FREE)
-            return td_error_set(TD_ERR_STATE, "memmgr: host write to '%s' while it is FREE; move it to HOLD first "
-                                "(td_memmgr_set_state)", t->name);
+                                m->tensors[ids[i]].name);
+        if ((flags & TD_ACCESS_WRITE) && (st = check_host_write(m, ids[i]))) return st;
     }
     for (int i = 0; i < n; i++) {
         mm_tensor *t = &m->tensors[ids[i]];
         mm_chunk *ch = &m->chunks[t->chunk];
-        if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
-        if ((st = td_copy_wait(m->engine, &ch->writeback))) return st;
-        if (flags & TD_ACCESS_WRITE) {
-            /* The upload in flight reads this host copy: let it finish first. */
-            if ((st = td_copy_wait(m->engine, &ch->load))) return st;
-            ch->host_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
-            offer(m, t->chunk);
-        }
+        if ((st = host_sync(m, ch, flags))) return st;
         host_ptrs[i] = (char *)ch->host + t->offset * td_dtype_bytes(t->dtype);
     }
+    return TD_OK;
+}
+
+td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, void **host)
+{
+    td_status st;
+    if (!m->laid_out || chunk < 0 || chunk >= m->n_chunks)
+        return td_error_set(TD_ERR_INVALID, "memmgr: host access to chunk %d (%d chunks)", chunk, m->n_chunks);
+    mm_chunk *ch = &m->chunks[chunk];
+    for (int j = 0; (flags & TD_ACCESS_WRITE) && j < ch->n_tensors; j++)
+        if ((st = check_host_write(m, ch->tensors[j]))) return st;
+    if ((st = host_sync(m, ch, flags))) return st;
+    *host = ch->host;
     return TD_OK;
 }
 

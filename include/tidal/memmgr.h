@@ -161,6 +161,9 @@ td_status td_memmgr_release(td_memmgr *m, const int *ids, int n, td_tensor_state
 /* A state change that moves nothing (e.g. READY_FOR_REDUCE -> HOLD). */
 td_status td_memmgr_set_state(td_memmgr *m, const int *ids, int n, td_tensor_state to);
 td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned flags, void **host_ptrs);
+/* The same for a whole chunk (its numel elements, padding included: the
+ * per-chunk optimizer's view).  For a write no tensor of it may be FREE. */
+td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, void **host);
 td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
 
 /* Device memory for non-model buffers, evicting chunks to make room. */
