@@ -27,6 +27,7 @@
 #include "tidal/alloc.h"
 #include "tidal/optim.h"
 #include "tidal/optim_convert.h"
+#include "tidal/topo.h"
 #include "tidal/util.h"
 
 #include <cjson/cJSON.h>
@@ -54,6 +55,7 @@ static void usage(FILE *f)
             "  --max-params N   largest size (default 1G; k/M/G are powers of 1000); sizes that do\n"
             "                   not fit in available memory (16 bytes/param) are skipped and reported\n"
             "  --threads T      optimizer threads (default: all cores)\n"
+            "  --no-bind        do not bind thread i to core i (hwloc), as training does\n"
             "  --isa ISA        auto (default), scalar, avx2, avx512\n"
             "  --min-seconds S  time per figure (default 1.0; at least 5 steps, median reported)\n"
             "  --json           one JSON object on stdout\n"
@@ -295,13 +297,14 @@ cleanup:
 int td_bench_adam_main(int argc, char **argv)
 {
     double max_params = 1e9, min_s = 1.0;
-    int json = 0, threads = 0, rc = 1;
+    int json = 0, threads = 0, bind = 1, rc = 1;
     const char *check_dir = NULL;
     td_optim_isa isa = TD_OPTIM_ISA_AUTO;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--no-bind")) bind = 0;
         else if (!strcmp(a, "--max-params") && v) { if (parse_count(v, &max_params)) goto bad_value; i++; }
         else if (!strcmp(a, "--threads") && v) { threads = atoi(v); if (threads < 1 || threads > 4096) goto bad_value; i++; }
         else if (!strcmp(a, "--isa") && v) { if (td_optim_isa_parse(v, &isa)) goto bad_value; i++; }
@@ -320,6 +323,8 @@ int td_bench_adam_main(int argc, char **argv)
     }
 
     td_adam_cpu *cpu = NULL;
+    td_backend *be = NULL;
+    td_topo *topo = NULL;
     cJSON *out = NULL;
     td_status st = TD_OK;
     result *res = NULL;
@@ -327,6 +332,13 @@ int td_bench_adam_main(int argc, char **argv)
     td_adam_cpu_params cp = td_adam_cpu_default_params();
     cp.threads = threads;
     cp.isa = isa;
+    if (bind) { /* the cpu backend: placement over the whole machine, no GPU touched */
+        td_backend_params bp = td_backend_default_params();
+        bp.kind = TD_BACKEND_CPU;
+        TD_TRY(td_backend_create(&bp, &be));
+        TD_TRY(td_topo_create(be, &topo));
+        cp.topo = topo;
+    }
     TD_TRY(td_adam_cpu_create(&cp, &cpu));
     if (check_dir) {
         TD_TRY(td_adam_check_run(cpu, check_dir));
@@ -343,8 +355,9 @@ int td_bench_adam_main(int argc, char **argv)
     /* 16 bytes/param of buffers; leave a tenth of what is free to the rest of the machine. */
     while (fit < (size_t)n_sizes && (avail == 0 || 16.0 * (double)sizes[fit] <= 0.9 * (double)avail)) fit++;
 
-    fprintf(stderr, "bench adam: %d threads, %s kernels, %zu MiB available\n", td_adam_cpu_threads(cpu),
-            td_optim_isa_name(td_adam_cpu_isa(cpu)), avail >> 20);
+    fprintf(stderr, "bench adam: %d threads%s, %s kernels, %zu MiB available; %s\n", td_adam_cpu_threads(cpu),
+            topo ? " bound to cores" : "", td_optim_isa_name(td_adam_cpu_isa(cpu)), avail >> 20,
+            topo ? td_topo_describe(topo) : "no binding");
     double triad = 0;
     TD_TRY(stream_triad(cpu, &triad));
     fprintf(stderr, "  stream triad %.2f GB/s (3 arrays counted)\n", triad);
@@ -371,6 +384,8 @@ int td_bench_adam_main(int argc, char **argv)
                                 "4 arrays read, 3 written, 28 bytes/elem, median, interleaved with the AdamW steps");
         cJSON_AddNumberToObject(out, "stream_triad_gbytes_per_s", triad);
         cJSON_AddStringToObject(out, "isa", td_optim_isa_name(td_adam_cpu_isa(cpu)));
+        cJSON_AddBoolToObject(out, "threads_bound_to_cores", topo != NULL);
+        cJSON_AddStringToObject(out, "host_memory", topo ? td_topo_describe(topo) : "");
         cJSON_AddNumberToObject(out, "bytes_per_param_fp32", BYTES_PER_PARAM);
         cJSON_AddNumberToObject(out, "bytes_per_param_mixed", BYTES_PER_PARAM);
         cJSON *arr = cJSON_AddArrayToObject(out, "results");
@@ -405,5 +420,7 @@ cleanup:
     cJSON_Delete(out);
     free(res);
     td_adam_cpu_destroy(cpu);
+    td_topo_destroy(topo);
+    td_backend_free(be);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* The AVX2 + FMA + F16C instance of optim/adam_kernel.h: 8 floats per vector.
  * bf16 rounding is integer arithmetic (RNE, NaN kept quiet); fp16 uses
- * VCVTPS2PH with round-to-nearest-even, which the scalar converter matches. */
+ * VCVTPS2PH with round-to-nearest-even, which the scalar converter matches.
+ * Param outputs use streaming stores when aligned (see adam_kernel.h). */
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -24,19 +25,23 @@ static inline vf vf_load_bf16(const uint16_t *p)
 }
 static inline vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-static inline void vf_store_bf16(uint16_t *p, vf x)
+/* 8 halves (bf16 or fp16 bits) of one vector. */
+typedef __m128i vh;
+#define TD_NT_BYTES 16 /* alignment a streaming store of vh needs */
+static inline vh vf_to_bf16(vf x)
 {
     __m256i u = _mm256_castps_si256(x);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
     __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
-    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
-static inline void vf_store_f16(uint16_t *p, vf x)
-{
-    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
+static inline vh vf_to_f16(vf x) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline void vh_storeu(uint16_t *p, vh h) { _mm_storeu_si128((__m128i *)p, h); }
+static inline void vh_stream(uint16_t *p, vh h) { _mm_stream_si128((__m128i *)p, h); }
+static inline void vf_stream(float *p, vf x) { _mm256_stream_ps(p, x); }
+static inline void stream_fence(void) { _mm_sfence(); }
 
 typedef struct vs_t { __m256d a, b; } vs_t;
 static inline vs_t vs_zero(void) { return (vs_t){_mm256_setzero_pd(), _mm256_setzero_pd()}; }

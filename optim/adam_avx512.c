@@ -1,6 +1,7 @@
 /* The AVX-512 (F/BW/VL/DQ) instance of optim/adam_kernel.h: 16 floats per
  * vector.  bf16 rounding is integer arithmetic (RNE, NaN kept quiet; it does
- * not need AVX512_BF16); fp16 uses VCVTPS2PH with round-to-nearest-even. */
+ * not need AVX512_BF16); fp16 uses VCVTPS2PH with round-to-nearest-even.
+ * Param outputs use streaming stores when aligned (see adam_kernel.h). */
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -24,7 +25,10 @@ static inline vf vf_load_bf16(const uint16_t *p)
 }
 static inline vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-static inline void vf_store_bf16(uint16_t *p, vf x)
+/* 16 halves (bf16 or fp16 bits) of one vector. */
+typedef __m256i vh;
+#define TD_NT_BYTES 32 /* alignment a streaming store of vh needs */
+static inline vh vf_to_bf16(vf x)
 {
     __m512i u = _mm512_castps_si512(x);
     __m512i hi = _mm512_srli_epi32(u, 16);
@@ -32,12 +36,13 @@ static inline void vf_store_bf16(uint16_t *p, vf x)
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
     __m512i nan = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
     r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, nan);
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+    return _mm512_cvtepi32_epi16(r);
 }
-static inline void vf_store_f16(uint16_t *p, vf x)
-{
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
+static inline vh vf_to_f16(vf x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline void vh_storeu(uint16_t *p, vh h) { _mm256_storeu_si256((__m256i *)p, h); }
+static inline void vh_stream(uint16_t *p, vh h) { _mm256_stream_si256((__m256i *)p, h); }
+static inline void vf_stream(float *p, vf x) { _mm512_stream_ps(p, x); }
+static inline void stream_fence(void) { _mm_sfence(); }
 
 typedef struct vs_t { __m512d a, b; } vs_t;
 static inline vs_t vs_zero(void) { return (vs_t){_mm512_setzero_pd(), _mm512_setzero_pd()}; }

@@ -7,17 +7,26 @@
  *   VW, vf                          lanes and vector type
  *   vf_set1 vf_loadu vf_storeu vf_mul vf_div vf_sqrt
  *   vf_fma(a, b, c) = a*b + c,  vf_fnma(a, b, c) = c - a*b   (one rounding)
- *   vf_load_bf16 vf_load_f16 vf_store_bf16 vf_store_f16    (exact / RNE)
+ *   vf_load_bf16 vf_load_f16                         (exact)
+ *   vh, vf_to_bf16 vf_to_f16 (RNE), vh_storeu vh_stream vf_stream stream_fence,
+ *   TD_NT_BYTES: the alignment streaming stores need (0: none)
  *   vs_t vs_zero vs_add_sq vs_total                  (double sum of squares)
  * Every instance performs the same IEEE operations in the same order, so
  * they agree bit for bit (the CUDA kernel in adam.cu does the same too).
  *
- * Dtype combinations and the decay mode are specialised by calling the
- * always-inline loop with constants from a switch: one source, 24 straight
- * loops.  AdamW's loops do not touch the L2 term at all (0 * Inf would turn
+ * Dtype combinations, the decay mode and streaming are specialised by
+ * calling the always-inline loop with constants from a switch: one source,
+ * 42 straight loops.  AdamW's loops do not touch the L2 term at all (0 * Inf would turn
  * an Inf param into NaN where torch keeps it Inf).
  * The tail (fewer than VW elements) goes through small zero-padded local
- * buffers, so every element takes the same vector path. */
+ * buffers, so every element takes the same vector path.
+ *
+ * The param output (the pinned upload buffer, read next by the copy engine's
+ * DMA, not by this CPU) is written with streaming stores when its address
+ * allows: no read-for-ownership of lines about to be overwritten (2 of the
+ * mixed path's 28 bytes per param) and no eviction of the state streams
+ * from the cache.  Partition bounds are multiples of 1024 elements, so every
+ * thread's range keeps the alignment of the chunk's base. */
 #include "adam_impl.h"
 
 #include <string.h>
@@ -36,11 +45,18 @@ TD_KINLINE vf load_grad(const void *g, int dt, size_t i)
     return vf_loadu((const float *)g + i);
 }
 
-TD_KINLINE void store_param(void *p, int dt, size_t i, vf x)
+TD_KINLINE void store_param(void *p, int dt, int nt, size_t i, vf x)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) vf_store_bf16((uint16_t *)p + i, x);
-    else if (dt == TD_OPTIM_DTYPE_F16) vf_store_f16((uint16_t *)p + i, x);
-    else if (dt == TD_OPTIM_DTYPE_F32) vf_storeu((float *)p + i, x);
+    if (dt == TD_OPTIM_DTYPE_BF16) {
+        if (nt) vh_stream((uint16_t *)p + i, vf_to_bf16(x));
+        else vh_storeu((uint16_t *)p + i, vf_to_bf16(x));
+    } else if (dt == TD_OPTIM_DTYPE_F16) {
+        if (nt) vh_stream((uint16_t *)p + i, vf_to_f16(x));
+        else vh_storeu((uint16_t *)p + i, vf_to_f16(x));
+    } else if (dt == TD_OPTIM_DTYPE_F32) {
+        if (nt) vf_stream((float *)p + i, x);
+        else vf_storeu((float *)p + i, x);
+    }
 }
 
 /* VW elements at index i.  The formulas, in order (docs/optimizer.md):
@@ -52,7 +68,7 @@ TD_KINLINE void store_param(void *p, int dt, size_t i, vf x)
  *   d  = sqrt(v)*rsqrt_bc2 + eps
  *   p  = p - step_size*(m/d)                                              */
 TD_KINLINE void adam_block(const kcoeffs *k, int l2, float *master, float *m, float *v, const void *grad, int gdt,
-                           void *out, int pdt, size_t i)
+                           void *out, int pdt, int nt, size_t i)
 {
     vf g = vf_mul(load_grad(grad, gdt, i), k->grad_mul);
     vf p = vf_loadu(master + i);
@@ -67,17 +83,18 @@ TD_KINLINE void adam_block(const kcoeffs *k, int l2, float *master, float *m, fl
     vf_storeu(m + i, mm);
     vf_storeu(v + i, vv);
     vf_storeu(master + i, p);
-    store_param(out, pdt, i, p);
+    store_param(out, pdt, nt, i, p);
 }
 
-TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, size_t begin,
-                          size_t end)
+TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, int nt,
+                          size_t begin, size_t end)
 {
     float *master = ch->master, *m = ch->m, *v = ch->v;
     const void *grad = ch->grad;
     void *out = ch->param_out;
     size_t i = begin;
-    for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, i);
+    for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, nt, i);
+    if (nt) stream_fence(); /* streamed lines are visible before the caller moves on */
     if (i == end) return;
     size_t n = end - i, gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
     float lp[VW] = {0}, lm[VW] = {0}, lv[VW] = {0};
@@ -86,7 +103,7 @@ TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int
     memcpy(lm, m + i, n * 4);
     memcpy(lv, v + i, n * 4);
     memcpy(lg, (const unsigned char *)grad + i * gsz, n * gsz);
-    adam_block(k, l2, lp, lm, lv, lg, gdt, lo, pdt, 0);
+    adam_block(k, l2, lp, lm, lv, lg, gdt, lo, pdt, 0, 0);
     memcpy(master + i, lp, n * 4);
     memcpy(m + i, lm, n * 4);
     memcpy(v + i, lv, n * 4);
@@ -101,17 +118,27 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
         vf_set1(c->rsqrt_bc2), vf_set1(c->eps),
     };
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_PDT_NONE;
-    enum { F32 = TD_OPTIM_DTYPE_F32, BF16 = TD_OPTIM_DTYPE_BF16, F16 = TD_OPTIM_DTYPE_F16, NONE = TD_PDT_NONE };
-#define TD_ADAM_CASE(l, g, p) \
-    case ((l) * 4 + (g)) * 4 + (p): adam_loop(&k, (l), ch, (g), (p), begin, end); break;
-#define TD_ADAM_CASES(l)                                                                                         \
-    TD_ADAM_CASE(l, F32, NONE) TD_ADAM_CASE(l, F32, F32) TD_ADAM_CASE(l, F32, BF16) TD_ADAM_CASE(l, F32, F16)     \
-    TD_ADAM_CASE(l, BF16, NONE) TD_ADAM_CASE(l, BF16, F32) TD_ADAM_CASE(l, BF16, BF16) TD_ADAM_CASE(l, BF16, F16) \
-    TD_ADAM_CASE(l, F16, NONE) TD_ADAM_CASE(l, F16, F32) TD_ADAM_CASE(l, F16, BF16) TD_ADAM_CASE(l, F16, F16)
     int l2 = c->l2 != 0.0f;
-    switch ((l2 * 4 + (int)ch->grad_dtype) * 4 + pdt) {
-        TD_ADAM_CASES(0)
-        TD_ADAM_CASES(1)
+#if TD_NT_BYTES
+    int nt = pdt != TD_PDT_NONE && ch->param_out != (void *)ch->master &&
+             (uintptr_t)ch->param_out % (TD_NT_BYTES * (pdt == TD_OPTIM_DTYPE_F32 ? 2 : 1)) == 0;
+#else
+    int nt = 0;
+#endif
+    enum { F32 = TD_OPTIM_DTYPE_F32, BF16 = TD_OPTIM_DTYPE_BF16, F16 = TD_OPTIM_DTYPE_F16, NONE = TD_PDT_NONE };
+#define TD_ADAM_CASE(n, l, g, p) \
+    case (((n) * 2 + (l)) * 4 + (g)) * 4 + (p): adam_loop(&k, (l), ch, (g), (p), (n), begin, end); break;
+#define TD_ADAM_CASES(n, l)                                                                                   \
+    TD_ADAM_CASE(n, l, F32, F32) TD_ADAM_CASE(n, l, F32, BF16) TD_ADAM_CASE(n, l, F32, F16)                  \
+    TD_ADAM_CASE(n, l, BF16, F32) TD_ADAM_CASE(n, l, BF16, BF16) TD_ADAM_CASE(n, l, BF16, F16)               \
+    TD_ADAM_CASE(n, l, F16, F32) TD_ADAM_CASE(n, l, F16, BF16) TD_ADAM_CASE(n, l, F16, F16)
+    switch (((nt * 2 + l2) * 4 + (int)ch->grad_dtype) * 4 + pdt) {
+        TD_ADAM_CASES(0, 0)
+        TD_ADAM_CASES(0, 1)
+        TD_ADAM_CASES(1, 0)
+        TD_ADAM_CASES(1, 1)
+        TD_ADAM_CASE(0, 0, F32, NONE) TD_ADAM_CASE(0, 0, BF16, NONE) TD_ADAM_CASE(0, 0, F16, NONE)
+        TD_ADAM_CASE(0, 1, F32, NONE) TD_ADAM_CASE(0, 1, BF16, NONE) TD_ADAM_CASE(0, 1, F16, NONE)
     default: break; /* dtypes are checked by the callers */
     }
 #undef TD_ADAM_CASES

@@ -20,8 +20,14 @@ static inline vf vf_fma(vf a, vf b, vf c) { return fmaf(a, b, c); }
 static inline vf vf_fnma(vf a, vf b, vf c) { return fmaf(-a, b, c); }
 static inline vf vf_load_bf16(const uint16_t *p) { return td_f32_from_bf16(*p); }
 static inline vf vf_load_f16(const uint16_t *p) { return td_f32_from_f16(*p); }
-static inline void vf_store_bf16(uint16_t *p, vf x) { *p = td_bf16_from_f32(x); }
-static inline void vf_store_f16(uint16_t *p, vf x) { *p = td_f16_from_f32(x); }
+typedef uint16_t vh;
+#define TD_NT_BYTES 0 /* no streaming stores */
+static inline vh vf_to_bf16(vf x) { return td_bf16_from_f32(x); }
+static inline vh vf_to_f16(vf x) { return td_f16_from_f32(x); }
+static inline void vh_storeu(uint16_t *p, vh h) { *p = h; }
+static inline void vh_stream(uint16_t *p, vh h) { *p = h; }
+static inline void vf_stream(float *p, vf x) { *p = x; }
+static inline void stream_fence(void) {}
 
 typedef double vs_t;
 static inline vs_t vs_zero(void) { return 0.0; }

@@ -46,7 +46,7 @@ typedef struct problem {
     float *p0;
     void *grads[STEPS];
     /* System under test. */
-    void *mem;
+    void *mem, *out_mem;
     float *master, *m, *v;
     void *out;
 } problem;
@@ -91,12 +91,15 @@ static void problem_make(problem *pb, uint64_t seed)
             store_as(pb->grads[s], pb->gdt, i, (float)(uniform(&r, -1, 1) * gscale * op->scaler.init_scale));
     }
     /* master, m, v, out at odd float offsets (not 64-byte aligned). */
-    pb->mem = calloc(4 * (pb->n + 16), 4);
+    pb->mem = calloc(3 * (pb->n + 16), 4);
     float *base = pb->mem;
     pb->master = base + 1 + td_rng_below(&r, 15);
     pb->m = base + (pb->n + 16) + td_rng_below(&r, 16);
     pb->v = base + 2 * (pb->n + 16) + 3;
-    pb->out = pb->out_is_master ? (void *)pb->master : (void *)(base + 3 * (pb->n + 16) + td_rng_below(&r, 8));
+    /* The output 64-byte aligned half of the time (streaming stores), else not. */
+    pb->out_mem = aligned_alloc(64, td_align_up((pb->n + 16) * 4, 64));
+    float *out = (float *)pb->out_mem + (td_rng_below(&r, 2) ? 0 : 1 + td_rng_below(&r, 15));
+    pb->out = pb->out_is_master ? (void *)pb->master : (void *)out;
 }
 
 static void problem_free(problem *pb)
@@ -104,6 +107,7 @@ static void problem_free(problem *pb)
     free(pb->p0);
     for (int s = 0; s < STEPS; s++) free(pb->grads[s]);
     free(pb->mem);
+    free(pb->out_mem);
 }
 
 static int problem_chunks(problem *pb, int s, td_adam_chunk *ch)
