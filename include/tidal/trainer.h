@@ -1,0 +1,107 @@
+/* The trainer: a GPT-2 model whose params, grads and optimizer state live in
+ * the chunk manager, trained block by block under a device budget.
+ *
+ * One optimizer step = grad_accum micro-batches of B sequences of T tokens:
+ *   forward   embedding, then block by block: access the block's params
+ *             (COMPUTE), run it, release them (HOLD_AFTER_FWD); the input of
+ *             every block is kept (activation checkpointing) or all of each
+ *             block's activations (--ckpt off);
+ *   head      final LayerNorm, logits against the tied embedding, fused
+ *             softmax cross-entropy, and its backward at once;
+ *   backward  blocks in reverse: access params and grads, recompute the
+ *             block's activations from its kept input if checkpointing, run
+ *             its backward; grads of the last micro-batch become
+ *             READY_FOR_REDUCE and start for the host at once;
+ *   optimizer the global grad norm from every grad chunk (exact clipping and
+ *             overflow detection), then AdamW chunk by chunk on the host
+ *             (fp32 master, m, v), writing the new params into the param
+ *             chunk's host copy, which the next step uploads.
+ * The first step is the chunk manager's warm-up (it records the access order
+ * and plans placement, eviction and prefetch).  Activations are taken from
+ * the arena once, at creation: no step allocates.
+ *
+ * Numerics do not depend on where chunks live: a seeded run gives the same
+ * losses bit for bit under every policy and budget that fits.
+ * Thread-safety: one thread drives a trainer. */
+#ifndef TIDAL_TRAINER_H
+#define TIDAL_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tidal/backend.h"
+#include "tidal/dtype.h"
+#include "tidal/gpt_ref.h"
+#include "tidal/memmgr.h"
+#include "tidal/optim.h"
+#include "tidal/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_trainer td_trainer;
+
+typedef enum td_ckpt_mode { TD_CKPT_AUTO, TD_CKPT_ON, TD_CKPT_OFF } td_ckpt_mode;
+
+/* Presets: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt-2.7b,
+ * gpt-4b, gpt-6.7b, gpt-13b.  Vocabulary 50257 padded to 50304, 1024
+ * positions (tiny: 2 layers, 128 wide, 4 heads, 256 positions, vocab 256). */
+td_status td_model_preset(const char *name, td_gpt_ref_config *out);
+/* Names of the presets, NULL-terminated. */
+const char *const *td_model_preset_names(void);
+/* The vocabulary rounded up to a multiple of 64 (the logits' width). */
+int td_model_pad_vocab(int vocab);
+
+typedef struct td_train_config {
+    td_gpt_ref_config model;
+    int micro_batch, seq_len, grad_accum;
+    uint64_t seed;
+    td_dtype precision;           /* the cpu backend computes in fp32 */
+    td_ckpt_mode ckpt;
+    td_backend_kind backend;
+    size_t gpu_budget;            /* 0: free device memory minus a margin */
+    size_t host_pin_limit;        /* 0: 80% of RAM */
+    td_memmgr_params mm;          /* placement, fractions, eviction, prefetch, trace_out */
+    td_optim_params optim;
+    int threads;                  /* CPU AdamW and ops; 0: all local cores */
+} td_train_config;
+
+td_train_config td_train_default_config(void);
+/* TD_OK or TD_ERR_INVALID naming the bad value. */
+td_status td_train_config_check(const td_train_config *c);
+
+/* A micro-batch: tokens and targets, B*T int32 each (targets < 0 are ignored). */
+typedef td_status (*td_batch_fn)(void *ctx, int32_t *tokens, int32_t *targets);
+
+typedef struct td_step_result {
+    long step;                    /* optimizer steps taken, this one included */
+    double loss;                  /* mean cross-entropy over the step's targets */
+    double lr, grad_norm;
+    int skipped;                  /* overflow: no update */
+    double step_ms, tokens_per_s;
+    td_memmgr_stats mm;           /* the run's totals so far */
+} td_step_result;
+
+td_status td_trainer_create(const td_train_config *cfg, td_trainer **out);
+void td_trainer_destroy(td_trainer *t);
+
+td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);
+/* Mean loss over `batches` micro-batches without updating (eval). */
+td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss);
+
+const td_train_config *td_trainer_config(const td_trainer *t);
+td_memmgr *td_trainer_memmgr(td_trainer *t);
+td_backend *td_trainer_backend(td_trainer *t);
+td_arena *td_trainer_arena(td_trainer *t);
+td_hostpool *td_trainer_hostpool(td_trainer *t);
+int td_trainer_checkpointing(const td_trainer *t);
+/* Memmgr ids of gpt_ref tensor `index`: param, grad, adam m, adam v. */
+void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);
+/* The optimizer's state (step, scaler) for checkpoints. */
+td_optim *td_trainer_optim(td_trainer *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,454 @@
+/* The step loop over the chunk manager (see include/tidal/trainer.h).
+ *
+ * Letters: B micro-batch, T sequence, C width, L layers, NH heads, Vp
+ * padded vocabulary, N = B*T rows.  Model ops are the CPU reference ops
+ * (ops.h / gpt_ref.h) working on the device pointers the chunk manager
+ * hands out; on the cpu backend "device" memory is a host region. */
+#include "tidal/trainer.h"
+#include "tidal/arena.h"
+#include "tidal/copy.h"
+#include "tidal/hostpool.h"
+#include "tidal/ops.h"
+#include "tidal/topo.h"
+#include "tidal/util.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+struct td_trainer {
+    td_train_config cfg;
+    td_backend *backend;
+    td_topo *topo;
+    td_hostpool *pool;
+    td_arena *arena;
+    td_copy_engine *engine;
+    td_memmgr *mm;
+    td_adam_cpu *adam;
+    td_optim optim;
+    int ckpt;
+
+    int n_tensors;                     /* 4 + 12 L */
+    int *pid, *gid, *mid, *vid;        /* memmgr ids per gpt_ref tensor */
+    size_t nonmodel_bytes;
+
+    /* Activations (device, from the arena). */
+    float *resid;                      /* (L+1, N, C): every block's input, then the last output */
+    float *acts;                       /* ckpt: one block's acts; else L of them */
+    size_t acts_numel;                 /* one block's */
+    float *lnf, *lnf_mean, *lnf_rstd;  /* (N,C), (N), (N) */
+    float *logits;                     /* (N,Vp), overwritten by dlogits */
+    float *losses, *lse;               /* (N), (N) */
+    float *dres[2];                    /* (N,C) gradient of the residual stream */
+    float *scratch;                    /* max(block backward scratch, N*C for dlnf, N*C recompute out) */
+    int32_t *tokens, *targets;         /* (N) */
+    /* Host. */
+    int32_t *h_tokens, *h_targets;
+    float *h_losses;
+};
+
+static size_t N_of(const td_trainer *t) { return (size_t)t->cfg.micro_batch * (size_t)t->cfg.seq_len; }
+
+/* ---- creation ------------------------------------------------------------- */
+
+static td_status register_tensors(td_trainer *t)
+{
+    td_status st = TD_OK;
+    const td_gpt_ref_config *mc = &t->cfg.model;
+    int n = td_gpt_ref_tensor_count(mc);
+    t->n_tensors = n;
+    t->pid = td_malloc(4 * (size_t)n * sizeof(int), TD_ROLE_META);
+    if (!t->pid) return TD_ERR_NOMEM;
+    t->gid = t->pid + n;
+    t->mid = t->gid + n;
+    t->vid = t->mid + n;
+    /* Same order for every role: chunk i of each role holds the same tensors. */
+    static const td_tensor_role roles[4] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
+    int *ids[4] = {t->pid, t->gid, t->mid, t->vid};
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < n; i++) {
+            td_gpt_ref_tensor tt;
+            td_gpt_ref_tensor_get(mc, i, &tt);
+            TD_TRY(td_memmgr_register(t->mm, tt.name, tt.numel, TD_DTYPE_F32, roles[r], &ids[r][i]));
+        }
+cleanup:
+    return st;
+}
+
+/* Params from the seeded init, written into their host copies; m and v
+ * start at zero (the layout zeroes host copies). */
+static td_status init_state(td_trainer *t)
+{
+    td_status st = TD_OK;
+    for (int i = 0; i < t->n_tensors; i++) {
+        int hold[3] = {t->pid[i], t->mid[i], t->vid[i]};
+        TD_TRY(td_memmgr_set_state(t->mm, hold, 3, TD_TENSOR_HOLD));
+        void *host;
+        TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
+        td_gpt_ref_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
+    }
+cleanup:
+    return st;
+}
+
+static td_status take(td_trainer *t, size_t bytes, td_role role, void *pptr)
+{
+    void **p = pptr;
+    td_status st = td_memmgr_alloc_nonmodel(t->mm, bytes, role, p);
+    if (st == TD_OK) t->nonmodel_bytes += td_align_up(bytes, TD_ARENA_ALIGN);
+    return st;
+}
+
+static td_status alloc_activations(td_trainer *t)
+{
+    td_status st = TD_OK;
+    const td_gpt_ref_config *mc = &t->cfg.model;
+    int B = t->cfg.micro_batch, T = t->cfg.seq_len, L = mc->n_layer;
+    size_t N = N_of(t), C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
+    t->acts_numel = td_gpt_ref_block_acts_numel(mc, B, T);
+    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
+    if (scratch < 2 * N * C) scratch = 2 * N * C;
+    /* --ckpt auto: keep every block's activations when they take at most a
+     * quarter of the budget, else only the block inputs. */
+    td_arena_stats as;
+    td_arena_get_stats(t->arena, &as);
+    size_t all_acts = (size_t)L * t->acts_numel * F;
+    t->ckpt = t->cfg.ckpt == TD_CKPT_ON || (t->cfg.ckpt == TD_CKPT_AUTO && all_acts > as.budget_bytes / 4);
+    TD_TRY(take(t, (size_t)(L + 1) * N * C * F, TD_ROLE_ACTIVATION, &t->resid));
+    TD_TRY(take(t, (t->ckpt ? 1 : (size_t)L) * t->acts_numel * F, TD_ROLE_ACTIVATION, &t->acts));
+    TD_TRY(take(t, N * C * F, TD_ROLE_ACTIVATION, &t->lnf));
+    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->lnf_mean));
+    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->lnf_rstd));
+    TD_TRY(take(t, N * Vp * F, TD_ROLE_ACTIVATION, &t->logits));
+    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->losses));
+    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->lse));
+    TD_TRY(take(t, N * C * F, TD_ROLE_WORKSPACE, &t->dres[0]));
+    TD_TRY(take(t, N * C * F, TD_ROLE_WORKSPACE, &t->dres[1]));
+    TD_TRY(take(t, scratch * F, TD_ROLE_WORKSPACE, &t->scratch));
+    TD_TRY(take(t, N * sizeof(int32_t), TD_ROLE_STAGING, &t->tokens));
+    TD_TRY(take(t, N * sizeof(int32_t), TD_ROLE_STAGING, &t->targets));
+    t->h_tokens = td_malloc(N * sizeof(int32_t), TD_ROLE_STAGING);
+    t->h_targets = td_malloc(N * sizeof(int32_t), TD_ROLE_STAGING);
+    t->h_losses = td_malloc(N * F, TD_ROLE_STAGING);
+    if (!t->h_tokens || !t->h_targets || !t->h_losses) st = TD_ERR_NOMEM;
+cleanup:
+    if (st == TD_ERR_BUDGET) {
+        char need[32];
+        td_error_prefix(st, "activations for --micro-batch %d --seq %d (%s%s) do not fit: ", B, T,
+                        td_format_bytes(t->nonmodel_bytes, need, sizeof need), t->ckpt ? ", checkpointed" : "");
+    }
+    return st;
+}
+
+td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
+{
+    td_status st = TD_OK;
+    *out = NULL;
+    if ((st = td_train_config_check(cfg))) return st;
+    td_trainer *t = td_calloc(1, sizeof *t, TD_ROLE_META);
+    if (!t) return TD_ERR_NOMEM;
+    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+    t->cfg = *cfg;
+    *out = t; /* destroy frees whatever was taken if a later step fails */
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = cfg->backend;
+    TD_TRY(td_backend_create(&bp, &t->backend));
+    if (td_backend_get_kind(t->backend) != TD_BACKEND_CPU)
+        TD_FAIL(TD_ERR_UNSUPPORTED, "the GPT step loop runs on the cpu backend for now (the CUDA model ops are "
+                "the next milestone); use --backend cpu");
+    if (cfg->precision != TD_DTYPE_F32)
+        TD_FAIL(TD_ERR_UNSUPPORTED, "--precision %s needs the CUDA model ops; the cpu backend trains in fp32",
+                td_dtype_name(cfg->precision));
+    TD_TRY(td_topo_create(t->backend, &t->topo));
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.pin_limit_bytes = cfg->host_pin_limit;
+    TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
+    TD_TRY(td_arena_create(t->backend, cfg->gpu_budget, &t->arena));
+    TD_TRY(td_copy_engine_create(t->backend, NULL, &t->engine));
+    TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &cfg->mm, &t->mm));
+    TD_TRY(register_tensors(t));
+    TD_TRY(td_memmgr_layout(t->mm));
+    TD_TRY(init_state(t));
+    TD_TRY(alloc_activations(t));
+    td_adam_cpu_params ap = td_adam_cpu_default_params();
+    ap.threads = cfg->threads;
+    ap.topo = t->topo;
+    TD_TRY(td_adam_cpu_create(&ap, &t->adam));
+    TD_TRY(td_optim_init(&t->optim, &cfg->optim));
+    return TD_OK;
+cleanup:
+    td_trainer_destroy(t);
+    *out = NULL;
+    return st;
+}
+
+void td_trainer_destroy(td_trainer *t)
+{
+    if (!t) return;
+    td_adam_cpu_destroy(t->adam);
+    td_memmgr_destroy(t->mm); /* gives back the activations with the arena below */
+    td_copy_engine_destroy(t->engine);
+    td_arena_destroy(t->arena);
+    td_hostpool_destroy(t->pool);
+    td_topo_destroy(t->topo);
+    td_backend_free(t->backend);
+    td_free(t->pid);
+    td_free(t->h_tokens);
+    td_free(t->h_targets);
+    td_free(t->h_losses);
+    td_free(t);
+}
+
+/* ---- one micro-batch -------------------------------------------------------- */
+
+/* Block l's 12 tensors of one role, in gpt_ref order. */
+static void block_ids(const td_trainer *t, const int *role_ids, int l, int out[TD_GPT_REF_BLOCK_TENSORS])
+{
+    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) out[k] = role_ids[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+}
+
+static void view_block(void *const p[TD_GPT_REF_BLOCK_TENSORS], td_gpt_ref_block *b)
+{
+    float **f = (float **)b;
+    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) f[k] = p[k];
+}
+
+/* Index of ln_f weight and bias in the gpt_ref order. */
+static int lnf_index(const td_trainer *t) { return 2 + t->cfg.model.n_layer * TD_GPT_REF_BLOCK_TENSORS; }
+
+static float *block_acts(td_trainer *t, int l) { return t->acts + (t->ckpt ? 0 : (size_t)l * t->acts_numel); }
+
+/* Forward through the blocks and the head with its backward; then the blocks'
+ * backward.  `last`: the final micro-batch of the step (grads complete). */
+static td_status micro_batch(td_trainer *t, double dloss, int last, int train, double *loss_sum)
+{
+    td_status st = TD_OK;
+    const td_gpt_ref_config *mc = &t->cfg.model;
+    int B = t->cfg.micro_batch, T = t->cfg.seq_len, L = mc->n_layer, C = mc->n_embd;
+    int Vp = mc->padded_vocab_size, V = mc->vocab_size;
+    size_t N = N_of(t), NC = N * (size_t)C;
+    td_memmgr *mm = t->mm;
+    void *p[TD_GPT_REF_BLOCK_TENSORS], *g[TD_GPT_REF_BLOCK_TENSORS];
+    int ids[TD_GPT_REF_BLOCK_TENSORS], gids[TD_GPT_REF_BLOCK_TENSORS];
+    td_tensor_state grad_done = last ? TD_TENSOR_READY_FOR_REDUCE : TD_TENSOR_HOLD_AFTER_BWD;
+
+    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->tokens, t->h_tokens, N * sizeof(int32_t)));
+    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
+
+    /* Embedding: x0 (N,C). */
+    int emb[2] = {t->pid[0], t->pid[1]};
+    TD_TRY(td_memmgr_timeline_range(mm, "embedding", 1));
+    TD_TRY(td_memmgr_access(mm, emb, 2, TD_TENSOR_COMPUTE, 0, p));
+    td_ops_encoder_forward(t->resid, t->tokens, p[0], p[1], B, T, C);
+    TD_TRY(td_memmgr_release(mm, emb, 2, TD_TENSOR_HOLD_AFTER_FWD));
+    TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
+
+    for (int l = 0; l < L; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "block %d forward", l);
+        TD_TRY(td_memmgr_timeline_range(mm, name, 1));
+        block_ids(t, t->pid, l, ids);
+        TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
+        td_gpt_ref_block w;
+        view_block(p, &w);
+        td_gpt_ref_block_acts a;
+        td_gpt_ref_block_acts_view(mc, B, T, block_acts(t, l), &a);
+        td_gpt_ref_block_forward(mc, &w, &a, t->resid + (size_t)l * NC, t->resid + (size_t)(l + 1) * NC, B, T);
+        TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_FWD));
+        TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
+    }
+
+    /* Head: ln_f, logits against wte, loss; then at once its backward. */
+    int li = lnf_index(t);
+    int head[3] = {t->pid[li], t->pid[li + 1], t->pid[0]};
+    int ghead[3] = {t->gid[li], t->gid[li + 1], t->gid[0]};
+    TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
+    TD_TRY(td_memmgr_access(mm, head, 3, TD_TENSOR_COMPUTE, 0, p));
+    const float *xL = t->resid + (size_t)L * NC;
+    td_ops_head_forward(t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, xL, p[0], p[1], p[2], (int)N, C, Vp);
+    td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, (int)N, V, Vp);
+    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
+    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    double sum = 0;
+    for (size_t i = 0; i < N; i++) sum += t->h_losses[i];
+    *loss_sum += sum;
+    if (!train) {
+        TD_TRY(td_memmgr_release(mm, head, 3, TD_TENSOR_HOLD));
+        TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
+        /* Eval: embedding and blocks back to HOLD. */
+        TD_TRY(td_memmgr_set_state(mm, emb + 1, 1, TD_TENSOR_HOLD));
+        for (int l = 0; l < L; l++) {
+            block_ids(t, t->pid, l, ids);
+            TD_TRY(td_memmgr_set_state(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD));
+        }
+        return TD_OK;
+    }
+    td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, (int)N, V, Vp);
+    TD_TRY(td_memmgr_access(mm, ghead, 3, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    float *dx = t->dres[0];
+    memset(dx, 0, NC * sizeof(float));
+    td_ops_head_backward(dx, g[0], g[1], g[2], t->scratch, t->logits, xL, t->lnf, t->lnf_mean, t->lnf_rstd,
+                         p[0], p[2], (int)N, C, Vp);
+    TD_TRY(td_memmgr_release(mm, head, 3, TD_TENSOR_HOLD_AFTER_BWD));
+    /* wte's grad still takes the embedding's part below. */
+    TD_TRY(td_memmgr_release(mm, ghead, 2, grad_done));
+    TD_TRY(td_memmgr_release(mm, ghead + 2, 1, TD_TENSOR_HOLD_AFTER_BWD));
+    if (last) TD_TRY(td_memmgr_writeback_async(mm, ghead, 2));
+    TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
+
+    /* Blocks in reverse. */
+    int cur = 0;
+    for (int l = L - 1; l >= 0; l--) {
+        char name[32];
+        snprintf(name, sizeof name, "block %d backward", l);
+        TD_TRY(td_memmgr_timeline_range(mm, name, 1));
+        block_ids(t, t->pid, l, ids);
+        block_ids(t, t->gid, l, gids);
+        TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
+        TD_TRY(td_memmgr_access(mm, gids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+        td_gpt_ref_block w, gw;
+        view_block(p, &w);
+        view_block(g, &gw);
+        td_gpt_ref_block_acts a;
+        td_gpt_ref_block_acts_view(mc, B, T, block_acts(t, l), &a);
+        const float *x = t->resid + (size_t)l * NC;
+        if (t->ckpt) /* recompute this block's activations from its kept input */
+            td_gpt_ref_block_forward(mc, &w, &a, x, t->scratch, B, T);
+        float *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
+        memset(dxl, 0, NC * sizeof(float));
+        td_gpt_ref_block_backward(mc, &w, &gw, &a, x, dy, dxl, t->scratch, B, T);
+        TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_BWD));
+        TD_TRY(td_memmgr_release(mm, gids, TD_GPT_REF_BLOCK_TENSORS, grad_done));
+        if (last) TD_TRY(td_memmgr_writeback_async(mm, gids, TD_GPT_REF_BLOCK_TENSORS));
+        TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
+        cur ^= 1;
+    }
+
+    /* Embedding backward: into the grads of wte and wpe. */
+    int gemb[2] = {t->gid[0], t->gid[1]};
+    TD_TRY(td_memmgr_timeline_range(mm, "embedding backward", 1));
+    TD_TRY(td_memmgr_access(mm, gemb, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    td_ops_encoder_backward(g[0], g[1], t->dres[cur], t->tokens, B, T, C);
+    TD_TRY(td_memmgr_release(mm, gemb, 2, grad_done));
+    if (last) TD_TRY(td_memmgr_writeback_async(mm, gemb, 2));
+    TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
+cleanup:
+    return st;
+}
+
+/* ---- the optimizer ---------------------------------------------------------- */
+
+static td_status optimizer_step(td_trainer *t, td_optim_step *os)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    /* Exact global norm and overflow flag over every grad chunk first. */
+    td_grad_stats global = {0};
+    for (int i = 0; i < chunks; i++) {
+        int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
+        void *g;
+        TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
+        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, TD_OPTIM_DTYPE_F32, td_memmgr_chunk_bytes(mm, gc) / sizeof(float),
+                                      &global));
+    }
+    TD_TRY(td_optim_begin_step(&t->optim, &global, os));
+    if (!os->skip) {
+        /* Chunk by chunk in forward order: the next step's first blocks are
+         * ready first. */
+        for (int i = 0; i < chunks; i++) {
+            int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
+            int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
+            void *p, *g, *m, *v;
+            TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
+            TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, &p));
+            TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
+            TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
+            td_adam_chunk ch = { .master = p, .m = m, .v = v, .grad = g, .grad_dtype = TD_OPTIM_DTYPE_F32,
+                                 .param_out = p, .param_dtype = TD_OPTIM_DTYPE_F32,
+                                 .numel = td_memmgr_chunk_bytes(mm, pc) / sizeof(float) };
+            TD_TRY(td_adam_cpu_update(t->adam, &os->coeffs, &ch, 1));
+        }
+    }
+    /* Grads consumed; every param back to HOLD for the next step. */
+    TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
+cleanup:
+    return st;
+}
+
+td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out)
+{
+    td_status st = TD_OK;
+    double t0 = td_now_ms();
+    size_t targets = 0, N = N_of(t);
+    double loss_sum = 0;
+    memset(out, 0, sizeof *out);
+    TD_TRY(td_memmgr_step_begin(t->mm));
+    /* dloss: the mean over every target of the step, so micro-batches add up.
+     * The count needs the targets first: gather them all (cheap: ints). */
+    int accum = t->cfg.grad_accum;
+    for (int k = 0; k < accum; k++) {
+        TD_TRY(next_batch(ctx, t->h_tokens, t->h_targets));
+        size_t kept = 0;
+        for (size_t i = 0; i < N; i++) {
+            if (t->h_tokens[i] < 0 || t->h_tokens[i] >= t->cfg.model.vocab_size)
+                TD_FAIL(TD_ERR_INVALID, "token %d at position %zu is outside the vocabulary of %d", t->h_tokens[i], i,
+                        t->cfg.model.vocab_size);
+            if (t->h_targets[i] >= t->cfg.model.vocab_size)
+                TD_FAIL(TD_ERR_INVALID, "target %d at position %zu is outside the vocabulary of %d", t->h_targets[i],
+                        i, t->cfg.model.vocab_size);
+            kept += t->h_targets[i] >= 0;
+        }
+        targets += kept;
+        /* Rows of a micro-batch are weighted 1/(B*T*accum): the mean of the
+         * step when every target is kept, which the data loader ensures. */
+        double dloss = 1.0 / ((double)N * accum) * td_optim_loss_scale(&t->optim);
+        TD_TRY(micro_batch(t, dloss, k == accum - 1, 1, &loss_sum));
+    }
+    td_optim_step os;
+    TD_TRY(optimizer_step(t, &os));
+    TD_TRY(td_memmgr_step_end(t->mm));
+    out->step = t->optim.step;
+    out->loss = targets ? loss_sum / (double)targets : 0;
+    out->lr = os.lr;
+    out->grad_norm = os.grad_norm;
+    out->skipped = os.skip;
+    out->step_ms = td_now_ms() - t0;
+    out->tokens_per_s = (double)N * accum / (out->step_ms * 1e-3);
+    td_memmgr_get_stats(t->mm, &out->mm);
+cleanup:
+    return st;
+}
+
+td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss)
+{
+    td_status st = TD_OK;
+    double sum = 0;
+    size_t targets = 0, N = N_of(t);
+    for (int k = 0; k < batches; k++) {
+        TD_TRY(next_batch(ctx, t->h_tokens, t->h_targets));
+        for (size_t i = 0; i < N; i++) targets += t->h_targets[i] >= 0;
+        TD_TRY(micro_batch(t, 0, 0, 0, &sum));
+    }
+    *loss = targets ? sum / (double)targets : 0;
+cleanup:
+    return st;
+}
+
+const td_train_config *td_trainer_config(const td_trainer *t) { return &t->cfg; }
+td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
+td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
+td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }
+td_hostpool *td_trainer_hostpool(td_trainer *t) { return t->pool; }
+int td_trainer_checkpointing(const td_trainer *t) { return t->ckpt; }
+td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
+
+void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v)
+{
+    if (param) *param = t->pid[index];
+    if (grad) *grad = t->gid[index];
+    if (m) *m = t->mid[index];
+    if (v) *v = t->vid[index];
+}
