@@ -1,0 +1,172 @@
+/* The trainer end to end on the cpu backend: losses are bit-identical under
+ * every placement policy and budget (offloading changes nothing
+ * numerically), the first loss matches the whole-model reference, and a
+ * small model learns a fixed batch. */
+#include "td_test.h"
+#include "tidal/trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct batches { td_rng rng; int vocab; size_t n; int repeat; uint64_t seed; } batches;
+
+/* Random tokens; the target of each position is the next token of a fixed
+ * pattern, so there is something to learn.  repeat: the same batch always. */
+static td_status next_batch(void *ctx, int32_t *tokens, int32_t *targets)
+{
+    batches *b = ctx;
+    if (b->repeat) td_rng_seed(&b->rng, b->seed);
+    for (size_t i = 0; i < b->n; i++) {
+        tokens[i] = (int32_t)td_rng_below(&b->rng, (uint64_t)b->vocab);
+        targets[i] = (tokens[i] * 7 + 3) % b->vocab;
+    }
+    return TD_OK;
+}
+
+static td_train_config small_config(void)
+{
+    td_train_config c = td_train_default_config();
+    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 2, .n_embd = 32, .n_positions = 32,
+                                   .vocab_size = 61, .padded_vocab_size = 64 };
+    c.micro_batch = 2;
+    c.seq_len = 16;
+    c.grad_accum = 2;
+    c.backend = TD_BACKEND_CPU;
+    c.mm.min_chunk_numel = 1024;
+    c.mm.max_chunk_numel = 8192;
+    c.optim.lr.lr = 3e-3;
+    c.threads = 2;
+    return c;
+}
+
+static void run(const td_train_config *c, int steps, double *losses, td_memmgr_stats *stats)
+{
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(c, &t));
+    batches b = { .vocab = c->model.vocab_size, .n = (size_t)c->micro_batch * c->seq_len };
+    td_rng_seed(&b.rng, 99);
+    for (int s = 0; s < steps; s++) {
+        td_step_result r;
+        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+        losses[s] = r.loss;
+        if (stats) *stats = r.mm;
+    }
+    td_trainer_destroy(t);
+}
+
+static void test_policies_and_budgets_are_bit_identical(void **state)
+{
+    enum { STEPS = 4 };
+    td_train_config c = small_config();
+    c.mm.placement = TD_PLACEMENT_CUDA;
+    c.gpu_budget = 64 * TD_MiB;
+    double ref[STEPS];
+    run(&c, STEPS, ref, NULL);
+    struct { td_placement pl; size_t budget; td_ckpt_mode ckpt; double pf; } cases[] = {
+        {TD_PLACEMENT_CPU, 64 * TD_MiB, TD_CKPT_OFF, 0},
+        {TD_PLACEMENT_CPU, 0, TD_CKPT_ON, 0},     /* 0: the tightest budget found below */
+        {TD_PLACEMENT_STATIC, 64 * TD_MiB, TD_CKPT_AUTO, 0.5},
+        {TD_PLACEMENT_AUTO, 0, TD_CKPT_ON, 0},
+        {TD_PLACEMENT_AUTO, 64 * TD_MiB, TD_CKPT_OFF, 0},
+    };
+    /* A budget just above one block's params and grads plus activations:
+     * chunks must move all the time. */
+    size_t tight = 0;
+    {
+        td_train_config probe = c;
+        probe.mm.placement = TD_PLACEMENT_CPU;
+        probe.ckpt = TD_CKPT_ON;
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&probe, &t));
+        batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+        td_rng_seed(&b.rng, 99);
+        td_step_result r;
+        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+        tight = td_memmgr_min_budget(td_trainer_memmgr(t)) + 64 * 1024;
+        td_trainer_destroy(t);
+    }
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_train_config v = c;
+        v.mm.placement = cases[k].pl;
+        v.gpu_budget = cases[k].budget ? cases[k].budget : tight;
+        v.ckpt = cases[k].ckpt;
+        v.mm.offload_param_frac = v.mm.offload_optim_frac = cases[k].pf;
+        double got[STEPS];
+        td_memmgr_stats st;
+        run(&v, STEPS, got, &st);
+        for (int s = 0; s < STEPS; s++)
+            if (memcmp(&got[s], &ref[s], sizeof(double)) != 0)
+                fail_msg("case %zu step %d: loss %.17g != %.17g", k, s, got[s], ref[s]);
+        if (!cases[k].budget) assert_true(st.evictions > 0); /* the tight budget really moved chunks */
+    }
+}
+
+/* The first loss equals the whole-model reference forward on the same batch. */
+static void test_first_loss_matches_reference(void **state)
+{
+    td_train_config c = small_config();
+    c.grad_accum = 1;
+    double loss;
+    run(&c, 1, &loss, NULL);
+    const td_gpt_ref_config *mc = &c.model;
+    size_t np = td_gpt_ref_params_numel(mc);
+    float *params = malloc(np * sizeof(float));
+    td_gpt_ref_init(mc, params, c.seed);
+    batches b = { .vocab = mc->vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+    td_rng_seed(&b.rng, 99);
+    int32_t tok[32], tgt[32];
+    next_batch(&b, tok, tgt);
+    size_t na = td_gpt_ref_acts_numel(mc, c.micro_batch, c.seq_len);
+    float *acts = malloc(na * sizeof(float));
+    float ref;
+    TD_ASSERT_OK(td_gpt_ref_forward(mc, params, tok, tgt, c.micro_batch, c.seq_len, acts, &ref, NULL));
+    assert_true(fabs(loss - ref) <= 1e-5 * fabs(ref));
+    free(params);
+    free(acts);
+}
+
+/* A fixed batch is learnt: the loss falls far below its start. */
+static void test_learns_a_fixed_batch(void **state)
+{
+    td_train_config c = small_config();
+    c.grad_accum = 1;
+    c.mm.placement = TD_PLACEMENT_CPU;
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len, .repeat = 1, .seed = 5 };
+    td_step_result r, first = {0};
+    for (int s = 0; s < 60; s++) {
+        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+        if (s == 0) first = r;
+    }
+    assert_true(first.loss > 3.5);          /* about log 61 at init */
+    assert_true(r.loss < 0.5 * first.loss); /* learnt */
+    assert_true(r.grad_norm > 0 && isfinite(r.grad_norm));
+    double eval;
+    TD_ASSERT_OK(td_trainer_eval(t, next_batch, &b, 1, &eval));
+    assert_true(eval < 0.6 * first.loss);
+    td_trainer_destroy(t);
+}
+
+static void test_budget_too_small_names_minimum(void **state)
+{
+    td_train_config c = small_config();
+    c.gpu_budget = 64 * 1024;
+    td_trainer *t = NULL;
+    td_status st = td_trainer_create(&c, &t);
+    assert_int_equal(st, TD_ERR_BUDGET);
+    assert_null(t);
+    assert_non_null(strstr(td_error_msg(), "do not fit"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_policies_and_budgets_are_bit_identical),
+        cmocka_unit_test(test_first_loss_matches_reference),
+        cmocka_unit_test(test_learns_a_fixed_batch),
+        cmocka_unit_test(test_budget_too_small_names_minimum),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
