@@ -4,5 +4,7 @@
 #define TIDAL_CLI_H
 
 int td_cli_memsim_main(int argc, char **argv);
+int td_cli_train_main(int argc, char **argv);
+int td_cli_prepare_main(int argc, char **argv);
 
 #endif

@@ -14,7 +14,9 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"train", td_cli_train_main, "train a GPT on a token file under a device budget"},
     {"memsim", td_cli_memsim_main, "simulate a chunk access trace under a budget and policy"},
+    {"prepare", td_cli_prepare_main, "tokenize text (byte or GPT-2 BPE) into a token file for training"},
 };
 
 static const command benches[] = {

@@ -1,0 +1,479 @@
+/* `tidal prepare`: text to a token file (format in include/tidal/data.h).
+ *
+ * Inputs are streamed in blocks and cut only at td_tokenizer_split_point, so
+ * the tokens equal those of encoding each document whole while memory stays
+ * at one block (it grows only for a block with no whitespace at all).  A
+ * folder is walked recursively in byte order of the paths; each regular file
+ * is one document and documents are separated by the end-of-text token.  The
+ * output is written through td_tokfile_writer: a temporary file renamed over
+ * --out when complete, removed on any error or interrupt. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "tidal/alloc.h"
+#include "tidal/data.h"
+#include "tidal/tokenizer.h"
+#include "tidal/util.h"
+
+#define BLOCK_BYTES ((size_t)16 << 20)
+#define SNIFF_BYTES 8192
+#define PROGRESS_MS 250.0
+
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig) { interrupted = sig; }
+
+static void prepare_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: tidal prepare --input TEXT --out FILE [--tokenizer byte|gpt2]\n"
+        "                     [--vocab vocab.json --merges merges.txt] [--quiet]\n\n"
+        "Tokenizes text into a token file for tidal train / eval (format: docs/data.md).\n\n"
+        "  --input TEXT     a text file, a folder (every regular file under it, in path\n"
+        "                   order, each a document; hidden names, binary files and second\n"
+        "                   links to a file already read are skipped) or '-' for stdin\n"
+        "  --out FILE       the token file; written to a temporary file and renamed when\n"
+        "                   complete (missing folders are created)\n"
+        "  --tokenizer K    byte (default: 256 byte tokens + end-of-text, vocab 257) or\n"
+        "                   gpt2 (GPT-2 BPE; needs --vocab and --merges)\n"
+        "  --vocab FILE     Hugging Face GPT-2 vocab.json\n"
+        "  --merges FILE    Hugging Face GPT-2 merges.txt\n"
+        "  --quiet          no progress line and no summary\n\n"
+        "Documents are separated by the end-of-text token; the literal text\n"
+        "<|endoftext|> in the input is that token too.\n");
+}
+
+/* ---- the input list ------------------------------------------------------ */
+
+typedef struct input {
+    char *path;
+    dev_t dev;
+    ino_t ino;
+    uint64_t bytes;
+} input;
+
+typedef struct input_list {
+    input *v;
+    size_t n, cap;
+    size_t skipped_hidden, skipped_binary, skipped_links, skipped_empty, skipped_other;
+    char example_binary[64]; /* the first binary file skipped, for the summary */
+} input_list;
+
+static int push_input(input_list *L, const char *path, const struct stat *sb)
+{
+    if (L->n == L->cap) {
+        size_t cap = L->cap ? 2 * L->cap : 64;
+        input *v = td_malloc(cap * sizeof *v, TD_ROLE_META);
+        if (!v) return -1;
+        if (L->n) memcpy(v, L->v, L->n * sizeof *v);
+        td_free(L->v);
+        L->v = v;
+        L->cap = cap;
+    }
+    char *copy = td_strdup(path, TD_ROLE_META);
+    if (!copy) return -1;
+    L->v[L->n++] = (input){copy, sb->st_dev, sb->st_ino, (uint64_t)sb->st_size};
+    return 0;
+}
+
+static void free_inputs(input_list *L)
+{
+    for (size_t i = 0; i < L->n; i++) td_free(L->v[i].path);
+    td_free(L->v);
+}
+
+typedef struct dir_id { dev_t dev; ino_t ino; } dir_id;
+
+/* Collects regular files under `dir` (recursively; `seen` guards against
+ * symlink loops).  Returns 0, or -1 with a message on stderr. */
+static int walk(input_list *L, const char *dir, dir_id *seen, int depth)
+{
+    if (depth > 64) {
+        fprintf(stderr, "tidal prepare: folders nested deeper than 64 levels under '%s'\n", dir);
+        return -1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "tidal prepare: cannot read folder '%s': %s\n", dir, strerror(errno));
+        return -1;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (errno = 0, e = readdir(d))) {
+        if (e->d_name[0] == '.') {
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) L->skipped_hidden++;
+            continue;
+        }
+        size_t len = strlen(dir) + strlen(e->d_name) + 2;
+        char *path = td_malloc(len, TD_ROLE_META);
+        if (!path) {
+            fprintf(stderr, "tidal prepare: out of memory listing '%s'\n", dir);
+            rc = -1;
+            break;
+        }
+        snprintf(path, len, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", e->d_name);
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            fprintf(stderr, "tidal prepare: cannot stat '%s': %s\n", path, strerror(errno));
+            rc = -1;
+        } else if (S_ISDIR(sb.st_mode)) {
+            int loop = 0;
+            for (int k = 0; k <= depth; k++) loop |= seen[k].dev == sb.st_dev && seen[k].ino == sb.st_ino;
+            if (!loop) {
+                seen[depth + 1] = (dir_id){sb.st_dev, sb.st_ino};
+                rc = walk(L, path, seen, depth + 1);
+            }
+        } else if (S_ISREG(sb.st_mode)) {
+            if (push_input(L, path, &sb) != 0) {
+                fprintf(stderr, "tidal prepare: out of memory listing '%s'\n", dir);
+                rc = -1;
+            }
+        } else {
+            L->skipped_other++;
+        }
+        td_free(path);
+    }
+    if (rc == 0 && errno) {
+        fprintf(stderr, "tidal prepare: cannot read folder '%s': %s\n", dir, strerror(errno));
+        rc = -1;
+    }
+    closedir(d);
+    return rc;
+}
+
+static int by_path(const void *a, const void *b) { return strcmp(((const input *)a)->path, ((const input *)b)->path); }
+
+/* 1 if the file's first bytes hold a NUL (how git and grep spot binaries). */
+static int looks_binary(const char *path)
+{
+    char buf[SNIFF_BYTES];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0; /* reported when it is read */
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    return n > 0 && memchr(buf, 0, (size_t)n) != NULL;
+}
+
+/* Sorts, drops second links to a file, empty files and binaries. */
+static void filter_inputs(input_list *L)
+{
+    qsort(L->v, L->n, sizeof *L->v, by_path);
+    size_t k = 0;
+    for (size_t i = 0; i < L->n; i++) {
+        int dup = 0;
+        for (size_t j = 0; j < k && !dup; j++) dup = L->v[j].dev == L->v[i].dev && L->v[j].ino == L->v[i].ino;
+        if (dup) {
+            L->skipped_links++;
+        } else if (L->v[i].bytes == 0) {
+            L->skipped_empty++;
+        } else if (looks_binary(L->v[i].path)) {
+            if (!L->skipped_binary++)
+                snprintf(L->example_binary, sizeof L->example_binary, "%s", strrchr(L->v[i].path, '/') + 1);
+        } else {
+            L->v[k++] = L->v[i];
+            continue;
+        }
+        td_free(L->v[i].path);
+    }
+    L->n = k;
+}
+
+/* ---- encoding ------------------------------------------------------------ */
+
+typedef struct prep {
+    td_tokenizer *tok;
+    td_tokfile_writer *w;
+    char *buf;
+    size_t cap;
+    uint64_t bytes_done, bytes_total; /* total 0: unknown (stdin) */
+    int progress;
+    double t0, last_ms;
+} prep;
+
+static td_status sink_writer(void *ctx, const uint32_t *ids, size_t n)
+{
+    return td_tokfile_writer_append(((prep *)ctx)->w, ids, n);
+}
+
+static void show_progress(prep *P, int final)
+{
+    if (!P->progress) return;
+    double now = td_now_ms();
+    if (!final && now - P->last_ms < PROGRESS_MS) return;
+    P->last_ms = now;
+    char a[32], b[32];
+    double s = (now - P->t0) / 1e3;
+    fprintf(stderr, "\r  prepare: %s", td_format_bytes(P->bytes_done, a, sizeof a));
+    if (P->bytes_total)
+        fprintf(stderr, " / %s (%3.0f%%)", td_format_bytes(P->bytes_total, b, sizeof b),
+                100.0 * (double)P->bytes_done / (double)P->bytes_total);
+    fprintf(stderr, ", %llu tokens, %.1f MiB/s   %s", (unsigned long long)td_tokfile_writer_count(P->w),
+            s > 0 ? (double)P->bytes_done / (1 << 20) / s : 0.0, final ? "\n" : "");
+    fflush(stderr);
+}
+
+/* Reads fd to the end, encoding block by block.  Returns 0, or -1 with a
+ * message on stderr. */
+static int encode_stream(prep *P, int fd, const char *name)
+{
+    size_t fill = 0;
+    for (;;) {
+        if (fill == P->cap) {
+            size_t p = td_tokenizer_split_point(P->buf, fill);
+            if (p == 0) { /* no place to cut: grow the block */
+                char *grown = td_malloc(2 * P->cap, TD_ROLE_META);
+                if (!grown) {
+                    fprintf(stderr, "tidal prepare: out of memory: '%s' has more than %zu MiB without whitespace\n",
+                            name, P->cap >> 20);
+                    return -1;
+                }
+                memcpy(grown, P->buf, fill);
+                td_free(P->buf);
+                P->buf = grown;
+                P->cap *= 2;
+                continue;
+            }
+            if (td_tokenizer_encode(P->tok, P->buf, p, sink_writer, P) != TD_OK) goto encode_failed;
+            memmove(P->buf, P->buf + p, fill - p);
+            fill -= p;
+        }
+        ssize_t r = read(fd, P->buf + fill, P->cap - fill);
+        if (interrupted) return -1;
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            fprintf(stderr, "tidal prepare: cannot read '%s': %s\n", name, strerror(errno));
+            return -1;
+        }
+        if (r == 0) break;
+        fill += (size_t)r;
+        P->bytes_done += (uint64_t)r;
+        show_progress(P, 0);
+    }
+    if (td_tokenizer_encode(P->tok, P->buf, fill, sink_writer, P) == TD_OK) return 0;
+encode_failed:
+    fprintf(stderr, "tidal prepare: encoding '%s': %s\n", name, td_error_msg());
+    return -1;
+}
+
+/* ---- output folder --------------------------------------------------------- */
+
+/* Creates the folders leading to `path` (mkdir -p of its dirname). */
+static int make_parents(const char *path)
+{
+    char *copy = td_strdup(path, TD_ROLE_META);
+    if (!copy) return -1;
+    int rc = 0;
+    for (char *p = copy + 1; *p && rc == 0; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(copy, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "tidal prepare: cannot create folder '%s' for --out: %s\n", copy, strerror(errno));
+            rc = -1;
+        }
+        *p = '/';
+    }
+    td_free(copy);
+    return rc;
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+/* "--name value" or "--name=value"; advances *i past what it used. */
+static int take_value(int argc, char **argv, int *i, const char *name, const char **value)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n)) return 0;
+    if (argv[*i][n] == '=') {
+        *value = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != '\0') return 0;
+    *value = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}
+
+static void print_summary(const prep *P, uint64_t n_tokens, const char *out, const input_list *L, int from_dir,
+                          double ms)
+{
+    char a[32], b[32];
+    uint32_t vocab = td_tokenizer_vocab_size(P->tok), width = td_tokfile_token_bytes_for(vocab);
+    printf("wrote %s: %llu tokens (%s tokenizer, vocab %u, uint%u, %s) from %s of text", out,
+           (unsigned long long)n_tokens, td_tokenizer_kind_name(td_tokenizer_kind_of(P->tok)), vocab, 8 * width,
+           td_format_bytes(TD_TOKFILE_HEADER_BYTES + n_tokens * width, a, sizeof a),
+           td_format_bytes(P->bytes_done, b, sizeof b));
+    if (from_dir) printf(" in %zu files", L->n);
+    printf(", %.2f s (%.1f MiB/s)\n", ms / 1e3, ms > 0 ? (double)P->bytes_done / (1 << 20) / (ms / 1e3) : 0.0);
+    if (L->skipped_links || L->skipped_binary || L->skipped_empty || L->skipped_hidden || L->skipped_other)
+        printf("skipped %zu second links to files already read, %zu binary files%s%s%s, %zu empty, %zu hidden, "
+               "%zu neither file nor folder\n", L->skipped_links, L->skipped_binary,
+               L->skipped_binary ? " (e.g. " : "", L->example_binary, L->skipped_binary ? ")" : "",
+               L->skipped_empty, L->skipped_hidden, L->skipped_other);
+}
+
+int td_cli_prepare_main(int argc, char **argv)
+{
+    const char *in_path = NULL, *out_path = NULL, *kind_text = "byte", *vocab = NULL, *merges = NULL;
+    int quiet = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *v = NULL, **slot = NULL, *name = argv[i];
+        if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
+            prepare_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(name, "--quiet")) { quiet = 1; continue; }
+        if (take_value(argc, argv, &i, "--input", &v)) slot = &in_path;
+        else if (take_value(argc, argv, &i, "--out", &v)) slot = &out_path;
+        else if (take_value(argc, argv, &i, "--tokenizer", &v)) slot = &kind_text;
+        else if (take_value(argc, argv, &i, "--vocab", &v)) slot = &vocab;
+        else if (take_value(argc, argv, &i, "--merges", &v)) slot = &merges;
+        else {
+            fprintf(stderr, "tidal prepare: unknown option '%s'\n\n", name);
+            prepare_usage(stderr);
+            return 2;
+        }
+        if (!v || !*v) {
+            fprintf(stderr, "tidal prepare: %s needs a value\n\n", name);
+            prepare_usage(stderr);
+            return 2;
+        }
+        *slot = v;
+    }
+    if (!in_path || !out_path) {
+        fprintf(stderr, "tidal prepare: %s is required\n\n", !in_path ? "--input TEXT" : "--out FILE");
+        prepare_usage(stderr);
+        return 2;
+    }
+    td_tokenizer_kind kind;
+    if (td_tokenizer_kind_parse(kind_text, &kind) != TD_OK) {
+        fprintf(stderr, "tidal prepare: --tokenizer: %s\n", td_error_msg());
+        return 2;
+    }
+    if (kind == TD_TOKENIZER_BYTE && (vocab || merges)) {
+        fprintf(stderr, "tidal prepare: --vocab and --merges are for --tokenizer gpt2\n");
+        return 2;
+    }
+    if (kind == TD_TOKENIZER_GPT2 && (!vocab || !merges)) {
+        fprintf(stderr, "tidal prepare: --tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt "
+                        "(Hugging Face GPT-2 files)\n");
+        return 2;
+    }
+
+    int rc = 1, from_dir = 0, from_stdin = !strcmp(in_path, "-");
+    input_list L = {0};
+    prep P = {0};
+    dir_id *seen = NULL;
+    struct sigaction old_int, old_term;
+    int handlers = 0;
+    double t0 = td_now_ms();
+
+    if (!from_stdin) {
+        struct stat sb;
+        if (stat(in_path, &sb) != 0) {
+            fprintf(stderr, "tidal prepare: cannot open --input '%s': %s\n", in_path, strerror(errno));
+            goto done;
+        }
+        if (S_ISDIR(sb.st_mode)) {
+            from_dir = 1;
+            seen = td_calloc(66, sizeof *seen, TD_ROLE_META);
+            if (!seen) goto done;
+            seen[0] = (dir_id){sb.st_dev, sb.st_ino};
+            if (walk(&L, in_path, seen, 0) != 0) goto done;
+            filter_inputs(&L);
+            if (L.n == 0) {
+                fprintf(stderr, "tidal prepare: no text files under '%s'\n", in_path);
+                goto done;
+            }
+        } else if (push_input(&L, in_path, &sb) != 0) {
+            fprintf(stderr, "tidal prepare: out of memory\n");
+            goto done;
+        }
+        for (size_t i = 0; i < L.n; i++) P.bytes_total += L.v[i].bytes;
+    }
+
+    td_status st = kind == TD_TOKENIZER_BYTE ? td_tokenizer_create_byte(&P.tok)
+                                             : td_tokenizer_load_gpt2(vocab, merges, &P.tok);
+    if (st != TD_OK) {
+        fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
+        goto done;
+    }
+    if (make_parents(out_path) != 0) goto done;
+    if (td_tokfile_writer_open(out_path, kind, td_tokenizer_vocab_size(P.tok), td_tokenizer_eot(P.tok), &P.w) !=
+        TD_OK) {
+        fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
+        goto done;
+    }
+    P.cap = BLOCK_BYTES;
+    P.buf = td_malloc(P.cap, TD_ROLE_META);
+    if (!P.buf) {
+        fprintf(stderr, "tidal prepare: out of memory for a %zu MiB read block\n", BLOCK_BYTES >> 20);
+        goto done;
+    }
+    P.progress = !quiet && isatty(STDERR_FILENO);
+    P.t0 = t0;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: a blocked read returns */
+    sigemptyset(&sa.sa_mask);
+    interrupted = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    handlers = 1;
+
+    if (from_stdin) {
+        if (encode_stream(&P, STDIN_FILENO, "standard input") != 0) goto done;
+    }
+    for (size_t i = 0; i < L.n; i++) {
+        if (i > 0) {
+            uint32_t eot = td_tokenizer_eot(P.tok);
+            if (td_tokfile_writer_append(P.w, &eot, 1) != TD_OK) {
+                fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
+                goto done;
+            }
+        }
+        int fd = open(L.v[i].path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            fprintf(stderr, "tidal prepare: cannot open '%s': %s\n", L.v[i].path, strerror(errno));
+            goto done;
+        }
+        int r = encode_stream(&P, fd, L.v[i].path);
+        close(fd);
+        if (r != 0) goto done;
+    }
+    if (td_tokfile_writer_count(P.w) == 0) {
+        fprintf(stderr, "tidal prepare: --input '%s' has no text; nothing written\n", in_path);
+        goto done;
+    }
+    show_progress(&P, 1);
+    uint64_t n_tokens = td_tokfile_writer_count(P.w);
+    td_tokfile_writer *w = P.w;
+    P.w = NULL;
+    if (td_tokfile_writer_commit(w) != TD_OK) {
+        fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
+        goto done;
+    }
+    if (!quiet) print_summary(&P, n_tokens, out_path, &L, from_dir, td_now_ms() - t0);
+    rc = 0;
+done:
+    if (interrupted) {
+        fprintf(stderr, "\ntidal prepare: interrupted; '%s' was not written\n", out_path);
+        rc = 130;
+    }
+    td_tokfile_writer_abort(P.w);
+    if (handlers) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+    }
+    td_tokenizer_destroy(P.tok);
+    td_free(P.buf);
+    td_free(seen);
+    free_inputs(&L);
+    return rc;
+}
