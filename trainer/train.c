@@ -166,7 +166,17 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
     TD_TRY(td_arena_create(t->backend, cfg->gpu_budget, &t->arena));
     TD_TRY(td_copy_engine_create(t->backend, NULL, &t->engine));
-    TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &cfg->mm, &t->mm));
+    /* Chunks sized for this model unless the caller chose: the search range
+     * around one block's parameters, so a block packs into few chunks. */
+    td_memmgr_params mp = cfg->mm;
+    td_memmgr_params dflt = td_memmgr_default_params();
+    if (!mp.chunk_numel && mp.min_chunk_numel == dflt.min_chunk_numel && mp.max_chunk_numel == dflt.max_chunk_numel) {
+        size_t off, span;
+        td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
+        mp.min_chunk_numel = span / 8 > 4096 ? span / 8 : 4096;
+        mp.max_chunk_numel = 2 * span > mp.min_chunk_numel ? 2 * span : mp.min_chunk_numel;
+    }
+    TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     TD_TRY(register_tensors(t));
     TD_TRY(td_memmgr_layout(t->mm));
     TD_TRY(init_state(t));

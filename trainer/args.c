@@ -1,0 +1,174 @@
+/* Command-line and config-file options (see args.h). */
+#include "args.h"
+#include "tidal/alloc.h"
+#include "tidal/util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cJSON *config_doc; /* keeps config strings alive */
+
+td_opt *td_args_find(td_opt *opts, const char *name)
+{
+    for (td_opt *o = opts; o->name; o++)
+        if (!strcmp(o->name, name)) return o;
+    return NULL;
+}
+
+static td_status set_value(td_opt *o, const char *v, const char *origin)
+{
+    char *end = NULL;
+    errno = 0;
+    switch (o->kind) {
+    case TD_OPT_FLAG:
+        if (!strcmp(v, "1") || !strcmp(v, "true")) *(int *)o->dst = 1;
+        else if (!strcmp(v, "0") || !strcmp(v, "false")) *(int *)o->dst = 0;
+        else goto bad;
+        break;
+    case TD_OPT_INT: {
+        long x = strtol(v, &end, 10);
+        if (errno || *end || end == v || x < -2147483647L || x > 2147483647L) goto bad;
+        *(int *)o->dst = (int)x;
+        break;
+    }
+    case TD_OPT_LONG: {
+        long x = strtol(v, &end, 10);
+        if (errno || *end || end == v) goto bad;
+        *(long *)o->dst = x;
+        break;
+    }
+    case TD_OPT_U64: {
+        if (*v == '-') goto bad;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno || *end || end == v) goto bad;
+        *(uint64_t *)o->dst = x;
+        break;
+    }
+    case TD_OPT_DOUBLE: {
+        double x = strtod(v, &end);
+        if (errno || *end || end == v) goto bad;
+        *(double *)o->dst = x;
+        break;
+    }
+    case TD_OPT_SIZE:
+        if (td_parse_bytes(v, (size_t *)o->dst) != TD_OK)
+            return td_error_prefix(TD_ERR_INVALID, "%s --%s: ", origin, o->name);
+        break;
+    case TD_OPT_STRING:
+        *(const char **)o->dst = v;
+        break;
+    }
+    o->seen = 1;
+    return TD_OK;
+bad:
+    return td_error_set(TD_ERR_INVALID, "%s --%s: '%s' is not a valid %s", origin, o->name, v,
+                        o->kind == TD_OPT_DOUBLE ? "number" : o->kind == TD_OPT_FLAG ? "true/false" : "integer");
+}
+
+static td_status read_config(td_opt *opts, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return td_error_set(TD_ERR_IO, "--config %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    size_t got = text ? fread(text, 1, (size_t)len, f) : 0;
+    fclose(f);
+    if (!text || got != (size_t)len) {
+        free(text);
+        return td_error_set(TD_ERR_IO, "--config %s: cannot read it", path);
+    }
+    text[len] = '\0';
+    cJSON *doc = cJSON_Parse(text);
+    free(text);
+    if (!doc || !cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        return td_error_set(TD_ERR_INVALID, "--config %s: not a JSON object", path);
+    }
+    cJSON_Delete(config_doc);
+    config_doc = doc;
+    cJSON *item;
+    cJSON_ArrayForEach(item, doc) {
+        td_opt *o = td_args_find(opts, item->string);
+        if (!o || !strcmp(item->string, "config"))
+            return td_error_set(TD_ERR_INVALID, "--config %s: unknown key '%s'", path, item->string);
+        char num[64];
+        const char *v = NULL;
+        if (cJSON_IsString(item)) v = item->valuestring;
+        else if (cJSON_IsBool(item)) v = cJSON_IsTrue(item) ? "1" : "0";
+        else if (cJSON_IsNumber(item)) {
+            if (item->valuedouble == (double)(long long)item->valuedouble)
+                snprintf(num, sizeof num, "%lld", (long long)item->valuedouble);
+            else
+                snprintf(num, sizeof num, "%.17g", item->valuedouble);
+            v = num;
+        } else {
+            return td_error_set(TD_ERR_INVALID, "--config %s: key '%s' must be a string, number or bool", path,
+                                item->string);
+        }
+        char origin[300];
+        snprintf(origin, sizeof origin, "config %s:", path);
+        td_status st = set_value(o, v, origin);
+        if (st) return st;
+        if (o->kind == TD_OPT_STRING && cJSON_IsNumber(item))
+            return td_error_set(TD_ERR_INVALID, "--config %s: key '%s' must be a string", path, item->string);
+    }
+    return TD_OK;
+}
+
+td_status td_args_parse(td_opt *opts, int argc, char **argv, int *help)
+{
+    *help = 0;
+    for (int i = 0; i < argc; i++) /* the config first, so flags override it */
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) return td_error_set(TD_ERR_INVALID, "--config needs a file");
+            td_status st = read_config(opts, argv[i + 1]);
+            if (st) return st;
+        }
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            *help = 1;
+            return TD_OK;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return td_error_set(TD_ERR_INVALID, "unexpected argument '%s' (options start with --)", a);
+        if (!strcmp(a, "--config")) { i++; continue; }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        char key[64];
+        size_t klen = eq ? (size_t)(eq - name) : strlen(name);
+        if (klen >= sizeof key) return td_error_set(TD_ERR_INVALID, "unknown option '%s'", a);
+        memcpy(key, name, klen);
+        key[klen] = '\0';
+        td_opt *o = td_args_find(opts, key);
+        if (!o) return td_error_set(TD_ERR_INVALID, "unknown option '--%s' (see --help)", key);
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && o->kind == TD_OPT_FLAG) v = "1";
+        if (!v) {
+            if (i + 1 >= argc) return td_error_set(TD_ERR_INVALID, "--%s needs a value (%s)", key, o->arg ? o->arg : "");
+            v = argv[++i];
+        }
+        td_status st = set_value(o, v, "option");
+        if (st) return st;
+    }
+    return TD_OK;
+}
+
+void td_args_usage(FILE *f, const char *usage, const td_opt *opts)
+{
+    fprintf(f, "%s\n\noptions (also as keys of a JSON file given with --config FILE):\n", usage);
+    for (const td_opt *o = opts; o->name; o++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        fprintf(f, "  %-28s %s\n", left, o->help);
+    }
+}
+
+void td_args_free(void)
+{
+    cJSON_Delete(config_doc);
+    config_doc = NULL;
+}

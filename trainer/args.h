@@ -1,0 +1,41 @@
+/* Command-line options from one table: flags, their help, and the same keys
+ * in a JSON config file (--config FILE; the command line wins).  Used by the
+ * `tidal` subcommands. */
+#ifndef TIDAL_ARGS_H
+#define TIDAL_ARGS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "tidal/status.h"
+
+typedef enum td_opt_kind {
+    TD_OPT_FLAG,    /* int, set to 1 */
+    TD_OPT_INT,     /* int */
+    TD_OPT_LONG,    /* long */
+    TD_OPT_U64,     /* uint64_t */
+    TD_OPT_DOUBLE,  /* double */
+    TD_OPT_SIZE,    /* size_t, with units (512MiB) */
+    TD_OPT_STRING,  /* const char * (points into argv or the config) */
+} td_opt_kind;
+
+typedef struct td_opt {
+    const char *name;  /* without "--" */
+    td_opt_kind kind;
+    void *dst;
+    const char *arg;   /* "N", "SIZE", ... for help */
+    const char *help;
+    int seen;          /* set when given */
+} td_opt;
+
+/* Parses argv against opts (a table ending with a NULL name).  "--help"
+ * prints the usage and returns 1 in *help; "--config FILE" reads JSON keys
+ * first.  Errors name the option and what was expected. */
+td_status td_args_parse(td_opt *opts, int argc, char **argv, int *help);
+void td_args_usage(FILE *f, const char *usage, const td_opt *opts);
+/* The option of that name, NULL if none (to ask whether it was given). */
+td_opt *td_args_find(td_opt *opts, const char *name);
+/* Frees the config file text that string options may point into. */
+void td_args_free(void);
+
+#endif

@@ -1,0 +1,246 @@
+/* `tidal train`: trains a GPT on a token file under a device budget. */
+#include "args.h"
+#include "cli.h"
+#include "tidal/data.h"
+#include "tidal/trainer.h"
+#include "tidal/util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Every option of train/plan/eval that describes the model and the run. */
+typedef struct train_opts {
+    const char *model, *data, *policy, *precision, *ckpt, *schedule, *backend, *eviction;
+    const char *log, *trace_out, *timeline;
+    int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every;
+    long steps;
+    uint64_t seed;
+    size_t gpu_budget, host_pin_limit;
+    double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
+} train_opts;
+
+static const char usage[] =
+    "usage: tidal train --data FILE [--model PRESET | --layers L --width C --heads H] [options]\n\n"
+    "Trains a GPT-2 model on a token file (see `tidal prepare`) with its parameters, gradients and\n"
+    "optimizer state in chunks that move between pinned host memory and the device under\n"
+    "--gpu-budget.  The first step is a warm-up that records the access order; from the second on,\n"
+    "chunks are evicted by Belady's rule and loaded ahead of use.  Prints a progress line per step.";
+
+#define OPTS(o)                                                                                             \
+    {"model", TD_OPT_STRING, &(o)->model, "PRESET", "tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt-2.7b, gpt-4b, gpt-6.7b, gpt-13b (default tiny)", 0}, \
+    {"layers", TD_OPT_INT, &(o)->layers, "L", "layers (overrides the preset)", 0},                            \
+    {"width", TD_OPT_INT, &(o)->width, "C", "embedding width", 0},                                           \
+    {"heads", TD_OPT_INT, &(o)->heads, "H", "attention heads (must divide the width)", 0},                   \
+    {"seq", TD_OPT_INT, &(o)->seq, "T", "sequence length (default 64, at most the model's positions)", 0},   \
+    {"vocab", TD_OPT_INT, &(o)->vocab, "V", "vocabulary (default: the token file's)", 0},                    \
+    {"data", TD_OPT_STRING, &(o)->data, "FILE", "token file written by `tidal prepare`", 0},                 \
+    {"steps", TD_OPT_LONG, &(o)->steps, "N", "optimizer steps (default 100)", 0},                            \
+    {"seed", TD_OPT_U64, &(o)->seed, "S", "seed of init and data order (default 1337)", 0},                  \
+    {"micro-batch", TD_OPT_INT, &(o)->micro_batch, "B", "sequences per micro-batch (default 4)", 0},         \
+    {"grad-accum", TD_OPT_INT, &(o)->grad_accum, "K", "micro-batches per optimizer step (default 1)", 0},    \
+    {"gpu-budget", TD_OPT_SIZE, &(o)->gpu_budget, "SIZE", "device bytes tidal may use, e.g. 512MiB, 24GiB (default: free memory minus a margin)", 0}, \
+    {"host-pin-limit", TD_OPT_SIZE, &(o)->host_pin_limit, "SIZE", "most host memory to pin (default 80% of RAM)", 0}, \
+    {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},   \
+    {"offload-param-frac", TD_OPT_DOUBLE, &(o)->param_frac, "F", "static: share of param/grad chunks on the host", 0}, \
+    {"offload-optim-frac", TD_OPT_DOUBLE, &(o)->optim_frac, "F", "static: share of optimizer-state chunks on the host", 0}, \
+    {"eviction", TD_OPT_STRING, &(o)->eviction, "E", "belady (default) or lru", 0},                          \
+    {"prefetch", TD_OPT_INT, &(o)->prefetch, "N", "look-ahead in accesses; -1 auto (default), 0 off", 0},     \
+    {"precision", TD_OPT_STRING, &(o)->precision, "P", "fp32 (cpu backend), bf16 or fp16 (cuda)", 0},         \
+    {"ckpt", TD_OPT_STRING, &(o)->ckpt, "M", "activation checkpointing: on, off or auto (default)", 0},      \
+    {"lr", TD_OPT_DOUBLE, &(o)->lr, "X", "peak learning rate (default 1e-3)", 0},                             \
+    {"min-lr", TD_OPT_DOUBLE, &(o)->min_lr, "X", "floor of the decay (default lr/10)", 0},                  \
+    {"schedule", TD_OPT_STRING, &(o)->schedule, "S", "constant, cosine (default), linear, noam or exponential", 0}, \
+    {"warmup", TD_OPT_INT, &(o)->warmup, "N", "linear warmup steps (default 10% of --steps)", 0},             \
+    {"weight-decay", TD_OPT_DOUBLE, &(o)->weight_decay, "X", "AdamW decoupled weight decay (default 0.1)", 0}, \
+    {"clip-grad-norm", TD_OPT_DOUBLE, &(o)->clip, "X", "global grad-norm clipping, 0 off (default 1.0)", 0}, \
+    {"backend", TD_OPT_STRING, &(o)->backend, "B", "auto (default), cpu or cuda", 0},                        \
+    {"threads", TD_OPT_INT, &(o)->threads, "N", "CPU threads (default: all local cores)", 0},                 \
+    {"log", TD_OPT_STRING, &(o)->log, "FILE", "JSON lines, one per step", 0},                                 \
+    {"log-every", TD_OPT_INT, &(o)->log_every, "N", "progress line every N steps when not on a terminal (default 10)", 0}, \
+    {"trace-out", TD_OPT_STRING, &(o)->trace_out, "FILE", "write the warm-up's chunk access trace (tidal-trace 1)", 0}, \
+    {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies and compute (slower)", 0}
+
+static void opts_defaults(train_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->model = "tiny";
+    o->steps = 100;
+    o->seed = 1337;
+    o->micro_batch = 4;
+    o->grad_accum = 1;
+    o->seq = 64;
+    o->prefetch = -1;
+    o->lr = 1e-3;
+    o->min_lr = -1;
+    o->warmup = -1;
+    o->weight_decay = 0.1;
+    o->clip = 1.0;
+    o->policy = "auto";
+    o->eviction = "belady";
+    o->precision = "fp32";
+    o->ckpt = "auto";
+    o->schedule = "cosine";
+    o->backend = "auto";
+    o->log_every = 10;
+}
+
+/* The run's configuration from the options (vocab: the data's unless given). */
+static td_status build_config(const train_opts *o, td_opt *table, int data_vocab, td_train_config *c)
+{
+    td_status st;
+    *c = td_train_default_config();
+    if ((st = td_model_preset(o->model, &c->model))) return st;
+    if (td_args_find(table, "layers")->seen) c->model.n_layer = o->layers;
+    if (td_args_find(table, "width")->seen) c->model.n_embd = o->width;
+    if (td_args_find(table, "heads")->seen) c->model.n_head = o->heads;
+    int vocab = td_args_find(table, "vocab")->seen ? o->vocab : data_vocab > 0 ? data_vocab : c->model.vocab_size;
+    if (vocab < 1) return td_error_set(TD_ERR_INVALID, "--vocab must be positive");
+    if (data_vocab > 0 && vocab < data_vocab)
+        return td_error_set(TD_ERR_INVALID, "--vocab %d is smaller than the token file's vocabulary %d", vocab, data_vocab);
+    c->model.vocab_size = vocab;
+    c->model.padded_vocab_size = td_model_pad_vocab(vocab);
+    if (o->seq > c->model.n_positions) c->model.n_positions = o->seq; /* tiny presets grow to the asked length */
+    c->seq_len = o->seq;
+    c->micro_batch = o->micro_batch;
+    c->grad_accum = o->grad_accum;
+    c->seed = o->seed;
+    c->gpu_budget = o->gpu_budget;
+    c->host_pin_limit = o->host_pin_limit;
+    c->threads = o->threads;
+    if ((st = td_backend_kind_parse(o->backend, &c->backend))) return td_error_prefix(st, "--backend: ");
+    if ((st = td_dtype_parse(o->precision, &c->precision))) return td_error_prefix(st, "--precision: ");
+    if (!strcmp(o->ckpt, "on")) c->ckpt = TD_CKPT_ON;
+    else if (!strcmp(o->ckpt, "off")) c->ckpt = TD_CKPT_OFF;
+    else if (!strcmp(o->ckpt, "auto")) c->ckpt = TD_CKPT_AUTO;
+    else return td_error_set(TD_ERR_INVALID, "--ckpt '%s': use on, off or auto", o->ckpt);
+    if ((st = td_placement_parse(o->policy, &c->mm.placement))) return td_error_prefix(st, "--policy: ");
+    if ((st = td_evict_policy_parse(o->eviction, &c->mm.eviction))) return td_error_prefix(st, "--eviction: ");
+    if (o->param_frac < 0 || o->param_frac > 1 || o->optim_frac < 0 || o->optim_frac > 1)
+        return td_error_set(TD_ERR_INVALID, "--offload-param-frac and --offload-optim-frac lie in [0, 1]");
+    if ((td_args_find(table, "offload-param-frac")->seen || td_args_find(table, "offload-optim-frac")->seen) &&
+        c->mm.placement != TD_PLACEMENT_STATIC)
+        return td_error_set(TD_ERR_INVALID, "--offload-*-frac apply to --policy static only");
+    c->mm.offload_param_frac = o->param_frac;
+    c->mm.offload_optim_frac = o->optim_frac;
+    c->mm.prefetch = o->prefetch;
+    c->mm.trace_out = o->trace_out;
+    c->optim.lr.lr = o->lr;
+    c->optim.lr.min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10;
+    c->optim.lr.warmup_steps = o->warmup >= 0 ? o->warmup : o->steps / 10;
+    c->optim.lr.total_steps = o->steps;
+    if ((st = td_lr_decay_parse(o->schedule, &c->optim.lr.decay))) return td_error_prefix(st, "--schedule: ");
+    c->optim.adam.weight_decay = o->weight_decay;
+    c->optim.max_grad_norm = o->clip;
+    if (o->steps < 1) return td_error_set(TD_ERR_INVALID, "--steps must be at least 1");
+    return td_train_config_check(c);
+}
+
+static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
+{
+    return td_loader_next(ctx, tokens, targets);
+}
+
+static void progress(FILE *f, int tty, long step, long steps, const td_step_result *r, td_trainer *t)
+{
+    td_arena_stats as;
+    td_arena_get_stats(td_trainer_arena(t), &as);
+    td_hostpool_stats hs;
+    td_hostpool_get_stats(td_trainer_hostpool(t), &hs);
+    char used[32], budget[32], pinned[32], h2d[32], d2h[32];
+    fprintf(f, "%sstep %ld/%ld  loss %.4f  lr %.2e  %.0f tok/s  device %s/%s  pinned %s  h2d %s  d2h %s  stall %.0f ms%s",
+            tty ? "\r\033[K" : "", step, steps, r->loss, r->lr, r->tokens_per_s,
+            td_format_bytes(r->mm.device_peak_bytes, used, sizeof used),
+            td_format_bytes(as.budget_bytes, budget, sizeof budget), td_format_bytes(hs.pinned_bytes, pinned, sizeof pinned),
+            td_format_bytes(r->mm.bytes_h2d, h2d, sizeof h2d), td_format_bytes(r->mm.bytes_d2h, d2h, sizeof d2h),
+            r->mm.stall_ms, r->skipped ? "  (overflow: step skipped)" : "");
+    fprintf(f, tty ? "" : "\n");
+    fflush(f);
+}
+
+int td_cli_train_main(int argc, char **argv)
+{
+    train_opts o;
+    opts_defaults(&o);
+    td_opt table[] = { OPTS(&o), {NULL, 0, NULL, NULL, NULL, 0} };
+    int help = 0, rc = 1;
+    td_loader *loader = NULL;
+    td_trainer *t = NULL;
+    FILE *log = NULL;
+    td_status st = td_args_parse(table, argc, argv, &help);
+    if (help) {
+        td_args_usage(stdout, usage, table);
+        td_args_free();
+        return 0;
+    }
+    if (st) {
+        fprintf(stderr, "tidal train: %s\n", td_error_msg());
+        td_args_free();
+        return 2;
+    }
+    if (!o.data) {
+        fprintf(stderr, "tidal train: --data FILE is required (make one with `tidal prepare`)\n");
+        td_args_free();
+        return 2;
+    }
+    td_loader_params lp = td_loader_default_params();
+    lp.batch = (uint32_t)(o.micro_batch > 0 ? o.micro_batch : 1);
+    lp.seq = (uint32_t)(o.seq > 0 ? o.seq : 1);
+    lp.seed = o.seed;
+    if ((st = td_loader_open(o.data, &lp, &loader))) goto cleanup;
+    int data_vocab = (int)td_tokfile_get_info(td_loader_file(loader))->vocab_size;
+    td_train_config cfg;
+    if ((st = build_config(&o, table, data_vocab, &cfg))) {
+        fprintf(stderr, "tidal train: %s\n", td_error_msg());
+        rc = 2;
+        goto out;
+    }
+    if (o.log && !(log = fopen(o.log, "w"))) {
+        fprintf(stderr, "tidal train: cannot write --log %s\n", o.log);
+        goto out;
+    }
+    if ((st = td_trainer_create(&cfg, &t))) goto cleanup;
+    if (o.timeline && (st = td_memmgr_timeline_open(td_trainer_memmgr(t), o.timeline))) goto cleanup;
+    size_t params = td_gpt_ref_params_numel(&cfg.model);
+    char budget[32];
+    td_arena_stats as;
+    td_arena_get_stats(td_trainer_arena(t), &as);
+    fprintf(stderr, "tidal train: %zu params (%d layers, %d wide, %d heads, vocab %d), %s, budget %s, policy %s, "
+                    "checkpointing %s, %d chunks\n",
+            params, cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
+            td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
+            o.policy, td_trainer_checkpointing(t) ? "on" : "off", td_memmgr_chunk_count(td_trainer_memmgr(t)));
+    int tty = isatty(fileno(stderr));
+    for (long s = 1; s <= o.steps; s++) {
+        td_step_result r;
+        if ((st = td_trainer_step(t, loader_batch, loader, &r))) goto cleanup;
+        if (!isfinite(r.loss)) {
+            st = td_error_set(TD_ERR_STATE, "the loss is %g at step %ld; lower --lr", r.loss, s);
+            goto cleanup;
+        }
+        if (tty || s == 1 || s == o.steps || s % (o.log_every > 0 ? o.log_every : 10) == 0)
+            progress(stderr, tty, s, o.steps, &r, t);
+        if (log) {
+            char mm[1024];
+            td_memmgr_step_json(td_trainer_memmgr(t), mm, sizeof mm);
+            fprintf(log, "{\"step\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"skipped\":%d,"
+                         "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"device_peak_bytes\":%zu,\"h2d_bytes\":%llu,"
+                         "\"d2h_bytes\":%llu,\"stall_ms\":%.3f,\"memmgr\":%s}\n",
+                    s, r.loss, r.lr, r.grad_norm, r.skipped, r.tokens_per_s, r.step_ms, r.mm.device_peak_bytes,
+                    (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms, mm);
+            fflush(log);
+        }
+    }
+    if (tty) fprintf(stderr, "\n");
+    rc = 0;
+cleanup:
+    if (st) fprintf(stderr, "\ntidal train: %s\n", td_error_msg());
+out:
+    if (log) fclose(log);
+    td_trainer_destroy(t);
+    td_loader_destroy(loader);
+    td_args_free();
+    return rc;
+}
