@@ -12,7 +12,8 @@ PyTorch training loop does them:
     torch.nn.utils.clip_grad_norm_(params, max_norm)
     optimizer.param_groups[0]["lr"] = lr_at(step); optimizer.step()
 
-It compares tidal's final fp32 master params with torch's params:
+It compares tidal's final fp32 master params with torch's params (and, for
+scale, both with a float64 replay of the same steps):
     max relative difference = max_i |tidal_i - torch_i| / max_i |torch_i|
 Pass: <= 1e-6 for every case, ISA and torch implementation (for-loop,
 foreach, and fused=True where this torch has a fused CPU AdamW, >= 2.4).
@@ -162,6 +163,34 @@ def run_torch(case, p0, grads, kwargs):
                                            final_scale=scaler.scale, overflows=scaler.overflows)
 
 
+def run_float64(case, p0, grads):
+    """The same steps in float64 (numpy): the exact answer both fp32 codes approximate."""
+    p = p0.astype(np.float64)
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    scaler = Scaler(case["loss_scale"])
+    t = 0
+    b1, b2, wd, eps = case["beta1"], case["beta2"], case["weight_decay"], case["eps"]
+    for s in range(STEPS):
+        scale = scaler.scale
+        stored = torch.from_numpy(grads[s] * np.float32(scale)).to(TORCH_DTYPES[case["grad_dtype"]])
+        g = stored.double().numpy() / scale
+        if scaler.update(not np.all(np.isfinite(g))):
+            continue
+        t += 1
+        lr = lr_at(case["lr"], t)
+        if case["max_grad_norm"] > 0:
+            g = g * min(1.0, case["max_grad_norm"] / (math.sqrt(float(np.dot(g, g))) + 1e-6))
+        if case["decay"] == "l2":
+            g = g + wd * p
+        else:
+            p = p * (1 - lr * wd)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr / (1 - b1 ** t) * m / (np.sqrt(v) / math.sqrt(1 - b2 ** t) + eps)
+    return p
+
+
 def max_rel(a, b):
     a = a.astype(np.float64)
     b = b.astype(np.float64)
@@ -211,6 +240,8 @@ def main():
             base = variants[0][0]
             for vname, _ in variants[1:]:
                 print(f"  noise floor: torch {base} vs {vname}: {max_rel(ref[vname], ref[base]):.3g}")
+            exact = run_float64(case, p0, grads)
+            print("  fp32 rounding: " + ", ".join(f"torch {v} vs float64 {max_rel(ref[v], exact):.3g}" for v in ref))
             for isa in ("scalar", "avx2", "avx512"):
                 r = subprocess.run([args.tidal, "bench", "adam", "--check-dir", d, "--isa", isa,
                                     "--threads", str(args.threads)], capture_output=True, text=True)
@@ -227,6 +258,7 @@ def main():
                     out = json.load(f)
                 diffs = {v: max_rel(master, ref[v]) for v in ref}
                 line = ", ".join(f"vs torch {v} {x:.3g}" for v, x in diffs.items())
+                line += f" (vs float64 {max_rel(master, exact):.3g})"
                 bad = [f"{v} {x:.3g} > {LIMIT:g}" for v, x in diffs.items() if not x <= LIMIT]
                 # The decisions must be the same step by step.
                 skips = [s["skip"] for s in out["steps"]]
