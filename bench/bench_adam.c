@@ -46,7 +46,7 @@ static const double default_sizes[] = {1e6, 4e6, 16e6, 64e6, 200e6, 1e9};
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: tidal bench adam [--json] [--max-params N] [--threads T] [--isa ISA] [--min-seconds S]\n"
+            "usage: tidal bench adam [--json] [--max-params N] [--threads T] [--isa ISA] [--min-seconds S] [--no-bind]\n"
             "       tidal bench adam --check-dir DIR [--isa ISA] [--threads T]\n\n"
             "CPU AdamW throughput (G params/s, GB/s) for the fp32 path (fp32 grads, 28 bytes/param)\n"
             "and the mixed path (bf16 grads in, bf16 params out, 28 bytes/param), for sizes\n"
