@@ -30,6 +30,16 @@ td_status td_placement_parse(const char *name, td_placement *out)
     return td_error_set(TD_ERR_INVALID, "unknown policy '%s'; use cuda, cpu, static or auto", name ? name : "");
 }
 
+static void place_initial(td_memmgr *m);
+
+td_status td_memmgr_plan_layout(td_memmgr *m)
+{
+    if (m->laid_out || m->n_chunks) return td_error_set(TD_ERR_STATE, "memmgr: layout already made");
+    td_status st = mm_layout(m);
+    if (st == TD_OK) place_initial(m);
+    return st;
+}
+
 td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
                            const td_memmgr_params *params, td_memmgr **out)
 {
@@ -43,7 +53,7 @@ td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *e
     m->arena = arena;
     m->pool = pool;
     m->engine = engine;
-    m->backend = td_copy_backend(engine);
+    m->backend = engine ? td_copy_backend(engine) : NULL;
     m->params = p;
     m->params.trace_out = NULL;
     if (p.trace_out && !(m->params.trace_out = td_strdup(p.trace_out, TD_ROLE_META))) {
@@ -61,10 +71,12 @@ void td_memmgr_destroy(td_memmgr *m)
 {
     if (!m) return;
     mm_tl_close(m);
-    td_copy_drain(m->engine);
-    td_queue_sync(m->backend, TD_QUEUE_COMPUTE);
-    for (int i = 0; i < 2 * MM_MEASURE_LOADS; i++) td_event_free(m->backend, m->measure.ev[i]);
-    for (int i = 0; i < 2; i++) td_event_free(m->backend, m->measure.step_ev[i]);
+    if (m->engine) {
+        td_copy_drain(m->engine);
+        td_queue_sync(m->backend, TD_QUEUE_COMPUTE);
+    }
+    for (int i = 0; m->backend && i < 2 * MM_MEASURE_LOADS; i++) td_event_free(m->backend, m->measure.ev[i]);
+    for (int i = 0; m->backend && i < 2; i++) td_event_free(m->backend, m->measure.step_ev[i]);
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         if (ch->dev) td_slot_release(ch->pool->slots, ch->dev);
@@ -122,6 +134,7 @@ td_status td_memmgr_layout(td_memmgr *m)
 {
     td_status st = TD_OK;
     if (m->laid_out) return td_error_set(TD_ERR_STATE, "memmgr: layout already made");
+    if (!m->pool) return td_error_set(TD_ERR_STATE, "memmgr: a planning manager (no pool) only plans layouts");
     TD_TRY(mm_layout(m));
     place_initial(m);
     uint64_t *bytes = td_malloc((size_t)m->n_chunks * sizeof *bytes, TD_ROLE_META);

@@ -160,6 +160,44 @@ static void test_budget_too_small_names_minimum(void **state)
     assert_non_null(strstr(td_error_msg(), "do not fit"));
 }
 
+/* `tidal plan`'s minimum is enough: a run at exactly that budget trains,
+ * and its measured peak stays within it. */
+static void test_plan_minimum_is_enough(void **state)
+{
+    td_train_config c = small_config();
+    c.mm.placement = TD_PLACEMENT_CPU;
+    c.ckpt = TD_CKPT_ON;
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+    assert_int_equal(p.params, td_gpt_ref_params_numel(&c.model));
+    assert_true(p.role_bytes[TD_TENSOR_PARAM] >= p.params * 4);
+    assert_int_equal(p.role_bytes[TD_TENSOR_PARAM], p.role_bytes[TD_TENSOR_ADAM_V]); /* mirrored layout */
+    assert_true(p.min_device_bytes < p.full_device_bytes);
+    c.gpu_budget = p.min_device_bytes;
+    double losses[3];
+    td_memmgr_stats st;
+    run(&c, 3, losses, &st);
+    assert_true(st.device_peak_bytes <= p.min_device_bytes);
+    assert_true(st.evictions > 0);
+    /* Other shapes too: the minimum holds for each. */
+    td_rng rng;
+    td_rng_seed(&rng, 7);
+    for (int k = 0; k < 8; k++) {
+        td_train_config v = small_config();
+        v.mm.placement = TD_PLACEMENT_CPU;
+        v.ckpt = k % 2 ? TD_CKPT_ON : TD_CKPT_OFF;
+        v.model.n_layer = 1 + (int)td_rng_below(&rng, 4);
+        v.model.n_head = 1 + (int)td_rng_below(&rng, 3);
+        v.model.n_embd = v.model.n_head * (8 + 8 * (int)td_rng_below(&rng, 4));
+        v.model.vocab_size = 20 + (int)td_rng_below(&rng, 200);
+        v.model.padded_vocab_size = td_model_pad_vocab(v.model.vocab_size);
+        TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
+        v.gpu_budget = p.min_device_bytes;
+        run(&v, 2, losses, &st);
+        assert_true(st.device_peak_bytes <= p.min_device_bytes);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -167,6 +205,7 @@ int main(void)
         cmocka_unit_test(test_first_loss_matches_reference),
         cmocka_unit_test(test_learns_a_fixed_batch),
         cmocka_unit_test(test_budget_too_small_names_minimum),
+        cmocka_unit_test(test_plan_minimum_is_enough),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -244,3 +244,227 @@ out:
     td_args_free();
     return rc;
 }
+
+/* ---- tidal plan --------------------------------------------------------------- */
+
+static const char plan_usage[] =
+    "usage: tidal plan [--model PRESET | --layers L --width C --heads H] [--gpu-budget SIZE] [options]\n\n"
+    "Prints a run's footprint before it starts: bytes per role on the device and the host, the\n"
+    "chunk layout (--layout), whether it fits the budget and the host's RAM, and the step time\n"
+    "estimated from bandwidths and compute rates measured here in a second or two.  Nothing of\n"
+    "the model is allocated.  Takes the same options as `tidal train` (--data only for its vocabulary).";
+
+/* Measured rates of this machine: host<->device copy (GB/s), host memory
+ * copy (GB/s), model compute (GFLOP/s of the cpu reference matmul). */
+typedef struct rates { double copy_gbs, mem_gbs, gflops; } rates;
+
+#include "tidal/copy.h"
+#include "tidal/hostpool.h"
+#include "tidal/ops.h"
+
+static td_status measure_rates(td_backend *b, const td_gpt_ref_config *mc, rates *r)
+{
+    td_status st = TD_OK;
+    td_hostpool *pool = NULL;
+    td_arena *arena = NULL;
+    td_copy_engine *eng = NULL;
+    void *h = NULL, *d = NULL;
+    float *x = NULL, *w = NULL, *y = NULL;
+    size_t bytes = 64 * TD_MiB;
+    memset(r, 0, sizeof *r);
+    TD_TRY(td_hostpool_create(b, NULL, NULL, &pool));
+    TD_TRY(td_hostpool_alloc(pool, bytes, TD_ROLE_STAGING, &h));
+    memset(h, 1, bytes);
+    TD_TRY(td_arena_create(b, bytes, &arena));
+    TD_TRY(td_arena_alloc(arena, bytes, TD_ROLE_STAGING, &d));
+    TD_TRY(td_copy_engine_create(b, NULL, &eng));
+    double best = 1e30;
+    for (int i = 0; i < 4; i++) {
+        td_copy_ticket tk;
+        double t0 = td_now_ms();
+        TD_TRY(td_copy_submit(eng, TD_COPY_H2D, d, h, bytes, NULL, &tk));
+        TD_TRY(td_copy_wait(eng, &tk));
+        double ms = td_now_ms() - t0;
+        if (ms < best) best = ms;
+    }
+    r->copy_gbs = (double)bytes / (best * 1e-3) / 1e9;
+    /* Host memory: a large memcpy, counting read + write. */
+    char *a = malloc(bytes), *c = malloc(bytes);
+    if (a && c) {
+        memset(a, 2, bytes);
+        memset(c, 3, bytes);
+        best = 1e30;
+        for (int i = 0; i < 3; i++) {
+            double t0 = td_now_ms();
+            memcpy(c, a, bytes);
+            double ms = td_now_ms() - t0;
+            if (ms < best) best = ms;
+        }
+        r->mem_gbs = 2.0 * (double)bytes / (best * 1e-3) / 1e9;
+    }
+    free(a);
+    free(c);
+    /* Compute: one MLP matmul of the model at 256 rows. */
+    int N = 256, C = mc->n_embd, OC = 4 * mc->n_embd;
+    x = malloc((size_t)N * C * sizeof(float));
+    w = malloc((size_t)OC * C * sizeof(float));
+    y = malloc((size_t)N * OC * sizeof(float));
+    if (x && w && y) {
+        for (size_t i = 0; i < (size_t)N * C; i++) x[i] = (float)(i % 7) * 0.1f;
+        for (size_t i = 0; i < (size_t)OC * C; i++) w[i] = (float)(i % 5) * 0.1f;
+        best = 1e30;
+        for (int i = 0; i < 3; i++) {
+            double t0 = td_now_ms();
+            td_ops_matmul_forward(y, x, w, NULL, N, C, OC);
+            double ms = td_now_ms() - t0;
+            if (ms < best) best = ms;
+        }
+        r->gflops = 2.0 * N * C * OC / (best * 1e-3) / 1e9;
+    }
+cleanup:
+    free(x);
+    free(w);
+    free(y);
+    td_copy_engine_destroy(eng);
+    if (d) td_arena_release(arena, d);
+    td_arena_destroy(arena);
+    if (h) td_hostpool_release(pool, h);
+    td_hostpool_destroy(pool);
+    return st;
+}
+
+int td_cli_plan_main(int argc, char **argv)
+{
+    train_opts o;
+    opts_defaults(&o);
+    int json = 0, layout = 0;
+    td_opt table[] = { OPTS(&o),
+                       {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
+                       {"layout", TD_OPT_FLAG, &layout, NULL, "also print the chunk layout", 0},
+                       {NULL, 0, NULL, NULL, NULL, 0} };
+    int help = 0, rc = 1;
+    td_backend *b = NULL;
+    td_loader *loader = NULL;
+    td_status st = td_args_parse(table, argc, argv, &help);
+    if (help) {
+        td_args_usage(stdout, plan_usage, table);
+        td_args_free();
+        return 0;
+    }
+    if (st) {
+        fprintf(stderr, "tidal plan: %s\n", td_error_msg());
+        td_args_free();
+        return 2;
+    }
+    int data_vocab = 0;
+    if (o.data) {
+        td_loader_params lp = td_loader_default_params();
+        lp.batch = 1;
+        lp.seq = 1;
+        if ((st = td_loader_open(o.data, &lp, &loader))) goto cleanup;
+        data_vocab = (int)td_tokfile_get_info(td_loader_file(loader))->vocab_size;
+    }
+    td_train_config cfg;
+    if ((st = build_config(&o, table, data_vocab, &cfg))) {
+        fprintf(stderr, "tidal plan: %s\n", td_error_msg());
+        rc = 2;
+        goto out;
+    }
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = cfg.backend;
+    if ((st = td_backend_create(&bp, &b))) goto cleanup;
+    size_t budget = cfg.gpu_budget, margin = 0, free_b = 0, total_b = 0;
+    if ((st = td_backend_mem_info(b, &free_b, &total_b))) goto cleanup;
+    if (!budget && (st = td_arena_default_budget(b, &budget, &margin))) goto cleanup;
+    td_train_plan p;
+    if ((st = td_train_plan_make(&cfg, budget, &p))) goto cleanup;
+    rates r;
+    if ((st = measure_rates(b, &cfg.model, &r))) goto cleanup;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    size_t pin_limit = cfg.host_pin_limit ? cfg.host_pin_limit : ram / 10 * 8;
+    int fits_device = budget >= p.min_device_bytes && budget <= free_b;
+    int fits_host = p.host_pinned_bytes <= pin_limit;
+    size_t device_peak = cfg.mm.placement == TD_PLACEMENT_CUDA ? p.full_device_bytes
+                         : cfg.mm.placement == TD_PLACEMENT_CPU ? p.min_device_bytes
+                         : (p.full_device_bytes < budget ? p.full_device_bytes : budget);
+    if (cfg.mm.placement == TD_PLACEMENT_CUDA) fits_device = budget >= p.full_device_bytes && budget <= free_b;
+    double compute_ms = r.gflops > 0 ? p.flops_per_step / (r.gflops * 1e9) * 1e3 : 0;
+    double pcie_ms = r.copy_gbs > 0 ? (p.h2d_bytes_per_step + p.d2h_bytes_per_step) / (r.copy_gbs * 1e9) * 1e3 : 0;
+    double adam_ms = r.mem_gbs > 0 ? p.adam_bytes_per_step / (r.mem_gbs * 1e9) * 1e3 : 0;
+    double bound_ms = compute_ms > pcie_ms ? compute_ms : pcie_ms;
+    if (adam_ms > bound_ms) bound_ms = adam_ms;
+    double tokens = (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum;
+    char a[32], c2[32], d[32], e[32], f2[32], g[32], h2[32], i2[32], j[32], k[32];
+    if (json) {
+        printf("{\"params\":%zu,\"chunks\":%d,\"chunk_numel\":%zu,\"padding_bytes\":%zu,"
+               "\"device\":{\"budget_bytes\":%zu,\"free_bytes\":%zu,\"activation_bytes\":%zu,\"workspace_bytes\":%zu,"
+               "\"staging_bytes\":%zu,\"working_set_bytes\":%zu,\"min_bytes\":%zu,\"all_resident_bytes\":%zu,"
+               "\"peak_bytes\":%zu,\"fits\":%s},"
+               "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
+               "\"ram_bytes\":%zu,\"pin_limit_bytes\":%zu,\"fits\":%s},"
+               "\"checkpointing\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"memory_gbytes_per_s\":%.2f,"
+               "\"compute_gflops\":%.2f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
+               "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
+               p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
+               p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
+               device_peak, fits_device ? "true" : "false", p.role_bytes[TD_TENSOR_PARAM],
+               p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V],
+               p.host_pinned_bytes, ram, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
+               r.copy_gbs, r.mem_gbs, r.gflops, compute_ms, pcie_ms, adam_ms, bound_ms,
+               bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
+    } else {
+        printf("model        %zu params: %d layers, %d wide, %d heads, vocab %d (padded %d), seq %d\n", p.params,
+               cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
+               cfg.model.padded_vocab_size, cfg.seq_len);
+        printf("batch        %d x %d tokens, %d micro-batch%s per step; checkpointing %s\n", cfg.micro_batch,
+               cfg.seq_len, cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es", p.ckpt ? "on" : "off");
+        printf("chunks       %d of %zu elements, %s padding\n", p.chunks, p.chunk_numel,
+               td_format_bytes(p.padding_bytes, a, sizeof a));
+        printf("\ndevice (%s)\n", td_backend_describe(b));
+        printf("  activations        %12s\n  workspace          %12s\n  staging            %12s\n",
+               td_format_bytes(p.activation_bytes, a, sizeof a), td_format_bytes(p.workspace_bytes, c2, sizeof c2),
+               td_format_bytes(p.staging_bytes, d, sizeof d));
+        printf("  chunks in use      %12s  (the largest set one access pins)\n",
+               td_format_bytes(p.working_set_bytes, e, sizeof e));
+        printf("  minimum            %12s  (plus two of the largest chunk: prefetch, fragmentation)\n",
+               td_format_bytes(p.min_device_bytes, f2, sizeof f2));
+        printf("  all resident       %12s  (every param and grad chunk on the device)\n",
+               td_format_bytes(p.full_device_bytes, g, sizeof g));
+        printf("  budget             %12s  of %s free%s -> %s with --policy %s (peak about %s)\n",
+               td_format_bytes(budget, h2, sizeof h2), td_format_bytes(free_b, i2, sizeof i2),
+               cfg.gpu_budget ? "" : " (default: free minus margin)", fits_device ? "FITS" : "DOES NOT FIT", o.policy,
+               td_format_bytes(device_peak, j, sizeof j));
+        if (!fits_device)
+            printf("  -> needs --gpu-budget of at least %s%s\n",
+                   td_format_bytes(cfg.mm.placement == TD_PLACEMENT_CUDA ? p.full_device_bytes : p.min_device_bytes, k,
+                                   sizeof k),
+                   budget > free_b ? " and that much free device memory" : "");
+        printf("\nhost (pinned)\n  params             %12s\n  grads              %12s\n  optimizer (m, v)   %12s\n",
+               td_format_bytes(p.role_bytes[TD_TENSOR_PARAM], a, sizeof a),
+               td_format_bytes(p.role_bytes[TD_TENSOR_GRAD], c2, sizeof c2),
+               td_format_bytes(p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V], d, sizeof d));
+        printf("  total              %12s  of %s RAM, pin limit %s -> %s\n",
+               td_format_bytes(p.host_pinned_bytes, e, sizeof e), td_format_bytes(ram, f2, sizeof f2),
+               td_format_bytes(pin_limit, g, sizeof g), fits_host ? "FITS" : "DOES NOT FIT");
+        printf("\nmeasured here: copy %.1f GB/s, host memory %.1f GB/s, compute %.1f GFLOP/s (cpu reference matmul)\n",
+               r.copy_gbs, r.mem_gbs, r.gflops);
+        printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), CPU AdamW %.1f ms\n", compute_ms,
+               pcie_ms, td_format_bytes((size_t)p.h2d_bytes_per_step, h2, sizeof h2),
+               td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2), adam_ms);
+        printf("               lower bound %.1f ms a step (all overlapped), at most %.0f tokens/s\n", bound_ms,
+               bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
+        if (layout) {
+            printf("\n");
+            if ((st = td_train_plan_print_layout(&cfg, stdout))) goto cleanup;
+        }
+    }
+    rc = fits_device && fits_host ? 0 : 3;
+cleanup:
+    if (st) fprintf(stderr, "tidal plan: %s\n", td_error_msg());
+out:
+    td_backend_free(b);
+    td_loader_destroy(loader);
+    td_args_free();
+    return rc;
+}

@@ -52,28 +52,76 @@ static size_t N_of(const td_trainer *t) { return (size_t)t->cfg.micro_batch * (s
 
 /* ---- creation ------------------------------------------------------------- */
 
-static td_status register_tensors(td_trainer *t)
+/* Every tensor of the model in four roles, in the same order for each, so
+ * chunk i of each role holds the same tensors.  ids: 4 * count ints. */
+static td_status register_model(td_memmgr *mm, const td_gpt_ref_config *mc, int *ids)
 {
     td_status st = TD_OK;
-    const td_gpt_ref_config *mc = &t->cfg.model;
     int n = td_gpt_ref_tensor_count(mc);
+    static const td_tensor_role roles[4] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < n; i++) {
+            td_gpt_ref_tensor tt;
+            td_gpt_ref_tensor_get(mc, i, &tt);
+            TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, TD_DTYPE_F32, roles[r], &ids[r * n + i]));
+        }
+cleanup:
+    return st;
+}
+
+static td_status register_tensors(td_trainer *t)
+{
+    int n = td_gpt_ref_tensor_count(&t->cfg.model);
     t->n_tensors = n;
     t->pid = td_malloc(4 * (size_t)n * sizeof(int), TD_ROLE_META);
     if (!t->pid) return TD_ERR_NOMEM;
     t->gid = t->pid + n;
     t->mid = t->gid + n;
     t->vid = t->mid + n;
-    /* Same order for every role: chunk i of each role holds the same tensors. */
-    static const td_tensor_role roles[4] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
-    int *ids[4] = {t->pid, t->gid, t->mid, t->vid};
-    for (int r = 0; r < 4; r++)
-        for (int i = 0; i < n; i++) {
-            td_gpt_ref_tensor tt;
-            td_gpt_ref_tensor_get(mc, i, &tt);
-            TD_TRY(td_memmgr_register(t->mm, tt.name, tt.numel, TD_DTYPE_F32, roles[r], &ids[r][i]));
-        }
-cleanup:
-    return st;
+    return register_model(t->mm, &t->cfg.model, t->pid);
+}
+
+/* Chunk sizes around one block's parameters unless the caller chose. */
+static td_memmgr_params chunk_params(const td_train_config *cfg)
+{
+    td_memmgr_params mp = cfg->mm;
+    td_memmgr_params dflt = td_memmgr_default_params();
+    if (!mp.chunk_numel && mp.min_chunk_numel == dflt.min_chunk_numel && mp.max_chunk_numel == dflt.max_chunk_numel) {
+        size_t off, span;
+        td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
+        mp.min_chunk_numel = span / 8 > 4096 ? span / 8 : 4096;
+        mp.max_chunk_numel = 2 * span > mp.min_chunk_numel ? 2 * span : mp.min_chunk_numel;
+    }
+    return mp;
+}
+
+/* The non-model buffers of a run, in allocation order (one list for the
+ * trainer and for `tidal plan`). */
+typedef struct act_plan { size_t bytes[13]; td_role role[13]; int n; int ckpt; size_t total; } act_plan;
+
+static void plan_activations(const td_train_config *cfg, size_t budget, act_plan *p)
+{
+    const td_gpt_ref_config *mc = &cfg->model;
+    int B = cfg->micro_batch, T = cfg->seq_len, L = mc->n_layer;
+    size_t N = (size_t)B * (size_t)T, C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
+    size_t acts = td_gpt_ref_block_acts_numel(mc, B, T);
+    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
+    if (scratch < 2 * N * C) scratch = 2 * N * C;
+    /* --ckpt auto: keep every block's activations when they take at most a
+     * quarter of the budget, else only the block inputs. */
+    p->ckpt = cfg->ckpt == TD_CKPT_ON || (cfg->ckpt == TD_CKPT_AUTO && (size_t)L * acts * F > budget / 4);
+    size_t sizes[13] = {(size_t)(L + 1) * N * C * F, (p->ckpt ? 1 : (size_t)L) * acts * F, N * C * F, N * F, N * F,
+                        N * Vp * F, N * F, N * F, N * C * F, N * C * F, scratch * F, N * 4, N * 4};
+    td_role roles[13] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
+                         TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
+                         TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_STAGING, TD_ROLE_STAGING};
+    p->n = 13;
+    p->total = 0;
+    for (int i = 0; i < 13; i++) {
+        p->bytes[i] = sizes[i];
+        p->role[i] = roles[i];
+        p->total += td_align_up(sizes[i], TD_ARENA_ALIGN);
+    }
 }
 
 /* Params from the seeded init, written into their host copies; m and v
@@ -103,40 +151,26 @@ static td_status take(td_trainer *t, size_t bytes, td_role role, void *pptr)
 static td_status alloc_activations(td_trainer *t)
 {
     td_status st = TD_OK;
-    const td_gpt_ref_config *mc = &t->cfg.model;
-    int B = t->cfg.micro_batch, T = t->cfg.seq_len, L = mc->n_layer;
-    size_t N = N_of(t), C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
-    t->acts_numel = td_gpt_ref_block_acts_numel(mc, B, T);
-    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
-    if (scratch < 2 * N * C) scratch = 2 * N * C;
-    /* --ckpt auto: keep every block's activations when they take at most a
-     * quarter of the budget, else only the block inputs. */
     td_arena_stats as;
     td_arena_get_stats(t->arena, &as);
-    size_t all_acts = (size_t)L * t->acts_numel * F;
-    t->ckpt = t->cfg.ckpt == TD_CKPT_ON || (t->cfg.ckpt == TD_CKPT_AUTO && all_acts > as.budget_bytes / 4);
-    TD_TRY(take(t, (size_t)(L + 1) * N * C * F, TD_ROLE_ACTIVATION, &t->resid));
-    TD_TRY(take(t, (t->ckpt ? 1 : (size_t)L) * t->acts_numel * F, TD_ROLE_ACTIVATION, &t->acts));
-    TD_TRY(take(t, N * C * F, TD_ROLE_ACTIVATION, &t->lnf));
-    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->lnf_mean));
-    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->lnf_rstd));
-    TD_TRY(take(t, N * Vp * F, TD_ROLE_ACTIVATION, &t->logits));
-    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->losses));
-    TD_TRY(take(t, N * F, TD_ROLE_ACTIVATION, &t->lse));
-    TD_TRY(take(t, N * C * F, TD_ROLE_WORKSPACE, &t->dres[0]));
-    TD_TRY(take(t, N * C * F, TD_ROLE_WORKSPACE, &t->dres[1]));
-    TD_TRY(take(t, scratch * F, TD_ROLE_WORKSPACE, &t->scratch));
-    TD_TRY(take(t, N * sizeof(int32_t), TD_ROLE_STAGING, &t->tokens));
-    TD_TRY(take(t, N * sizeof(int32_t), TD_ROLE_STAGING, &t->targets));
+    act_plan p;
+    plan_activations(&t->cfg, as.budget_bytes, &p);
+    t->ckpt = p.ckpt;
+    t->acts_numel = td_gpt_ref_block_acts_numel(&t->cfg.model, t->cfg.micro_batch, t->cfg.seq_len);
+    void *dst[13] = {&t->resid, &t->acts, &t->lnf, &t->lnf_mean, &t->lnf_rstd, &t->logits, &t->losses, &t->lse,
+                     &t->dres[0], &t->dres[1], &t->scratch, &t->tokens, &t->targets};
+    for (int i = 0; i < p.n; i++) TD_TRY(take(t, p.bytes[i], p.role[i], dst[i]));
+    size_t N = N_of(t);
     t->h_tokens = td_malloc(N * sizeof(int32_t), TD_ROLE_STAGING);
     t->h_targets = td_malloc(N * sizeof(int32_t), TD_ROLE_STAGING);
-    t->h_losses = td_malloc(N * F, TD_ROLE_STAGING);
+    t->h_losses = td_malloc(N * sizeof(float), TD_ROLE_STAGING);
     if (!t->h_tokens || !t->h_targets || !t->h_losses) st = TD_ERR_NOMEM;
 cleanup:
     if (st == TD_ERR_BUDGET) {
-        char need[32];
-        td_error_prefix(st, "activations for --micro-batch %d --seq %d (%s%s) do not fit: ", B, T,
-                        td_format_bytes(t->nonmodel_bytes, need, sizeof need), t->ckpt ? ", checkpointed" : "");
+        char need[32], budget[32];
+        td_error_prefix(st, "activations for --micro-batch %d --seq %d need %s%s of the %s budget and do not fit: ",
+                        t->cfg.micro_batch, t->cfg.seq_len, td_format_bytes(p.total, need, sizeof need),
+                        t->ckpt ? " (checkpointed)" : "", td_format_bytes(as.budget_bytes, budget, sizeof budget));
     }
     return st;
 }
@@ -166,16 +200,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
     TD_TRY(td_arena_create(t->backend, cfg->gpu_budget, &t->arena));
     TD_TRY(td_copy_engine_create(t->backend, NULL, &t->engine));
-    /* Chunks sized for this model unless the caller chose: the search range
-     * around one block's parameters, so a block packs into few chunks. */
-    td_memmgr_params mp = cfg->mm;
-    td_memmgr_params dflt = td_memmgr_default_params();
-    if (!mp.chunk_numel && mp.min_chunk_numel == dflt.min_chunk_numel && mp.max_chunk_numel == dflt.max_chunk_numel) {
-        size_t off, span;
-        td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
-        mp.min_chunk_numel = span / 8 > 4096 ? span / 8 : 4096;
-        mp.max_chunk_numel = 2 * span > mp.min_chunk_numel ? 2 * span : mp.min_chunk_numel;
-    }
+    td_memmgr_params mp = chunk_params(cfg);
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     TD_TRY(register_tensors(t));
     TD_TRY(td_memmgr_layout(t->mm));
@@ -444,6 +469,125 @@ td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int 
     }
     *loss = targets ? sum / (double)targets : 0;
 cleanup:
+    return st;
+}
+
+/* ---- planning ------------------------------------------------------------------ */
+
+static td_status plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids)
+{
+    td_status st = TD_OK;
+    td_memmgr_params mp = chunk_params(cfg);
+    *ids = td_malloc(4 * (size_t)td_gpt_ref_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
+    if (!*ids) return TD_ERR_NOMEM;
+    TD_TRY(td_memmgr_create(NULL, NULL, NULL, &mp, mm));
+    TD_TRY(register_model(*mm, &cfg->model, *ids));
+    TD_TRY(td_memmgr_plan_layout(*mm));
+cleanup:
+    return st;
+}
+
+/* Chunk bytes of the union of the chunks holding ids. */
+static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
+{
+    int seen[64], k = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        int c = td_memmgr_tensor_chunk(mm, ids[i]), dup = 0;
+        for (int j = 0; j < k && !dup; j++) dup = seen[j] == c;
+        if (dup) continue;
+        if (k < 64) seen[k++] = c;
+        bytes += td_memmgr_chunk_bytes(mm, c);
+    }
+    return bytes;
+}
+
+td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out)
+{
+    td_status st;
+    td_memmgr *mm = NULL;
+    int *ids = NULL;
+    memset(out, 0, sizeof *out);
+    if ((st = td_train_config_check(cfg))) return st;
+    if ((st = plan_memmgr(cfg, &mm, &ids))) goto cleanup;
+    const td_gpt_ref_config *mc = &cfg->model;
+    int n = td_gpt_ref_tensor_count(mc), L = mc->n_layer;
+    const int *pid = ids, *gid = ids + n;
+    out->params = td_gpt_ref_params_numel(mc);
+    out->chunks = td_memmgr_chunk_count(mm);
+    out->chunk_numel = td_memmgr_chunk_numel(mm);
+    out->padding_bytes = td_memmgr_padding_bytes(mm);
+    size_t largest = 0;
+    for (int c = 0; c < out->chunks; c++) {
+        size_t b = td_memmgr_chunk_bytes(mm, c);
+        out->role_bytes[td_memmgr_chunk_role(mm, c)] += b;
+        out->host_pinned_bytes += b;
+        if (b > largest) largest = b;
+    }
+    act_plan ap;
+    plan_activations(cfg, budget ? budget : 0, &ap);
+    out->ckpt = ap.ckpt;
+    for (int i = 0; i < ap.n; i++) {
+        size_t b = td_align_up(ap.bytes[i], TD_ARENA_ALIGN);
+        if (ap.role[i] == TD_ROLE_ACTIVATION) out->activation_bytes += b;
+        else if (ap.role[i] == TD_ROLE_WORKSPACE) out->workspace_bytes += b;
+        else out->staging_bytes += b;
+    }
+    out->nonmodel_bytes = ap.total;
+    /* The step's accesses, as micro_batch() makes them; each pins the union. */
+    int li = 2 + L * TD_GPT_REF_BLOCK_TENSORS;
+    int set[2 * TD_GPT_REF_BLOCK_TENSORS];
+    int emb[2] = {pid[0], pid[1]}, gemb[2] = {gid[0], gid[1]};
+    int head[6] = {pid[li], pid[li + 1], pid[0], gid[li], gid[li + 1], gid[0]};
+    size_t ws = chunks_bytes(mm, emb, 2);
+    if (chunks_bytes(mm, head, 6) > ws) ws = chunks_bytes(mm, head, 6);
+    if (chunks_bytes(mm, gemb, 2) > ws) ws = chunks_bytes(mm, gemb, 2);
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) {
+            set[k] = pid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+            set[TD_GPT_REF_BLOCK_TENSORS + k] = gid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+        }
+        size_t b = chunks_bytes(mm, set, 2 * TD_GPT_REF_BLOCK_TENSORS);
+        if (b > ws) ws = b;
+    }
+    out->working_set_bytes = ws;
+    /* One chunk to prefetch into, one more for fragmentation: chunks of
+     * different sizes (a tensor larger than the chunk size has its own) leave
+     * holes the others cannot use. */
+    out->min_device_bytes = ap.total + ws + 2 * largest;
+    out->full_device_bytes = ap.total + out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD];
+    /* Work: 6 flops per param per token (2 forward, 4 backward) plus
+     * attention's 12 L T C per token; recompute adds one more forward. */
+    double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
+    double fwd = 2.0 * (double)out->params + 4.0 * L * (double)cfg->seq_len * mc->n_embd;
+    out->flops_per_step = tokens * fwd * (out->ckpt ? 4.0 : 3.0);
+    /* Traffic: what does not stay on the device is loaded in forward and in
+     * backward of every micro-batch; grads go back once a step; the new
+     * params of every chunk come up once (the CPU AdamW writes them). */
+    double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
+    double room = budget > out->min_device_bytes ? (double)(budget - out->min_device_bytes) : 0;
+    double resident = cfg->mm.placement == TD_PLACEMENT_CPU ? 0
+                    : cfg->mm.placement == TD_PLACEMENT_CUDA ? params_bytes + grads_bytes
+                    : room < params_bytes + grads_bytes ? room : params_bytes + grads_bytes;
+    double streamed = params_bytes + grads_bytes - resident;
+    if (streamed < 0) streamed = 0;
+    out->h2d_bytes_per_step = params_bytes + streamed * cfg->grad_accum;
+    out->d2h_bytes_per_step = grads_bytes;
+    out->adam_bytes_per_step = 28.0 * (double)out->params;
+cleanup:
+    td_memmgr_destroy(mm);
+    td_free(ids);
+    return st;
+}
+
+td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)
+{
+    td_memmgr *mm = NULL;
+    int *ids = NULL;
+    td_status st = plan_memmgr(cfg, &mm, &ids);
+    if (st == TD_OK) td_memmgr_print_layout(mm, f);
+    td_memmgr_destroy(mm);
+    td_free(ids);
     return st;
 }
 

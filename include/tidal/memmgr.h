@@ -135,6 +135,10 @@ td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dt
 /* Packs the tensors into chunks and allocates the host copies (pinned). */
 td_status td_memmgr_layout(td_memmgr *m);
 void td_memmgr_print_layout(td_memmgr *m, FILE *f);
+/* Planning without memory: a manager created with NULL arena, pool and
+ * engine takes registrations and computes the layout and the initial homes
+ * (`tidal plan`); it can answer the layout queries, nothing else. */
+td_status td_memmgr_plan_layout(td_memmgr *m);
 
 /* Layout queries. */
 int td_memmgr_tensor_count(const td_memmgr *m);

@@ -28,6 +28,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tidal/backend.h"
 #include "tidal/dtype.h"
@@ -89,6 +90,31 @@ void td_trainer_destroy(td_trainer *t);
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);
 /* Mean loss over `batches` micro-batches without updating (eval). */
 td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss);
+
+/* The footprint of a run, from the layout alone (nothing of the model is
+ * allocated): what `tidal plan` prints. */
+typedef struct td_train_plan {
+    size_t params;                              /* model parameters */
+    int chunks;
+    size_t chunk_numel, padding_bytes;
+    size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role */
+    size_t nonmodel_bytes;                      /* activations + workspace + staging, device */
+    size_t activation_bytes, workspace_bytes, staging_bytes;
+    int ckpt;                                   /* what --ckpt auto chooses for this budget */
+    size_t working_set_bytes;                   /* the most chunk bytes one access pins */
+    size_t min_device_bytes;                    /* non-model + working set + two of the largest chunk
+                                                   (one to prefetch into, one for fragmentation) */
+    size_t full_device_bytes;                   /* non-model + every param and grad chunk */
+    size_t host_pinned_bytes;                   /* every chunk's host copy */
+    double flops_per_step;                      /* forward + backward (+ recompute), all micro-batches */
+    double h2d_bytes_per_step, d2h_bytes_per_step; /* with the chunks that stay on the device kept */
+    double adam_bytes_per_step;                 /* CPU AdamW memory traffic (28 bytes a param) */
+} td_train_plan;
+
+/* budget: the device budget to plan for (0: unknown; ckpt auto assumes on). */
+td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out);
+/* The layout as td_memmgr_print_layout prints it. */
+td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
 
 const td_train_config *td_trainer_config(const td_trainer *t);
 td_memmgr *td_trainer_memmgr(td_trainer *t);
