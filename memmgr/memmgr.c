@@ -273,6 +273,8 @@ static td_status budget_error(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use)
         }
     char p[32], nm[32], min[32];
     size_t minimum = pinned + ch->bytes + nonmodel_bytes(m);
+    if (minimum <= s.budget_bytes) /* enough bytes, but split: room for one more chunk avoids it */
+        minimum = s.budget_bytes + ch->bytes;
     return td_error_set(TD_ERR_BUDGET,
                         "memmgr: no room for chunk %d (%s %s #%d, %s)%s: %d chunks in use or homed on the device "
                         "hold %s, non-model buffers %s; %s; this access needs a budget of at least %s "

@@ -87,10 +87,13 @@ static td_memmgr_params chunk_params(const td_train_config *cfg)
     td_memmgr_params mp = cfg->mm;
     td_memmgr_params dflt = td_memmgr_default_params();
     if (!mp.chunk_numel && mp.min_chunk_numel == dflt.min_chunk_numel && mp.max_chunk_numel == dflt.max_chunk_numel) {
-        size_t off, span;
+        /* At least the largest block tensor (4C x C), so only the embedding
+         * may get a chunk of its own: few distinct chunk sizes, little
+         * fragmentation; at most one block's worth. */
+        size_t off, span, C = (size_t)cfg->model.n_embd;
         td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
-        mp.min_chunk_numel = span / 8 > 4096 ? span / 8 : 4096;
-        mp.max_chunk_numel = 2 * span > mp.min_chunk_numel ? 2 * span : mp.min_chunk_numel;
+        mp.min_chunk_numel = 4 * C * C > 4096 ? 4 * C * C : 4096;
+        mp.max_chunk_numel = span > mp.min_chunk_numel ? span : mp.min_chunk_numel;
     }
     return mp;
 }
