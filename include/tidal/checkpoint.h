@@ -1,0 +1,224 @@
+/* Checkpoint directories: Hugging Face GPT-2 weights plus tidal's training
+ * state, written chunk by chunk and replaced atomically.
+ *
+ * A checkpoint is a directory DIR holding
+ *   config.json               Hugging Face GPT2Config (model_type gpt2, ...) plus
+ *                             tidal_* keys (format version, padded vocabulary)
+ *   model.safetensors         the weights under Hugging Face GPT-2 names
+ *                             ("wte.weight", "h.0.attn.c_attn.weight", ...; no
+ *                             "transformer." prefix, no lm_head: it is tied to wte),
+ *                             Conv1D weights stored (in, out), wte with the real
+ *                             vocabulary's rows only
+ *   train_state.safetensors   (optional) per parameter "master.<name>",
+ *                             "adam_m.<name>", "adam_v.<name>" as F32 in tidal's
+ *                             layout, caller-declared extra tensors (RNG words,
+ *                             ...) and scalars as __metadata__ strings
+ * so `transformers.GPT2LMHeadModel.from_pretrained(DIR)` loads it as is.
+ *
+ * Atomicity (docs/checkpoints.md): everything is written into DIR.tmp.<pid>
+ * and fsync'd; then DIR.tmp.<pid> and DIR are swapped with one
+ * renameat2(RENAME_EXCHANGE) and the old one is deleted.  Where the
+ * filesystem cannot exchange, DIR is renamed to DIR.old first and
+ * DIR.tmp.<pid> to DIR after; a reader finding no DIR but a DIR.old reads
+ * DIR.old, and the next writer (or td_ckpt_recover) moves it back.  A kill at
+ * any moment leaves DIR (or DIR.old) holding the old or the new checkpoint,
+ * complete.  One writer per DIR at a time.
+ *
+ * Parameter order and shapes: td_ckpt_param_get lists the GPT-2 parameters
+ * for a configuration in tidal's layout order (wte, wpe, 12 per block, ln_f
+ * weight and bias; the same order as gpt_ref.h's table) with tidal's shape
+ * (weights (out, in), wte (padded_vocab_size, C)) and the shape stored in
+ * model.safetensors.
+ *
+ * Ownership: a writer owns its temporary directory until commit or abort
+ * (both free it); a reader owns its files until close.
+ * Thread-safety: a writer is used by one thread at a time.  An open reader is
+ * immutable: its read calls may run from several threads at once. */
+#ifndef TIDAL_CHECKPOINT_H
+#define TIDAL_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tidal/dtype.h"
+#include "tidal/safetensors.h"
+#include "tidal/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TD_CKPT_FORMAT_VERSION 1
+#define TD_CKPT_CONFIG_FILE "config.json"
+#define TD_CKPT_MODEL_FILE "model.safetensors"
+#define TD_CKPT_STATE_FILE "train_state.safetensors"
+
+/* The model's sizes; the same fields as td_gpt_ref_config. */
+typedef struct td_ckpt_config {
+    int n_layer;
+    int n_head;
+    int n_embd;
+    int n_positions;
+    int vocab_size;        /* V: rows of wte stored in model.safetensors */
+    int padded_vocab_size; /* Vp >= V: rows of wte in tidal's layout (compute padding) */
+} td_ckpt_config;
+
+/* TD_OK, or TD_ERR_INVALID naming the bad field. */
+td_status td_ckpt_config_check(const td_ckpt_config *cfg);
+
+/* --- the parameter table -------------------------------------------------- */
+
+typedef struct td_ckpt_param {
+    char name[64];        /* Hugging Face name without "transformer.", e.g. "h.3.mlp.c_fc.weight" */
+    int layer;            /* block index, -1 for wte, wpe, ln_f */
+    int ndim;             /* 1 or 2 */
+    int64_t shape[2];     /* tidal's layout: Linear weights (out, in); wte (Vp, C) */
+    int64_t hf_shape[2];  /* as stored in model.safetensors: Conv1D (in, out); wte (V, C) */
+    int transposed;       /* 1: hf_shape is shape reversed (c_attn, c_proj, c_fc weights) */
+    uint64_t numel;       /* elements of shape */
+    uint64_t hf_numel;    /* elements of hf_shape (less than numel only for a padded wte) */
+} td_ckpt_param;
+
+/* 4 + 12 n_layer. */
+int td_ckpt_param_count(const td_ckpt_config *cfg);
+/* The index-th parameter (0 <= index < count). */
+td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param *out);
+/* Index of the parameter with this Hugging Face name ("transformer." prefix
+ * allowed), or -1. */
+int td_ckpt_param_find(const td_ckpt_config *cfg, const char *name);
+
+/* Training-state tensors kept per parameter. */
+typedef enum td_ckpt_state {
+    TD_CKPT_STATE_MASTER, /* fp32 master weights */
+    TD_CKPT_STATE_ADAM_M, /* AdamW first moment */
+    TD_CKPT_STATE_ADAM_V, /* AdamW second moment */
+    TD_CKPT_STATE_COUNT
+} td_ckpt_state;
+
+/* "master", "adam_m", "adam_v": the name prefix in train_state.safetensors. */
+const char *td_ckpt_state_name(td_ckpt_state kind);
+
+/* --- writer --------------------------------------------------------------- */
+
+/* How DIR is replaced when it exists. */
+typedef enum td_ckpt_replace {
+    TD_CKPT_REPLACE_AUTO,     /* exchange where the filesystem supports it, else aside */
+    TD_CKPT_REPLACE_EXCHANGE, /* renameat2(RENAME_EXCHANGE) only; an error where unsupported */
+    TD_CKPT_REPLACE_ASIDE,    /* DIR -> DIR.old, DIR.tmp.<pid> -> DIR, remove DIR.old */
+} td_ckpt_replace;
+
+/* Points of a save, in order, reported to on_stage (tests kill there). */
+typedef enum td_ckpt_stage {
+    TD_CKPT_STAGE_TEMP_CREATED,  /* DIR.tmp.<pid> exists with config.json, data not yet written */
+    TD_CKPT_STAGE_FILES_SYNCED,  /* every file complete and fsync'd in DIR.tmp.<pid> */
+    TD_CKPT_STAGE_OLD_ASIDE,     /* (aside only) DIR renamed to DIR.old; no DIR now */
+    TD_CKPT_STAGE_PUBLISHED,     /* the new checkpoint is DIR; the old one not yet deleted */
+    TD_CKPT_STAGE_DONE,          /* the old checkpoint deleted */
+} td_ckpt_stage;
+
+typedef struct td_ckpt_write_options {
+    td_dtype weight_dtype;   /* dtype of model.safetensors (default fp32) */
+    int train_state;         /* 1: also write train_state.safetensors (default 1) */
+    td_ckpt_replace replace; /* default AUTO */
+    void (*on_stage)(td_ckpt_stage stage, void *arg); /* may be NULL */
+    void *stage_arg;
+} td_ckpt_write_options;
+
+td_ckpt_write_options td_ckpt_write_default_options(void);
+
+typedef struct td_ckpt_writer td_ckpt_writer;
+
+/* Starts a save into DIR: finishes an interrupted earlier save
+ * (td_ckpt_recover), checks that an existing DIR holds only checkpoint files
+ * (so nothing else is ever deleted), creates DIR.tmp.<pid> with config.json,
+ * and declares every weight (and, with train_state, every master/m/v tensor).
+ * opts may be NULL for the defaults. */
+td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
+                               const td_ckpt_write_options *opts, td_ckpt_writer **out);
+
+/* train_state.safetensors only, before its first data write: a __metadata__
+ * string (scalars: step, data position, loss scale, ...), or an extra tensor
+ * placed after every master/m/v tensor (*index_out numbers extras 0, 1, ...). */
+td_status td_ckpt_writer_set_meta(td_ckpt_writer *w, const char *key, const char *value);
+td_status td_ckpt_writer_set_meta_u64(td_ckpt_writer *w, const char *key, uint64_t value);
+/* Printed with 17 significant digits, so td_ckpt_reader_meta_f64 returns the same double. */
+td_status td_ckpt_writer_set_meta_f64(td_ckpt_writer *w, const char *key, double value);
+td_status td_ckpt_writer_declare_extra(td_ckpt_writer *w, const char *name, td_st_dtype dtype,
+                                       int ndim, const uint64_t *shape, int *index_out);
+
+/* Weights, parameters in td_ckpt_param order (each file is a stream: see
+ * safetensors.h).  put_weight takes one whole tensor in tidal's layout (it
+ * transposes Conv1D weights through a bounded buffer and keeps only wte's
+ * first V rows); append_weight takes the next n_elems elements of the stored
+ * (Hugging Face) layout, hf_numel in all. */
+td_status td_ckpt_writer_put_weight(td_ckpt_writer *w, int param, td_dtype src_dtype,
+                                    const void *src);
+td_status td_ckpt_writer_append_weight(td_ckpt_writer *w, int param, td_dtype src_dtype,
+                                       const void *src, size_t n_elems);
+/* Training state in the order param 0 master, m, v, param 1 master, m, v, ...,
+ * then the extras: the next n_elems of the tensor, tidal's layout (numel in all). */
+td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_state kind,
+                                      const float *src, size_t n_elems);
+td_status td_ckpt_writer_append_extra(td_ckpt_writer *w, int extra, const void *bytes,
+                                      size_t n_bytes);
+
+/* Checks that every tensor is complete, syncs, publishes DIR and deletes the
+ * old checkpoint.  Frees w whatever the outcome; on failure DIR is as before. */
+td_status td_ckpt_writer_commit(td_ckpt_writer *w);
+/* Deletes DIR.tmp.<pid> and frees w (NULL is a no-op). */
+void td_ckpt_writer_abort(td_ckpt_writer *w);
+
+/* Finishes what an interrupted save left: DIR missing but DIR.old present ->
+ * DIR.old becomes DIR; DIR present -> a stale DIR.old is deleted; temporary
+ * DIR.tmp.<pid> directories of processes no longer running are deleted. */
+td_status td_ckpt_recover(const char *dir);
+
+/* --- reader --------------------------------------------------------------- */
+
+typedef struct td_ckpt_reader td_ckpt_reader;
+
+/* Opens DIR (or DIR.old after an interrupted save): config.json, then
+ * model.safetensors (or the shards of model.safetensors.index.json), and
+ * train_state.safetensors when present.  Each field of `expect` (may be NULL)
+ * that is > 0 must agree with config.json; padded_vocab_size comes from
+ * expect, else config.json's tidal_padded_vocab_size, else vocab_size.
+ * config.json may be missing only when expect gives every field.  Every
+ * weight must be present (with or without "transformer.") with its stored
+ * shape and a float dtype; train-state tensors must be F32 with tidal's
+ * shapes.  Errors name the file, the tensor, the expected and found shape
+ * or dtype. */
+td_status td_ckpt_reader_open(const char *dir, const td_ckpt_config *expect, td_ckpt_reader **out);
+void td_ckpt_reader_close(td_ckpt_reader *r); /* NULL is a no-op */
+
+const td_ckpt_config *td_ckpt_reader_config(const td_ckpt_reader *r);
+/* The directory actually read (DIR, or DIR.old after an interrupted save). */
+const char *td_ckpt_reader_dir(const td_ckpt_reader *r);
+
+/* Parameter `param` whole, in tidal's layout (numel elements): Conv1D
+ * weights transposed back, wte's rows V .. Vp-1 set to zero. */
+td_status td_ckpt_reader_get_weight(const td_ckpt_reader *r, int param, td_dtype dst_dtype,
+                                    void *dst);
+/* Elements [elem_offset, elem_offset + n_elems) of the stored (HF) layout. */
+td_status td_ckpt_reader_read_weight(const td_ckpt_reader *r, int param, uint64_t elem_offset,
+                                     size_t n_elems, td_dtype dst_dtype, void *dst);
+/* The dtype the weights are stored in. */
+td_st_dtype td_ckpt_reader_weight_dtype(const td_ckpt_reader *r, int param);
+
+/* 1 when train_state.safetensors is present. */
+int td_ckpt_reader_has_state(const td_ckpt_reader *r);
+/* Elements [elem_offset, +n_elems) of a master/m/v tensor (tidal's layout). */
+td_status td_ckpt_reader_read_state(const td_ckpt_reader *r, int param, td_ckpt_state kind,
+                                    uint64_t elem_offset, size_t n_elems, float *dst);
+/* train_state's __metadata__: the string or NULL; typed forms fail with a
+ * message naming the key when it is missing or not a number. */
+const char *td_ckpt_reader_meta(const td_ckpt_reader *r, const char *key);
+td_status td_ckpt_reader_meta_u64(const td_ckpt_reader *r, const char *key, uint64_t *out);
+td_status td_ckpt_reader_meta_f64(const td_ckpt_reader *r, const char *key, double *out);
+/* The train-state file itself, for extra tensors (td_st_find / td_st_read*);
+ * NULL without one. */
+const td_st_reader *td_ckpt_reader_state_file(const td_ckpt_reader *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1181 @@
+/* Checkpoint directories (see include/tidal/checkpoint.h, docs/checkpoints.md).
+ *
+ * Three parts: the GPT-2 parameter table and config.json (what is stored
+ * under which name and shape), the directory protocol (temporary directory,
+ * exchange or aside, recovery, deleting only files tidal writes), and the
+ * writer and reader on top of the safetensors streams. */
+#include "tidal/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tidal/alloc.h"
+
+/* --- configuration and parameter table ------------------------------------ */
+
+td_status td_ckpt_config_check(const td_ckpt_config *cfg)
+{
+    if (!cfg) return td_error_set(TD_ERR_INVALID, "checkpoint: no model configuration given");
+    if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd < 1 || cfg->n_positions < 1 ||
+        cfg->vocab_size < 1)
+        return td_error_set(TD_ERR_INVALID,
+                            "checkpoint: model sizes must be positive: n_layer %d, n_head %d, n_embd "
+                            "%d, n_positions %d, vocab_size %d",
+                            cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->n_positions, cfg->vocab_size);
+    if (cfg->n_embd % cfg->n_head)
+        return td_error_set(TD_ERR_INVALID, "checkpoint: n_embd %d is not a multiple of n_head %d",
+                            cfg->n_embd, cfg->n_head);
+    if (cfg->padded_vocab_size < cfg->vocab_size)
+        return td_error_set(TD_ERR_INVALID,
+                            "checkpoint: padded_vocab_size %d is smaller than vocab_size %d",
+                            cfg->padded_vocab_size, cfg->vocab_size);
+    if (cfg->n_layer > 100000 || (int64_t)cfg->n_embd * 4 > INT32_MAX)
+        return td_error_set(TD_ERR_INVALID, "checkpoint: n_layer %d / n_embd %d are out of range",
+                            cfg->n_layer, cfg->n_embd);
+    return TD_OK;
+}
+
+int td_ckpt_param_count(const td_ckpt_config *cfg) { return 4 + 12 * cfg->n_layer; }
+
+/* A block's 12 tensors in layout order: name suffix, tidal shape in units of
+ * C (0 = absent dimension), and whether Hugging Face stores it transposed. */
+static const struct {
+    const char *suffix;
+    int rows_c, cols_c; /* multiples of C */
+    int transposed;
+} block_table[12] = {
+    {"ln_1.weight", 1, 0, 0},      {"ln_1.bias", 1, 0, 0},
+    {"attn.c_attn.weight", 3, 1, 1}, {"attn.c_attn.bias", 3, 0, 0},
+    {"attn.c_proj.weight", 1, 1, 1}, {"attn.c_proj.bias", 1, 0, 0},
+    {"ln_2.weight", 1, 0, 0},      {"ln_2.bias", 1, 0, 0},
+    {"mlp.c_fc.weight", 4, 1, 1},  {"mlp.c_fc.bias", 4, 0, 0},
+    {"mlp.c_proj.weight", 1, 4, 1}, {"mlp.c_proj.bias", 1, 0, 0},
+};
+
+td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param *out)
+{
+    const int count = td_ckpt_param_count(cfg);
+    const int64_t C = cfg->n_embd;
+    memset(out, 0, sizeof *out);
+    if (index < 0 || index >= count)
+        return td_error_set(TD_ERR_INVALID, "checkpoint: parameter index %d out of range (0..%d)",
+                            index, count - 1);
+    out->layer = -1;
+    out->ndim = 1;
+    if (index == 0) {
+        snprintf(out->name, sizeof out->name, "wte.weight");
+        out->ndim = 2;
+        out->shape[0] = cfg->padded_vocab_size;
+        out->shape[1] = C;
+        out->hf_shape[0] = cfg->vocab_size;
+        out->hf_shape[1] = C;
+    } else if (index == 1) {
+        snprintf(out->name, sizeof out->name, "wpe.weight");
+        out->ndim = 2;
+        out->shape[0] = out->hf_shape[0] = cfg->n_positions;
+        out->shape[1] = out->hf_shape[1] = C;
+    } else if (index >= count - 2) {
+        snprintf(out->name, sizeof out->name, "ln_f.%s", index == count - 2 ? "weight" : "bias");
+        out->shape[0] = out->hf_shape[0] = C;
+    } else {
+        const int k = (index - 2) % 12;
+        out->layer = (index - 2) / 12;
+        snprintf(out->name, sizeof out->name, "h.%d.%s", out->layer, block_table[k].suffix);
+        out->shape[0] = block_table[k].rows_c * C;
+        if (block_table[k].cols_c) {
+            out->ndim = 2;
+            out->shape[1] = block_table[k].cols_c * C;
+        }
+        out->transposed = block_table[k].transposed;
+        out->hf_shape[0] = out->transposed ? out->shape[1] : out->shape[0];
+        out->hf_shape[1] = out->transposed ? out->shape[0] : out->shape[1];
+    }
+    out->numel = (uint64_t)out->shape[0] * (uint64_t)(out->ndim == 2 ? out->shape[1] : 1);
+    out->hf_numel = (uint64_t)out->hf_shape[0] * (uint64_t)(out->ndim == 2 ? out->hf_shape[1] : 1);
+    return TD_OK;
+}
+
+/* "123." -> 123 and the rest after the dot; no sign, no leading zeros. */
+static int parse_layer(const char *s, const char **rest)
+{
+    if (s[0] < '0' || s[0] > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9')) return -1;
+    long v = 0;
+    while (*s >= '0' && *s <= '9') {
+        v = v * 10 + (*s++ - '0');
+        if (v > 1000000) return -1;
+    }
+    if (*s != '.') return -1;
+    *rest = s + 1;
+    return (int)v;
+}
+
+static const char *strip_prefix(const char *name)
+{
+    static const char prefix[] = "transformer.";
+    return strncmp(name, prefix, sizeof prefix - 1) ? name : name + sizeof prefix - 1;
+}
+
+int td_ckpt_param_find(const td_ckpt_config *cfg, const char *name)
+{
+    name = strip_prefix(name);
+    const int count = td_ckpt_param_count(cfg);
+    if (!strcmp(name, "wte.weight")) return 0;
+    if (!strcmp(name, "wpe.weight")) return 1;
+    if (!strcmp(name, "ln_f.weight")) return count - 2;
+    if (!strcmp(name, "ln_f.bias")) return count - 1;
+    if (strncmp(name, "h.", 2)) return -1;
+    const char *rest;
+    int layer = parse_layer(name + 2, &rest);
+    if (layer < 0 || layer >= cfg->n_layer) return -1;
+    for (int k = 0; k < 12; k++)
+        if (!strcmp(rest, block_table[k].suffix)) return 2 + 12 * layer + k;
+    return -1;
+}
+
+const char *td_ckpt_state_name(td_ckpt_state kind)
+{
+    static const char *names[TD_CKPT_STATE_COUNT] = {"master", "adam_m", "adam_v"};
+    return (unsigned)kind < TD_CKPT_STATE_COUNT ? names[kind] : "unknown";
+}
+
+static td_st_dtype st_dtype_of(td_dtype dt)
+{
+    return dt == TD_DTYPE_BF16 ? TD_ST_BF16 : dt == TD_DTYPE_F16 ? TD_ST_F16 : TD_ST_F32;
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    int k = snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k > 0 && (size_t)k < n; d++)
+        k += snprintf(buf + k, n - (size_t)k, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, "]");
+}
+
+/* --- config.json ---------------------------------------------------------- */
+
+static const char *torch_dtype_name(td_dtype dt)
+{
+    return dt == TD_DTYPE_BF16 ? "bfloat16" : dt == TD_DTYPE_F16 ? "float16" : "float32";
+}
+
+static td_status write_config_json(const char *path, const td_ckpt_config *cfg, td_dtype weight_dtype)
+{
+    td_status st = TD_OK;
+    char *text = NULL;
+    cJSON *o = cJSON_CreateObject(), *arch = cJSON_CreateArray();
+    if (!o || !arch) {
+        cJSON_Delete(arch);
+        TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory for %s", path);
+    }
+    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON_AddItemToObject(o, "architectures", arch);
+    cJSON_AddStringToObject(o, "model_type", "gpt2");
+    cJSON_AddNumberToObject(o, "n_layer", cfg->n_layer);
+    cJSON_AddNumberToObject(o, "n_head", cfg->n_head);
+    cJSON_AddNumberToObject(o, "n_embd", cfg->n_embd);
+    cJSON_AddNumberToObject(o, "n_positions", cfg->n_positions);
+    cJSON_AddNumberToObject(o, "n_ctx", cfg->n_positions);
+    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
+    cJSON_AddNullToObject(o, "n_inner");
+    cJSON_AddStringToObject(o, "activation_function", "gelu_new");
+    cJSON_AddNumberToObject(o, "layer_norm_epsilon", 1e-5);
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    /* tidal trains without dropout; say so, so a model loaded for training matches. */
+    cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
+    cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
+    cJSON_AddNumberToObject(o, "attn_pdrop", 0.0);
+    cJSON_AddTrueToObject(o, "scale_attn_weights");
+    cJSON_AddFalseToObject(o, "scale_attn_by_inverse_layer_idx");
+    cJSON_AddFalseToObject(o, "reorder_and_upcast_attn");
+    cJSON_AddTrueToObject(o, "tie_word_embeddings");
+    cJSON_AddNumberToObject(o, "bos_token_id", cfg->vocab_size - 1);
+    cJSON_AddNumberToObject(o, "eos_token_id", cfg->vocab_size - 1);
+    cJSON_AddStringToObject(o, "torch_dtype", torch_dtype_name(weight_dtype));
+    cJSON_AddNumberToObject(o, "tidal_format_version", TD_CKPT_FORMAT_VERSION);
+    cJSON_AddNumberToObject(o, "tidal_padded_vocab_size", cfg->padded_vocab_size);
+    text = cJSON_Print(o);
+    if (!text) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory for %s", path);
+    TD_TRY(td_write_file_atomic(path, text, strlen(text)));
+cleanup:
+    if (text) cJSON_free(text);
+    cJSON_Delete(o);
+    return st;
+}
+
+static td_status read_small_file(const char *path, char **out, size_t *len_out)
+{
+    td_status st = TD_OK;
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return td_error_set(TD_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    char *buf = NULL;
+    if (fstat(fd, &sb) != 0) TD_FAIL(TD_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    if (sb.st_size > 64 * 1024 * 1024)
+        TD_FAIL(TD_ERR_INVALID, "%s is %lld bytes, too large for a JSON configuration", path,
+                (long long)sb.st_size);
+    size_t n = (size_t)sb.st_size, got = 0;
+    if (!(buf = td_malloc(n + 1, TD_ROLE_META))) TD_FAIL(TD_ERR_NOMEM, "out of memory reading %s", path);
+    while (got < n) {
+        ssize_t k = read(fd, buf + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) TD_FAIL(TD_ERR_IO, "cannot read %s: %s", path, k < 0 ? strerror(errno) : "short read");
+        got += (size_t)k;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len_out = n;
+    buf = NULL;
+cleanup:
+    td_free(buf);
+    close(fd);
+    return st;
+}
+
+static td_status json_int(const char *path, const cJSON *o, const char *key, int required, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) {
+        if (required)
+            return td_error_set(TD_ERR_INVALID, "%s: no \"%s\"; a GPT-2 config.json needs it", path, key);
+        return TD_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
+        v->valuedouble > INT32_MAX)
+        return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be a positive integer", path, key);
+    *out = (int)v->valuedouble;
+    return TD_OK;
+}
+
+/* Hugging Face GPT2Config -> td_ckpt_config, refusing variants tidal would
+ * compute differently. */
+static td_status parse_config_json(const char *path, td_ckpt_config *cfg)
+{
+    td_status st = TD_OK;
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *o = NULL;
+    memset(cfg, 0, sizeof *cfg);
+    TD_TRY(read_small_file(path, &text, &len));
+    o = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(o)) TD_FAIL(TD_ERR_INVALID, "%s is not a JSON object", path);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2")))
+        TD_FAIL(TD_ERR_INVALID, "%s: model_type \"%s\" is not \"gpt2\"; tidal loads GPT-2 models only",
+                path, cJSON_IsString(v) ? v->valuestring : "?");
+    TD_TRY(json_int(path, o, "n_layer", 1, &cfg->n_layer));
+    TD_TRY(json_int(path, o, "n_head", 1, &cfg->n_head));
+    TD_TRY(json_int(path, o, "n_embd", 1, &cfg->n_embd));
+    TD_TRY(json_int(path, o, "n_positions", 1, &cfg->n_positions));
+    TD_TRY(json_int(path, o, "vocab_size", 1, &cfg->vocab_size));
+    cfg->padded_vocab_size = cfg->vocab_size;
+    TD_TRY(json_int(path, o, "tidal_padded_vocab_size", 0, &cfg->padded_vocab_size));
+    v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
+    if (v && (!cJSON_IsString(v) ||
+              (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
+        TD_FAIL(TD_ERR_INVALID, "%s: activation_function \"%s\" is not supported; tidal computes GELU "
+                "with the tanh approximation (gelu_new)", path, cJSON_IsString(v) ? v->valuestring : "?");
+    v = cJSON_GetObjectItemCaseSensitive(o, "layer_norm_epsilon");
+    if (v && (!cJSON_IsNumber(v) || fabs(v->valuedouble - 1e-5) > 1e-12))
+        TD_FAIL(TD_ERR_INVALID, "%s: layer_norm_epsilon %g is not supported; tidal's LayerNorm uses 1e-5",
+                path, cJSON_IsNumber(v) ? v->valuedouble : NAN);
+    v = cJSON_GetObjectItemCaseSensitive(o, "n_inner");
+    if (v && !cJSON_IsNull(v) && (!cJSON_IsNumber(v) || v->valuedouble != 4.0 * cfg->n_embd))
+        TD_FAIL(TD_ERR_INVALID, "%s: n_inner must be null or 4 * n_embd = %d; tidal's MLP is 4x wide",
+                path, 4 * cfg->n_embd);
+    v = cJSON_GetObjectItemCaseSensitive(o, "scale_attn_weights");
+    if (v && !cJSON_IsTrue(v))
+        TD_FAIL(TD_ERR_INVALID, "%s: scale_attn_weights must be true (tidal scales by 1/sqrt(head_dim))", path);
+    v = cJSON_GetObjectItemCaseSensitive(o, "scale_attn_by_inverse_layer_idx");
+    if (v && !cJSON_IsFalse(v))
+        TD_FAIL(TD_ERR_INVALID, "%s: scale_attn_by_inverse_layer_idx must be false", path);
+    v = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
+    if (v && !cJSON_IsTrue(v))
+        TD_FAIL(TD_ERR_INVALID, "%s: tie_word_embeddings must be true (tidal's head is tied to wte)", path);
+cleanup:
+    cJSON_Delete(o);
+    td_free(text);
+    return st;
+}
+
+/* --- paths and the directory protocol ------------------------------------- */
+
+/* malloc'd "a" + "b" (+ "c"). */
+static char *cat3(const char *a, const char *b, const char *c)
+{
+    size_t n = strlen(a) + strlen(b) + (c ? strlen(c) : 0) + 1;
+    char *s = td_malloc(n, TD_ROLE_META);
+    if (s) snprintf(s, n, "%s%s%s", a, b, c ? c : "");
+    return s;
+}
+
+/* DIR without trailing slashes into *out; an error if empty or "/". */
+static td_status normalize_dir(const char *dir, char **out)
+{
+    size_t n = dir ? strlen(dir) : 0;
+    *out = NULL;
+    while (n > 1 && dir[n - 1] == '/') n--;
+    if (n == 0 || (n == 1 && dir[0] == '/'))
+        return td_error_set(TD_ERR_INVALID, "checkpoint: \"%s\" is not a usable checkpoint directory",
+                            dir ? dir : "");
+    char *s = td_malloc(n + 1, TD_ROLE_META);
+    if (!s) return td_error_prefix(TD_ERR_NOMEM, "checkpoint: ");
+    memcpy(s, dir, n);
+    s[n] = '\0';
+    *out = s;
+    return TD_OK;
+}
+
+/* Names of files tidal writes into a checkpoint directory, and their
+ * temporary forms "<name>.tmp.<digits>". */
+static int is_ckpt_file(const char *name)
+{
+    static const char *known[] = {TD_CKPT_CONFIG_FILE, TD_CKPT_MODEL_FILE, TD_CKPT_STATE_FILE};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        size_t k = strlen(known[i]);
+        if (strncmp(name, known[i], k)) continue;
+        if (name[k] == '\0') return 1;
+        if (strncmp(name + k, ".tmp.", 5) || !name[k + 5]) continue;
+        const char *p = name + k + 5;
+        while (*p >= '0' && *p <= '9') p++;
+        if (*p == '\0') return 1;
+    }
+    return 0;
+}
+
+/* TD_OK when `path` is a directory holding only checkpoint files. */
+static td_status check_ckpt_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return td_error_set(TD_ERR_IO, "checkpoint: %s exists but cannot be opened as a directory: %s",
+                            path, strerror(errno));
+    td_status st = TD_OK;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !is_ckpt_file(e->d_name)) {
+            st = td_error_set(TD_ERR_INVALID,
+                              "checkpoint: %s holds '%s', which tidal does not write; refusing to "
+                              "replace or delete it. Save to another directory, or move the file away",
+                              path, e->d_name);
+            break;
+        }
+    closedir(d);
+    return st;
+}
+
+/* Deletes a checkpoint directory: its checkpoint files, then itself.  Fails
+ * without deleting anything if it holds anything else. */
+static td_status remove_ckpt_dir(const char *path)
+{
+    td_status st = check_ckpt_dir(path);
+    if (st != TD_OK) return st;
+    DIR *d = opendir(path);
+    if (!d) return td_error_set(TD_ERR_IO, "checkpoint: cannot open %s: %s", path, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (is_ckpt_file(e->d_name) && unlinkat(dirfd(d), e->d_name, 0) != 0 && errno != ENOENT) {
+            st = td_error_set(TD_ERR_IO, "checkpoint: cannot delete %s/%s: %s", path, e->d_name,
+                              strerror(errno));
+            break;
+        }
+    closedir(d);
+    if (st == TD_OK && rmdir(path) != 0 && errno != ENOENT)
+        st = td_error_set(TD_ERR_IO, "checkpoint: cannot remove directory %s: %s", path, strerror(errno));
+    return st;
+}
+
+static int is_dir(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+/* Removes DIR.tmp.<pid> directories whose process is gone (or is this one). */
+static td_status remove_stale_temps(const char *dir)
+{
+    td_status st = TD_OK;
+    const char *slash = strrchr(dir, '/');
+    char parent[4096];
+    const char *base = slash ? slash + 1 : dir;
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == dir) snprintf(parent, sizeof parent, "/");
+    else snprintf(parent, sizeof parent, "%.*s", (int)(slash - dir), dir);
+    DIR *d = opendir(parent);
+    if (!d) return TD_OK; /* nothing to clean; the caller reports a missing parent */
+    const size_t blen = strlen(base);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, base, blen) || strncmp(e->d_name + blen, ".tmp.", 5)) continue;
+        const char *p = e->d_name + blen + 5;
+        char *endp;
+        long pid = strtol(p, &endp, 10);
+        if (!*p || *endp || pid <= 0) continue;
+        if (pid != (long)getpid() && !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        char *path = cat3(parent, "/", e->d_name);
+        if (!path) {
+            st = td_error_set(TD_ERR_NOMEM, "checkpoint: out of memory");
+            break;
+        }
+        st = remove_ckpt_dir(path);
+        td_free(path);
+        if (st != TD_OK) break;
+    }
+    closedir(d);
+    return st;
+}
+
+td_status td_ckpt_recover(const char *dir_in)
+{
+    td_status st = TD_OK;
+    char *dir = NULL, *old = NULL;
+    if ((st = normalize_dir(dir_in, &dir)) != TD_OK) return st;
+    if (!(old = cat3(dir, ".old", NULL))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    if (!exists(dir) && is_dir(old)) {
+        /* Interrupted between moving the old checkpoint aside and publishing the new one. */
+        if (rename(old, dir) != 0)
+            TD_FAIL(TD_ERR_IO, "checkpoint: cannot restore %s from %s: %s", dir, old, strerror(errno));
+        TD_TRY(td_fsync_parent_dir(dir));
+    } else if (is_dir(old)) {
+        TD_TRY(remove_ckpt_dir(old));
+        TD_TRY(td_fsync_parent_dir(old));
+    }
+    TD_TRY(remove_stale_temps(dir));
+cleanup:
+    td_free(old);
+    td_free(dir);
+    return st;
+}
+
+/* --- writer --------------------------------------------------------------- */
+
+#define SCRATCH_BYTES ((size_t)4 << 20)
+
+struct td_ckpt_writer {
+    td_ckpt_config cfg;
+    td_ckpt_write_options opt;
+    char *dir, *tmp_dir, *old_dir;
+    int n_params;
+    td_st_writer *model, *state;
+    int n_extra;
+    unsigned char *scratch; /* transposes, SCRATCH_BYTES */
+};
+
+td_ckpt_write_options td_ckpt_write_default_options(void)
+{
+    td_ckpt_write_options o;
+    memset(&o, 0, sizeof o);
+    o.weight_dtype = TD_DTYPE_F32;
+    o.train_state = 1;
+    o.replace = TD_CKPT_REPLACE_AUTO;
+    return o;
+}
+
+static void stage(const td_ckpt_writer *w, td_ckpt_stage s)
+{
+    if (w->opt.on_stage) w->opt.on_stage(s, w->opt.stage_arg);
+}
+
+void td_ckpt_writer_abort(td_ckpt_writer *w)
+{
+    if (!w) return;
+    td_st_writer_abort(w->model);
+    td_st_writer_abort(w->state);
+    if (w->tmp_dir && is_dir(w->tmp_dir)) {
+        /* Cleanup must not hide the error that made the caller abort. */
+        char msg[1024], where[256];
+        snprintf(msg, sizeof msg, "%s", td_error_msg());
+        snprintf(where, sizeof where, "%s", td_error_where());
+        if (remove_ckpt_dir(w->tmp_dir) != TD_OK) {
+            td_error_set(TD_ERR_IO, "%s", msg);
+            char *colon = strrchr(where, ':');
+            if (colon) {
+                *colon = '\0';
+                td_error_trace(where, atoi(colon + 1));
+            }
+        }
+    }
+    td_free(w->scratch);
+    td_free(w->dir);
+    td_free(w->tmp_dir);
+    td_free(w->old_dir);
+    td_free(w);
+}
+
+static td_status declare_files(td_ckpt_writer *w)
+{
+    td_status st = TD_OK;
+    char *path = NULL;
+    if (!(path = cat3(w->tmp_dir, "/", TD_CKPT_MODEL_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    TD_TRY(td_st_writer_create(path, &w->model));
+    TD_TRY(td_st_writer_add_metadata(w->model, "format", "pt")); /* transformers requires it */
+    for (int i = 0; i < w->n_params; i++) {
+        td_ckpt_param p;
+        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        uint64_t shape[2] = {(uint64_t)p.hf_shape[0], (uint64_t)p.hf_shape[1]};
+        TD_TRY(td_st_writer_declare(w->model, p.name, st_dtype_of(w->opt.weight_dtype), p.ndim, shape, NULL));
+    }
+    if (!w->opt.train_state) goto cleanup;
+    td_free(path);
+    if (!(path = cat3(w->tmp_dir, "/", TD_CKPT_STATE_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    TD_TRY(td_st_writer_create(path, &w->state));
+    TD_TRY(td_st_writer_add_metadata(w->state, "format", "tidal-train-state"));
+    for (int i = 0; i < w->n_params; i++) {
+        td_ckpt_param p;
+        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        uint64_t shape[2] = {(uint64_t)p.shape[0], (uint64_t)p.shape[1]};
+        for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s.%s", td_ckpt_state_name((td_ckpt_state)k), p.name);
+            TD_TRY(td_st_writer_declare(w->state, name, TD_ST_F32, p.ndim, shape, NULL));
+        }
+    }
+cleanup:
+    td_free(path);
+    return st;
+}
+
+td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
+                               const td_ckpt_write_options *opts, td_ckpt_writer **out)
+{
+    td_status st = TD_OK;
+    char *cfg_path = NULL, pid[32];
+    *out = NULL;
+    td_ckpt_writer *w = td_calloc(1, sizeof *w, TD_ROLE_META);
+    if (!w) return td_error_prefix(TD_ERR_NOMEM, "checkpoint: ");
+    TD_TRY(td_ckpt_config_check(cfg));
+    w->cfg = *cfg;
+    w->opt = opts ? *opts : td_ckpt_write_default_options();
+    if ((unsigned)w->opt.weight_dtype >= TD_DTYPE_COUNT)
+        TD_FAIL(TD_ERR_INVALID, "checkpoint: unknown weight dtype %d", w->opt.weight_dtype);
+    w->n_params = td_ckpt_param_count(cfg);
+    TD_TRY(normalize_dir(dir, &w->dir));
+    snprintf(pid, sizeof pid, ".tmp.%ld", (long)getpid());
+    w->tmp_dir = cat3(w->dir, pid, NULL);
+    w->old_dir = cat3(w->dir, ".old", NULL);
+    cfg_path = w->tmp_dir ? cat3(w->tmp_dir, "/", TD_CKPT_CONFIG_FILE) : NULL;
+    if (!w->tmp_dir || !w->old_dir || !cfg_path) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    TD_TRY(td_ckpt_recover(w->dir));
+    if (exists(w->dir)) {
+        if (!is_dir(w->dir))
+            TD_FAIL(TD_ERR_INVALID, "checkpoint: %s exists and is not a directory; choose another "
+                    "checkpoint path", w->dir);
+        TD_TRY(check_ckpt_dir(w->dir));
+    }
+    if (mkdir(w->tmp_dir, 0755) != 0)
+        TD_FAIL(TD_ERR_IO, "checkpoint: cannot create %s: %s; check that the parent directory exists "
+                "and is writable", w->tmp_dir, strerror(errno));
+    TD_TRY(write_config_json(cfg_path, cfg, w->opt.weight_dtype));
+    TD_TRY(declare_files(w));
+    TD_TRY(td_st_writer_begin(w->model));
+    stage(w, TD_CKPT_STAGE_TEMP_CREATED);
+    *out = w;
+    w = NULL;
+cleanup:
+    td_free(cfg_path);
+    td_ckpt_writer_abort(w);
+    return st;
+}
+
+static td_status need_state(const td_ckpt_writer *w, const char *what)
+{
+    if (!w->state)
+        return td_error_set(TD_ERR_STATE, "checkpoint %s: %s needs train_state in the write options",
+                            w->dir, what);
+    return TD_OK;
+}
+
+td_status td_ckpt_writer_set_meta(td_ckpt_writer *w, const char *key, const char *value)
+{
+    td_status st = need_state(w, "metadata");
+    if (st == TD_OK && !strcmp(key, "format"))
+        st = td_error_set(TD_ERR_INVALID, "checkpoint %s: metadata key \"format\" is reserved", w->dir);
+    return st != TD_OK ? st : td_st_writer_add_metadata(w->state, key, value);
+}
+
+td_status td_ckpt_writer_set_meta_u64(td_ckpt_writer *w, const char *key, uint64_t value)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)value);
+    return td_ckpt_writer_set_meta(w, key, buf);
+}
+
+td_status td_ckpt_writer_set_meta_f64(td_ckpt_writer *w, const char *key, double value)
+{
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", value);
+    return td_ckpt_writer_set_meta(w, key, buf);
+}
+
+td_status td_ckpt_writer_declare_extra(td_ckpt_writer *w, const char *name, td_st_dtype dtype,
+                                       int ndim, const uint64_t *shape, int *index_out)
+{
+    td_status st = need_state(w, "an extra tensor");
+    if (st != TD_OK) return st;
+    for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
+        size_t n = strlen(td_ckpt_state_name((td_ckpt_state)k));
+        if (!strncmp(name, td_ckpt_state_name((td_ckpt_state)k), n) && name[n] == '.')
+            return td_error_set(TD_ERR_INVALID, "checkpoint %s: extra tensor '%s' uses the reserved "
+                                "prefix \"%s.\"", w->dir, name, td_ckpt_state_name((td_ckpt_state)k));
+    }
+    if ((st = td_st_writer_declare(w->state, name, dtype, ndim, shape, NULL)) != TD_OK) return st;
+    if (index_out) *index_out = w->n_extra;
+    w->n_extra++;
+    return TD_OK;
+}
+
+static td_status check_param(const td_ckpt_writer *w, int param, td_ckpt_param *p)
+{
+    if (param < 0 || param >= w->n_params)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: parameter index %d out of range (0..%d)",
+                            w->dir, param, w->n_params - 1);
+    return td_ckpt_param_get(&w->cfg, param, p);
+}
+
+td_status td_ckpt_writer_append_weight(td_ckpt_writer *w, int param, td_dtype src_dtype,
+                                       const void *src, size_t n_elems)
+{
+    td_ckpt_param p;
+    td_status st = check_param(w, param, &p);
+    if (st != TD_OK) return st;
+    return td_st_writer_write_convert(w->model, (size_t)param, st_dtype_of(src_dtype), src, n_elems);
+}
+
+/* HF rows [i0, i1) of a transposed weight, gathered from tidal's (out, in)
+ * layout: dst[(i - i0) * out + o] = src[o * in + i]. */
+static void gather_columns(unsigned char *dst, const unsigned char *src, size_t esize, int64_t out,
+                           int64_t in, int64_t i0, int64_t i1)
+{
+    const int64_t rows = i1 - i0;
+    for (int64_t o = 0; o < out; o++) {
+        const unsigned char *s = src + ((size_t)o * (size_t)in + (size_t)i0) * esize;
+        if (esize == 4)
+            for (int64_t i = 0; i < rows; i++) memcpy(dst + ((size_t)i * out + o) * 4, s + i * 4, 4);
+        else
+            for (int64_t i = 0; i < rows; i++) memcpy(dst + ((size_t)i * out + o) * 2, s + i * 2, 2);
+    }
+}
+
+td_status td_ckpt_writer_put_weight(td_ckpt_writer *w, int param, td_dtype src_dtype, const void *src)
+{
+    td_ckpt_param p;
+    td_status st = check_param(w, param, &p);
+    if (st != TD_OK) return st;
+    if (!p.transposed) return td_ckpt_writer_append_weight(w, param, src_dtype, src, p.hf_numel);
+    if (!w->scratch && !(w->scratch = td_malloc(SCRATCH_BYTES, TD_ROLE_STAGING)))
+        return td_error_prefix(TD_ERR_NOMEM, "checkpoint %s: transposing '%s': ", w->dir, p.name);
+    const size_t es = td_dtype_bytes(src_dtype);
+    const int64_t out = p.shape[0], in = p.shape[1];
+    int64_t rows = (int64_t)(SCRATCH_BYTES / ((size_t)out * es));
+    if (rows < 1) rows = 1; /* out > 1M columns: still bounded by one row, see below */
+    for (int64_t i0 = 0; i0 < in; i0 += rows) {
+        const int64_t i1 = i0 + rows < in ? i0 + rows : in;
+        if ((size_t)(i1 - i0) * (size_t)out * es > SCRATCH_BYTES)
+            return td_error_set(TD_ERR_INVALID, "checkpoint %s: '%s' has %lld columns, more than the "
+                                "transpose buffer holds; write it with append_weight in the stored "
+                                "layout", w->dir, p.name, (long long)out);
+        gather_columns(w->scratch, src, es, out, in, i0, i1);
+        st = td_st_writer_write_convert(w->model, (size_t)param, st_dtype_of(src_dtype), w->scratch,
+                                        (size_t)((i1 - i0) * out));
+        if (st != TD_OK) return st;
+    }
+    return TD_OK;
+}
+
+td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_state kind,
+                                      const float *src, size_t n_elems)
+{
+    td_ckpt_param p;
+    td_status st = need_state(w, "training state");
+    if (st == TD_OK) st = check_param(w, param, &p);
+    if (st == TD_OK && (unsigned)kind >= TD_CKPT_STATE_COUNT)
+        st = td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown state kind %d", w->dir, kind);
+    if (st != TD_OK) return st;
+    return td_st_writer_write(w->state, (size_t)param * TD_CKPT_STATE_COUNT + kind, src,
+                              n_elems * sizeof(float));
+}
+
+td_status td_ckpt_writer_append_extra(td_ckpt_writer *w, int extra, const void *bytes, size_t n_bytes)
+{
+    td_status st = need_state(w, "an extra tensor");
+    if (st != TD_OK) return st;
+    if (extra < 0 || extra >= w->n_extra)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: extra tensor %d was not declared (%d are)",
+                            w->dir, extra, w->n_extra);
+    return td_st_writer_write(w->state, (size_t)w->n_params * TD_CKPT_STATE_COUNT + (size_t)extra,
+                              bytes, n_bytes);
+}
+
+/* renameat2 flags; the names come from <stdio.h> with _GNU_SOURCE. */
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
+
+static int unsupported(int err) { return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP; }
+
+/* Makes tmp_dir the checkpoint DIR; returns in *old where the previous one
+ * now is (NULL if there was none). */
+static td_status publish_dir(td_ckpt_writer *w, const char **old)
+{
+    *old = NULL;
+    if (!exists(w->dir)) {
+        int rc = renameat2(AT_FDCWD, w->tmp_dir, AT_FDCWD, w->dir, RENAME_NOREPLACE);
+        if (rc != 0 && unsupported(errno)) rc = rename(w->tmp_dir, w->dir);
+        if (rc != 0)
+            return td_error_set(TD_ERR_IO, "checkpoint: cannot rename %s to %s: %s", w->tmp_dir, w->dir,
+                                strerror(errno));
+        return td_fsync_parent_dir(w->dir);
+    }
+    if (w->opt.replace != TD_CKPT_REPLACE_ASIDE) {
+        if (renameat2(AT_FDCWD, w->tmp_dir, AT_FDCWD, w->dir, RENAME_EXCHANGE) == 0) {
+            *old = w->tmp_dir;
+            return td_fsync_parent_dir(w->dir);
+        }
+        if (!unsupported(errno) || w->opt.replace == TD_CKPT_REPLACE_EXCHANGE)
+            return td_error_set(TD_ERR_IO, "checkpoint: cannot exchange %s and %s: %s%s", w->tmp_dir,
+                                w->dir, strerror(errno),
+                                unsupported(errno) ? " (the filesystem cannot exchange directories; "
+                                                     "use the aside mode)" : "");
+    }
+    if (rename(w->dir, w->old_dir) != 0)
+        return td_error_set(TD_ERR_IO, "checkpoint: cannot move %s aside to %s: %s", w->dir, w->old_dir,
+                            strerror(errno));
+    td_status st = td_fsync_parent_dir(w->dir);
+    if (st != TD_OK) return st;
+    stage(w, TD_CKPT_STAGE_OLD_ASIDE);
+    if (rename(w->tmp_dir, w->dir) != 0) {
+        st = td_error_set(TD_ERR_IO, "checkpoint: cannot rename %s to %s: %s", w->tmp_dir, w->dir,
+                          strerror(errno));
+        rename(w->old_dir, w->dir); /* put the old one back; recovery does it otherwise */
+        return st;
+    }
+    *old = w->old_dir;
+    return td_fsync_parent_dir(w->dir);
+}
+
+td_status td_ckpt_writer_commit(td_ckpt_writer *w)
+{
+    td_status st = TD_OK;
+    const char *old = NULL;
+    td_st_writer *model = w->model, *state = w->state;
+    w->model = w->state = NULL; /* commit frees them whatever happens */
+    st = td_st_writer_commit(model);
+    if (st == TD_OK && state) st = td_st_writer_commit(state);
+    else td_st_writer_abort(state);
+    if (st != TD_OK) goto cleanup;
+    TD_TRY(td_fsync_parent_dir(w->tmp_dir)); /* tmp_dir itself as an entry of DIR's parent */
+    stage(w, TD_CKPT_STAGE_FILES_SYNCED);
+    TD_TRY(publish_dir(w, &old));
+    stage(w, TD_CKPT_STAGE_PUBLISHED);
+    if (old && ((st = remove_ckpt_dir(old)) != TD_OK || (st = td_fsync_parent_dir(w->dir)) != TD_OK)) {
+        td_error_prefix(st, "checkpoint: the new checkpoint is saved in %s, but the previous one "
+                        "could not be deleted from %s: ", w->dir, old);
+        goto cleanup;
+    }
+    stage(w, TD_CKPT_STAGE_DONE);
+cleanup:
+    td_ckpt_writer_abort(w); /* after a successful publish tmp_dir is gone or was the old one */
+    return st;
+}
+
+/* --- reader --------------------------------------------------------------- */
+
+typedef struct weight_ref {
+    const td_st_reader *file;
+    const td_st_tensor *t;
+} weight_ref;
+
+struct td_ckpt_reader {
+    char *dir;
+    td_ckpt_config cfg;
+    td_st_reader **shards;
+    int n_shards;
+    weight_ref *weights;         /* [n_params] */
+    td_st_reader *state;
+    const td_st_tensor **state_t; /* [n_params * 3] */
+};
+
+const td_ckpt_config *td_ckpt_reader_config(const td_ckpt_reader *r) { return &r->cfg; }
+const char *td_ckpt_reader_dir(const td_ckpt_reader *r) { return r->dir; }
+int td_ckpt_reader_has_state(const td_ckpt_reader *r) { return r->state != NULL; }
+const td_st_reader *td_ckpt_reader_state_file(const td_ckpt_reader *r) { return r->state; }
+
+void td_ckpt_reader_close(td_ckpt_reader *r)
+{
+    if (!r) return;
+    for (int i = 0; i < r->n_shards; i++) td_st_close(r->shards[i]);
+    td_free(r->shards);
+    td_st_close(r->state);
+    td_free(r->weights);
+    td_free(r->state_t);
+    td_free(r->dir);
+    td_free(r);
+}
+
+/* Opens the shard files of model.safetensors.index.json. */
+static td_status open_index(td_ckpt_reader *r, const char *index_path)
+{
+    td_status st = TD_OK;
+    char *text = NULL, *path = NULL;
+    size_t len;
+    cJSON *o = NULL;
+    TD_TRY(read_small_file(index_path, &text, &len));
+    o = cJSON_ParseWithLength(text, len);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(o, "weight_map");
+    if (!cJSON_IsObject(map))
+        TD_FAIL(TD_ERR_INVALID, "%s: no \"weight_map\" object", index_path);
+    int n = cJSON_GetArraySize(map);
+    if (!(r->shards = td_calloc((size_t)n + 1, sizeof *r->shards, TD_ROLE_META)))
+        TD_FAIL(TD_ERR_NOMEM, "out of memory reading %s", index_path);
+    for (const cJSON *e = map->child; e; e = e->next) {
+        if (!cJSON_IsString(e) || !e->valuestring[0] || strchr(e->valuestring, '/'))
+            TD_FAIL(TD_ERR_INVALID, "%s: weight_map entry '%s' must name a file in the same directory",
+                    index_path, e->string);
+        int seen = 0;
+        for (int i = 0; i < r->n_shards && !seen; i++) {
+            const char *p = td_st_path(r->shards[i]);
+            seen = !strcmp(strrchr(p, '/') + 1, e->valuestring);
+        }
+        if (seen) continue;
+        td_free(path);
+        if (!(path = cat3(r->dir, "/", e->valuestring))) TD_FAIL(TD_ERR_NOMEM, "out of memory");
+        TD_TRY(td_st_open(path, &r->shards[r->n_shards]));
+        r->n_shards++;
+    }
+cleanup:
+    td_free(path);
+    cJSON_Delete(o);
+    td_free(text);
+    return st;
+}
+
+/* Tensors a Hugging Face GPT-2 file may carry that tidal does not need:
+ * the tied head and the attention-mask buffers of older versions. */
+static int ignorable(const td_ckpt_config *cfg, const char *name)
+{
+    name = strip_prefix(name);
+    if (!strcmp(name, "lm_head.weight")) return 1;
+    const char *rest;
+    if (strncmp(name, "h.", 2)) return 0;
+    int layer = parse_layer(name + 2, &rest);
+    return layer >= 0 && layer < cfg->n_layer &&
+           (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias"));
+}
+
+static td_status check_model_tensors(td_ckpt_reader *r)
+{
+    const td_ckpt_config *cfg = &r->cfg;
+    const int n = td_ckpt_param_count(cfg);
+    char want[64], got[64];
+    for (int i = 0; i < n; i++) {
+        td_ckpt_param p;
+        td_status st = td_ckpt_param_get(cfg, i, &p);
+        if (st != TD_OK) return st;
+        char prefixed[80];
+        snprintf(prefixed, sizeof prefixed, "transformer.%s", p.name);
+        for (int s = 0; s < r->n_shards; s++) {
+            const td_st_tensor *a = td_st_find(r->shards[s], p.name), *b = td_st_find(r->shards[s], prefixed);
+            if (a && b)
+                return td_error_set(TD_ERR_INVALID, "%s: holds both '%s' and '%s'; keep one",
+                                    td_st_path(r->shards[s]), p.name, prefixed);
+            if ((a || b) && r->weights[i].t)
+                return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is in two files (%s and %s)",
+                                    r->dir, p.name, td_st_path(r->weights[i].file), td_st_path(r->shards[s]));
+            if (a || b) r->weights[i] = (weight_ref){r->shards[s], a ? a : b};
+        }
+        const td_st_tensor *t = r->weights[i].t;
+        shape_str(want, sizeof want, p.ndim, p.hf_shape);
+        if (!t)
+            return td_error_set(TD_ERR_INVALID, "%s: has no tensor '%s' (nor 'transformer.%s'), shape %s "
+                                "for n_layer %d, n_embd %d, n_positions %d, vocab_size %d",
+                                r->n_shards == 1 ? td_st_path(r->shards[0]) : r->dir, p.name, p.name,
+                                want, cfg->n_layer, cfg->n_embd, cfg->n_positions, cfg->vocab_size);
+        int64_t found[TD_ST_MAX_DIMS];
+        for (int d = 0; d < t->ndim; d++) found[d] = (int64_t)t->shape[d];
+        shape_str(got, sizeof got, t->ndim, found);
+        int same = t->ndim == p.ndim;
+        for (int d = 0; same && d < p.ndim; d++) same = found[d] == p.hf_shape[d];
+        if (!same) {
+            int swapped = p.ndim == 2 && t->ndim == 2 && found[0] == p.hf_shape[1] && found[1] == p.hf_shape[0];
+            return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' has shape %s, expected %s for n_layer "
+                                "%d, n_embd %d, n_positions %d, vocab_size %d%s",
+                                td_st_path(r->weights[i].file), t->name, got, want, cfg->n_layer,
+                                cfg->n_embd, cfg->n_positions, cfg->vocab_size,
+                                swapped ? " (it is transposed: GPT-2 stores Conv1D weights as (in, out))"
+                                        : "; check the model configuration");
+        }
+        if (t->dtype != TD_ST_F32 && t->dtype != TD_ST_BF16 && t->dtype != TD_ST_F16)
+            return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is %s; weights must be F32, BF16 or F16",
+                                td_st_path(r->weights[i].file), t->name, td_st_dtype_name(t->dtype));
+    }
+    /* Anything else must be known to be harmless. */
+    for (int s = 0; s < r->n_shards; s++)
+        for (size_t k = 0; k < td_st_tensor_count(r->shards[s]); k++) {
+            const char *name = td_st_tensor_at(r->shards[s], k)->name;
+            if (td_ckpt_param_find(cfg, name) >= 0 || ignorable(cfg, name)) continue;
+            const char *rest, *bare = strip_prefix(name);
+            int layer = strncmp(bare, "h.", 2) ? -1 : parse_layer(bare + 2, &rest);
+            if (layer >= cfg->n_layer)
+                return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' belongs to block %d, but the model "
+                                    "has n_layer %d", td_st_path(r->shards[s]), name, layer, cfg->n_layer);
+            return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is not a GPT-2 parameter; tidal loads "
+                                "GPT-2 (GPT2LMHeadModel) weights only", td_st_path(r->shards[s]), name);
+        }
+    return TD_OK;
+}
+
+static td_status check_state_tensors(td_ckpt_reader *r)
+{
+    const int n = td_ckpt_param_count(&r->cfg);
+    char want[64], got[64];
+    for (int i = 0; i < n; i++) {
+        td_ckpt_param p;
+        td_status st = td_ckpt_param_get(&r->cfg, i, &p);
+        if (st != TD_OK) return st;
+        for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s.%s", td_ckpt_state_name((td_ckpt_state)k), p.name);
+            const td_st_tensor *t;
+            if ((st = td_st_get(r->state, name, &t)) != TD_OK) return st;
+            int64_t found[TD_ST_MAX_DIMS];
+            for (int d = 0; d < t->ndim; d++) found[d] = (int64_t)t->shape[d];
+            int same = t->ndim == p.ndim && t->dtype == TD_ST_F32;
+            for (int d = 0; same && d < p.ndim; d++) same = found[d] == p.shape[d];
+            if (!same) {
+                shape_str(want, sizeof want, p.ndim, p.shape);
+                shape_str(got, sizeof got, t->ndim, found);
+                return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is %s %s, expected F32 %s (padded "
+                                    "vocabulary %d); was it written for another model?",
+                                    td_st_path(r->state), name, td_st_dtype_name(t->dtype), got, want,
+                                    r->cfg.padded_vocab_size);
+            }
+            r->state_t[(size_t)i * TD_CKPT_STATE_COUNT + k] = t;
+        }
+    }
+    return TD_OK;
+}
+
+/* The merged configuration: config.json (if any) checked against `expect`. */
+static td_status resolve_config(td_ckpt_reader *r, const td_ckpt_config *expect)
+{
+    td_status st = TD_OK;
+    char *path = cat3(r->dir, "/", TD_CKPT_CONFIG_FILE);
+    if (!path) return td_error_set(TD_ERR_NOMEM, "checkpoint: out of memory");
+    td_ckpt_config file;
+    if (exists(path)) {
+        TD_TRY(parse_config_json(path, &file));
+        if (expect) {
+#define AGREE(field)                                                                               \
+    if (expect->field > 0 && expect->field != file.field)                                          \
+        TD_FAIL(TD_ERR_INVALID, "%s: " #field " is %d but the model being trained has %d; use a "     \
+                "checkpoint of this model, or change the model flags to match", path, file.field,   \
+                expect->field);
+            AGREE(n_layer) AGREE(n_head) AGREE(n_embd) AGREE(n_positions) AGREE(vocab_size)
+#undef AGREE
+            if (expect->padded_vocab_size > 0) file.padded_vocab_size = expect->padded_vocab_size;
+        }
+        r->cfg = file;
+    } else {
+        if (!expect || expect->n_layer < 1 || expect->n_head < 1 || expect->n_embd < 1 ||
+            expect->n_positions < 1 || expect->vocab_size < 1)
+            TD_FAIL(TD_ERR_INVALID, "checkpoint %s has no %s; give the full model configuration to "
+                    "load it", r->dir, TD_CKPT_CONFIG_FILE);
+        r->cfg = *expect;
+        if (r->cfg.padded_vocab_size < 1) r->cfg.padded_vocab_size = r->cfg.vocab_size;
+    }
+    st = td_ckpt_config_check(&r->cfg);
+    if (st != TD_OK) td_error_prefix(st, "%s: ", r->dir);
+cleanup:
+    td_free(path);
+    return st;
+}
+
+td_status td_ckpt_reader_open(const char *dir_in, const td_ckpt_config *expect, td_ckpt_reader **out)
+{
+    td_status st = TD_OK;
+    char *path = NULL, *norm = NULL;
+    *out = NULL;
+    td_ckpt_reader *r = td_calloc(1, sizeof *r, TD_ROLE_META);
+    if (!r) return td_error_prefix(TD_ERR_NOMEM, "checkpoint: ");
+    TD_TRY(normalize_dir(dir_in, &norm));
+    if (!exists(norm)) {
+        char *old = cat3(norm, ".old", NULL);
+        if (!old) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+        if (is_dir(old)) { /* an interrupted save left the previous checkpoint aside */
+            r->dir = old;
+        } else {
+            td_free(old);
+            TD_FAIL(TD_ERR_IO, "checkpoint directory %s does not exist", norm);
+        }
+    } else if (!is_dir(norm)) {
+        TD_FAIL(TD_ERR_INVALID, "checkpoint %s is not a directory", norm);
+    } else {
+        r->dir = norm;
+        norm = NULL;
+    }
+    TD_TRY(resolve_config(r, expect));
+    const int n = td_ckpt_param_count(&r->cfg);
+    r->weights = td_calloc((size_t)n, sizeof *r->weights, TD_ROLE_META);
+    r->state_t = td_calloc((size_t)n * TD_CKPT_STATE_COUNT, sizeof *r->state_t, TD_ROLE_META);
+    if (!r->weights || !r->state_t) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    if (!(path = cat3(r->dir, "/", TD_CKPT_MODEL_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    if (exists(path)) {
+        if (!(r->shards = td_calloc(1, sizeof *r->shards, TD_ROLE_META)))
+            TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+        TD_TRY(td_st_open(path, &r->shards[0]));
+        r->n_shards = 1;
+    } else {
+        td_free(path);
+        if (!(path = cat3(r->dir, "/", TD_CKPT_MODEL_FILE ".index.json")))
+            TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+        if (!exists(path))
+            TD_FAIL(TD_ERR_INVALID, "checkpoint %s has no %s (nor a sharded %s.index.json)", r->dir,
+                    TD_CKPT_MODEL_FILE, TD_CKPT_MODEL_FILE);
+        TD_TRY(open_index(r, path));
+    }
+    TD_TRY(check_model_tensors(r));
+    td_free(path);
+    if (!(path = cat3(r->dir, "/", TD_CKPT_STATE_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    if (exists(path)) {
+        TD_TRY(td_st_open(path, &r->state));
+        TD_TRY(check_state_tensors(r));
+    }
+    *out = r;
+    r = NULL;
+cleanup:
+    td_free(path);
+    td_free(norm);
+    td_ckpt_reader_close(r);
+    return st;
+}
+
+static td_status reader_param(const td_ckpt_reader *r, int param, td_ckpt_param *p)
+{
+    if (param < 0 || param >= td_ckpt_param_count(&r->cfg))
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: parameter index %d out of range (0..%d)",
+                            r->dir, param, td_ckpt_param_count(&r->cfg) - 1);
+    return td_ckpt_param_get(&r->cfg, param, p);
+}
+
+td_st_dtype td_ckpt_reader_weight_dtype(const td_ckpt_reader *r, int param)
+{
+    return param >= 0 && param < td_ckpt_param_count(&r->cfg) ? r->weights[param].t->dtype : TD_ST_F32;
+}
+
+td_status td_ckpt_reader_read_weight(const td_ckpt_reader *r, int param, uint64_t elem_offset,
+                                     size_t n_elems, td_dtype dst_dtype, void *dst)
+{
+    td_ckpt_param p;
+    td_status st = reader_param(r, param, &p);
+    if (st != TD_OK) return st;
+    const weight_ref *ref = &r->weights[param];
+    return td_st_read(ref->file, ref->t, elem_offset, n_elems, st_dtype_of(dst_dtype), dst);
+}
+
+td_status td_ckpt_reader_get_weight(const td_ckpt_reader *r, int param, td_dtype dst_dtype, void *dst)
+{
+    td_ckpt_param p;
+    td_status st = reader_param(r, param, &p);
+    if (st != TD_OK) return st;
+    const size_t es = td_dtype_bytes(dst_dtype);
+    if (!p.transposed) {
+        st = td_ckpt_reader_read_weight(r, param, 0, p.hf_numel, dst_dtype, dst);
+        if (st == TD_OK && p.numel > p.hf_numel) /* wte's padding rows */
+            memset((unsigned char *)dst + p.hf_numel * es, 0, (p.numel - p.hf_numel) * es);
+        return st;
+    }
+    /* Stored (in, out): read blocks of rows, scatter each row into a column of (out, in). */
+    const int64_t out = p.shape[0], in = p.shape[1];
+    int64_t rows = (int64_t)(SCRATCH_BYTES / ((size_t)out * es));
+    if (rows < 1) rows = 1;
+    unsigned char *buf = td_malloc((size_t)rows * (size_t)out * es, TD_ROLE_STAGING);
+    if (!buf) return td_error_prefix(TD_ERR_NOMEM, "checkpoint %s: reading '%s': ", r->dir, p.name);
+    unsigned char *d = dst;
+    for (int64_t i0 = 0; i0 < in && st == TD_OK; i0 += rows) {
+        const int64_t i1 = i0 + rows < in ? i0 + rows : in;
+        st = td_ckpt_reader_read_weight(r, param, (uint64_t)(i0 * out), (size_t)((i1 - i0) * out),
+                                        dst_dtype, buf);
+        for (int64_t o = 0; st == TD_OK && o < out; o++)
+            for (int64_t i = i0; i < i1; i++)
+                memcpy(d + ((size_t)o * (size_t)in + (size_t)i) * es,
+                       buf + ((size_t)(i - i0) * (size_t)out + (size_t)o) * es, es);
+    }
+    td_free(buf);
+    return st;
+}
+
+td_status td_ckpt_reader_read_state(const td_ckpt_reader *r, int param, td_ckpt_state kind,
+                                    uint64_t elem_offset, size_t n_elems, float *dst)
+{
+    td_ckpt_param p;
+    td_status st = reader_param(r, param, &p);
+    if (st != TD_OK) return st;
+    if (!r->state)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s has no %s: it holds weights only; start "
+                            "from it with --init instead of --resume", r->dir, TD_CKPT_STATE_FILE);
+    if ((unsigned)kind >= TD_CKPT_STATE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown state kind %d", r->dir, kind);
+    return td_st_read(r->state, r->state_t[(size_t)param * TD_CKPT_STATE_COUNT + kind], elem_offset,
+                      n_elems, TD_ST_F32, dst);
+}
+
+const char *td_ckpt_reader_meta(const td_ckpt_reader *r, const char *key)
+{
+    return r->state ? td_st_metadata(r->state, key) : NULL;
+}
+
+static td_status meta_for(const td_ckpt_reader *r, const char *key, const char **out)
+{
+    *out = td_ckpt_reader_meta(r, key);
+    if (!*out)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: %s has no metadata \"%s\"", r->dir,
+                            TD_CKPT_STATE_FILE, key);
+    return TD_OK;
+}
+
+td_status td_ckpt_reader_meta_u64(const td_ckpt_reader *r, const char *key, uint64_t *out)
+{
+    const char *s;
+    td_status st = meta_for(r, key, &s);
+    if (st != TD_OK) return st;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *s < '0' || *s > '9' || *end || errno)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: metadata \"%s\" = \"%s\" is not an unsigned "
+                            "integer", r->dir, key, s);
+    *out = v;
+    return TD_OK;
+}
+
+td_status td_ckpt_reader_meta_f64(const td_ckpt_reader *r, const char *key, double *out)
+{
+    const char *s;
+    td_status st = meta_for(r, key, &s);
+    if (st != TD_OK) return st;
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: metadata \"%s\" = \"%s\" is not a number",
+                            r->dir, key, s);
+    *out = v;
+    return TD_OK;
+}
