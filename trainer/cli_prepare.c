@@ -24,6 +24,7 @@
 #include "tidal/util.h"
 
 #define BLOCK_BYTES ((size_t)16 << 20)
+#define MIN_BLOCK_BYTES 16
 #define SNIFF_BYTES 8192
 #define PROGRESS_MS 250.0
 
@@ -34,7 +35,7 @@ static void prepare_usage(FILE *f)
 {
     fprintf(f,
         "usage: tidal prepare --input TEXT --out FILE [--tokenizer byte|gpt2]\n"
-        "                     [--vocab vocab.json --merges merges.txt] [--quiet]\n\n"
+        "                     [--vocab vocab.json --merges merges.txt] [--block BYTES] [--quiet]\n\n"
         "Tokenizes text into a token file for tidal train / eval (format: docs/data.md).\n\n"
         "  --input TEXT     a text file, a folder (every regular file under it, in path\n"
         "                   order, each a document; hidden names, binary files and second\n"
@@ -45,6 +46,8 @@ static void prepare_usage(FILE *f)
         "                   gpt2 (GPT-2 BPE; needs --vocab and --merges)\n"
         "  --vocab FILE     Hugging Face GPT-2 vocab.json\n"
         "  --merges FILE    Hugging Face GPT-2 merges.txt\n"
+        "  --block BYTES    read the input in blocks of this size (default 16MiB); a block\n"
+        "                   is cut at whitespace and grows when it has none\n"
         "  --quiet          no progress line and no summary\n\n"
         "Documents are separated by the end-of-text token; the literal text\n"
         "<|endoftext|> in the input is that token too.\n");
@@ -230,8 +233,9 @@ static int encode_stream(prep *P, int fd, const char *name)
             if (p == 0) { /* no place to cut: grow the block */
                 char *grown = td_malloc(2 * P->cap, TD_ROLE_META);
                 if (!grown) {
-                    fprintf(stderr, "tidal prepare: out of memory: '%s' has more than %zu MiB without whitespace\n",
-                            name, P->cap >> 20);
+                    char a[32];
+                    fprintf(stderr, "tidal prepare: out of memory: '%s' has more than %s without whitespace\n",
+                            name, td_format_bytes(P->cap, a, sizeof a));
                     return -1;
                 }
                 memcpy(grown, P->buf, fill);
@@ -320,6 +324,7 @@ static void print_summary(const prep *P, uint64_t n_tokens, const char *out, con
 int td_cli_prepare_main(int argc, char **argv)
 {
     const char *in_path = NULL, *out_path = NULL, *kind_text = "byte", *vocab = NULL, *merges = NULL;
+    const char *block_text = NULL;
     int quiet = 0;
     for (int i = 0; i < argc; i++) {
         const char *v = NULL, **slot = NULL, *name = argv[i];
@@ -333,6 +338,7 @@ int td_cli_prepare_main(int argc, char **argv)
         else if (take_value(argc, argv, &i, "--tokenizer", &v)) slot = &kind_text;
         else if (take_value(argc, argv, &i, "--vocab", &v)) slot = &vocab;
         else if (take_value(argc, argv, &i, "--merges", &v)) slot = &merges;
+        else if (take_value(argc, argv, &i, "--block", &v)) slot = &block_text;
         else {
             fprintf(stderr, "tidal prepare: unknown option '%s'\n\n", name);
             prepare_usage(stderr);
@@ -348,6 +354,12 @@ int td_cli_prepare_main(int argc, char **argv)
     if (!in_path || !out_path) {
         fprintf(stderr, "tidal prepare: %s is required\n\n", !in_path ? "--input TEXT" : "--out FILE");
         prepare_usage(stderr);
+        return 2;
+    }
+    size_t block_bytes = BLOCK_BYTES;
+    if (block_text && (td_parse_bytes(block_text, &block_bytes) != TD_OK || block_bytes < MIN_BLOCK_BYTES)) {
+        fprintf(stderr, "tidal prepare: --block '%s' must be a size of at least %d bytes (e.g. 16MiB)\n", block_text,
+                MIN_BLOCK_BYTES);
         return 2;
     }
     td_tokenizer_kind kind;
@@ -409,10 +421,10 @@ int td_cli_prepare_main(int argc, char **argv)
         fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
         goto done;
     }
-    P.cap = BLOCK_BYTES;
+    P.cap = block_bytes;
     P.buf = td_malloc(P.cap, TD_ROLE_META);
     if (!P.buf) {
-        fprintf(stderr, "tidal prepare: out of memory for a %zu MiB read block\n", BLOCK_BYTES >> 20);
+        fprintf(stderr, "tidal prepare: out of memory for a %zu-byte read block\n", block_bytes);
         goto done;
     }
     P.progress = !quiet && isatty(STDERR_FILENO);
