@@ -415,6 +415,14 @@ int td_cli_prepare_main(int argc, char **argv)
         fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
         goto done;
     }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: a blocked read returns */
+    sigemptyset(&sa.sa_mask);
+    interrupted = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    handlers = 1;
     if (make_parents(out_path) != 0) goto done;
     if (td_tokfile_writer_open(out_path, kind, td_tokenizer_vocab_size(P.tok), td_tokenizer_eot(P.tok), &P.w) !=
         TD_OK) {
@@ -429,15 +437,6 @@ int td_cli_prepare_main(int argc, char **argv)
     }
     P.progress = !quiet && isatty(STDERR_FILENO);
     P.t0 = t0;
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal; /* no SA_RESTART: a blocked read returns */
-    sigemptyset(&sa.sa_mask);
-    interrupted = 0;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    handlers = 1;
 
     if (from_stdin) {
         if (encode_stream(&P, STDIN_FILENO, "standard input") != 0) goto done;
@@ -464,6 +463,7 @@ int td_cli_prepare_main(int argc, char **argv)
         goto done;
     }
     show_progress(&P, 1);
+    if (interrupted) goto done;
     uint64_t n_tokens = td_tokfile_writer_count(P.w);
     td_tokfile_writer *w = P.w;
     P.w = NULL;
@@ -474,7 +474,7 @@ int td_cli_prepare_main(int argc, char **argv)
     if (!quiet) print_summary(&P, n_tokens, out_path, &L, from_dir, td_now_ms() - t0);
     rc = 0;
 done:
-    if (interrupted) {
+    if (rc != 0 && interrupted) {
         fprintf(stderr, "\ntidal prepare: interrupted; '%s' was not written\n", out_path);
         rc = 130;
     }
