@@ -78,7 +78,7 @@ help:
 
 # --- dependencies -----------------------------------------------------------
 deps:
-	@./tools/deps.sh install demo
+	@./tools/deps.sh install
 # Runs `make deps` by itself when a package is missing.
 check-deps:
 	@./tools/deps.sh check || ./tools/deps.sh install
@@ -112,16 +112,18 @@ test: check-deps
 
 # The backend-generic CPU tests run again on the cuda backend, beside tests/gpu/.
 GENERIC_TESTS := $(filter $(addprefix $(BUILD)/tests/,test_arena test_copy test_fault test_hostpool test_memmgr),$(TESTS))
-gpu-test: check-deps
+gpu-test:
+	@./tools/deps.sh check libs || ./tools/deps.sh install libs
 	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
 	@TD_BACKEND=cuda ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
 
-bench-gpu: check-deps
+bench-gpu:
+	@./tools/deps.sh check libs || ./tools/deps.sh install libs
 	@$(MAKE) --no-print-directory $(BUILD)/tidal
 	./bench/bench-gpu.sh $(BUILD)/tidal
 
 demo:
-	@./tools/deps.sh check demo || ./tools/deps.sh install demo
+	@./tools/deps.sh check || ./tools/deps.sh install
 	@$(MAKE) --no-print-directory $(BUILD)/tidal
 	./tools/demo.sh $(BUILD)/tidal
 

@@ -1,7 +1,7 @@
 #!/bin/sh
-# tools/deps.sh check|install [demo] — the system packages tidal needs.
-#   check    exits non-zero when a library (or, with `demo`, the fortunes
-#            corpus) is missing; libraries are looked up with pkg-config, so
+# tools/deps.sh check|install [libs] — the system packages tidal needs.
+#   check    exits non-zero when a library or the fortunes corpus is
+#            missing; libraries are looked up with pkg-config, so
 #            packages unpacked elsewhere (PKG_CONFIG_PATH) count.
 #   install  installs what is missing with apt-get (sudo when not root).
 # Called by `make deps`, and by `make test` / `make demo` when something is missing.
@@ -13,9 +13,8 @@ need_pkgs() {
     pkg-config --exists hwloc 2>/dev/null || pkgs="$pkgs libhwloc-dev"
     pkg-config --exists libcjson 2>/dev/null || pkgs="$pkgs libcjson-dev"
     pkg-config --exists cmocka 2>/dev/null || pkgs="$pkgs libcmocka-dev"
-    if [ "$1" = demo ] && ! ls /usr/share/games/fortunes/fortunes >/dev/null 2>&1; then
-        pkgs="$pkgs fortunes"
-    fi
+    # The demo's corpus, also used by the trainer's tests (not by `libs`).
+    [ "$1" = libs ] || ls /usr/share/games/fortunes/fortunes >/dev/null 2>&1 || pkgs="$pkgs fortunes"
     echo $pkgs
 }
 missing=$(need_pkgs "$2")
@@ -28,5 +27,5 @@ install)
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get install -y -q $missing || { $SUDO apt-get update -q && $SUDO apt-get install -y -q $missing; }
     ;;
-*) echo "usage: $0 check|install [demo]" >&2; exit 2 ;;
+*) echo "usage: $0 check|install [libs]" >&2; exit 2 ;;
 esac

@@ -200,6 +200,13 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_topo_create(t->backend, &t->topo));
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
+    /* Slabs of about a sixteenth of the chunks' host copies (2 MiB .. 1 GiB):
+     * few registrations for a big model, little idle pinned memory for a small one. */
+    td_train_plan plan;
+    TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
+    hp.slab_bytes = plan.host_pinned_bytes / 16;
+    if (hp.slab_bytes < 2 * TD_MiB) hp.slab_bytes = 2 * TD_MiB;
+    if (hp.slab_bytes > TD_GiB) hp.slab_bytes = TD_GiB;
     TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
     TD_TRY(td_arena_create(t->backend, cfg->gpu_budget, &t->arena));
     TD_TRY(td_copy_engine_create(t->backend, NULL, &t->engine));
