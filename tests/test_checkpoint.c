@@ -21,6 +21,7 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -870,6 +871,18 @@ static float ref_loss(const td_ckpt_config *c, const float *params, const int *s
     return loss;
 }
 
+/* The export's weights: element j (tidal layout) of parameter p is
+ * base + ((p*7919 + j*104729) % 2001 - 1000) * 2.5e-4, base 1 for LayerNorm
+ * weights and 0 otherwise, so that activations and logits are far from
+ * trivial and a layout mistake moves the loss well past the tolerance. */
+static float export_val(const td_ckpt_param *p, int index, uint64_t j)
+{
+    const size_t n = strlen(p->name);
+    const int is_ln_w = strstr(p->name, "ln_") && !strcmp(p->name + n - 6, "weight");
+    uint64_t k = ((uint64_t)index * 7919u + j * 104729u) % 2001u;
+    return (float)((is_ln_w ? 1.0 : 0.0) + (double)((int64_t)k - 1000) * 2.5e-4);
+}
+
 static void test_export(void **state)
 {
     const char *root = getenv("TD_CKPT_EXPORT_DIR");
@@ -877,18 +890,32 @@ static void test_export(void **state)
     char dir[1024], path[1100];
     mkdir(root, 0755);
     snprintf(dir, sizeof dir, "%s/ckpt", root);
-    TD_ASSERT_OK(write_ckpt(dir, &export_cfg, 0, NULL));
-    /* The same weights through the reader into gpt_ref's flat layout (a round trip on the way). */
     td_gpt_ref_config rc = {2, 4, 64, 32, 100, 128};
     float *params = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
+    td_ckpt_writer *w;
+    TD_ASSERT_OK(td_ckpt_writer_begin(dir, &export_cfg, NULL, &w));
+    TD_ASSERT_OK(td_ckpt_writer_set_meta_u64(w, "step", 0));
+    for (int i = 0; i < td_gpt_ref_tensor_count(&rc); i++) {
+        td_gpt_ref_tensor t;
+        td_ckpt_param p;
+        td_gpt_ref_tensor_get(&rc, i, &t);
+        TD_ASSERT_OK(td_ckpt_param_get(&export_cfg, i, &p));
+        for (size_t j = 0; j < t.numel; j++) params[t.offset + j] = export_val(&p, i, j);
+        TD_ASSERT_OK(td_ckpt_writer_put_weight(w, i, TD_DTYPE_F32, params + t.offset));
+        for (int k = 0; k < TD_CKPT_STATE_COUNT; k++)
+            TD_ASSERT_OK(td_ckpt_writer_append_state(w, i, (td_ckpt_state)k, params + t.offset, t.numel));
+    }
+    TD_ASSERT_OK(td_ckpt_writer_commit(w));
+    /* The reference model runs on what the reader gives back (wte's padding rows zero). */
+    float *loaded = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
     td_ckpt_reader *r;
     TD_ASSERT_OK(td_ckpt_reader_open(dir, &export_cfg, &r));
     for (int i = 0; i < td_gpt_ref_tensor_count(&rc); i++) {
         td_gpt_ref_tensor t;
         td_gpt_ref_tensor_get(&rc, i, &t);
-        TD_ASSERT_OK(td_ckpt_reader_get_weight(r, i, TD_DTYPE_F32, params + t.offset));
+        TD_ASSERT_OK(td_ckpt_reader_get_weight(r, i, TD_DTYPE_F32, loaded + t.offset));
         for (size_t j = 0; j < t.numel; j++)
-            if (params[t.offset + j] != (i == 0 && j >= 100 * 64 ? 0.0f : val(0, 0, i, j)))
+            if (loaded[t.offset + j] != (i == 0 && j >= 100 * 64 ? 0.0f : params[t.offset + j]))
                 fail_msg("%s[%zu] read back wrong", t.name, j);
     }
     td_ckpt_reader_close(r);
@@ -896,13 +923,25 @@ static void test_export(void **state)
     int seq[B * (T + 1)];
     for (int b = 0; b < B; b++)
         for (int t = 0; t <= T; t++) seq[b * (T + 1) + t] = (b * 131 + t * t * 7 + t * 3 + 5) % 100;
-    float loss = ref_loss(&export_cfg, params, seq, B, T);
+    float loss = ref_loss(&export_cfg, loaded, seq, B, T);
+    /* The check is not vacuous: a transposed c_attn weight changes the loss a lot. */
+    td_gpt_ref_tensor qkv;
+    td_gpt_ref_tensor_get(&rc, 2 + 2, &qkv);
+    float *wrong = malloc(qkv.numel * sizeof(float));
+    for (int o = 0; o < 192; o++)
+        for (int i = 0; i < 64; i++) wrong[i * 192 + o] = loaded[qkv.offset + (size_t)o * 64 + (size_t)i];
+    memcpy(loaded + qkv.offset, wrong, qkv.numel * sizeof(float));
+    float loss_wrong = ref_loss(&export_cfg, loaded, seq, B, T);
+    print_message("tidal loss %.6f; with h.0.attn.c_attn.weight mis-transposed %.6f\n", loss, loss_wrong);
+    assert_true(fabsf(loss - loss_wrong) > 1e-2f);
+    free(wrong);
     cJSON *o = cJSON_CreateObject(), *toks = cJSON_AddArrayToObject(o, "tokens");
     for (int b = 0; b < B; b++) cJSON_AddItemToArray(toks, cJSON_CreateIntArray(seq + b * (T + 1), T + 1));
     cJSON_AddNumberToObject(o, "loss", loss);
     cJSON_AddStringToObject(o, "checkpoint", dir);
-    cJSON_AddStringToObject(o, "values", "weight element j (tidal layout) of parameter p: "
-                                         "((p*7919 + j*104729) % 2001 - 1000) * 5e-5 as float32");
+    cJSON_AddStringToObject(o, "values", "element j (tidal layout) of parameter p: base + ((p*7919 + "
+                                         "j*104729) % 2001 - 1000) * 2.5e-4 as float32, base 1 for "
+                                         "LayerNorm weights, 0 otherwise");
     char *text = cJSON_Print(o);
     snprintf(path, sizeof path, "%s/expected.json", root);
     spit(path, text);
@@ -910,6 +949,7 @@ static void test_export(void **state)
     cJSON_free(text);
     cJSON_Delete(o);
     free(params);
+    free(loaded);
 }
 
 static void test_import(void **state)
