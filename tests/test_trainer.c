@@ -158,7 +158,19 @@ static void test_budget_too_small_names_minimum(void **state)
     td_status st = td_trainer_create(&c, &t);
     assert_int_equal(st, TD_ERR_BUDGET);
     assert_null(t);
-    assert_non_null(strstr(td_error_msg(), "do not fit"));
+    assert_non_null(strstr(td_error_msg(), "is below the minimum of"));
+    /* The minimum it names works. */
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+    char want[64];
+    char sz[32];
+    snprintf(want, sizeof want, "minimum of %s", td_format_bytes(p.min_device_bytes, sz, sizeof sz));
+    assert_non_null(strstr(td_error_msg(), want));
+    /* A model whose state needs more pinned memory than allowed is refused up front. */
+    c = small_config();
+    c.host_pin_limit = 100 * 1024;
+    assert_int_equal(td_trainer_create(&c, &t), TD_ERR_PIN);
+    assert_non_null(strstr(td_error_msg(), "pin limit is 100.00 KiB"));
 }
 
 /* `tidal plan`'s minimum is enough: a run at exactly that budget trains,

@@ -16,6 +16,7 @@
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 struct td_trainer {
     td_train_config cfg;
@@ -204,6 +205,24 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
      * few registrations for a big model, little idle pinned memory for a small one. */
     td_train_plan plan;
     TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
+    /* Refuse up front what cannot work, saying what would. */
+    {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+        size_t limit = cfg->host_pin_limit ? cfg->host_pin_limit : ram / 10 * 8;
+        char need[32], lim[32], r[32];
+        if (plan.host_pinned_bytes > limit)
+            TD_FAIL(TD_ERR_PIN, "the model's params, grads and optimizer state need %s of pinned host memory; the "
+                    "pin limit is %s (%s of RAM); use a smaller model or raise --host-pin-limit",
+                    td_format_bytes(plan.host_pinned_bytes, need, sizeof need), td_format_bytes(limit, lim, sizeof lim),
+                    td_format_bytes(ram, r, sizeof r));
+        size_t min = cfg->mm.placement == TD_PLACEMENT_CUDA ? plan.full_device_bytes : plan.min_device_bytes;
+        if (cfg->gpu_budget && cfg->gpu_budget < min)
+            TD_FAIL(TD_ERR_BUDGET, "--gpu-budget %s is below the minimum of %s for this model, batch and --policy %s "
+                    "(`tidal plan` shows the breakdown); raise the budget, lower --micro-batch or --seq, or use "
+                    "--ckpt on", td_format_bytes(cfg->gpu_budget, need, sizeof need),
+                    td_format_bytes(min, lim, sizeof lim), td_placement_name(cfg->mm.placement));
+    }
     hp.slab_bytes = plan.host_pinned_bytes / 16;
     if (hp.slab_bytes < 2 * TD_MiB) hp.slab_bytes = 2 * TD_MiB;
     if (hp.slab_bytes > TD_GiB) hp.slab_bytes = TD_GiB;
