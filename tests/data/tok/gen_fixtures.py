@@ -25,6 +25,7 @@ import random
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ in tests/gpu
 sys.path.insert(0, os.path.join(HERE, "..", "..", "gpu"))
 from check_bpe_vs_hf import RegexBPE, builtin_samples, random_samples, PATTERN  # noqa: E402
 
