@@ -116,6 +116,26 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
 /* The layout as td_memmgr_print_layout prints it. */
 td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
 
+/* Checkpoints (docs/checkpoints.md): model.safetensors with Hugging Face
+ * GPT-2 names plus config.json (transformers loads the directory), and with
+ * `state` train_state.safetensors (master, m, v per param; step, loss scale
+ * and the caller's metadata).  Written chunk by chunk from the host copies,
+ * atomically: a crash leaves the previous checkpoint loadable.
+ * meta: NULL or pairs key, value, ..., NULL (e.g. the data position). */
+td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta);
+/* Loads weights (HF GPT-2 layout, with or without "transformer."), and
+ * with `state` the optimizer state too, so the run continues bit-exactly.
+ * The model's shape must match the trainer's.  reader_out (may be NULL)
+ * keeps the reader open for the caller's metadata (td_ckpt_reader_meta). */
+struct td_ckpt_reader;
+td_status td_trainer_load(td_trainer *t, const char *dir, int state, struct td_ckpt_reader **reader_out);
+/* The model config.json of a checkpoint directory describes. */
+td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out);
+
+/* Logits of the last position of tokens[0, n) (n <= seq_len, batch row 0)
+ * into logits (vocab_size floats), for sampling. */
+td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, float *logits);
+
 const td_train_config *td_trainer_config(const td_trainer *t);
 td_memmgr *td_trainer_memmgr(td_trainer *t);
 td_backend *td_trainer_backend(td_trainer *t);
