@@ -1,6 +1,7 @@
 /* `tidal train`: trains a GPT on a token file under a device budget. */
 #include "args.h"
 #include "cli.h"
+#include "tidal/checkpoint.h"
 #include "tidal/data.h"
 #include "tidal/trainer.h"
 #include "tidal/util.h"
@@ -14,7 +15,8 @@
 /* Every option of train/plan/eval that describes the model and the run. */
 typedef struct train_opts {
     const char *model, *data, *policy, *precision, *ckpt, *schedule, *backend, *eviction;
-    const char *log, *trace_out, *timeline;
+    const char *log, *trace_out, *timeline, *save, *resume, *init;
+    long save_every, stop_after;
     int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every;
     long steps;
     uint64_t seed;
@@ -61,7 +63,12 @@ static const char usage[] =
     {"log", TD_OPT_STRING, &(o)->log, "FILE", "JSON lines, one per step", 0},                                 \
     {"log-every", TD_OPT_INT, &(o)->log_every, "N", "progress line every N steps when not on a terminal (default 10)", 0}, \
     {"trace-out", TD_OPT_STRING, &(o)->trace_out, "FILE", "write the warm-up's chunk access trace (tidal-trace 1)", 0}, \
-    {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies and compute (slower)", 0}
+    {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies and compute (slower)", 0}, \
+    {"save", TD_OPT_STRING, &(o)->save, "DIR", "write a checkpoint there at the end (HF GPT-2 weights + train state)", 0}, \
+    {"save-every", TD_OPT_LONG, &(o)->save_every, "N", "also every N steps (atomic: the previous one stays until the new one is complete)", 0}, \
+    {"resume", TD_OPT_STRING, &(o)->resume, "DIR", "continue a run from its checkpoint, bit-exactly (--steps counts from the start)", 0}, \
+    {"stop-after", TD_OPT_LONG, &(o)->stop_after, "N", "stop after N steps of this invocation (saving with --save); --resume continues", 0}, \
+    {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2 directory", 0}
 
 static void opts_defaults(train_opts *o)
 {
@@ -93,6 +100,18 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     td_status st;
     *c = td_train_default_config();
     if ((st = td_model_preset(o->model, &c->model))) return st;
+    const char *from = o->resume ? o->resume : o->init;
+    if (from) { /* the checkpoint decides the model's shape */
+        if (td_args_find(table, "model")->seen || td_args_find(table, "layers")->seen ||
+            td_args_find(table, "width")->seen || td_args_find(table, "heads")->seen || td_args_find(table, "vocab")->seen)
+            return td_error_set(TD_ERR_INVALID, "--%s takes the model's shape from %s; drop --model/--layers/--width/"
+                                "--heads/--vocab", o->resume ? "resume" : "init", from);
+        if ((st = td_trainer_checkpoint_model(from, &c->model))) return st;
+        if (data_vocab > c->model.vocab_size)
+            return td_error_set(TD_ERR_INVALID, "the token file's vocabulary (%d) is larger than the checkpoint's (%d)",
+                                data_vocab, c->model.vocab_size);
+        data_vocab = c->model.vocab_size;
+    }
     if (td_args_find(table, "layers")->seen) c->model.n_layer = o->layers;
     if (td_args_find(table, "width")->seen) c->model.n_embd = o->width;
     if (td_args_find(table, "heads")->seen) c->model.n_head = o->heads;
@@ -136,6 +155,21 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->optim.max_grad_norm = o->clip;
     if (o->steps < 1) return td_error_set(TD_ERR_INVALID, "--steps must be at least 1");
     return td_train_config_check(c);
+}
+
+/* A checkpoint with the data position, so --resume continues mid-epoch. */
+static td_status save_checkpoint(td_trainer *t, td_loader *loader, const char *dir, const char *data)
+{
+    td_loader_position pos;
+    td_loader_tell(loader, &pos);
+    char epoch[32], index[32], fp[32];
+    snprintf(epoch, sizeof epoch, "%llu", (unsigned long long)pos.epoch);
+    snprintf(index, sizeof index, "%llu", (unsigned long long)pos.index);
+    snprintf(fp, sizeof fp, "%llu", (unsigned long long)pos.fingerprint);
+    const td_tokfile_info *info = td_tokfile_get_info(td_loader_file(loader));
+    const char *meta[] = {"data_epoch", epoch, "data_index", index, "data_fingerprint", fp, "data_file", data,
+                          "tokenizer", td_tokenizer_kind_name(info->tokenizer), NULL};
+    return td_trainer_save(t, dir, 1, meta);
 }
 
 static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
@@ -202,6 +236,23 @@ int td_cli_train_main(int argc, char **argv)
         goto out;
     }
     if ((st = td_trainer_create(&cfg, &t))) goto cleanup;
+    if (o.resume) {
+        td_ckpt_reader *rd = NULL;
+        if ((st = td_trainer_load(t, o.resume, 1, &rd))) goto cleanup;
+        td_loader_position pos = {0};
+        st = td_ckpt_reader_meta_u64(rd, "data_epoch", &pos.epoch);
+        if (!st) st = td_ckpt_reader_meta_u64(rd, "data_index", &pos.index);
+        if (!st) st = td_ckpt_reader_meta_u64(rd, "data_fingerprint", &pos.fingerprint);
+        td_ckpt_reader_close(rd);
+        if (st || (st = td_loader_seek(loader, &pos))) {
+            td_error_prefix(st, "--resume %s: the data position: ", o.resume);
+            goto cleanup;
+        }
+        fprintf(stderr, "tidal train: resumed %s at step %ld\n", o.resume, td_trainer_optim(t)->step);
+    } else if (o.init) {
+        if ((st = td_trainer_load(t, o.init, 0, NULL))) goto cleanup;
+        fprintf(stderr, "tidal train: weights from %s\n", o.init);
+    }
     if (o.timeline && (st = td_memmgr_timeline_open(td_trainer_memmgr(t), o.timeline))) goto cleanup;
     size_t params = td_gpt_ref_params_numel(&cfg.model);
     char budget[32];
@@ -213,14 +264,17 @@ int td_cli_train_main(int argc, char **argv)
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
             o.policy, td_trainer_checkpointing(t) ? "on" : "off", td_memmgr_chunk_count(td_trainer_memmgr(t)));
     int tty = isatty(fileno(stderr));
-    for (long s = 1; s <= o.steps; s++) {
+    long first = td_trainer_optim(t)->step + 1;
+    if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
+    long last = o.stop_after > 0 && first - 1 + o.stop_after < o.steps ? first - 1 + o.stop_after : o.steps;
+    for (long s = first; s <= last; s++) {
         td_step_result r;
         if ((st = td_trainer_step(t, loader_batch, loader, &r))) goto cleanup;
         if (!isfinite(r.loss)) {
             st = td_error_set(TD_ERR_STATE, "the loss is %g at step %ld; lower --lr", r.loss, s);
             goto cleanup;
         }
-        if (tty || s == 1 || s == o.steps || s % (o.log_every > 0 ? o.log_every : 10) == 0)
+        if (tty || s == first || s == last || s % (o.log_every > 0 ? o.log_every : 10) == 0)
             progress(stderr, tty, s, o.steps, &r, t);
         if (log) {
             char mm[1024];
@@ -231,6 +285,10 @@ int td_cli_train_main(int argc, char **argv)
                     s, r.loss, r.lr, r.grad_norm, r.skipped, r.tokens_per_s, r.step_ms, r.mm.device_peak_bytes,
                     (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms, mm);
             fflush(log);
+        }
+        if (o.save && ((o.save_every > 0 && s % o.save_every == 0) || s == last)) {
+            if ((st = save_checkpoint(t, loader, o.save, o.data))) goto cleanup;
+            if (!tty || s == last) fprintf(stderr, "%ssaved %s at step %ld\n", tty ? "\n" : "", o.save, s);
         }
     }
     if (tty) fprintf(stderr, "\n");
