@@ -15,6 +15,8 @@ typedef struct command {
 
 static const command commands[] = {
     {"train", td_cli_train_main, "train a GPT on a token file under a device budget"},
+    {"eval", td_cli_eval_main, "mean cross-entropy of a checkpoint on a token file"},
+    {"generate", td_cli_generate_main, "sample text from a checkpoint"},
     {"plan", td_cli_plan_main, "print a run's footprint and whether it fits, before starting it"},
     {"memsim", td_cli_memsim_main, "simulate a chunk access trace under a budget and policy"},
     {"prepare", td_cli_prepare_main, "tokenize text (byte or GPT-2 BPE) into a token file for training"},

@@ -1,0 +1,228 @@
+/* `tidal eval` and `tidal generate`: a checkpoint's loss on a token file,
+ * and text sampled from it. */
+#include "args.h"
+#include "cli.h"
+#include "tidal/checkpoint.h"
+#include "tidal/data.h"
+#include "tidal/tokenizer.h"
+#include "tidal/trainer.h"
+#include "tidal/util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A trainer shaped by the checkpoint, holding its weights. */
+static td_status open_model(const char *dir, int batch, int seq, const char *backend, size_t budget, td_trainer **out)
+{
+    td_status st;
+    td_train_config c = td_train_default_config();
+    if ((st = td_trainer_checkpoint_model(dir, &c.model))) return st;
+    c.micro_batch = batch;
+    c.seq_len = seq > 0 ? seq : c.model.n_positions;
+    if (c.seq_len > c.model.n_positions)
+        return td_error_set(TD_ERR_INVALID, "--seq %d is longer than the model's %d positions", seq, c.model.n_positions);
+    c.gpu_budget = budget;
+    c.ckpt = TD_CKPT_OFF;
+    if ((st = td_backend_kind_parse(backend, &c.backend))) return st;
+    if ((st = td_trainer_create(&c, out))) return st;
+    if ((st = td_trainer_load(*out, dir, 0, NULL))) {
+        td_trainer_destroy(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
+{
+    return td_loader_next(ctx, tokens, targets);
+}
+
+int td_cli_eval_main(int argc, char **argv)
+{
+    const char *ckpt = NULL, *data = NULL, *backend = "cpu", *split = "all";
+    int batches = 20, batch = 4, seq = 0, json = 0;
+    size_t budget = 0;
+    td_opt table[] = {
+        {"checkpoint", TD_OPT_STRING, &ckpt, "DIR", "checkpoint directory (tidal's or a Hugging Face GPT-2 one)", 0},
+        {"data", TD_OPT_STRING, &data, "FILE", "token file (`tidal prepare`)", 0},
+        {"batches", TD_OPT_INT, &batches, "N", "batches to average over (default 20)", 0},
+        {"micro-batch", TD_OPT_INT, &batch, "B", "sequences per batch (default 4)", 0},
+        {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: the model's positions)", 0},
+        {"split", TD_OPT_STRING, &split, "S", "all (default) or heldout: the last 10% of the sequences", 0},
+        {"gpu-budget", TD_OPT_SIZE, &budget, "SIZE", "device budget (default: free memory minus a margin)", 0},
+        {"backend", TD_OPT_STRING, &backend, "B", "cpu (default)", 0},
+        {"json", TD_OPT_FLAG, &json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}", 0},
+        {NULL, 0, NULL, NULL, NULL, 0},
+    };
+    int help = 0, rc = 1;
+    td_trainer *t = NULL;
+    td_loader *l = NULL;
+    td_status st = td_args_parse(table, argc, argv, &help);
+    if (help) {
+        td_args_usage(stdout, "usage: tidal eval --checkpoint DIR --data FILE [options]\n\n"
+                              "The mean cross-entropy (nats per token) of a checkpoint on a token file, over\n"
+                              "--batches batches read in file order.", table);
+        return 0;
+    }
+    if (!st && (!ckpt || !data)) st = td_error_set(TD_ERR_INVALID, "--checkpoint DIR and --data FILE are required");
+    if (!st && strcmp(split, "all") && strcmp(split, "heldout"))
+        st = td_error_set(TD_ERR_INVALID, "--split '%s': use all or heldout", split);
+    if (!st && (batches < 1 || batch < 1)) st = td_error_set(TD_ERR_INVALID, "--batches and --micro-batch must be positive");
+    if (st) {
+        fprintf(stderr, "tidal eval: %s\n", td_error_msg());
+        td_args_free();
+        return 2;
+    }
+    if ((st = open_model(ckpt, batch, seq, backend, budget, &t))) goto cleanup;
+    const td_train_config *c = td_trainer_config(t);
+    td_loader_params lp = td_loader_default_params();
+    lp.batch = (uint32_t)batch;
+    lp.seq = (uint32_t)c->seq_len;
+    lp.shuffle = 0;
+    if (!strcmp(split, "heldout")) {
+        lp.heldout_percent = 10;
+        lp.split = TD_DATA_HELDOUT;
+    }
+    if ((st = td_loader_open(data, &lp, &l))) goto cleanup;
+    int vocab = (int)td_tokfile_get_info(td_loader_file(l))->vocab_size;
+    if (vocab > c->model.vocab_size) {
+        st = td_error_set(TD_ERR_INVALID, "%s has a vocabulary of %d, the model only %d", data, vocab, c->model.vocab_size);
+        goto cleanup;
+    }
+    double loss;
+    if ((st = td_trainer_eval(t, loader_batch, l, batches, &loss))) goto cleanup;
+    double tokens = (double)batches * batch * c->seq_len;
+    if (json) printf("{\"loss\":%.6f,\"perplexity\":%.4f,\"tokens\":%.0f}\n", loss, exp(loss), tokens);
+    else printf("loss %.4f nats/token (perplexity %.2f) over %.0f tokens of %s\n", loss, exp(loss), tokens, data);
+    rc = 0;
+cleanup:
+    if (st) fprintf(stderr, "tidal eval: %s\n", td_error_msg());
+    td_loader_destroy(l);
+    td_trainer_destroy(t);
+    td_args_free();
+    return rc;
+}
+
+/* Samples from softmax(logits / temperature) with a seeded RNG; greedy at 0. */
+static int sample(const float *logits, int V, double temperature, td_rng *rng)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0) return best;
+    double sum = 0, max = logits[best];
+    for (int i = 0; i < V; i++) sum += exp((logits[i] - max) / temperature);
+    double u = td_rng_uniform(rng) * sum, acc = 0;
+    for (int i = 0; i < V; i++) {
+        acc += exp((logits[i] - max) / temperature);
+        if (acc >= u) return i;
+    }
+    return V - 1;
+}
+
+int td_cli_generate_main(int argc, char **argv)
+{
+    const char *ckpt = NULL, *prompt = "", *tok_kind = NULL, *vocab_path = NULL, *merges = NULL, *backend = "cpu";
+    int tokens = 200;
+    double temperature = 0.8;
+    uint64_t seed = 1;
+    td_opt table[] = {
+        {"checkpoint", TD_OPT_STRING, &ckpt, "DIR", "checkpoint directory", 0},
+        {"prompt", TD_OPT_STRING, &prompt, "TEXT", "text to continue (default: empty)", 0},
+        {"tokens", TD_OPT_INT, &tokens, "N", "tokens to generate (default 200)", 0},
+        {"temperature", TD_OPT_DOUBLE, &temperature, "T", "sampling temperature; 0 is greedy (default 0.8)", 0},
+        {"seed", TD_OPT_U64, &seed, "S", "sampling seed (default 1)", 0},
+        {"tokenizer", TD_OPT_STRING, &tok_kind, "K", "byte or gpt2 (default: what the checkpoint was trained with)", 0},
+        {"vocab", TD_OPT_STRING, &vocab_path, "FILE", "gpt2: vocab.json", 0},
+        {"merges", TD_OPT_STRING, &merges, "FILE", "gpt2: merges.txt", 0},
+        {"backend", TD_OPT_STRING, &backend, "B", "cpu (default)", 0},
+        {NULL, 0, NULL, NULL, NULL, 0},
+    };
+    int help = 0, rc = 1;
+    td_trainer *t = NULL;
+    td_tokenizer *tk = NULL;
+    td_ckpt_reader *rd = NULL;
+    uint32_t *ids = NULL;
+    int32_t *ctx = NULL;
+    float *logits = NULL;
+    td_status st = td_args_parse(table, argc, argv, &help);
+    if (help) {
+        td_args_usage(stdout, "usage: tidal generate --checkpoint DIR [--prompt TEXT] [options]\n\n"
+                              "Continues the prompt with text sampled from the model, one token at a time.", table);
+        return 0;
+    }
+    if (!st && !ckpt) st = td_error_set(TD_ERR_INVALID, "--checkpoint DIR is required");
+    if (!st && (tokens < 1 || temperature < 0)) st = td_error_set(TD_ERR_INVALID, "--tokens must be positive, --temperature >= 0");
+    if (st) {
+        fprintf(stderr, "tidal generate: %s\n", td_error_msg());
+        td_args_free();
+        return 2;
+    }
+    /* The tokenizer: the flag, else the checkpoint's record, else byte. */
+    if (!tok_kind && td_ckpt_reader_open(ckpt, NULL, &rd) == TD_OK) {
+        const char *k = td_ckpt_reader_meta(rd, "tokenizer");
+        tok_kind = k ? (!strcmp(k, "gpt2") ? "gpt2" : "byte") : NULL;
+    }
+    if (!tok_kind) tok_kind = "byte";
+    if (!strcmp(tok_kind, "gpt2")) {
+        if (!vocab_path || !merges) {
+            st = td_error_set(TD_ERR_INVALID, "a gpt2 model needs --vocab vocab.json --merges merges.txt to read and write text");
+            goto cleanup;
+        }
+        if ((st = td_tokenizer_load_gpt2(vocab_path, merges, &tk))) goto cleanup;
+    } else if (!strcmp(tok_kind, "byte")) {
+        if ((st = td_tokenizer_create_byte(&tk))) goto cleanup;
+    } else {
+        st = td_error_set(TD_ERR_INVALID, "--tokenizer '%s': use byte or gpt2", tok_kind);
+        goto cleanup;
+    }
+    if ((st = open_model(ckpt, 1, 0, backend, 0, &t))) goto cleanup;
+    const td_train_config *c = td_trainer_config(t);
+    if ((int)td_tokenizer_vocab_size(tk) > c->model.vocab_size) {
+        st = td_error_set(TD_ERR_INVALID, "the %s tokenizer has %u tokens, the model %d", tok_kind,
+                          td_tokenizer_vocab_size(tk), c->model.vocab_size);
+        goto cleanup;
+    }
+    size_t n = 0;
+    if ((st = td_tokenizer_encode_alloc(tk, prompt, strlen(prompt), &ids, &n))) goto cleanup;
+    int T = c->seq_len, V = c->model.vocab_size;
+    ctx = malloc(sizeof(int32_t) * (size_t)T);
+    logits = malloc(sizeof(float) * (size_t)V);
+    if (!ctx || !logits) { st = td_error_set(TD_ERR_NOMEM, "out of memory"); goto cleanup; }
+    int len = 0;
+    if (n == 0) ctx[len++] = (int32_t)td_tokenizer_eot(tk); /* start of a document */
+    for (size_t i = n > (size_t)T ? n - (size_t)T : 0; i < n; i++) ctx[len++] = (int32_t)ids[i];
+    td_rng rng;
+    td_rng_seed(&rng, seed);
+    fwrite(prompt, 1, strlen(prompt), stdout);
+    for (int k = 0; k < tokens; k++) {
+        if ((st = td_trainer_next_logits(t, ctx, len, logits))) goto cleanup;
+        int next = sample(logits, (int)td_tokenizer_vocab_size(tk), temperature, &rng);
+        size_t blen = 0;
+        const char *bytes = td_tokenizer_token_bytes(tk, (uint32_t)next, &blen);
+        if ((uint32_t)next == td_tokenizer_eot(tk)) {
+            printf("\n");
+            break;
+        }
+        if (bytes) fwrite(bytes, 1, blen, stdout);
+        fflush(stdout);
+        if (len == T) { /* slide the window */
+            memmove(ctx, ctx + 1, sizeof(int32_t) * (size_t)(T - 1));
+            len--;
+        }
+        ctx[len++] = next;
+    }
+    printf("\n");
+    rc = 0;
+cleanup:
+    if (st) fprintf(stderr, "tidal generate: %s\n", td_error_msg());
+    free(ctx);
+    free(logits);
+    td_free(ids);
+    td_ckpt_reader_close(rd);
+    td_tokenizer_destroy(tk);
+    td_trainer_destroy(t);
+    td_args_free();
+    return rc;
+}
