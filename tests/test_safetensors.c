@@ -353,6 +353,9 @@ static void test_writer_order_and_completeness(void **state)
     assert_int_equal(td_st_writer_declare(w, "__metadata__", TD_ST_F32, 1, s2, NULL), TD_ERR_INVALID);
     assert_int_equal(td_st_writer_declare(w, "", TD_ST_F32, 1, s2, NULL), TD_ERR_INVALID);
     assert_int_equal(td_st_writer_declare(w, "x", TD_ST_F32, 9, s2, NULL), TD_ERR_INVALID);
+    assert_int_equal(td_st_writer_declare(w, "bad\xff", TD_ST_F32, 1, s2, NULL), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "not valid UTF-8"));
+    assert_int_equal(td_st_writer_add_metadata(w, "k2", "\xc3"), TD_ERR_INVALID);
     TD_ASSERT_OK(td_st_writer_add_metadata(w, "k", "v"));
     assert_int_equal(td_st_writer_add_metadata(w, "k", "w"), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "\"k\" given twice"));

@@ -433,8 +433,8 @@ static td_status parse_header(td_st_reader *r, const char *hdr, size_t hdr_bytes
     const char *end = NULL;
     root = cJSON_ParseWithLengthOpts(hdr, hdr_bytes, &end, 0);
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        size_t pos = at && at >= hdr && at <= hdr + hdr_bytes ? (size_t)(at - hdr) : 0;
+        /* On failure cJSON points `end` at the error (its global error pointer is not thread-safe). */
+        size_t pos = end && end >= hdr && end <= hdr + hdr_bytes ? (size_t)(end - hdr) : 0;
         TD_FAIL(TD_ERR_INVALID, FILE_FMT "header is not valid JSON (error near byte %zu of %zu)", path,
                 pos, hdr_bytes);
     }
@@ -730,8 +730,12 @@ td_status td_st_writer_add_metadata(td_st_writer *w, const char *key, const char
 {
     td_status st = check_open_for_declarations(w, "metadata");
     if (st != TD_OK) return st;
+    size_t bad;
     if (!key || !key[0] || !value)
         return td_error_set(TD_ERR_INVALID, WFMT "metadata needs a non-empty key and a value", w->path);
+    if (!utf8_valid((const unsigned char *)key, strlen(key), &bad) ||
+        !utf8_valid((const unsigned char *)value, strlen(value), &bad))
+        return td_error_set(TD_ERR_INVALID, WFMT "metadata \"%s\" is not valid UTF-8", w->path, key);
     for (size_t i = 0; i < w->n_meta; i++)
         if (!strcmp(w->meta[2 * i], key))
             return td_error_set(TD_ERR_INVALID, WFMT "metadata key \"%s\" given twice", w->path, key);
@@ -754,9 +758,13 @@ td_status td_st_writer_declare(td_st_writer *w, const char *name, td_st_dtype dt
 {
     td_status st = check_open_for_declarations(w, "tensors");
     if (st != TD_OK) return st;
+    size_t bad;
     if (!name || !name[0] || !strcmp(name, "__metadata__"))
         return td_error_set(TD_ERR_INVALID, WFMT "tensor name \"%s\" is not allowed", w->path,
                             name ? name : "");
+    if (!utf8_valid((const unsigned char *)name, strlen(name), &bad))
+        return td_error_set(TD_ERR_INVALID, WFMT "tensor name \"%s\" is not valid UTF-8 (byte %zu)",
+                            w->path, name, bad);
     if ((unsigned)dtype >= TD_ST_DTYPE_COUNT)
         return td_error_set(TD_ERR_INVALID, WFMT "tensor '%s': unknown dtype %d", w->path, name, dtype);
     if (ndim < 0 || ndim > TD_ST_MAX_DIMS)
