@@ -43,6 +43,7 @@ int td_cli_eval_main(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = NULL, *backend = "cpu", *split = "all";
     int batches = 20, batch = 4, seq = 0, json = 0;
+    double heldout = 10;
     size_t budget = 0;
     td_opt table[] = {
         {"checkpoint", TD_OPT_STRING, &ckpt, "DIR", "checkpoint directory (tidal's or a Hugging Face GPT-2 one)", 0},
@@ -50,7 +51,8 @@ int td_cli_eval_main(int argc, char **argv)
         {"batches", TD_OPT_INT, &batches, "N", "batches to average over (default 20)", 0},
         {"micro-batch", TD_OPT_INT, &batch, "B", "sequences per batch (default 4)", 0},
         {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: the model's positions)", 0},
-        {"split", TD_OPT_STRING, &split, "S", "all (default) or heldout: the last 10% of the sequences", 0},
+        {"split", TD_OPT_STRING, &split, "S", "all (default) or heldout: the last --heldout % of the sequences", 0},
+        {"heldout", TD_OPT_DOUBLE, &heldout, "PCT", "the held-out share, as given to `tidal train --heldout` (default 10)", 0},
         {"gpu-budget", TD_OPT_SIZE, &budget, "SIZE", "device budget (default: free memory minus a margin)", 0},
         {"backend", TD_OPT_STRING, &backend, "B", "cpu (default)", 0},
         {"json", TD_OPT_FLAG, &json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}", 0},
@@ -82,7 +84,7 @@ int td_cli_eval_main(int argc, char **argv)
     lp.seq = (uint32_t)c->seq_len;
     lp.shuffle = 0;
     if (!strcmp(split, "heldout")) {
-        lp.heldout_percent = 10;
+        lp.heldout_percent = heldout;
         lp.split = TD_DATA_HELDOUT;
     }
     if ((st = td_loader_open(data, &lp, &l))) goto cleanup;

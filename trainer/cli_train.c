@@ -17,6 +17,7 @@ typedef struct train_opts {
     const char *model, *data, *policy, *precision, *ckpt, *schedule, *backend, *eviction;
     const char *log, *trace_out, *timeline, *save, *resume, *init;
     long save_every, stop_after;
+    double heldout;
     int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every;
     long steps;
     uint64_t seed;
@@ -67,6 +68,7 @@ static const char usage[] =
     {"save", TD_OPT_STRING, &(o)->save, "DIR", "write a checkpoint there at the end (HF GPT-2 weights + train state)", 0}, \
     {"save-every", TD_OPT_LONG, &(o)->save_every, "N", "also every N steps (atomic: the previous one stays until the new one is complete)", 0}, \
     {"resume", TD_OPT_STRING, &(o)->resume, "DIR", "continue a run from its checkpoint, bit-exactly (--steps counts from the start)", 0}, \
+    {"heldout", TD_OPT_DOUBLE, &(o)->heldout, "PCT", "keep the last PCT% of the sequences out of training (for `tidal eval --split heldout`)", 0}, \
     {"stop-after", TD_OPT_LONG, &(o)->stop_after, "N", "stop after N steps of this invocation (saving with --save); --resume continues", 0}, \
     {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2 directory", 0}
 
@@ -223,6 +225,7 @@ int td_cli_train_main(int argc, char **argv)
     lp.batch = (uint32_t)(o.micro_batch > 0 ? o.micro_batch : 1);
     lp.seq = (uint32_t)(o.seq > 0 ? o.seq : 1);
     lp.seed = o.seed;
+    lp.heldout_percent = o.heldout;
     if ((st = td_loader_open(o.data, &lp, &loader))) goto cleanup;
     int data_vocab = (int)td_tokfile_get_info(td_loader_file(loader))->vocab_size;
     td_train_config cfg;
