@@ -108,8 +108,17 @@ class RegexBPE:
 
 class HFBPE:
     def __init__(self, vocab_path, merges_path):
+        # from_pretrained on a folder holding vocab.json + merges.txt: the
+        # loading path every transformers version supports (newer ones build
+        # an empty model from the vocab_file= keyword).
+        import shutil, tempfile
         from transformers import GPT2TokenizerFast
-        self.tok = GPT2TokenizerFast(vocab_file=vocab_path, merges_file=merges_path)
+        self.dir = tempfile.mkdtemp(prefix="td_bpe_")
+        shutil.copy(vocab_path, f"{self.dir}/vocab.json")
+        shutil.copy(merges_path, f"{self.dir}/merges.txt")
+        self.tok = GPT2TokenizerFast.from_pretrained(self.dir)
+        if not self.tok.encode("Hello world"):
+            raise SystemExit("transformers built an empty GPT-2 tokenizer from " + self.dir)
 
     def encode(self, text):
         return self.tok.encode(text)
