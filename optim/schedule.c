@@ -42,7 +42,7 @@ td_status td_lr_schedule_check(const td_lr_schedule *s)
     if ((s->decay == TD_LR_DECAY_COSINE || s->decay == TD_LR_DECAY_LINEAR) && s->total_steps < s->warmup_steps + 2)
         return td_error_set(TD_ERR_INVALID,
                             "%s decay needs total steps (%ld) >= warmup steps (%ld) + 2: raise --steps or lower "
-                            "--warmup-steps",
+                            "--warmup",
                             decay_names[s->decay], s->total_steps, s->warmup_steps);
     if (s->decay == TD_LR_DECAY_EXPONENTIAL && !(s->gamma > 0 && s->gamma <= 1))
         return td_error_set(TD_ERR_INVALID, "exponential decay factor %g: use 0 < gamma <= 1 (e.g. 0.999)", s->gamma);

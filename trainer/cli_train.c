@@ -151,7 +151,8 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->optim.lr.lr = o->lr;
     c->optim.lr.min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10;
     c->optim.lr.warmup_steps = o->warmup >= 0 ? o->warmup : o->steps / 10;
-    c->optim.lr.total_steps = o->steps;
+    /* The decay needs two steps past the warmup; a shorter run keeps the peak. */
+    c->optim.lr.total_steps = o->steps >= c->optim.lr.warmup_steps + 2 ? o->steps : c->optim.lr.warmup_steps + 2;
     if ((st = td_lr_decay_parse(o->schedule, &c->optim.lr.decay))) return td_error_prefix(st, "--schedule: ");
     c->optim.adam.weight_decay = o->weight_decay;
     c->optim.max_grad_norm = o->clip;

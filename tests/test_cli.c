@@ -1,0 +1,133 @@
+/* The `tidal` command on bad input: a clear message, a non-zero exit, and
+ * nothing lost (a previous checkpoint stays loadable).  Runs the command of
+ * the same build (env TIDAL, else ./build/tidal or ./build-san/tidal). */
+#include <stdarg.h>
+#include "td_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char tidal[512], tmp[64];
+
+/* Runs a shell command line, returns its exit status and its stderr+stdout. */
+static int sh(char *out, size_t out_bytes, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[2200];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, out_bytes - 1, p);
+    out[n] = '\0';
+    int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static int setup(void **state)
+{
+    const char *exe = getenv("TIDAL");
+    snprintf(tidal, sizeof tidal, "%s", exe ? exe : "./build/tidal");
+    if (access(tidal, X_OK) != 0 && access("./build-san/tidal", X_OK) == 0) snprintf(tidal, sizeof tidal, "./build-san/tidal");
+    snprintf(tmp, sizeof tmp, "/tmp/tidal-cli-XXXXXX");
+    if (!mkdtemp(tmp)) return -1;
+    char out[4096];
+    /* A small corpus and token file for the cases below. */
+    int rc = sh(out, sizeof out, "head -c 200000 /usr/share/games/fortunes/fortunes > %s/text && %s prepare --quiet "
+                "--input %s/text --out %s/ok.tok", tmp, tidal, tmp, tmp);
+    return rc;
+}
+
+static int teardown(void **state)
+{
+    char out[256];
+    sh(out, sizeof out, "rm -rf %s", tmp);
+    return 0;
+}
+
+#define MODEL "--layers 1 --width 32 --heads 2 --seq 32 --micro-batch 2 --backend cpu"
+
+static void test_bad_token_files(void **state)
+{
+    char out[8192];
+    int rc = sh(out, sizeof out, "%s train --data %s/missing.tok " MODEL " --steps 1", tidal, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "missing.tok"));
+    rc = sh(out, sizeof out, "head -c 1000 %s/ok.tok > %s/trunc.tok; %s train --data %s/trunc.tok " MODEL " --steps 1",
+            tmp, tmp, tidal, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "trunc.tok"));
+    rc = sh(out, sizeof out, "cp %s/ok.tok %s/bad.tok; printf 'XX' | dd of=%s/bad.tok bs=1 seek=5000 conv=notrunc "
+            "status=none; %s train --data %s/bad.tok " MODEL " --steps 1", tmp, tmp, tmp, tidal, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "bad.tok"));
+    rc = sh(out, sizeof out, "%s train --data %s/text " MODEL " --steps 1", tidal, tmp); /* text, not tokens */
+    assert_int_not_equal(rc, 0);
+}
+
+static void test_bad_flags(void **state)
+{
+    char out[8192];
+    assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps abc", tidal, tmp), 2);
+    assert_non_null(strstr(out, "--steps"));
+    assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --gpu-budget 12XB", tidal, tmp), 2);
+    assert_non_null(strstr(out, "unknown unit"));
+    assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --policy fast", tidal, tmp), 2);
+    assert_non_null(strstr(out, "cuda, cpu, static or auto"));
+    assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --heads 5", tidal, tmp), 2);
+    assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --frobnicate", tidal, tmp), 2);
+    assert_non_null(strstr(out, "unknown option '--frobnicate'"));
+    assert_int_equal(sh(out, sizeof out, "%s train --help", tidal), 0);
+    assert_non_null(strstr(out, "--gpu-budget"));
+}
+
+static void test_budget_too_small_names_minimum(void **state)
+{
+    char out[8192];
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1 --gpu-budget 64KiB", tidal, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "is below the minimum of"));
+    /* tidal plan says the same before a run, exit 3. */
+    rc = sh(out, sizeof out, "%s plan --data %s/ok.tok " MODEL " --gpu-budget 64KiB", tidal, tmp);
+    assert_int_equal(rc, 3);
+    assert_non_null(strstr(out, "DOES NOT FIT"));
+    assert_non_null(strstr(out, "needs --gpu-budget of at least"));
+    rc = sh(out, sizeof out, "%s plan --data %s/ok.tok " MODEL " --host-pin-limit 10KiB", tidal, tmp);
+    assert_int_equal(rc, 3);
+}
+
+static void test_checkpoint_survives_bad_resume_and_corruption(void **state)
+{
+    char out[8192];
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 3 --save %s/ck", tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    /* A corrupt weights file: a clear error naming the file; nothing written. */
+    rc = sh(out, sizeof out, "cp -r %s/ck %s/ck2; printf 'garbage!' | dd of=%s/ck2/model.safetensors bs=1 seek=0 "
+            "conv=notrunc status=none; %s eval --checkpoint %s/ck2 --data %s/ok.tok --seq 32", tmp, tmp, tmp, tidal,
+            tmp, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "model.safetensors"));
+    /* Resuming with a different shape is refused; the checkpoint still loads. */
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok --resume %s/ck --width 64 --steps 4", tidal, tmp, tmp);
+    assert_int_equal(rc, 2);
+    rc = sh(out, sizeof out, "%s eval --checkpoint %s/ck --data %s/ok.tok --seq 32 --batches 2", tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "nats/token"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_token_files),
+        cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_budget_too_small_names_minimum),
+        cmocka_unit_test(test_checkpoint_survives_bad_resume_and_corruption),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
