@@ -1,0 +1,254 @@
+/* GPT-2 ops on the GPU: CUDA kernels and cuBLASLt, forward and backward.
+ *
+ * Each op computes the same function as its CPU reference in ops.h, with the
+ * same shapes, letters (B, T, C, NH, hs, N, OC, V, Vp) and conventions, and
+ * is tested against it (tests/gpu/test_ops_cuda.c):
+ *   - a forward writes its outputs; a backward ADDS into every parameter
+ *     gradient it produces.  Input gradients (dinp of a matmul, of GELU, of
+ *     attention, dx of a block) take a td_ops_cuda_write mode: ADD is the CPU
+ *     convention, SET overwrites and saves the caller a zeroing pass;
+ *   - Linear weights are (out, in); the head is tied to wte;
+ *   - attention saves only lse (B,NH,T) and its backward recomputes the
+ *     weights; LayerNorm saves mean and rstd (N); the cross-entropy saves
+ *     lse (N), ignores rows whose target is negative and columns >= V
+ *     (zero gradient there), and writes dlogits (in place allowed).
+ *
+ * Precision.  Every tensor argument of an op has the op's storage type `dt`
+ * (TD_DTYPE_F32, TD_DTYPE_BF16 or TD_DTYPE_F16) except those typed float
+ * below (LayerNorm mean/rstd, attention and loss lse, losses: always fp32)
+ * and parameter gradients, which have type `gdt`: dt itself or TD_DTYPE_F32
+ * (fp32 gradients of 16-bit parameters).  Arithmetic and every reduction
+ * accumulate in fp32; cuBLASLt runs with CUBLAS_COMPUTE_32F (no TF32), so an
+ * fp32 op is an fp32 op.  A 16-bit value is rounded once, where it is stored.
+ *
+ * Memory.  Nothing here allocates device memory: cuBLASLt's workspace is
+ * given once to td_ops_cuda_create, and an op that needs temporary device
+ * memory takes `scratch` (256-byte aligned, e.g. from the arena) of at least
+ * the bytes its *_scratch_bytes function names.  The context allocates host
+ * memory once (itself, and its cache of cuBLASLt plans, filled on first use
+ * of each shape: the warm-up step).
+ *
+ * Streams.  Every launcher takes the stream last (a cudaStream_t as void *,
+ * NULL for the legacy default stream) and is asynchronous: it returns
+ * TD_ERR_BACKEND if a launch or cuBLASLt call fails, TD_ERR_INVALID for bad
+ * arguments (checked before anything is launched); errors inside a kernel
+ * surface at the next synchronisation.  Pointers are device pointers except
+ * the context and the config.  Preconditions as in ops.h (tokens in [0,Vp),
+ * targets < V, T <= maxT, C % NH == 0) are the caller's.
+ *
+ * Determinism: no floating-point atomics; every reduction has an order fixed
+ * by the shapes, so a call gives the same bits every time on the same GPU and
+ * build (cuBLASLt's choice of algorithm is cached per shape in the context).
+ *
+ * Thread-safety: a context is used by one host thread and one stream at a
+ * time (the workspace and the plan cache are shared by its calls); use one
+ * context per stream.  Available only in CUDA builds (TD_HAVE_CUDA). */
+#ifndef TIDAL_OPS_CUDA_H
+#define TIDAL_OPS_CUDA_H
+
+#include <stddef.h>
+
+#include "tidal/dtype.h"
+#include "tidal/gpt_ref.h"
+#include "tidal/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- context -------------------------------------------------------------- */
+
+typedef struct td_ops_cuda td_ops_cuda;
+
+/* cuBLASLt workspace that lets it pick its fastest kernels on Hopper. */
+#define TD_OPS_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+
+typedef struct td_ops_cuda_params {
+    void *workspace;        /* device memory for cuBLASLt, owned by the caller, >= 256-byte aligned */
+    size_t workspace_bytes; /* 0 allowed (slower GEMM choices) */
+    int fuse_gelu;          /* 16-bit matmul + GELU as one cuBLASLt epilogue (default 1) */
+} td_ops_cuda_params;
+
+/* Defaults: no workspace, fuse_gelu 1. */
+td_ops_cuda_params td_ops_cuda_default_params(void);
+/* Creates the cuBLASLt handle on the current device.  TD_ERR_BACKEND if
+ * cuBLASLt cannot start; TD_ERR_NOMEM if the host context cannot be allocated. */
+td_status td_ops_cuda_create(const td_ops_cuda_params *params, td_ops_cuda **out);
+void td_ops_cuda_free(td_ops_cuda *ctx); /* NULL is a no-op; the caller frees the workspace */
+
+/* How an input gradient is written. */
+typedef enum td_ops_cuda_write {
+    TD_OPS_CUDA_ADD, /* grad += (ops.h's convention) */
+    TD_OPS_CUDA_SET, /* grad = (no zeroing needed) */
+} td_ops_cuda_write;
+
+/* --- embedding ------------------------------------------------------------ */
+
+/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C); tokens (B,T) int. */
+td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, const void *wte, const void *wpe,
+                                      int B, int T, int C, td_dtype dt, void *stream);
+/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (gdt).  Rows sharing a
+ * token are summed in ascending row order (a stable sort of the tokens). */
+size_t td_ops_cuda_encoder_scratch_bytes(int B, int T, int Vp);
+td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const void *dout, const int *tokens,
+                                       int B, int T, int C, int Vp, td_dtype dt, td_dtype gdt,
+                                       void *scratch, size_t scratch_bytes, void *stream);
+
+/* --- LayerNorm ------------------------------------------------------------ */
+
+/* Per row of inp (N,C): out = (inp - mean) * rstd * weight + bias; saves
+ * mean, rstd (N, fp32). */
+td_status td_ops_cuda_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
+                                        const void *weight, const void *bias, int N, int C,
+                                        td_dtype dt, void *stream);
+/* dinp (N,C) += (dt); dweight, dbias (C) += (gdt). */
+size_t td_ops_cuda_layernorm_scratch_bytes(int N, int C);
+td_status td_ops_cuda_layernorm_backward(void *dinp, void *dweight, void *dbias, const void *dout,
+                                         const void *inp, const void *weight, const float *mean,
+                                         const float *rstd, int N, int C, td_dtype dt, td_dtype gdt,
+                                         void *scratch, size_t scratch_bytes, void *stream);
+
+/* --- matmul (cuBLASLt) ---------------------------------------------------- */
+
+/* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC) [+ residual (N,OC)].
+ * bias and residual may be NULL; residual may be out itself.
+ * With pre_gelu (N,OC) given: pre_gelu = inp @ weight^T + bias and
+ * out = gelu(pre_gelu) (one cuBLASLt epilogue when fusable, else a second
+ * kernel); residual must then be NULL. */
+td_status td_ops_cuda_matmul_forward(td_ops_cuda *ctx, void *out, void *pre_gelu, const void *inp,
+                                     const void *weight, const void *bias, const void *residual,
+                                     int N, int C, int OC, td_dtype dt, void *stream);
+/* dinp (N,C) (mode) = dout (N,OC) @ weight;  dweight (OC,C) += dout^T @ inp (gdt);
+ * dbias (OC) += column sums of dout (gdt).  dinp and dbias may be NULL. */
+size_t td_ops_cuda_matmul_scratch_bytes(int N, int OC);
+td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweight, void *dbias,
+                                      const void *dout, const void *inp, const void *weight, int N,
+                                      int C, int OC, td_ops_cuda_write dinp_mode, td_dtype dt,
+                                      td_dtype gdt, void *scratch, size_t scratch_bytes,
+                                      void *stream);
+
+/* --- attention ------------------------------------------------------------ */
+
+/* Causal self-attention as td_ops_attention_forward: qkv (B,T,3C) -> out
+ * (B,T,C), lse (B,NH,T) fp32.  Computed per group of sequences with batched
+ * cuBLASLt GEMMs (S = QK^T/sqrt(hs) in fp32, P = softmax in dt, out = PV)
+ * in scratch: td_ops_cuda_attention_scratch_bytes(seqs, ...) bytes run `seqs`
+ * sequences per group; any scratch of at least one sequence's bytes works,
+ * the op takes as many sequences per group as fit (same results). */
+size_t td_ops_cuda_attention_scratch_bytes(int seqs, int T, int C, int NH, td_dtype dt);
+td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv,
+                                        int B, int T, int C, int NH, td_dtype dt, void *scratch,
+                                        size_t scratch_bytes, void *stream);
+/* dqkv (B,T,3C) (mode) from dout (B,T,C), given the forward's qkv, out, lse. */
+td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv, const void *dout,
+                                         const void *qkv, const void *out, const float *lse, int B,
+                                         int T, int C, int NH, td_ops_cuda_write mode, td_dtype dt,
+                                         void *scratch, size_t scratch_bytes, void *stream);
+
+/* --- pointwise ------------------------------------------------------------ */
+
+/* out = gelu(inp) (tanh approximation), n elements; out may be inp. */
+td_status td_ops_cuda_gelu_forward(void *out, const void *inp, size_t n, td_dtype dt, void *stream);
+/* dinp (mode) = gelu'(inp) * dout.  With SET, dinp may be dout (in place). */
+td_status td_ops_cuda_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n,
+                                    td_ops_cuda_write mode, td_dtype dt, void *stream);
+/* out = a + b; out may alias a or b. */
+td_status td_ops_cuda_residual_forward(void *out, const void *a, const void *b, size_t n,
+                                       td_dtype dt, void *stream);
+/* da += dout; db += dout; either may be NULL (skipped). */
+td_status td_ops_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, td_dtype dt,
+                                        void *stream);
+
+/* --- softmax and loss ----------------------------------------------------- */
+
+/* probs (N,Vp) = softmax over the first V columns of logits; columns >= V get 0. */
+td_status td_ops_cuda_softmax_forward(void *probs, const void *logits, int N, int V, int Vp,
+                                      td_dtype dt, void *stream);
+/* losses (N) = lse - logits[n, targets[n]], 0 where the target is negative;
+ * lse (N) = log sum_{v<V} exp(logits[n,v]).  targets (N) int. */
+td_status td_ops_cuda_crossentropy_forward(float *losses, float *lse, const void *logits,
+                                           const int *targets, int N, int V, int Vp, td_dtype dt,
+                                           void *stream);
+/* dlogits (N,Vp) = dloss * (softmax - onehot(target)) for kept rows, 0 for
+ * ignored rows and columns >= V.  WRITES dlogits; it may be logits itself. */
+td_status td_ops_cuda_crossentropy_backward(void *dlogits, const void *logits, const float *lse,
+                                            const int *targets, float dloss, int N, int V, int Vp,
+                                            td_dtype dt, void *stream);
+/* Both in one pass over the logits (what a training step wants): losses,
+ * lse, and dlogits written over `logits` (in place; the logits are gone). */
+td_status td_ops_cuda_crossentropy_fused(float *losses, float *lse, void *logits,
+                                         const int *targets, float dloss, int N, int V, int Vp,
+                                         td_dtype dt, void *stream);
+
+/* --- the head ------------------------------------------------------------- */
+
+/* lnf (N,C) = LayerNorm(x; lnf_w, lnf_b) saving lnf_mean, lnf_rstd (N);
+ * logits (N,Vp) = lnf @ wte^T. */
+td_status td_ops_cuda_head_forward(td_ops_cuda *ctx, void *logits, void *lnf, float *lnf_mean,
+                                   float *lnf_rstd, const void *x, const void *lnf_w,
+                                   const void *lnf_b, const void *wte, int N, int C, int Vp,
+                                   td_dtype dt, void *stream);
+/* From dlogits (N,Vp): dx (N,C) += (dt); dlnf_w, dlnf_b (C), dwte (Vp,C) += (gdt).
+ * dlnf (N,C, dt) is scratch, overwritten; `scratch` as below. */
+size_t td_ops_cuda_head_scratch_bytes(int N, int C);
+td_status td_ops_cuda_head_backward(td_ops_cuda *ctx, void *dx, void *dlnf_w, void *dlnf_b,
+                                    void *dwte, void *dlnf, const void *dlogits, const void *x,
+                                    const void *lnf, const float *lnf_mean, const float *lnf_rstd,
+                                    const void *lnf_w, const void *wte, int N, int C, int Vp,
+                                    td_dtype dt, td_dtype gdt, void *scratch, size_t scratch_bytes,
+                                    void *stream);
+
+/* --- one transformer block ------------------------------------------------ */
+
+/* A block's 12 tensors on the device, in td_gpt_ref_block's order and shapes
+ * (params in dt, or their gradients in gdt). */
+typedef struct td_ops_cuda_block {
+    void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
+    void *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+} td_ops_cuda_block;
+
+/* Points `out` into a block's span laid out as gpt_ref's (td_gpt_ref_block_span),
+ * with elements of type dt: a block's chunk. */
+void td_ops_cuda_block_view(const td_gpt_ref_config *cfg, void *block_base, td_dtype dt,
+                            td_ops_cuda_block *out);
+
+/* What a block's forward keeps for its backward (td_gpt_ref_block_acts's
+ * fields; the statistics in fp32, the rest in dt). */
+typedef struct td_ops_cuda_block_acts {
+    void *ln1;                  /* (N,C) */
+    float *ln1_mean, *ln1_rstd; /* (N) */
+    void *qkv;                  /* (N,3C) */
+    void *atty;                 /* (N,C) */
+    float *att_lse;             /* (B,NH,T) */
+    void *res2;                 /* (N,C) */
+    void *ln2;                  /* (N,C) */
+    float *ln2_mean, *ln2_rstd; /* (N) */
+    void *fch, *fch_gelu;       /* (N,4C), (N,4C) */
+} td_ops_cuda_block_acts;
+
+/* Bytes of one block's acts, each field 256-byte aligned. */
+size_t td_ops_cuda_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt);
+void td_ops_cuda_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
+                                 void *base, td_ops_cuda_block_acts *out);
+/* Scratch of block forward and backward with attention run `att_seqs`
+ * sequences at a time (1 .. B; fewer need less memory, the results are the
+ * same).  Pass the bytes you give to the calls below. */
+size_t td_ops_cuda_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
+                                       int att_seqs);
+/* y (B,T,C) = block(x), filling acts, as td_gpt_ref_block_forward. */
+td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+                                    const td_ops_cuda_block *w, const td_ops_cuda_block_acts *acts,
+                                    const void *x, void *y, int B, int T, td_dtype dt,
+                                    void *scratch, size_t scratch_bytes, void *stream);
+/* From dy: dx (mode) and every tensor of g += (gdt), as td_gpt_ref_block_backward. */
+td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+                                     const td_ops_cuda_block *w, const td_ops_cuda_block *g,
+                                     const td_ops_cuda_block_acts *acts, const void *x,
+                                     const void *dy, void *dx, int B, int T,
+                                     td_ops_cuda_write dx_mode, td_dtype dt, td_dtype gdt,
+                                     void *scratch, size_t scratch_bytes, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

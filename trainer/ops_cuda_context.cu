@@ -1,0 +1,349 @@
+/* The CUDA ops' context: the cuBLASLt handle, the caller's workspace, and a
+ * cache of cuBLASLt plans (descriptors + the heuristic's algorithm) per GEMM
+ * shape, so that a step after the warm-up makes no heuristic query and no
+ * host allocation.  Also the shared checks (dtypes, launches, scratch).
+ *
+ * Row-major tensors are handed to cuBLASLt (column-major) as their
+ * transposes; each caller says which products it forms (ops_cuda_matmul.cu,
+ * ops_cuda_attention.cu).  The plan key holds everything the heuristic sees:
+ * shapes, leading dimensions, batch strides, types, epilogue and the
+ * alignment of every pointer (cuBLASLt picks vectorised kernels by alignment,
+ * so an unaligned view, e.g. a tensor at an odd offset inside a chunk, gets
+ * its own plan instead of a kernel that would fault on it). */
+#include "ops_cuda_impl.cuh"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "tidal/alloc.h"
+
+namespace tdc {
+
+td_status check_dtype(const char *op, td_dtype dt)
+{
+    if (dt == TD_DTYPE_F32 || dt == TD_DTYPE_BF16 || dt == TD_DTYPE_F16) return TD_OK;
+    return td_error_set(TD_ERR_INVALID, "%s: storage type %d is not fp32, bf16 or fp16", op, (int)dt);
+}
+
+td_status check_dtypes(const char *op, td_dtype dt, td_dtype gdt)
+{
+    td_status st = check_dtype(op, dt);
+    if (st != TD_OK) return st;
+    if (gdt != dt && gdt != TD_DTYPE_F32)
+        return td_error_set(TD_ERR_INVALID,
+                            "%s: gradient type %s with storage type %s; gradients must be %s or fp32",
+                            op, td_dtype_name(gdt), td_dtype_name(dt), td_dtype_name(dt));
+    return TD_OK;
+}
+
+td_status check_cuda(cudaError_t err, const char *what)
+{
+    if (err == cudaSuccess) return TD_OK;
+    return td_error_set(TD_ERR_BACKEND, "%s failed: %s (%s)", what, cudaGetErrorName(err),
+                        cudaGetErrorString(err));
+}
+
+td_status check_launch(const char *what)
+{
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) return TD_OK;
+    return td_error_set(TD_ERR_BACKEND, "kernel launch of %s failed: %s (%s)", what,
+                        cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+td_status check_scratch(const char *op, const void *scratch, size_t have, size_t need)
+{
+    if (need == 0) return TD_OK;
+    if (!scratch || have < need)
+        return td_error_set(TD_ERR_INVALID,
+                            "%s: scratch of %zu bytes given, %zu needed (see its *_scratch_bytes)",
+                            op, scratch ? have : (size_t)0, need);
+    if ((uintptr_t)scratch % kAlign)
+        return td_error_set(TD_ERR_INVALID, "%s: scratch at %p is not %zu-byte aligned", op, scratch,
+                            kAlign);
+    return TD_OK;
+}
+
+/* Largest power of two dividing the address, at most 256 (cuBLASLt's default). */
+static unsigned ptr_align(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (a == 0) return 256;
+    unsigned al = 1;
+    while (al < 256 && !(a & al)) al <<= 1;
+    return al;
+}
+
+static td_status lt_check(cublasStatus_t s, const char *call, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return TD_OK;
+    return td_error_set(TD_ERR_BACKEND, "%s for %s failed: %s", call, what, cublasLtGetStatusString(s));
+}
+
+#define LT_TRY(call, what)                                   \
+    do {                                                     \
+        st = lt_check((call), #call, (what));                \
+        if (st != TD_OK) goto cleanup;                       \
+    } while (0)
+
+static bool uses_bias(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_BIAS ||
+           e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+static bool uses_aux(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+static void plan_release(td_ops_cuda_plan *p)
+{
+    if (!p->used) return;
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    memset(p, 0, sizeof *p);
+}
+
+static td_status layout_create(cublasLtMatrixLayout_t *l, cudaDataType_t type, int rows, int cols,
+                               long long ld, int batch, long long stride, const char *what)
+{
+    td_status st = TD_OK;
+    LT_TRY(cublasLtMatrixLayoutCreate(l, type, (uint64_t)rows, (uint64_t)cols, (int64_t)ld), what);
+    if (batch > 1) {
+        int32_t count = batch;
+        int64_t off = stride;
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                sizeof count),
+               what);
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &off,
+                                                sizeof off),
+               what);
+    }
+cleanup:
+    return st;
+}
+
+/* Sets the per-call pointers of the epilogue on the plan's descriptor. */
+static td_status set_epilogue_pointers(td_ops_cuda_plan *p, const Gemm &g, const char *what)
+{
+    td_status st = TD_OK;
+    cublasLtEpilogue_t e = g.epilogue;
+    if (uses_bias(e))
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                              sizeof g.bias),
+               what);
+    if (uses_aux(e))
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &g.aux, sizeof g.aux),
+               what);
+cleanup:
+    return st;
+}
+
+/* Builds the descriptors of a plan and asks the heuristic for its algorithm. */
+static td_status plan_build(td_ops_cuda *ctx, td_ops_cuda_plan *p, const Gemm &g, const char *what)
+{
+    td_status st = TD_OK;
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulHeuristicResult_t result;
+    int returned = 0;
+    int32_t ta = g.ta, tb = g.tb;
+    uint32_t epi = g.epilogue;
+    uint64_t ws = ctx->workspace_bytes;
+    uint32_t al_a = p->key.align_a, al_b = p->key.align_b, al_c = p->key.align_c,
+             al_d = p->key.align_d;
+    cublasStatus_t hs;
+
+    p->used = 1;
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), what);
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), what);
+    if (g.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+               what);
+    if (uses_bias(g.epilogue)) {
+        int32_t bt = g.d_type;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                              sizeof bt),
+               what);
+    }
+    if (uses_aux(g.epilogue)) {
+        int64_t ld = g.aux_ld;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                              sizeof ld),
+               what);
+    }
+    st = set_epilogue_pointers(p, g, what);
+    if (st != TD_OK) goto cleanup;
+
+    /* Stored shapes: op(A) is m x k, op(B) is k x n, C and D are m x n. */
+    st = layout_create(&p->la, g.ab_type, g.ta == CUBLAS_OP_N ? g.m : g.k,
+                       g.ta == CUBLAS_OP_N ? g.k : g.m, g.lda, g.batch, g.stride_a, what);
+    if (st == TD_OK)
+        st = layout_create(&p->lb, g.ab_type, g.tb == CUBLAS_OP_N ? g.k : g.n,
+                           g.tb == CUBLAS_OP_N ? g.n : g.k, g.ldb, g.batch, g.stride_b, what);
+    if (st == TD_OK)
+        st = layout_create(&p->lc, g.d_type, g.m, g.n, g.ldd, g.batch, g.stride_d, what);
+    if (st != TD_OK) goto cleanup;
+
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), what);
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                sizeof ws),
+           what);
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &al_a, sizeof al_a),
+           what);
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &al_b, sizeof al_b),
+           what);
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &al_c, sizeof al_c),
+           what);
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &al_d, sizeof al_d),
+           what);
+    hs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result,
+                                        &returned);
+    if (hs == CUBLAS_STATUS_SUCCESS && returned > 0) {
+        p->algo = result.algo;
+        p->found = 1;
+    } else if (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED) {
+        st = lt_check(hs, "cublasLtMatmulAlgoGetHeuristic", what);
+    }
+cleanup:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    return st;
+}
+
+static td_ops_cuda_plan *plan_find(td_ops_cuda *ctx, const td_ops_cuda_plan_key &key)
+{
+    for (int i = 0; i < TD_OPS_CUDA_PLANS; i++)
+        if (ctx->plans[i].used && !memcmp(&ctx->plans[i].key, &key, sizeof key)) return &ctx->plans[i];
+    return nullptr;
+}
+
+static td_ops_cuda_plan *plan_slot(td_ops_cuda *ctx)
+{
+    for (int i = 0; i < TD_OPS_CUDA_PLANS; i++)
+        if (!ctx->plans[i].used) return &ctx->plans[i];
+    td_ops_cuda_plan *p = &ctx->plans[ctx->next_evict];
+    ctx->next_evict = (ctx->next_evict + 1) % TD_OPS_CUDA_PLANS;
+    plan_release(p);
+    return p;
+}
+
+static const char *type_name(cudaDataType_t t)
+{
+    return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_16F ? "fp16" : "fp32";
+}
+
+td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what)
+{
+    td_ops_cuda_plan_key key;
+    memset(&key, 0, sizeof key); /* padding too: the key is compared with memcmp */
+    key.ta = g.ta;
+    key.tb = g.tb;
+    key.m = g.m;
+    key.n = g.n;
+    key.k = g.k;
+    key.batch = g.batch;
+    key.ab_type = g.ab_type;
+    key.d_type = g.d_type;
+    key.epilogue = g.epilogue;
+    key.has_c = g.C != nullptr && g.C != g.D;
+    key.lda = g.lda;
+    key.ldb = g.ldb;
+    key.ldd = g.ldd;
+    key.stride_a = g.batch > 1 ? g.stride_a : 0;
+    key.stride_b = g.batch > 1 ? g.stride_b : 0;
+    key.stride_d = g.batch > 1 ? g.stride_d : 0;
+    key.aux_ld = uses_aux(g.epilogue) ? g.aux_ld : 0;
+    key.align_a = ptr_align(g.A);
+    key.align_b = ptr_align(g.B);
+    key.align_d = ptr_align(g.D);
+    key.align_c = g.C ? ptr_align(g.C) : key.align_d;
+    key.align_bias = uses_bias(g.epilogue) ? ptr_align(g.bias) : 0;
+    key.align_aux = uses_aux(g.epilogue) ? ptr_align(g.aux) : 0;
+
+    if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return TD_OK; /* nothing to compute */
+    td_status st;
+    td_ops_cuda_plan *p = plan_find(ctx, key);
+    if (!p) {
+        p = plan_slot(ctx);
+        p->key = key;
+        st = plan_build(ctx, p, g, what);
+        if (st != TD_OK) {
+            plan_release(p);
+            return st;
+        }
+    } else {
+        st = set_epilogue_pointers(p, g, what);
+        if (st != TD_OK) return st;
+    }
+    if (!p->found)
+        return td_error_set(TD_ERR_UNSUPPORTED,
+                            "%s: cuBLASLt has no algorithm for a %s x %s -> %s GEMM m=%d n=%d k=%d "
+                            "(lda %lld, ldb %lld, ldd %lld, batch %d, epilogue %d, alignments "
+                            "%u/%u/%u bytes)",
+                            what, type_name(g.ab_type), type_name(g.ab_type), type_name(g.d_type),
+                            g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch, (int)g.epilogue,
+                            key.align_a, key.align_b, key.align_d);
+    const void *c = g.C ? g.C : g.D;
+    cublasStatus_t ls = cublasLtMatmul(ctx->lt, p->desc, &g.alpha, g.A, p->la, g.B, p->lb, &g.beta, c,
+                                       p->lc, g.D, p->lc, &p->algo, ctx->workspace,
+                                       ctx->workspace_bytes, s);
+    return lt_check(ls, "cublasLtMatmul", what);
+}
+
+} // namespace tdc
+
+extern "C" td_ops_cuda_params td_ops_cuda_default_params(void)
+{
+    td_ops_cuda_params p;
+    p.workspace = nullptr;
+    p.workspace_bytes = 0;
+    p.fuse_gelu = 1;
+    return p;
+}
+
+extern "C" td_status td_ops_cuda_create(const td_ops_cuda_params *params, td_ops_cuda **out)
+{
+    if (!out) return td_error_set(TD_ERR_INVALID, "td_ops_cuda_create: NULL output");
+    *out = nullptr;
+    td_ops_cuda_params p = params ? *params : td_ops_cuda_default_params();
+    if (p.workspace_bytes && !p.workspace)
+        return td_error_set(TD_ERR_INVALID,
+                            "td_ops_cuda_create: workspace of %zu bytes but a NULL pointer",
+                            p.workspace_bytes);
+    if (p.workspace && (uintptr_t)p.workspace % tdc::kAlign)
+        return td_error_set(TD_ERR_INVALID,
+                            "td_ops_cuda_create: workspace at %p is not 256-byte aligned; take it "
+                            "from the arena",
+                            p.workspace);
+    td_ops_cuda *ctx = (td_ops_cuda *)td_calloc(1, sizeof *ctx, TD_ROLE_META);
+    if (!ctx) return td_error_prefix(TD_ERR_NOMEM, "CUDA ops context: ");
+    cublasStatus_t ls = cublasLtCreate(&ctx->lt);
+    if (ls != CUBLAS_STATUS_SUCCESS) {
+        td_free(ctx);
+        return td_error_set(TD_ERR_BACKEND,
+                            "cublasLtCreate failed: %s; is a CUDA device visible and the cuBLAS "
+                            "library installed?",
+                            cublasLtGetStatusString(ls));
+    }
+    ctx->workspace = p.workspace;
+    ctx->workspace_bytes = p.workspace ? p.workspace_bytes : 0;
+    ctx->fuse_gelu = p.fuse_gelu;
+    *out = ctx;
+    return TD_OK;
+}
+
+extern "C" void td_ops_cuda_free(td_ops_cuda *ctx)
+{
+    if (!ctx) return;
+    for (int i = 0; i < TD_OPS_CUDA_PLANS; i++) tdc::plan_release(&ctx->plans[i]);
+    cublasLtDestroy(ctx->lt);
+    td_free(ctx);
+}

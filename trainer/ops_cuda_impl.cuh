@@ -1,0 +1,234 @@
+/* Internal to the CUDA ops (trainer/ops_cuda_*.cu): storage types, dtype
+ * dispatch, 8-element vector access, warp reductions, scratch carving, the
+ * context and its cuBLASLt GEMM.  Not a public header. */
+#ifndef TIDAL_OPS_CUDA_IMPL_CUH
+#define TIDAL_OPS_CUDA_IMPL_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "tidal/ops_cuda.h"
+
+namespace tdc {
+
+/* --- storage types: fp32 arithmetic, one rounding at the store ------------ */
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+inline size_t dtype_bytes(td_dtype dt) { return dt == TD_DTYPE_F32 ? 4 : 2; }
+
+inline cudaDataType_t cuda_type(td_dtype dt)
+{
+    return dt == TD_DTYPE_BF16 ? CUDA_R_16BF : dt == TD_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* TD_OK for a storage type the ops support, else TD_ERR_INVALID naming `op`. */
+td_status check_dtype(const char *op, td_dtype dt);
+/* Also checks that gdt is dt or fp32. */
+td_status check_dtypes(const char *op, td_dtype dt, td_dtype gdt);
+
+/* Calls fn(T{}) with T the storage type of dt (checked before). */
+template <typename Fn> td_status dispatch(td_dtype dt, Fn &&fn)
+{
+    switch (dt) {
+    case TD_DTYPE_BF16: return fn(__nv_bfloat16{});
+    case TD_DTYPE_F16: return fn(__half{});
+    default: return fn(float{});
+    }
+}
+
+/* Calls fn(T{}, G{}) with G the gradient type: T itself or float. */
+template <typename Fn> td_status dispatch2(td_dtype dt, td_dtype gdt, Fn &&fn)
+{
+    return dispatch(dt, [&](auto t) -> td_status {
+        using T = decltype(t);
+        if (gdt == TD_DTYPE_F32) return fn(t, float{});
+        return fn(t, T{});
+    });
+}
+
+/* TD_ERR_BACKEND naming the kernel if the last launch failed. */
+td_status check_launch(const char *what);
+/* TD_ERR_BACKEND naming `what` if err is not cudaSuccess. */
+td_status check_cuda(cudaError_t err, const char *what);
+
+/* Whether every pointer is 16-byte aligned (for the vector path). */
+inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Blocks for a grid-stride loop over `items`, `threads` per block. */
+inline unsigned grid_for(size_t items, int threads)
+{
+    size_t b = (items + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > (1u << 20)) b = 1u << 20;
+    return (unsigned)b;
+}
+
+/* --- 8 consecutive elements: one or two 16-byte accesses when allowed ----- */
+
+constexpr int VN = 8;
+
+/* f[j] = p[i + j] for j < 8; elements at or past n read as 0.  vec: p is
+ * 16-byte aligned and i a multiple of 8, so the 16-byte path is legal. */
+template <typename T>
+__device__ __forceinline__ void load8(float (&f)[VN], const T *p, size_t i, size_t n, bool vec)
+{
+    if (vec && i + VN <= n) {
+        constexpr int per = 16 / sizeof(T);
+#pragma unroll
+        for (int q = 0; q < VN / per; q++) {
+            int4 raw = *reinterpret_cast<const int4 *>(p + i + q * per);
+            const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+            for (int j = 0; j < per; j++) f[q * per + j] = to_f32(e[j]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < VN; j++) f[j] = i + j < n ? to_f32(p[i + j]) : 0.0f;
+    }
+}
+
+/* p[i + j] = f[j] for j < 8 and i + j < n. */
+template <typename T>
+__device__ __forceinline__ void store8(T *p, size_t i, size_t n, bool vec, const float (&f)[VN])
+{
+    if (vec && i + VN <= n) {
+        constexpr int per = 16 / sizeof(T);
+#pragma unroll
+        for (int q = 0; q < VN / per; q++) {
+            int4 raw;
+            T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+            for (int j = 0; j < per; j++) e[j] = from_f32<T>(f[q * per + j]);
+            *reinterpret_cast<int4 *>(p + i + q * per) = raw;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < VN; j++)
+            if (i + j < n) p[i + j] = from_f32<T>(f[j]);
+    }
+}
+
+/* --- warp reductions (butterfly: every lane gets the result) --------------- */
+
+__device__ __forceinline__ float warp_sum(float x)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+/* --- scratch --------------------------------------------------------------- */
+
+constexpr size_t kAlign = 256;
+inline size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+/* Carves 256-byte aligned pieces off a caller's scratch buffer. */
+struct Carve {
+    char *p;
+    size_t left;
+    void *take(size_t bytes)
+    {
+        size_t b = align_up(bytes);
+        if (b > left) return nullptr;
+        void *r = p;
+        p += b;
+        left -= b;
+        return r;
+    }
+};
+
+/* TD_ERR_INVALID unless scratch is 256-byte aligned and holds `need` bytes. */
+td_status check_scratch(const char *op, const void *scratch, size_t have, size_t need);
+
+/* out = a + b, n elements of dt (any of them may alias). */
+td_status add(td_dtype dt, void *out, const void *a, const void *b, size_t n, cudaStream_t s);
+
+/* --- column sums (matmul dbias): out (M) += sum over rows of x (N,M) ------- */
+
+/* Row partitions of the two-pass column sum: a function of N only, so the
+ * summation order is fixed by the shape. */
+int colsum_parts(int N);
+size_t colsum_scratch_bytes(int N, int M);
+td_status colsum(td_dtype dt, td_dtype gdt, void *out, const void *x, int N, int M, void *scratch,
+                 cudaStream_t s);
+
+} // namespace tdc
+
+/* --- the context and its GEMM ---------------------------------------------- */
+
+/* One cached cuBLASLt plan: descriptors and the algorithm for one shape. */
+struct td_ops_cuda_plan_key {
+    int ta, tb, m, n, k, batch, ab_type, d_type, epilogue, has_c;
+    long long lda, ldb, ldd, stride_a, stride_b, stride_d, aux_ld;
+    unsigned align_a, align_b, align_c, align_d, align_bias, align_aux;
+};
+
+struct td_ops_cuda_plan {
+    td_ops_cuda_plan_key key;
+    int used;  /* holds descriptors */
+    int found; /* an algorithm was found (else cuBLASLt has none for this shape) */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
+
+enum { TD_OPS_CUDA_PLANS = 64 };
+
+struct td_ops_cuda {
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    int fuse_gelu;
+    int next_evict;
+    td_ops_cuda_plan plans[TD_OPS_CUDA_PLANS];
+};
+
+namespace tdc {
+
+/* D = alpha op(A) op(B) + beta C, column-major (cuBLAS) terms, batched with
+ * strides, with an optional epilogue (bias, GELU with aux).  C NULL means
+ * C = D.  All types: A and B ab_type, C and D d_type, fp32 compute. */
+struct Gemm {
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    int m = 0, n = 0, k = 0, batch = 1;
+    const void *A = nullptr;
+    long long lda = 0, stride_a = 0;
+    const void *B = nullptr;
+    long long ldb = 0, stride_b = 0;
+    const void *C = nullptr;
+    void *D = nullptr;
+    long long ldd = 0, stride_d = 0;
+    cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
+    float alpha = 1.0f, beta = 0.0f;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const void *bias = nullptr;
+    void *aux = nullptr;
+    long long aux_ld = 0;
+};
+
+/* Runs g on stream s.  TD_ERR_UNSUPPORTED (message set) when cuBLASLt has no
+ * algorithm for it (callers with a fused epilogue fall back on that);
+ * TD_ERR_BACKEND when a cuBLASLt call fails. */
+td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what);
+
+} // namespace tdc
+
+#endif
