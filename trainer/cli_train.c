@@ -435,6 +435,7 @@ int td_cli_plan_main(int argc, char **argv)
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg.backend;
     if ((st = td_backend_create(&bp, &b))) goto cleanup;
+    cfg.backend = td_backend_get_kind(b); /* size activations for the backend that will run */
     size_t budget = cfg.gpu_budget, margin = 0, free_b = 0, total_b = 0;
     if ((st = td_backend_mem_info(b, &free_b, &total_b))) goto cleanup;
     if (!budget && (st = td_arena_default_budget(b, &budget, &margin))) goto cleanup;
@@ -471,7 +472,7 @@ int td_cli_plan_main(int argc, char **argv)
                p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
                device_peak, fits_device ? "true" : "false", p.role_bytes[TD_TENSOR_PARAM],
-               p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V],
+               p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] + p.role_bytes[TD_TENSOR_MASTER],
                p.host_pinned_bytes, ram, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
                r.copy_gbs, r.mem_gbs, r.gflops, compute_ms, pcie_ms, adam_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
@@ -502,10 +503,11 @@ int td_cli_plan_main(int argc, char **argv)
                    td_format_bytes(cfg.mm.placement == TD_PLACEMENT_CUDA ? p.full_device_bytes : p.min_device_bytes, k,
                                    sizeof k),
                    budget > free_b ? " and that much free device memory" : "");
-        printf("\nhost (pinned)\n  params             %12s\n  grads              %12s\n  optimizer (m, v)   %12s\n",
+        printf("\nhost (pinned)\n  params             %12s\n  grads              %12s\n  optimizer          %12s  (fp32 master when params are 16-bit, AdamW m and v)\n",
                td_format_bytes(p.role_bytes[TD_TENSOR_PARAM], a, sizeof a),
                td_format_bytes(p.role_bytes[TD_TENSOR_GRAD], c2, sizeof c2),
-               td_format_bytes(p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V], d, sizeof d));
+               td_format_bytes(p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] +
+                               p.role_bytes[TD_TENSOR_MASTER], d, sizeof d));
         printf("  total              %12s  of %s RAM, pin limit %s -> %s\n",
                td_format_bytes(p.host_pinned_bytes, e, sizeof e), td_format_bytes(ram, f2, sizeof f2),
                td_format_bytes(pin_limit, g, sizeof g), fits_host ? "FITS" : "DOES NOT FIT");

@@ -1,14 +1,21 @@
 /* The step loop over the chunk manager (see include/tidal/trainer.h).
  *
  * Letters: B micro-batch, T sequence, C width, L layers, NH heads, Vp
- * padded vocabulary, N = B*T rows.  Model ops are the CPU reference ops
- * (ops.h / gpt_ref.h) working on the device pointers the chunk manager
- * hands out; on the cpu backend "device" memory is a host region. */
+ * padded vocabulary, N = B*T rows.  The model ops work on the device
+ * pointers the chunk manager hands out: on the cpu backend the CPU
+ * reference ops (ops.h / gpt_ref.h, fp32; "device" memory is a host
+ * region), on the cuda backend the CUDA ops (ops_cuda.h, bf16/fp16/fp32
+ * storage with fp32 accumulation) on the compute stream.  Everything else —
+ * the access order, the states, the optimizer — is the same code. */
 #include "tidal/trainer.h"
 #include "tidal/arena.h"
 #include "tidal/copy.h"
 #include "tidal/hostpool.h"
 #include "tidal/ops.h"
+#include "tidal/optim_convert.h"
+#ifdef TD_HAVE_CUDA
+#include "tidal/ops_cuda.h"
+#endif
 #include "tidal/topo.h"
 #include "tidal/util.h"
 
@@ -31,40 +38,59 @@ struct td_trainer {
     int ckpt;
 
     int n_tensors;                     /* 4 + 12 L */
-    int *pid, *gid, *mid, *vid;        /* memmgr ids per gpt_ref tensor */
+    int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per gpt_ref tensor: param, grad, fp32 master
+                                          (-1 when the params are fp32 themselves), adam m, v */
     size_t nonmodel_bytes;
+    td_dtype dt, gdt;                  /* params and activations; grads */
+    void *ops_cuda;                    /* td_ops_cuda on the cuda backend, else NULL */
 
-    /* Activations (device, from the arena). */
-    float *resid;                      /* (L+1, N, C): every block's input, then the last output */
-    float *acts;                       /* ckpt: one block's acts; else L of them */
-    size_t acts_numel;                 /* one block's */
-    float *lnf, *lnf_mean, *lnf_rstd;  /* (N,C), (N), (N) */
-    float *logits;                     /* (N,Vp), overwritten by dlogits */
-    float *losses, *lse;               /* (N), (N) */
-    float *dres[2];                    /* (N,C) gradient of the residual stream */
-    float *scratch;                    /* max(block backward scratch, N*C for dlnf, N*C recompute out) */
+    /* Activations (device, from the arena); dt unless marked fp32. */
+    char *resid;                       /* (L+1, N, C): every block's input, then the last output */
+    char *acts;                        /* ckpt: one block's acts; else L of them */
+    size_t acts_bytes;                 /* one block's */
+    void *lnf;                         /* (N,C) */
+    float *lnf_mean, *lnf_rstd;        /* (N), (N) fp32 */
+    void *logits;                      /* (N,Vp), overwritten by dlogits */
+    float *losses, *lse;               /* (N), (N) fp32 */
+    void *dres[2];                     /* (N,C) gradient of the residual stream */
+    char *scratch;                     /* the ops' scratch; the head's dlnf at its start */
+    size_t scratch_bytes;
     int32_t *tokens, *targets;         /* (N) */
-    /* Host. */
+    void *workspace;                   /* cuBLASLt's (cuda) */
+    /* Host (pinned, for async copies). */
     int32_t *h_tokens, *h_targets;
     float *h_losses;
+    void *h_row;                       /* one row of logits */
 };
+
+static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
+static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
+static size_t E_of(const td_trainer *t) { return td_dtype_bytes(t->dt); }
 
 static size_t N_of(const td_trainer *t) { return (size_t)t->cfg.micro_batch * (size_t)t->cfg.seq_len; }
 
 /* ---- creation ------------------------------------------------------------- */
 
-/* Every tensor of the model in four roles, in the same order for each, so
- * chunk i of each role holds the same tensors.  ids: 4 * count ints. */
-static td_status register_model(td_memmgr *mm, const td_gpt_ref_config *mc, int *ids)
+/* Every tensor of the model in each role, in the same order for each, so
+ * chunk i of each role holds the same tensors: params and grads in the
+ * compute precision, an fp32 master when that is not fp32, AdamW m and v in
+ * fp32.  ids: 5 * count ints (param, grad, master or -1, m, v). */
+static td_status register_model(td_memmgr *mm, const td_train_config *cfg, int *ids)
 {
     td_status st = TD_OK;
+    const td_gpt_ref_config *mc = &cfg->model;
     int n = td_gpt_ref_tensor_count(mc);
-    static const td_tensor_role roles[4] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
-    for (int r = 0; r < 4; r++)
+    td_dtype dt = cfg->precision;
+    static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
+                                            TD_TENSOR_ADAM_V};
+    td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, TD_DTYPE_F32, TD_DTYPE_F32};
+    for (int r = 0; r < 5; r++)
         for (int i = 0; i < n; i++) {
+            ids[r * n + i] = -1;
+            if (roles[r] == TD_TENSOR_MASTER && dt == TD_DTYPE_F32) continue;
             td_gpt_ref_tensor tt;
             td_gpt_ref_tensor_get(mc, i, &tt);
-            TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, TD_DTYPE_F32, roles[r], &ids[r * n + i]));
+            TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, dts[r], roles[r], &ids[r * n + i]));
         }
 cleanup:
     return st;
@@ -74,12 +100,13 @@ static td_status register_tensors(td_trainer *t)
 {
     int n = td_gpt_ref_tensor_count(&t->cfg.model);
     t->n_tensors = n;
-    t->pid = td_malloc(4 * (size_t)n * sizeof(int), TD_ROLE_META);
+    t->pid = td_malloc(5 * (size_t)n * sizeof(int), TD_ROLE_META);
     if (!t->pid) return TD_ERR_NOMEM;
     t->gid = t->pid + n;
-    t->mid = t->gid + n;
+    t->sid = t->gid + n;
+    t->mid = t->sid + n;
     t->vid = t->mid + n;
-    return register_model(t->mm, &t->cfg.model, t->pid);
+    return register_model(t->mm, &t->cfg, t->pid);
 }
 
 /* Chunk sizes around one block's parameters unless the caller chose. */
@@ -100,32 +127,66 @@ static td_memmgr_params chunk_params(const td_train_config *cfg)
 }
 
 /* The non-model buffers of a run, in allocation order (one list for the
- * trainer and for `tidal plan`). */
-typedef struct act_plan { size_t bytes[13]; td_role role[13]; int n; int ckpt; size_t total; } act_plan;
+ * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
+ * ops keep activations in the compute precision and have their own scratch
+ * needs and a cuBLASLt workspace. */
+#define ACT_BUFFERS 14
+typedef struct act_plan { size_t bytes[ACT_BUFFERS]; td_role role[ACT_BUFFERS]; int n; int ckpt; size_t total; } act_plan;
 
 static void plan_activations(const td_train_config *cfg, size_t budget, act_plan *p)
 {
     const td_gpt_ref_config *mc = &cfg->model;
     int B = cfg->micro_batch, T = cfg->seq_len, L = mc->n_layer;
     size_t N = (size_t)B * (size_t)T, C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
-    size_t acts = td_gpt_ref_block_acts_numel(mc, B, T);
-    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
-    if (scratch < 2 * N * C) scratch = 2 * N * C;
+    size_t E = td_dtype_bytes(cfg->precision);
+    int cuda = cfg->backend == TD_BACKEND_CUDA;
+    size_t acts = td_gpt_ref_block_acts_numel(mc, B, T) * F;
+    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T) * F, workspace = 0;
+    if (scratch < 2 * N * C * F) scratch = 2 * N * C * F;
+#ifdef TD_HAVE_CUDA
+    if (cuda) {
+        acts = td_ops_cuda_block_acts_bytes(mc, B, T, cfg->precision);
+        scratch = td_ops_cuda_block_scratch_bytes(mc, B, T, cfg->precision, B);
+        size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_head_scratch_bytes((int)N, (int)C);
+        size_t enc = td_ops_cuda_encoder_scratch_bytes(B, T, (int)Vp);
+        if (head > scratch) scratch = head;
+        if (enc > scratch) scratch = enc;
+        workspace = TD_OPS_CUDA_WORKSPACE_BYTES;
+    }
+#endif
+    (void)cuda;
     /* --ckpt auto: keep every block's activations when they take at most a
      * quarter of the budget, else only the block inputs. */
-    p->ckpt = cfg->ckpt == TD_CKPT_ON || (cfg->ckpt == TD_CKPT_AUTO && (size_t)L * acts * F > budget / 4);
-    size_t sizes[13] = {(size_t)(L + 1) * N * C * F, (p->ckpt ? 1 : (size_t)L) * acts * F, N * C * F, N * F, N * F,
-                        N * Vp * F, N * F, N * F, N * C * F, N * C * F, scratch * F, N * 4, N * 4};
-    td_role roles[13] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
-                         TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
-                         TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_STAGING, TD_ROLE_STAGING};
-    p->n = 13;
+    p->ckpt = cfg->ckpt == TD_CKPT_ON || (cfg->ckpt == TD_CKPT_AUTO && (size_t)L * acts > budget / 4);
+    size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, (p->ckpt ? 1 : (size_t)L) * acts, N * C * E, N * F,
+                                 N * F, N * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,
+                                 workspace};
+    td_role roles[ACT_BUFFERS] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
+                                  TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
+                                  TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_STAGING,
+                                  TD_ROLE_STAGING, TD_ROLE_WORKSPACE};
+    p->n = ACT_BUFFERS;
     p->total = 0;
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < ACT_BUFFERS; i++) {
         p->bytes[i] = sizes[i];
         p->role[i] = roles[i];
-        p->total += td_align_up(sizes[i], TD_ARENA_ALIGN);
+        if (sizes[i]) p->total += td_align_up(sizes[i], TD_ARENA_ALIGN);
     }
+}
+
+/* fp32 values into a buffer of dtype dt (round to nearest even). */
+static void convert_from_f32(void *dst, td_dtype dt, const float *src, size_t n)
+{
+    if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(src[i]) : td_f16_from_f32(src[i]);
+}
+
+static void convert_to_f32(float *dst, const void *src, td_dtype dt, size_t n)
+{
+    if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) dst[i] = dt == TD_DTYPE_BF16 ? td_f32_from_bf16(s[i]) : td_f32_from_f16(s[i]);
 }
 
 /* Params from the seeded init, written into their host copies; m and v
@@ -134,11 +195,19 @@ static td_status init_state(td_trainer *t)
 {
     td_status st = TD_OK;
     for (int i = 0; i < t->n_tensors; i++) {
-        int hold[3] = {t->pid[i], t->mid[i], t->vid[i]};
-        TD_TRY(td_memmgr_set_state(t->mm, hold, 3, TD_TENSOR_HOLD));
+        int hold[4] = {t->pid[i], t->mid[i], t->vid[i], t->sid[i]};
+        TD_TRY(td_memmgr_set_state(t->mm, hold, t->sid[i] >= 0 ? 4 : 3, TD_TENSOR_HOLD));
         void *host;
+        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
-        td_gpt_ref_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
+        if (t->sid[i] < 0) {
+            td_gpt_ref_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
+            continue;
+        }
+        void *master;
+        TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
+        td_gpt_ref_init_tensor(&t->cfg.model, i, master, t->cfg.seed);
+        convert_from_f32(host, t->dt, master, numel);
     }
 cleanup:
     return st;
@@ -160,15 +229,18 @@ static td_status alloc_activations(td_trainer *t)
     act_plan p;
     plan_activations(&t->cfg, as.budget_bytes, &p);
     t->ckpt = p.ckpt;
-    t->acts_numel = td_gpt_ref_block_acts_numel(&t->cfg.model, t->cfg.micro_batch, t->cfg.seq_len);
-    void *dst[13] = {&t->resid, &t->acts, &t->lnf, &t->lnf_mean, &t->lnf_rstd, &t->logits, &t->losses, &t->lse,
-                     &t->dres[0], &t->dres[1], &t->scratch, &t->tokens, &t->targets};
-    for (int i = 0; i < p.n; i++) TD_TRY(take(t, p.bytes[i], p.role[i], dst[i]));
+    t->acts_bytes = p.bytes[1] / (t->ckpt ? 1 : (size_t)t->cfg.model.n_layer);
+    t->scratch_bytes = p.bytes[10];
+    void *dst[ACT_BUFFERS] = {&t->resid, &t->acts, &t->lnf, &t->lnf_mean, &t->lnf_rstd, &t->logits, &t->losses,
+                              &t->lse, &t->dres[0], &t->dres[1], &t->scratch, &t->tokens, &t->targets, &t->workspace};
+    for (int i = 0; i < p.n; i++)
+        if (p.bytes[i]) TD_TRY(take(t, p.bytes[i], p.role[i], dst[i]));
     size_t N = N_of(t);
-    t->h_tokens = td_malloc(N * sizeof(int32_t), TD_ROLE_STAGING);
-    t->h_targets = td_malloc(N * sizeof(int32_t), TD_ROLE_STAGING);
-    t->h_losses = td_malloc(N * sizeof(float), TD_ROLE_STAGING);
-    if (!t->h_tokens || !t->h_targets || !t->h_losses) st = TD_ERR_NOMEM;
+    TD_TRY(td_hostpool_alloc(t->pool, N * sizeof(int32_t), TD_ROLE_STAGING, (void **)&t->h_tokens));
+    TD_TRY(td_hostpool_alloc(t->pool, N * sizeof(int32_t), TD_ROLE_STAGING, (void **)&t->h_targets));
+    TD_TRY(td_hostpool_alloc(t->pool, N * sizeof(float), TD_ROLE_STAGING, (void **)&t->h_losses));
+    TD_TRY(td_hostpool_alloc(t->pool, (size_t)t->cfg.model.padded_vocab_size * sizeof(float), TD_ROLE_STAGING,
+                             &t->h_row));
 cleanup:
     if (st == TD_ERR_BUDGET) {
         char need[32], budget[32];
@@ -192,12 +264,12 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg->backend;
     TD_TRY(td_backend_create(&bp, &t->backend));
-    if (td_backend_get_kind(t->backend) != TD_BACKEND_CPU)
-        TD_FAIL(TD_ERR_UNSUPPORTED, "the GPT step loop runs on the cpu backend for now (the CUDA model ops are "
-                "the next milestone); use --backend cpu");
-    if (cfg->precision != TD_DTYPE_F32)
-        TD_FAIL(TD_ERR_UNSUPPORTED, "--precision %s needs the CUDA model ops; the cpu backend trains in fp32",
+    t->cfg.backend = td_backend_get_kind(t->backend); /* AUTO resolved: the plan below sizes for it */
+    cfg = &t->cfg;
+    if (t->cfg.backend == TD_BACKEND_CPU && cfg->precision != TD_DTYPE_F32)
+        TD_FAIL(TD_ERR_UNSUPPORTED, "--precision %s needs the cuda backend; the cpu backend trains in fp32",
                 td_dtype_name(cfg->precision));
+    t->dt = t->gdt = cfg->precision;
     TD_TRY(td_topo_create(t->backend, &t->topo));
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
@@ -235,6 +307,16 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_memmgr_layout(t->mm));
     TD_TRY(init_state(t));
     TD_TRY(alloc_activations(t));
+#ifdef TD_HAVE_CUDA
+    if (t->cfg.backend == TD_BACKEND_CUDA) {
+        td_ops_cuda_params op = td_ops_cuda_default_params();
+        op.workspace = t->workspace;
+        op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
+        td_ops_cuda *ctx = NULL;
+        TD_TRY(td_ops_cuda_create(&op, &ctx));
+        t->ops_cuda = ctx;
+    }
+#endif
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     ap.threads = cfg->threads;
     ap.topo = t->topo;
@@ -251,6 +333,15 @@ void td_trainer_destroy(td_trainer *t)
 {
     if (!t) return;
     td_adam_cpu_destroy(t->adam);
+#ifdef TD_HAVE_CUDA
+    td_ops_cuda_free(t->ops_cuda);
+#endif
+    if (t->pool) {
+        td_hostpool_release(t->pool, t->h_tokens);
+        td_hostpool_release(t->pool, t->h_targets);
+        td_hostpool_release(t->pool, t->h_losses);
+        td_hostpool_release(t->pool, t->h_row);
+    }
     td_memmgr_destroy(t->mm); /* gives back the activations with the arena below */
     td_copy_engine_destroy(t->engine);
     td_arena_destroy(t->arena);
@@ -258,9 +349,6 @@ void td_trainer_destroy(td_trainer *t)
     td_topo_destroy(t->topo);
     td_backend_free(t->backend);
     td_free(t->pid);
-    td_free(t->h_tokens);
-    td_free(t->h_targets);
-    td_free(t->h_losses);
     td_free(t);
 }
 
@@ -281,7 +369,134 @@ static void view_block(void *const p[TD_GPT_REF_BLOCK_TENSORS], td_gpt_ref_block
 /* Index of ln_f weight and bias in the gpt_ref order. */
 static int lnf_index(const td_trainer *t) { return 2 + t->cfg.model.n_layer * TD_GPT_REF_BLOCK_TENSORS; }
 
-static float *block_acts(td_trainer *t, int l) { return t->acts + (t->ckpt ? 0 : (size_t)l * t->acts_numel); }
+static void *block_acts(td_trainer *t, int l) { return t->acts + (t->ckpt ? 0 : (size_t)l * t->acts_bytes); }
+static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of(t) * (size_t)t->cfg.model.n_embd * E_of(t); }
+
+/* ---- the model ops, on whichever backend runs them ---------------------------- */
+
+#ifdef TD_HAVE_CUDA
+#define CUDA_OP(call) do { if (on_cuda(t)) return (call); } while (0)
+#else
+#define CUDA_OP(call) do { } while (0)
+#endif
+
+static td_status zero(td_trainer *t, void *dev, size_t bytes)
+{
+    return td_backend_memset_async(t->backend, TD_QUEUE_COMPUTE, dev, 0, bytes);
+}
+
+static td_status op_encoder_forward(td_trainer *t, void *out, void *wte, void *wpe)
+{
+    int B = t->cfg.micro_batch, T = t->cfg.seq_len, C = t->cfg.model.n_embd;
+    CUDA_OP(td_ops_cuda_encoder_forward(out, t->tokens, wte, wpe, B, T, C, t->dt, stream_of(t)));
+    td_ops_encoder_forward(out, t->tokens, wte, wpe, B, T, C);
+    return TD_OK;
+}
+
+static td_status op_block_forward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_TENSORS], void *acts,
+                                  const void *x, void *y)
+{
+    const td_gpt_ref_config *mc = &t->cfg.model;
+    int B = t->cfg.micro_batch, T = t->cfg.seq_len;
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        td_ops_cuda_block w;
+        memcpy(&w, p, sizeof w); /* twelve pointers in gpt_ref order */
+        td_ops_cuda_block_acts a;
+        td_ops_cuda_block_acts_view(mc, B, T, t->dt, acts, &a);
+        return td_ops_cuda_block_forward(t->ops_cuda, mc, &w, &a, x, y, B, T, t->dt, t->scratch, t->scratch_bytes,
+                                         stream_of(t));
+    }
+#endif
+    td_gpt_ref_block w;
+    view_block(p, &w);
+    td_gpt_ref_block_acts a;
+    td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
+    td_gpt_ref_block_forward(mc, &w, &a, x, y, B, T);
+    return TD_OK;
+}
+
+/* dx = d/dx (overwritten), g += d/dparams. */
+static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_TENSORS],
+                                   void *const g[TD_GPT_REF_BLOCK_TENSORS], void *acts, const void *x, const void *dy,
+                                   void *dx)
+{
+    const td_gpt_ref_config *mc = &t->cfg.model;
+    int B = t->cfg.micro_batch, T = t->cfg.seq_len;
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        td_ops_cuda_block w, gw;
+        memcpy(&w, p, sizeof w);
+        memcpy(&gw, g, sizeof gw);
+        td_ops_cuda_block_acts a;
+        td_ops_cuda_block_acts_view(mc, B, T, t->dt, acts, &a);
+        return td_ops_cuda_block_backward(t->ops_cuda, mc, &w, &gw, &a, x, dy, dx, B, T, TD_OPS_CUDA_SET, t->dt,
+                                          t->gdt, t->scratch, t->scratch_bytes, stream_of(t));
+    }
+#endif
+    td_gpt_ref_block w, gw;
+    view_block(p, &w);
+    view_block(g, &gw);
+    td_gpt_ref_block_acts a;
+    td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
+    memset(dx, 0, N_of(t) * (size_t)mc->n_embd * sizeof(float));
+    td_gpt_ref_block_backward(mc, &w, &gw, &a, x, dy, dx, (float *)t->scratch, B, T);
+    return TD_OK;
+}
+
+/* ln_f, logits against wte and the per-row losses; with train, the logits
+ * become dlogits (scaled by dloss). */
+static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x, double dloss, int train)
+{
+    const td_gpt_ref_config *mc = &t->cfg.model;
+    int N = (int)N_of(t), C = mc->n_embd, V = mc->vocab_size, Vp = mc->padded_vocab_size;
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        td_status st = td_ops_cuda_head_forward(t->ops_cuda, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0],
+                                                p[1], p[2], N, C, Vp, t->dt, stream_of(t));
+        if (st) return st;
+        if (train)
+            return td_ops_cuda_crossentropy_fused(t->losses, t->lse, t->logits, t->targets, (float)dloss, N, V, Vp,
+                                                  t->dt, stream_of(t));
+        return td_ops_cuda_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp, t->dt,
+                                                stream_of(t));
+    }
+#endif
+    td_ops_head_forward(t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0], p[1], p[2], N, C, Vp);
+    td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp);
+    if (train) td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, N, V, Vp);
+    return TD_OK;
+}
+
+/* From dlogits: dx (zeroed first) and g (ln_f weight, bias, wte) +=. */
+static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g[3], const void *x, void *dx)
+{
+    const td_gpt_ref_config *mc = &t->cfg.model;
+    int N = (int)N_of(t), C = mc->n_embd, Vp = mc->padded_vocab_size;
+    td_status st = zero(t, dx, (size_t)N * (size_t)C * E_of(t));
+    if (st) return st;
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        size_t dlnf = td_align_up((size_t)N * (size_t)C * E_of(t), TD_ARENA_ALIGN);
+        return td_ops_cuda_head_backward(t->ops_cuda, dx, g[0], g[1], g[2], t->scratch, t->logits, x, t->lnf,
+                                         t->lnf_mean, t->lnf_rstd, p[0], p[2], N, C, Vp, t->dt, t->gdt,
+                                         t->scratch + dlnf, t->scratch_bytes - dlnf, stream_of(t));
+    }
+#endif
+    td_ops_head_backward(dx, g[0], g[1], g[2], (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean, t->lnf_rstd,
+                         p[0], p[2], N, C, Vp);
+    return TD_OK;
+}
+
+static td_status op_encoder_backward(td_trainer *t, void *dwte, void *dwpe, const void *dout)
+{
+    int B = t->cfg.micro_batch, T = t->cfg.seq_len, C = t->cfg.model.n_embd, Vp = t->cfg.model.padded_vocab_size;
+    CUDA_OP(td_ops_cuda_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C, Vp, t->dt, t->gdt, t->scratch,
+                                         t->scratch_bytes, stream_of(t)));
+    (void)Vp;
+    td_ops_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C);
+    return TD_OK;
+}
 
 /* Forward through the blocks and the head with its backward; then the blocks'
  * backward.  `last`: the final micro-batch of the step (grads complete). */
@@ -289,9 +504,8 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
 {
     td_status st = TD_OK;
     const td_gpt_ref_config *mc = &t->cfg.model;
-    int B = t->cfg.micro_batch, T = t->cfg.seq_len, L = mc->n_layer, C = mc->n_embd;
-    int Vp = mc->padded_vocab_size, V = mc->vocab_size;
-    size_t N = N_of(t), NC = N * (size_t)C;
+    int L = mc->n_layer;
+    size_t N = N_of(t);
     td_memmgr *mm = t->mm;
     void *p[TD_GPT_REF_BLOCK_TENSORS], *g[TD_GPT_REF_BLOCK_TENSORS];
     int ids[TD_GPT_REF_BLOCK_TENSORS], gids[TD_GPT_REF_BLOCK_TENSORS];
@@ -304,7 +518,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     int emb[2] = {t->pid[0], t->pid[1]};
     TD_TRY(td_memmgr_timeline_range(mm, "embedding", 1));
     TD_TRY(td_memmgr_access(mm, emb, 2, TD_TENSOR_COMPUTE, 0, p));
-    td_ops_encoder_forward(t->resid, t->tokens, p[0], p[1], B, T, C);
+    TD_TRY(op_encoder_forward(t, resid_at(t, 0), p[0], p[1]));
     TD_TRY(td_memmgr_release(mm, emb, 2, TD_TENSOR_HOLD_AFTER_FWD));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
@@ -314,11 +528,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(td_memmgr_timeline_range(mm, name, 1));
         block_ids(t, t->pid, l, ids);
         TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
-        td_gpt_ref_block w;
-        view_block(p, &w);
-        td_gpt_ref_block_acts a;
-        td_gpt_ref_block_acts_view(mc, B, T, block_acts(t, l), &a);
-        td_gpt_ref_block_forward(mc, &w, &a, t->resid + (size_t)l * NC, t->resid + (size_t)(l + 1) * NC, B, T);
+        TD_TRY(op_block_forward(t, p, block_acts(t, l), resid_at(t, l), resid_at(t, l + 1)));
         TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_FWD));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
     }
@@ -329,9 +539,8 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     int ghead[3] = {t->gid[li], t->gid[li + 1], t->gid[0]};
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
     TD_TRY(td_memmgr_access(mm, head, 3, TD_TENSOR_COMPUTE, 0, p));
-    const float *xL = t->resid + (size_t)L * NC;
-    td_ops_head_forward(t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, xL, p[0], p[1], p[2], (int)N, C, Vp);
-    td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, (int)N, V, Vp);
+    const void *xL = resid_at(t, L);
+    TD_TRY(op_head_forward(t, p, xL, dloss, train));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
     TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
     double sum = 0;
@@ -348,12 +557,8 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         }
         return TD_OK;
     }
-    td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, (int)N, V, Vp);
     TD_TRY(td_memmgr_access(mm, ghead, 3, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
-    float *dx = t->dres[0];
-    memset(dx, 0, NC * sizeof(float));
-    td_ops_head_backward(dx, g[0], g[1], g[2], t->scratch, t->logits, xL, t->lnf, t->lnf_mean, t->lnf_rstd,
-                         p[0], p[2], (int)N, C, Vp);
+    TD_TRY(op_head_backward(t, p, g, xL, t->dres[0]));
     TD_TRY(td_memmgr_release(mm, head, 3, TD_TENSOR_HOLD_AFTER_BWD));
     /* wte's grad still takes the embedding's part below. */
     TD_TRY(td_memmgr_release(mm, ghead, 2, grad_done));
@@ -371,17 +576,12 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         block_ids(t, t->gid, l, gids);
         TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
         TD_TRY(td_memmgr_access(mm, gids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
-        td_gpt_ref_block w, gw;
-        view_block(p, &w);
-        view_block(g, &gw);
-        td_gpt_ref_block_acts a;
-        td_gpt_ref_block_acts_view(mc, B, T, block_acts(t, l), &a);
-        const float *x = t->resid + (size_t)l * NC;
-        if (t->ckpt) /* recompute this block's activations from its kept input */
-            td_gpt_ref_block_forward(mc, &w, &a, x, t->scratch, B, T);
-        float *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
-        memset(dxl, 0, NC * sizeof(float));
-        td_gpt_ref_block_backward(mc, &w, &gw, &a, x, dy, dxl, t->scratch, B, T);
+        const void *x = resid_at(t, l);
+        void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
+        /* Checkpointing: recompute this block's activations from its kept
+         * input (its output lands in dx's buffer, overwritten right after). */
+        if (t->ckpt) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, dxl));
+        TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, TD_GPT_REF_BLOCK_TENSORS, grad_done));
         if (last) TD_TRY(td_memmgr_writeback_async(mm, gids, TD_GPT_REF_BLOCK_TENSORS));
@@ -393,7 +593,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     int gemb[2] = {t->gid[0], t->gid[1]};
     TD_TRY(td_memmgr_timeline_range(mm, "embedding backward", 1));
     TD_TRY(td_memmgr_access(mm, gemb, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
-    td_ops_encoder_backward(g[0], g[1], t->dres[cur], t->tokens, B, T, C);
+    TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
     TD_TRY(td_memmgr_release(mm, gemb, 2, grad_done));
     if (last) TD_TRY(td_memmgr_writeback_async(mm, gemb, 2));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
@@ -414,8 +614,8 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
         void *g;
         TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
-        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, TD_OPTIM_DTYPE_F32, td_memmgr_chunk_bytes(mm, gc) / sizeof(float),
-                                      &global));
+        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
+                                      td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &global));
     }
     TD_TRY(td_optim_begin_step(&t->optim, &global, os));
     if (!os->skip) {
@@ -424,14 +624,19 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         for (int i = 0; i < chunks; i++) {
             int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
             int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
-            void *p, *g, *m, *v;
+            int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i); /* -1: the params are the fp32 master */
+            void *p, *g, *m, *v, *master;
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
             TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, &p));
             TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
             TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
-            td_adam_chunk ch = { .master = p, .m = m, .v = v, .grad = g, .grad_dtype = TD_OPTIM_DTYPE_F32,
-                                 .param_out = p, .param_dtype = TD_OPTIM_DTYPE_F32,
-                                 .numel = td_memmgr_chunk_bytes(mm, pc) / sizeof(float) };
+            master = p;
+            if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &master));
+            /* The new params go straight into the param chunk's pinned host
+             * copy, which the next step uploads. */
+            td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
+                                 .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                                 .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
             TD_TRY(td_adam_cpu_update(t->adam, &os->coeffs, &ch, 1));
         }
     }
@@ -507,10 +712,10 @@ static td_status plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **i
 {
     td_status st = TD_OK;
     td_memmgr_params mp = chunk_params(cfg);
-    *ids = td_malloc(4 * (size_t)td_gpt_ref_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
+    *ids = td_malloc(5 * (size_t)td_gpt_ref_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
     if (!*ids) return TD_ERR_NOMEM;
     TD_TRY(td_memmgr_create(NULL, NULL, NULL, &mp, mm));
-    TD_TRY(register_model(*mm, &cfg->model, *ids));
+    TD_TRY(register_model(*mm, cfg, *ids));
     TD_TRY(td_memmgr_plan_layout(*mm));
 cleanup:
     return st;
@@ -687,8 +892,10 @@ td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char 
     for (int k = 0; k < n; k++) {
         int i;
         TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
+        /* The fp32 master holds the exact weights (the params themselves in fp32). */
+        int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         void *p;
-        TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_READ, &p));
+        TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
         TD_TRY(td_ckpt_writer_put_weight(w, k, TD_DTYPE_F32, p));
     }
     for (int k = 0; state && k < n; k++) {
@@ -696,10 +903,11 @@ td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char 
         TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
         void *p, *m, *v;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
-        TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_READ, &p));
+        int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
+        TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
         TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_READ, &m));
         TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_READ, &v));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel)); /* fp32: the params are the master */
+        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_M, m, numel));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_V, v, numel));
     }
@@ -740,19 +948,22 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
     for (int k = 0; k < n; k++) {
         int i;
         TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
-        void *p;
+        void *p, *master;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p));
+        master = p;
+        if (t->sid[i] >= 0) TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
         if (state) { /* the fp32 master holds the exact weights */
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, p));
+            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, master));
             void *m, *v;
             TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_WRITE, &m));
             TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_WRITE, &v));
             TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, m));
             TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, v));
         } else {
-            TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, p));
+            TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
         }
+        if (master != p) convert_from_f32(p, t->dt, master, numel);
     }
     if (state) {
         uint64_t step, skipped, clean, hyst, overflows;
@@ -797,9 +1008,11 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
     }
     double ignored = 0;
     TD_TRY(micro_batch(t, 0, 0, 0, &ignored));
-    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, logits, t->logits + (size_t)(n - 1) * (size_t)Vp,
-                                 (size_t)V * sizeof(float)));
+    size_t E = E_of(t);
+    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row,
+                                 (char *)t->logits + (size_t)(n - 1) * (size_t)Vp * E, (size_t)V * E));
     TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    convert_to_f32(logits, t->h_row, t->dt, (size_t)V);
 cleanup:
     return st;
 }
