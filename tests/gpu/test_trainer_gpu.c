@@ -90,9 +90,10 @@ static void test_offloading_changes_nothing(void **state)
     td_memmgr_stats st;
     td_train_config c = config(TD_BACKEND_CUDA, TD_DTYPE_BF16);
     c.mm.placement = TD_PLACEMENT_CUDA;
-    run(&c, S, ref, NULL);
     td_train_plan p;
     td_train_config v = c;
+    v.model.n_layer = c.model.n_layer = 8; /* more chunks than the smallest budget holds */
+    run(&c, S, ref, NULL);
     v.mm.placement = TD_PLACEMENT_CPU;
     v.ckpt = TD_CKPT_ON;
     TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
