@@ -205,13 +205,14 @@ static td_status plan_build(td_ops_cuda *ctx, td_ops_cuda_plan *p, const Gemm &g
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &al_d, sizeof al_d),
            what);
+    /* Any refusal here (no algorithm, or a combination cuBLASLt rejects) marks
+     * the shape unsupported: callers with a fused epilogue then fall back. */
     hs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result,
                                         &returned);
+    p->status = hs;
     if (hs == CUBLAS_STATUS_SUCCESS && returned > 0) {
         p->algo = result.algo;
         p->found = 1;
-    } else if (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED) {
-        st = lt_check(hs, "cublasLtMatmulAlgoGetHeuristic", what);
     }
 cleanup:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -283,19 +284,22 @@ td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what
         st = set_epilogue_pointers(p, g, what);
         if (st != TD_OK) return st;
     }
-    if (!p->found)
-        return td_error_set(TD_ERR_UNSUPPORTED,
-                            "%s: cuBLASLt has no algorithm for a %s x %s -> %s GEMM m=%d n=%d k=%d "
-                            "(lda %lld, ldb %lld, ldd %lld, batch %d, epilogue %d, alignments "
-                            "%u/%u/%u bytes)",
-                            what, type_name(g.ab_type), type_name(g.ab_type), type_name(g.d_type),
-                            g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch, (int)g.epilogue,
-                            key.align_a, key.align_b, key.align_d);
-    const void *c = g.C ? g.C : g.D;
-    cublasStatus_t ls = cublasLtMatmul(ctx->lt, p->desc, &g.alpha, g.A, p->la, g.B, p->lb, &g.beta, c,
-                                       p->lc, g.D, p->lc, &p->algo, ctx->workspace,
-                                       ctx->workspace_bytes, s);
-    return lt_check(ls, "cublasLtMatmul", what);
+    if (p->found) {
+        const void *c = g.C ? g.C : g.D;
+        cublasStatus_t ls = cublasLtMatmul(ctx->lt, p->desc, &g.alpha, g.A, p->la, g.B, p->lb, &g.beta,
+                                           c, p->lc, g.D, p->lc, &p->algo, ctx->workspace,
+                                           ctx->workspace_bytes, s);
+        if (ls != CUBLAS_STATUS_NOT_SUPPORTED) return lt_check(ls, "cublasLtMatmul", what);
+        p->found = 0; /* refused at run time: never again for this plan */
+        p->status = ls;
+    }
+    return td_error_set(TD_ERR_UNSUPPORTED,
+                        "%s: cuBLASLt has no algorithm (%s) for a %s x %s -> %s GEMM m=%d n=%d k=%d "
+                        "(lda %lld, ldb %lld, ldd %lld, batch %d, epilogue %d, alignments "
+                        "%u/%u/%u bytes)",
+                        what, cublasLtGetStatusString(p->status), type_name(g.ab_type),
+                        type_name(g.ab_type), type_name(g.d_type), g.m, g.n, g.k, g.lda, g.ldb, g.ldd,
+                        g.batch, (int)g.epilogue, key.align_a, key.align_b, key.align_d);
 }
 
 } // namespace tdc

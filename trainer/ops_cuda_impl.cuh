@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tidal/ops_cuda.h"
 
@@ -87,8 +88,9 @@ __device__ __forceinline__ void load8(float (&f)[VN], const T *p, size_t i, size
         constexpr int per = 16 / sizeof(T);
 #pragma unroll
         for (int q = 0; q < VN / per; q++) {
-            int4 raw = *reinterpret_cast<const int4 *>(p + i + q * per);
-            const T *e = reinterpret_cast<const T *>(&raw);
+            const int4 raw = *reinterpret_cast<const int4 *>(p + i + q * per);
+            T e[per];
+            memcpy(e, &raw, sizeof raw); /* register moves, no aliasing questions */
 #pragma unroll
             for (int j = 0; j < per; j++) f[q * per + j] = to_f32(e[j]);
         }
@@ -106,10 +108,11 @@ __device__ __forceinline__ void store8(T *p, size_t i, size_t n, bool vec, const
         constexpr int per = 16 / sizeof(T);
 #pragma unroll
         for (int q = 0; q < VN / per; q++) {
-            int4 raw;
-            T *e = reinterpret_cast<T *>(&raw);
+            T e[per];
 #pragma unroll
             for (int j = 0; j < per; j++) e[j] = from_f32<T>(f[q * per + j]);
+            int4 raw;
+            memcpy(&raw, e, sizeof raw);
             *reinterpret_cast<int4 *>(p + i + q * per) = raw;
         }
     } else {
@@ -185,6 +188,7 @@ struct td_ops_cuda_plan {
     td_ops_cuda_plan_key key;
     int used;  /* holds descriptors */
     int found; /* an algorithm was found (else cuBLASLt has none for this shape) */
+    cublasStatus_t status; /* the heuristic's answer, for the message when none was found */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;

@@ -114,7 +114,8 @@ extern "C" td_status td_ops_cuda_matmul_forward(td_ops_cuda *ctx, void *out, voi
     g.ab_type = g.d_type = type;
     g.ldd = OC;
     g.bias = bias;
-    if (pre_gelu && ctx->fuse_gelu && dt != TD_DTYPE_F32) {
+    /* cuBLASLt wants the aux matrix's rows a multiple of 8 elements */
+    if (pre_gelu && ctx->fuse_gelu && dt != TD_DTYPE_F32 && OC % 8 == 0 && aligned16(pre_gelu)) {
         g.D = out;
         g.aux = pre_gelu;
         g.aux_ld = OC;
