@@ -1,16 +1,46 @@
 #!/bin/bash
 # make bench-gpu: the benchmarks of the GPU machine, each beside its peer in
 # the same run.  Usage: bench/bench-gpu.sh path/to/tidal
+#
+# Environment:
+#   TD_BENCH_PARTS  which parts, in order (default "copy adam workloads")
+#   TD_WORKLOADS    workloads for bench/workloads.py (default W1,W2,W3,W4,W6)
+#   TD_BENCH_ARGS   extra flags for bench/workloads.py, e.g. "--quick" or
+#                   "--json out/bench-gpu/workloads.json" (see bench/README.md)
 set -euo pipefail
 tidal=${1:-build/tidal}
 threads=$(nproc)
-echo "== tidal bench copy (copy engine vs raw cudaMemcpyAsync on pinned memory)"
-"$tidal" bench copy --backend cuda
-echo
-echo "== tidal bench adam vs torch.optim.AdamW(fused=True) on CPU, $threads threads"
-"$tidal" bench adam --threads "$threads" --max-params 256M
-if python3 -c "import torch" 2>/dev/null; then
-    python3 bench/peers/adam_torch.py --threads "$threads" --max-params 256M >/dev/null
-else
-    echo "(PyTorch not found: no peer figures)"
-fi
+parts=${TD_BENCH_PARTS:-copy adam workloads}
+have_torch=0
+python3 -c "import torch" 2>/dev/null && have_torch=1
+
+for part in $parts; do
+    case $part in
+    copy)
+        echo "== tidal bench copy (copy engine vs raw cudaMemcpyAsync on pinned memory)"
+        "$tidal" bench copy --backend cuda
+        echo
+        ;;
+    adam)
+        echo "== tidal bench adam vs torch.optim.AdamW(fused=True) on CPU, $threads threads"
+        "$tidal" bench adam --threads "$threads" --max-params 256M
+        if [ "$have_torch" = 1 ]; then
+            python3 bench/peers/adam_torch.py --threads "$threads" --max-params 256M >/dev/null
+        else
+            echo "(PyTorch not found: no peer figures)"
+        fi
+        echo
+        ;;
+    workloads)
+        echo "== GPT training workloads of BENCH.md: tidal vs PyTorch eager / FSDP2 CPU offload"
+        [ "$have_torch" = 1 ] || echo "(PyTorch not found: the peers will report themselves not available)"
+        # shellcheck disable=SC2086 # TD_BENCH_ARGS is a list of flags
+        python3 bench/workloads.py --tidal "$tidal" --workloads "${TD_WORKLOADS:-W1,W2,W3,W4,W6}" ${TD_BENCH_ARGS:-}
+        echo
+        ;;
+    *)
+        echo "bench-gpu.sh: unknown part '$part' in TD_BENCH_PARTS (use copy, adam, workloads)" >&2
+        exit 2
+        ;;
+    esac
+done

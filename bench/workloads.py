@@ -1,0 +1,573 @@
+#!/usr/bin/env python3
+"""tidal beside its peers on BENCH.md's GPU workloads, in one run: the table of issue 6.
+
+For each workload (W1, W2, W3, W4, W6 of ../shared/BENCH.md) this runs, one
+process after the other on the same GPU:
+
+  tidal   `tidal train --backend cuda --precision bf16` on a random-token file
+          this script writes (tidal's token-file format, docs/data.md), with
+          the workload's shape, tokens per step and --gpu-budget; tokens/s is
+          the median of its log's tokens_per_s over the steps after the
+          warm-up (4..8 of 8); its peak device bytes are the log's
+          device_peak_bytes; its lower bound is `tidal plan --json`'s
+          estimate.step_lower_bound_ms for the same flags.
+  peers   bench/peers/torch_gpt.py: PyTorch eager (W1, W2) or FSDP2 with CPU
+          offload on one GPU (W3, W4, W6), with the same shape and tokens per
+          step.  A peer at a budget gets its best micro-batch within it: each
+          candidate (B x K, checkpointing) of the workload is run, a run that
+          runs out of memory or peaks over the budget is skipped (and listed),
+          and the fastest of the rest is the peer's figure.  Without a budget
+          the first candidate that runs is taken (the next ones are only
+          fallbacks for a GPU too small for BENCH.md's batch).
+
+While each process runs, nvidia-smi samples the GPU's used memory every 100
+ms: its peak minus the use before the start (CUDA context included) is printed
+beside the allocator's own peak.
+
+Then a table: tokens/s of each system, tidal/peer, the acceptance target of
+issue 6, tidal's peak device bytes against the budget, and tidal's lower bound
+(max of compute, PCIe bytes / bandwidth, CPU AdamW, as `tidal plan` measures
+them) with how close the step comes to it.  A system that fails is reported
+("not available: <its message>") and the run goes on.  Exit status 0 unless
+the flags are bad or the data file cannot be written.
+
+Usage (on the GPU machine, from the repository root, after `make`):
+    python3 bench/workloads.py                       # W1,W2,W3,W4,W6
+    python3 bench/workloads.py --workloads W1 --json out/bench-gpu/w1.json
+    python3 bench/workloads.py --smoke               # tiny shapes: plumbing check in ~1 minute
+"""
+import argparse
+import array
+import datetime
+import json
+import os
+import platform
+import random
+import shlex
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+GIB = 1 << 30
+MIB = 1 << 20
+VOCAB = 50304          # padded vocabulary (BENCH.md)
+TOKEN_RANGE = 50257    # ids drawn from GPT-2's real vocabulary
+EOT = 50256
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER_SCRIPT = os.path.join(HERE, "peers", "torch_gpt.py")
+
+
+class Workload:
+    def __init__(self, wid, name, shape, budget_gib, tokens, tidal, peer_mode, peer_cands, target, refs=()):
+        self.id = wid
+        self.name = name                  # "1.5B (48L/1600/25H)"
+        self.shape = shape                # (layers, width, heads)
+        self.budget_gib = budget_gib      # None: unlimited
+        self.tokens = tokens              # tokens per optimizer step
+        self.tidal = tidal                # [(B, K)]: largest micro-batch first; the first the plan fits runs
+        self.peer_mode = peer_mode        # torch_gpt.py --mode
+        self.peer_cands = peer_cands      # [(B, K, ckpt)]
+        self.target = target              # tidal/peer ratio issue 6 asks for
+        self.refs = refs                  # reference figures quoted from BENCH.md
+
+
+M124, M1_5, M4_1 = (12, 768, 12), (48, 1600, 25), (32, 3200, 25)
+WORKLOADS = [
+    Workload("W1", "124M (12L/768/12H)", M124, None, 16 * 1024, [(16, 1)],
+             "eager", [(16, 1, False), (8, 2, False), (4, 4, False)], 1.0,
+             [("llm.c", 346e3), ("PyTorch eager", 196e3)]),
+    Workload("W2", "1.5B (48L/1600/25H)", M1_5, None, 8 * 1024, [(8, 1)],
+             "eager", [(8, 1, False), (4, 2, False), (8, 1, True)], 1.0,
+             [("llm.c", 33.8e3), ("PyTorch eager", 23.3e3)]),
+    Workload("W3", "1.5B (48L/1600/25H)", M1_5, 24, 32 * 1024, [(32, 1), (16, 2), (8, 4), (4, 8)],
+             "fsdp2-offload", [(32, 1, True), (16, 2, True), (8, 4, True)], 1.3,
+             [("FSDP2 offload B32 ckpt", 19.5e3)]),
+    Workload("W4", "4.1B (32L/3200/25H)", M4_1, 24, 16 * 1024, [(16, 1), (8, 2), (4, 4)],
+             "fsdp2-offload", [(16, 1, True), (8, 2, True)], 1.3,
+             [("FSDP2 offload B16 ckpt", 6.4e3)]),
+    Workload("W6", "1.5B (48L/1600/25H)", M1_5, 8, 16 * 1024, [(16, 1), (8, 2), (4, 4), (2, 8)],
+             "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)], 1.0),
+]
+for _w in WORKLOADS:  # every candidate keeps the workload's tokens per step
+    assert all(b * k * 1024 == _w.tokens for b, k in _w.tidal), _w.id
+    assert all(b * k * 1024 == _w.tokens for b, k, _ in _w.peer_cands), _w.id
+PEER_NAMES = {"eager": "PyTorch eager", "fsdp2-offload": "FSDP2 CPU offload"}
+
+
+def say(msg=""):
+    print(msg, flush=True)
+
+
+def gib(b):
+    return "-" if b is None else f"{b / GIB:.2f} GiB"
+
+
+# ---- the token file -----------------------------------------------------------
+
+def write_token_file(path, n_tokens, seed):
+    """Random GPT-2 ids in tidal's token-file format, version 1 (docs/data.md):
+    a 64-byte little-endian header (magic, version, header bytes, token bytes,
+    tokenizer kind 2 = gpt2, vocab size, end-of-text id, token count, payload
+    CRC-32, 16 reserved zero bytes, CRC-32 of header bytes [0, 60)), then the
+    ids as uint16 (vocab <= 65536)."""
+    rng = random.Random(seed)
+    toks = array.array("H", (rng.randrange(TOKEN_RANGE) for _ in range(n_tokens)))
+    if sys.byteorder != "little":
+        toks.byteswap()
+    payload = toks.tobytes()
+    head = struct.pack("<8sIIIIIIQI16s", b"TDTOKENS", 1, 64, 2, 2, VOCAB, EOT, n_tokens,
+                       zlib.crc32(payload), bytes(16))
+    assert len(head) == 60
+    head += struct.pack("<I", zlib.crc32(head))
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(head)
+        f.write(payload)
+    os.replace(tmp, path)
+
+
+# ---- running a process --------------------------------------------------------
+
+class SmiMonitor:
+    """Peak GPU memory use (nvidia-smi, every 100 ms) while a process runs, less the use before it."""
+
+    def __init__(self):
+        self.gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        if not self.gpu.isdigit():
+            self.gpu = "0"
+        self.proc, self.thread, self.peak_mib, self.base_mib = None, None, None, None
+
+    def _query(self):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                  "-i", self.gpu], capture_output=True, text=True, timeout=20)
+            return int(out.stdout.split()[0]) if out.returncode == 0 else None
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+
+    def start(self):
+        self.base_mib = self._query()
+        if self.base_mib is None:
+            return
+        self.peak_mib = self.base_mib
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                          "-i", self.gpu, "-lms", "100"], stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.peak_mib = max(self.peak_mib, int(line.strip()))
+            except ValueError:
+                pass
+
+    def stop(self):
+        """Bytes above the baseline at the peak, or None without nvidia-smi."""
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.thread.join(timeout=10)
+        if self.base_mib is None or self.peak_mib is None:
+            return None
+        return (self.peak_mib - self.base_mib) * MIB
+
+
+def run_logged(cmd, log_path, timeout_s):
+    """Runs cmd with stdout and stderr into log_path; returns (rc, smi_bytes, seconds).  rc 124: timed out."""
+    smi = SmiMonitor()
+    smi.start()
+    t0 = time.perf_counter()
+    with open(log_path, "w") as logf:
+        logf.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        logf.flush()
+        try:
+            p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            logf.write(f"cannot start: {e}\n")
+            smi.stop()
+            return 127, None, 0.0
+        try:
+            rc = p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            logf.write(f"\n(killed after {timeout_s} s)\n")
+            rc = 124
+    return rc, smi.stop(), time.perf_counter() - t0
+
+
+def tail(path, n=4):
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.rstrip() for ln in f if ln.strip() and not ln.startswith("$ ")]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def last_json(path):
+    """The last line of the file that parses as a JSON object, or None."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for ln in reversed(lines):
+        ln = ln.strip()
+        if ln.startswith("{"):
+            try:
+                return json.loads(ln)
+            except ValueError:
+                continue
+    return None
+
+
+# ---- tidal --------------------------------------------------------------------
+
+def tidal_flags(a, w, B, K):
+    L, C, H = w.shape
+    f = ["--backend", a.tidal_backend, "--precision", "bf16" if a.tidal_backend == "cuda" else "fp32",
+         "--data", a.data, "--layers", str(L), "--width", str(C), "--heads", str(H), "--seq", str(a.seq),
+         "--vocab", str(VOCAB), "--micro-batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
+         "--lr", "1e-4", "--schedule", "constant", "--warmup", "0", "--clip-grad-norm", f"{a.clip:g}",
+         "--seed", "1337"]
+    if w.budget_gib is not None:
+        f += ["--gpu-budget", f"{w.budget_gib:g}GiB"]
+    return f + shlex.split(a.tidal_args)
+
+
+def tidal_plan(a, w, B, K):
+    log_path = os.path.join(a.workdir, f"{w.id}-tidal-plan-B{B}x{K}.out")
+    cmd = [a.tidal, "plan"] + tidal_flags(a, w, B, K) + ["--json"]
+    rc, _, _ = run_logged(cmd, log_path, 300)
+    plan = last_json(log_path)
+    if plan is None or rc not in (0, 3):
+        return None, f"tidal plan failed (exit {rc}): {tail(log_path, 2)}"
+    return plan, None
+
+
+def run_tidal(a, w):
+    """tidal's row: the first candidate micro-batch the plan fits, trained for --steps steps."""
+    res = {"system": "tidal", "error": None, "tried": []}
+    if not os.access(a.tidal, os.X_OK):
+        res["error"] = f"{a.tidal} is not an executable (run `make` first)"
+        return res
+    chosen = None
+    cands = candidates(a, w, [(b, k, None) for b, k in w.tidal])
+    for B, K in cands:
+        plan, err = tidal_plan(a, w, B, K)
+        if err:  # no plan, no bound: train the first candidate anyway (its own message says more)
+            res["plan_error"] = err
+            chosen = (cands[0][0], cands[0][1], None)
+            break
+        fits = plan["device"]["fits"] and plan["host"]["fits"]
+        res["tried"].append({"batch": B, "grad_accum": K, "plan_fits": fits,
+                             "plan_min_device_bytes": plan["device"]["min_bytes"],
+                             "plan_host_pinned_bytes": plan["host"]["pinned_bytes"]})
+        if fits:
+            chosen = (B, K, plan)
+            break
+    if chosen is None:
+        t = res["tried"][-1]
+        tried = ", ".join("B%dx%d" % (c["batch"], c["grad_accum"]) for c in res["tried"])
+        res["error"] = (f"`tidal plan` fits none of {tried} (the last needs {gib(t['plan_min_device_bytes'])} on the device, "
+                        f"{gib(t['plan_host_pinned_bytes'])} pinned)")
+        return res
+    B, K, plan = chosen
+    res.update(batch=B, grad_accum=K, plan=plan,
+               lower_bound_ms=plan["estimate"]["step_lower_bound_ms"] if plan else None,
+               budget_bytes=None if w.budget_gib is None else int(w.budget_gib * GIB))
+    log_file = os.path.join(a.workdir, f"{w.id}-tidal-B{B}x{K}.jsonl")
+    out_file = os.path.join(a.workdir, f"{w.id}-tidal-B{B}x{K}.out")
+    if os.path.exists(log_file):
+        os.remove(log_file)
+    cmd = [a.tidal, "train"] + tidal_flags(a, w, B, K) + ["--log", log_file, "--log-every", "100"]
+    res["command"] = " ".join(shlex.quote(c) for c in cmd)
+    rc, smi, secs = run_logged(cmd, out_file, a.run_timeout)
+    res.update(exit=rc, smi_bytes=smi, seconds=secs, output=out_file)
+    steps = []
+    try:
+        with open(log_file) as f:
+            steps = [json.loads(ln) for ln in f if ln.strip()]
+    except (OSError, ValueError):
+        pass
+    timed = [s for s in steps if s.get("step", 0) > a.warmup]
+    if rc != 0 or not timed:
+        why = tail(out_file, 2) or "no output"
+        res["error"] = f"exit {rc}, {len(steps)} steps logged: {why}"
+        if res.get("plan_error"):
+            res["error"] += f"; {res['plan_error']}"
+        return res
+    res["tokens_per_s"] = statistics.median(s["tokens_per_s"] for s in timed)
+    res["step_ms_median"] = statistics.median(s["step_ms"] for s in timed)
+    res["timed_steps"] = len(timed)
+    res["peak_bytes"] = max(s.get("device_peak_bytes", 0) for s in steps)
+    res["within_budget"] = None if res["budget_bytes"] is None else res["peak_bytes"] <= res["budget_bytes"]
+    res["loss_last"] = steps[-1].get("loss")
+    return res
+
+
+# ---- peers --------------------------------------------------------------------
+
+def candidates(a, w, cands):
+    """The workload's candidates, shrunk for --smoke (micro-batch at most 2, same K), without repeats."""
+    out = []
+    for B, K, ck in cands:
+        if a.smoke:
+            B = min(B, 2)
+        c = (B, K) if ck is None else (B, K, ck)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def run_peer_once(a, w, B, K, ck):
+    L, C, H = w.shape
+    name = f"{w.id}-{w.peer_mode}-B{B}x{K}{'-ckpt' if ck else ''}"
+    out_file = os.path.join(a.workdir, name + ".out")
+    cmd = [a.python, PEER_SCRIPT, "--mode", w.peer_mode, "--layers", str(L), "--width", str(C), "--heads", str(H),
+           "--seq", str(a.seq), "--batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
+           "--warmup", str(a.warmup), "--clip", f"{a.clip:g}", "--workload", w.id, "--json"]
+    if ck:
+        cmd.append("--ckpt")
+    if w.budget_gib is not None:
+        cmd += ["--budget-gib", f"{w.budget_gib:g}"]
+    rc, smi, secs = run_logged(cmd, out_file, a.run_timeout)
+    r = last_json(out_file) or {"error": f"exit {rc}, no JSON result: {tail(out_file, 3)}"}
+    r.update(batch=B, grad_accum=K, ckpt=ck, exit=rc, smi_bytes=smi, seconds=secs, output=out_file,
+             command=" ".join(shlex.quote(c) for c in cmd))
+    if rc == 124:
+        r["error"] = f"timed out after {a.run_timeout} s"
+    elif r.get("error") is None and r.get("tokens_per_s") is None:
+        r["error"] = f"exit {rc}: {tail(out_file, 3)}"
+    return r
+
+
+def describe_peer_run(r):
+    cfg = f"B{r['batch']}x{r['grad_accum']}{' ckpt' if r['ckpt'] else ''}"
+    if r.get("error") == "oom":
+        return f"{cfg}: out of GPU memory"
+    if r.get("error"):
+        return f"{cfg}: failed ({r['error'][:300]})"
+    s = f"{cfg}: {r['tokens_per_s']:.0f} tok/s, peak {gib(r['peak_bytes'])}"
+    if r.get("within_budget") is False:
+        s += f" > budget {gib(r['budget_bytes'])} (skipped)"
+    return s
+
+
+def run_peer(a, w):
+    """The peer's figure: the first candidate that runs (no budget, or --quick), else the fastest within the budget."""
+    res = {"system": PEER_NAMES[w.peer_mode], "mode": w.peer_mode, "error": None, "tried": [], "best": None}
+    take_first = w.budget_gib is None or a.quick
+    for B, K, ck in candidates(a, w, w.peer_cands):
+        r = run_peer_once(a, w, B, K, ck)
+        res["tried"].append(r)
+        say(f"  {res['system']} {describe_peer_run(r)}")
+        if r.get("exit") == 2:  # no torch / transformers / GPU: no point in trying the others
+            break
+        ok = r.get("error") is None and r.get("within_budget") is not False
+        if ok and (res["best"] is None or r["tokens_per_s"] > res["best"]["tokens_per_s"]):
+            res["best"] = r
+        if ok and take_first:
+            break
+    if res["best"] is None:
+        res["error"] = "; ".join(describe_peer_run(r) for r in res["tried"]) or "no candidate"
+    return res
+
+
+# ---- the table ----------------------------------------------------------------
+
+def verdict(w, t, p):
+    if t.get("error") or p.get("best") is None:
+        return None, "-"
+    ratio = t["tokens_per_s"] / p["best"]["tokens_per_s"]
+    ok = ratio >= w.target and t.get("within_budget") is not False
+    return ratio, "yes" if ok else "no"
+
+
+def tok_step(n):
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def fmt_tok(x):
+    return "-" if x is None else f"{x / 1e3:.1f}k"
+
+
+def print_table(results):
+    say("\n## tidal vs peers (tokens/s; median of the timed steps)\n")
+    say("| id | model | GPU budget | tokens/step | tidal | peer | peer tok/s (config) | tidal/peer | target | met |")
+    say("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        w, t, p = r["w"], r["tidal"], r["peer"]
+        ratio, met = verdict(w, t, p)
+        tid = "n/a" if t.get("error") else f"{fmt_tok(t['tokens_per_s'])} (B{t['batch']}x{t['grad_accum']})"
+        b = p.get("best")
+        peer = "n/a" if b is None else (f"{fmt_tok(b['tokens_per_s'])} (B{b['batch']}x{b['grad_accum']}"
+                                        f"{' ckpt' if b['ckpt'] else ''})")
+        budget = "unlimited" if w.budget_gib is None else f"{w.budget_gib:g} GiB"
+        say(f"| {w.id} | {w.name} | {budget} | {tok_step(w.tokens)} | {tid} | {p['system']} | {peer} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | >= {w.target:g}x | {met} |")
+    say("\n## tidal: memory and lower bound\n")
+    say("| id | tidal peak (arena) / budget | nvidia-smi peak, context incl. | step ms | lower bound ms "
+        "(compute / PCIe / AdamW) | bound/step |")
+    say("|---|---|---|---|---|---|")
+    for r in results:
+        w, t = r["w"], r["tidal"]
+        if t.get("error"):
+            say(f"| {w.id} | n/a | n/a | n/a | n/a | n/a |")
+            continue
+        budget = "unlimited" if t["budget_bytes"] is None else gib(t["budget_bytes"])
+        flag = "" if t["within_budget"] is not False else " **over**"
+        bound, close = "n/a (no plan)", "-"
+        if t["plan"]:
+            e = t["plan"]["estimate"]
+            bound = (f"{e['step_lower_bound_ms']:.1f} ({e['compute_ms']:.1f} / {e['pcie_ms']:.1f} / "
+                     f"{e['adam_ms']:.1f})")
+            close = f"{100 * e['step_lower_bound_ms'] / t['step_ms_median']:.0f}%"
+            if e["step_lower_bound_ms"] > t["step_ms_median"]:
+                close += " (bound above the step: the plan's rates are not this device's)"
+        say(f"| {w.id} | {gib(t['peak_bytes'])} / {budget}{flag} | {gib(t['smi_bytes'])} | "
+            f"{t['step_ms_median']:.1f} | {bound} | {close} |")
+    notes = []
+    for r in results:
+        w, t, p = r["w"], r["tidal"], r["peer"]
+        if t.get("error"):
+            notes.append(f"{w.id} tidal: not available ({t['error']})")
+        elif t.get("plan_error"):
+            notes.append(f"{w.id} tidal: no lower bound ({t['plan_error']})")
+        if p.get("best") is None:
+            notes.append(f"{w.id} {p['system']}: not available ({p['error']})")
+        skipped = [describe_peer_run(x) for x in p["tried"] if x is not p.get("best")]
+        if skipped and p.get("best") is not None:
+            notes.append(f"{w.id} {p['system']} also tried: " + "; ".join(skipped))
+        for name, v in w.refs:
+            notes.append(f"{w.id} reference (BENCH.md, nvidia-h200): {name} {fmt_tok(v)} tok/s")
+    if notes:
+        say("\nNotes:")
+        for n in notes:
+            say(f"- {n}")
+
+
+def machine_info():
+    info = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0:
+            info["gpus"] = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+def to_json(results, a):
+    def clean(d):
+        return {k: v for k, v in d.items() if k != "w"}
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "steps": a.steps, "warmup": a.warmup, "seq": a.seq, "clip": a.clip, "smoke": a.smoke,
+        "workloads": [dict(id=r["w"].id, model=r["w"].name, shape=r["w"].shape, budget_gib=r["w"].budget_gib,
+                           tokens_per_step=r["w"].tokens, target=r["w"].target,
+                           ratio=verdict(r["w"], r["tidal"], r["peer"])[0],
+                           met=verdict(r["w"], r["tidal"], r["peer"])[1],
+                           tidal=clean(r["tidal"]), peer=clean(r["peer"])) for r in results],
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=os.environ.get("TD_WORKLOADS") or "W1,W2,W3,W4,W6",
+                    help="comma-separated ids (default: $TD_WORKLOADS or W1,W2,W3,W4,W6)")
+    ap.add_argument("--tidal", default="build/tidal", help="the tidal command (default build/tidal)")
+    ap.add_argument("--peers-only", action="store_true")
+    ap.add_argument("--tidal-only", action="store_true")
+    ap.add_argument("--json", metavar="OUT", help="write every figure as JSON here (rewritten after each workload)")
+    ap.add_argument("--workdir", default="out/bench-gpu", help="data file, logs (default out/bench-gpu)")
+    ap.add_argument("--steps", type=int, default=8, help="optimizer steps per run (default 8)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps (default 3)")
+    ap.add_argument("--clip", type=float, default=0.0,
+                    help="global grad-norm clipping for tidal and the peers alike (default 0: off, as the peers)")
+    ap.add_argument("--quick", action="store_true", help="budget peers: stop at the first candidate within budget")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny shapes (2L/128/2H, T64, micro-batch <= 2): checks the plumbing, not the speed")
+    ap.add_argument("--tidal-backend", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu only to test this script on a machine without a GPU (with --smoke)")
+    ap.add_argument("--tidal-args", default="", help="extra flags for tidal plan and train, e.g. '--prefetch 8'")
+    ap.add_argument("--python", default=sys.executable, help="interpreter for the peers")
+    ap.add_argument("--run-timeout", type=int, default=900, help="seconds per process (default 900)")
+    a = ap.parse_args(argv)
+    if a.peers_only and a.tidal_only:
+        ap.error("--peers-only and --tidal-only exclude each other")
+    if a.steps <= a.warmup:
+        ap.error("--steps must exceed --warmup")
+    by_id = {w.id: w for w in WORKLOADS}
+    ids = [s.strip().upper() for s in a.workloads.split(",") if s.strip()]
+    bad = [i for i in ids if i not in by_id]
+    if bad or not ids:
+        ap.error(f"unknown workload(s) {', '.join(bad) or '(none)'}: choose from {', '.join(by_id)}")
+    chosen = [by_id[i] for i in ids]
+    a.seq = 1024
+    if a.smoke:
+        a.seq = 64
+        chosen = [Workload(w.id, "smoke 2L/128/2H", (2, 128, 2), None if w.budget_gib is None else 1,
+                           min(w.tidal[0][0], 2) * w.tidal[0][1] * a.seq, w.tidal, w.peer_mode, w.peer_cands,
+                           w.target) for w in chosen]
+    os.makedirs(a.workdir, exist_ok=True)
+    a.data = os.path.join(a.workdir, "random.tok")
+    need = max(max(b * k for b, k in w.tidal) for w in chosen) * a.seq * a.steps + 1
+    write_token_file(a.data, max(need, 1 << 20), seed=1337)
+    say(f"bench/workloads.py: {', '.join(w.id for w in chosen)}; tidal {a.tidal} ({a.tidal_backend}); peers "
+        f"{'off' if a.tidal_only else a.python + ' ' + os.path.relpath(PEER_SCRIPT)}; data {a.data}; logs in {a.workdir}")
+    info = machine_info()
+    say(f"machine: {info.get('host')}, {info.get('cpus')} CPUs, GPU {', '.join(info.get('gpus', ['none found']))}")
+
+    results = []
+    for w in chosen:
+        budget = "unlimited" if w.budget_gib is None else f"{w.budget_gib:g} GiB"
+        say(f"\n== {w.id}: {w.name}, GPU budget {budget}, {w.tokens} tokens/step")
+        if a.peers_only:
+            t = {"system": "tidal", "error": "not run (--peers-only)", "tried": []}
+        else:
+            t = run_tidal(a, w)
+            if t.get("error"):
+                say(f"  tidal: not available ({t['error']})")
+            else:
+                bound = "none" if t["lower_bound_ms"] is None else f"{t['lower_bound_ms']:.1f} ms"
+                say(f"  tidal B{t['batch']}x{t['grad_accum']}: {t['tokens_per_s']:.0f} tok/s, step "
+                    f"{t['step_ms_median']:.1f} ms (lower bound {bound}), peak "
+                    f"{gib(t['peak_bytes'])}, nvidia-smi {gib(t['smi_bytes'])}")
+        if a.tidal_only:
+            p = {"system": PEER_NAMES[w.peer_mode], "error": "not run (--tidal-only)", "tried": [], "best": None}
+        else:
+            p = run_peer(a, w)
+        results.append({"w": w, "tidal": t, "peer": p})
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as f:
+                json.dump(to_json(results, a), f, indent=1)
+    print_table(results)
+    if a.json:
+        say(f"\nwrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
