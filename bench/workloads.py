@@ -492,6 +492,17 @@ def to_json(results, a):
     }
 
 
+def guarded(fn, a, w, empty):
+    """fn(a, w), or `empty` with the error when the driver itself trips (a changed log or plan format): one
+    workload's row says so and the others still run."""
+    try:
+        return fn(a, w)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        import traceback
+        traceback.print_exc()
+        return dict(empty, error=f"bench/workloads.py failed on it: {type(e).__name__}: {e}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=os.environ.get("TD_WORKLOADS") or "W1,W2,W3,W4,W6",
@@ -546,7 +557,7 @@ def main(argv=None):
         if a.peers_only:
             t = {"system": "tidal", "error": "not run (--peers-only)", "tried": []}
         else:
-            t = run_tidal(a, w)
+            t = guarded(run_tidal, a, w, {"system": "tidal", "tried": []})
             if t.get("error"):
                 say(f"  tidal: not available ({t['error']})")
             else:
@@ -557,7 +568,7 @@ def main(argv=None):
         if a.tidal_only:
             p = {"system": PEER_NAMES[w.peer_mode], "error": "not run (--tidal-only)", "tried": [], "best": None}
         else:
-            p = run_peer(a, w)
+            p = guarded(run_peer, a, w, {"system": PEER_NAMES[w.peer_mode], "tried": [], "best": None})
         results.append({"w": w, "tidal": t, "peer": p})
         if a.json:
             os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
