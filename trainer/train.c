@@ -291,9 +291,9 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         size_t min = cfg->mm.placement == TD_PLACEMENT_CUDA ? plan.full_device_bytes : plan.min_device_bytes;
         if (cfg->gpu_budget && cfg->gpu_budget < min)
             TD_FAIL(TD_ERR_BUDGET, "--gpu-budget %s is below the minimum of %s for this model, batch and --policy %s "
-                    "(`tidal plan` shows the breakdown); raise the budget, lower --micro-batch or --seq, or use "
-                    "--ckpt on", td_format_bytes(cfg->gpu_budget, need, sizeof need),
-                    td_format_bytes(min, lim, sizeof lim), td_placement_name(cfg->mm.placement));
+                    "(`tidal plan` shows the breakdown); raise the budget or lower --micro-batch or --seq%s",
+                    td_format_bytes(cfg->gpu_budget, need, sizeof need), td_format_bytes(min, lim, sizeof lim),
+                    td_placement_name(cfg->mm.placement), plan.ckpt ? "" : ", or use --ckpt on");
     }
     hp.slab_bytes = plan.host_pinned_bytes / 16;
     if (hp.slab_bytes < 2 * TD_MiB) hp.slab_bytes = 2 * TD_MiB;
