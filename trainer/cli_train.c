@@ -434,6 +434,7 @@ static td_status measure_rates(td_backend *b, const td_gpt_ref_config *mc, rates
     if (x && w && y) {
         for (size_t i = 0; i < (size_t)N * C; i++) x[i] = (float)(i % 7) * 0.1f;
         for (size_t i = 0; i < (size_t)OC * C; i++) w[i] = (float)(i % 5) * 0.1f;
+        td_ops_matmul_forward(y, x, w, NULL, N, C, OC); /* warm-up: threads, caches, clocks */
         best = 1e30;
         for (int i = 0; i < 3; i++) {
             double t0 = td_now_ms();
