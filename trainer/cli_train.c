@@ -134,6 +134,8 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->threads = o->threads;
     if ((st = td_backend_kind_parse(o->backend, &c->backend))) return td_error_prefix(st, "--backend: ");
     if ((st = td_dtype_parse(o->precision, &c->precision))) return td_error_prefix(st, "--precision: ");
+    /* fp16 grads underflow without a loss scale: dynamic scaling, as PyTorch's GradScaler. */
+    if (c->precision == TD_DTYPE_F16) c->optim.scaler.kind = TD_LOSS_SCALE_DYNAMIC;
     if (!strcmp(o->ckpt, "on")) c->ckpt = TD_CKPT_ON;
     else if (!strcmp(o->ckpt, "off")) c->ckpt = TD_CKPT_OFF;
     else if (!strcmp(o->ckpt, "auto")) c->ckpt = TD_CKPT_AUTO;
