@@ -61,7 +61,17 @@ struct td_trainer {
     int32_t *h_tokens, *h_targets;
     float *h_losses;
     void *h_row;                       /* one row of logits */
+    /* The GPU AdamW, when every chunk fits on the device. */
+    int gpu_opt;
+    int *group, *group_start;          /* gpt_ref tensors of each param chunk: group[group_start[k] ..) */
+    void **ptrs;                       /* scratch for access pointers */
+    int *gids_scratch;
+    double *dev_acc, *dev_sumsq_scratch;
 };
+
+#ifdef TD_HAVE_CUDA
+static td_status setup_gpu_optimizer(td_trainer *t);
+#endif
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
@@ -315,6 +325,16 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         td_ops_cuda *ctx = NULL;
         TD_TRY(td_ops_cuda_create(&op, &ctx));
         t->ops_cuda = ctx;
+        /* AdamW on the GPU when every chunk (params, grads, master, m, v)
+         * and the activations fit the budget together: then nothing needs
+         * to leave the device (--policy cuda asks for it outright). */
+        td_arena_stats as;
+        td_arena_get_stats(t->arena, &as);
+        size_t all = plan.nonmodel_bytes;
+        for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) all += plan.role_bytes[r];
+        t->gpu_opt = cfg->mm.placement == TD_PLACEMENT_CUDA ||
+                     (cfg->mm.placement == TD_PLACEMENT_AUTO && all + all / 16 <= as.budget_bytes);
+        if (t->gpu_opt) TD_TRY(setup_gpu_optimizer(t));
     }
 #endif
     td_adam_cpu_params ap = td_adam_cpu_default_params();
@@ -349,6 +369,10 @@ void td_trainer_destroy(td_trainer *t)
     td_topo_destroy(t->topo);
     td_backend_free(t->backend);
     td_free(t->pid);
+    td_free(t->group);
+    td_free(t->group_start);
+    td_free(t->gids_scratch);
+    td_free(t->ptrs);
     td_free(t);
 }
 
@@ -563,7 +587,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     /* wte's grad still takes the embedding's part below. */
     TD_TRY(td_memmgr_release(mm, ghead, 2, grad_done));
     TD_TRY(td_memmgr_release(mm, ghead + 2, 1, TD_TENSOR_HOLD_AFTER_BWD));
-    if (last) TD_TRY(td_memmgr_writeback_async(mm, ghead, 2));
+    if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, ghead, 2));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     /* Blocks in reverse. */
@@ -584,7 +608,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, TD_GPT_REF_BLOCK_TENSORS, grad_done));
-        if (last) TD_TRY(td_memmgr_writeback_async(mm, gids, TD_GPT_REF_BLOCK_TENSORS));
+        if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, gids, TD_GPT_REF_BLOCK_TENSORS));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
     }
@@ -595,7 +619,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_memmgr_access(mm, gemb, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
     TD_TRY(td_memmgr_release(mm, gemb, 2, grad_done));
-    if (last) TD_TRY(td_memmgr_writeback_async(mm, gemb, 2));
+    if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, gemb, 2));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
     return st;
@@ -603,10 +627,108 @@ cleanup:
 
 /* ---- the optimizer ---------------------------------------------------------- */
 
+#ifdef TD_HAVE_CUDA
+#include "tidal/optim_cuda.h"
+
+/* Chunk k of role `role`: access all its tensors, give its base pointer. */
+static td_status access_chunk(td_trainer *t, const int *role_ids, int k, unsigned flags, void **base)
+{
+    int n = t->group_start[k + 1] - t->group_start[k];
+    for (int j = 0; j < n; j++) t->gids_scratch[j] = role_ids[t->group[t->group_start[k] + j]];
+    td_status st = td_memmgr_access(t->mm, t->gids_scratch, n, TD_TENSOR_COMPUTE, flags, t->ptrs);
+    if (st) return st;
+    *base = NULL;
+    for (int j = 0; j < n; j++)
+        if (td_memmgr_tensor_offset(t->mm, t->gids_scratch[j]) == 0) *base = t->ptrs[j];
+    return *base ? TD_OK : td_error_set(TD_ERR_STATE, "chunk %d has no tensor at offset 0", k);
+}
+
+static td_status release_chunk(td_trainer *t, const int *role_ids, int k, td_tensor_state to)
+{
+    int n = t->group_start[k + 1] - t->group_start[k];
+    for (int j = 0; j < n; j++) t->gids_scratch[j] = role_ids[t->group[t->group_start[k] + j]];
+    return td_memmgr_release(t->mm, t->gids_scratch, n, to);
+}
+
+/* AdamW on the device, chunk by chunk, for a run whose every chunk stays
+ * there: no grad leaves the GPU, no param comes back up. */
+static td_status optimizer_step_gpu(td_trainer *t, td_optim_step *os)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    void *s = stream_of(t);
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    TD_TRY(zero(t, t->dev_acc, sizeof(double)));
+    for (int k = 0; k < chunks; k++) {
+        void *g;
+        TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+        size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)) / td_dtype_bytes(t->gdt);
+        TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc, t->dev_sumsq_scratch, s));
+        TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
+    }
+    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row, t->dev_acc, sizeof(double)));
+    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    td_grad_stats global = { .sumsq = *(double *)t->h_row };
+    TD_TRY(td_optim_begin_step(&t->optim, &global, os));
+    for (int k = 0; k < chunks && !os->skip; k++) {
+        void *g, *p, *m, *v, *master;
+        TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+        TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+        TD_TRY(access_chunk(t, t->mid, k, TD_ACCESS_WRITE, &m));
+        TD_TRY(access_chunk(t, t->vid, k, TD_ACCESS_WRITE, &v));
+        master = p;
+        if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
+        td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
+                             .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                             .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
+                                      td_dtype_bytes(t->dt) };
+        TD_TRY(td_adam_update_cuda(&os->coeffs, &ch, s));
+        TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_FREE));
+        TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
+        TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
+        TD_TRY(release_chunk(t, t->vid, k, TD_TENSOR_HOLD));
+        if (t->dt != TD_DTYPE_F32) TD_TRY(release_chunk(t, t->sid, k, TD_TENSOR_HOLD));
+    }
+    if (os->skip) {
+        TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+        TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
+    }
+cleanup:
+    return st;
+}
+
+/* Which param chunk holds each tensor, grouped (counting sort), and the
+ * device buffers of the GPU AdamW's grad norm. */
+static td_status setup_gpu_optimizer(td_trainer *t)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int n = t->n_tensors, chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    int first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
+    t->group = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
+    t->group_start = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
+    t->gids_scratch = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
+    t->ptrs = td_malloc((size_t)n * sizeof(void *), TD_ROLE_META);
+    if (!t->group || !t->group_start || !t->gids_scratch || !t->ptrs) return TD_ERR_NOMEM;
+    for (int i = 0; i < n; i++) t->group_start[td_memmgr_tensor_chunk(mm, t->pid[i]) - first + 1]++;
+    for (int k = 0; k < chunks; k++) t->group_start[k + 1] += t->group_start[k];
+    int *fill = t->gids_scratch;
+    memcpy(fill, t->group_start, (size_t)chunks * sizeof(int));
+    for (int i = 0; i < n; i++) t->group[fill[td_memmgr_tensor_chunk(mm, t->pid[i]) - first]++] = i;
+    TD_TRY(take(t, sizeof(double), TD_ROLE_WORKSPACE, &t->dev_acc));
+    TD_TRY(take(t, TD_GRAD_SUMSQ_CUDA_SCRATCH * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_sumsq_scratch));
+cleanup:
+    return st;
+}
+#endif
+
 static td_status optimizer_step(td_trainer *t, td_optim_step *os)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
+#ifdef TD_HAVE_CUDA
+    if (t->gpu_opt) return optimizer_step_gpu(t, os);
+#endif
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
     /* Exact global norm and overflow flag over every grad chunk first. */
     td_grad_stats global = {0};
