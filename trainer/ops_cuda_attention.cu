@@ -239,6 +239,7 @@ using namespace tdc;
 extern "C" size_t td_ops_cuda_attention_scratch_bytes(int seqs, int T, int C, int NH, td_dtype dt)
 {
     if (seqs <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH) return 0;
+    if (flash_applies(dt, C, NH)) return flash_scratch_bytes(seqs, T, NH);
     return att_layout(seqs, T, C, NH).bytes(dt);
 }
 
@@ -253,12 +254,13 @@ extern "C" td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, 
     if (!out || !lse || !qkv) return td_error_set(TD_ERR_INVALID, "%s: NULL tensor", op);
     st = check_scratch(op, scratch, scratch_bytes, td_ops_cuda_attention_scratch_bytes(1, T, C, NH, dt));
     if (st != TD_OK) return st;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (flash_applies(dt, C, NH)) return flash_forward(dt, out, lse, qkv, B, T, C, NH, s);
     const int hs = C / NH, hsp = pad8(hs), Tp = pad8(T), G = group_seqs(B, T, C, NH, dt, scratch_bytes);
     const float scale = 1.0f / sqrtf((float)hs);
     const Group buf = carve_group(scratch, scratch_bytes, att_layout(G, T, C, NH), dt);
     const cudaDataType_t type = cuda_type(dt);
     const long long mat = (long long)T * hsp, sq = (long long)T * Tp;
-    cudaStream_t s = (cudaStream_t)stream;
     return dispatch(dt, [&](auto tag) -> td_status {
         using X = decltype(tag);
         for (int b0 = 0; b0 < B; b0 += G) {
@@ -304,12 +306,15 @@ extern "C" td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv
     if (!dqkv || !dout || !qkv || !out || !lse) return td_error_set(TD_ERR_INVALID, "%s: NULL tensor", op);
     st = check_scratch(op, scratch, scratch_bytes, td_ops_cuda_attention_scratch_bytes(1, T, C, NH, dt));
     if (st != TD_OK) return st;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (flash_applies(dt, C, NH))
+        return flash_backward(dt, dqkv, dout, qkv, out, lse, B, T, C, NH, mode == TD_OPS_CUDA_ADD, scratch,
+                              scratch_bytes, s);
     const int hs = C / NH, hsp = pad8(hs), Tp = pad8(T), G = group_seqs(B, T, C, NH, dt, scratch_bytes);
     const float scale = 1.0f / sqrtf((float)hs);
     const Group buf = carve_group(scratch, scratch_bytes, att_layout(G, T, C, NH), dt);
     const cudaDataType_t type = cuda_type(dt);
     const long long mat = (long long)T * hsp, sq = (long long)T * Tp;
-    cudaStream_t s = (cudaStream_t)stream;
     return dispatch(dt, [&](auto tag) -> td_status {
         using X = decltype(tag);
         for (int b0 = 0; b0 < B; b0 += G) {

@@ -64,13 +64,25 @@ td_status check_scratch(const char *op, const void *scratch, size_t have, size_t
     return TD_OK;
 }
 
-/* Largest power of two dividing the address, at most 256 (cuBLASLt's default). */
-static unsigned ptr_align(const void *p)
+/* Largest power of two dividing v, at most 256 (cuBLASLt's default alignment). */
+static unsigned pow2_align(uint64_t v)
 {
-    uintptr_t a = (uintptr_t)p;
-    if (a == 0) return 256;
     unsigned al = 1;
-    while (al < 256 && !(a & al)) al <<= 1;
+    while (al < 256 && v && !(v & al)) al <<= 1;
+    return v ? al : 256;
+}
+
+static unsigned ptr_align(const void *p) { return pow2_align((uint64_t)(uintptr_t)p); }
+
+static unsigned min_u(unsigned a, unsigned b) { return a < b ? a : b; }
+
+/* The alignment every matrix of an operand keeps: its pointer's, and that
+ * of its column and batch strides in bytes. */
+static unsigned operand_align(const void *p, long long ld, long long stride, int batch, cudaDataType_t t)
+{
+    const uint64_t es = t == CUDA_R_32F ? 4 : 2;
+    unsigned al = min_u(ptr_align(p), pow2_align((uint64_t)ld * es));
+    if (batch > 1) al = min_u(al, pow2_align((uint64_t)stride * es));
     return al;
 }
 
@@ -262,10 +274,10 @@ td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what
     key.stride_b = g.batch > 1 ? g.stride_b : 0;
     key.stride_d = g.batch > 1 ? g.stride_d : 0;
     key.aux_ld = uses_aux(g.epilogue) ? g.aux_ld : 0;
-    key.align_a = ptr_align(g.A);
-    key.align_b = ptr_align(g.B);
-    key.align_d = ptr_align(g.D);
-    key.align_c = g.C ? ptr_align(g.C) : key.align_d;
+    key.align_a = operand_align(g.A, g.lda, g.stride_a, g.batch, g.ab_type);
+    key.align_b = operand_align(g.B, g.ldb, g.stride_b, g.batch, g.ab_type);
+    key.align_d = operand_align(g.D, g.ldd, g.stride_d, g.batch, g.d_type);
+    key.align_c = g.C ? operand_align(g.C, g.ldd, g.stride_d, g.batch, g.d_type) : key.align_d;
     key.align_bias = uses_bias(g.epilogue) ? ptr_align(g.bias) : 0;
     key.align_aux = uses_aux(g.epilogue) ? ptr_align(g.aux) : 0;
 

@@ -585,57 +585,78 @@ static void test_pointwise(void **state)
 
 /* --- attention -------------------------------------------------------------------- */
 
+/* Whether the flash kernels run for these (ops_cuda_flash.cu). */
+static int flash_shape(td_dtype dt, int C, int NH)
+{
+    return dt != TD_DTYPE_F32 && (C / NH == 64 || C / NH == 128);
+}
+
+/* path 0: the default (flash where it applies); 1: the batched-GEMM path. */
+static void attention_path(int path)
+{
+    if (path) setenv("TD_OPS_CUDA_ATTENTION", "gemm", 1);
+    else unsetenv("TD_OPS_CUDA_ATTENTION");
+}
+
+/* One attention shape on one path; grouped: scratch for one sequence only,
+ * so the op runs the batch a sequence at a time. */
+static void attention_case(td_dtype dt, int B, int T, int C, int NH, int grouped, int path)
+{
+    const size_t N = (size_t)B * T, n_qkv = N * 3 * C, n_out = N * C, n_lse = (size_t)B * NH * T;
+    const char *pn = path ? "gemm" : "default";
+    attention_path(path);
+    reset();
+    float *qkv = hrand(dt, n_qkv, 2.0f);
+    float *out = hmalloc(n_out * 4), *lse = hmalloc(n_lse * 4);
+    td_ops_attention_forward(out, lse, qkv, B, T, C, NH);
+    void *d_qkv = up(dt, qkv, n_qkv);
+    const size_t sb = td_ops_cuda_attention_scratch_bytes(grouped ? 1 : B, T, C, NH, dt);
+    void *scratch = scratch_for(sb);
+    void *d_out = dnan(dt, n_out);
+    float *d_lse = dnan(TD_DTYPE_F32, n_lse);
+    TD_ASSERT_OK(td_ops_cuda_attention_forward(F.ctx, d_out, d_lse, d_qkv, B, T, C, NH, dt, scratch, sb, F.s));
+    check_dev(LABEL("attention out B%d T%d C%d NH%d grouped %d %s", B, T, C, NH, grouped, pn), dt, d_out, out, n_out,
+              tol_of(dt, TOL_ATT, T));
+    check_dev(LABEL("attention lse B%d T%d C%d NH%d grouped %d %s", B, T, C, NH, grouped, pn), TD_DTYPE_F32, d_lse,
+              lse, n_lse, tol_of(TD_DTYPE_F32, TOL_ATT, T));
+    /* backward from the CPU forward's out (rounded) and lse, so both sides see the same */
+    for (size_t i = 0; i < n_out; i++) out[i] = rnd(dt, out[i]);
+    void *d_fout = up(dt, out, n_out);
+    copy_sync(d_lse, lse, n_lse * 4, cudaMemcpyHostToDevice);
+    float *dout = hrand(dt, n_out, 1);
+    void *d_dout = up(dt, dout, n_out);
+    float *g0 = hzero(n_qkv);
+    td_ops_attention_backward(g0, dout, qkv, out, lse, B, T, C, NH);
+    for (int mode = 0; mode < 2; mode++) { /* 0: added into random values, 1: set */
+        float *dqkv = mode ? hcopy(g0, n_qkv) : acc_like(dt, g0, n_qkv);
+        void *d_dqkv = mode ? dnan(dt, n_qkv) : up(dt, dqkv, n_qkv);
+        if (!mode) td_ops_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        TD_ASSERT_OK(td_ops_cuda_attention_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, B, T, C, NH,
+                                                    mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD, dt, scratch, sb, F.s));
+        check_dev(LABEL("attention dqkv B%d T%d C%d NH%d %s grouped %d %s", B, T, C, NH, mode ? "set" : "add",
+                        grouped, pn),
+                  dt, d_dqkv, dqkv, n_qkv, tol_of(dt, TOL_ATT_BW, T));
+    }
+    attention_path(0);
+}
+
 static void test_attention(void **state)
 {
     (void)state;
-    /* B, T, C, NH: hs = 8, 8, 24, 64, 24, 64, 12 */
-    static const int cases[][4] = {{1, 1, 8, 1}, {2, 5, 16, 2}, {2, 37, 72, 3}, {1, 64, 128, 2},
-                                   {2, 130, 96, 4}, {1, 257, 64, 1}, {3, 20, 36, 3}};
+    /* B, T, C, NH: hs = 8, 8, 24, 64, 24, 64, 12, 64, 128, 128, 64 */
+    static const int cases[][4] = {{1, 1, 8, 1},     {2, 5, 16, 2},   {2, 37, 72, 3},  {1, 64, 128, 2},
+                                   {2, 130, 96, 4},  {1, 257, 64, 1}, {3, 20, 36, 3},  {2, 130, 128, 2},
+                                   {1, 257, 256, 2}, {2, 1, 128, 1},  {1, 200, 384, 6}};
     td_rng_seed(&F.rng, 105);
     worst_begin();
-    for (int di = 0; di < N_DTS; di++) {
-        const td_dtype dt = DTS[di];
+    for (int di = 0; di < N_DTS; di++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const int B = cases[ci][0], T = cases[ci][1], C = cases[ci][2], NH = cases[ci][3];
-            const size_t N = (size_t)B * T, n_qkv = N * 3 * C, n_out = N * C, n_lse = (size_t)B * NH * T;
-            for (int grouped = 0; grouped < (B > 1 ? 2 : 1); grouped++) { /* grouped: one sequence at a time */
-                reset();
-                float *qkv = hrand(dt, n_qkv, 2.0f);
-                float *out = hmalloc(n_out * 4), *lse = hmalloc(n_lse * 4);
-                td_ops_attention_forward(out, lse, qkv, B, T, C, NH);
-                void *d_qkv = up(dt, qkv, n_qkv);
-                size_t sb = td_ops_cuda_attention_scratch_bytes(grouped ? 1 : B, T, C, NH, dt);
-                void *scratch = scratch_for(sb);
-                void *d_out = dnan(dt, n_out);
-                float *d_lse = dnan(TD_DTYPE_F32, n_lse);
-                TD_ASSERT_OK(td_ops_cuda_attention_forward(F.ctx, d_out, d_lse, d_qkv, B, T, C, NH, dt, scratch, sb,
-                                                           F.s));
-                check_dev(LABEL("attention out B%d T%d C%d NH%d grouped %d", B, T, C, NH, grouped), dt, d_out, out,
-                          n_out, tol_of(dt, TOL_ATT, T));
-                check_dev(LABEL("attention lse B%d T%d C%d NH%d grouped %d", B, T, C, NH, grouped), TD_DTYPE_F32,
-                          d_lse, lse, n_lse, tol_of(TD_DTYPE_F32, TOL_ATT, T));
-                /* backward from the CPU forward's out (rounded) and lse, so both sides see the same */
-                for (size_t i = 0; i < n_out; i++) out[i] = rnd(dt, out[i]);
-                void *d_fout = up(dt, out, n_out);
-                copy_sync(d_lse, lse, n_lse * 4, cudaMemcpyHostToDevice);
-                float *dout = hrand(dt, n_out, 1);
-                void *d_dout = up(dt, dout, n_out);
-                float *g0 = hzero(n_qkv);
-                td_ops_attention_backward(g0, dout, qkv, out, lse, B, T, C, NH);
-                for (int mode = 0; mode < 2; mode++) {
-                    float *dqkv = mode ? hcopy(g0, n_qkv) : acc_like(dt, g0, n_qkv);
-                    void *d_dqkv = mode ? dnan(dt, n_qkv) : up(dt, dqkv, n_qkv);
-                    if (!mode) td_ops_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
-                    TD_ASSERT_OK(td_ops_cuda_attention_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, B, T, C,
-                                                                NH, mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD, dt,
-                                                                scratch, sb, F.s));
-                    check_dev(LABEL("attention dqkv B%d T%d C%d NH%d %s grouped %d", B, T, C, NH, mode ? "set" : "add",
-                                    grouped),
-                              dt, d_dqkv, dqkv, n_qkv, tol_of(dt, TOL_ATT_BW, T));
-                }
-            }
+            const int paths = flash_shape(DTS[di], C, NH) ? 2 : 1;
+            for (int path = 0; path < paths; path++)
+                for (int grouped = 0; grouped < (B > 1 ? 2 : 1); grouped++)
+                    attention_case(DTS[di], B, T, C, NH, grouped, path);
         }
-    }
     reset();
     worst_print("attention");
 }
@@ -925,7 +946,7 @@ static void test_block(void **state)
 {
     (void)state;
     /* B, T, C, NH */
-    static const int cases[][4] = {{2, 17, 64, 2}, {2, 37, 96, 3}, {1, 70, 128, 4}, {3, 9, 48, 4}};
+    static const int cases[][4] = {{2, 17, 64, 2}, {2, 37, 96, 3}, {1, 70, 128, 4}, {3, 9, 48, 4}, {2, 80, 128, 2}};
     td_rng_seed(&F.rng, 108);
     worst_begin();
     for (int di = 0; di < N_DTS; di++) {
@@ -943,10 +964,9 @@ static void test_block(void **state)
 /* --- determinism ------------------------------------------------------------------------ */
 
 /* The same block forward and backward twice: the same bits (no atomics). */
-static void test_block_repeats_bit_identical(void **state)
+static void repeats_case(int C, int NH)
 {
-    (void)state;
-    const int B = 2, T = 96, C = 128, NH = 4;
+    const int B = 2, T = 96;
     const td_dtype dt = TD_DTYPE_BF16, gdt = TD_DTYPE_F32;
     td_gpt_ref_config cfg = {1, NH, C, T, 64, 64};
     const size_t NC = (size_t)B * T * C;
@@ -981,6 +1001,14 @@ static void test_block_repeats_bit_identical(void **state)
         for (int i = 0; i < 3; i++) assert_memory_equal(first[i], now[i], bytes[i]);
     }
     reset();
+}
+
+/* hs 32 runs the batched-GEMM attention, hs 64 the flash kernels. */
+static void test_block_repeats_bit_identical(void **state)
+{
+    (void)state;
+    repeats_case(128, 4);
+    repeats_case(128, 2);
 }
 
 /* --- argument errors ----------------------------------------------------------------------- */
@@ -1031,9 +1059,8 @@ static void test_argument_errors(void **state)
 
 /* --- speed of a GPT-2 124M block (printed, for the record) ------------------------------------ */
 
-static void test_block_gpt2_speed(void **state)
+static void block_speed(int path)
 {
-    (void)state;
     const int B = 8, T = 1024, C = 768, NH = 12;
     const td_dtype dt = TD_DTYPE_BF16, gdt = TD_DTYPE_BF16;
     td_gpt_ref_config cfg = {1, NH, C, T, 64, 64};
@@ -1077,15 +1104,28 @@ static void test_block_gpt2_speed(void **state)
         assert_true(isfinite(y[i]));
         assert_true(isfinite(dx[i]));
     }
-    /* matmul flops: 2 N (3C^2 + C^2 + 4C^2 + 4C^2) forward, twice that backward;
-     * attention as computed (full T x T products): 2 in forward, 4 in backward, 2 B NH T^2 hs each */
+    /* TFLOP/s counted llm.c's way: matmuls 2 N (3C^2 + C^2 + 4C^2 + 4C^2) forward, twice that
+     * backward; attention as full T x T products, 2 forward and 4 backward of 2 B NH T^2 hs each
+     * (the flash kernels skip the future but recompute: the figures compare the two paths) */
     const double mm = 2.0 * N * 12.0 * C * C, att = 2.0 * B * NH * (double)T * T * (C / NH);
-    print_message("  GPT-2 124M block, B%d T%d bf16: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s); "
-                  "12 blocks fwd+bwd %.1f ms\n",
-                  B, T, best_f, (mm + 2 * att) / (best_f * 1e-3) / 1e12, best_b,
+    print_message("  GPT-2 124M block, B%d T%d bf16, %s attention: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms "
+                  "(%.0f TFLOP/s); 12 blocks fwd+bwd %.1f ms\n",
+                  B, T, path ? "batched-GEMM" : "flash", best_f, (mm + 2 * att) / (best_f * 1e-3) / 1e12, best_b,
                   (2 * mm + 4 * att) / (best_b * 1e-3) / 1e12, 12 * (best_f + best_b));
     cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
     reset();
+}
+
+/* Prints the time of one GPT-2 124M block on both attention paths
+ * (asserts only finite outputs: speed is for the record). */
+static void test_block_gpt2_speed(void **state)
+{
+    (void)state;
+    for (int path = 0; path < 2; path++) {
+        attention_path(path);
+        block_speed(path);
+    }
+    attention_path(0);
 }
 
 int main(void)
