@@ -64,22 +64,40 @@ template <typename T> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 /* dst (64 x HS, pitch QP) = rows r0 .. r0+63 of a head matrix whose row i
- * starts at src + i * stride; rows at or past T are zero. */
+ * starts at src + i * stride; rows at or past T are zero.  The vector path
+ * issues all of a thread's 16-byte loads before its shared-memory stores. */
 template <typename T, int HS>
 __device__ void load_tile(T *dst, const T *src, size_t stride, int r0, int T_, bool vec)
 {
-    constexpr int QP = Layout<HS>::QP, CH = HS / 8;
-    for (int idx = threadIdx.x; idx < BM * CH; idx += THREADS) {
-        const int row = idx / CH, c8 = (idx % CH) * 8;
+    constexpr int QP = Layout<HS>::QP, CH = HS / 8, ITERS = BM * CH / THREADS;
+    static_assert(BM * CH % THREADS == 0, "a tile is whole iterations of the block");
+    constexpr int BATCH = 4; /* loads in flight per thread: bounded, for the register budget */
+    static_assert(ITERS % BATCH == 0, "whole batches");
+    if (vec) {
+#pragma unroll
+        for (int g = 0; g < ITERS; g += BATCH) {
+            int4 v[BATCH];
+#pragma unroll
+            for (int i = 0; i < BATCH; i++) {
+                const int idx = threadIdx.x + (g + i) * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
+                v[i] = r0 + row < T_ ? *reinterpret_cast<const int4 *>(src + (size_t)(r0 + row) * stride + c8)
+                                     : make_int4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < BATCH; i++) {
+                const int idx = threadIdx.x + (g + i) * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
+                *reinterpret_cast<int4 *>(dst + row * QP + c8) = v[i];
+            }
+        }
+        return;
+    }
+    for (int it = 0; it < ITERS; it++) {
+        const int idx = threadIdx.x + it * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
         T *d = dst + row * QP + c8;
         if (r0 + row < T_) {
             const T *s = src + (size_t)(r0 + row) * stride + c8;
-            if (vec) {
-                *reinterpret_cast<int4 *>(d) = *reinterpret_cast<const int4 *>(s);
-            } else {
 #pragma unroll
-                for (int j = 0; j < 8; j++) d[j] = s[j];
-            }
+            for (int j = 0; j < 8; j++) d[j] = s[j];
         } else {
             *reinterpret_cast<int4 *>(d) = make_int4(0, 0, 0, 0);
         }
@@ -101,6 +119,28 @@ __device__ __forceinline__ void scores(float *out, const FragA<T> (&a)[HS / 16],
             FragBT<T> b;
             wmma::load_matrix_sync(b, B + n * 16 * QP + k * 16, QP);
             wmma::mma_sync(acc, a[k], b, acc);
+        }
+        wmma::store_matrix_sync(out + n * 16, acc, SP, wmma::mem_row_major);
+    }
+}
+
+/* The same with A's 16 rows read from a shared tile (pitch QP) as needed:
+ * fewer registers, for the kernel that holds two sets of accumulators. */
+template <typename T, int HS>
+__device__ __forceinline__ void scores_s(float *out, const T *A, const T *B)
+{
+    constexpr int QP = Layout<HS>::QP;
+#pragma unroll
+    for (int n = 0; n < BN / 16; n++) {
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < HS / 16; k++) {
+            FragA<T> a;
+            FragBT<T> b;
+            wmma::load_matrix_sync(a, A + k * 16, QP);
+            wmma::load_matrix_sync(b, B + n * 16 * QP + k * 16, QP);
+            wmma::mma_sync(acc, a, b, acc);
         }
         wmma::store_matrix_sync(out + n * 16, acc, SP, wmma::mem_row_major);
     }
@@ -345,10 +385,7 @@ __global__ void __launch_bounds__(THREADS)
 
     load_tile<T, HS>(Ks, q_base + C, rs, k0, T_, vec);
     load_tile<T, HS>(Vs, q_base + 2 * (size_t)C, rs, k0, T_, vec);
-    __syncthreads();
-    FragA<T> ka[HS / 16], va[HS / 16];
-    load_rows<T, HS>(ka, Ks + warp * 16 * Layout<HS>::QP);
-    load_rows<T, HS>(va, Vs + warp * 16 * Layout<HS>::QP);
+    const T *k_rows = Ks + warp * 16 * Layout<HS>::QP, *v_rows = Vs + warp * 16 * Layout<HS>::QP;
     const int key = k0 + warp * 16 + r;
 
     FragC dk[HS / 16], dv[HS / 16];
@@ -368,8 +405,8 @@ __global__ void __launch_bounds__(THREADS)
             D_s[threadIdx.x] = qq < T_ ? D_h[qq] : 0.0f;
         }
         __syncthreads();
-        scores<T, HS>(fw, ka, Qs);  /* S^T: keys x queries */
-        scores<T, HS>(dw, va, dOs); /* dP^T */
+        scores_s<T, HS>(fw, k_rows, Qs);  /* S^T: keys x queries */
+        scores_s<T, HS>(dw, v_rows, dOs); /* dP^T */
         __syncwarp();
         const int c0 = half * 32;
         const float *srow = fw + r * SP + c0, *dprow = dw + r * SP + c0;
