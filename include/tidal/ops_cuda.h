@@ -130,11 +130,18 @@ td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweigh
 /* --- attention ------------------------------------------------------------ */
 
 /* Causal self-attention as td_ops_attention_forward: qkv (B,T,3C) -> out
- * (B,T,C), lse (B,NH,T) fp32.  Computed per group of sequences with batched
- * cuBLASLt GEMMs (S = QK^T/sqrt(hs) in fp32, P = softmax in dt, out = PV)
- * in scratch: td_ops_cuda_attention_scratch_bytes(seqs, ...) bytes run `seqs`
- * sequences per group; any scratch of at least one sequence's bytes works,
- * the op takes as many sequences per group as fit (same results). */
+ * (B,T,C), lse (B,NH,T) fp32.  Two paths, chosen by shape:
+ *   flash (bf16/fp16 with hs 64 or 128): tiles in shared memory on tensor
+ *     cores, nothing T x T in device memory; scratch only for the backward's
+ *     row dots (NH*T floats per sequence);
+ *   batched GEMM (otherwise, or when the environment variable
+ *     TD_OPS_CUDA_ATTENTION=gemm): S = QK^T/sqrt(hs) in fp32, P in dt and
+ *     out = PV through batched cuBLASLt GEMMs over whole T x T score
+ *     matrices in scratch.
+ * td_ops_cuda_attention_scratch_bytes(seqs, ...) is the scratch to run `seqs`
+ * sequences at a time on the path that applies; any scratch of at least one
+ * sequence's bytes works, the op runs as many sequences at a time as fit
+ * (the same results up to rounding). */
 size_t td_ops_cuda_attention_scratch_bytes(int seqs, int T, int C, int NH, td_dtype dt);
 td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv,
                                         int B, int T, int C, int NH, td_dtype dt, void *scratch,
