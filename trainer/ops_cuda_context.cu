@@ -9,7 +9,9 @@
  * shapes, leading dimensions, batch strides, types, epilogue and the
  * alignment of every pointer (cuBLASLt picks vectorised kernels by alignment,
  * so an unaligned view, e.g. a tensor at an odd offset inside a chunk, gets
- * its own plan instead of a kernel that would fault on it). */
+ * its own plan instead of a kernel that would fault on it).  A shape
+ * cuBLASLt refuses runs on a simple fallback kernel (plain or bias
+ * epilogue), so no shape is an error. */
 #include "ops_cuda_impl.cuh"
 
 #include <stdio.h>
@@ -248,6 +250,72 @@ static td_ops_cuda_plan *plan_slot(td_ops_cuda *ctx)
     return p;
 }
 
+/* --- the fallback GEMM --------------------------------------------------------
+ * For the shapes cuBLASLt refuses (in practice: 16-bit leading dimensions
+ * that are not a multiple of 8 bytes, which no real model has, but the tests
+ * do): 16 x 16 output tiles, k in steps of 16 through shared memory, fp32
+ * accumulation in a fixed order.  Correct, not fast. */
+
+template <typename TA>
+__device__ __forceinline__ float op_at(const TA *M, long long ld, bool trans, int row, int col)
+{
+    return to_f32(trans ? M[(long long)row * ld + col] : M[(long long)col * ld + row]);
+}
+
+template <typename TA, typename TD>
+__global__ void gemm_fallback_kernel(bool ta, bool tb, int m, int n, int k, const TA *A, long long lda, long long sa,
+                                     const TA *B, long long ldb, long long sb, const TD *C, TD *D, long long ldd,
+                                     long long sd, float alpha, float beta, const TD *bias)
+{
+    __shared__ float As[16][17], Bs[16][17];
+    const int tx = threadIdx.x, ty = threadIdx.y, i = blockIdx.x * 16 + tx, j = blockIdx.y * 16 + ty;
+    const long long bt = blockIdx.z;
+    A += bt * sa;
+    B += bt * sb;
+    D += bt * sd;
+    if (C) C += bt * sd;
+    float acc = 0.0f;
+    for (int p0 = 0; p0 < k; p0 += 16) {
+        const int ai = blockIdx.x * 16 + tx, ap = p0 + ty, bp = p0 + tx, bj = blockIdx.y * 16 + ty;
+        As[tx][ty] = ai < m && ap < k ? op_at(A, lda, ta, ai, ap) : 0.0f; /* op(A)(i, p) */
+        Bs[tx][ty] = bp < k && bj < n ? op_at(B, ldb, tb, bp, bj) : 0.0f; /* op(B)(p, j) */
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < 16; q++) acc += As[tx][q] * Bs[q][ty];
+        __syncthreads();
+    }
+    if (i >= m || j >= n) return;
+    float v = alpha * acc;
+    if (beta != 0.0f) v += beta * to_f32(C[(long long)j * ldd + i]);
+    if (bias) v += to_f32(bias[i]);
+    D[(long long)j * ldd + i] = from_f32<TD>(v);
+}
+
+template <typename TA, typename TD> static td_status fallback_typed(const Gemm &g, cudaStream_t s, const char *what)
+{
+    const TD *c = (const TD *)(g.C ? g.C : g.D);
+    const TD *bias = g.epilogue == CUBLASLT_EPILOGUE_BIAS ? (const TD *)g.bias : nullptr;
+    dim3 grid((g.m + 15) / 16, (g.n + 15) / 16, g.batch);
+    gemm_fallback_kernel<TA, TD><<<grid, dim3(16, 16), 0, s>>>(
+        g.ta == CUBLAS_OP_T, g.tb == CUBLAS_OP_T, g.m, g.n, g.k, (const TA *)g.A, g.lda, g.stride_a, (const TA *)g.B,
+        g.ldb, g.stride_b, c, (TD *)g.D, g.ldd, g.stride_d, g.alpha, g.beta, bias);
+    return check_launch(what);
+}
+
+template <typename TA> static td_status fallback_d(const Gemm &g, cudaStream_t s, const char *what)
+{
+    if (g.d_type == CUDA_R_32F) return fallback_typed<TA, float>(g, s, what);
+    if (g.d_type == CUDA_R_16BF) return fallback_typed<TA, __nv_bfloat16>(g, s, what);
+    return fallback_typed<TA, __half>(g, s, what);
+}
+
+static td_status gemm_fallback(const Gemm &g, cudaStream_t s, const char *what)
+{
+    if (g.ab_type == CUDA_R_32F) return fallback_d<float>(g, s, what);
+    if (g.ab_type == CUDA_R_16BF) return fallback_d<__nv_bfloat16>(g, s, what);
+    return fallback_d<__half>(g, s, what);
+}
+
 static const char *type_name(cudaDataType_t t)
 {
     return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_16F ? "fp16" : "fp32";
@@ -282,6 +350,11 @@ td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what
     key.align_aux = uses_aux(g.epilogue) ? ptr_align(g.aux) : 0;
 
     if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return TD_OK; /* nothing to compute */
+    if (ctx->fallback_gemm) {
+        if (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT || g.epilogue == CUBLASLT_EPILOGUE_BIAS)
+            return gemm_fallback(g, s, what);
+        return td_error_set(TD_ERR_UNSUPPORTED, "%s: the fallback GEMM has no GELU epilogue", what);
+    }
     td_status st;
     td_ops_cuda_plan *p = plan_find(ctx, key);
     if (!p) {
@@ -305,6 +378,8 @@ td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what
         p->found = 0; /* refused at run time: never again for this plan */
         p->status = ls;
     }
+    if (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT || g.epilogue == CUBLASLT_EPILOGUE_BIAS)
+        return gemm_fallback(g, s, what);
     return td_error_set(TD_ERR_UNSUPPORTED,
                         "%s: cuBLASLt has no algorithm (%s) for a %s x %s -> %s GEMM m=%d n=%d k=%d "
                         "(lda %lld, ldb %lld, ldd %lld, batch %d, epilogue %d, alignments "
@@ -322,6 +397,7 @@ extern "C" td_ops_cuda_params td_ops_cuda_default_params(void)
     p.workspace = nullptr;
     p.workspace_bytes = 0;
     p.fuse_gelu = 1;
+    p.fallback_gemm = 0;
     return p;
 }
 
@@ -352,6 +428,7 @@ extern "C" td_status td_ops_cuda_create(const td_ops_cuda_params *params, td_ops
     ctx->workspace = p.workspace;
     ctx->workspace_bytes = p.workspace ? p.workspace_bytes : 0;
     ctx->fuse_gelu = p.fuse_gelu;
+    ctx->fallback_gemm = p.fallback_gemm;
     *out = ctx;
     return TD_OK;
 }

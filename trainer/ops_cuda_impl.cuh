@@ -215,6 +215,7 @@ struct td_ops_cuda {
     void *workspace;
     size_t workspace_bytes;
     int fuse_gelu;
+    int fallback_gemm;
     int next_evict;
     td_ops_cuda_plan plans[TD_OPS_CUDA_PLANS];
 };
@@ -242,9 +243,11 @@ struct Gemm {
     long long aux_ld = 0;
 };
 
-/* Runs g on stream s.  TD_ERR_UNSUPPORTED (message set) when cuBLASLt has no
- * algorithm for it (callers with a fused epilogue fall back on that);
- * TD_ERR_BACKEND when a cuBLASLt call fails. */
+/* Runs g on stream s: through cuBLASLt, or, for a shape cuBLASLt refuses
+ * (or with ctx->fallback_gemm), with the DEFAULT or BIAS epilogue on a simple
+ * fallback kernel.  TD_ERR_UNSUPPORTED (message set) for a refused GELU
+ * epilogue (the caller falls back to an unfused GEMM); TD_ERR_BACKEND when a
+ * cuBLASLt call or a launch fails. */
 td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what);
 
 } // namespace tdc

@@ -67,9 +67,11 @@ typedef struct td_ops_cuda_params {
     void *workspace;        /* device memory for cuBLASLt, owned by the caller, >= 256-byte aligned */
     size_t workspace_bytes; /* 0 allowed (slower GEMM choices) */
     int fuse_gelu;          /* 16-bit matmul + GELU as one cuBLASLt epilogue (default 1) */
+    int fallback_gemm;      /* 1: every GEMM on the simple fallback kernel that serves the
+                               shapes cuBLASLt refuses (tests; slow) */
 } td_ops_cuda_params;
 
-/* Defaults: no workspace, fuse_gelu 1. */
+/* Defaults: no workspace, fuse_gelu 1, fallback_gemm 0. */
 td_ops_cuda_params td_ops_cuda_default_params(void);
 /* Creates the cuBLASLt handle on the current device.  TD_ERR_BACKEND if
  * cuBLASLt cannot start; TD_ERR_NOMEM if the host context cannot be allocated. */

@@ -50,7 +50,7 @@ static struct {
     td_arena *arena;
     void *ws, *pool;
     size_t used;
-    td_ops_cuda *ctx, *ctx_nofuse;
+    td_ops_cuda *ctx, *ctx_nofuse, *ctx_fallback;
     void *s; /* the backend's compute stream */
     td_rng rng;
     void *host[MAX_HOST];
@@ -78,6 +78,8 @@ static int setup(void **state)
     if (td_ops_cuda_create(&p, &F.ctx) != TD_OK) return -1;
     p.fuse_gelu = 0;
     if (td_ops_cuda_create(&p, &F.ctx_nofuse) != TD_OK) return -1;
+    p.fallback_gemm = 1;
+    if (td_ops_cuda_create(&p, &F.ctx_fallback) != TD_OK) return -1;
     F.s = td_backend_native_queue(F.backend, TD_QUEUE_COMPUTE);
     return 0;
 }
@@ -87,6 +89,7 @@ static int teardown(void **state)
     (void)state;
     td_ops_cuda_free(F.ctx);
     td_ops_cuda_free(F.ctx_nofuse);
+    td_ops_cuda_free(F.ctx_fallback);
     td_arena_release(F.arena, F.pool);
     td_arena_release(F.arena, F.ws);
     td_arena_destroy(F.arena);
@@ -439,6 +442,83 @@ static void test_layernorm(void **state)
 
 /* --- matmul ---------------------------------------------------------------------- */
 
+/* One matmul shape through `ctx` (and `ctx_unfused` for the two-kernel GELU);
+ * `path` names the GEMM path in the labels. */
+static void matmul_case(td_ops_cuda *ctx, td_ops_cuda *ctx_unfused, const char *path, td_dtype dt, int N, int C,
+                        int OC)
+{
+    const size_t NC = (size_t)N * C, NO = (size_t)N * OC, WC = (size_t)OC * C;
+    reset();
+    float *x = hrand(dt, NC, 1), *w = hrand(dt, WC, 1.0f / sqrtf((float)C)), *b = hrand(dt, OC, 0.5f);
+    float *res = hrand(dt, NO, 1);
+    void *d_x = up(dt, x, NC), *d_w = up(dt, w, WC), *d_b = up(dt, b, OC);
+
+    /* out = x W^T + b, with and without the bias */
+    float *want = hmalloc(NO * 4);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        td_ops_matmul_forward(want, x, w, with_bias ? b : NULL, N, C, OC);
+        void *d_out = dnan(dt, NO);
+        TD_ASSERT_OK(td_ops_cuda_matmul_forward(ctx, d_out, NULL, d_x, d_w, with_bias ? d_b : NULL, NULL, N, C, OC, dt,
+                                                F.s));
+        check_dev(LABEL("matmul out N%d C%d OC%d bias %d %s", N, C, OC, with_bias, path), dt, d_out, want, NO,
+                  tol_of(dt, TOL_MATMUL, C));
+    }
+    /* + residual, in place (out = residual) and separate */
+    td_ops_matmul_forward(want, x, w, b, N, C, OC);
+    td_ops_residual_forward(want, want, res, NO);
+    for (int in_place = 0; in_place < 2; in_place++) {
+        void *d_res = up(dt, res, NO);
+        void *d_out = in_place ? d_res : dnan(dt, NO);
+        TD_ASSERT_OK(td_ops_cuda_matmul_forward(ctx, d_out, NULL, d_x, d_w, d_b, d_res, N, C, OC, dt, F.s));
+        check_dev(LABEL("matmul+residual N%d C%d OC%d in place %d %s", N, C, OC, in_place, path), dt, d_out, want, NO,
+                  tol_of(dt, TOL_MATMUL, C));
+    }
+    /* GELU: fused epilogue (16-bit, when cuBLASLt has it) and the two-kernel path */
+    float *pre = hmalloc(NO * 4), *act = hmalloc(NO * 4);
+    td_ops_matmul_forward(pre, x, w, b, N, C, OC);
+    td_ops_gelu_forward(act, pre, NO);
+    for (int fused = 0; fused < 2; fused++) {
+        void *d_pre = dnan(dt, NO), *d_act = dnan(dt, NO);
+        TD_ASSERT_OK(td_ops_cuda_matmul_forward(fused ? ctx : ctx_unfused, d_act, d_pre, d_x, d_w, d_b, NULL, N, C, OC,
+                                                dt, F.s));
+        check_dev(LABEL("matmul pre-gelu N%d C%d OC%d fused %d %s", N, C, OC, fused, path), dt, d_pre, pre, NO,
+                  tol_of(dt, TOL_MATMUL, C));
+        check_dev(LABEL("matmul gelu N%d C%d OC%d fused %d %s", N, C, OC, fused, path), dt, d_act, act, NO,
+                  tol_of(dt, TOL_GELU_MM, C));
+    }
+
+    /* backward: every gradient type, dinp added and set, with and without dbias */
+    float *dout = hrand(dt, NO, 1);
+    void *d_dout = up(dt, dout, NO);
+    float *dx0 = hzero(NC), *dw0 = hzero(WC), *db0 = hzero(OC);
+    td_ops_matmul_backward(dx0, dw0, db0, dout, x, w, N, C, OC);
+    td_dtype gdts[2];
+    const int ng = grad_types(dt, gdts);
+    for (int gi = 0; gi < ng; gi++) {
+        const td_dtype gdt = gdts[gi];
+        for (int mode = 0; mode < 2; mode++) { /* 0: ADD with dbias, 1: SET without */
+            float *dx = mode ? hzero(NC) : acc_like(dt, dx0, NC);
+            float *dw = acc_like(gdt, dw0, WC), *db = acc_like(gdt, db0, OC);
+            void *d_dx = mode ? dnan(dt, NC) : up(dt, dx, NC);
+            void *d_dw = up(gdt, dw, WC), *d_db = up(gdt, db, OC);
+            float *db_before = hcopy(db, OC);
+            td_ops_matmul_backward(dx, dw, mode ? NULL : db, dout, x, w, N, C, OC);
+            size_t sb = td_ops_cuda_matmul_scratch_bytes(N, OC);
+            TD_ASSERT_OK(td_ops_cuda_matmul_backward(ctx, d_dx, d_dw, mode ? NULL : d_db, d_dout, d_x, d_w, N, C, OC,
+                                                     mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD, dt, gdt,
+                                                     scratch_for(sb), sb, F.s));
+            const char *m = mode ? "set" : "add";
+            check_dev(LABEL("matmul dinp N%d C%d OC%d %s %s", N, C, OC, m, path), dt, d_dx, dx, NC,
+                      tol_of(dt, TOL_MATMUL, OC));
+            check_dev(LABEL("matmul dweight N%d C%d OC%d grads %s %s", N, C, OC, td_dtype_name(gdt), path), gdt, d_dw,
+                      dw, WC, tol_of(gdt, TOL_MATMUL, N));
+            check_dev(LABEL("matmul dbias N%d C%d OC%d grads %s %s %s", N, C, OC, td_dtype_name(gdt), m, path), gdt,
+                      d_db, mode ? db_before : db, OC, tol_of(gdt, TOL_MATMUL, N));
+        }
+    }
+}
+
+/* cuBLASLt, and the fallback GEMM that serves the shapes cuBLASLt refuses. */
 static void test_matmul(void **state)
 {
     (void)state;
@@ -446,81 +526,12 @@ static void test_matmul(void **state)
                                    {256, 768, 2304}, {128, 3072, 768}};
     td_rng_seed(&F.rng, 103);
     worst_begin();
-    for (int di = 0; di < N_DTS; di++) {
-        const td_dtype dt = DTS[di];
+    for (int di = 0; di < N_DTS; di++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-            const int N = cases[ci][0], C = cases[ci][1], OC = cases[ci][2];
-            const size_t NC = (size_t)N * C, NO = (size_t)N * OC, WC = (size_t)OC * C;
-            reset();
-            float *x = hrand(dt, NC, 1), *w = hrand(dt, WC, 1.0f / sqrtf((float)C)), *b = hrand(dt, OC, 0.5f);
-            float *res = hrand(dt, NO, 1);
-            void *d_x = up(dt, x, NC), *d_w = up(dt, w, WC), *d_b = up(dt, b, OC);
-
-            /* out = x W^T + b, with and without the bias */
-            float *want = hmalloc(NO * 4);
-            for (int with_bias = 0; with_bias < 2; with_bias++) {
-                td_ops_matmul_forward(want, x, w, with_bias ? b : NULL, N, C, OC);
-                void *d_out = dnan(dt, NO);
-                TD_ASSERT_OK(td_ops_cuda_matmul_forward(F.ctx, d_out, NULL, d_x, d_w, with_bias ? d_b : NULL, NULL,
-                                                        N, C, OC, dt, F.s));
-                check_dev(LABEL("matmul out N%d C%d OC%d bias %d", N, C, OC, with_bias), dt, d_out, want, NO,
-                          tol_of(dt, TOL_MATMUL, C));
-            }
-            /* + residual, in place (out = residual) and separate */
-            td_ops_matmul_forward(want, x, w, b, N, C, OC);
-            td_ops_residual_forward(want, want, res, NO);
-            for (int in_place = 0; in_place < 2; in_place++) {
-                void *d_res = up(dt, res, NO);
-                void *d_out = in_place ? d_res : dnan(dt, NO);
-                TD_ASSERT_OK(td_ops_cuda_matmul_forward(F.ctx, d_out, NULL, d_x, d_w, d_b, d_res, N, C, OC, dt, F.s));
-                check_dev(LABEL("matmul+residual N%d C%d OC%d in place %d", N, C, OC, in_place), dt, d_out, want,
-                          NO, tol_of(dt, TOL_MATMUL, C));
-            }
-            /* GELU: fused epilogue (16-bit, when cuBLASLt has it) and the two-kernel path */
-            float *pre = hmalloc(NO * 4), *act = hmalloc(NO * 4);
-            td_ops_matmul_forward(pre, x, w, b, N, C, OC);
-            td_ops_gelu_forward(act, pre, NO);
-            for (int fused = 0; fused < 2; fused++) {
-                void *d_pre = dnan(dt, NO), *d_act = dnan(dt, NO);
-                TD_ASSERT_OK(td_ops_cuda_matmul_forward(fused ? F.ctx : F.ctx_nofuse, d_act, d_pre, d_x, d_w, d_b,
-                                                        NULL, N, C, OC, dt, F.s));
-                check_dev(LABEL("matmul pre-gelu N%d C%d OC%d fused %d", N, C, OC, fused), dt, d_pre, pre, NO,
-                          tol_of(dt, TOL_MATMUL, C));
-                check_dev(LABEL("matmul gelu N%d C%d OC%d fused %d", N, C, OC, fused), dt, d_act, act, NO,
-                          tol_of(dt, TOL_GELU_MM, C));
-            }
-
-            /* backward: every gradient type, dinp added and set, with and without dbias */
-            float *dout = hrand(dt, NO, 1);
-            void *d_dout = up(dt, dout, NO);
-            float *dx0 = hzero(NC), *dw0 = hzero(WC), *db0 = hzero(OC);
-            td_ops_matmul_backward(dx0, dw0, db0, dout, x, w, N, C, OC);
-            td_dtype gdts[2];
-            const int ng = grad_types(dt, gdts);
-            for (int gi = 0; gi < ng; gi++) {
-                const td_dtype gdt = gdts[gi];
-                for (int mode = 0; mode < 2; mode++) { /* 0: ADD with dbias, 1: SET without */
-                    float *dx = mode ? hzero(NC) : acc_like(dt, dx0, NC);
-                    float *dw = acc_like(gdt, dw0, WC), *db = acc_like(gdt, db0, OC);
-                    void *d_dx = mode ? dnan(dt, NC) : up(dt, dx, NC);
-                    void *d_dw = up(gdt, dw, WC), *d_db = up(gdt, db, OC);
-                    float *db_before = hcopy(db, OC);
-                    td_ops_matmul_backward(dx, dw, mode ? NULL : db, dout, x, w, N, C, OC);
-                    size_t sb = td_ops_cuda_matmul_scratch_bytes(N, OC);
-                    TD_ASSERT_OK(td_ops_cuda_matmul_backward(F.ctx, d_dx, d_dw, mode ? NULL : d_db, d_dout, d_x, d_w,
-                                                             N, C, OC, mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD, dt,
-                                                             gdt, scratch_for(sb), sb, F.s));
-                    const char *m = mode ? "set" : "add";
-                    check_dev(LABEL("matmul dinp N%d C%d OC%d %s", N, C, OC, m), dt, d_dx, dx, NC,
-                              tol_of(dt, TOL_MATMUL, OC));
-                    check_dev(LABEL("matmul dweight N%d C%d OC%d grads %s", N, C, OC, td_dtype_name(gdt)), gdt, d_dw,
-                              dw, WC, tol_of(gdt, TOL_MATMUL, N));
-                    check_dev(LABEL("matmul dbias N%d C%d OC%d grads %s %s", N, C, OC, td_dtype_name(gdt), m), gdt,
-                              d_db, mode ? db_before : db, OC, tol_of(gdt, TOL_MATMUL, N));
-                }
-            }
+            matmul_case(F.ctx, F.ctx_nofuse, "cublaslt", DTS[di], cases[ci][0], cases[ci][1], cases[ci][2]);
+            matmul_case(F.ctx_fallback, F.ctx_fallback, "fallback", DTS[di], cases[ci][0], cases[ci][1],
+                        cases[ci][2]);
         }
-    }
     reset();
     worst_print("matmul");
 }
