@@ -103,6 +103,21 @@ static void test_policies_and_budgets_are_bit_identical(void **state)
     }
 }
 
+/* Without clipping and loss scaling the optimizer updates each chunk as its
+ * grads arrive, last first: the same losses as the exact two-pass path. */
+static void test_early_updates_match_two_pass(void **state)
+{
+    enum { STEPS = 4 };
+    td_train_config c = small_config();
+    c.mm.placement = TD_PLACEMENT_CPU;
+    c.optim.max_grad_norm = 0; /* early, chunk by chunk */
+    double early[STEPS], exact[STEPS];
+    run(&c, STEPS, early, NULL);
+    c.optim.max_grad_norm = 1e30; /* clipping that never clips: the two-pass path */
+    run(&c, STEPS, exact, NULL);
+    assert_memory_equal(early, exact, sizeof early);
+}
+
 /* The first loss equals the whole-model reference forward on the same batch. */
 static void test_first_loss_matches_reference(void **state)
 {
@@ -354,6 +369,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_policies_and_budgets_are_bit_identical),
         cmocka_unit_test(test_first_loss_matches_reference),
+        cmocka_unit_test(test_early_updates_match_two_pass),
         cmocka_unit_test(test_learns_a_fixed_batch),
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_minimum_is_enough),

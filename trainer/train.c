@@ -722,6 +722,34 @@ cleanup:
 }
 #endif
 
+/* AdamW of param chunk i on the host copies, with coefficients c. */
+static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
+    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
+    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i); /* -1: the params are the fp32 master */
+    void *p, *g, *m, *v, *master;
+    TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g)); /* waits for this chunk's grads only */
+    if (stats)
+        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
+                                      td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), stats));
+    TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, &p));
+    TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
+    TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
+    master = p;
+    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &master));
+    /* The new params go straight into the param chunk's pinned host copy,
+     * which the next step uploads. */
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
+                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                         .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
+    TD_TRY(td_adam_cpu_update(t->adam, c, &ch, 1));
+cleanup:
+    return st;
+}
+
 static td_status optimizer_step(td_trainer *t, td_optim_step *os)
 {
     td_status st = TD_OK;
@@ -730,37 +758,33 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     if (t->gpu_opt) return optimizer_step_gpu(t, os);
 #endif
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
-    /* Exact global norm and overflow flag over every grad chunk first. */
     td_grad_stats global = {0};
-    for (int i = 0; i < chunks; i++) {
-        int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
-        void *g;
-        TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
-        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
-                                      td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &global));
-    }
-    TD_TRY(td_optim_begin_step(&t->optim, &global, os));
-    if (!os->skip) {
-        /* Chunk by chunk in forward order: the next step's first blocks are
-         * ready first. */
+    const td_optim_params *op = &t->optim.params;
+    if (op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE) {
+        /* Nothing waits for the global norm (no clipping, no loss scale):
+         * each chunk is updated as soon as its grads reach the host, last
+         * block first, while the GPU is still running the backward of the
+         * blocks before it.  Same coefficients, same result as below. */
+        long step = t->optim.step + 1;
+        td_adam_coeffs c;
+        TD_TRY(td_adam_coeffs_make(&op->adam, td_lr_at(&op->lr, step), step, 1.0, &c));
+        for (int i = chunks - 1; i >= 0; i--) TD_TRY(update_chunk_host(t, i, &c, &global));
+        TD_TRY(td_optim_begin_step(&t->optim, &global, os));
+        if (os->skip)
+            TD_FAIL(TD_ERR_STATE, "non-finite gradients at step %ld (no clipping and no loss scale: the update had "
+                    "already begun); lower --lr or use --clip-grad-norm", step);
+    } else {
+        /* Exact global norm and overflow flag over every grad chunk first. */
         for (int i = 0; i < chunks; i++) {
-            int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
-            int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
-            int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i); /* -1: the params are the fp32 master */
-            void *p, *g, *m, *v, *master;
+            int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
+            void *g;
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
-            TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, &p));
-            TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
-            TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
-            master = p;
-            if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &master));
-            /* The new params go straight into the param chunk's pinned host
-             * copy, which the next step uploads. */
-            td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                                 .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
-                                 .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
-            TD_TRY(td_adam_cpu_update(t->adam, &os->coeffs, &ch, 1));
+            TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
+                                          td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &global));
         }
+        TD_TRY(td_optim_begin_step(&t->optim, &global, os));
+        /* Chunk by chunk in forward order: the next step's first blocks are ready first. */
+        for (int i = 0; i < chunks && !os->skip; i++) TD_TRY(update_chunk_host(t, i, &os->coeffs, NULL));
     }
     /* Grads consumed; every param back to HOLD for the next step. */
     TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
