@@ -207,6 +207,21 @@ static void test_plan_minimum_is_enough(void **state)
     run(&c, 3, losses, &st);
     assert_true(st.device_peak_bytes <= p.min_device_bytes);
     assert_true(st.evictions > 0);
+#ifdef TD_HAVE_CUDA
+    /* The plan knows where AdamW will run (no device needed to plan). */
+    td_train_config g = small_config();
+    g.backend = TD_BACKEND_CUDA;
+    g.precision = TD_DTYPE_BF16;
+    g.mm.placement = TD_PLACEMENT_CUDA;
+    TD_ASSERT_OK(td_train_plan_make(&g, 0, &p));
+    assert_true(p.gpu_optimizer);
+    assert_true(p.adam_bytes_per_step == 0 && p.h2d_bytes_per_step == 0);
+    assert_true(p.role_bytes[TD_TENSOR_MASTER] > 0); /* bf16 params get an fp32 master */
+    g.mm.placement = TD_PLACEMENT_AUTO;
+    TD_ASSERT_OK(td_train_plan_make(&g, p.min_device_bytes, &p)); /* too small for the whole state */
+    assert_false(p.gpu_optimizer);
+    assert_true(p.adam_bytes_per_step > 0);
+#endif
     /* Other shapes too: the minimum holds for each. */
     td_rng rng;
     td_rng_seed(&rng, 7);

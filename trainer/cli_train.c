@@ -529,7 +529,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"peak_bytes\":%zu,\"fits\":%s},"
                "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
                "\"ram_bytes\":%zu,\"pin_limit_bytes\":%zu,\"fits\":%s},"
-               "\"checkpointing\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"memory_gbytes_per_s\":%.2f,"
+               "\"checkpointing\":%s,\"gpu_optimizer\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"memory_gbytes_per_s\":%.2f,"
                "\"compute_gflops\":%.2f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
@@ -537,6 +537,7 @@ int td_cli_plan_main(int argc, char **argv)
                device_peak, fits_device ? "true" : "false", p.role_bytes[TD_TENSOR_PARAM],
                p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] + p.role_bytes[TD_TENSOR_MASTER],
                p.host_pinned_bytes, ram, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
+               p.gpu_optimizer ? "true" : "false",
                r.copy_gbs, r.mem_gbs, r.gflops, compute_ms, pcie_ms, adam_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
@@ -577,9 +578,10 @@ int td_cli_plan_main(int argc, char **argv)
         printf("\nmeasured here: copy %.1f GB/s, host memory %.1f GB/s, compute %.1f GFLOP/s (%s)\n",
                r.copy_gbs, r.mem_gbs, r.gflops,
                td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul");
-        printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), CPU AdamW %.1f ms\n", compute_ms,
+        printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), %s %.1f ms\n", compute_ms,
                pcie_ms, td_format_bytes((size_t)p.h2d_bytes_per_step, h2, sizeof h2),
-               td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2), adam_ms);
+               td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
+               p.gpu_optimizer ? "AdamW on the GPU (state fits)" : "CPU AdamW", adam_ms);
         printf("               lower bound %.1f ms a step (all overlapped), at most %.0f tokens/s\n", bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
         if (layout) {

@@ -72,6 +72,7 @@ struct td_trainer {
 #ifdef TD_HAVE_CUDA
 static td_status setup_gpu_optimizer(td_trainer *t);
 #endif
+static int gpu_optimizer_fits(const td_train_config *cfg, const td_train_plan *p, size_t budget);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
@@ -330,10 +331,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
          * to leave the device (--policy cuda asks for it outright). */
         td_arena_stats as;
         td_arena_get_stats(t->arena, &as);
-        size_t all = plan.nonmodel_bytes;
-        for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) all += plan.role_bytes[r];
-        t->gpu_opt = cfg->mm.placement == TD_PLACEMENT_CUDA ||
-                     (cfg->mm.placement == TD_PLACEMENT_AUTO && all + all / 16 <= as.budget_bytes);
+        t->gpu_opt = gpu_optimizer_fits(cfg, &plan, as.budget_bytes);
         if (t->gpu_opt) TD_TRY(setup_gpu_optimizer(t));
     }
 #endif
@@ -854,6 +852,18 @@ cleanup:
 
 /* ---- planning ------------------------------------------------------------------ */
 
+/* AdamW runs on the GPU when every chunk (params, grads, master, m, v) and the
+ * activations fit the budget together, with a sixteenth to spare: then
+ * nothing needs to leave the device.  --policy cuda asks for it outright. */
+static int gpu_optimizer_fits(const td_train_config *cfg, const td_train_plan *p, size_t budget)
+{
+    if (cfg->backend != TD_BACKEND_CUDA) return 0;
+    size_t all = p->nonmodel_bytes;
+    for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) all += p->role_bytes[r];
+    return cfg->mm.placement == TD_PLACEMENT_CUDA ||
+           (cfg->mm.placement == TD_PLACEMENT_AUTO && budget && all + all / 16 <= budget);
+}
+
 static td_status plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids)
 {
     td_status st = TD_OK;
@@ -954,6 +964,11 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->h2d_bytes_per_step = params_bytes + streamed * cfg->grad_accum;
     out->d2h_bytes_per_step = grads_bytes;
     out->adam_bytes_per_step = 28.0 * (double)out->params;
+    out->gpu_optimizer = gpu_optimizer_fits(cfg, out, budget);
+    if (out->gpu_optimizer) { /* nothing crosses PCIe, and AdamW's HBM time is small beside the compute */
+        out->h2d_bytes_per_step = out->d2h_bytes_per_step = 0;
+        out->adam_bytes_per_step = 0;
+    }
 cleanup:
     td_memmgr_destroy(mm);
     td_free(ids);

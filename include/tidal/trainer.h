@@ -108,7 +108,8 @@ typedef struct td_train_plan {
     size_t host_pinned_bytes;                   /* every chunk's host copy */
     double flops_per_step;                      /* forward + backward (+ recompute), all micro-batches */
     double h2d_bytes_per_step, d2h_bytes_per_step; /* with the chunks that stay on the device kept */
-    double adam_bytes_per_step;                 /* CPU AdamW memory traffic (28 bytes a param) */
+    double adam_bytes_per_step;                 /* CPU AdamW memory traffic (28 bytes a param; 0 on the GPU) */
+    int gpu_optimizer;                          /* AdamW runs on the GPU: the whole state fits the budget */
 } td_train_plan;
 
 /* budget: the device budget to plan for (0: unknown; ckpt auto assumes on). */
