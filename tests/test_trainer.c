@@ -2,28 +2,16 @@
  * every placement policy and budget (offloading changes nothing
  * numerically), the first loss matches the whole-model reference, and a
  * small model learns a fixed batch. */
-#include "td_test.h"
-#include "tidal/trainer.h"
+#include "td_train_test.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-typedef struct batches { td_rng rng; int vocab; size_t n; int repeat; uint64_t seed; } batches;
-
-/* Random tokens; the target of each position is the next token of a fixed
- * pattern, so there is something to learn.  repeat: the same batch always. */
-static td_status next_batch(void *ctx, int32_t *tokens, int32_t *targets)
-{
-    batches *b = ctx;
-    if (b->repeat) td_rng_seed(&b->rng, b->seed);
-    for (size_t i = 0; i < b->n; i++) {
-        tokens[i] = (int32_t)td_rng_below(&b->rng, (uint64_t)b->vocab);
-        targets[i] = (tokens[i] * 7 + 3) % b->vocab;
-    }
-    return TD_OK;
-}
+/* The batch source and runs are shared with the GPU tests. */
+typedef td_test_batches batches;
+#define next_batch td_test_next_batch
 
 static td_train_config small_config(void)
 {
@@ -43,17 +31,7 @@ static td_train_config small_config(void)
 
 static void run(const td_train_config *c, int steps, double *losses, td_memmgr_stats *stats)
 {
-    td_trainer *t;
-    TD_ASSERT_OK(td_trainer_create(c, &t));
-    batches b = { .vocab = c->model.vocab_size, .n = (size_t)c->micro_batch * c->seq_len };
-    td_rng_seed(&b.rng, 99);
-    for (int s = 0; s < steps; s++) {
-        td_step_result r;
-        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
-        losses[s] = r.loss;
-        if (stats) *stats = r.mm;
-    }
-    td_trainer_destroy(t);
+    td_test_train(c, steps, 99, losses, stats);
 }
 
 static void test_policies_and_budgets_are_bit_identical(void **state)

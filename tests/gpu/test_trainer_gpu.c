@@ -2,24 +2,11 @@
  * fp32 losses agree closely, bf16 losses follow within bf16 tolerance,
  * offloading changes nothing (same losses under every policy and budget),
  * and the device never holds more than the budget. */
-#include "td_test.h"
-#include "tidal/trainer.h"
+#include "td_train_test.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
-
-typedef struct batches { td_rng rng; int vocab; size_t n; } batches;
-
-static td_status next_batch(void *ctx, int32_t *tokens, int32_t *targets)
-{
-    batches *b = ctx;
-    for (size_t i = 0; i < b->n; i++) {
-        tokens[i] = (int32_t)td_rng_below(&b->rng, (uint64_t)b->vocab);
-        targets[i] = (tokens[i] * 7 + 3) % b->vocab;
-    }
-    return TD_OK;
-}
 
 static td_train_config config(td_backend_kind kind, td_dtype dt)
 {
@@ -38,17 +25,7 @@ static td_train_config config(td_backend_kind kind, td_dtype dt)
 
 static void run(const td_train_config *c, int steps, double *losses, td_memmgr_stats *stats)
 {
-    td_trainer *t;
-    TD_ASSERT_OK(td_trainer_create(c, &t));
-    batches b = { .vocab = c->model.vocab_size, .n = (size_t)c->micro_batch * c->seq_len };
-    td_rng_seed(&b.rng, 42);
-    for (int s = 0; s < steps; s++) {
-        td_step_result r;
-        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
-        losses[s] = r.loss;
-        if (stats) *stats = r.mm;
-    }
-    td_trainer_destroy(t);
+    td_test_train(c, steps, 42, losses, stats);
 }
 
 static void test_fp32_matches_cpu(void **state)

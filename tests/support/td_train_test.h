@@ -1,0 +1,18 @@
+/* Shared by the trainer's tests (CPU and GPU): a synthetic batch source and
+ * a run of a few steps. */
+#ifndef TD_TRAIN_TEST_H
+#define TD_TRAIN_TEST_H
+
+#include "td_test.h"
+#include "tidal/trainer.h"
+
+/* Random tokens; each target is a fixed function of its token, so there is
+ * something to learn.  repeat: every batch is the one of `seed`. */
+typedef struct td_test_batches { td_rng rng; int vocab; size_t n; int repeat; uint64_t seed; } td_test_batches;
+
+td_status td_test_next_batch(void *ctx, int32_t *tokens, int32_t *targets);
+/* `steps` steps of a fresh trainer over batches seeded with data_seed:
+ * the losses, and the memory manager's totals after the last. */
+void td_test_train(const td_train_config *c, int steps, uint64_t data_seed, double *losses, td_memmgr_stats *stats);
+
+#endif
