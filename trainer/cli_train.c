@@ -330,7 +330,7 @@ typedef struct rates { double copy_gbs, mem_gbs, gflops; } rates;
 #ifdef TD_HAVE_CUDA
 #include "tidal/ops_cuda.h"
 /* The model's MLP matmul in bf16 on the device (2048 rows), timed with events. */
-static td_status measure_cuda_gflops(td_backend *b, td_arena *unused, const td_gpt_ref_config *mc, double *gflops)
+static td_status measure_cuda_gflops(td_backend *b, const td_gpt_ref_config *mc, double *gflops)
 {
     td_status st = TD_OK;
     int N = 2048, C = mc->n_embd, OC = 4 * mc->n_embd;
@@ -340,7 +340,6 @@ static td_status measure_cuda_gflops(td_backend *b, td_arena *unused, const td_g
     td_ops_cuda *ctx = NULL;
     td_event *e0 = NULL, *e1 = NULL;
     void *x = NULL, *w = NULL, *y = NULL, *scr = NULL, *wsp = NULL;
-    (void)unused;
     TD_TRY(td_arena_create(b, xb + wb + yb + sb + ws + 5 * TD_ARENA_ALIGN, &a));
     TD_TRY(td_arena_alloc(a, xb, TD_ROLE_WORKSPACE, &x));
     TD_TRY(td_arena_alloc(a, wb, TD_ROLE_WORKSPACE, &w));
@@ -424,7 +423,7 @@ static td_status measure_rates(td_backend *b, const td_gpt_ref_config *mc, rates
     free(c);
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
-        TD_TRY(measure_cuda_gflops(b, arena, mc, &r->gflops));
+        TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
         goto cleanup;
     }
 #endif

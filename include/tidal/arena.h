@@ -48,7 +48,8 @@ td_status td_arena_default_budget(td_backend *b, size_t *budget_out, size_t *mar
 
 /* budget_bytes = 0 takes the default budget. */
 td_status td_arena_create(td_backend *b, size_t budget_bytes, td_arena **out);
-/* Releases the reservation; every buffer and slot pool must be gone. */
+/* Releases the reservation and with it every buffer still carved from it
+ * (their pointers die too); slot pools must be destroyed first. */
 void td_arena_destroy(td_arena *a);
 
 td_status td_arena_alloc(td_arena *a, size_t bytes, td_role role, void **ptr);
