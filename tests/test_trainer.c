@@ -81,6 +81,108 @@ static void test_policies_and_budgets_are_bit_identical(void **state)
     }
 }
 
+/* Recomputing any number of blocks gives the losses of keeping them all,
+ * bit for bit, and each kept block costs its activations. */
+static void test_partial_checkpointing_is_bit_identical(void **state)
+{
+    enum { STEPS = 3 };
+    td_train_config c = small_config();
+    c.ckpt = TD_CKPT_OFF;
+    double ref[STEPS];
+    run(&c, STEPS, ref, NULL);
+    size_t prev = 0;
+    for (int nck = 1; nck <= c.model.n_layer; nck++) {
+        td_train_config v = c;
+        v.ckpt = TD_CKPT_ON;
+        v.ckpt_blocks = nck;
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&v, &t));
+        assert_int_equal(td_trainer_checkpointing(t), nck);
+        td_trainer_destroy(t);
+        double got[STEPS];
+        run(&v, STEPS, got, NULL);
+        for (int s = 0; s < STEPS; s++)
+            if (memcmp(&got[s], &ref[s], sizeof(double)) != 0)
+                fail_msg("%d blocks recomputed, step %d: loss %.17g != %.17g", nck, s, got[s], ref[s]);
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
+        assert_int_equal(p.ckpt_blocks, nck);
+        if (nck > 1) assert_true(p.activation_bytes < prev);
+        prev = p.activation_bytes;
+    }
+    c.ckpt = TD_CKPT_ON;
+    c.ckpt_blocks = c.model.n_layer + 1;
+    assert_int_equal(td_train_config_check(&c), TD_ERR_INVALID);
+}
+
+/* --ckpt auto, against every choice it could make: with the GPU AdamW, it
+ * recomputes the fewest blocks that keep the whole state on the device;
+ * else the fewest that leave the param and grad chunks (plus two of the
+ * largest chunk) their room; when even that does not fit, none if all
+ * activations take at most a quarter of the budget, else all. */
+static size_t act_bytes_with(const td_train_config *c, int nck)
+{
+    td_train_config v = *c;
+    v.ckpt = nck ? TD_CKPT_ON : TD_CKPT_OFF;
+    v.ckpt_blocks = nck;
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
+    return p.nonmodel_bytes;
+}
+
+static void check_auto_choice(const td_train_config *c, int gpu)
+{
+    int L = c->model.n_layer;
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_plan_make(c, 0, &p)); /* budget unknown: every block recomputed */
+    assert_int_equal(p.ckpt_blocks, L);
+    size_t state_all = 0;
+    for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) state_all += p.role_bytes[r];
+    size_t pg = p.role_bytes[TD_TENSOR_PARAM] + p.role_bytes[TD_TENSOR_GRAD];
+    size_t largest = (p.min_device_bytes - p.nonmodel_bytes - p.working_set_bytes) / 2;
+    size_t with[64];
+    for (int n = 0; n <= L; n++) with[n] = act_bytes_with(c, n);
+    size_t one = (with[0] - with[L]) / (size_t)(L - 1); /* one block's activations */
+    size_t lo = with[L], hi = with[0] + state_all * 2;
+    int seen_partial = 0;
+    for (int k = 0; k <= 200; k++) {
+        size_t budget = lo + (hi - lo) / 200 * (size_t)k;
+        TD_ASSERT_OK(td_train_plan_make(c, budget, &p));
+        size_t a = with[L] + state_all;
+        int fits_gpu = gpu && a + a / 16 <= budget;
+        int want = -1;
+        if (!fits_gpu && with[L] + pg + 2 * largest > budget) want = (size_t)L * one <= budget / 4 ? 0 : L;
+        else
+            for (int n = 0; n < L && want < 0; n += n ? 1 : 2) {
+                a = with[n] + (fits_gpu ? state_all : pg + 2 * largest);
+                if (fits_gpu ? a + a / 16 <= budget : a <= budget) want = n;
+            }
+        if (want < 0) want = L;
+        if (p.ckpt_blocks != want)
+            fail_msg("budget %zu: auto recomputes %d blocks, the oracle %d", budget, p.ckpt_blocks, want);
+        seen_partial |= want > 0 && want < L;
+        if (fits_gpu) assert_true(p.gpu_optimizer); /* keeping activations never costs the GPU AdamW */
+    }
+    assert_true(seen_partial);
+}
+
+static void test_auto_checkpointing_keeps_what_fits(void **state)
+{
+    td_train_config c = small_config();
+    c.model.n_layer = 6;
+    c.micro_batch = 8;
+    c.seq_len = 32;
+    c.ckpt = TD_CKPT_AUTO;
+    c.mm.placement = TD_PLACEMENT_CPU;
+    check_auto_choice(&c, 0);
+#ifdef TD_HAVE_CUDA
+    c.backend = TD_BACKEND_CUDA;
+    c.precision = TD_DTYPE_BF16;
+    c.mm.placement = TD_PLACEMENT_AUTO;
+    check_auto_choice(&c, 1);
+#endif
+}
+
 /* Without clipping and loss scaling the optimizer updates each chunk as its
  * grads arrive, last first: the same losses as the exact two-pass path. */
 static void test_early_updates_match_two_pass(void **state)
@@ -363,6 +465,8 @@ int main(void)
         cmocka_unit_test(test_policies_and_budgets_are_bit_identical),
         cmocka_unit_test(test_first_loss_matches_reference),
         cmocka_unit_test(test_early_updates_match_two_pass),
+        cmocka_unit_test(test_partial_checkpointing_is_bit_identical),
+        cmocka_unit_test(test_auto_checkpointing_keeps_what_fits),
         cmocka_unit_test(test_learns_a_fixed_batch),
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_minimum_is_enough),

@@ -6,6 +6,7 @@
 #include "tidal/trainer.h"
 #include "tidal/util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -53,7 +54,7 @@ static const char usage[] =
     {"eviction", TD_OPT_STRING, &(o)->eviction, "E", "belady (default) or lru", 0},                          \
     {"prefetch", TD_OPT_INT, &(o)->prefetch, "N", "look-ahead in accesses; -1 auto (default), 0 off", 0},     \
     {"precision", TD_OPT_STRING, &(o)->precision, "P", "fp32 (cpu backend), bf16 or fp16 (cuda)", 0},         \
-    {"ckpt", TD_OPT_STRING, &(o)->ckpt, "M", "activation checkpointing: on, off or auto (default)", 0},      \
+    {"ckpt", TD_OPT_STRING, &(o)->ckpt, "M", "activation checkpointing: on, off, auto (default) or N: recompute the first N blocks", 0},      \
     {"lr", TD_OPT_DOUBLE, &(o)->lr, "X", "peak learning rate (default 1e-3)", 0},                             \
     {"min-lr", TD_OPT_DOUBLE, &(o)->min_lr, "X", "floor of the decay (default lr/10)", 0},                  \
     {"schedule", TD_OPT_STRING, &(o)->schedule, "S", "constant, cosine (default), linear, noam or exponential", 0}, \
@@ -139,7 +140,16 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     if (!strcmp(o->ckpt, "on")) c->ckpt = TD_CKPT_ON;
     else if (!strcmp(o->ckpt, "off")) c->ckpt = TD_CKPT_OFF;
     else if (!strcmp(o->ckpt, "auto")) c->ckpt = TD_CKPT_AUTO;
-    else return td_error_set(TD_ERR_INVALID, "--ckpt '%s': use on, off or auto", o->ckpt);
+    else {
+        char *end;
+        errno = 0;
+        long n = strtol(o->ckpt, &end, 10);
+        if (errno || end == o->ckpt || *end || n < 0 || n > c->model.n_layer)
+            return td_error_set(TD_ERR_INVALID, "--ckpt '%s': use on, off, auto or a block count in [0, %d]",
+                                o->ckpt, c->model.n_layer);
+        c->ckpt = n ? TD_CKPT_ON : TD_CKPT_OFF;
+        c->ckpt_blocks = (int)n;
+    }
     if ((st = td_placement_parse(o->policy, &c->mm.placement))) return td_error_prefix(st, "--policy: ");
     if ((st = td_evict_policy_parse(o->eviction, &c->mm.eviction))) return td_error_prefix(st, "--eviction: ");
     if (o->param_frac < 0 || o->param_frac > 1 || o->optim_frac < 0 || o->optim_frac > 1)
@@ -265,11 +275,15 @@ int td_cli_train_main(int argc, char **argv)
     char budget[32];
     td_arena_stats as;
     td_arena_get_stats(td_trainer_arena(t), &as);
+    char ckpt[48];
+    int nck = td_trainer_checkpointing(t);
+    if (nck == 0 || nck == cfg.model.n_layer) snprintf(ckpt, sizeof ckpt, "%s", nck ? "on" : "off");
+    else snprintf(ckpt, sizeof ckpt, "%d of %d blocks", nck, cfg.model.n_layer);
     fprintf(stderr, "tidal train: %zu params (%d layers, %d wide, %d heads, vocab %d), %s, budget %s, policy %s, "
                     "checkpointing %s, %d chunks\n",
             params, cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
-            o.policy, td_trainer_checkpointing(t) ? "on" : "off", td_memmgr_chunk_count(td_trainer_memmgr(t)));
+            o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)));
     int tty = isatty(fileno(stderr));
     long first = td_trainer_optim(t)->step + 1;
     if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
@@ -528,7 +542,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"peak_bytes\":%zu,\"fits\":%s},"
                "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
                "\"ram_bytes\":%zu,\"pin_limit_bytes\":%zu,\"fits\":%s},"
-               "\"checkpointing\":%s,\"gpu_optimizer\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"memory_gbytes_per_s\":%.2f,"
+               "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"memory_gbytes_per_s\":%.2f,"
                "\"compute_gflops\":%.2f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
@@ -536,15 +550,17 @@ int td_cli_plan_main(int argc, char **argv)
                device_peak, fits_device ? "true" : "false", p.role_bytes[TD_TENSOR_PARAM],
                p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] + p.role_bytes[TD_TENSOR_MASTER],
                p.host_pinned_bytes, ram, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
-               p.gpu_optimizer ? "true" : "false",
+               p.ckpt_blocks, p.gpu_optimizer ? "true" : "false",
                r.copy_gbs, r.mem_gbs, r.gflops, compute_ms, pcie_ms, adam_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
         printf("model        %zu params: %d layers, %d wide, %d heads, vocab %d (padded %d), seq %d\n", p.params,
                cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
                cfg.model.padded_vocab_size, cfg.seq_len);
-        printf("batch        %d x %d tokens, %d micro-batch%s per step; checkpointing %s\n", cfg.micro_batch,
+        printf("batch        %d x %d tokens, %d micro-batch%s per step; checkpointing %s", cfg.micro_batch,
                cfg.seq_len, cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es", p.ckpt ? "on" : "off");
+        if (p.ckpt) printf(" (%d of %d blocks recomputed)", p.ckpt_blocks, cfg.model.n_layer);
+        printf("\n");
         printf("chunks       %d of %zu elements, %s padding\n", p.chunks, p.chunk_numel,
                td_format_bytes(p.padding_bytes, a, sizeof a));
         printf("\ndevice (%s)\n", td_backend_describe(b));

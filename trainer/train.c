@@ -35,7 +35,7 @@ struct td_trainer {
     td_memmgr *mm;
     td_adam_cpu *adam;
     td_optim optim;
-    int ckpt;
+    int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
 
     int n_tensors;                     /* 4 + 12 L */
     int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per gpt_ref tensor: param, grad, fp32 master
@@ -46,7 +46,8 @@ struct td_trainer {
 
     /* Activations (device, from the arena); dt unless marked fp32. */
     char *resid;                       /* (L+1, N, C): every block's input, then the last output */
-    char *acts;                        /* ckpt: one block's acts; else L of them */
+    char *acts;                        /* one block's acts shared by the recomputed blocks, then one
+                                          each for the others (block_acts) */
     size_t acts_bytes;                 /* one block's */
     void *lnf;                         /* (N,C) */
     float *lnf_mean, *lnf_rstd;        /* (N), (N) fp32 */
@@ -72,7 +73,7 @@ struct td_trainer {
 #ifdef TD_HAVE_CUDA
 static td_status setup_gpu_optimizer(td_trainer *t);
 #endif
-static int gpu_optimizer_fits(const td_train_config *cfg, const td_train_plan *p, size_t budget);
+static int gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
@@ -142,9 +143,33 @@ static td_memmgr_params chunk_params(const td_train_config *cfg)
  * ops keep activations in the compute precision and have their own scratch
  * needs and a cuBLASLt workspace. */
 #define ACT_BUFFERS 14
-typedef struct act_plan { size_t bytes[ACT_BUFFERS]; td_role role[ACT_BUFFERS]; int n; int ckpt; size_t total; } act_plan;
+typedef struct act_plan {
+    size_t bytes[ACT_BUFFERS];
+    td_role role[ACT_BUFFERS];
+    int n;
+    int ckpt_blocks;  /* blocks recomputed in backward */
+    size_t total;
+} act_plan;
 
-static void plan_activations(const td_train_config *cfg, size_t budget, act_plan *p)
+/* The device bytes of the model state: params + grads, all roles, and the
+ * largest chunk (the layout's, from a planning or a live memmgr). */
+typedef struct state_bytes { size_t param_grad, all, largest; } state_bytes;
+
+static state_bytes state_of(td_memmgr *mm)
+{
+    state_bytes s = {0};
+    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
+        size_t b = td_memmgr_chunk_bytes(mm, c);
+        td_tensor_role r = td_memmgr_chunk_role(mm, c);
+        s.all += b;
+        if (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD) s.param_grad += b;
+        if (b > s.largest) s.largest = b;
+    }
+    return s;
+}
+
+/* The buffers when blocks [0, nck) are recomputed. */
+static void act_buffers(const td_train_config *cfg, int nck, act_plan *p)
 {
     const td_gpt_ref_config *mc = &cfg->model;
     int B = cfg->micro_batch, T = cfg->seq_len, L = mc->n_layer;
@@ -166,10 +191,8 @@ static void plan_activations(const td_train_config *cfg, size_t budget, act_plan
     }
 #endif
     (void)cuda;
-    /* --ckpt auto: keep every block's activations when they take at most a
-     * quarter of the budget, else only the block inputs. */
-    p->ckpt = cfg->ckpt == TD_CKPT_ON || (cfg->ckpt == TD_CKPT_AUTO && (size_t)L * acts > budget / 4);
-    size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, (p->ckpt ? 1 : (size_t)L) * acts, N * C * E, N * F,
+    size_t blocks = (size_t)(nck > 0) + (size_t)(L - nck);
+    size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, blocks * acts, N * C * E, N * F,
                                  N * F, N * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,
                                  workspace};
     td_role roles[ACT_BUFFERS] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
@@ -177,12 +200,51 @@ static void plan_activations(const td_train_config *cfg, size_t budget, act_plan
                                   TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_STAGING,
                                   TD_ROLE_STAGING, TD_ROLE_WORKSPACE};
     p->n = ACT_BUFFERS;
+    p->ckpt_blocks = nck;
     p->total = 0;
     for (int i = 0; i < ACT_BUFFERS; i++) {
         p->bytes[i] = sizes[i];
         p->role[i] = roles[i];
         if (sizes[i]) p->total += td_align_up(sizes[i], TD_ARENA_ALIGN);
     }
+}
+
+/* Whether the whole model state (all roles) and the non-model buffers fit
+ * the budget with a sixteenth to spare: then AdamW runs on the GPU. */
+static int gpu_state_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget)
+{
+    size_t all = nonmodel + state_all;
+    return cfg->backend == TD_BACKEND_CUDA && cfg->mm.placement == TD_PLACEMENT_AUTO && budget &&
+           all + all / 16 <= budget;
+}
+
+/* The non-model buffers of a run, in allocation order (one list for the
+ * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
+ * ops keep activations in the compute precision and have their own scratch
+ * needs and a cuBLASLt workspace.  --ckpt auto: see td_train_plan_make in
+ * trainer.h. */
+static void plan_activations(const td_train_config *cfg, size_t budget, const state_bytes *sb, act_plan *p)
+{
+    int L = cfg->model.n_layer;
+    if (cfg->ckpt == TD_CKPT_OFF) { act_buffers(cfg, 0, p); return; }
+    if (cfg->ckpt == TD_CKPT_ON) { act_buffers(cfg, cfg->ckpt_blocks ? cfg->ckpt_blocks : L, p); return; }
+    act_plan all;
+    act_buffers(cfg, L, &all);
+    /* The room the state needs beside the activations: all of it (then the
+     * GPU AdamW runs), or the param and grad chunks with two of the largest
+     * chunk for fragmentation, as the plan's minimum has it. */
+    int gpu = gpu_state_fits(cfg, all.total, sb->all, budget);
+    size_t keep = sb->param_grad + 2 * sb->largest;
+    if (gpu || all.total + keep <= budget) {
+        for (int nck = 0; nck < L; nck += nck ? 1 : 2) { /* one recomputed block saves nothing */
+            act_buffers(cfg, nck, p);
+            if (gpu ? gpu_state_fits(cfg, p->total, sb->all, budget) : p->total + keep <= budget) return;
+        }
+    } else if ((size_t)L * all.bytes[1] <= budget / 4) { /* chunks stream: keep small activations */
+        act_buffers(cfg, 0, p);
+        return;
+    }
+    *p = all;
 }
 
 /* fp32 values into a buffer of dtype dt (round to nearest even). */
@@ -238,9 +300,10 @@ static td_status alloc_activations(td_trainer *t)
     td_arena_stats as;
     td_arena_get_stats(t->arena, &as);
     act_plan p;
-    plan_activations(&t->cfg, as.budget_bytes, &p);
-    t->ckpt = p.ckpt;
-    t->acts_bytes = p.bytes[1] / (t->ckpt ? 1 : (size_t)t->cfg.model.n_layer);
+    state_bytes sb = state_of(t->mm);
+    plan_activations(&t->cfg, as.budget_bytes, &sb, &p);
+    t->ckpt_blocks = p.ckpt_blocks;
+    t->acts_bytes = p.bytes[1] / (size_t)((p.ckpt_blocks > 0) + t->cfg.model.n_layer - p.ckpt_blocks);
     t->scratch_bytes = p.bytes[10];
     void *dst[ACT_BUFFERS] = {&t->resid, &t->acts, &t->lnf, &t->lnf_mean, &t->lnf_rstd, &t->logits, &t->losses,
                               &t->lse, &t->dres[0], &t->dres[1], &t->scratch, &t->tokens, &t->targets, &t->workspace};
@@ -257,7 +320,7 @@ cleanup:
         char need[32], budget[32];
         td_error_prefix(st, "activations for --micro-batch %d --seq %d need %s%s of the %s budget and do not fit: ",
                         t->cfg.micro_batch, t->cfg.seq_len, td_format_bytes(p.total, need, sizeof need),
-                        t->ckpt ? " (checkpointed)" : "", td_format_bytes(as.budget_bytes, budget, sizeof budget));
+                        t->ckpt_blocks ? " (checkpointed)" : "", td_format_bytes(as.budget_bytes, budget, sizeof budget));
     }
     return st;
 }
@@ -331,7 +394,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
          * to leave the device (--policy cuda asks for it outright). */
         td_arena_stats as;
         td_arena_get_stats(t->arena, &as);
-        t->gpu_opt = gpu_optimizer_fits(cfg, &plan, as.budget_bytes);
+        t->gpu_opt = gpu_optimizer_fits(cfg, t->nonmodel_bytes, state_of(t->mm).all, as.budget_bytes);
         if (t->gpu_opt) TD_TRY(setup_gpu_optimizer(t));
     }
 #endif
@@ -391,7 +454,13 @@ static void view_block(void *const p[TD_GPT_REF_BLOCK_TENSORS], td_gpt_ref_block
 /* Index of ln_f weight and bias in the gpt_ref order. */
 static int lnf_index(const td_trainer *t) { return 2 + t->cfg.model.n_layer * TD_GPT_REF_BLOCK_TENSORS; }
 
-static void *block_acts(td_trainer *t, int l) { return t->acts + (t->ckpt ? 0 : (size_t)l * t->acts_bytes); }
+/* Blocks [0, ckpt_blocks) share the first buffer; each later block has its own. */
+static void *block_acts(td_trainer *t, int l)
+{
+    int nck = t->ckpt_blocks;
+    size_t i = l < nck ? 0 : (size_t)(l - nck) + (nck > 0);
+    return t->acts + i * t->acts_bytes;
+}
 static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of(t) * (size_t)t->cfg.model.n_embd * E_of(t); }
 
 /* ---- the model ops, on whichever backend runs them ---------------------------- */
@@ -602,7 +671,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
         /* Checkpointing: recompute this block's activations from its kept
          * input (its output lands in dx's buffer, overwritten right after). */
-        if (t->ckpt) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, dxl));
+        if (l < t->ckpt_blocks) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, dxl));
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, TD_GPT_REF_BLOCK_TENSORS, grad_done));
@@ -855,13 +924,10 @@ cleanup:
 /* AdamW runs on the GPU when every chunk (params, grads, master, m, v) and the
  * activations fit the budget together, with a sixteenth to spare: then
  * nothing needs to leave the device.  --policy cuda asks for it outright. */
-static int gpu_optimizer_fits(const td_train_config *cfg, const td_train_plan *p, size_t budget)
+static int gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget)
 {
     if (cfg->backend != TD_BACKEND_CUDA) return 0;
-    size_t all = p->nonmodel_bytes;
-    for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) all += p->role_bytes[r];
-    return cfg->mm.placement == TD_PLACEMENT_CUDA ||
-           (cfg->mm.placement == TD_PLACEMENT_AUTO && budget && all + all / 16 <= budget);
+    return cfg->mm.placement == TD_PLACEMENT_CUDA || gpu_state_fits(cfg, nonmodel, state_all, budget);
 }
 
 static td_status plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids)
@@ -915,8 +981,10 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
         if (b > largest) largest = b;
     }
     act_plan ap;
-    plan_activations(cfg, budget ? budget : 0, &ap);
-    out->ckpt = ap.ckpt;
+    state_bytes sb = state_of(mm);
+    plan_activations(cfg, budget ? budget : 0, &sb, &ap);
+    out->ckpt_blocks = ap.ckpt_blocks;
+    out->ckpt = ap.ckpt_blocks > 0;
     for (int i = 0; i < ap.n; i++) {
         size_t b = td_align_up(ap.bytes[i], TD_ARENA_ALIGN);
         if (ap.role[i] == TD_ROLE_ACTIVATION) out->activation_bytes += b;
@@ -950,7 +1018,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
      * attention's 12 L T C per token; recompute adds one more forward. */
     double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
     double fwd = 2.0 * (double)out->params + 4.0 * L * (double)cfg->seq_len * mc->n_embd;
-    out->flops_per_step = tokens * fwd * (out->ckpt ? 4.0 : 3.0);
+    out->flops_per_step = tokens * fwd * (3.0 + (double)out->ckpt_blocks / L);
     /* Traffic: what does not stay on the device is loaded in forward and in
      * backward of every micro-batch; grads go back once a step; the new
      * params of every chunk come up once (the CPU AdamW writes them). */
@@ -964,7 +1032,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->h2d_bytes_per_step = params_bytes + streamed * cfg->grad_accum;
     out->d2h_bytes_per_step = grads_bytes;
     out->adam_bytes_per_step = 28.0 * (double)out->params;
-    out->gpu_optimizer = gpu_optimizer_fits(cfg, out, budget);
+    out->gpu_optimizer = gpu_optimizer_fits(cfg, out->nonmodel_bytes, sb.all, budget);
     if (out->gpu_optimizer) { /* nothing crosses PCIe, and AdamW's HBM time is small beside the compute */
         out->h2d_bytes_per_step = out->d2h_bytes_per_step = 0;
         out->adam_bytes_per_step = 0;
@@ -991,7 +1059,7 @@ td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
 td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }
 td_hostpool *td_trainer_hostpool(td_trainer *t) { return t->pool; }
-int td_trainer_checkpointing(const td_trainer *t) { return t->ckpt; }
+int td_trainer_checkpointing(const td_trainer *t) { return t->ckpt_blocks; }
 td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
 
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v)

@@ -60,6 +60,8 @@ typedef struct td_train_config {
     uint64_t seed;
     td_dtype precision;           /* the cpu backend computes in fp32 */
     td_ckpt_mode ckpt;
+    int ckpt_blocks;              /* TD_CKPT_ON: recompute the first ckpt_blocks blocks and keep the
+                                     others' activations (0: all of them) */
     td_backend_kind backend;
     size_t gpu_budget;            /* 0: free device memory minus a margin */
     size_t host_pin_limit;        /* 0: 80% of RAM */
@@ -100,7 +102,9 @@ typedef struct td_train_plan {
     size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role */
     size_t nonmodel_bytes;                      /* activations + workspace + staging, device */
     size_t activation_bytes, workspace_bytes, staging_bytes;
-    int ckpt;                                   /* what --ckpt auto chooses for this budget */
+    int ckpt;                                   /* ckpt_blocks > 0 */
+    int ckpt_blocks;                            /* blocks recomputed in backward (--ckpt auto: the fewest
+                                                   that leave room for the model state, see below) */
     size_t working_set_bytes;                   /* the most chunk bytes one access pins */
     size_t min_device_bytes;                    /* non-model + working set + two of the largest chunk
                                                    (one to prefetch into, one for fragmentation) */
@@ -112,7 +116,13 @@ typedef struct td_train_plan {
     int gpu_optimizer;                          /* AdamW runs on the GPU: the whole state fits the budget */
 } td_train_plan;
 
-/* budget: the device budget to plan for (0: unknown; ckpt auto assumes on). */
+/* budget: the device budget to plan for (0: unknown; ckpt auto assumes on).
+ * --ckpt auto: when the model state can stay on the device with every block
+ * recomputed (all of it, and then AdamW runs on the GPU; or else the param
+ * and grad chunks), recompute the fewest blocks that leave it that room and
+ * keep the activations of the others.  When chunks must stream anyway, keep
+ * every block's activations if they take at most a quarter of the budget,
+ * else recompute every block. */
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out);
 /* The layout as td_memmgr_print_layout prints it. */
 td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
@@ -142,6 +152,7 @@ td_memmgr *td_trainer_memmgr(td_trainer *t);
 td_backend *td_trainer_backend(td_trainer *t);
 td_arena *td_trainer_arena(td_trainer *t);
 td_hostpool *td_trainer_hostpool(td_trainer *t);
+/* Blocks whose activations backward recomputes (0: none). */
 int td_trainer_checkpointing(const td_trainer *t);
 /* Memmgr ids of gpt_ref tensor `index`: param, grad, adam m, adam v. */
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);
