@@ -64,7 +64,7 @@ TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/%.o)
 $(BUILD)/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2
 $(BUILD)/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
 
-.PHONY: all lib cli test gpu-test bench-gpu demo deps clean help check-deps
+.PHONY: all lib cli test gpu-test gpu-memcheck bench-gpu demo deps clean help check-deps
 all: $(BUILD)/tidal
 
 help:
@@ -72,6 +72,7 @@ help:
 	@echo "make demo       train a small GPT on the fortunes corpus (GPU if present, else CPU)"
 	@echo "make test       all CPU tests (SANITIZE=address,undefined for ASan/UBSan)"
 	@echo "make gpu-test   GPU tests (needs a CUDA device)"
+	@echo "make gpu-memcheck  the GPU tests under compute-sanitizer memcheck"
 	@echo "make bench-gpu  GPU benchmarks"
 	@echo "make deps       install missing system packages with apt-get"
 	@echo "switches: CUDA=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
@@ -116,6 +117,13 @@ gpu-test:
 	@./tools/deps.sh check libs || ./tools/deps.sh install libs
 	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
 	@TD_BACKEND=cuda ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
+
+# The GPU tests under compute-sanitizer's memcheck: an error fails the binary.
+gpu-memcheck:
+	@./tools/deps.sh check libs || ./tools/deps.sh install libs
+	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
+	@TD_BACKEND=cuda TD_TEST_WRAP="compute-sanitizer --tool memcheck --error-exitcode 97 --print-limit 20" \
+	    ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
 
 bench-gpu:
 	@./tools/deps.sh check libs || ./tools/deps.sh install libs

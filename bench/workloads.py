@@ -322,6 +322,12 @@ def run_tidal(a, w):
         return res
     take_first = w.budget_gib is None or a.quick
     cands = candidates(a, w, [(b, k, None) for b, k in w.tidal])
+    if a.tidal_batch:
+        only = {tuple(int(x) for x in c.split("x")) for c in a.tidal_batch.split(",")}
+        cands = [c for c in cands if c in only]
+        if not cands:
+            res["error"] = f"--tidal-batch {a.tidal_batch} names none of {w.id}'s candidates"
+            return res
     fitting = []
     for B, K in cands:
         plan, err = tidal_plan(a, w, B, K)
@@ -560,6 +566,8 @@ def main(argv=None):
                     help="tiny shapes (2L/128/2H, T64, micro-batch <= 2): checks the plumbing, not the speed")
     ap.add_argument("--tidal-backend", choices=["cuda", "cpu"], default="cuda",
                     help="cpu only to test this script on a machine without a GPU (with --smoke)")
+    ap.add_argument("--tidal-batch", default="", metavar="BxK[,BxK]",
+                    help="try only these of tidal's candidates, e.g. 16x2 (each must keep the workload's tokens/step)")
     ap.add_argument("--tidal-args", default="", help="extra flags for tidal plan and train, e.g. '--prefetch 8'")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the peers")
     ap.add_argument("--run-timeout", type=int, default=900, help="seconds per process (default 900)")
