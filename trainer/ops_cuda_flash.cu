@@ -9,10 +9,10 @@
  * A block has 4 warps; each warp owns 16 of the block's 64 rows and does its
  * products with its own 16 x 64 slice of the score tile, so the only
  * block-wide synchronisation is around loading the shared tiles.
- *   forward   block = 64 queries of one head.  Pass 1 over the key tiles up
- *             to the diagonal: S = Q K^T, online (max, sum) per row -> lse.
- *             Pass 2: P = exp(S - lse) exactly normalised, O += P V, O held in
- *             registers (no rescaling: one more Q K^T instead).
+ *   forward   block = 64 queries of one head, on mma.sync with register
+ *             fragments (FlashAttention-2's scheme, see fwd:: below): one
+ *             pass over the key tiles up to the diagonal with an online
+ *             (max, sum) per row, O rescaled as the max grows; lse saved.
  *   backward  D = dout . out per row (a small kernel), then two kernels, so
  *             that every gradient element has one writer (no atomics):
  *             dQ: block = 64 queries, key tiles up to the diagonal,
@@ -212,80 +212,233 @@ struct Smem {
 
 /* --- forward -------------------------------------------------------------------------- */
 
+/* The forward runs on mma.sync (m16n8k16) with fragments in registers, as
+ * FlashAttention-2 does: block = 64 queries of one head, 4 warps of 16 rows;
+ * key and value tiles of 64 rows stream through two shared-memory stages
+ * (cp.async, the next tile loading while this one is used); per tile
+ * S = Q K^T stays in registers, the row maximum and sum are updated online
+ * (exp2 of scores pre-scaled by log2 e / sqrt(hs)), P is rounded to the
+ * storage type in registers and O += P V; O is divided by the row sum at the
+ * end.  lse = max + log(sum), as the backward wants it. */
+namespace fwd {
+
+constexpr int P = 8; /* padding (elements) of a shared row: conflict-free ldmatrix */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* d += a b: a 16x16 (row), b 16x8 (col), fp32 accumulate. */
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    uint32_t r;
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    }
+    return r;
+}
+
+/* Rows r0 .. r0+63 of a head matrix (row i at src + i * stride, HS wide)
+ * into dst (pitch HS + P); rows at or past T are zero.  vec: 16-byte
+ * cp.async (asynchronous: commit and wait), else element copies. */
+template <typename T, int HS>
+__device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0, int T_, bool vec)
+{
+    constexpr int CH = HS / 8, ITERS = BM * CH / THREADS;
+#pragma unroll
+    for (int it = 0; it < ITERS; it++) {
+        const int idx = threadIdx.x + it * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
+        T *d = dst + row * (HS + P) + c8;
+        const bool in = r0 + row < T_;
+        const T *s = src + (size_t)(in ? r0 + row : 0) * stride + c8;
+        if (vec) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(d)), "l"(s),
+                         "r"(in ? 16 : 0));
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) d[j] = in ? s[j] : from_f32<T>(0.0f);
+        }
+    }
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int HS> constexpr size_t smem_bytes() { return (size_t)5 * BM * (HS + P) * 2; }
+
 template <typename T, int HS>
 __global__ void __launch_bounds__(THREADS)
-    flash_forward_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, float scale, bool vec)
+    kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, float scale_log2, bool vec)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const Smem sm{smem_raw};
-    constexpr int NT = 3;
-    T *Qs = sm.tile<T, HS>(0), *Ks = sm.tile<T, HS>(1), *Vs = sm.tile<T, HS>(2);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane & 15, half = lane >> 4;
-    float *fw = sm.fwarp<HS>(NT, warp);
-    T *pw = sm.pwarp<T, HS>(NT, 0, warp);
+    constexpr int QP = HS + P, NK = BN / 8, NO = HS / 8;
+    T *Qs = (T *)smem_raw, *Ks = Qs + BM * QP, *Vs = Ks + 2 * BM * QP;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c2 = 2 * (lane % 4);
     const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * BM, bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const size_t rs = 3 * (size_t)C;
     const T *q_base = qkv + (size_t)b * T_ * rs + (size_t)h * HS;
-    const int q = q0 + warp * 16 + r;
+    const T *k_base = q_base + C, *v_base = q_base + 2 * (size_t)C;
 
-    load_tile<T, HS>(Qs, q_base, rs, q0, T_, vec);
-    __syncthreads();
-    FragA<T> qa[HS / 16];
-    load_rows<T, HS>(qa, Qs + warp * 16 * Layout<HS>::QP);
+    load<T, HS>(Qs, q_base, rs, q0, T_, vec);
+    load<T, HS>(Ks, k_base, rs, 0, T_, vec);
+    load<T, HS>(Vs, v_base, rs, 0, T_, vec);
+    commit();
 
-    /* pass 1: the row's log-sum-exp */
-    float m = -INFINITY, l = 0.0f;
+    uint32_t qa[HS / 16][4];
+    float o[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+
     for (int kt = 0; kt <= qt; kt++) {
+        const int st = kt & 1;
+        if (kt < qt) {
+            load<T, HS>(Ks + (st ^ 1) * BM * QP, k_base, rs, (kt + 1) * BN, T_, vec);
+            load<T, HS>(Vs + (st ^ 1) * BM * QP, v_base, rs, (kt + 1) * BN, T_, vec);
+            commit();
+            wait<1>();
+        } else {
+            wait<0>();
+        }
         __syncthreads();
-        load_tile<T, HS>(Ks, q_base + C, rs, kt * BN, T_, vec);
-        __syncthreads();
-        scores<T, HS>(fw, qa, Ks);
-        __syncwarp();
-        const float *srow = fw + r * SP + half * 32;
-        const int key0 = kt * BN + half * 32;
-        for (int j = 0; j < 32; j++) {
-            if (q >= T_ || key0 + j > q) break;
-            const float x = srow[j] * scale;
-            if (x > m) {
-                l = l * expf(m - x) + 1.0f;
-                m = x;
-            } else {
-                l += expf(x - m);
+        if (kt == 0) {
+#pragma unroll
+            for (int k = 0; k < HS / 16; k++)
+                ldsm_x4(qa[k], Qs + (warp * 16 + lane % 16) * QP + k * 16 + (lane / 16) * 8);
+        }
+        const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
+        /* S (16 x 64) = Q K^T */
+        float s[NK][4];
+#pragma unroll
+        for (int n = 0; n < NK; n++) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < HS / 16; k += 2) {
+                uint32_t kb[4];
+                ldsm_x4(kb, Kt + (n * 8 + lane % 8) * QP + k * 16 + (lane / 8) * 8);
+                mma<T>(s[n], qa[k], kb[0], kb[1]);
+                mma<T>(s[n], qa[k + 1], kb[2], kb[3]);
             }
         }
-    }
-    {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, 16), l2 = __shfl_xor_sync(0xffffffffu, l, 16);
-        const float mm = fmaxf(m, m2);
-        if (mm != -INFINITY) {
-            l = l * expf(m - mm) + l2 * expf(m2 - mm);
-            m = mm;
-        }
-    }
-    const float row_lse = m + logf(l);
-
-    /* pass 2: O = P V with P = exp(S - lse) */
-    FragC acc[HS / 16];
+        /* scale, causal mask on the diagonal tile, online max and sum */
+        float mx0 = m0, mx1 = m1;
 #pragma unroll
-    for (int n = 0; n < HS / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
-    for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        load_tile<T, HS>(Ks, q_base + C, rs, kt * BN, T_, vec);
-        load_tile<T, HS>(Vs, q_base + 2 * (size_t)C, rs, kt * BN, T_, vec);
-        __syncthreads();
-        scores<T, HS>(fw, qa, Ks);
-        __syncwarp();
-        const float *srow = fw + r * SP + half * 32;
-        T *prow = pw + r * PP + half * 32;
-        const int key0 = kt * BN + half * 32;
-        for (int j = 0; j < 32; j++)
-            prow[j] = from_f32<T>(q < T_ && key0 + j <= q ? expf(srow[j] * scale - row_lse) : 0.0f);
-        __syncwarp();
-        accumulate<T, HS>(acc, pw, Vs);
+        for (int n = 0; n < NK; n++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                s[n][j] *= scale_log2;
+                if (kt == qt) {
+                    const int key = kt * BN + n * 8 + c2 + (j & 1), row = j < 2 ? row0 : row1;
+                    if (key > row) s[n][j] = -INFINITY;
+                }
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float a0 = exp2f(m0 - mx0), a1 = exp2f(m1 - mx1);
+        m0 = mx0;
+        m1 = mx1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NK; n++) {
+            s[n][0] = exp2f(s[n][0] - mx0);
+            s[n][1] = exp2f(s[n][1] - mx0);
+            s[n][2] = exp2f(s[n][2] - mx1);
+            s[n][3] = exp2f(s[n][3] - mx1);
+            ps0 += s[n][0] + s[n][1];
+            ps1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * a0 + ps0;
+        l1 = l1 * a1 + ps1;
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            o[n][0] *= a0;
+            o[n][1] *= a0;
+            o[n][2] *= a1;
+            o[n][3] *= a1;
+        }
+        /* O += P V, P from the score registers */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int n = 0; n < NO; n += 2) {
+                uint32_t vb[4];
+                ldsm_x4_t(vb, Vt + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * QP + n * 8 + (lane / 16) * 8);
+                mma<T>(o[n], pa, vb[0], vb[1]);
+                mma<T>(o[n + 1], pa, vb[2], vb[3]);
+            }
+        }
+        __syncthreads(); /* the stage is reloaded next iteration */
     }
-    write_rows<T, HS>(out + (size_t)b * T_ * C + (size_t)h * HS, C, q0 + warp * 16, T_, acc, fw, false);
-    if (half == 0 && q < T_) lse[(size_t)bh * T_ + q] = row_lse;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    T *o_base = out + (size_t)b * T_ * C + (size_t)h * HS;
+    const bool ovec = ((uintptr_t)o_base & 3u) == 0; /* pairs as one 32-bit store */
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const int row = hi ? row1 : row0;
+            const float inv = hi ? inv1 : inv0;
+            if (row >= T_) continue;
+            T *d = o_base + (size_t)row * C + n * 8 + c2;
+            if (ovec) {
+                *reinterpret_cast<uint32_t *>(d) = pack2<T>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
+            } else {
+                d[0] = from_f32<T>(o[n][2 * hi] * inv);
+                d[1] = from_f32<T>(o[n][2 * hi + 1] * inv);
+            }
+        }
+    if (lane % 4 == 0) {
+        const float ln2 = 0.69314718055994531f;
+        if (row0 < T_) lse[(size_t)bh * T_ + row0] = (m0 + log2f(l0)) * ln2;
+        if (row1 < T_) lse[(size_t)bh * T_ + row1] = (m1 + log2f(l1)) * ln2;
+    }
 }
+
+} // namespace fwd
 
 /* --- backward ------------------------------------------------------------------------- */
 
@@ -467,11 +620,11 @@ td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, int
     return dispatch16(dt, hs, [&](auto tag, auto hs_c) -> td_status {
         using X = decltype(tag);
         constexpr int HS = decltype(hs_c)::value;
-        const size_t smem = Layout<HS>::bytes(3);
-        td_status st = allow_smem(flash_forward_kernel<X, HS>, smem, "flash attention forward: shared memory limit");
+        const size_t smem = fwd::smem_bytes<HS>();
+        td_status st = allow_smem(fwd::kernel<X, HS>, smem, "flash attention forward: shared memory limit");
         if (st != TD_OK) return st;
-        flash_forward_kernel<X, HS><<<dim3(tiles, B * NH), THREADS, smem, s>>>((X *)out, lse, (const X *)qkv, T, C,
-                                                                               NH, scale, vec);
+        fwd::kernel<X, HS><<<dim3(tiles, B * NH), THREADS, smem, s>>>((X *)out, lse, (const X *)qkv, T, C, NH,
+                                                                      scale * 1.4426950408889634f, vec);
         return check_launch("flash attention forward");
     });
 }
