@@ -417,7 +417,11 @@ def run_peer(a, w):
     """The peer's figure: the first candidate that runs (no budget, or --quick), else the fastest within the budget."""
     res = {"system": PEER_NAMES[w.peer_mode], "mode": w.peer_mode, "error": None, "tried": [], "best": None}
     take_first = w.budget_gib is None or a.quick
-    for B, K, ck in candidates(a, w, w.peer_cands):
+    cands = candidates(a, w, w.peer_cands)
+    if a.peer_batch:
+        only = {tuple(int(x) for x in c.split("x")) for c in a.peer_batch.split(",")}
+        cands = [c for c in cands if (c[0], c[1]) in only]
+    for B, K, ck in cands:
         r = run_peer_once(a, w, B, K, ck)
         res["tried"].append(r)
         say(f"  {res['system']} {describe_peer_run(r)}")
@@ -568,6 +572,8 @@ def main(argv=None):
                     help="cpu only to test this script on a machine without a GPU (with --smoke)")
     ap.add_argument("--tidal-batch", default="", metavar="BxK[,BxK]",
                     help="try only these of tidal's candidates, e.g. 16x2 (each must keep the workload's tokens/step)")
+    ap.add_argument("--peer-batch", default="", metavar="BxK[,BxK]",
+                    help="run only these of the peer's candidates (its best one, found before), e.g. 32x1")
     ap.add_argument("--tidal-args", default="", help="extra flags for tidal plan and train, e.g. '--prefetch 8'")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the peers")
     ap.add_argument("--run-timeout", type=int, default=900, help="seconds per process (default 900)")

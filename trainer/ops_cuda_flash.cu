@@ -1,31 +1,35 @@
-/* Flash-style causal attention for 16-bit storage and head sizes 64 and 128
- * (the GPT-2 family: 124M..1.5B have hs 64, the 4.1B workload hs 128).
- * Nothing of size T x T touches device memory: tiles of 64 rows x 64 columns
- * live in shared memory and the tensor cores (WMMA, bf16/fp16 in, fp32
- * accumulate) do the products.  Same contract as the GEMM path
- * (ops_cuda_attention.cu): saves lse (B,NH,T), P and dS rounded to the
- * storage type before their products, fp32 everywhere else.
+/* Flash attention for 16-bit storage and head sizes 64 and 128 (the GPT-2
+ * family: 124M..1.5B have hs 64, the 4.1B workload hs 128), causal, in the
+ * scheme of FlashAttention-2 (Dao, 2023).  Nothing of size T x T touches
+ * device memory.  Same contract as the GEMM path (ops_cuda_attention.cu):
+ * saves lse (B,NH,T); P and dS are rounded to the storage type before their
+ * products; fp32 everywhere else.
  *
- * A block has 4 warps; each warp owns 16 of the block's 64 rows and does its
- * products with its own 16 x 64 slice of the score tile, so the only
- * block-wide synchronisation is around loading the shared tiles.
- *   forward   block = 64 queries of one head, on mma.sync with register
- *             fragments (FlashAttention-2's scheme, see fwd:: below): one
- *             pass over the key tiles up to the diagonal with an online
- *             (max, sum) per row, O rescaled as the max grows; lse saved.
+ * Every product runs on the tensor cores through mma.sync m16n8k16 (16-bit
+ * in, fp32 accumulate) with operands from ldmatrix, and the score tiles stay
+ * in registers: an accumulator tile of S (16 x 8 per mma) is laid out as the
+ * A operand of the next product, so P or dS go from S to the next mma
+ * without shared memory.  A block has 4 warps; each owns 16 of the block's
+ * 64 rows.  The streamed tiles (64 rows x hs) go through two shared-memory
+ * stages with cp.async: the next tile loads while this one is used.
+ *   forward   block = 64 queries of one head; key tiles up to the diagonal;
+ *             S = Q K^T, online (max, sum) per row with O rescaled as the max
+ *             grows (exp2 of scores pre-scaled by log2 e / sqrt(hs)); O / sum
+ *             and lse = max + log(sum) at the end.
  *   backward  D = dout . out per row (a small kernel), then two kernels, so
- *             that every gradient element has one writer (no atomics):
- *             dQ: block = 64 queries, key tiles up to the diagonal,
- *                 dQ += dS K with dS = P (dP - D) / sqrt(hs), dP = dO V^T;
- *             dK, dV: block = 64 keys, query tiles from the diagonal on,
- *                 from S^T = K Q^T and dP^T = V dO^T: dV += P^T dO, dK += dS^T Q.
- * Element-wise work on a 16 x 64 slice: lane l takes row l % 16 and the
- * columns [32 (l / 16), +32); the two lanes of a row combine by a shuffle.
+ *             that every gradient element has one writer (no atomics, the
+ *             same bits every run):
+ *             dQ: block = 64 queries, key tiles up to the diagonal:
+ *                 P = exp(S - lse), dP = dO V^T, dS = P (dP - D) / sqrt(hs),
+ *                 dQ += dS K;
+ *             dK, dV: block = 64 keys, query tiles from the diagonal on, in
+ *                 the transposed orientation (rows are keys): S^T = K Q^T,
+ *                 dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
  * Grids run the longest tiles (most keys or queries) first. */
 #include "ops_cuda_impl.cuh"
 
 #include <math.h>
-#include <mma.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <type_traits>
@@ -33,196 +37,15 @@
 namespace tdc {
 namespace {
 
-using namespace nvcuda;
-
 constexpr int BM = 64;  /* rows of a block's own tile */
-constexpr int BN = 64;  /* columns of a score tile */
+constexpr int BN = 64;  /* rows of a streamed tile (columns of a score tile) */
 constexpr int WARPS = 4;
 constexpr int THREADS = 32 * WARPS;
-constexpr int SP = BN + 4; /* pitch (floats) of a warp's fp32 score slice */
-constexpr int PP = BN + 8; /* pitch (elements) of a warp's 16-bit P / dS slice */
+constexpr int PAD = 8;  /* elements of padding per shared row: conflict-free ldmatrix */
+constexpr float LOG2E = 1.4426950408889634f;
 
-/* Shared memory: NT head tiles (64 x HS, pitch QP), then per warp an fp32
- * region (scores, dP, or the output slice at the end), per warp P and dS
- * slices, then lse and D of 64 rows.  Every piece starts 128-byte aligned
- * and every WMMA pointer lands on a 32-byte boundary. */
-template <int HS> struct Layout {
-    static constexpr int QP = HS + 8;
-    static constexpr int OP = HS + 4;
-    static constexpr int TILE = BM * QP;
-    static constexpr int FWARP = 2 * 16 * SP > 16 * OP ? 2 * 16 * SP : 16 * OP;
-    static constexpr int PWARP = 16 * PP;
-    __host__ __device__ static constexpr size_t tiles_bytes(int nt) { return (size_t)nt * TILE * 2; }
-    __host__ __device__ static constexpr size_t f_bytes() { return (size_t)WARPS * FWARP * 4; }
-    __host__ __device__ static constexpr size_t p_bytes() { return (size_t)WARPS * PWARP * 2; }
-    __host__ __device__ static constexpr size_t bytes(int nt) { return tiles_bytes(nt) + f_bytes() + 2 * p_bytes() + 2 * BM * 4; }
-};
-
-template <typename T> using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <typename T> using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
-template <typename T> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-/* dst (64 x HS, pitch QP) = rows r0 .. r0+63 of a head matrix whose row i
- * starts at src + i * stride; rows at or past T are zero.  The vector path
- * issues all of a thread's 16-byte loads before its shared-memory stores. */
-template <typename T, int HS>
-__device__ void load_tile(T *dst, const T *src, size_t stride, int r0, int T_, bool vec)
-{
-    constexpr int QP = Layout<HS>::QP, CH = HS / 8, ITERS = BM * CH / THREADS;
-    static_assert(BM * CH % THREADS == 0, "a tile is whole iterations of the block");
-    constexpr int BATCH = 4; /* loads in flight per thread: bounded, for the register budget */
-    static_assert(ITERS % BATCH == 0, "whole batches");
-    if (vec) {
-#pragma unroll
-        for (int g = 0; g < ITERS; g += BATCH) {
-            int4 v[BATCH];
-#pragma unroll
-            for (int i = 0; i < BATCH; i++) {
-                const int idx = threadIdx.x + (g + i) * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
-                v[i] = r0 + row < T_ ? *reinterpret_cast<const int4 *>(src + (size_t)(r0 + row) * stride + c8)
-                                     : make_int4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int i = 0; i < BATCH; i++) {
-                const int idx = threadIdx.x + (g + i) * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
-                *reinterpret_cast<int4 *>(dst + row * QP + c8) = v[i];
-            }
-        }
-        return;
-    }
-    for (int it = 0; it < ITERS; it++) {
-        const int idx = threadIdx.x + it * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
-        T *d = dst + row * QP + c8;
-        if (r0 + row < T_) {
-            const T *s = src + (size_t)(r0 + row) * stride + c8;
-#pragma unroll
-            for (int j = 0; j < 8; j++) d[j] = s[j];
-        } else {
-            *reinterpret_cast<int4 *>(d) = make_int4(0, 0, 0, 0);
-        }
-    }
-}
-
-/* The warp's 16 rows of A (fragments, k = HS) times B^T, where B is a
- * 64 x HS tile: out (16 x 64, pitch SP) = A B^T. */
-template <typename T, int HS>
-__device__ __forceinline__ void scores(float *out, const FragA<T> (&a)[HS / 16], const T *B)
-{
-    constexpr int QP = Layout<HS>::QP;
-#pragma unroll
-    for (int n = 0; n < BN / 16; n++) {
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int k = 0; k < HS / 16; k++) {
-            FragBT<T> b;
-            wmma::load_matrix_sync(b, B + n * 16 * QP + k * 16, QP);
-            wmma::mma_sync(acc, a[k], b, acc);
-        }
-        wmma::store_matrix_sync(out + n * 16, acc, SP, wmma::mem_row_major);
-    }
-}
-
-/* The same with A's 16 rows read from a shared tile (pitch QP) as needed:
- * fewer registers, for the kernel that holds two sets of accumulators. */
-template <typename T, int HS>
-__device__ __forceinline__ void scores_s(float *out, const T *A, const T *B)
-{
-    constexpr int QP = Layout<HS>::QP;
-#pragma unroll
-    for (int n = 0; n < BN / 16; n++) {
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int k = 0; k < HS / 16; k++) {
-            FragA<T> a;
-            FragBT<T> b;
-            wmma::load_matrix_sync(a, A + k * 16, QP);
-            wmma::load_matrix_sync(b, B + n * 16 * QP + k * 16, QP);
-            wmma::mma_sync(acc, a, b, acc);
-        }
-        wmma::store_matrix_sync(out + n * 16, acc, SP, wmma::mem_row_major);
-    }
-}
-
-/* acc (16 x HS) += P (16 x 64, pitch PP) times the 64 x HS tile V. */
-template <typename T, int HS>
-__device__ __forceinline__ void accumulate(FragC (&acc)[HS / 16], const T *P, const T *V)
-{
-    constexpr int QP = Layout<HS>::QP;
-#pragma unroll
-    for (int k = 0; k < BN / 16; k++) {
-        FragA<T> a;
-        wmma::load_matrix_sync(a, P + k * 16, PP);
-#pragma unroll
-        for (int n = 0; n < HS / 16; n++) {
-            FragB<T> b;
-            wmma::load_matrix_sync(b, V + k * 16 * QP + n * 16, QP);
-            wmma::mma_sync(acc[n], a, b, acc[n]);
-        }
-    }
-}
-
-template <typename T, int HS>
-__device__ __forceinline__ void load_rows(FragA<T> (&a)[HS / 16], const T *tile_rows)
-{
-#pragma unroll
-    for (int k = 0; k < HS / 16; k++) wmma::load_matrix_sync(a[k], tile_rows + k * 16, Layout<HS>::QP);
-}
-
-/* Writes the warp's 16 x HS accumulator rows to dst rows (row0 + rr) with
- * row stride `stride` (rows at or past T skipped), through the warp's fp32
- * region; adds to what is there when `add`. */
-template <typename T, int HS>
-__device__ void write_rows(T *dst, size_t stride, int row0, int T_, FragC (&acc)[HS / 16], float *fw, bool add)
-{
-    constexpr int OP = Layout<HS>::OP;
-    __syncwarp();
-#pragma unroll
-    for (int n = 0; n < HS / 16; n++) wmma::store_matrix_sync(fw + n * 16, acc[n], OP, wmma::mem_row_major);
-    __syncwarp();
-    const int lane = threadIdx.x % 32;
-    for (int rr = 0; rr < 16; rr++) {
-        if (row0 + rr >= T_) break;
-        T *d = dst + (size_t)(row0 + rr) * stride;
-        for (int i = lane; i < HS; i += 32) d[i] = from_f32<T>(add ? to_f32(d[i]) + fw[rr * OP + i] : fw[rr * OP + i]);
-    }
-    __syncwarp();
-}
-
-struct Smem {
-    unsigned char *base;
-    template <typename T, int HS> __device__ T *tile(int i) const { return (T *)base + (size_t)i * Layout<HS>::TILE; }
-    template <int HS> __device__ float *fwarp(int nt, int w) const
-    {
-        return (float *)(base + Layout<HS>::tiles_bytes(nt)) + (size_t)w * Layout<HS>::FWARP;
-    }
-    template <typename T, int HS> __device__ T *pwarp(int nt, int which, int w) const
-    {
-        return (T *)(base + Layout<HS>::tiles_bytes(nt) + Layout<HS>::f_bytes() + which * Layout<HS>::p_bytes()) +
-               (size_t)w * Layout<HS>::PWARP;
-    }
-    template <int HS> __device__ float *rowvals(int nt, int which) const
-    {
-        return (float *)(base + Layout<HS>::tiles_bytes(nt) + Layout<HS>::f_bytes() + 2 * Layout<HS>::p_bytes()) +
-               which * BM;
-    }
-};
-
-/* --- forward -------------------------------------------------------------------------- */
-
-/* The forward runs on mma.sync (m16n8k16) with fragments in registers, as
- * FlashAttention-2 does: block = 64 queries of one head, 4 warps of 16 rows;
- * key and value tiles of 64 rows stream through two shared-memory stages
- * (cp.async, the next tile loading while this one is used); per tile
- * S = Q K^T stays in registers, the row maximum and sum are updated online
- * (exp2 of scores pre-scaled by log2 e / sqrt(hs)), P is rounded to the
- * storage type in registers and O += P V; O is divided by the row sum at the
- * end.  lse = max + log(sum), as the backward wants it. */
-namespace fwd {
-
-constexpr int P = 8; /* padding (elements) of a shared row: conflict-free ldmatrix */
+template <int HS> __host__ __device__ constexpr int pitch() { return HS + PAD; }
+template <int HS> __host__ __device__ constexpr size_t tile_bytes() { return (size_t)BM * pitch<HS>() * 2; }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -256,6 +79,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* Two floats rounded to T, the first in the low half. */
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 {
     uint32_t r;
@@ -269,17 +93,25 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
     return r;
 }
 
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v)
+{
+    T e[2];
+    memcpy(e, &v, 4);
+    return make_float2(to_f32(e[0]), to_f32(e[1]));
+}
+
 /* Rows r0 .. r0+63 of a head matrix (row i at src + i * stride, HS wide)
- * into dst (pitch HS + P); rows at or past T are zero.  vec: 16-byte
- * cp.async (asynchronous: commit and wait), else element copies. */
+ * into dst (pitch HS + PAD); rows at or past T are zero.  vec: 16-byte
+ * cp.async (asynchronous: commit, then wait), else element copies. */
 template <typename T, int HS>
 __device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0, int T_, bool vec)
 {
     constexpr int CH = HS / 8, ITERS = BM * CH / THREADS;
+    static_assert(BM * CH % THREADS == 0, "a tile is whole iterations of the block");
 #pragma unroll
     for (int it = 0; it < ITERS; it++) {
         const int idx = threadIdx.x + it * THREADS, row = idx / CH, c8 = (idx % CH) * 8;
-        T *d = dst + row * (HS + P) + c8;
+        T *d = dst + row * pitch<HS>() + c8;
         const bool in = r0 + row < T_;
         const T *s = src + (size_t)(in ? r0 + row : 0) * stride + c8;
         if (vec) {
@@ -295,32 +127,111 @@ __device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <int HS> constexpr size_t smem_bytes() { return (size_t)5 * BM * (HS + P) * 2; }
+/* s (16 x 64) = A B^T: A the warp's 16 rows (pitch HS + PAD, HS wide), B a
+ * 64-row tile.  s[n] is the m16n8 accumulator of columns [8n, 8n + 8). */
+template <typename T, int HS>
+__device__ __forceinline__ void mm_abt(float (&s)[BN / 8][4], const T *A, const T *B)
+{
+    constexpr int QP = pitch<HS>();
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HS / 16; k += 2) {
+        uint32_t a0[4], a1[4];
+        ldsm_x4(a0, A + (lane % 16) * QP + k * 16 + (lane / 16) * 8);
+        ldsm_x4(a1, A + (lane % 16) * QP + (k + 1) * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            uint32_t b[4];
+            ldsm_x4(b, B + (n * 8 + lane % 8) * QP + k * 16 + (lane / 8) * 8);
+            mma<T>(s[n], a0, b[0], b[1]);
+            mma<T>(s[n], a1, b[2], b[3]);
+        }
+    }
+}
+
+/* acc (16 x HS) += X B: X (16 x 64) the score-layout registers x, rounded to
+ * T; B a 64-row tile read as (64 x HS) row-major. */
+template <typename T, int HS>
+__device__ __forceinline__ void mm_xb(float (&acc)[HS / 8][4], const float (&x)[BN / 8][4], const T *B)
+{
+    constexpr int QP = pitch<HS>();
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        const uint32_t a[4] = {pack2<T>(x[2 * kk][0], x[2 * kk][1]), pack2<T>(x[2 * kk][2], x[2 * kk][3]),
+                               pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]),
+                               pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < HS / 8; n += 2) {
+            uint32_t b[4];
+            ldsm_x4_t(b, B + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * QP + n * 8 + (lane / 16) * 8);
+            mma<T>(acc[n], a, b[0], b[1]);
+            mma<T>(acc[n + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* The warp's 16 x HS accumulator into rows row0 (c0, c1) and row0 + 8 (c2,
+ * c3) of dst (row stride `stride`), times mul0 / mul1, added to what is
+ * there when `add`; rows at or past T skipped. */
+template <typename T, int HS>
+__device__ __forceinline__ void store_rows(T *dst, size_t stride, int row0, int T_, const float (&acc)[HS / 8][4],
+                                           float mul0, float mul1, bool add)
+{
+    const int c2 = 2 * (threadIdx.x % 4);
+    const bool vec = ((uintptr_t)dst & 3u) == 0 && stride % 2 == 0; /* pairs as one 32-bit access */
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const int row = row0 + 8 * hi;
+            if (row >= T_) continue;
+            const float mul = hi ? mul1 : mul0;
+            float v0 = acc[n][2 * hi] * mul, v1 = acc[n][2 * hi + 1] * mul;
+            T *d = dst + (size_t)row * stride + n * 8 + c2;
+            if (vec) {
+                uint32_t *d32 = reinterpret_cast<uint32_t *>(d);
+                if (add) {
+                    const float2 old = unpack2<T>(*d32);
+                    v0 += old.x;
+                    v1 += old.y;
+                }
+                *d32 = pack2<T>(v0, v1);
+            } else {
+                d[0] = from_f32<T>(add ? to_f32(d[0]) + v0 : v0);
+                d[1] = from_f32<T>(add ? to_f32(d[1]) + v1 : v1);
+            }
+        }
+}
+
+/* --- forward -------------------------------------------------------------------------- */
+
+template <typename T, int HS> constexpr size_t fwd_smem_bytes() { return 5 * tile_bytes<HS>(); }
 
 template <typename T, int HS>
 __global__ void __launch_bounds__(THREADS)
-    kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, float scale_log2, bool vec)
+    flash_forward_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, float scale_log2, bool vec)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    constexpr int QP = HS + P, NK = BN / 8, NO = HS / 8;
+    constexpr int QP = pitch<HS>(), NO = HS / 8;
     T *Qs = (T *)smem_raw, *Ks = Qs + BM * QP, *Vs = Ks + 2 * BM * QP;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c2 = 2 * (lane % 4);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c2 = 2 * (lane % 4);
     const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * BM, bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const size_t rs = 3 * (size_t)C;
     const T *q_base = qkv + (size_t)b * T_ * rs + (size_t)h * HS;
     const T *k_base = q_base + C, *v_base = q_base + 2 * (size_t)C;
+    const int row0 = q0 + warp * 16 + lane / 4, row1 = row0 + 8;
 
     load<T, HS>(Qs, q_base, rs, q0, T_, vec);
     load<T, HS>(Ks, k_base, rs, 0, T_, vec);
     load<T, HS>(Vs, v_base, rs, 0, T_, vec);
     commit();
-
-    uint32_t qa[HS / 16][4];
     float o[NO][4];
 #pragma unroll
     for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
 
     for (int kt = 0; kt <= qt; kt++) {
         const int st = kt & 1;
@@ -333,36 +244,17 @@ __global__ void __launch_bounds__(THREADS)
             wait<0>();
         }
         __syncthreads();
-        if (kt == 0) {
-#pragma unroll
-            for (int k = 0; k < HS / 16; k++)
-                ldsm_x4(qa[k], Qs + (warp * 16 + lane % 16) * QP + k * 16 + (lane / 16) * 8);
-        }
         const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
-        /* S (16 x 64) = Q K^T */
-        float s[NK][4];
-#pragma unroll
-        for (int n = 0; n < NK; n++) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < HS / 16; k += 2) {
-                uint32_t kb[4];
-                ldsm_x4(kb, Kt + (n * 8 + lane % 8) * QP + k * 16 + (lane / 8) * 8);
-                mma<T>(s[n], qa[k], kb[0], kb[1]);
-                mma<T>(s[n], qa[k + 1], kb[2], kb[3]);
-            }
-        }
+        float s[BN / 8][4];
+        mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);
         /* scale, causal mask on the diagonal tile, online max and sum */
         float mx0 = m0, mx1 = m1;
 #pragma unroll
-        for (int n = 0; n < NK; n++) {
+        for (int n = 0; n < BN / 8; n++) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 s[n][j] *= scale_log2;
-                if (kt == qt) {
-                    const int key = kt * BN + n * 8 + c2 + (j & 1), row = j < 2 ? row0 : row1;
-                    if (key > row) s[n][j] = -INFINITY;
-                }
+                if (kt == qt && kt * BN + n * 8 + c2 + (j & 1) > (j < 2 ? row0 : row1)) s[n][j] = -INFINITY;
             }
             mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
             mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
@@ -376,7 +268,7 @@ __global__ void __launch_bounds__(THREADS)
         m1 = mx1;
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
-        for (int n = 0; n < NK; n++) {
+        for (int n = 0; n < BN / 8; n++) {
             s[n][0] = exp2f(s[n][0] - mx0);
             s[n][1] = exp2f(s[n][1] - mx0);
             s[n][2] = exp2f(s[n][2] - mx1);
@@ -393,52 +285,20 @@ __global__ void __launch_bounds__(THREADS)
             o[n][2] *= a1;
             o[n][3] *= a1;
         }
-        /* O += P V, P from the score registers */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int n = 0; n < NO; n += 2) {
-                uint32_t vb[4];
-                ldsm_x4_t(vb, Vt + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * QP + n * 8 + (lane / 16) * 8);
-                mma<T>(o[n], pa, vb[0], vb[1]);
-                mma<T>(o[n + 1], pa, vb[2], vb[3]);
-            }
-        }
-        __syncthreads(); /* the stage is reloaded next iteration */
+        mm_xb<T, HS>(o, s, Vt); /* O += P V */
+        __syncthreads();        /* this stage is reloaded next iteration */
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-    T *o_base = out + (size_t)b * T_ * C + (size_t)h * HS;
-    const bool ovec = ((uintptr_t)o_base & 3u) == 0; /* pairs as one 32-bit store */
-#pragma unroll
-    for (int n = 0; n < NO; n++)
-#pragma unroll
-        for (int hi = 0; hi < 2; hi++) {
-            const int row = hi ? row1 : row0;
-            const float inv = hi ? inv1 : inv0;
-            if (row >= T_) continue;
-            T *d = o_base + (size_t)row * C + n * 8 + c2;
-            if (ovec) {
-                *reinterpret_cast<uint32_t *>(d) = pack2<T>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
-            } else {
-                d[0] = from_f32<T>(o[n][2 * hi] * inv);
-                d[1] = from_f32<T>(o[n][2 * hi + 1] * inv);
-            }
-        }
+    store_rows<T, HS>(out + (size_t)b * T_ * C + (size_t)h * HS, C, row0, T_, o, 1.0f / l0, 1.0f / l1, false);
     if (lane % 4 == 0) {
         const float ln2 = 0.69314718055994531f;
         if (row0 < T_) lse[(size_t)bh * T_ + row0] = (m0 + log2f(l0)) * ln2;
         if (row1 < T_) lse[(size_t)bh * T_ + row1] = (m1 + log2f(l1)) * ln2;
     }
 }
-
-} // namespace fwd
 
 /* --- backward ------------------------------------------------------------------------- */
 
@@ -456,131 +316,140 @@ __global__ void rowdot_kernel(float *D, const T *dout, const T *out, int b0, int
     if (lane == 0) D[r] = d;
 }
 
+template <typename T, int HS> constexpr size_t bwd_smem_bytes() { return 6 * tile_bytes<HS>() + 4 * BM * sizeof(float); }
+
+/* dQ of 64 queries: key tiles 0 .. the diagonal. */
 template <typename T, int HS>
 __global__ void __launch_bounds__(THREADS)
     flash_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, int b0, int T_, int C,
                     int NH, float scale, bool vec, bool add)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const Smem sm{smem_raw};
-    constexpr int NT = 4;
-    T *Qs = sm.tile<T, HS>(0), *dOs = sm.tile<T, HS>(1), *Ks = sm.tile<T, HS>(2), *Vs = sm.tile<T, HS>(3);
-    float *lse_s = sm.rowvals<HS>(NT, 0), *D_s = sm.rowvals<HS>(NT, 1);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane & 15, half = lane >> 4;
-    float *fw = sm.fwarp<HS>(NT, warp), *dw = fw + 16 * SP;
-    T *dsw = sm.pwarp<T, HS>(NT, 1, warp);
+    constexpr int QP = pitch<HS>();
+    T *Qs = (T *)smem_raw, *dOs = Qs + BM * QP, *Ks = dOs + BM * QP, *Vs = Ks + 2 * BM * QP;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c2 = 2 * (lane % 4);
     const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * BM, bhl = blockIdx.y, b = b0 + bhl / NH, h = bhl % NH;
     const size_t rs = 3 * (size_t)C;
     const T *q_base = qkv + (size_t)b * T_ * rs + (size_t)h * HS;
+    const T *k_base = q_base + C, *v_base = q_base + 2 * (size_t)C;
     const T *do_base = dout + (size_t)b * T_ * C + (size_t)h * HS;
     const float *lse_h = lse + ((size_t)b * NH + h) * T_, *D_h = D + (size_t)bhl * T_;
+    const int row0 = q0 + warp * 16 + lane / 4, row1 = row0 + 8;
+    const float scale_log2 = scale * LOG2E;
+    const float lse0 = row0 < T_ ? lse_h[row0] * LOG2E : 0.0f, lse1 = row1 < T_ ? lse_h[row1] * LOG2E : 0.0f;
+    const float D0 = row0 < T_ ? D_h[row0] : 0.0f, D1 = row1 < T_ ? D_h[row1] : 0.0f;
 
-    load_tile<T, HS>(Qs, q_base, rs, q0, T_, vec);
-    load_tile<T, HS>(dOs, do_base, C, q0, T_, vec);
-    if (threadIdx.x < BM) {
-        const int qq = q0 + threadIdx.x;
-        lse_s[threadIdx.x] = qq < T_ ? lse_h[qq] : 0.0f;
-        D_s[threadIdx.x] = qq < T_ ? D_h[qq] : 0.0f;
-    }
-    __syncthreads();
-    FragA<T> qa[HS / 16], doa[HS / 16];
-    load_rows<T, HS>(qa, Qs + warp * 16 * Layout<HS>::QP);
-    load_rows<T, HS>(doa, dOs + warp * 16 * Layout<HS>::QP);
-    const int q = q0 + warp * 16 + r;
-    const float row_lse = lse_s[warp * 16 + r], row_D = D_s[warp * 16 + r];
-
-    FragC acc[HS / 16];
+    load<T, HS>(Qs, q_base, rs, q0, T_, vec);
+    load<T, HS>(dOs, do_base, C, q0, T_, vec);
+    load<T, HS>(Ks, k_base, rs, 0, T_, vec);
+    load<T, HS>(Vs, v_base, rs, 0, T_, vec);
+    commit();
+    float dq[HS / 8][4];
 #pragma unroll
-    for (int n = 0; n < HS / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
+    for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+
     for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        load_tile<T, HS>(Ks, q_base + C, rs, kt * BN, T_, vec);
-        load_tile<T, HS>(Vs, q_base + 2 * (size_t)C, rs, kt * BN, T_, vec);
-        __syncthreads();
-        scores<T, HS>(fw, qa, Ks);  /* S */
-        scores<T, HS>(dw, doa, Vs); /* dP */
-        __syncwarp();
-        const float *srow = fw + r * SP + half * 32, *dprow = dw + r * SP + half * 32;
-        T *dsrow = dsw + r * PP + half * 32;
-        const int key0 = kt * BN + half * 32;
-        for (int j = 0; j < 32; j++) {
-            float ds = 0.0f;
-            if (q < T_ && key0 + j <= q) {
-                const float p = expf(srow[j] * scale - row_lse);
-                ds = p * (dprow[j] - row_D) * scale;
-            }
-            dsrow[j] = from_f32<T>(ds);
+        const int st = kt & 1;
+        if (kt < qt) {
+            load<T, HS>(Ks + (st ^ 1) * BM * QP, k_base, rs, (kt + 1) * BN, T_, vec);
+            load<T, HS>(Vs + (st ^ 1) * BM * QP, v_base, rs, (kt + 1) * BN, T_, vec);
+            commit();
+            wait<1>();
+        } else {
+            wait<0>();
         }
-        __syncwarp();
-        accumulate<T, HS>(acc, dsw, Ks); /* dQ += dS K */
+        __syncthreads();
+        const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
+        float s[BN / 8][4], dp[BN / 8][4];
+        mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);   /* S */
+        mm_abt<T, HS>(dp, dOs + warp * 16 * QP, Vt); /* dP = dO V^T */
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int row = j < 2 ? row0 : row1, key = kt * BN + n * 8 + c2 + (j & 1);
+                const float p = key > row || row >= T_ ? 0.0f : exp2f(s[n][j] * scale_log2 - (j < 2 ? lse0 : lse1));
+                s[n][j] = p * (dp[n][j] - (j < 2 ? D0 : D1)) * scale; /* dS */
+            }
+        mm_xb<T, HS>(dq, s, Kt); /* dQ += dS K */
+        __syncthreads();
     }
-    write_rows<T, HS>(dqkv + (size_t)b * T_ * rs + (size_t)h * HS, rs, q0 + warp * 16, T_, acc, fw, add);
+    store_rows<T, HS>(dqkv + (size_t)b * T_ * rs + (size_t)h * HS, rs, row0, T_, dq, 1.0f, 1.0f, add);
 }
 
+/* dK, dV of 64 keys: query tiles from the diagonal to the end. */
 template <typename T, int HS>
 __global__ void __launch_bounds__(THREADS)
     flash_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, int b0, int T_, int C,
                      int NH, float scale, bool vec, bool add)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const Smem sm{smem_raw};
-    constexpr int NT = 4;
-    T *Ks = sm.tile<T, HS>(0), *Vs = sm.tile<T, HS>(1), *Qs = sm.tile<T, HS>(2), *dOs = sm.tile<T, HS>(3);
-    float *lse_s = sm.rowvals<HS>(NT, 0), *D_s = sm.rowvals<HS>(NT, 1);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane & 15, half = lane >> 4;
-    float *fw = sm.fwarp<HS>(NT, warp), *dw = fw + 16 * SP;
-    T *pw = sm.pwarp<T, HS>(NT, 0, warp), *dsw = sm.pwarp<T, HS>(NT, 1, warp);
-    const int kt = blockIdx.x, k0 = kt * BM, n_tiles = gridDim.x, bhl = blockIdx.y, b = b0 + bhl / NH, h = bhl % NH;
+    constexpr int QP = pitch<HS>();
+    T *Ks = (T *)smem_raw, *Vs = Ks + BM * QP, *Qs = Vs + BM * QP, *dOs = Qs + 2 * BM * QP;
+    float *lse_s = (float *)(dOs + 2 * BM * QP), *D_s = lse_s + 2 * BM; /* two stages each */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c2 = 2 * (lane % 4);
+    const int kt = blockIdx.x, k0 = kt * BN, n_tiles = gridDim.x, bhl = blockIdx.y, b = b0 + bhl / NH, h = bhl % NH;
     const size_t rs = 3 * (size_t)C;
     const T *q_base = qkv + (size_t)b * T_ * rs + (size_t)h * HS;
+    const T *k_base = q_base + C, *v_base = q_base + 2 * (size_t)C;
     const T *do_base = dout + (size_t)b * T_ * C + (size_t)h * HS;
     const float *lse_h = lse + ((size_t)b * NH + h) * T_, *D_h = D + (size_t)bhl * T_;
+    const int key0 = k0 + warp * 16 + lane / 4; /* and key0 + 8 */
+    const float scale_log2 = scale * LOG2E;
 
-    load_tile<T, HS>(Ks, q_base + C, rs, k0, T_, vec);
-    load_tile<T, HS>(Vs, q_base + 2 * (size_t)C, rs, k0, T_, vec);
-    const T *k_rows = Ks + warp * 16 * Layout<HS>::QP, *v_rows = Vs + warp * 16 * Layout<HS>::QP;
-    const int key = k0 + warp * 16 + r;
-
-    FragC dk[HS / 16], dv[HS / 16];
+    auto stage_rows = [&](int qt, int st) {
+        load<T, HS>(Qs + st * BM * QP, q_base, rs, qt * BM, T_, vec);
+        load<T, HS>(dOs + st * BM * QP, do_base, C, qt * BM, T_, vec);
+        if (threadIdx.x < BM) {
+            const int q = qt * BM + threadIdx.x;
+            lse_s[st * BM + threadIdx.x] = q < T_ ? lse_h[q] * LOG2E : 0.0f;
+            D_s[st * BM + threadIdx.x] = q < T_ ? D_h[q] : 0.0f;
+        }
+    };
+    load<T, HS>(Ks, k_base, rs, k0, T_, vec);
+    load<T, HS>(Vs, v_base, rs, k0, T_, vec);
+    stage_rows(kt, 0);
+    commit();
+    float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
-    for (int n = 0; n < HS / 16; n++) {
-        wmma::fill_fragment(dk[n], 0.0f);
-        wmma::fill_fragment(dv[n], 0.0f);
+    for (int n = 0; n < HS / 8; n++) {
+        dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
+        dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
     }
     for (int qt = kt; qt < n_tiles; qt++) {
-        const int q0 = qt * BN;
-        __syncthreads();
-        load_tile<T, HS>(Qs, q_base, rs, q0, T_, vec);
-        load_tile<T, HS>(dOs, do_base, C, q0, T_, vec);
-        if (threadIdx.x < BN) {
-            const int qq = q0 + threadIdx.x;
-            lse_s[threadIdx.x] = qq < T_ ? lse_h[qq] : 0.0f;
-            D_s[threadIdx.x] = qq < T_ ? D_h[qq] : 0.0f;
+        const int st = (qt - kt) & 1;
+        if (qt + 1 < n_tiles) {
+            stage_rows(qt + 1, st ^ 1);
+            commit();
+            wait<1>();
+        } else {
+            wait<0>();
         }
         __syncthreads();
-        scores_s<T, HS>(fw, k_rows, Qs);  /* S^T: keys x queries */
-        scores_s<T, HS>(dw, v_rows, dOs); /* dP^T */
-        __syncwarp();
-        const int c0 = half * 32;
-        const float *srow = fw + r * SP + c0, *dprow = dw + r * SP + c0;
-        T *prow = pw + r * PP + c0, *dsrow = dsw + r * PP + c0;
-        for (int j = 0; j < 32; j++) {
-            const int qq = q0 + c0 + j;
-            float p = 0.0f, ds = 0.0f;
-            if (qq < T_ && key <= qq) {
-                p = expf(srow[j] * scale - lse_s[c0 + j]);
-                ds = p * (dprow[j] - D_s[c0 + j]) * scale;
+        const T *Qt = Qs + st * BM * QP, *dOt = dOs + st * BM * QP;
+        const float *lse_t = lse_s + st * BM, *D_t = D_s + st * BM;
+        float s[BN / 8][4]; /* S^T: rows are keys, columns queries */
+        mm_abt<T, HS>(s, Ks + warp * 16 * QP, Qt);
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int ql = n * 8 + c2 + (j & 1), q = qt * BM + ql, key = key0 + (j < 2 ? 0 : 8);
+                s[n][j] = q < key || q >= T_ ? 0.0f : exp2f(s[n][j] * scale_log2 - lse_t[ql]); /* P^T */
             }
-            prow[j] = from_f32<T>(p);
-            dsrow[j] = from_f32<T>(ds);
-        }
-        __syncwarp();
-        accumulate<T, HS>(dv, pw, dOs); /* dV += P^T dO */
-        accumulate<T, HS>(dk, dsw, Qs); /* dK += dS^T Q */
+        mm_xb<T, HS>(dv, s, dOt); /* dV += P^T dO */
+        float dp[BN / 8][4];
+        mm_abt<T, HS>(dp, Vs + warp * 16 * QP, dOt); /* dP^T = V dO^T */
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) s[n][j] *= (dp[n][j] - D_t[n * 8 + c2 + (j & 1)]) * scale; /* dS^T */
+        mm_xb<T, HS>(dk, s, Qt); /* dK += dS^T Q */
+        __syncthreads();
     }
-    T *dk_base = dqkv + (size_t)b * T_ * rs + C + (size_t)h * HS;
-    write_rows<T, HS>(dk_base, rs, k0 + warp * 16, T_, dk, fw, add);
-    write_rows<T, HS>(dk_base + C, rs, k0 + warp * 16, T_, dv, fw, add);
+    T *base = dqkv + (size_t)b * T_ * rs + (size_t)h * HS;
+    store_rows<T, HS>(base + C, rs, key0, T_, dk, 1.0f, 1.0f, add);
+    store_rows<T, HS>(base + 2 * (size_t)C, rs, key0, T_, dv, 1.0f, 1.0f, add);
 }
 
 /* Raises a kernel's dynamic shared memory limit (above 48 KiB needs it). */
@@ -620,11 +489,11 @@ td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, int
     return dispatch16(dt, hs, [&](auto tag, auto hs_c) -> td_status {
         using X = decltype(tag);
         constexpr int HS = decltype(hs_c)::value;
-        const size_t smem = fwd::smem_bytes<HS>();
-        td_status st = allow_smem(fwd::kernel<X, HS>, smem, "flash attention forward: shared memory limit");
+        const size_t smem = fwd_smem_bytes<X, HS>();
+        td_status st = allow_smem(flash_forward_kernel<X, HS>, smem, "flash attention forward: shared memory limit");
         if (st != TD_OK) return st;
-        fwd::kernel<X, HS><<<dim3(tiles, B * NH), THREADS, smem, s>>>((X *)out, lse, (const X *)qkv, T, C, NH,
-                                                                      scale * 1.4426950408889634f, vec);
+        flash_forward_kernel<X, HS><<<dim3(tiles, B * NH), THREADS, smem, s>>>((X *)out, lse, (const X *)qkv, T, C,
+                                                                               NH, scale * LOG2E, vec);
         return check_launch("flash attention forward");
     });
 }
@@ -642,7 +511,7 @@ td_status flash_backward(td_dtype dt, void *dqkv, const void *dout, const void *
     return dispatch16(dt, hs, [&](auto tag, auto hs_c) -> td_status {
         using X = decltype(tag);
         constexpr int HS = decltype(hs_c)::value;
-        const size_t smem = Layout<HS>::bytes(4);
+        const size_t smem = bwd_smem_bytes<X, HS>();
         td_status st = allow_smem(flash_dq_kernel<X, HS>, smem, "flash attention backward: shared memory limit");
         if (st == TD_OK)
             st = allow_smem(flash_dkv_kernel<X, HS>, smem, "flash attention backward: shared memory limit");
