@@ -333,9 +333,13 @@ static const char plan_usage[] =
     "estimated from bandwidths and compute rates measured here in a second or two.  Nothing of\n"
     "the model is allocated.  Takes the same options as `tidal train` (--data only for its vocabulary).";
 
-/* Measured rates of this machine: host<->device copy (GB/s), host memory
- * copy (GB/s), model compute (GFLOP/s of the cpu reference matmul). */
-typedef struct rates { double copy_gbs, mem_gbs, gflops; } rates;
+/* Measured rates of this machine: host<->device copy (GB/s), the CPU
+ * AdamW (G params/s, on the run's threads and dtypes), matmul compute
+ * (GFLOP/s: the model's MLP matmul) and, on the device, one block's
+ * forward and backward at the run's shape (ms; 0 when not measured). */
+typedef struct rates { double copy_gbs, adam_gps, gflops, block_fwd_ms, block_bwd_ms; } rates;
+
+#include "tidal/optim.h"
 
 #include "tidal/copy.h"
 #include "tidal/hostpool.h"
@@ -384,10 +388,114 @@ cleanup:
     td_arena_destroy(a); /* the reservation goes; the buffers with it */
     return st;
 }
+
+/* One block's forward and backward at the run's shape (B, T, dtype) with
+ * the trainer's ops, best of 3 after a warm-up.  A shape whose buffers do
+ * not fit the device's free memory is left unmeasured (0). */
+static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
+{
+    td_status st = TD_OK;
+    td_gpt_ref_config mc = cfg->model;
+    mc.n_layer = 1;
+    int B = cfg->micro_batch, T = cfg->seq_len;
+    td_dtype dt = cfg->precision == TD_DTYPE_F32 ? TD_DTYPE_F32 : cfg->precision;
+    size_t E = td_dtype_bytes(dt), N = (size_t)B * T, C = (size_t)mc.n_embd, off, span;
+    td_gpt_ref_block_span(&mc, 0, &off, &span);
+    size_t sizes[] = {span * E, span * E, td_ops_cuda_block_acts_bytes(&mc, B, T, dt), N * C * E, N * C * E,
+                      N * C * E, N * C * E, td_ops_cuda_block_scratch_bytes(&mc, B, T, dt, B),
+                      TD_OPS_CUDA_WORKSPACE_BYTES};
+    enum { NBUF = sizeof sizes / sizeof sizes[0] };
+    void *buf[NBUF] = {0};
+    size_t total = 0, free_b = 0, total_b = 0;
+    for (int i = 0; i < NBUF; i++) total += td_align_up(sizes[i], TD_ARENA_ALIGN);
+    *fwd_ms = *bwd_ms = 0;
+    TD_TRY(td_backend_mem_info(b, &free_b, &total_b));
+    if (total + total / 8 > free_b) return TD_OK;
+    td_arena *a = NULL;
+    td_ops_cuda *ctx = NULL;
+    td_event *e[3] = {0};
+    TD_TRY(td_arena_create(b, total, &a));
+    for (int i = 0; i < NBUF; i++) TD_TRY(td_arena_alloc(a, sizes[i], TD_ROLE_WORKSPACE, &buf[i]));
+    for (int i = 0; i < NBUF - 1; i++) /* small finite values (0x3c3c: about 0.01 in bf16, 1.06 in fp16) */
+        TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, buf[i], dt == TD_DTYPE_BF16 ? 0x3c : 0x1c, sizes[i]));
+    td_ops_cuda_params op = td_ops_cuda_default_params();
+    op.workspace = buf[NBUF - 1];
+    op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
+    TD_TRY(td_ops_cuda_create(&op, &ctx));
+    for (int i = 0; i < 3; i++) TD_TRY(td_event_create(b, &e[i]));
+    td_ops_cuda_block w, g;
+    td_ops_cuda_block_acts acts;
+    td_ops_cuda_block_view(&mc, buf[0], dt, &w);
+    td_ops_cuda_block_view(&mc, buf[1], dt, &g);
+    td_ops_cuda_block_acts_view(&mc, B, T, dt, buf[2], &acts);
+    void *s = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
+    double best_f = 1e30, best_b = 1e30;
+    for (int it = 0; it < 4; it++) {
+        TD_TRY(td_event_record(b, e[0], TD_QUEUE_COMPUTE));
+        TD_TRY(td_ops_cuda_block_forward(ctx, &mc, &w, &acts, buf[3], buf[4], B, T, dt, buf[7], sizes[7], s));
+        TD_TRY(td_event_record(b, e[1], TD_QUEUE_COMPUTE));
+        TD_TRY(td_ops_cuda_block_backward(ctx, &mc, &w, &g, &acts, buf[3], buf[5], buf[6], B, T, TD_OPS_CUDA_SET, dt,
+                                          dt, buf[7], sizes[7], s));
+        TD_TRY(td_event_record(b, e[2], TD_QUEUE_COMPUTE));
+        TD_TRY(td_event_sync(b, e[2]));
+        float f = 0, bw = 0;
+        TD_TRY(td_event_elapsed_ms(b, e[0], e[1], &f));
+        TD_TRY(td_event_elapsed_ms(b, e[1], e[2], &bw));
+        if (it > 0 && f < best_f) best_f = f; /* the first run is the warm-up */
+        if (it > 0 && bw < best_b) best_b = bw;
+    }
+    *fwd_ms = best_f;
+    *bwd_ms = best_b;
+cleanup:
+    for (int i = 0; i < 3; i++) td_event_free(b, e[i]);
+    td_ops_cuda_free(ctx);
+    td_arena_destroy(a);
+    return st;
+}
 #endif
 
-static td_status measure_rates(td_backend *b, const td_gpt_ref_config *mc, rates *r)
+/* The CPU AdamW on 16M params with the run's dtypes and threads, best of 5. */
+static td_status measure_adam(const td_train_config *cfg, double *gps)
 {
+    td_status st = TD_OK;
+    size_t n = (size_t)16 << 20;
+    td_optim_dtype dt = cfg->precision == TD_DTYPE_F32 ? TD_OPTIM_DTYPE_F32 : (td_optim_dtype)cfg->precision;
+    size_t E = td_dtype_bytes(cfg->precision);
+    td_adam_cpu_params ap = td_adam_cpu_default_params();
+    ap.threads = cfg->threads;
+    td_adam_cpu *cpu = NULL;
+    float *master = malloc(n * 4), *m = malloc(n * 4), *v = malloc(n * 4);
+    void *grad = malloc(n * E), *param = dt == TD_OPTIM_DTYPE_F32 ? NULL : malloc(n * E);
+    *gps = 0;
+    if (!master || !m || !v || !grad || (dt != TD_OPTIM_DTYPE_F32 && !param)) TD_FAIL(TD_ERR_NOMEM, "AdamW rate probe");
+    memset(grad, 0, n * E); /* touched: not the shared zero page */
+    TD_TRY(td_adam_cpu_create(&ap, &cpu));
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = dt,
+                         .param_out = param ? param : master, .param_dtype = dt, .numel = n };
+    TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
+    td_adam_coeffs c;
+    TD_TRY(td_adam_coeffs_make(&cfg->optim.adam, 1e-4, 1, 1.0, &c));
+    double best = 1e30;
+    for (int i = 0; i < 6; i++) {
+        double t0 = td_now_ms();
+        TD_TRY(td_adam_cpu_update(cpu, &c, &ch, 1));
+        double ms = td_now_ms() - t0;
+        if (i > 0 && ms < best) best = ms;
+    }
+    *gps = (double)n / (best * 1e-3) / 1e9;
+cleanup:
+    td_adam_cpu_destroy(cpu);
+    free(master);
+    free(m);
+    free(v);
+    free(grad);
+    free(param);
+    return st;
+}
+
+static td_status measure_rates(td_backend *b, const td_train_config *cfg, rates *r)
+{
+    const td_gpt_ref_config *mc = &cfg->model;
     td_status st = TD_OK;
     td_hostpool *pool = NULL;
     td_arena *arena = NULL;
@@ -412,32 +520,11 @@ static td_status measure_rates(td_backend *b, const td_gpt_ref_config *mc, rates
         if (ms < best) best = ms;
     }
     r->copy_gbs = (double)bytes / (best * 1e-3) / 1e9;
-    /* Host memory: a large copy on all threads (as the CPU AdamW runs),
-     * counting read + write. */
-    bytes = 256 * TD_MiB;
-    char *a = malloc(bytes), *c = malloc(bytes);
-    if (a && c) {
-        memset(a, 2, bytes);
-        memset(c, 3, bytes);
-        best = 1e30;
-        for (int i = 0; i < 3; i++) {
-            double t0 = td_now_ms();
-#pragma omp parallel
-            {
-                int nt = omp_get_num_threads(), id = omp_get_thread_num();
-                size_t part = bytes / (size_t)nt, lo = part * (size_t)id, hi = id == nt - 1 ? bytes : lo + part;
-                memcpy(c + lo, a + lo, hi - lo);
-            }
-            double ms = td_now_ms() - t0;
-            if (ms < best) best = ms;
-        }
-        r->mem_gbs = 2.0 * (double)bytes / (best * 1e-3) / 1e9;
-    }
-    free(a);
-    free(c);
+    TD_TRY(measure_adam(cfg, &r->adam_gps));
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
         TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
+        TD_TRY(measure_cuda_block(b, cfg, &r->block_fwd_ms, &r->block_bwd_ms));
         goto cleanup;
     }
 #endif
@@ -518,7 +605,7 @@ int td_cli_plan_main(int argc, char **argv)
     td_train_plan p;
     if ((st = td_train_plan_make(&cfg, budget, &p))) goto cleanup;
     rates r;
-    if ((st = measure_rates(b, &cfg.model, &r))) goto cleanup;
+    if ((st = measure_rates(b, &cfg, &r))) goto cleanup;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
     size_t pin_limit = cfg.host_pin_limit ? cfg.host_pin_limit : ram / 10 * 8;
@@ -528,9 +615,18 @@ int td_cli_plan_main(int argc, char **argv)
                          : cfg.mm.placement == TD_PLACEMENT_CPU ? p.min_device_bytes
                          : (p.full_device_bytes < budget ? p.full_device_bytes : budget);
     if (cfg.mm.placement == TD_PLACEMENT_CUDA) fits_device = budget >= p.full_device_bytes && budget <= free_b;
+    /* Compute: the measured block times (forward, recompute, backward of
+     * every block) plus the head's matmuls at the matmul rate, per
+     * micro-batch; without block times, every flop at the matmul rate. */
     double compute_ms = r.gflops > 0 ? p.flops_per_step / (r.gflops * 1e9) * 1e3 : 0;
+    if (r.block_fwd_ms > 0 && r.gflops > 0) {
+        double L = cfg.model.n_layer, head = 6.0 * cfg.micro_batch * cfg.seq_len * cfg.model.n_embd *
+                                             (double)cfg.model.padded_vocab_size;
+        compute_ms = cfg.grad_accum * (L * (r.block_fwd_ms + r.block_bwd_ms) + p.ckpt_blocks * r.block_fwd_ms +
+                                       head / (r.gflops * 1e9) * 1e3);
+    }
     double pcie_ms = r.copy_gbs > 0 ? (p.h2d_bytes_per_step + p.d2h_bytes_per_step) / (r.copy_gbs * 1e9) * 1e3 : 0;
-    double adam_ms = r.mem_gbs > 0 ? p.adam_bytes_per_step / (r.mem_gbs * 1e9) * 1e3 : 0;
+    double adam_ms = r.adam_gps > 0 && p.adam_bytes_per_step > 0 ? (double)p.params / (r.adam_gps * 1e9) * 1e3 : 0;
     double bound_ms = compute_ms > pcie_ms ? compute_ms : pcie_ms;
     if (adam_ms > bound_ms) bound_ms = adam_ms;
     double tokens = (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum;
@@ -542,8 +638,8 @@ int td_cli_plan_main(int argc, char **argv)
                "\"peak_bytes\":%zu,\"fits\":%s},"
                "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
                "\"ram_bytes\":%zu,\"pin_limit_bytes\":%zu,\"fits\":%s},"
-               "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"memory_gbytes_per_s\":%.2f,"
-               "\"compute_gflops\":%.2f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
+               "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
+               "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
@@ -551,7 +647,7 @@ int td_cli_plan_main(int argc, char **argv)
                p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] + p.role_bytes[TD_TENSOR_MASTER],
                p.host_pinned_bytes, ram, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
                p.ckpt_blocks, p.gpu_optimizer ? "true" : "false",
-               r.copy_gbs, r.mem_gbs, r.gflops, compute_ms, pcie_ms, adam_ms, bound_ms,
+               r.copy_gbs, r.adam_gps, r.gflops, r.block_fwd_ms, r.block_bwd_ms, compute_ms, pcie_ms, adam_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
         printf("model        %zu params: %d layers, %d wide, %d heads, vocab %d (padded %d), seq %d\n", p.params,
@@ -590,9 +686,12 @@ int td_cli_plan_main(int argc, char **argv)
         printf("  total              %12s  of %s RAM, pin limit %s -> %s\n",
                td_format_bytes(p.host_pinned_bytes, e, sizeof e), td_format_bytes(ram, f2, sizeof f2),
                td_format_bytes(pin_limit, g, sizeof g), fits_host ? "FITS" : "DOES NOT FIT");
-        printf("\nmeasured here: copy %.1f GB/s, host memory %.1f GB/s, compute %.1f GFLOP/s (%s)\n",
-               r.copy_gbs, r.mem_gbs, r.gflops,
+        printf("\nmeasured here: copy %.1f GB/s, CPU AdamW %.2f G params/s, matmul %.1f GFLOP/s (%s)\n",
+               r.copy_gbs, r.adam_gps, r.gflops,
                td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul");
+        if (r.block_fwd_ms > 0)
+            printf("               one block at this batch: forward %.2f ms, backward %.2f ms\n", r.block_fwd_ms,
+                   r.block_bwd_ms);
         printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), %s %.1f ms\n", compute_ms,
                pcie_ms, td_format_bytes((size_t)p.h2d_bytes_per_step, h2, sizeof h2),
                td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
