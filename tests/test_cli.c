@@ -4,6 +4,9 @@
 #include <stdarg.h>
 #include "td_test.h"
 
+#include <cjson/cJSON.h>
+#include <math.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +105,40 @@ static void test_budget_too_small_names_minimum(void **state)
     assert_int_equal(rc, 3);
 }
 
+/* tidal plan --json: the recomputed blocks --ckpt asks for, and the AdamW
+ * term from its measured rate (the parameters over it). */
+static double num(cJSON *o, const char *a, const char *b)
+{
+    cJSON *x = cJSON_GetObjectItem(o, a);
+    if (x && b) x = cJSON_GetObjectItem(x, b);
+    assert_non_null(x);
+    assert_true(cJSON_IsNumber(x));
+    return x->valuedouble;
+}
+
+static void test_plan_json(void **state)
+{
+    char out[8192];
+    const char *model = "--layers 3 --width 32 --heads 2 --seq 32 --micro-batch 2 --backend cpu --vocab 64";
+    int rc = sh(out, sizeof out, "%s plan %s --ckpt 2 --gpu-budget 64MiB --json", tidal, model);
+    assert_int_equal(rc, 0);
+    cJSON *j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    assert_int_equal((int)num(j, "ckpt_blocks", NULL), 2);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "checkpointing")));
+    double rate = num(j, "measured", "adam_gparams_per_s"), params = num(j, "params", NULL);
+    assert_true(rate > 0);
+    double want = params / (rate * 1e9) * 1e3, got = num(j, "estimate", "adam_ms");
+    assert_true(fabs(got - want) <= 0.01 * want + 1e-3); /* printed to 0.01 ms and the rate to 0.001 */
+    cJSON_Delete(j);
+    rc = sh(out, sizeof out, "%s plan %s --ckpt 4 --json", tidal, model);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "a block count in [0, 3]"));
+    rc = sh(out, sizeof out, "%s plan %s --ckpt 0", tidal, model);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "checkpointing off"));
+}
+
 static void test_checkpoint_survives_bad_resume_and_corruption(void **state)
 {
     char out[8192];
@@ -127,6 +164,7 @@ int main(void)
         cmocka_unit_test(test_bad_token_files),
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_budget_too_small_names_minimum),
+        cmocka_unit_test(test_plan_json),
         cmocka_unit_test(test_checkpoint_survives_bad_resume_and_corruption),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
