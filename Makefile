@@ -119,10 +119,13 @@ gpu-test:
 	@TD_BACKEND=cuda ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
 
 # The GPU tests under compute-sanitizer's memcheck: an error fails the binary.
+# The tests provoke CUDA API errors on purpose (out of memory, bad handles),
+# so only memory errors count; timing assertions are skipped.
 gpu-memcheck:
 	@./tools/deps.sh check libs || ./tools/deps.sh install libs
 	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
-	@TD_BACKEND=cuda TD_TEST_WRAP="compute-sanitizer --tool memcheck --error-exitcode 97 --print-limit 20" \
+	@TD_BACKEND=cuda TD_TEST_NO_TIMING=1 \
+	    TD_TEST_WRAP="compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 97 --print-limit 20" \
 	    ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
 
 bench-gpu:
