@@ -129,7 +129,7 @@ static void test_plan_json(void **state)
     double rate = num(j, "measured", "adam_gparams_per_s"), params = num(j, "params", NULL);
     assert_true(rate > 0);
     double want = params / (rate * 1e9) * 1e3, got = num(j, "estimate", "adam_ms");
-    assert_true(fabs(got - want) <= 0.01 * want + 1e-3); /* printed to 0.01 ms and the rate to 0.001 */
+    assert_true(fabs(got - want) <= 0.01 * want + 0.006); /* printed to 0.01 ms, the rate to 0.001 */
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "%s plan %s --ckpt 4 --json", tidal, model);
     assert_int_equal(rc, 2);
