@@ -198,6 +198,40 @@ static void test_early_updates_match_two_pass(void **state)
     assert_memory_equal(early, exact, sizeof early);
 }
 
+/* With clipping, a step leaves its AdamW to the next forward: the params'
+ * host copies keep the old values until td_trainer_finish_update (or the
+ * next step's first use) writes the new ones; nothing else changes them. */
+static void test_updates_wait_for_next_forward(void **state)
+{
+    td_train_config c = small_config();
+    c.mm.placement = TD_PLACEMENT_CPU;
+    c.optim.max_grad_norm = 1.0;
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    td_memmgr *mm = td_trainer_memmgr(t);
+    int last = td_gpt_ref_tensor_count(&c.model) - 1, ids[2];
+    td_trainer_tensor_ids(t, 0, &ids[0], NULL, NULL, NULL);    /* wte: the first chunk */
+    td_trainer_tensor_ids(t, last, &ids[1], NULL, NULL, NULL); /* ln_f bias: the last */
+    float before[2], after[2];
+    void *h[2];
+    TD_ASSERT_OK(td_memmgr_host_access(mm, ids, 2, TD_ACCESS_READ, h));
+    for (int i = 0; i < 2; i++) before[i] = *(float *)h[i];
+    batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+    td_rng_seed(&b.rng, 5);
+    td_step_result r;
+    TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+    TD_ASSERT_OK(td_memmgr_host_access(mm, ids, 2, TD_ACCESS_READ, h));
+    for (int i = 0; i < 2; i++) assert_memory_equal(h[i], &before[i], sizeof(float));
+    TD_ASSERT_OK(td_trainer_finish_update(t));
+    TD_ASSERT_OK(td_memmgr_host_access(mm, ids, 2, TD_ACCESS_READ, h));
+    for (int i = 0; i < 2; i++) after[i] = *(float *)h[i];
+    assert_true(after[0] != before[0] && after[1] != before[1]);
+    TD_ASSERT_OK(td_trainer_finish_update(t)); /* nothing left: a no-op */
+    TD_ASSERT_OK(td_memmgr_host_access(mm, ids, 2, TD_ACCESS_READ, h));
+    for (int i = 0; i < 2; i++) assert_memory_equal(h[i], &after[i], sizeof(float));
+    td_trainer_destroy(t);
+}
+
 /* The first loss equals the whole-model reference forward on the same batch. */
 static void test_first_loss_matches_reference(void **state)
 {
@@ -465,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_policies_and_budgets_are_bit_identical),
         cmocka_unit_test(test_first_loss_matches_reference),
         cmocka_unit_test(test_early_updates_match_two_pass),
+        cmocka_unit_test(test_updates_wait_for_next_forward),
         cmocka_unit_test(test_partial_checkpointing_is_bit_identical),
         cmocka_unit_test(test_auto_checkpointing_keeps_what_fits),
         cmocka_unit_test(test_learns_a_fixed_batch),

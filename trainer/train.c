@@ -19,6 +19,7 @@
 #include "tidal/topo.h"
 #include "tidal/util.h"
 
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -35,6 +36,10 @@ struct td_trainer {
     td_memmgr *mm;
     td_adam_cpu *adam;
     td_optim optim;
+    /* The two-pass CPU AdamW leaves param chunks [pending_next, count) to the
+     * next forward, each updated just before its first access (catch_up). */
+    int pending, pending_next;
+    td_adam_coeffs pending_coeffs;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
 
     int n_tensors;                     /* 4 + 12 L */
@@ -463,6 +468,43 @@ static void *block_acts(td_trainer *t, int l)
 }
 static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of(t) * (size_t)t->cfg.model.n_embd * E_of(t); }
 
+/* ---- the deferred optimizer updates ------------------------------------------ */
+
+static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats);
+
+/* The pending AdamW of param chunks up to role index `upto`; when the last
+ * is done, the grads are consumed (FREE) and nothing is pending. */
+static td_status catch_up(td_trainer *t, int upto)
+{
+    if (!t->pending) return TD_OK;
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    for (; t->pending_next <= upto && t->pending_next < chunks; t->pending_next++) {
+        td_status st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
+        if (st) return st;
+    }
+    if (t->pending_next < chunks) return TD_OK;
+    t->pending = 0;
+    return td_memmgr_set_state(t->mm, t->gid, t->n_tensors, TD_TENSOR_FREE);
+}
+
+/* The same for the chunks holding these param ids and the next CATCH_AHEAD
+ * (param chunks are in model order, so everything before them is updated
+ * too): the prefetcher, which loads chunks ahead of their use, then finds
+ * their new params already written. */
+enum { CATCH_AHEAD = 2 };
+static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
+{
+    if (!t->pending) return TD_OK;
+    int first = td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, 0), upto = -1;
+    for (int i = 0; i < n; i++) {
+        int k = td_memmgr_tensor_chunk(t->mm, ids[i]) - first;
+        if (k > upto) upto = k;
+    }
+    return catch_up(t, upto + CATCH_AHEAD);
+}
+
+td_status td_trainer_finish_update(td_trainer *t) { return catch_up(t, INT_MAX); }
+
 /* ---- the model ops, on whichever backend runs them ---------------------------- */
 
 #ifdef TD_HAVE_CUDA
@@ -608,6 +650,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     /* Embedding: x0 (N,C). */
     int emb[2] = {t->pid[0], t->pid[1]};
     TD_TRY(td_memmgr_timeline_range(mm, "embedding", 1));
+    TD_TRY(catch_up_ids(t, emb, 2));
     TD_TRY(td_memmgr_access(mm, emb, 2, TD_TENSOR_COMPUTE, 0, p));
     TD_TRY(op_encoder_forward(t, resid_at(t, 0), p[0], p[1]));
     TD_TRY(td_memmgr_release(mm, emb, 2, TD_TENSOR_HOLD_AFTER_FWD));
@@ -618,6 +661,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         snprintf(name, sizeof name, "block %d forward", l);
         TD_TRY(td_memmgr_timeline_range(mm, name, 1));
         block_ids(t, t->pid, l, ids);
+        TD_TRY(catch_up_ids(t, ids, TD_GPT_REF_BLOCK_TENSORS));
         TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
         TD_TRY(op_block_forward(t, p, block_acts(t, l), resid_at(t, l), resid_at(t, l + 1)));
         TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_FWD));
@@ -629,6 +673,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     int head[3] = {t->pid[li], t->pid[li + 1], t->pid[0]};
     int ghead[3] = {t->gid[li], t->gid[li + 1], t->gid[0]};
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
+    TD_TRY(td_trainer_finish_update(t)); /* ln_f is the last chunk: nothing stays pending into backward */
     TD_TRY(td_memmgr_access(mm, head, 3, TD_TENSOR_COMPUTE, 0, p));
     const void *xL = resid_at(t, L);
     TD_TRY(op_head_forward(t, p, xL, dloss, train));
@@ -850,11 +895,19 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
                                           td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &global));
         }
         TD_TRY(td_optim_begin_step(&t->optim, &global, os));
-        /* Chunk by chunk in forward order: the next step's first blocks are ready first. */
-        for (int i = 0; i < chunks && !os->skip; i++) TD_TRY(update_chunk_host(t, i, &os->coeffs, NULL));
+        /* The updates run chunk by chunk in forward order, each just before
+         * the next step's forward first needs it (catch_up): the CPU updates
+         * chunk k + 1 while the GPU runs the blocks of chunk k.  Exact: the
+         * coefficients are this step's. */
+        if (!os->skip) {
+            t->pending = 1;
+            t->pending_next = 0;
+            t->pending_coeffs = os->coeffs;
+        }
     }
-    /* Grads consumed; every param back to HOLD for the next step. */
-    TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    /* Every param back to HOLD for the next step; the grads are consumed
+     * now, or when the last pending update has read them. */
+    if (!t->pending) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:
     return st;
@@ -909,6 +962,7 @@ td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int 
     td_status st = TD_OK;
     double sum = 0;
     size_t targets = 0, N = N_of(t);
+    TD_TRY(td_trainer_finish_update(t));
     for (int k = 0; k < batches; k++) {
         TD_TRY(next_batch(ctx, t->h_tokens, t->h_targets));
         for (size_t i = 0; i < N; i++) targets += t->h_targets[i] >= 0;
@@ -1104,6 +1158,7 @@ td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char 
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = state;
     td_ckpt_writer *w = NULL;
+    TD_TRY(td_trainer_finish_update(t));
     TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
     if (state) {
         const td_loss_scaler *sc = &t->optim.scaler;
@@ -1169,6 +1224,7 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
     td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
     td_ckpt_reader *r = NULL;
     if (reader_out) *reader_out = NULL;
+    TD_TRY(td_trainer_finish_update(t)); /* nothing pending may overwrite what is loaded */
     TD_TRY(td_ckpt_reader_open(dir, &cc, &r));
     if (state && !td_ckpt_reader_has_state(r))
         TD_FAIL(TD_ERR_INVALID, "%s has no train_state.safetensors: it holds weights only; start from it with "
@@ -1229,6 +1285,7 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
     size_t N = N_of(t);
     int T = t->cfg.seq_len, V = t->cfg.model.vocab_size, Vp = t->cfg.model.padded_vocab_size;
     if (n < 1 || n > T) return td_error_set(TD_ERR_INVALID, "context of %d tokens; 1 to %d fit", n, T);
+    if ((st = td_trainer_finish_update(t))) return st;
     /* Row 0 holds the context, left-aligned; causal attention makes what
      * follows it irrelevant to position n-1. */
     for (size_t i = 0; i < N; i++) {

@@ -15,7 +15,10 @@
  *   optimizer the global grad norm from every grad chunk (exact clipping and
  *             overflow detection), then AdamW chunk by chunk on the host
  *             (fp32 master, m, v), writing the new params into the param
- *             chunk's host copy, which the next step uploads.
+ *             chunk's host copy, which the next step uploads: in the next
+ *             step's forward, each chunk just before its first use (without
+ *             clipping and loss scale, during this step's backward instead;
+ *             on the GPU when the whole state fits).
  * The first step is the chunk manager's warm-up (it records the access order
  * and plans placement, eviction and prefetch).  Activations are taken from
  * the arena once, at creation: no step allocates.
@@ -90,6 +93,12 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out);
 void td_trainer_destroy(td_trainer *t);
 
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);
+/* With clipping or a loss scale, a step's CPU AdamW runs chunk by chunk in
+ * the next step's forward, each chunk just before its first use, so that the
+ * CPU updates while the GPU computes (the same result).  This runs what is
+ * still pending, so that the host copies of params, master and AdamW state
+ * are current.  eval, save, load and next_logits call it themselves. */
+td_status td_trainer_finish_update(td_trainer *t);
 /* Mean loss over `batches` micro-batches without updating (eval). */
 td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss);
 
