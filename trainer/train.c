@@ -36,9 +36,10 @@ struct td_trainer {
     td_memmgr *mm;
     td_adam_cpu *adam;
     td_optim optim;
-    /* The two-pass CPU AdamW leaves param chunks [pending_next, count) to the
-     * next forward, each updated just before its first access (catch_up). */
-    int pending, pending_next;
+    /* The two-pass CPU AdamW leaves param chunks [pending_next, pending_end)
+     * to the next forward, each updated just before its first access
+     * (catch_up); pending_end 0: nothing pending. */
+    int pending_next, pending_end;
     td_adam_coeffs pending_coeffs;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
 
@@ -476,14 +477,13 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
  * is done, the grads are consumed (FREE) and nothing is pending. */
 static td_status catch_up(td_trainer *t, int upto)
 {
-    if (!t->pending) return TD_OK;
-    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
-    for (; t->pending_next <= upto && t->pending_next < chunks; t->pending_next++) {
+    if (!t->pending_end) return TD_OK;
+    for (; t->pending_next <= upto && t->pending_next < t->pending_end; t->pending_next++) {
         td_status st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
         if (st) return st;
     }
-    if (t->pending_next < chunks) return TD_OK;
-    t->pending = 0;
+    if (t->pending_next < t->pending_end) return TD_OK;
+    t->pending_end = 0;
     return td_memmgr_set_state(t->mm, t->gid, t->n_tensors, TD_TENSOR_FREE);
 }
 
@@ -494,7 +494,7 @@ static td_status catch_up(td_trainer *t, int upto)
 enum { CATCH_AHEAD = 2 };
 static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
 {
-    if (!t->pending) return TD_OK;
+    if (!t->pending_end) return TD_OK;
     int first = td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, 0), upto = -1;
     for (int i = 0; i < n; i++) {
         int k = td_memmgr_tensor_chunk(t->mm, ids[i]) - first;
@@ -900,14 +900,14 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
          * chunk k + 1 while the GPU runs the blocks of chunk k.  Exact: the
          * coefficients are this step's. */
         if (!os->skip) {
-            t->pending = 1;
             t->pending_next = 0;
+            t->pending_end = chunks;
             t->pending_coeffs = os->coeffs;
         }
     }
     /* Every param back to HOLD for the next step; the grads are consumed
      * now, or when the last pending update has read them. */
-    if (!t->pending) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    if (!t->pending_end) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:
     return st;
@@ -1035,7 +1035,8 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
         if (b > largest) largest = b;
     }
     act_plan ap;
-    state_bytes sb = state_of(mm);
+    state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD],
+                       .all = out->host_pinned_bytes, .largest = largest };
     plan_activations(cfg, budget ? budget : 0, &sb, &ap);
     out->ckpt_blocks = ap.ckpt_blocks;
     out->ckpt = ap.ckpt_blocks > 0;
