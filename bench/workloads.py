@@ -301,16 +301,21 @@ def run_tidal_once(a, w, B, K, plan):
     return res
 
 
-def describe_tidal_run(r):
-    cfg = f"B{r['batch']}x{r['grad_accum']}"
-    if r.get("ckpt_blocks") is not None:
-        cfg += f" ({r['ckpt_blocks']} blocks recomputed)"
+def describe_run(cfg, r):
+    """One tried configuration of tidal or a peer, as the notes list it."""
     if r.get("error"):
         return f"{cfg}: failed ({r['error'][:300]})"
     s = f"{cfg}: {r['tokens_per_s']:.0f} tok/s, peak {gib(r['peak_bytes'])}"
     if r.get("within_budget") is False:
         s += f" > budget {gib(r['budget_bytes'])} (skipped)"
     return s
+
+
+def describe_tidal_run(r):
+    cfg = f"B{r['batch']}x{r['grad_accum']}"
+    if r.get("ckpt_blocks") is not None:
+        cfg += f" ({r['ckpt_blocks']} blocks recomputed)"
+    return describe_run(cfg, r)
 
 
 def run_tidal(a, w):
@@ -405,12 +410,7 @@ def describe_peer_run(r):
     cfg = f"B{r['batch']}x{r['grad_accum']}{' ckpt' if r['ckpt'] else ''}"
     if r.get("error") == "oom":
         return f"{cfg}: out of GPU memory"
-    if r.get("error"):
-        return f"{cfg}: failed ({r['error'][:300]})"
-    s = f"{cfg}: {r['tokens_per_s']:.0f} tok/s, peak {gib(r['peak_bytes'])}"
-    if r.get("within_budget") is False:
-        s += f" > budget {gib(r['budget_bytes'])} (skipped)"
-    return s
+    return describe_run(cfg, r)
 
 
 def run_peer(a, w):
