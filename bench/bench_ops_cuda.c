@@ -7,13 +7,13 @@
  * timed with CUDA events on one stream.  Matmuls and attention also give
  * TFLOP/s (2 flops per multiply-add; causal attention counts half the T x T
  * products); memory-bound ops give GB/s of their compulsory reads + writes.
- * The inputs are random; the values do not change the times. */
+ * The buffers are trainer/block_probe.h's (the same `tidal plan` times the
+ * whole block on); their values do not change the times. */
 #include "bench.h"
 #include "../trainer/args.h"
-#include "tidal/arena.h"
+#include "../trainer/block_probe.h"
 #include "tidal/backend.h"
 #include "tidal/ops_cuda.h"
-#include "tidal/optim_convert.h"
 #include "tidal/util.h"
 
 #include <cuda_runtime.h>
@@ -34,22 +34,10 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* One op, as a closure over the bench state. */
-typedef struct bench_state {
-    td_ops_cuda *ops;
-    td_gpt_ref_config mc;
-    int B, T, C, NH, N;
-    td_dtype dt;
-    cudaStream_t s;
-    td_ops_cuda_block w, g;
-    td_ops_cuda_block_acts a;
-    void *x, *y, *dy, *dx, *scratch, *big;
-    size_t scratch_bytes;
-} bench_state;
+/* One op on the probe's buffers. */
+typedef td_status (*op_fn)(td_block_probe *b);
 
-typedef td_status (*op_fn)(bench_state *b);
-
-static td_status time_op(bench_state *b, op_fn fn, int repeat, double *ms)
+static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
 {
     cudaEvent_t e0, e1;
     double *t = malloc((size_t)repeat * sizeof *t);
@@ -61,9 +49,9 @@ static td_status time_op(bench_state *b, op_fn fn, int repeat, double *ms)
     }
     for (int i = 0; i < 2 && !st; i++) st = fn(b);
     for (int i = 0; i < repeat && !st; i++) {
-        cudaEventRecord(e0, b->s);
+        cudaEventRecord(e0, b->stream);
         st = fn(b);
-        cudaEventRecord(e1, b->s);
+        cudaEventRecord(e1, b->stream);
         if (cudaEventSynchronize(e1) != cudaSuccess) st = td_error_set(TD_ERR_BACKEND, "an op failed");
         float f = 0;
         cudaEventElapsedTime(&f, e0, e1);
@@ -80,111 +68,86 @@ static td_status time_op(bench_state *b, op_fn fn, int repeat, double *ms)
 }
 
 /* The ops, in the order a block runs them. */
-static td_status ln1_fwd(bench_state *b)
+static td_status ln1_fwd(td_block_probe *b)
 {
     return td_ops_cuda_layernorm_forward(b->a.ln1, b->a.ln1_mean, b->a.ln1_rstd, b->x, b->w.ln1_w, b->w.ln1_b, b->N,
-                                         b->C, b->dt, b->s);
+                                         b->mc.n_embd, b->dt, b->stream);
 }
-static td_status qkv_fwd(bench_state *b)
+static td_status qkv_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_forward(b->ops, b->a.qkv, NULL, b->a.ln1, b->w.qkv_w, b->w.qkv_b, NULL, b->N, b->C,
-                                      3 * b->C, b->dt, b->s);
+    return td_ops_cuda_matmul_forward(b->ops, b->a.qkv, NULL, b->a.ln1, b->w.qkv_w, b->w.qkv_b, NULL, b->N, b->mc.n_embd,
+                                      3 * b->mc.n_embd, b->dt, b->stream);
 }
-static td_status att_fwd(bench_state *b)
+static td_status att_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_attention_forward(b->ops, b->a.atty, b->a.att_lse, b->a.qkv, b->B, b->T, b->C, b->NH, b->dt,
-                                         b->scratch, b->scratch_bytes, b->s);
+    return td_ops_cuda_attention_forward(b->ops, b->a.atty, b->a.att_lse, b->a.qkv, b->B, b->T, b->mc.n_embd, b->mc.n_head, b->dt,
+                                         b->scratch, b->scratch_bytes, b->stream);
 }
-static td_status attproj_fwd(bench_state *b)
+static td_status attproj_fwd(td_block_probe *b)
 {
     return td_ops_cuda_matmul_forward(b->ops, b->a.res2, NULL, b->a.atty, b->w.attproj_w, b->w.attproj_b, b->x, b->N,
-                                      b->C, b->C, b->dt, b->s);
+                                      b->mc.n_embd, b->mc.n_embd, b->dt, b->stream);
 }
-static td_status ln2_fwd(bench_state *b)
+static td_status ln2_fwd(td_block_probe *b)
 {
     return td_ops_cuda_layernorm_forward(b->a.ln2, b->a.ln2_mean, b->a.ln2_rstd, b->a.res2, b->w.ln2_w, b->w.ln2_b,
-                                         b->N, b->C, b->dt, b->s);
+                                         b->N, b->mc.n_embd, b->dt, b->stream);
 }
-static td_status fc_fwd(bench_state *b)
+static td_status fc_fwd(td_block_probe *b)
 {
     return td_ops_cuda_matmul_forward(b->ops, b->a.fch_gelu, b->a.fch, b->a.ln2, b->w.fc_w, b->w.fc_b, NULL, b->N,
-                                      b->C, 4 * b->C, b->dt, b->s);
+                                      b->mc.n_embd, 4 * b->mc.n_embd, b->dt, b->stream);
 }
-static td_status fcproj_fwd(bench_state *b)
+static td_status fcproj_fwd(td_block_probe *b)
 {
     return td_ops_cuda_matmul_forward(b->ops, b->y, NULL, b->a.fch_gelu, b->w.fcproj_w, b->w.fcproj_b, b->a.res2,
-                                      b->N, 4 * b->C, b->C, b->dt, b->s);
+                                      b->N, 4 * b->mc.n_embd, b->mc.n_embd, b->dt, b->stream);
 }
-static td_status fcproj_bwd(bench_state *b)
+static td_status fcproj_bwd(td_block_probe *b)
 {
     return td_ops_cuda_matmul_backward(b->ops, b->big, b->g.fcproj_w, b->g.fcproj_b, b->dy, b->a.fch_gelu,
-                                       b->w.fcproj_w, b->N, 4 * b->C, b->C, TD_OPS_CUDA_SET, b->dt, b->dt,
-                                       b->scratch, b->scratch_bytes, b->s);
+                                       b->w.fcproj_w, b->N, 4 * b->mc.n_embd, b->mc.n_embd, TD_OPS_CUDA_SET, b->dt, b->dt,
+                                       b->scratch, b->scratch_bytes, b->stream);
 }
-static td_status gelu_bwd(bench_state *b)
+static td_status gelu_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_gelu_backward(b->big, b->a.fch, b->big, (size_t)b->N * 4 * b->C, TD_OPS_CUDA_SET, b->dt, b->s);
+    return td_ops_cuda_gelu_backward(b->big, b->a.fch, b->big, (size_t)b->N * 4 * b->mc.n_embd, TD_OPS_CUDA_SET, b->dt, b->stream);
 }
-static td_status fc_bwd(bench_state *b)
+static td_status fc_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_backward(b->ops, b->dx, b->g.fc_w, b->g.fc_b, b->big, b->a.ln2, b->w.fc_w, b->N, b->C,
-                                       4 * b->C, TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes, b->s);
+    return td_ops_cuda_matmul_backward(b->ops, b->dx, b->g.fc_w, b->g.fc_b, b->big, b->a.ln2, b->w.fc_w, b->N, b->mc.n_embd,
+                                       4 * b->mc.n_embd, TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
-static td_status ln2_bwd(bench_state *b)
+static td_status ln2_bwd(td_block_probe *b)
 {
     return td_ops_cuda_layernorm_backward(b->dx, b->g.ln2_w, b->g.ln2_b, b->dy, b->a.res2, b->w.ln2_w, b->a.ln2_mean,
-                                          b->a.ln2_rstd, b->N, b->C, b->dt, b->dt, b->scratch, b->scratch_bytes,
-                                          b->s);
+                                          b->a.ln2_rstd, b->N, b->mc.n_embd, b->dt, b->dt, b->scratch, b->scratch_bytes,
+                                          b->stream);
 }
-static td_status attproj_bwd(bench_state *b)
+static td_status attproj_bwd(td_block_probe *b)
 {
     return td_ops_cuda_matmul_backward(b->ops, b->dx, b->g.attproj_w, b->g.attproj_b, b->dy, b->a.atty,
-                                       b->w.attproj_w, b->N, b->C, b->C, TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch,
-                                       b->scratch_bytes, b->s);
+                                       b->w.attproj_w, b->N, b->mc.n_embd, b->mc.n_embd, TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch,
+                                       b->scratch_bytes, b->stream);
 }
-static td_status att_bwd(bench_state *b)
+static td_status att_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_attention_backward(b->ops, b->big, b->dx, b->a.qkv, b->a.atty, b->a.att_lse, b->B, b->T, b->C,
-                                          b->NH, TD_OPS_CUDA_SET, b->dt, b->scratch, b->scratch_bytes, b->s);
+    return td_ops_cuda_attention_backward(b->ops, b->big, b->dx, b->a.qkv, b->a.atty, b->a.att_lse, b->B, b->T, b->mc.n_embd,
+                                          b->mc.n_head, TD_OPS_CUDA_SET, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
-static td_status qkv_bwd(bench_state *b)
+static td_status qkv_bwd(td_block_probe *b)
 {
     return td_ops_cuda_matmul_backward(b->ops, b->dx, b->g.qkv_w, b->g.qkv_b, b->big, b->a.ln1, b->w.qkv_w, b->N,
-                                       b->C, 3 * b->C, TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes,
-                                       b->s);
+                                       b->mc.n_embd, 3 * b->mc.n_embd, TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes,
+                                       b->stream);
 }
-static td_status ln1_bwd(bench_state *b)
+static td_status ln1_bwd(td_block_probe *b)
 {
     return td_ops_cuda_layernorm_backward(b->dx, b->g.ln1_w, b->g.ln1_b, b->dy, b->x, b->w.ln1_w, b->a.ln1_mean,
-                                          b->a.ln1_rstd, b->N, b->C, b->dt, b->dt, b->scratch, b->scratch_bytes, b->s);
+                                          b->a.ln1_rstd, b->N, b->mc.n_embd, b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
-static td_status block_fwd(bench_state *b)
-{
-    return td_ops_cuda_block_forward(b->ops, &b->mc, &b->w, &b->a, b->x, b->y, b->B, b->T, b->dt, b->scratch,
-                                     b->scratch_bytes, b->s);
-}
-static td_status block_bwd(bench_state *b)
-{
-    return td_ops_cuda_block_backward(b->ops, &b->mc, &b->w, &b->g, &b->a, b->x, b->dy, b->dx, b->B, b->T,
-                                      TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes, b->s);
-}
-
-static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, float scale)
-{
-    size_t E = td_dtype_bytes(dt);
-    void *h = malloc(n * E);
-    if (!h) return TD_ERR_NOMEM;
-    td_rng r;
-    td_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) {
-        float v = (float)(td_rng_uniform(&r) * 2.0 - 1.0) * scale;
-        if (dt == TD_DTYPE_F32) ((float *)h)[i] = v;
-        else ((uint16_t *)h)[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(v) : td_f16_from_f32(v);
-    }
-    cudaError_t e = cudaMemcpy(dev, h, n * E, cudaMemcpyHostToDevice);
-    free(h);
-    return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "cudaMemcpy: %s", cudaGetErrorString(e));
-}
+static td_status block_fwd(td_block_probe *b) { return td_block_probe_forward(b); }
+static td_status block_bwd(td_block_probe *b) { return td_block_probe_backward(b); }
 
 int td_bench_ops_main(int argc, char **argv)
 {
@@ -214,48 +177,24 @@ int td_bench_ops_main(int argc, char **argv)
         return 2;
     }
     td_backend *be = NULL;
-    td_arena *arena = NULL;
-    void *workspace = NULL;
-    bench_state b = {0};
-    if ((st = td_dtype_parse(o.precision, &b.dt))) goto done;
+    td_block_probe *pr = NULL;
+    td_dtype dt;
+    if ((st = td_dtype_parse(o.precision, &dt))) goto done;
     if (o.repeat < 1 || o.batch < 1 || o.seq < 1 || o.heads < 1 || o.width % o.heads) {
         st = td_error_set(TD_ERR_INVALID, "--repeat, --micro-batch, --seq must be positive and --heads divide --width");
         goto done;
     }
-    b.B = o.batch, b.T = o.seq, b.C = o.width, b.NH = o.heads, b.N = o.batch * o.seq;
-    b.mc = (td_gpt_ref_config){ .n_layer = 1, .n_head = b.NH, .n_embd = b.C, .n_positions = b.T,
-                                .vocab_size = 64, .padded_vocab_size = 64 };
+    td_gpt_ref_config mc = { .n_layer = 1, .n_head = o.heads, .n_embd = o.width, .n_positions = o.seq,
+                             .vocab_size = 64, .padded_vocab_size = 64 };
     td_backend_params bp = td_backend_default_params();
     bp.kind = TD_BACKEND_CUDA;
     if ((st = td_backend_create(&bp, &be))) goto done;
-    size_t N = (size_t)b.N, C = (size_t)b.C, E = td_dtype_bytes(b.dt);
-    size_t off, span;
-    td_gpt_ref_block_span(&b.mc, 0, &off, &span);
-    size_t acts = td_ops_cuda_block_acts_bytes(&b.mc, b.B, b.T, b.dt);
-    b.scratch_bytes = td_ops_cuda_block_scratch_bytes(&b.mc, b.B, b.T, b.dt, b.B);
-    size_t sizes[] = {span * E, span * E, acts, N * C * E, N * C * E, N * C * E, N * C * E, N * 4 * C * E,
-                      b.scratch_bytes, TD_OPS_CUDA_WORKSPACE_BYTES};
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += td_align_up(sizes[i], TD_ARENA_ALIGN);
-    if ((st = td_arena_create(be, total, &arena))) goto done;
-    void *wbase, *gbase, *abase;
-    void **dst[] = {&wbase, &gbase, &abase, &b.x, &b.y, &b.dy, &b.dx, &b.big, &b.scratch, &workspace};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((st = td_arena_alloc(arena, sizes[i], TD_ROLE_WORKSPACE, dst[i]))) goto done;
-    td_ops_cuda_block_view(&b.mc, wbase, b.dt, &b.w);
-    td_ops_cuda_block_view(&b.mc, gbase, b.dt, &b.g);
-    td_ops_cuda_block_acts_view(&b.mc, b.B, b.T, b.dt, abase, &b.a);
-    if ((st = fill_random(wbase, span, b.dt, 1, 0.02f)) || (st = fill_random(b.x, N * C, b.dt, 2, 1.0f)) ||
-        (st = fill_random(b.dy, N * C, b.dt, 3, 1e-3f)))
-        goto done;
-    td_ops_cuda_params op = td_ops_cuda_default_params();
-    op.workspace = workspace;
-    op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
-    if ((st = td_ops_cuda_create(&op, &b.ops))) goto done;
-    b.s = td_backend_native_queue(be, TD_QUEUE_COMPUTE);
-    if ((st = block_fwd(&b))) goto done; /* acts for the backward ops */
+    if ((st = td_block_probe_create(be, &mc, o.batch, o.seq, dt, &pr))) goto done;
+    td_block_probe *b = pr;
+    if ((st = block_fwd(b))) goto done; /* acts for the backward ops */
+    size_t N = (size_t)b->N, C = (size_t)o.width, E = td_dtype_bytes(dt);
 
-    double mm = 2.0 * (double)N * C, att = 2.0 * (double)b.B * b.T * b.T * C; /* causal: half of 4 B T^2 C */
+    double mm = 2.0 * (double)N * C, att = 2.0 * (double)b->B * b->T * b->T * C; /* causal: half of 4 B T^2 C */
     double nc = (double)N * C * (double)E;
     row rows[] = {
         {"ln1 forward", 0, 0, 2 * nc},
@@ -280,8 +219,8 @@ int td_bench_ops_main(int argc, char **argv)
                    fc_bwd, ln2_bwd, attproj_bwd, att_bwd, qkv_bwd, ln1_bwd, block_fwd, block_bwd};
     int nrows = (int)(sizeof rows / sizeof rows[0]);
     for (int i = 0; i < nrows; i++) {
-        if (i < 7 && (st = block_fwd(&b))) goto done; /* forward ops read what the previous one wrote */
-        if ((st = time_op(&b, fns[i], o.repeat, &rows[i].ms))) goto done;
+        if (i < 7 && (st = block_fwd(b))) goto done; /* forward ops read what the previous one wrote */
+        if ((st = time_op(b, fns[i], o.repeat, &rows[i].ms))) goto done;
         if (i < nrows - 2) {
             double *f = i < 7 ? &rows[nrows - 2].flops : &rows[nrows - 1].flops;
             *f += rows[i].flops;
@@ -289,8 +228,8 @@ int td_bench_ops_main(int argc, char **argv)
         if (!o.json) fprintf(stderr, "\r%d/%d", i + 1, nrows);
     }
     if (o.json) {
-        printf("{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"precision\":\"%s\"},\"ops\":[", b.B, b.T, b.C, b.NH,
-               td_dtype_name(b.dt));
+        printf("{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"precision\":\"%s\"},\"ops\":[", b->B, b->T, o.width, o.heads,
+               td_dtype_name(dt));
         for (int i = 0; i < nrows; i++)
             printf("%s{\"op\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f,\"gbytes_per_s\":%.1f}", i ? "," : "", rows[i].name,
                    rows[i].ms, rows[i].flops > 0 ? rows[i].flops / rows[i].ms * 1e-9 : 0,
@@ -298,8 +237,8 @@ int td_bench_ops_main(int argc, char **argv)
         printf("]}\n");
     } else {
         fprintf(stderr, "\r");
-        printf("one block, B %d x T %d, C %d, %d heads, %s; median of %d runs\n\n", b.B, b.T, b.C, b.NH,
-               td_dtype_name(b.dt), o.repeat);
+        printf("one block, B %d x T %d, C %d, %d heads, %s; median of %d runs\n\n", b->B, b->T, o.width, o.heads,
+               td_dtype_name(dt), o.repeat);
         printf("%-32s %10s %10s %10s %8s\n", "op", "ms", "TFLOP/s", "GB/s", "share");
         double fsum = 0, bsum = 0;
         for (int i = 0; i < nrows - 2; i++) *(i < 7 ? &fsum : &bsum) += rows[i].ms;
@@ -320,8 +259,7 @@ int td_bench_ops_main(int argc, char **argv)
     rc = 0;
 done:
     if (st) fprintf(stderr, "tidal bench ops: %s\n", td_error_msg());
-    td_ops_cuda_free(b.ops);
-    td_arena_destroy(arena);
+    td_block_probe_destroy(pr);
     td_backend_free(be);
     td_args_free();
     return rc;

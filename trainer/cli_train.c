@@ -346,6 +346,7 @@ typedef struct rates { double copy_gbs, adam_gps, gflops, block_fwd_ms, block_bw
 #include "tidal/ops.h"
 
 #ifdef TD_HAVE_CUDA
+#include "block_probe.h"
 #include "tidal/ops_cuda.h"
 /* The model's MLP matmul in bf16 on the device (2048 rows), timed with events. */
 static td_status measure_cuda_gflops(td_backend *b, const td_gpt_ref_config *mc, double *gflops)
@@ -394,62 +395,15 @@ cleanup:
  * not fit the device's free memory is left unmeasured (0). */
 static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
 {
-    td_status st = TD_OK;
-    td_gpt_ref_config mc = cfg->model;
-    mc.n_layer = 1;
-    int B = cfg->micro_batch, T = cfg->seq_len;
-    td_dtype dt = cfg->precision == TD_DTYPE_F32 ? TD_DTYPE_F32 : cfg->precision;
-    size_t E = td_dtype_bytes(dt), N = (size_t)B * T, C = (size_t)mc.n_embd, off, span;
-    td_gpt_ref_block_span(&mc, 0, &off, &span);
-    size_t sizes[] = {span * E, span * E, td_ops_cuda_block_acts_bytes(&mc, B, T, dt), N * C * E, N * C * E,
-                      N * C * E, N * C * E, td_ops_cuda_block_scratch_bytes(&mc, B, T, dt, B),
-                      TD_OPS_CUDA_WORKSPACE_BYTES};
-    enum { NBUF = sizeof sizes / sizeof sizes[0] };
-    void *buf[NBUF] = {0};
-    size_t total = 0, free_b = 0, total_b = 0;
-    for (int i = 0; i < NBUF; i++) total += td_align_up(sizes[i], TD_ARENA_ALIGN);
+    size_t free_b = 0, total_b = 0, need = td_block_probe_bytes(&cfg->model, cfg->micro_batch, cfg->seq_len,
+                                                                 cfg->precision);
     *fwd_ms = *bwd_ms = 0;
-    TD_TRY(td_backend_mem_info(b, &free_b, &total_b));
-    if (total + total / 8 > free_b) return TD_OK;
-    td_arena *a = NULL;
-    td_ops_cuda *ctx = NULL;
-    td_event *e[3] = {0};
-    TD_TRY(td_arena_create(b, total, &a));
-    for (int i = 0; i < NBUF; i++) TD_TRY(td_arena_alloc(a, sizes[i], TD_ROLE_WORKSPACE, &buf[i]));
-    for (int i = 0; i < NBUF - 1; i++) /* small finite values (0x3c3c: about 0.01 in bf16, 1.06 in fp16) */
-        TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, buf[i], dt == TD_DTYPE_BF16 ? 0x3c : 0x1c, sizes[i]));
-    td_ops_cuda_params op = td_ops_cuda_default_params();
-    op.workspace = buf[NBUF - 1];
-    op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
-    TD_TRY(td_ops_cuda_create(&op, &ctx));
-    for (int i = 0; i < 3; i++) TD_TRY(td_event_create(b, &e[i]));
-    td_ops_cuda_block w, g;
-    td_ops_cuda_block_acts acts;
-    td_ops_cuda_block_view(&mc, buf[0], dt, &w);
-    td_ops_cuda_block_view(&mc, buf[1], dt, &g);
-    td_ops_cuda_block_acts_view(&mc, B, T, dt, buf[2], &acts);
-    void *s = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
-    double best_f = 1e30, best_b = 1e30;
-    for (int it = 0; it < 4; it++) {
-        TD_TRY(td_event_record(b, e[0], TD_QUEUE_COMPUTE));
-        TD_TRY(td_ops_cuda_block_forward(ctx, &mc, &w, &acts, buf[3], buf[4], B, T, dt, buf[7], sizes[7], s));
-        TD_TRY(td_event_record(b, e[1], TD_QUEUE_COMPUTE));
-        TD_TRY(td_ops_cuda_block_backward(ctx, &mc, &w, &g, &acts, buf[3], buf[5], buf[6], B, T, TD_OPS_CUDA_SET, dt,
-                                          dt, buf[7], sizes[7], s));
-        TD_TRY(td_event_record(b, e[2], TD_QUEUE_COMPUTE));
-        TD_TRY(td_event_sync(b, e[2]));
-        float f = 0, bw = 0;
-        TD_TRY(td_event_elapsed_ms(b, e[0], e[1], &f));
-        TD_TRY(td_event_elapsed_ms(b, e[1], e[2], &bw));
-        if (it > 0 && f < best_f) best_f = f; /* the first run is the warm-up */
-        if (it > 0 && bw < best_b) best_b = bw;
-    }
-    *fwd_ms = best_f;
-    *bwd_ms = best_b;
-cleanup:
-    for (int i = 0; i < 3; i++) td_event_free(b, e[i]);
-    td_ops_cuda_free(ctx);
-    td_arena_destroy(a);
+    td_status st = td_backend_mem_info(b, &free_b, &total_b);
+    if (st || need + need / 8 > free_b) return st;
+    td_block_probe *p = NULL;
+    if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, &p))) return st;
+    st = td_block_probe_time(p, 3, fwd_ms, bwd_ms);
+    td_block_probe_destroy(p);
     return st;
 }
 #endif
@@ -692,6 +646,9 @@ int td_cli_plan_main(int argc, char **argv)
         if (r.block_fwd_ms > 0)
             printf("               one block at this batch: forward %.2f ms, backward %.2f ms\n", r.block_fwd_ms,
                    r.block_bwd_ms);
+        else if (td_backend_get_kind(b) == TD_BACKEND_CUDA)
+            printf("               one block at this batch: not measured (its buffers exceed the free device "
+                   "memory); compute from the matmul rate\n");
         printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), %s %.1f ms\n", compute_ms,
                pcie_ms, td_format_bytes((size_t)p.h2d_bytes_per_step, h2, sizeof h2),
                td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
