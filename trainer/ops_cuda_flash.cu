@@ -127,6 +127,33 @@ __device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+template <int R> __device__ __forceinline__ void zero(float (&acc)[R][4])
+{
+#pragma unroll
+    for (int n = 0; n < R; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+}
+
+/* Key/value tile kt ready in shared stage kt & 1 (returned), with tile kt + 1
+ * (when kt < last) loading into the other stage: the forward's and dQ's loop
+ * over the key tiles. */
+template <typename T, int HS>
+__device__ __forceinline__ int kv_stage(T *Ks, T *Vs, const T *k_base, const T *v_base, size_t rs, int kt, int last,
+                                        int T_, bool vec)
+{
+    constexpr int QP = pitch<HS>();
+    const int st = kt & 1;
+    if (kt < last) {
+        load<T, HS>(Ks + (st ^ 1) * BM * QP, k_base, rs, (kt + 1) * BN, T_, vec);
+        load<T, HS>(Vs + (st ^ 1) * BM * QP, v_base, rs, (kt + 1) * BN, T_, vec);
+        commit();
+        wait<1>();
+    } else {
+        wait<0>();
+    }
+    __syncthreads();
+    return st;
+}
+
 /* s (16 x 64) = A B^T: A the warp's 16 rows (pitch HS + PAD, HS wide), B a
  * 64-row tile.  s[n] is the m16n8 accumulator of columns [8n, 8n + 8). */
 template <typename T, int HS>
@@ -134,8 +161,7 @@ __device__ __forceinline__ void mm_abt(float (&s)[BN / 8][4], const T *A, const 
 {
     constexpr int QP = pitch<HS>();
     const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    zero(s);
 #pragma unroll
     for (int k = 0; k < HS / 16; k += 2) {
         uint32_t a0[4], a1[4];
@@ -229,21 +255,11 @@ __global__ void __launch_bounds__(THREADS)
     load<T, HS>(Vs, v_base, rs, 0, T_, vec);
     commit();
     float o[NO][4];
-#pragma unroll
-    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    zero(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
-        const int st = kt & 1;
-        if (kt < qt) {
-            load<T, HS>(Ks + (st ^ 1) * BM * QP, k_base, rs, (kt + 1) * BN, T_, vec);
-            load<T, HS>(Vs + (st ^ 1) * BM * QP, v_base, rs, (kt + 1) * BN, T_, vec);
-            commit();
-            wait<1>();
-        } else {
-            wait<0>();
-        }
-        __syncthreads();
+        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, qt, T_, vec);
         const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
         float s[BN / 8][4];
         mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);
@@ -345,20 +361,10 @@ __global__ void __launch_bounds__(THREADS)
     load<T, HS>(Vs, v_base, rs, 0, T_, vec);
     commit();
     float dq[HS / 8][4];
-#pragma unroll
-    for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    zero(dq);
 
     for (int kt = 0; kt <= qt; kt++) {
-        const int st = kt & 1;
-        if (kt < qt) {
-            load<T, HS>(Ks + (st ^ 1) * BM * QP, k_base, rs, (kt + 1) * BN, T_, vec);
-            load<T, HS>(Vs + (st ^ 1) * BM * QP, v_base, rs, (kt + 1) * BN, T_, vec);
-            commit();
-            wait<1>();
-        } else {
-            wait<0>();
-        }
-        __syncthreads();
+        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, qt, T_, vec);
         const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
         float s[BN / 8][4], dp[BN / 8][4];
         mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);   /* S */
@@ -411,11 +417,8 @@ __global__ void __launch_bounds__(THREADS)
     stage_rows(kt, 0);
     commit();
     float dk[HS / 8][4], dv[HS / 8][4];
-#pragma unroll
-    for (int n = 0; n < HS / 8; n++) {
-        dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
-        dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
-    }
+    zero(dk);
+    zero(dv);
     for (int qt = kt; qt < n_tiles; qt++) {
         const int st = (qt - kt) & 1;
         if (qt + 1 < n_tiles) {
