@@ -8,7 +8,7 @@
  * TFLOP/s (2 flops per multiply-add; causal attention counts half the T x T
  * products); memory-bound ops give GB/s of their compulsory reads + writes.
  * The buffers are trainer/block_probe.h's (the same `tidal plan` times the
- * whole block on); their values do not change the times. */
+ * whole block on), random as in training. */
 #include "bench.h"
 #include "../trainer/args.h"
 #include "../trainer/block_probe.h"

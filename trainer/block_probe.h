@@ -1,7 +1,7 @@
 /* One transformer block on the device, set up to be timed: its params and
  * grads, its activations and the buffers its forward and backward read and
- * write, all from one arena of exactly their size, filled with small finite
- * values, and an ops context.  `tidal plan` times the whole block;
+ * write, all from one arena of exactly their size, with random params,
+ * input and output gradient, and an ops context.  `tidal plan` times the whole block;
  * `tidal bench ops` times each op on the same buffers.  CUDA builds only. */
 #ifndef TIDAL_BLOCK_PROBE_H
 #define TIDAL_BLOCK_PROBE_H
