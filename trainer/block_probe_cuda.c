@@ -26,7 +26,8 @@ static void sizes_of(const td_gpt_ref_config *model, int B, int T, td_dtype dt, 
 
 /* n uniform values in [-scale, scale) of type dt into device memory: the
  * tensor cores draw more power, and clock lower, on varied data than on a
- * constant (a memset made a block about 13% faster on an H100). */
+ * constant (a constant fill ran a 1.5B block at B32 12% faster on an H100:
+ * forward 3.51 against 3.80 ms, backward 8.48 against 9.81 ms). */
 static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, float scale)
 {
     size_t E = td_dtype_bytes(dt);
