@@ -41,9 +41,10 @@ NVFLAGS  += -DTD_HAVE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 
-# Library sources: every .c in the module folders; *_cuda.c and *.cu only with CUDA.
-MODULES  := offload memmgr optim trainer
-ALL_C    := $(filter-out trainer/main.c,$(wildcard $(addsuffix /*.c,$(MODULES))))
+# Library sources: every .c in the module folders (docs/architecture.md draws
+# them and their direction); *_cuda.c and *.cu only with CUDA.
+MODULES  := core offload memmgr optim model model/cuda data checkpoint trainer cli
+ALL_C    := $(filter-out cli/main.c,$(wildcard $(addsuffix /*.c,$(MODULES))))
 ifeq ($(CUDA),1)
 LIB_C    := $(ALL_C)
 LIB_CU   := $(wildcard $(addsuffix /*.cu,$(MODULES)))
@@ -52,8 +53,14 @@ LIB_C    := $(filter-out %_cuda.c,$(ALL_C))
 LIB_CU   :=
 endif
 LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
+# ar keeps members by file name: two sources of one name in two folders would
+# silently replace each other in libtidal.a.
+DUP_OBJ  := $(shell printf '%s\n' $(notdir $(LIB_OBJ)) | sort | uniq -d)
+ifneq ($(strip $(DUP_OBJ)),)
+$(error two library sources share an object name ($(DUP_OBJ)); rename one)
+endif
 BENCH_C  := $(if $(filter 1,$(CUDA)),$(wildcard bench/*.c),$(filter-out %_cuda.c,$(wildcard bench/*.c)))
-CLI_OBJ  := $(BUILD)/trainer/main.o $(BENCH_C:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(BUILD)/cli/main.o $(BENCH_C:%.c=$(BUILD)/%.o)
 
 TESTS      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 GPU_TESTS  := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))

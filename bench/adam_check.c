@@ -17,7 +17,7 @@
  * "steps": [{"skip", "lr", "grad_norm", "clip_coef", "loss_scale"}, ...]}). */
 #include "adam_check.h"
 #include "tidal/alloc.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

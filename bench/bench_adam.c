@@ -26,7 +26,7 @@
 #include "adam_check.h"
 #include "tidal/alloc.h"
 #include "tidal/optim.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 #include "tidal/topo.h"
 #include "tidal/util.h"
 

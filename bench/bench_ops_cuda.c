@@ -7,11 +7,11 @@
  * timed with CUDA events on one stream.  Matmuls and attention also give
  * TFLOP/s (2 flops per multiply-add; causal attention counts half the T x T
  * products); memory-bound ops give GB/s of their compulsory reads + writes.
- * The buffers are trainer/block_probe.h's (the same `tidal plan` times the
+ * The buffers are tidal/block_probe.h's (the same `tidal plan` times the
  * whole block on), random as in training. */
 #include "bench.h"
-#include "../trainer/args.h"
-#include "../trainer/block_probe.h"
+#include "../cli/args.h"
+#include "tidal/block_probe.h"
 #include "tidal/backend.h"
 #include "tidal/ops_cuda.h"
 #include "tidal/util.h"

@@ -1,7 +1,7 @@
 /* The device arena (see include/tidal/arena.h). */
 #include "tidal/arena.h"
 #include "tidal/util.h"
-#include "range.h"
+#include "tidal/range.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* The pinned host pool (see include/tidal/hostpool.h). */
 #include "tidal/hostpool.h"
 #include "tidal/util.h"
-#include "range.h"
+#include "tidal/range.h"
 
 #include <pthread.h>
 #include <stdio.h>

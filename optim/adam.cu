@@ -11,7 +11,7 @@
  * the partials in a fixed order into *dev_acc.  No atomics, so the result
  * depends only on the data and numel. */
 #include "tidal/optim_cuda.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #include <cuda_runtime.h>
 

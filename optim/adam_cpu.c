@@ -18,7 +18,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #define TD_PART_ELEMS 1024 /* 4 KiB of fp32: partition bounds fall on page bounds */
 #define TD_PARTIAL_STRIDE 8 /* doubles: one cache line per thread's partial sum */

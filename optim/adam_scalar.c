@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #define TD_KERNEL_TABLE td_adam_kernels_scalar
 #define VW 1

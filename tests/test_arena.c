@@ -2,7 +2,7 @@
  * the maximum of live bytes, refusals are clean errors, slots are reused. */
 #include "td_test.h"
 #include "tidal/arena.h"
-#include "../offload/range.h"
+#include "tidal/range.h"
 
 #include <stdlib.h>
 #include <string.h>

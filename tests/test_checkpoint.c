@@ -17,7 +17,7 @@
 #include "td_test.h"
 #include "tidal/checkpoint.h"
 #include "tidal/gpt_ref.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -17,7 +17,7 @@
 #include "td_test.h"
 #include "tidal/data.h"
 #include "tidal/tokenizer.h"
-#include "../trainer/cli.h"
+#include "../cli/cli.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -12,7 +12,7 @@
  * loads more than LRU on the corpus or on random traces. */
 #include "td_test.h"
 #include "tidal/memsim.h"
-#include "../trainer/cli.h"
+#include "../cli/cli.h"
 
 #include <cJSON.h>
 #include <dirent.h>

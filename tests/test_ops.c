@@ -10,7 +10,7 @@
  * its own step and tolerances (set a few times above the errors seen). */
 #include "td_test.h"
 #include "tidal/ops.h"
-#include "../trainer/ops_internal.h"
+#include "../model/ops_internal.h"
 
 #include <math.h>
 #include <omp.h>

@@ -7,7 +7,7 @@
  * flag every Inf/NaN, and bad arguments fail with a message. */
 #include "td_test.h"
 #include "tidal/optim.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #include <float.h>
 #include <math.h>

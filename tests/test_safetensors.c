@@ -2,14 +2,14 @@
  *
  * Round trips (every dtype, scalars, empty tensors, escaped names and
  * metadata, pieces of random sizes, tensors larger than the staging buffer),
- * conversions on read and write against optim_convert.h (RNE ties), each
+ * conversions on read and write against convert.h (RNE ties), each
  * validation rule with the exact complaint, the writer's order and
  * completeness checks, atomic replacement (abort and a real I/O failure leave
  * the old file and no temporary), allocation failures that leak nothing, a
  * fuzz of corrupted files (never a crash: run under ASan by `make test
  * SANITIZE=address,undefined`), and concurrent reads. */
 #include "td_test.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 #include "tidal/safetensors.h"
 
 #include <dirent.h>

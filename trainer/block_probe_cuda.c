@@ -1,7 +1,7 @@
-#include "block_probe.h"
+#include "tidal/block_probe.h"
 
 #include "tidal/alloc.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 #include "tidal/util.h"
 
 #include <cuda_runtime.h>

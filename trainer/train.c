@@ -7,12 +7,12 @@
  * region), on the cuda backend the CUDA ops (ops_cuda.h, bf16/fp16/fp32
  * storage with fp32 accumulation) on the compute stream.  Everything else —
  * the access order, the states, the optimizer — is the same code. */
-#include "tidal/trainer.h"
+#include "train_impl.h"
 #include "tidal/arena.h"
 #include "tidal/copy.h"
 #include "tidal/hostpool.h"
 #include "tidal/ops.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 #ifdef TD_HAVE_CUDA
 #include "tidal/ops_cuda.h"
 #endif
@@ -26,60 +26,10 @@
 #include <string.h>
 #include <unistd.h>
 
-struct td_trainer {
-    td_train_config cfg;
-    td_backend *backend;
-    td_topo *topo;
-    td_hostpool *pool;
-    td_arena *arena;
-    td_copy_engine *engine;
-    td_memmgr *mm;
-    td_adam_cpu *adam;
-    td_optim optim;
-    /* The two-pass CPU AdamW leaves param chunks [pending_next, pending_end)
-     * to the next forward, each updated just before its first access
-     * (catch_up); pending_end 0: nothing pending. */
-    int pending_next, pending_end;
-    td_adam_coeffs pending_coeffs;
-    int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
-
-    int n_tensors;                     /* 4 + 12 L */
-    int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per gpt_ref tensor: param, grad, fp32 master
-                                          (-1 when the params are fp32 themselves), adam m, v */
-    size_t nonmodel_bytes;
-    td_dtype dt, gdt;                  /* params and activations; grads */
-    void *ops_cuda;                    /* td_ops_cuda on the cuda backend, else NULL */
-
-    /* Activations (device, from the arena); dt unless marked fp32. */
-    char *resid;                       /* (L+1, N, C): every block's input, then the last output */
-    char *acts;                        /* one block's acts shared by the recomputed blocks, then one
-                                          each for the others (block_acts) */
-    size_t acts_bytes;                 /* one block's */
-    void *lnf;                         /* (N,C) */
-    float *lnf_mean, *lnf_rstd;        /* (N), (N) fp32 */
-    void *logits;                      /* (N,Vp), overwritten by dlogits */
-    float *losses, *lse;               /* (N), (N) fp32 */
-    void *dres[2];                     /* (N,C) gradient of the residual stream */
-    char *scratch;                     /* the ops' scratch; the head's dlnf at its start */
-    size_t scratch_bytes;
-    int32_t *tokens, *targets;         /* (N) */
-    void *workspace;                   /* cuBLASLt's (cuda) */
-    /* Host (pinned, for async copies). */
-    int32_t *h_tokens, *h_targets;
-    float *h_losses;
-    void *h_row;                       /* one row of logits */
-    /* The GPU AdamW, when every chunk fits on the device. */
-    int gpu_opt;
-    int *group, *group_start;          /* gpt_ref tensors of each param chunk: group[group_start[k] ..) */
-    void **ptrs;                       /* scratch for access pointers */
-    int *gids_scratch;
-    double *dev_acc, *dev_sumsq_scratch;
-};
 
 #ifdef TD_HAVE_CUDA
 static td_status setup_gpu_optimizer(td_trainer *t);
 #endif
-static int gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
@@ -88,31 +38,6 @@ static size_t E_of(const td_trainer *t) { return td_dtype_bytes(t->dt); }
 static size_t N_of(const td_trainer *t) { return (size_t)t->cfg.micro_batch * (size_t)t->cfg.seq_len; }
 
 /* ---- creation ------------------------------------------------------------- */
-
-/* Every tensor of the model in each role, in the same order for each, so
- * chunk i of each role holds the same tensors: params and grads in the
- * compute precision, an fp32 master when that is not fp32, AdamW m and v in
- * fp32.  ids: 5 * count ints (param, grad, master or -1, m, v). */
-static td_status register_model(td_memmgr *mm, const td_train_config *cfg, int *ids)
-{
-    td_status st = TD_OK;
-    const td_gpt_ref_config *mc = &cfg->model;
-    int n = td_gpt_ref_tensor_count(mc);
-    td_dtype dt = cfg->precision;
-    static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
-                                            TD_TENSOR_ADAM_V};
-    td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, TD_DTYPE_F32, TD_DTYPE_F32};
-    for (int r = 0; r < 5; r++)
-        for (int i = 0; i < n; i++) {
-            ids[r * n + i] = -1;
-            if (roles[r] == TD_TENSOR_MASTER && dt == TD_DTYPE_F32) continue;
-            td_gpt_ref_tensor tt;
-            td_gpt_ref_tensor_get(mc, i, &tt);
-            TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, dts[r], roles[r], &ids[r * n + i]));
-        }
-cleanup:
-    return st;
-}
 
 static td_status register_tensors(td_trainer *t)
 {
@@ -124,148 +49,7 @@ static td_status register_tensors(td_trainer *t)
     t->sid = t->gid + n;
     t->mid = t->sid + n;
     t->vid = t->mid + n;
-    return register_model(t->mm, &t->cfg, t->pid);
-}
-
-/* Chunk sizes around one block's parameters unless the caller chose. */
-static td_memmgr_params chunk_params(const td_train_config *cfg)
-{
-    td_memmgr_params mp = cfg->mm;
-    td_memmgr_params dflt = td_memmgr_default_params();
-    if (!mp.chunk_numel && mp.min_chunk_numel == dflt.min_chunk_numel && mp.max_chunk_numel == dflt.max_chunk_numel) {
-        /* At least the largest block tensor (4C x C), so only the embedding
-         * may get a chunk of its own: few distinct chunk sizes, little
-         * fragmentation; at most one block's worth. */
-        size_t off, span, C = (size_t)cfg->model.n_embd;
-        td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
-        mp.min_chunk_numel = 4 * C * C > 4096 ? 4 * C * C : 4096;
-        mp.max_chunk_numel = span > mp.min_chunk_numel ? span : mp.min_chunk_numel;
-    }
-    return mp;
-}
-
-/* The non-model buffers of a run, in allocation order (one list for the
- * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
- * ops keep activations in the compute precision and have their own scratch
- * needs and a cuBLASLt workspace. */
-#define ACT_BUFFERS 14
-typedef struct act_plan {
-    size_t bytes[ACT_BUFFERS];
-    td_role role[ACT_BUFFERS];
-    int n;
-    int ckpt_blocks;  /* blocks recomputed in backward */
-    size_t total;
-} act_plan;
-
-/* The device bytes of the model state: params + grads, all roles, and the
- * largest chunk (the layout's, from a planning or a live memmgr). */
-typedef struct state_bytes { size_t param_grad, all, largest; } state_bytes;
-
-static state_bytes state_of(td_memmgr *mm)
-{
-    state_bytes s = {0};
-    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
-        size_t b = td_memmgr_chunk_bytes(mm, c);
-        td_tensor_role r = td_memmgr_chunk_role(mm, c);
-        s.all += b;
-        if (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD) s.param_grad += b;
-        if (b > s.largest) s.largest = b;
-    }
-    return s;
-}
-
-/* The buffers when blocks [0, nck) are recomputed. */
-static void act_buffers(const td_train_config *cfg, int nck, act_plan *p)
-{
-    const td_gpt_ref_config *mc = &cfg->model;
-    int B = cfg->micro_batch, T = cfg->seq_len, L = mc->n_layer;
-    size_t N = (size_t)B * (size_t)T, C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
-    size_t E = td_dtype_bytes(cfg->precision);
-    int cuda = cfg->backend == TD_BACKEND_CUDA;
-    size_t acts = td_gpt_ref_block_acts_numel(mc, B, T) * F;
-    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T) * F, workspace = 0;
-    if (scratch < 2 * N * C * F) scratch = 2 * N * C * F;
-#ifdef TD_HAVE_CUDA
-    if (cuda) {
-        acts = td_ops_cuda_block_acts_bytes(mc, B, T, cfg->precision);
-        scratch = td_ops_cuda_block_scratch_bytes(mc, B, T, cfg->precision, B);
-        size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_head_scratch_bytes((int)N, (int)C);
-        size_t enc = td_ops_cuda_encoder_scratch_bytes(B, T, (int)Vp);
-        if (head > scratch) scratch = head;
-        if (enc > scratch) scratch = enc;
-        workspace = TD_OPS_CUDA_WORKSPACE_BYTES;
-    }
-#endif
-    (void)cuda;
-    size_t blocks = (size_t)(nck > 0) + (size_t)(L - nck);
-    size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, blocks * acts, N * C * E, N * F,
-                                 N * F, N * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,
-                                 workspace};
-    td_role roles[ACT_BUFFERS] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
-                                  TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
-                                  TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_STAGING,
-                                  TD_ROLE_STAGING, TD_ROLE_WORKSPACE};
-    p->n = ACT_BUFFERS;
-    p->ckpt_blocks = nck;
-    p->total = 0;
-    for (int i = 0; i < ACT_BUFFERS; i++) {
-        p->bytes[i] = sizes[i];
-        p->role[i] = roles[i];
-        if (sizes[i]) p->total += td_align_up(sizes[i], TD_ARENA_ALIGN);
-    }
-}
-
-/* Whether the whole model state (all roles) and the non-model buffers fit
- * the budget with a sixteenth to spare: then AdamW runs on the GPU. */
-static int gpu_state_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget)
-{
-    size_t all = nonmodel + state_all;
-    return cfg->backend == TD_BACKEND_CUDA && cfg->mm.placement == TD_PLACEMENT_AUTO && budget &&
-           all + all / 16 <= budget;
-}
-
-/* The non-model buffers of a run, in allocation order (one list for the
- * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
- * ops keep activations in the compute precision and have their own scratch
- * needs and a cuBLASLt workspace.  --ckpt auto: see td_train_plan_make in
- * trainer.h. */
-static void plan_activations(const td_train_config *cfg, size_t budget, const state_bytes *sb, act_plan *p)
-{
-    int L = cfg->model.n_layer;
-    if (cfg->ckpt == TD_CKPT_OFF) { act_buffers(cfg, 0, p); return; }
-    if (cfg->ckpt == TD_CKPT_ON) { act_buffers(cfg, cfg->ckpt_blocks ? cfg->ckpt_blocks : L, p); return; }
-    act_plan all;
-    act_buffers(cfg, L, &all);
-    /* The room the state needs beside the activations: all of it (then the
-     * GPU AdamW runs), or the param and grad chunks with two of the largest
-     * chunk for fragmentation, as the plan's minimum has it. */
-    int gpu = gpu_state_fits(cfg, all.total, sb->all, budget);
-    size_t keep = sb->param_grad + 2 * sb->largest;
-    if (gpu || all.total + keep <= budget) {
-        for (int nck = 0; nck < L; nck += nck ? 1 : 2) { /* one recomputed block saves nothing */
-            act_buffers(cfg, nck, p);
-            if (gpu ? gpu_state_fits(cfg, p->total, sb->all, budget) : p->total + keep <= budget) return;
-        }
-    } else if ((size_t)L * all.bytes[1] <= budget / 4) { /* chunks stream: keep small activations */
-        act_buffers(cfg, 0, p);
-        return;
-    }
-    *p = all;
-}
-
-/* fp32 values into a buffer of dtype dt (round to nearest even). */
-static void convert_from_f32(void *dst, td_dtype dt, const float *src, size_t n)
-{
-    if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
-    uint16_t *d = dst;
-    for (size_t i = 0; i < n; i++) d[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(src[i]) : td_f16_from_f32(src[i]);
-}
-
-static void convert_to_f32(float *dst, const void *src, td_dtype dt, size_t n)
-{
-    if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
-    const uint16_t *s = src;
-    for (size_t i = 0; i < n; i++) dst[i] = dt == TD_DTYPE_BF16 ? td_f32_from_bf16(s[i]) : td_f32_from_f16(s[i]);
+    return td_train_register_model(t->mm, &t->cfg, t->pid);
 }
 
 /* Params from the seeded init, written into their host copies; m and v
@@ -286,7 +70,7 @@ static td_status init_state(td_trainer *t)
         void *master;
         TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
         td_gpt_ref_init_tensor(&t->cfg.model, i, master, t->cfg.seed);
-        convert_from_f32(host, t->dt, master, numel);
+        td_train_from_f32(host, t->dt, master, numel);
     }
 cleanup:
     return st;
@@ -305,9 +89,9 @@ static td_status alloc_activations(td_trainer *t)
     td_status st = TD_OK;
     td_arena_stats as;
     td_arena_get_stats(t->arena, &as);
-    act_plan p;
-    state_bytes sb = state_of(t->mm);
-    plan_activations(&t->cfg, as.budget_bytes, &sb, &p);
+    td_act_plan p;
+    td_state_bytes sb = td_train_state_of(t->mm);
+    td_train_plan_activations(&t->cfg, as.budget_bytes, &sb, &p);
     t->ckpt_blocks = p.ckpt_blocks;
     t->acts_bytes = p.bytes[1] / (size_t)((p.ckpt_blocks > 0) + t->cfg.model.n_layer - p.ckpt_blocks);
     t->scratch_bytes = p.bytes[10];
@@ -381,7 +165,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
     TD_TRY(td_arena_create(t->backend, cfg->gpu_budget, &t->arena));
     TD_TRY(td_copy_engine_create(t->backend, NULL, &t->engine));
-    td_memmgr_params mp = chunk_params(cfg);
+    td_memmgr_params mp = td_train_chunk_params(cfg);
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     TD_TRY(register_tensors(t));
     TD_TRY(td_memmgr_layout(t->mm));
@@ -400,7 +184,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
          * to leave the device (--policy cuda asks for it outright). */
         td_arena_stats as;
         td_arena_get_stats(t->arena, &as);
-        t->gpu_opt = gpu_optimizer_fits(cfg, t->nonmodel_bytes, state_of(t->mm).all, as.budget_bytes);
+        t->gpu_opt = td_train_gpu_optimizer_fits(cfg, t->nonmodel_bytes, td_train_state_of(t->mm).all, as.budget_bytes);
         if (t->gpu_opt) TD_TRY(setup_gpu_optimizer(t));
     }
 #endif
@@ -973,142 +757,6 @@ cleanup:
     return st;
 }
 
-/* ---- planning ------------------------------------------------------------------ */
-
-/* AdamW runs on the GPU when every chunk (params, grads, master, m, v) and the
- * activations fit the budget together, with a sixteenth to spare: then
- * nothing needs to leave the device.  --policy cuda asks for it outright. */
-static int gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget)
-{
-    if (cfg->backend != TD_BACKEND_CUDA) return 0;
-    return cfg->mm.placement == TD_PLACEMENT_CUDA || gpu_state_fits(cfg, nonmodel, state_all, budget);
-}
-
-static td_status plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids)
-{
-    td_status st = TD_OK;
-    td_memmgr_params mp = chunk_params(cfg);
-    *ids = td_malloc(5 * (size_t)td_gpt_ref_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
-    if (!*ids) return TD_ERR_NOMEM;
-    TD_TRY(td_memmgr_create(NULL, NULL, NULL, &mp, mm));
-    TD_TRY(register_model(*mm, cfg, *ids));
-    TD_TRY(td_memmgr_plan_layout(*mm));
-cleanup:
-    return st;
-}
-
-/* Chunk bytes of the union of the chunks holding ids. */
-static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
-{
-    int seen[64], k = 0;
-    size_t bytes = 0;
-    for (int i = 0; i < n; i++) {
-        int c = td_memmgr_tensor_chunk(mm, ids[i]), dup = 0;
-        for (int j = 0; j < k && !dup; j++) dup = seen[j] == c;
-        if (dup) continue;
-        if (k < 64) seen[k++] = c;
-        bytes += td_memmgr_chunk_bytes(mm, c);
-    }
-    return bytes;
-}
-
-td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out)
-{
-    td_status st;
-    td_memmgr *mm = NULL;
-    int *ids = NULL;
-    memset(out, 0, sizeof *out);
-    if ((st = td_train_config_check(cfg))) return st;
-    if ((st = plan_memmgr(cfg, &mm, &ids))) goto cleanup;
-    const td_gpt_ref_config *mc = &cfg->model;
-    int n = td_gpt_ref_tensor_count(mc), L = mc->n_layer;
-    const int *pid = ids, *gid = ids + n;
-    out->params = td_gpt_ref_params_numel(mc);
-    out->chunks = td_memmgr_chunk_count(mm);
-    out->chunk_numel = td_memmgr_chunk_numel(mm);
-    out->padding_bytes = td_memmgr_padding_bytes(mm);
-    size_t largest = 0;
-    for (int c = 0; c < out->chunks; c++) {
-        size_t b = td_memmgr_chunk_bytes(mm, c);
-        out->role_bytes[td_memmgr_chunk_role(mm, c)] += b;
-        out->host_pinned_bytes += b;
-        if (b > largest) largest = b;
-    }
-    act_plan ap;
-    state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD],
-                       .all = out->host_pinned_bytes, .largest = largest };
-    plan_activations(cfg, budget ? budget : 0, &sb, &ap);
-    out->ckpt_blocks = ap.ckpt_blocks;
-    out->ckpt = ap.ckpt_blocks > 0;
-    for (int i = 0; i < ap.n; i++) {
-        size_t b = td_align_up(ap.bytes[i], TD_ARENA_ALIGN);
-        if (ap.role[i] == TD_ROLE_ACTIVATION) out->activation_bytes += b;
-        else if (ap.role[i] == TD_ROLE_WORKSPACE) out->workspace_bytes += b;
-        else out->staging_bytes += b;
-    }
-    out->nonmodel_bytes = ap.total;
-    /* The step's accesses, as micro_batch() makes them; each pins the union. */
-    int li = 2 + L * TD_GPT_REF_BLOCK_TENSORS;
-    int set[2 * TD_GPT_REF_BLOCK_TENSORS];
-    int emb[2] = {pid[0], pid[1]}, gemb[2] = {gid[0], gid[1]};
-    int head[6] = {pid[li], pid[li + 1], pid[0], gid[li], gid[li + 1], gid[0]};
-    size_t ws = chunks_bytes(mm, emb, 2);
-    if (chunks_bytes(mm, head, 6) > ws) ws = chunks_bytes(mm, head, 6);
-    if (chunks_bytes(mm, gemb, 2) > ws) ws = chunks_bytes(mm, gemb, 2);
-    for (int l = 0; l < L; l++) {
-        for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) {
-            set[k] = pid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
-            set[TD_GPT_REF_BLOCK_TENSORS + k] = gid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
-        }
-        size_t b = chunks_bytes(mm, set, 2 * TD_GPT_REF_BLOCK_TENSORS);
-        if (b > ws) ws = b;
-    }
-    out->working_set_bytes = ws;
-    /* One chunk to prefetch into, one more for fragmentation: chunks of
-     * different sizes (a tensor larger than the chunk size has its own) leave
-     * holes the others cannot use. */
-    out->min_device_bytes = ap.total + ws + 2 * largest;
-    out->full_device_bytes = ap.total + out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD];
-    /* Work: 6 flops per param per token (2 forward, 4 backward) plus
-     * attention's 12 L T C per token; recompute adds one more forward. */
-    double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
-    double fwd = 2.0 * (double)out->params + 4.0 * L * (double)cfg->seq_len * mc->n_embd;
-    out->flops_per_step = tokens * fwd * (3.0 + (double)out->ckpt_blocks / L);
-    /* Traffic: what does not stay on the device is loaded in forward and in
-     * backward of every micro-batch; grads go back once a step; the new
-     * params of every chunk come up once (the CPU AdamW writes them). */
-    double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
-    double room = budget > out->min_device_bytes ? (double)(budget - out->min_device_bytes) : 0;
-    double resident = cfg->mm.placement == TD_PLACEMENT_CPU ? 0
-                    : cfg->mm.placement == TD_PLACEMENT_CUDA ? params_bytes + grads_bytes
-                    : room < params_bytes + grads_bytes ? room : params_bytes + grads_bytes;
-    double streamed = params_bytes + grads_bytes - resident;
-    if (streamed < 0) streamed = 0;
-    out->h2d_bytes_per_step = params_bytes + streamed * cfg->grad_accum;
-    out->d2h_bytes_per_step = grads_bytes;
-    out->adam_bytes_per_step = 28.0 * (double)out->params;
-    out->gpu_optimizer = gpu_optimizer_fits(cfg, out->nonmodel_bytes, sb.all, budget);
-    if (out->gpu_optimizer) { /* nothing crosses PCIe, and AdamW's HBM time is small beside the compute */
-        out->h2d_bytes_per_step = out->d2h_bytes_per_step = 0;
-        out->adam_bytes_per_step = 0;
-    }
-cleanup:
-    td_memmgr_destroy(mm);
-    td_free(ids);
-    return st;
-}
-
-td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)
-{
-    td_memmgr *mm = NULL;
-    int *ids = NULL;
-    td_status st = plan_memmgr(cfg, &mm, &ids);
-    if (st == TD_OK) td_memmgr_print_layout(mm, f);
-    td_memmgr_destroy(mm);
-    td_free(ids);
-    return st;
-}
-
 const td_train_config *td_trainer_config(const td_trainer *t) { return &t->cfg; }
 td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
 td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
@@ -1123,159 +771,6 @@ void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad
     if (grad) *grad = t->gid[index];
     if (m) *m = t->mid[index];
     if (v) *v = t->vid[index];
-}
-
-/* ---- checkpoints ---------------------------------------------------------------- */
-
-#include "tidal/checkpoint.h"
-
-static td_ckpt_config ckpt_config_of(const td_gpt_ref_config *mc)
-{
-    return (td_ckpt_config){ .n_layer = mc->n_layer, .n_head = mc->n_head, .n_embd = mc->n_embd,
-                             .n_positions = mc->n_positions, .vocab_size = mc->vocab_size,
-                             .padded_vocab_size = mc->padded_vocab_size };
-}
-
-/* The gpt_ref index of checkpoint parameter k (the two orders name the same tensors). */
-static td_status ckpt_index(const td_gpt_ref_config *mc, const td_ckpt_config *cc, int k, int *index)
-{
-    td_ckpt_param cp;
-    td_status st = td_ckpt_param_get(cc, k, &cp);
-    if (st) return st;
-    int n = td_gpt_ref_tensor_count(mc);
-    for (int i = 0; i < n; i++) {
-        int j = (k + i) % n; /* the orders agree, so this finds it at once */
-        td_gpt_ref_tensor tt;
-        td_gpt_ref_tensor_get(mc, j, &tt);
-        if (!strcmp(tt.name, cp.name)) { *index = j; return TD_OK; }
-    }
-    return td_error_set(TD_ERR_STATE, "checkpoint parameter '%s' is not in the model", cp.name);
-}
-
-td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta)
-{
-    td_status st = TD_OK;
-    td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
-    td_ckpt_write_options wo = td_ckpt_write_default_options();
-    wo.train_state = state;
-    td_ckpt_writer *w = NULL;
-    TD_TRY(td_trainer_finish_update(t));
-    TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
-    if (state) {
-        const td_loss_scaler *sc = &t->optim.scaler;
-        TD_TRY(td_ckpt_writer_set_meta_u64(w, "optim_step", (uint64_t)t->optim.step));
-        TD_TRY(td_ckpt_writer_set_meta_u64(w, "optim_skipped_steps", (uint64_t)t->optim.skipped_steps));
-        TD_TRY(td_ckpt_writer_set_meta_f64(w, "loss_scale", sc->scale));
-        TD_TRY(td_ckpt_writer_set_meta_u64(w, "loss_scale_clean_steps", (uint64_t)sc->clean_steps));
-        TD_TRY(td_ckpt_writer_set_meta_u64(w, "loss_scale_hysteresis_left", (uint64_t)sc->hysteresis_left));
-        TD_TRY(td_ckpt_writer_set_meta_u64(w, "loss_scale_overflows", (uint64_t)sc->overflows));
-        TD_TRY(td_ckpt_writer_set_meta_u64(w, "seed", t->cfg.seed));
-        for (int i = 0; meta && meta[i] && meta[i + 1]; i += 2) TD_TRY(td_ckpt_writer_set_meta(w, meta[i], meta[i + 1]));
-    }
-    /* Tensor by tensor from the host copies: never the whole model at once. */
-    int n = td_ckpt_param_count(&cc);
-    for (int k = 0; k < n; k++) {
-        int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
-        /* The fp32 master holds the exact weights (the params themselves in fp32). */
-        int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
-        void *p;
-        TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
-        TD_TRY(td_ckpt_writer_put_weight(w, k, TD_DTYPE_F32, p));
-    }
-    for (int k = 0; state && k < n; k++) {
-        int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
-        void *p, *m, *v;
-        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
-        int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
-        TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
-        TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_READ, &m));
-        TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_READ, &v));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_M, m, numel));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_V, v, numel));
-    }
-    st = td_ckpt_writer_commit(w);
-    w = NULL; /* commit frees it whatever the outcome */
-    if (st) goto cleanup;
-    return TD_OK;
-cleanup:
-    td_ckpt_writer_abort(w);
-    return td_error_prefix(st, "saving checkpoint %s: ", dir);
-}
-
-td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out)
-{
-    td_ckpt_reader *r = NULL;
-    td_status st = td_ckpt_reader_open(dir, NULL, &r);
-    if (st) return st;
-    const td_ckpt_config *c = td_ckpt_reader_config(r);
-    *out = (td_gpt_ref_config){ .n_layer = c->n_layer, .n_head = c->n_head, .n_embd = c->n_embd,
-                                .n_positions = c->n_positions, .vocab_size = c->vocab_size,
-                                .padded_vocab_size = c->padded_vocab_size > c->vocab_size ? c->padded_vocab_size
-                                                                                          : td_model_pad_vocab(c->vocab_size) };
-    td_ckpt_reader_close(r);
-    return TD_OK;
-}
-
-td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_reader **reader_out)
-{
-    td_status st = TD_OK;
-    td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
-    td_ckpt_reader *r = NULL;
-    if (reader_out) *reader_out = NULL;
-    TD_TRY(td_trainer_finish_update(t)); /* nothing pending may overwrite what is loaded */
-    TD_TRY(td_ckpt_reader_open(dir, &cc, &r));
-    if (state && !td_ckpt_reader_has_state(r))
-        TD_FAIL(TD_ERR_INVALID, "%s has no train_state.safetensors: it holds weights only; start from it with "
-                "--init instead of --resume", dir);
-    int n = td_ckpt_param_count(&cc);
-    for (int k = 0; k < n; k++) {
-        int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
-        void *p, *master;
-        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
-        TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p));
-        master = p;
-        if (t->sid[i] >= 0) TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
-        if (state) { /* the fp32 master holds the exact weights */
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, master));
-            void *m, *v;
-            TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_WRITE, &m));
-            TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_WRITE, &v));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, m));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, v));
-        } else {
-            TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
-        }
-        if (master != p) convert_from_f32(p, t->dt, master, numel);
-    }
-    if (state) {
-        uint64_t step, skipped, clean, hyst, overflows;
-        double scale;
-        TD_TRY(td_ckpt_reader_meta_u64(r, "optim_step", &step));
-        TD_TRY(td_ckpt_reader_meta_u64(r, "optim_skipped_steps", &skipped));
-        TD_TRY(td_ckpt_reader_meta_f64(r, "loss_scale", &scale));
-        TD_TRY(td_ckpt_reader_meta_u64(r, "loss_scale_clean_steps", &clean));
-        TD_TRY(td_ckpt_reader_meta_u64(r, "loss_scale_hysteresis_left", &hyst));
-        TD_TRY(td_ckpt_reader_meta_u64(r, "loss_scale_overflows", &overflows));
-        t->optim.step = (long)step;
-        t->optim.skipped_steps = (long)skipped;
-        t->optim.scaler.scale = scale;
-        t->optim.scaler.clean_steps = (long)clean;
-        t->optim.scaler.hysteresis_left = (int)hyst;
-        t->optim.scaler.overflows = (long)overflows;
-    }
-    if (reader_out) {
-        *reader_out = r;
-        return TD_OK;
-    }
-    td_ckpt_reader_close(r);
-    return TD_OK;
-cleanup:
-    td_ckpt_reader_close(r);
-    return td_error_prefix(st, "loading checkpoint %s: ", dir);
 }
 
 /* ---- sampling ---------------------------------------------------------------------- */
@@ -1299,7 +794,7 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row,
                                  (char *)t->logits + (size_t)(n - 1) * (size_t)Vp * E, (size_t)V * E));
     TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
-    convert_to_f32(logits, t->h_row, t->dt, (size_t)V);
+    td_train_to_f32(logits, t->h_row, t->dt, (size_t)V);
 cleanup:
     return st;
 }

@@ -4,7 +4,7 @@
  * Same semantics as the CPU engine (optim.h), same td_adam_coeffs from
  * td_optim_begin_step, and the same IEEE operations in the same order
  * (explicit round-to-nearest intrinsics, fused multiply-adds where the CPU
- * kernels fuse, RNE 16-bit outputs from optim_convert.h), so a chunk
+ * kernels fuse, RNE 16-bit outputs from convert.h), so a chunk
  * updated here is bit-identical to the CPU update of the same chunk.
  *
  * All pointers in a td_adam_chunk are device pointers; `stream` is a

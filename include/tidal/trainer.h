@@ -37,6 +37,7 @@
 #include "tidal/dtype.h"
 #include "tidal/gpt_ref.h"
 #include "tidal/memmgr.h"
+#include "tidal/model.h"
 #include "tidal/optim.h"
 #include "tidal/status.h"
 
@@ -47,15 +48,6 @@ extern "C" {
 typedef struct td_trainer td_trainer;
 
 typedef enum td_ckpt_mode { TD_CKPT_AUTO, TD_CKPT_ON, TD_CKPT_OFF } td_ckpt_mode;
-
-/* Presets: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt-2.7b,
- * gpt-4b, gpt-6.7b, gpt-13b.  Vocabulary 50257 padded to 50304, 1024
- * positions (tiny: 2 layers, 128 wide, 4 heads, 256 positions, vocab 256). */
-td_status td_model_preset(const char *name, td_gpt_ref_config *out);
-/* Names of the presets, NULL-terminated. */
-const char *const *td_model_preset_names(void);
-/* The vocabulary rounded up to a multiple of 64 (the logits' width). */
-int td_model_pad_vocab(int vocab);
 
 typedef struct td_train_config {
     td_gpt_ref_config model;

@@ -26,7 +26,7 @@
 #include "tidal/gpt_ref.h"
 #include "tidal/ops.h"
 #include "tidal/ops_cuda.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>

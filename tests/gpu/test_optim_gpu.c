@@ -6,7 +6,7 @@
  * copy bandwidth. */
 #include "td_test.h"
 #include "tidal/optim.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 #include "tidal/optim_cuda.h"
 
 #include <cuda_runtime_api.h>

@@ -10,7 +10,7 @@
  * (cub's stable radix sort, with the row numbers as values), and each run of
  * equal tokens is summed in ascending row order by one block, 8 channels per
  * thread.  dwpe sums over the batch, one thread per (t, 8 channels). */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
 

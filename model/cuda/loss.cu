@@ -9,7 +9,7 @@
  * for v < V, 0 for v >= V and for an ignored row.  A thread reads each of
  * its elements before writing it and the block synchronises between the
  * passes, so dlogits may be the logits themselves. */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 
 #include <math.h>
 

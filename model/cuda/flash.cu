@@ -26,7 +26,7 @@
  *                 the transposed orientation (rows are keys): S^T = K Q^T,
  *                 dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
  * Grids run the longest tiles (most keys or queries) first. */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 
 #include <math.h>
 #include <stdint.h>

@@ -12,7 +12,7 @@
  * its own plan instead of a kernel that would fault on it).  A shape
  * cuBLASLt refuses runs on a simple fallback kernel (plain or bias
  * epilogue), so no shape is an error. */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 
 #include <stdio.h>
 #include <string.h>

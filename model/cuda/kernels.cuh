@@ -1,4 +1,4 @@
-/* Internal to the CUDA ops (trainer/ops_cuda_*.cu): storage types, dtype
+/* Internal to the CUDA ops (the .cu files beside it): storage types, dtype
  * dispatch, 8-element vector access, warp reductions, scratch carving, the
  * context and its cuBLASLt GEMM.  Not a public header. */
 #ifndef TIDAL_OPS_CUDA_IMPL_CUH

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "tidal/alloc.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (the format is little-endian)"

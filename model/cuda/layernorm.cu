@@ -11,7 +11,7 @@
  * 8 row lanes sums its partition into fp32 partials in scratch, in an order
  * fixed by the shape, and a second kernel adds the P partials of each channel
  * in ascending order into dweight and dbias. */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 #include "tidal/ops.h"
 
 namespace tdc {

@@ -12,8 +12,8 @@
  *
  * Header-only (static inline); usable from C and from CUDA device code.
  * Thread-safety: pure functions. */
-#ifndef TIDAL_OPTIM_CONVERT_H
-#define TIDAL_OPTIM_CONVERT_H
+#ifndef TIDAL_CONVERT_H
+#define TIDAL_CONVERT_H
 
 #include <stdint.h>
 #include <string.h>

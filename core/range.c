@@ -1,5 +1,5 @@
 /* Best-fit range allocator with coalescing (see range.h). */
-#include "range.h"
+#include "tidal/range.h"
 #include "tidal/alloc.h"
 
 struct td_range_node {

@@ -17,7 +17,7 @@
  * cuBLASLt operand is 16-byte aligned whatever T and hs are.
  *
  * The row kernels (softmax, dS) run one warp per row of S. */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 
 #include <math.h>
 

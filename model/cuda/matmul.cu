@@ -16,7 +16,7 @@
  * The bias gradient is a column sum of dout without atomics: P row partitions
  * (a function of N only) summed by blocks of 32 columns x 8 row lanes into
  * fp32 partials, then the P partials of each column in ascending order. */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 
 namespace tdc {
 namespace {

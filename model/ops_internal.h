@@ -1,4 +1,4 @@
-/* Internals shared by the CPU reference ops (trainer/ops_*.c) and their tests.
+/* Internals shared by the CPU reference ops (model/ops_*.c) and their tests.
  *
  * td_ops_gemm_*: the one blocked fp32 GEMM behind td_ops_matmul_*, compiled
  * once per instruction set from ops_gemm_impl.h.  Every variant computes

@@ -346,7 +346,7 @@ typedef struct rates { double copy_gbs, adam_gps, gflops, block_fwd_ms, block_bw
 #include "tidal/ops.h"
 
 #ifdef TD_HAVE_CUDA
-#include "block_probe.h"
+#include "tidal/block_probe.h"
 #include "tidal/ops_cuda.h"
 /* The model's MLP matmul in bf16 on the device (2048 rows), timed with events. */
 static td_status measure_cuda_gflops(td_backend *b, const td_gpt_ref_config *mc, double *gflops)

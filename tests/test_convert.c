@@ -5,7 +5,7 @@
  * and every AdamW kernel's 16-bit output equal to the scalar conversion. */
 #include "td_test.h"
 #include "tidal/optim.h"
-#include "tidal/optim_convert.h"
+#include "tidal/convert.h"
 
 #include <immintrin.h>
 #include <math.h>

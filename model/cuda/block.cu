@@ -8,7 +8,7 @@
  * Backward scratch: d4 (N,4C) for dfch_gelu -> dfch, later dqkv (N,3C);
  * dres2 (N,C); dc (N,C) for dln2, datty, dln1; then the op scratch
  * (matmul / LayerNorm partial sums, or attention's buffers). */
-#include "ops_cuda_impl.cuh"
+#include "kernels.cuh"
 
 namespace {
 

@@ -1,4 +1,4 @@
-/* Private: a best-fit range allocator over [0, size) with coalescing.
+/* A best-fit range allocator over [0, size) with coalescing.
  *
  * Serves both the device arena and each pinned host slab: it hands out
  * offsets, never touches the memory, and tags each block (the arena stores

@@ -1,0 +1,38 @@
+/* The training configuration's defaults and checks (see
+ * include/tidal/trainer.h). */
+#include "tidal/trainer.h"
+
+td_train_config td_train_default_config(void)
+{
+    td_train_config c = {0};
+    td_model_preset("tiny", &c.model);
+    c.micro_batch = 4;
+    c.seq_len = 64;
+    c.grad_accum = 1;
+    c.seed = 1337;
+    c.precision = TD_DTYPE_F32;
+    c.ckpt = TD_CKPT_AUTO;
+    c.backend = TD_BACKEND_AUTO;
+    c.mm = td_memmgr_default_params();
+    c.optim = td_optim_default_params();
+    return c;
+}
+
+td_status td_train_config_check(const td_train_config *c)
+{
+    td_status st = td_gpt_ref_config_check(&c->model);
+    if (st) return st;
+    if (c->micro_batch < 1) return td_error_set(TD_ERR_INVALID, "--micro-batch must be at least 1 (got %d)", c->micro_batch);
+    if (c->seq_len < 1 || c->seq_len > c->model.n_positions)
+        return td_error_set(TD_ERR_INVALID, "--seq %d must lie in [1, %d] (the model's positions)", c->seq_len,
+                            c->model.n_positions);
+    if (c->grad_accum < 1) return td_error_set(TD_ERR_INVALID, "--grad-accum must be at least 1 (got %d)", c->grad_accum);
+    if ((size_t)c->micro_batch * (size_t)c->seq_len > (size_t)1 << 31)
+        return td_error_set(TD_ERR_INVALID, "--micro-batch x --seq is too large");
+    if ((unsigned)c->precision >= TD_DTYPE_COUNT) return td_error_set(TD_ERR_INVALID, "bad precision");
+    if (c->ckpt_blocks < 0 || c->ckpt_blocks > c->model.n_layer)
+        return td_error_set(TD_ERR_INVALID, "--ckpt %d: the model has %d blocks; recompute between 0 and %d of them",
+                            c->ckpt_blocks, c->model.n_layer, c->model.n_layer);
+    if ((st = td_adam_hparams_check(&c->optim.adam))) return st;
+    return td_lr_schedule_check(&c->optim.lr);
+}

@@ -1,0 +1,172 @@
+/* What a run needs where: the model's tensors in each role, the chunk size,
+ * the non-model buffers and --ckpt auto's choice, and whether AdamW runs on
+ * the GPU.  One set of rules for the trainer (train.c) and `tidal plan`
+ * (plan.c). */
+#include "train_impl.h"
+#include "tidal/arena.h"
+#include "tidal/convert.h"
+#ifdef TD_HAVE_CUDA
+#include "tidal/ops_cuda.h"
+#endif
+#include "tidal/util.h"
+
+#include <string.h>
+
+/* Every tensor of the model in each role, in the same order for each, so
+ * chunk i of each role holds the same tensors: params and grads in the
+ * compute precision, an fp32 master when that is not fp32, AdamW m and v in
+ * fp32.  ids: 5 * count ints (param, grad, master or -1, m, v). */
+td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int *ids)
+{
+    td_status st = TD_OK;
+    const td_gpt_ref_config *mc = &cfg->model;
+    int n = td_gpt_ref_tensor_count(mc);
+    td_dtype dt = cfg->precision;
+    static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
+                                            TD_TENSOR_ADAM_V};
+    td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, TD_DTYPE_F32, TD_DTYPE_F32};
+    for (int r = 0; r < 5; r++)
+        for (int i = 0; i < n; i++) {
+            ids[r * n + i] = -1;
+            if (roles[r] == TD_TENSOR_MASTER && dt == TD_DTYPE_F32) continue;
+            td_gpt_ref_tensor tt;
+            td_gpt_ref_tensor_get(mc, i, &tt);
+            TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, dts[r], roles[r], &ids[r * n + i]));
+        }
+cleanup:
+    return st;
+}
+
+/* Chunk sizes around one block's parameters unless the caller chose. */
+td_memmgr_params td_train_chunk_params(const td_train_config *cfg)
+{
+    td_memmgr_params mp = cfg->mm;
+    td_memmgr_params dflt = td_memmgr_default_params();
+    if (!mp.chunk_numel && mp.min_chunk_numel == dflt.min_chunk_numel && mp.max_chunk_numel == dflt.max_chunk_numel) {
+        /* At least the largest block tensor (4C x C), so only the embedding
+         * may get a chunk of its own: few distinct chunk sizes, little
+         * fragmentation; at most one block's worth. */
+        size_t off, span, C = (size_t)cfg->model.n_embd;
+        td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
+        mp.min_chunk_numel = 4 * C * C > 4096 ? 4 * C * C : 4096;
+        mp.max_chunk_numel = span > mp.min_chunk_numel ? span : mp.min_chunk_numel;
+    }
+    return mp;
+}
+
+td_state_bytes td_train_state_of(td_memmgr *mm)
+{
+    td_state_bytes s = {0};
+    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
+        size_t b = td_memmgr_chunk_bytes(mm, c);
+        td_tensor_role r = td_memmgr_chunk_role(mm, c);
+        s.all += b;
+        if (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD) s.param_grad += b;
+        if (b > s.largest) s.largest = b;
+    }
+    return s;
+}
+
+/* The buffers when blocks [0, nck) are recomputed. */
+static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
+{
+    const td_gpt_ref_config *mc = &cfg->model;
+    int B = cfg->micro_batch, T = cfg->seq_len, L = mc->n_layer;
+    size_t N = (size_t)B * (size_t)T, C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
+    size_t E = td_dtype_bytes(cfg->precision);
+    int cuda = cfg->backend == TD_BACKEND_CUDA;
+    size_t acts = td_gpt_ref_block_acts_numel(mc, B, T) * F;
+    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T) * F, workspace = 0;
+    if (scratch < 2 * N * C * F) scratch = 2 * N * C * F;
+#ifdef TD_HAVE_CUDA
+    if (cuda) {
+        acts = td_ops_cuda_block_acts_bytes(mc, B, T, cfg->precision);
+        scratch = td_ops_cuda_block_scratch_bytes(mc, B, T, cfg->precision, B);
+        size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_head_scratch_bytes((int)N, (int)C);
+        size_t enc = td_ops_cuda_encoder_scratch_bytes(B, T, (int)Vp);
+        if (head > scratch) scratch = head;
+        if (enc > scratch) scratch = enc;
+        workspace = TD_OPS_CUDA_WORKSPACE_BYTES;
+    }
+#endif
+    (void)cuda;
+    size_t blocks = (size_t)(nck > 0) + (size_t)(L - nck);
+    size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, blocks * acts, N * C * E, N * F,
+                                 N * F, N * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,
+                                 workspace};
+    td_role roles[ACT_BUFFERS] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
+                                  TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
+                                  TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_STAGING,
+                                  TD_ROLE_STAGING, TD_ROLE_WORKSPACE};
+    p->n = ACT_BUFFERS;
+    p->ckpt_blocks = nck;
+    p->total = 0;
+    for (int i = 0; i < ACT_BUFFERS; i++) {
+        p->bytes[i] = sizes[i];
+        p->role[i] = roles[i];
+        if (sizes[i]) p->total += td_align_up(sizes[i], TD_ARENA_ALIGN);
+    }
+}
+
+/* Whether the whole model state (all roles) and the non-model buffers fit
+ * the budget with a sixteenth to spare: then AdamW runs on the GPU. */
+static int gpu_state_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget)
+{
+    size_t all = nonmodel + state_all;
+    return cfg->backend == TD_BACKEND_CUDA && cfg->mm.placement == TD_PLACEMENT_AUTO && budget &&
+           all + all / 16 <= budget;
+}
+
+/* The non-model buffers of a run, in allocation order (one list for the
+ * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
+ * ops keep activations in the compute precision and have their own scratch
+ * needs and a cuBLASLt workspace.  --ckpt auto: see td_train_plan_make in
+ * trainer.h. */
+void td_train_plan_activations(const td_train_config *cfg, size_t budget, const td_state_bytes *sb, td_act_plan *p)
+{
+    int L = cfg->model.n_layer;
+    if (cfg->ckpt == TD_CKPT_OFF) { act_buffers(cfg, 0, p); return; }
+    if (cfg->ckpt == TD_CKPT_ON) { act_buffers(cfg, cfg->ckpt_blocks ? cfg->ckpt_blocks : L, p); return; }
+    td_act_plan all;
+    act_buffers(cfg, L, &all);
+    /* The room the state needs beside the activations: all of it (then the
+     * GPU AdamW runs), or the param and grad chunks with two of the largest
+     * chunk for fragmentation, as the plan's minimum has it. */
+    int gpu = gpu_state_fits(cfg, all.total, sb->all, budget);
+    size_t keep = sb->param_grad + 2 * sb->largest;
+    if (gpu || all.total + keep <= budget) {
+        for (int nck = 0; nck < L; nck += nck ? 1 : 2) { /* one recomputed block saves nothing */
+            act_buffers(cfg, nck, p);
+            if (gpu ? gpu_state_fits(cfg, p->total, sb->all, budget) : p->total + keep <= budget) return;
+        }
+    } else if ((size_t)L * all.bytes[1] <= budget / 4) { /* chunks stream: keep small activations */
+        act_buffers(cfg, 0, p);
+        return;
+    }
+    *p = all;
+}
+
+
+/* AdamW runs on the GPU when every chunk (params, grads, master, m, v) and the
+ * activations fit the budget together, with a sixteenth to spare: then
+ * nothing needs to leave the device.  --policy cuda asks for it outright. */
+int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget)
+{
+    if (cfg->backend != TD_BACKEND_CUDA) return 0;
+    return cfg->mm.placement == TD_PLACEMENT_CUDA || gpu_state_fits(cfg, nonmodel, state_all, budget);
+}
+
+/* fp32 values into a buffer of dtype dt (round to nearest even). */
+void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n)
+{
+    if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(src[i]) : td_f16_from_f32(src[i]);
+}
+
+void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n)
+{
+    if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
+    const uint16_t *s = src;
+    for (size_t i = 0; i < n; i++) dst[i] = dt == TD_DTYPE_BF16 ? td_f32_from_bf16(s[i]) : td_f32_from_f16(s[i]);
+}

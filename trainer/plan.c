@@ -1,0 +1,132 @@
+/* `tidal plan`'s footprint of a run, from the layout alone: nothing of the
+ * model is allocated (see td_train_plan_make in include/tidal/trainer.h). */
+#include "train_impl.h"
+#include "tidal/arena.h"
+#include "tidal/util.h"
+
+#include <string.h>
+
+static td_status plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids)
+{
+    td_status st = TD_OK;
+    td_memmgr_params mp = td_train_chunk_params(cfg);
+    *ids = td_malloc(5 * (size_t)td_gpt_ref_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
+    if (!*ids) return TD_ERR_NOMEM;
+    TD_TRY(td_memmgr_create(NULL, NULL, NULL, &mp, mm));
+    TD_TRY(td_train_register_model(*mm, cfg, *ids));
+    TD_TRY(td_memmgr_plan_layout(*mm));
+cleanup:
+    return st;
+}
+
+/* Chunk bytes of the union of the chunks holding ids. */
+static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
+{
+    int seen[64], k = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        int c = td_memmgr_tensor_chunk(mm, ids[i]), dup = 0;
+        for (int j = 0; j < k && !dup; j++) dup = seen[j] == c;
+        if (dup) continue;
+        if (k < 64) seen[k++] = c;
+        bytes += td_memmgr_chunk_bytes(mm, c);
+    }
+    return bytes;
+}
+
+td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out)
+{
+    td_status st;
+    td_memmgr *mm = NULL;
+    int *ids = NULL;
+    memset(out, 0, sizeof *out);
+    if ((st = td_train_config_check(cfg))) return st;
+    if ((st = plan_memmgr(cfg, &mm, &ids))) goto cleanup;
+    const td_gpt_ref_config *mc = &cfg->model;
+    int n = td_gpt_ref_tensor_count(mc), L = mc->n_layer;
+    const int *pid = ids, *gid = ids + n;
+    out->params = td_gpt_ref_params_numel(mc);
+    out->chunks = td_memmgr_chunk_count(mm);
+    out->chunk_numel = td_memmgr_chunk_numel(mm);
+    out->padding_bytes = td_memmgr_padding_bytes(mm);
+    size_t largest = 0;
+    for (int c = 0; c < out->chunks; c++) {
+        size_t b = td_memmgr_chunk_bytes(mm, c);
+        out->role_bytes[td_memmgr_chunk_role(mm, c)] += b;
+        out->host_pinned_bytes += b;
+        if (b > largest) largest = b;
+    }
+    td_act_plan ap;
+    td_state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD],
+                       .all = out->host_pinned_bytes, .largest = largest };
+    td_train_plan_activations(cfg, budget ? budget : 0, &sb, &ap);
+    out->ckpt_blocks = ap.ckpt_blocks;
+    out->ckpt = ap.ckpt_blocks > 0;
+    for (int i = 0; i < ap.n; i++) {
+        size_t b = td_align_up(ap.bytes[i], TD_ARENA_ALIGN);
+        if (ap.role[i] == TD_ROLE_ACTIVATION) out->activation_bytes += b;
+        else if (ap.role[i] == TD_ROLE_WORKSPACE) out->workspace_bytes += b;
+        else out->staging_bytes += b;
+    }
+    out->nonmodel_bytes = ap.total;
+    /* The step's accesses, as micro_batch() makes them; each pins the union. */
+    int li = 2 + L * TD_GPT_REF_BLOCK_TENSORS;
+    int set[2 * TD_GPT_REF_BLOCK_TENSORS];
+    int emb[2] = {pid[0], pid[1]}, gemb[2] = {gid[0], gid[1]};
+    int head[6] = {pid[li], pid[li + 1], pid[0], gid[li], gid[li + 1], gid[0]};
+    size_t ws = chunks_bytes(mm, emb, 2);
+    if (chunks_bytes(mm, head, 6) > ws) ws = chunks_bytes(mm, head, 6);
+    if (chunks_bytes(mm, gemb, 2) > ws) ws = chunks_bytes(mm, gemb, 2);
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) {
+            set[k] = pid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+            set[TD_GPT_REF_BLOCK_TENSORS + k] = gid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+        }
+        size_t b = chunks_bytes(mm, set, 2 * TD_GPT_REF_BLOCK_TENSORS);
+        if (b > ws) ws = b;
+    }
+    out->working_set_bytes = ws;
+    /* One chunk to prefetch into, one more for fragmentation: chunks of
+     * different sizes (a tensor larger than the chunk size has its own) leave
+     * holes the others cannot use. */
+    out->min_device_bytes = ap.total + ws + 2 * largest;
+    out->full_device_bytes = ap.total + out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD];
+    /* Work: 6 flops per param per token (2 forward, 4 backward) plus
+     * attention's 12 L T C per token; recompute adds one more forward. */
+    double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
+    double fwd = 2.0 * (double)out->params + 4.0 * L * (double)cfg->seq_len * mc->n_embd;
+    out->flops_per_step = tokens * fwd * (3.0 + (double)out->ckpt_blocks / L);
+    /* Traffic: what does not stay on the device is loaded in forward and in
+     * backward of every micro-batch; grads go back once a step; the new
+     * params of every chunk come up once (the CPU AdamW writes them). */
+    double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
+    double room = budget > out->min_device_bytes ? (double)(budget - out->min_device_bytes) : 0;
+    double resident = cfg->mm.placement == TD_PLACEMENT_CPU ? 0
+                    : cfg->mm.placement == TD_PLACEMENT_CUDA ? params_bytes + grads_bytes
+                    : room < params_bytes + grads_bytes ? room : params_bytes + grads_bytes;
+    double streamed = params_bytes + grads_bytes - resident;
+    if (streamed < 0) streamed = 0;
+    out->h2d_bytes_per_step = params_bytes + streamed * cfg->grad_accum;
+    out->d2h_bytes_per_step = grads_bytes;
+    out->adam_bytes_per_step = 28.0 * (double)out->params;
+    out->gpu_optimizer = td_train_gpu_optimizer_fits(cfg, out->nonmodel_bytes, sb.all, budget);
+    if (out->gpu_optimizer) { /* nothing crosses PCIe, and AdamW's HBM time is small beside the compute */
+        out->h2d_bytes_per_step = out->d2h_bytes_per_step = 0;
+        out->adam_bytes_per_step = 0;
+    }
+cleanup:
+    td_memmgr_destroy(mm);
+    td_free(ids);
+    return st;
+}
+
+td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)
+{
+    td_memmgr *mm = NULL;
+    int *ids = NULL;
+    td_status st = plan_memmgr(cfg, &mm, &ids);
+    if (st == TD_OK) td_memmgr_print_layout(mm, f);
+    td_memmgr_destroy(mm);
+    td_free(ids);
+    return st;
+}

@@ -1,0 +1,92 @@
+/* Internal to the trainer (train.c, footprint.c, plan.c, save.c): the
+ * trainer's state and the sizing rules that the trainer and `tidal plan`
+ * share, so what the plan says fits is what the trainer allocates. */
+#ifndef TIDAL_TRAIN_IMPL_H
+#define TIDAL_TRAIN_IMPL_H
+
+#include "tidal/trainer.h"
+
+struct td_trainer {
+    td_train_config cfg;
+    td_backend *backend;
+    td_topo *topo;
+    td_hostpool *pool;
+    td_arena *arena;
+    td_copy_engine *engine;
+    td_memmgr *mm;
+    td_adam_cpu *adam;
+    td_optim optim;
+    /* The two-pass CPU AdamW leaves param chunks [pending_next, pending_end)
+     * to the next forward, each updated just before its first access
+     * (catch_up); pending_end 0: nothing pending. */
+    int pending_next, pending_end;
+    td_adam_coeffs pending_coeffs;
+    int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
+
+    int n_tensors;                     /* 4 + 12 L */
+    int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per gpt_ref tensor: param, grad, fp32 master
+                                          (-1 when the params are fp32 themselves), adam m, v */
+    size_t nonmodel_bytes;
+    td_dtype dt, gdt;                  /* params and activations; grads */
+    void *ops_cuda;                    /* td_ops_cuda on the cuda backend, else NULL */
+
+    /* Activations (device, from the arena); dt unless marked fp32. */
+    char *resid;                       /* (L+1, N, C): every block's input, then the last output */
+    char *acts;                        /* one block's acts shared by the recomputed blocks, then one
+                                          each for the others (block_acts) */
+    size_t acts_bytes;                 /* one block's */
+    void *lnf;                         /* (N,C) */
+    float *lnf_mean, *lnf_rstd;        /* (N), (N) fp32 */
+    void *logits;                      /* (N,Vp), overwritten by dlogits */
+    float *losses, *lse;               /* (N), (N) fp32 */
+    void *dres[2];                     /* (N,C) gradient of the residual stream */
+    char *scratch;                     /* the ops' scratch; the head's dlnf at its start */
+    size_t scratch_bytes;
+    int32_t *tokens, *targets;         /* (N) */
+    void *workspace;                   /* cuBLASLt's (cuda) */
+    /* Host (pinned, for async copies). */
+    int32_t *h_tokens, *h_targets;
+    float *h_losses;
+    void *h_row;                       /* one row of logits */
+    /* The GPU AdamW, when every chunk fits on the device. */
+    int gpu_opt;
+    int *group, *group_start;          /* gpt_ref tensors of each param chunk: group[group_start[k] ..) */
+    void **ptrs;                       /* scratch for access pointers */
+    int *gids_scratch;
+    double *dev_acc, *dev_sumsq_scratch;
+};
+
+/* The non-model buffers of a run, in allocation order (one list for the
+ * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
+ * ops keep activations in the compute precision and have their own scratch
+ * needs and a cuBLASLt workspace. */
+#define ACT_BUFFERS 14
+typedef struct td_act_plan {
+    size_t bytes[ACT_BUFFERS];
+    td_role role[ACT_BUFFERS];
+    int n;
+    int ckpt_blocks;  /* blocks recomputed in backward */
+    size_t total;
+} td_act_plan;
+
+/* The device bytes of the model state: params + grads, all roles, and the
+ * largest chunk (the layout's, from a planning or a live memmgr). */
+typedef struct td_state_bytes { size_t param_grad, all, largest; } td_state_bytes;
+
+
+/* Registers every tensor of the model in each role (ids: 5 * count ints:
+ * param, grad, master or -1, m, v); see footprint.c. */
+td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int *ids);
+/* Chunk sizes around one block's parameters unless the caller chose. */
+td_memmgr_params td_train_chunk_params(const td_train_config *cfg);
+/* The model state's device bytes of a laid-out (or planning) memmgr. */
+td_state_bytes td_train_state_of(td_memmgr *mm);
+/* The non-model buffers for this budget (--ckpt auto's choice included). */
+void td_train_plan_activations(const td_train_config *cfg, size_t budget, const td_state_bytes *sb, td_act_plan *p);
+/* Whether AdamW runs on the GPU (the whole state fits, or --policy cuda). */
+int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
+/* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
+void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);
+void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n);
+
+#endif
