@@ -22,7 +22,8 @@
  * `--check-dir DIR` instead runs the optimizer on inputs written by
  * tests/gpu/adam_torch_check.py (the torch oracle) and writes its results
  * there; see bench/adam_check.c. */
-#include "bench.h"
+#include "../cli/cli.h"
+#include "../cli/args.h"
 #include "adam_check.h"
 #include "tidal/alloc.h"
 #include "tidal/optim.h"
@@ -42,25 +43,6 @@
 #define STREAM_ELEMS ((size_t)128 << 20) /* 512 MiB per fp32 array */
 
 static const double default_sizes[] = {1e6, 4e6, 16e6, 64e6, 200e6, 1e9};
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: tidal bench adam [--json] [--max-params N] [--threads T] [--isa ISA] [--min-seconds S] [--no-bind]\n"
-            "       tidal bench adam --check-dir DIR [--isa ISA] [--threads T]\n\n"
-            "CPU AdamW throughput (G params/s, GB/s) for the fp32 path (fp32 grads, 28 bytes/param)\n"
-            "and the mixed path (bf16 grads in, bf16 params out, 28 bytes/param), for sizes\n"
-            "1M, 4M, 16M, 64M, 200M, 1G params up to --max-params, beside STREAM triad bandwidth\n"
-            "measured in the same run; fraction_of_bound = achieved GB/s / triad GB/s.\n\n"
-            "  --max-params N   largest size (default 1G; k/M/G are powers of 1000); sizes that do\n"
-            "                   not fit in available memory (16 bytes/param) are skipped and reported\n"
-            "  --threads T      optimizer threads (default: all cores)\n"
-            "  --no-bind        do not bind thread i to core i (hwloc), as training does\n"
-            "  --isa ISA        auto (default), scalar, avx2, avx512\n"
-            "  --min-seconds S  time per figure (default 1.0; at least 5 steps, median reported)\n"
-            "  --json           one JSON object on stdout\n"
-            "  --check-dir DIR  run the torch-oracle replay in DIR (tests/gpu/adam_torch_check.py)\n");
-}
 
 /* "200M", "1G", "1e9", "4000000": decimal multipliers. */
 static int parse_count(const char *s, double *out)
@@ -297,28 +279,42 @@ cleanup:
 int td_bench_adam_main(int argc, char **argv)
 {
     double max_params = 1e9, min_s = 1.0;
-    int json = 0, threads = 0, bind = 1, rc = 1;
-    const char *check_dir = NULL;
+    int json = 0, threads = 0, no_bind = 0;
+    const char *check_dir = NULL, *max_text = NULL, *isa_text = "auto";
     td_optim_isa isa = TD_OPTIM_ISA_AUTO;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--no-bind")) bind = 0;
-        else if (!strcmp(a, "--max-params") && v) { if (parse_count(v, &max_params)) goto bad_value; i++; }
-        else if (!strcmp(a, "--threads") && v) { threads = atoi(v); if (threads < 1 || threads > 4096) goto bad_value; i++; }
-        else if (!strcmp(a, "--isa") && v) { if (td_optim_isa_parse(v, &isa)) goto bad_value; i++; }
-        else if (!strcmp(a, "--min-seconds") && v) { min_s = atof(v); if (!(min_s >= 0 && min_s < 3600)) goto bad_value; i++; }
-        else if (!strcmp(a, "--check-dir") && v) { check_dir = v; i++; }
-        else {
-            fprintf(stderr, "tidal bench adam: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-        continue;
-    bad_value:
-        fprintf(stderr, "tidal bench adam: bad value for %s: '%s'%s%s\n", a, v, td_error_msg()[0] ? ": " : "",
-                td_error_msg());
+    td_opt table[] = {
+        {"max-params", TD_OPT_STRING, &max_text, "N", "largest size (default 1G; k/M/G are powers of 1000); sizes that do\n"
+                                                      "not fit in available memory (16 bytes/param) are skipped and reported", 0},
+        {"threads", TD_OPT_INT, &threads, "T", "optimizer threads (default: all cores)", 0},
+        {"no-bind", TD_OPT_FLAG, &no_bind, NULL, "do not bind thread i to core i (hwloc), as training does", 0},
+        {"isa", TD_OPT_STRING, &isa_text, "ISA", "auto (default), scalar, avx2, avx512", 0},
+        {"min-seconds", TD_OPT_DOUBLE, &min_s, "S", "time per figure (default 1.0; at least 5 steps, median reported)", 0},
+        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object on stdout", 0},
+        {"check-dir", TD_OPT_STRING, &check_dir, "DIR", "run the torch-oracle replay in DIR (tests/gpu/adam_torch_check.py)", 0},
+        {NULL, 0, NULL, NULL, NULL, 0},
+    };
+    int rc = td_args_main(table, argc, argv, "bench adam",
+                          "usage: tidal bench adam [--json] [--max-params N] [--threads T] [--isa ISA] [--min-seconds S] [--no-bind]\n"
+                          "       tidal bench adam --check-dir DIR [--isa ISA] [--threads T]\n\n"
+                          "CPU AdamW throughput (G params/s, GB/s) for the fp32 path (fp32 grads, 28 bytes/param)\n"
+                          "and the mixed path (bf16 grads in, bf16 params out, 28 bytes/param), for sizes\n"
+                          "1M, 4M, 16M, 64M, 200M, 1G params up to --max-params, beside STREAM triad bandwidth\n"
+                          "measured in the same run; fraction_of_bound = achieved GB/s / triad GB/s.");
+    if (rc >= 0) return rc;
+    rc = 1;
+    int bind = !no_bind;
+    td_status st = TD_OK;
+    if (max_text && parse_count(max_text, &max_params))
+        st = td_error_set(TD_ERR_INVALID, "--max-params '%s': a count such as 200M or 1e9", max_text);
+    else if (td_args_find(table, "threads")->seen && (threads < 1 || threads > 4096))
+        st = td_error_set(TD_ERR_INVALID, "--threads %d: use 1 to 4096", threads);
+    else if (td_optim_isa_parse(isa_text, &isa))
+        st = td_error_prefix(TD_ERR_INVALID, "--isa: ");
+    else if (!(min_s >= 0 && min_s < 3600))
+        st = td_error_set(TD_ERR_INVALID, "--min-seconds %g: use 0 to 3600", min_s);
+    if (st) {
+        fprintf(stderr, "tidal bench adam: %s\n(tidal bench adam --help lists the options)\n", td_error_msg());
+        td_args_free();
         return 2;
     }
 
@@ -326,7 +322,6 @@ int td_bench_adam_main(int argc, char **argv)
     td_backend *be = NULL;
     td_topo *topo = NULL;
     cJSON *out = NULL;
-    td_status st = TD_OK;
     result *res = NULL;
     int n_res = 0;
     td_adam_cpu_params cp = td_adam_cpu_default_params();
@@ -422,5 +417,6 @@ cleanup:
     td_adam_cpu_destroy(cpu);
     td_topo_destroy(topo);
     td_backend_free(be);
+    td_args_free();
     return rc;
 }

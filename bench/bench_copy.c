@@ -4,7 +4,8 @@
  * wall clock from submit to completion; "both" moves --bytes each way at
  * once and counts both.  The engine's pinned buffers come from the pinned
  * pool and its device buffers from the arena, exactly as in training. */
-#include "bench.h"
+#include "../cli/cli.h"
+#include "../cli/args.h"
 #include "copy_raw.h"
 #include "tidal/arena.h"
 #include "tidal/copy.h"
@@ -16,19 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: tidal bench copy [--bytes SIZE] [--chunk SIZE] [--iters N] [--backend auto|cpu|cuda] [--json]\n\n"
-            "Measures H2D, D2H and both directions at once through tidal's copy engine and\n"
-            "through raw copies on the same pinned buffers, and prints GB/s (1e9 bytes/s).\n\n"
-            "  --bytes SIZE   bytes per transfer (default 1GiB on cuda, 256MiB on cpu)\n"
-            "  --chunk SIZE   the engine's piece size (default 64MiB)\n"
-            "  --iters N      timed transfers per figure, median reported (default 10)\n"
-            "  --backend B    auto (default), cpu or cuda\n"
-            "  --json         one JSON object on stdout instead of the table\n");
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -59,25 +47,31 @@ static td_status engine_ms(td_copy_engine *eng, raw_mode mode, const buffers *b,
 int td_bench_copy_main(int argc, char **argv)
 {
     size_t bytes = 0, chunk = 64 * TD_MiB;
-    int iters = 10, json = 0, rc = 1;
+    int iters = 10, json = 0;
+    const char *backend = "auto";
     td_backend_params bp = td_backend_default_params();
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--bytes") && v) { if (td_parse_bytes(v, &bytes) || !bytes) goto bad_value; i++; }
-        else if (!strcmp(a, "--chunk") && v) { if (td_parse_bytes(v, &chunk) || !chunk) goto bad_value; i++; }
-        else if (!strcmp(a, "--iters") && v) { iters = atoi(v); if (iters < 1 || iters > 100000) goto bad_value; i++; }
-        else if (!strcmp(a, "--backend") && v) { if (td_backend_kind_parse(v, &bp.kind)) goto bad_value; i++; }
-        else {
-            fprintf(stderr, "tidal bench copy: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-        continue;
-    bad_value:
-        fprintf(stderr, "tidal bench copy: bad value for %s: '%s'%s%s\n", a, v, td_error_msg()[0] ? ": " : "",
-                td_error_msg());
+    td_opt table[] = {
+        {"bytes", TD_OPT_SIZE, &bytes, "SIZE", "bytes per transfer (default 1GiB on cuda, 256MiB on cpu)", 0},
+        {"chunk", TD_OPT_SIZE, &chunk, "SIZE", "the engine's piece size (default 64MiB)", 0},
+        {"iters", TD_OPT_INT, &iters, "N", "timed transfers per figure, median reported (default 10)", 0},
+        {"backend", TD_OPT_STRING, &backend, "B", "auto (default), cpu or cuda", 0},
+        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object on stdout instead of the table", 0},
+        {NULL, 0, NULL, NULL, NULL, 0},
+    };
+    int rc = td_args_main(table, argc, argv, "bench copy",
+                          "usage: tidal bench copy [--bytes SIZE] [--chunk SIZE] [--iters N] [--backend auto|cpu|cuda] [--json]\n\n"
+                          "Measures H2D, D2H and both directions at once through tidal's copy engine and\n"
+                          "through raw copies on the same pinned buffers, and prints GB/s (1e9 bytes/s).");
+    if (rc >= 0) return rc;
+    rc = 1;
+    td_status st = TD_OK;
+    if (td_args_find(table, "bytes")->seen && !bytes) st = td_error_set(TD_ERR_INVALID, "--bytes must be positive");
+    else if (!chunk) st = td_error_set(TD_ERR_INVALID, "--chunk must be positive");
+    else if (iters < 1 || iters > 100000) st = td_error_set(TD_ERR_INVALID, "--iters %d: use 1 to 100000", iters);
+    else if (td_backend_kind_parse(backend, &bp.kind)) st = td_error_prefix(TD_ERR_INVALID, "--backend: ");
+    td_args_free();
+    if (st) {
+        fprintf(stderr, "tidal bench copy: %s\n(tidal bench copy --help lists the options)\n", td_error_msg());
         return 2;
     }
 
@@ -89,7 +83,6 @@ int td_bench_copy_main(int argc, char **argv)
     buffers buf = {0};
     double *samples = NULL;
     cJSON *out = NULL;
-    td_status st = TD_OK;
 
     if (!bytes && bp.kind != TD_BACKEND_CPU) bytes = TD_GiB;
     if (bp.kind == TD_BACKEND_CPU || !td_backend_cuda_compiled()) {

@@ -9,7 +9,7 @@
  * products); memory-bound ops give GB/s of their compulsory reads + writes.
  * The buffers are tidal/block_probe.h's (the same `tidal plan` times the
  * whole block on), random as in training. */
-#include "bench.h"
+#include "../cli/cli.h"
 #include "../cli/args.h"
 #include "tidal/block_probe.h"
 #include "tidal/backend.h"
@@ -162,20 +162,12 @@ int td_bench_ops_main(int argc, char **argv)
         {"json", TD_OPT_FLAG, &o.json, NULL, "one JSON object instead of the table", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
-    int help = 0, rc = 1;
-    td_status st = td_args_parse(table, argc, argv, &help);
-    if (help) {
-        td_args_usage(stdout, "usage: tidal bench ops [options]\n\nTimes each CUDA op of one transformer block "
-                              "(and the whole block, forward and backward)\nat a training shape: ms, TFLOP/s, GB/s.",
-                      table);
-        td_args_free();
-        return 0;
-    }
-    if (st) {
-        fprintf(stderr, "tidal bench ops: %s\n", td_error_msg());
-        td_args_free();
-        return 2;
-    }
+    int rc = td_args_main(table, argc, argv, "bench ops",
+                          "usage: tidal bench ops [options]\n\nTimes each CUDA op of one transformer block "
+                          "(and the whole block, forward and backward)\nat a training shape: ms, TFLOP/s, GB/s.");
+    if (rc >= 0) return rc;
+    rc = 1;
+    td_status st = TD_OK;
     td_backend *be = NULL;
     td_block_probe *pr = NULL;
     td_dtype dt;

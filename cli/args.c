@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,13 +158,49 @@ td_status td_args_parse(td_opt *opts, int argc, char **argv, int *help)
     return TD_OK;
 }
 
+int td_args_main(td_opt *opts, int argc, char **argv, const char *cmd, const char *usage)
+{
+    int help = 0;
+    td_status st = td_args_parse(opts, argc, argv, &help);
+    if (help) {
+        td_args_usage(stdout, usage, opts);
+        td_args_free();
+        return 0;
+    }
+    if (st) {
+        fprintf(stderr, "tidal %s: %s\n(tidal %s --help lists the options)\n", cmd, td_error_msg(), cmd);
+        td_args_free();
+        return 2;
+    }
+    return -1;
+}
+
+td_status td_args_require(const td_opt *opts, ...)
+{
+    va_list ap;
+    va_start(ap, opts);
+    td_status st = TD_OK;
+    for (const char *name = va_arg(ap, const char *); name && !st; name = va_arg(ap, const char *)) {
+        const td_opt *o = opts;
+        while (o->name && strcmp(o->name, name)) o++;
+        if (o->name && !o->seen)
+            st = td_error_set(TD_ERR_INVALID, "--%s%s%s is required", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+    }
+    va_end(ap);
+    return st;
+}
+
 void td_args_usage(FILE *f, const char *usage, const td_opt *opts)
 {
     fprintf(f, "%s\n\noptions (also as keys of a JSON file given with --config FILE):\n", usage);
     for (const td_opt *o = opts; o->name; o++) {
         char left[64];
         snprintf(left, sizeof left, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
-        fprintf(f, "  %-28s %s\n", left, o->help);
+        fprintf(f, "  %-28s ", left);
+        for (const char *h = o->help; *h; h++) /* continuation lines under the first */
+            if (*h == '\n') fprintf(f, "\n%31s", "");
+            else fputc(*h, f);
+        fputc('\n', f);
     }
 }
 

@@ -33,6 +33,15 @@ typedef struct td_opt {
  * first.  Errors name the option and what was expected. */
 td_status td_args_parse(td_opt *opts, int argc, char **argv, int *help);
 void td_args_usage(FILE *f, const char *usage, const td_opt *opts);
+/* A subcommand's whole option step: parses argv against opts; after --help
+ * prints `usage` and the table to stdout and returns 0; after a bad option
+ * prints "tidal CMD: message" and where the options are listed to stderr and
+ * returns 2; otherwise returns -1: go on.  `cmd` is what the user typed
+ * after "tidal" ("eval", "bench copy").  Call td_args_free at the end. */
+int td_args_main(td_opt *opts, int argc, char **argv, const char *cmd, const char *usage);
+/* TD_OK when every named option (a NULL-terminated list) was given, else
+ * TD_ERR_INVALID: "--trace FILE is required". */
+td_status td_args_require(const td_opt *opts, ...);
 /* The option of that name, NULL if none (to ask whether it was given). */
 td_opt *td_args_find(td_opt *opts, const char *name);
 /* Frees the config file text that string options may point into. */

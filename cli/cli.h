@@ -10,4 +10,11 @@ int td_cli_eval_main(int argc, char **argv);
 int td_cli_generate_main(int argc, char **argv);
 int td_cli_prepare_main(int argc, char **argv);
 
+/* The benchmarks, run as `tidal bench <name>` (their code is in bench/). */
+int td_bench_copy_main(int argc, char **argv);
+int td_bench_adam_main(int argc, char **argv);
+#ifdef TD_HAVE_CUDA
+int td_bench_ops_main(int argc, char **argv); /* bench_ops_cuda.c */
+#endif
+
 #endif

@@ -13,9 +13,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A trainer shaped by the checkpoint, holding its weights. */
-static td_status open_model(const char *dir, int batch, int seq, const char *backend, size_t budget, td_trainer **out)
+/* The options of every command that runs a checkpoint, one block for both. */
+typedef struct model_opts {
+    const char *checkpoint, *backend;
+    size_t gpu_budget;
+} model_opts;
+
+#define MODEL_OPTS(m)                                                                                              \
+    {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's or a Hugging Face GPT-2 one)", 0}, \
+    {"backend", TD_OPT_STRING, &(m)->backend, "B", "cpu (default), cuda or auto", 0},                             \
+    {"gpu-budget", TD_OPT_SIZE, &(m)->gpu_budget, "SIZE", "device budget (default: free memory minus a margin)", 0}
+
+/* Parses a checkpoint command's options: -1 to go on, else its exit code. */
+static int parse_model_command(td_opt *table, int argc, char **argv, const char *cmd, const char *usage)
 {
+    int rc = td_args_main(table, argc, argv, cmd, usage);
+    if (rc >= 0) return rc;
+    td_status st = td_args_require(table, "checkpoint", NULL);
+    if (!st) return -1;
+    fprintf(stderr, "tidal %s: %s\n(tidal %s --help lists the options)\n", cmd, td_error_msg(), cmd);
+    td_args_free();
+    return 2;
+}
+
+/* A trainer shaped by the checkpoint, holding its weights. */
+static td_status open_model(const model_opts *m, int batch, int seq, td_trainer **out)
+{
+    const char *dir = m->checkpoint;
     td_status st;
     td_train_config c = td_train_default_config();
     if ((st = td_trainer_checkpoint_model(dir, &c.model))) return st;
@@ -23,9 +47,9 @@ static td_status open_model(const char *dir, int batch, int seq, const char *bac
     c.seq_len = seq > 0 ? seq : c.model.n_positions;
     if (c.seq_len > c.model.n_positions)
         return td_error_set(TD_ERR_INVALID, "--seq %d is longer than the model's %d positions", seq, c.model.n_positions);
-    c.gpu_budget = budget;
+    c.gpu_budget = m->gpu_budget;
     c.ckpt = TD_CKPT_OFF;
-    if ((st = td_backend_kind_parse(backend, &c.backend))) return st;
+    if ((st = td_backend_kind_parse(m->backend, &c.backend))) return td_error_prefix(st, "--backend: ");
     if ((st = td_trainer_create(&c, out))) return st;
     if ((st = td_trainer_load(*out, dir, 0, NULL))) {
         td_trainer_destroy(*out);
@@ -41,34 +65,30 @@ static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
 
 int td_cli_eval_main(int argc, char **argv)
 {
-    const char *ckpt = NULL, *data = NULL, *backend = "cpu", *split = "all";
+    model_opts m = {.backend = "cpu"};
+    const char *data = NULL, *split = "all";
     int batches = 20, batch = 4, seq = 0, json = 0;
     double heldout = 10;
-    size_t budget = 0;
     td_opt table[] = {
-        {"checkpoint", TD_OPT_STRING, &ckpt, "DIR", "checkpoint directory (tidal's or a Hugging Face GPT-2 one)", 0},
+        MODEL_OPTS(&m),
         {"data", TD_OPT_STRING, &data, "FILE", "token file (`tidal prepare`)", 0},
         {"batches", TD_OPT_INT, &batches, "N", "batches to average over (default 20)", 0},
         {"micro-batch", TD_OPT_INT, &batch, "B", "sequences per batch (default 4)", 0},
         {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: the model's positions)", 0},
         {"split", TD_OPT_STRING, &split, "S", "all (default) or heldout: the last --heldout % of the sequences", 0},
         {"heldout", TD_OPT_DOUBLE, &heldout, "PCT", "the held-out share, as given to `tidal train --heldout` (default 10)", 0},
-        {"gpu-budget", TD_OPT_SIZE, &budget, "SIZE", "device budget (default: free memory minus a margin)", 0},
-        {"backend", TD_OPT_STRING, &backend, "B", "cpu (default)", 0},
         {"json", TD_OPT_FLAG, &json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
-    int help = 0, rc = 1;
+    int rc = parse_model_command(table, argc, argv, "eval",
+                                 "usage: tidal eval --checkpoint DIR --data FILE [options]\n\n"
+                                 "The mean cross-entropy (nats per token) of a checkpoint on a token file, over\n"
+                                 "--batches batches read in file order.");
+    if (rc >= 0) return rc;
+    rc = 1;
     td_trainer *t = NULL;
     td_loader *l = NULL;
-    td_status st = td_args_parse(table, argc, argv, &help);
-    if (help) {
-        td_args_usage(stdout, "usage: tidal eval --checkpoint DIR --data FILE [options]\n\n"
-                              "The mean cross-entropy (nats per token) of a checkpoint on a token file, over\n"
-                              "--batches batches read in file order.", table);
-        return 0;
-    }
-    if (!st && (!ckpt || !data)) st = td_error_set(TD_ERR_INVALID, "--checkpoint DIR and --data FILE are required");
+    td_status st = td_args_require(table, "data", NULL);
     if (!st && strcmp(split, "all") && strcmp(split, "heldout"))
         st = td_error_set(TD_ERR_INVALID, "--split '%s': use all or heldout", split);
     if (!st && (batches < 1 || batch < 1)) st = td_error_set(TD_ERR_INVALID, "--batches and --micro-batch must be positive");
@@ -77,7 +97,7 @@ int td_cli_eval_main(int argc, char **argv)
         td_args_free();
         return 2;
     }
-    if ((st = open_model(ckpt, batch, seq, backend, budget, &t))) goto cleanup;
+    if ((st = open_model(&m, batch, seq, &t))) goto cleanup;
     const td_train_config *c = td_trainer_config(t);
     td_loader_params lp = td_loader_default_params();
     lp.batch = (uint32_t)batch;
@@ -125,12 +145,13 @@ static int sample(const float *logits, int V, double temperature, td_rng *rng)
 
 int td_cli_generate_main(int argc, char **argv)
 {
-    const char *ckpt = NULL, *prompt = "", *tok_kind = NULL, *vocab_path = NULL, *merges = NULL, *backend = "cpu";
+    model_opts m = {.backend = "cpu"};
+    const char *prompt = "", *tok_kind = NULL, *vocab_path = NULL, *merges = NULL;
     int tokens = 200;
     double temperature = 0.8;
     uint64_t seed = 1;
     td_opt table[] = {
-        {"checkpoint", TD_OPT_STRING, &ckpt, "DIR", "checkpoint directory", 0},
+        MODEL_OPTS(&m),
         {"prompt", TD_OPT_STRING, &prompt, "TEXT", "text to continue (default: empty)", 0},
         {"tokens", TD_OPT_INT, &tokens, "N", "tokens to generate (default 200)", 0},
         {"temperature", TD_OPT_DOUBLE, &temperature, "T", "sampling temperature; 0 is greedy (default 0.8)", 0},
@@ -138,31 +159,27 @@ int td_cli_generate_main(int argc, char **argv)
         {"tokenizer", TD_OPT_STRING, &tok_kind, "K", "byte or gpt2 (default: what the checkpoint was trained with)", 0},
         {"vocab", TD_OPT_STRING, &vocab_path, "FILE", "gpt2: vocab.json", 0},
         {"merges", TD_OPT_STRING, &merges, "FILE", "gpt2: merges.txt", 0},
-        {"backend", TD_OPT_STRING, &backend, "B", "cpu (default)", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
-    int help = 0, rc = 1;
+    int rc = parse_model_command(table, argc, argv, "generate",
+                                 "usage: tidal generate --checkpoint DIR [--prompt TEXT] [options]\n\n"
+                                 "Continues the prompt with text sampled from the model, one token at a time.");
+    if (rc >= 0) return rc;
+    rc = 1;
     td_trainer *t = NULL;
     td_tokenizer *tk = NULL;
     td_ckpt_reader *rd = NULL;
     uint32_t *ids = NULL;
     int32_t *ctx = NULL;
     float *logits = NULL;
-    td_status st = td_args_parse(table, argc, argv, &help);
-    if (help) {
-        td_args_usage(stdout, "usage: tidal generate --checkpoint DIR [--prompt TEXT] [options]\n\n"
-                              "Continues the prompt with text sampled from the model, one token at a time.", table);
-        return 0;
-    }
-    if (!st && !ckpt) st = td_error_set(TD_ERR_INVALID, "--checkpoint DIR is required");
-    if (!st && (tokens < 1 || temperature < 0)) st = td_error_set(TD_ERR_INVALID, "--tokens must be positive, --temperature >= 0");
-    if (st) {
-        fprintf(stderr, "tidal generate: %s\n", td_error_msg());
+    td_status st = TD_OK;
+    if (tokens < 1 || temperature < 0) {
+        fprintf(stderr, "tidal generate: --tokens must be positive, --temperature >= 0\n");
         td_args_free();
         return 2;
     }
     /* The tokenizer: the flag, else the checkpoint's record, else byte. */
-    if (!tok_kind && td_ckpt_reader_open(ckpt, NULL, &rd) == TD_OK) {
+    if (!tok_kind && td_ckpt_reader_open(m.checkpoint, NULL, &rd) == TD_OK) {
         const char *k = td_ckpt_reader_meta(rd, "tokenizer");
         tok_kind = k ? (!strcmp(k, "gpt2") ? "gpt2" : "byte") : NULL;
     }
@@ -179,7 +196,7 @@ int td_cli_generate_main(int argc, char **argv)
         st = td_error_set(TD_ERR_INVALID, "--tokenizer '%s': use byte or gpt2", tok_kind);
         goto cleanup;
     }
-    if ((st = open_model(ckpt, 1, 0, backend, 0, &t))) goto cleanup;
+    if ((st = open_model(&m, 1, 0, &t))) goto cleanup;
     const td_train_config *c = td_trainer_config(t);
     if ((int)td_tokenizer_vocab_size(tk) > c->model.vocab_size) {
         st = td_error_set(TD_ERR_INVALID, "the %s tokenizer has %u tokens, the model %d", tok_kind,

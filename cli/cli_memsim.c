@@ -5,44 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
 #include "tidal/memsim.h"
 #include "tidal/util.h"
-
-static void memsim_usage(FILE *f)
-{
-    fprintf(f,
-        "usage: tidal memsim --trace FILE --budget BYTES [--policy belady|lru] [--prefetch N]\n"
-        "                    [--json] [--log FILE]\n\n"
-        "Replays a chunk access trace (written by --trace-out, or by hand; format in\n"
-        "docs/memory-manager.md) on a device of BYTES, evicting by the policy, and counts\n"
-        "loads (H2D), evictions, writebacks (D2H of dirty chunks) and the peak.\n\n"
-        "  --trace FILE     the trace ('-' reads standard input)\n"
-        "  --budget BYTES   device bytes for chunks + non-model bytes: 4096, 512MiB, 24GiB\n"
-        "  --policy P       belady (default: furthest next use, wrapping into the next\n"
-        "                   step; clean before dirty on ties) or lru (baseline)\n"
-        "  --prefetch N     issue loads up to N accesses ahead when they fit (default 0)\n"
-        "  --json           print one JSON object instead of the table\n"
-        "  --log FILE       write every load, eviction, access and non-model change\n");
-}
-
-/* "--name value" or "--name=value"; advances *i past what it used. */
-static int take_value(int argc, char **argv, int *i, const char *name, const char **value)
-{
-    size_t n = strlen(name);
-    if (strncmp(argv[*i], name, n)) return 0;
-    if (argv[*i][n] == '=') {
-        *value = argv[*i] + n + 1;
-        return 1;
-    }
-    if (argv[*i][n] != '\0') return 0;
-    if (*i + 1 >= argc) {
-        *value = NULL;
-        return 1;
-    }
-    *value = argv[++*i];
-    return 1;
-}
 
 static void json_string(FILE *f, const char *s)
 {
@@ -157,62 +123,43 @@ static void log_event(void *ctx, const td_memsim_event *ev)
 
 int td_cli_memsim_main(int argc, char **argv)
 {
-    const char *trace_path = NULL, *budget_text = NULL, *policy_text = "belady", *prefetch_text = "0";
-    const char *log_path = NULL;
+    const char *trace_path = NULL, *policy_text = "belady", *log_path = NULL;
+    size_t budget = 0;
+    long prefetch = 0;
     int json = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *v = NULL;
-        const char **slot = NULL;
-        const char *name = argv[i];
-        if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
-            memsim_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(name, "--json")) { json = 1; continue; }
-        if (take_value(argc, argv, &i, "--trace", &v)) slot = &trace_path;
-        else if (take_value(argc, argv, &i, "--budget", &v)) slot = &budget_text;
-        else if (take_value(argc, argv, &i, "--policy", &v)) slot = &policy_text;
-        else if (take_value(argc, argv, &i, "--prefetch", &v)) slot = &prefetch_text;
-        else if (take_value(argc, argv, &i, "--log", &v)) slot = &log_path;
-        else {
-            fprintf(stderr, "tidal memsim: unknown option '%s'\n\n", name);
-            memsim_usage(stderr);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "tidal memsim: %s needs a value\n\n", name);
-            memsim_usage(stderr);
-            return 2;
-        }
-        *slot = v;
-    }
-    if (!trace_path || !budget_text) {
-        fprintf(stderr, "tidal memsim: %s is required\n\n", !trace_path ? "--trace FILE" : "--budget BYTES");
-        memsim_usage(stderr);
-        return 2;
-    }
+    td_opt table[] = {
+        {"trace", TD_OPT_STRING, &trace_path, "FILE", "the trace ('-' reads standard input)", 0},
+        {"budget", TD_OPT_SIZE, &budget, "BYTES", "device bytes for chunks + non-model bytes: 4096, 512MiB, 24GiB", 0},
+        {"policy", TD_OPT_STRING, &policy_text, "P", "belady (default: furthest next use, wrapping into the next\n"
+                                                     "step; clean before dirty on ties) or lru (baseline)", 0},
+        {"prefetch", TD_OPT_LONG, &prefetch, "N", "issue loads up to N accesses ahead when they fit (default 0)", 0},
+        {"json", TD_OPT_FLAG, &json, NULL, "print one JSON object instead of the table", 0},
+        {"log", TD_OPT_STRING, &log_path, "FILE", "write every load, eviction, access and non-model change ('-': stdout)", 0},
+        {NULL, 0, NULL, NULL, NULL, 0},
+    };
+    int rc = td_args_main(table, argc, argv, "memsim",
+                          "usage: tidal memsim --trace FILE --budget BYTES [--policy belady|lru] [--prefetch N]\n"
+                          "                    [--json] [--log FILE]\n\n"
+                          "Replays a chunk access trace (written by --trace-out, or by hand; format in\n"
+                          "docs/memory-manager.md) on a device of BYTES, evicting by the policy, and counts\n"
+                          "loads (H2D), evictions, writebacks (D2H of dirty chunks) and the peak.");
+    if (rc >= 0) return rc;
+    rc = 1;
     td_memsim_params p = td_memsim_default_params();
-    size_t budget;
-    if (td_parse_bytes(budget_text, &budget) != TD_OK) {
-        fprintf(stderr, "tidal memsim: --budget: %s\n", td_error_msg());
+    td_status st = td_args_require(table, "trace", "budget", NULL);
+    if (!st && td_evict_policy_parse(policy_text, &p.policy) != TD_OK)
+        st = td_error_prefix(TD_ERR_INVALID, "--policy: ");
+    if (!st && (prefetch < 0 || prefetch > (long)UINT32_MAX))
+        st = td_error_set(TD_ERR_INVALID, "--prefetch %ld must be a whole number of accesses (0 to %u)", prefetch,
+                          UINT32_MAX);
+    if (st) {
+        fprintf(stderr, "tidal memsim: %s\n(tidal memsim --help lists the options)\n", td_error_msg());
+        td_args_free();
         return 2;
     }
     p.budget_bytes = budget;
-    if (td_evict_policy_parse(policy_text, &p.policy) != TD_OK) {
-        fprintf(stderr, "tidal memsim: --policy: %s\n", td_error_msg());
-        return 2;
-    }
-    char *end;
-    errno = 0;
-    unsigned long long n = strtoull(prefetch_text, &end, 10);
-    if (!*prefetch_text || *end || errno || n > UINT32_MAX || prefetch_text[0] == '-') {
-        fprintf(stderr, "tidal memsim: --prefetch '%s' must be a whole number of accesses (0 to %u)\n",
-                prefetch_text, UINT32_MAX);
-        return 2;
-    }
-    p.prefetch = (uint32_t)n;
+    p.prefetch = (uint32_t)prefetch;
 
-    int rc = 1;
     td_trace *t = NULL;
     FILE *log = NULL;
     td_memsim_result r;
@@ -246,5 +193,6 @@ done:
     }
     fflush(stdout);
     td_trace_destroy(t);
+    td_args_free();
     return rc;
 }

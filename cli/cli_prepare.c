@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "tidal/alloc.h"
 #include "tidal/data.h"
@@ -30,28 +31,6 @@
 
 static volatile sig_atomic_t interrupted;
 static void on_signal(int sig) { interrupted = sig; }
-
-static void prepare_usage(FILE *f)
-{
-    fprintf(f,
-        "usage: tidal prepare --input TEXT --out FILE [--tokenizer byte|gpt2]\n"
-        "                     [--vocab vocab.json --merges merges.txt] [--block BYTES] [--quiet]\n\n"
-        "Tokenizes text into a token file for tidal train / eval (format: docs/data.md).\n\n"
-        "  --input TEXT     a text file, a folder (every regular file under it, in path\n"
-        "                   order, each a document; hidden names, binary files and second\n"
-        "                   links to a file already read are skipped) or '-' for stdin\n"
-        "  --out FILE       the token file; written to a temporary file and renamed when\n"
-        "                   complete (missing folders are created)\n"
-        "  --tokenizer K    byte (default: 256 byte tokens + end-of-text, vocab 257) or\n"
-        "                   gpt2 (GPT-2 BPE; needs --vocab and --merges)\n"
-        "  --vocab FILE     Hugging Face GPT-2 vocab.json\n"
-        "  --merges FILE    Hugging Face GPT-2 merges.txt\n"
-        "  --block BYTES    read the input in blocks of this size (default 16MiB); a block\n"
-        "                   is cut at whitespace and grows when it has none\n"
-        "  --quiet          no progress line and no summary\n\n"
-        "Documents are separated by the end-of-text token; the literal text\n"
-        "<|endoftext|> in the input is that token too.\n");
-}
 
 /* ---- the input list ------------------------------------------------------ */
 
@@ -289,20 +268,6 @@ static int make_parents(const char *path)
 
 /* ---- main ------------------------------------------------------------------ */
 
-/* "--name value" or "--name=value"; advances *i past what it used. */
-static int take_value(int argc, char **argv, int *i, const char *name, const char **value)
-{
-    size_t n = strlen(name);
-    if (strncmp(argv[*i], name, n)) return 0;
-    if (argv[*i][n] == '=') {
-        *value = argv[*i] + n + 1;
-        return 1;
-    }
-    if (argv[*i][n] != '\0') return 0;
-    *value = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
-}
-
 static void print_summary(const prep *P, uint64_t n_tokens, const char *out, const input_list *L, int from_dir,
                           double ms)
 {
@@ -321,47 +286,10 @@ static void print_summary(const prep *P, uint64_t n_tokens, const char *out, con
                L->skipped_empty, L->skipped_hidden, L->skipped_other);
 }
 
-int td_cli_prepare_main(int argc, char **argv)
+/* Tokenizes in_path into out_path: 0 done, 1 failed (said on stderr), 2 bad usage. */
+static int prepare(const char *in_path, const char *out_path, const char *kind_text, const char *vocab,
+                   const char *merges, size_t block_bytes, int quiet)
 {
-    const char *in_path = NULL, *out_path = NULL, *kind_text = "byte", *vocab = NULL, *merges = NULL;
-    const char *block_text = NULL;
-    int quiet = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *v = NULL, **slot = NULL, *name = argv[i];
-        if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
-            prepare_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(name, "--quiet")) { quiet = 1; continue; }
-        if (take_value(argc, argv, &i, "--input", &v)) slot = &in_path;
-        else if (take_value(argc, argv, &i, "--out", &v)) slot = &out_path;
-        else if (take_value(argc, argv, &i, "--tokenizer", &v)) slot = &kind_text;
-        else if (take_value(argc, argv, &i, "--vocab", &v)) slot = &vocab;
-        else if (take_value(argc, argv, &i, "--merges", &v)) slot = &merges;
-        else if (take_value(argc, argv, &i, "--block", &v)) slot = &block_text;
-        else {
-            fprintf(stderr, "tidal prepare: unknown option '%s'\n\n", name);
-            prepare_usage(stderr);
-            return 2;
-        }
-        if (!v || !*v) {
-            fprintf(stderr, "tidal prepare: %s needs a value\n\n", name);
-            prepare_usage(stderr);
-            return 2;
-        }
-        *slot = v;
-    }
-    if (!in_path || !out_path) {
-        fprintf(stderr, "tidal prepare: %s is required\n\n", !in_path ? "--input TEXT" : "--out FILE");
-        prepare_usage(stderr);
-        return 2;
-    }
-    size_t block_bytes = BLOCK_BYTES;
-    if (block_text && (td_parse_bytes(block_text, &block_bytes) != TD_OK || block_bytes < MIN_BLOCK_BYTES)) {
-        fprintf(stderr, "tidal prepare: --block '%s' must be a size of at least %d bytes (e.g. 16MiB)\n", block_text,
-                MIN_BLOCK_BYTES);
-        return 2;
-    }
     td_tokenizer_kind kind;
     if (td_tokenizer_kind_parse(kind_text, &kind) != TD_OK) {
         fprintf(stderr, "tidal prepare: --tokenizer: %s\n", td_error_msg());
@@ -487,5 +415,47 @@ done:
     td_free(P.buf);
     td_free(seen);
     free_inputs(&L);
+    return rc;
+}
+
+int td_cli_prepare_main(int argc, char **argv)
+{
+    const char *in_path = NULL, *out_path = NULL, *kind_text = "byte", *vocab = NULL, *merges = NULL;
+    size_t block_bytes = BLOCK_BYTES;
+    int quiet = 0;
+    td_opt table[] = {
+        {"input", TD_OPT_STRING, &in_path, "TEXT", "a text file, a folder (every regular file under it, in path\n"
+                                                   "order, each a document; hidden names, binary files and second\n"
+                                                   "links to a file already read are skipped) or '-' for stdin", 0},
+        {"out", TD_OPT_STRING, &out_path, "FILE", "the token file; written to a temporary file and renamed when\n"
+                                                  "complete (missing folders are created)", 0},
+        {"tokenizer", TD_OPT_STRING, &kind_text, "K", "byte (default: 256 byte tokens + end-of-text, vocab 257) or\n"
+                                                      "gpt2 (GPT-2 BPE; needs --vocab and --merges)", 0},
+        {"vocab", TD_OPT_STRING, &vocab, "FILE", "Hugging Face GPT-2 vocab.json", 0},
+        {"merges", TD_OPT_STRING, &merges, "FILE", "Hugging Face GPT-2 merges.txt", 0},
+        {"block", TD_OPT_SIZE, &block_bytes, "BYTES", "read the input in blocks of this size (default 16MiB); a block\n"
+                                                      "is cut at whitespace and grows when it has none", 0},
+        {"quiet", TD_OPT_FLAG, &quiet, NULL, "no progress line and no summary", 0},
+        {NULL, 0, NULL, NULL, NULL, 0},
+    };
+    int rc = td_args_main(table, argc, argv, "prepare",
+                          "usage: tidal prepare --input TEXT --out FILE [--tokenizer byte|gpt2]\n"
+                          "                     [--vocab vocab.json --merges merges.txt] [--block BYTES] [--quiet]\n\n"
+                          "Tokenizes text into a token file for tidal train / eval (format: docs/data.md).\n"
+                          "Documents are separated by the end-of-text token; the literal text\n"
+                          "<|endoftext|> in the input is that token too.");
+    if (rc >= 0) return rc;
+    td_status st = td_args_require(table, "input", "out", NULL);
+    if (!st && (!*in_path || !*out_path))
+        st = td_error_set(TD_ERR_INVALID, "--%s needs a value", !*in_path ? "input" : "out");
+    if (!st && block_bytes < MIN_BLOCK_BYTES)
+        st = td_error_set(TD_ERR_INVALID, "--block must be a size of at least %d bytes (e.g. 16MiB)", MIN_BLOCK_BYTES);
+    if (st) {
+        fprintf(stderr, "tidal prepare: %s\n(tidal prepare --help lists the options)\n", td_error_msg());
+        td_args_free();
+        return 2;
+    }
+    rc = prepare(in_path, out_path, kind_text, vocab, merges, block_bytes, quiet);
+    td_args_free(); /* config strings live until here */
     return rc;
 }

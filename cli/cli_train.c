@@ -215,21 +215,13 @@ int td_cli_train_main(int argc, char **argv)
     train_opts o;
     opts_defaults(&o);
     td_opt table[] = { OPTS(&o), {NULL, 0, NULL, NULL, NULL, 0} };
-    int help = 0, rc = 1;
+    int rc = td_args_main(table, argc, argv, "train", usage);
+    if (rc >= 0) return rc;
+    rc = 1;
     td_loader *loader = NULL;
     td_trainer *t = NULL;
     FILE *log = NULL;
-    td_status st = td_args_parse(table, argc, argv, &help);
-    if (help) {
-        td_args_usage(stdout, usage, table);
-        td_args_free();
-        return 0;
-    }
-    if (st) {
-        fprintf(stderr, "tidal train: %s\n", td_error_msg());
-        td_args_free();
-        return 2;
-    }
+    td_status st = TD_OK;
     if (!o.data) {
         fprintf(stderr, "tidal train: --data FILE is required (make one with `tidal prepare`)\n");
         td_args_free();
@@ -521,20 +513,12 @@ int td_cli_plan_main(int argc, char **argv)
                        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
                        {"layout", TD_OPT_FLAG, &layout, NULL, "also print the chunk layout", 0},
                        {NULL, 0, NULL, NULL, NULL, 0} };
-    int help = 0, rc = 1;
+    int rc = td_args_main(table, argc, argv, "plan", plan_usage);
+    if (rc >= 0) return rc;
+    rc = 1;
     td_backend *b = NULL;
     td_loader *loader = NULL;
-    td_status st = td_args_parse(table, argc, argv, &help);
-    if (help) {
-        td_args_usage(stdout, plan_usage, table);
-        td_args_free();
-        return 0;
-    }
-    if (st) {
-        fprintf(stderr, "tidal plan: %s\n", td_error_msg());
-        td_args_free();
-        return 2;
-    }
+    td_status st = TD_OK;
     int data_vocab = 0;
     if (o.data) {
         td_loader_params lp = td_loader_default_params();

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../bench/bench.h"
 #include "cli.h"
 #include "tidal/backend.h"
 

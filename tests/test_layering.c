@@ -1,0 +1,387 @@
+/* The layout's rules, checked on the source tree (docs/architecture.md):
+ *
+ * - a file may include only headers of its own folder and of the folders its
+ *   folder may use (the table below, closed under "uses"): memmgr/ including a
+ *   model/ or trainer/ header fails, so does offload/ including memmgr/;
+ * - every public header (include/tidal/) has an owner folder in the table, so
+ *   a new header cannot slip past the rule;
+ * - CUDA and NCCL headers only in *_cuda.c, *_nccl.c, .cu and .cuh files,
+ *   never in core/ or memmgr/; kernels (.cu) only in model/cuda/ and optim/;
+ * - no folder holds more than 30% of the C/CUDA lines of the layered folders.
+ *
+ * The checker also runs on small trees made here, with a violation of each
+ * kind, to show it reports them.  Runs from the repository root (as `make
+ * test` does) or from TD_SOURCE_DIR. */
+#include "td_test.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Each folder and the folders it may use directly (the rest follows). */
+typedef struct layer { const char *dir, *uses; } layer;
+static const layer layers[] = {
+    {"core", ""},
+    {"offload", "core"},
+    {"dist", "offload core"},
+    {"memmgr", "offload core"},
+    {"optim", "offload core"},
+    {"model", "offload core"},
+    {"data", "core"},
+    {"checkpoint", "model core"},
+    {"trainer", "core offload dist memmgr optim model data checkpoint"},
+    {"cli", "trainer"},
+    {"bench", "cli"},
+};
+#define N_LAYERS (int)(sizeof layers / sizeof layers[0])
+
+/* The owner folder of each public header. */
+typedef struct owner { const char *header, *dir; } owner;
+static const owner owners[] = {
+    {"status.h", "core"}, {"util.h", "core"}, {"alloc.h", "core"}, {"dtype.h", "core"},
+    {"convert.h", "core"}, {"range.h", "core"},
+    {"backend.h", "offload"}, {"arena.h", "offload"}, {"copy.h", "offload"}, {"hostpool.h", "offload"},
+    {"topo.h", "offload"},
+    {"dist.h", "dist"},
+    {"memmgr.h", "memmgr"}, {"memsim.h", "memmgr"}, {"policy.h", "memmgr"}, {"tensor_state.h", "memmgr"},
+    {"trace.h", "memmgr"},
+    {"optim.h", "optim"}, {"optim_cuda.h", "optim"},
+    {"model.h", "model"}, {"gpt_ref.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
+    {"data.h", "data"}, {"tokenizer.h", "data"},
+    {"checkpoint.h", "checkpoint"}, {"safetensors.h", "checkpoint"},
+    {"trainer.h", "trainer"}, {"block_probe.h", "trainer"},
+};
+
+static int layer_index(const char *dir)
+{
+    for (int i = 0; i < N_LAYERS; i++)
+        if (!strcmp(layers[i].dir, dir)) return i;
+    return -1;
+}
+
+/* may[a][b]: folder a may include folder b (reflexive, transitive). */
+static int may[N_LAYERS][N_LAYERS];
+
+static void closure(void)
+{
+    memset(may, 0, sizeof may);
+    for (int a = 0; a < N_LAYERS; a++) {
+        may[a][a] = 1;
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", layers[a].uses);
+        for (char *save = NULL, *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+            int b = layer_index(w);
+            assert_true(b >= 0); /* the table names only its own folders */
+            may[a][b] = 1;
+        }
+    }
+    for (int k = 0; k < N_LAYERS; k++)
+        for (int a = 0; a < N_LAYERS; a++)
+            for (int b = 0; b < N_LAYERS; b++)
+                if (may[a][k] && may[k][b]) may[a][b] = 1;
+}
+
+typedef struct report {
+    char text[8192];
+    int violations;
+    long lines[N_LAYERS];
+} report;
+
+static void note(report *r, const char *fmt, ...)
+{
+    size_t n = strlen(r->text);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n + 1 < sizeof r->text) vsnprintf(r->text + n, sizeof r->text - n, fmt, ap);
+    va_end(ap);
+    r->violations++;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int is_source(const char *name)
+{
+    return ends_with(name, ".c") || ends_with(name, ".h") || ends_with(name, ".cu") || ends_with(name, ".cuh");
+}
+
+/* The folder that owns an include written in `from_dir` (relative to the
+ * root): a public header's owner, or the top folder of a relative path.
+ * NULL when the header is unknown: a public header without an owner. */
+static const char *include_owner(const char *from_dir, const char *inc, char *buf, size_t n)
+{
+    if (!strncmp(inc, "tidal/", 6)) {
+        for (size_t i = 0; i < sizeof owners / sizeof owners[0]; i++)
+            if (!strcmp(owners[i].header, inc + 6)) return owners[i].dir;
+        return NULL;
+    }
+    /* Relative: resolve "../" against from_dir and keep the top folder. */
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", from_dir, inc);
+    char *parts[64];
+    int np = 0;
+    for (char *save = NULL, *w = strtok_r(path, "/", &save); w && np < 64; w = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(w, "..")) { if (np) np--; }
+        else if (strcmp(w, ".")) parts[np++] = w;
+    }
+    if (np >= 3 && !strcmp(parts[0], "include") && !strcmp(parts[1], "tidal")) {
+        char pub[256];
+        snprintf(pub, sizeof pub, "tidal/%s", parts[2]);
+        return include_owner(from_dir, pub, buf, n);
+    }
+    snprintf(buf, n, "%s", np ? parts[0] : "");
+    return buf;
+}
+
+static int is_gpu_header(const char *inc)
+{
+    return !strncmp(inc, "cuda", 4) || !strncmp(inc, "cublas", 6) || !strncmp(inc, "nccl", 4) ||
+           !strncmp(inc, "cuda_", 5) || !strncmp(inc, "cuda/", 5);
+}
+
+static void check_file(const char *root, const char *rel_dir, const char *name, const char *folder, report *r)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/%s", root, rel_dir, name);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    int me = layer_index(folder);
+    int gpu_file = ends_with(name, "_cuda.c") || ends_with(name, "_nccl.c") || ends_with(name, ".cu") ||
+                   ends_with(name, ".cuh");
+    if (ends_with(name, ".cu") && strcmp(rel_dir, "model/cuda") && strcmp(folder, "optim"))
+        note(r, "%s/%s: kernels live in model/cuda/ or optim/\n", rel_dir, name);
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        if (me >= 0) r->lines[me]++;
+        const char *p = line;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p != '#') continue;
+        p++;
+        while (*p == ' ' || *p == '\t') p++;
+        if (strncmp(p, "include", 7)) continue;
+        p += 7;
+        while (*p == ' ' || *p == '\t') p++;
+        char open = *p, close = open == '"' ? '"' : '>';
+        if (open != '"' && open != '<') continue;
+        const char *e = strchr(p + 1, close);
+        if (!e) continue;
+        char inc[512];
+        snprintf(inc, sizeof inc, "%.*s", (int)(e - p - 1), p + 1);
+        if (open == '<') {
+            if (is_gpu_header(inc) && (!gpu_file || !strcmp(folder, "core") || !strcmp(folder, "memmgr")))
+                note(r, "%s/%s includes <%s>: CUDA and NCCL headers belong in *_cuda.c, *_nccl.c or .cu files "
+                        "(never in core/ or memmgr/)\n", rel_dir, name, inc);
+            continue;
+        }
+        char buf[256];
+        const char *own = include_owner(rel_dir, inc, buf, sizeof buf);
+        if (!own) {
+            note(r, "%s/%s includes \"%s\", a public header with no owner folder in test_layering.c's table\n",
+                 rel_dir, name, inc);
+            continue;
+        }
+        int them = layer_index(own);
+        if (me < 0 || them < 0) continue; /* tests/, tools/: not layered */
+        if (!may[me][them])
+            note(r, "%s/%s includes \"%s\" of %s/, which %s/ may not use (it may use: %s)\n", rel_dir, name, inc,
+                 own, folder, layers[me].uses[0] ? layers[me].uses : "nothing");
+    }
+    fclose(f);
+}
+
+static void walk(const char *root, const char *rel_dir, const char *folder, report *r)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, rel_dir);
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char child[1024], full[2048];
+        snprintf(child, sizeof child, "%s/%s", rel_dir, e->d_name);
+        snprintf(full, sizeof full, "%s/%s", root, child);
+        struct stat sb;
+        if (stat(full, &sb)) continue;
+        if (S_ISDIR(sb.st_mode)) walk(root, child, folder, r);
+        else if (is_source(e->d_name)) check_file(root, rel_dir, e->d_name, folder, r);
+    }
+    closedir(d);
+}
+
+/* Public headers are checked as files of their owner folder. */
+static void check_public_headers(const char *root, report *r)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/include/tidal", root);
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!ends_with(e->d_name, ".h")) continue;
+        char inc[300], buf[64];
+        snprintf(inc, sizeof inc, "tidal/%s", e->d_name);
+        const char *own = include_owner("include", inc, buf, sizeof buf);
+        if (!own) {
+            note(r, "include/tidal/%s has no owner folder in test_layering.c's table\n", e->d_name);
+            continue;
+        }
+        long saved = layer_index(own) >= 0 ? r->lines[layer_index(own)] : 0;
+        check_file(root, "include/tidal", e->d_name, own, r);
+        if (layer_index(own) >= 0) r->lines[layer_index(own)] = saved; /* sizes count the folders' own files */
+    }
+    closedir(d);
+}
+
+static void check_tree(const char *root, report *r)
+{
+    memset(r, 0, sizeof *r);
+    closure();
+    for (int i = 0; i < N_LAYERS; i++) walk(root, layers[i].dir, layers[i].dir, r);
+    check_public_headers(root, r);
+}
+
+/* ---- the real tree ---------------------------------------------------------- */
+
+static const char *source_root(void)
+{
+    const char *env = getenv("TD_SOURCE_DIR");
+    if (env && *env) return env;
+    return ".";
+}
+
+static void test_tree_obeys_layers(void **state)
+{
+    (void)state;
+    char probe[1024];
+    snprintf(probe, sizeof probe, "%s/tests/test_layering.c", source_root());
+    if (access(probe, R_OK)) fail_msg("run from the repository root or set TD_SOURCE_DIR (no %s)", probe);
+    report r;
+    check_tree(source_root(), &r);
+    if (r.violations) fail_msg("%d layering violation(s):\n%s", r.violations, r.text);
+}
+
+static void test_no_folder_over_30_percent(void **state)
+{
+    (void)state;
+    report r;
+    check_tree(source_root(), &r);
+    long total = 0;
+    for (int i = 0; i < N_LAYERS; i++) total += r.lines[i];
+    assert_true(total > 10000); /* the tree was found */
+    for (int i = 0; i < N_LAYERS; i++) {
+        print_message("%-11s %6ld lines (%4.1f%%)\n", layers[i].dir, r.lines[i], 100.0 * (double)r.lines[i] / (double)total);
+        if (r.lines[i] * 10 > total * 3)
+            fail_msg("%s/ holds %ld of %ld C/CUDA lines (over 30%%): split it by concept", layers[i].dir, r.lines[i],
+                     total);
+    }
+}
+
+/* ---- the checker on trees made here ------------------------------------------ */
+
+static char tmp_root[256];
+
+static void put(const char *rel, const char *text)
+{
+    char path[512], dir[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_root, rel);
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *s = dir + strlen(tmp_root) + 1; *s; s++)
+        if (*s == '/') { *s = '\0'; mkdir(dir, 0755); *s = '/'; }
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void make_tree(void)
+{
+    snprintf(tmp_root, sizeof tmp_root, "/tmp/td_layering_%d", (int)getpid());
+    mkdir(tmp_root, 0755);
+    put("include/tidal/status.h", "#include <stddef.h>\n");
+    put("include/tidal/memmgr.h", "#include \"tidal/status.h\"\n");
+    put("include/tidal/trainer.h", "#include \"tidal/memmgr.h\"\n");
+    put("core/status.c", "#include \"tidal/status.h\"\n");
+    put("memmgr/memmgr.c", "#include \"tidal/memmgr.h\"\n#include \"tidal/status.h\"\n");
+    put("trainer/train.c", "#include \"tidal/trainer.h\"\n#include \"../memmgr/memmgr_impl.h\"\n");
+}
+
+static void remove_tree(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_checker_accepts_a_clean_tree(void **state)
+{
+    (void)state;
+    make_tree();
+    report r;
+    check_tree(tmp_root, &r);
+    remove_tree();
+    if (r.violations) fail_msg("%s", r.text);
+}
+
+static void test_checker_reports_an_upward_include(void **state)
+{
+    (void)state;
+    make_tree();
+    put("memmgr/policy.c", "#include \"tidal/trainer.h\"\n");
+    put("offload/arena.c", "#include \"../memmgr/memmgr_impl.h\"\n");
+    report r;
+    check_tree(tmp_root, &r);
+    remove_tree();
+    assert_int_equal(r.violations, 2);
+    assert_non_null(strstr(r.text, "memmgr/policy.c includes \"tidal/trainer.h\" of trainer/"));
+    assert_non_null(strstr(r.text, "offload/arena.c includes \"../memmgr/memmgr_impl.h\" of memmgr/"));
+}
+
+static void test_checker_reports_a_header_without_owner(void **state)
+{
+    (void)state;
+    make_tree();
+    put("include/tidal/newthing.h", "\n");
+    put("core/util.c", "#include \"tidal/newthing.h\"\n");
+    report r;
+    check_tree(tmp_root, &r);
+    remove_tree();
+    assert_int_equal(r.violations, 2); /* the header itself and its use */
+    assert_non_null(strstr(r.text, "include/tidal/newthing.h has no owner"));
+}
+
+static void test_checker_reports_cuda_outside_its_files(void **state)
+{
+    (void)state;
+    make_tree();
+    put("memmgr/prefetch.c", "#include <cuda_runtime.h>\n");
+    put("memmgr/prefetch_cuda.c", "#include <cuda_runtime.h>\n");
+    put("offload/backend_cuda.c", "#include <cuda_runtime.h>\n");
+    put("trainer/step.cu", "\n");
+    report r;
+    check_tree(tmp_root, &r);
+    remove_tree();
+    assert_int_equal(r.violations, 3);
+    assert_non_null(strstr(r.text, "memmgr/prefetch.c includes <cuda_runtime.h>"));
+    assert_non_null(strstr(r.text, "memmgr/prefetch_cuda.c includes <cuda_runtime.h>"));
+    assert_non_null(strstr(r.text, "trainer/step.cu: kernels live in model/cuda/ or optim/"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tree_obeys_layers),
+        cmocka_unit_test(test_no_folder_over_30_percent),
+        cmocka_unit_test(test_checker_accepts_a_clean_tree),
+        cmocka_unit_test(test_checker_reports_an_upward_include),
+        cmocka_unit_test(test_checker_reports_a_header_without_owner),
+        cmocka_unit_test(test_checker_reports_cuda_outside_its_files),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
