@@ -110,12 +110,22 @@ static td_status read_config(td_opt *opts, const char *path)
             return td_error_set(TD_ERR_INVALID, "--config %s: key '%s' must be a string, number or bool", path,
                                 item->string);
         }
+        /* A string option given as a number or a bool ("ckpt": 32) takes its
+         * text, kept in the document so that it outlives this loop. */
+        if (o->kind == TD_OPT_STRING && !cJSON_IsString(item)) {
+            const char *text = cJSON_IsBool(item) ? (cJSON_IsTrue(item) ? "true" : "false") : num;
+            cJSON *s = cJSON_CreateString(text);
+            if (!s || !cJSON_ReplaceItemViaPointer(doc, item, s)) {
+                cJSON_Delete(s);
+                return td_error_set(TD_ERR_NOMEM, "--config %s: out of memory", path);
+            }
+            item = s;
+            v = s->valuestring;
+        }
         char origin[300];
         snprintf(origin, sizeof origin, "config %s:", path);
         td_status st = set_value(o, v, origin);
         if (st) return st;
-        if (o->kind == TD_OPT_STRING && cJSON_IsNumber(item))
-            return td_error_set(TD_ERR_INVALID, "--config %s: key '%s' must be a string", path, item->string);
     }
     return TD_OK;
 }

@@ -21,7 +21,7 @@ typedef struct model_opts {
 
 #define MODEL_OPTS(m)                                                                                              \
     {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's or a Hugging Face GPT-2 one)", 0}, \
-    {"backend", TD_OPT_STRING, &(m)->backend, "B", "cpu (default), cuda or auto", 0},                             \
+    {"backend", TD_OPT_STRING, &(m)->backend, "B", "auto (default: cuda when a GPU answers), cpu or cuda", 0},                             \
     {"gpu-budget", TD_OPT_SIZE, &(m)->gpu_budget, "SIZE", "device budget (default: free memory minus a margin)", 0}
 
 /* Parses a checkpoint command's options: -1 to go on, else its exit code. */
@@ -65,7 +65,7 @@ static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
 
 int td_cli_eval_main(int argc, char **argv)
 {
-    model_opts m = {.backend = "cpu"};
+    model_opts m = {.backend = "auto"};
     const char *data = NULL, *split = "all";
     int batches = 20, batch = 4, seq = 0, json = 0;
     double heldout = 10;
@@ -145,7 +145,7 @@ static int sample(const float *logits, int V, double temperature, td_rng *rng)
 
 int td_cli_generate_main(int argc, char **argv)
 {
-    model_opts m = {.backend = "cpu"};
+    model_opts m = {.backend = "auto"};
     const char *prompt = "", *tok_kind = NULL, *vocab_path = NULL, *merges = NULL;
     int tokens = 200;
     double temperature = 0.8;

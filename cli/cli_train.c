@@ -69,7 +69,7 @@ static const char usage[] =
     {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies and compute (slower)", 0}, \
     {"save", TD_OPT_STRING, &(o)->save, "DIR", "write a checkpoint there at the end (HF GPT-2 weights + train state)", 0}, \
     {"save-every", TD_OPT_LONG, &(o)->save_every, "N", "also every N steps (atomic: the previous one stays until the new one is complete)", 0}, \
-    {"resume", TD_OPT_STRING, &(o)->resume, "DIR", "continue a run from its checkpoint, bit-exactly (--steps counts from the start)", 0}, \
+    {"resume", TD_OPT_STRING, &(o)->resume, "DIR", "continue a run from its checkpoint, bit-exactly (--steps counts from the start);\nthe shape flags of the first run may stay when they agree with it", 0}, \
     {"heldout", TD_OPT_DOUBLE, &(o)->heldout, "PCT", "keep the last PCT% of the sequences out of training (for `tidal eval --split heldout`)", 0}, \
     {"stop-after", TD_OPT_LONG, &(o)->stop_after, "N", "stop after N steps of this invocation (saving with --save); --resume continues", 0}, \
     {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2 directory", 0}
@@ -98,6 +98,33 @@ static void opts_defaults(train_opts *o)
     o->log_every = 10;
 }
 
+/* With --resume or --init, the shape flags of the original command may stay
+ * on the command line: each must agree with the checkpoint (a preset's
+ * layers, width and heads; --vocab the checkpoint's vocabulary). */
+static td_status shape_agrees(const train_opts *o, td_opt *table, const td_gpt_ref_config *preset,
+                              const td_gpt_ref_config *ck, const char *how, const char *from)
+{
+    struct { const char *flag; int seen, asked, have; } f[] = {
+        {"model", td_args_find(table, "model")->seen, 0, 0},
+        {"layers", td_args_find(table, "layers")->seen, o->layers, ck->n_layer},
+        {"width", td_args_find(table, "width")->seen, o->width, ck->n_embd},
+        {"heads", td_args_find(table, "heads")->seen, o->heads, ck->n_head},
+        {"vocab", td_args_find(table, "vocab")->seen, o->vocab, ck->vocab_size},
+    };
+    if (f[0].seen && (preset->n_layer != ck->n_layer || preset->n_embd != ck->n_embd || preset->n_head != ck->n_head) &&
+        !f[1].seen && !f[2].seen && !f[3].seen)
+        return td_error_set(TD_ERR_INVALID, "--model %s (%d layers, %d wide, %d heads) differs from the checkpoint "
+                            "%s given to --%s (%d layers, %d wide, %d heads); drop --model or use the run's own",
+                            o->model, preset->n_layer, preset->n_embd, preset->n_head, from, how, ck->n_layer,
+                            ck->n_embd, ck->n_head);
+    for (size_t i = 1; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].seen && f[i].asked != f[i].have)
+            return td_error_set(TD_ERR_INVALID, "--%s %d differs from the checkpoint %s given to --%s, which has %d; "
+                                "drop --%s or make it %d", f[i].flag, f[i].asked, from, how, f[i].have, f[i].flag,
+                                f[i].have);
+    return TD_OK;
+}
+
 /* The run's configuration from the options (vocab: the data's unless given). */
 static td_status build_config(const train_opts *o, td_opt *table, int data_vocab, td_train_config *c)
 {
@@ -105,21 +132,19 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     *c = td_train_default_config();
     if ((st = td_model_preset(o->model, &c->model))) return st;
     const char *from = o->resume ? o->resume : o->init;
-    if (from) { /* the checkpoint decides the model's shape */
-        if (td_args_find(table, "model")->seen || td_args_find(table, "layers")->seen ||
-            td_args_find(table, "width")->seen || td_args_find(table, "heads")->seen || td_args_find(table, "vocab")->seen)
-            return td_error_set(TD_ERR_INVALID, "--%s takes the model's shape from %s; drop --model/--layers/--width/"
-                                "--heads/--vocab", o->resume ? "resume" : "init", from);
+    if (from) { /* the checkpoint decides the model's shape; the flags of the first run may stay */
+        td_gpt_ref_config asked = c->model;
         if ((st = td_trainer_checkpoint_model(from, &c->model))) return st;
+        if ((st = shape_agrees(o, table, &asked, &c->model, o->resume ? "resume" : "init", from))) return st;
         if (data_vocab > c->model.vocab_size)
             return td_error_set(TD_ERR_INVALID, "the token file's vocabulary (%d) is larger than the checkpoint's (%d)",
                                 data_vocab, c->model.vocab_size);
         data_vocab = c->model.vocab_size;
     }
-    if (td_args_find(table, "layers")->seen) c->model.n_layer = o->layers;
-    if (td_args_find(table, "width")->seen) c->model.n_embd = o->width;
-    if (td_args_find(table, "heads")->seen) c->model.n_head = o->heads;
-    int vocab = td_args_find(table, "vocab")->seen ? o->vocab : data_vocab > 0 ? data_vocab : c->model.vocab_size;
+    if (!from && td_args_find(table, "layers")->seen) c->model.n_layer = o->layers;
+    if (!from && td_args_find(table, "width")->seen) c->model.n_embd = o->width;
+    if (!from && td_args_find(table, "heads")->seen) c->model.n_head = o->heads;
+    int vocab = !from && td_args_find(table, "vocab")->seen ? o->vocab : data_vocab > 0 ? data_vocab : c->model.vocab_size;
     if (vocab < 1) return td_error_set(TD_ERR_INVALID, "--vocab must be positive");
     if (data_vocab > 0 && vocab < data_vocab)
         return td_error_set(TD_ERR_INVALID, "--vocab %d is smaller than the token file's vocabulary %d", vocab, data_vocab);

@@ -158,6 +158,58 @@ static void test_checkpoint_survives_bad_resume_and_corruption(void **state)
     assert_non_null(strstr(out, "nats/token"));
 }
 
+/* Re-running the first command with --resume added continues the run; a
+ * shape flag that disagrees with the checkpoint is refused, naming the flag
+ * and both values. */
+static void test_resume_with_the_original_flags(void **state)
+{
+    char out[8192];
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --vocab 300 --steps 2 --save %s/rk", tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --vocab 300 --steps 3 --save %s/rk --resume %s/rk",
+            tidal, tmp, tmp, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "resumed"));
+    assert_non_null(strstr(out, "step 3/3"));
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --heads 4 --steps 4 --resume %s/rk", tidal, tmp, tmp);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--heads 4 differs from the checkpoint"));
+    assert_non_null(strstr(out, "which has 2"));
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --vocab 512 --steps 4 --resume %s/rk", tidal, tmp, tmp);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--vocab 512 differs"));
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok --model gpt2-124m --steps 4 --resume %s/rk", tidal, tmp, tmp);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--model gpt2-124m (12 layers, 768 wide, 12 heads) differs"));
+}
+
+/* A --config JSON takes numbers and booleans wherever the flag takes them. */
+static void test_config_numbers_for_string_flags(void **state)
+{
+    char out[8192];
+    int rc = sh(out, sizeof out, "printf '{\"ckpt\": 1, \"layers\": 3, \"width\": 32, \"heads\": 2, "
+                "\"seq\": 32, \"micro-batch\": 2, \"backend\": \"cpu\", \"vocab\": 64, \"json\": true}' "
+                "> %s/c.json && %s plan --config %s/c.json", tmp, tidal, tmp);
+    assert_int_equal(rc, 0);
+    cJSON *j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    assert_int_equal((int)num(j, "ckpt_blocks", NULL), 1);
+    cJSON_Delete(j);
+    rc = sh(out, sizeof out, "printf '{\"ckpt\": [1]}' > %s/c2.json && %s plan --config %s/c2.json", tmp, tidal, tmp);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "must be a string, number or bool"));
+}
+
+/* eval and generate choose the backend as train does (auto: cpu here). */
+static void test_eval_defaults_to_auto(void **state)
+{
+    char out[8192];
+    assert_int_equal(sh(out, sizeof out, "%s eval --help", tidal), 0);
+    assert_non_null(strstr(out, "auto (default"));
+    assert_int_equal(sh(out, sizeof out, "%s generate --help", tidal), 0);
+    assert_non_null(strstr(out, "auto (default"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -166,6 +218,9 @@ int main(void)
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_json),
         cmocka_unit_test(test_checkpoint_survives_bad_resume_and_corruption),
+        cmocka_unit_test(test_resume_with_the_original_flags),
+        cmocka_unit_test(test_config_numbers_for_string_flags),
+        cmocka_unit_test(test_eval_defaults_to_auto),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
