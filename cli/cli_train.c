@@ -7,6 +7,7 @@
 #include "tidal/util.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -18,7 +19,7 @@
 typedef struct train_opts {
     const char *model, *data, *policy, *precision, *ckpt, *schedule, *backend, *eviction;
     const char *log, *trace_out, *timeline, *save, *resume, *init;
-    long save_every, stop_after;
+    long save_every, stop_after, max_bad_steps;
     double heldout;
     int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every;
     long steps;
@@ -72,7 +73,8 @@ static const char usage[] =
     {"resume", TD_OPT_STRING, &(o)->resume, "DIR", "continue a run from its checkpoint, bit-exactly (--steps counts from the start);\nthe shape flags of the first run may stay when they agree with it", 0}, \
     {"heldout", TD_OPT_DOUBLE, &(o)->heldout, "PCT", "keep the last PCT% of the sequences out of training (for `tidal eval --split heldout`)", 0}, \
     {"stop-after", TD_OPT_LONG, &(o)->stop_after, "N", "stop after N steps of this invocation (saving with --save); --resume continues", 0}, \
-    {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2 directory", 0}
+    {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2 directory", 0}, \
+    {"max-bad-steps", TD_OPT_LONG, &(o)->max_bad_steps, "N", "stop (exit 1, nothing saved) after N steps in a row whose loss or grads are\nnot finite; each is skipped (default 10)", 0}
 
 static void opts_defaults(train_opts *o)
 {
@@ -96,6 +98,7 @@ static void opts_defaults(train_opts *o)
     o->schedule = "cosine";
     o->backend = "auto";
     o->log_every = 10;
+    o->max_bad_steps = 10;
 }
 
 /* With --resume or --init, the shape flags of the original command may stay
@@ -218,6 +221,27 @@ static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
     return td_loader_next(ctx, tokens, targets);
 }
 
+/* SIGINT / SIGTERM: the run stops at the next step boundary, saves when
+ * --save is given and exits 130 / 143, as a shell reports those signals.
+ * A second signal acts at once (the default action). */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+    signal(sig, SIG_DFL);
+}
+
+/* TD_FAULT_NONFINITE_STEP=N[,K]: steps N .. N+K-1 read non-finite grads
+ * (tests and the GPU fault check; K defaults to 1). */
+static int fault_step(long step)
+{
+    const char *e = getenv("TD_FAULT_NONFINITE_STEP");
+    long n = 0, k = 1;
+    if (!e || sscanf(e, "%ld,%ld", &n, &k) < 1) return 0;
+    return step >= n && step < n + k;
+}
+
 static void progress(FILE *f, int tty, long step, long steps, const td_step_result *r, td_trainer *t)
 {
     td_arena_stats as;
@@ -305,12 +329,39 @@ int td_cli_train_main(int argc, char **argv)
     long first = td_trainer_optim(t)->step + 1;
     if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
     long last = o.stop_after > 0 && first - 1 + o.stop_after < o.steps ? first - 1 + o.stop_after : o.steps;
+    if (o.max_bad_steps < 1) {
+        st = td_error_set(TD_ERR_INVALID, "--max-bad-steps must be at least 1");
+        goto cleanup;
+    }
+    stop_signal = 0;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    long bad = 0;
+    int scaled = cfg.optim.scaler.kind != TD_LOSS_SCALE_NONE;
     for (long s = first; s <= last; s++) {
         td_step_result r;
-        if ((st = td_trainer_step(t, loader_batch, loader, &r))) goto cleanup;
-        if (!isfinite(r.loss)) {
-            st = td_error_set(TD_ERR_STATE, "the loss is %g at step %ld; lower --lr", r.loss, s);
-            goto cleanup;
+        if (fault_step(s)) td_fault_arm(TD_FAULT_NONFINITE_GRAD, 1);
+        st = td_trainer_step(t, loader_batch, loader, &r);
+        td_fault_arm(TD_FAULT_NONFINITE_GRAD, 0);
+        if (st) goto cleanup;
+        /* A loss scaler skips overflowing steps as a matter of course; without
+         * one, a skipped step had non-finite grads. */
+        if (!isfinite(r.loss) || (r.skipped && !scaled)) {
+            bad++;
+            fprintf(stderr, "%stidal train: step %ld: loss %g, grad norm %g: not finite; %s (%ld in a row, "
+                            "--max-bad-steps %ld)\n", tty ? "\n" : "", s, r.loss, r.grad_norm,
+                    r.skipped ? "skipped" : "the update ran", bad, o.max_bad_steps);
+            if (bad >= o.max_bad_steps) {
+                st = td_error_set(TD_ERR_STATE, "%ld steps in a row with a non-finite loss or grads (the last %ld); "
+                                  "stopped without saving%s%s; lower --lr or --clip-grad-norm",
+                                  bad, s, o.save ? ", the last good checkpoint stays in " : "", o.save ? o.save : "");
+                goto cleanup;
+            }
+        } else {
+            bad = 0;
         }
         if (tty || s == first || s == last || s % (o.log_every > 0 ? o.log_every : 10) == 0)
             progress(stderr, tty, s, o.steps, &r, t);
@@ -324,9 +375,16 @@ int td_cli_train_main(int argc, char **argv)
                     (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms, mm);
             fflush(log);
         }
-        if (o.save && ((o.save_every > 0 && s % o.save_every == 0) || s == last)) {
+        int stopping = stop_signal != 0;
+        if (o.save && !bad && ((o.save_every > 0 && s % o.save_every == 0) || s == last || stopping)) {
             if ((st = save_checkpoint(t, loader, o.save, o.data))) goto cleanup;
-            if (!tty || s == last) fprintf(stderr, "%ssaved %s at step %ld\n", tty ? "\n" : "", o.save, s);
+            if (!tty || s == last || stopping) fprintf(stderr, "%ssaved %s at step %ld\n", tty ? "\n" : "", o.save, s);
+        }
+        if (stopping) {
+            fprintf(stderr, "%stidal train: %s: stopped after step %ld%s\n", tty ? "\n" : "",
+                    stop_signal == SIGINT ? "SIGINT" : "SIGTERM", s, o.save ? " (--resume continues)" : "");
+            rc = 128 + stop_signal;
+            goto out;
         }
     }
     if (tty) fprintf(stderr, "\n");
@@ -334,6 +392,8 @@ int td_cli_train_main(int argc, char **argv)
 cleanup:
     if (st) fprintf(stderr, "\ntidal train: %s\n", td_error_msg());
 out:
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     if (log) fclose(log);
     td_trainer_destroy(t);
     td_loader_destroy(loader);

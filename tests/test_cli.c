@@ -210,6 +210,51 @@ static void test_eval_defaults_to_auto(void **state)
     assert_non_null(strstr(out, "auto (default"));
 }
 
+/* Non-finite grads (injected) skip their step with a message; too many in a
+ * row stop the run non-zero without saving over the last good checkpoint. */
+static void test_bad_steps(void **state)
+{
+    char out[16384];
+    int rc = sh(out, sizeof out, "TD_FAULT_NONFINITE_STEP=2,2 %s train --data %s/ok.tok " MODEL " --steps 5 "
+                "--log-every 1 --save %s/bad1", tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "step 2: loss"));
+    assert_non_null(strstr(out, "skipped (1 in a row"));
+    assert_non_null(strstr(out, "step 3: loss"));
+    assert_non_null(strstr(out, "skipped (2 in a row"));
+    assert_null(strstr(out, "step 4: loss"));
+    rc = sh(out, sizeof out, "TD_FAULT_NONFINITE_STEP=3,10 %s train --data %s/ok.tok " MODEL " --steps 20 "
+            "--save-every 1 --save %s/bad2 --max-bad-steps 3", tidal, tmp, tmp);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "3 steps in a row with a non-finite loss or grads"));
+    /* The checkpoint is the last good one: step 2. */
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 3 --resume %s/bad2", tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "at step 2"));
+}
+
+/* SIGTERM and SIGINT stop at a step boundary, save with --save, and exit
+ * 143 / 130; the saved run resumes. */
+static void test_stop_signals(void **state)
+{
+    char out[16384];
+    const char *sig[2] = {"TERM", "INT"};
+    int want[2] = {143, 130};
+    for (int i = 0; i < 2; i++) {
+        int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1000000 --log-every 1 --save %s/sig "
+                    "> %s/sig.log 2>&1 & p=$!; for i in $(seq 600); do grep -q 'step 3/' %s/sig.log && break; "
+                    "sleep 0.1; done; kill -%s $p; wait $p; rc=$?; cat %s/sig.log; exit $rc",
+                    tidal, tmp, tmp, tmp, tmp, sig[i], tmp);
+        assert_int_equal(rc, want[i]);
+        assert_non_null(strstr(out, i ? "SIGINT: stopped after step" : "SIGTERM: stopped after step"));
+        assert_non_null(strstr(out, "saved"));
+    }
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1000000 --stop-after 1 --resume %s/sig",
+                tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "resumed"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -221,6 +266,8 @@ int main(void)
         cmocka_unit_test(test_resume_with_the_original_flags),
         cmocka_unit_test(test_config_numbers_for_string_flags),
         cmocka_unit_test(test_eval_defaults_to_auto),
+        cmocka_unit_test(test_bad_steps),
+        cmocka_unit_test(test_stop_signals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

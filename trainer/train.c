@@ -523,6 +523,15 @@ cleanup:
 
 /* ---- the optimizer ---------------------------------------------------------- */
 
+/* The step's decision from the global grad stats.  TD_FAULT_NONFINITE_GRAD
+ * makes the stats of an armed step non-finite, as a NaN or Inf in any grad
+ * would: the tests' way to a bad step without a diverging model. */
+static td_status begin_step(td_trainer *t, td_grad_stats *global, td_optim_step *os)
+{
+    if (td_fault_hit(TD_FAULT_NONFINITE_GRAD)) global->sumsq = NAN;
+    return td_optim_begin_step(&t->optim, global, os);
+}
+
 #ifdef TD_HAVE_CUDA
 #include "tidal/optim_cuda.h"
 
@@ -565,7 +574,7 @@ static td_status optimizer_step_gpu(td_trainer *t, td_optim_step *os)
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row, t->dev_acc, sizeof(double)));
     TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
     td_grad_stats global = { .sumsq = *(double *)t->h_row };
-    TD_TRY(td_optim_begin_step(&t->optim, &global, os));
+    TD_TRY(begin_step(t, &global, os));
     for (int k = 0; k < chunks && !os->skip; k++) {
         void *g, *p, *m, *v, *master;
         TD_TRY(access_chunk(t, t->gid, k, 0, &g));
@@ -665,7 +674,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         td_adam_coeffs c;
         TD_TRY(td_adam_coeffs_make(&op->adam, td_lr_at(&op->lr, step), step, 1.0, &c));
         for (int i = chunks - 1; i >= 0; i--) TD_TRY(update_chunk_host(t, i, &c, &global));
-        TD_TRY(td_optim_begin_step(&t->optim, &global, os));
+        TD_TRY(begin_step(t, &global, os));
         if (os->skip)
             TD_FAIL(TD_ERR_STATE, "non-finite gradients at step %ld (no clipping and no loss scale: the update had "
                     "already begun); lower --lr or use --clip-grad-norm", step);
@@ -678,7 +687,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
             TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
                                           td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &global));
         }
-        TD_TRY(td_optim_begin_step(&t->optim, &global, os));
+        TD_TRY(begin_step(t, &global, os));
         /* The updates run chunk by chunk in forward order, each just before
          * the next step's forward first needs it (catch_up): the CPU updates
          * chunk k + 1 while the GPU runs the blocks of chunk k.  Exact: the

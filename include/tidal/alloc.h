@@ -48,6 +48,7 @@ typedef enum td_fault_kind {
     TD_FAULT_HOST_ALLOC,   /* td_malloc / td_calloc */
     TD_FAULT_PIN,          /* pinning host memory (slab creation) */
     TD_FAULT_DEV_RESERVE,  /* device reservation (arena creation) */
+    TD_FAULT_NONFINITE_GRAD, /* an optimizer step's grads read as non-finite (trainer) */
     TD_FAULT_KIND_COUNT
 } td_fault_kind;
 
