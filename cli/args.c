@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,12 @@ static td_status set_value(td_opt *o, const char *v, const char *origin)
         *(double *)o->dst = x;
         break;
     }
+    case TD_OPT_BUDGET:
+        if (!strcmp(v, "max")) {
+            *(size_t *)o->dst = SIZE_MAX;
+            break;
+        }
+        /* fall through */
     case TD_OPT_SIZE:
         if (td_parse_bytes(v, (size_t *)o->dst) != TD_OK)
             return td_error_prefix(TD_ERR_INVALID, "%s --%s: ", origin, o->name);

@@ -16,6 +16,7 @@ typedef enum td_opt_kind {
     TD_OPT_U64,     /* uint64_t */
     TD_OPT_DOUBLE,  /* double */
     TD_OPT_SIZE,    /* size_t, with units (512MiB) */
+    TD_OPT_BUDGET,  /* size_t, with units, or "max": TD_GPU_BUDGET_MAX (trainer.h) */
     TD_OPT_STRING,  /* const char * (points into argv or the config) */
 } td_opt_kind;
 

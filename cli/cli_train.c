@@ -47,7 +47,7 @@ static const char usage[] =
     {"seed", TD_OPT_U64, &(o)->seed, "S", "seed of init and data order (default 1337)", 0},                  \
     {"micro-batch", TD_OPT_INT, &(o)->micro_batch, "B", "sequences per micro-batch (default 4)", 0},         \
     {"grad-accum", TD_OPT_INT, &(o)->grad_accum, "K", "micro-batches per optimizer step (default 1)", 0},    \
-    {"gpu-budget", TD_OPT_SIZE, &(o)->gpu_budget, "SIZE", "device bytes tidal may use, e.g. 512MiB, 24GiB (default: free memory minus a margin)", 0}, \
+    {"gpu-budget", TD_OPT_BUDGET, &(o)->gpu_budget, "SIZE", "device bytes tidal may use, e.g. 512MiB, 24GiB; default: what the run needs\nwith all of it resident plus an eighth, at most the free memory less a margin;\nmax: all of that free memory", 0}, \
     {"host-pin-limit", TD_OPT_SIZE, &(o)->host_pin_limit, "SIZE", "most host memory to pin (default 80% of RAM)", 0}, \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},   \
     {"offload-param-frac", TD_OPT_DOUBLE, &(o)->param_frac, "F", "static: share of param/grad chunks on the host", 0}, \
@@ -320,11 +320,17 @@ int td_cli_train_main(int argc, char **argv)
     int nck = td_trainer_checkpointing(t);
     if (nck == 0 || nck == cfg.model.n_layer) snprintf(ckpt, sizeof ckpt, "%s", nck ? "on" : "off");
     else snprintf(ckpt, sizeof ckpt, "%d of %d blocks", nck, cfg.model.n_layer);
-    fprintf(stderr, "tidal train: %zu params (%d layers, %d wide, %d heads, vocab %d), %s, budget %s, policy %s, "
+    char origin[128] = "", cap[32];
+    if (td_trainer_budget_cap(t))
+        snprintf(origin, sizeof origin, cfg.gpu_budget ? " (max: the %s free less a margin)"
+                                                       : " (default: the run resident + 1/8; --gpu-budget max takes "
+                                                         "the %s free less a margin)",
+                 td_format_bytes(td_trainer_budget_cap(t), cap, sizeof cap));
+    fprintf(stderr, "tidal train: %zu params (%d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
                     "checkpointing %s, %d chunks\n",
             params, cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
-            o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)));
+            origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)));
     int tty = isatty(fileno(stderr));
     long first = td_trainer_optim(t)->step + 1;
     if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
@@ -624,7 +630,12 @@ int td_cli_plan_main(int argc, char **argv)
     cfg.backend = td_backend_get_kind(b); /* size activations for the backend that will run */
     size_t budget = cfg.gpu_budget, margin = 0, free_b = 0, total_b = 0;
     if ((st = td_backend_mem_info(b, &free_b, &total_b))) goto cleanup;
-    if (!budget && (st = td_arena_default_budget(b, &budget, &margin))) goto cleanup;
+    if (!budget || budget == TD_GPU_BUDGET_MAX) {
+        size_t cap = 0;
+        if ((st = td_arena_default_budget(b, &cap, &margin))) goto cleanup;
+        if (!budget && (st = td_train_default_budget(&cfg, cap, &budget))) goto cleanup;
+        if (budget == TD_GPU_BUDGET_MAX) budget = cap;
+    }
     td_train_plan p;
     if ((st = td_train_plan_make(&cfg, budget, &p))) goto cleanup;
     rates r;
@@ -694,7 +705,8 @@ int td_cli_plan_main(int argc, char **argv)
                td_format_bytes(p.full_device_bytes, g, sizeof g));
         printf("  budget             %12s  of %s free%s -> %s with --policy %s (peak about %s)\n",
                td_format_bytes(budget, h2, sizeof h2), td_format_bytes(free_b, i2, sizeof i2),
-               cfg.gpu_budget ? "" : " (default: free minus margin)", fits_device ? "FITS" : "DOES NOT FIT", o.policy,
+               !cfg.gpu_budget ? " (default: the run resident + 1/8)"
+               : cfg.gpu_budget == TD_GPU_BUDGET_MAX ? " (max: free minus margin)" : "", fits_device ? "FITS" : "DOES NOT FIT", o.policy,
                td_format_bytes(device_peak, j, sizeof j));
         if (!fits_device)
             printf("  -> needs --gpu-budget of at least %s%s\n",

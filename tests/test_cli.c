@@ -158,6 +158,28 @@ static void test_checkpoint_survives_bad_resume_and_corruption(void **state)
     assert_non_null(strstr(out, "nats/token"));
 }
 
+/* Without --gpu-budget the plan takes the run resident plus an eighth;
+ * "max" takes the free memory (less a margin: none on the cpu backend). */
+static void test_default_budget(void **state)
+{
+    char out[8192];
+    const char *model = "--layers 3 --width 32 --heads 2 --seq 32 --micro-batch 2 --backend cpu --vocab 64";
+    assert_int_equal(sh(out, sizeof out, "%s plan %s --json", tidal, model), 0);
+    cJSON *j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    double budget = num(j, "device", "budget_bytes"), all = num(j, "device", "all_resident_bytes");
+    double want = ceil((all + floor(all / 8)) / 256) * 256;
+    assert_true(budget == want);
+    cJSON_Delete(j);
+    assert_int_equal(sh(out, sizeof out, "%s plan %s --json --gpu-budget max", tidal, model), 0);
+    j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    assert_true(num(j, "device", "budget_bytes") == floor(num(j, "device", "free_bytes") / 256) * 256);
+    cJSON_Delete(j);
+    assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1", tidal, tmp), 0);
+    assert_non_null(strstr(out, "(default: the run resident + 1/8; --gpu-budget max takes"));
+}
+
 /* Re-running the first command with --resume added continues the run; a
  * shape flag that disagrees with the checkpoint is refused, naming the flag
  * and both values. */
@@ -263,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_json),
         cmocka_unit_test(test_checkpoint_survives_bad_resume_and_corruption),
+        cmocka_unit_test(test_default_budget),
         cmocka_unit_test(test_resume_with_the_original_flags),
         cmocka_unit_test(test_config_numbers_for_string_flags),
         cmocka_unit_test(test_eval_defaults_to_auto),

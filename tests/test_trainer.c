@@ -355,6 +355,43 @@ static void test_plan_minimum_is_enough(void **state)
     }
 }
 
+/* --gpu-budget's default: all of the run resident plus an eighth, at most
+ * the cap; a run at it keeps everything on the device (no eviction). */
+static void test_default_budget_keeps_the_run_resident(void **state)
+{
+    td_train_config c = small_config();
+    td_train_plan p;
+    size_t budget = 0, cap = (size_t)1 << 32;
+    TD_ASSERT_OK(td_train_default_budget(&c, cap, &budget));
+    TD_ASSERT_OK(td_train_plan_make(&c, budget, &p));
+    assert_int_equal(budget, td_align_up(p.full_device_bytes + p.full_device_bytes / 8, TD_ARENA_ALIGN));
+    TD_ASSERT_OK(td_train_default_budget(&c, p.full_device_bytes / 2, &budget));
+    assert_int_equal(budget, p.full_device_bytes / 2); /* capped */
+    double losses[3];
+    td_memmgr_stats st;
+    c.gpu_budget = 0;
+    run(&c, 3, losses, &st);
+    assert_int_equal(st.evictions, 0);
+#ifdef TD_HAVE_CUDA
+    /* On CUDA the optimizer state comes too when AdamW then runs on the GPU,
+     * and the budget keeps the choices the whole device would make. */
+    td_train_config g = small_config();
+    g.backend = TD_BACKEND_CUDA;
+    g.precision = TD_DTYPE_BF16;
+    td_train_plan big, at;
+    TD_ASSERT_OK(td_train_plan_make(&g, cap, &big));
+    assert_true(big.gpu_optimizer);
+    TD_ASSERT_OK(td_train_default_budget(&g, cap, &budget));
+    assert_true(budget < cap);
+    TD_ASSERT_OK(td_train_plan_make(&g, budget, &at));
+    assert_true(at.gpu_optimizer);
+    assert_int_equal(at.ckpt_blocks, big.ckpt_blocks);
+    size_t model_state = 0;
+    for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) model_state += at.role_bytes[r];
+    assert_true(budget >= at.nonmodel_bytes + model_state + (at.nonmodel_bytes + model_state) / 16);
+#endif
+}
+
 /* The demo corpus is learnt: a small model on Debian's fortunes (byte
  * tokens) gets below 3.0 nats within 200 steps (it starts near log 257 = 5.55). */
 #include "tidal/data.h"
@@ -505,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_learns_a_fixed_batch),
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_minimum_is_enough),
+        cmocka_unit_test(test_default_budget_keeps_the_run_resident),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
     };

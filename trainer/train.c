@@ -139,6 +139,12 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     hp.pin_limit_bytes = cfg->host_pin_limit;
     /* Slabs of about a sixteenth of the chunks' host copies (2 MiB .. 1 GiB):
      * few registrations for a big model, little idle pinned memory for a small one. */
+    size_t asked = cfg->gpu_budget;
+    if (asked == 0 || asked == TD_GPU_BUDGET_MAX) { /* the default, or all the free memory */
+        TD_TRY(td_arena_default_budget(t->backend, &t->budget_cap, NULL));
+        if (asked == 0) TD_TRY(td_train_default_budget(cfg, t->budget_cap, &t->cfg.gpu_budget));
+        else t->cfg.gpu_budget = t->budget_cap;
+    }
     td_train_plan plan;
     TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
     /* Refuse up front what cannot work, saying what would. */
@@ -772,6 +778,7 @@ td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }
 td_hostpool *td_trainer_hostpool(td_trainer *t) { return t->pool; }
 int td_trainer_checkpointing(const td_trainer *t) { return t->ckpt_blocks; }
+size_t td_trainer_budget_cap(const td_trainer *t) { return t->budget_cap; }
 td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
 
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v)

@@ -22,6 +22,7 @@ struct td_trainer {
     int pending_next, pending_end;
     td_adam_coeffs pending_coeffs;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
+    size_t budget_cap;                 /* free device memory minus a margin, when the budget was not given */
 
     int n_tensors;                     /* 4 + 12 L */
     int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per gpt_ref tensor: param, grad, fp32 master

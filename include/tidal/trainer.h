@@ -49,6 +49,8 @@ typedef struct td_trainer td_trainer;
 
 typedef enum td_ckpt_mode { TD_CKPT_AUTO, TD_CKPT_ON, TD_CKPT_OFF } td_ckpt_mode;
 
+#define TD_GPU_BUDGET_MAX SIZE_MAX
+
 typedef struct td_train_config {
     td_gpt_ref_config model;
     int micro_batch, seq_len, grad_accum;
@@ -58,7 +60,9 @@ typedef struct td_train_config {
     int ckpt_blocks;              /* TD_CKPT_ON: recompute the first ckpt_blocks blocks and keep the
                                      others' activations (0: all of them) */
     td_backend_kind backend;
-    size_t gpu_budget;            /* 0: free device memory minus a margin */
+    size_t gpu_budget;            /* 0: what the run needs with all of it resident, plus an eighth, capped by
+                                     free device memory minus a margin (td_train_default_budget);
+                                     TD_GPU_BUDGET_MAX: all of that free memory */
     size_t host_pin_limit;        /* 0: 80% of RAM */
     td_memmgr_params mm;          /* placement, fractions, eviction, prefetch, trace_out */
     td_optim_params optim;
@@ -125,6 +129,12 @@ typedef struct td_train_plan {
  * every block's activations if they take at most a quarter of the budget,
  * else recompute every block. */
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out);
+/* --gpu-budget's default: the device bytes the run needs with all of it
+ * resident (the non-model buffers --ckpt auto keeps, every param and grad
+ * chunk, and the optimizer state too when AdamW then runs on the GPU) plus
+ * an eighth, so other work can share the device; `cap` (free memory minus a
+ * margin) when that is more than the device has. */
+td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t *budget);
 /* The layout as td_memmgr_print_layout prints it. */
 td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
 
@@ -153,6 +163,9 @@ td_memmgr *td_trainer_memmgr(td_trainer *t);
 td_backend *td_trainer_backend(td_trainer *t);
 td_arena *td_trainer_arena(td_trainer *t);
 td_hostpool *td_trainer_hostpool(td_trainer *t);
+/* The free device memory minus a margin, measured when the trainer was
+ * created with a default or "max" budget (0 when the budget was given). */
+size_t td_trainer_budget_cap(const td_trainer *t);
 /* Blocks whose activations backward recomputes (0: none). */
 int td_trainer_checkpointing(const td_trainer *t);
 /* Memmgr ids of gpt_ref tensor `index`: param, grad, adam m, adam v. */
