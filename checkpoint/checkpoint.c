@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "tidal/alloc.h"
+#include "tidal/util.h"
 
 /* --- configuration and parameter table ------------------------------------ */
 
@@ -339,7 +340,8 @@ static td_status normalize_dir(const char *dir, char **out)
  * temporary forms "<name>.tmp.<digits>". */
 static int is_ckpt_file(const char *name)
 {
-    static const char *known[] = {TD_CKPT_CONFIG_FILE, TD_CKPT_MODEL_FILE, TD_CKPT_STATE_FILE};
+    static const char *known[] = {TD_CKPT_CONFIG_FILE, TD_CKPT_MODEL_FILE, TD_CKPT_STATE_FILE, "vocab.json",
+                                  "merges.txt", "tokenizer.json"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         size_t k = strlen(known[i]);
         if (strncmp(name, known[i], k)) continue;
@@ -769,6 +771,21 @@ static td_status publish_dir(td_ckpt_writer *w, const char **old)
     }
     *old = w->old_dir;
     return td_fsync_parent_dir(w->dir);
+}
+
+td_status td_ckpt_writer_add_file(td_ckpt_writer *w, const char *name, const char *src)
+{
+    static const char *const allowed[] = TD_CKPT_TOKENIZER_FILES;
+    int ok = 0;
+    for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++) ok |= name && !strcmp(name, allowed[i]);
+    if (!w || !ok || !src)
+        return td_error_set(TD_ERR_INVALID, "checkpoint: '%s' is not a file a checkpoint carries (vocab.json, "
+                            "merges.txt, tokenizer.json)", name ? name : "(null)");
+    char *path = cat3(w->tmp_dir, "/", name);
+    if (!path) return td_error_set(TD_ERR_NOMEM, "checkpoint: out of memory");
+    td_status st = td_copy_file(src, path);
+    td_free(path);
+    return st ? td_error_prefix(st, "checkpoint: adding %s: ", name) : TD_OK;
 }
 
 td_status td_ckpt_writer_commit(td_ckpt_writer *w)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The options of every command that runs a checkpoint, one block for both. */
 typedef struct model_opts {
@@ -157,8 +158,8 @@ int td_cli_generate_main(int argc, char **argv)
         {"temperature", TD_OPT_DOUBLE, &temperature, "T", "sampling temperature; 0 is greedy (default 0.8)", 0},
         {"seed", TD_OPT_U64, &seed, "S", "sampling seed (default 1)", 0},
         {"tokenizer", TD_OPT_STRING, &tok_kind, "K", "byte or gpt2 (default: what the checkpoint was trained with)", 0},
-        {"vocab", TD_OPT_STRING, &vocab_path, "FILE", "gpt2: vocab.json", 0},
-        {"merges", TD_OPT_STRING, &merges, "FILE", "gpt2: merges.txt", 0},
+        {"vocab", TD_OPT_STRING, &vocab_path, "FILE", "gpt2: vocab.json (default: the checkpoint's own)", 0},
+        {"merges", TD_OPT_STRING, &merges, "FILE", "gpt2: merges.txt (default: the checkpoint's own)", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = parse_model_command(table, argc, argv, "generate",
@@ -183,10 +184,23 @@ int td_cli_generate_main(int argc, char **argv)
         const char *k = td_ckpt_reader_meta(rd, "tokenizer");
         tok_kind = k ? (!strcmp(k, "gpt2") ? "gpt2" : "byte") : NULL;
     }
+    /* GPT-2 BPE files: the flags, else the ones the checkpoint carries (as
+     * tidal's checkpoints and Hugging Face directories do). */
+    char ck_vocab[4096], ck_merges[4096];
+    snprintf(ck_vocab, sizeof ck_vocab, "%s/vocab.json", m.checkpoint);
+    snprintf(ck_merges, sizeof ck_merges, "%s/merges.txt", m.checkpoint);
+    int carried = access(ck_vocab, R_OK) == 0 && access(ck_merges, R_OK) == 0;
+    if (!tok_kind && !rd && carried) tok_kind = "gpt2"; /* a Hugging Face directory */
     if (!tok_kind) tok_kind = "byte";
     if (!strcmp(tok_kind, "gpt2")) {
+        if ((!vocab_path || !merges) && carried) {
+            if (!vocab_path) vocab_path = ck_vocab;
+            if (!merges) merges = ck_merges;
+        }
         if (!vocab_path || !merges) {
-            st = td_error_set(TD_ERR_INVALID, "a gpt2 model needs --vocab vocab.json --merges merges.txt to read and write text");
+            st = td_error_set(TD_ERR_INVALID, "a gpt2 model needs --vocab vocab.json --merges merges.txt to read and "
+                              "write text (%s carries none: it was trained on a token file whose tokenizer files "
+                              "were not kept beside it)", m.checkpoint);
             goto cleanup;
         }
         if ((st = td_tokenizer_load_gpt2(vocab_path, merges, &tk))) goto cleanup;

@@ -286,6 +286,24 @@ static void print_summary(const prep *P, uint64_t n_tokens, const char *out, con
                L->skipped_empty, L->skipped_hidden, L->skipped_other);
 }
 
+/* Copies vocab.json and merges.txt to "<out>.tokenizer/"; 0 or 1 (said). */
+static int save_tokenizer(const char *out, const char *vocab, const char *merges)
+{
+    char dir[4096], path[4096];
+    const char *src[2] = {vocab, merges}, *name[2] = {"vocab.json", "merges.txt"};
+    if (td_tokfile_tokenizer_path(out, NULL, dir, sizeof dir)) goto fail;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        td_error_set(TD_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
+        goto fail;
+    }
+    for (int i = 0; i < 2; i++)
+        if (td_tokfile_tokenizer_path(out, name[i], path, sizeof path) || td_copy_file(src[i], path)) goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "tidal prepare: keeping the tokenizer beside the token file: %s\n", td_error_msg());
+    return 1;
+}
+
 /* Tokenizes in_path into out_path: 0 done, 1 failed (said on stderr), 2 bad usage. */
 static int prepare(const char *in_path, const char *out_path, const char *kind_text, const char *vocab,
                    const char *merges, size_t block_bytes, int quiet)
@@ -392,6 +410,9 @@ static int prepare(const char *in_path, const char *out_path, const char *kind_t
     }
     show_progress(&P, 1);
     if (interrupted) goto done;
+    /* The tokenizer files go beside the token file before it appears, so a
+     * run's checkpoints can carry them (`tidal generate` then needs no flags). */
+    if (kind == TD_TOKENIZER_GPT2 && save_tokenizer(out_path, vocab, merges) != 0) goto done;
     uint64_t n_tokens = td_tokfile_writer_count(P.w);
     td_tokfile_writer *w = P.w;
     P.w = NULL;

@@ -213,7 +213,15 @@ static td_status save_checkpoint(td_trainer *t, td_loader *loader, const char *d
     const td_tokfile_info *info = td_tokfile_get_info(td_loader_file(loader));
     const char *meta[] = {"data_epoch", epoch, "data_index", index, "data_fingerprint", fp, "data_file", data,
                           "tokenizer", td_tokenizer_kind_name(info->tokenizer), NULL};
-    return td_trainer_save(t, dir, 1, meta);
+    /* The tokenizer the data was made with, when `tidal prepare` kept it. */
+    char paths[3][4096];
+    const char *files[4] = {NULL};
+    static const char *const names[] = TD_CKPT_TOKENIZER_FILES;
+    int n = 0;
+    for (size_t i = 0; i < 3 && info->tokenizer == TD_TOKENIZER_GPT2; i++)
+        if (!td_tokfile_tokenizer_path(data, names[i], paths[n], sizeof paths[n]) && access(paths[n], R_OK) == 0)
+            files[n] = paths[n], n++;
+    return td_trainer_save_files(t, dir, 1, meta, files);
 }
 
 static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)

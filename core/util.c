@@ -1,15 +1,17 @@
-/* Byte sizes, clocks and the seeded RNG (see include/tidal/util.h). */
+/* Byte sizes, clocks, the seeded RNG and whole-file copies (see include/tidal/util.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "tidal/util.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 td_status td_parse_bytes(const char *text, size_t *bytes_out)
 {
@@ -125,4 +127,41 @@ td_status td_dtype_parse(const char *name, td_dtype *out)
     for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(name, names[i].name)) { *out = names[i].dt; return TD_OK; }
     return td_error_set(TD_ERR_INVALID, "unknown dtype '%s'; use fp32, bf16 or fp16", name ? name : "");
+}
+
+td_status td_copy_file(const char *src, const char *dst)
+{
+    td_status st = TD_OK;
+    char tmp[4096];
+    char buf[1 << 16];
+    int in = -1, out = -1;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid()) >= (int)sizeof tmp)
+        return td_error_set(TD_ERR_INVALID, "copying to %s: the path is too long", dst);
+    if ((in = open(src, O_RDONLY | O_CLOEXEC)) < 0)
+        return td_error_set(TD_ERR_IO, "cannot read %s: %s", src, strerror(errno));
+    if ((out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+        st = td_error_set(TD_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        goto cleanup;
+    }
+    for (;;) {
+        ssize_t n = read(in, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) { st = td_error_set(TD_ERR_IO, "reading %s: %s", src, strerror(errno)); goto cleanup; }
+        if (n == 0) break;
+        for (ssize_t done = 0; done < n;) {
+            ssize_t w = write(out, buf + done, (size_t)(n - done));
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0) { st = td_error_set(TD_ERR_IO, "writing %s: %s", tmp, strerror(errno)); goto cleanup; }
+            done += w;
+        }
+    }
+    if (fsync(out) != 0) { st = td_error_set(TD_ERR_IO, "syncing %s: %s", tmp, strerror(errno)); goto cleanup; }
+    if (close(out) != 0) { out = -1; st = td_error_set(TD_ERR_IO, "closing %s: %s", tmp, strerror(errno)); goto cleanup; }
+    out = -1;
+    if (rename(tmp, dst) != 0) st = td_error_set(TD_ERR_IO, "renaming %s to %s: %s", tmp, dst, strerror(errno));
+cleanup:
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    if (st) unlink(tmp);
+    return st;
 }

@@ -450,3 +450,11 @@ td_status td_tokfile_read(const td_tokfile *f, uint64_t start, size_t n, int32_t
     }
     return TD_OK;
 }
+
+td_status td_tokfile_tokenizer_path(const char *tokfile, const char *name, char *buf, size_t buf_bytes)
+{
+    int n = snprintf(buf, buf_bytes, "%s.tokenizer%s%s", tokfile, name && *name ? "/" : "", name ? name : "");
+    if (n < 0 || (size_t)n >= buf_bytes)
+        return td_error_set(TD_ERR_INVALID, "the path of %s's tokenizer files is too long", tokfile);
+    return TD_OK;
+}

@@ -364,7 +364,9 @@ static void test_default_budget_keeps_the_run_resident(void **state)
     size_t budget = 0, cap = (size_t)1 << 32;
     TD_ASSERT_OK(td_train_default_budget(&c, cap, &budget));
     TD_ASSERT_OK(td_train_plan_make(&c, budget, &p));
-    assert_int_equal(budget, td_align_up(p.full_device_bytes + p.full_device_bytes / 8, TD_ARENA_ALIGN));
+    size_t resident = p.full_device_bytes + (p.min_device_bytes - p.nonmodel_bytes - p.working_set_bytes);
+    assert_int_equal(budget, td_align_up(resident + resident / 8, TD_ARENA_ALIGN));
+    assert_true(budget >= p.min_device_bytes);
     TD_ASSERT_OK(td_train_default_budget(&c, p.full_device_bytes / 2, &budget));
     assert_int_equal(budget, p.full_device_bytes / 2); /* capped */
     double losses[3];
@@ -372,6 +374,14 @@ static void test_default_budget_keeps_the_run_resident(void **state)
     c.gpu_budget = 0;
     run(&c, 3, losses, &st);
     assert_int_equal(st.evictions, 0);
+    /* A vocabulary whose embedding chunk dwarfs the blocks: the default
+     * still trains (it covers the plan's minimum). */
+    td_train_config v = small_config();
+    v.model.vocab_size = 50257;
+    v.model.padded_vocab_size = td_model_pad_vocab(v.model.vocab_size);
+    TD_ASSERT_OK(td_train_default_budget(&v, cap, &budget));
+    TD_ASSERT_OK(td_train_plan_make(&v, budget, &p));
+    assert_true(budget >= p.min_device_bytes && budget >= p.full_device_bytes);
 #ifdef TD_HAVE_CUDA
     /* On CUDA the optimizer state comes too when AdamW then runs on the GPU,
      * and the budget keeps the choices the whole device would make. */

@@ -133,20 +133,24 @@ td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)
 
 td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t *budget)
 {
-    td_train_plan p;
+    td_train_plan p, q;
     td_status st = td_train_plan_make(cfg, cap, &p);
     if (st) return st;
     size_t state = 0;
     for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) state += p.role_bytes[r];
-    size_t need = p.gpu_optimizer ? p.nonmodel_bytes + state : p.full_device_bytes;
-    need += need / 8;
-    need = td_align_up(need, TD_ARENA_ALIGN);
-    *budget = need < cap ? need : cap;
-    if (need >= cap || !p.gpu_optimizer) return TD_OK;
+    /* Resident: every chunk (and AdamW's state when it runs on the GPU), with
+     * two of the largest chunk for fragmentation, as the plan's minimum has. */
+    size_t two_largest = p.min_device_bytes - p.nonmodel_bytes - p.working_set_bytes;
+    size_t need = p.nonmodel_bytes + (p.gpu_optimizer ? state : p.role_bytes[TD_TENSOR_PARAM] +
+                                                                    p.role_bytes[TD_TENSOR_GRAD] + two_largest);
+    need = td_align_up(need + need / 8, TD_ARENA_ALIGN);
+    *budget = cap;
+    if (need >= cap) return TD_OK;
     /* The smaller budget must make the choices the cap made (the kept
-     * activations, AdamW on the GPU); else take the cap. */
-    td_train_plan q;
-    if ((st = td_train_plan_make(cfg, *budget, &q))) return st;
-    if (!q.gpu_optimizer || q.ckpt_blocks != p.ckpt_blocks) *budget = cap;
+     * activations, where AdamW runs); else take the cap. */
+    if ((st = td_train_plan_make(cfg, need, &q))) return st;
+    if (q.gpu_optimizer == p.gpu_optimizer && q.ckpt_blocks == p.ckpt_blocks && need >= q.min_device_bytes &&
+        need >= q.full_device_bytes)
+        *budget = need;
     return TD_OK;
 }

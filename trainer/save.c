@@ -31,6 +31,12 @@ static td_status ckpt_index(const td_gpt_ref_config *mc, const td_ckpt_config *c
 
 td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta)
 {
+    return td_trainer_save_files(t, dir, state, meta, NULL);
+}
+
+td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const char *const *meta,
+                                const char *const *files)
+{
     td_status st = TD_OK;
     td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
     td_ckpt_write_options wo = td_ckpt_write_default_options();
@@ -72,6 +78,10 @@ td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char 
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_M, m, numel));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_V, v, numel));
+    }
+    for (int k = 0; files && files[k]; k++) {
+        const char *slash = strrchr(files[k], '/');
+        TD_TRY(td_ckpt_writer_add_file(w, slash ? slash + 1 : files[k], files[k]));
     }
     st = td_ckpt_writer_commit(w);
     w = NULL; /* commit frees it whatever the outcome */

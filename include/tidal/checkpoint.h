@@ -52,6 +52,9 @@ extern "C" {
 #define TD_CKPT_CONFIG_FILE "config.json"
 #define TD_CKPT_MODEL_FILE "model.safetensors"
 #define TD_CKPT_STATE_FILE "train_state.safetensors"
+/* The tokenizer files a checkpoint may carry, as Hugging Face directories do
+ * (GPT-2 BPE: vocab.json and merges.txt; or tokenizer.json). */
+#define TD_CKPT_TOKENIZER_FILES {"vocab.json", "merges.txt", "tokenizer.json"}
 
 /* The model's sizes; the same fields as td_gpt_ref_config. */
 typedef struct td_ckpt_config {
@@ -161,6 +164,10 @@ td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_stat
                                       const float *src, size_t n_elems);
 td_status td_ckpt_writer_append_extra(td_ckpt_writer *w, int extra, const void *bytes,
                                       size_t n_bytes);
+
+/* Copies the file at src into the checkpoint as `name`, one of
+ * TD_CKPT_TOKENIZER_FILES (published with the rest by commit). */
+td_status td_ckpt_writer_add_file(td_ckpt_writer *w, const char *name, const char *src);
 
 /* Checks that every tensor is complete, syncs, publishes DIR and deletes the
  * old checkpoint.  Frees w whatever the outcome; on failure DIR is as before. */

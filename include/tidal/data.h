@@ -67,6 +67,12 @@ typedef struct td_tokfile_info {
     uint32_t payload_crc32;
 } td_tokfile_info;
 
+/* Where the tokenizer files a token file was made with are kept beside it:
+ * "<tokfile>.tokenizer/<name>" (vocab.json and merges.txt for GPT-2 BPE),
+ * so that the checkpoints of a run on it can carry its tokenizer.  Writes
+ * the path into buf; TD_ERR_INVALID when it does not fit. */
+td_status td_tokfile_tokenizer_path(const char *tokfile, const char *name, char *buf, size_t buf_bytes);
+
 /* The token width a vocabulary needs: 2 up to 65536 ids, else 4. */
 uint32_t td_tokfile_token_bytes_for(uint32_t vocab_size);
 

@@ -145,6 +145,12 @@ td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
  * atomically: a crash leaves the previous checkpoint loadable.
  * meta: NULL or pairs key, value, ..., NULL (e.g. the data position). */
 td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta);
+/* The same, also copying files into the checkpoint: the tokenizer the run
+ * was trained with (paths whose names are vocab.json, merges.txt or
+ * tokenizer.json; NULL-terminated; files NULL for none), so that generation
+ * from the directory needs no tokenizer flags. */
+td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const char *const *meta,
+                                const char *const *files);
 /* Loads weights (HF GPT-2 layout, with or without "transformer."), and
  * with `state` the optimizer state too, so the run continues bit-exactly.
  * The model's shape must match the trainer's.  reader_out (may be NULL)

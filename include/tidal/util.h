@@ -33,6 +33,10 @@ uint64_t td_rng_next(td_rng *rng);
 uint64_t td_rng_below(td_rng *rng, uint64_t bound); /* uniform in [0, bound) */
 double   td_rng_uniform(td_rng *rng);                /* [0, 1) */
 
+/* Copies the file src to dst whole: written to dst.tmp.<pid>, fsync'd and
+ * renamed over dst, so dst is the old file or the complete copy. */
+td_status td_copy_file(const char *src, const char *dst);
+
 static inline size_t td_align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 #ifdef __cplusplus
