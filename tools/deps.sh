@@ -14,7 +14,7 @@ need_pkgs() {
     pkg-config --exists libcjson 2>/dev/null || pkgs="$pkgs libcjson-dev"
     pkg-config --exists cmocka 2>/dev/null || pkgs="$pkgs libcmocka-dev"
     # The demo's corpus, also used by the trainer's tests (not by `libs`).
-    [ "$1" = libs ] || ls /usr/share/games/fortunes/fortunes >/dev/null 2>&1 || pkgs="$pkgs fortunes"
+    [ "$1" = libs ] || ls "${FORTUNES_DIR:-/usr/share/games/fortunes}"/fortunes >/dev/null 2>&1 || pkgs="$pkgs fortunes"
     echo $pkgs
 }
 missing=$(need_pkgs "$2")
