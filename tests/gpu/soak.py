@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""A soak: one long `tidal train` run, then the per-step figures of its JSON
+log checked for growth after the warm-up.  Device peak (the arena), pinned
+host bytes (the pool) and the heap (the accounting allocator: bytes and
+blocks) must stay exactly flat from step --warmup to the end.
+
+  python3 tests/gpu/soak.py [--steps 2000] [--tidal build/tidal] [-- extra train flags]
+
+Default shape: W6 (GPT-2 1.5B, 8 GiB budget, B16 x T1024, bf16), on random
+tokens.  Prints the figures and PASS/FAIL; exits 1 on growth."""
+import argparse, json, os, subprocess, sys, tempfile, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=2000)
+ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--tidal", default="build/tidal")
+ap.add_argument("--shape", default="--model gpt2-1.5b --vocab 50304 --seq 1024 --micro-batch 16 "
+                "--gpu-budget 8GiB --backend cuda --precision bf16")
+ap.add_argument("extra", nargs="*")
+a = ap.parse_args()
+
+work = tempfile.mkdtemp(prefix="tidal-soak-")
+tok = os.path.join(work, "random.tok")
+# Random tokens, as the benchmarks train on (bench/workloads.py's writer; the
+# loader wraps around them).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from workloads import write_token_file
+write_token_file(tok, 4_000_000, 1)
+log = os.path.join(work, "soak.jsonl")
+cmd = [a.tidal, "train", "--data", tok, *a.shape.split(), "--steps", str(a.steps), "--lr", "1e-4",
+       "--log", log, "--log-every", "100", *a.extra]
+print("soak:", " ".join(cmd), flush=True)
+t0 = time.time()
+rc = subprocess.run(cmd).returncode
+rows = [json.loads(l) for l in open(log)] if os.path.exists(log) else []
+print(f"soak: exit {rc}, {len(rows)} steps in {time.time() - t0:.0f} s")
+if rc != 0 or len(rows) < a.steps:
+    print("FAIL the run did not finish")
+    sys.exit(1)
+keys = ["device_peak_bytes", "pinned_bytes", "pinned_used_bytes", "heap_bytes", "heap_blocks"]
+ok = True
+after = [r for r in rows if r["step"] >= a.warmup]
+for k in keys:
+    vals = [r[k] for r in after]
+    lo, hi = min(vals), max(vals)
+    first = vals[0]
+    grew = hi != first or lo != first
+    ok &= not grew
+    print(f"{'FAIL' if grew else 'ok  '} {k:18s} step {a.warmup}: {first}  min {lo}  max {hi}  end {vals[-1]}")
+tps = sorted(r["tokens_per_s"] for r in after)
+print(f"tokens/s median {tps[len(tps) // 2]:.0f}; loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
+print("PASS: flat after warm-up" if ok else "FAIL: grew after warm-up")
+sys.exit(0 if ok else 1)
