@@ -24,8 +24,14 @@
  *     dQ += dS K;  dK += dS^T Q;  dV += P^T dout
  * Parallelism and order: forward tiles (b, h, query tile) are independent.
  * Backward adds into dK and dV from every query tile, so a thread owns a whole
- * head (b, h) and walks its tiles in a fixed order; the GEMM's own sums have a
- * fixed order too.  So the results are bit-identical for any thread count. */
+ * key/value head (b, g) and walks its query heads and their tiles in a fixed
+ * order; the GEMM's own sums have a fixed order too.  So the results are
+ * bit-identical for any thread count.
+ *
+ * Grouped-query attention (LLaMA, Qwen2): NKV key/value heads, each shared by
+ * NH / NKV consecutive query heads; the rows of qkv hold the NH query heads,
+ * then the NKV key heads, then the NKV value heads.  With NKV = NH it is the
+ * GPT-2 layout (q, k, v of C channels each) and the same arithmetic. */
 #include "tidal/ops.h"
 
 #include <math.h>
@@ -38,18 +44,23 @@ enum { QT = 64, KT = 64 }; /* queries and keys per tile: 2 x 16 KiB of stack */
 void td_ops_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                               int NH)
 {
-    const int hs = C / NH, q_tiles = (T + QT - 1) / QT;
+    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NH, C / NH);
+}
+
+void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs)
+{
+    const int q_tiles = (T + QT - 1) / QT, group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
-    const size_t C3 = 3 * (size_t)C;
+    const size_t C = (size_t)NH * hs, KV = (size_t)NKV * hs, C3 = C + 2 * KV; /* row of q, k, v */
     td_ops_gemm_fn *gemm = td_ops_gemm_get(td_ops_isa_best());
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int qt = 0; qt < q_tiles; qt++) {
                 const int t0 = qt * QT, nq = T - t0 < QT ? T - t0 : QT;
-                const float *q = qkv + ((size_t)b * T + t0) * C3 + h * hs;  // (nq, hs), row stride 3C
-                const float *k = qkv + (size_t)b * T * C3 + C + h * hs;     // (T, hs), row stride 3C
-                const float *v = k + C;                                     // (T, hs), row stride 3C
+                const float *q = qkv + ((size_t)b * T + t0) * C3 + h * hs;  // (nq, hs), row stride C3
+                const float *k = qkv + (size_t)b * T * C3 + C + (size_t)(h / group) * hs; // (T, hs): its kv head
+                const float *v = k + KV;                                    // (T, hs), row stride C3
                 float *o = out + ((size_t)b * T + t0) * C + h * hs;         // (nq, hs), row stride C
                 float s[QT * KT];                                           // (nq, nk), row stride KT
                 float m[QT], l[QT];
@@ -99,47 +110,57 @@ void td_ops_attention_forward(float *out, float *lse, const float *qkv, int B, i
 void td_ops_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                const float *out, const float *lse, int B, int T, int C, int NH)
 {
-    const int hs = C / NH;
+    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH);
+}
+
+/* A thread owns one key/value head (b, g) and walks its group's query heads
+ * in ascending order, so dK and dV sum in a fixed order. */
+void td_ops_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int NH, int NKV, int hs)
+{
+    const int group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
-    const size_t C3 = 3 * (size_t)C;
+    const size_t C = (size_t)NH * hs, KV = (size_t)NKV * hs, C3 = C + 2 * KV;
     td_ops_gemm_fn *gemm = td_ops_gemm_get(td_ops_isa_best());
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float *k = qkv + (size_t)b * T * C3 + C + h * hs;  // (T, hs), row stride 3C
-            const float *v = k + C;
-            float *dk = dqkv + (size_t)b * T * C3 + C + h * hs;      // (T, hs), row stride 3C
-            float *dv = dk + C;
-            const float *row_lse = lse + ((size_t)b * NH + h) * T;   // (T)
-            float p[QT * KT], ds[QT * KT], D[QT];                    // (nq, nk), row stride KT
-            for (int t0 = 0; t0 < T; t0 += QT) {
-                const int nq = T - t0 < QT ? T - t0 : QT;
-                const float *q = qkv + ((size_t)b * T + t0) * C3 + h * hs;
-                float *dq = dqkv + ((size_t)b * T + t0) * C3 + h * hs;
-                const float *o = out + ((size_t)b * T + t0) * C + h * hs;
-                const float *dO = dout + ((size_t)b * T + t0) * C + h * hs;
-                for (int r = 0; r < nq; r++)
-                    D[r] = td_ops_dot(dO + (size_t)r * C, o + (size_t)r * C, hs);
-                for (int j0 = 0; j0 < t0 + nq; j0 += KT) {
-                    const int nk = t0 + nq - j0 < KT ? t0 + nq - j0 : KT;
-                    memset(p, 0, sizeof p);
-                    gemm(nq, nk, hs, p, KT, q, C3, 1, k + j0 * C3, 1, C3);    // S = Q K^T
-                    memset(ds, 0, sizeof ds);
-                    gemm(nq, nk, hs, ds, KT, dO, C, 1, v + j0 * C3, 1, C3);   // dP = dout V^T
+        for (int g = 0; g < NKV; g++) {
+            const float *k = qkv + (size_t)b * T * C3 + C + (size_t)g * hs;  // (T, hs), row stride C3
+            const float *v = k + KV;
+            float *dk = dqkv + (size_t)b * T * C3 + C + (size_t)g * hs;      // (T, hs), row stride C3
+            float *dv = dk + KV;
+            float p[QT * KT], ds[QT * KT], D[QT];                            // (nq, nk), row stride KT
+            for (int h = g * group; h < (g + 1) * group; h++) {
+                const float *row_lse = lse + ((size_t)b * NH + h) * T;       // (T)
+                for (int t0 = 0; t0 < T; t0 += QT) {
+                    const int nq = T - t0 < QT ? T - t0 : QT;
+                    const float *q = qkv + ((size_t)b * T + t0) * C3 + h * hs;
+                    float *dq = dqkv + ((size_t)b * T + t0) * C3 + h * hs;
+                    const float *o = out + ((size_t)b * T + t0) * C + h * hs;
+                    const float *dO = dout + ((size_t)b * T + t0) * C + h * hs;
                     for (int r = 0; r < nq; r++)
-                        for (int j = 0; j < nk; j++) {
-                            float *pr = p + r * KT + j, *dr = ds + r * KT + j;
-                            if (j0 + j > t0 + r) { // masked: no weight, no gradient
-                                *pr = 0.0f;
-                                *dr = 0.0f;
-                                continue;
+                        D[r] = td_ops_dot(dO + (size_t)r * C, o + (size_t)r * C, hs);
+                    for (int j0 = 0; j0 < t0 + nq; j0 += KT) {
+                        const int nk = t0 + nq - j0 < KT ? t0 + nq - j0 : KT;
+                        memset(p, 0, sizeof p);
+                        gemm(nq, nk, hs, p, KT, q, C3, 1, k + j0 * C3, 1, C3);    // S = Q K^T
+                        memset(ds, 0, sizeof ds);
+                        gemm(nq, nk, hs, ds, KT, dO, C, 1, v + j0 * C3, 1, C3);   // dP = dout V^T
+                        for (int r = 0; r < nq; r++)
+                            for (int j = 0; j < nk; j++) {
+                                float *pr = p + r * KT + j, *dr = ds + r * KT + j;
+                                if (j0 + j > t0 + r) { // masked: no weight, no gradient
+                                    *pr = 0.0f;
+                                    *dr = 0.0f;
+                                    continue;
+                                }
+                                *pr = expf(*pr * scale - row_lse[t0 + r]);
+                                *dr = *pr * (*dr - D[r]) * scale;
                             }
-                            *pr = expf(*pr * scale - row_lse[t0 + r]);
-                            *dr = *pr * (*dr - D[r]) * scale;
-                        }
-                    gemm(nq, hs, nk, dq, C3, ds, KT, 1, k + j0 * C3, C3, 1);          // dQ += dS K
-                    gemm(nk, hs, nq, dk + j0 * C3, C3, ds, 1, KT, q, C3, 1);          // dK += dS^T Q
-                    gemm(nk, hs, nq, dv + j0 * C3, C3, p, 1, KT, dO, C, 1);           // dV += P^T dout
+                        gemm(nq, hs, nk, dq, C3, ds, KT, 1, k + j0 * C3, C3, 1);          // dQ += dS K
+                        gemm(nk, hs, nq, dk + j0 * C3, C3, ds, 1, KT, q, C3, 1);          // dK += dS^T Q
+                        gemm(nk, hs, nq, dv + j0 * C3, C3, p, 1, KT, dO, C, 1);           // dV += P^T dout
+                    }
                 }
             }
         }

@@ -695,6 +695,216 @@ static void test_backward_bit_identical_across_threads(void **state)
     free(c.att_out); free(c.lse); free(c.lnw); free(c.mean); free(c.rstd); free(ln_out); free(c.grads);
 }
 
+/* --- LLaMA-family ops ---------------------------------------------------------- */
+
+/* GQA: the same as full multi-head attention on the key/value heads repeated
+ * for each query head of their group (the double reference), dK and dV the
+ * sums over the group; and the gradient against finite differences. */
+typedef struct gqa_ctx { float *qkv, *out, *lse, *wt; int B, T, NH, NKV, hs; } gqa_ctx;
+
+static double gqa_loss(void *p)
+{
+    gqa_ctx *c = p;
+    td_ops_attention_gqa_forward(c->out, c->lse, c->qkv, c->B, c->T, c->NH, c->NKV, c->hs);
+    return wsum(c->out, c->wt, (size_t)c->B * c->T * c->NH * c->hs);
+}
+
+typedef struct gqa_bits_ctx { float *d; const float *dout, *qkv, *out, *lse; size_t n; int B, T, NH, NKV, hs; } gqa_bits_ctx;
+
+static void gqa_bits(void *p)
+{
+    gqa_bits_ctx *c = p;
+    memset(c->d, 0, c->n * sizeof(float));
+    td_ops_attention_gqa_backward(c->d, c->dout, c->qkv, c->out, c->lse, c->B, c->T, c->NH, c->NKV, c->hs);
+}
+
+static void test_gqa_attention(void **state)
+{
+    td_rng rng;
+    td_rng_seed(&rng, 44);
+    const int B = 2, T = 90, NH = 6, NKV = 2, hs = 16, C = NH * hs, KV = NKV * hs, R = C + 2 * KV, G = NH / NKV;
+    const size_t nqkv = (size_t)B * T * R, nout = (size_t)B * T * C, nfull = (size_t)B * T * 3 * C;
+    float *qkv = frand(&rng, nqkv, 2), *dout = frand(&rng, nout, 1), *out = fvec(nout);
+    float *lse = fvec((size_t)B * NH * T), *dqkv = fvec(nqkv), *full = fvec(nfull);
+    for (size_t r = 0; r < (size_t)B * T; r++) /* each query head with its own copy of its kv head */
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < hs; i++) {
+                full[r * 3 * C + h * hs + i] = qkv[r * R + h * hs + i];
+                full[r * 3 * C + C + h * hs + i] = qkv[r * R + C + (h / G) * hs + i];
+                full[r * 3 * C + 2 * C + h * hs + i] = qkv[r * R + C + KV + (h / G) * hs + i];
+            }
+    double *ref = calloc(nout, sizeof(double)), *ref_full = calloc(nfull, sizeof(double));
+    naive_attention(ref, ref_full, full, dout, B, T, C, NH);
+    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NKV, hs);
+    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    double worst = 0, worst_d = 0;
+    for (size_t i = 0; i < nout; i++) worst = fmax(worst, fabs(out[i] - ref[i]));
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int i = 0; i < R; i++) {
+            double want = 0;
+            if (i < C) want = ref_full[r * 3 * C + i];
+            else
+                for (int h = 0; h < NH; h++) { /* a kv head's gradient sums its group's */
+                    int kv = i < C + KV ? i - C : i - C - KV, base = i < C + KV ? C : 2 * C;
+                    if (h / G == kv / hs) want += ref_full[r * 3 * C + base + h * hs + kv % hs];
+                }
+            worst_d = fmax(worst_d, fabs(dqkv[r * R + i] - want) / (1 + fabs(want)));
+        }
+    printf("  gqa attention (6 query heads, 2 kv heads) vs double reference: out %.2e, dqkv %.2e\n", worst, worst_d);
+    assert_true(worst < 1e-5);
+    assert_true(worst_d < 1e-5);
+    /* Finite differences on a small case. */
+    gqa_ctx g = {.B = 1, .T = 6, .NH = 4, .NKV = 2, .hs = 8};
+    size_t gn = (size_t)g.B * g.T * (g.NH + 2 * g.NKV) * g.hs, go = (size_t)g.B * g.T * g.NH * g.hs;
+    g.qkv = frand(&rng, gn, 1.5f);
+    g.out = fvec(go);
+    g.lse = fvec((size_t)g.B * g.NH * g.T);
+    g.wt = frand(&rng, go, 1);
+    gqa_loss(&g);
+    float *gd = fvec(gn);
+    td_ops_attention_gqa_backward(gd, g.wt, g.qkv, g.out, g.lse, g.B, g.T, g.NH, g.NKV, g.hs);
+    fd_check("gqa attention dqkv", g.qkv, gd, gn, gqa_loss, &g, (fd_tol){1e-2f, 2e-4, 3e-3, 400}, &rng);
+    gqa_bits_ctx bc = {.d = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse, .n = nqkv,
+                       .B = B, .T = T, .NH = NH, .NKV = NKV, .hs = hs};
+    check_thread_invariance("gqa attention dqkv", gqa_bits, &bc, dqkv, nqkv);
+    free(g.qkv); free(g.out); free(g.lse); free(g.wt); free(gd);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv); free(full); free(ref); free(ref_full);
+}
+
+typedef struct rms_ctx { float *x, *w, *out, *rstd, *wt; int N, C; } rms_ctx;
+
+static double rms_loss(void *p)
+{
+    rms_ctx *c = p;
+    td_ops_rmsnorm_forward(c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+    return wsum(c->out, c->wt, (size_t)c->N * c->C);
+}
+
+static void test_rmsnorm(void **state)
+{
+    td_rng rng;
+    td_rng_seed(&rng, 45);
+    rms_ctx c = {.N = 5, .C = 37};
+    size_t n = (size_t)c.N * c.C;
+    c.x = frand(&rng, n, 2);
+    c.w = frand(&rng, c.C, 1);
+    c.out = fvec(n);
+    c.rstd = fvec(c.N);
+    c.wt = frand(&rng, n, 1);
+    rms_loss(&c);
+    for (int r = 0; r < c.N; r++) { /* against the definition in double */
+        double ss = 0;
+        for (int i = 0; i < c.C; i++) ss += (double)c.x[r * c.C + i] * c.x[r * c.C + i];
+        double rs = 1 / sqrt(ss / c.C + 1e-5);
+        assert_true(fabs(c.rstd[r] - rs) <= 1e-6 * rs);
+        for (int i = 0; i < c.C; i++)
+            assert_true(fabs(c.out[r * c.C + i] - c.w[i] * c.x[r * c.C + i] * rs) <= 1e-5);
+    }
+    float *dx = fvec(n), *dw = fvec(c.C);
+    td_ops_rmsnorm_backward(dx, dw, c.wt, c.x, c.w, c.rstd, c.N, c.C);
+    const fd_tol tol = {1e-2f, 3e-4, 3e-3, 200};
+    fd_check("rmsnorm dinp", c.x, dx, n, rms_loss, &c, tol, &rng);
+    fd_check("rmsnorm dweight", c.w, dw, c.C, rms_loss, &c, tol, &rng);
+    free(c.x); free(c.w); free(c.out); free(c.rstd); free(c.wt); free(dx); free(dw);
+}
+
+typedef struct swiglu_ctx { float *gu, *out, *wt; int N, H; } swiglu_ctx;
+
+static double swiglu_loss(void *p)
+{
+    swiglu_ctx *c = p;
+    td_ops_swiglu_forward(c->out, c->gu, c->N, c->H);
+    return wsum(c->out, c->wt, (size_t)c->N * c->H);
+}
+
+static void test_swiglu(void **state)
+{
+    td_rng rng;
+    td_rng_seed(&rng, 46);
+    swiglu_ctx c = {.N = 4, .H = 19};
+    size_t n2 = (size_t)c.N * 2 * c.H, n = (size_t)c.N * c.H;
+    c.gu = frand(&rng, n2, 4);
+    c.out = fvec(n);
+    c.wt = frand(&rng, n, 1);
+    swiglu_loss(&c);
+    for (int r = 0; r < c.N; r++)
+        for (int i = 0; i < c.H; i++) {
+            double g = c.gu[r * 2 * c.H + i], u = c.gu[r * 2 * c.H + c.H + i];
+            assert_true(fabs(c.out[r * c.H + i] - g / (1 + exp(-g)) * u) <= 1e-5 * (1 + fabs(g * u)));
+        }
+    float *d = fvec(n2);
+    td_ops_swiglu_backward(d, c.wt, c.gu, c.N, c.H);
+    fd_check("swiglu dgate_up", c.gu, d, n2, swiglu_loss, &c, (fd_tol){1e-2f, 3e-4, 3e-3, 200}, &rng);
+    free(c.gu); free(c.out); free(c.wt); free(d);
+}
+
+typedef struct rope_ctx { float *x, *y, *inv, *wt; int B, T, heads, hs; size_t stride; } rope_ctx;
+
+static double rope_loss(void *p)
+{
+    rope_ctx *c = p;
+    size_t n = (size_t)c->B * c->T * c->stride;
+    memcpy(c->y, c->x, n * sizeof(float));
+    td_ops_rope_forward(c->y, c->inv, c->B, c->T, c->heads, c->hs, c->stride);
+    return wsum(c->y, c->wt, n);
+}
+
+static void test_rope(void **state)
+{
+    td_rng rng;
+    td_rng_seed(&rng, 47);
+    /* Llama 3.1's frequencies: theta 500000, factor 8 between wavelengths of
+     * 8192 / 4 and 8192 / 1 (transformers' _compute_llama3_parameters). */
+    float inv[64], plain[64];
+    td_rope_scaling s = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 8192};
+    td_ops_rope_inv_freq(inv, 128, 500000.0f, &s);
+    td_ops_rope_inv_freq(plain, 128, 500000.0f, NULL);
+    int kept = 0, divided = 0, blended = 0;
+    for (int i = 0; i < 64; i++) {
+        double f = pow(500000.0, -2.0 * i / 128), wl = 2 * M_PI / f;
+        assert_true(fabs(plain[i] - f) <= 1e-6 * f);
+        double want = wl < 8192 / 4.0 ? f : wl > 8192 / 1.0 ? f / 8 : 0;
+        if (want == 0) {
+            double sm = (8192 / wl - 1) / (4 - 1);
+            want = (1 - sm) * f / 8 + sm * f;
+            blended++;
+        } else if (want == f) kept++;
+        else divided++;
+        if (fabs(inv[i] - want) > 2e-5 * want) fail_msg("inv_freq[%d] %.9g, want %.9g", i, inv[i], want);
+    }
+    assert_true(kept > 0 && divided > 0 && blended > 0);
+    /* The rotation on two heads inside a wider row (q's heads of a qkv row). */
+    rope_ctx c = {.B = 2, .T = 9, .heads = 2, .hs = 8, .stride = 40};
+    float inv8[4];
+    td_ops_rope_inv_freq(inv8, c.hs, 10000.0f, NULL);
+    c.inv = inv8;
+    size_t n = (size_t)c.B * c.T * c.stride;
+    c.x = frand(&rng, n, 1);
+    c.y = fvec(n);
+    c.wt = frand(&rng, n, 1);
+    rope_loss(&c);
+    for (int b = 0; b < c.B; b++)
+        for (int t = 0; t < c.T; t++)
+            for (int i = 0; i < (int)c.stride; i++) {
+                size_t at = ((size_t)b * c.T + t) * c.stride + i;
+                if (i >= c.heads * c.hs) { assert_true(c.y[at] == c.x[at]); continue; } /* not a rotated head */
+                int h = i / c.hs, j = i % c.hs, half = c.hs / 2, k = j % half;
+                double a = (double)t * inv8[k], x1 = c.x[at - j + k], x2 = c.x[at - j + k + half];
+                double want = j < half ? x1 * cos(a) - x2 * sin(a) : x2 * cos(a) + x1 * sin(a);
+                (void)h;
+                assert_true(fabs(c.y[at] - want) <= 1e-5);
+            }
+    /* The backward is the inverse rotation: it undoes the forward, and it is
+     * the gradient. */
+    float *back = fcopy(c.y, n);
+    td_ops_rope_backward(back, c.inv, c.B, c.T, c.heads, c.hs, c.stride);
+    for (size_t i = 0; i < n; i++) assert_true(fabs(back[i] - c.x[i]) <= 1e-5);
+    float *dx = fcopy(c.wt, n);
+    td_ops_rope_backward(dx, c.inv, c.B, c.T, c.heads, c.hs, c.stride);
+    fd_check("rope dx", c.x, dx, n, rope_loss, &c, (fd_tol){1e-2f, 3e-4, 3e-3, 300}, &rng);
+    free(c.x); free(c.y); free(c.wt); free(back); free(dx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -712,6 +922,10 @@ int main(void)
         cmocka_unit_test(test_crossentropy_gradients),
         cmocka_unit_test(test_head),
         cmocka_unit_test(test_backward_bit_identical_across_threads),
+        cmocka_unit_test(test_gqa_attention),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -91,6 +91,15 @@ void td_ops_attention_forward(float *out, float *lse, const float *qkv, int B, i
 void td_ops_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                const float *out, const float *lse, int B, int T, int C, int NH);
 
+/* Grouped-query attention: NKV key/value heads (NH % NKV == 0), query head h
+ * reading key/value head h / (NH / NKV); head size hs.  qkv (B,T,(NH+2 NKV) hs)
+ * holds the NH query heads, then the NKV key heads, then the NKV value heads;
+ * out (B,T,NH hs), lse (B,NH,T).  NKV = NH is td_ops_attention_forward. */
+void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                                  int hs);
+void td_ops_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int NH, int NKV, int hs);
+
 /* --- pointwise ------------------------------------------------------------ */
 
 /* out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements. */
@@ -101,6 +110,43 @@ void td_ops_gelu_backward(float *dinp, const float *inp, const float *dout, size
 void td_ops_residual_forward(float *out, const float *a, const float *b, size_t n);
 /* da += dout; db += dout. */
 void td_ops_residual_backward(float *da, float *db, const float *dout, size_t n);
+
+/* --- LLaMA-family ops (RMSNorm, SwiGLU, RoPE) ------------------------------ */
+
+/* Per row of inp (N,C): out = inp * rstd * weight (C), rstd = 1 / sqrt(mean(inp^2)
+ * + eps), the mean and the product in fp32 as transformers' LlamaRMSNorm does
+ * (in the input's dtype, fp32 here).  Saves rstd (N). */
+void td_ops_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                            float eps);
+/* dinp (N,C), dweight (C) += from dout (N,C). */
+void td_ops_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
+
+/* gate_up (N,2H): the gate projection in columns [0,H), the up projection in
+ * [H,2H) (one matmul computes both); out (N,H) = silu(gate) * up, silu(x) =
+ * x / (1 + exp(-x)). */
+void td_ops_swiglu_forward(float *out, const float *gate_up, int N, int H);
+/* dgate_up (N,2H) += from dout (N,H). */
+void td_ops_swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int H);
+
+/* Rotary position embedding's frequencies, transformers' layout: inv_freq[i]
+ * = theta^(-2i/hs) for i < hs/2, then rope_scaling of type llama3 when factor
+ * > 0 (Llama 3.1/3.2: wavelengths above original_max_positions / low_freq_factor
+ * divided by factor, below original_max_positions / high_freq_factor kept,
+ * smoothly between). */
+typedef struct td_rope_scaling {
+    float factor;                  /* 0: none */
+    float low_freq_factor, high_freq_factor;
+    int original_max_positions;
+} td_rope_scaling;
+void td_ops_rope_inv_freq(float *inv_freq, int hs, float theta, const td_rope_scaling *scaling);
+/* In place on heads of hs channels at x (B,T, heads*hs) with rows `stride`
+ * floats apart, position t of each sequence rotated by t * inv_freq in the
+ * rotate-half layout (transformers' apply_rotary_pos_emb): for i < hs/2,
+ *   x'[i] = x[i] cos - x[i + hs/2] sin,  x'[i + hs/2] = x[i + hs/2] cos + x[i] sin. */
+void td_ops_rope_forward(float *x, const float *inv_freq, int B, int T, int heads, int hs, size_t stride);
+/* The gradient through it: the inverse rotation, in place on dx. */
+void td_ops_rope_backward(float *dx, const float *inv_freq, int B, int T, int heads, int hs, size_t stride);
 
 /* --- softmax and loss ----------------------------------------------------- */
 
