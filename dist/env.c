@@ -65,9 +65,9 @@ static td_status read_ranks(char *const *envp, const launcher_vars *L, td_dist_e
         return td_error_set(TD_ERR_INVALID, "%s=%ld is not below %s=%ld (%s): ranks run from 0 to size - 1",
                             L->rank, rank, L->size, size, L->name);
     if (!has_lrank) lrank = has_lsize ? rank % lsize : rank; /* one host unless told otherwise */
-    if (lrank > rank)
-        return td_error_set(TD_ERR_INVALID, "%s=%ld is above %s=%ld (%s): a local rank counts the ranks of one host",
-                            L->local_rank, lrank, L->rank, rank, L->name);
+    if (lrank >= size)
+        return td_error_set(TD_ERR_INVALID, "%s=%ld is not below %s=%ld (%s): a host cannot run more ranks than the job",
+                            L->local_rank, lrank, L->size, size, L->name);
     if (has_lsize && (lsize > size || lrank >= lsize))
         return td_error_set(TD_ERR_INVALID, "%s=%ld with %s=%ld and %s=%ld (%s): the local rank must be below the "
                             "local size, and the local size at most the world size",
