@@ -5,6 +5,7 @@
 
 int td_bench_copy_main(int argc, char **argv);
 int td_bench_adam_main(int argc, char **argv);
+int td_bench_comm_main(int argc, char **argv);
 #ifdef TD_HAVE_CUDA
 int td_bench_ops_main(int argc, char **argv); /* bench_ops_cuda.c */
 #endif
