@@ -678,6 +678,61 @@ static void test_launch_forwards_signals(void **state)
     }
 }
 
+/* ---- the command, end to end ------------------------------------------------------- */
+
+/* The tidal of this build (env TIDAL, else ./build/tidal or ./build-san/tidal). */
+static const char *tidal_path(void)
+{
+    const char *exe = getenv("TIDAL");
+    if (exe) return exe;
+    return access("./build/tidal", X_OK) == 0 ? "./build/tidal" : "./build-san/tidal";
+}
+
+static int sh(char *out, size_t out_bytes, const char *cmd)
+{
+    char full[1200];
+    snprintf(full, sizeof full, "timeout 120 sh -c '%s' 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, out_bytes - 1, p);
+    out[n] = '\0';
+    int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static void test_cli_bench_comm(void **state)
+{
+    char cmd[1024], out[8192];
+    const char *t = tidal_path();
+    /* --nproc: the launcher's ranks check every collective */
+    snprintf(cmd, sizeof cmd, "%s bench comm --nproc 2 --backend cpu --max-bytes 0", t);
+    int rc = sh(out, sizeof out, cmd);
+    if (rc != 0 || !strstr(out, "2 ranks") || !strstr(out, "all match")) fail_msg("rc %d: %s", rc, out);
+    /* launched as torchrun would: the variables set by hand, two processes */
+    int port = free_port();
+    snprintf(cmd, sizeof cmd, "export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d; "
+             "RANK=1 LOCAL_RANK=1 %s bench comm --backend cpu --max-bytes 0 > %s/rank1.out 2>&1 & "
+             "RANK=0 LOCAL_RANK=0 %s bench comm --backend cpu --max-bytes 0; r0=$?; wait $!; r1=$?; "
+             "cat %s/rank1.out; echo codes $r0 $r1", port, t, dir, t, dir);
+    rc = sh(out, sizeof out, cmd);
+    if (rc != 0 || !strstr(out, "2 ranks (torchrun)") || !strstr(out, "all match") || !strstr(out, "codes 0 0"))
+        fail_msg("rc %d: %s", rc, out);
+    /* ranks that fail: the launcher returns the failure (2, a bad flag) */
+    snprintf(cmd, sizeof cmd, "%s bench comm --nproc 2 --backend cpu --nproc 2 --max-bytes 0 --comm bogus", t);
+    rc = sh(out, sizeof out, cmd);
+    if (rc == 0 || !strstr(out, "unknown communicator")) fail_msg("rc %d: %s", rc, out);
+    /* several ranks of train are refused, however launched */
+    snprintf(cmd, sizeof cmd, "%s train --nproc 2 --data none.tok", t);
+    rc = sh(out, sizeof out, cmd);
+    if (rc != 2 || !strstr(out, "several ranks need ZeRO-3 sharding, not built yet")) fail_msg("rc %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 %s train --data none.tok", t);
+    rc = sh(out, sizeof out, cmd);
+    if (rc != 2 || !strstr(out, "several ranks need ZeRO-3")) fail_msg("rc %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "RANK=2 WORLD_SIZE=2 %s train --data none.tok", t);
+    rc = sh(out, sizeof out, cmd);
+    if (rc != 2 || !strstr(out, "RANK=2 is not below WORLD_SIZE=2")) fail_msg("rc %d: %s", rc, out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -694,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_launch_env_and_failure),
         cmocka_unit_test(test_launch_grace),
         cmocka_unit_test(test_launch_forwards_signals),
+        cmocka_unit_test(test_cli_bench_comm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
