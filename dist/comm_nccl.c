@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 typedef struct nccl_comm {
     td_comm base;
@@ -88,6 +89,9 @@ static td_status init(nccl_comm *c)
     td_status st;
     cudaError_t e = cudaGetDevice(&c->device);
     if (e != cudaSuccess) return td_error_set(TD_ERR_BACKEND, "cudaGetDevice: %s", cudaGetErrorString(e));
+    /* NVLink multicast (NVLS) can take every GPU of a shared host out of
+     * service; off unless the user turns it on (before NCCL reads it). */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
     if (c->base.rank == 0) NC(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if ((st = td_rdv_bcast(c->base.rdv, &id, sizeof id))) return td_error_prefix(st, "sending the NCCL id: ");
     NC(ncclCommInitRank(&c->nc, c->base.size, id, c->base.rank), "ncclCommInitRank");

@@ -76,6 +76,29 @@ td_status td_net_accept(int listen_fd, int timeout_ms, int *fd_out)
     return TD_OK;
 }
 
+/* 0 when connected before the deadline; else -1 with errno set. */
+static int connect_within(int fd, const struct addrinfo *ai, double deadline)
+{
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return 0;
+    if (errno != EINPROGRESS) return -1;
+    struct pollfd p = { .fd = fd, .events = POLLOUT };
+    int left = (int)(deadline - td_now_ms()), rc;
+    do rc = poll(&p, 1, left > 0 ? left : 0);
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+        errno = ETIMEDOUT;
+        return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return -1;
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    return 0;
+}
+
 td_status td_net_connect(const char *host, int port, int timeout_ms, int *fd_out)
 {
     *fd_out = -1;
@@ -89,9 +112,11 @@ td_status td_net_connect(const char *host, int port, int timeout_ms, int *fd_out
         int g = getaddrinfo(host, service, &hints, &res);
         if (g == 0) {
             for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-                int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+                /* non-blocking: an unreachable host must not block past the deadline
+                 * (send and recv poll first, so the socket stays non-blocking) */
+                int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
                 if (fd < 0) continue;
-                if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+                if (connect_within(fd, ai, deadline) == 0) {
                     freeaddrinfo(res);
                     tune(fd);
                     *fd_out = fd;

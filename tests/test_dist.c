@@ -305,6 +305,12 @@ static void test_rendezvous_errors(void **state)
     assert_true(td_now_ms() - t0 < 3000);
     assert_non_null(strstr(td_error_msg(), "no rank 0 at 127.0.0.1"));
     assert_null(r);
+    /* an address that never answers (or is unreachable): still bounded by the timeout */
+    snprintf(e.master_addr, sizeof e.master_addr, "10.255.255.1");
+    t0 = td_now_ms();
+    assert_int_equal(td_rdv_join(&e, 500, &r), TD_ERR_IO);
+    assert_true(td_now_ms() - t0 < 3000);
+    assert_non_null(strstr(td_error_msg(), "no rank 0 at 10.255.255.1"));
 }
 
 /* ---- collectives against the serial reference ------------------------------------------ */
