@@ -2,6 +2,7 @@
 #
 # Switches (few, named for what they change):
 #   CUDA=0        build without the CUDA backend and kernels (default: on when nvcc is found)
+#   NCCL=0        build without the NCCL communicator (default: on with CUDA when nccl.h is found)
 #   CUDA_ARCH=... nvcc -gencode flags (default: sm_90 code plus compute_80 PTX, portable to sm_80+)
 #   SANITIZE=address,undefined   build into build-san/ with ASan/UBSan (CPU tests)
 #   OPT=-O2       optimisation flags
@@ -41,10 +42,23 @@ NVFLAGS  += -DTD_HAVE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 
+# NCCL: the communicator's *_nccl.c files, with CUDA, when nccl.h is found in
+# NCCL_HOME (default: the CUDA toolkit) or the system include directory.
+NCCL_HOME ?= $(CUDA_HOME)
+ifeq ($(CUDA),1)
+NCCL ?= $(if $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h),1,0)
+else
+override NCCL := 0
+endif
+ifeq ($(NCCL),1)
+CFLAGS   += -DTD_HAVE_NCCL -I$(NCCL_HOME)/include
+LDLIBS   := -L$(NCCL_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl $(LDLIBS)
+endif
+
 # Library sources: every .c in the module folders (docs/architecture.md draws
-# them and their direction); *_cuda.c and *.cu only with CUDA.
-MODULES  := core offload memmgr optim model model/cuda data checkpoint trainer cli
-ALL_C    := $(filter-out cli/main.c,$(wildcard $(addsuffix /*.c,$(MODULES))))
+# them and their direction); *_cuda.c and *.cu only with CUDA, *_nccl.c only with NCCL.
+MODULES  := core offload dist memmgr optim model model/cuda data checkpoint trainer cli
+ALL_C    := $(filter-out cli/main.c $(if $(filter 1,$(NCCL)),,%_nccl.c),$(wildcard $(addsuffix /*.c,$(MODULES))))
 ifeq ($(CUDA),1)
 LIB_C    := $(ALL_C)
 LIB_CU   := $(wildcard $(addsuffix /*.cu,$(MODULES)))
@@ -82,7 +96,7 @@ help:
 	@echo "make gpu-memcheck  the GPU tests under compute-sanitizer memcheck"
 	@echo "make bench-gpu  GPU benchmarks"
 	@echo "make deps       install missing system packages with apt-get"
-	@echo "switches: CUDA=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
+	@echo "switches: CUDA=0  NCCL=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
 
 # --- dependencies -----------------------------------------------------------
 deps:

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
+#include "tidal/dist.h"
 #include "tidal/trainer.h"
 #include "tidal/util.h"
 
@@ -271,7 +272,11 @@ int td_cli_train_main(int argc, char **argv)
 {
     train_opts o;
     opts_defaults(&o);
-    td_opt table[] = { OPTS(&o), {NULL, 0, NULL, NULL, NULL, 0} };
+    int nproc = 1;
+    td_opt table[] = { OPTS(&o),
+                       {"nproc", TD_OPT_INT, &nproc, "N", "local ranks, one per GPU, as torchrun --nproc-per-node "
+                        "(more than 1 needs ZeRO-3 sharding, not built yet)", 0},
+                       {NULL, 0, NULL, NULL, NULL, 0} };
     int rc = td_args_main(table, argc, argv, "train", usage);
     if (rc >= 0) return rc;
     rc = 1;
@@ -279,6 +284,16 @@ int td_cli_train_main(int argc, char **argv)
     td_trainer *t = NULL;
     FILE *log = NULL;
     td_status st = TD_OK;
+    td_dist_env env;
+    if ((st = td_dist_env_read(&env)) || nproc < 1 || nproc * env.size > 1) {
+        if (st) fprintf(stderr, "tidal train: %s\n", td_error_msg());
+        else if (nproc < 1) fprintf(stderr, "tidal train: --nproc %d: give at least 1 rank\n", nproc);
+        else fprintf(stderr, "tidal train: %d ranks asked (%s): several ranks need ZeRO-3 sharding, not built yet; "
+                     "train on one rank (`tidal bench comm --nproc %d` checks the communicator)\n",
+                     nproc * env.size, nproc > 1 ? "--nproc" : env.launcher, nproc * env.size);
+        td_args_free();
+        return 2;
+    }
     if (!o.data) {
         fprintf(stderr, "tidal train: --data FILE is required (make one with `tidal prepare`)\n");
         td_args_free();

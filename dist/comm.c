@@ -1,0 +1,127 @@
+/* Communicator dispatch: the choice of implementation, argument checks and
+ * the host barrier in one place, so NCCL and the CPU communicator behave the
+ * same at the interface. */
+#include "dist_impl.h"
+#include "tidal/alloc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+td_comm_params td_comm_default_params(void)
+{
+    td_comm_params p = { .kind = TD_COMM_AUTO, .timeout_ms = 60000 };
+    const char *v = getenv("TD_COMM_TIMEOUT_MS");
+    char *end;
+    long ms = v ? strtol(v, &end, 10) : 0;
+    if (v && *v && !*end && ms > 0 && ms < 86400000L) p.timeout_ms = (int)ms;
+    return p;
+}
+
+td_status td_comm_kind_parse(const char *name, td_comm_kind *out)
+{
+    if (!name) return td_error_set(TD_ERR_INVALID, "communicator name is missing");
+    if (!strcmp(name, "auto")) *out = TD_COMM_AUTO;
+    else if (!strcmp(name, "cpu")) *out = TD_COMM_CPU;
+    else if (!strcmp(name, "nccl")) *out = TD_COMM_NCCL;
+    else return td_error_set(TD_ERR_INVALID, "unknown communicator '%s'; use auto, cpu or nccl", name);
+    return TD_OK;
+}
+
+int td_comm_nccl_compiled(void)
+{
+#ifdef TD_HAVE_NCCL
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+td_status td_comm_create(const td_dist_env *env, td_backend *b, const td_comm_params *params, td_comm **out)
+{
+    td_comm_params p = params ? *params : td_comm_default_params();
+    *out = NULL;
+    td_comm_kind kind = p.kind;
+    int cuda = td_backend_get_kind(b) == TD_BACKEND_CUDA;
+    if (kind == TD_COMM_AUTO) kind = cuda && td_comm_nccl_compiled() ? TD_COMM_NCCL : TD_COMM_CPU;
+    if (kind == TD_COMM_NCCL && !td_comm_nccl_compiled())
+        return td_error_set(TD_ERR_UNSUPPORTED, "this tidal was built without NCCL (CUDA=0, NCCL=0, or no nccl.h "
+                            "found at build time); rebuild where NCCL is installed, or use the cpu communicator");
+    if (kind == TD_COMM_NCCL && !cuda)
+        return td_error_set(TD_ERR_INVALID, "the NCCL communicator needs the cuda backend (this one is %s)",
+                            td_backend_name(b));
+    td_comm base = { .rank = env->rank, .size = env->size, .local_rank = env->local_rank, .backend = b };
+    td_status st = td_rdv_join(env, p.timeout_ms, &base.rdv);
+    if (st) return st;
+#ifdef TD_HAVE_NCCL
+    if (kind == TD_COMM_NCCL) st = td_comm_nccl_create(&base, out);
+    else
+#endif
+        st = td_comm_cpu_create(&base, out);
+    if (st) td_rdv_close(base.rdv);
+    return st;
+}
+
+void td_comm_destroy(td_comm *c)
+{
+    if (c) c->ops->destroy(c); /* closes the rendezvous too */
+}
+
+int td_comm_rank(const td_comm *c) { return c->rank; }
+int td_comm_size(const td_comm *c) { return c->size; }
+int td_comm_local_rank(const td_comm *c) { return c->local_rank; }
+const char *td_comm_name(const td_comm *c) { return c->name; }
+
+static td_status check(td_comm *c, const char *what, const void *a, const void *b, size_t count, td_dtype dt,
+                       td_queue q)
+{
+    c->seq++;
+    if (c->failed_seq)
+        return td_error_set(TD_ERR_STATE, "%s #%lu: the communicator failed in collective #%lu and cannot be used "
+                            "after a failure", what, c->seq, c->failed_seq);
+    if ((unsigned)dt >= TD_DTYPE_COUNT) return td_error_set(TD_ERR_INVALID, "%s: no dtype %d", what, (int)dt);
+    if ((unsigned)q >= TD_QUEUE_COUNT) return td_error_set(TD_ERR_INVALID, "%s: no queue %d", what, (int)q);
+    if (count && (!a || !b)) return td_error_set(TD_ERR_INVALID, "%s of %zu elements with a NULL buffer", what, count);
+    if (count > ((size_t)1 << 40) / (size_t)c->size)
+        return td_error_set(TD_ERR_INVALID, "%s of %zu elements per rank is beyond any buffer", what, count);
+    return TD_OK;
+}
+
+td_status td_comm_all_gather(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_queue q)
+{
+    td_status st = check(c, "all_gather", send, recv, count, dt, q);
+    return st ? st : c->ops->all_gather(c, send, recv, count, dt, q);
+}
+
+td_status td_comm_reduce_scatter(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_queue q)
+{
+    td_status st = check(c, "reduce_scatter", send, recv, count, dt, q);
+    return st ? st : c->ops->reduce_scatter(c, send, recv, count, dt, q);
+}
+
+td_status td_comm_all_reduce(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_reduce_op op,
+                             td_queue q)
+{
+    td_status st = check(c, "all_reduce", send, recv, count, dt, q);
+    if (!st && op != TD_REDUCE_SUM && op != TD_REDUCE_MAX)
+        st = td_error_set(TD_ERR_INVALID, "all_reduce: no reduction %d (sum or max)", (int)op);
+    return st ? st : c->ops->all_reduce(c, send, recv, count, dt, op, q);
+}
+
+td_status td_comm_broadcast(td_comm *c, void *buf, size_t count, td_dtype dt, int root, td_queue q)
+{
+    td_status st = check(c, "broadcast", buf, buf, count, dt, q);
+    if (!st && (root < 0 || root >= c->size))
+        st = td_error_set(TD_ERR_INVALID, "broadcast from rank %d of a job of %d ranks", root, c->size);
+    return st ? st : c->ops->broadcast(c, buf, count, dt, root, q);
+}
+
+td_status td_comm_barrier(td_comm *c, td_queue q)
+{
+    td_status st = check(c, "barrier", c, c, 0, TD_DTYPE_F32, q);
+    if (!st) st = td_queue_sync(c->backend, q);
+    if (!st && (st = td_rdv_barrier(c->rdv))) {
+        c->failed_seq = c->seq;
+        td_rdv_shutdown(c->rdv);
+    }
+    return st ? td_error_prefix(st, "barrier #%lu: ", c->seq) : TD_OK;
+}

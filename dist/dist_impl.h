@@ -1,0 +1,49 @@
+/* Private to dist/: the rendezvous's connections (the CPU communicator runs
+ * over them) and the communicator's vtable (as offload/backend_impl.h). */
+#ifndef TIDAL_DIST_IMPL_H
+#define TIDAL_DIST_IMPL_H
+
+#include "tidal/dist.h"
+
+/* A star: rank 0 holds a connection to every other rank, which holds one to
+ * rank 0.  Messages between two ranks arrive in the order sent. */
+struct td_rdv {
+    int rank, size;
+    int timeout_ms;
+    int fd;        /* rank > 0: to rank 0; -1 on rank 0 */
+    int *peer_fd;  /* rank 0: [size], peer_fd[0] = -1; NULL elsewhere */
+};
+
+/* "rank 3" into buf, for messages. */
+/* After a failure: shuts every link down, so the other ranks see the job
+ * end at once instead of waiting for a timeout. */
+void td_rdv_shutdown(td_rdv *r);
+const char *td_rdv_who(int rank, char *buf, size_t buf_bytes);
+
+typedef struct td_comm_ops {
+    void (*destroy)(td_comm *c);
+    td_status (*all_gather)(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_queue q);
+    td_status (*reduce_scatter)(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_queue q);
+    td_status (*all_reduce)(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_reduce_op op,
+                            td_queue q);
+    td_status (*broadcast)(td_comm *c, void *buf, size_t count, td_dtype dt, int root, td_queue q);
+} td_comm_ops;
+
+struct td_comm {
+    const td_comm_ops *ops;
+    const char *name;
+    int rank, size, local_rank;
+    td_backend *backend;
+    td_rdv *rdv;         /* owned; the host barrier, and the cpu communicator's links */
+    unsigned long seq;   /* collectives called so far, for messages */
+    unsigned long failed_seq; /* the collective that failed; nothing runs after one (0: none) */
+};
+
+/* Each implementation fills *out (its own struct, td_comm first) and sets
+ * ops; comm.c sets the common fields before and frees on failure. */
+td_status td_comm_cpu_create(td_comm *base, td_comm **out);
+#ifdef TD_HAVE_NCCL
+td_status td_comm_nccl_create(td_comm *base, td_comm **out);
+#endif
+
+#endif
