@@ -25,6 +25,50 @@ td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out)
     return td_error_set(TD_ERR_INVALID, "unknown dtype '%s': use fp32, bf16 or fp16", name ? name : "(null)");
 }
 
+static const char *const state_names[TD_OPTIM_STATE_COUNT] = {"fp32", "bf16", "int8"};
+
+const char *td_optim_state_name(td_optim_state s)
+{
+    return (unsigned)s < TD_OPTIM_STATE_COUNT ? state_names[s] : "?";
+}
+
+td_status td_optim_state_parse(const char *name, td_optim_state *out)
+{
+    for (int i = 0; i < TD_OPTIM_STATE_COUNT; i++)
+        if (name && !strcmp(name, state_names[i])) {
+            *out = (td_optim_state)i;
+            return TD_OK;
+        }
+    return td_error_set(TD_ERR_INVALID,
+                        "unknown optimizer state '%s': use fp32 (exact), bf16 (m and v in bf16) or int8 "
+                        "(m and v block-wise quantized)",
+                        name ? name : "(null)");
+}
+
+size_t td_adam_moment_bytes(td_optim_state s, size_t numel)
+{
+    switch (s) {
+    case TD_OPTIM_STATE_FP32: return numel * 4;
+    case TD_OPTIM_STATE_BF16: return numel * 2;
+    case TD_OPTIM_STATE_INT8: {
+        /* codes, padded to 4 bytes, then one fp32 scale per block */
+        size_t blocks = (numel + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
+        return ((numel + 3) & ~(size_t)3) + blocks * 4;
+    }
+    default: return 0;
+    }
+}
+
+double td_adam_state_bytes_per_param(td_optim_state s)
+{
+    switch (s) {
+    case TD_OPTIM_STATE_FP32: return 12.0;
+    case TD_OPTIM_STATE_BF16: return 8.0;
+    case TD_OPTIM_STATE_INT8: return 4.0 + 2.0 * (1.0 + 4.0 / TD_ADAM_INT8_BLOCK);
+    default: return 0.0;
+    }
+}
+
 td_adam_hparams td_adam_default_hparams(void)
 {
     return (td_adam_hparams){

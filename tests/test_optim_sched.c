@@ -117,12 +117,38 @@ static void test_bad_settings(void **state)
     assert_non_null(strstr(td_error_msg(), "cosine"));
 }
 
+/* --optim-state names and the bytes a moment buffer takes. */
+static void test_optim_state_names_and_bytes(void **unused)
+{
+    (void)unused;
+    td_optim_state st;
+    for (int i = 0; i < TD_OPTIM_STATE_COUNT; i++) {
+        TD_ASSERT_OK(td_optim_state_parse(td_optim_state_name((td_optim_state)i), &st));
+        assert_int_equal(st, i);
+    }
+    assert_int_equal(td_optim_state_parse("int4", &st), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "int4"));
+    assert_non_null(strstr(td_error_msg(), "int8"));
+    assert_int_equal(td_optim_state_parse(NULL, &st), TD_ERR_INVALID);
+    assert_int_equal(td_optim_default_params().state, TD_OPTIM_STATE_FP32);
+    assert_int_equal(td_adam_moment_bytes(TD_OPTIM_STATE_FP32, 1000), 4000);
+    assert_int_equal(td_adam_moment_bytes(TD_OPTIM_STATE_BF16, 1000), 2000);
+    /* int8: codes padded to 4 bytes, then a scale per started block */
+    assert_int_equal(td_adam_moment_bytes(TD_OPTIM_STATE_INT8, TD_ADAM_INT8_BLOCK), TD_ADAM_INT8_BLOCK + 4);
+    assert_int_equal(td_adam_moment_bytes(TD_OPTIM_STATE_INT8, TD_ADAM_INT8_BLOCK + 1),
+                     TD_ADAM_INT8_BLOCK + 4 + 8);
+    assert_true(1024 % TD_ADAM_INT8_BLOCK == 0);
+    assert_true(td_adam_state_bytes_per_param(TD_OPTIM_STATE_FP32) == 12.0);
+    assert_true(td_adam_state_bytes_per_param(TD_OPTIM_STATE_INT8) < 6.1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schedules_equal_closed_form),
         cmocka_unit_test(test_named_points),
         cmocka_unit_test(test_bad_settings),
+        cmocka_unit_test(test_optim_state_names_and_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,35 @@ size_t td_optim_dtype_bytes(td_optim_dtype dt);
 const char *td_optim_dtype_name(td_optim_dtype dt);          /* "fp32", "bf16", "fp16" */
 td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out);
 
+/* ---- optimizer state types (--optim-state) ------------------------------- */
+
+/* How AdamW's moments m and v are stored.  The fp32 master is fp32 always.
+ *   fp32  exact (torch.optim.AdamW)
+ *   bf16  m and v rounded to bf16 after each update
+ *   int8  m and v as 8-bit codes, block-wise quantized with one fp32 scale
+ *         per TD_ADAM_INT8_BLOCK elements (Dettmers et al. 2021)
+ * One moment buffer (m or v) of a chunk of `numel` elements takes
+ * td_adam_moment_bytes(state, numel) bytes, its block scales included (they
+ * follow the codes), so callers can treat a moment as an opaque byte array. */
+typedef enum td_optim_state {
+    TD_OPTIM_STATE_FP32,
+    TD_OPTIM_STATE_BF16,
+    TD_OPTIM_STATE_INT8,
+    TD_OPTIM_STATE_COUNT
+} td_optim_state;
+
+/* Elements per int8 scale block: divides 1024, so the CPU team's ranges
+ * (multiples of 1024 elements) never split a block. */
+#define TD_ADAM_INT8_BLOCK 256
+
+const char *td_optim_state_name(td_optim_state s);            /* "fp32", "bf16", "int8" */
+td_status td_optim_state_parse(const char *name, td_optim_state *out);
+/* Bytes of one moment buffer (m or v) for `numel` elements. */
+size_t td_adam_moment_bytes(td_optim_state s, size_t numel);
+/* Host bytes a parameter of the AdamW state: fp32 master + m + v (block
+ * scales amortised), e.g. 12 for fp32, 8 for bf16, about 6 for int8. */
+double td_adam_state_bytes_per_param(td_optim_state s);
+
 /* ---- AdamW hyper-parameters and per-step coefficients --------------------- */
 
 typedef enum td_adam_decay {
@@ -267,6 +296,7 @@ typedef struct td_optim_params {
     td_lr_schedule lr;
     td_loss_scaler_params scaler;
     double max_grad_norm;   /* <= 0: no clipping (default 1.0) */
+    td_optim_state state;   /* how m and v are stored (default fp32) */
 } td_optim_params;
 
 td_optim_params td_optim_default_params(void);
