@@ -521,7 +521,8 @@ int td_bench_ops_main(int argc, char **argv)
     /* the LLaMA block at the same width, timed after the GPT-2 one's buffers are gone */
     const int NKV = o.kv_heads, F = o.mlp, hs = o.width / o.heads, QKV = (o.heads + 2 * NKV) * hs;
     double gpt_fwd_tf = rows[nrows - 2].flops / rows[nrows - 2].ms * 1e-9,
-           gpt_bwd_tf = rows[nrows - 1].flops / rows[nrows - 1].ms * 1e-9;
+           gpt_bwd_tf = rows[nrows - 1].flops / rows[nrows - 1].ms * 1e-9,
+           gpt_tf = (rows[nrows - 2].flops + rows[nrows - 1].flops) / (rows[nrows - 2].ms + rows[nrows - 1].ms) * 1e-9;
     int gB = b->B, gT = b->T;
     if (o.json) {
         printf("{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"precision\":\"%s\"},\"ops\":[", gB, gT, o.width,
@@ -574,14 +575,15 @@ int td_bench_ops_main(int argc, char **argv)
             if (!o.json) fprintf(stderr, "\r%d/%d", i + 1, nl);
         }
         const double l_fwd_tf = lrows[nl - 2].flops / lrows[nl - 2].ms * 1e-9,
-                     l_bwd_tf = lrows[nl - 1].flops / lrows[nl - 1].ms * 1e-9;
+                     l_bwd_tf = lrows[nl - 1].flops / lrows[nl - 1].ms * 1e-9,
+                     l_tf = (lrows[nl - 2].flops + lrows[nl - 1].flops) / (lrows[nl - 2].ms + lrows[nl - 1].ms) * 1e-9;
         if (o.json) {
             printf(",\"llama\":{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"F\":%d},\"ops\":[", l->B,
                    l->T, o.width, o.heads, NKV, F);
             print_rows(NULL, lrows, nl, L_FWD, 1);
-            printf("]},\"tflops_per_block\":{\"gpt2\":{\"forward\":%.1f,\"backward\":%.1f},"
-                   "\"llama\":{\"forward\":%.1f,\"backward\":%.1f}}}\n",
-                   gpt_fwd_tf, gpt_bwd_tf, l_fwd_tf, l_bwd_tf);
+            printf("]},\"tflops_per_block\":{\"gpt2\":{\"forward\":%.1f,\"backward\":%.1f,\"both\":%.1f},"
+                   "\"llama\":{\"forward\":%.1f,\"backward\":%.1f,\"both\":%.1f}}}\n",
+                   gpt_fwd_tf, gpt_bwd_tf, gpt_tf, l_fwd_tf, l_bwd_tf, l_tf);
         } else {
             fprintf(stderr, "\r");
             char title[200];
@@ -589,9 +591,10 @@ int td_bench_ops_main(int argc, char **argv)
                      "\nLLaMA block, B %d x T %d, C %d, %d query heads, %d key/value heads, MLP %d (SwiGLU), %s",
                      l->B, l->T, o.width, o.heads, NKV, F, td_dtype_name(dt));
             print_rows(title, lrows, nl, L_FWD, 0);
-            printf("\nTFLOP/s per block: GPT-2 forward %.1f, backward %.1f; LLaMA forward %.1f, backward %.1f "
-                   "(LLaMA / GPT-2: %.2fx forward, %.2fx backward)\n",
-                   gpt_fwd_tf, gpt_bwd_tf, l_fwd_tf, l_bwd_tf, l_fwd_tf / gpt_fwd_tf, l_bwd_tf / gpt_bwd_tf);
+            printf("\nTFLOP/s per block: GPT-2 forward %.1f, backward %.1f, both %.1f; LLaMA forward %.1f, "
+                   "backward %.1f, both %.1f\n(LLaMA / GPT-2: %.2fx forward, %.2fx backward, %.2fx both)\n",
+                   gpt_fwd_tf, gpt_bwd_tf, gpt_tf, l_fwd_tf, l_bwd_tf, l_tf, l_fwd_tf / gpt_fwd_tf,
+                   l_bwd_tf / gpt_bwd_tf, l_tf / gpt_tf);
         }
     }
     rc = 0;
