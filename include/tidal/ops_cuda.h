@@ -11,9 +11,9 @@
  *   - Linear weights are (out, in); the head is tied to wte;
  *   - attention saves only lse (B,NH,T) and its backward recomputes the
  *     weights; LayerNorm saves mean and rstd (N), RMSNorm rstd (N); the
- *     cross-entropy saves
- *     lse (N), ignores rows whose target is negative and columns >= V
- *     (zero gradient there), and writes dlogits (in place allowed).
+ *     cross-entropy saves lse (N), ignores rows whose target is negative
+ *     and columns >= V (zero gradient there), and writes dlogits (in place
+ *     allowed).
  *
  * Precision.  Every tensor argument of an op has the op's storage type `dt`
  * (TD_DTYPE_F32, TD_DTYPE_BF16 or TD_DTYPE_F16) except those typed float

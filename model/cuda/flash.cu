@@ -3,8 +3,8 @@
  * hs 64 or 128), causal, in the scheme of FlashAttention-2 (Dao, 2023), with
  * grouped-query attention: NKV key/value heads, each shared by group = NH /
  * NKV consecutive query heads; a row of qkv holds the NH query heads, then
- * the NKV key heads, then the NKV value heads (NKV = NH: GPT-2's q, k, v).  Nothing of size T x T touches
- * device memory.  Same contract as the GEMM path (ops_cuda_attention.cu):
+ * the NKV key heads, then the NKV value heads (NKV = NH: GPT-2's q, k, v).
+ * Nothing of size T x T touches device memory.  Same contract as the GEMM path (ops_cuda_attention.cu):
  * saves lse (B,NH,T); P and dS are rounded to the storage type before their
  * products; fp32 everywhere else.
  *
@@ -31,7 +31,8 @@
  *                 are keys): S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
  *                 dK += dS^T Q.  The group's sum stays in the block's fp32
  *                 registers: one writer per element, a fixed order.
- * Grids run the longest tiles (most keys or queries) first.  With NKV = NH
+ * Grids run the longest tiles (most keys or queries) first (for GQA's dK/dV
+ * all heads' longest tiles first, see flash_dkv_kernel).  With NKV = NH
  * every index and every operation is what it was before GQA (group 1): the
  * GPT-2 path gives the same bits at the same speed. */
 #include "kernels.cuh"
