@@ -146,6 +146,9 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, con
     if (st != TD_OK || N <= 0 || C <= 0) return st;
     if (!dinp || !dweight || !dout || !inp || !weight || !rstd)
         return td_error_set(TD_ERR_INVALID, "rmsnorm backward: NULL tensor");
+    if (dinp == dout)
+        return td_error_set(TD_ERR_INVALID, "rmsnorm backward: dinp may not be dout (dweight reads dout after dinp is "
+                                            "written)");
     st = check_scratch("rmsnorm backward", scratch, scratch_bytes, td_ops_cuda_rmsnorm_scratch_bytes(N, C));
     if (st != TD_OK) return st;
     const bool vec = C % VN == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);

@@ -94,6 +94,7 @@ extern "C" td_status td_ops_cuda_swiglu_backward(void *dgate_up, const void *dou
     td_status st = check_dtype("swiglu backward", dt);
     if (st != TD_OK || N <= 0 || H <= 0) return st;
     if (!dgate_up || !dout || !gate_up) return td_error_set(TD_ERR_INVALID, "swiglu backward: NULL tensor");
+    if (dgate_up == dout) return td_error_set(TD_ERR_INVALID, "swiglu backward: dgate_up may not be dout");
     if (mode == TD_OPS_CUDA_ADD && dgate_up == gate_up)
         return td_error_set(TD_ERR_INVALID, "swiglu backward: dgate_up may be gate_up only with TD_OPS_CUDA_SET");
     const bool vec = H % VN == 0 && aligned16(dgate_up) && aligned16(dout) && aligned16(gate_up);

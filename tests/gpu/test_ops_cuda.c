@@ -959,6 +959,11 @@ static void test_llama_argument_errors(void **state)
     assert_int_equal(td_ops_cuda_rope_backward(d, d, 1, 4, 2, 64, 127, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
     /* in place only when written */
     assert_int_equal(td_ops_cuda_swiglu_backward(d, d, d, 4, 8, TD_OPS_CUDA_ADD, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_swiglu_backward(d, d, (char *)d + 4096, 4, 8, TD_OPS_CUDA_SET, TD_DTYPE_F32, F.s),
+                     TD_ERR_INVALID); /* dgate_up over dout */
+    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, (char *)d + 4096, d, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_F32,
+                                                  scratch, 1 << 20, F.s),
+                     TD_ERR_INVALID); /* dinp over dout */
     /* a negative epsilon, a gradient type that is neither dt nor fp32, small scratch */
     assert_int_equal(td_ops_cuda_rmsnorm_forward(d, d, d, d, 4, 8, -1.0f, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
     assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, d, d, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_BF16, scratch, 1 << 20,
