@@ -224,6 +224,27 @@ void td_gpt2_pretokenize(const char *text, size_t len, td_piece_fn fn, void *ctx
     }
 }
 
+static void pretok_stage(const td_tokenizer *t, const char *text, size_t len, int stage, td_piece_fn fn, void *ctx)
+{
+    if (stage == t->n_pretok) {
+        if (len) fn(ctx, text, len);
+        return;
+    }
+    for (size_t i = 0; i < len;) {
+        size_t e = t->pretok[stage]((const unsigned char *)text, len, i);
+        pretok_stage(t, text + i, e - i, stage + 1, fn, ctx);
+        i = e;
+    }
+}
+
+void td_tokenizer_pretokenize(const td_tokenizer *t, const char *text, size_t len, td_piece_fn fn, void *ctx)
+{
+    if (t->kind == TD_TOKENIZER_BYTE)
+        for (size_t i = 0; i < len; i++) fn(ctx, text + i, 1);
+    else
+        pretok_stage(t, text, len, 0, fn, ctx);
+}
+
 /* The code point that ends at p (0 < p, s[p] ASCII): CP_INVALID when the
  * bytes before p are not the end of a valid sequence. */
 static uint32_t cp_before(const unsigned char *s, size_t p)

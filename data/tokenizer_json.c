@@ -735,11 +735,9 @@ td_status td_tokenizer_create_json(const char *json, size_t len, const char *nam
     if (!t->json) TD_FAIL(TD_ERR_NOMEM, "out of memory creating the json tokenizer");
     if (len >= 3 && !memcmp(json, "\xEF\xBB\xBF", 3)) json += 3, len -= 3;
     root = cJSON_ParseWithLength(json, len);
-    if (!root) {
-        if (!cJSON_GetErrorPtr()) TD_FAIL(TD_ERR_NOMEM, "out of memory parsing tokenizer.json '%s'", r.name);
+    if (!root)
         TD_FAIL(TD_ERR_INVALID, "tokenizer.json '%s' is not valid JSON (near byte %ld of %zu)", r.name,
-                (long)(cJSON_GetErrorPtr() - json), len);
-    }
+                cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L, len);
     if (!cJSON_IsObject(root)) TD_FAIL(TD_ERR_INVALID, "tokenizer.json '%s' is not a JSON object", r.name);
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))

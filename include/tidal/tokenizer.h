@@ -145,6 +145,9 @@ td_status td_tokenizer_decode(const td_tokenizer *t, const uint32_t *ids, size_t
  * with Unicode 14 letters, numbers and White_Space. */
 typedef void (*td_piece_fn)(void *ctx, const char *piece, size_t len);
 void td_gpt2_pretokenize(const char *text, size_t len, td_piece_fn fn, void *ctx);
+/* The pre-tokenizer of t (every stage of a json Sequence; byte: one piece a
+ * byte) on its own, the same way; added tokens are not looked for. */
+void td_tokenizer_pretokenize(const td_tokenizer *t, const char *text, size_t len, td_piece_fn fn, void *ctx);
 
 #ifdef __cplusplus
 }
