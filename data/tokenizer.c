@@ -158,6 +158,12 @@ int td_tok_class(uint32_t cp)
     return TD_TOK_OTHER;
 }
 
+int td_tok_is_word(uint32_t cp)
+{
+    if (cp < 0x80) return (cp | 0x20) - 'a' < 26 || cp - '0' < 10 || cp == '_';
+    return cp != CP_INVALID && in_ranges(td_unicode_word, td_unicode_word_count, cp);
+}
+
 int td_tok_class_at(const unsigned char *s, size_t len, size_t i, size_t *n_out)
 {
     return td_tok_class(td_tok_utf8_at(s, len, i, n_out));

@@ -114,6 +114,8 @@ td_status td_tok_read_file(const char *path, const char *what, char **buf_out, s
  * for a byte that does not start a valid UTF-8 sequence. */
 uint32_t td_tok_utf8_at(const unsigned char *s, size_t len, size_t i, size_t *n_out);
 int td_tok_class(uint32_t cp);
+/* \w of the Rust regex crate (what tokenizers' single_word looks at). */
+int td_tok_is_word(uint32_t cp);
 /* The class of the code point at s[i] (and its length). */
 int td_tok_class_at(const unsigned char *s, size_t len, size_t i, size_t *n_out);
 /* The GPT-2 pattern (include/tidal/tokenizer.h). */

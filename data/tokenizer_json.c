@@ -165,13 +165,6 @@ static uint32_t cp_ending_at(const unsigned char *s, size_t p)
     return TD_TOK_CP_INVALID;
 }
 
-/* \w as tokenizers' single_word sees it (letters, numbers, '_'). */
-static int is_word(uint32_t cp)
-{
-    int c = td_tok_class(cp);
-    return cp == '_' || c == TD_TOK_LETTER || c == TD_TOK_NUMBER;
-}
-
 /* The leftmost match of set m in s[from, len), the longest there: its start,
  * end and token index; 0 when none. */
 static int find_added(const td_tokenizer *t, const match_set *m, const unsigned char *s, size_t len, size_t from,
@@ -208,8 +201,8 @@ static td_status encode_level(td_tokenizer *t, const unsigned char *s, size_t le
     while (m->n && st == TD_OK && t->sink_status == TD_OK && find_added(t, m, s, len, from, &ms, &me, &k)) {
         const added_tok *a = &j->tok[k];
         from = me;
-        if (a->single_word && ((ms > 0 && is_word(cp_ending_at(s, ms))) ||
-                               (me < len && is_word(td_tok_utf8_at(s, len, me, &n)))))
+        if (a->single_word && ((ms > 0 && td_tok_is_word(cp_ending_at(s, ms))) ||
+                               (me < len && td_tok_is_word(td_tok_utf8_at(s, len, me, &n)))))
             continue;
         size_t start = ms, stop = me;
         if (a->lstrip) {

@@ -464,6 +464,8 @@ static void test_added_tokens(void **state)
     ASSERT_IDS(t, "x<y", 308, 'y');
     ASSERT_IDS(t, "words word", 'w', 'o', 'r', 'd', 's', ' ', 307); /* single_word skips "words" */
     ASSERT_IDS(t, "word_", 'w', 'o', 'r', 'd', '_');
+    ASSERT_IDS(t, "\xE0\xA4\xBEword", 0xE0, 0xA4, 0xBE, 'w', 'o', 'r', 'd'); /* a mark (U+093E) is \w too */
+    ASSERT_IDS(t, "\xC2\xB2word", 0xC2, 0xB2, 307);                         /* ² (No) is not */
     ASSERT_IDS(t, "<ws> <ws><ws>", 309, '<', 'w', 's', '>');
     ASSERT_IDS(t, "1中文2", '1', 400, '2');
     ASSERT_IDS(t, "<|endoftext|>", '<', '|', 'e', 'n', 'd', 'o', 'f', 't', 'e', 'x', 't', '|', '>');
