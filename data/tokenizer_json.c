@@ -638,8 +638,14 @@ static uint32_t token_by_content(const td_tokenizer *t, const char *c)
 {
     uint32_t id = added_by_content(t, c);
     if (id != TD_TOKEN_NONE) return id;
-    /* model.vocab holds alphabet strings; content bytes equal them for ASCII printable names */
-    id = td_tok_vocab_find(t, c, strlen(c));
+    /* model.vocab names tokens in GPT-2's byte alphabet ("\u0120a" is " a") */
+    uint32_t to_cp[256], bad;
+    int16_t from_cp[324];
+    char bytes[256];
+    size_t n = strlen(c);
+    td_tok_byte_alphabet(to_cp, from_cp);
+    long k = n < sizeof bytes ? td_tok_alphabet_to_bytes(from_cp, c, n, bytes, &bad) : -1;
+    id = k > 0 ? td_tok_vocab_find(t, bytes, (size_t)k) : UINT32_MAX;
     return id == UINT32_MAX ? TD_TOKEN_NONE : id;
 }
 

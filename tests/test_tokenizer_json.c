@@ -526,6 +526,10 @@ static void test_eos_and_bos_choice(void **state)
                        "\"RobertaProcessing\", \"sep\": [\"<my_eos>\", 280], \"cls\": [\"<my_eos>\", 280]}]}", NULL);
     assert_int_equal(td_tokenizer_bos(t), 280);
     td_tokenizer_destroy(t);
+    /* a model.vocab token, named in the byte alphabet */
+    t = tok_with(NULL, "{\"type\": \"BertProcessing\", \"sep\": [\"x\", 120], \"cls\": [\"" G "ab\", 258]}", NULL);
+    assert_int_equal(td_tokenizer_bos(t), 258);
+    td_tokenizer_destroy(t);
 }
 
 /* ---- GPT-2: tokenizer.json and vocab.json + merges.txt agree ------------------ */
