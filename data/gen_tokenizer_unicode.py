@@ -3,7 +3,10 @@
 pre-tokenizer needs (letters \\p{L}, numbers \\p{N}, whitespace \\s), and
 the word characters (\\w) that tokenizer.json's single_word added tokens
 look at, as sorted code point ranges from Python's unicodedata (and the
-`regex` module for the Alphabetic property).
+`regex` module for the Alphabetic property); and the tables of Unicode
+normalization form C for tokenizer.json's NFC normalizer (canonical
+combining classes, full canonical decompositions, primary compositions and
+the code points that may need normalizing).
 
     python3 data/gen_tokenizer_unicode.py > data/tokenizer_unicode.c
 """
@@ -39,6 +42,61 @@ def emit(name, rs):
     print(f"const size_t {name}_count = {len(rs)};\n")
 
 
+def nfc_tables():
+    """(ccc ranges, decompositions, compositions, quick-check ranges)."""
+    ud = unicodedata
+    ccc = []  # (lo, hi, class), runs of one nonzero class
+    for cp in range(0x110000):
+        c = ud.combining(chr(cp))
+        if c and ccc and ccc[-1][1] == cp - 1 and ccc[-1][2] == c:
+            ccc[-1] = (ccc[-1][0], cp, c)
+        elif c:
+            ccc.append((cp, cp, c))
+    decomp, comp = [], []
+    for cp in range(0x110000):
+        d = ud.decomposition(chr(cp))
+        if not d or d.startswith("<"):
+            continue  # none, or a compatibility mapping (not NFC's business)
+        full = [ord(c) for c in ud.normalize("NFD", chr(cp))]
+        decomp.append((cp, full))
+        parts = [int(x, 16) for x in d.split()]
+        if len(parts) == 2 and ud.normalize("NFC", chr(parts[0]) + chr(parts[1])) == chr(cp):
+            comp.append((parts[0], parts[1], cp))  # a primary composite
+    comp.sort()
+    seconds = {b for _, b, _ in comp} | set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))
+    check = ranges(lambda cp: ud.combining(chr(cp)) != 0 or cp in seconds or
+                   (ud.category(chr(cp)) != "Cs" and ud.normalize("NFC", chr(cp)) != chr(cp)))
+    return ccc, decomp, comp, check
+
+
+def emit_nfc():
+    ccc, decomp, comp, check = nfc_tables()
+    print("const td_unicode_ccc td_unicode_ccc_ranges[] = {")
+    for i in range(0, len(ccc), 4):
+        print("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, {c}}}," for a, b, c in ccc[i:i + 4]))
+    print("};")
+    print(f"const size_t td_unicode_ccc_count = {len(ccc)};\n")
+    pool, entries = [], []
+    for cp, full in decomp:
+        entries.append((cp, len(pool), len(full)))
+        pool.extend(full)
+    print("const uint32_t td_unicode_decomp_pool[] = {")
+    for i in range(0, len(pool), 8):
+        print("    " + " ".join(f"0x{x:X}," for x in pool[i:i + 8]))
+    print("};")
+    print("const td_unicode_decomp td_unicode_decomps[] = {")
+    for i in range(0, len(entries), 4):
+        print("    " + " ".join(f"{{0x{a:X}, {o}, {n}}}," for a, o, n in entries[i:i + 4]))
+    print("};")
+    print(f"const size_t td_unicode_decomp_count = {len(entries)};\n")
+    print("const td_unicode_comp td_unicode_comps[] = {")
+    for i in range(0, len(comp), 3):
+        print("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}," for a, b, c in comp[i:i + 3]))
+    print("};")
+    print(f"const size_t td_unicode_comp_count = {len(comp)};\n")
+    emit("td_unicode_nfc_check", check)
+
+
 def main():
     cat = lambda cp: unicodedata.category(chr(cp))
     letters = ranges(lambda cp: cat(cp) in ("Lu", "Ll", "Lt", "Lm", "Lo"))
@@ -55,12 +113,16 @@ def main():
           " * Sorted, disjoint, inclusive code point ranges for the GPT-2 pre-tokenizer:\n"
           " * letters (\\p{L}: Lu Ll Lt Lm Lo), numbers (\\p{N}: Nd Nl No) and\n"
           " * whitespace (\\s: the White_Space property); word characters for\n"
-          " * tokenizer.json's single_word (\\w: Alphabetic, M, Nd, Pc, Join_Control). */\n"
+          " * tokenizer.json's single_word (\\w: Alphabetic, M, Nd, Pc, Join_Control);\n"
+          " * and NFC: canonical combining classes, full canonical decompositions\n"
+          " * (Hangul is algorithmic), primary compositions sorted by (first, second),\n"
+          " * and the code points whose text may change under NFC. */\n"
           "#include \"tokenizer_unicode.h\"\n")
     emit("td_unicode_letters", letters)
     emit("td_unicode_numbers", numbers)
     emit("td_unicode_space", WHITE_SPACE)
     emit("td_unicode_word", word)
+    emit_nfc()
 
 
 if __name__ == "__main__":

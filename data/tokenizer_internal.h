@@ -155,6 +155,21 @@ td_tok_merge_result td_tok_merge_add(td_tokenizer *t, const int16_t from_cp[324]
 /* Pre-tokenizes s[0, len) through t's stages and BPE-encodes each piece. */
 td_status td_tok_encode_plain(td_tokenizer *t, const unsigned char *s, size_t len);
 
+/* ---- NFC (data/tokenizer_nfc.c) ---- */
+
+/* Buffers td_tok_nfc grows and reuses (owned by the tokenizer). */
+typedef struct td_tok_nfc_buf {
+    uint32_t *cps;
+    size_t cps_cap;
+    char *text;
+    size_t text_cap;
+} td_tok_nfc_buf;
+/* 1 when s[0, len) is NFC for certain (no code point that NFC could change). */
+int td_tok_nfc_quick(const unsigned char *s, size_t len);
+/* NFC of s[0, len) into b->text (*out, *out_len); invalid UTF-8 bytes are kept. */
+td_status td_tok_nfc(const unsigned char *s, size_t len, td_tok_nfc_buf *b, const char **out, size_t *out_len);
+void td_tok_nfc_buf_free(td_tok_nfc_buf *b);
+
 /* ---- tokenizer.json (data/tokenizer_json.c) ---- */
 
 /* Encodes a whole text: added tokens first, then td_tok_encode_plain between them. */

@@ -65,6 +65,8 @@ struct td_tok_json {
     size_t n;
     match_set set[2]; /* [0] normalized false, [1] normalized true: matched in that order */
     int newline_guard; /* a Llama 3 / Qwen2 stage: a newline after punctuation joins it */
+    int nfc;           /* normalizer NFC: applied where tokenizers applies it (below) */
+    td_tok_nfc_buf nfc_buf;
     size_t max_len;
 };
 
@@ -189,11 +191,19 @@ static int find_added(const td_tokenizer *t, const match_set *m, const unsigned 
 
 /* Splits s[0, len) at the added tokens of set `level` (as tokenizers'
  * AddedVocabulary::find_matches), emitting them and passing the text
- * between them to the next level (the next set, then pre-tokenization). */
+ * between them to the next level (the next set, then pre-tokenization).
+ * The normalizer runs where tokenizers runs it: on the text between the
+ * tokens of set 0, before set 1 (normalized tokens) is looked for. */
 static td_status encode_level(td_tokenizer *t, const unsigned char *s, size_t len, int level)
 {
     if (level == 2) return td_tok_encode_plain(t, s, len);
-    const struct td_tok_json *j = t->json;
+    struct td_tok_json *j = t->json;
+    if (level == 1 && j->nfc && !td_tok_nfc_quick(s, len)) {
+        const char *norm;
+        td_status st = td_tok_nfc(s, len, &j->nfc_buf, &norm, &len);
+        if (st != TD_OK) return st;
+        s = (const unsigned char *)norm;
+    }
     const match_set *m = &j->set[level];
     size_t done = 0, from = 0, ms, me, n;
     uint32_t k;
@@ -255,6 +265,7 @@ void td_tok_json_free(struct td_tok_json *j)
     td_free(j->tok);
     td_free(j->set[0].order);
     td_free(j->set[1].order);
+    td_tok_nfc_buf_free(&j->nfc_buf);
     td_free(j);
 }
 
@@ -389,14 +400,23 @@ static td_status read_pre_tokenizer(reader *r, const cJSON *root)
     return TD_OK;
 }
 
-/* normalizer null; decoder ByteLevel (or null, or a Sequence of ByteLevel). */
+/* normalizer null or NFC (alone or in a Sequence); decoder ByteLevel (or
+ * null, or a Sequence of ByteLevel). */
 static td_status read_normalizer_decoder(reader *r, const cJSON *root)
 {
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (nm && !cJSON_IsNull(nm)) {
-        const char *ty = type_of(nm);
+    const char *nty = nm && !cJSON_IsNull(nm) ? type_of(nm) : NULL;
+    if (nty && !strcmp(nty, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(nm, "normalizers");
+        for (const cJSON *e = cJSON_IsArray(list) ? list->child : NULL; e; e = e->next)
+            if (!(nty = type_of(e)) || strcmp(nty, "NFC")) goto bad_normalizer;
+        r->t->json->nfc = cJSON_GetArraySize(list) > 0;
+    } else if (nty && !strcmp(nty, "NFC")) {
+        r->t->json->nfc = 1;
+    } else if (nm && !cJSON_IsNull(nm)) {
+    bad_normalizer:
         return td_error_set(TD_ERR_INVALID, "tokenizer.json '%s': normalizer \"%s\" is not supported (tidal reads "
-                            "tokenizers without a normalizer)", r->name, ty ? ty : json_type_name(nm));
+                            "tokenizers without a normalizer or with NFC)", r->name, nty ? nty : json_type_name(nm));
     }
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     if (!d || cJSON_IsNull(d)) return TD_OK;
@@ -508,6 +528,9 @@ static td_status read_added(reader *r, const cJSON *added, size_t *pool_used)
             t->tok_len[id] = (uint32_t)len;
             *pool_used += len;
         }
+        if (j->nfc && normalized && !td_tok_nfc_quick((const unsigned char *)c, len))
+            return td_error_set(TD_ERR_INVALID, "tokenizer.json '%s': %s \"%s\" is normalized but not in NFC; tidal "
+                                "matches it in NFC text as it is", r->name, path, c);
         if (id >= t->vocab_size) t->vocab_size = id + 1;
         j->tok[j->n++] = (added_tok){id, (uint8_t)special, (uint8_t)lstrip, (uint8_t)rstrip, (uint8_t)single,
                                      (uint8_t)normalized};

@@ -17,4 +17,18 @@ extern const size_t td_unicode_space_count;
 extern const td_unicode_range td_unicode_word[]; /* \w, for tokenizer.json's single_word */
 extern const size_t td_unicode_word_count;
 
+/* NFC (data/tokenizer_nfc.c) */
+typedef struct td_unicode_ccc { uint32_t lo, hi; uint8_t ccc; } td_unicode_ccc;
+typedef struct td_unicode_decomp { uint32_t cp; uint16_t off; uint8_t len; } td_unicode_decomp;
+typedef struct td_unicode_comp { uint32_t first, second, composite; } td_unicode_comp;
+extern const td_unicode_ccc td_unicode_ccc_ranges[]; /* nonzero canonical combining classes */
+extern const size_t td_unicode_ccc_count;
+extern const uint32_t td_unicode_decomp_pool[];
+extern const td_unicode_decomp td_unicode_decomps[]; /* by cp; full decomposition at pool[off, +len) */
+extern const size_t td_unicode_decomp_count;
+extern const td_unicode_comp td_unicode_comps[]; /* by (first, second) */
+extern const size_t td_unicode_comp_count;
+extern const td_unicode_range td_unicode_nfc_check[]; /* text without these is already NFC */
+extern const size_t td_unicode_nfc_check_count;
+
 #endif

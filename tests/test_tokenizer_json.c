@@ -532,6 +532,61 @@ static void test_eos_and_bos_choice(void **state)
     td_tokenizer_destroy(t);
 }
 
+/* ---- NFC ------------------------------------------------------------------------ */
+
+static td_tokenizer *nfc_tok(const char *normalizer, const char *added)
+{
+    spec s = HAND;
+    s.pattern = QWEN2;
+    s.added = added;
+    cJSON *doc = make_doc(&s);
+    cJSON_ReplaceItemInObject(doc, "normalizer", cJSON_Parse(normalizer));
+    td_tokenizer *t = from_doc(doc);
+    cJSON_Delete(doc);
+    return t;
+}
+
+static void assert_decodes_to(td_tokenizer *t, const char *text, size_t len, const char *want, size_t want_len)
+{
+    uint32_t *ids;
+    size_t n, got_len;
+    char *got;
+    TD_ASSERT_OK(td_tokenizer_encode_alloc(t, text, len, &ids, &n));
+    TD_ASSERT_OK(td_tokenizer_decode(t, ids, n, &got, &got_len));
+    if (got_len != want_len || memcmp(got, want, want_len))
+        fail_msg("NFC of '%.*s' came out as '%s', want '%.*s'", (int)len, text, got, (int)want_len, want);
+    td_free(got);
+    td_free(ids);
+}
+
+static void check_nfc_case(cJSON *o, void *ctx)
+{
+    td_tokenizer *t = ctx;
+    const char *text = cJSON_GetObjectItem(o, "text")->valuestring, *nfc = cJSON_GetObjectItem(o, "nfc")->valuestring;
+    assert_decodes_to(t, text, strlen(text), nfc, strlen(nfc)); /* byte-level BPE decodes to what it encoded */
+}
+
+static void test_nfc_normalizer(void **state)
+{
+    td_tokenizer *t = nfc_tok("{\"type\": \"NFC\"}", NULL);
+    assert_true(for_each_jsonl("nfc_cases.jsonl", check_nfc_case, t) > 600);
+    /* invalid bytes pass through and block composition */
+    assert_decodes_to(t, "e\xFF\xCC\x81", 4, "e\xFF\xCC\x81", 4);
+    assert_decodes_to(t, "e\xCC\x81\xFF", 4, "\xC3\xA9\xFF", 3);
+    td_tokenizer_destroy(t);
+    /* a Sequence of NFC; special tokens are matched before, normalized ones after NFC */
+    t = nfc_tok("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}",
+                "[{\"id\": 300, \"content\": \"<e\\u0301>\", \"special\": true, \"normalized\": false},"
+                " {\"id\": 301, \"content\": \"\\u00e9!\", \"normalized\": true}]");
+    ASSERT_IDS_LOSSY(t, "<e\xCC\x81>e\xCC\x81!", 300, 301);
+    ASSERT_IDS_LOSSY(t, "<\xC3\xA9>", '<', 0xC3, 0xA9, '>');
+    td_tokenizer_destroy(t);
+    /* without the normalizer nothing changes */
+    t = nfc_tok("null", NULL);
+    assert_decodes_to(t, "e\xCC\x81", 3, "e\xCC\x81", 3);
+    td_tokenizer_destroy(t);
+}
+
 /* ---- GPT-2: tokenizer.json and vocab.json + merges.txt agree ------------------ */
 
 typedef struct gpt2_pair {
@@ -840,7 +895,20 @@ static void test_malformed_files(void **state)
     expect_error_edit("model", "dropout", "0.1", "model.dropout is set");
     expect_error_edit("model", "continuing_subword_prefix", "\"##\"", "model.continuing_subword_prefix is set");
     expect_error_edit("model", "ignore_merges", "\"yes\"", "model.ignore_merges is a string, expected true or false");
-    expect_error_edit(NULL, "normalizer", "{\"type\": \"NFC\"}", "normalizer \"NFC\" is not supported");
+    expect_error_edit(NULL, "normalizer", "{\"type\": \"NFKC\"}", "normalizer \"NFKC\" is not supported");
+    expect_error_edit(NULL, "normalizer", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": "
+                      "\"Lowercase\"}]}", "normalizer \"Lowercase\" is not supported");
+    { /* NFC with a normalized added token that is not NFC */
+        spec s = HAND;
+        s.pattern = QWEN2;
+        s.added = "[{\"id\": 300, \"content\": \"e\\u0301!\", \"normalized\": true}]";
+        cJSON *doc = make_doc(&s);
+        cJSON_ReplaceItemInObject(doc, "normalizer", cJSON_Parse("{\"type\": \"NFC\"}"));
+        char *text = cJSON_PrintUnformatted(doc);
+        cJSON_Delete(doc);
+        expect_error_text(text, "added_tokens[0] \"e\xCC\x81!\" is normalized but not in NFC");
+        free(text);
+    }
     expect_error_edit(NULL, "decoder", "{\"type\": \"WordPiece\"}", "decoder \"WordPiece\" is not supported");
     expect_error_edit(NULL, "pre_tokenizer", "-", "pre_tokenizer is missing");
     { /* a Split without the ByteLevel after it */
@@ -979,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_eos_and_bos_choice),
+        cmocka_unit_test(test_nfc_normalizer),
         cmocka_unit_test(test_gpt2_json_matches_files),
         cmocka_unit_test(test_round_trip_mixed),
         cmocka_unit_test(test_cut_point_is_safe),

@@ -10,8 +10,8 @@ are trained here, on generated text, the way the real ones are built:
   gpt2    ByteLevel pre-tokenizer (GPT-2's regex), <|endoftext|>
   llama3  Split(Llama 3 pattern) + ByteLevel, ignore_merges, <|begin_of_text|>
           put first by a TemplateProcessing, <|end_of_text|>, reserved specials
-  qwen2   Split(Qwen2 pattern: single digits) + ByteLevel, <|endoftext|>,
-          <|im_start|>, <|im_end|>
+  qwen2   Split(Qwen2 pattern: single digits) + ByteLevel, an NFC normalizer,
+          <|endoftext|>, <|im_start|>, <|im_end|>
 
 each with further added tokens (a normalized one with a space inside, one
 with lstrip, one with rstrip, a single_word one), saved to tokenizer.json
@@ -56,7 +56,7 @@ FAMILIES = {
                                                "<|reserved_special_token_0|>", "<|eot_id|>"],
                "bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "vocab": 24000, "ignore_merges": True},
     "qwen2": {"pattern": QWEN2, "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None,
-              "eos": "<|endoftext|>", "vocab": 16000},
+              "eos": "<|endoftext|>", "vocab": 16000, "nfc": True},
 }
 
 # ---- the text -------------------------------------------------------------------
@@ -88,6 +88,9 @@ CODE = [
 EMOJI = ["😀", "🎉", "👍🏽", "👨‍👩‍👧", "🇫🇷", "❤️", "✨", "🚀"]
 SPACES = [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n", "\n ", "\u00a0", "\u3000", "\u2003", "   \n\n  "]
 PUNCT = [".", ",", "!", "?", "...", "!!!\n", ".\n", ";", ":", "—", "–", "(", ")", "\"", "'", "«", "»", "“", "”"]
+# Text that NFC changes: decomposed accents, marks out of order, jamo, singletons, exclusions.
+NOT_NFC = ["e\u0301", "cafe\u0301", "a\u0323\u0302", "a\u0302\u0323", "\u1100\u1161\u11a8", "\u212b", "\u2126",
+           "\u0958", "\u0915\u093c", "\u304b\u3099", "o\u0308\u0304", "\u0041\u030a", "\uf900"]
 CONTRACTIONS = ["it's", "IT'S", "we'll", "WE'LL", "they're", "you've", "I'm", "he'd", "don't", "'s", "x'ſ",
                 "O'Neil", "'''"]
 
@@ -138,8 +141,10 @@ def piece(rng, literals):
         return rng.choice(EMOJI)
     if k < 0.82:
         return rng.choice(CODE)
-    if k < 0.84:
+    if k < 0.83:
         return rng.choice(literals)
+    if k < 0.84:
+        return rng.choice(NOT_NFC)
     return rng.choice(SPACES)
 
 
@@ -157,7 +162,8 @@ def mixed_text(rng, n_bytes, literals):
 
 
 def train(name, fam, text, out_dir):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, \
+        trainers
     try:
         model = models.BPE(ignore_merges=bool(fam.get("ignore_merges")))
     except TypeError:
@@ -169,6 +175,8 @@ def train(name, fam, text, out_dir):
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if fam.get("nfc"):
+        tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=fam["vocab"], special_tokens=fam["specials"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

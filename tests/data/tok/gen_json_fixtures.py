@@ -8,6 +8,10 @@
       the `regex` module (Oniguruma runs them in the `tokenizers` library;
       both are backtracking engines with the same leftmost-first
       alternation), on edge cases and random strings.
+  nfc_cases.jsonl
+      {"text", "nfc"}: Python's unicodedata NFC (Unicode 14, as tidal's
+      tables) of strings of combining marks in every order, Hangul jamo and
+      syllables, singletons, composition exclusions and precomposed letters.
 """
 import json
 import os
@@ -43,9 +47,30 @@ def write(name, pattern):
             f.write(json.dumps({"text": text, "pieces": pieces}, ensure_ascii=False) + "\n")
 
 
+NFC_POOL = ["a", "e", "o", "u", "A", "E", "\u03b1", "\u03b9", "\u03c9", "s", " ", "x", "\u0300", "\u0301", "\u0308",
+            "\u0323", "\u0302", "\u0327", "\u0345", "\u0313", "\u0304", "\u031b", "\u05b0", "\u0e48",
+            "\u1100", "\u1161", "\u11a8", "\u1112", "\u1175", "\u11c2", "\uac00", "\ud7a3", "\uac01",
+            "\u212b", "\u2126", "\u0340", "\u0374", "\u0958", "\u2adc", "\u0915", "\u093c", "\u00e9",
+            "\u01d6", "\u1e69", "\uf900", "\u0b47", "\u0b3e", "\u0dd9", "\u0dcf", "\u0ddf", "\u1025",
+            "\u102e", "\U0001d15e", "\U0001d165", "\u3099", "\u304b", "\u00c5", "\u0041\u030a"]
+
+
+def write_nfc(name):
+    import unicodedata
+    rng = random.Random(15)
+    samples = ["", "plain ASCII", "e\u0301", "a\u0323\u0302", "a\u0302\u0323", "\u1100\u1161\u11a8",
+               "\uac00\u11a8", "\u212b\u2126", "\u0958", "\u0915\u093c", "\u0301 leading mark",
+               "\u0b47\u0b3e", "\u304b\u3099"]
+    samples += ["".join(rng.choice(NFC_POOL) for _ in range(rng.randint(1, 12))) for _ in range(600)]
+    with open(os.path.join(HERE, name), "w", encoding="utf-8") as f:
+        for text in samples:
+            f.write(json.dumps({"text": text, "nfc": unicodedata.normalize("NFC", text)}, ensure_ascii=False) + "\n")
+
+
 def main():
     write("pretok_llama3.jsonl", LLAMA3)
     write("pretok_qwen2.jsonl", QWEN2)
+    write_nfc("nfc_cases.jsonl")
 
 
 if __name__ == "__main__":
