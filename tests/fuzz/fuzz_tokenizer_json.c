@@ -34,7 +34,8 @@ static void check_text(td_tokenizer *t, const char *text, size_t len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char mixed[] = "Hello, world! It's 2024: caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80 "
-                                "12345\n\n  <|endoftext|><|begin_of_text|>'S x.\ny\t\xFF";
+                                "12345\n\n  <|endoftext|><|begin_of_text|>'S x.\ny\t\xFF e\xCC\x81 "
+                                "\xE1\x84\x80\xE1\x85\xA1"; /* decomposed é, Hangul jamo: NFC work */
     size_t base = td_host_live_allocs();
     td_tokenizer *t = NULL;
     if (td_tokenizer_create_json((const char *)data, size, "fuzz", NULL, 0, &t) == TD_OK) {
