@@ -65,6 +65,7 @@ struct td_tok_json {
     size_t n;
     match_set set[2]; /* [0] normalized false, [1] normalized true: matched in that order */
     int newline_guard; /* a Llama 3 / Qwen2 stage: a newline after punctuation joins it */
+    int pattern_stage; /* a regex stage: whitespace between words always ends a piece */
     int nfc;           /* normalizer NFC: applied where tokenizers applies it (below) */
     td_tok_nfc_buf nfc_buf;
     size_t max_len;
@@ -145,6 +146,20 @@ static size_t pretok_llama(const unsigned char *s, size_t len, size_t i, size_t 
 }
 
 static size_t pretok_llama3(const unsigned char *s, size_t len, size_t i) { return pretok_llama(s, len, i, 3); }
+
+/* tokenizers' Digits pre-tokenizer: numbers (\p{N}) apart from the rest,
+ * each on its own (individual_digits) or in runs. */
+static size_t pretok_digits(const unsigned char *s, size_t len, size_t i, int each)
+{
+    size_t n;
+    int digit = td_tok_class_at(s, len, i, &n) == TD_TOK_NUMBER;
+    if (digit && each) return i + n;
+    for (i += n; i < len && (td_tok_class_at(s, len, i, &n) == TD_TOK_NUMBER) == digit; i += n) {}
+    return i;
+}
+
+static size_t pretok_digit_each(const unsigned char *s, size_t len, size_t i) { return pretok_digits(s, len, i, 1); }
+static size_t pretok_digit_runs(const unsigned char *s, size_t len, size_t i) { return pretok_digits(s, len, i, 0); }
 static size_t pretok_qwen2(const unsigned char *s, size_t len, size_t i) { return pretok_llama(s, len, i, 1); }
 
 /* ---- added tokens ------------------------------------------------------- */
@@ -243,7 +258,7 @@ td_status td_tok_json_encode(td_tokenizer *t, const unsigned char *s, size_t len
 int td_tok_json_cut_ok(const td_tokenizer *t, const unsigned char *s, size_t len, size_t p)
 {
     const struct td_tok_json *j = t->json;
-    if (t->n_pretok == 0) return 0; /* the whole text is one piece */
+    if (!j->pattern_stage) return 0; /* words and the space between them may be one piece */
     if (j->newline_guard && (s[p] == '\r' || s[p] == '\n') && td_tok_class(cp_ending_at(s, p)) == TD_TOK_OTHER)
         return 0;
     for (size_t i = 0; i < j->n; i++) {
@@ -313,6 +328,7 @@ static td_status add_stage(reader *r, td_tok_pretok_fn fn, const char *path)
                             path, TD_TOK_MAX_STAGES);
     t->pretok[t->n_pretok++] = fn;
     if (fn == pretok_llama3 || fn == pretok_qwen2) t->json->newline_guard = 1;
+    if (fn != pretok_digit_each && fn != pretok_digit_runs) t->json->pattern_stage = 1;
     return TD_OK;
 }
 
@@ -365,6 +381,11 @@ static td_status read_pretok(reader *r, const cJSON *p, const char *path, int la
                                 r->name, path, re->valuestring);
         return add_stage(r, fn, path);
     }
+    if (!strcmp(ty, "Digits")) { /* SmolLM2: Digits(individual_digits) before ByteLevel */
+        int each;
+        TRY(get_bool(r, p, "individual_digits", path, 0, &each));
+        return add_stage(r, each ? pretok_digit_each : pretok_digit_runs, path);
+    }
     if (!strcmp(ty, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
         if (!cJSON_IsArray(list))
@@ -379,7 +400,7 @@ static td_status read_pretok(reader *r, const cJSON *p, const char *path, int la
         return TD_OK;
     }
     return td_error_set(TD_ERR_INVALID, "tokenizer.json '%s': %s: pre-tokenizer type \"%s\" is not supported "
-                        "(tidal reads ByteLevel, Split with the GPT-2, Llama 3 or Qwen2 pattern, and Sequence)",
+                        "(tidal reads ByteLevel, Split with the GPT-2, Llama 3 or Qwen2 pattern, Digits and Sequence)",
                         r->name, path, ty);
 }
 

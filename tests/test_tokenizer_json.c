@@ -421,6 +421,66 @@ static void test_ignore_merges(void **state)
     td_tokenizer_destroy(t);
 }
 
+/* SmolLM2's pre-tokenizer: Digits, then ByteLevel with the GPT-2 regex. */
+static td_tokenizer *digits_tok(int each, int use_regex, int prefix)
+{
+    char pre[256];
+    snprintf(pre, sizeof pre, "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+             "\"individual_digits\": %s}, {\"type\": \"ByteLevel\", \"use_regex\": %s}]}",
+             each ? "true" : "false", use_regex ? "true" : "false");
+    cJSON *doc = prefix ? gpt2_prefix_doc(NULL, 0, NULL) : NULL;
+    if (!doc) {
+        spec s = HAND;
+        doc = make_doc(&s);
+    }
+    cJSON_ReplaceItemInObject(doc, "pre_tokenizer", cJSON_Parse(pre));
+    td_tokenizer *t = from_doc(doc);
+    cJSON_Delete(doc);
+    return t;
+}
+
+static void test_digits_pretokenizer(void **state)
+{
+    td_tokenizer *t = digits_tok(1, 1, 0); /* "abc ", "1", "2", ...; then "abc", " " */
+    ASSERT_IDS(t, "abc 12345", 257, ' ', '1', '2', '3', '4', '5');
+    ASSERT_IDS(t, "x\xC2\xB2", 'x', 0xC2, 0xB2); /* ² is \p{N} */
+    td_tokenizer_destroy(t);
+    t = digits_tok(0, 1, 0); /* runs: "12345" alone, then 1 2 -> 12, 12 3 -> 123 */
+    ASSERT_IDS(t, "abc 12345", 257, ' ', 260, '4', '5');
+    assert_int_equal(td_tokenizer_cut_point(t, "a b", 3), 1);
+    td_tokenizer_destroy(t);
+    t = digits_tok(1, 0, 0); /* no regex: "ab ab" stays one piece, so no cut is safe */
+    assert_int_equal(td_tokenizer_cut_point(t, "a b", 3), 0);
+    ASSERT_IDS(t, "ab ab1", 256, 258, '1');
+    td_tokenizer_destroy(t);
+    /* streaming cuts stay exact with Digits before the regex */
+    t = digits_tok(1, 1, 1);
+    char buf[1024];
+    int cuts = 0;
+    for (int seed = 0; seed < td_test_seeds(200); seed++) {
+        td_rng rng;
+        td_rng_seed(&rng, (uint64_t)seed + 4242);
+        size_t n = random_text(&rng, buf, sizeof buf, 0);
+        size_t p = td_tokenizer_cut_point(t, buf, n);
+        if (!p) continue;
+        cuts++;
+        uint32_t *whole, *a, *b;
+        size_t nw, na, nb;
+        TD_ASSERT_OK(td_tokenizer_encode_alloc(t, buf, n, &whole, &nw));
+        TD_ASSERT_OK(td_tokenizer_encode_alloc(t, buf, p, &a, &na));
+        TD_ASSERT_OK(td_tokenizer_encode_alloc(t, buf + p, n - p, &b, &nb));
+        assert_int_equal(na + nb, nw);
+        assert_memory_equal(a, whole, na * sizeof *a);
+        assert_memory_equal(b, whole + na, nb * sizeof *b);
+        td_free(whole);
+        td_free(a);
+        td_free(b);
+        assert_round_trip(t, buf, n);
+    }
+    assert_true(cuts > 50);
+    td_tokenizer_destroy(t);
+}
+
 /* ---- added tokens, bos, eos ---------------------------------------------------- */
 
 #define ADDED_BASE                                                                                           \
@@ -935,7 +995,7 @@ static void test_malformed_files(void **state)
     expect_error_edit("pre_tokenizer.pretokenizers.0", "invert", "true", "invert true");
     expect_error_edit("pre_tokenizer.pretokenizers.0", "pattern", "{\"String\": \" \"}", "splits on the string \" \"");
     expect_error_edit("pre_tokenizer.pretokenizers.0", "pattern", "{}", "pattern.Regex is missing");
-    expect_error_edit("pre_tokenizer.pretokenizers.1", "type", "\"Digits\"", "pre-tokenizer type \"Digits\"");
+    expect_error_edit("pre_tokenizer.pretokenizers.1", "type", "\"Metaspace\"", "pre-tokenizer type \"Metaspace\"");
     expect_error_edit("pre_tokenizer", "pretokenizers", "{}", "pre_tokenizer.pretokenizers is an object");
     expect_error_edit(NULL, "added_tokens", "{}", "added_tokens is an object, expected an array");
     expect_error_edit("added_tokens.0", "id", "\"300\"", "added_tokens[0].id is a string, expected an integer");
@@ -1045,6 +1105,7 @@ int main(void)
         cmocka_unit_test(test_pretok_tiles),
         cmocka_unit_test(test_bpe_patterns_and_merge_formats),
         cmocka_unit_test(test_ignore_merges),
+        cmocka_unit_test(test_digits_pretokenizer),
         cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_eos_and_bos_choice),
         cmocka_unit_test(test_nfc_normalizer),

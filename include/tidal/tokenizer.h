@@ -13,8 +13,9 @@
  *   - json: byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama 3,
  *     Qwen2 and the like): model.vocab and model.merges (either "a b" strings
  *     or ["a", "b"] pairs), model.ignore_merges, the pre-tokenizer (ByteLevel,
- *     or Split with the GPT-2, Llama 3 or Qwen2 pattern, or a Sequence of
- *     those; each pattern a hand-written scanner), added tokens (matched in
+ *     or Split with the GPT-2, Llama 3 or Qwen2 pattern, Digits, or a
+ *     Sequence of those; each pattern a hand-written scanner), the NFC
+ *     normalizer, added tokens (matched in
  *     the text before pre-tokenization, longest first at the leftmost place,
  *     with their lstrip / rstrip / single_word flags) and the begin-of-text
  *     token a TemplateProcessing post-processor puts first (Llama 3).  Ids

@@ -12,6 +12,8 @@ are trained here, on generated text, the way the real ones are built:
           put first by a TemplateProcessing, <|end_of_text|>, reserved specials
   qwen2   Split(Qwen2 pattern: single digits) + ByteLevel, an NFC normalizer,
           <|endoftext|>, <|im_start|>, <|im_end|>
+  smollm2 Digits(individual_digits) + ByteLevel (GPT-2's regex), <|endoftext|>,
+          <|im_start|>, <|im_end|>
 
 each with further added tokens (a normalized one with a space inside, one
 with lstrip, one with rstrip, a single_word one), saved to tokenizer.json
@@ -57,6 +59,8 @@ FAMILIES = {
                "bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "vocab": 24000, "ignore_merges": True},
     "qwen2": {"pattern": QWEN2, "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "bos": None,
               "eos": "<|endoftext|>", "vocab": 16000, "nfc": True},
+    "smollm2": {"pattern": None, "digits": True, "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                "bos": None, "eos": "<|endoftext|>", "vocab": 12000},
 }
 
 # ---- the text -------------------------------------------------------------------
@@ -173,6 +177,10 @@ def train(name, fam, text, out_dir):
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(fam["pattern"]), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif fam.get("digits"):
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if fam.get("nfc"):
