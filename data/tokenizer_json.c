@@ -51,6 +51,7 @@
 typedef struct added_tok {
     uint32_t id;
     uint8_t special, lstrip, rstrip, single_word, normalized;
+    uint8_t ascii_space; /* holds an ASCII whitespace byte: may cover a streaming cut */
 } added_tok;
 
 /* One matching set: tokens bucketed by first byte, longest first in a bucket. */
@@ -146,6 +147,7 @@ static size_t pretok_llama(const unsigned char *s, size_t len, size_t i, size_t 
 }
 
 static size_t pretok_llama3(const unsigned char *s, size_t len, size_t i) { return pretok_llama(s, len, i, 3); }
+static size_t pretok_qwen2(const unsigned char *s, size_t len, size_t i) { return pretok_llama(s, len, i, 1); }
 
 /* tokenizers' Digits pre-tokenizer: numbers (\p{N}) apart from the rest,
  * each on its own (individual_digits) or in runs. */
@@ -160,7 +162,6 @@ static size_t pretok_digits(const unsigned char *s, size_t len, size_t i, int ea
 
 static size_t pretok_digit_each(const unsigned char *s, size_t len, size_t i) { return pretok_digits(s, len, i, 1); }
 static size_t pretok_digit_runs(const unsigned char *s, size_t len, size_t i) { return pretok_digits(s, len, i, 0); }
-static size_t pretok_qwen2(const unsigned char *s, size_t len, size_t i) { return pretok_llama(s, len, i, 1); }
 
 /* ---- added tokens ------------------------------------------------------- */
 
@@ -263,9 +264,10 @@ int td_tok_json_cut_ok(const td_tokenizer *t, const unsigned char *s, size_t len
         return 0;
     for (size_t i = 0; i < j->n; i++) {
         size_t n;
+        if (!j->tok[i].rstrip && !j->tok[i].ascii_space) continue;
         const unsigned char *b = (const unsigned char *)added_bytes(t, &j->tok[i], &n);
         if (j->tok[i].rstrip && p >= n && !memcmp(s + p - n, b, n)) return 0;
-        for (size_t k = 0; k < n; k++) {
+        for (size_t k = 0; k < n && j->tok[i].ascii_space; k++) {
             if (b[k] != s[p] || k > p) continue;
             size_t at = p - k, have = len - at < n ? len - at : n; /* a match may end past len */
             if (!memcmp(s + at, b, have)) return 0;
@@ -553,8 +555,10 @@ static td_status read_added(reader *r, const cJSON *added, size_t *pool_used)
             return td_error_set(TD_ERR_INVALID, "tokenizer.json '%s': %s \"%s\" is normalized but not in NFC; tidal "
                                 "matches it in NFC text as it is", r->name, path, c);
         if (id >= t->vocab_size) t->vocab_size = id + 1;
+        int space = 0;
+        for (size_t k = 0; k < len; k++) space |= c[k] == ' ' || (c[k] >= 0x09 && c[k] <= 0x0D);
         j->tok[j->n++] = (added_tok){id, (uint8_t)special, (uint8_t)lstrip, (uint8_t)rstrip, (uint8_t)single,
-                                     (uint8_t)normalized};
+                                     (uint8_t)normalized, (uint8_t)space};
         if (len > j->max_len) j->max_len = len;
     }
     TRY(build_set(t, &j->set[0], 0));
