@@ -16,9 +16,13 @@
  * - Malformed files: exact errors naming the field, no leaks; truncated and
  *   flipped files never crash; every allocation failure is clean. */
 #include "td_test.h"
+#include "tidal/data.h"
 #include "tidal/tokenizer.h"
+#include "../cli/cli.h"
 
 #include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -882,6 +886,127 @@ static void test_load_from_path(void **state)
     rmdir(dir);
 }
 
+/* ---- tidal prepare with a tokenizer.json ------------------------------------------ */
+
+/* Runs `tidal prepare ARGS...` with its output silenced; returns the exit code. */
+static int prepare(const char *first, ...)
+{
+    char *argv[32];
+    int argc = 0;
+    va_list ap;
+    va_start(ap, first);
+    for (const char *a = first; a; a = va_arg(ap, const char *)) argv[argc++] = (char *)a;
+    va_end(ap);
+    fflush(stdout);
+    fflush(stderr);
+    int out = dup(1), err = dup(2), null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    int rc = td_cli_prepare_main(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(out, 1);
+    dup2(err, 2);
+    close(out);
+    close(err);
+    close(null);
+    return rc;
+}
+
+static void write_file(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    fclose(f);
+}
+
+static void append_ids(uint32_t **v, size_t *n, const uint32_t *ids, size_t k)
+{
+    *v = realloc(*v, (*n + k + 1) * sizeof **v);
+    memcpy(*v + *n, ids, k * sizeof *ids);
+    *n += k;
+}
+
+/* Documents start with bos and are separated by eos; streaming in 16-byte
+ * blocks gives the same ids; the tokenizer.json is kept beside the file. */
+static void test_prepare_documents(void **state)
+{
+    char dir[] = "/tmp/td_tokjson_prep_XXXXXX", path[512], in[512], out[512], kept[512];
+    assert_non_null(mkdtemp(dir));
+    td_tokenizer *t = added_tok(); /* Llama 3 pattern, bos 300, eos 301 */
+    spec s = HAND;
+    s.pattern = LLAMA3;
+    s.added = "[" ADDED_BASE "]";
+    s.post = LLAMA_POST;
+    cJSON *doc = make_doc(&s);
+    char *json = cJSON_PrintUnformatted(doc);
+    cJSON_Delete(doc);
+    snprintf(path, sizeof path, "%s/tok", dir);
+    mkdir(path, 0777);
+    snprintf(path, sizeof path, "%s/tok/tokenizer.json", dir);
+    write_file(path, json, strlen(json));
+    snprintf(in, sizeof in, "%s/in", dir);
+    mkdir(in, 0777);
+    char big[6000];
+    td_rng rng;
+    td_rng_seed(&rng, 99);
+    size_t big_len = random_text(&rng, big, sizeof big, 0);
+    const char *docs[3] = {"first doc. it's\n", "second <|a|>b 12345 ab.\nab", big};
+    size_t lens[3] = {strlen(docs[0]), strlen(docs[1]), big_len};
+    uint32_t *want = NULL;
+    size_t n_want = 0;
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/in/%d.txt", dir, i);
+        write_file(path, docs[i], lens[i]);
+        uint32_t sep[2] = {301, 300}, *ids;
+        size_t n;
+        append_ids(&want, &n_want, sep + (i == 0), i == 0 ? 1 : 2);
+        TD_ASSERT_OK(td_tokenizer_encode_alloc(t, docs[i], lens[i], &ids, &n));
+        append_ids(&want, &n_want, ids, n);
+        td_free(ids);
+    }
+    snprintf(out, sizeof out, "%s/out.tok", dir);
+    snprintf(path, sizeof path, "%s/tok", dir);
+    for (int pass = 0; pass < 2; pass++) {
+        int rc = pass ? prepare("--input", in, "--out", out, "--tokenizer", path, "--block", "16", NULL)
+                      : prepare("--input", in, "--out", out, "--tokenizer", path, NULL);
+        assert_int_equal(rc, 0);
+        td_tokfile *f = NULL;
+        TD_ASSERT_OK(td_tokfile_open(out, &f));
+        const td_tokfile_info *info = td_tokfile_get_info(f);
+        assert_int_equal(info->tokenizer, TD_TOKENIZER_JSON);
+        assert_int_equal(info->vocab_size, 401);
+        assert_int_equal(info->eot, 301);
+        assert_int_equal(td_tokfile_count(f), n_want);
+        for (size_t i = 0; i < n_want; i++)
+            if (td_tokfile_at(f, i) != want[i]) fail_msg("pass %d: token %zu is %u, want %u", pass, i,
+                                                         td_tokfile_at(f, i), want[i]);
+        td_tokfile_close(f);
+    }
+    /* the file is kept beside the tokens, as it was */
+    TD_ASSERT_OK(td_tokfile_tokenizer_path(out, "tokenizer.json", kept, sizeof kept));
+    size_t kept_len;
+    char *copy = slurp(kept, &kept_len);
+    assert_int_equal(kept_len, strlen(json));
+    assert_memory_equal(copy, json, kept_len);
+    free(copy);
+    /* usage errors: 2; a bad file: 1 */
+    snprintf(path, sizeof path, "%s/in", dir); /* a folder without tokenizer.json */
+    assert_int_equal(prepare("--input", in, "--out", out, "--tokenizer", path, NULL), 2);
+    snprintf(path, sizeof path, "%s/tok/tokenizer.json", dir);
+    assert_int_equal(prepare("--input", in, "--out", out, "--tokenizer", path, "--vocab", path, NULL), 2);
+    snprintf(path, sizeof path, "%s/bad.json", dir);
+    write_file(path, "{\"model\": 1}", 12);
+    assert_int_equal(prepare("--input", in, "--out", out, "--tokenizer", path, NULL), 1);
+    free(want);
+    free(json);
+    td_tokenizer_destroy(t);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- malformed files ------------------------------------------------------------ */
 
 static void expect_error_text(const char *json, const char *needle)
@@ -1114,6 +1239,7 @@ int main(void)
         cmocka_unit_test(test_cut_point_is_safe),
         cmocka_unit_test(test_large_vocab),
         cmocka_unit_test(test_load_from_path),
+        cmocka_unit_test(test_prepare_documents),
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_mutated_files),
         cmocka_unit_test(test_alloc_faults),
