@@ -8,8 +8,10 @@ Needs `tokenizers` (the GPU machine has it) and no network: the tokenizers
 are trained here, on generated text, the way the real ones are built:
 
   gpt2    ByteLevel pre-tokenizer (GPT-2's regex), <|endoftext|>
-  llama3  Split(Llama 3 pattern) + ByteLevel, ignore_merges, <|begin_of_text|>
-          put first by a TemplateProcessing, <|end_of_text|>, reserved specials
+  llama3  Split(Llama 3 pattern) + ByteLevel, ignore_merges (and whole words
+          added to the vocabulary that no merge makes, as in tiktoken-made
+          files), <|begin_of_text|> put first by a TemplateProcessing,
+          <|end_of_text|>, reserved specials
   qwen2   Split(Qwen2 pattern: single digits) + ByteLevel, an NFC normalizer,
           <|endoftext|>, <|im_start|>, <|im_end|>
   smollm2 Digits(individual_digits) + ByteLevel (GPT-2's regex), <|endoftext|>,
@@ -97,6 +99,19 @@ NOT_NFC = ["e\u0301", "cafe\u0301", "a\u0323\u0302", "a\u0302\u0323", "\u1100\u1
            "\u0958", "\u0915\u093c", "\u304b\u3099", "o\u0308\u0304", "\u0041\u030a", "\uf900"]
 CONTRACTIONS = ["it's", "IT'S", "we'll", "WE'LL", "they're", "you've", "I'm", "he'd", "don't", "'s", "x'ſ",
                 "O'Neil", "'''"]
+
+
+def byte_level(text):
+    """GPT-2's byte-to-unicode spelling of text (how vocab.json writes tokens)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, map(chr, cs)))
+    return "".join(table[b] for b in text.encode("utf-8"))
 
 
 def cjk(rng, n):
@@ -200,6 +215,14 @@ def train(name, fam, text, out_dir):
     doc = json.load(open(path, encoding="utf-8"))
     if fam.get("ignore_merges"):
         doc["model"]["ignore_merges"] = True
+        # Whole words no merge sequence makes: only ignore_merges finds them.
+        vocab = doc["model"]["vocab"]
+        nxt = max(list(vocab.values()) + [a["id"] for a in doc["added_tokens"]]) + 1
+        for w in WORDS["en"][::3] + WORDS["fr"] + WORDS["ru"]:
+            for form in (byte_level(w), byte_level(" " + w)):
+                if form not in vocab:
+                    vocab[form] = nxt
+                    nxt += 1
         json.dump(doc, open(path, "w", encoding="utf-8"), ensure_ascii=False)
     # The same tokenizer with the merges in the other format.
     merges = doc["model"]["merges"]
