@@ -10,26 +10,26 @@
  *     tokenizers' order).  End of text is vocab.json's "<|endoftext|>" (id
  *     50256 in GPT-2); a vocabulary without it gets it as one id past the
  *     largest.
- *   - json: byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama 3,
- *     Qwen2 and the like): model.vocab and model.merges (either "a b" strings
- *     or ["a", "b"] pairs), model.ignore_merges, the pre-tokenizer (ByteLevel,
- *     or Split with the GPT-2, Llama 3 or Qwen2 pattern, Digits, or a
- *     Sequence of those; each pattern a hand-written scanner), the NFC
- *     normalizer, added tokens (matched in
- *     the text before pre-tokenization, longest first at the leftmost place,
- *     with their lstrip / rstrip / single_word flags) and the begin-of-text
- *     token a TemplateProcessing post-processor puts first (Llama 3).  Ids
- *     equal those of the `tokenizers` library's encode(text,
- *     add_special_tokens=False) on valid UTF-8.  End of text is the special
- *     added token named <|endoftext|>, <|end_of_text|>, </s>, <|im_end|> or
- *     <eos> (the first present, in that order), else the token an
- *     eos_token names in tokenizer_config.json beside the file.
+ *   - json: byte-level BPE from a Hugging Face tokenizer.json (GPT-2,
+ *     Llama 3, Qwen2, SmolLM2 and the like): model.vocab and model.merges
+ *     ("a b" strings or ["a", "b"] pairs), model.ignore_merges; the
+ *     pre-tokenizer (ByteLevel, Split with the GPT-2, Llama 3 or Qwen2
+ *     pattern, Digits, or a Sequence of those; each pattern a hand-written
+ *     scanner); the NFC normalizer; added tokens (found in the text before
+ *     pre-tokenization, leftmost first and longest there, with their lstrip /
+ *     rstrip / single_word flags); the begin-of-text token a
+ *     TemplateProcessing post-processor puts first (Llama 3).  Ids equal the
+ *     `tokenizers` library's encode(text, add_special_tokens=False) on valid
+ *     UTF-8.  End of text is the token named <|endoftext|>, <|end_of_text|>,
+ *     </s>, <|im_end|> or <eos> (the first present, in that order), else the
+ *     one eos_token names in a tokenizer_config.json beside the file, else a
+ *     new <|endoftext|> one past the largest id.  docs/data.md has the detail.
  *
- * byte and gpt2 treat the literal text "<|endoftext|>" as the end-of-text token
- * (as transformers' GPT2TokenizerFast does) and decode that token back to the
- * same literal; json treats the literal text of each of its added tokens so.
- * decode(encode(x)) == x for every byte string x (json: unless an added
- * token strips the whitespace beside it).  Bytes
+ * byte and gpt2 treat the literal text "<|endoftext|>" as the end-of-text
+ * token (as transformers' GPT2TokenizerFast does) and decode that token back
+ * to the same literal; json treats the literal text of each of its added
+ * tokens so.  decode(encode(x)) == x for every byte string x (json: unless
+ * NFC changes x or an added token strips the whitespace beside it).  Bytes
  * that are not valid UTF-8 are encoded like any other bytes; the
  * pre-tokenizer takes each such byte as one "other" character.
  *
