@@ -198,8 +198,9 @@ int td_cli_generate_main(int argc, char **argv)
     char ck_json[4096];
     snprintf(ck_json, sizeof ck_json, "%s/tokenizer.json", m.checkpoint);
     int carried_json = access(ck_json, R_OK) == 0;
-    if (!tok_kind && !rd && carried_json) tok_kind = "json"; /* a Hugging Face directory */
-    if (!tok_kind && !rd && carried) tok_kind = "gpt2";
+    /* No flag and no record (a Hugging Face directory): the files it holds. */
+    if (!tok_kind && carried_json) tok_kind = "json";
+    if (!tok_kind && carried) tok_kind = "gpt2";
     if (!tok_kind) tok_kind = "byte";
     if (!strcmp(tok_kind, "json")) {
         if (!carried_json) {
