@@ -111,15 +111,30 @@ typedef struct td_train_plan {
     int ckpt_blocks;                            /* blocks recomputed in backward (--ckpt auto: the fewest
                                                    that leave room for the model state, see below) */
     size_t working_set_bytes;                   /* the most chunk bytes one access pins */
+    size_t largest_chunk_bytes;
     size_t min_device_bytes;                    /* non-model + working set + two of the largest chunk
-                                                   (one to prefetch into, one for fragmentation) */
-    size_t full_device_bytes;                   /* non-model + every param and grad chunk */
+                                                   (one to prefetch into, one for fragmentation), + the
+                                                   GPU optimizer chunks (all roles) */
+    size_t full_device_bytes;                   /* non-model + every param and grad chunk + the GPU
+                                                   optimizer chunks' state */
     size_t host_pinned_bytes;                   /* every chunk's host copy */
     double flops_per_step;                      /* forward + backward (+ recompute), all micro-batches */
     double h2d_bytes_per_step, d2h_bytes_per_step; /* with the chunks that stay on the device kept */
-    double adam_bytes_per_step;                 /* CPU AdamW memory traffic (28 bytes a param; 0 on the GPU) */
-    int gpu_optimizer;                          /* AdamW runs on the GPU: the whole state fits the budget */
+    double adam_bytes_per_step;                 /* CPU AdamW memory traffic (adam_bytes_per_param x adam_cpu_params) */
+    double adam_bytes_per_param;                /* DRAM bytes the CPU AdamW moves a param (fp32 state: 28) */
+    double adam_cpu_params;                     /* params the CPU AdamW updates a step */
+    int optim_chunks;                           /* optimizer chunks (one per param chunk) */
+    int optim_gpu_chunks;                       /* of them on the GPU (policy cuda: all; cpu: none; static: the
+                                                   1 - --offload-optim-frac share; auto: what the budget allows),
+                                                   those with the least CPU slack (the first the next forward needs) */
+    size_t optim_gpu_state_bytes;               /* their master, m and v on the device */
+    int gpu_optimizer;                          /* every optimizer chunk on the GPU */
 } td_train_plan;
+
+/* DRAM bytes the CPU AdamW moves for one param: the state read and written
+ * (fp32 master + m + v: 12 bytes each way for fp32 state), the grad read and,
+ * with 16-bit params, the param written: 28 for fp32 state either way. */
+double td_train_adam_bytes_per_param(const td_train_config *cfg);
 
 /* budget: the device budget to plan for (0: unknown; ckpt auto assumes on).
  * --ckpt auto: when the model state can stay on the device with every block
