@@ -126,8 +126,22 @@ static void test_plan_json(void **state)
     assert_non_null(j);
     assert_int_equal((int)num(j, "ckpt_blocks", NULL), 2);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "checkpointing")));
+    /* 64 MiB holds the whole state: every optimizer chunk on the device,
+     * nothing for the CPU AdamW. */
+    assert_int_equal((int)num(j, "optimizer", "gpu_chunks"), (int)num(j, "optimizer", "chunks"));
+    assert_true(num(j, "optimizer", "cpu_params") == 0 && num(j, "estimate", "adam_ms") == 0);
+    cJSON_Delete(j);
+    /* --policy cpu: every param through the CPU AdamW at the measured rate,
+     * which is the measured DRAM bandwidth over 28 bytes a param. */
+    rc = sh(out, sizeof out, "%s plan %s --ckpt 2 --gpu-budget 64MiB --policy cpu --json", tidal, model);
+    assert_int_equal(rc, 0);
+    j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
     double rate = num(j, "measured", "adam_gparams_per_s"), params = num(j, "params", NULL);
     assert_true(rate > 0);
+    assert_int_equal((int)num(j, "optimizer", "gpu_chunks"), 0);
+    assert_true(num(j, "optimizer", "cpu_params") == params);
+    assert_true(fabs(num(j, "measured", "dram_gbytes_per_s") / 28.0 - rate) <= 0.002 + 0.01 * rate);
     double want = params / (rate * 1e9) * 1e3, got = num(j, "estimate", "adam_ms");
     assert_true(fabs(got - want) <= 0.01 * want + 0.006); /* printed to 0.01 ms, the rate to 0.001 */
     cJSON_Delete(j);

@@ -81,6 +81,8 @@ static size_t optim_state_bytes(td_memmgr *mm, int k)
            role_chunk_bytes(mm, TD_TENSOR_ADAM_V, k);
 }
 
+static int optim_fit(td_memmgr *mm, const int *order, int n, size_t nonmodel, size_t min_device, size_t budget);
+
 int td_train_optim_gpu_count(const td_train_config *cfg, td_memmgr *mm, const int *order, size_t nonmodel,
                              size_t min_device, size_t budget)
 {
@@ -91,6 +93,15 @@ int td_train_optim_gpu_count(const td_train_config *cfg, td_memmgr *mm, const in
     case TD_PLACEMENT_STATIC: return n - (int)(cfg->mm.offload_optim_frac * n + 0.5);
     case TD_PLACEMENT_AUTO: break;
     }
+    /* --offload-optim-frac F under auto: at least that share on the host. */
+    int cap = n - (int)(cfg->mm.offload_optim_frac * n + 0.5);
+    int k = optim_fit(mm, order, n, nonmodel, min_device, budget);
+    return k < cap ? k : cap;
+}
+
+/* Auto's count: see td_train_optim_gpu_count. */
+static int optim_fit(td_memmgr *mm, const int *order, int n, size_t nonmodel, size_t min_device, size_t budget)
+{
     if (!budget) return 0;
     /* Auto: the params and grads first (resident when they fit, else the
      * streaming minimum), then optimizer chunks in slack order while the

@@ -150,6 +150,38 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
  * an eighth, so other work can share the device; `cap` (free memory minus a
  * margin) when that is more than the device has. */
 td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t *budget);
+/* The rates of this machine the step's bound is made of: host<->device
+ * copy (GB/s, pinned), the CPU AdamW (G params/s on the run's threads and
+ * dtypes, measured over 1 GiB of state: DRAM, not cache; the median of five
+ * passes after a warm one) and the DRAM bandwidth it reached (GB/s: the
+ * rate times the kernel's bytes a param), matmul compute (GFLOP/s, the
+ * model's MLP matmul) and, on the device, one block's forward and backward
+ * at the run's shape (ms; 0 when not measured).  Takes a second or two. */
+typedef struct td_train_rates {
+    double copy_gbs, adam_gps, dram_gbs, gflops, block_fwd_ms, block_bwd_ms;
+} td_train_rates;
+#define TD_TRAIN_ADAM_PROBE_PARAMS ((size_t)64 << 20)
+td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *out);
+/* One block's forward and backward at cfg's micro-batch and sequence, on
+ * the device (the cuda backend; a no-op on the cpu backend): the part of
+ * the rates that depends on the shape. */
+td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_train_rates *r);
+/* The AdamW part alone: G params/s and the DRAM GB/s it reached. */
+td_status td_train_measure_adam(const td_train_config *cfg, double *gparams_per_s, double *dram_gbytes_per_s);
+
+/* The lower bound of a step (docs/performance.md): max(compute with
+ * everything resident, PCIe bytes / copy rate, CPU AdamW time), each
+ * overlapping the others at best.  The CPU AdamW term is the params the
+ * host's optimizer chunks hold, at the measured DRAM bandwidth over the
+ * path's bytes a param (td_train_adam_bytes_per_param). */
+typedef struct td_train_bound {
+    double compute_ms, pcie_ms, adam_ms, bound_ms;
+    double adam_gparams_per_s;   /* the rate adam_ms assumes */
+    double tokens_per_s;         /* at bound_ms */
+} td_train_bound;
+void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
+                       td_train_bound *out);
+
 /* The layout as td_memmgr_print_layout prints it. */
 td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
 
