@@ -493,8 +493,10 @@ int td_cli_tune_main(int argc, char **argv)
     if (o.plot) {
         FILE *f = fopen(o.plot, "w");
         char title[160];
-        snprintf(title, sizeof title, "tidal tune: %.0fM params, %.0f tokens a step",
-                 (double)td_gpt_ref_params_numel(&cfg.model) / 1e6, (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);
+        double params = (double)td_gpt_ref_params_numel(&cfg.model);
+        snprintf(title, sizeof title, "tidal tune on %s: %.3g%s params, %.0f tokens a step, best of each budget",
+                 td_backend_describe(b), params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
+                 (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);
         if (!f) {
             st = td_error_set(TD_ERR_IO, "--plot %s: %s", o.plot, strerror(errno));
             goto fail;

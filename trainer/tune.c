@@ -189,10 +189,15 @@ td_status td_tune_plot_svg(FILE *f, const char *title, const size_t *budgets, co
     if (n < 1) return td_error_set(TD_ERR_INVALID, "plot: no budgets");
     const double W = 720, H = 440, left = 80, right = 30, top = 50, bottom = 70;
     const double pw = W - left - right, ph = H - top - bottom;
-    /* x: the budget in GiB (from 0), y: tokens/s (from 0). */
-    double xmax = 0, ymax = 0;
+    /* x: the budget in GiB (MiB when all are under 1 GiB), from 0; y:
+     * tokens/s, from 0. */
+    double xmax = 0, ymax = 0, unit = (double)TD_GiB;
+    for (int i = 0; i < n; i++)
+        if ((double)budgets[i] > xmax) xmax = (double)budgets[i];
+    if (xmax < (double)TD_GiB) unit = (double)TD_MiB;
+    xmax = 0;
     for (int i = 0; i < n; i++) {
-        double g = (double)budgets[i] / (double)TD_GiB;
+        double g = (double)budgets[i] / unit;
         if (g > xmax) xmax = g;
         if (tps[i] > ymax) ymax = tps[i];
     }
@@ -233,18 +238,19 @@ td_status td_tune_plot_svg(FILE *f, const char *title, const size_t *budgets, co
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", left, top + ph, left + pw,
             top + ph);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", left, top, left, top + ph);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">device budget (GiB)</text>\n", left + pw / 2, H - 20);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">device budget (%s)</text>\n", left + pw / 2, H - 20,
+            unit == (double)TD_GiB ? "GiB" : "MiB");
     fprintf(f, "<text x=\"20\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 20 %.1f)\">tokens/s</text>\n",
             top + ph / 2, top + ph / 2);
     /* The line through the budgets that trained, then one point per budget. */
     fprintf(f, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"");
     for (int i = 0; i < n; i++)
         if (tps[i] > 0)
-            fprintf(f, "%.1f,%.1f ", left + (double)budgets[i] / (double)TD_GiB / xmax * pw,
+            fprintf(f, "%.1f,%.1f ", left + (double)budgets[i] / unit / xmax * pw,
                     top + ph - tps[i] / ymax * ph);
     fprintf(f, "\"/>\n");
     for (int i = 0; i < n; i++) {
-        double px = left + (double)budgets[i] / (double)TD_GiB / xmax * pw;
+        double px = left + (double)budgets[i] / unit / xmax * pw;
         double py = top + ph - (tps[i] > 0 ? tps[i] : 0) / ymax * ph;
         char b[32];
         td_format_bytes(budgets[i], b, sizeof b);
