@@ -13,12 +13,14 @@
  *             its backward; grads of the last micro-batch become
  *             READY_FOR_REDUCE and start for the host at once;
  *   optimizer the global grad norm from every grad chunk (exact clipping and
- *             overflow detection), then AdamW chunk by chunk on the host
- *             (fp32 master, m, v), writing the new params into the param
- *             chunk's host copy, which the next step uploads: in the next
- *             step's forward, each chunk just before its first use (without
- *             clipping and loss scale, during this step's backward instead;
- *             on the GPU when the whole state fits).
+ *             overflow detection), then AdamW chunk by chunk: the optimizer
+ *             chunks placed on the GPU (td_train_plan.optim_gpu_chunks: the
+ *             least CPU slack first) on the device, where their grads stay;
+ *             the others on the host (fp32 master, m, v), writing the new
+ *             params into the param chunk's host copy, which the next step
+ *             uploads: in the next step's forward, each chunk just before
+ *             its first use (without clipping and loss scale, during this
+ *             step's backward instead).
  * The first step is the chunk manager's warm-up (it records the access order
  * and plans placement, eviction and prefetch).  Activations are taken from
  * the arena once, at creation: no step allocates.
