@@ -578,7 +578,7 @@ int td_cli_plan_main(int argc, char **argv)
         printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), %s %.1f ms\n", compute_ms,
                pcie_ms, td_format_bytes((size_t)p.h2d_bytes_per_step, h2, sizeof h2),
                td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
-               p.gpu_optimizer ? "AdamW all on the GPU, CPU AdamW" : "CPU AdamW", adam_ms);
+               p.gpu_optimizer ? "CPU AdamW (none: all on the GPU)" : "CPU AdamW", adam_ms);
         printf("               lower bound %.1f ms a step (all overlapped), at most %.0f tokens/s\n", bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
         if (layout) {

@@ -100,11 +100,28 @@ td_status td_train_measure_adam(const td_train_config *cfg, double *gparams_per_
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     ap.threads = cfg->threads;
     td_adam_cpu *cpu = NULL;
-    float *master = td_malloc(n * 4, TD_ROLE_OPTIM), *m = td_malloc(n * 4, TD_ROLE_OPTIM), *v = td_malloc(n * 4, TD_ROLE_OPTIM);
-    void *grad = td_malloc(n * E, TD_ROLE_OPTIM), *param = dt == TD_OPTIM_DTYPE_F32 ? NULL : td_malloc(n * E, TD_ROLE_OPTIM);
+    float *master = NULL, *m = NULL, *v = NULL;
+    void *grad = NULL, *param = NULL;
     *gparams_per_s = *dram_gbytes_per_s = 0;
-    if (!master || !m || !v || !grad || (dt != TD_OPTIM_DTYPE_F32 && !param))
-        TD_FAIL(TD_ERR_NOMEM, "the CPU AdamW rate probe needs %zu MiB of host memory", n * (12 + 2 * E) >> 20);
+    /* A host short of memory gets a smaller probe, which may run partly
+     * from the cache and read high. */
+    for (;; n /= 2) {
+        master = td_malloc(n * 4, TD_ROLE_OPTIM);
+        m = td_malloc(n * 4, TD_ROLE_OPTIM);
+        v = td_malloc(n * 4, TD_ROLE_OPTIM);
+        grad = td_malloc(n * E, TD_ROLE_OPTIM);
+        param = dt == TD_OPTIM_DTYPE_F32 ? NULL : td_malloc(n * E, TD_ROLE_OPTIM);
+        if (master && m && v && grad && (dt == TD_OPTIM_DTYPE_F32 || param)) break;
+        td_free(master);
+        td_free(m);
+        td_free(v);
+        td_free(grad);
+        td_free(param);
+        master = m = v = NULL;
+        grad = param = NULL;
+        if (n <= ((size_t)8 << 20))
+            TD_FAIL(TD_ERR_NOMEM, "the CPU AdamW rate probe needs %zu MiB of host memory", n * (12 + 2 * E) >> 20);
+    }
     TD_TRY(td_adam_cpu_create(&ap, &cpu));
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = dt,
                          .param_out = param ? param : master, .param_dtype = dt, .numel = n };
@@ -136,15 +153,65 @@ cleanup:
     return st;
 }
 
+/* One block's forward and backward with the CPU reference ops (the cpu
+ * backend's compute), best of 2 after a warm-up; left unmeasured (0) when
+ * the block's work would take more than a few seconds to time. */
+static td_status measure_cpu_block(const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
+{
+    td_status st = TD_OK;
+    const td_gpt_ref_config *mc = &cfg->model;
+    int B = cfg->micro_batch, T = cfg->seq_len;
+    size_t N = (size_t)B * T, C = (size_t)mc->n_embd, off, span;
+    *fwd_ms = *bwd_ms = 0;
+    td_gpt_ref_block_span(mc, 0, &off, &span);
+    if (2.0 * (double)N * (double)span * 3 * 3 > 20e9) return TD_OK; /* three passes of forward + backward */
+    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
+    float *w = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE), *g = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE);
+    float *acts = td_calloc(td_gpt_ref_block_acts_numel(mc, B, T), sizeof(float), TD_ROLE_WORKSPACE);
+    float *scr = td_calloc(scratch, sizeof(float), TD_ROLE_WORKSPACE), *x = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
+    float *y = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE), *dx = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
+    if (!w || !g || !acts || !scr || !x || !y || !dx) TD_FAIL(TD_ERR_NOMEM, "the block probe");
+    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) {
+        td_gpt_ref_tensor tt;
+        td_gpt_ref_tensor_get(mc, 2 + k, &tt);
+        td_gpt_ref_init_tensor(mc, 2 + k, w + (tt.offset - off), cfg->seed);
+    }
+    for (size_t i = 0; i < N * C; i++) x[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    td_gpt_ref_block wb, gb;
+    td_gpt_ref_block_view(mc, w, &wb);
+    td_gpt_ref_block_view(mc, g, &gb);
+    td_gpt_ref_block_acts a;
+    td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
+    double best_f = 1e30, best_b = 1e30;
+    for (int i = 0; i < 3; i++) {
+        double t0 = td_now_ms();
+        td_gpt_ref_block_forward(mc, &wb, &a, x, y, B, T);
+        double t1 = td_now_ms();
+        memset(dx, 0, N * C * sizeof(float));
+        td_gpt_ref_block_backward(mc, &wb, &gb, &a, x, y, dx, scr, B, T);
+        double t2 = td_now_ms();
+        if (i && t1 - t0 < best_f) best_f = t1 - t0;
+        if (i && t2 - t1 < best_b) best_b = t2 - t1;
+    }
+    *fwd_ms = best_f;
+    *bwd_ms = best_b;
+cleanup:
+    td_free(w);
+    td_free(g);
+    td_free(acts);
+    td_free(scr);
+    td_free(x);
+    td_free(y);
+    td_free(dx);
+    return st;
+}
+
 td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_train_rates *r)
 {
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) return measure_cuda_block(b, cfg, &r->block_fwd_ms, &r->block_bwd_ms);
 #endif
-    (void)b;
-    (void)cfg;
-    (void)r;
-    return TD_OK;
+    return measure_cpu_block(cfg, &r->block_fwd_ms, &r->block_bwd_ms);
 }
 
 td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *r)
@@ -200,6 +267,7 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
         }
         r->gflops = 2.0 * N * C * OC / (best * 1e-3) / 1e9;
     }
+    TD_TRY(measure_cpu_block(cfg, &r->block_fwd_ms, &r->block_bwd_ms));
 cleanup:
     td_free(x);
     td_free(w);
