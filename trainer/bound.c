@@ -14,6 +14,7 @@
 #include "tidal/hostpool.h"
 #include "tidal/ops.h"
 #include "tidal/optim.h"
+#include "tidal/topo.h"
 #include "tidal/util.h"
 
 #include <stdlib.h>
@@ -88,9 +89,11 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-td_status td_train_measure_adam(const td_train_config *cfg, double *gparams_per_s, double *dram_gbytes_per_s)
+td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, double *gparams_per_s,
+                                double *dram_gbytes_per_s)
 {
     td_status st = TD_OK;
+    td_topo *topo = NULL;
     enum { PASSES = 5 };
     /* 64 Mi params: 1 GiB of master, m, v and grads (fp32; 16-bit grads and
      * params make it 1.125 GiB), beyond any last-level cache. */
@@ -100,6 +103,8 @@ td_status td_train_measure_adam(const td_train_config *cfg, double *gparams_per_
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     ap.threads = cfg->threads;
     td_adam_cpu *cpu = NULL;
+    /* The team bound to the local cores, as the trainer's. */
+    if (b && td_topo_create(b, &topo) == TD_OK) ap.topo = topo;
     float *master = NULL, *m = NULL, *v = NULL;
     void *grad = NULL, *param = NULL;
     *gparams_per_s = *dram_gbytes_per_s = 0;
@@ -145,6 +150,7 @@ td_status td_train_measure_adam(const td_train_config *cfg, double *gparams_per_
     *dram_gbytes_per_s = *gparams_per_s * (24.0 + (double)E + (dt == TD_OPTIM_DTYPE_F32 ? 0.0 : (double)E));
 cleanup:
     td_adam_cpu_destroy(cpu);
+    td_topo_destroy(topo);
     td_free(master);
     td_free(m);
     td_free(v);
@@ -241,7 +247,7 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
         if (ms < best) best = ms;
     }
     r->copy_gbs = (double)bytes / (best * 1e-3) / 1e9;
-    TD_TRY(td_train_measure_adam(cfg, &r->adam_gps, &r->dram_gbs));
+    TD_TRY(td_train_measure_adam(b, cfg, &r->adam_gps, &r->dram_gbs));
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
         TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
