@@ -179,9 +179,9 @@ static double nice_step(double hi, int want)
 
 static void tick_label(char *buf, size_t n, double v)
 {
-    if (v >= 1e6) snprintf(buf, n, "%gM", v / 1e6);
-    else if (v >= 1e3) snprintf(buf, n, "%gk", v / 1e3);
-    else snprintf(buf, n, "%g", v);
+    if (v >= 1e6) snprintf(buf, n, "%.3gM", v / 1e6);
+    else if (v >= 1e3) snprintf(buf, n, "%.3gk", v / 1e3);
+    else snprintf(buf, n, "%.3g", v);
 }
 
 td_status td_tune_plot_svg(FILE *f, const char *title, const size_t *budgets, const double *tps, int n)
