@@ -354,11 +354,12 @@ int td_cli_train_main(int argc, char **argv)
                                                        : " (default: the run resident + 1/8; --gpu-budget max takes "
                                                          "the %s free less a margin)",
                  td_format_bytes(td_trainer_budget_cap(t), cap, sizeof cap));
+    int optim_total = 0, optim_gpu = td_trainer_optim_gpu_chunks(t, &optim_total);
     fprintf(stderr, "tidal train: %zu params (%d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
-                    "checkpointing %s, %d chunks\n",
+                    "checkpointing %s, %d chunks, AdamW on the GPU for %d of %d param chunks\n",
             params, cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
-            origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)));
+            origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)), optim_gpu, optim_total);
     int tty = isatty(fileno(stderr));
     long first = td_trainer_optim(t)->step + 1;
     if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);

@@ -855,6 +855,11 @@ td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }
 td_hostpool *td_trainer_hostpool(td_trainer *t) { return t->pool; }
 int td_trainer_checkpointing(const td_trainer *t) { return t->ckpt_blocks; }
+int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total)
+{
+    if (total) *total = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    return t->gpu_opt;
+}
 size_t td_trainer_budget_cap(const td_trainer *t) { return t->budget_cap; }
 td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
 

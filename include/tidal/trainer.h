@@ -225,6 +225,9 @@ td_hostpool *td_trainer_hostpool(td_trainer *t);
 size_t td_trainer_budget_cap(const td_trainer *t);
 /* Blocks whose activations backward recomputes (0: none). */
 int td_trainer_checkpointing(const td_trainer *t);
+/* Optimizer chunks updated on the GPU (the rest by the CPU AdamW); *total:
+ * all of them (may be NULL). */
+int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total);
 /* Memmgr ids of gpt_ref tensor `index`: param, grad, adam m, adam v. */
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);
 /* The optimizer's state (step, scaler) for checkpoints. */
