@@ -277,8 +277,7 @@ static void test_param_table(void **state)
     assert_int_equal(td_ckpt_param_find(&g, "h.-1.ln_1.weight"), -1);
 
     /* The same order, names, shapes and orientation as the reference model's table. */
-    td_gpt_ref_config rc = {tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.n_positions, tiny.vocab_size,
-                            tiny.padded_vocab_size};
+    td_gpt_ref_config rc = {.n_layer = tiny.n_layer, .n_head = tiny.n_head, .n_embd = tiny.n_embd, .n_positions = tiny.n_positions, .vocab_size = tiny.vocab_size, .padded_vocab_size = tiny.padded_vocab_size};
     assert_int_equal(td_gpt_ref_tensor_count(&rc), td_ckpt_param_count(&tiny));
     for (int i = 0; i < td_ckpt_param_count(&tiny); i++) {
         td_gpt_ref_tensor t;
@@ -855,7 +854,7 @@ static const td_ckpt_config export_cfg = {2, 4, 64, 32, 100, 128};
 /* tidal's reference loss of a flat parameter buffer on tokens (B, T+1). */
 static float ref_loss(const td_ckpt_config *c, const float *params, const int *seq, int B, int T)
 {
-    td_gpt_ref_config rc = {c->n_layer, c->n_head, c->n_embd, c->n_positions, c->vocab_size, c->padded_vocab_size};
+    td_gpt_ref_config rc = {.n_layer = c->n_layer, .n_head = c->n_head, .n_embd = c->n_embd, .n_positions = c->n_positions, .vocab_size = c->vocab_size, .padded_vocab_size = c->padded_vocab_size};
     int *tokens = malloc(sizeof(int) * (size_t)(B * T)), *targets = malloc(sizeof(int) * (size_t)(B * T));
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -890,7 +889,7 @@ static void test_export(void **state)
     char dir[1024], path[1100];
     mkdir(root, 0755);
     snprintf(dir, sizeof dir, "%s/ckpt", root);
-    td_gpt_ref_config rc = {2, 4, 64, 32, 100, 128};
+    td_gpt_ref_config rc = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
     float *params = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
     td_ckpt_writer *w;
     TD_ASSERT_OK(td_ckpt_writer_begin(dir, &export_cfg, NULL, &w));
@@ -963,7 +962,7 @@ static void test_import(void **state)
     td_ckpt_reader_close(r);
     c.padded_vocab_size = (c.vocab_size + 63) / 64 * 64; /* load into a padded layout, as training does */
     TD_ASSERT_OK(td_ckpt_reader_open(dir, &c, &r));
-    td_gpt_ref_config rc = {c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size, c.padded_vocab_size};
+    td_gpt_ref_config rc = {.n_layer = c.n_layer, .n_head = c.n_head, .n_embd = c.n_embd, .n_positions = c.n_positions, .vocab_size = c.vocab_size, .padded_vocab_size = c.padded_vocab_size};
     float *params = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
     for (int i = 0; i < td_gpt_ref_tensor_count(&rc); i++) {
         td_gpt_ref_tensor t;

@@ -24,7 +24,7 @@ static void test_layout_table(void **state)
 {
     /* GPT-2 124M: Hugging Face counts 124,439,808 parameters (V = 50257);
      * padded to 50304 as in llm.c: 124,475,904. */
-    td_gpt_ref_config g = {12, 12, 768, 1024, 50257, 50257};
+    td_gpt_ref_config g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50257};
     TD_ASSERT_OK(td_gpt_ref_config_check(&g));
     assert_int_equal(td_gpt_ref_params_numel(&g), 124439808);
     g.padded_vocab_size = 50304;
@@ -119,7 +119,7 @@ static void test_config_and_batch_errors(void **state)
 
 static void test_init(void **state)
 {
-    const td_gpt_ref_config c = {4, 4, 64, 32, 500, 512};
+    const td_gpt_ref_config c = {.n_layer = 4, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 500, .padded_vocab_size = 512};
     const size_t n = td_gpt_ref_params_numel(&c);
     float *p = fvec(n), *q = fvec(n);
     td_gpt_ref_init(&c, p, 7);
@@ -227,7 +227,7 @@ static void model_grads(model *m)
 
 static void test_loss_at_init_is_log_vocab(void **state)
 {
-    const td_gpt_ref_config c = {2, 4, 64, 32, 300, 320};
+    const td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 300, .padded_vocab_size = 320};
     model m;
     model_make(&m, &c, 2, 32, 3, 0.0f);
     const double loss = model_loss(&m);
@@ -398,7 +398,7 @@ static void test_targets_masks_and_micro_batches(void **state)
 
 static void test_bit_identical_across_threads(void **state)
 {
-    const td_gpt_ref_config c = {2, 4, 64, 32, 100, 128};
+    const td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
     model m;
     model_make(&m, &c, 3, 32, 21, 0.05f);
     const int saved = omp_get_max_threads();

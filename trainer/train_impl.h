@@ -86,6 +86,10 @@ td_state_bytes td_train_state_of(td_memmgr *mm);
 void td_train_plan_activations(const td_train_config *cfg, size_t budget, const td_state_bytes *sb, td_act_plan *p);
 /* Whether AdamW runs on the GPU (the whole state fits, or --policy cuda). */
 int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
+/* TD_OK when the backend runs the model's family (the cuda backend: GPT-2
+ * only until the LLaMA-family CUDA block lands), else TD_ERR_UNSUPPORTED
+ * saying so; see model_exec.c. */
+td_status td_train_model_supported(const td_train_config *cfg);
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);
 void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n);
