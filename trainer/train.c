@@ -176,6 +176,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     TD_TRY(register_tensors(t));
     TD_TRY(td_memmgr_layout(t->mm));
+    TD_TRY(td_train_decay_setup(t));
     TD_TRY(init_state(t));
     TD_TRY(alloc_activations(t));
 #ifdef TD_HAVE_CUDA
@@ -231,6 +232,7 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->group_start);
     td_free(t->gids_scratch);
     td_free(t->ptrs);
+    td_train_decay_free(t);
     td_free(t);
 }
 
@@ -597,7 +599,7 @@ static td_status optimizer_step_gpu(td_trainer *t, td_optim_step *os)
                              .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
                              .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
                                       td_dtype_bytes(t->dt) };
-        TD_TRY(td_adam_update_cuda(&os->coeffs, &ch, s));
+        TD_TRY(td_train_adam_chunk_cuda(t, k, &os->coeffs, &ch, s));
         TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_FREE));
         TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
         TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
@@ -660,7 +662,7 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
                          .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
                          .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
-    TD_TRY(td_adam_cpu_update(t->adam, c, &ch, 1));
+    TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch));
 cleanup:
     return st;
 }

@@ -55,7 +55,24 @@ struct td_trainer {
     void **ptrs;                       /* scratch for access pointers */
     int *gids_scratch;
     double *dev_acc, *dev_sumsq_scratch;
+    /* Weight decay by tensor (decay.c): each param chunk's ranges
+     * decay[decay_start[k] .. decay_start[k+1]); NULL with --decay-all. */
+    struct td_decay_range *decay;
+    int *decay_start, n_decay;
+    td_adam_chunk *decay_chunks;       /* scratch: one chunk's ranges */
 };
+
+/* Elements [offset, offset + numel) of param chunk `chunk` (role index),
+ * decayed or not. */
+typedef struct td_decay_range { int chunk; size_t offset, numel; int decay; } td_decay_range;
+/* The ranges, from the layout (decay.c). */
+td_status td_train_decay_setup(td_trainer *t);
+void td_train_decay_free(td_trainer *t);
+/* AdamW of param chunk k (role index) over its ranges, each with c or c less decay. */
+td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch);
+#ifdef TD_HAVE_CUDA
+td_status td_train_adam_chunk_cuda(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream);
+#endif
 
 /* The non-model buffers of a run, in allocation order (one list for the
  * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
