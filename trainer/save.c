@@ -122,8 +122,8 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
             void *m, *v;
             TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_WRITE, &m));
             TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_WRITE, &v));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, m));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, v));
+            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, (float *)m + off));
+            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, (float *)v + off));
         } else {
             TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
         }
