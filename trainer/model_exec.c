@@ -4,7 +4,7 @@
  * (GQA flash attention, RMSNorm, SwiGLU, RoPE) are built on their own branch;
  * until a CUDA LLaMA block is composed from them, a LLaMA or Qwen2 model on
  * cuda is refused here, before anything is allocated, rather than run with
- * the wrong block. */
+ * the wrong block, and --backend auto picks the cpu backend for them. */
 #include "train_impl.h"
 
 td_status td_train_model_supported(const td_train_config *cfg)
@@ -18,4 +18,10 @@ td_status td_train_model_supported(const td_train_config *cfg)
                             "use --backend cpu (fp32, the reference ops), or a gpt2 model on cuda",
                             td_model_family_name(mc->family));
     return TD_OK;
+}
+
+td_backend_kind td_train_backend_for(const td_train_config *cfg)
+{
+    if (cfg->backend == TD_BACKEND_AUTO && cfg->model.family != TD_MODEL_GPT2) return TD_BACKEND_CPU;
+    return cfg->backend;
 }

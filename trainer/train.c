@@ -120,13 +120,14 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     td_status st = TD_OK;
     *out = NULL;
     if ((st = td_train_config_check(cfg))) return st;
+    if ((st = td_train_model_supported(cfg))) return st; /* again below once auto is resolved */
     td_trainer *t = td_calloc(1, sizeof *t, TD_ROLE_META);
     if (!t) return TD_ERR_NOMEM;
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
     t->cfg = *cfg;
     *out = t; /* destroy frees whatever was taken if a later step fails */
     td_backend_params bp = td_backend_default_params();
-    bp.kind = cfg->backend;
+    bp.kind = td_train_backend_for(cfg);
     TD_TRY(td_backend_create(&bp, &t->backend));
     t->cfg.backend = td_backend_get_kind(t->backend); /* AUTO resolved: the plan below sizes for it */
     cfg = &t->cfg;

@@ -107,6 +107,8 @@ int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, siz
  * only until the LLaMA-family CUDA block lands), else TD_ERR_UNSUPPORTED
  * saying so; see model_exec.c. */
 td_status td_train_model_supported(const td_train_config *cfg);
+/* The backend to create: --backend auto is cpu for a family without a CUDA block. */
+td_backend_kind td_train_backend_for(const td_train_config *cfg);
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);
 void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n);
