@@ -25,7 +25,7 @@ typedef struct train_opts {
     int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every, decay_all;
     long steps;
     uint64_t seed;
-    size_t gpu_budget, host_pin_limit;
+    size_t gpu_budget, host_pin_limit, shard_size;
     double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
 } train_opts;
 
@@ -73,6 +73,7 @@ static const char usage[] =
     {"trace-out", TD_OPT_STRING, &(o)->trace_out, "FILE", "write the warm-up's chunk access trace (tidal-trace 1)", 0}, \
     {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies and compute (slower)", 0}, \
     {"save", TD_OPT_STRING, &(o)->save, "DIR", "write a checkpoint there at the end (Hugging Face weights + train state)", 0}, \
+    {"save-shard-size", TD_OPT_SIZE, &(o)->shard_size, "SIZE", "weights above SIZE are saved as Hugging Face shards with\nmodel.safetensors.index.json (default 5GB, as save_pretrained)", 0}, \
     {"save-every", TD_OPT_LONG, &(o)->save_every, "N", "also every N steps (atomic: the previous one stays until the new one is complete)", 0}, \
     {"resume", TD_OPT_STRING, &(o)->resume, "DIR", "continue a run from its checkpoint, bit-exactly (--steps counts from the start);\nthe shape flags of the first run may stay when they agree with it", 0}, \
     {"heldout", TD_OPT_DOUBLE, &(o)->heldout, "PCT", "keep the last PCT% of the sequences out of training (for `tidal eval --split heldout`)", 0}, \
@@ -201,6 +202,7 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     if ((st = td_lr_decay_parse(o->schedule, &c->optim.lr.decay))) return td_error_prefix(st, "--schedule: ");
     c->optim.adam.weight_decay = o->weight_decay;
     c->decay_all = o->decay_all;
+    c->save_shard_bytes = o->shard_size;
     c->optim.max_grad_norm = o->clip;
     if (o->steps < 1) return td_error_set(TD_ERR_INVALID, "--steps must be at least 1");
     return td_train_config_check(c);

@@ -332,6 +332,8 @@ static void test_llama_layout_and_presets(void **state)
         {"llama-3.2-1b", 1235814400u, 2 + 6 * 16}, {"llama-3.1-8b", 8030261248u, 3 + 6 * 32},
         {"qwen2.5-0.5b", 494032768u, 2 + 7 * 24}, {"smollm2-135m", 134515008u, 2 + 6 * 30},
         {"qwen2.5-7b", 7615616512u, 3 + 7 * 28},
+        {"llama-3.2-3b", 3212749824u, 2 + 6 * 28}, {"qwen2.5-1.5b", 1543714304u, 2 + 7 * 28},
+        {"smollm2-360m", 361821120u, 2 + 6 * 32}, {"smollm2-1.7b", 1711376384u, 2 + 6 * 24},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         td_gpt_ref_config c;

@@ -30,6 +30,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     td_ckpt_config cc = t->cfg.model;
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = state;
+    wo.shard_bytes = t->cfg.save_shard_bytes;
     td_ckpt_writer *w = NULL;
     TD_TRY(td_trainer_finish_update(t));
     TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
