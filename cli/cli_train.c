@@ -22,7 +22,7 @@ typedef struct train_opts {
     const char *log, *trace_out, *timeline, *save, *resume, *init;
     long save_every, stop_after, max_bad_steps;
     double heldout;
-    int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every, decay_all;
+    int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every, decay_all;
     long steps;
     uint64_t seed;
     size_t gpu_budget, host_pin_limit, shard_size;
@@ -43,6 +43,8 @@ static const char usage[] =
     {"layers", TD_OPT_INT, &(o)->layers, "L", "layers (overrides the preset)", 0},                            \
     {"width", TD_OPT_INT, &(o)->width, "C", "embedding width", 0},                                           \
     {"heads", TD_OPT_INT, &(o)->heads, "H", "attention heads (must divide the width)", 0},                   \
+    {"kv-heads", TD_OPT_INT, &(o)->kv_heads, "N", "LLaMA/Qwen2: key/value heads (must divide the heads)", 0},      \
+    {"mlp-width", TD_OPT_INT, &(o)->mlp_width, "H", "LLaMA/Qwen2: the MLP's width (intermediate_size)", 0},      \
     {"seq", TD_OPT_INT, &(o)->seq, "T", "sequence length (default 64, at most the model's positions)", 0},   \
     {"vocab", TD_OPT_INT, &(o)->vocab, "V", "vocabulary (default: the token file's)", 0},                    \
     {"data", TD_OPT_STRING, &(o)->data, "FILE", "token file written by `tidal prepare`", 0},                 \
@@ -118,6 +120,8 @@ static td_status shape_agrees(const train_opts *o, td_opt *table, const td_gpt_r
         {"width", td_args_find(table, "width")->seen, o->width, ck->n_embd},
         {"heads", td_args_find(table, "heads")->seen, o->heads, ck->n_head},
         {"vocab", td_args_find(table, "vocab")->seen, o->vocab, ck->vocab_size},
+        {"kv-heads", td_args_find(table, "kv-heads")->seen, o->kv_heads, td_model_kv_heads(ck)},
+        {"mlp-width", td_args_find(table, "mlp-width")->seen, o->mlp_width, td_model_mlp_width(ck)},
     };
     if (f[0].seen && (preset->n_layer != ck->n_layer || preset->n_embd != ck->n_embd || preset->n_head != ck->n_head) &&
         !f[1].seen && !f[2].seen && !f[3].seen)
@@ -152,6 +156,12 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     if (!from && td_args_find(table, "layers")->seen) c->model.n_layer = o->layers;
     if (!from && td_args_find(table, "width")->seen) c->model.n_embd = o->width;
     if (!from && td_args_find(table, "heads")->seen) c->model.n_head = o->heads;
+    int llama_flag = td_args_find(table, "kv-heads")->seen || td_args_find(table, "mlp-width")->seen;
+    if (!from && llama_flag && c->model.family == TD_MODEL_GPT2)
+        return td_error_set(TD_ERR_INVALID, "--kv-heads and --mlp-width shape LLaMA-family models; pick one with "
+                            "--model (e.g. tiny-llama)");
+    if (!from && td_args_find(table, "kv-heads")->seen) c->model.n_kv_head = o->kv_heads;
+    if (!from && td_args_find(table, "mlp-width")->seen) c->model.n_inner = o->mlp_width;
     int vocab = !from && td_args_find(table, "vocab")->seen ? o->vocab : data_vocab > 0 ? data_vocab : c->model.vocab_size;
     if (vocab < 1) return td_error_set(TD_ERR_INVALID, "--vocab must be positive");
     if (data_vocab > 0 && vocab < data_vocab)
