@@ -2,8 +2,8 @@
  * step loop composes the block by the model's description, and its losses
  * equal a reference built from the whole-model forward/backward over flat
  * buffers and one AdamW over all params; offloading changes nothing (tight
- * budget vs all resident, bit for bit); the cuda backend refuses them with a
- * clear message until their CUDA block exists. */
+ * budget vs all resident, bit for bit).  The cuda backend's LLaMA block is
+ * checked against these losses by tests/gpu/test_trainer_gpu.c. */
 #include "td_train_test.h"
 #include "tidal/model.h"
 
@@ -133,25 +133,11 @@ static void test_offloading_is_bit_identical(void **state)
     }
 }
 
-/* Until the LLaMA-family CUDA block exists, the cuda backend refuses these
- * models before it allocates anything, saying what to do instead. */
-static void test_cuda_refuses_llama(void **state)
-{
-    td_train_config c = llama_config(TD_MODEL_QWEN2, 2, 0, 0);
-    c.backend = TD_BACKEND_CUDA;
-    td_trainer *t = NULL;
-    assert_int_equal(td_trainer_create(&c, &t), TD_ERR_UNSUPPORTED);
-    assert_null(t);
-    assert_non_null(strstr(td_error_msg(), "a qwen2 model does not run on the cuda backend yet"));
-    assert_non_null(strstr(td_error_msg(), "--backend cpu"));
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_steps_match_reference),
         cmocka_unit_test(test_offloading_is_bit_identical),
-        cmocka_unit_test(test_cuda_refuses_llama),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

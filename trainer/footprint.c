@@ -80,8 +80,6 @@ static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
     size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T) * F, workspace = 0;
     if (scratch < 2 * N * C * F) scratch = 2 * N * C * F;
 #ifdef TD_HAVE_CUDA
-    /* Only GPT-2 has a CUDA block (model_exec.c); other families plan with
-     * the reference sizes (fp32: an upper bound of a 16-bit run's). */
     if (cuda && mc->family == TD_MODEL_GPT2) {
         acts = td_ops_cuda_block_acts_bytes(mc, B, T, cfg->precision);
         scratch = td_ops_cuda_block_scratch_bytes(mc, B, T, cfg->precision, B);
@@ -90,6 +88,15 @@ static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
         if (head > scratch) scratch = head;
         if (enc > scratch) scratch = enc;
         workspace = TD_OPS_CUDA_WORKSPACE_BYTES;
+    } else if (cuda) { /* the LLaMA family: its block and head (model/llama_block_cuda.c) */
+        acts = td_ops_cuda_llama_block_acts_bytes(mc, B, T, cfg->precision);
+        scratch = td_ops_cuda_llama_block_scratch_bytes(mc, B, T, cfg->precision, B);
+        size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_llama_head_scratch_bytes((int)N, (int)C, (int)Vp);
+        size_t enc = td_ops_cuda_encoder_scratch_bytes(B, T, (int)Vp);
+        if (head > scratch) scratch = head;
+        if (enc > scratch) scratch = enc;
+        /* cuBLASLt's workspace, then RoPE's frequency table */
+        workspace = TD_OPS_CUDA_WORKSPACE_BYTES + td_align_up((size_t)td_model_head_size(mc) / 2 * F, TD_ARENA_ALIGN);
     }
 #endif
     (void)cuda;

@@ -120,14 +120,13 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     td_status st = TD_OK;
     *out = NULL;
     if ((st = td_train_config_check(cfg))) return st;
-    if ((st = td_train_model_supported(cfg))) return st; /* again below once auto is resolved */
     td_trainer *t = td_calloc(1, sizeof *t, TD_ROLE_META);
     if (!t) return TD_ERR_NOMEM;
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
     t->cfg = *cfg;
     *out = t; /* destroy frees whatever was taken if a later step fails */
     td_backend_params bp = td_backend_default_params();
-    bp.kind = td_train_backend_for(cfg);
+    bp.kind = cfg->backend;
     TD_TRY(td_backend_create(&bp, &t->backend));
     t->cfg.backend = td_backend_get_kind(t->backend); /* AUTO resolved: the plan below sizes for it */
     cfg = &t->cfg;
@@ -135,7 +134,6 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         TD_FAIL(TD_ERR_UNSUPPORTED, "--precision %s needs the cuda backend; the cpu backend trains in fp32",
                 td_dtype_name(cfg->precision));
     t->dt = t->gdt = cfg->precision;
-    TD_TRY(td_train_model_supported(cfg));
     TD_TRY(td_topo_create(t->backend, &t->topo));
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
@@ -188,6 +186,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         td_ops_cuda *ctx = NULL;
         TD_TRY(td_ops_cuda_create(&op, &ctx));
         t->ops_cuda = ctx;
+        if (cfg->model.family != TD_MODEL_GPT2) TD_TRY(td_train_llama_cuda_setup(t));
         /* AdamW on the GPU when every chunk (params, grads, master, m, v)
          * and the activations fit the budget together: then nothing needs
          * to leave the device (--policy cuda asks for it outright). */
@@ -321,6 +320,7 @@ static td_status op_block_forward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_forward(t, p, acts, x, y);
         td_ops_cuda_block w;
         memcpy(&w, p, sizeof w); /* twelve pointers in gpt_ref order */
         td_ops_cuda_block_acts a;
@@ -346,6 +346,7 @@ static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_backward(t, p, g, acts, x, dy, dx);
         td_ops_cuda_block w, gw;
         memcpy(&w, p, sizeof w);
         memcpy(&gw, g, sizeof gw);
@@ -373,6 +374,7 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
     int N = (int)N_of(t), C = mc->n_embd, V = mc->vocab_size, Vp = mc->padded_vocab_size;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_forward(t, p, x, dloss, train);
         td_status st = td_ops_cuda_head_forward(t->ops_cuda, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0],
                                                 p[1], p[2], N, C, Vp, t->dt, stream_of(t));
         if (st) return st;
@@ -399,6 +401,7 @@ static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g
     if (st) return st;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_backward(t, p, g, x, dx);
         size_t dlnf = td_align_up((size_t)N * (size_t)C * E_of(t), TD_ARENA_ALIGN);
         return td_ops_cuda_head_backward(t->ops_cuda, dx, g[0], g[1], g[2], t->scratch, t->logits, x, t->lnf,
                                          t->lnf_mean, t->lnf_rstd, p[0], p[2], N, C, Vp, t->dt, t->gdt,

@@ -44,7 +44,8 @@ struct td_trainer {
     char *scratch;                     /* the ops' scratch; the head's dlnf at its start */
     size_t scratch_bytes;
     int32_t *tokens, *targets;         /* (N) */
-    void *workspace;                   /* cuBLASLt's (cuda) */
+    void *workspace;                   /* cuBLASLt's (cuda), then (LLaMA family) RoPE's table */
+    float *rope_inv;                   /* cuda, LLaMA family: inv_freq (hs/2) on the device */
     /* Host (pinned, for async copies). */
     int32_t *h_tokens, *h_targets;
     float *h_losses;
@@ -71,6 +72,14 @@ void td_train_decay_free(td_trainer *t);
 /* AdamW of param chunk k (role index) over its ranges, each with c or c less decay. */
 td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch);
 #ifdef TD_HAVE_CUDA
+/* The LLaMA family on cuda (model_exec_cuda.c): RoPE's table, then the block
+ * and head calls train.c makes for it. */
+td_status td_train_llama_cuda_setup(td_trainer *t);
+td_status td_train_llama_cuda_block_forward(td_trainer *t, void *const *p, void *acts, const void *x, void *y);
+td_status td_train_llama_cuda_block_backward(td_trainer *t, void *const *p, void *const *g, void *acts,
+                                             const void *x, const void *dy, void *dx);
+td_status td_train_llama_cuda_head_forward(td_trainer *t, void *const *p, const void *x, double dloss, int train);
+td_status td_train_llama_cuda_head_backward(td_trainer *t, void *const *p, void *const *g, const void *x, void *dx);
 td_status td_train_adam_chunk_cuda(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream);
 #endif
 
@@ -103,12 +112,6 @@ td_state_bytes td_train_state_of(td_memmgr *mm);
 void td_train_plan_activations(const td_train_config *cfg, size_t budget, const td_state_bytes *sb, td_act_plan *p);
 /* Whether AdamW runs on the GPU (the whole state fits, or --policy cuda). */
 int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
-/* TD_OK when the backend runs the model's family (the cuda backend: GPT-2
- * only until the LLaMA-family CUDA block lands), else TD_ERR_UNSUPPORTED
- * saying so; see model_exec.c. */
-td_status td_train_model_supported(const td_train_config *cfg);
-/* The backend to create: --backend auto is cpu for a family without a CUDA block. */
-td_backend_kind td_train_backend_for(const td_train_config *cfg);
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);
 void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n);
