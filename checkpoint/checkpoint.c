@@ -522,6 +522,7 @@ static td_status parse_llama_json(const char *path, const cJSON *o, td_model_fam
     TD_TRY(json_must_be(path, o, "attention_bias", 0, "tidal's LLaMA has no attention biases (Qwen2 has q/k/v ones)"));
     TD_TRY(json_must_be(path, o, "mlp_bias", 0, "tidal's MLP has no biases"));
     TD_TRY(json_must_be(path, o, "use_sliding_window", 0, "tidal attends over the whole sequence"));
+    TD_TRY(json_must_be(path, o, "rope_interleaved", 0, "tidal rotates in transformers' rotate-half layout"));
     v = cJSON_GetObjectItemCaseSensitive(o, "pretraining_tp");
     if (v && !cJSON_IsNull(v) && (!cJSON_IsNumber(v) || v->valuedouble != 1))
         TD_FAIL(TD_ERR_INVALID, "%s: \"pretraining_tp\" must be 1", path);

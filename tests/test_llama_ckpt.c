@@ -377,6 +377,7 @@ static void test_config_json(void **state)
     expect_config_error("{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 96, "
                         "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"max_position_embeddings\": 128, "
                         "\"vocab_size\": 100, \"use_sliding_window\": true}", "\"use_sliding_window\" must be false");
+    expect_config_error("{" LLAMA_BASE ", \"rope_interleaved\": true}", "\"rope_interleaved\" must be false");
     expect_config_error("[1, 2]", "is not a JSON object");
 }
 
