@@ -14,6 +14,7 @@
 #include "tidal/convert.h"
 
 #include <cuda_runtime.h>
+#include <string.h>
 
 namespace {
 
@@ -36,33 +37,173 @@ __device__ __forceinline__ void store_param(void *p, size_t i, float x)
     else if (PDT == TD_OPTIM_DTYPE_F32) static_cast<float *>(p)[i] = x;
 }
 
-template <int L2, int GDT, int PDT>
+/* One element, as adam_math in optim/adam_kernel.h. */
+template <int L2>
+__device__ __forceinline__ void adam_math(const td_adam_coeffs &c, float graw, float &p, float &m, float &v)
+{
+    float g = __fmul_rn(graw, c.grad_mul);
+    if (L2) g = __fmaf_rn(c.l2, p, g);
+    p = __fmul_rn(p, c.decay_mul);
+    m = __fmaf_rn(c.beta1, m, __fmul_rn(c.one_minus_beta1, g));
+    v = __fmaf_rn(c.beta2, v, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
+    float d = __fmaf_rn(__fsqrt_rn(v), c.rsqrt_bc2, c.eps);
+    p = __fmaf_rn(-c.step_size, __fdiv_rn(m, d), p);
+}
+
+/* fp32 or bf16 moments. */
+template <int ST>
+__device__ __forceinline__ float load_moment(const void *s, size_t i)
+{
+    if (ST == TD_OPTIM_STATE_BF16) return td_f32_from_bf16(static_cast<const uint16_t *>(s)[i]);
+    return static_cast<const float *>(s)[i];
+}
+
+template <int ST>
+__device__ __forceinline__ void store_moment(void *s, size_t i, float x)
+{
+    if (ST == TD_OPTIM_STATE_BF16) static_cast<uint16_t *>(s)[i] = td_bf16_from_f32(x);
+    else static_cast<float *>(s)[i] = x;
+}
+
+template <int L2, int GDT, int PDT, int ST>
 __global__ void __launch_bounds__(kThreads) adam_kernel(td_adam_coeffs c, float *__restrict__ master,
-                                                        float *__restrict__ m, float *__restrict__ v,
+                                                        void *__restrict__ m, void *__restrict__ v,
                                                         const void *__restrict__ grad, void *__restrict__ out,
                                                         size_t n)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float g = __fmul_rn(load_grad<GDT>(grad, i), c.grad_mul);
-        float p = master[i], mm = m[i], vv = v[i];
-        if (L2) g = __fmaf_rn(c.l2, p, g);
-        p = __fmul_rn(p, c.decay_mul);
-        mm = __fmaf_rn(c.beta1, mm, __fmul_rn(c.one_minus_beta1, g));
-        vv = __fmaf_rn(c.beta2, vv, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
-        float d = __fmaf_rn(__fsqrt_rn(vv), c.rsqrt_bc2, c.eps);
-        p = __fmaf_rn(-c.step_size, __fdiv_rn(mm, d), p);
-        m[i] = mm;
-        v[i] = vv;
+        float p = master[i], mm = load_moment<ST>(m, i), vv = load_moment<ST>(v, i);
+        adam_math<L2>(c, load_grad<GDT>(grad, i), p, mm, vv);
+        store_moment<ST>(m, i, mm);
+        store_moment<ST>(v, i, vv);
         master[i] = p;
         store_param<PDT>(out, i, p);
+    }
+}
+
+/* ---- int8 moments: the codes of optim/adam_kernel.h, line for line ---------- */
+
+constexpr int kQ8BiasM = 15, kQ8BiasV = 31;
+
+__device__ __forceinline__ float q8_pow2(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
+
+__device__ __forceinline__ uint32_t q8_encode(float y, int bias)
+{
+    uint32_t b = __float_as_uint(y);
+    uint32_t half = ((1u << 19) - 1) + ((b >> 20) & 1);
+    uint32_t normal = (b - ((uint32_t)(127 - bias) << 23) + half) >> 20;
+    if ((int32_t)normal > bias * 8) normal = (uint32_t)(bias * 8); /* signed min, as vi_min */
+    float magic = q8_pow2(21 - bias);
+    uint32_t sub = __float_as_uint(__fadd_rn(y, magic)) - __float_as_uint(magic);
+    return y < q8_pow2(1 - bias) ? sub : normal;
+}
+
+__device__ __forceinline__ float q8_decode(uint32_t c, int bias)
+{
+    uint32_t normal = (c << 20) + ((uint32_t)(127 - bias) << 23);
+    uint32_t sub = __float_as_uint(__fmul_rn(__int2float_rn((int)c), q8_pow2(-2 - bias)));
+    return __uint_as_float((int32_t)c < 8 ? sub : normal);
+}
+
+__device__ __forceinline__ float q8_load_m(uint32_t c, float scale)
+{
+    float x = __fmul_rn(q8_decode(c & 0x7f, kQ8BiasM), scale);
+    return __uint_as_float(__float_as_uint(x) | ((c & 0x80) << 24));
+}
+
+__device__ __forceinline__ float q8_load_v(uint32_t c, float scale) { return __fmul_rn(q8_decode(c, kQ8BiasV), scale); }
+
+__device__ __forceinline__ uint8_t q8_store_m(float x, float div)
+{
+    uint32_t b = __float_as_uint(x);
+    float y = __fdiv_rn(__uint_as_float(b & 0x7fffffffu), div);
+    return (uint8_t)(q8_encode(y, kQ8BiasM) | ((b & 0x80000000u) >> 24));
+}
+
+__device__ __forceinline__ uint8_t q8_store_v(float x, float div)
+{
+    return (uint8_t)q8_encode(__fdiv_rn(__uint_as_float(__float_as_uint(x) & 0x7fffffffu), div), kQ8BiasV);
+}
+
+__device__ __forceinline__ float load_f32(const unsigned char *p)
+{
+    float x;
+    memcpy(&x, p, 4); /* scales need not be 4-byte aligned */
+    return x;
+}
+
+/* Max of a signed int over the thread block (order-free). */
+__device__ __forceinline__ int32_t block_max(int32_t x, int32_t *sh)
+{
+    for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = sh[0];
+    for (int w = 1; w < TD_ADAM_INT8_BLOCK / 32; w++) x = max(x, sh[w]);
+    return x;
+}
+
+/* One thread block of TD_ADAM_INT8_BLOCK threads per scale block (grid-stride
+ * over blocks).  Threads past the end take code 0, grad 0 and master 0 as
+ * the CPU's zero padding does, so the absmax is the CPU's even for NaN
+ * scales. */
+template <int L2, int GDT, int PDT>
+__global__ void __launch_bounds__(TD_ADAM_INT8_BLOCK) adam_q8_kernel(td_adam_coeffs c, float *__restrict__ master,
+                                                                     uint8_t *__restrict__ mc, uint8_t *__restrict__ vc,
+                                                                     const void *__restrict__ grad,
+                                                                     void *__restrict__ out, size_t n)
+{
+    __shared__ int32_t sh_m[TD_ADAM_INT8_BLOCK / 32], sh_v[TD_ADAM_INT8_BLOCK / 32];
+    unsigned char *sm = mc + ((n + 3) & ~(size_t)3), *sv = vc + ((n + 3) & ~(size_t)3);
+    size_t blocks = (n + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
+    for (size_t qb = blockIdx.x; qb < blocks; qb += gridDim.x) {
+        size_t i = qb * TD_ADAM_INT8_BLOCK + threadIdx.x;
+        bool in = i < n;
+        float p = in ? master[i] : 0.0f;
+        float mm = q8_load_m(in ? mc[i] : 0u, load_f32(sm + qb * 4));
+        float vv = q8_load_v(in ? vc[i] : 0u, load_f32(sv + qb * 4));
+        adam_math<L2>(c, in ? load_grad<GDT>(grad, i) : 0.0f, p, mm, vv);
+        if (in) {
+            master[i] = p;
+            store_param<PDT>(out, i, p);
+        }
+        int32_t am = block_max((int32_t)(__float_as_uint(mm) & 0x7fffffffu), sh_m);
+        int32_t av = block_max((int32_t)(__float_as_uint(vv) & 0x7fffffffu), sh_v);
+        float scale_m = __int_as_float(am), scale_v = __int_as_float(av);
+        float div_m = am == 0 ? 1.0f : scale_m, div_v = av == 0 ? 1.0f : scale_v;
+        __syncthreads(); /* every thread has read the scales before they are overwritten */
+        if (in) {
+            mc[i] = q8_store_m(mm, div_m);
+            vc[i] = q8_store_v(vv, div_v);
+        }
+        if (threadIdx.x == 0) {
+            memcpy(sm + qb * 4, &scale_m, 4);
+            memcpy(sv + qb * 4, &scale_v, 4);
+        }
     }
 }
 
 template <int L2, int GDT, int PDT>
 cudaError_t launch_adam(const td_adam_coeffs &c, const td_adam_chunk &ch, int blocks, cudaStream_t s)
 {
-    adam_kernel<L2, GDT, PDT><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad, ch.param_out, ch.numel);
+    switch (ch.state) {
+    case TD_OPTIM_STATE_BF16:
+        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_BF16><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad,
+                                                                                 ch.param_out, ch.numel);
+        break;
+    case TD_OPTIM_STATE_INT8: {
+        size_t qblocks = (ch.numel + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
+        int grid = qblocks > 65536 ? 65536 : (int)qblocks;
+        adam_q8_kernel<L2, GDT, PDT><<<grid, TD_ADAM_INT8_BLOCK, 0, s>>>(
+            c, ch.master, static_cast<uint8_t *>(ch.m), static_cast<uint8_t *>(ch.v), ch.grad, ch.param_out, ch.numel);
+        break;
+    }
+    default:
+        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_FP32><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad,
+                                                                                 ch.param_out, ch.numel);
+        break;
+    }
     return cudaGetLastError();
 }
 
@@ -133,6 +274,9 @@ int grid_for(size_t n, int max_blocks)
 extern "C" td_status td_adam_update_cuda(const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream)
 {
     if (!c || !ch) return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: NULL coefficients or chunk");
+    if ((unsigned)ch->state >= TD_OPTIM_STATE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: bad optimizer state %d (use fp32, bf16 or int8)",
+                            (int)ch->state);
     if ((unsigned)ch->grad_dtype >= TD_OPTIM_DTYPE_COUNT ||
         (ch->param_out && (unsigned)ch->param_dtype >= TD_OPTIM_DTYPE_COUNT))
         return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: bad grad or param dtype (%d, %d)",
