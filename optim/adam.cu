@@ -65,6 +65,25 @@ __device__ __forceinline__ void store_moment(void *s, size_t i, float x)
     else static_cast<float *>(s)[i] = x;
 }
 
+/* bf16 v: stochastic rounding from a hash of the index and the step's seed
+ * (optim/adam_kernel.h, sr_bits and bf16_round_stochastic). */
+__device__ __forceinline__ uint32_t sr_bits(uint32_t seed, size_t i)
+{
+    uint32_t x = (uint32_t)i ^ seed;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+__device__ __forceinline__ uint16_t bf16_round_stochastic(float x, uint32_t rnd)
+{
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + (rnd >> 16)) >> 16);
+}
+
 template <int L2, int GDT, int PDT, int ST>
 __global__ void __launch_bounds__(kThreads) adam_kernel(td_adam_coeffs c, float *__restrict__ master,
                                                         void *__restrict__ m, void *__restrict__ v,
@@ -76,7 +95,8 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(td_adam_coeffs c, float 
         float p = master[i], mm = load_moment<ST>(m, i), vv = load_moment<ST>(v, i);
         adam_math<L2>(c, load_grad<GDT>(grad, i), p, mm, vv);
         store_moment<ST>(m, i, mm);
-        store_moment<ST>(v, i, vv);
+        if (ST == TD_OPTIM_STATE_BF16) static_cast<uint16_t *>(v)[i] = bf16_round_stochastic(vv, sr_bits(c.sr_seed, i));
+        else store_moment<ST>(v, i, vv);
         master[i] = p;
         store_param<PDT>(out, i, p);
     }

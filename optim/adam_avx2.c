@@ -75,6 +75,10 @@ static inline void vi_store_u8(uint8_t *p, vi x)
     __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
     _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
 }
+static inline vi vi_mul(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+static inline vi vi_xor(vi a, vi b) { return _mm256_xor_si256(a, b); }
+static inline vi vi_iota(uint32_t i) { return _mm256_add_epi32(_mm256_set1_epi32((int32_t)i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+static inline vh vi_to_vh(vi a) { return _mm_packus_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)); }
 
 typedef struct vs_t { __m256d a, b; } vs_t;
 static inline vs_t vs_zero(void) { return (vs_t){_mm256_setzero_pd(), _mm256_setzero_pd()}; }

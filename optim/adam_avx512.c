@@ -63,6 +63,13 @@ static inline vi vi_select_flt(vf a, vf b, vi x, vi y) { return _mm512_mask_blen
 static inline vi vi_select_ilt(vi a, vi b, vi x, vi y) { return _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(a, b), y, x); }
 static inline vi vi_load_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 static inline void vi_store_u8(uint8_t *p, vi x) { _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(x)); }
+static inline vi vi_mul(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+static inline vi vi_xor(vi a, vi b) { return _mm512_xor_si512(a, b); }
+static inline vi vi_iota(uint32_t i)
+{
+    return _mm512_add_epi32(_mm512_set1_epi32((int32_t)i), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+static inline vh vi_to_vh(vi a) { return _mm512_cvtepi32_epi16(a); }
 
 typedef struct vs_t { __m512d a, b; } vs_t;
 static inline vs_t vs_zero(void) { return (vs_t){_mm512_setzero_pd(), _mm512_setzero_pd()}; }

@@ -15,7 +15,8 @@
  *   vi_as_vf vf_as_vi (bit casts), vf_from_vi (int -> float, RNE), vf_add,
  *   vi_select_flt(a, b, x, y) = a < b ? x : y (float compare, false for NaN),
  *   vi_select_ilt(a, b, x, y) = a < b ? x : y (signed compare),
- *   vi_load_u8 / vi_store_u8 (VW bytes <-> lanes holding 0..255)
+ *   vi_load_u8 / vi_store_u8 (VW bytes <-> lanes holding 0..255),
+ *   vi_mul (low 32 bits), vi_xor, vi_iota(i) = {i, i+1, ...}, vi_to_vh (lanes 0..65535)
  *   vs_t vs_zero vs_add_sq vs_total                  (double sum of squares)
  * Every instance performs the same IEEE operations in the same order, so
  * they agree bit for bit (the CUDA kernel in adam.cu does the same too).
@@ -43,6 +44,7 @@
 
 typedef struct kcoeffs {
     vf grad_mul, l2, decay_mul, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, rsqrt_bc2, eps;
+    vi sr_seed;
 } kcoeffs;
 
 TD_KINLINE vf load_grad(const void *g, int dt, size_t i)
@@ -177,6 +179,31 @@ TD_KINLINE void adam_math(const kcoeffs *k, int l2, vf graw, vf *p, vf *m, vf *v
     *p = vf_fnma(k->step_size, vf_div(*m, d), *p);
 }
 
+/* ---- bf16 v: stochastic rounding --------------------------------------------
+ * v = beta2*v + ... moves v by (1 - beta2) = 0.1% a step, less than half a
+ * bf16 step (2^-9 relative): rounded to nearest, a decaying v would never
+ * move.  Rounded up with probability equal to the dropped fraction, it is
+ * right on average.  The random 16 bits come from a hash (lowbias32) of the
+ * element's index in its chunk and the step's seed, so the result is a
+ * function of the inputs, the same on every ISA, team size and the GPU. */
+TD_KINLINE vi sr_bits(vi seed, size_t idx)
+{
+    vi x = vi_xor(vi_iota((uint32_t)idx), seed);
+    x = vi_xor(x, vi_srli(x, 16));
+    x = vi_mul(x, vi_set1(0x7feb352d));
+    x = vi_xor(x, vi_srli(x, 15));
+    x = vi_mul(x, vi_set1((int32_t)0x846ca68bu));
+    return vi_xor(x, vi_srli(x, 16));
+}
+
+TD_KINLINE vh bf16_round_stochastic(vf x, vi rnd)
+{
+    vi u = vf_as_vi(x);
+    vi r = vi_srli(vi_add(u, vi_srli(rnd, 16)), 16); /* the magnitude truncated after a random carry */
+    vi nan = vi_or(vi_srli(u, 16), vi_set1(0x40));   /* NaN stays NaN, quiet, as vf_to_bf16 keeps it */
+    return vi_to_vh(vi_select_ilt(vi_set1(0x7f800000), vi_and(u, vi_set1(0x7fffffff)), nan, r));
+}
+
 /* fp32 or bf16 moments (ST), VW elements at index i. */
 TD_KINLINE vf load_moment(const void *s, int st, size_t i)
 {
@@ -190,8 +217,9 @@ TD_KINLINE void store_moment(void *s, int st, size_t i, vf x)
     else vf_storeu((float *)s + i, x);
 }
 
+/* idx: the chunk index of element i (they differ in the tail's local copy). */
 TD_KINLINE void adam_block(const kcoeffs *k, int l2, float *master, void *m, void *v, const void *grad, int gdt,
-                           void *out, int pdt, int nt, int st, size_t i)
+                           void *out, int pdt, int nt, int st, size_t i, size_t idx)
 {
     vf g = load_grad(grad, gdt, i);
     vf p = vf_loadu(master + i);
@@ -199,7 +227,8 @@ TD_KINLINE void adam_block(const kcoeffs *k, int l2, float *master, void *m, voi
     vf vv = load_moment(v, st, i);
     adam_math(k, l2, g, &p, &mm, &vv);
     store_moment(m, st, i, mm);
-    store_moment(v, st, i, vv);
+    if (st == TD_OPTIM_STATE_BF16) vh_storeu((uint16_t *)v + i, bf16_round_stochastic(vv, sr_bits(k->sr_seed, idx)));
+    else store_moment(v, st, i, vv);
     vf_storeu(master + i, p);
     store_param(out, pdt, nt, i, p);
 }
@@ -212,7 +241,7 @@ TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int
     const void *grad = ch->grad;
     void *out = ch->param_out;
     size_t i = begin;
-    for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, nt, st, i);
+    for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, nt, st, i, i);
     if (nt) stream_fence(); /* streamed lines are visible before the caller moves on */
     if (i == end) return;
     size_t n = end - i, gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
@@ -223,7 +252,7 @@ TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int
     memcpy(lm, (unsigned char *)m + i * msz, n * msz);
     memcpy(lv, (unsigned char *)v + i * msz, n * msz);
     memcpy(lg, (const unsigned char *)grad + i * gsz, n * gsz);
-    adam_block(k, l2, lp, lm, lv, lg, gdt, lo, pdt, 0, st, 0);
+    adam_block(k, l2, lp, lm, lv, lg, gdt, lo, pdt, 0, st, 0, i);
     memcpy(master + i, lp, n * 4);
     memcpy((unsigned char *)m + i * msz, lm, n * msz);
     memcpy((unsigned char *)v + i * msz, lv, n * msz);
@@ -310,7 +339,7 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
     kcoeffs k = {
         vf_set1(c->grad_mul), vf_set1(c->l2),    vf_set1(c->decay_mul),       vf_set1(c->beta1),
         vf_set1(c->one_minus_beta1), vf_set1(c->beta2), vf_set1(c->one_minus_beta2), vf_set1(c->step_size),
-        vf_set1(c->rsqrt_bc2), vf_set1(c->eps),
+        vf_set1(c->rsqrt_bc2), vf_set1(c->eps), vi_set1((int32_t)c->sr_seed),
     };
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_PDT_NONE;
     int l2 = c->l2 != 0.0f;

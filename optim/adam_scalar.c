@@ -49,6 +49,10 @@ static inline vi vi_select_flt(vf a, vf b, vi x, vi y) { return a < b ? x : y; }
 static inline vi vi_select_ilt(vi a, vi b, vi x, vi y) { return (int32_t)a < (int32_t)b ? x : y; }
 static inline vi vi_load_u8(const uint8_t *p) { return *p; }
 static inline void vi_store_u8(uint8_t *p, vi x) { *p = (uint8_t)x; }
+static inline vi vi_mul(vi a, vi b) { return a * b; }
+static inline vi vi_xor(vi a, vi b) { return a ^ b; }
+static inline vi vi_iota(uint32_t i) { return i; }
+static inline vh vi_to_vh(vi a) { return (uint16_t)a; }
 
 typedef double vs_t;
 static inline vs_t vs_zero(void) { return 0.0; }

@@ -2,7 +2,8 @@
  * here, independently of the kernels:
  *   - the int8 codes: a table of every code's value from the format's
  *     definition (sign + E4M3 for m, E5M3 for v, largest code 1.0) and a
- *     nearest-even search over it; bf16 by frexp/nearbyint in double;
+ *     nearest-even search over it; bf16 m by frexp/nearbyint in double, bf16
+ *     v's stochastic rounding from its hash, written here;
  *   - every step of a random problem (sizes not multiples of the block,
  *     1-3 chunks, misaligned buffers, grads fp32/bf16/fp16, Adam and AdamW,
  *     clipping, loss scale) against a double-precision step from the same
@@ -97,6 +98,30 @@ static double bf16_round(double x)
     int e;
     double f = frexp(x, &e);
     return ldexp(nearbyint(ldexp(f, 8)), e - 8);
+}
+
+/* The stochastic rounding of bf16 v, from its definition: the step's seed
+ * is lowbias32(t * 0x9e3779b9 + 0x6a09e667), element i's 16 random bits the
+ * top of lowbias32(i ^ seed); x is rounded away from zero when its dropped
+ * fraction (in units of 2^-16 bf16 ulp) plus those bits carries. */
+static uint32_t lowbias32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+static uint32_t sr_seed(long t) { return lowbias32((uint32_t)t * 0x9e3779b9u + 0x6a09e667u); }
+
+static double bf16_round_sr(double x, uint32_t r16)
+{
+    if (x == 0 || !isfinite(x)) return x;
+    int e;
+    double f = frexp(fabs(x), &e), lo = ldexp(floor(ldexp(f, 8)), e - 8), ulp = ldexp(1, e - 8);
+    double frac = (fabs(x) - lo) / ulp, y = frac * 65536 >= 65536.0 - r16 ? lo + ulp : lo;
+    return x < 0 ? -y : y;
 }
 
 /* ---- random problems ---------------------------------------------------------- */
@@ -247,11 +272,13 @@ static void snapshot_free(const problem *pb, snapshot *sn)
  * (and the block's absmax A by err_a): rounding is monotone, so the stored
  * value lies between the roundings of x - err and x + err. */
 static int moment_ok(td_optim_state st, int is_v, const void *mom, size_t numel, size_t i, double x, double err,
-                     double a_ref, double err_a, char *why, size_t why_len)
+                     double a_ref, double err_a, uint32_t seed, char *why, size_t why_len)
 {
     double got = ref_load(st, is_v, mom, numel, i);
     if (st == TD_OPTIM_STATE_BF16) {
-        double lo = bf16_round(x - err), hi = bf16_round(x + err);
+        uint32_t r16 = lowbias32((uint32_t)i ^ seed) >> 16;
+        double lo = is_v ? bf16_round_sr(x - err, r16) : bf16_round(x - err);
+        double hi = is_v ? bf16_round_sr(x + err, r16) : bf16_round(x + err);
         if (got >= lo && got <= hi) return 1;
         snprintf(why, why_len, "bf16 %.9g outside [%.9g, %.9g] (ref %.12g +- %.3g)", got, lo, hi, x, err);
         return 0;
@@ -336,8 +363,8 @@ static void check_step(const problem *pb, const snapshot *sn, int s, int seed, c
                              isa, seed, s + 1, j, b / QB, sm, sv, am, av);
             }
             for (size_t i = b; i < b + bn; i++) {
-                if (!moment_ok(pb->state, 0, pb->m[j], nj, i, mr[i], em[i], am, eam, why, sizeof why) ||
-                    !moment_ok(pb->state, 1, pb->v[j], nj, i, vr[i], ev[i], av, eav, why, sizeof why))
+                if (!moment_ok(pb->state, 0, pb->m[j], nj, i, mr[i], em[i], am, eam, sr_seed(t), why, sizeof why) ||
+                    !moment_ok(pb->state, 1, pb->v[j], nj, i, vr[i], ev[i], av, eav, sr_seed(t), why, sizeof why))
                     fail_msg("%s seed %d step %d: chunk %d element %zu of %zu: %s", isa, seed, s + 1, j, i, nj, why);
             }
         }
@@ -603,7 +630,7 @@ static void test_errors(void **state)
  * (blocks mix large and small moments), minibatch grads, cosine lr with
  * warmup; the same samples and batches for every state.  Returns the final
  * full-data loss and, in *floor, the loss at w*. */
-enum { LS_D = 1024 + 100, LS_N = 4096, LS_B = 32 };
+enum { LS_D = 1024 + 100, LS_N = 4096, LS_B = 128 };
 
 static double ls_loss(const float *a, const float *b, const float *w)
 {

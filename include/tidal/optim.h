@@ -60,7 +60,10 @@ td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out);
 
 /* How AdamW's moments m and v are stored.  The fp32 master is fp32 always.
  *   fp32  exact (torch.optim.AdamW)
- *   bf16  m and v rounded to bf16 after each update
+ *   bf16  m and v rounded to bf16 after each update: m to nearest even, v
+ *         stochastically (from a hash of the step and the element index, so
+ *         still deterministic), because v * beta2 moves v by less than half
+ *         a bf16 step and nearest rounding would freeze it
  *   int8  m and v as 8-bit codes, block-wise quantized with one fp32 scale
  *         per TD_ADAM_INT8_BLOCK elements (Dettmers et al. 2021)
  * One moment buffer (m or v) of a chunk of `numel` elements takes
@@ -125,6 +128,7 @@ typedef struct td_adam_coeffs {
     float step_size;       /* lr / (1 - beta1^t) */
     float rsqrt_bc2;       /* 1 / sqrt(1 - beta2^t) */
     float eps;
+    uint32_t sr_seed;      /* bf16 state: the stream of this step's stochastic rounding of v (from t) */
 } td_adam_coeffs;
 
 /* `step` is the 1-based AdamW step t (already incremented, as torch does). */
