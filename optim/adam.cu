@@ -153,51 +153,63 @@ __device__ __forceinline__ float load_f32(const unsigned char *p)
     return x;
 }
 
-/* Max of a signed int over the thread block (order-free). */
-__device__ __forceinline__ int32_t block_max(int32_t x, int32_t *sh)
+/* Max of a signed int over the warp (order-free). */
+__device__ __forceinline__ int32_t warp_max(int32_t x)
 {
     for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = x;
-    __syncthreads();
-    x = sh[0];
-    for (int w = 1; w < TD_ADAM_INT8_BLOCK / 32; w++) x = max(x, sh[w]);
     return x;
 }
 
-/* One thread block of TD_ADAM_INT8_BLOCK threads per scale block (grid-stride
- * over blocks).  Threads past the end take code 0, grad 0 and master 0 as
- * the CPU's zero padding does, so the absmax is the CPU's even for NaN
- * scales. */
+constexpr int kQ8PerLane = TD_ADAM_INT8_BLOCK / 32;
+static_assert(TD_ADAM_INT8_BLOCK % 32 == 0, "a scale block is whole warps' worth of elements");
+
+/* One warp per scale block (grid-stride over blocks): lane l updates elements
+ * l, l + 32, ... (coalesced), keeps the new m and v in registers, the absmax
+ * is a warp shuffle, then the lanes requantize: no shared memory, no block
+ * barrier.  Lanes past the end take code 0, grad 0 and master 0 as the CPU's
+ * zero padding does, so the absmax is the CPU's even for NaN scales. */
 template <int L2, int GDT, int PDT>
-__global__ void __launch_bounds__(TD_ADAM_INT8_BLOCK) adam_q8_kernel(td_adam_coeffs c, float *__restrict__ master,
-                                                                     uint8_t *__restrict__ mc, uint8_t *__restrict__ vc,
-                                                                     const void *__restrict__ grad,
-                                                                     void *__restrict__ out, size_t n)
+__global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, float *__restrict__ master,
+                                                           uint8_t *__restrict__ mc, uint8_t *__restrict__ vc,
+                                                           const void *__restrict__ grad, void *__restrict__ out,
+                                                           size_t n)
 {
-    __shared__ int32_t sh_m[TD_ADAM_INT8_BLOCK / 32], sh_v[TD_ADAM_INT8_BLOCK / 32];
     unsigned char *sm = mc + ((n + 3) & ~(size_t)3), *sv = vc + ((n + 3) & ~(size_t)3);
     size_t blocks = (n + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
-    for (size_t qb = blockIdx.x; qb < blocks; qb += gridDim.x) {
-        size_t i = qb * TD_ADAM_INT8_BLOCK + threadIdx.x;
-        bool in = i < n;
-        float p = in ? master[i] : 0.0f;
-        float mm = q8_load_m(in ? mc[i] : 0u, load_f32(sm + qb * 4));
-        float vv = q8_load_v(in ? vc[i] : 0u, load_f32(sv + qb * 4));
-        adam_math<L2>(c, in ? load_grad<GDT>(grad, i) : 0.0f, p, mm, vv);
-        if (in) {
-            master[i] = p;
-            store_param<PDT>(out, i, p);
+    size_t warps = (size_t)gridDim.x * (kThreads / 32);
+    unsigned lane = threadIdx.x & 31;
+    for (size_t qb = (size_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32; qb < blocks; qb += warps) {
+        float old_m = load_f32(sm + qb * 4), old_v = load_f32(sv + qb * 4);
+        float mm[kQ8PerLane], vv[kQ8PerLane];
+        int32_t am = 0, av = 0;
+#pragma unroll
+        for (int k = 0; k < kQ8PerLane; k++) {
+            size_t i = qb * TD_ADAM_INT8_BLOCK + (size_t)k * 32 + lane;
+            bool in = i < n;
+            float p = in ? master[i] : 0.0f;
+            mm[k] = q8_load_m(in ? mc[i] : 0u, old_m);
+            vv[k] = q8_load_v(in ? vc[i] : 0u, old_v);
+            adam_math<L2>(c, in ? load_grad<GDT>(grad, i) : 0.0f, p, mm[k], vv[k]);
+            if (in) {
+                master[i] = p;
+                store_param<PDT>(out, i, p);
+            }
+            am = max(am, (int32_t)(__float_as_uint(mm[k]) & 0x7fffffffu));
+            av = max(av, (int32_t)(__float_as_uint(vv[k]) & 0x7fffffffu));
         }
-        int32_t am = block_max((int32_t)(__float_as_uint(mm) & 0x7fffffffu), sh_m);
-        int32_t av = block_max((int32_t)(__float_as_uint(vv) & 0x7fffffffu), sh_v);
+        am = warp_max(am); /* also orders every lane's read of the old scales before lane 0 writes */
+        av = warp_max(av);
         float scale_m = __int_as_float(am), scale_v = __int_as_float(av);
         float div_m = am == 0 ? 1.0f : scale_m, div_v = av == 0 ? 1.0f : scale_v;
-        __syncthreads(); /* every thread has read the scales before they are overwritten */
-        if (in) {
-            mc[i] = q8_store_m(mm, div_m);
-            vc[i] = q8_store_v(vv, div_v);
+#pragma unroll
+        for (int k = 0; k < kQ8PerLane; k++) {
+            size_t i = qb * TD_ADAM_INT8_BLOCK + (size_t)k * 32 + lane;
+            if (i < n) {
+                mc[i] = q8_store_m(mm[k], div_m);
+                vc[i] = q8_store_v(vv[k], div_v);
+            }
         }
-        if (threadIdx.x == 0) {
+        if (lane == 0) {
             memcpy(sm + qb * 4, &scale_m, 4);
             memcpy(sv + qb * 4, &scale_v, 4);
         }
@@ -213,9 +225,10 @@ cudaError_t launch_adam(const td_adam_coeffs &c, const td_adam_chunk &ch, int bl
                                                                                  ch.param_out, ch.numel);
         break;
     case TD_OPTIM_STATE_INT8: {
-        size_t qblocks = (ch.numel + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
-        int grid = qblocks > 65536 ? 65536 : (int)qblocks;
-        adam_q8_kernel<L2, GDT, PDT><<<grid, TD_ADAM_INT8_BLOCK, 0, s>>>(
+        size_t qblocks = (ch.numel + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK, per = kThreads / 32;
+        size_t ctas = (qblocks + per - 1) / per;
+        int grid = ctas > 65536 ? 65536 : (int)ctas;
+        adam_q8_kernel<L2, GDT, PDT><<<grid, kThreads, 0, s>>>(
             c, ch.master, static_cast<uint8_t *>(ch.m), static_cast<uint8_t *>(ch.v), ch.grad, ch.param_out, ch.numel);
         break;
     }
