@@ -134,16 +134,30 @@ __device__ __forceinline__ float q8_load_m(uint32_t c, float scale)
 
 __device__ __forceinline__ float q8_load_v(uint32_t c, float scale) { return __fmul_rn(q8_decode(c, kQ8BiasV), scale); }
 
-__device__ __forceinline__ uint8_t q8_store_m(float x, float div)
+/* As q8_normalizer in optim/adam_kernel.h: multiply by the reciprocal of
+ * the absmax when it is a normal float, else divide by the absmax. */
+__device__ __forceinline__ bool q8_normalizer(int32_t absmax_bits, float *factor)
 {
-    uint32_t b = __float_as_uint(x);
-    float y = __fdiv_rn(__uint_as_float(b & 0x7fffffffu), div);
-    return (uint8_t)(q8_encode(y, kQ8BiasM) | ((b & 0x80000000u) >> 24));
+    float a = __int_as_float(absmax_bits);
+    if (absmax_bits == 0) return *factor = 1.0f, true;
+    if (absmax_bits >= 0x00800000 && absmax_bits <= 0x7e800000) return *factor = __fdiv_rn(1.0f, a), true;
+    return *factor = a, false;
 }
 
-__device__ __forceinline__ uint8_t q8_store_v(float x, float div)
+__device__ __forceinline__ float q8_normalize(float x, float factor, bool mul)
 {
-    return (uint8_t)q8_encode(__fdiv_rn(__uint_as_float(__float_as_uint(x) & 0x7fffffffu), div), kQ8BiasV);
+    float ax = __uint_as_float(__float_as_uint(x) & 0x7fffffffu);
+    return mul ? __fmul_rn(ax, factor) : __fdiv_rn(ax, factor);
+}
+
+__device__ __forceinline__ uint8_t q8_store_m(float x, float factor, bool mul)
+{
+    return (uint8_t)(q8_encode(q8_normalize(x, factor, mul), kQ8BiasM) | ((__float_as_uint(x) & 0x80000000u) >> 24));
+}
+
+__device__ __forceinline__ uint8_t q8_store_v(float x, float factor, bool mul)
+{
+    return (uint8_t)q8_encode(q8_normalize(x, factor, mul), kQ8BiasV);
 }
 
 __device__ __forceinline__ float load_f32(const unsigned char *p)
@@ -199,14 +213,14 @@ __global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, flo
         }
         am = warp_max(am); /* also orders every lane's read of the old scales before lane 0 writes */
         av = warp_max(av);
-        float scale_m = __int_as_float(am), scale_v = __int_as_float(av);
-        float div_m = am == 0 ? 1.0f : scale_m, div_v = av == 0 ? 1.0f : scale_v;
+        float scale_m = __int_as_float(am), scale_v = __int_as_float(av), fm, fv;
+        bool mul_m = q8_normalizer(am, &fm), mul_v = q8_normalizer(av, &fv); /* warp-uniform */
 #pragma unroll
         for (int k = 0; k < kQ8PerLane; k++) {
             size_t i = qb * TD_ADAM_INT8_BLOCK + (size_t)k * 32 + lane;
             if (i < n) {
-                mc[i] = q8_store_m(mm[k], div_m);
-                vc[i] = q8_store_v(vv[k], div_v);
+                mc[i] = q8_store_m(mm[k], fm, mul_m);
+                vc[i] = q8_store_v(vv[k], fv, mul_v);
             }
         }
         if (lane == 0) {

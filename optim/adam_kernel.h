@@ -69,8 +69,8 @@ TD_KINLINE void store_param(void *p, int dt, int nt, size_t i, vf x)
 }
 
 /* ---- the int8 moment codes ---------------------------------------------------
- * A block's values x are divided by the block's absmax A (so |y| <= 1) and
- * y is rounded to nearest-even in a small float format with 3 mantissa bits
+ * A block's values x are scaled by the block's absmax A (so |y| <= 1, see
+ * q8_normalizer) and y is rounded to nearest-even in a small float format with 3 mantissa bits
  * and no Inf/NaN, whose largest exponent is 2^0: m as sign + E4M3 (bias 15,
  * normals down to 2^-14, subnormal step 2^-17), v (never negative) as E5M3
  * (bias 31, normals down to 2^-30, subnormal step 2^-33).  Every value keeps
@@ -124,24 +124,36 @@ TD_KINLINE vf q8_load_v(const uint8_t *codes, vf scale) { return vf_mul(q8_decod
 
 TD_KINLINE vi abs_bits(vf x) { return vi_and(vf_as_vi(x), vi_set1(0x7fffffff)); }
 
-/* The divisor of a block: its absmax, or 1 for an all-zero block (codes 0). */
-static inline float q8_divisor(int32_t absmax_bits, float *scale)
+/* How a block's values are scaled into [0, 1]: y = |x| * (1 / A) when the
+ * reciprocal of the absmax A is a normal float (2^-126 <= A <= 2^126), one
+ * multiply instead of a divide per element; y = |x| / A otherwise (huge,
+ * subnormal or non-finite A); y = |x| * 1 = 0 for an all-zero block.  The
+ * choice depends on A alone, so every instance (and the GPU) makes it the
+ * same way.  Returns 1 to multiply by *factor, 0 to divide by it. */
+static inline int q8_normalizer(int32_t absmax_bits, float *scale, float *factor)
 {
     union { int32_t i; float f; } a = {absmax_bits};
     *scale = a.f;
-    return absmax_bits == 0 ? 1.0f : a.f;
+    if (absmax_bits == 0) return *factor = 1.0f, 1;
+    if (absmax_bits >= 0x00800000 && absmax_bits <= 0x7e800000) return *factor = 1.0f / a.f, 1;
+    return *factor = a.f, 0;
 }
 
-TD_KINLINE void q8_store_m(uint8_t *codes, vf x, vf div)
+TD_KINLINE vf q8_normalize(vf x, vf factor, int mul)
 {
-    vf y = vf_div(vi_as_vf(abs_bits(x)), div);
+    vf ax = vi_as_vf(abs_bits(x));
+    return mul ? vf_mul(ax, factor) : vf_div(ax, factor);
+}
+
+TD_KINLINE void q8_store_m(uint8_t *codes, vf x, vf factor, int mul)
+{
     vi sign = vi_srli(vi_and(vf_as_vi(x), vi_set1((int32_t)0x80000000u)), 24);
-    vi_store_u8(codes, vi_or(q8_encode(y, Q8_BIAS_M), sign));
+    vi_store_u8(codes, vi_or(q8_encode(q8_normalize(x, factor, mul), Q8_BIAS_M), sign));
 }
 
-TD_KINLINE void q8_store_v(uint8_t *codes, vf x, vf div)
+TD_KINLINE void q8_store_v(uint8_t *codes, vf x, vf factor, int mul)
 {
-    vi_store_u8(codes, q8_encode(vf_div(vi_as_vf(abs_bits(x)), div), Q8_BIAS_V));
+    vi_store_u8(codes, q8_encode(q8_normalize(x, factor, mul), Q8_BIAS_V));
 }
 
 /* The int8 layout of one moment buffer of `numel` elements: codes, then
@@ -279,11 +291,12 @@ TD_KINLINE void q8_block(const kcoeffs *k, int l2, float *master, uint8_t *mc, u
         am = vi_max(am, abs_bits(mm)); /* a max of the bit patterns: order-free, NaN wins */
         av = vi_max(av, abs_bits(vv));
     }
-    float new_m, new_v;
-    vf div_m = vf_set1(q8_divisor(vi_hmax(am), &new_m)), div_v = vf_set1(q8_divisor(vi_hmax(av), &new_v));
+    float new_m, new_v, fm, fv;
+    int mul_m = q8_normalizer(vi_hmax(am), &new_m, &fm), mul_v = q8_normalizer(vi_hmax(av), &new_v, &fv);
+    vf factor_m = vf_set1(fm), factor_v = vf_set1(fv);
     for (size_t j = 0; j < QB; j += VW) {
-        q8_store_m(mc + j, vf_loadu(tm + j), div_m);
-        q8_store_v(vc + j, vf_loadu(tv + j), div_v);
+        q8_store_m(mc + j, vf_loadu(tm + j), factor_m, mul_m);
+        q8_store_v(vc + j, vf_loadu(tv + j), factor_v, mul_v);
     }
     memcpy(sm, &new_m, 4);
     memcpy(sv, &new_v, 4);
@@ -385,11 +398,12 @@ static void kernel_moment_store(td_optim_state st, int is_v, const float *x, voi
             memcpy(t, x + b, n * 4);
             vi a = vi_set1(0);
             for (size_t j = 0; j < QB; j += VW) a = vi_max(a, abs_bits(vf_loadu(t + j)));
-            float scale;
-            vf div = vf_set1(q8_divisor(vi_hmax(a), &scale));
+            float scale, f;
+            int mul = q8_normalizer(vi_hmax(a), &scale, &f);
+            vf factor = vf_set1(f);
             for (size_t j = 0; j < QB; j += VW) {
-                if (is_v) q8_store_v(codes + j, vf_loadu(t + j), div);
-                else q8_store_m(codes + j, vf_loadu(t + j), div);
+                if (is_v) q8_store_v(codes + j, vf_loadu(t + j), factor, mul);
+                else q8_store_m(codes + j, vf_loadu(t + j), factor, mul);
             }
             memcpy((uint8_t *)buf + b, codes, n);
             memcpy(scales + b / QB * 4, &scale, 4);

@@ -289,8 +289,9 @@ static int moment_ok(td_optim_state st, int is_v, const void *mom, size_t numel,
         snprintf(why, why_len, "code %d in an all-zero block", c);
         return 0;
     }
-    double ax = fabs(x), ylo = (ax - err) / (a_ref + err_a);
-    double yhi = a_ref > err_a ? (ax + err) / (a_ref - err_a) : 1.0;
+    /* y = |m| * (1/A) in fp32: two more roundings. */
+    double ax = fabs(x), ylo = (ax - err) / (a_ref + err_a) * (1 - 2 * EPS_F);
+    double yhi = a_ref > err_a ? (ax + err) / (a_ref - err_a) * (1 + 2 * EPS_F) : 1.0;
     int clo = code_nearest(bias, ylo > 0 ? ylo : 0), chi = code_nearest(bias, yhi > 0 ? yhi : 0);
     if (mag < clo || mag > chi) {
         snprintf(why, why_len, "%s code %d (mag %d) outside [%d, %d]: ref %.12g +- %.3g, absmax %.9g +- %.3g",
@@ -415,7 +416,7 @@ static void run_tidal(problem *pb, td_optim_isa isa, int threads, int check, int
 
 static void test_steps_match_double_reference(void **state)
 {
-    int seeds = td_test_seeds(40);
+    int seeds = td_test_seeds(24);
     for (int st = TD_OPTIM_STATE_BF16; st <= TD_OPTIM_STATE_INT8; st++)
         for (int seed = 1; seed <= seeds; seed++) {
             problem pb;
@@ -431,7 +432,7 @@ static void test_steps_match_double_reference(void **state)
  * codes, padding and scales included. */
 static void test_isas_and_teams_bit_identical(void **state)
 {
-    int seeds = td_test_seeds(20);
+    int seeds = td_test_seeds(12);
     for (int st = TD_OPTIM_STATE_FP32; st < TD_OPTIM_STATE_COUNT; st++)
         for (int seed = 1; seed <= seeds; seed++) {
             problem pb;
@@ -518,10 +519,11 @@ static void test_round_trip(void **state)
                             for (size_t q = b0; q < b1; q++) a = fmax(a, fabs(in[q]));
                             assert_true(scale_of(buf, n, i / QB) == (float)a);
                             int bias = is_v ? BIAS_V : BIAS_M, c = buf[i], mag = is_v ? c : c & 0x7f;
-                            /* fp32 division y = |x| / a is correctly rounded: the code is the
-                             * nearest to y, or y is within an ulp of a midpoint. */
+                            /* y = |x| * (1/a) in fp32 (or |x| / a) is within 2 roundings of
+                             * |x| / a: the code is the nearest to that, or it is that close
+                             * to a midpoint. */
                             double yd = a > 0 ? fabs(in[i]) / a : 0;
-                            int lo = code_nearest(bias, yd * (1 - EPS_F)), hi = code_nearest(bias, yd * (1 + EPS_F));
+                            int lo = code_nearest(bias, yd * (1 - 2 * EPS_F)), hi = code_nearest(bias, yd * (1 + 2 * EPS_F));
                             if (mag < lo || mag > hi)
                                 fail_msg("%s %s: x %.9g in block of absmax %.9g: code %d, expected %d..%d", "int8",
                                          is_v ? "v" : "m", in[i], a, c, lo, hi);
