@@ -3,8 +3,10 @@
  * The update mirrors optim/adam_kernel.h operation for operation, with
  * explicit _rn intrinsics so that nvcc cannot contract or reorder anything
  * (-fmad=true would otherwise fuse a*b+c where the CPU rounds twice): the
- * GPU result is the CPU result, bit for bit.  Memory-bound like the CPU
- * one: a grid-stride loop, one element per thread per iteration, coalesced.
+ * GPU result is the CPU result, bit for bit.  fp32 and bf16 state: a
+ * grid-stride loop, one element per thread per iteration, coalesced.  int8
+ * state: one warp per scale block of TD_ADAM_INT8_BLOCK elements (the block
+ * absmax is a warp shuffle), mirroring the codes of adam_kernel.h.
  *
  * The sum of squares is two kernels: each block reduces a fixed, strided
  * share of the grads in double into dev_scratch[block], then one block adds

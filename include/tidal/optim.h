@@ -13,9 +13,10 @@
  * The update follows torch.optim.AdamW (and torch.optim.Adam with L2 decay);
  * docs/optimizer.md gives the exact formulas.  In one pass over a chunk it
  * reads the grads (fp32, bf16 or fp16), unscales and clips them with one
- * multiplier, applies decay, updates fp32 m, v and the fp32 master in place,
- * and writes the new params rounded to bf16/fp16 (RNE, see convert.h)
- * into a caller-given buffer (the pinned upload buffer).
+ * multiplier, applies decay, updates m, v (fp32, bf16 or 8-bit block-wise
+ * quantized: td_optim_state) and the fp32 master in place, and writes the
+ * new params rounded to bf16/fp16 (RNE, see convert.h) into a caller-given
+ * buffer (the pinned upload buffer).
  *
  * The CPU kernels exist for AVX-512, AVX2+FMA and plain C, generated from one
  * definition (optim/adam_kernel.h) and chosen at run time.  All three compute
