@@ -21,9 +21,9 @@
  * Every instance performs the same IEEE operations in the same order, so
  * they agree bit for bit (the CUDA kernel in adam.cu does the same too).
  *
- * Dtype combinations, the decay mode and streaming are specialised by
- * calling the always-inline loop with constants from a switch: one source,
- * 42 straight loops.  AdamW's loops do not touch the L2 term at all (0 * Inf would turn
+ * Dtype combinations, the decay mode, streaming and the state type (fp32,
+ * bf16, int8 moments) are specialised by calling the always-inline loop with
+ * constants from a switch: one source, 42 x 3 straight loops.  AdamW's loops do not touch the L2 term at all (0 * Inf would turn
  * an Inf param into NaN where torch keeps it Inf).
  * The tail (fewer than VW elements) goes through small zero-padded local
  * buffers, so every element takes the same vector path.
