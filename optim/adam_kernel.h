@@ -346,8 +346,10 @@ TD_KINLINE void q8_block(const kcoeffs *k, int l2, float *master, uint8_t *mc, u
 /* A block that straddles a no-decay boundary (base: the chunk index of its
  * first element; at: the range cursor there): dequantized whole into fp32,
  * updated by segments with each segment's coefficients (the fp32 loop: the
- * same operations as q8_block's, element for element), requantized whole. */
-TD_KINLINE void q8_block_ranges(const kcoeffs *k, const kcoeffs *knd, int l2, float *master, uint8_t *mc,
+ * same operations as q8_block's, element for element), requantized whole.
+ * One out-of-line copy with run-time dtypes: such blocks are few (two per
+ * range at most), and 42 inlined copies would only grow the code. */
+static __attribute__((noinline)) void q8_block_ranges(const kcoeffs *k, const kcoeffs *knd, int l2, float *master, uint8_t *mc,
                                 uint8_t *vc, unsigned char *sm, unsigned char *sv, const void *grad, int gdt,
                                 void *out, int pdt, const td_adam_range *rg, int nr, int at, size_t base)
 {

@@ -26,6 +26,7 @@
 #include "train_impl.h"
 #include "tidal/alloc.h"
 #include "tidal/arena.h"
+#include "tidal/util.h"
 #ifdef TD_HAVE_CUDA
 #include "tidal/optim_cuda.h"
 #endif

@@ -100,9 +100,9 @@ static void test_gpu_matches_cpu(void **state)
                 int has_out = pdt < TD_OPTIM_DTYPE_COUNT;
                 size_t osz = has_out ? td_optim_dtype_bytes((td_optim_dtype)pdt) : 0;
                 td_adam_chunk hc = {master, m, v, grads, (td_optim_dtype)gdt, has_out ? out : NULL,
-                                    has_out ? (td_optim_dtype)pdt : TD_OPTIM_DTYPE_F32, n, os};
+                                    has_out ? (td_optim_dtype)pdt : TD_OPTIM_DTYPE_F32, n, os, NULL, 0};
                 td_adam_chunk dc = {d_master, d_m, d_v, d_grad, (td_optim_dtype)gdt, has_out ? d_out : NULL,
-                                    hc.param_dtype, n, os};
+                                    hc.param_dtype, n, os, NULL, 0};
                 if ((l2 + gdt + pdt) % 2) {
                     hc.no_decay = nd, hc.n_no_decay = n_nd;
                     dc.no_decay = d_nd, dc.n_no_decay = n_nd;
@@ -260,7 +260,7 @@ static void test_gpu_bandwidth(void **state)
         td_optim_state os = (td_optim_state)ost;
         CUDA_OK(cudaMemset(d_m, 0, n * 4));
         CUDA_OK(cudaMemset(d_v, 0, n * 4));
-        td_adam_chunk dc = {d_master, d_m, d_v, d_g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, n, os};
+        td_adam_chunk dc = {d_master, d_m, d_v, d_g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, n, os, NULL, 0};
         float adam_ms;
         TD_ASSERT_OK(td_adam_update_cuda(&c, &dc, NULL));
         CUDA_OK(cudaEventRecord(e0, NULL));
