@@ -38,6 +38,21 @@ td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dt
     return TD_OK;
 }
 
+td_status td_memmgr_set_role_format(td_memmgr *m, td_tensor_role role, size_t (*bytes_of)(size_t numel, void *ctx),
+                                    void *ctx)
+{
+    if (m->laid_out || m->n_chunks) return td_error_set(TD_ERR_STATE, "memmgr: a role's format is set before the layout");
+    if ((unsigned)role >= TD_TENSOR_ROLE_COUNT) return td_error_set(TD_ERR_INVALID, "memmgr: no role %d", (int)role);
+    m->role_bytes[role] = bytes_of;
+    m->role_ctx[role] = ctx;
+    return TD_OK;
+}
+
+size_t mm_tensor_byte_offset(const td_memmgr *m, const mm_tensor *t)
+{
+    return m->role_bytes[t->role] ? 0 : t->offset * td_dtype_bytes(t->dtype);
+}
+
 /* Packs every role with capacity `cap`, in registration order: a tensor
  * goes at the next aligned offset of the open chunk of its role and dtype if
  * it fits, else opens a new chunk; a tensor larger than `cap` gets a chunk of
@@ -171,7 +186,8 @@ td_status mm_layout(td_memmgr *m)
     for (size_t c = 0; c < n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         ch->index = (int)c - m->role_first[ch->role];
-        ch->bytes = ch->numel * td_dtype_bytes(ch->dtype);
+        ch->bytes = m->role_bytes[ch->role] ? m->role_bytes[ch->role](ch->numel, m->role_ctx[ch->role])
+                                            : ch->numel * td_dtype_bytes(ch->dtype);
         ch->n_free = ch->n_tensors;
     }
     return TD_OK;

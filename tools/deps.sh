@@ -6,13 +6,15 @@
 #   install  installs what is missing with apt-get (sudo when not root).
 # Called by `make deps`, and by `make test` / `make demo` when something is missing.
 set -e
-LIBS="hwloc libcjson cmocka"
+LIBS="hwloc libcjson cmocka jemalloc"
 need_pkgs() {
     pkgs=""
     command -v pkg-config >/dev/null 2>&1 || pkgs="pkg-config"
     pkg-config --exists hwloc 2>/dev/null || pkgs="$pkgs libhwloc-dev"
     pkg-config --exists libcjson 2>/dev/null || pkgs="$pkgs libcjson-dev"
     pkg-config --exists cmocka 2>/dev/null || pkgs="$pkgs libcmocka-dev"
+    # The process's allocator, whose statistics measure the host footprint.
+    pkg-config --exists jemalloc 2>/dev/null || [ -f /usr/include/jemalloc/jemalloc.h ] || pkgs="$pkgs libjemalloc-dev"
     # The demo's corpus, also used by the trainer's tests (not by `libs`).
     [ "$1" = libs ] || ls "${FORTUNES_DIR:-/usr/share/games/fortunes}"/fortunes >/dev/null 2>&1 || pkgs="$pkgs fortunes"
     echo $pkgs
