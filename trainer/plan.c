@@ -49,16 +49,16 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->chunks = td_memmgr_chunk_count(mm);
     out->chunk_numel = td_memmgr_chunk_numel(mm);
     out->padding_bytes = td_memmgr_padding_bytes(mm);
-    size_t largest = 0;
+    size_t largest = 0, state_all = 0;
     for (int c = 0; c < out->chunks; c++) {
         size_t b = td_memmgr_chunk_bytes(mm, c);
         out->role_bytes[td_memmgr_chunk_role(mm, c)] += b;
-        out->host_pinned_bytes += b;
+        state_all += b;
         if (b > largest) largest = b;
     }
     td_act_plan ap;
     td_state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD],
-                       .all = out->host_pinned_bytes, .largest = largest };
+                       .all = state_all, .largest = largest };
     td_train_plan_activations(cfg, budget ? budget : 0, &sb, &ap);
     out->ckpt_blocks = ap.ckpt_blocks;
     out->ckpt = ap.ckpt_blocks > 0;
@@ -108,12 +108,18 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     if (streamed < 0) streamed = 0;
     out->h2d_bytes_per_step = params_bytes + streamed * cfg->grad_accum;
     out->d2h_bytes_per_step = grads_bytes;
-    out->adam_bytes_per_step = 28.0 * (double)out->params;
+    out->adam_bytes_per_step = (8.0 + 4.0 * (double)td_adam_moment_bytes(cfg->optim.state, (size_t)1 << 20) /
+                                          (double)((size_t)1 << 20) + 2.0 * (double)td_dtype_bytes(cfg->precision)) *
+                               (double)out->params; /* master r+w, m and v r+w, grad r, param w */
     out->gpu_optimizer = td_train_gpu_optimizer_fits(cfg, out->nonmodel_bytes, sb.all, budget);
     if (out->gpu_optimizer) { /* nothing crosses PCIe, and AdamW's HBM time is small beside the compute */
         out->h2d_bytes_per_step = out->d2h_bytes_per_step = 0;
         out->adam_bytes_per_step = 0;
     }
+    /* The host: the homes the trainer gives the optimizer state, then every
+     * pinned and pageable byte by the trainer's own sequence. */
+    if ((st = td_train_place_optimizer(mm, cfg, out->gpu_optimizer))) goto cleanup;
+    if ((st = td_train_host_plan(mm, cfg, budget, out))) goto cleanup;
 cleanup:
     td_memmgr_destroy(mm);
     td_free(ids);

@@ -11,6 +11,8 @@ struct td_trainer {
     td_backend *backend;
     td_topo *topo;
     td_hostpool *pool;
+    td_hostmem *hostmem;               /* pageable optimizer state, on the AdamW team's node */
+    size_t host_peak_bytes;            /* the largest host footprint sampled (td_trainer_host_usage) */
     td_arena *arena;
     td_copy_engine *engine;
     td_memmgr *mm;
@@ -86,6 +88,20 @@ td_state_bytes td_train_state_of(td_memmgr *mm);
 void td_train_plan_activations(const td_train_config *cfg, size_t budget, const td_state_bytes *sb, td_act_plan *p);
 /* Whether AdamW runs on the GPU (the whole state fits, or --policy cuda). */
 int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
+/* ---- the host side (hostplan.c) ---- */
+#define TD_TRAIN_STAGING 4
+/* The pinned staging buffers the trainer takes, in order (alloc_activations). */
+void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING]);
+/* The pinned pool's slab size for the pinned chunk copies of a planned layout. */
+size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
+/* Homes the optimizer state on the device when the GPU AdamW runs (after
+ * td_memmgr_plan_layout, before td_memmgr_layout). */
+td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, int gpu_optimizer);
+/* The host_* fields of the plan from a planned layout with its homes set. */
+td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p);
+/* TD_OK when this build's AdamW kernels store moments as cfg->optim.state. */
+td_status td_train_optim_state_check(const td_train_config *cfg);
+
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);
 void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n);

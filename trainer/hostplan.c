@@ -1,0 +1,182 @@
+/* The host side of a run: where each byte lives, planned exactly, and the
+ * footprint measured.
+ *
+ * Pinned: what the copy engine moves.  The trainer pins, in this order, the
+ * host copy of every chunk that is not pageable (params, grads, and
+ * optimizer state homed on the device), then its four staging buffers; the
+ * pinned pool places them in slabs.  The plan replays that sequence on a
+ * planning pool (hostpool.h: same placement code, nothing mapped), so
+ * host.pinned_bytes is the slab total the run will pin, to the byte.
+ * Pageable: the optimizer state homed on the host (td_hostmem, page-rounded
+ * mappings), and the heap: metadata, the loader, the CPU AdamW team, the
+ * libraries (an allowance, checked against jemalloc's measurement by the
+ * tests), and on the cpu backend the "device" region, which is host memory.
+ * One set of rules for the trainer (train.c) and `tidal plan` (plan.c). */
+#include "train_impl.h"
+#include "tidal/hostpool.h"
+#include "tidal/util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The heap the process takes beside the model state: the libraries (hwloc's
+ * topology, OpenMP, jemalloc's own metadata, the CUDA runtime's host side),
+ * the loader and the CLI, plus per tensor and chunk the manager's
+ * bookkeeping and the warm-up trace (a few hundred bytes each). */
+#define HEAP_BASE_BYTES (48 * TD_MiB)
+#define HEAP_PER_TENSOR_BYTES 512
+#define HEAP_PER_CHUNK_BYTES 1024
+
+/* Slabs hold a whole number of the most common pinned chunk (so no slab
+ * ends in a hole no chunk fits) and room for the staging buffers, at most
+ * 1 GiB unless one chunk is larger (few registrations for a big model): of
+ * the slab counts from the fewest that keep that cap to 16 more, the one
+ * that pins the fewest bytes once slabs are rounded to the pool's grain. */
+size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
+{
+    size_t total = 0, common = 0;
+    int n_common = 0, n = td_memmgr_chunk_count(mm);
+    for (int c = 0; c < n; c++) {
+        if (td_memmgr_chunk_pageable(mm, c)) continue;
+        size_t b = td_align_up(td_memmgr_chunk_bytes(mm, c), TD_HOSTPOOL_ALIGN);
+        total += b;
+        if (b == common) continue;
+        int k = 0;
+        for (int d = 0; d < n; d++)
+            k += !td_memmgr_chunk_pageable(mm, d) && td_align_up(td_memmgr_chunk_bytes(mm, d), TD_HOSTPOOL_ALIGN) == b;
+        if (k > n_common || (k == n_common && b > common)) { common = b; n_common = k; }
+    }
+    size_t staging[TD_TRAIN_STAGING], extra = 0;
+    td_train_staging_sizes(cfg, staging);
+    for (int i = 0; i < TD_TRAIN_STAGING; i++) extra += td_align_up(staging[i], TD_HOSTPOOL_ALIGN);
+    if (!common) return td_align_up(extra, TD_HOSTPOOL_SLAB_GRAIN);
+    size_t count = (total + common - 1) / common; /* in units of the common chunk */
+    size_t kmin = (total + TD_GiB - 1) / TD_GiB, best = 0, best_total = SIZE_MAX;
+    for (size_t k = kmin ? kmin : 1; k <= kmin + 16 && k <= count; k++) {
+        size_t slab = td_align_up((count + k - 1) / k * common + extra, TD_HOSTPOOL_SLAB_GRAIN);
+        size_t per = (slab - extra) / common, slabs = (count + per - 1) / per;
+        if (slabs * slab < best_total) { best_total = slabs * slab; best = slab; }
+    }
+    return best;
+}
+
+void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING])
+{
+    size_t N = (size_t)cfg->micro_batch * (size_t)cfg->seq_len;
+    sizes[0] = N * sizeof(int32_t);                                  /* h_tokens */
+    sizes[1] = N * sizeof(int32_t);                                  /* h_targets */
+    sizes[2] = N * sizeof(float);                                    /* h_losses */
+    sizes[3] = (size_t)cfg->model.padded_vocab_size * sizeof(float); /* h_row */
+}
+
+td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, int gpu_optimizer)
+{
+    /* The GPU AdamW reads and writes master, m and v on the device: their
+     * chunks must be homed there before the layout, or they get pageable
+     * host copies (memmgr.h).  The policy's homes stand otherwise. */
+    if (!gpu_optimizer || cfg->mm.placement == TD_PLACEMENT_CUDA) return TD_OK;
+    static const td_tensor_role roles[3] = {TD_TENSOR_MASTER, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < td_memmgr_role_chunk_count(mm, roles[r]); i++) {
+            td_status st = td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], i), TD_HOME_DEVICE);
+            if (st) return st;
+        }
+    return TD_OK;
+}
+
+td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p)
+{
+    td_status st = TD_OK;
+    td_hostpool *pool = NULL;
+    size_t pageable = 0;
+    int n_chunks = td_memmgr_chunk_count(mm);
+    for (int c = 0; c < n_chunks; c++) {
+        if (td_memmgr_chunk_pageable(mm, c)) pageable += td_hostmem_round(td_memmgr_chunk_bytes(mm, c));
+    }
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = td_train_host_slab_bytes(mm, cfg);
+    hp.pin_limit_bytes = SIZE_MAX;
+    TD_TRY(td_hostpool_create(NULL, NULL, &hp, &pool));
+    void *ignored;
+    for (int c = 0; c < n_chunks; c++) {
+        if (td_memmgr_chunk_pageable(mm, c)) continue;
+        td_tensor_role r = td_memmgr_chunk_role(mm, c);
+        int optim = r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
+        TD_TRY(td_hostpool_alloc(pool, td_memmgr_chunk_bytes(mm, c), optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
+    }
+    size_t staging[TD_TRAIN_STAGING];
+    td_train_staging_sizes(cfg, staging);
+    for (int i = 0; i < TD_TRAIN_STAGING; i++) TD_TRY(td_hostpool_alloc(pool, staging[i], TD_ROLE_STAGING, &ignored));
+    td_hostpool_stats hs;
+    td_hostpool_get_stats(pool, &hs);
+    p->host_pinned_bytes = hs.pinned_bytes;
+    p->host_pinned_chunk_bytes = hs.used[TD_ROLE_CHUNK] + hs.used[TD_ROLE_OPTIM];
+    p->host_pinned_optimizer_bytes = hs.used[TD_ROLE_OPTIM];
+    p->host_staging_bytes = hs.used[TD_ROLE_STAGING];
+    p->host_slab_bytes = hp.slab_bytes;
+    p->host_slabs = hs.slabs;
+    p->host_pageable_state_bytes = pageable;
+    p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
+                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES;
+    /* The cpu backend's device region is host memory (one aligned block
+     * with a page of header). */
+    p->host_device_region_bytes = cfg->backend == TD_BACKEND_CPU ? td_align_up(budget, 4096) + 2 * 4096 : 0;
+    p->host_pageable_bytes = pageable + p->host_heap_bytes + p->host_device_region_bytes;
+    p->host_bytes = p->host_pinned_bytes + p->host_pageable_bytes;
+cleanup:
+    td_hostpool_destroy(pool);
+    return st;
+}
+
+td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *pin_limit, char *source,
+                               size_t source_bytes)
+{
+    if (cfg->host_ram) {
+        char a[32];
+        *ram = cfg->host_ram;
+        snprintf(source, source_bytes, "--host-ram %s", td_format_bytes(cfg->host_ram, a, sizeof a));
+    } else {
+        td_status st = td_host_ram(ram, source, source_bytes);
+        if (st) return st;
+    }
+    *pin_limit = cfg->host_pin_limit ? cfg->host_pin_limit : *ram / 10 * 8;
+    return TD_OK;
+}
+
+/* ---- measured ------------------------------------------------------------------- */
+
+td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out)
+{
+    memset(out, 0, sizeof *out);
+    td_heap_stats hs;
+    td_status st = td_host_heap_stats(&hs);
+    if (st) return st;
+    if (t->pool) {
+        td_hostpool_stats ps;
+        td_hostpool_get_stats(t->pool, &ps);
+        out->pinned_bytes = ps.pinned_bytes;
+    }
+    if (t->hostmem) {
+        td_hostmem_stats ms;
+        td_hostmem_get_stats(t->hostmem, &ms);
+        out->pageable_bytes = ms.used_bytes;
+    }
+    out->heap_allocated_bytes = hs.allocated_bytes;
+    out->heap_resident_bytes = hs.resident_bytes;
+    out->heap_source = hs.source;
+    out->total_bytes = out->pinned_bytes + out->pageable_bytes + out->heap_allocated_bytes;
+    if (out->total_bytes > t->host_peak_bytes) t->host_peak_bytes = out->total_bytes;
+    out->peak_bytes = t->host_peak_bytes;
+    return TD_OK;
+}
+
+size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
+{
+    int n = snprintf(buf, buf_bytes,
+                     "{\"pinned_bytes\":%zu,\"pageable_bytes\":%zu,\"heap_allocated_bytes\":%zu,"
+                     "\"heap_resident_bytes\":%zu,\"total_bytes\":%zu,\"peak_bytes\":%zu,\"heap_source\":\"%s\"}",
+                     u->pinned_bytes, u->pageable_bytes, u->heap_allocated_bytes, u->heap_resident_bytes,
+                     u->total_bytes, u->peak_bytes, u->heap_source ? u->heap_source : "");
+    if (n < 0) n = 0;
+    return (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
+}
