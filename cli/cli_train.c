@@ -892,7 +892,8 @@ int td_cli_plan_main(int argc, char **argv)
         printf("  all resident       %12s  (every param and grad chunk on the device)\n",
                td_format_bytes(p.full_device_bytes, g, sizeof g));
         printf("  budget             %12s  of %s free%s -> %s with --policy %s (peak about %s)\n",
-               td_format_bytes(budget, h2, sizeof h2), td_format_bytes(free_b, i2, sizeof i2),
+               td_format_bytes(budget, h2, sizeof h2),
+               no_device ? "unknown (no device here)" : td_format_bytes(free_b, i2, sizeof i2),
                !cfg.gpu_budget ? " (default: the run resident + 1/8)"
                : cfg.gpu_budget == TD_GPU_BUDGET_MAX ? " (max: free minus margin)" : "", fits_device ? "FITS" : "DOES NOT FIT", o.policy,
                td_format_bytes(device_peak, j, sizeof j));

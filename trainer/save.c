@@ -6,6 +6,38 @@
 
 #include <string.h>
 
+/* m or v of gpt_ref tensor i as fp32 (the checkpoint's format whatever
+ * --optim-state stores; the state type is in the metadata), through `tmp`
+ * (numel floats) when the moments are not fp32. */
+static td_status moment_read(td_trainer *t, int id, size_t numel, float *tmp, const float **out)
+{
+    void *p;
+    td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_READ, &p);
+    if (st) return st;
+    switch (t->cfg.optim.state) {
+    case TD_OPTIM_STATE_FP32: *out = p; return TD_OK;
+    case TD_OPTIM_STATE_BF16: td_train_to_f32(tmp, p, TD_DTYPE_BF16, numel); *out = tmp; return TD_OK;
+    default: break;
+    }
+    return td_error_set(TD_ERR_UNSUPPORTED, "checkpoints of --optim-state %s moments are not built yet",
+                        td_optim_state_name(t->cfg.optim.state));
+}
+
+/* The inverse: fp32 values of a checkpoint into the moment buffer. */
+static td_status moment_write(td_trainer *t, int id, size_t numel, const float *src)
+{
+    void *p;
+    td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_WRITE, &p);
+    if (st) return st;
+    switch (t->cfg.optim.state) {
+    case TD_OPTIM_STATE_FP32: memcpy(p, src, numel * sizeof(float)); return TD_OK;
+    case TD_OPTIM_STATE_BF16: td_train_from_f32(p, TD_DTYPE_BF16, src, numel); return TD_OK;
+    default: break;
+    }
+    return td_error_set(TD_ERR_UNSUPPORTED, "checkpoints of --optim-state %s moments are not built yet",
+                        td_optim_state_name(t->cfg.optim.state));
+}
+
 static td_ckpt_config ckpt_config_of(const td_gpt_ref_config *mc)
 {
     return (td_ckpt_config){ .n_layer = mc->n_layer, .n_head = mc->n_head, .n_embd = mc->n_embd,
@@ -29,6 +61,15 @@ static td_status ckpt_index(const td_gpt_ref_config *mc, const td_ckpt_config *c
     return td_error_set(TD_ERR_STATE, "checkpoint parameter '%s' is not in the model", cp.name);
 }
 
+/* The largest tensor's elements (the moment conversion buffer). */
+static size_t max_numel(const td_trainer *t)
+{
+    size_t most = 0;
+    for (int i = 0; i < t->n_tensors; i++)
+        if (td_memmgr_tensor_numel(t->mm, t->pid[i]) > most) most = td_memmgr_tensor_numel(t->mm, t->pid[i]);
+    return most;
+}
+
 td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta)
 {
     return td_trainer_save_files(t, dir, state, meta, NULL);
@@ -42,6 +83,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = state;
     td_ckpt_writer *w = NULL;
+    float *tmp = NULL; /* moments not stored as fp32 go through it */
     TD_TRY(td_trainer_finish_update(t));
     TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
     if (state) {
@@ -53,6 +95,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
         TD_TRY(td_ckpt_writer_set_meta_u64(w, "loss_scale_hysteresis_left", (uint64_t)sc->hysteresis_left));
         TD_TRY(td_ckpt_writer_set_meta_u64(w, "loss_scale_overflows", (uint64_t)sc->overflows));
         TD_TRY(td_ckpt_writer_set_meta_u64(w, "seed", t->cfg.seed));
+        TD_TRY(td_ckpt_writer_set_meta(w, "optim_state", td_optim_state_name(t->cfg.optim.state)));
         for (int i = 0; meta && meta[i] && meta[i + 1]; i += 2) TD_TRY(td_ckpt_writer_set_meta(w, meta[i], meta[i + 1]));
     }
     /* Tensor by tensor from the host copies: never the whole model at once. */
@@ -69,16 +112,21 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     for (int k = 0; state && k < n; k++) {
         int i;
         TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
-        void *p, *m, *v;
+        void *p;
+        const float *m, *v;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
+        if (t->cfg.optim.state != TD_OPTIM_STATE_FP32 && !tmp &&
+            !(tmp = td_malloc(2 * max_numel(t) * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
-        TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_READ, &m));
-        TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_READ, &v));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel));
+        TD_TRY(moment_read(t, t->mid[i], numel, tmp, &m));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_M, m, numel));
+        TD_TRY(moment_read(t, t->vid[i], numel, tmp ? tmp + max_numel(t) : NULL, &v));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_V, v, numel));
     }
+    td_free(tmp);
+    tmp = NULL;
     for (int k = 0; files && files[k]; k++) {
         const char *slash = strrchr(files[k], '/');
         TD_TRY(td_ckpt_writer_add_file(w, slash ? slash + 1 : files[k], files[k]));
@@ -88,6 +136,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     if (st) goto cleanup;
     return TD_OK;
 cleanup:
+    td_free(tmp);
     td_ckpt_writer_abort(w);
     return td_error_prefix(st, "saving checkpoint %s: ", dir);
 }
@@ -111,12 +160,23 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
     td_status st = TD_OK;
     td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
     td_ckpt_reader *r = NULL;
+    float *tmp = NULL; /* moments not stored as fp32 go through it */
     if (reader_out) *reader_out = NULL;
     TD_TRY(td_trainer_finish_update(t)); /* nothing pending may overwrite what is loaded */
     TD_TRY(td_ckpt_reader_open(dir, &cc, &r));
     if (state && !td_ckpt_reader_has_state(r))
         TD_FAIL(TD_ERR_INVALID, "%s has no train_state.safetensors: it holds weights only; start from it with "
                 "--init instead of --resume", dir);
+    if (state) { /* the moments continue only in the type they were stored in (checkpoints before it: fp32) */
+        const char *saved = td_ckpt_reader_meta(r, "optim_state");
+        td_optim_state ss = TD_OPTIM_STATE_FP32;
+        if (saved && td_optim_state_parse(saved, &ss) != TD_OK)
+            TD_FAIL(TD_ERR_INVALID, "%s: train_state.safetensors names an unknown optimizer state type '%s'", dir, saved);
+        if (ss != t->cfg.optim.state)
+            TD_FAIL(TD_ERR_INVALID, "%s was saved with --optim-state %s and this run uses --optim-state %s; resume "
+                    "with --optim-state %s (the AdamW moments continue in the type they were kept in)", dir,
+                    td_optim_state_name(ss), td_optim_state_name(t->cfg.optim.state), td_optim_state_name(ss));
+    }
     int n = td_ckpt_param_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
@@ -128,11 +188,22 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
         if (t->sid[i] >= 0) TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
         if (state) { /* the fp32 master holds the exact weights */
             TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, master));
-            void *m, *v;
-            TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_WRITE, &m));
-            TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_WRITE, &v));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, m));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, v));
+            if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) {
+                void *m, *v;
+                TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_WRITE, &m));
+                TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_WRITE, &v));
+                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, m));
+                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, v));
+            } else {
+                if (!tmp && !(tmp = td_malloc(max_numel(t) * sizeof(float), TD_ROLE_META))) {
+                    st = TD_ERR_NOMEM;
+                    goto cleanup;
+                }
+                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, tmp));
+                TD_TRY(moment_write(t, t->mid[i], numel, tmp));
+                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, tmp));
+                TD_TRY(moment_write(t, t->vid[i], numel, tmp));
+            }
         } else {
             TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
         }
@@ -154,6 +225,7 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
         t->optim.scaler.hysteresis_left = (int)hyst;
         t->optim.scaler.overflows = (long)overflows;
     }
+    td_free(tmp);
     if (reader_out) {
         *reader_out = r;
         return TD_OK;
@@ -161,6 +233,7 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
     td_ckpt_reader_close(r);
     return TD_OK;
 cleanup:
+    td_free(tmp);
     td_ckpt_reader_close(r);
     return td_error_prefix(st, "loading checkpoint %s: ", dir);
 }
