@@ -72,13 +72,15 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
 td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, int gpu_optimizer)
 {
     /* The GPU AdamW reads and writes master, m and v on the device: their
-     * chunks must be homed there before the layout, or they get pageable
-     * host copies (memmgr.h).  The policy's homes stand otherwise. */
-    if (!gpu_optimizer || cfg->mm.placement == TD_PLACEMENT_CUDA) return TD_OK;
+     * chunks are homed there (pinned host copies, memmgr.h).  Otherwise the
+     * CPU AdamW alone touches them, whatever the policy's homes: on the
+     * host, pageable, never pinned. */
     static const td_tensor_role roles[3] = {TD_TENSOR_MASTER, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
+    td_chunk_home home = gpu_optimizer ? TD_HOME_DEVICE : TD_HOME_HOST;
+    (void)cfg;
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < td_memmgr_role_chunk_count(mm, roles[r]); i++) {
-            td_status st = td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], i), TD_HOME_DEVICE);
+            td_status st = td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], i), home);
             if (st) return st;
         }
     return TD_OK;

@@ -94,8 +94,9 @@ int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, siz
 void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING]);
 /* The pinned pool's slab size for the pinned chunk copies of a planned layout. */
 size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
-/* Homes the optimizer state on the device when the GPU AdamW runs (after
- * td_memmgr_plan_layout, before td_memmgr_layout). */
+/* Homes the optimizer state on the device when the GPU AdamW runs, else on
+ * the host (pageable), whatever the policy (after td_memmgr_plan_layout,
+ * before td_memmgr_layout). */
 td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, int gpu_optimizer);
 /* The host_* fields of the plan from a planned layout with its homes set. */
 td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p);
