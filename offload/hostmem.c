@@ -15,6 +15,12 @@
 
 #ifdef TD_HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
+#elif defined(__SANITIZE_ADDRESS__)
+/* ASan replaces malloc, so mallinfo2 sees nothing: ask its allocator
+ * (sanitizer/allocator_interface.h, not shipped with every compiler). */
+size_t __sanitizer_get_current_allocated_bytes(void);
+size_t __sanitizer_get_heap_size(void);
+#define TD_HEAP_ASAN 1
 #endif
 
 typedef struct hm_block {
@@ -154,6 +160,8 @@ const char *td_host_heap_source(void)
 {
 #ifdef TD_HAVE_JEMALLOC
     return "jemalloc";
+#elif defined(TD_HEAP_ASAN)
+    return "asan (sanitizer build, without jemalloc)";
 #else
     return "mallinfo2 (tidal built without jemalloc)";
 #endif
@@ -173,6 +181,10 @@ td_status td_host_heap_stats(td_heap_stats *out)
     out->allocated_bytes = allocated;
     out->resident_bytes = resident;
     out->source = "jemalloc";
+#elif defined(TD_HEAP_ASAN)
+    out->allocated_bytes = __sanitizer_get_current_allocated_bytes();
+    out->resident_bytes = __sanitizer_get_heap_size();
+    out->source = "asan";
 #else
     struct mallinfo2 mi = mallinfo2();
     out->allocated_bytes = mi.uordblks + mi.hblkhd;

@@ -17,7 +17,7 @@
  * stats.allocated and stats.resident when tidal is linked with jemalloc
  * (the Makefile links it when jemalloc.h is found, except in sanitizer
  * builds), else glibc's mallinfo2 (in use; resident = in use + free in
- * arenas), and says which.
+ * arenas; in ASan builds, ASan's allocator statistics), and says which.
  * Thread-safety: all calls are thread-safe (one mutex per allocator). */
 #ifndef TIDAL_HOSTMEM_H
 #define TIDAL_HOSTMEM_H
