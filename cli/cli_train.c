@@ -862,8 +862,8 @@ int td_cli_plan_main(int argc, char **argv)
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
-               device_peak, fits_device ? "true" : "false", p.role_bytes[TD_TENSOR_PARAM],
-               p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] + p.role_bytes[TD_TENSOR_MASTER],
+               device_peak, fits_device ? "true" : "false", p.host_role_bytes[TD_TENSOR_PARAM],
+               p.host_role_bytes[TD_TENSOR_GRAD], p.host_role_bytes[TD_TENSOR_ADAM_M] + p.host_role_bytes[TD_TENSOR_ADAM_V] + p.host_role_bytes[TD_TENSOR_MASTER],
                p.host_pinned_bytes, p.host_pinned_chunk_bytes, pinned_optim, p.host_staging_bytes, p.host_slab_bytes,
                p.host_slabs, p.host_pageable_bytes, p.host_pageable_state_bytes, p.host_heap_bytes,
                p.host_device_region_bytes, p.host_bytes, host_pp, pinned_pp, td_optim_state_name(cfg.optim.state),
@@ -904,8 +904,8 @@ int td_cli_plan_main(int argc, char **argv)
                    budget > free_b ? " and that much free device memory" : "");
         printf("\nhost (RAM %s: %s)\n", td_format_bytes(ram, a, sizeof a), ram_src);
         printf("  pinned (crosses PCIe)\n    params           %12s\n    grads            %12s\n",
-               td_format_bytes(p.role_bytes[TD_TENSOR_PARAM], a, sizeof a),
-               td_format_bytes(p.role_bytes[TD_TENSOR_GRAD], c2, sizeof c2));
+               td_format_bytes(p.host_role_bytes[TD_TENSOR_PARAM], a, sizeof a),
+               td_format_bytes(p.host_role_bytes[TD_TENSOR_GRAD], c2, sizeof c2));
         if (pinned_optim)
             printf("    optimizer        %12s  (homed on the device: the GPU AdamW's)\n",
                    td_format_bytes(pinned_optim, d, sizeof d));

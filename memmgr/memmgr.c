@@ -181,13 +181,13 @@ td_status td_memmgr_layout(td_memmgr *m)
         if (wants_pageable(ch)) {
             /* Zero pages, untouched: the AdamW thread that updates a page
              * touches it first (NUMA first touch inside the local nodes). */
-            TD_TRY(td_hostmem_alloc(m->hostmem, ch->bytes, role, &ch->host));
+            TD_TRY(td_hostmem_alloc(m->hostmem, ch->host_bytes, role, &ch->host));
             ch->pageable = 1;
-            m->stats.host_pageable_bytes += td_hostmem_round(ch->bytes);
+            m->stats.host_pageable_bytes += td_hostmem_round(ch->host_bytes);
         } else {
-            TD_TRY(td_hostpool_alloc(m->pool, ch->bytes, role, &ch->host));
-            memset(ch->host, 0, ch->bytes);
-            m->stats.host_chunk_bytes += ch->bytes;
+            TD_TRY(td_hostpool_alloc(m->pool, ch->host_bytes, role, &ch->host));
+            memset(ch->host, 0, ch->host_bytes);
+            m->stats.host_chunk_bytes += ch->host_bytes;
         }
     }
     m->laid_out = 1;
@@ -264,14 +264,14 @@ static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
     td_event *e0, *e1;
     int tl_index;
     mm_tl_copy_events(m, &e0, &e1, &tl_index);
-    td_status st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->bytes, &ch->fence, e0, e1,
+    td_status st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->host_bytes, &ch->fence, e0, e1,
                                         &ch->writeback);
     if (st) return st;
     mm_tl_copy(m, MM_TL_WRITEBACK, (int)(ch - m->chunks), tl_index);
     ch->host_ver = ch->dev_ver;
     ch->fence = ch->writeback;
     m->stats.writebacks++;
-    m->stats.bytes_d2h += ch->bytes;
+    m->stats.bytes_d2h += ch->host_bytes;
     return TD_OK;
 }
 
@@ -407,17 +407,17 @@ static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, 
     if (!m->warmed_up && m->in_step && !prefetch && ms->n < MM_MEASURE_LOADS && ms->ev[0]) {
         e0 = ms->ev[2 * ms->n];
         e1 = ms->ev[2 * ms->n + 1];
-        ms->bytes[ms->n++] = ch->bytes;
+        ms->bytes[ms->n++] = ch->host_bytes;
     } else {
         mm_tl_copy_events(m, &e0, &e1, &tl_index);
     }
-    if ((st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->bytes, &after, e0, e1, &ch->load)))
+    if ((st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->host_bytes, &after, e0, e1, &ch->load)))
         return st;
     mm_tl_copy(m, MM_TL_LOAD, (int)(ch - m->chunks), tl_index);
     ch->fence = ch->load;
     ch->dev_ver = ch->host_ver;
     m->stats.loads++;
-    m->stats.bytes_h2d += ch->bytes;
+    m->stats.bytes_h2d += ch->host_bytes;
     if (prefetch) m->stats.prefetches++;
     else m->stats.demand_loads++;
     return TD_OK;
@@ -541,7 +541,7 @@ static int prefetch_window(td_memmgr *m)
     const mm_measure *ms = &m->measure;
     if (m->trace_len == 0 || ms->step_ms <= 0 || ms->load_ms_per_mib <= 0) return 4;
     double bytes = 0;
-    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)m->chunks[m->trace_seq[i]].bytes;
+    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)m->chunks[m->trace_seq[i]].host_bytes;
     double chunk_load_ms = ms->load_ms_per_mib * bytes / (double)m->trace_len / (double)TD_MiB;
     double access_ms = ms->step_ms / (double)m->trace_len;
     double w = access_ms > 0 ? chunk_load_ms / access_ms + 1.0 : 64.0;
@@ -979,7 +979,9 @@ size_t td_memmgr_tensor_offset(const td_memmgr *m, int id) { return m->tensors[i
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id) { return m->tensors[id].numel; }
 const char *td_memmgr_tensor_name(const td_memmgr *m, int id) { return m->tensors[id].name; }
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id) { return m->tensors[id].state; }
-size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
+size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->chunks[c].host_bytes; }
+size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
+size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int c) { return m->chunks[c].used_numel; }
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int c) { return m->chunks[c].role; }
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int c) { return m->chunks[c].home; }
 int td_memmgr_chunk_resident(const td_memmgr *m, int c) { return m->chunks[c].dev != NULL; }

@@ -32,7 +32,9 @@ typedef struct mm_chunk {
     td_tensor_role role;
     td_dtype dtype;
     int index;                  /* in its role's list */
-    size_t numel, bytes;        /* capacity */
+    size_t numel, bytes;        /* capacity: the device slot */
+    size_t used_numel;          /* up to the end of its last tensor (mirrored roles agree) */
+    size_t host_bytes;          /* the host copy and every copy: the used elements, no tail padding */
     int *tensors, n_tensors;
     int n_free;                 /* tensors in FREE */
     int pins;                   /* tensors in COMPUTE */

@@ -107,16 +107,30 @@ static void test_pageable_optimizer_state(void **state)
     int master0 = td_memmgr_role_chunk(r.m, TD_TENSOR_MASTER, 0);
     TD_ASSERT_OK(td_memmgr_set_chunk_home(r.m, master0, TD_HOME_DEVICE));
     assert_int_equal(td_memmgr_set_chunk_home(r.m, 9999, TD_HOME_HOST), TD_ERR_INVALID);
-    size_t pinned = 0, pageable = 0;
+    size_t pinned = 0, pinned_blocks = 0, pageable = 0;
     for (int c = 0; c < td_memmgr_chunk_count(r.m); c++) {
         td_tensor_role role = td_memmgr_chunk_role(r.m, c);
         int want = (role == TD_TENSOR_MASTER || role == TD_TENSOR_ADAM_M || role == TD_TENSOR_ADAM_V) && c != master0;
         assert_int_equal(td_memmgr_chunk_pageable(r.m, c), want);
-        size_t bytes = td_memmgr_chunk_bytes(r.m, c);
-        if (role == TD_TENSOR_ADAM_V) assert_int_equal(bytes, int8ish_bytes(4096, NULL));
-        else assert_int_equal(bytes, 4096 * (role == TD_TENSOR_PARAM || role == TD_TENSOR_GRAD ? 2 : 4));
+        /* The device slot is the capacity; the host copy stops at the last tensor. */
+        size_t bytes = td_memmgr_chunk_bytes(r.m, c), used = td_memmgr_chunk_numel_used(r.m, c), end = 0;
+        for (int k = 0; k < 5; k++)
+            for (int i = 0; i < N; i++)
+                if (td_memmgr_tensor_chunk(r.m, ids[k][i]) == c)
+                    end = td_memmgr_tensor_offset(r.m, ids[k][i]) + sizes[i] > end
+                              ? td_memmgr_tensor_offset(r.m, ids[k][i]) + sizes[i] : end;
+        assert_int_equal(used, end);
+        assert_true(used < 4096 || c == td_memmgr_role_chunk(r.m, role, 1)); /* 3000+700 and 1000: tails */
+        size_t el = role == TD_TENSOR_PARAM || role == TD_TENSOR_GRAD ? 2 : 4;
+        if (role == TD_TENSOR_ADAM_V) {
+            assert_int_equal(td_memmgr_chunk_slot_bytes(r.m, c), int8ish_bytes(4096, NULL));
+            assert_int_equal(bytes, int8ish_bytes(used, NULL));
+        } else {
+            assert_int_equal(td_memmgr_chunk_slot_bytes(r.m, c), 4096 * el);
+            assert_int_equal(bytes, used * el);
+        }
         if (want) pageable += td_hostmem_round(bytes);
-        else pinned += bytes;
+        else pinned += bytes, pinned_blocks += td_align_up(bytes, TD_HOSTPOOL_ALIGN);
     }
     TD_ASSERT_OK(td_memmgr_layout(r.m));
     assert_int_equal(td_memmgr_set_chunk_home(r.m, master0, TD_HOME_HOST), TD_ERR_STATE);
@@ -126,7 +140,7 @@ static void test_pageable_optimizer_state(void **state)
     assert_int_equal(s.host_pageable_bytes, pageable);
     td_hostpool_stats hs;
     td_hostpool_get_stats(r.pool, &hs);
-    assert_int_equal(hs.used[TD_ROLE_OPTIM] + hs.used[TD_ROLE_CHUNK], pinned); /* 4 KiB multiples here */
+    assert_int_equal(hs.used[TD_ROLE_OPTIM] + hs.used[TD_ROLE_CHUNK], pinned_blocks); /* in 4 KiB blocks */
     /* Host access works on every chunk, pageable ones read zero at first;
      * an opaque role's tensors all point at their chunk's start. */
     void *p[2];

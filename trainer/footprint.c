@@ -85,7 +85,7 @@ td_state_bytes td_train_state_of(td_memmgr *mm)
 {
     td_state_bytes s = {0};
     for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
-        size_t b = td_memmgr_chunk_bytes(mm, c);
+        size_t b = td_memmgr_chunk_slot_bytes(mm, c); /* the device's view */
         td_tensor_role r = td_memmgr_chunk_role(mm, c);
         s.all += b;
         if (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD) s.param_grad += b;

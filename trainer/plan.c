@@ -29,7 +29,7 @@ static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
         for (int j = 0; j < k && !dup; j++) dup = seen[j] == c;
         if (dup) continue;
         if (k < 64) seen[k++] = c;
-        bytes += td_memmgr_chunk_bytes(mm, c);
+        bytes += td_memmgr_chunk_slot_bytes(mm, c);
     }
     return bytes;
 }
@@ -51,8 +51,9 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->padding_bytes = td_memmgr_padding_bytes(mm);
     size_t largest = 0, state_all = 0;
     for (int c = 0; c < out->chunks; c++) {
-        size_t b = td_memmgr_chunk_bytes(mm, c);
+        size_t b = td_memmgr_chunk_slot_bytes(mm, c);
         out->role_bytes[td_memmgr_chunk_role(mm, c)] += b;
+        out->host_role_bytes[td_memmgr_chunk_role(mm, c)] += td_memmgr_chunk_bytes(mm, c);
         state_all += b;
         if (b > largest) largest = b;
     }
@@ -99,7 +100,8 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     /* Traffic: what does not stay on the device is loaded in forward and in
      * backward of every micro-batch; grads go back once a step; the new
      * params of every chunk come up once (the CPU AdamW writes them). */
-    double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
+    double params_bytes = (double)out->host_role_bytes[TD_TENSOR_PARAM];
+    double grads_bytes = (double)out->host_role_bytes[TD_TENSOR_GRAD]; /* copies stop at the last tensor */
     double room = budget > out->min_device_bytes ? (double)(budget - out->min_device_bytes) : 0;
     double resident = cfg->mm.placement == TD_PLACEMENT_CPU ? 0
                     : cfg->mm.placement == TD_PLACEMENT_CUDA ? params_bytes + grads_bytes

@@ -176,7 +176,14 @@ size_t td_memmgr_tensor_offset(const td_memmgr *m, int id); /* elements into its
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id);
 const char *td_memmgr_tensor_name(const td_memmgr *m, int id);
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
+/* A chunk's bytes up to the end of its last tensor: its host copy, what
+ * every copy moves, and what a per-chunk optimizer updates (chunk i of
+ * mirrored roles holds the same elements).  The device slot is the
+ * capacity, td_memmgr_chunk_slot_bytes (the layout's common size, so slots
+ * of one size are reused by any chunk). */
 size_t td_memmgr_chunk_bytes(const td_memmgr *m, int chunk);
+size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int chunk);
+size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int chunk);
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int chunk);
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int chunk);
 int td_memmgr_chunk_resident(const td_memmgr *m, int chunk);
@@ -191,8 +198,9 @@ td_status td_memmgr_release(td_memmgr *m, const int *ids, int n, td_tensor_state
 /* A state change that moves nothing (e.g. READY_FOR_REDUCE -> HOLD). */
 td_status td_memmgr_set_state(td_memmgr *m, const int *ids, int n, td_tensor_state to);
 td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned flags, void **host_ptrs);
-/* The same for a whole chunk (its numel elements, padding included: the
- * per-chunk optimizer's view).  For a write no tensor of it may be FREE. */
+/* The same for a whole chunk (td_memmgr_chunk_bytes of it: up to its last
+ * tensor, alignment gaps included: the per-chunk optimizer's view).  For a
+ * write no tensor of it may be FREE. */
 td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, void **host);
 td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
 

@@ -106,7 +106,9 @@ typedef struct td_train_plan {
     size_t params;                              /* model parameters */
     int chunks;
     size_t chunk_numel, padding_bytes;
-    size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role */
+    size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role, as device slots */
+    size_t host_role_bytes[TD_TENSOR_ROLE_COUNT]; /* the same up to each chunk's last tensor: the host
+                                                   copies (no tail padding) */
     size_t nonmodel_bytes;                      /* activations + workspace + staging, device */
     size_t activation_bytes, workspace_bytes, staging_bytes;
     int ckpt;                                   /* ckpt_blocks > 0 */
