@@ -1,7 +1,11 @@
 /* `tidal bench ops`: the time of each CUDA op of one transformer block at a
  * training shape, and of the whole block forward and backward, so that a
  * step's compute can be split by op (what the trainer runs: the same ops,
- * the same shapes, buffers from the arena).
+ * the same shapes, buffers from the arena).  Two blocks at the same width:
+ * GPT-2's (LayerNorm, fused qkv, multi-head attention, GELU MLP) and a
+ * LLaMA-family one (RMSNorm, fused qkv with grouped-query heads, RoPE on q
+ * and k, flash GQA, SwiGLU MLP with gate and up from one matmul), so that
+ * their TFLOP/s per block compare.
  *
  * Each figure is the median of --repeat timed runs after two warm-up runs,
  * timed with CUDA events on one stream.  Matmuls and attention also give
@@ -11,8 +15,11 @@
  * whole block on), random as in training. */
 #include "../cli/cli.h"
 #include "../cli/args.h"
+#include "tidal/arena.h"
 #include "tidal/block_probe.h"
 #include "tidal/backend.h"
+#include "tidal/convert.h"
+#include "tidal/ops.h"
 #include "tidal/ops_cuda.h"
 #include "tidal/util.h"
 
@@ -22,7 +29,7 @@
 #include <string.h>
 
 typedef struct opts {
-    int width, heads, seq, batch, repeat, json;
+    int width, heads, kv_heads, mlp, seq, batch, repeat, json;
     const char *precision;
 } opts;
 
@@ -36,8 +43,13 @@ static int cmp_double(const void *a, const void *b)
 
 /* One op on the probe's buffers. */
 typedef td_status (*op_fn)(td_block_probe *b);
+/* One op of the LLaMA block. */
+typedef struct llama_probe llama_probe;
+typedef td_status (*llama_fn)(llama_probe *l);
 
-static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
+/* Median time of `repeat` runs of fn(b) (or lfn(l)) after two warm-ups. */
+static td_status time_any(td_block_probe *b, op_fn fn, llama_probe *l, llama_fn lfn, void *stream, int repeat,
+                          double *ms)
 {
     cudaEvent_t e0, e1;
     double *t = malloc((size_t)repeat * sizeof *t);
@@ -47,11 +59,11 @@ static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
         free(t);
         return td_error_set(TD_ERR_BACKEND, "cudaEventCreate failed");
     }
-    for (int i = 0; i < 2 && !st; i++) st = fn(b);
+    for (int i = 0; i < 2 && !st; i++) st = fn ? fn(b) : lfn(l);
     for (int i = 0; i < repeat && !st; i++) {
-        cudaEventRecord(e0, b->stream);
-        st = fn(b);
-        cudaEventRecord(e1, b->stream);
+        cudaEventRecord(e0, stream);
+        st = fn ? fn(b) : lfn(l);
+        cudaEventRecord(e1, stream);
         if (cudaEventSynchronize(e1) != cudaSuccess) st = td_error_set(TD_ERR_BACKEND, "an op failed");
         float f = 0;
         cudaEventElapsedTime(&f, e0, e1);
@@ -65,6 +77,11 @@ static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
     cudaEventDestroy(e1);
     free(t);
     return st;
+}
+
+static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
+{
+    return time_any(b, fn, NULL, NULL, b->stream, repeat, ms);
 }
 
 /* The ops, in the order a block runs them. */
@@ -149,12 +166,282 @@ static td_status ln1_bwd(td_block_probe *b)
 static td_status block_fwd(td_block_probe *b) { return td_block_probe_forward(b); }
 static td_status block_bwd(td_block_probe *b) { return td_block_probe_backward(b); }
 
+/* --- the LLaMA-family block ------------------------------------------------------ */
+
+/* Its params, grads, activations and buffers, from one arena.  Shapes: N =
+ * B T rows, C wide, NH query heads and NKV key/value heads of hs = C / NH, QKV
+ * = (NH + 2 NKV) hs, MLP width F. */
+struct llama_probe {
+    int B, T, N, C, NH, NKV, hs, QKV, F;
+    td_dtype dt;
+    td_arena *arena;
+    td_ops_cuda *ops;
+    void *stream;
+    void *rms1_w, *qkv_w, *o_w, *rms2_w, *gu_w, *down_w;        /* params */
+    void *g_rms1_w, *g_qkv_w, *g_o_w, *g_rms2_w, *g_gu_w, *g_down_w; /* grads */
+    void *rms1, *qkv, *atty, *res2, *rms2, *gu, *h;             /* acts */
+    float *rstd1, *rstd2, *lse, *inv_freq;
+    void *x, *y, *dy, *dx, *dres2, *dc, *dqkv, *dgu, *dh;       /* gradients on the way */
+    void *scratch;
+    size_t scratch_bytes;
+};
+
+enum { L_PARAMS = 6, L_BUFS = 6 + 6 + 7 + 4 + 9 + 1 };
+
+static td_status llama_fill(void *dev, size_t n, td_dtype dt, uint64_t seed, float scale)
+{
+    size_t E = td_dtype_bytes(dt);
+    void *h = malloc(n * E);
+    if (!h) return td_error_set(TD_ERR_NOMEM, "bench ops: %zu bytes of host staging", n * E);
+    td_rng r;
+    td_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)(td_rng_uniform(&r) * 2.0 - 1.0) * scale;
+        if (dt == TD_DTYPE_F32) ((float *)h)[i] = v;
+        else ((uint16_t *)h)[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(v) : td_f16_from_f32(v);
+    }
+    cudaError_t e = cudaMemcpy(dev, h, n * E, cudaMemcpyHostToDevice);
+    free(h);
+    return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpy: %s", cudaGetErrorString(e));
+}
+
+static void llama_destroy(llama_probe *l)
+{
+    if (!l) return;
+    td_ops_cuda_free(l->ops);
+    td_arena_destroy(l->arena);
+    free(l);
+}
+
+static td_status llama_create(td_backend *be, int B, int T, int C, int NH, int NKV, int F, td_dtype dt,
+                              llama_probe **out)
+{
+    td_status st = TD_OK;
+    *out = NULL;
+    llama_probe *l = calloc(1, sizeof *l);
+    if (!l) return td_error_set(TD_ERR_NOMEM, "bench ops: llama probe");
+    const size_t E = td_dtype_bytes(dt), N = (size_t)B * T, hs = (size_t)C / NH, QKV = (NH + 2 * (size_t)NKV) * hs;
+    l->B = B, l->T = T, l->N = (int)N, l->C = C, l->NH = NH, l->NKV = NKV, l->hs = (int)hs, l->QKV = (int)QKV, l->F = F;
+    l->dt = dt;
+    size_t sb = td_ops_cuda_attention_gqa_scratch_bytes(B, T, NH, NKV, (int)hs, dt);
+    size_t m = td_ops_cuda_rmsnorm_scratch_bytes((int)N, C);
+    if (m > sb) sb = m;
+    /* every buffer and its bytes, in one table */
+    void **ptr[L_BUFS] = {&l->rms1_w, &l->qkv_w, &l->o_w, &l->rms2_w, &l->gu_w, &l->down_w,
+                          &l->g_rms1_w, &l->g_qkv_w, &l->g_o_w, &l->g_rms2_w, &l->g_gu_w, &l->g_down_w,
+                          &l->rms1, &l->qkv, &l->atty, &l->res2, &l->rms2, &l->gu, &l->h,
+                          (void **)&l->rstd1, (void **)&l->rstd2, (void **)&l->lse, (void **)&l->inv_freq,
+                          &l->x, &l->y, &l->dy, &l->dx, &l->dres2, &l->dc, &l->dqkv, &l->dgu, &l->dh,
+                          &l->scratch};
+    const size_t numel[L_PARAMS] = {(size_t)C, QKV * C, (size_t)C * C, (size_t)C, 2 * (size_t)F * C, (size_t)C * F};
+    size_t bytes[L_BUFS] = {0};
+    for (int i = 0; i < L_PARAMS; i++) bytes[i] = bytes[L_PARAMS + i] = numel[i] * E;
+    const size_t acts[7] = {N * C, N * QKV, N * C, N * C, N * C, N * 2 * F, N * F};
+    for (int i = 0; i < 7; i++) bytes[12 + i] = acts[i] * E;
+    bytes[19] = bytes[20] = N * sizeof(float);
+    bytes[21] = (size_t)B * NH * T * sizeof(float);
+    bytes[22] = hs / 2 * sizeof(float);
+    const size_t grads[9] = {N * C, N * C, N * C, N * C, N * C, N * C, N * QKV, N * 2 * F, N * F};
+    for (int i = 0; i < 9; i++) bytes[23 + i] = grads[i] * E;
+    bytes[32] = sb;
+    size_t total = TD_OPS_CUDA_WORKSPACE_BYTES;
+    for (int i = 0; i < L_BUFS; i++) total += td_align_up(bytes[i], TD_ARENA_ALIGN);
+    void *ws = NULL;
+    TD_TRY(td_arena_create(be, total, &l->arena));
+    TD_TRY(td_arena_alloc(l->arena, TD_OPS_CUDA_WORKSPACE_BYTES, TD_ROLE_WORKSPACE, &ws));
+    for (int i = 0; i < L_BUFS; i++) TD_TRY(td_arena_alloc(l->arena, bytes[i], TD_ROLE_WORKSPACE, ptr[i]));
+    l->scratch_bytes = sb;
+    /* params of a trained model's scale, gains near 1; x and dy as the GPT-2 probe's */
+    for (int i = 0; i < L_PARAMS; i++) TD_TRY(llama_fill(*ptr[i], numel[i], dt, 10 + i, i == 0 || i == 3 ? 1.0f : 0.02f));
+    for (int i = L_PARAMS; i < 2 * L_PARAMS; i++)
+        if (cudaMemset(*ptr[i], 0, bytes[i]) != cudaSuccess) TD_FAIL(TD_ERR_BACKEND, "bench ops: cudaMemset failed");
+    TD_TRY(llama_fill(l->x, N * C, dt, 20, 1.0f));
+    TD_TRY(llama_fill(l->dy, N * C, dt, 21, 1e-3f));
+    /* Llama 3.1's rope: theta 500000 with llama3 scaling */
+    {
+        float inv[512];
+        const td_rope_scaling llama3 = {8.0f, 1.0f, 4.0f, 8192};
+        td_ops_rope_inv_freq(inv, (int)hs, 500000.0f, &llama3);
+        if (cudaMemcpy(l->inv_freq, inv, hs / 2 * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+            TD_FAIL(TD_ERR_BACKEND, "bench ops: cudaMemcpy of the rope table failed");
+    }
+    td_ops_cuda_params op = td_ops_cuda_default_params();
+    op.workspace = ws;
+    op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
+    TD_TRY(td_ops_cuda_create(&op, &l->ops));
+    l->stream = td_backend_native_queue(be, TD_QUEUE_COMPUTE);
+    *out = l;
+    return TD_OK;
+cleanup:
+    llama_destroy(l);
+    return st;
+}
+
+#define LLAMA_EPS 1e-5f
+
+/* forward: rms1 -> qkv -> rope(q, k) -> GQA -> o + x -> rms2 -> gate|up -> SwiGLU -> down + res2 */
+static td_status l_rms1_fwd(llama_probe *l)
+{
+    return td_ops_cuda_rmsnorm_forward(l->rms1, l->rstd1, l->x, l->rms1_w, l->N, l->C, LLAMA_EPS, l->dt, l->stream);
+}
+static td_status l_qkv_fwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_forward(l->ops, l->qkv, NULL, l->rms1, l->qkv_w, NULL, NULL, l->N, l->C, l->QKV, l->dt,
+                                      l->stream);
+}
+static td_status l_rope_fwd(llama_probe *l)
+{
+    return td_ops_cuda_rope_forward(l->qkv, l->inv_freq, l->B, l->T, l->NH + l->NKV, l->hs, (size_t)l->QKV, l->dt,
+                                    l->stream);
+}
+static td_status l_att_fwd(llama_probe *l)
+{
+    return td_ops_cuda_attention_gqa_forward(l->ops, l->atty, l->lse, l->qkv, l->B, l->T, l->NH, l->NKV, l->hs, l->dt,
+                                             l->scratch, l->scratch_bytes, l->stream);
+}
+static td_status l_o_fwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_forward(l->ops, l->res2, NULL, l->atty, l->o_w, NULL, l->x, l->N, l->C, l->C, l->dt,
+                                      l->stream);
+}
+static td_status l_rms2_fwd(llama_probe *l)
+{
+    return td_ops_cuda_rmsnorm_forward(l->rms2, l->rstd2, l->res2, l->rms2_w, l->N, l->C, LLAMA_EPS, l->dt, l->stream);
+}
+static td_status l_gu_fwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_forward(l->ops, l->gu, NULL, l->rms2, l->gu_w, NULL, NULL, l->N, l->C, 2 * l->F, l->dt,
+                                      l->stream);
+}
+static td_status l_swiglu_fwd(llama_probe *l)
+{
+    return td_ops_cuda_swiglu_forward(l->h, l->gu, l->N, l->F, l->dt, l->stream);
+}
+static td_status l_down_fwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_forward(l->ops, l->y, NULL, l->h, l->down_w, NULL, l->res2, l->N, l->F, l->C, l->dt,
+                                      l->stream);
+}
+/* backward, from dy: dres2 = dy + the MLP branch's, dx = dres2 + the attention branch's */
+static td_status l_down_bwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_backward(l->ops, l->dh, l->g_down_w, NULL, l->dy, l->h, l->down_w, l->N, l->F, l->C,
+                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+}
+static td_status l_swiglu_bwd(llama_probe *l)
+{
+    return td_ops_cuda_swiglu_backward(l->dgu, l->dh, l->gu, l->N, l->F, TD_OPS_CUDA_SET, l->dt, l->stream);
+}
+static td_status l_gu_bwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_backward(l->ops, l->dc, l->g_gu_w, NULL, l->dgu, l->rms2, l->gu_w, l->N, l->C, 2 * l->F,
+                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+}
+static td_status l_rms2_bwd(llama_probe *l)
+{
+    if (cudaMemcpyAsync(l->dres2, l->dy, (size_t)l->N * l->C * td_dtype_bytes(l->dt), cudaMemcpyDeviceToDevice,
+                        (cudaStream_t)l->stream) != cudaSuccess)
+        return td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpyAsync failed");
+    return td_ops_cuda_rmsnorm_backward(l->dres2, l->g_rms2_w, l->dc, l->res2, l->rms2_w, l->rstd2, l->N, l->C, l->dt,
+                                        l->dt, l->scratch, l->scratch_bytes, l->stream);
+}
+static td_status l_o_bwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_backward(l->ops, l->dc, l->g_o_w, NULL, l->dres2, l->atty, l->o_w, l->N, l->C, l->C,
+                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+}
+static td_status l_att_bwd(llama_probe *l)
+{
+    return td_ops_cuda_attention_gqa_backward(l->ops, l->dqkv, l->dc, l->qkv, l->atty, l->lse, l->B, l->T, l->NH,
+                                              l->NKV, l->hs, TD_OPS_CUDA_SET, l->dt, l->scratch, l->scratch_bytes,
+                                              l->stream);
+}
+static td_status l_rope_bwd(llama_probe *l)
+{
+    return td_ops_cuda_rope_backward(l->dqkv, l->inv_freq, l->B, l->T, l->NH + l->NKV, l->hs, (size_t)l->QKV, l->dt,
+                                     l->stream);
+}
+static td_status l_qkv_bwd(llama_probe *l)
+{
+    return td_ops_cuda_matmul_backward(l->ops, l->dc, l->g_qkv_w, NULL, l->dqkv, l->rms1, l->qkv_w, l->N, l->C, l->QKV,
+                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+}
+static td_status l_rms1_bwd(llama_probe *l)
+{
+    if (cudaMemcpyAsync(l->dx, l->dres2, (size_t)l->N * l->C * td_dtype_bytes(l->dt), cudaMemcpyDeviceToDevice,
+                        (cudaStream_t)l->stream) != cudaSuccess)
+        return td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpyAsync failed");
+    return td_ops_cuda_rmsnorm_backward(l->dx, l->g_rms1_w, l->dc, l->x, l->rms1_w, l->rstd1, l->N, l->C, l->dt, l->dt,
+                                        l->scratch, l->scratch_bytes, l->stream);
+}
+
+static const llama_fn l_fwd_ops[] = {l_rms1_fwd, l_qkv_fwd,    l_rope_fwd, l_att_fwd, l_o_fwd,
+                                     l_rms2_fwd, l_gu_fwd,     l_swiglu_fwd, l_down_fwd};
+static const llama_fn l_bwd_ops[] = {l_down_bwd, l_swiglu_bwd, l_gu_bwd,   l_rms2_bwd, l_o_bwd,
+                                     l_att_bwd,  l_rope_bwd,   l_qkv_bwd,  l_rms1_bwd};
+enum { L_FWD = sizeof l_fwd_ops / sizeof l_fwd_ops[0], L_BWD = sizeof l_bwd_ops / sizeof l_bwd_ops[0] };
+
+static td_status l_block_fwd(llama_probe *l)
+{
+    td_status st = TD_OK;
+    for (int i = 0; i < L_FWD && !st; i++) st = l_fwd_ops[i](l);
+    return st;
+}
+static td_status l_block_bwd(llama_probe *l)
+{
+    td_status st = TD_OK;
+    for (int i = 0; i < L_BWD && !st; i++) st = l_bwd_ops[i](l);
+    return st;
+}
+
+/* The largest divisor of NH that is at most NH / 4 (Llama 3's 4 query heads a
+ * key/value head where NH allows), at least 1. */
+static int default_kv_heads(int NH)
+{
+    for (int d = NH / 4; d > 1; d--)
+        if (NH % d == 0) return d;
+    return 1;
+}
+
+/* Prints (or, json, emits) a table of rows whose last two are the block's
+ * forward and backward; the first nfwd rows are forward ops. */
+static void print_rows(const char *title, const row *rows, int nrows, int nfwd, int json)
+{
+    if (json) {
+        for (int i = 0; i < nrows; i++)
+            printf("%s{\"op\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f,\"gbytes_per_s\":%.1f}", i ? "," : "", rows[i].name,
+                   rows[i].ms, rows[i].flops > 0 ? rows[i].flops / rows[i].ms * 1e-9 : 0,
+                   rows[i].bytes > 0 ? rows[i].bytes / rows[i].ms * 1e-6 : 0);
+        return;
+    }
+    printf("%s\n\n%-32s %10s %10s %10s %8s\n", title, "op", "ms", "TFLOP/s", "GB/s", "share");
+    double fsum = 0, bsum = 0;
+    for (int i = 0; i < nrows - 2; i++) *(i < nfwd ? &fsum : &bsum) += rows[i].ms;
+    for (int i = 0; i < nrows; i++) {
+        double whole = i < nfwd ? fsum : i < nrows - 2 ? bsum : 0;
+        if (i == nrows - 2) printf("\n");
+        printf("%-32s %10.3f ", rows[i].name, rows[i].ms);
+        if (rows[i].flops > 0) printf("%10.1f ", rows[i].flops / rows[i].ms * 1e-9);
+        else printf("%10s ", "-");
+        if (rows[i].bytes > 0) printf("%10.1f ", rows[i].bytes / rows[i].ms * 1e-6);
+        else printf("%10s ", "-");
+        if (whole > 0) printf("%7.1f%%\n", 100 * rows[i].ms / whole);
+        else printf("%8s\n", "-");
+    }
+    printf("\nsum of the ops: forward %.3f ms, backward %.3f ms (the block runs add their own glue)\n", fsum, bsum);
+}
+
 int td_bench_ops_main(int argc, char **argv)
 {
     opts o = { .width = 1600, .heads = 25, .seq = 1024, .batch = 32, .repeat = 10, .precision = "bf16" };
     td_opt table[] = {
         {"width", TD_OPT_INT, &o.width, "C", "embedding width (default 1600, GPT-2 1.5B)", 0},
         {"heads", TD_OPT_INT, &o.heads, "H", "attention heads (default 25)", 0},
+        {"kv-heads", TD_OPT_INT, &o.kv_heads, "K",
+         "key/value heads of the LLaMA block (default: the largest divisor of --heads that is at most a quarter of it)",
+         0},
+        {"mlp", TD_OPT_INT, &o.mlp, "F",
+         "MLP width of the LLaMA block (default 8C/3 rounded up to a multiple of 256, LLaMA's rule)", 0},
         {"seq", TD_OPT_INT, &o.seq, "T", "sequence length (default 1024)", 0},
         {"micro-batch", TD_OPT_INT, &o.batch, "B", "sequences (default 32)", 0},
         {"precision", TD_OPT_STRING, &o.precision, "P", "bf16 (default), fp16 or fp32", 0},
@@ -164,16 +451,28 @@ int td_bench_ops_main(int argc, char **argv)
     };
     int rc = td_args_main(table, argc, argv, "bench ops",
                           "usage: tidal bench ops [options]\n\nTimes each CUDA op of one transformer block "
-                          "(and the whole block, forward and backward)\nat a training shape: ms, TFLOP/s, GB/s.");
+                          "(and the whole block, forward and backward)\nat a training shape: ms, TFLOP/s, GB/s.  Two "
+                          "blocks of the same width: GPT-2's\n(LayerNorm, multi-head attention, GELU MLP of 4C) and a "
+                          "LLaMA-family one\n(RMSNorm, grouped-query attention with RoPE, SwiGLU MLP of --mlp); the "
+                          "last\nline compares their TFLOP/s per block.");
     if (rc >= 0) return rc;
     rc = 1;
     td_status st = TD_OK;
     td_backend *be = NULL;
     td_block_probe *pr = NULL;
+    llama_probe *lp = NULL;
     td_dtype dt;
     if ((st = td_dtype_parse(o.precision, &dt))) goto done;
     if (o.repeat < 1 || o.batch < 1 || o.seq < 1 || o.heads < 1 || o.width % o.heads) {
         st = td_error_set(TD_ERR_INVALID, "--repeat, --micro-batch, --seq must be positive and --heads divide --width");
+        goto done;
+    }
+    if (!o.kv_heads) o.kv_heads = default_kv_heads(o.heads);
+    if (!o.mlp) o.mlp = (8 * o.width / 3 + 255) / 256 * 256;
+    if (o.kv_heads < 1 || o.heads % o.kv_heads || o.mlp < 1 || (o.width / o.heads) % 2) {
+        st = td_error_set(TD_ERR_INVALID,
+                          "--kv-heads %d must divide --heads %d, --mlp %d be positive and the head size %d even",
+                          o.kv_heads, o.heads, o.mlp, o.width / o.heads);
         goto done;
     }
     td_gpt_ref_config mc = { .n_layer = 1, .n_head = o.heads, .n_embd = o.width, .n_positions = o.seq,
@@ -219,39 +518,90 @@ int td_bench_ops_main(int argc, char **argv)
         }
         if (!o.json) fprintf(stderr, "\r%d/%d", i + 1, nrows);
     }
+    /* the LLaMA block at the same width, timed after the GPT-2 one's buffers are gone */
+    const int NKV = o.kv_heads, F = o.mlp, hs = o.width / o.heads, QKV = (o.heads + 2 * NKV) * hs;
+    double gpt_fwd_tf = rows[nrows - 2].flops / rows[nrows - 2].ms * 1e-9,
+           gpt_bwd_tf = rows[nrows - 1].flops / rows[nrows - 1].ms * 1e-9,
+           gpt_tf = (rows[nrows - 2].flops + rows[nrows - 1].flops) / (rows[nrows - 2].ms + rows[nrows - 1].ms) * 1e-9;
+    int gB = b->B, gT = b->T;
     if (o.json) {
-        printf("{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"precision\":\"%s\"},\"ops\":[", b->B, b->T, o.width, o.heads,
-               td_dtype_name(dt));
-        for (int i = 0; i < nrows; i++)
-            printf("%s{\"op\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f,\"gbytes_per_s\":%.1f}", i ? "," : "", rows[i].name,
-                   rows[i].ms, rows[i].flops > 0 ? rows[i].flops / rows[i].ms * 1e-9 : 0,
-                   rows[i].bytes > 0 ? rows[i].bytes / rows[i].ms * 1e-6 : 0);
-        printf("]}\n");
+        printf("{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"precision\":\"%s\"},\"ops\":[", gB, gT, o.width,
+               o.heads, td_dtype_name(dt));
+        print_rows(NULL, rows, nrows, 7, 1);
+        printf("]");
     } else {
         fprintf(stderr, "\r");
-        printf("one block, B %d x T %d, C %d, %d heads, %s; median of %d runs\n\n", b->B, b->T, o.width, o.heads,
-               td_dtype_name(dt), o.repeat);
-        printf("%-32s %10s %10s %10s %8s\n", "op", "ms", "TFLOP/s", "GB/s", "share");
-        double fsum = 0, bsum = 0;
-        for (int i = 0; i < nrows - 2; i++) *(i < 7 ? &fsum : &bsum) += rows[i].ms;
-        for (int i = 0; i < nrows; i++) {
-            double whole = i < 7 ? fsum : i < nrows - 2 ? bsum : 0;
-            if (i == nrows - 2) printf("\n");
-            printf("%-32s %10.3f ", rows[i].name, rows[i].ms);
-            if (rows[i].flops > 0) printf("%10.1f ", rows[i].flops / rows[i].ms * 1e-9);
-            else printf("%10s ", "-");
-            if (rows[i].bytes > 0) printf("%10.1f ", rows[i].bytes / rows[i].ms * 1e-6);
-            else printf("%10s ", "-");
-            if (whole > 0) printf("%7.1f%%\n", 100 * rows[i].ms / whole);
-            else printf("%8s\n", "-");
+        char title[160];
+        snprintf(title, sizeof title, "GPT-2 block, B %d x T %d, C %d, %d heads, MLP %d, %s; median of %d runs", gB, gT,
+                 o.width, o.heads, 4 * o.width, td_dtype_name(dt), o.repeat);
+        print_rows(title, rows, nrows, 7, 0);
+    }
+    td_block_probe_destroy(pr);
+    pr = NULL;
+    if ((st = llama_create(be, o.batch, o.seq, o.width, o.heads, NKV, F, dt, &lp))) goto done;
+    {
+        llama_probe *l = lp;
+        const double lmm = 2.0 * (double)N, natt = (double)o.width * E * N;
+        row lrows[] = {
+            {"rmsnorm 1 forward", 0, 0, 2 * natt},
+            {"qkv matmul forward", 0, lmm * C * QKV, 0},
+            {"rope q, k forward", 0, 0, 2.0 * N * (o.heads + NKV) * hs * E},
+            {"attention gqa forward", 0, att, 0},
+            {"o matmul + residual fwd", 0, lmm * C * C, 0},
+            {"rmsnorm 2 forward", 0, 0, 2 * natt},
+            {"gate|up matmul forward", 0, lmm * C * 2 * F, 0},
+            {"swiglu forward", 0, 0, 3.0 * N * F * E},
+            {"down matmul + residual fwd", 0, lmm * F * C, 0},
+            {"down matmul backward", 0, 2 * lmm * F * C, 0},
+            {"swiglu backward", 0, 0, 5.0 * N * F * E},
+            {"gate|up matmul backward", 0, 2 * lmm * C * 2 * F, 0},
+            {"rmsnorm 2 backward (+ copy)", 0, 0, 5 * natt},
+            {"o matmul backward", 0, 2 * lmm * C * C, 0},
+            {"attention gqa backward", 0, 2.5 * att, 0},
+            {"rope q, k backward", 0, 0, 2.0 * N * (o.heads + NKV) * hs * E},
+            {"qkv matmul backward", 0, 2 * lmm * C * QKV, 0},
+            {"rmsnorm 1 backward (+ copy)", 0, 0, 5 * natt},
+            {"block forward", 0, 0, 0},
+            {"block backward", 0, 0, 0},
+        };
+        const int nl = (int)(sizeof lrows / sizeof lrows[0]);
+        if ((st = l_block_fwd(l))) goto done;
+        for (int i = 0; i < nl; i++) {
+            llama_fn fn = i < L_FWD ? l_fwd_ops[i] : i < L_FWD + L_BWD ? l_bwd_ops[i - L_FWD]
+                                                   : i == nl - 2 ? l_block_fwd : l_block_bwd;
+            if (i < L_FWD && (st = l_block_fwd(l))) goto done;
+            if ((st = time_any(NULL, NULL, l, fn, l->stream, o.repeat, &lrows[i].ms))) goto done;
+            if (i < nl - 2) lrows[i < L_FWD ? nl - 2 : nl - 1].flops += lrows[i].flops;
+            if (!o.json) fprintf(stderr, "\r%d/%d", i + 1, nl);
         }
-        printf("\nsum of the ops: forward %.3f ms, backward %.3f ms (the block runs add their own glue)\n", fsum,
-               bsum);
+        const double l_fwd_tf = lrows[nl - 2].flops / lrows[nl - 2].ms * 1e-9,
+                     l_bwd_tf = lrows[nl - 1].flops / lrows[nl - 1].ms * 1e-9,
+                     l_tf = (lrows[nl - 2].flops + lrows[nl - 1].flops) / (lrows[nl - 2].ms + lrows[nl - 1].ms) * 1e-9;
+        if (o.json) {
+            printf(",\"llama\":{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"F\":%d},\"ops\":[", l->B,
+                   l->T, o.width, o.heads, NKV, F);
+            print_rows(NULL, lrows, nl, L_FWD, 1);
+            printf("]},\"tflops_per_block\":{\"gpt2\":{\"forward\":%.1f,\"backward\":%.1f,\"both\":%.1f},"
+                   "\"llama\":{\"forward\":%.1f,\"backward\":%.1f,\"both\":%.1f}}}\n",
+                   gpt_fwd_tf, gpt_bwd_tf, gpt_tf, l_fwd_tf, l_bwd_tf, l_tf);
+        } else {
+            fprintf(stderr, "\r");
+            char title[200];
+            snprintf(title, sizeof title,
+                     "\nLLaMA block, B %d x T %d, C %d, %d query heads, %d key/value heads, MLP %d (SwiGLU), %s",
+                     l->B, l->T, o.width, o.heads, NKV, F, td_dtype_name(dt));
+            print_rows(title, lrows, nl, L_FWD, 0);
+            printf("\nTFLOP/s per block: GPT-2 forward %.1f, backward %.1f, both %.1f; LLaMA forward %.1f, "
+                   "backward %.1f, both %.1f\n(LLaMA / GPT-2: %.2fx forward, %.2fx backward, %.2fx both)\n",
+                   gpt_fwd_tf, gpt_bwd_tf, gpt_tf, l_fwd_tf, l_bwd_tf, l_tf, l_fwd_tf / gpt_fwd_tf,
+                   l_bwd_tf / gpt_bwd_tf, l_tf / gpt_tf);
+        }
     }
     rc = 0;
 done:
     if (st) fprintf(stderr, "tidal bench ops: %s\n", td_error_msg());
     td_block_probe_destroy(pr);
+    llama_destroy(lp);
     td_backend_free(be);
     td_args_free();
     return rc;

@@ -157,14 +157,19 @@ int td_cli_generate_main(int argc, char **argv)
         {"tokens", TD_OPT_INT, &tokens, "N", "tokens to generate (default 200)", 0},
         {"temperature", TD_OPT_DOUBLE, &temperature, "T", "sampling temperature; 0 is greedy (default 0.8)", 0},
         {"seed", TD_OPT_U64, &seed, "S", "sampling seed (default 1)", 0},
-        {"tokenizer", TD_OPT_STRING, &tok_kind, "K", "byte or gpt2 (default: what the checkpoint was trained with)", 0},
+        {"tokenizer", TD_OPT_STRING, &tok_kind, "K", "byte, gpt2 or a tokenizer.json (a .json file or a folder\n"
+                                                    "holding one; default: what the checkpoint was trained with,\n"
+                                                    "or the tokenizer.json / vocab.json + merges.txt it holds)", 0},
         {"vocab", TD_OPT_STRING, &vocab_path, "FILE", "gpt2: vocab.json (default: the checkpoint's own)", 0},
         {"merges", TD_OPT_STRING, &merges, "FILE", "gpt2: merges.txt (default: the checkpoint's own)", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = parse_model_command(table, argc, argv, "generate",
                                  "usage: tidal generate --checkpoint DIR [--prompt TEXT] [options]\n\n"
-                                 "Continues the prompt with text sampled from the model, one token at a time.");
+                                 "Continues the prompt with text sampled from the model, one token at a time.\n"
+                                 "The tokenizer is the one the checkpoint carries (tidal's checkpoints keep\n"
+                                 "the tokenizer.json or vocab.json + merges.txt the data was prepared with;\n"
+                                 "a Hugging Face folder holds its own), unless --tokenizer names another.");
     if (rc >= 0) return rc;
     rc = 1;
     td_trainer *t = NULL;
@@ -182,7 +187,7 @@ int td_cli_generate_main(int argc, char **argv)
     /* The tokenizer: the flag, else the checkpoint's record, else byte. */
     if (!tok_kind && td_ckpt_reader_open(m.checkpoint, NULL, &rd) == TD_OK) {
         const char *k = td_ckpt_reader_meta(rd, "tokenizer");
-        tok_kind = k ? (!strcmp(k, "gpt2") ? "gpt2" : "byte") : NULL;
+        tok_kind = k ? (!strcmp(k, "gpt2") ? "gpt2" : !strcmp(k, "json") ? "json" : "byte") : NULL;
     }
     /* GPT-2 BPE files: the flags, else the ones the checkpoint carries (as
      * tidal's checkpoints and Hugging Face directories do). */
@@ -190,9 +195,23 @@ int td_cli_generate_main(int argc, char **argv)
     snprintf(ck_vocab, sizeof ck_vocab, "%s/vocab.json", m.checkpoint);
     snprintf(ck_merges, sizeof ck_merges, "%s/merges.txt", m.checkpoint);
     int carried = access(ck_vocab, R_OK) == 0 && access(ck_merges, R_OK) == 0;
-    if (!tok_kind && !rd && carried) tok_kind = "gpt2"; /* a Hugging Face directory */
+    char ck_json[4096];
+    snprintf(ck_json, sizeof ck_json, "%s/tokenizer.json", m.checkpoint);
+    int carried_json = access(ck_json, R_OK) == 0;
+    /* No flag and no record (a Hugging Face directory): the files it holds. */
+    if (!tok_kind && carried_json) tok_kind = "json";
+    if (!tok_kind && carried) tok_kind = "gpt2";
     if (!tok_kind) tok_kind = "byte";
-    if (!strcmp(tok_kind, "gpt2")) {
+    if (!strcmp(tok_kind, "json")) {
+        if (!carried_json) {
+            st = td_error_set(TD_ERR_INVALID, "%s was trained with a tokenizer.json it does not carry; give it with "
+                              "--tokenizer PATH/tokenizer.json", m.checkpoint);
+            goto cleanup;
+        }
+        if ((st = td_tokenizer_load_json(ck_json, &tk))) goto cleanup;
+    } else if (strcmp(tok_kind, "gpt2") && strcmp(tok_kind, "byte") && td_tokenizer_json_path(tok_kind, NULL, 0)) {
+        if ((st = td_tokenizer_load_json(tok_kind, &tk))) goto cleanup;
+    } else if (!strcmp(tok_kind, "gpt2")) {
         if ((!vocab_path || !merges) && carried) {
             if (!vocab_path) vocab_path = ck_vocab;
             if (!merges) merges = ck_merges;
@@ -207,7 +226,8 @@ int td_cli_generate_main(int argc, char **argv)
     } else if (!strcmp(tok_kind, "byte")) {
         if ((st = td_tokenizer_create_byte(&tk))) goto cleanup;
     } else {
-        st = td_error_set(TD_ERR_INVALID, "--tokenizer '%s': use byte or gpt2", tok_kind);
+        st = td_error_set(TD_ERR_INVALID, "--tokenizer '%s': use byte, gpt2, a tokenizer.json or a folder holding "
+                          "one", tok_kind);
         goto cleanup;
     }
     if ((st = open_model(&m, 1, 0, &t))) goto cleanup;
@@ -224,8 +244,12 @@ int td_cli_generate_main(int argc, char **argv)
     logits = malloc(sizeof(float) * (size_t)V);
     if (!ctx || !logits) { st = td_error_set(TD_ERR_NOMEM, "out of memory"); goto cleanup; }
     int len = 0;
-    if (n == 0) ctx[len++] = (int32_t)td_tokenizer_eot(tk); /* start of a document */
-    for (size_t i = n > (size_t)T ? n - (size_t)T : 0; i < n; i++) ctx[len++] = (int32_t)ids[i];
+    /* A document starts with the begin-of-text token where the tokenizer has
+     * one (as tidal prepare wrote it), else an empty prompt follows an end of text. */
+    uint32_t bos = td_tokenizer_bos(tk);
+    if (bos != TD_TOKEN_NONE) ctx[len++] = (int32_t)bos;
+    else if (n == 0) ctx[len++] = (int32_t)td_tokenizer_eot(tk);
+    for (size_t i = n > (size_t)(T - len) ? n - (size_t)(T - len) : 0; i < n; i++) ctx[len++] = (int32_t)ids[i];
     td_rng rng;
     td_rng_seed(&rng, seed);
     fwrite(prompt, 1, strlen(prompt), stdout);

@@ -1,10 +1,11 @@
 /* `tidal prepare`: text to a token file (format in include/tidal/data.h).
  *
- * Inputs are streamed in blocks and cut only at td_tokenizer_split_point, so
+ * Inputs are streamed in blocks and cut only at td_tokenizer_cut_point, so
  * the tokens equal those of encoding each document whole while memory stays
  * at one block (it grows only for a block with no whitespace at all).  A
  * folder is walked recursively in byte order of the paths; each regular file
- * is one document and documents are separated by the end-of-text token.  The
+ * is one document and documents are separated by the end-of-text token (and
+ * each starts with the begin-of-text token when the tokenizer has one).  The
  * output is written through td_tokfile_writer: a temporary file renamed over
  * --out when complete, removed on any error or interrupt. */
 #include <dirent.h>
@@ -208,7 +209,7 @@ static int encode_stream(prep *P, int fd, const char *name)
     size_t fill = 0;
     for (;;) {
         if (fill == P->cap) {
-            size_t p = td_tokenizer_split_point(P->buf, fill);
+            size_t p = td_tokenizer_cut_point(P->tok, P->buf, fill);
             if (p == 0) { /* no place to cut: grow the block */
                 char *grown = td_malloc(2 * P->cap, TD_ROLE_META);
                 if (!grown) {
@@ -286,17 +287,19 @@ static void print_summary(const prep *P, uint64_t n_tokens, const char *out, con
                L->skipped_empty, L->skipped_hidden, L->skipped_other);
 }
 
-/* Copies vocab.json and merges.txt to "<out>.tokenizer/"; 0 or 1 (said). */
+/* Copies the tokenizer files (vocab.json and merges.txt, or tokenizer.json:
+ * merges NULL) to "<out>.tokenizer/"; 0 or 1 (said). */
 static int save_tokenizer(const char *out, const char *vocab, const char *merges)
 {
     char dir[4096], path[4096];
     const char *src[2] = {vocab, merges}, *name[2] = {"vocab.json", "merges.txt"};
+    if (!merges) name[0] = "tokenizer.json";
     if (td_tokfile_tokenizer_path(out, NULL, dir, sizeof dir)) goto fail;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         td_error_set(TD_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
         goto fail;
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < (merges ? 2 : 1); i++)
         if (td_tokfile_tokenizer_path(out, name[i], path, sizeof path) || td_copy_file(src[i], path)) goto fail;
     return 0;
 fail:
@@ -304,16 +307,35 @@ fail:
     return 1;
 }
 
+/* The document separators: end of text after each but the last, begin of
+ * text (when the tokenizer has one) before each.  0, or -1 (said). */
+static int append_special(prep *P, int before_first)
+{
+    uint32_t ids[2], n = 0, bos = td_tokenizer_bos(P->tok);
+    if (!before_first) ids[n++] = td_tokenizer_eot(P->tok);
+    if (bos != TD_TOKEN_NONE) ids[n++] = bos;
+    if (n && td_tokfile_writer_append(P->w, ids, n) != TD_OK) {
+        fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
+        return -1;
+    }
+    return 0;
+}
+
 /* Tokenizes in_path into out_path: 0 done, 1 failed (said on stderr), 2 bad usage. */
 static int prepare(const char *in_path, const char *out_path, const char *kind_text, const char *vocab,
                    const char *merges, size_t block_bytes, int quiet)
 {
     td_tokenizer_kind kind;
+    char json_path[4096];
     if (td_tokenizer_kind_parse(kind_text, &kind) != TD_OK) {
-        fprintf(stderr, "tidal prepare: --tokenizer: %s\n", td_error_msg());
-        return 2;
+        if (!td_tokenizer_json_path(kind_text, json_path, sizeof json_path)) {
+            fprintf(stderr, "tidal prepare: --tokenizer '%s' is not byte or gpt2, nor a .json file or a folder "
+                            "holding tokenizer.json\n", kind_text);
+            return 2;
+        }
+        kind = TD_TOKENIZER_JSON;
     }
-    if (kind == TD_TOKENIZER_BYTE && (vocab || merges)) {
+    if (kind != TD_TOKENIZER_GPT2 && (vocab || merges)) {
         fprintf(stderr, "tidal prepare: --vocab and --merges are for --tokenizer gpt2\n");
         return 2;
     }
@@ -355,8 +377,9 @@ static int prepare(const char *in_path, const char *out_path, const char *kind_t
         for (size_t i = 0; i < L.n; i++) P.bytes_total += L.v[i].bytes;
     }
 
-    td_status st = kind == TD_TOKENIZER_BYTE ? td_tokenizer_create_byte(&P.tok)
-                                             : td_tokenizer_load_gpt2(vocab, merges, &P.tok);
+    td_status st = kind == TD_TOKENIZER_BYTE   ? td_tokenizer_create_byte(&P.tok)
+                   : kind == TD_TOKENIZER_GPT2 ? td_tokenizer_load_gpt2(vocab, merges, &P.tok)
+                                               : td_tokenizer_load_json(json_path, &P.tok);
     if (st != TD_OK) {
         fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
         goto done;
@@ -385,16 +408,10 @@ static int prepare(const char *in_path, const char *out_path, const char *kind_t
     P.t0 = t0;
 
     if (from_stdin) {
-        if (encode_stream(&P, STDIN_FILENO, "standard input") != 0) goto done;
+        if (append_special(&P, 1) != 0 || encode_stream(&P, STDIN_FILENO, "standard input") != 0) goto done;
     }
     for (size_t i = 0; i < L.n; i++) {
-        if (i > 0) {
-            uint32_t eot = td_tokenizer_eot(P.tok);
-            if (td_tokfile_writer_append(P.w, &eot, 1) != TD_OK) {
-                fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
-                goto done;
-            }
-        }
+        if (append_special(&P, i == 0) != 0) goto done;
         int fd = open(L.v[i].path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
             fprintf(stderr, "tidal prepare: cannot open '%s': %s\n", L.v[i].path, strerror(errno));
@@ -413,6 +430,7 @@ static int prepare(const char *in_path, const char *out_path, const char *kind_t
     /* The tokenizer files go beside the token file before it appears, so a
      * run's checkpoints can carry them (`tidal generate` then needs no flags). */
     if (kind == TD_TOKENIZER_GPT2 && save_tokenizer(out_path, vocab, merges) != 0) goto done;
+    if (kind == TD_TOKENIZER_JSON && save_tokenizer(out_path, json_path, NULL) != 0) goto done;
     uint64_t n_tokens = td_tokfile_writer_count(P.w);
     td_tokfile_writer *w = P.w;
     P.w = NULL;
@@ -450,8 +468,11 @@ int td_cli_prepare_main(int argc, char **argv)
                                                    "links to a file already read are skipped) or '-' for stdin", 0},
         {"out", TD_OPT_STRING, &out_path, "FILE", "the token file; written to a temporary file and renamed when\n"
                                                   "complete (missing folders are created)", 0},
-        {"tokenizer", TD_OPT_STRING, &kind_text, "K", "byte (default: 256 byte tokens + end-of-text, vocab 257) or\n"
-                                                      "gpt2 (GPT-2 BPE; needs --vocab and --merges)", 0},
+        {"tokenizer", TD_OPT_STRING, &kind_text, "K", "byte (default: 256 byte tokens + end-of-text, vocab 257),\n"
+                                                      "gpt2 (GPT-2 BPE; needs --vocab and --merges), or a Hugging\n"
+                                                      "Face tokenizer.json (a path ending in .json, or a folder\n"
+                                                      "holding tokenizer.json): byte-level BPE with the GPT-2,\n"
+                                                      "Llama 3 or Qwen2 pre-tokenizer and its added tokens", 0},
         {"vocab", TD_OPT_STRING, &vocab, "FILE", "Hugging Face GPT-2 vocab.json", 0},
         {"merges", TD_OPT_STRING, &merges, "FILE", "Hugging Face GPT-2 merges.txt", 0},
         {"block", TD_OPT_SIZE, &block_bytes, "BYTES", "read the input in blocks of this size (default 16MiB); a block\n"
@@ -460,11 +481,15 @@ int td_cli_prepare_main(int argc, char **argv)
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "prepare",
-                          "usage: tidal prepare --input TEXT --out FILE [--tokenizer byte|gpt2]\n"
+                          "usage: tidal prepare --input TEXT --out FILE [--tokenizer byte|gpt2|tokenizer.json]\n"
                           "                     [--vocab vocab.json --merges merges.txt] [--block BYTES] [--quiet]\n\n"
                           "Tokenizes text into a token file for tidal train / eval (format: docs/data.md).\n"
                           "Documents are separated by the end-of-text token; the literal text\n"
-                          "<|endoftext|> in the input is that token too.");
+                          "<|endoftext|> in the input is that token too.  With a tokenizer.json, the\n"
+                          "literal text of each of its added tokens is that token, end of text is\n"
+                          "its <|endoftext|> / <|end_of_text|> / </s> token, and a begin-of-text\n"
+                          "token its post_processor adds (Llama 3's <|begin_of_text|>) starts each\n"
+                          "document.");
     if (rc >= 0) return rc;
     td_status st = td_args_require(table, "input", "out", NULL);
     if (!st && (!*in_path || !*out_path))

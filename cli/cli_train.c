@@ -227,7 +227,7 @@ static td_status save_checkpoint(td_trainer *t, td_loader *loader, const char *d
     const char *files[4] = {NULL};
     static const char *const names[] = TD_CKPT_TOKENIZER_FILES;
     int n = 0;
-    for (size_t i = 0; i < 3 && info->tokenizer == TD_TOKENIZER_GPT2; i++)
+    for (size_t i = 0; i < 3 && info->tokenizer != TD_TOKENIZER_BYTE; i++)
         if (!td_tokfile_tokenizer_path(data, names[i], paths[n], sizeof paths[n]) && access(paths[n], R_OK) == 0)
             files[n] = paths[n], n++;
     return td_trainer_save_files(t, dir, 1, meta, files);

@@ -20,11 +20,11 @@
 
 #include "tidal/alloc.h"
 #include "tidal/tokenizer.h"
+#include "tokenizer_internal.h"
 #include "tokenizer_unicode.h"
 
-#define EOT_LEN (sizeof(TD_TOKEN_EOT_TEXT) - 1)
-#define OUT_CAP 4096
-#define CP_INVALID 0xFFFFFFFFu
+#define EOT_LEN TD_TOK_EOT_LEN
+#define CP_INVALID TD_TOK_CP_INVALID
 #define FILE_MAX_BYTES ((size_t)1 << 30)
 
 /* Piece cache: open addressing over SLOTS, cleared when half full or when
@@ -35,56 +35,11 @@
 #define CACHE_KEY_BYTES ((size_t)4 << 20)
 #define CACHE_ID_COUNT ((size_t)1 << 20)
 
-enum { CL_LETTER, CL_NUMBER, CL_SPACE, CL_OTHER };
-
-typedef struct merge_slot {
-    uint64_t key; /* (left << 32) | right; MERGE_EMPTY when free */
-    uint32_t rank, id;
-} merge_slot;
-#define MERGE_EMPTY UINT64_MAX
-
-typedef struct cache_slot {
-    uint64_t hash;
-    uint32_t key_off, ids_off;
-    uint16_t key_len, n_ids; /* key_len 0: free */
-} cache_slot;
-
-typedef struct symbol {
-    uint32_t id;
-    int32_t prev, next;
-    uint32_t alive;
-} symbol;
-
-typedef struct heap_item {
-    uint32_t rank, pos, new_id;
-} heap_item;
-
-struct td_tokenizer {
-    td_tokenizer_kind kind;
-    uint32_t vocab_size, eot;
-    uint32_t byte_id[256];
-    char bytes[256]; /* byte kind: token b is bytes[b] */
-    /* gpt2: the bytes of token i are pool[tok_off[i], +tok_len[i]); len 0 = no token */
-    char *pool;
-    uint32_t *tok_off, *tok_len;
-    merge_slot *merges;
-    size_t merge_cap, merge_lines;
-    /* BPE scratch, grown to the longest piece seen */
-    symbol *syms;
-    heap_item *heap;
-    size_t scratch_cap;
-    /* piece cache */
-    cache_slot *cache;
-    char *cache_keys;
-    uint32_t *cache_ids;
-    size_t cache_entries, cache_key_used, cache_ids_used;
-    /* output buffering */
-    uint32_t out[OUT_CAP];
-    size_t n_out;
-    td_token_sink sink;
-    void *sink_ctx;
-    td_status sink_status;
-};
+typedef td_tok_merge_slot merge_slot;
+typedef td_tok_cache_slot cache_slot;
+typedef td_tok_symbol symbol;
+typedef td_tok_heap_item heap_item;
+#define MERGE_EMPTY TD_TOK_MERGE_EMPTY
 
 /* ---- small helpers ------------------------------------------------------- */
 
@@ -93,6 +48,7 @@ const char *td_tokenizer_kind_name(td_tokenizer_kind kind)
     switch (kind) {
     case TD_TOKENIZER_BYTE: return "byte";
     case TD_TOKENIZER_GPT2: return "gpt2";
+    case TD_TOKENIZER_JSON: return "json";
     }
     return "?";
 }
@@ -101,11 +57,12 @@ td_status td_tokenizer_kind_parse(const char *name, td_tokenizer_kind *out)
 {
     if (name && !strcmp(name, "byte")) *out = TD_TOKENIZER_BYTE;
     else if (name && !strcmp(name, "gpt2")) *out = TD_TOKENIZER_GPT2;
-    else return td_error_set(TD_ERR_INVALID, "unknown tokenizer '%s' (choose byte or gpt2)", name ? name : "");
+    else return td_error_set(TD_ERR_INVALID, "unknown tokenizer '%s' (choose byte or gpt2, or give a tokenizer.json)",
+                             name ? name : "");
     return TD_OK;
 }
 
-static uint64_t hash_bytes(const void *p, size_t n)
+uint64_t td_tok_hash(const void *p, size_t n)
 {
     const unsigned char *s = p;
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
@@ -114,7 +71,7 @@ static uint64_t hash_bytes(const void *p, size_t n)
 }
 
 /* Reads a whole file into a td_malloc'd buffer (NUL-terminated). */
-static td_status read_file(const char *path, const char *what, char **buf_out, size_t *len_out)
+td_status td_tok_read_file(const char *path, const char *what, char **buf_out, size_t *len_out)
 {
     td_status st = TD_OK;
     char *buf = NULL;
@@ -146,7 +103,7 @@ cleanup:
 /* The code point at s[i] (i < len) and its length; a byte that does not
  * start a valid sequence (overlong, surrogate, > U+10FFFF, truncated) is
  * CP_INVALID of length 1. */
-static uint32_t utf8_at(const unsigned char *s, size_t len, size_t i, size_t *n_out)
+uint32_t td_tok_utf8_at(const unsigned char *s, size_t len, size_t i, size_t *n_out)
 {
     unsigned char b = s[i];
     *n_out = 1;
@@ -186,24 +143,30 @@ static int in_ranges(const td_unicode_range *r, size_t n, uint32_t cp)
     return 0;
 }
 
-static int cp_class(uint32_t cp)
+int td_tok_class(uint32_t cp)
 {
     if (cp < 0x80) {
-        if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return CL_LETTER;
-        if (cp >= '0' && cp <= '9') return CL_NUMBER;
-        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D)) return CL_SPACE;
-        return CL_OTHER;
+        if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return TD_TOK_LETTER;
+        if (cp >= '0' && cp <= '9') return TD_TOK_NUMBER;
+        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D)) return TD_TOK_SPACE;
+        return TD_TOK_OTHER;
     }
-    if (cp == CP_INVALID) return CL_OTHER;
-    if (in_ranges(td_unicode_space, td_unicode_space_count, cp)) return CL_SPACE;
-    if (in_ranges(td_unicode_letters, td_unicode_letters_count, cp)) return CL_LETTER;
-    if (in_ranges(td_unicode_numbers, td_unicode_numbers_count, cp)) return CL_NUMBER;
-    return CL_OTHER;
+    if (cp == CP_INVALID) return TD_TOK_OTHER;
+    if (in_ranges(td_unicode_space, td_unicode_space_count, cp)) return TD_TOK_SPACE;
+    if (in_ranges(td_unicode_letters, td_unicode_letters_count, cp)) return TD_TOK_LETTER;
+    if (in_ranges(td_unicode_numbers, td_unicode_numbers_count, cp)) return TD_TOK_NUMBER;
+    return TD_TOK_OTHER;
 }
 
-static int class_at(const unsigned char *s, size_t len, size_t i, size_t *n_out)
+int td_tok_is_word(uint32_t cp)
 {
-    return cp_class(utf8_at(s, len, i, n_out));
+    if (cp < 0x80) return (cp | 0x20) - 'a' < 26 || cp - '0' < 10 || cp == '_';
+    return cp != CP_INVALID && in_ranges(td_unicode_word, td_unicode_word_count, cp);
+}
+
+int td_tok_class_at(const unsigned char *s, size_t len, size_t i, size_t *n_out)
+{
+    return td_tok_class(td_tok_utf8_at(s, len, i, n_out));
 }
 
 /* ---- the GPT-2 pre-tokenizer ------------------------------------------- */
@@ -216,10 +179,10 @@ static int class_at(const unsigned char *s, size_t len, size_t i, size_t *n_out)
  *   \s+(?!\S)                        whitespace, leaving the last whitespace
  *                                    char to lead the next word
  *   \s+                              a single whitespace char before a word */
-static size_t pretok_next(const unsigned char *s, size_t len, size_t i)
+size_t td_tok_pretok_gpt2(const unsigned char *s, size_t len, size_t i)
 {
     size_t n;
-    uint32_t c = utf8_at(s, len, i, &n);
+    uint32_t c = td_tok_utf8_at(s, len, i, &n);
     if (c == '\'' && i + 1 < len) {
         unsigned char a = s[i + 1];
         if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
@@ -228,20 +191,20 @@ static size_t pretok_next(const unsigned char *s, size_t len, size_t i)
             if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
         }
     }
-    int cls = cp_class(c);
+    int cls = td_tok_class(c);
     size_t j = i + n;
     if (c == ' ' && j < len) {
         size_t n2;
-        int next = class_at(s, len, j, &n2);
-        if (next != CL_SPACE) {
+        int next = td_tok_class_at(s, len, j, &n2);
+        if (next != TD_TOK_SPACE) {
             cls = next;
             j += n2;
         }
     }
-    if (cls != CL_SPACE) {
+    if (cls != TD_TOK_SPACE) {
         while (j < len) {
             size_t n3;
-            if (class_at(s, len, j, &n3) != cls) break;
+            if (td_tok_class_at(s, len, j, &n3) != cls) break;
             j += n3;
         }
         return j;
@@ -249,7 +212,7 @@ static size_t pretok_next(const unsigned char *s, size_t len, size_t i)
     size_t last = i; /* start of the run's last whitespace char */
     while (j < len) {
         size_t n3;
-        if (class_at(s, len, j, &n3) != CL_SPACE) break;
+        if (td_tok_class_at(s, len, j, &n3) != TD_TOK_SPACE) break;
         last = j;
         j += n3;
     }
@@ -261,10 +224,31 @@ void td_gpt2_pretokenize(const char *text, size_t len, td_piece_fn fn, void *ctx
 {
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
-        size_t e = pretok_next(s, len, i);
+        size_t e = td_tok_pretok_gpt2(s, len, i);
         fn(ctx, text + i, e - i);
         i = e;
     }
+}
+
+static void pretok_stage(const td_tokenizer *t, const char *text, size_t len, int stage, td_piece_fn fn, void *ctx)
+{
+    if (stage == t->n_pretok) {
+        if (len) fn(ctx, text, len);
+        return;
+    }
+    for (size_t i = 0; i < len;) {
+        size_t e = t->pretok[stage]((const unsigned char *)text, len, i);
+        pretok_stage(t, text + i, e - i, stage + 1, fn, ctx);
+        i = e;
+    }
+}
+
+void td_tokenizer_pretokenize(const td_tokenizer *t, const char *text, size_t len, td_piece_fn fn, void *ctx)
+{
+    if (t->kind == TD_TOKENIZER_BYTE)
+        for (size_t i = 0; i < len; i++) fn(ctx, text + i, 1);
+    else
+        pretok_stage(t, text, len, 0, fn, ctx);
 }
 
 /* The code point that ends at p (0 < p, s[p] ASCII): CP_INVALID when the
@@ -276,38 +260,37 @@ static uint32_t cp_before(const unsigned char *s, size_t p)
         size_t q = p - k;
         if ((s[q] & 0xC0) == 0x80) continue; /* continuation byte: look further back */
         size_t n;
-        uint32_t cp = utf8_at(s, p, q, &n);
+        uint32_t cp = td_tok_utf8_at(s, p, q, &n);
         return (cp != CP_INVALID && n == k) ? cp : CP_INVALID;
     }
     return CP_INVALID;
 }
 
-size_t td_tokenizer_split_point(const char *text, size_t len)
+/* The largest p <= len - 2 (so the char after it is seen) with a single
+ * whitespace char between two non-whitespace ones that t (NULL: byte or
+ * gpt2) accepts as a cut. */
+static size_t cut_point(const td_tokenizer *t, const unsigned char *s, size_t len)
 {
-    const unsigned char *s = (const unsigned char *)text;
     for (size_t p = len >= 2 ? len - 2 : 0; p >= 1; p--) {
         unsigned char c = s[p];
         if (!(c == ' ' || (c >= 0x09 && c <= 0x0D))) continue;
         size_t n;
-        if (class_at(s, len, p + 1, &n) == CL_SPACE) continue;
-        if (cp_class(cp_before(s, p)) == CL_SPACE) continue;
+        if (td_tok_class_at(s, len, p + 1, &n) == TD_TOK_SPACE) continue;
+        if (td_tok_class(cp_before(s, p)) == TD_TOK_SPACE) continue;
+        if (t && t->kind == TD_TOKENIZER_JSON && !td_tok_json_cut_ok(t, s, len, p)) continue;
         return p;
     }
     return 0;
 }
 
-/* ---- output ------------------------------------------------------------- */
-
-static void flush_out(td_tokenizer *t)
+size_t td_tokenizer_split_point(const char *text, size_t len)
 {
-    if (t->n_out && t->sink_status == TD_OK) t->sink_status = t->sink(t->sink_ctx, t->out, t->n_out);
-    t->n_out = 0;
+    return cut_point(NULL, (const unsigned char *)text, len);
 }
 
-static inline void emit(td_tokenizer *t, uint32_t id)
+size_t td_tokenizer_cut_point(const td_tokenizer *t, const char *text, size_t len)
 {
-    t->out[t->n_out++] = id;
-    if (t->n_out == OUT_CAP) flush_out(t);
+    return cut_point(t, (const unsigned char *)text, len);
 }
 
 /* ---- merges -------------------------------------------------------------- */
@@ -316,7 +299,7 @@ static const merge_slot *merge_get(const td_tokenizer *t, uint32_t a, uint32_t b
 {
     uint64_t key = ((uint64_t)a << 32) | b;
     size_t mask = t->merge_cap - 1;
-    for (size_t i = hash_bytes(&key, sizeof key) & mask;; i = (i + 1) & mask) {
+    for (size_t i = td_tok_hash(&key, sizeof key) & mask;; i = (i + 1) & mask) {
         if (t->merges[i].key == key) return &t->merges[i];
         if (t->merges[i].key == MERGE_EMPTY) return NULL;
     }
@@ -328,7 +311,7 @@ static void merge_put(td_tokenizer *t, uint32_t a, uint32_t b, uint32_t rank, ui
 {
     uint64_t key = ((uint64_t)a << 32) | b;
     size_t mask = t->merge_cap - 1;
-    size_t i = hash_bytes(&key, sizeof key) & mask;
+    size_t i = td_tok_hash(&key, sizeof key) & mask;
     while (t->merges[i].key != MERGE_EMPTY && t->merges[i].key != key) i = (i + 1) & mask;
     t->merges[i] = (merge_slot){key, rank, id};
 }
@@ -454,47 +437,62 @@ static void cache_put(td_tokenizer *t, cache_slot *slot, uint64_t h, const unsig
 static td_status bpe_piece(td_tokenizer *t, const unsigned char *p, size_t n)
 {
     if (n == 1) {
-        emit(t, t->byte_id[p[0]]);
+        td_tok_emit(t, t->byte_id[p[0]]);
         return TD_OK;
+    }
+    if (t->ignore_merges) { /* tokenizers' BPE.ignore_merges: a whole-piece token wins */
+        uint32_t id = td_tok_vocab_find(t, (const char *)p, n);
+        if (id != UINT32_MAX) {
+            td_tok_emit(t, id);
+            return TD_OK;
+        }
     }
     cache_slot *slot = NULL;
     uint64_t h = 0;
     if (n <= CACHE_MAX_KEY) {
-        h = hash_bytes(p, n);
+        h = td_tok_hash(p, n);
         slot = cache_find(t, h, p, n);
         if (slot->key_len) {
-            for (size_t i = 0; i < slot->n_ids; i++) emit(t, t->cache_ids[slot->ids_off + i]);
+            for (size_t i = 0; i < slot->n_ids; i++) td_tok_emit(t, t->cache_ids[slot->ids_off + i]);
             return TD_OK;
         }
     }
     td_status st = ensure_scratch(t, n);
     if (st != TD_OK) return st;
     size_t k = bpe_merge(t, p, n);
-    for (size_t i = 0; i < k; i++) emit(t, t->syms[i].id);
+    for (size_t i = 0; i < k; i++) td_tok_emit(t, t->syms[i].id);
     if (slot) cache_put(t, slot, h, p, n, k);
     return TD_OK;
 }
 
 /* ---- encoding ------------------------------------------------------------ */
 
-static td_status encode_segment(td_tokenizer *t, const unsigned char *s, size_t len)
+/* Splits s[0, len) with pre-tokenizer stage `stage` and passes each piece
+ * on to the next stage; past the last stage, a piece is BPE-encoded. */
+static td_status encode_stage(td_tokenizer *t, const unsigned char *s, size_t len, int stage)
 {
-    if (t->kind == TD_TOKENIZER_BYTE) {
-        for (size_t i = 0; i < len && t->sink_status == TD_OK; i++) emit(t, s[i]);
-        return TD_OK;
-    }
+    if (stage == t->n_pretok) return len ? bpe_piece(t, s, len) : TD_OK;
     for (size_t i = 0; i < len && t->sink_status == TD_OK;) {
-        size_t e = pretok_next(s, len, i);
-        td_status st = bpe_piece(t, s + i, e - i);
+        size_t e = t->pretok[stage](s, len, i);
+        td_status st = encode_stage(t, s + i, e - i, stage + 1);
         if (st != TD_OK) return st;
         i = e;
     }
     return TD_OK;
 }
 
+td_status td_tok_encode_plain(td_tokenizer *t, const unsigned char *s, size_t len)
+{
+    if (t->kind == TD_TOKENIZER_BYTE) {
+        for (size_t i = 0; i < len && t->sink_status == TD_OK; i++) td_tok_emit(t, s[i]);
+        return TD_OK;
+    }
+    return encode_stage(t, s, len, 0);
+}
+
 static td_status ensure_cache(td_tokenizer *t)
 {
-    if (t->kind != TD_TOKENIZER_GPT2 || t->cache) return TD_OK;
+    if (t->kind == TD_TOKENIZER_BYTE || t->cache) return TD_OK;
     t->cache = td_calloc(CACHE_SLOTS, sizeof *t->cache, TD_ROLE_META);
     t->cache_keys = td_malloc(CACHE_KEY_BYTES, TD_ROLE_META);
     t->cache_ids = td_malloc(CACHE_ID_COUNT * sizeof *t->cache_ids, TD_ROLE_META);
@@ -518,14 +516,16 @@ td_status td_tokenizer_encode(td_tokenizer *t, const char *text, size_t len, td_
     t->sink_ctx = ctx;
     t->sink_status = TD_OK;
     t->n_out = 0;
-    for (size_t pos = 0; pos < len && st == TD_OK && t->sink_status == TD_OK;) {
+    if (t->kind == TD_TOKENIZER_JSON) /* its own added tokens, not the <|endoftext|> literal */
+        st = td_tok_json_encode(t, s, len);
+    for (size_t pos = 0; t->kind != TD_TOKENIZER_JSON && pos < len && st == TD_OK && t->sink_status == TD_OK;) {
         const unsigned char *hit = memmem(s + pos, len - pos, TD_TOKEN_EOT_TEXT, EOT_LEN);
         size_t end = hit ? (size_t)(hit - s) : len;
-        st = encode_segment(t, s + pos, end - pos);
-        if (hit) emit(t, t->eot);
+        st = td_tok_encode_plain(t, s + pos, end - pos);
+        if (hit) td_tok_emit(t, t->eot);
         pos = hit ? end + EOT_LEN : len;
     }
-    flush_out(t);
+    td_tok_flush(t);
     return st != TD_OK ? st : t->sink_status;
 }
 
@@ -570,7 +570,7 @@ td_status td_tokenizer_encode_alloc(td_tokenizer *t, const char *text, size_t le
 
 const char *td_tokenizer_token_bytes(const td_tokenizer *t, uint32_t id, size_t *len_out)
 {
-    if (id == t->eot) {
+    if (id == t->eot && t->kind != TD_TOKENIZER_JSON) {
         *len_out = EOT_LEN;
         return TD_TOKEN_EOT_TEXT;
     }
@@ -613,6 +613,7 @@ td_status td_tokenizer_decode(const td_tokenizer *t, const uint32_t *ids, size_t
 td_tokenizer_kind td_tokenizer_kind_of(const td_tokenizer *t) { return t->kind; }
 uint32_t td_tokenizer_vocab_size(const td_tokenizer *t) { return t->vocab_size; }
 uint32_t td_tokenizer_eot(const td_tokenizer *t) { return t->eot; }
+uint32_t td_tokenizer_bos(const td_tokenizer *t) { return t->bos; }
 size_t td_tokenizer_merge_count(const td_tokenizer *t) { return t->merge_lines; }
 
 void td_tokenizer_destroy(td_tokenizer *t)
@@ -621,7 +622,9 @@ void td_tokenizer_destroy(td_tokenizer *t)
     td_free(t->pool);
     td_free(t->tok_off);
     td_free(t->tok_len);
+    td_free(t->vocab_slots);
     td_free(t->merges);
+    td_tok_json_free(t->json);
     td_free(t->syms);
     td_free(t->heap);
     td_free(t->cache);
@@ -638,6 +641,7 @@ td_status td_tokenizer_create_byte(td_tokenizer **out)
     t->kind = TD_TOKENIZER_BYTE;
     t->vocab_size = 257;
     t->eot = 256;
+    t->bos = TD_TOKEN_NONE;
     for (int b = 0; b < 256; b++) {
         t->byte_id[b] = (uint32_t)b;
         t->bytes[b] = (char)b;
@@ -650,7 +654,7 @@ td_status td_tokenizer_create_byte(td_tokenizer **out)
 
 /* GPT-2's byte-to-unicode alphabet: printable Latin-1 bytes stand for
  * themselves, the other 68 bytes for U+0100.. in byte order. */
-static void byte_alphabet(uint32_t to_cp[256], int16_t from_cp[324])
+void td_tok_byte_alphabet(uint32_t to_cp[256], int16_t from_cp[324])
 {
     for (int i = 0; i < 324; i++) from_cp[i] = -1;
     uint32_t extra = 256;
@@ -661,15 +665,13 @@ static void byte_alphabet(uint32_t to_cp[256], int16_t from_cp[324])
     }
 }
 
-/* Maps an alphabet string (UTF-8) to its bytes in out (room for len bytes);
- * returns the byte count, or -1 with *bad set to the offending code point. */
-static long alphabet_to_bytes(const int16_t from_cp[324], const char *str, size_t len, char *out, uint32_t *bad)
+long td_tok_alphabet_to_bytes(const int16_t from_cp[324], const char *str, size_t len, char *out, uint32_t *bad)
 {
     const unsigned char *s = (const unsigned char *)str;
     long k = 0;
     for (size_t i = 0; i < len;) {
         size_t n;
-        uint32_t cp = utf8_at(s, len, i, &n);
+        uint32_t cp = td_tok_utf8_at(s, len, i, &n);
         if (cp == CP_INVALID || cp >= 324 || from_cp[cp] < 0) {
             *bad = cp;
             return -1;
@@ -680,123 +682,158 @@ static long alphabet_to_bytes(const int16_t from_cp[324], const char *str, size_
     return k;
 }
 
-/* Token bytes -> id while loading (open addressing over the pool). */
-typedef struct vocab_map {
-    uint32_t *slots; /* id + 1; 0 free */
-    size_t cap;
-} vocab_map;
-
-static uint32_t vocab_find(const td_tokenizer *t, const vocab_map *m, const char *b, size_t n, size_t *slot)
+static uint32_t vocab_slot(const td_tokenizer *t, const char *b, size_t n, size_t *slot)
 {
-    size_t mask = m->cap - 1;
-    size_t i = hash_bytes(b, n) & mask;
-    for (; m->slots[i]; i = (i + 1) & mask) {
-        uint32_t id = m->slots[i] - 1;
+    size_t mask = t->vocab_cap - 1;
+    size_t i = td_tok_hash(b, n) & mask;
+    for (; t->vocab_slots[i]; i = (i + 1) & mask) {
+        uint32_t id = t->vocab_slots[i] - 1;
         if (t->tok_len[id] == n && !memcmp(t->pool + t->tok_off[id], b, n)) break;
     }
     if (slot) *slot = i;
-    return m->slots[i] ? m->slots[i] - 1 : UINT32_MAX;
+    return t->vocab_slots[i] ? t->vocab_slots[i] - 1 : UINT32_MAX;
 }
 
-static const char *describe_cp(uint32_t cp, char buf[32])
+uint32_t td_tok_vocab_find(const td_tokenizer *t, const char *b, size_t n)
+{
+    return vocab_slot(t, b, n, NULL);
+}
+
+const char *td_tok_describe_cp(uint32_t cp, char buf[32])
 {
     if (cp == CP_INVALID) snprintf(buf, 32, "invalid UTF-8");
     else snprintf(buf, 32, "U+%04X", cp);
     return buf;
 }
 
-static td_status load_vocab(td_tokenizer *t, vocab_map *map, const int16_t from_cp[324], const char *json,
-                            size_t len, const char *name)
+td_status td_tok_vocab_load(td_tokenizer *t, const cJSON *obj, size_t extra_ids, size_t extra_bytes,
+                            const char *what)
 {
     td_status st = TD_OK;
     char cpbuf[32];
-    if (len >= 3 && !memcmp(json, "\xEF\xBB\xBF", 3)) json += 3, len -= 3;
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root)
-        TD_FAIL(TD_ERR_INVALID, "vocab.json '%s' is not valid JSON (near byte %ld); expected the Hugging Face "
-                "GPT-2 vocab.json, an object of token -> id", name,
-                cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
-    if (!cJSON_IsObject(root))
-        TD_FAIL(TD_ERR_INVALID, "vocab.json '%s' is not a JSON object of token -> id", name);
+    uint32_t to_cp[256];
+    int16_t from_cp[324];
+    td_tok_byte_alphabet(to_cp, from_cp);
     size_t count = 0, key_bytes = 0;
     double max_id = -1;
-    for (cJSON *e = root->child; e; e = e->next) {
+    for (const cJSON *e = obj->child; e; e = e->next) {
         double v = e->valuedouble;
         if (!cJSON_IsNumber(e) || !(v >= 0 && v < TD_TOKENIZER_MAX_VOCAB - 1) || v != (double)(uint32_t)v)
-            TD_FAIL(TD_ERR_INVALID, "vocab.json '%s': the id of token \"%s\" is not an integer in [0, %u)", name,
-                    e->string, TD_TOKENIZER_MAX_VOCAB - 1);
-        if (!e->string[0]) TD_FAIL(TD_ERR_INVALID, "vocab.json '%s': a token is the empty string", name);
+            TD_FAIL(TD_ERR_INVALID, "%s: the id of token \"%s\" is not an integer in [0, %u)", what, e->string,
+                    TD_TOKENIZER_MAX_VOCAB - 1);
+        if (!e->string[0]) TD_FAIL(TD_ERR_INVALID, "%s: a token is the empty string", what);
         if (v > max_id) max_id = v;
         count++;
         key_bytes += strlen(e->string);
     }
-    if (!count) TD_FAIL(TD_ERR_INVALID, "vocab.json '%s' has no tokens", name);
+    if (!count) TD_FAIL(TD_ERR_INVALID, "%s has no tokens", what);
     t->vocab_size = (uint32_t)max_id + 1;
-    size_t slots = (size_t)t->vocab_size + 1; /* + 1: room for an added end-of-text */
+    size_t slots = (size_t)t->vocab_size + extra_ids;
     t->tok_off = td_calloc(slots, sizeof *t->tok_off, TD_ROLE_META);
     t->tok_len = td_calloc(slots, sizeof *t->tok_len, TD_ROLE_META);
-    t->pool = td_malloc(key_bytes + EOT_LEN, TD_ROLE_META);
-    map->cap = 16;
-    while (map->cap < 2 * (count + 1)) map->cap *= 2;
-    map->slots = td_calloc(map->cap, sizeof *map->slots, TD_ROLE_META);
-    if (!t->tok_off || !t->tok_len || !t->pool || !map->slots)
-        TD_FAIL(TD_ERR_NOMEM, "out of memory loading vocab.json '%s' (%zu tokens)", name, count);
+    t->pool = td_malloc(key_bytes + extra_bytes + 1, TD_ROLE_META);
+    t->vocab_cap = 16;
+    while (t->vocab_cap < 2 * (count + extra_ids)) t->vocab_cap *= 2;
+    t->vocab_slots = td_calloc(t->vocab_cap, sizeof *t->vocab_slots, TD_ROLE_META);
+    if (!t->tok_off || !t->tok_len || !t->pool || !t->vocab_slots)
+        TD_FAIL(TD_ERR_NOMEM, "out of memory loading %s (%zu tokens)", what, count);
     size_t used = 0;
-    for (cJSON *e = root->child; e; e = e->next) {
+    for (const cJSON *e = obj->child; e; e = e->next) {
         uint32_t id = (uint32_t)e->valuedouble, bad = 0;
-        long n = alphabet_to_bytes(from_cp, e->string, strlen(e->string), t->pool + used, &bad);
+        long n = td_tok_alphabet_to_bytes(from_cp, e->string, strlen(e->string), t->pool + used, &bad);
         if (n < 0)
-            TD_FAIL(TD_ERR_INVALID, "vocab.json '%s': token \"%s\" has a character (%s) outside GPT-2's "
-                    "byte-to-unicode alphabet", name, e->string, describe_cp(bad, cpbuf));
+            TD_FAIL(TD_ERR_INVALID, "%s: token \"%s\" has a character (%s) outside GPT-2's byte-to-unicode "
+                    "alphabet", what, e->string, td_tok_describe_cp(bad, cpbuf));
         if (t->tok_len[id])
-            TD_FAIL(TD_ERR_INVALID, "vocab.json '%s': id %u is given to two tokens (the second is \"%s\")", name, id,
-                    e->string);
+            TD_FAIL(TD_ERR_INVALID, "%s: id %u is given to two tokens (the second is \"%s\")", what, id, e->string);
         t->tok_off[id] = (uint32_t)used;
         t->tok_len[id] = (uint32_t)n;
         size_t slot;
-        if (vocab_find(t, map, t->pool + used, (size_t)n, &slot) != UINT32_MAX)
-            TD_FAIL(TD_ERR_INVALID, "vocab.json '%s': token \"%s\" appears twice", name, e->string);
-        map->slots[slot] = id + 1;
+        if (vocab_slot(t, t->pool + used, (size_t)n, &slot) != UINT32_MAX)
+            TD_FAIL(TD_ERR_INVALID, "%s: token \"%s\" appears twice", what, e->string);
+        t->vocab_slots[slot] = id + 1;
         used += (size_t)n;
     }
-    t->eot = vocab_find(t, map, TD_TOKEN_EOT_TEXT, EOT_LEN, NULL);
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        t->byte_id[b] = td_tok_vocab_find(t, &c, 1);
+        if (t->byte_id[b] == UINT32_MAX)
+            TD_FAIL(TD_ERR_INVALID, "%s lacks the token for byte 0x%02X (U+%04X); a byte-level BPE vocabulary "
+                    "has all 256", what, b, to_cp[b]);
+    }
+cleanup:
+    return st;
+}
+
+/* Parses vocab.json, loads it, and gives it an end-of-text token. */
+static td_status load_vocab(td_tokenizer *t, const char *json, size_t len, const char *name)
+{
+    td_status st = TD_OK;
+    char what[1200];
+    snprintf(what, sizeof what, "vocab.json '%s'", name);
+    if (len >= 3 && !memcmp(json, "\xEF\xBB\xBF", 3)) json += 3, len -= 3;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root)
+        TD_FAIL(TD_ERR_INVALID, "%s is not valid JSON (near byte %ld); expected the Hugging Face GPT-2 vocab.json, "
+                "an object of token -> id", what, cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
+    if (!cJSON_IsObject(root)) TD_FAIL(TD_ERR_INVALID, "%s is not a JSON object of token -> id", what);
+    TD_TRY(td_tok_vocab_load(t, root, 1, EOT_LEN, what)); /* + 1: room for an added end-of-text */
+    t->eot = td_tok_vocab_find(t, TD_TOKEN_EOT_TEXT, EOT_LEN);
     if (t->eot == UINT32_MAX) { /* no end-of-text token: add one past the largest id */
+        size_t used = 0;
+        for (uint32_t i = 0; i < t->vocab_size; i++) used += t->tok_len[i];
         t->eot = t->vocab_size++;
         memcpy(t->pool + used, TD_TOKEN_EOT_TEXT, EOT_LEN);
         t->tok_off[t->eot] = (uint32_t)used;
         t->tok_len[t->eot] = EOT_LEN;
-    }
-    for (int b = 0; b < 256; b++) {
-        char c = (char)b;
-        t->byte_id[b] = vocab_find(t, map, &c, 1, NULL);
-        if (t->byte_id[b] == UINT32_MAX) {
-            uint32_t to_cp[256];
-            int16_t unused[324];
-            byte_alphabet(to_cp, unused);
-            TD_FAIL(TD_ERR_INVALID, "vocab.json '%s' lacks the token for byte 0x%02X (U+%04X); a byte-level BPE "
-                    "vocabulary has all 256", name, b, to_cp[b]);
-        }
     }
 cleanup:
     cJSON_Delete(root);
     return st;
 }
 
-static td_status load_merges(td_tokenizer *t, const vocab_map *map, const int16_t from_cp[324],
-                             const char *text, size_t len, const char *name)
+td_status td_tok_merges_alloc(td_tokenizer *t, size_t count, const char *what)
+{
+    t->merge_cap = 16;
+    while (t->merge_cap < 2 * count) t->merge_cap *= 2;
+    t->merges = td_malloc(t->merge_cap * sizeof *t->merges, TD_ROLE_META);
+    if (!t->merges) return td_error_set(TD_ERR_NOMEM, "out of memory loading %s (%zu merges)", what, count);
+    for (size_t i = 0; i < t->merge_cap; i++) t->merges[i].key = MERGE_EMPTY;
+    return TD_OK;
+}
+
+td_tok_merge_result td_tok_merge_add(td_tokenizer *t, const int16_t from_cp[324], const char *a, size_t na,
+                                     const char *b, size_t nb, char *scratch, uint32_t *bad)
+{
+    long ba = td_tok_alphabet_to_bytes(from_cp, a, na, scratch, bad);
+    long bb = ba < 0 ? -1 : td_tok_alphabet_to_bytes(from_cp, b, nb, scratch + ba, bad);
+    if (ba < 0 || bb < 0) return TD_TOK_MERGE_BAD_CHAR;
+    uint32_t ia = td_tok_vocab_find(t, scratch, (size_t)ba);
+    if (ia == UINT32_MAX) return TD_TOK_MERGE_NO_LEFT;
+    uint32_t ib = td_tok_vocab_find(t, scratch + ba, (size_t)bb);
+    if (ib == UINT32_MAX) return TD_TOK_MERGE_NO_RIGHT;
+    uint32_t iab = td_tok_vocab_find(t, scratch, (size_t)(ba + bb));
+    if (iab == UINT32_MAX) return TD_TOK_MERGE_NO_RESULT;
+    merge_put(t, ia, ib, (uint32_t)t->merge_lines++, iab);
+    return TD_TOK_MERGE_OK;
+}
+
+static td_status load_merges(td_tokenizer *t, const char *text, size_t len, const char *name)
 {
     td_status st = TD_OK;
     char cpbuf[32];
     char *scratch = NULL;
+    uint32_t to_cp[256];
+    int16_t from_cp[324];
+    td_tok_byte_alphabet(to_cp, from_cp);
     if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) text += 3, len -= 3;
     size_t lines = 1;
     for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
-    t->merge_cap = 16;
-    while (t->merge_cap < 2 * lines) t->merge_cap *= 2;
-    t->merges = td_malloc(t->merge_cap * sizeof *t->merges, TD_ROLE_META);
+    char what[1200];
+    snprintf(what, sizeof what, "merges.txt '%s'", name);
+    TD_TRY(td_tok_merges_alloc(t, lines, what));
     scratch = td_malloc(len + 1, TD_ROLE_META);
-    if (!t->merges || !scratch) TD_FAIL(TD_ERR_NOMEM, "out of memory loading merges.txt '%s'", name);
-    for (size_t i = 0; i < t->merge_cap; i++) t->merges[i].key = MERGE_EMPTY;
+    if (!scratch) TD_FAIL(TD_ERR_NOMEM, "out of memory loading %s", what);
     size_t line_no = 0;
     for (size_t pos = 0; pos < len;) {
         const char *line = text + pos;
@@ -808,27 +845,25 @@ static td_status load_merges(td_tokenizer *t, const vocab_map *map, const int16_
         if (n >= 8 && !memcmp(line, "#version", 8)) continue;
         const char *sp = memchr(line, ' ', n);
         if (!sp || sp == line || sp == line + n - 1 || memchr(sp + 1, ' ', (size_t)(line + n - sp - 1)))
-            TD_FAIL(TD_ERR_INVALID, "merges.txt '%s':%zu: expected \"A B\" (two tokens separated by one space), "
-                    "got \"%.*s\"", name, line_no, (int)(n > 80 ? 80 : n), line);
+            TD_FAIL(TD_ERR_INVALID, "%s:%zu: expected \"A B\" (two tokens separated by one space), got \"%.*s\"",
+                    what, line_no, (int)(n > 80 ? 80 : n), line);
         size_t na = (size_t)(sp - line), nb = n - na - 1;
         uint32_t bad = 0;
-        long ba = alphabet_to_bytes(from_cp, line, na, scratch, &bad);
-        long bb = ba < 0 ? -1 : alphabet_to_bytes(from_cp, sp + 1, nb, scratch + ba, &bad);
-        if (ba < 0 || bb < 0)
-            TD_FAIL(TD_ERR_INVALID, "merges.txt '%s':%zu: \"%.*s\" has a character (%s) outside GPT-2's "
-                    "byte-to-unicode alphabet", name, line_no, (int)n, line, describe_cp(bad, cpbuf));
-        uint32_t a = vocab_find(t, map, scratch, (size_t)ba, NULL);
-        uint32_t b = vocab_find(t, map, scratch + ba, (size_t)bb, NULL);
-        uint32_t ab = vocab_find(t, map, scratch, (size_t)(ba + bb), NULL);
-        if (a == UINT32_MAX || b == UINT32_MAX)
-            TD_FAIL(TD_ERR_INVALID, "merges.txt '%s':%zu: merge \"%.*s\": \"%.*s\" is not in vocab.json (do the "
-                    "two files belong together?)", name, line_no, (int)n, line, a == UINT32_MAX ? (int)na : (int)nb,
-                    a == UINT32_MAX ? line : sp + 1);
-        if (ab == UINT32_MAX)
-            TD_FAIL(TD_ERR_INVALID, "merges.txt '%s':%zu: merge \"%.*s\": the merged token \"%.*s%.*s\" is not in "
-                    "vocab.json (do the two files belong together?)", name, line_no, (int)n, line, (int)na, line,
-                    (int)nb, sp + 1);
-        merge_put(t, a, b, (uint32_t)t->merge_lines++, ab);
+        switch (td_tok_merge_add(t, from_cp, line, na, sp + 1, nb, scratch, &bad)) {
+        case TD_TOK_MERGE_OK: break;
+        case TD_TOK_MERGE_BAD_CHAR:
+            TD_FAIL(TD_ERR_INVALID, "%s:%zu: \"%.*s\" has a character (%s) outside GPT-2's byte-to-unicode alphabet",
+                    what, line_no, (int)n, line, td_tok_describe_cp(bad, cpbuf));
+        case TD_TOK_MERGE_NO_LEFT:
+            TD_FAIL(TD_ERR_INVALID, "%s:%zu: merge \"%.*s\": \"%.*s\" is not in vocab.json (do the two files belong "
+                    "together?)", what, line_no, (int)n, line, (int)na, line);
+        case TD_TOK_MERGE_NO_RIGHT:
+            TD_FAIL(TD_ERR_INVALID, "%s:%zu: merge \"%.*s\": \"%.*s\" is not in vocab.json (do the two files belong "
+                    "together?)", what, line_no, (int)n, line, (int)nb, sp + 1);
+        case TD_TOK_MERGE_NO_RESULT:
+            TD_FAIL(TD_ERR_INVALID, "%s:%zu: merge \"%.*s\": the merged token \"%.*s%.*s\" is not in vocab.json (do "
+                    "the two files belong together?)", what, line_no, (int)n, line, (int)na, line, (int)nb, sp + 1);
+        }
     }
 cleanup:
     td_free(scratch);
@@ -840,20 +875,18 @@ td_status td_tokenizer_create_gpt2(const char *vocab_json, size_t vocab_len, con
                                    td_tokenizer **out)
 {
     td_status st = TD_OK;
-    vocab_map map = {0};
-    uint32_t to_cp[256];
-    int16_t from_cp[324];
     *out = NULL;
     td_tokenizer *t = td_calloc(1, sizeof *t, TD_ROLE_META);
     if (!t) TD_FAIL(TD_ERR_NOMEM, "out of memory creating the gpt2 tokenizer");
     t->kind = TD_TOKENIZER_GPT2;
-    byte_alphabet(to_cp, from_cp);
-    TD_TRY(load_vocab(t, &map, from_cp, vocab_json, vocab_len, vocab_name ? vocab_name : "vocab.json"));
-    TD_TRY(load_merges(t, &map, from_cp, merges, merges_len, merges_name ? merges_name : "merges.txt"));
+    t->bos = TD_TOKEN_NONE;
+    t->pretok[0] = td_tok_pretok_gpt2;
+    t->n_pretok = 1;
+    TD_TRY(load_vocab(t, vocab_json, vocab_len, vocab_name ? vocab_name : "vocab.json"));
+    TD_TRY(load_merges(t, merges, merges_len, merges_name ? merges_name : "merges.txt"));
     *out = t;
     t = NULL;
 cleanup:
-    td_free(map.slots);
     td_tokenizer_destroy(t);
     return st;
 }
@@ -866,8 +899,8 @@ td_status td_tokenizer_load_gpt2(const char *vocab_path, const char *merges_path
     *out = NULL;
     if (!vocab_path || !merges_path)
         TD_FAIL(TD_ERR_INVALID, "the gpt2 tokenizer needs both --vocab vocab.json and --merges merges.txt");
-    TD_TRY(read_file(vocab_path, "vocab.json", &vocab, &vocab_len));
-    TD_TRY(read_file(merges_path, "merges.txt", &merges, &merges_len));
+    TD_TRY(td_tok_read_file(vocab_path, "vocab.json", &vocab, &vocab_len));
+    TD_TRY(td_tok_read_file(merges_path, "merges.txt", &merges, &merges_len));
     TD_TRY(td_tokenizer_create_gpt2(vocab, vocab_len, vocab_path, merges, merges_len, merges_path, out));
 cleanup:
     td_free(vocab);

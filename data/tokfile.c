@@ -119,7 +119,7 @@ static td_status header_decode(const unsigned char *h, size_t file_bytes, const 
     info->eot = get32(h + 28);
     info->token_count = get64(h + 32);
     info->payload_crc32 = get32(h + 40);
-    if (kind != TD_TOKENIZER_BYTE && kind != TD_TOKENIZER_GPT2)
+    if (kind != TD_TOKENIZER_BYTE && kind != TD_TOKENIZER_GPT2 && kind != TD_TOKENIZER_JSON)
         return td_error_set(TD_ERR_INVALID, "token file '%s': unknown tokenizer kind %u", name, kind);
     if (info->vocab_size == 0 || info->vocab_size > TD_TOKENIZER_MAX_VOCAB)
         return td_error_set(TD_ERR_INVALID, "token file '%s': vocab size %u outside [1, %u]", name,

@@ -8,7 +8,7 @@
  *          8     4  version (1)
  *         12     4  header bytes (64)
  *         16     4  token bytes: 2 (uint16) when vocab size <= 65536, else 4 (uint32)
- *         20     4  tokenizer kind (1 byte, 2 gpt2; td_tokenizer_kind)
+ *         20     4  tokenizer kind (1 byte, 2 gpt2, 3 json; td_tokenizer_kind)
  *         24     4  vocab size (every token id is below it)
  *         28     4  end-of-text id
  *         32     8  token count
@@ -68,7 +68,8 @@ typedef struct td_tokfile_info {
 } td_tokfile_info;
 
 /* Where the tokenizer files a token file was made with are kept beside it:
- * "<tokfile>.tokenizer/<name>" (vocab.json and merges.txt for GPT-2 BPE),
+ * "<tokfile>.tokenizer/<name>" (vocab.json and merges.txt for GPT-2 BPE,
+ * tokenizer.json for json),
  * so that the checkpoints of a run on it can carry its tokenizer.  Writes
  * the path into buf; TD_ERR_INVALID when it does not fit. */
 td_status td_tokfile_tokenizer_path(const char *tokfile, const char *name, char *buf, size_t buf_bytes);

@@ -1,4 +1,5 @@
-/* GPT-2 ops on the GPU: CUDA kernels and cuBLASLt, forward and backward.
+/* Transformer ops on the GPU (GPT-2 and the LLaMA family): CUDA kernels and
+ * cuBLASLt, forward and backward.
  *
  * Each op computes the same function as its CPU reference in ops.h, with the
  * same shapes, letters (B, T, C, NH, hs, N, OC, V, Vp) and conventions, and
@@ -9,13 +10,15 @@
  *     convention, SET overwrites and saves the caller a zeroing pass;
  *   - Linear weights are (out, in); the head is tied to wte;
  *   - attention saves only lse (B,NH,T) and its backward recomputes the
- *     weights; LayerNorm saves mean and rstd (N); the cross-entropy saves
- *     lse (N), ignores rows whose target is negative and columns >= V
- *     (zero gradient there), and writes dlogits (in place allowed).
+ *     weights; LayerNorm saves mean and rstd (N), RMSNorm rstd (N); the
+ *     cross-entropy saves lse (N), ignores rows whose target is negative
+ *     and columns >= V (zero gradient there), and writes dlogits (in place
+ *     allowed).
  *
  * Precision.  Every tensor argument of an op has the op's storage type `dt`
  * (TD_DTYPE_F32, TD_DTYPE_BF16 or TD_DTYPE_F16) except those typed float
- * below (LayerNorm mean/rstd, attention and loss lse, losses: always fp32)
+ * below (norm statistics, attention and loss lse, losses, RoPE's frequency
+ * table: always fp32)
  * and parameter gradients, which have type `gdt`: dt itself or TD_DTYPE_F32
  * (fp32 gradients of 16-bit parameters).  Arithmetic and every reduction
  * accumulate in fp32; cuBLASLt runs with CUBLAS_COMPUTE_32F (no TF32), so an
@@ -110,6 +113,18 @@ td_status td_ops_cuda_layernorm_backward(void *dinp, void *dweight, void *dbias,
                                          const float *rstd, int N, int C, td_dtype dt, td_dtype gdt,
                                          void *scratch, size_t scratch_bytes, void *stream);
 
+/* --- RMSNorm (LLaMA, Qwen2) ------------------------------------------------ */
+
+/* Per row of inp (N,C): out = weight * (inp * rstd), rstd = 1 / sqrt(mean(inp^2)
+ * + eps) in fp32 (td_ops_rmsnorm_forward); saves rstd (N, fp32). */
+td_status td_ops_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *weight, int N, int C,
+                                      float eps, td_dtype dt, void *stream);
+/* dinp (N,C) += (dt); dweight (C) += (gdt), summed over rows without atomics. */
+size_t td_ops_cuda_rmsnorm_scratch_bytes(int N, int C);
+td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, const void *dout, const void *inp,
+                                       const void *weight, const float *rstd, int N, int C, td_dtype dt,
+                                       td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream);
+
 /* --- matmul (cuBLASLt) ---------------------------------------------------- */
 
 /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC) [+ residual (N,OC)].
@@ -130,6 +145,25 @@ td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweigh
                                       void *stream);
 
 /* --- attention ------------------------------------------------------------ */
+
+/* Grouped-query attention (LLaMA, Qwen2) as td_ops_attention_gqa_forward:
+ * NKV key/value heads (NH % NKV == 0), query head h reading key/value head
+ * h / (NH / NKV), head size hs; qkv (B,T,(NH + 2 NKV) hs) holds the NH query
+ * heads, then the NKV key heads, then the NKV value heads (the output of one
+ * fused matmul; q/k/v biases are that matmul's bias); out (B,T,NH hs), lse
+ * (B,NH,T) fp32.  The paths and the scratch are those of the multi-head
+ * calls below (which are the NKV = NH case): flash for bf16/fp16 with hs 64
+ * or 128, where the dK/dV kernel sums a key/value head's group of query
+ * heads in registers (no atomics); the batched-GEMM path otherwise. */
+size_t td_ops_cuda_attention_gqa_scratch_bytes(int seqs, int T, int NH, int NKV, int hs, td_dtype dt);
+td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv, int B, int T,
+                                            int NH, int NKV, int hs, td_dtype dt, void *scratch,
+                                            size_t scratch_bytes, void *stream);
+/* dqkv (B,T,(NH + 2 NKV) hs) (mode) from dout (B,T,NH hs). */
+td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *dqkv, const void *dout, const void *qkv,
+                                             const void *out, const float *lse, int B, int T, int NH, int NKV,
+                                             int hs, td_ops_cuda_write mode, td_dtype dt, void *scratch,
+                                             size_t scratch_bytes, void *stream);
 
 /* Causal self-attention as td_ops_attention_forward: qkv (B,T,3C) -> out
  * (B,T,C), lse (B,NH,T) fp32.  Two paths, chosen by shape:
@@ -167,6 +201,27 @@ td_status td_ops_cuda_residual_forward(void *out, const void *a, const void *b, 
 /* da += dout; db += dout; either may be NULL (skipped). */
 td_status td_ops_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, td_dtype dt,
                                         void *stream);
+
+/* out (N,H) = silu(gate) * up from gate_up (N,2H): the gate in columns [0,H)
+ * of a row, up in [H,2H) (one matmul with a (2H,C) weight computes both). */
+td_status td_ops_cuda_swiglu_forward(void *out, const void *gate_up, int N, int H, td_dtype dt, void *stream);
+/* dgate_up (N,2H) (mode) from dout (N,H).  With SET, dgate_up may be gate_up
+ * (in place). */
+td_status td_ops_cuda_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int N, int H,
+                                      td_ops_cuda_write mode, td_dtype dt, void *stream);
+
+/* Rotary position embedding in place, as td_ops_rope_forward: `heads` heads
+ * of hs channels (hs even) at x (B,T,...), rows `stride` elements apart,
+ * position t rotated by t * inv_freq in the rotate-half layout.  inv_freq
+ * (hs/2, fp32, device) is td_ops_rope_inv_freq's table (theta, llama3
+ * scaling), computed once on the host.  On a fused qkv (B,T,(NH + 2 NKV) hs)
+ * row, heads = NH + NKV and stride = (NH + 2 NKV) hs rotate q and k in one
+ * launch. */
+td_status td_ops_cuda_rope_forward(void *x, const float *inv_freq, int B, int T, int heads, int hs, size_t stride,
+                                   td_dtype dt, void *stream);
+/* The gradient through it: the inverse rotation, in place on dx. */
+td_status td_ops_cuda_rope_backward(void *dx, const float *inv_freq, int B, int T, int heads, int hs,
+                                    size_t stride, td_dtype dt, void *stream);
 
 /* --- softmax and loss ----------------------------------------------------- */
 

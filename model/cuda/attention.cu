@@ -1,5 +1,15 @@
 /* Causal multi-head attention on the GPU through batched cuBLASLt GEMMs
- * (see ops_cuda.h and, for the formulas, ops.h / docs/model.md).
+ * (see ops_cuda.h and, for the formulas, ops.h / docs/model.md), and the
+ * entry points of both attention paths (this one and flash.cu).
+ *
+ * Grouped-query attention (NKV key/value heads, group = NH / NKV query heads
+ * each; a qkv row holds NH query heads, then NKV key heads, then NKV value
+ * heads): the split copies each query head's key/value head beside it, so
+ * the forward and the score products are the multi-head ones; dK and dV of
+ * a key/value head are single GEMMs over its group, whose heads lie side by
+ * side (dK = Q_group dS_group^T, a contraction over group x T), so the group
+ * is summed in the GEMM's fp32 accumulator.  NKV = NH is GPT-2's layout and
+ * the same calls as before.
  *
  * Per group of G sequences, in scratch (layout below), with BH = G * NH heads:
  *   split    qkv (B,T,3C) -> Q, K, V (BH, T, hsp)      hsp = hs rounded up to 8
@@ -40,21 +50,21 @@ struct AttLayout {
     }
 };
 
-AttLayout att_layout(int G, int T, int C, int NH)
+AttLayout att_layout(int G, int T, int NH, int hs)
 {
-    const int hs = C / NH;
     AttLayout l;
     l.mat_elems = (size_t)G * NH * T * pad8(hs);
     l.sq_elems = (size_t)G * NH * T * pad8(T);
     return l;
 }
 
-/* dst_m (BH, T, hsp) = head h of matrix m of src rows (b0 + g, t), for the
- * NMAT matrices side by side in each src row (row stride src_stride, matrix
- * m at column m * C). */
+/* dst_m (BH, T, hsp) = head h of matrix m of src rows (b0 + g, t): query
+ * head h (column h * hs), then, for NMAT 3, the key and value heads of its
+ * group (columns C + kv * hs and C + KV + kv * hs, kv = h / group, KV = NKV
+ * hs); row stride src_stride. */
 template <typename T, int NMAT>
 __global__ void heads_split_kernel(T *dst0, T *dst1, T *dst2, const T *src, int b0, int G, int T_,
-                                   int C, int NH, int hs, int hsp, size_t src_stride)
+                                   int C, int NH, int group, int hs, int hsp, size_t src_stride)
 {
     const size_t total = (size_t)G * NH * T_ * hs;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -62,19 +72,24 @@ __global__ void heads_split_kernel(T *dst0, T *dst1, T *dst2, const T *src, int 
         const int i = (int)(idx % hs);
         const size_t r = idx / hs; /* (g, h, t) */
         const int t = (int)(r % T_), h = (int)(r / T_ % NH), g = (int)(r / T_ / NH);
-        const T *s = src + ((size_t)(b0 + g) * T_ + t) * src_stride + (size_t)h * hs + i;
+        const T *row = src + ((size_t)(b0 + g) * T_ + t) * src_stride;
         const size_t d = r * hsp + i;
-        dst0[d] = s[0];
-        if (NMAT > 1) dst1[d] = s[C];
-        if (NMAT > 2) dst2[d] = s[2 * C];
+        dst0[d] = row[(size_t)h * hs + i];
+        if (NMAT > 1) {
+            const size_t kv = (size_t)C + (size_t)(h / group) * hs + i, KV = (size_t)(NH / group) * hs;
+            dst1[d] = row[kv];
+            dst2[d] = row[kv + KV];
+        }
     }
 }
 
-/* The inverse: rows (b0 + g, t) of dst (row stride dst_stride) get head h of
- * each source matrix, written or added. */
+/* The inverse: rows (b0 + g, t) of dst (row stride dst_stride) get query
+ * head h of src0 and, for NMAT 3, key/value head kv = h / group of src1 and
+ * src2 (laid out (G, NKV, T, hsp)) from the group's first head, written or
+ * added. */
 template <typename T, int NMAT, bool ADD>
 __global__ void heads_merge_kernel(T *dst, const T *src0, const T *src1, const T *src2, int b0, int G,
-                                   int T_, int C, int NH, int hs, int hsp, size_t dst_stride)
+                                   int T_, int C, int NH, int group, int hs, int hsp, size_t dst_stride)
 {
     const size_t total = (size_t)G * NH * T_ * hs;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -82,13 +97,16 @@ __global__ void heads_merge_kernel(T *dst, const T *src0, const T *src1, const T
         const int i = (int)(idx % hs);
         const size_t r = idx / hs;
         const int t = (int)(r % T_), h = (int)(r / T_ % NH), g = (int)(r / T_ / NH);
-        T *o = dst + ((size_t)(b0 + g) * T_ + t) * dst_stride + (size_t)h * hs + i;
+        T *row = dst + ((size_t)(b0 + g) * T_ + t) * dst_stride;
+        T *o = row + (size_t)h * hs + i;
         const size_t s = r * hsp + i;
-        const T *srcs[3] = {src0, src1, src2};
-#pragma unroll
-        for (int m = 0; m < NMAT; m++) {
-            T *om = o + (size_t)m * C;
-            *om = ADD ? from_f32<T>(to_f32(*om) + to_f32(srcs[m][s])) : srcs[m][s];
+        *o = ADD ? from_f32<T>(to_f32(*o) + to_f32(src0[s])) : src0[s];
+        if (NMAT > 1 && h % group == 0) {
+            const int NKV = NH / group, kv = h / group;
+            const size_t skv = (((size_t)g * NKV + kv) * T_ + t) * hsp + i;
+            T *ok = row + (size_t)C + (size_t)kv * hs + i, *ov = ok + (size_t)NKV * hs;
+            *ok = ADD ? from_f32<T>(to_f32(*ok) + to_f32(src1[skv])) : src1[skv];
+            *ov = ADD ? from_f32<T>(to_f32(*ov) + to_f32(src2[skv])) : src2[skv];
         }
     }
 }
@@ -185,10 +203,10 @@ Group carve_group(void *scratch, size_t bytes, const AttLayout &l, td_dtype dt)
 }
 
 /* Sequences per group that fit in scratch_bytes (0 if not even one). */
-int group_seqs(int B, int T, int C, int NH, td_dtype dt, size_t scratch_bytes)
+int group_seqs(int B, int T, int NH, int hs, td_dtype dt, size_t scratch_bytes)
 {
     int G = B;
-    while (G > 0 && att_layout(G, T, C, NH).bytes(dt) > scratch_bytes) G--;
+    while (G > 0 && att_layout(G, T, NH, hs).bytes(dt) > scratch_bytes) G--;
     return G;
 }
 
@@ -220,14 +238,24 @@ Gemm head_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, 
     return g;
 }
 
-td_status check_args(const char *op, td_ops_cuda *ctx, int B, int T, int C, int NH, td_dtype dt)
+td_status check_args(const char *op, td_ops_cuda *ctx, int B, int T, int NH, int NKV, int hs, td_dtype dt)
 {
     td_status st = check_dtype(op, dt);
     if (st != TD_OK) return st;
     if (!ctx) return td_error_set(TD_ERR_INVALID, "%s: NULL context", op);
-    if (B < 0 || T < 0 || C <= 0 || NH <= 0 || C % NH)
-        return td_error_set(TD_ERR_INVALID, "%s: B %d, T %d, C %d, NH %d: need C a multiple of NH", op,
-                            B, T, C, NH);
+    if (B < 0 || T < 0 || NH <= 0 || NKV <= 0 || hs <= 0 || NH % NKV)
+        return td_error_set(TD_ERR_INVALID,
+                            "%s: B %d, T %d, NH %d, NKV %d, hs %d: need B, T >= 0, hs >= 1 and the key/value "
+                            "heads NKV to divide the query heads NH",
+                            op, B, T, NH, NKV, hs);
+    return TD_OK;
+}
+
+/* The GPT-2 entry points' check: C split into NH heads. */
+td_status check_heads(const char *op, int C, int NH)
+{
+    if (C <= 0 || NH <= 0 || C % NH)
+        return td_error_set(TD_ERR_INVALID, "%s: C %d, NH %d: need C a multiple of NH", op, C, NH);
     return TD_OK;
 }
 
@@ -236,39 +264,46 @@ td_status check_args(const char *op, td_ops_cuda *ctx, int B, int T, int C, int 
 
 using namespace tdc;
 
-extern "C" size_t td_ops_cuda_attention_scratch_bytes(int seqs, int T, int C, int NH, td_dtype dt)
+extern "C" size_t td_ops_cuda_attention_gqa_scratch_bytes(int seqs, int T, int NH, int NKV, int hs, td_dtype dt)
 {
-    if (seqs <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH) return 0;
-    if (flash_applies(dt, C, NH)) return flash_scratch_bytes(seqs, T, NH);
-    return att_layout(seqs, T, C, NH).bytes(dt);
+    if (seqs <= 0 || T <= 0 || NH <= 0 || NKV <= 0 || hs <= 0 || NH % NKV) return 0;
+    if (flash_applies(dt, hs)) return flash_scratch_bytes(seqs, T, NH);
+    return att_layout(seqs, T, NH, hs).bytes(dt);
 }
 
-extern "C" td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, float *lse,
-                                                   const void *qkv, int B, int T, int C, int NH,
-                                                   td_dtype dt, void *scratch, size_t scratch_bytes,
-                                                   void *stream)
+extern "C" size_t td_ops_cuda_attention_scratch_bytes(int seqs, int T, int C, int NH, td_dtype dt)
+{
+    if (C <= 0 || NH <= 0 || C % NH) return 0;
+    return td_ops_cuda_attention_gqa_scratch_bytes(seqs, T, NH, NH, C / NH, dt);
+}
+
+extern "C" td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv,
+                                                       int B, int T, int NH, int NKV, int hs, td_dtype dt,
+                                                       void *scratch, size_t scratch_bytes, void *stream)
 {
     const char *op = "attention forward";
-    td_status st = check_args(op, ctx, B, T, C, NH, dt);
+    td_status st = check_args(op, ctx, B, T, NH, NKV, hs, dt);
     if (st != TD_OK || B == 0 || T == 0) return st;
     if (!out || !lse || !qkv) return td_error_set(TD_ERR_INVALID, "%s: NULL tensor", op);
-    st = check_scratch(op, scratch, scratch_bytes, td_ops_cuda_attention_scratch_bytes(1, T, C, NH, dt));
+    st = check_scratch(op, scratch, scratch_bytes, td_ops_cuda_attention_gqa_scratch_bytes(1, T, NH, NKV, hs, dt));
     if (st != TD_OK) return st;
     cudaStream_t s = (cudaStream_t)stream;
-    if (flash_applies(dt, C, NH)) return flash_forward(dt, out, lse, qkv, B, T, C, NH, s);
-    const int hs = C / NH, hsp = pad8(hs), Tp = pad8(T), G = group_seqs(B, T, C, NH, dt, scratch_bytes);
+    if (flash_applies(dt, hs)) return flash_forward(dt, out, lse, qkv, B, T, NH, NKV, hs, s);
+    const int C = NH * hs, group = NH / NKV, hsp = pad8(hs), Tp = pad8(T);
+    const int G = group_seqs(B, T, NH, hs, dt, scratch_bytes);
     const float scale = 1.0f / sqrtf((float)hs);
-    const Group buf = carve_group(scratch, scratch_bytes, att_layout(G, T, C, NH), dt);
+    const Group buf = carve_group(scratch, scratch_bytes, att_layout(G, T, NH, hs), dt);
     const cudaDataType_t type = cuda_type(dt);
     const long long mat = (long long)T * hsp, sq = (long long)T * Tp;
+    const size_t row = (size_t)C + 2 * (size_t)NKV * hs;
     return dispatch(dt, [&](auto tag) -> td_status {
         using X = decltype(tag);
         for (int b0 = 0; b0 < B; b0 += G) {
             const int nb = B - b0 < G ? B - b0 : G, BH = nb * NH, rows = BH * T;
             const unsigned grid = grid_for((size_t)rows * hs, kThreads);
             heads_split_kernel<X, 3><<<grid, kThreads, 0, s>>>((X *)buf.q, (X *)buf.k, (X *)buf.v,
-                                                              (const X *)qkv, b0, nb, T, C, NH, hs, hsp,
-                                                              3 * (size_t)C);
+                                                              (const X *)qkv, b0, nb, T, C, NH, group, hs, hsp,
+                                                              row);
             td_status st2 = check_launch("attention forward (split heads)");
             if (st2 != TD_OK) return st2;
             /* S (t2 x t per head, column-major) = K^T Q * scale */
@@ -286,7 +321,7 @@ extern "C" td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, 
                        s, "attention forward (P V)");
             if (st2 != TD_OK) return st2;
             heads_merge_kernel<X, 1, false><<<grid, kThreads, 0, s>>>(
-                (X *)out, (const X *)buf.x1, nullptr, nullptr, b0, nb, T, C, NH, hs, hsp, (size_t)C);
+                (X *)out, (const X *)buf.x1, nullptr, nullptr, b0, nb, T, C, NH, group, hs, hsp, (size_t)C);
             st2 = check_launch("attention forward (merge heads)");
             if (st2 != TD_OK) return st2;
         }
@@ -294,27 +329,39 @@ extern "C" td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, 
     });
 }
 
-extern "C" td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv, const void *dout,
-                                                    const void *qkv, const void *out, const float *lse,
-                                                    int B, int T, int C, int NH, td_ops_cuda_write mode,
-                                                    td_dtype dt, void *scratch, size_t scratch_bytes,
-                                                    void *stream)
+extern "C" td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv, int B,
+                                                   int T, int C, int NH, td_dtype dt, void *scratch,
+                                                   size_t scratch_bytes, void *stream)
+{
+    td_status st = check_heads("attention forward", C, NH);
+    if (st != TD_OK) return st;
+    return td_ops_cuda_attention_gqa_forward(ctx, out, lse, qkv, B, T, NH, NH, C / NH, dt, scratch, scratch_bytes,
+                                             stream);
+}
+
+extern "C" td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *dqkv, const void *dout,
+                                                        const void *qkv, const void *out, const float *lse, int B,
+                                                        int T, int NH, int NKV, int hs, td_ops_cuda_write mode,
+                                                        td_dtype dt, void *scratch, size_t scratch_bytes,
+                                                        void *stream)
 {
     const char *op = "attention backward";
-    td_status st = check_args(op, ctx, B, T, C, NH, dt);
+    td_status st = check_args(op, ctx, B, T, NH, NKV, hs, dt);
     if (st != TD_OK || B == 0 || T == 0) return st;
     if (!dqkv || !dout || !qkv || !out || !lse) return td_error_set(TD_ERR_INVALID, "%s: NULL tensor", op);
-    st = check_scratch(op, scratch, scratch_bytes, td_ops_cuda_attention_scratch_bytes(1, T, C, NH, dt));
+    st = check_scratch(op, scratch, scratch_bytes, td_ops_cuda_attention_gqa_scratch_bytes(1, T, NH, NKV, hs, dt));
     if (st != TD_OK) return st;
     cudaStream_t s = (cudaStream_t)stream;
-    if (flash_applies(dt, C, NH))
-        return flash_backward(dt, dqkv, dout, qkv, out, lse, B, T, C, NH, mode == TD_OPS_CUDA_ADD, scratch,
+    if (flash_applies(dt, hs))
+        return flash_backward(dt, dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, mode == TD_OPS_CUDA_ADD, scratch,
                               scratch_bytes, s);
-    const int hs = C / NH, hsp = pad8(hs), Tp = pad8(T), G = group_seqs(B, T, C, NH, dt, scratch_bytes);
+    const int C = NH * hs, group = NH / NKV, hsp = pad8(hs), Tp = pad8(T);
+    const int G = group_seqs(B, T, NH, hs, dt, scratch_bytes);
     const float scale = 1.0f / sqrtf((float)hs);
-    const Group buf = carve_group(scratch, scratch_bytes, att_layout(G, T, C, NH), dt);
+    const Group buf = carve_group(scratch, scratch_bytes, att_layout(G, T, NH, hs), dt);
     const cudaDataType_t type = cuda_type(dt);
     const long long mat = (long long)T * hsp, sq = (long long)T * Tp;
+    const size_t row = (size_t)C + 2 * (size_t)NKV * hs;
     return dispatch(dt, [&](auto tag) -> td_status {
         using X = decltype(tag);
         for (int b0 = 0; b0 < B; b0 += G) {
@@ -324,12 +371,12 @@ extern "C" td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv
             void *dO = buf.x1, *dQ = buf.x2, *dK = buf.x3, *dV = buf.x4;
             const float *row_lse = lse + (size_t)b0 * NH * T;
             heads_split_kernel<X, 3><<<grid, kThreads, 0, s>>>((X *)buf.q, (X *)buf.k, (X *)buf.v,
-                                                              (const X *)qkv, b0, nb, T, C, NH, hs, hsp,
-                                                              3 * (size_t)C);
+                                                              (const X *)qkv, b0, nb, T, C, NH, group, hs, hsp,
+                                                              row);
             td_status st2 = check_launch("attention backward (split q, k, v)");
             if (st2 != TD_OK) return st2;
             heads_split_kernel<X, 1><<<grid, kThreads, 0, s>>>((X *)dO, nullptr, nullptr, (const X *)dout,
-                                                              b0, nb, T, C, NH, hs, hsp, (size_t)C);
+                                                              b0, nb, T, C, NH, group, hs, hsp, (size_t)C);
             st2 = check_launch("attention backward (split dout)");
             if (st2 != TD_OK) return st2;
             st2 = gemm(ctx, head_gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, buf.k, hsp, mat, buf.q, hsp, mat,
@@ -339,9 +386,10 @@ extern "C" td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv
             probs_kernel<X><<<row_grid, kRowWarps * 32, 0, s>>>((X *)buf.P, buf.S, row_lse, rows, T, Tp);
             st2 = check_launch("attention backward (probabilities)");
             if (st2 != TD_OK) return st2;
-            /* dV (i x t2) = dO P^T */
-            st2 = gemm(ctx, head_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, dO, hsp, mat, buf.P, Tp, sq, dV,
-                                      hsp, mat, BH, type, type, 1.0f),
+            /* dV (i x t2) of a key/value head = dO P^T over its group: the
+             * group's heads side by side make one product of depth group T */
+            st2 = gemm(ctx, head_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, group * T, dO, hsp, group * mat, buf.P, Tp,
+                                      group * sq, dV, hsp, mat, nb * NKV, type, type, 1.0f),
                        s, "attention backward (dV)");
             if (st2 != TD_OK) return st2;
             /* dP (t2 x t) = V^T dO, over S */
@@ -354,26 +402,35 @@ extern "C" td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv
                                                                  hs, scale);
             st2 = check_launch("attention backward (dS)");
             if (st2 != TD_OK) return st2;
-            /* dQ (i x t) = K dS;  dK (i x t2) = Q dS^T */
+            /* dQ (i x t) = K dS;  dK (i x t2) = Q dS^T over the group, as dV */
             st2 = gemm(ctx, head_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, buf.k, hsp, mat, buf.P, Tp, sq,
                                       dQ, hsp, mat, BH, type, type, 1.0f),
                        s, "attention backward (dQ)");
             if (st2 != TD_OK) return st2;
-            st2 = gemm(ctx, head_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, buf.q, hsp, mat, buf.P, Tp, sq,
-                                      dK, hsp, mat, BH, type, type, 1.0f),
+            st2 = gemm(ctx, head_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, group * T, buf.q, hsp, group * mat, buf.P,
+                                      Tp, group * sq, dK, hsp, mat, nb * NKV, type, type, 1.0f),
                        s, "attention backward (dK)");
             if (st2 != TD_OK) return st2;
             if (mode == TD_OPS_CUDA_ADD)
                 heads_merge_kernel<X, 3, true><<<grid, kThreads, 0, s>>>(
-                    (X *)dqkv, (const X *)dQ, (const X *)dK, (const X *)dV, b0, nb, T, C, NH, hs, hsp,
-                    3 * (size_t)C);
+                    (X *)dqkv, (const X *)dQ, (const X *)dK, (const X *)dV, b0, nb, T, C, NH, group, hs, hsp, row);
             else
                 heads_merge_kernel<X, 3, false><<<grid, kThreads, 0, s>>>(
-                    (X *)dqkv, (const X *)dQ, (const X *)dK, (const X *)dV, b0, nb, T, C, NH, hs, hsp,
-                    3 * (size_t)C);
+                    (X *)dqkv, (const X *)dQ, (const X *)dK, (const X *)dV, b0, nb, T, C, NH, group, hs, hsp, row);
             st2 = check_launch("attention backward (merge heads)");
             if (st2 != TD_OK) return st2;
         }
         return TD_OK;
     });
+}
+
+extern "C" td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv, const void *dout, const void *qkv,
+                                                    const void *out, const float *lse, int B, int T, int C, int NH,
+                                                    td_ops_cuda_write mode, td_dtype dt, void *scratch,
+                                                    size_t scratch_bytes, void *stream)
+{
+    td_status st = check_heads("attention backward", C, NH);
+    if (st != TD_OK) return st;
+    return td_ops_cuda_attention_gqa_backward(ctx, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH, mode, dt, scratch,
+                                              scratch_bytes, stream);
 }

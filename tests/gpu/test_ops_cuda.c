@@ -16,7 +16,9 @@
  * the gradient's own magnitude (a missing or doubled add fails); outputs
  * that are written start as NaN (an element left unwritten fails).
  * Each test prints, per storage type, its worst error as a fraction of its
- * tolerance.  Also: a block composed of the CUDA ops against
+ * tolerance.  The LLaMA-family ops (RMSNorm, SwiGLU, RoPE, grouped-query
+ * attention with 1, 2 and 4 query heads a key/value head, q/k/v biases
+ * through the qkv matmul) the same way.  Also: a block composed of the CUDA ops against
  * td_gpt_ref_block_forward/backward, bit-identical repeats, argument errors,
  * and the speed of one GPT-2 124M block (printed).
  *
@@ -610,26 +612,39 @@ static void attention_path(int path)
 }
 
 /* One attention shape on one path; grouped: scratch for one sequence only,
- * so the op runs the batch a sequence at a time. */
-static void attention_case(td_dtype dt, int B, int T, int C, int NH, int grouped, int path)
+ * so the op runs the batch a sequence at a time.  gqa: through the
+ * grouped-query entry points (NKV key/value heads of hs channels), else the
+ * multi-head ones (NKV = NH, C = NH hs); the CPU reference is the same
+ * function either way. */
+static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int hs, int grouped, int path, int gqa)
 {
-    const size_t N = (size_t)B * T, n_qkv = N * 3 * C, n_out = N * C, n_lse = (size_t)B * NH * T;
+    const int C = NH * hs, group = NH / NKV;
+    const size_t N = (size_t)B * T, n_qkv = N * (C + 2 * (size_t)NKV * hs), n_out = N * C, n_lse = (size_t)B * NH * T;
     const char *pn = path ? "gemm" : "default";
+    char shape[64];
+    if (gqa) snprintf(shape, sizeof shape, "B%d T%d NH%d NKV%d hs%d", B, T, NH, NKV, hs);
+    else snprintf(shape, sizeof shape, "B%d T%d C%d NH%d", B, T, C, NH);
     attention_path(path);
     reset();
     float *qkv = hrand(dt, n_qkv, 2.0f);
     float *out = hmalloc(n_out * 4), *lse = hmalloc(n_lse * 4);
-    td_ops_attention_forward(out, lse, qkv, B, T, C, NH);
+    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NKV, hs);
     void *d_qkv = up(dt, qkv, n_qkv);
-    const size_t sb = td_ops_cuda_attention_scratch_bytes(grouped ? 1 : B, T, C, NH, dt);
+    const int seqs = grouped ? 1 : B;
+    const size_t sb = gqa ? td_ops_cuda_attention_gqa_scratch_bytes(seqs, T, NH, NKV, hs, dt)
+                          : td_ops_cuda_attention_scratch_bytes(seqs, T, C, NH, dt);
     void *scratch = scratch_for(sb);
     void *d_out = dnan(dt, n_out);
     float *d_lse = dnan(TD_DTYPE_F32, n_lse);
-    TD_ASSERT_OK(td_ops_cuda_attention_forward(F.ctx, d_out, d_lse, d_qkv, B, T, C, NH, dt, scratch, sb, F.s));
-    check_dev(LABEL("attention out B%d T%d C%d NH%d grouped %d %s", B, T, C, NH, grouped, pn), dt, d_out, out, n_out,
+    if (gqa)
+        TD_ASSERT_OK(td_ops_cuda_attention_gqa_forward(F.ctx, d_out, d_lse, d_qkv, B, T, NH, NKV, hs, dt, scratch, sb,
+                                                       F.s));
+    else
+        TD_ASSERT_OK(td_ops_cuda_attention_forward(F.ctx, d_out, d_lse, d_qkv, B, T, C, NH, dt, scratch, sb, F.s));
+    check_dev(LABEL("attention out %s grouped %d %s", shape, grouped, pn), dt, d_out, out, n_out,
               tol_of(dt, TOL_ATT, T));
-    check_dev(LABEL("attention lse B%d T%d C%d NH%d grouped %d %s", B, T, C, NH, grouped, pn), TD_DTYPE_F32, d_lse,
-              lse, n_lse, tol_of(TD_DTYPE_F32, TOL_ATT, T));
+    check_dev(LABEL("attention lse %s grouped %d %s", shape, grouped, pn), TD_DTYPE_F32, d_lse, lse, n_lse,
+              tol_of(TD_DTYPE_F32, TOL_ATT, T));
     /* backward from the CPU forward's out (rounded) and lse, so both sides see the same */
     for (size_t i = 0; i < n_out; i++) out[i] = rnd(dt, out[i]);
     void *d_fout = up(dt, out, n_out);
@@ -637,18 +652,38 @@ static void attention_case(td_dtype dt, int B, int T, int C, int NH, int grouped
     float *dout = hrand(dt, n_out, 1);
     void *d_dout = up(dt, dout, n_out);
     float *g0 = hzero(n_qkv);
-    td_ops_attention_backward(g0, dout, qkv, out, lse, B, T, C, NH);
+    td_ops_attention_gqa_backward(g0, dout, qkv, out, lse, B, T, NH, NKV, hs);
     for (int mode = 0; mode < 2; mode++) { /* 0: added into random values, 1: set */
         float *dqkv = mode ? hcopy(g0, n_qkv) : acc_like(dt, g0, n_qkv);
         void *d_dqkv = mode ? dnan(dt, n_qkv) : up(dt, dqkv, n_qkv);
-        if (!mode) td_ops_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
-        TD_ASSERT_OK(td_ops_cuda_attention_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, B, T, C, NH,
-                                                    mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD, dt, scratch, sb, F.s));
-        check_dev(LABEL("attention dqkv B%d T%d C%d NH%d %s grouped %d %s", B, T, C, NH, mode ? "set" : "add",
-                        grouped, pn),
-                  dt, d_dqkv, dqkv, n_qkv, tol_of(dt, TOL_ATT_BW, T));
+        if (!mode) td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+        const td_ops_cuda_write wm = mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD;
+        if (gqa)
+            TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, B, T, NH, NKV,
+                                                            hs, wm, dt, scratch, sb, F.s));
+        else
+            TD_ASSERT_OK(td_ops_cuda_attention_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, B, T, C, NH, wm,
+                                                        dt, scratch, sb, F.s));
+        /* dK, dV sum over the group's query heads too */
+        check_dev(LABEL("attention dqkv %s %s grouped %d %s", shape, mode ? "set" : "add", grouped, pn), dt, d_dqkv,
+                  dqkv, n_qkv, tol_of(dt, TOL_ATT_BW, (long)group * T));
+        if (gqa && mode) { /* no atomics: a second run gives the same bits */
+            void *d_again = dnan(dt, n_qkv);
+            TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_again, d_dout, d_qkv, d_fout, d_lse, B, T, NH,
+                                                            NKV, hs, wm, dt, scratch, sb, F.s));
+            const size_t bytes = n_qkv * esize(dt);
+            void *h1 = hmalloc(bytes), *h2 = hmalloc(bytes);
+            copy_sync(h1, d_dqkv, bytes, cudaMemcpyDeviceToHost);
+            copy_sync(h2, d_again, bytes, cudaMemcpyDeviceToHost);
+            if (memcmp(h1, h2, bytes)) fail_msg("attention backward %s %s: two runs differ", shape, pn);
+        }
     }
     attention_path(0);
+}
+
+static void attention_case(td_dtype dt, int B, int T, int C, int NH, int grouped, int path)
+{
+    attention_gqa_case(dt, B, T, NH, NH, C / NH, grouped, path, 0);
 }
 
 static void test_attention(void **state)
@@ -670,6 +705,276 @@ static void test_attention(void **state)
         }
     reset();
     worst_print("attention");
+}
+
+/* Grouped-query attention: 1, 2 and 4 query heads a key/value head, head
+ * sizes 64 and 128 (flash for 16-bit) and others (batched GEMM), odd T. */
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    /* B, T, NH, NKV, hs */
+    static const int cases[][5] = {
+        {2, 65, 4, 4, 64},  {2, 37, 4, 2, 64},   {1, 130, 8, 2, 64}, {2, 257, 4, 1, 64}, {1, 1, 2, 1, 64},
+        {1, 100, 2, 2, 128}, {1, 200, 4, 2, 128}, {2, 130, 8, 2, 128}, {1, 63, 4, 1, 128},
+        {2, 37, 6, 3, 24},  {1, 20, 4, 1, 8},    {3, 33, 6, 2, 40},
+    };
+    td_rng_seed(&F.rng, 111);
+    worst_begin();
+    for (int di = 0; di < N_DTS; di++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
+            const int paths = flash_shape(DTS[di], NH * hs, NH) ? 2 : 1;
+            for (int path = 0; path < paths; path++)
+                for (int grouped = 0; grouped < (B > 1 ? 2 : 1); grouped++)
+                    attention_gqa_case(DTS[di], B, T, NH, NKV, hs, grouped, path, 1);
+        }
+    reset();
+    worst_print("attention gqa");
+}
+
+/* --- LLaMA-family ops: RMSNorm, SwiGLU, RoPE ------------------------------------------ */
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    static const int cases[][2] = {{1, 8}, {37, 72}, {64, 768}, {13, 100}, {5, 1600}, {3, 2050}, {300, 64}, {9, 4096}};
+    td_rng_seed(&F.rng, 112);
+    worst_begin();
+    for (int di = 0; di < N_DTS; di++) {
+        const td_dtype dt = DTS[di];
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int N = cases[ci][0], C = cases[ci][1];
+            const float eps = ci % 2 ? 1e-6f : 1e-5f;
+            const size_t NC = (size_t)N * C;
+            td_dtype gdts[2];
+            const int ng = grad_types(dt, gdts);
+            for (int gi = 0; gi < ng; gi++) {
+                const td_dtype gdt = gdts[gi];
+                reset();
+                float *x = hrand(dt, NC, 2), *w = hrand(dt, C, 1);
+                float *out = hmalloc(NC * 4), *rstd = hmalloc(N * 4);
+                td_ops_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+                void *d_x = up(dt, x, NC), *d_w = up(dt, w, C);
+                float *d_rstd = dnan(TD_DTYPE_F32, N);
+                if (gi == 0) {
+                    void *d_out = dnan(dt, NC);
+                    TD_ASSERT_OK(td_ops_cuda_rmsnorm_forward(d_out, d_rstd, d_x, d_w, N, C, eps, dt, F.s));
+                    check_dev(LABEL("rmsnorm out N%d C%d", N, C), dt, d_out, out, NC, tol_of(dt, TOL_LN, C));
+                    check_dev(LABEL("rmsnorm rstd N%d C%d", N, C), TD_DTYPE_F32, d_rstd, rstd, N,
+                              tol_of(TD_DTYPE_F32, TOL_LN, C));
+                }
+                /* backward from the CPU's rstd (both sides use the same) */
+                float *dout = hrand(dt, NC, 1);
+                float *dx0 = hzero(NC), *dw0 = hzero(C);
+                td_ops_rmsnorm_backward(dx0, dw0, dout, x, w, rstd, N, C);
+                float *dx = acc_like(dt, dx0, NC), *dw = acc_like(gdt, dw0, C);
+                void *d_dx = up(dt, dx, NC), *d_dw = up(gdt, dw, C);
+                td_ops_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+                copy_sync(d_rstd, rstd, N * 4, cudaMemcpyHostToDevice);
+                size_t sb = td_ops_cuda_rmsnorm_scratch_bytes(N, C);
+                TD_ASSERT_OK(td_ops_cuda_rmsnorm_backward(d_dx, d_dw, up(dt, dout, NC), d_x, d_w, d_rstd, N, C, dt, gdt,
+                                                          scratch_for(sb), sb, F.s));
+                check_dev(LABEL("rmsnorm dinp N%d C%d", N, C), dt, d_dx, dx, NC, tol_of(dt, TOL_LN, C));
+                check_dev(LABEL("rmsnorm dweight N%d C%d grads %s", N, C, td_dtype_name(gdt)), gdt, d_dw, dw, C,
+                          tol_of(gdt, TOL_LN, N));
+            }
+        }
+    }
+    reset();
+    worst_print("rmsnorm");
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    static const int cases[][2] = {{1, 1}, {3, 7}, {37, 72}, {64, 768}, {5, 1001}, {16, 2816}};
+    td_rng_seed(&F.rng, 113);
+    worst_begin();
+    for (int di = 0; di < N_DTS; di++) {
+        const td_dtype dt = DTS[di];
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (size_t off = 0; off < 2; off++) { /* off 1: views that are not 16-byte aligned */
+                const int N = cases[ci][0], H = cases[ci][1];
+                const size_t NH2 = (size_t)N * 2 * H, NH1 = (size_t)N * H;
+                reset();
+                float *gu = hrand(dt, NH2, 4), *dout = hrand(dt, NH1, 1);
+                float *out = hmalloc(NH1 * 4);
+                td_ops_swiglu_forward(out, gu, N, H);
+                void *d_gu = up_at(dt, gu, NH2, off), *d_dout = up_at(dt, dout, NH1, off);
+                void *d_out = dnan_at(dt, NH1, off);
+                TD_ASSERT_OK(td_ops_cuda_swiglu_forward(d_out, d_gu, N, H, dt, F.s));
+                check_dev(LABEL("swiglu N%d H%d off %zu", N, H, off), dt, d_out, out, NH1, tol_of(dt, TOL_POINT, 1));
+                /* backward: added, set, set in place over gate_up */
+                float *g0 = hzero(NH2);
+                td_ops_swiglu_backward(g0, dout, gu, N, H);
+                float *acc = acc_like(dt, g0, NH2);
+                void *d_acc = up_at(dt, acc, NH2, off);
+                td_ops_swiglu_backward(acc, dout, gu, N, H);
+                TD_ASSERT_OK(td_ops_cuda_swiglu_backward(d_acc, d_dout, d_gu, N, H, TD_OPS_CUDA_ADD, dt, F.s));
+                check_dev(LABEL("swiglu backward add N%d H%d off %zu", N, H, off), dt, d_acc, acc, NH2,
+                          tol_of(dt, TOL_POINT, 1));
+                void *d_set = dnan_at(dt, NH2, off);
+                TD_ASSERT_OK(td_ops_cuda_swiglu_backward(d_set, d_dout, d_gu, N, H, TD_OPS_CUDA_SET, dt, F.s));
+                check_dev(LABEL("swiglu backward set N%d H%d off %zu", N, H, off), dt, d_set, g0, NH2,
+                          tol_of(dt, TOL_POINT, 1));
+                void *d_inpl = up_at(dt, gu, NH2, off);
+                TD_ASSERT_OK(td_ops_cuda_swiglu_backward(d_inpl, d_dout, d_inpl, N, H, TD_OPS_CUDA_SET, dt, F.s));
+                check_dev(LABEL("swiglu backward in place N%d H%d off %zu", N, H, off), dt, d_inpl, g0, NH2,
+                          tol_of(dt, TOL_POINT, 1));
+            }
+    }
+    reset();
+    worst_print("swiglu");
+}
+
+/* Llama 3.1's rope_scaling (theta 500000), or none (theta 10000). */
+static void rope_table(float *inv_freq, int hs, int scaled)
+{
+    const td_rope_scaling llama3 = {8.0f, 1.0f, 4.0f, 8192};
+    td_ops_rope_inv_freq(inv_freq, hs, scaled ? 500000.0f : 10000.0f, scaled ? &llama3 : NULL);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    /* B, T, heads, hs, stride, llama3 scaling: q and k of a fused qkv row (heads NH + NKV,
+     * stride (NH + 2 NKV) hs), odd strides and head sizes (element path), long T (large angles) */
+    static const int cases[][6] = {
+        {1, 1, 1, 2, 2, 0},        {2, 37, 3, 64, 192, 0},   {2, 130, 6, 128, 1024, 1}, {3, 17, 2, 10, 25, 0},
+        {1, 1000, 12, 64, 1024, 1}, {2, 33, 5, 96, 483, 1}, {1, 70, 20, 64, 1536, 1},
+    };
+    td_rng_seed(&F.rng, 114);
+    worst_begin();
+    for (int di = 0; di < N_DTS; di++) {
+        const td_dtype dt = DTS[di];
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int B = cases[ci][0], T = cases[ci][1], heads = cases[ci][2], hs = cases[ci][3];
+            const size_t stride = (size_t)cases[ci][4], n = (size_t)B * T * stride;
+            reset();
+            float *inv = hmalloc((size_t)hs / 2 * 4);
+            rope_table(inv, hs, cases[ci][5]);
+            float *d_inv = up(TD_DTYPE_F32, inv, (size_t)hs / 2);
+            float *x = hrand(dt, n, 2), *want = hcopy(x, n);
+            /* forward; the columns past heads * hs of a row stay as they were */
+            td_ops_rope_forward(want, inv, B, T, heads, hs, stride);
+            void *d_x = up(dt, x, n);
+            TD_ASSERT_OK(td_ops_cuda_rope_forward(d_x, d_inv, B, T, heads, hs, stride, dt, F.s));
+            check_dev(LABEL("rope forward B%d T%d heads %d hs %d stride %zu", B, T, heads, hs, stride), dt, d_x, want,
+                      n, tol_of(dt, TOL_POINT, 2));
+            float *dx = hrand(dt, n, 1), *dwant = hcopy(dx, n);
+            td_ops_rope_backward(dwant, inv, B, T, heads, hs, stride);
+            void *d_dx = up(dt, dx, n);
+            TD_ASSERT_OK(td_ops_cuda_rope_backward(d_dx, d_inv, B, T, heads, hs, stride, dt, F.s));
+            check_dev(LABEL("rope backward B%d T%d heads %d hs %d stride %zu", B, T, heads, hs, stride), dt, d_dx,
+                      dwant, n, tol_of(dt, TOL_POINT, 2));
+        }
+    }
+    reset();
+    worst_print("rope");
+}
+
+/* The attention half of a LLaMA / Qwen2 block, composed of the CUDA ops as
+ * a trainer does: qkv = x W^T (+ bias: Qwen2's q/k/v biases, the matmul's
+ * epilogue), RoPE on q and k in place, grouped-query attention; backward
+ * through all three, dbias included.  The CPU side rounds qkv to the
+ * storage type where the GPU stores it. */
+static void llama_attention_case(td_dtype dt, int B, int T, int C, int NH, int NKV, int hs, int bias)
+{
+    const int N = B * T, OC = (NH + 2 * NKV) * hs, CA = NH * hs;
+    const size_t NC = (size_t)N * C, NO = (size_t)N * OC, WC = (size_t)OC * C, NA = (size_t)N * CA;
+    const size_t n_lse = (size_t)B * NH * T;
+    char shape[80];
+    snprintf(shape, sizeof shape, "B%d T%d C%d NH%d NKV%d hs%d bias %d", B, T, C, NH, NKV, hs, bias);
+    reset();
+    float *x = hrand(dt, NC, 1), *w = hrand(dt, WC, 2.0f / sqrtf((float)C)), *b = bias ? hrand(dt, OC, 0.5f) : NULL;
+    float *inv = hmalloc((size_t)hs / 2 * 4);
+    rope_table(inv, hs, 1);
+    float *qkv = hmalloc(NO * 4), *out = hmalloc(NA * 4), *lse = hmalloc(n_lse * 4);
+    td_ops_matmul_forward(qkv, x, w, b, N, C, OC);
+    for (size_t i = 0; i < NO; i++) qkv[i] = rnd(dt, qkv[i]);
+    td_ops_rope_forward(qkv, inv, B, T, NH + NKV, hs, OC);
+    for (size_t i = 0; i < NO; i++) qkv[i] = rnd(dt, qkv[i]);
+    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NKV, hs);
+
+    void *d_x = up(dt, x, NC), *d_w = up(dt, w, WC), *d_b = bias ? up(dt, b, OC) : NULL;
+    float *d_inv = up(TD_DTYPE_F32, inv, (size_t)hs / 2);
+    void *d_qkv = dnan(dt, NO), *d_out = dnan(dt, NA);
+    float *d_lse = dnan(TD_DTYPE_F32, n_lse);
+    const size_t sb = td_ops_cuda_attention_gqa_scratch_bytes(B, T, NH, NKV, hs, dt) +
+                      td_ops_cuda_matmul_scratch_bytes(N, OC);
+    void *scratch = scratch_for(sb);
+    TD_ASSERT_OK(td_ops_cuda_matmul_forward(F.ctx, d_qkv, NULL, d_x, d_w, d_b, NULL, N, C, OC, dt, F.s));
+    TD_ASSERT_OK(td_ops_cuda_rope_forward(d_qkv, d_inv, B, T, NH + NKV, hs, OC, dt, F.s));
+    TD_ASSERT_OK(td_ops_cuda_attention_gqa_forward(F.ctx, d_out, d_lse, d_qkv, B, T, NH, NKV, hs, dt, scratch, sb, F.s));
+    check_dev(LABEL("llama attention qkv %s", shape), dt, d_qkv, qkv, NO, tol_of(dt, TOL_BLOCK, C));
+    check_dev(LABEL("llama attention out %s", shape), dt, d_out, out, NA, tol_of(dt, TOL_BLOCK, T));
+
+    /* backward from the CPU's out and lse */
+    for (size_t i = 0; i < NA; i++) out[i] = rnd(dt, out[i]);
+    copy_sync(d_lse, lse, n_lse * 4, cudaMemcpyHostToDevice);
+    void *d_fout = up(dt, out, NA);
+    float *dout = hrand(dt, NA, 1);
+    float *dqkv = hzero(NO), *dx = hzero(NC), *dw = hzero(WC), *db = hzero(OC);
+    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    td_ops_rope_backward(dqkv, inv, B, T, NH + NKV, hs, OC);
+    td_ops_matmul_backward(dx, dw, bias ? db : NULL, dqkv, x, w, N, C, OC);
+    void *d_dqkv = dnan(dt, NO), *d_dx = dnan(dt, NC), *d_dw = up(dt, hzero(WC), WC), *d_db = up(dt, hzero(OC), OC);
+    TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_dqkv, up(dt, dout, NA), d_qkv, d_fout, d_lse, B, T, NH,
+                                                    NKV, hs, TD_OPS_CUDA_SET, dt, scratch, sb, F.s));
+    TD_ASSERT_OK(td_ops_cuda_rope_backward(d_dqkv, d_inv, B, T, NH + NKV, hs, OC, dt, F.s));
+    TD_ASSERT_OK(td_ops_cuda_matmul_backward(F.ctx, d_dx, d_dw, bias ? d_db : NULL, d_dqkv, d_x, d_w, N, C, OC,
+                                             TD_OPS_CUDA_SET, dt, dt, scratch, sb, F.s));
+    check_dev(LABEL("llama attention dx %s", shape), dt, d_dx, dx, NC, tol_of(dt, TOL_BLOCK, OC));
+    check_dev(LABEL("llama attention dweight %s", shape), dt, d_dw, dw, WC, tol_of(dt, TOL_BLOCK, N));
+    if (bias) check_dev(LABEL("llama attention dbias %s", shape), dt, d_db, db, OC, tol_of(dt, TOL_BLOCK, N));
+}
+
+static void test_llama_attention(void **state)
+{
+    (void)state;
+    td_rng_seed(&F.rng, 115);
+    worst_begin();
+    for (int di = 0; di < 2; di++) /* fp32, bf16 */
+        for (int bias = 0; bias < 2; bias++) {
+            llama_attention_case(DTS[di], 2, 70, 256, 4, 2, 64, bias);
+            llama_attention_case(DTS[di], 1, 130, 384, 4, 1, 128, bias);
+        }
+    reset();
+    worst_print("llama attention");
+}
+
+static void test_llama_argument_errors(void **state)
+{
+    (void)state;
+    reset();
+    void *d = dmalloc(1 << 16), *scratch = dmalloc(1 << 20);
+    /* key/value heads that do not divide the query heads */
+    assert_int_equal(td_ops_cuda_attention_gqa_forward(F.ctx, d, d, d, 1, 4, 6, 4, 64, TD_DTYPE_BF16, scratch, 1 << 20,
+                                                       F.s),
+                     TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "NKV"));
+    assert_int_equal(td_ops_cuda_attention_gqa_scratch_bytes(1, 4, 6, 4, 64, TD_DTYPE_BF16), 0);
+    /* odd head size, rows shorter than the heads */
+    assert_int_equal(td_ops_cuda_rope_forward(d, d, 1, 4, 2, 63, 126, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_rope_backward(d, d, 1, 4, 2, 64, 127, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    /* in place only when written */
+    assert_int_equal(td_ops_cuda_swiglu_backward(d, d, d, 4, 8, TD_OPS_CUDA_ADD, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_swiglu_backward(d, d, (char *)d + 4096, 4, 8, TD_OPS_CUDA_SET, TD_DTYPE_F32, F.s),
+                     TD_ERR_INVALID); /* dgate_up over dout */
+    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, (char *)d + 4096, d, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_F32,
+                                                  scratch, 1 << 20, F.s),
+                     TD_ERR_INVALID); /* dinp over dout */
+    /* a negative epsilon, a gradient type that is neither dt nor fp32, small scratch */
+    assert_int_equal(td_ops_cuda_rmsnorm_forward(d, d, d, d, 4, 8, -1.0f, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, d, d, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_BF16, scratch, 1 << 20,
+                                                  F.s),
+                     TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, d, d, d, 300, 8, TD_DTYPE_F32, TD_DTYPE_F32, scratch,
+                                                  td_ops_cuda_rmsnorm_scratch_bytes(300, 8) - 1, F.s),
+                     TD_ERR_INVALID);
+    CUDA_OK(cudaStreamSynchronize((cudaStream_t)F.s));
+    CUDA_OK(cudaGetLastError());
+    reset();
 }
 
 /* --- softmax, cross-entropy ------------------------------------------------------- */
@@ -1152,6 +1457,12 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_pointwise),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_llama_attention),
+        cmocka_unit_test(test_llama_argument_errors),
         cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_head),
         cmocka_unit_test(test_block),
