@@ -707,6 +707,7 @@ static td_status print_largest(const td_train_config *base, size_t budget, size_
         /* Presets, in the order listed (growing): the largest that fits. */
         const char *best = NULL;
         size_t best_params = 0, best_host = 0;
+        char fit_list[512] = "", fit_json[640] = "";
         for (const char *const *n = td_model_preset_names(); *n; n++) {
             td_train_config pc = *base;
             pc.optim.state = (td_optim_state)s;
@@ -719,14 +720,19 @@ static td_status print_largest(const td_train_config *base, size_t budget, size_
             if (td_train_config_check(&pc) != TD_OK) { td_error_clear(); continue; }
             if ((st = plan_fits(&pc, budget, free_b, ram, pin_limit, &pp, &ok))) return st;
             if (ok && pp.params > best_params) { best = *n; best_params = pp.params; best_host = pp.host_bytes; }
+            if (ok) {
+                size_t l = strlen(fit_list), lj = strlen(fit_json);
+                snprintf(fit_list + l, sizeof fit_list - l, "%s%s", l ? ", " : "", *n);
+                snprintf(fit_json + lj, sizeof fit_json - lj, "%s\"%s\"", lj ? "," : "", *n);
+            }
         }
         const char *name = td_optim_state_name((td_optim_state)s);
         if (json) {
             printf("%s{\"optim_state\":\"%s\",\"width\":%d,\"heads\":%d,\"layers\":%d,\"params\":%zu,"
                    "\"host_bytes\":%zu,\"pinned_bytes\":%zu,\"preset\":%s%s%s,\"preset_params\":%zu,"
-                   "\"preset_host_bytes\":%zu}", s ? "," : "", name, base->model.n_embd, base->model.n_head, lo,
-                   layers_params, layers_host, layers_pinned, best ? "\"" : "", best ? best : "null", best ? "\"" : "",
-                   best_params, best_host);
+                   "\"preset_host_bytes\":%zu,\"presets_that_fit\":[%s]}", s ? "," : "", name, base->model.n_embd,
+                   base->model.n_head, lo, layers_params, layers_host, layers_pinned, best ? "\"" : "",
+                   best ? best : "null", best ? "\"" : "", best_params, best_host, fit_json);
         } else {
             if (lo > 0)
                 printf("--optim-state %-5s  %4d layers x %d wide, %d heads: %.2fB params, host %s (%s pinned)\n", name,
@@ -736,8 +742,8 @@ static td_status print_largest(const td_train_config *base, size_t budget, size_
                 printf("--optim-state %-5s  no layer count fits at %d wide, %d heads\n", name, base->model.n_embd,
                        base->model.n_head);
             if (best)
-                printf("                     largest preset %s: %.2fB params, host %s\n", best,
-                       (double)best_params / 1e9, td_format_bytes(best_host, d, sizeof d));
+                printf("                     largest preset %s: %.2fB params, host %s (fit: %s)\n", best,
+                       (double)best_params / 1e9, td_format_bytes(best_host, d, sizeof d), fit_list);
             else
                 printf("                     no preset fits\n");
         }
@@ -915,7 +921,7 @@ int td_cli_plan_main(int argc, char **argv)
                td_format_bytes(pin_limit, h2, sizeof h2),
                p.host_pinned_bytes > pin_limit ? " -> DOES NOT FIT (raise --host-pin-limit)" : "");
         printf("  pageable (NUMA-local to the CPU AdamW)\n    optimizer        %12s  (fp32 master, m and v as %s)\n"
-               "    heap             %12s  (metadata, loader, libraries; measured by %s)\n",
+               "    heap             %12s  (metadata, loader, libraries, the CUDA runtime; measured by %s)\n",
                td_format_bytes(p.host_pageable_state_bytes, a, sizeof a), td_optim_state_name(cfg.optim.state),
                td_format_bytes(p.host_heap_bytes, c2, sizeof c2), td_host_heap_source());
         if (p.host_device_region_bytes)

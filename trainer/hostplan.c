@@ -24,6 +24,9 @@
  * the loader and the CLI, plus per tensor and chunk the manager's
  * bookkeeping and the warm-up trace (a few hundred bytes each). */
 #define HEAP_BASE_BYTES (48 * TD_MiB)
+/* On CUDA also the runtime's and the libraries' host side (cuBLAS(Lt)
+ * handles, module images, the driver's bookkeeping). */
+#define HEAP_CUDA_BYTES (512 * TD_MiB)
 #define HEAP_PER_TENSOR_BYTES 512
 #define HEAP_PER_CHUNK_BYTES 1024
 
@@ -119,7 +122,7 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
     p->host_slabs = hs.slabs;
     p->host_pageable_state_bytes = pageable;
     p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
-                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES;
+                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + (cfg->backend == TD_BACKEND_CUDA ? HEAP_CUDA_BYTES : 0);
     /* The cpu backend's device region is host memory (one aligned block
      * with a page of header). */
     p->host_device_region_bytes = cfg->backend == TD_BACKEND_CPU ? td_align_up(budget, 4096) + 2 * 4096 : 0;
