@@ -6,36 +6,49 @@
 
 #include <string.h>
 
-/* m or v of gpt_ref tensor i as fp32 (the checkpoint's format whatever
- * --optim-state stores; the state type is in the metadata), through `tmp`
- * (numel floats) when the moments are not fp32. */
-static td_status moment_read(td_trainer *t, int id, size_t numel, float *tmp, const float **out)
+/* Moments travel as fp32 values whatever --optim-state keeps them in (the
+ * state type is in the metadata), in pieces of MOMENT_PIECE elements
+ * through a small buffer: a save or load takes no more heap than that. */
+#define MOMENT_PIECE ((size_t)1 << 20)
+
+static td_status moments_unsupported(const td_trainer *t)
 {
-    void *p;
-    td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_READ, &p);
-    if (st) return st;
-    switch (t->cfg.optim.state) {
-    case TD_OPTIM_STATE_FP32: *out = p; return TD_OK;
-    case TD_OPTIM_STATE_BF16: td_train_to_f32(tmp, p, TD_DTYPE_BF16, numel); *out = tmp; return TD_OK;
-    default: break;
-    }
     return td_error_set(TD_ERR_UNSUPPORTED, "checkpoints of --optim-state %s moments are not built yet",
                         td_optim_state_name(t->cfg.optim.state));
 }
 
-/* The inverse: fp32 values of a checkpoint into the moment buffer. */
-static td_status moment_write(td_trainer *t, int id, size_t numel, const float *src)
+/* Appends m or v (memmgr id) of checkpoint param k to the writer. */
+static td_status moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ckpt_state kind, int id, size_t numel,
+                             float *tmp)
+{
+    void *p;
+    td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_READ, &p);
+    if (st) return st;
+    if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_writer_append_state(w, k, kind, p, numel);
+    if (t->cfg.optim.state != TD_OPTIM_STATE_BF16) return moments_unsupported(t);
+    for (size_t at = 0; at < numel; at += MOMENT_PIECE) {
+        size_t n = numel - at < MOMENT_PIECE ? numel - at : MOMENT_PIECE;
+        td_train_to_f32(tmp, (const uint16_t *)p + at, TD_DTYPE_BF16, n);
+        if ((st = td_ckpt_writer_append_state(w, k, kind, tmp, n))) return st;
+    }
+    return TD_OK;
+}
+
+/* Reads m or v of checkpoint param k into the moment buffer. */
+static td_status moment_load(td_trainer *t, const td_ckpt_reader *r, int k, td_ckpt_state kind, int id, size_t numel,
+                             float *tmp)
 {
     void *p;
     td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_WRITE, &p);
     if (st) return st;
-    switch (t->cfg.optim.state) {
-    case TD_OPTIM_STATE_FP32: memcpy(p, src, numel * sizeof(float)); return TD_OK;
-    case TD_OPTIM_STATE_BF16: td_train_from_f32(p, TD_DTYPE_BF16, src, numel); return TD_OK;
-    default: break;
+    if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_reader_read_state(r, k, kind, 0, numel, p);
+    if (t->cfg.optim.state != TD_OPTIM_STATE_BF16) return moments_unsupported(t);
+    for (size_t at = 0; at < numel; at += MOMENT_PIECE) {
+        size_t n = numel - at < MOMENT_PIECE ? numel - at : MOMENT_PIECE;
+        if ((st = td_ckpt_reader_read_state(r, k, kind, at, n, tmp))) return st;
+        td_train_from_f32((uint16_t *)p + at, TD_DTYPE_BF16, tmp, n);
     }
-    return td_error_set(TD_ERR_UNSUPPORTED, "checkpoints of --optim-state %s moments are not built yet",
-                        td_optim_state_name(t->cfg.optim.state));
+    return TD_OK;
 }
 
 static td_ckpt_config ckpt_config_of(const td_gpt_ref_config *mc)
@@ -59,15 +72,6 @@ static td_status ckpt_index(const td_gpt_ref_config *mc, const td_ckpt_config *c
         if (!strcmp(tt.name, cp.name)) { *index = j; return TD_OK; }
     }
     return td_error_set(TD_ERR_STATE, "checkpoint parameter '%s' is not in the model", cp.name);
-}
-
-/* The largest tensor's elements (the moment conversion buffer). */
-static size_t max_numel(const td_trainer *t)
-{
-    size_t most = 0;
-    for (int i = 0; i < t->n_tensors; i++)
-        if (td_memmgr_tensor_numel(t->mm, t->pid[i]) > most) most = td_memmgr_tensor_numel(t->mm, t->pid[i]);
-    return most;
 }
 
 td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta)
@@ -113,17 +117,14 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
         int i;
         TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
         void *p;
-        const float *m, *v;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         if (t->cfg.optim.state != TD_OPTIM_STATE_FP32 && !tmp &&
-            !(tmp = td_malloc(2 * max_numel(t) * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
+            !(tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel));
-        TD_TRY(moment_read(t, t->mid[i], numel, tmp, &m));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_M, m, numel));
-        TD_TRY(moment_read(t, t->vid[i], numel, tmp ? tmp + max_numel(t) : NULL, &v));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_V, v, numel));
+        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_M, t->mid[i], numel, tmp));
+        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_V, t->vid[i], numel, tmp));
     }
     td_free(tmp);
     tmp = NULL;
@@ -188,22 +189,10 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
         if (t->sid[i] >= 0) TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
         if (state) { /* the fp32 master holds the exact weights */
             TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, master));
-            if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) {
-                void *m, *v;
-                TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_WRITE, &m));
-                TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_WRITE, &v));
-                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, m));
-                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, v));
-            } else {
-                if (!tmp && !(tmp = td_malloc(max_numel(t) * sizeof(float), TD_ROLE_META))) {
-                    st = TD_ERR_NOMEM;
-                    goto cleanup;
-                }
-                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, tmp));
-                TD_TRY(moment_write(t, t->mid[i], numel, tmp));
-                TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, tmp));
-                TD_TRY(moment_write(t, t->vid[i], numel, tmp));
-            }
+            if (t->cfg.optim.state != TD_OPTIM_STATE_FP32 && !tmp &&
+                !(tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
+            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_M, t->mid[i], numel, tmp));
+            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_V, t->vid[i], numel, tmp));
         } else {
             TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
         }
