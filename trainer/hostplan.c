@@ -89,6 +89,38 @@ td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, in
     return TD_OK;
 }
 
+td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo)
+{
+    td_status st = TD_OK;
+    /* Compact moments are zeroed by their kernels' own init (optim.h); until
+     * those are wired, only fp32 state runs. */
+    if (cfg->optim.state != TD_OPTIM_STATE_FP32) return TD_OK;
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_ADAM_M), any = 0;
+    for (int k = 0; k < chunks; k++) any |= td_memmgr_chunk_pageable(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k));
+    if (!any) return TD_OK;
+    /* A team like the trainer's (same threads, same binding, so the same
+     * ranges): each thread zeroes the pages it will update. */
+    td_adam_cpu_params ap = td_adam_cpu_default_params();
+    ap.threads = cfg->threads;
+    ap.topo = topo;
+    td_adam_cpu *cpu = NULL;
+    TD_TRY(td_adam_cpu_create(&ap, &cpu));
+    for (int k = 0; k < chunks; k++) {
+        int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k);
+        int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k), pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k);
+        if (!td_memmgr_chunk_pageable(mm, mc)) continue;
+        void *master, *m, *v; /* zeros over zeros: reads suffice, no version changes */
+        TD_TRY(td_memmgr_chunk_host_access(mm, sc >= 0 ? sc : pc, TD_ACCESS_READ, &master));
+        TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_READ, &m));
+        TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_READ, &v));
+        td_adam_chunk ch = { .master = master, .m = m, .v = v, .numel = td_memmgr_chunk_bytes(mm, mc) / sizeof(float) };
+        TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
+    }
+cleanup:
+    td_adam_cpu_destroy(cpu);
+    return st;
+}
+
 td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p)
 {
     td_status st = TD_OK;

@@ -184,6 +184,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_memmgr_plan_layout(t->mm));
     TD_TRY(td_train_place_optimizer(t->mm, cfg, plan.gpu_optimizer)); /* pinned iff it crosses PCIe */
     TD_TRY(td_memmgr_layout(t->mm));
+    TD_TRY(td_train_first_touch(t->mm, cfg, t->topo));
     TD_TRY(init_state(t));
     TD_TRY(alloc_activations(t));
 #ifdef TD_HAVE_CUDA

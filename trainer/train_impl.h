@@ -98,6 +98,11 @@ size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
  * the host (pageable), whatever the policy (after td_memmgr_plan_layout,
  * before td_memmgr_layout). */
 td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, int gpu_optimizer);
+/* The pageable optimizer state's pages first touched (zeroed) by the
+ * threads of an AdamW team like the trainer's, each the pages it will
+ * update: NUMA placement inside the local nodes, and no page faults in the
+ * first step (after td_memmgr_layout, before the params are initialised). */
+td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo);
 /* The host_* fields of the plan from a planned layout with its homes set. */
 td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p);
 /* TD_OK when this build's AdamW kernels store moments as cfg->optim.state. */
