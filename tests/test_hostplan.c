@@ -5,6 +5,7 @@
  * the --optim-state types size the moments, checkpoints keep their state
  * type, and every new allocation site survives fault injection. */
 #include "td_train_test.h"
+#include "tidal/arena.h"
 #include "tidal/checkpoint.h"
 #include "tidal/hostmem.h"
 
@@ -117,15 +118,27 @@ static void test_host_ram_reads_cgroup_limits(void **state)
 static void check_exact(td_train_config c, const char *what)
 {
     td_train_plan p;
+    if (!c.gpu_budget) { /* the default budget: the one the trainer takes */
+        td_trainer *d;
+        TD_ASSERT_OK(td_trainer_create(&c, &d));
+        td_arena_stats as;
+        td_arena_get_stats(td_trainer_arena(d), &as);
+        c.gpu_budget = as.budget_bytes;
+        td_trainer_destroy(d);
+    }
     TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
     assert_true(p.host_pinned_bytes > 0);
     assert_true(p.host_pinned_bytes % TD_HOSTPOOL_SLAB_GRAIN == 0);
-    /* Only what crosses PCIe is pinned: params and grads (and optimizer
-     * state homed on the device, none here: the CPU AdamW owns it). */
-    assert_int_equal(p.host_pinned_optimizer_bytes, 0);
+    /* Only what crosses PCIe is pinned: params and grads, and the state of
+     * the optimizer chunks homed on the device (the GPU AdamW's: none under
+     * --policy cpu); the CPU AdamW's state is pageable. */
+    if (c.mm.placement == TD_PLACEMENT_CPU) assert_int_equal(p.host_pinned_optimizer_bytes, 0);
     size_t pg = p.host_role_bytes[TD_TENSOR_PARAM] + p.host_role_bytes[TD_TENSOR_GRAD];
-    assert_true(p.host_pinned_chunk_bytes >= pg && p.host_pinned_chunk_bytes < pg + (size_t)p.chunks * 4096);
-    assert_true(p.host_pageable_state_bytes >= optim_role_bytes(&p));
+    size_t pinned_pg = p.host_pinned_chunk_bytes - p.host_pinned_optimizer_bytes;
+    assert_true(pinned_pg >= pg && pinned_pg < pg + (size_t)p.chunks * 4096);
+    assert_true(p.host_pinned_optimizer_bytes + p.host_pageable_state_bytes >= optim_role_bytes(&p));
+    assert_true(p.host_pinned_optimizer_bytes + p.host_pageable_state_bytes <
+                optim_role_bytes(&p) + (size_t)p.chunks * 4096);
     /* Host copies stop at each chunk's last tensor: never more than the device slots. */
     for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) assert_true(p.host_role_bytes[r] <= p.role_bytes[r]);
     c.host_pin_limit = p.host_pinned_bytes - 1;
@@ -186,6 +199,14 @@ static void test_pinned_plan_is_exact(void **state)
         TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
         v.gpu_budget = v.mm.placement == TD_PLACEMENT_CUDA ? p.full_device_bytes + p.full_device_bytes / 4
                                                            : p.min_device_bytes + td_rng_below(&rng, p.full_device_bytes);
+        /* At a budget the optimizer chunks it leaves room for join the
+         * device (and its minimum): settle on one that covers its own. */
+        for (int tries = 0; tries < 8; tries++) {
+            TD_ASSERT_OK(td_train_plan_make(&v, v.gpu_budget, &p));
+            size_t need = v.mm.placement == TD_PLACEMENT_CUDA ? p.full_device_bytes : p.min_device_bytes;
+            if (v.gpu_budget >= need) break;
+            v.gpu_budget = need + need / 8;
+        }
         char what[96];
         snprintf(what, sizeof what, "shape %d (policy %s, %d layers, %d wide)", k, td_placement_name(v.mm.placement),
                  v.model.n_layer, v.model.n_embd);
@@ -211,6 +232,7 @@ static void test_bytes_a_param(void **state)
     c.model = (td_gpt_ref_config){ .n_layer = 4, .n_head = 4, .n_embd = 128, .n_positions = 64, .vocab_size = 256,
                                    .padded_vocab_size = 256 };
     c.mm = td_memmgr_default_params();
+    c.mm.placement = TD_PLACEMENT_CPU; /* every optimizer chunk the CPU AdamW's */
     td_train_plan p[TD_OPTIM_STATE_COUNT];
     for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++) {
         c.optim.state = (td_optim_state)s;
@@ -245,8 +267,8 @@ static void test_bytes_a_param(void **state)
     for (int s = 0; s < 2; s++) {
         g.optim.state = (td_optim_state)s;
         td_train_plan q;
-        TD_ASSERT_OK(td_train_plan_make(&g, 64 * TD_MiB, &q)); /* too small for the GPU AdamW */
-        assert_false(q.gpu_optimizer);
+        TD_ASSERT_OK(td_train_plan_make(&g, 64 * TD_MiB, &q));
+        assert_int_equal(q.optim_gpu_chunks, 0); /* --policy cpu */
         double el = (double)q.params;
         double pinned = (double)q.host_pinned_chunk_bytes / el, host = pinned + (double)q.host_pageable_state_bytes / el;
         if (!(pinned >= 4.0 && pinned < 4.05 && host >= (s ? 12.0 : 16.0) && host < (s ? 12.0 : 16.0) + 0.1))
@@ -254,6 +276,7 @@ static void test_bytes_a_param(void **state)
     }
     /* When the GPU AdamW runs, the state is homed on the device: pinned. */
     g.optim.state = TD_OPTIM_STATE_FP32;
+    g.mm = td_memmgr_default_params();
     g.mm.placement = TD_PLACEMENT_CUDA;
     td_train_plan q;
     TD_ASSERT_OK(td_train_plan_make(&g, 0, &q));

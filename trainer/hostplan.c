@@ -72,21 +72,21 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
     sizes[3] = (size_t)cfg->model.padded_vocab_size * sizeof(float); /* h_row */
 }
 
-td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, int gpu_optimizer)
+td_status td_train_host_homes(td_memmgr *mm, const td_train_config *cfg, int gpu_chunks)
 {
-    /* The GPU AdamW reads and writes master, m and v on the device: their
-     * chunks are homed there (pinned host copies, memmgr.h).  Otherwise the
-     * CPU AdamW alone touches them, whatever the policy's homes: on the
-     * host, pageable, never pinned. */
+    /* As td_train_place_optimizer gives them to the trainer's layout: the
+     * GPU AdamW's chunks (master, m, v) on the device, pinned; the CPU
+     * AdamW's on the host, pageable (memmgr.h). */
+    uint8_t *on_gpu = NULL;
+    int n = 0;
+    td_status st = td_train_optim_homes(cfg, gpu_chunks, &on_gpu, &n);
     static const td_tensor_role roles[3] = {TD_TENSOR_MASTER, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
-    td_chunk_home home = gpu_optimizer ? TD_HOME_DEVICE : TD_HOME_HOST;
-    (void)cfg;
-    for (int r = 0; r < 3; r++)
-        for (int i = 0; i < td_memmgr_role_chunk_count(mm, roles[r]); i++) {
-            td_status st = td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], i), home);
-            if (st) return st;
-        }
-    return TD_OK;
+    for (int r = 0; st == TD_OK && r < 3; r++)
+        for (int i = 0; st == TD_OK && i < td_memmgr_role_chunk_count(mm, roles[r]); i++)
+            st = td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], i),
+                                          i < n && on_gpu[i] ? TD_HOME_DEVICE : TD_HOME_HOST);
+    td_free(on_gpu);
+    return st;
 }
 
 td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo)

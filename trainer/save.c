@@ -17,61 +17,50 @@ static td_status moments_unsupported(const td_trainer *t)
                         td_optim_state_name(t->cfg.optim.state));
 }
 
-/* Appends m or v (memmgr id) of checkpoint param k to the writer. */
-static td_status moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ckpt_state kind, int id, size_t numel,
-                             float *tmp)
+/* Appends m or v (memmgr id) of checkpoint param k, elements [off, off + numel) of the tensor. */
+static td_status moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ckpt_state kind, int id, size_t off,
+                             size_t numel, float *tmp)
 {
     void *p;
     td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_READ, &p);
     if (st) return st;
-    if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_writer_append_state(w, k, kind, p, numel);
+    if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_writer_append_state(w, k, kind, (float *)p + off, numel);
     if (t->cfg.optim.state != TD_OPTIM_STATE_BF16) return moments_unsupported(t);
     for (size_t at = 0; at < numel; at += MOMENT_PIECE) {
         size_t n = numel - at < MOMENT_PIECE ? numel - at : MOMENT_PIECE;
-        td_train_to_f32(tmp, (const uint16_t *)p + at, TD_DTYPE_BF16, n);
+        td_train_to_f32(tmp, (const uint16_t *)p + off + at, TD_DTYPE_BF16, n);
         if ((st = td_ckpt_writer_append_state(w, k, kind, tmp, n))) return st;
     }
     return TD_OK;
 }
 
-/* Reads m or v of checkpoint param k into the moment buffer. */
-static td_status moment_load(td_trainer *t, const td_ckpt_reader *r, int k, td_ckpt_state kind, int id, size_t numel,
-                             float *tmp)
+/* Reads m or v of checkpoint param k into elements [off, off + numel) of the moment buffer. */
+static td_status moment_load(td_trainer *t, const td_ckpt_reader *r, int k, td_ckpt_state kind, int id, size_t off,
+                             size_t numel, float *tmp)
 {
     void *p;
     td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_WRITE, &p);
     if (st) return st;
-    if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_reader_read_state(r, k, kind, 0, numel, p);
+    if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_reader_read_state(r, k, kind, 0, numel, (float *)p + off);
     if (t->cfg.optim.state != TD_OPTIM_STATE_BF16) return moments_unsupported(t);
     for (size_t at = 0; at < numel; at += MOMENT_PIECE) {
         size_t n = numel - at < MOMENT_PIECE ? numel - at : MOMENT_PIECE;
         if ((st = td_ckpt_reader_read_state(r, k, kind, at, n, tmp))) return st;
-        td_train_from_f32((uint16_t *)p + at, TD_DTYPE_BF16, tmp, n);
+        td_train_from_f32((uint16_t *)p + off + at, TD_DTYPE_BF16, tmp, n);
     }
     return TD_OK;
 }
 
-static td_ckpt_config ckpt_config_of(const td_gpt_ref_config *mc)
-{
-    return (td_ckpt_config){ .n_layer = mc->n_layer, .n_head = mc->n_head, .n_embd = mc->n_embd,
-                             .n_positions = mc->n_positions, .vocab_size = mc->vocab_size,
-                             .padded_vocab_size = mc->padded_vocab_size };
-}
-
-/* The gpt_ref index of checkpoint parameter k (the two orders name the same tensors). */
-static td_status ckpt_index(const td_gpt_ref_config *mc, const td_ckpt_config *cc, int k, int *index)
+/* Checkpoint parameter k: the tidal tensor it is (a part of), and the part's first element. */
+static td_status ckpt_part(const td_ckpt_config *cc, int k, int *index, size_t *offset, size_t *numel)
 {
     td_ckpt_param cp;
     td_status st = td_ckpt_param_get(cc, k, &cp);
     if (st) return st;
-    int n = td_gpt_ref_tensor_count(mc);
-    for (int i = 0; i < n; i++) {
-        int j = (k + i) % n; /* the orders agree, so this finds it at once */
-        td_gpt_ref_tensor tt;
-        td_gpt_ref_tensor_get(mc, j, &tt);
-        if (!strcmp(tt.name, cp.name)) { *index = j; return TD_OK; }
-    }
-    return td_error_set(TD_ERR_STATE, "checkpoint parameter '%s' is not in the model", cp.name);
+    *index = cp.tensor;
+    *offset = (size_t)cp.offset;
+    *numel = (size_t)cp.numel;
+    return TD_OK;
 }
 
 td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta)
@@ -83,9 +72,10 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
                                 const char *const *files)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
+    td_ckpt_config cc = t->cfg.model;
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = state;
+    wo.shard_bytes = t->cfg.save_shard_bytes;
     td_ckpt_writer *w = NULL;
     float *tmp = NULL; /* moments not stored as fp32 go through it */
     TD_TRY(td_trainer_finish_update(t));
@@ -106,25 +96,26 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     int n = td_ckpt_param_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
+        size_t off, numel;
+        TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
         /* The fp32 master holds the exact weights (the params themselves in fp32). */
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         void *p;
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
-        TD_TRY(td_ckpt_writer_put_weight(w, k, TD_DTYPE_F32, p));
+        TD_TRY(td_ckpt_writer_put_weight(w, k, TD_DTYPE_F32, (float *)p + off));
     }
     for (int k = 0; state && k < n; k++) {
         int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
+        size_t off, numel;
+        TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
         void *p;
-        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         if (t->cfg.optim.state != TD_OPTIM_STATE_FP32 && !tmp &&
             !(tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel));
-        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_M, t->mid[i], numel, tmp));
-        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_V, t->vid[i], numel, tmp));
+        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, (float *)p + off, numel));
+        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_M, t->mid[i], off, numel, tmp));
+        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_V, t->vid[i], off, numel, tmp));
     }
     td_free(tmp);
     tmp = NULL;
@@ -148,10 +139,8 @@ td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out)
     td_status st = td_ckpt_reader_open(dir, NULL, &r);
     if (st) return st;
     const td_ckpt_config *c = td_ckpt_reader_config(r);
-    *out = (td_gpt_ref_config){ .n_layer = c->n_layer, .n_head = c->n_head, .n_embd = c->n_embd,
-                                .n_positions = c->n_positions, .vocab_size = c->vocab_size,
-                                .padded_vocab_size = c->padded_vocab_size > c->vocab_size ? c->padded_vocab_size
-                                                                                          : td_model_pad_vocab(c->vocab_size) };
+    *out = *c;
+    out->padded_vocab_size = c->padded_vocab_size > c->vocab_size ? c->padded_vocab_size : td_model_pad_vocab(c->vocab_size);
     td_ckpt_reader_close(r);
     return TD_OK;
 }
@@ -159,7 +148,7 @@ td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out)
 td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_reader **reader_out)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
+    td_ckpt_config cc = t->cfg.model;
     td_ckpt_reader *r = NULL;
     float *tmp = NULL; /* moments not stored as fp32 go through it */
     if (reader_out) *reader_out = NULL;
@@ -181,18 +170,21 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
     int n = td_ckpt_param_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
+        size_t off, numel;
+        TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
         void *p, *master;
-        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p));
         master = p;
         if (t->sid[i] >= 0) TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
+        /* the part of the tensor (q, k, v of a fused qkv; gate, up of gate_up) */
+        p = (char *)p + off * td_dtype_bytes(t->dt);
+        master = (float *)master + off;
         if (state) { /* the fp32 master holds the exact weights */
             TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, master));
             if (t->cfg.optim.state != TD_OPTIM_STATE_FP32 && !tmp &&
                 !(tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
-            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_M, t->mid[i], numel, tmp));
-            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_V, t->vid[i], numel, tmp));
+            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_M, t->mid[i], off, numel, tmp));
+            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_V, t->vid[i], off, numel, tmp));
         } else {
             TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
         }

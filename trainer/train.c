@@ -27,9 +27,7 @@
 #include <unistd.h>
 
 
-#ifdef TD_HAVE_CUDA
-static td_status setup_gpu_optimizer(td_trainer *t);
-#endif
+static td_status setup_optimizer(td_trainer *t);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
@@ -181,10 +179,10 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     mp.hostmem = t->hostmem;
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     TD_TRY(register_tensors(t));
-    TD_TRY(td_memmgr_plan_layout(t->mm));
-    TD_TRY(td_train_place_optimizer(t->mm, cfg, plan.gpu_optimizer)); /* pinned iff it crosses PCIe */
+    TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks)); /* host-homed state: pageable (memmgr.h) */
     TD_TRY(td_memmgr_layout(t->mm));
     TD_TRY(td_train_first_touch(t->mm, cfg, t->topo));
+    TD_TRY(td_train_decay_setup(t));
     TD_TRY(init_state(t));
     TD_TRY(alloc_activations(t));
 #ifdef TD_HAVE_CUDA
@@ -195,19 +193,14 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         td_ops_cuda *ctx = NULL;
         TD_TRY(td_ops_cuda_create(&op, &ctx));
         t->ops_cuda = ctx;
-        /* AdamW on the GPU when every chunk (params, grads, master, m, v)
-         * and the activations fit the budget together: then nothing needs
-         * to leave the device (--policy cuda asks for it outright). */
-        td_arena_stats as;
-        td_arena_get_stats(t->arena, &as);
-        t->gpu_opt = td_train_gpu_optimizer_fits(cfg, t->nonmodel_bytes, td_train_state_of(t->mm).all, as.budget_bytes);
-        if (t->gpu_opt) TD_TRY(setup_gpu_optimizer(t));
+        if (cfg->model.family != TD_MODEL_GPT2) TD_TRY(td_train_llama_cuda_setup(t));
     }
 #endif
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     ap.threads = cfg->threads;
     ap.topo = t->topo;
     TD_TRY(td_adam_cpu_create(&ap, &t->adam));
+    TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
     td_host_usage hu;
     TD_TRY(td_trainer_host_usage(t, &hu)); /* the footprint's first sample */
@@ -230,6 +223,7 @@ void td_trainer_destroy(td_trainer *t)
         td_hostpool_release(t->pool, t->h_targets);
         td_hostpool_release(t->pool, t->h_losses);
         td_hostpool_release(t->pool, t->h_row);
+        td_hostpool_release(t->pool, t->h_sumsq);
     }
     td_memmgr_destroy(t->mm); /* gives back the activations with the arena below */
     td_copy_engine_destroy(t->engine);
@@ -243,25 +237,21 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->group_start);
     td_free(t->gids_scratch);
     td_free(t->ptrs);
+    td_free(t->optim_on_gpu);
+    td_train_decay_free(t);
     td_free(t);
 }
 
 /* ---- one micro-batch -------------------------------------------------------- */
 
-/* Block l's 12 tensors of one role, in gpt_ref order. */
+/* Block l's tensors of one role, in gpt_ref order (the model's family
+ * decides how many: nb_of). */
+static int nb_of(const td_trainer *t) { return td_model_block_tensor_count(&t->cfg.model); }
 static void block_ids(const td_trainer *t, const int *role_ids, int l, int out[TD_GPT_REF_BLOCK_TENSORS])
 {
-    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) out[k] = role_ids[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+    int nb = nb_of(t), ne = td_model_embed_tensor_count(&t->cfg.model);
+    for (int k = 0; k < nb; k++) out[k] = role_ids[ne + l * nb + k];
 }
-
-static void view_block(void *const p[TD_GPT_REF_BLOCK_TENSORS], td_gpt_ref_block *b)
-{
-    float **f = (float **)b;
-    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) f[k] = p[k];
-}
-
-/* Index of ln_f weight and bias in the gpt_ref order. */
-static int lnf_index(const td_trainer *t) { return 2 + t->cfg.model.n_layer * TD_GPT_REF_BLOCK_TENSORS; }
 
 /* Blocks [0, ckpt_blocks) share the first buffer; each later block has its own. */
 static void *block_acts(td_trainer *t, int l)
@@ -275,6 +265,7 @@ static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of
 /* ---- the deferred optimizer updates ------------------------------------------ */
 
 static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats);
+static int chunk_on_gpu(const td_trainer *t, int k);
 
 /* The pending AdamW of param chunks up to role index `upto`; when the last
  * is done, the grads are consumed (FREE) and nothing is pending. */
@@ -282,6 +273,7 @@ static td_status catch_up(td_trainer *t, int upto)
 {
     if (!t->pending_end) return TD_OK;
     for (; t->pending_next <= upto && t->pending_next < t->pending_end; t->pending_next++) {
+        if (chunk_on_gpu(t, t->pending_next)) continue; /* updated on the device */
         td_status st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
         if (st) return st;
     }
@@ -336,6 +328,7 @@ static td_status op_block_forward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_forward(t, p, acts, x, y);
         td_ops_cuda_block w;
         memcpy(&w, p, sizeof w); /* twelve pointers in gpt_ref order */
         td_ops_cuda_block_acts a;
@@ -345,7 +338,7 @@ static td_status op_block_forward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_
     }
 #endif
     td_gpt_ref_block w;
-    view_block(p, &w);
+    td_gpt_ref_block_from(mc, p, &w);
     td_gpt_ref_block_acts a;
     td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
     td_gpt_ref_block_forward(mc, &w, &a, x, y, B, T);
@@ -361,6 +354,7 @@ static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_backward(t, p, g, acts, x, dy, dx);
         td_ops_cuda_block w, gw;
         memcpy(&w, p, sizeof w);
         memcpy(&gw, g, sizeof gw);
@@ -371,8 +365,8 @@ static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK
     }
 #endif
     td_gpt_ref_block w, gw;
-    view_block(p, &w);
-    view_block(g, &gw);
+    td_gpt_ref_block_from(mc, p, &w);
+    td_gpt_ref_block_from(mc, g, &gw);
     td_gpt_ref_block_acts a;
     td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
     memset(dx, 0, N_of(t) * (size_t)mc->n_embd * sizeof(float));
@@ -388,6 +382,7 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
     int N = (int)N_of(t), C = mc->n_embd, V = mc->vocab_size, Vp = mc->padded_vocab_size;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_forward(t, p, x, dloss, train);
         td_status st = td_ops_cuda_head_forward(t->ops_cuda, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0],
                                                 p[1], p[2], N, C, Vp, t->dt, stream_of(t));
         if (st) return st;
@@ -398,7 +393,8 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
                                                 stream_of(t));
     }
 #endif
-    td_ops_head_forward(t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0], p[1], p[2], N, C, Vp);
+    td_gpt_ref_head_forward(mc, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, (const float *const *)p, N);
+    (void)C;
     td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp);
     if (train) td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, N, V, Vp);
     return TD_OK;
@@ -413,14 +409,16 @@ static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g
     if (st) return st;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_backward(t, p, g, x, dx);
         size_t dlnf = td_align_up((size_t)N * (size_t)C * E_of(t), TD_ARENA_ALIGN);
         return td_ops_cuda_head_backward(t->ops_cuda, dx, g[0], g[1], g[2], t->scratch, t->logits, x, t->lnf,
                                          t->lnf_mean, t->lnf_rstd, p[0], p[2], N, C, Vp, t->dt, t->gdt,
                                          t->scratch + dlnf, t->scratch_bytes - dlnf, stream_of(t));
     }
 #endif
-    td_ops_head_backward(dx, g[0], g[1], g[2], (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean, t->lnf_rstd,
-                         p[0], p[2], N, C, Vp);
+    td_gpt_ref_head_backward(mc, dx, (float *const *)g, (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean,
+                             t->lnf_rstd, (const float *const *)p, N);
+    (void)Vp;
     return TD_OK;
 }
 
@@ -430,8 +428,19 @@ static td_status op_encoder_backward(td_trainer *t, void *dwte, void *dwpe, cons
     CUDA_OP(td_ops_cuda_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C, Vp, t->dt, t->gdt, t->scratch,
                                          t->scratch_bytes, stream_of(t)));
     (void)Vp;
-    td_ops_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C);
+    td_ops_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C); /* dwpe NULL: rotary positions */
     return TD_OK;
+}
+
+/* Start the grads of the host's optimizer chunks for the host (the GPU
+ * chunks' grads stay on the device). */
+static td_status writeback_host_grads(td_trainer *t, const int *gids, int n)
+{
+    int keep[TD_GPT_REF_BLOCK_TENSORS], m = 0;
+    int first = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, 0);
+    for (int i = 0; i < n && m < TD_GPT_REF_BLOCK_TENSORS; i++)
+        if (!chunk_on_gpu(t, td_memmgr_tensor_chunk(t->mm, gids[i]) - first)) keep[m++] = gids[i];
+    return m ? td_memmgr_writeback_async(t->mm, keep, m) : TD_OK;
 }
 
 /* Forward through the blocks and the head with its backward; then the blocks'
@@ -440,7 +449,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
 {
     td_status st = TD_OK;
     const td_gpt_ref_config *mc = &t->cfg.model;
-    int L = mc->n_layer;
+    int L = mc->n_layer, nb = nb_of(t), ne = td_model_embed_tensor_count(mc);
     size_t N = N_of(t);
     td_memmgr *mm = t->mm;
     void *p[TD_GPT_REF_BLOCK_TENSORS], *g[TD_GPT_REF_BLOCK_TENSORS];
@@ -450,13 +459,14 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->tokens, t->h_tokens, N * sizeof(int32_t)));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
 
-    /* Embedding: x0 (N,C). */
+    /* Embedding: x0 (N,C); wte and (GPT-2) wpe. */
     int emb[2] = {t->pid[0], t->pid[1]};
+    p[1] = NULL;
     TD_TRY(td_memmgr_timeline_range(mm, "embedding", 1));
-    TD_TRY(catch_up_ids(t, emb, 2));
-    TD_TRY(td_memmgr_access(mm, emb, 2, TD_TENSOR_COMPUTE, 0, p));
+    TD_TRY(catch_up_ids(t, emb, ne));
+    TD_TRY(td_memmgr_access(mm, emb, ne, TD_TENSOR_COMPUTE, 0, p));
     TD_TRY(op_encoder_forward(t, resid_at(t, 0), p[0], p[1]));
-    TD_TRY(td_memmgr_release(mm, emb, 2, TD_TENSOR_HOLD_AFTER_FWD));
+    TD_TRY(td_memmgr_release(mm, emb, ne, TD_TENSOR_HOLD_AFTER_FWD));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     for (int l = 0; l < L; l++) {
@@ -464,20 +474,25 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         snprintf(name, sizeof name, "block %d forward", l);
         TD_TRY(td_memmgr_timeline_range(mm, name, 1));
         block_ids(t, t->pid, l, ids);
-        TD_TRY(catch_up_ids(t, ids, TD_GPT_REF_BLOCK_TENSORS));
-        TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
+        TD_TRY(catch_up_ids(t, ids, nb));
+        TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
         TD_TRY(op_block_forward(t, p, block_acts(t, l), resid_at(t, l), resid_at(t, l + 1)));
-        TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_FWD));
+        TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_FWD));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
     }
 
-    /* Head: ln_f, logits against wte, loss; then at once its backward. */
-    int li = lnf_index(t);
-    int head[3] = {t->pid[li], t->pid[li + 1], t->pid[0]};
-    int ghead[3] = {t->gid[li], t->gid[li + 1], t->gid[0]};
+    /* Head: the final norm, logits against wte (or lm_head), loss; then at
+     * once its backward.  The head's tensors are ordered so that a tied wte
+     * comes last (td_model_head_tensors). */
+    int hi[3], head[3], ghead[3];
+    int nh = td_model_head_tensors(mc, hi), tied = hi[nh - 1] == 0;
+    for (int k = 0; k < nh; k++) {
+        head[k] = t->pid[hi[k]];
+        ghead[k] = t->gid[hi[k]];
+    }
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
     TD_TRY(td_trainer_finish_update(t)); /* ln_f is the last chunk: nothing stays pending into backward */
-    TD_TRY(td_memmgr_access(mm, head, 3, TD_TENSOR_COMPUTE, 0, p));
+    TD_TRY(td_memmgr_access(mm, head, nh, TD_TENSOR_COMPUTE, 0, p));
     const void *xL = resid_at(t, L);
     TD_TRY(op_head_forward(t, p, xL, dloss, train));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
@@ -486,23 +501,23 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     for (size_t i = 0; i < N; i++) sum += t->h_losses[i];
     *loss_sum += sum;
     if (!train) {
-        TD_TRY(td_memmgr_release(mm, head, 3, TD_TENSOR_HOLD));
+        TD_TRY(td_memmgr_release(mm, head, nh, TD_TENSOR_HOLD));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
-        /* Eval: embedding and blocks back to HOLD. */
-        TD_TRY(td_memmgr_set_state(mm, emb + 1, 1, TD_TENSOR_HOLD));
+        /* Eval: embedding (what the head did not release) and blocks back to HOLD. */
+        TD_TRY(td_memmgr_set_state(mm, emb + tied, ne - tied, TD_TENSOR_HOLD));
         for (int l = 0; l < L; l++) {
             block_ids(t, t->pid, l, ids);
-            TD_TRY(td_memmgr_set_state(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD));
+            TD_TRY(td_memmgr_set_state(mm, ids, nb, TD_TENSOR_HOLD));
         }
         return TD_OK;
     }
-    TD_TRY(td_memmgr_access(mm, ghead, 3, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    TD_TRY(td_memmgr_access(mm, ghead, nh, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_head_backward(t, p, g, xL, t->dres[0]));
-    TD_TRY(td_memmgr_release(mm, head, 3, TD_TENSOR_HOLD_AFTER_BWD));
-    /* wte's grad still takes the embedding's part below. */
-    TD_TRY(td_memmgr_release(mm, ghead, 2, grad_done));
-    TD_TRY(td_memmgr_release(mm, ghead + 2, 1, TD_TENSOR_HOLD_AFTER_BWD));
-    if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, ghead, 2));
+    TD_TRY(td_memmgr_release(mm, head, nh, TD_TENSOR_HOLD_AFTER_BWD));
+    /* A tied wte's grad still takes the embedding's part below. */
+    TD_TRY(td_memmgr_release(mm, ghead, nh - tied, grad_done));
+    if (tied) TD_TRY(td_memmgr_release(mm, ghead + nh - 1, 1, TD_TENSOR_HOLD_AFTER_BWD));
+    if (last) TD_TRY(writeback_host_grads(t, ghead, nh - tied));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     /* Blocks in reverse. */
@@ -513,28 +528,29 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(td_memmgr_timeline_range(mm, name, 1));
         block_ids(t, t->pid, l, ids);
         block_ids(t, t->gid, l, gids);
-        TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
-        TD_TRY(td_memmgr_access(mm, gids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+        TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
+        TD_TRY(td_memmgr_access(mm, gids, nb, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
         const void *x = resid_at(t, l);
         void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
         /* Checkpointing: recompute this block's activations from its kept
          * input (its output lands in dx's buffer, overwritten right after). */
         if (l < t->ckpt_blocks) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, dxl));
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
-        TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_BWD));
-        TD_TRY(td_memmgr_release(mm, gids, TD_GPT_REF_BLOCK_TENSORS, grad_done));
-        if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, gids, TD_GPT_REF_BLOCK_TENSORS));
+        TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_BWD));
+        TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));
+        if (last) TD_TRY(writeback_host_grads(t, gids, nb));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
     }
 
-    /* Embedding backward: into the grads of wte and wpe. */
+    /* Embedding backward: into the grads of wte and (GPT-2) wpe. */
     int gemb[2] = {t->gid[0], t->gid[1]};
+    g[1] = NULL;
     TD_TRY(td_memmgr_timeline_range(mm, "embedding backward", 1));
-    TD_TRY(td_memmgr_access(mm, gemb, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    TD_TRY(td_memmgr_access(mm, gemb, ne, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
-    TD_TRY(td_memmgr_release(mm, gemb, 2, grad_done));
-    if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, gemb, 2));
+    TD_TRY(td_memmgr_release(mm, gemb, ne, grad_done));
+    if (last) TD_TRY(writeback_host_grads(t, gemb, ne));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
     return st;
@@ -553,6 +569,10 @@ static td_status begin_step(td_trainer *t, td_grad_stats *global, td_optim_step 
 
 #ifdef TD_HAVE_CUDA
 #include "tidal/optim_cuda.h"
+#endif
+
+/* Whether param chunk k's optimizer lives on the GPU (optim_place.c). */
+static int chunk_on_gpu(const td_trainer *t, int k) { return t->optim_on_gpu && t->optim_on_gpu[k]; }
 
 /* Chunk k of role `role`: access all its tensors, give its base pointer. */
 static td_status access_chunk(td_trainer *t, const int *role_ids, int k, unsigned flags, void **base)
@@ -574,61 +594,89 @@ static td_status release_chunk(td_trainer *t, const int *role_ids, int k, td_ten
     return td_memmgr_release(t->mm, t->gids_scratch, n, to);
 }
 
-/* AdamW on the device, chunk by chunk, for a run whose every chunk stays
- * there: no grad leaves the GPU, no param comes back up. */
-static td_status optimizer_step_gpu(td_trainer *t, td_optim_step *os)
+/* The grad sumsq of GPU chunk k, on the device: into dev_acc[k] on the
+ * cuda backend (read back by gather_device_sumsq), straight into
+ * h_sumsq[chunks + k] on the cpu backend (its "device" is host memory; the
+ * same kernel as the host path, so the same bits). */
+static td_status device_chunk_sumsq(td_trainer *t, int k, int chunks)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-    void *s = stream_of(t);
-    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
-    TD_TRY(zero(t, t->dev_acc, sizeof(double)));
-    for (int k = 0; k < chunks; k++) {
-        void *g;
-        TD_TRY(access_chunk(t, t->gid, k, 0, &g));
-        size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)) / td_dtype_bytes(t->gdt);
-        TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc, t->dev_sumsq_scratch, s));
-        TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
+    void *g;
+    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+    size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)) / td_dtype_bytes(t->gdt);
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc + k, t->dev_sumsq_scratch, stream_of(t)));
+    } else
+#endif
+    {
+        td_grad_stats s = {0};
+        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt, numel, &s));
+        t->h_sumsq[chunks + k] = s.sumsq;
     }
-    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row, t->dev_acc, sizeof(double)));
-    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
-    td_grad_stats global = { .sumsq = *(double *)t->h_row };
-    TD_TRY(begin_step(t, &global, os));
-    for (int k = 0; k < chunks && !os->skip; k++) {
-        void *g, *p, *m, *v, *master;
-        TD_TRY(access_chunk(t, t->gid, k, 0, &g));
-        TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
-        TD_TRY(access_chunk(t, t->mid, k, TD_ACCESS_WRITE, &m));
-        TD_TRY(access_chunk(t, t->vid, k, TD_ACCESS_WRITE, &v));
-        master = p;
-        if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
-        td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                             .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
-                             .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
-                                      td_dtype_bytes(t->dt) };
-        TD_TRY(td_adam_update_cuda(&os->coeffs, &ch, s));
-        TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_FREE));
-        TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
-        TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
-        TD_TRY(release_chunk(t, t->vid, k, TD_TENSOR_HOLD));
-        if (t->dt != TD_DTYPE_F32) TD_TRY(release_chunk(t, t->sid, k, TD_TENSOR_HOLD));
+    TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
+cleanup:
+    return st;
+}
+
+static td_status gather_device_sumsq(td_trainer *t, int chunks)
+{
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        td_status st = td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_sumsq + chunks, t->dev_acc,
+                                             (size_t)chunks * sizeof(double));
+        return st ? st : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
     }
-    if (os->skip) {
-        TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
-        TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
-    }
+#endif
+    (void)t;
+    (void)chunks;
+    return TD_OK;
+}
+
+/* AdamW of GPU chunk k on the device: its grads never went down, its new
+ * params stay there (no upload). */
+static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs *c)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    void *g, *p, *m, *v, *master;
+    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+    TD_TRY(access_chunk(t, t->mid, k, TD_ACCESS_WRITE, &m));
+    TD_TRY(access_chunk(t, t->vid, k, TD_ACCESS_WRITE, &v));
+    master = p;
+    if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
+                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                         .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
+                                  td_dtype_bytes(t->dt) };
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
+    else
+#endif
+        TD_TRY(td_train_adam_chunk_cpu(t, k, c, &ch));
+    TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_HOLD)); /* consumed with the host's (FREE below or in catch_up) */
+    TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD)); /* to HOLD with the host's below */
+    TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
+    TD_TRY(release_chunk(t, t->vid, k, TD_TENSOR_HOLD));
+    if (t->dt != TD_DTYPE_F32) TD_TRY(release_chunk(t, t->sid, k, TD_TENSOR_HOLD));
 cleanup:
     return st;
 }
 
 /* Which param chunk holds each tensor, grouped (counting sort), and the
- * device buffers of the GPU AdamW's grad norm. */
-static td_status setup_gpu_optimizer(td_trainer *t)
+ * per-chunk grad sumsq buffers (host always: the global norm adds the
+ * chunks in chunk order whichever optimizer owns them, so the sum has the
+ * same bits for every placement; device ones for the GPU chunks). */
+static td_status setup_optimizer(td_trainer *t)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
     int n = t->n_tensors, chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
     int first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
+    TD_TRY(td_hostpool_alloc(t->pool, 2 * ((size_t)chunks + 1) * sizeof(double), TD_ROLE_STAGING, (void **)&t->h_sumsq));
+    if (!t->gpu_opt) return TD_OK;
     t->group = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
     t->group_start = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
     t->gids_scratch = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
@@ -639,12 +687,15 @@ static td_status setup_gpu_optimizer(td_trainer *t)
     int *fill = t->gids_scratch;
     memcpy(fill, t->group_start, (size_t)chunks * sizeof(int));
     for (int i = 0; i < n; i++) t->group[fill[td_memmgr_tensor_chunk(mm, t->pid[i]) - first]++] = i;
-    TD_TRY(take(t, sizeof(double), TD_ROLE_WORKSPACE, &t->dev_acc));
-    TD_TRY(take(t, TD_GRAD_SUMSQ_CUDA_SCRATCH * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_sumsq_scratch));
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        TD_TRY(take(t, (size_t)chunks * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_acc));
+        TD_TRY(take(t, TD_GRAD_SUMSQ_CUDA_SCRATCH * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_sumsq_scratch));
+    }
+#endif
 cleanup:
     return st;
 }
-#endif
 
 /* AdamW of param chunk i on the host copies, with coefficients c. */
 static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats)
@@ -669,30 +720,54 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
                          .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
                          .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
-    TD_TRY(td_adam_cpu_update(t->adam, c, &ch, 1));
+    TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch));
 cleanup:
     return st;
+}
+
+/* The global grad stats: each chunk's sumsq, added in chunk order. */
+static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
+{
+    td_grad_stats global = {0};
+    for (int i = 0; i < chunks; i++) {
+        td_grad_stats part = { .sumsq = t->h_sumsq[chunk_on_gpu(t, i) ? chunks + i : i] };
+        td_grad_stats_merge(&global, &part);
+    }
+    return global;
 }
 
 static td_status optimizer_step(td_trainer *t, td_optim_step *os)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-#ifdef TD_HAVE_CUDA
-    if (t->gpu_opt) return optimizer_step_gpu(t, os);
-#endif
-    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM), host_chunks = chunks - t->gpu_opt;
     td_grad_stats global = {0};
     const td_optim_params *op = &t->optim.params;
+    /* The GPU chunks' sumsq first: the device works on them while the CPU
+     * reads the host chunks' grads. */
+    if (t->gpu_opt && !on_cuda(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
+    if (t->gpu_opt && on_cuda(t)) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
+    for (int i = 0; i < chunks; i++)
+        if (chunk_on_gpu(t, i)) TD_TRY(device_chunk_sumsq(t, i, chunks));
     if (op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE) {
         /* Nothing waits for the global norm (no clipping, no loss scale):
-         * each chunk is updated as soon as its grads reach the host, last
-         * block first, while the GPU is still running the backward of the
-         * blocks before it.  Same coefficients, same result as below. */
+         * each host chunk is updated as soon as its grads reach the host,
+         * last block first, while the GPU is still running the backward of
+         * the blocks before it; the GPU chunks on the device.  Same
+         * coefficients, same result as below. */
         long step = t->optim.step + 1;
         td_adam_coeffs c;
         TD_TRY(td_adam_coeffs_make(&op->adam, td_lr_at(&op->lr, step), step, 1.0, &c));
-        for (int i = chunks - 1; i >= 0; i--) TD_TRY(update_chunk_host(t, i, &c, &global));
+        for (int i = chunks - 1; i >= 0; i--) {
+            if (chunk_on_gpu(t, i)) continue;
+            td_grad_stats part = {0};
+            TD_TRY(update_chunk_host(t, i, &c, &part));
+            t->h_sumsq[i] = part.sumsq;
+        }
+        for (int i = 0; i < chunks; i++)
+            if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &c));
+        TD_TRY(gather_device_sumsq(t, chunks));
+        global = merge_sumsq(t, chunks);
         TD_TRY(begin_step(t, &global, os));
         if (os->skip)
             TD_FAIL(TD_ERR_STATE, "non-finite gradients at step %ld (no clipping and no loss scale: the update had "
@@ -700,21 +775,31 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     } else {
         /* Exact global norm and overflow flag over every grad chunk first. */
         for (int i = 0; i < chunks; i++) {
+            if (chunk_on_gpu(t, i)) continue;
             int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
             void *g;
+            td_grad_stats part = {0};
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
             TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
-                                          td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &global));
+                                          td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &part));
+            t->h_sumsq[i] = part.sumsq;
         }
+        TD_TRY(gather_device_sumsq(t, chunks));
+        global = merge_sumsq(t, chunks);
         TD_TRY(begin_step(t, &global, os));
-        /* The updates run chunk by chunk in forward order, each just before
-         * the next step's forward first needs it (catch_up): the CPU updates
-         * chunk k + 1 while the GPU runs the blocks of chunk k.  Exact: the
-         * coefficients are this step's. */
+        /* The GPU chunks now, on the device (queued behind the backward).
+         * The host chunks' updates run chunk by chunk in forward order,
+         * each just before the next step's forward first needs it
+         * (catch_up): the CPU updates chunk k + 1 while the GPU runs the
+         * blocks of chunk k.  Exact: the coefficients are this step's. */
         if (!os->skip) {
-            t->pending_next = 0;
-            t->pending_end = chunks;
-            t->pending_coeffs = os->coeffs;
+            for (int i = 0; i < chunks; i++)
+                if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &os->coeffs));
+            if (host_chunks) {
+                t->pending_next = 0;
+                t->pending_end = chunks;
+                t->pending_coeffs = os->coeffs;
+            }
         }
     }
     /* Every param back to HOLD for the next step; the grads are consumed
@@ -791,6 +876,11 @@ td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }
 td_hostpool *td_trainer_hostpool(td_trainer *t) { return t->pool; }
 int td_trainer_checkpointing(const td_trainer *t) { return t->ckpt_blocks; }
+int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total)
+{
+    if (total) *total = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    return t->gpu_opt;
+}
 size_t td_trainer_budget_cap(const td_trainer *t) { return t->budget_cap; }
 td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
 

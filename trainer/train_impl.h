@@ -46,18 +46,47 @@ struct td_trainer {
     char *scratch;                     /* the ops' scratch; the head's dlnf at its start */
     size_t scratch_bytes;
     int32_t *tokens, *targets;         /* (N) */
-    void *workspace;                   /* cuBLASLt's (cuda) */
+    void *workspace;                   /* cuBLASLt's (cuda), then (LLaMA family) RoPE's table */
+    float *rope_inv;                   /* cuda, LLaMA family: inv_freq (hs/2) on the device */
     /* Host (pinned, for async copies). */
     int32_t *h_tokens, *h_targets;
     float *h_losses;
     void *h_row;                       /* one row of logits */
-    /* The GPU AdamW, when every chunk fits on the device. */
+    /* The GPU AdamW of the optimizer chunks placed on the device
+     * (optim_place.c): optim_on_gpu[k] for param chunk k; gpu_opt: how many. */
     int gpu_opt;
+    uint8_t *optim_on_gpu;
+    double *h_sumsq;                   /* per chunk grad sumsq: [0, chunks) host, [chunks, 2 chunks) device */
     int *group, *group_start;          /* gpt_ref tensors of each param chunk: group[group_start[k] ..) */
     void **ptrs;                       /* scratch for access pointers */
     int *gids_scratch;
     double *dev_acc, *dev_sumsq_scratch;
+    /* Weight decay by tensor (decay.c): each param chunk's ranges
+     * decay[decay_start[k] .. decay_start[k+1]); NULL with --decay-all. */
+    struct td_decay_range *decay;
+    int *decay_start, n_decay;
+    td_adam_chunk *decay_chunks;       /* scratch: one chunk's ranges */
 };
+
+/* Elements [offset, offset + numel) of param chunk `chunk` (role index),
+ * decayed or not. */
+typedef struct td_decay_range { int chunk; size_t offset, numel; int decay; } td_decay_range;
+/* The ranges, from the layout (decay.c). */
+td_status td_train_decay_setup(td_trainer *t);
+void td_train_decay_free(td_trainer *t);
+/* AdamW of param chunk k (role index) over its ranges, each with c or c less decay. */
+td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch);
+#ifdef TD_HAVE_CUDA
+/* The LLaMA family on cuda (model_exec_cuda.c): RoPE's table, then the block
+ * and head calls train.c makes for it. */
+td_status td_train_llama_cuda_setup(td_trainer *t);
+td_status td_train_llama_cuda_block_forward(td_trainer *t, void *const *p, void *acts, const void *x, void *y);
+td_status td_train_llama_cuda_block_backward(td_trainer *t, void *const *p, void *const *g, void *acts,
+                                             const void *x, const void *dy, void *dx);
+td_status td_train_llama_cuda_head_forward(td_trainer *t, void *const *p, const void *x, double dloss, int train);
+td_status td_train_llama_cuda_head_backward(td_trainer *t, void *const *p, void *const *g, const void *x, void *dx);
+td_status td_train_adam_chunk_cuda(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream);
+#endif
 
 /* The non-model buffers of a run, in allocation order (one list for the
  * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
@@ -86,18 +115,37 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg);
 td_state_bytes td_train_state_of(td_memmgr *mm);
 /* The non-model buffers for this budget (--ckpt auto's choice included). */
 void td_train_plan_activations(const td_train_config *cfg, size_t budget, const td_state_bytes *sb, td_act_plan *p);
-/* Whether AdamW runs on the GPU (the whole state fits, or --policy cuda). */
-int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
+/* Per-chunk optimizer placement (optim_place.c). */
+/* A planning memmgr with the model registered and laid out (ids: 5 * count). */
+td_status td_train_plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids);
+/* Param (= optimizer) chunk indices, the one to keep on the GPU first (the
+ * least CPU slack) first; returns the count. */
+int td_train_optim_order(const td_train_config *cfg, td_memmgr *mm, const int *pid, int *order);
+/* How many optimizer chunks the policy puts on the GPU: cuda all, cpu none,
+ * static the (1 - offload_optim_frac) share, auto what the budget leaves
+ * room for beside the non-model buffers (min_device: the plan's minimum). */
+int td_train_optim_gpu_count(const td_train_config *cfg, td_memmgr *mm, const int *order, size_t nonmodel,
+                             size_t min_device, size_t budget);
+/* Device bytes of the first `gpu` chunks of order: optimizer state, param +
+ * grad, and their param elements. */
+void td_train_optim_gpu_bytes(td_memmgr *mm, td_dtype param_dtype, const int *order, int gpu, size_t *state_bytes,
+                              size_t *pg_bytes, size_t *numel);
+/* on_gpu[k] for each param chunk k (n_out of them; td_free it): the first
+ * `gpu` chunks of the slack order. */
+td_status td_train_optim_homes(const td_train_config *cfg, int gpu, uint8_t **on_gpu, int *n_out);
+/* The trainer's placement, before its layout: t->optim_on_gpu, t->gpu_opt
+ * and the memmgr's optimizer homes. */
+td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks);
 /* ---- the host side (hostplan.c) ---- */
 #define TD_TRAIN_STAGING 4
 /* The pinned staging buffers the trainer takes, in order (alloc_activations). */
 void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING]);
 /* The pinned pool's slab size for the pinned chunk copies of a planned layout. */
 size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
-/* Homes the optimizer state on the device when the GPU AdamW runs, else on
- * the host (pageable), whatever the policy (after td_memmgr_plan_layout,
- * before td_memmgr_layout). */
-td_status td_train_place_optimizer(td_memmgr *mm, const td_train_config *cfg, int gpu_optimizer);
+/* The optimizer homes td_train_place_optimizer gives the trainer's layout
+ * (the first gpu_chunks of the slack order on the device, the rest on the
+ * host: pageable), set on a planned layout for the host plan. */
+td_status td_train_host_homes(td_memmgr *mm, const td_train_config *cfg, int gpu_chunks);
 /* The pageable optimizer state's pages first touched (zeroed) by the
  * threads of an AdamW team like the trainer's, each the pages it will
  * update: NUMA placement inside the local nodes, and no page faults in the

@@ -143,6 +143,16 @@ void td_memmgr_destroy(td_memmgr *m);
  * starts FREE with zeroed contents. */
 td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dtype dtype, td_tensor_role role,
                              int *id_out);
+/* Per-chunk optimizer placement, decided before the layout and fixed for the
+ * run: optimizer chunk i (chunk i of MASTER, ADAM_M and ADAM_V, which hold
+ * the same tensors as param chunk i) is homed on the device when
+ * on_device[i] (then param and grad chunk i are too: a GPU optimizer updates
+ * them there, so its grads never go down and its params never come up), else
+ * on the host, under every placement policy; AUTO's after-warm-up placement
+ * leaves optimizer chunks alone.  n: each optimizer role's chunk count as
+ * the layout makes it (a planning manager with the same registrations gives
+ * it); the layout fails otherwise.  Copied. */
+td_status td_memmgr_set_optim_homes(td_memmgr *m, const uint8_t *on_device, int n);
 /* A role whose chunks hold their elements in a format of their own (an
  * optimizer state quantized in blocks, say): a chunk of `numel` elements of
  * this role takes bytes_of(numel, ctx) bytes.  The packing is in elements as
