@@ -495,19 +495,30 @@ static const char plan_usage[] =
 
 /* Whether a run of cfg fits the budget (and the device's free memory) and
  * the host's RAM and pin limit. */
-static td_status plan_fits(const td_train_config *cfg, size_t budget, size_t free_b, size_t ram, size_t pin_limit,
-                           td_train_plan *p, int *fits)
+static td_status plan_fits_host(const td_train_config *cfg, size_t budget, size_t free_b, size_t ram,
+                                size_t pin_limit, td_train_plan *p, int *fits, int *host_fits)
 {
     td_status st = td_train_plan_make(cfg, budget, p);
     if (st) return st;
     size_t dev = cfg->mm.placement == TD_PLACEMENT_CUDA ? p->full_device_bytes : p->min_device_bytes;
-    *fits = budget >= dev && budget <= free_b && p->host_pinned_bytes <= pin_limit && p->host_bytes <= ram;
+    *host_fits = p->host_pinned_bytes <= pin_limit && p->host_bytes <= ram;
+    *fits = *host_fits && budget >= dev && budget <= free_b;
     return TD_OK;
 }
 
+static td_status plan_fits(const td_train_config *cfg, size_t budget, size_t free_b, size_t ram, size_t pin_limit,
+                           td_train_plan *p, int *fits)
+{
+    int host;
+    return plan_fits_host(cfg, budget, free_b, ram, pin_limit, p, fits, &host);
+}
+
 /* --largest: for each state type, the most layers at the given width and
- * heads (fit is monotone in the layers: every byte grows with them), found
- * by doubling then bisecting; and the largest preset that fits. */
+ * heads, and the largest preset that fits.  The host's bytes grow with the
+ * layers, so the most the host holds is found by doubling then bisecting;
+ * the device's minimum need not be monotone (the optimizer chunks the
+ * budget takes change with the model), so from there the layers go down
+ * until the device fits too. */
 static td_status print_largest(const td_train_config *base, size_t budget, size_t free_b, size_t ram, size_t pin_limit,
                                const char *ram_src, int json)
 {
@@ -522,23 +533,29 @@ static td_status print_largest(const td_train_config *base, size_t budget, size_
         td_train_config cfg = *base;
         cfg.optim.state = (td_optim_state)s;
         td_train_plan p;
-        int fits = 0, lo = 0, hi = 1;
+        int fits = 0, host = 0, lo = 0, hi = 1;
         td_status st;
-        /* Layers: the largest L in [1, 4096] that fits. */
+        /* Layers: the largest L in [1, 4096] whose host bytes fit ... */
         for (;;) {
             cfg.model.n_layer = hi;
-            if ((st = plan_fits(&cfg, budget, free_b, ram, pin_limit, &p, &fits))) return st;
-            if (!fits || hi >= 4096) break;
+            if ((st = plan_fits_host(&cfg, budget, free_b, ram, pin_limit, &p, &fits, &host))) return st;
+            if (!host || hi >= 4096) break;
             lo = hi;
             hi *= 2;
         }
-        if (fits) lo = hi;
+        if (host) lo = hi;
         while (hi - lo > 1) {
             int mid = lo + (hi - lo) / 2;
             cfg.model.n_layer = mid;
-            if ((st = plan_fits(&cfg, budget, free_b, ram, pin_limit, &p, &fits))) return st;
-            if (fits) lo = mid;
+            if ((st = plan_fits_host(&cfg, budget, free_b, ram, pin_limit, &p, &fits, &host))) return st;
+            if (host) lo = mid;
             else hi = mid;
+        }
+        /* ... and then the budget too. */
+        for (; lo > 0; lo--) {
+            cfg.model.n_layer = lo;
+            if ((st = plan_fits(&cfg, budget, free_b, ram, pin_limit, &p, &fits))) return st;
+            if (fits) break;
         }
         size_t layers_params = 0, layers_host = 0, layers_pinned = 0;
         if (lo > 0) {

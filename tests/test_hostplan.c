@@ -372,8 +372,10 @@ static void sweep(td_fault_kind kind, long min_reached)
         long reached = td_fault_count(kind);
         td_fault_disarm_all();
         td_trainer_destroy(t);
-        assert_int_equal(td_host_live_allocs(), live);
-        assert_int_equal(td_host_used_total(), used);
+        if (td_host_live_allocs() != live || td_host_used_total() != used)
+            fail_msg("fault %d at n=%ld: %zd blocks, %zd bytes leaked (%s)", (int)kind, n,
+                     (ssize_t)(td_host_live_allocs() - live), (ssize_t)(td_host_used_total() - used),
+                     st ? td_error_msg() : "no error");
         if (reached < n) {
             if (st != TD_OK) fail_msg("clean run failed: %s", td_error_msg());
             break;

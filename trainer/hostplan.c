@@ -30,35 +30,68 @@
 #define HEAP_PER_TENSOR_BYTES 512
 #define HEAP_PER_CHUNK_BYTES 1024
 
-/* Slabs hold a whole number of the most common pinned chunk (so no slab
- * ends in a hole no chunk fits) and room for the staging buffers, at most
- * 1 GiB unless one chunk is larger (few registrations for a big model): of
- * the slab counts from the fewest that keep that cap to 16 more, the one
- * that pins the fewest bytes once slabs are rounded to the pool's grain. */
+/* The trainer's pinned allocations, in its order (the layout's chunk copies,
+ * then alloc_activations' staging buffers), replayed on a planning pool with
+ * slabs of slab_bytes: its stats are what the run will pin. */
+static td_status replay(td_memmgr *mm, const td_train_config *cfg, size_t slab_bytes, td_hostpool_stats *out)
+{
+    td_status st = TD_OK;
+    td_hostpool *pool = NULL;
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = slab_bytes;
+    hp.pin_limit_bytes = SIZE_MAX;
+    TD_TRY(td_hostpool_create(NULL, NULL, &hp, &pool));
+    void *ignored;
+    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
+        if (td_memmgr_chunk_pageable(mm, c)) continue;
+        td_tensor_role r = td_memmgr_chunk_role(mm, c);
+        int optim = r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
+        TD_TRY(td_hostpool_alloc(pool, td_memmgr_chunk_bytes(mm, c), optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
+    }
+    size_t staging[TD_TRAIN_STAGING];
+    td_train_staging_sizes(cfg, staging);
+    for (int i = 0; i < TD_TRAIN_STAGING; i++) TD_TRY(td_hostpool_alloc(pool, staging[i], TD_ROLE_STAGING, &ignored));
+    td_hostpool_get_stats(pool, out);
+cleanup:
+    td_hostpool_destroy(pool);
+    return st;
+}
+
+/* The slab size that pins the fewest bytes.  Candidates: for each distinct
+ * pinned chunk size b and each slab count k from the fewest that keep slabs
+ * at most 1 GiB (few registrations for a big model) to 16 more, slabs of
+ * ceil(bytes / b / k) chunks of b plus room for the staging buffers,
+ * rounded to the pool's grain; each is replayed exactly. */
 size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
 {
-    size_t total = 0, common = 0;
-    int n_common = 0, n = td_memmgr_chunk_count(mm);
+    enum { SIZES = 4 };
+    size_t total = 0, sizes[SIZES] = {0};
+    int n = td_memmgr_chunk_count(mm), n_sizes = 0;
     for (int c = 0; c < n; c++) {
         if (td_memmgr_chunk_pageable(mm, c)) continue;
         size_t b = td_align_up(td_memmgr_chunk_bytes(mm, c), TD_HOSTPOOL_ALIGN);
         total += b;
-        if (b == common) continue;
-        int k = 0;
-        for (int d = 0; d < n; d++)
-            k += !td_memmgr_chunk_pageable(mm, d) && td_align_up(td_memmgr_chunk_bytes(mm, d), TD_HOSTPOOL_ALIGN) == b;
-        if (k > n_common || (k == n_common && b > common)) { common = b; n_common = k; }
+        int seen = 0;
+        for (int i = 0; i < n_sizes; i++) seen |= sizes[i] == b;
+        if (!seen && n_sizes < SIZES) sizes[n_sizes++] = b;
     }
     size_t staging[TD_TRAIN_STAGING], extra = 0;
     td_train_staging_sizes(cfg, staging);
     for (int i = 0; i < TD_TRAIN_STAGING; i++) extra += td_align_up(staging[i], TD_HOSTPOOL_ALIGN);
-    if (!common) return td_align_up(extra, TD_HOSTPOOL_SLAB_GRAIN);
-    size_t count = (total + common - 1) / common; /* in units of the common chunk */
-    size_t kmin = (total + TD_GiB - 1) / TD_GiB, best = 0, best_total = SIZE_MAX;
-    for (size_t k = kmin ? kmin : 1; k <= kmin + 16 && k <= count; k++) {
-        size_t slab = td_align_up((count + k - 1) / k * common + extra, TD_HOSTPOOL_SLAB_GRAIN);
-        size_t per = (slab - extra) / common, slabs = (count + per - 1) / per;
-        if (slabs * slab < best_total) { best_total = slabs * slab; best = slab; }
+    size_t best = td_align_up(total + extra, TD_HOSTPOOL_SLAB_GRAIN), best_pinned = SIZE_MAX;
+    if (best <= TD_GiB) return best; /* one slab holds it all */
+    size_t kmin = (total + TD_GiB - 1) / TD_GiB;
+    for (int i = 0; i < n_sizes; i++) {
+        size_t count = (total + sizes[i] - 1) / sizes[i];
+        for (size_t k = kmin; k <= kmin + 16 && k <= count; k++) {
+            size_t slab = td_align_up((count + k - 1) / k * sizes[i] + extra, TD_HOSTPOOL_SLAB_GRAIN);
+            td_hostpool_stats hs;
+            if (replay(mm, cfg, slab, &hs) != TD_OK) { td_error_clear(); continue; }
+            if (hs.pinned_bytes < best_pinned || (hs.pinned_bytes == best_pinned && slab > best)) {
+                best_pinned = hs.pinned_bytes;
+                best = slab;
+            }
+        }
     }
     return best;
 }
@@ -124,33 +157,19 @@ cleanup:
 td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p)
 {
     td_status st = TD_OK;
-    td_hostpool *pool = NULL;
     size_t pageable = 0;
     int n_chunks = td_memmgr_chunk_count(mm);
     for (int c = 0; c < n_chunks; c++) {
         if (td_memmgr_chunk_pageable(mm, c)) pageable += td_hostmem_round(td_memmgr_chunk_bytes(mm, c));
     }
-    td_hostpool_params hp = td_hostpool_default_params();
-    hp.slab_bytes = td_train_host_slab_bytes(mm, cfg);
-    hp.pin_limit_bytes = SIZE_MAX;
-    TD_TRY(td_hostpool_create(NULL, NULL, &hp, &pool));
-    void *ignored;
-    for (int c = 0; c < n_chunks; c++) {
-        if (td_memmgr_chunk_pageable(mm, c)) continue;
-        td_tensor_role r = td_memmgr_chunk_role(mm, c);
-        int optim = r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
-        TD_TRY(td_hostpool_alloc(pool, td_memmgr_chunk_bytes(mm, c), optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
-    }
-    size_t staging[TD_TRAIN_STAGING];
-    td_train_staging_sizes(cfg, staging);
-    for (int i = 0; i < TD_TRAIN_STAGING; i++) TD_TRY(td_hostpool_alloc(pool, staging[i], TD_ROLE_STAGING, &ignored));
+    size_t slab = td_train_host_slab_bytes(mm, cfg);
     td_hostpool_stats hs;
-    td_hostpool_get_stats(pool, &hs);
+    TD_TRY(replay(mm, cfg, slab, &hs));
     p->host_pinned_bytes = hs.pinned_bytes;
     p->host_pinned_chunk_bytes = hs.used[TD_ROLE_CHUNK] + hs.used[TD_ROLE_OPTIM];
     p->host_pinned_optimizer_bytes = hs.used[TD_ROLE_OPTIM];
     p->host_staging_bytes = hs.used[TD_ROLE_STAGING];
-    p->host_slab_bytes = hp.slab_bytes;
+    p->host_slab_bytes = slab;
     p->host_slabs = hs.slabs;
     p->host_pageable_state_bytes = pageable;
     p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
@@ -161,7 +180,6 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
     p->host_pageable_bytes = pageable + p->host_heap_bytes + p->host_device_region_bytes;
     p->host_bytes = p->host_pinned_bytes + p->host_pageable_bytes;
 cleanup:
-    td_hostpool_destroy(pool);
     return st;
 }
 
