@@ -573,6 +573,9 @@ static td_status print_largest(const td_train_config *base, size_t budget, size_
             td_train_config pc = *base;
             pc.optim.state = (td_optim_state)s;
             if ((st = td_model_preset(*n, &pc.model))) return st;
+            /* The presets of the run's family, with its vocabulary (the
+             * token file's or --vocab; other families keep their own). */
+            if (pc.model.family != base->model.family) continue;
             pc.model.vocab_size = base->model.vocab_size;
             pc.model.padded_vocab_size = base->model.padded_vocab_size;
             if (pc.model.n_positions < pc.seq_len) pc.model.n_positions = pc.seq_len;
