@@ -13,12 +13,13 @@ set -u
 seconds=${1:?usage: tests/fuzz/run.sh SECONDS BIN...}
 shift
 here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
 failed=(); n=0
 for bin in "$@"; do
     name=${bin##*/}
     n=$((n + 1))
     corpus=$here/corpus/$name
-    crashes=build-fuzz/crashes/$name
+    crashes=$root/build-fuzz/crashes/$name
     scratch=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX")
     mkdir -p "$crashes"
     dict=(); [ -f "$here/$name.dict" ] && dict=(-dict="$here/$name.dict")
