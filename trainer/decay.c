@@ -69,13 +69,16 @@ void td_train_decay_free(td_trainer *t)
     td_free(t->decay_chunks);
 }
 
-/* Elements [off, off + n) of a chunk. */
+/* Elements [off, off + n) of a chunk (fp32 or bf16 moments: an element's
+ * moments sit at its index; int8 moments are cut by scale blocks and go
+ * through the kernel whole, see td_train_adam_chunk_cpu). */
 static td_adam_chunk sub_chunk(const td_adam_chunk *ch, size_t off, size_t n)
 {
     td_adam_chunk s = *ch;
+    size_t mb = td_adam_moment_bytes(ch->state, 1);
     s.master += off;
-    s.m += off;
-    s.v += off;
+    s.m = (char *)ch->m + off * mb;
+    s.v = (char *)ch->v + off * mb;
     s.grad = (const char *)ch->grad + off * td_optim_dtype_bytes(ch->grad_dtype);
     if (ch->param_out) s.param_out = (char *)ch->param_out + off * td_optim_dtype_bytes(ch->param_dtype);
     s.numel = n;
@@ -90,9 +93,16 @@ static td_adam_coeffs without_decay(const td_adam_coeffs *c)
     return nd;
 }
 
+static td_status int8_unsupported(void)
+{
+    return td_error_set(TD_ERR_UNSUPPORTED, "--optim-state int8 with weight decay by tensor is not built yet: add "
+                                            "--decay-all (decay every tensor) or use --optim-state fp32 or bf16");
+}
+
 td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch)
 {
     if (!t->decay) return td_adam_cpu_update(t->adam, c, ch, 1);
+    if (ch->state == TD_OPTIM_STATE_INT8) return int8_unsupported();
     const td_adam_coeffs nd = without_decay(c);
     for (int group = 1; group >= 0; group--) { /* the decayed ranges, then the others: one team each */
         int n = 0;
@@ -110,6 +120,7 @@ td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c,
 td_status td_train_adam_chunk_cuda(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream)
 {
     if (!t->decay) return td_adam_update_cuda(c, ch, stream);
+    if (ch->state == TD_OPTIM_STATE_INT8) return int8_unsupported();
     const td_adam_coeffs nd = without_decay(c);
     for (int r = t->decay_start[k]; r < t->decay_start[k + 1]; r++) {
         td_adam_chunk s = sub_chunk(ch, t->decay[r].offset, t->decay[r].numel);
