@@ -19,6 +19,10 @@ struct td_rdv {
  * end at once instead of waiting for a timeout. */
 void td_rdv_shutdown(td_rdv *r);
 const char *td_rdv_who(int rank, char *buf, size_t buf_bytes);
+/* The peers whose link is closed now ("rank 2, rank 3"; rank 0 sees every
+ * rank, the others only rank 0), without waiting or reading; "" if none.
+ * For the message of a timeout that NCCL cannot attribute. */
+void td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes);
 
 typedef struct td_comm_ops {
     void (*destroy)(td_comm *c);
@@ -27,6 +31,10 @@ typedef struct td_comm_ops {
     td_status (*all_reduce)(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_reduce_op op,
                             td_queue q);
     td_status (*broadcast)(td_comm *c, void *buf, size_t count, td_dtype dt, int root, td_queue q);
+    /* The host waits for queue q, collectives included, within the timeout
+     * (NULL: td_queue_sync, for implementations whose collectives are done
+     * when called). */
+    td_status (*wait)(td_comm *c, td_queue q);
 } td_comm_ops;
 
 struct td_comm {
@@ -35,6 +43,7 @@ struct td_comm {
     int rank, size, local_rank;
     td_backend *backend;
     td_rdv *rdv;         /* owned; the host barrier, and the cpu communicator's links */
+    int timeout_ms;      /* how long any wait for a peer may see no progress */
     unsigned long seq;   /* collectives called so far, for messages */
     unsigned long failed_seq; /* the collective that failed; nothing runs after one (0: none) */
 };
