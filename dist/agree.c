@@ -106,3 +106,16 @@ td_status td_comm_agree(td_comm *c, const td_dist_setting *s, size_t n)
     }
     return st;
 }
+
+td_status td_comm_host_allgather(td_comm *c, const void *mine, size_t bytes, void *all)
+{
+    if (c->failed_seq)
+        return td_error_set(TD_ERR_STATE, "host allgather: the communicator failed in collective #%lu", c->failed_seq);
+    if (bytes && (!mine || !all)) return td_error_set(TD_ERR_INVALID, "host allgather of %zu bytes with a NULL buffer", bytes);
+    td_status st = td_rdv_allgather(c->rdv, mine, bytes, all);
+    if (st != TD_OK) {
+        c->failed_seq = ++c->seq;
+        td_rdv_shutdown(c->rdv);
+    }
+    return st;
+}

@@ -537,6 +537,80 @@ static void test_read_ranges(void **state)
     free(half);
 }
 
+/* The same over a communicator (what the trainer holds): agreement, host
+ * allgather, a group save through it. */
+static td_status comm_allgather(void *arg, const void *mine, size_t bytes, void *all)
+{
+    return td_comm_host_allgather(arg, mine, bytes, all);
+}
+
+static int comm_body(int rank, int size, int port, void *ctx)
+{
+    const char *path = ctx;
+    td_dist_env e = td_test_local_env(rank, size, port);
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = TD_BACKEND_CPU;
+    bp.cpu_device_bytes = 16 * TD_MiB;
+    td_backend *b = NULL;
+    td_comm *c = NULL;
+    td_comm_params cp = td_comm_default_params();
+    cp.timeout_ms = 10000;
+    if (td_backend_create(&bp, &b) || td_comm_create(&e, b, &cp, &c)) return td_test_rank_fail(rank, "comm");
+    td_dist_setting same[] = {{"--lr", "1e-3"}, {"model", "tiny"}};
+    if (td_comm_agree(c, same, 2)) return td_test_rank_fail(rank, "agree");
+    td_dist_setting differ[] = {{"--lr", "1e-3"}, {"model", rank == size - 1 ? "small" : "tiny"}};
+    char want[128];
+    snprintf(want, sizeof want, "ranks disagree on model: rank 0 has 'tiny', rank %d has 'small'", size - 1);
+    if (td_comm_agree(c, differ, 2) != TD_ERR_INVALID || !strstr(td_error_msg(), want)) return 2;
+    double mine = 0.1 * (rank + 1), all[8];
+    if (td_comm_host_allgather(c, &mine, sizeof mine, all)) return td_test_rank_fail(rank, "host allgather");
+    for (int k = 0; k < size; k++)
+        if (all[k] != 0.1 * (k + 1)) return 3;
+    /* a group save over the communicator, rank r writing whole tensors r, r + size, ... */
+    td_ckpt_group g = { .rank = rank, .size = size, .allgather = comm_allgather, .arg = c };
+    td_ckpt_write_options o = td_ckpt_write_default_options();
+    o.group = &g;
+    td_ckpt_writer *w = NULL;
+    int rng;
+    float *buf = malloc(1 << 16);
+    td_status st = td_ckpt_writer_begin(path, &cfg, &o, &w);
+    if (!st) save_meta(w, 6, "same", &rng), st = td_ckpt_writer_begin_ranges(w);
+    for (int i = rank; !st && i < td_ckpt_param_count(&cfg); i += size) {
+        td_ckpt_param p;
+        td_ckpt_param_get(&cfg, i, &p);
+        for (uint64_t j = 0; j < p.numel; j++) buf[j] = val(6, 0, i, j);
+        st = td_ckpt_writer_put_weight(w, i, TD_DTYPE_F32, buf);
+        for (int k = 0; !st && k < TD_CKPT_STATE_COUNT; k++) {
+            for (uint64_t j = 0; j < p.numel; j++) buf[j] = val(6, 1 + k, i, j);
+            st = td_ckpt_writer_write_state(w, i, (td_ckpt_state)k, 0, buf, p.numel);
+        }
+    }
+    uint64_t words[3] = {6, 2, 3};
+    if (!st && rank == size - 1) st = td_ckpt_writer_write_extra(w, rng, 0, words, sizeof words);
+    if (!st) st = td_ckpt_writer_commit(w), w = NULL;
+    td_ckpt_writer_abort(w);
+    free(buf);
+    if (st) return td_test_rank_fail(rank, "group save over the communicator");
+    if (td_comm_barrier(c, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "barrier");
+    td_comm_destroy(c);
+    td_backend_free(b);
+    return 0;
+}
+
+static void test_comm_group(void **state)
+{
+    char ref[128], path[128];
+    snprintf(ref, sizeof ref, "%s/comm_ref", dir);
+    save_stream(ref, 6, TD_DTYPE_F32);
+    for (int n = 2; n <= 3; n++) {
+        int codes[3];
+        snprintf(path, sizeof path, "%s/comm%d", dir, n);
+        td_test_run_ranks(n, comm_body, path, codes);
+        td_test_expect_codes(n, codes, NULL);
+        expect_same_ckpt(ref, path);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -546,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_group_save),
         cmocka_unit_test(test_group_save_faults),
         cmocka_unit_test(test_read_ranges),
+        cmocka_unit_test(test_comm_group),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -177,6 +177,11 @@ int td_comm_timeout_ms(const td_comm *c);
 /* td_rdv_agree over the communicator's rendezvous (host only).  A failure
  * other than a disagreement ends the communicator. */
 td_status td_comm_agree(td_comm *c, const td_dist_setting *s, size_t n);
+/* Small host messages over the rendezvous, not the collective path: every
+ * rank's `bytes` at mine into all (size * bytes, rank order).  For control
+ * data (a checkpoint group's votes, per-rank sums to add in rank order so
+ * every rank gets the same bits).  A failure ends the communicator. */
+td_status td_comm_host_allgather(td_comm *c, const void *mine, size_t bytes, void *all);
 
 /* --- launch ----------------------------------------------------------------------- */
 
