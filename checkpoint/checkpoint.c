@@ -554,6 +554,15 @@ cleanup:
     return st;
 }
 
+/* --- the files a ranged save writes --------------------------------------------- */
+
+/* The weights' file of a parameter and its index there. */
+static td_st_writer *weight_file(const td_ckpt_writer *w, int param) { (void)param; return w->model; }
+static size_t weight_index(const td_ckpt_writer *w, int param) { (void)w; return (size_t)param; }
+/* Every file of the save: the weights' file(s), then the train state. */
+static int file_count(const td_ckpt_writer *w) { return 1 + (w->state != NULL); }
+static td_st_writer **file_at(td_ckpt_writer *w, int k) { return k == 0 ? &w->model : &w->state; }
+
 /* --- a group's agreement ------------------------------------------------------- */
 
 /* What each rank reports at a collective point of a grouped save. */
@@ -679,30 +688,31 @@ td_status td_ckpt_writer_begin_ranges(td_ckpt_writer *w)
 {
     td_status st = TD_OK, mine = TD_OK;
     vote *all = NULL;
-    uint64_t hm = 0, hs = 0;
+    uint64_t hm = 0, hs = 0; /* the weights' headers, the train state's */
+    const int nf = file_count(w), nm = nf - (w->state != NULL);
     if (!w->group.size || w->ranges)
         return td_error_set(TD_ERR_STATE, "checkpoint %s: %s", w->dir, w->ranges ? "ranged writing has begun already"
                             : "ranged writing needs a group in the write options");
     /* rank 0 creates the files, then the others open them */
-    if (w->group.rank == 0) {
-        mine = td_st_writer_begin_shared(w->model, 1, &hm);
-        if (mine == TD_OK && w->state) mine = td_st_writer_begin_shared(w->state, 1, &hs);
+    for (int create = 1; create >= 0; create--) {
+        for (int k = 0; k < nf && mine == TD_OK && (w->group.rank == 0) == create; k++) {
+            uint64_t h = 0;
+            mine = td_st_writer_begin_shared(*file_at(w, k), create, &h);
+            if (k < nm) hm = (hm ^ h) * 0x100000001b3ull;
+            else hs = h;
+        }
+        TD_TRY(group_vote(w, mine, hm, hs, &all));
+        TD_TRY(group_verdict(w, all, create ? "creating the files" : "opening the files"));
+        if (create) {
+            td_free(all);
+            all = NULL;
+        }
     }
-    TD_TRY(group_vote(w, mine, 0, 0, &all));
-    TD_TRY(group_verdict(w, all, "creating the files"));
-    td_free(all);
-    all = NULL;
-    if (w->group.rank != 0) {
-        mine = td_st_writer_begin_shared(w->model, 0, &hm);
-        if (mine == TD_OK && w->state) mine = td_st_writer_begin_shared(w->state, 0, &hs);
-    }
-    TD_TRY(group_vote(w, mine, hm, hs, &all));
-    TD_TRY(group_verdict(w, all, "opening the files"));
     for (int k = 1; k < w->group.size; k++)
         if (all[k].a != all[0].a || all[k].b != all[0].b)
             TD_FAIL(TD_ERR_INVALID, "checkpoint %s: rank %d's %s header differs from rank 0's: every rank must save "
                     "the same model and declare the same metadata and extra tensors", w->dir, k,
-                    all[k].a != all[0].a ? TD_CKPT_MODEL_FILE : TD_CKPT_STATE_FILE);
+                    all[k].a != all[0].a ? "weights'" : TD_CKPT_STATE_FILE);
     w->ranges = 1;
 cleanup:
     td_free(all);
@@ -911,11 +921,13 @@ static td_status write_rect(void *ctx, const rect *r, size_t at)
     const int64_t rows = r->o1 - r->o0, cols = r->i1 - r->i0;
     transpose(io->scratch, io->src + at * es, rows, cols, es);
     if (rows == io->out) /* whole stored rows: one run */
-        return td_st_writer_pwrite_convert(io->w->model, (size_t)io->param, (uint64_t)(r->i0 * io->out),
+        return td_st_writer_pwrite_convert(weight_file(io->w, io->param), weight_index(io->w, io->param),
+                                           (uint64_t)(r->i0 * io->out),
                                            st_dtype_of(io->dt), io->scratch, (size_t)(rows * cols));
     td_status st = TD_OK;
     for (int64_t i = 0; i < cols && st == TD_OK; i++)
-        st = td_st_writer_pwrite_convert(io->w->model, (size_t)io->param, (uint64_t)((r->i0 + i) * io->out + r->o0),
+        st = td_st_writer_pwrite_convert(weight_file(io->w, io->param), weight_index(io->w, io->param),
+                                         (uint64_t)((r->i0 + i) * io->out + r->o0),
                                          st_dtype_of(io->dt), io->scratch + (size_t)(i * rows) * es, (size_t)rows);
     return st;
 }
@@ -949,8 +961,8 @@ td_status td_ckpt_writer_write_weight(td_ckpt_writer *w, int param, uint64_t ele
     if (!p.transposed) { /* stored as laid out; wte's padding rows past hf_numel are not stored */
         size_t keep = elem_offset >= p.hf_numel ? 0 : (size_t)(p.hf_numel - elem_offset < n_elems
                                                                ? p.hf_numel - elem_offset : n_elems);
-        return keep ? td_st_writer_pwrite_convert(w->model, (size_t)param, elem_offset, st_dtype_of(src_dtype), src,
-                                                  keep) : TD_OK;
+        return keep ? td_st_writer_pwrite_convert(weight_file(w, param), weight_index(w, param), elem_offset,
+                                                  st_dtype_of(src_dtype), src, keep) : TD_OK;
     }
     if (!w->scratch && !(w->scratch = td_malloc(SCRATCH_BYTES, TD_ROLE_STAGING)))
         return td_error_prefix(TD_ERR_NOMEM, "checkpoint %s: transposing '%s': ", w->dir, p.name);
@@ -1080,25 +1092,18 @@ static td_status commit_group(td_ckpt_writer *w)
     td_status st = TD_OK, mine = need_ranges(w);
     vote *all = NULL;
     uint64_t put_m = 0, put_s = 0, need_m = 0, need_s = 0;
-    td_st_writer *model = w->model, *state = w->state;
-    w->model = w->state = NULL; /* freed here whatever happens */
-    if (mine == TD_OK) {
-        put_m = td_st_writer_written(model);
-        need_m = td_st_writer_data_bytes(model);
-        if (state) {
-            put_s = td_st_writer_written(state);
-            need_s = td_st_writer_data_bytes(state);
+    const int nf = file_count(w), nm = nf - (w->state != NULL);
+    for (int k = 0; k < nf; k++) { /* every file synced and closed (freed) whatever happens */
+        td_st_writer **f = file_at(w, k);
+        if (mine == TD_OK) {
+            *(k < nm ? &put_m : &put_s) += td_st_writer_written(*f);
+            *(k < nm ? &need_m : &need_s) += td_st_writer_data_bytes(*f);
+            mine = td_st_writer_finish_shared(*f);
+        } else {
+            td_st_writer_abort(*f);
         }
-        mine = td_st_writer_finish_shared(model);
-        model = NULL;
-        if (state) {
-            td_status s2 = td_st_writer_finish_shared(state);
-            if (mine == TD_OK) mine = s2;
-            state = NULL;
-        }
+        *f = NULL;
     }
-    td_st_writer_abort(model);
-    td_st_writer_abort(state);
     TD_TRY(group_vote(w, mine, put_m, put_s, &all));
     TD_TRY(group_verdict(w, all, "writing"));
     uint64_t got_m = 0, got_s = 0;
@@ -1107,10 +1112,10 @@ static td_status commit_group(td_ckpt_writer *w)
         got_s += all[k].b;
     }
     if (got_m != need_m || got_s != need_s)
-        TD_FAIL(TD_ERR_STATE, "checkpoint %s: the ranks wrote %llu of the %llu bytes of %s%s: their ranges must "
+        TD_FAIL(TD_ERR_STATE, "checkpoint %s: the ranks wrote %llu of the %llu bytes of the %s%s: their ranges must "
                 "cover every tensor once", w->dir, (unsigned long long)(got_m != need_m ? got_m : got_s),
                 (unsigned long long)(got_m != need_m ? need_m : need_s),
-                got_m != need_m ? TD_CKPT_MODEL_FILE : TD_CKPT_STATE_FILE,
+                got_m != need_m ? "weights" : TD_CKPT_STATE_FILE,
                 (got_m > need_m || got_s > need_s) ? " (more: ranges overlap)" : "");
     td_free(all);
     all = NULL;
