@@ -611,6 +611,69 @@ static void test_comm_group(void **state)
     }
 }
 
+/* One process, ranged writing in random order and random pieces (a group of
+ * one): the same bytes as streaming; and the calls' misuse. */
+static void test_ranged_one_process(void **state)
+{
+    char ref[128], path[128];
+    snprintf(ref, sizeof ref, "%s/one_ref", dir);
+    snprintf(path, sizeof path, "%s/one", dir);
+    save_stream(ref, 3, TD_DTYPE_BF16);
+    td_ckpt_group g = { .rank = 0, .size = 1 };
+    td_ckpt_write_options o = td_ckpt_write_default_options();
+    o.weight_dtype = TD_DTYPE_BF16;
+    o.group = &g;
+    td_ckpt_writer *w = NULL;
+    int rng;
+    TD_ASSERT_OK(td_ckpt_writer_begin(path, &cfg, &o, &w));
+    float x = 0;
+    assert_int_equal(td_ckpt_writer_write_weight(w, 0, 0, TD_DTYPE_F32, &x, 1), TD_ERR_STATE); /* before begin_ranges */
+    save_meta(w, 3, "same", &rng);
+    TD_ASSERT_OK(td_ckpt_writer_begin_ranges(w));
+    assert_int_equal(td_ckpt_writer_begin_ranges(w), TD_ERR_STATE);
+    assert_int_equal(td_ckpt_writer_append_state(w, 0, TD_CKPT_STATE_MASTER, &x, 1), TD_ERR_STATE); /* streaming */
+    assert_int_equal(td_ckpt_writer_append_weight(w, 0, TD_DTYPE_F32, &x, 1), TD_ERR_STATE);
+    td_ckpt_param p0;
+    td_ckpt_param_get(&cfg, 0, &p0);
+    assert_int_equal(td_ckpt_writer_write_weight(w, 0, p0.numel, TD_DTYPE_F32, &x, 1), TD_ERR_INVALID);
+    assert_int_equal(td_ckpt_writer_write_state(w, 0, TD_CKPT_STATE_ADAM_M, p0.numel, &x, 1), TD_ERR_INVALID);
+    assert_int_equal(td_ckpt_writer_write_extra(w, rng, 20, &x, 8), TD_ERR_INVALID);
+    /* every tensor in random pieces, tensors in reverse order */
+    uint64_t seed = 17;
+    float *buf = malloc(1 << 16);
+    for (int i = td_ckpt_param_count(&cfg) - 1; i >= 0; i--) {
+        td_ckpt_param p;
+        td_ckpt_param_get(&cfg, i, &p);
+        for (int kind = 0; kind <= TD_CKPT_STATE_COUNT; kind++) {
+            for (uint64_t j = 0; j < p.numel; j++) buf[j] = val(3, kind, i, j);
+            uint64_t cuts[6] = {0, 0, 0, 0, 0, p.numel};
+            for (int c = 1; c < 5; c++) cuts[c] = rng_next(&seed) % (p.numel + 1);
+            for (int a = 1; a < 5; a++) /* sort */
+                for (int b = a; b > 0 && cuts[b] < cuts[b - 1]; b--) {
+                    uint64_t t = cuts[b];
+                    cuts[b] = cuts[b - 1];
+                    cuts[b - 1] = t;
+                }
+            for (int c = 4; c >= 0; c--) { /* last piece first */
+                uint64_t off = cuts[c], n = cuts[c + 1] - cuts[c];
+                if (kind == 0) TD_ASSERT_OK(td_ckpt_writer_write_weight(w, i, off, TD_DTYPE_F32, buf + off, n));
+                else TD_ASSERT_OK(td_ckpt_writer_write_state(w, i, (td_ckpt_state)(kind - 1), off, buf + off, n));
+            }
+        }
+    }
+    uint64_t words[3] = {3, 2, 3};
+    TD_ASSERT_OK(td_ckpt_writer_write_extra(w, rng, 8, words + 1, 16));
+    TD_ASSERT_OK(td_ckpt_writer_write_extra(w, rng, 0, words, 8));
+    TD_ASSERT_OK(td_ckpt_writer_commit(w));
+    expect_same_ckpt(ref, path);
+    free(buf);
+    /* a group that is not one */
+    td_ckpt_group bad = { .rank = 2, .size = 2 };
+    o.group = &bad;
+    assert_int_equal(td_ckpt_writer_begin(path, &cfg, &o, &w), TD_ERR_INVALID);
+    assert_null(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -621,6 +684,7 @@ int main(void)
         cmocka_unit_test(test_group_save_faults),
         cmocka_unit_test(test_read_ranges),
         cmocka_unit_test(test_comm_group),
+        cmocka_unit_test(test_ranged_one_process),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
