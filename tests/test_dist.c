@@ -160,7 +160,6 @@ static void test_nodelist(void **state)
 
 enum { DEADLINE_S = TD_RANKS_DEADLINE_S };
 
-static void expect_codes(int size, const int *codes, const int *want) { td_test_expect_codes(size, codes, want); }
 static void expect_all_ok(int size, const int *codes) { td_test_expect_codes(size, codes, NULL); }
 
 /* ---- rendezvous ----------------------------------------------------------------- */
