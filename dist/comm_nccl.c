@@ -46,6 +46,7 @@ static td_status fail(nccl_comm *c, const char *what, ncclResult_t r, int timed_
     td_rdv_dead_peers(c->base.rdv, dead, sizeof dead);
     if (c->nc) ncclCommAbort(c->nc);
     c->nc = NULL;
+    c->base.failed_seq = c->base.seq ? c->base.seq : 1; /* nothing runs on an aborted communicator */
     td_rdv_shutdown(c->base.rdv); /* the other ranks fail at once instead of at their timeout */
     if (timed_out)
         return td_error_set(TD_ERR_IO, "%s on rank %d (device %d): no progress for %.1f s%s%s%s; the communicator "
@@ -120,6 +121,7 @@ static td_status nccl_wait(td_comm *base, td_queue q)
 {
     nccl_comm *c = (nccl_comm *)base;
     cudaStream_t s = stream(base, q);
+    if (!c->nc) return td_error_set(TD_ERR_STATE, "rank %d: the NCCL communicator was aborted", base->rank);
     double deadline = td_now_ms() + base->timeout_ms;
     for (;;) {
         cudaError_t e = cudaStreamQuery(s);
