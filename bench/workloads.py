@@ -455,10 +455,23 @@ def fmt_tok(x):
     return "-" if x is None else f"{x / 1e3:.1f}k"
 
 
+def bound_over_step(t):
+    """How close tidal's median step comes to its lower bound (`tidal plan`'s, whose CPU AdamW
+    term is the measured DRAM bandwidth over the path's bytes a param)."""
+    if t.get("error") or not t.get("plan") or not t.get("step_ms_median"):
+        return "n/a"
+    b = t["plan"]["estimate"]["step_lower_bound_ms"]
+    close = f"{100 * b / t['step_ms_median']:.0f}%"
+    if b > t["step_ms_median"]:
+        close += " (bound above the step: the plan's rates are not this device's)"
+    return close
+
+
 def print_table(results):
     say("\n## tidal vs peers (tokens/s; median of the timed steps)\n")
-    say("| id | model | GPU budget | tokens/step | tidal | peer | peer tok/s (config) | tidal/peer | target | met |")
-    say("|---|---|---|---|---|---|---|---|---|---|")
+    say("| id | model | GPU budget | tokens/step | tidal | peer | peer tok/s (config) | tidal/peer | target | met | "
+        "tidal bound/step |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         w, t, p = r["w"], r["tidal"], r["peer"]
         ratio, met = verdict(w, t, p)
@@ -469,28 +482,30 @@ def print_table(results):
                                         f"{' ckpt' if b['ckpt'] else ''})")
         budget = "unlimited" if w.budget_gib is None else f"{w.budget_gib:g} GiB"
         say(f"| {w.id} | {w.name} | {budget} | {tok_step(w.tokens)} | {tid} | {p['system']} | {peer} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | >= {w.target:g}x | {met} |")
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | >= {w.target:g}x | {met} | {bound_over_step(t)} |")
     say("\n## tidal: memory and lower bound\n")
     say("| id | tidal peak (arena) / budget | nvidia-smi peak, context incl. | step ms | lower bound ms "
-        "(compute / PCIe / AdamW) | bound/step |")
-    say("|---|---|---|---|---|---|")
+        "(compute / PCIe / AdamW) | optimizer chunks on the GPU | CPU AdamW rate (DRAM) | bound/step |")
+    say("|---|---|---|---|---|---|---|---|")
     for r in results:
         w, t = r["w"], r["tidal"]
         if t.get("error"):
-            say(f"| {w.id} | n/a | n/a | n/a | n/a | n/a |")
+            say(f"| {w.id} | n/a | n/a | n/a | n/a | n/a | n/a | n/a |")
             continue
         budget = "unlimited" if t["budget_bytes"] is None else gib(t["budget_bytes"])
         flag = "" if t["within_budget"] is not False else " **over**"
-        bound, close = "n/a (no plan)", "-"
+        bound, optim, rate = "n/a (no plan)", "-", "-"
         if t["plan"]:
-            e = t["plan"]["estimate"]
+            e, pl = t["plan"]["estimate"], t["plan"]
             bound = (f"{e['step_lower_bound_ms']:.1f} ({e['compute_ms']:.1f} / {e['pcie_ms']:.1f} / "
                      f"{e['adam_ms']:.1f})")
-            close = f"{100 * e['step_lower_bound_ms'] / t['step_ms_median']:.0f}%"
-            if e["step_lower_bound_ms"] > t["step_ms_median"]:
-                close += " (bound above the step: the plan's rates are not this device's)"
+            o, m = pl.get("optimizer", {}), pl.get("measured", {})
+            if o:
+                optim = f"{o['gpu_chunks']}/{o['chunks']}"
+            if m.get("dram_gbytes_per_s"):
+                rate = f"{m['adam_gparams_per_s']:.2f} G params/s ({m['dram_gbytes_per_s']:.0f} GB/s)"
         say(f"| {w.id} | {gib(t['peak_bytes'])} / {budget}{flag} | {gib(t['smi_bytes'])} | "
-            f"{t['step_ms_median']:.1f} | {bound} | {close} |")
+            f"{t['step_ms_median']:.1f} | {bound} | {optim} | {rate} | {bound_over_step(t)} |")
     notes = []
     for r in results:
         w, t, p = r["w"], r["tidal"], r["peer"]

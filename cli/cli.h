@@ -3,12 +3,27 @@
 #ifndef TIDAL_CLI_H
 #define TIDAL_CLI_H
 
+#include "tidal/trainer.h"
+
+struct cJSON;
+
 int td_cli_memsim_main(int argc, char **argv);
 int td_cli_train_main(int argc, char **argv);
 int td_cli_plan_main(int argc, char **argv);
 int td_cli_eval_main(int argc, char **argv);
 int td_cli_generate_main(int argc, char **argv);
 int td_cli_prepare_main(int argc, char **argv);
+
+int td_cli_tune_main(int argc, char **argv);
+
+/* `tidal train`'s options for another command (cli_train.c): parses argv as
+ * tidal train does into cfg (the token file's vocabulary when --data names
+ * one: *data), and adds the options given to `given` (a cJSON object, or
+ * NULL) as a --config file has them.  Returns -1 to go on, else the exit
+ * code (0 after --help, which prints usage_text and the options).  String
+ * options stay valid until td_args_free. */
+int td_cli_train_options(int argc, char **argv, const char *cmd, const char *usage_text, td_train_config *cfg,
+                         const char **data, struct cJSON *given);
 
 /* The benchmarks, run as `tidal bench <name>` (their code is in bench/). */
 int td_bench_copy_main(int argc, char **argv);

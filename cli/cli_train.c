@@ -1,6 +1,7 @@
 /* `tidal train`: trains a GPT on a token file under a device budget. */
 #include "args.h"
 #include "cli.h"
+#include <cjson/cJSON.h>
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
 #include "tidal/dist.h"
@@ -24,7 +25,7 @@ typedef struct train_opts {
     double heldout;
     int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every;
     long steps;
-    uint64_t seed;
+    uint64_t seed, chunk_numel;
     size_t gpu_budget, host_pin_limit;
     double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
 } train_opts;
@@ -52,7 +53,8 @@ static const char usage[] =
     {"host-pin-limit", TD_OPT_SIZE, &(o)->host_pin_limit, "SIZE", "most host memory to pin (default 80% of RAM)", 0}, \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},   \
     {"offload-param-frac", TD_OPT_DOUBLE, &(o)->param_frac, "F", "static: share of param/grad chunks on the host", 0}, \
-    {"offload-optim-frac", TD_OPT_DOUBLE, &(o)->optim_frac, "F", "static: share of optimizer-state chunks on the host", 0}, \
+    {"offload-optim-frac", TD_OPT_DOUBLE, &(o)->optim_frac, "F", "static: share of optimizer-state chunks on the host (the rest are\nupdated on the GPU); auto: at least this share on the host", 0}, \
+    {"chunk-numel", TD_OPT_U64, &(o)->chunk_numel, "N", "elements a chunk holds (default: searched around one block's params)", 0}, \
     {"eviction", TD_OPT_STRING, &(o)->eviction, "E", "belady (default) or lru", 0},                          \
     {"prefetch", TD_OPT_INT, &(o)->prefetch, "N", "look-ahead in accesses; -1 auto (default), 0 off", 0},     \
     {"precision", TD_OPT_STRING, &(o)->precision, "P", "fp32 (cpu backend), bf16 or fp16 (cuda)", 0},         \
@@ -183,9 +185,12 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     if ((st = td_evict_policy_parse(o->eviction, &c->mm.eviction))) return td_error_prefix(st, "--eviction: ");
     if (o->param_frac < 0 || o->param_frac > 1 || o->optim_frac < 0 || o->optim_frac > 1)
         return td_error_set(TD_ERR_INVALID, "--offload-param-frac and --offload-optim-frac lie in [0, 1]");
-    if ((td_args_find(table, "offload-param-frac")->seen || td_args_find(table, "offload-optim-frac")->seen) &&
-        c->mm.placement != TD_PLACEMENT_STATIC)
-        return td_error_set(TD_ERR_INVALID, "--offload-*-frac apply to --policy static only");
+    if (td_args_find(table, "offload-param-frac")->seen && c->mm.placement != TD_PLACEMENT_STATIC)
+        return td_error_set(TD_ERR_INVALID, "--offload-param-frac applies to --policy static only");
+    if (td_args_find(table, "offload-optim-frac")->seen && c->mm.placement != TD_PLACEMENT_STATIC &&
+        c->mm.placement != TD_PLACEMENT_AUTO)
+        return td_error_set(TD_ERR_INVALID, "--offload-optim-frac applies to --policy static and auto only");
+    c->mm.chunk_numel = (size_t)o->chunk_numel;
     c->mm.offload_param_frac = o->param_frac;
     c->mm.offload_optim_frac = o->optim_frac;
     c->mm.prefetch = o->prefetch;
@@ -349,11 +354,12 @@ int td_cli_train_main(int argc, char **argv)
                                                        : " (default: the run resident + 1/8; --gpu-budget max takes "
                                                          "the %s free less a margin)",
                  td_format_bytes(td_trainer_budget_cap(t), cap, sizeof cap));
+    int optim_total = 0, optim_gpu = td_trainer_optim_gpu_chunks(t, &optim_total);
     fprintf(stderr, "tidal train: %zu params (%d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
-                    "checkpointing %s, %d chunks\n",
+                    "checkpointing %s, %d chunks, AdamW on the GPU for %d of %d param chunks\n",
             params, cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
-            origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)));
+            origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)), optim_gpu, optim_total);
     int tty = isatty(fileno(stderr));
     long first = td_trainer_optim(t)->step + 1;
     if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
@@ -439,185 +445,6 @@ static const char plan_usage[] =
     "estimated from bandwidths and compute rates measured here in a second or two.  Nothing of\n"
     "the model is allocated.  Takes the same options as `tidal train` (--data only for its vocabulary).";
 
-/* Measured rates of this machine: host<->device copy (GB/s), the CPU
- * AdamW (G params/s, on the run's threads and dtypes), matmul compute
- * (GFLOP/s: the model's MLP matmul) and, on the device, one block's
- * forward and backward at the run's shape (ms; 0 when not measured). */
-typedef struct rates { double copy_gbs, adam_gps, gflops, block_fwd_ms, block_bwd_ms; } rates;
-
-#include "tidal/optim.h"
-
-#include "tidal/copy.h"
-#include "tidal/hostpool.h"
-#include "tidal/ops.h"
-
-#ifdef TD_HAVE_CUDA
-#include "tidal/block_probe.h"
-#include "tidal/ops_cuda.h"
-/* The model's MLP matmul in bf16 on the device (2048 rows), timed with events. */
-static td_status measure_cuda_gflops(td_backend *b, const td_gpt_ref_config *mc, double *gflops)
-{
-    td_status st = TD_OK;
-    int N = 2048, C = mc->n_embd, OC = 4 * mc->n_embd;
-    size_t xb = (size_t)N * C * 2, wb = (size_t)OC * C * 2, yb = (size_t)N * OC * 2;
-    size_t sb = td_ops_cuda_matmul_scratch_bytes(N, OC), ws = TD_OPS_CUDA_WORKSPACE_BYTES;
-    td_arena *a = NULL;
-    td_ops_cuda *ctx = NULL;
-    td_event *e0 = NULL, *e1 = NULL;
-    void *x = NULL, *w = NULL, *y = NULL, *scr = NULL, *wsp = NULL;
-    TD_TRY(td_arena_create(b, xb + wb + yb + sb + ws + 5 * TD_ARENA_ALIGN, &a));
-    TD_TRY(td_arena_alloc(a, xb, TD_ROLE_WORKSPACE, &x));
-    TD_TRY(td_arena_alloc(a, wb, TD_ROLE_WORKSPACE, &w));
-    TD_TRY(td_arena_alloc(a, yb, TD_ROLE_WORKSPACE, &y));
-    TD_TRY(td_arena_alloc(a, ws, TD_ROLE_WORKSPACE, &wsp));
-    if (sb) TD_TRY(td_arena_alloc(a, sb, TD_ROLE_WORKSPACE, &scr));
-    TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, x, 0x3c, xb)); /* small finite bf16 values */
-    TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, w, 0x3c, wb));
-    td_ops_cuda_params op = td_ops_cuda_default_params();
-    op.workspace = wsp;
-    op.workspace_bytes = ws;
-    TD_TRY(td_ops_cuda_create(&op, &ctx));
-    TD_TRY(td_event_create(b, &e0));
-    TD_TRY(td_event_create(b, &e1));
-    void *s = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
-    TD_TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, x, w, NULL, NULL, N, C, OC, TD_DTYPE_BF16, s)); /* warm-up */
-    TD_TRY(td_event_record(b, e0, TD_QUEUE_COMPUTE));
-    for (int i = 0; i < 20; i++) TD_TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, x, w, NULL, NULL, N, C, OC, TD_DTYPE_BF16, s));
-    TD_TRY(td_event_record(b, e1, TD_QUEUE_COMPUTE));
-    TD_TRY(td_event_sync(b, e1));
-    float ms = 0;
-    TD_TRY(td_event_elapsed_ms(b, e0, e1, &ms));
-    *gflops = ms > 0 ? 20 * 2.0 * N * C * OC / (ms * 1e-3) / 1e9 : 0;
-cleanup:
-    td_event_free(b, e0);
-    td_event_free(b, e1);
-    td_ops_cuda_free(ctx);
-    td_arena_destroy(a); /* the reservation goes; the buffers with it */
-    return st;
-}
-
-/* One block's forward and backward at the run's shape (B, T, dtype) with
- * the trainer's ops, best of 3 after a warm-up.  A shape whose buffers do
- * not fit the device's free memory is left unmeasured (0). */
-static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
-{
-    size_t free_b = 0, total_b = 0, need = td_block_probe_bytes(&cfg->model, cfg->micro_batch, cfg->seq_len,
-                                                                 cfg->precision);
-    *fwd_ms = *bwd_ms = 0;
-    td_status st = td_backend_mem_info(b, &free_b, &total_b);
-    if (st || need + need / 8 > free_b) return st;
-    td_block_probe *p = NULL;
-    if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, &p))) return st;
-    st = td_block_probe_time(p, 3, fwd_ms, bwd_ms);
-    td_block_probe_destroy(p);
-    return st;
-}
-#endif
-
-/* The CPU AdamW on 16M params with the run's dtypes and threads, best of 5. */
-static td_status measure_adam(const td_train_config *cfg, double *gps)
-{
-    td_status st = TD_OK;
-    size_t n = (size_t)16 << 20;
-    td_optim_dtype dt = cfg->precision == TD_DTYPE_F32 ? TD_OPTIM_DTYPE_F32 : (td_optim_dtype)cfg->precision;
-    size_t E = td_dtype_bytes(cfg->precision);
-    td_adam_cpu_params ap = td_adam_cpu_default_params();
-    ap.threads = cfg->threads;
-    td_adam_cpu *cpu = NULL;
-    float *master = malloc(n * 4), *m = malloc(n * 4), *v = malloc(n * 4);
-    void *grad = malloc(n * E), *param = dt == TD_OPTIM_DTYPE_F32 ? NULL : malloc(n * E);
-    *gps = 0;
-    if (!master || !m || !v || !grad || (dt != TD_OPTIM_DTYPE_F32 && !param)) TD_FAIL(TD_ERR_NOMEM, "AdamW rate probe");
-    memset(grad, 0, n * E); /* touched: not the shared zero page */
-    TD_TRY(td_adam_cpu_create(&ap, &cpu));
-    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = dt,
-                         .param_out = param ? param : master, .param_dtype = dt, .numel = n };
-    TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
-    td_adam_coeffs c;
-    TD_TRY(td_adam_coeffs_make(&cfg->optim.adam, 1e-4, 1, 1.0, &c));
-    double best = 1e30;
-    for (int i = 0; i < 6; i++) {
-        double t0 = td_now_ms();
-        TD_TRY(td_adam_cpu_update(cpu, &c, &ch, 1));
-        double ms = td_now_ms() - t0;
-        if (i > 0 && ms < best) best = ms;
-    }
-    *gps = (double)n / (best * 1e-3) / 1e9;
-cleanup:
-    td_adam_cpu_destroy(cpu);
-    free(master);
-    free(m);
-    free(v);
-    free(grad);
-    free(param);
-    return st;
-}
-
-static td_status measure_rates(td_backend *b, const td_train_config *cfg, rates *r)
-{
-    const td_gpt_ref_config *mc = &cfg->model;
-    td_status st = TD_OK;
-    td_hostpool *pool = NULL;
-    td_arena *arena = NULL;
-    td_copy_engine *eng = NULL;
-    void *h = NULL, *d = NULL;
-    float *x = NULL, *w = NULL, *y = NULL;
-    size_t bytes = 64 * TD_MiB;
-    memset(r, 0, sizeof *r);
-    TD_TRY(td_hostpool_create(b, NULL, NULL, &pool));
-    TD_TRY(td_hostpool_alloc(pool, bytes, TD_ROLE_STAGING, &h));
-    memset(h, 1, bytes);
-    TD_TRY(td_arena_create(b, bytes, &arena));
-    TD_TRY(td_arena_alloc(arena, bytes, TD_ROLE_STAGING, &d));
-    TD_TRY(td_copy_engine_create(b, NULL, &eng));
-    double best = 1e30;
-    for (int i = 0; i < 4; i++) {
-        td_copy_ticket tk;
-        double t0 = td_now_ms();
-        TD_TRY(td_copy_submit(eng, TD_COPY_H2D, d, h, bytes, NULL, &tk));
-        TD_TRY(td_copy_wait(eng, &tk));
-        double ms = td_now_ms() - t0;
-        if (ms < best) best = ms;
-    }
-    r->copy_gbs = (double)bytes / (best * 1e-3) / 1e9;
-    TD_TRY(measure_adam(cfg, &r->adam_gps));
-#ifdef TD_HAVE_CUDA
-    if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
-        TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
-        TD_TRY(measure_cuda_block(b, cfg, &r->block_fwd_ms, &r->block_bwd_ms));
-        goto cleanup;
-    }
-#endif
-    /* Compute: one MLP matmul of the model at 256 rows. */
-    int N = 256, C = mc->n_embd, OC = 4 * mc->n_embd;
-    x = malloc((size_t)N * C * sizeof(float));
-    w = malloc((size_t)OC * C * sizeof(float));
-    y = malloc((size_t)N * OC * sizeof(float));
-    if (x && w && y) {
-        for (size_t i = 0; i < (size_t)N * C; i++) x[i] = (float)(i % 7) * 0.1f;
-        for (size_t i = 0; i < (size_t)OC * C; i++) w[i] = (float)(i % 5) * 0.1f;
-        td_ops_matmul_forward(y, x, w, NULL, N, C, OC); /* warm-up: threads, caches, clocks */
-        best = 1e30;
-        for (int i = 0; i < 3; i++) {
-            double t0 = td_now_ms();
-            td_ops_matmul_forward(y, x, w, NULL, N, C, OC);
-            double ms = td_now_ms() - t0;
-            if (ms < best) best = ms;
-        }
-        r->gflops = 2.0 * N * C * OC / (best * 1e-3) / 1e9;
-    }
-cleanup:
-    free(x);
-    free(w);
-    free(y);
-    td_copy_engine_destroy(eng);
-    if (d) td_arena_release(arena, d);
-    td_arena_destroy(arena);
-    if (h) td_hostpool_release(pool, h);
-    td_hostpool_destroy(pool);
-    return st;
-}
-
 int td_cli_plan_main(int argc, char **argv)
 {
     train_opts o;
@@ -661,8 +488,10 @@ int td_cli_plan_main(int argc, char **argv)
     }
     td_train_plan p;
     if ((st = td_train_plan_make(&cfg, budget, &p))) goto cleanup;
-    rates r;
-    if ((st = measure_rates(b, &cfg, &r))) goto cleanup;
+    td_train_rates r;
+    if ((st = td_train_measure_rates(b, &cfg, &r))) goto cleanup;
+    td_train_bound bd;
+    td_train_bound_of(&cfg, &p, &r, &bd);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
     size_t pin_limit = cfg.host_pin_limit ? cfg.host_pin_limit : ram / 10 * 8;
@@ -672,20 +501,7 @@ int td_cli_plan_main(int argc, char **argv)
                          : cfg.mm.placement == TD_PLACEMENT_CPU ? p.min_device_bytes
                          : (p.full_device_bytes < budget ? p.full_device_bytes : budget);
     if (cfg.mm.placement == TD_PLACEMENT_CUDA) fits_device = budget >= p.full_device_bytes && budget <= free_b;
-    /* Compute: the measured block times (forward, recompute, backward of
-     * every block) plus the head's matmuls at the matmul rate, per
-     * micro-batch; without block times, every flop at the matmul rate. */
-    double compute_ms = r.gflops > 0 ? p.flops_per_step / (r.gflops * 1e9) * 1e3 : 0;
-    if (r.block_fwd_ms > 0 && r.gflops > 0) {
-        double L = cfg.model.n_layer, head = 6.0 * cfg.micro_batch * cfg.seq_len * cfg.model.n_embd *
-                                             (double)cfg.model.padded_vocab_size;
-        compute_ms = cfg.grad_accum * (L * (r.block_fwd_ms + r.block_bwd_ms) + p.ckpt_blocks * r.block_fwd_ms +
-                                       head / (r.gflops * 1e9) * 1e3);
-    }
-    double pcie_ms = r.copy_gbs > 0 ? (p.h2d_bytes_per_step + p.d2h_bytes_per_step) / (r.copy_gbs * 1e9) * 1e3 : 0;
-    double adam_ms = r.adam_gps > 0 && p.adam_bytes_per_step > 0 ? (double)p.params / (r.adam_gps * 1e9) * 1e3 : 0;
-    double bound_ms = compute_ms > pcie_ms ? compute_ms : pcie_ms;
-    if (adam_ms > bound_ms) bound_ms = adam_ms;
+    double compute_ms = bd.compute_ms, pcie_ms = bd.pcie_ms, adam_ms = bd.adam_ms, bound_ms = bd.bound_ms;
     double tokens = (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum;
     char a[32], c2[32], d[32], e[32], f2[32], g[32], h2[32], i2[32], j[32], k[32];
     if (json) {
@@ -695,7 +511,9 @@ int td_cli_plan_main(int argc, char **argv)
                "\"peak_bytes\":%zu,\"fits\":%s},"
                "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
                "\"ram_bytes\":%zu,\"pin_limit_bytes\":%zu,\"fits\":%s},"
-               "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,\"measured\":{\"copy_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
+               "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,"
+               "\"optimizer\":{\"chunks\":%d,\"gpu_chunks\":%d,\"gpu_state_bytes\":%zu,\"cpu_params\":%.0f,"
+               "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
                "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
@@ -703,8 +521,9 @@ int td_cli_plan_main(int argc, char **argv)
                device_peak, fits_device ? "true" : "false", p.role_bytes[TD_TENSOR_PARAM],
                p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] + p.role_bytes[TD_TENSOR_MASTER],
                p.host_pinned_bytes, ram, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
-               p.ckpt_blocks, p.gpu_optimizer ? "true" : "false",
-               r.copy_gbs, r.adam_gps, r.gflops, r.block_fwd_ms, r.block_bwd_ms, compute_ms, pcie_ms, adam_ms, bound_ms,
+               p.ckpt_blocks, p.gpu_optimizer ? "true" : "false", p.optim_chunks, p.optim_gpu_chunks,
+               p.optim_gpu_state_bytes, p.adam_cpu_params, p.adam_bytes_per_param,
+               r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops, r.block_fwd_ms, r.block_bwd_ms, compute_ms, pcie_ms, adam_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
         printf("model        %zu params: %d layers, %d wide, %d heads, vocab %d (padded %d), seq %d\n", p.params,
@@ -722,9 +541,9 @@ int td_cli_plan_main(int argc, char **argv)
                td_format_bytes(p.staging_bytes, d, sizeof d));
         printf("  chunks in use      %12s  (the largest set one access pins)\n",
                td_format_bytes(p.working_set_bytes, e, sizeof e));
-        printf("  minimum            %12s  (plus two of the largest chunk: prefetch, fragmentation)\n",
-               td_format_bytes(p.min_device_bytes, f2, sizeof f2));
-        printf("  all resident       %12s  (every param and grad chunk on the device)\n",
+        printf("  minimum            %12s  (plus two of the largest chunk: prefetch, fragmentation%s)\n",
+               td_format_bytes(p.min_device_bytes, f2, sizeof f2), p.optim_gpu_chunks ? "; the GPU's optimizer chunks" : "");
+        printf("  all resident       %12s  (every param and grad chunk on the device, with the GPU's optimizer state)\n",
                td_format_bytes(p.full_device_bytes, g, sizeof g));
         printf("  budget             %12s  of %s free%s -> %s with --policy %s (peak about %s)\n",
                td_format_bytes(budget, h2, sizeof h2), td_format_bytes(free_b, i2, sizeof i2),
@@ -744,8 +563,12 @@ int td_cli_plan_main(int argc, char **argv)
         printf("  total              %12s  of %s RAM, pin limit %s -> %s\n",
                td_format_bytes(p.host_pinned_bytes, e, sizeof e), td_format_bytes(ram, f2, sizeof f2),
                td_format_bytes(pin_limit, g, sizeof g), fits_host ? "FITS" : "DOES NOT FIT");
-        printf("\nmeasured here: copy %.1f GB/s, CPU AdamW %.2f G params/s, matmul %.1f GFLOP/s (%s)\n",
-               r.copy_gbs, r.adam_gps, r.gflops,
+        printf("\noptimizer    %d of %d chunks on the GPU (%s of master, m, v there; their grads stay, their params\n"
+               "             are not uploaded), the CPU AdamW updates %.0f params at %.0f bytes a param\n",
+               p.optim_gpu_chunks, p.optim_chunks, td_format_bytes(p.optim_gpu_state_bytes, a, sizeof a),
+               p.adam_cpu_params, p.adam_bytes_per_param);
+        printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW over 1 GiB: %.2f G params/s), matmul %.1f GFLOP/s (%s)\n",
+               r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops,
                td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul");
         if (r.block_fwd_ms > 0)
             printf("               one block at this batch: forward %.2f ms, backward %.2f ms\n", r.block_fwd_ms,
@@ -756,7 +579,7 @@ int td_cli_plan_main(int argc, char **argv)
         printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), %s %.1f ms\n", compute_ms,
                pcie_ms, td_format_bytes((size_t)p.h2d_bytes_per_step, h2, sizeof h2),
                td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
-               p.gpu_optimizer ? "AdamW on the GPU (state fits)" : "CPU AdamW", adam_ms);
+               p.gpu_optimizer ? "CPU AdamW (none: all on the GPU)" : "CPU AdamW", adam_ms);
         printf("               lower bound %.1f ms a step (all overlapped), at most %.0f tokens/s\n", bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
         if (layout) {
@@ -772,4 +595,54 @@ out:
     td_loader_destroy(loader);
     td_args_free();
     return rc;
+}
+
+/* ---- `tidal train`'s options for `tidal tune` ------------------------------------ */
+
+int td_cli_train_options(int argc, char **argv, const char *cmd, const char *usage_text, td_train_config *cfg,
+                         const char **data, cJSON *given)
+{
+    static train_opts o; /* string options point into it until td_args_free */
+    opts_defaults(&o);
+    td_opt table[] = { OPTS(&o), {NULL, 0, NULL, NULL, NULL, 0} };
+    int rc = td_args_main(table, argc, argv, cmd, usage_text);
+    if (rc >= 0) return rc;
+    int data_vocab = 0;
+    *data = o.data;
+    if (o.data) {
+        td_loader_params lp = td_loader_default_params();
+        lp.batch = 1;
+        lp.seq = 1;
+        td_loader *l = NULL;
+        if (td_loader_open(o.data, &lp, &l)) {
+            fprintf(stderr, "tidal %s: %s\n", cmd, td_error_msg());
+            return 1;
+        }
+        data_vocab = (int)td_tokfile_get_info(td_loader_file(l))->vocab_size;
+        td_loader_destroy(l);
+    }
+    if (build_config(&o, table, data_vocab, cfg)) {
+        fprintf(stderr, "tidal %s: %s\n", cmd, td_error_msg());
+        return 2;
+    }
+    /* The options given, as a --config file has them. */
+    for (td_opt *t = table; given && t->name; t++) {
+        if (!t->seen || !strcmp(t->name, "config")) continue;
+        char v[64];
+        switch (t->kind) {
+        case TD_OPT_FLAG: cJSON_AddBoolToObject(given, t->name, *(int *)t->dst); continue;
+        case TD_OPT_INT: snprintf(v, sizeof v, "%d", *(int *)t->dst); break;
+        case TD_OPT_LONG: snprintf(v, sizeof v, "%ld", *(long *)t->dst); break;
+        case TD_OPT_U64: snprintf(v, sizeof v, "%llu", (unsigned long long)*(uint64_t *)t->dst); break;
+        case TD_OPT_DOUBLE: snprintf(v, sizeof v, "%.17g", *(double *)t->dst); break;
+        case TD_OPT_SIZE:
+        case TD_OPT_BUDGET:
+            if (*(size_t *)t->dst == SIZE_MAX) snprintf(v, sizeof v, "max");
+            else snprintf(v, sizeof v, "%zu", *(size_t *)t->dst);
+            break;
+        case TD_OPT_STRING: cJSON_AddStringToObject(given, t->name, *(const char **)t->dst); continue;
+        }
+        cJSON_AddStringToObject(given, t->name, v);
+    }
+    return -1;
 }

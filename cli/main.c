@@ -17,6 +17,7 @@ static const command commands[] = {
     {"eval", td_cli_eval_main, "mean cross-entropy of a checkpoint on a token file"},
     {"generate", td_cli_generate_main, "sample text from a checkpoint"},
     {"plan", td_cli_plan_main, "print a run's footprint and whether it fits, before starting it"},
+    {"tune", td_cli_tune_main, "find the fastest micro-batch, checkpointing and offload for a budget (or several)"},
     {"memsim", td_cli_memsim_main, "simulate a chunk access trace under a budget and policy"},
     {"prepare", td_cli_prepare_main, "tokenize text (byte or GPT-2 BPE) into a token file for training"},
 };

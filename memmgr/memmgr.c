@@ -30,13 +30,13 @@ td_status td_placement_parse(const char *name, td_placement *out)
     return td_error_set(TD_ERR_INVALID, "unknown policy '%s'; use cuda, cpu, static or auto", name ? name : "");
 }
 
-static void place_initial(td_memmgr *m);
+static td_status place_initial(td_memmgr *m);
 
 td_status td_memmgr_plan_layout(td_memmgr *m)
 {
     if (m->laid_out || m->n_chunks) return td_error_set(TD_ERR_STATE, "memmgr: layout already made");
     td_status st = mm_layout(m);
-    if (st == TD_OK) place_initial(m);
+    if (st == TD_OK) st = place_initial(m);
     return st;
 }
 
@@ -99,6 +99,7 @@ void td_memmgr_destroy(td_memmgr *m)
     td_nextuse_destroy(m->nextuse);
     td_evictor_destroy(m->evictor);
     td_free((char *)m->params.trace_out);
+    td_free(m->optim_homes);
     td_free(m);
 }
 
@@ -106,9 +107,28 @@ void td_memmgr_destroy(td_memmgr *m)
 
 static int is_optim_role(td_tensor_role r) { return r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V; }
 
-/* Homes before the warm-up: every policy but AUTO decides here for good. */
-static void place_initial(td_memmgr *m)
+td_status td_memmgr_set_optim_homes(td_memmgr *m, const uint8_t *on_device, int n)
 {
+    if (m->n_chunks) return td_error_set(TD_ERR_STATE, "memmgr: optimizer homes are set before the layout");
+    if (n < 0 || (n && !on_device)) return td_error_set(TD_ERR_INVALID, "memmgr: %d optimizer homes", n);
+    uint8_t *h = td_malloc((size_t)n + 1, TD_ROLE_META);
+    if (!h) return TD_ERR_NOMEM;
+    if (n) memcpy(h, on_device, (size_t)n);
+    td_free(m->optim_homes);
+    m->optim_homes = h;
+    m->n_optim_homes = n;
+    return TD_OK;
+}
+
+/* Homes before the warm-up: every policy but AUTO decides here for good;
+ * the optimizer chunks' homes given by td_memmgr_set_optim_homes are final
+ * under every policy (with their param and grad chunks on the device too). */
+static td_status place_initial(td_memmgr *m)
+{
+    int n_optim = m->role_count[TD_TENSOR_ADAM_M];
+    if (m->optim_homes && m->n_optim_homes != n_optim)
+        return td_error_set(TD_ERR_INVALID, "memmgr: optimizer homes for %d chunks, but the layout made %d",
+                            m->n_optim_homes, n_optim);
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         td_chunk_home home = TD_HOME_HOST;
@@ -126,8 +146,14 @@ static void place_initial(td_memmgr *m)
             break;
         }
         }
+        if (m->optim_homes && ch->index < n_optim) {
+            int on_dev = m->optim_homes[ch->index];
+            if (is_optim_role(ch->role)) home = on_dev ? TD_HOME_DEVICE : TD_HOME_HOST;
+            else if (on_dev && (ch->role == TD_TENSOR_PARAM || ch->role == TD_TENSOR_GRAD)) home = TD_HOME_DEVICE;
+        }
         ch->home = home;
     }
+    return TD_OK;
 }
 
 td_status td_memmgr_layout(td_memmgr *m)
@@ -136,7 +162,7 @@ td_status td_memmgr_layout(td_memmgr *m)
     if (m->laid_out) return td_error_set(TD_ERR_STATE, "memmgr: layout already made");
     if (!m->pool) return td_error_set(TD_ERR_STATE, "memmgr: a planning manager (no pool) only plans layouts");
     TD_TRY(mm_layout(m));
-    place_initial(m);
+    TD_TRY(place_initial(m));
     uint64_t *bytes = td_malloc((size_t)m->n_chunks * sizeof *bytes, TD_ROLE_META);
     if (!bytes) { st = TD_ERR_NOMEM; goto cleanup; }
     for (int c = 0; c < m->n_chunks; c++) bytes[c] = m->chunks[c].bytes;
@@ -547,6 +573,10 @@ static void place_auto(td_memmgr *m)
     for (int c = 0; c < m->n_chunks; c++)
         if (m->chunks[c].accesses && m->chunks[c].bytes > largest) largest = m->chunks[c].bytes;
     size_t reserve = m->min_budget + largest;
+    /* Chunks homed on the device at layout (optimizer chunks placed by
+     * td_memmgr_set_optim_homes, their params and grads) keep their room. */
+    for (int c = 0; c < m->n_chunks; c++)
+        if (m->chunks[c].home == TD_HOME_DEVICE) reserve += m->chunks[c].bytes;
     size_t room = s.budget_bytes > reserve ? s.budget_bytes - reserve : 0;
     /* Pick by accesses per byte, most first (ties: lower id), by selection. */
     char *picked = td_calloc((size_t)m->n_chunks, 1, TD_ROLE_META);
@@ -555,7 +585,10 @@ static void place_auto(td_memmgr *m)
         int best = -1;
         for (int c = 0; c < m->n_chunks; c++) {
             mm_chunk *ch = &m->chunks[c];
-            if (picked[c] || !ch->accesses || ch->bytes > room) continue;
+            /* Optimizer homes are final at layout (host copies of host-homed
+             * optimizer state may be pageable: they never cross PCIe). */
+            if (picked[c] || !ch->accesses || ch->bytes > room || ch->home == TD_HOME_DEVICE || is_optim_role(ch->role))
+                continue;
             if (best < 0 || ch->accesses * m->chunks[best].bytes > m->chunks[best].accesses * ch->bytes) best = c;
         }
         if (best < 0) break;

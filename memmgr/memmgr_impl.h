@@ -97,6 +97,8 @@ struct td_memmgr {
     int laid_out;
     size_t chunk_numel, padding_bytes;
     int role_first[TD_TENSOR_ROLE_COUNT], role_count[TD_TENSOR_ROLE_COUNT];
+    uint8_t *optim_homes;        /* td_memmgr_set_optim_homes: optimizer chunk i on the device; NULL: by policy */
+    int n_optim_homes;
 
     mm_pool *pools;
     int n_pools;

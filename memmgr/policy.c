@@ -425,3 +425,21 @@ td_status td_evictor_make_room(td_evictor *e, uint64_t need_bytes, uint64_t free
     *n_victims = n;
     return TD_OK;
 }
+
+/* ---- optimizer placement ------------------------------------------------- */
+
+void td_optim_order_by_slack(int n, const uint64_t *ready, const uint64_t *need, uint64_t period, int *order)
+{
+    /* Insertion sort: a model has at most a few thousand chunks, ordered once. */
+    for (int i = 0; i < n; i++) {
+        uint64_t s = (period > ready[i] ? period - ready[i] : 0) + need[i];
+        int j = i;
+        for (; j > 0; j--) {
+            int o = order[j - 1];
+            uint64_t so = (period > ready[o] ? period - ready[o] : 0) + need[o];
+            if (so <= s) break; /* stable: equal slack keeps the lower index first */
+            order[j] = o;
+        }
+        order[j] = i;
+    }
+}

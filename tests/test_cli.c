@@ -126,8 +126,22 @@ static void test_plan_json(void **state)
     assert_non_null(j);
     assert_int_equal((int)num(j, "ckpt_blocks", NULL), 2);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "checkpointing")));
+    /* 64 MiB holds the whole state: every optimizer chunk on the device,
+     * nothing for the CPU AdamW. */
+    assert_int_equal((int)num(j, "optimizer", "gpu_chunks"), (int)num(j, "optimizer", "chunks"));
+    assert_true(num(j, "optimizer", "cpu_params") == 0 && num(j, "estimate", "adam_ms") == 0);
+    cJSON_Delete(j);
+    /* --policy cpu: every param through the CPU AdamW at the measured rate,
+     * which is the measured DRAM bandwidth over 28 bytes a param. */
+    rc = sh(out, sizeof out, "%s plan %s --ckpt 2 --gpu-budget 64MiB --policy cpu --json", tidal, model);
+    assert_int_equal(rc, 0);
+    j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
     double rate = num(j, "measured", "adam_gparams_per_s"), params = num(j, "params", NULL);
     assert_true(rate > 0);
+    assert_int_equal((int)num(j, "optimizer", "gpu_chunks"), 0);
+    assert_true(num(j, "optimizer", "cpu_params") == params);
+    assert_true(fabs(num(j, "measured", "dram_gbytes_per_s") / 28.0 - rate) <= 0.002 + 0.01 * rate);
     double want = params / (rate * 1e9) * 1e3, got = num(j, "estimate", "adam_ms");
     assert_true(fabs(got - want) <= 0.01 * want + 0.006); /* printed to 0.01 ms, the rate to 0.001 */
     cJSON_Delete(j);
@@ -137,6 +151,147 @@ static void test_plan_json(void **state)
     rc = sh(out, sizeof out, "%s plan %s --ckpt 0", tidal, model);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "checkpointing off"));
+}
+
+/* tidal tune on bad input: a clear error before any run. */
+static void test_tune_bad_input(void **state)
+{
+    char out[8192];
+    static const struct { const char *args, *want; } cases[] = {
+        {"--sweep-budget 1MiB,,2MiB", "item 2 is empty"},
+        {"--sweep-budget 1MiB,lots", "item 2 ('lots') is not a size"},
+        {"--sweep-budget ''", "--sweep-budget is empty"},
+        {"--sweep-budget 2MiB,2MiB", "given twice"},
+        {"--gpu-budget 2MiB --sweep-budget 2MiB,4MiB", "not both"},
+        {"--gpu-budget 2MiB --write-config /nonexistent-dir/w.json", "--write-config /nonexistent-dir/w.json: cannot create"},
+        {"--sweep-budget 2MiB,4MiB --plot /nonexistent-dir/p.svg", "--plot /nonexistent-dir/p.svg: cannot create"},
+        {"--sweep-budget 2MiB,4MiB --write-config w.json", "one budget"},
+        {"--gpu-budget 2MiB --top 0", "--top '0'"},
+        {"--gpu-budget 2MiB --steps 1", "at least 2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = sh(out, sizeof out, "%s tune --data %s/ok.tok " MODEL " %s", tidal, tmp, cases[i].args);
+        if (!strstr(out, cases[i].want)) fprintf(stderr, "case %zu: %s\n", i, out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, cases[i].want));
+        assert_null(strstr(out, "running the best")); /* refused before any run */
+    }
+    int rc = sh(out, sizeof out, "%s tune " MODEL " --gpu-budget 2MiB", tidal);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--data FILE is required"));
+}
+
+/* tidal tune's winner, written with --write-config, trains with tidal train
+ * --config within its budget; every run tune made stayed within it too. */
+static void test_tune_config_trains_within_budget(void **state)
+{
+    static char out[1 << 16];
+    size_t budget = 2 << 20;
+    int rc = sh(out, sizeof out, "%s tune --data %s/ok.tok " MODEL " --gpu-budget %zu --steps 2 --top 2 "
+                "--write-config %s/w.json --json 2>/dev/null", tidal, tmp, budget, tmp);
+    assert_int_equal(rc, 0);
+    cJSON *j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    cJSON *b0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "budgets"), 0);
+    assert_non_null(b0);
+    assert_true(num(b0, "budget_bytes", NULL) == (double)budget);
+    assert_true(num(b0, "candidates", NULL) > 4);
+    cJSON *run;
+    int runs = 0;
+    cJSON_ArrayForEach(run, cJSON_GetObjectItem(b0, "runs")) {
+        runs++;
+        if (!cJSON_IsTrue(cJSON_GetObjectItem(run, "ran"))) continue;
+        assert_true(num(run, "device_peak_bytes", NULL) <= (double)budget);
+        assert_true(num(run, "tokens_per_s", NULL) > 0 && num(run, "bound_tokens_per_s", NULL) > 0);
+        /* The tokens a step stay those asked (micro-batch 2). */
+        assert_int_equal((int)(num(run, "micro_batch", NULL) * num(run, "grad_accum", NULL)), 2);
+    }
+    assert_int_equal(runs, 4); /* the best 2, then the winner at prefetch 2 and 8 */
+    double best = num(cJSON_GetObjectItem(b0, "winner"), "tokens_per_s", NULL);
+    cJSON_ArrayForEach(run, cJSON_GetObjectItem(b0, "runs"))
+        if (cJSON_IsTrue(cJSON_GetObjectItem(run, "ran"))) assert_true(num(run, "tokens_per_s", NULL) <= best);
+    cJSON_Delete(j);
+    rc = sh(out, sizeof out, "%s train --config %s/w.json --steps 2 --log %s/w.log", tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "budget 2.00 MiB"));
+    rc = sh(out, sizeof out, "tail -n 1 %s/w.log", tmp);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_true(num(j, "device_peak_bytes", NULL) <= (double)budget);
+    cJSON_Delete(j);
+}
+
+/* Minimal XML well-formedness: every element closed in order, quotes
+ * balanced; counts the elements named `count_name`. */
+static int svg_well_formed(const char *s, const char *count_name, int *count)
+{
+    char stack[64][32];
+    int depth = 0, roots = 0;
+    *count = 0;
+    while ((s = strchr(s, '<'))) {
+        if (s[1] == '?') {
+            if (!(s = strstr(s, "?>"))) return 0;
+            continue;
+        }
+        int closing = s[1] == '/';
+        const char *name = s + 1 + closing;
+        size_t len = strcspn(name, " \t\n/>");
+        if (!len || len >= 32) return 0;
+        const char *p = name + len;
+        int quoted = 0;
+        for (; *p && (quoted || *p != '>'); p++)
+            if (*p == '"') quoted = !quoted;
+        if (*p != '>') return 0;
+        int self = p[-1] == '/';
+        if (closing) {
+            if (!depth || strncmp(stack[depth - 1], name, len) || stack[depth - 1][len]) return 0;
+            depth--;
+        } else {
+            if (!strncmp(name, count_name, len) && !count_name[len]) (*count)++;
+            if (!depth) roots++;
+            if (!self) {
+                if (depth == 64) return 0;
+                memcpy(stack[depth], name, len);
+                stack[depth++][len] = '\0';
+            }
+        }
+        s = p + 1;
+    }
+    return depth == 0 && roots == 1;
+}
+
+/* tidal tune --sweep-budget --plot: one point per budget in a well-formed
+ * SVG with its axes labelled; the budgets in the JSON, ascending. */
+static void test_tune_sweep_plot(void **state)
+{
+    static char out[1 << 16];
+    int rc = sh(out, sizeof out, "%s tune --data %s/ok.tok " MODEL " --sweep-budget 4MiB,1536KiB,2MiB --steps 2 "
+                "--top 1 --plot %s/p.svg --json 2>/dev/null", tidal, tmp, tmp);
+    assert_int_equal(rc, 0);
+    cJSON *j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    cJSON *bs = cJSON_GetObjectItem(j, "budgets");
+    assert_int_equal(cJSON_GetArraySize(bs), 3);
+    assert_true(num(cJSON_GetArrayItem(bs, 0), "budget_bytes", NULL) == 1536.0 * 1024);
+    assert_true(num(cJSON_GetArrayItem(bs, 2), "budget_bytes", NULL) == 4.0 * 1024 * 1024);
+    cJSON_Delete(j);
+    rc = sh(out, sizeof out, "cat %s/p.svg", tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "<svg"));
+    int circles = 0;
+    assert_true(svg_well_formed(out, "circle", &circles));
+    assert_int_equal(circles, 3);
+    assert_non_null(strstr(out, "device budget (MiB)"));
+    assert_non_null(strstr(out, "tokens/s"));
+    assert_non_null(strstr(out, "<polyline"));
+    /* The checker itself: a broken document fails it. */
+    assert_false(svg_well_formed("<svg><circle r=\"1\"></svg>", "circle", &circles));
+    /* The text output: tokens/s against the budget, one line each. */
+    rc = sh(out, sizeof out, "%s tune --data %s/ok.tok " MODEL " --sweep-budget 1536KiB,2MiB --steps 2 --top 1",
+            tidal, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "tokens/s against the device budget"));
+    assert_non_null(strstr(out, "bound/step"));
 }
 
 static void test_checkpoint_survives_bad_resume_and_corruption(void **state)
@@ -321,6 +476,9 @@ int main(void)
         cmocka_unit_test(test_eval_defaults_to_auto),
         cmocka_unit_test(test_bad_steps),
         cmocka_unit_test(test_stop_signals),
+        cmocka_unit_test(test_tune_bad_input),
+        cmocka_unit_test(test_tune_config_trains_within_budget),
+        cmocka_unit_test(test_tune_sweep_plot),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

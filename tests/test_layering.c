@@ -52,7 +52,7 @@ static const owner owners[] = {
     {"model.h", "model"}, {"gpt_ref.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
     {"data.h", "data"}, {"tokenizer.h", "data"},
     {"checkpoint.h", "checkpoint"}, {"safetensors.h", "checkpoint"},
-    {"trainer.h", "trainer"}, {"block_probe.h", "trainer"},
+    {"trainer.h", "trainer"}, {"block_probe.h", "trainer"}, {"tune.h", "trainer"},
 };
 
 static int layer_index(const char *dir)

@@ -474,6 +474,75 @@ static void test_placements_and_trace_out(void **state)
     unlink(path);
 }
 
+/* Optimizer homes set before the layout are final: chunk i of master, m
+ * and v where asked, param and grad chunk i on the device with them, and
+ * the auto policy's after-warm-up placement leaves optimizer chunks alone
+ * even when they are used. */
+static void test_optim_homes(void **state)
+{
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    mp.placement = TD_PLACEMENT_AUTO;
+    rig r;
+    rig_open(&r, 0, 4 * TD_MiB, &mp);
+    static const td_tensor_role roles[4] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
+    int id[4][4];
+    for (int ro = 0; ro < 4; ro++)
+        for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_memmgr_register(r.m, "t", 3000, TD_DTYPE_F32, roles[ro], &id[ro][i]));
+    const uint8_t on[4] = {1, 0, 1, 0};
+    TD_ASSERT_OK(td_memmgr_set_optim_homes(r.m, on, 4));
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    assert_int_equal(td_memmgr_set_optim_homes(r.m, on, 4), TD_ERR_STATE); /* after the layout: too late */
+    for (int ro = 0; ro < 4; ro++)
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(td_memmgr_chunk_home(r.m, td_memmgr_role_chunk(r.m, roles[ro], i)),
+                             on[i] ? TD_HOME_DEVICE : TD_HOME_HOST);
+    /* A warm-up that uses host-homed m chunk 1 and every param: auto homes
+     * params on the device (the room is there), never the optimizer chunk. */
+    for (int step = 0; step < 2; step++) {
+        TD_ASSERT_OK(td_memmgr_step_begin(r.m));
+        for (int i = 0; i < 4; i++) {
+            void *p;
+            TD_ASSERT_OK(td_memmgr_access(r.m, &id[0][i], 1, TD_TENSOR_COMPUTE, 0, &p));
+            TD_ASSERT_OK(td_memmgr_release(r.m, &id[0][i], 1, TD_TENSOR_HOLD));
+        }
+        void *p;
+        TD_ASSERT_OK(td_memmgr_access(r.m, &id[2][1], 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &p));
+        TD_ASSERT_OK(td_memmgr_release(r.m, &id[2][1], 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_memmgr_step_end(r.m));
+    }
+    assert_int_equal(td_memmgr_chunk_home(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_ADAM_M, 1)), TD_HOME_HOST);
+    assert_int_equal(td_memmgr_chunk_home(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_PARAM, 1)), TD_HOME_DEVICE);
+    rig_close(&r);
+    /* A count that is not the layout's: refused, naming both. */
+    rig_open(&r, 0, 4 * TD_MiB, &mp);
+    for (int ro = 0; ro < 4; ro++)
+        for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_memmgr_register(r.m, "t", 3000, TD_DTYPE_F32, roles[ro], &id[ro][i]));
+    TD_ASSERT_OK(td_memmgr_set_optim_homes(r.m, on, 3));
+    assert_int_equal(td_memmgr_layout(r.m), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "optimizer homes for 3 chunks, but the layout made 4"));
+    rig_close(&r);
+}
+
+/* The optimizer chunks the next forward needs first have the least slack. */
+static void test_optim_order_by_slack(void **state)
+{
+    /* A step of 10 accesses: chunk 0 ready at 9, needed at 0 (slack 1);
+     * chunk 1 ready at 8, needed at 1 (3); chunk 2 ready at 5, needed at 4
+     * (9); chunk 3 ready at 6, needed at 3 (7, before chunk 2). */
+    const uint64_t ready[4] = {9, 8, 5, 6}, need[4] = {0, 1, 4, 3};
+    int order[4];
+    td_optim_order_by_slack(4, ready, need, 10, order);
+    assert_int_equal(order[0], 0);
+    assert_int_equal(order[1], 1);
+    assert_int_equal(order[2], 3);
+    assert_int_equal(order[3], 2);
+    /* Ties keep the lower index first. */
+    const uint64_t r2[3] = {5, 5, 5}, n2[3] = {1, 1, 1};
+    td_optim_order_by_slack(3, r2, n2, 10, order);
+    assert_true(order[0] == 0 && order[1] == 1 && order[2] == 2);
+}
+
 /* Step statistics as JSON and the Perfetto timeline of a small run. */
 static void test_step_json_and_timeline(void **state)
 {
@@ -555,6 +624,8 @@ int main(void)
         cmocka_unit_test(test_budget_too_small),
         cmocka_unit_test(test_placements_and_trace_out),
         cmocka_unit_test(test_step_json_and_timeline),
+        cmocka_unit_test(test_optim_homes),
+        cmocka_unit_test(test_optim_order_by_slack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

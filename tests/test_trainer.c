@@ -355,6 +355,110 @@ static void test_plan_minimum_is_enough(void **state)
     }
 }
 
+/* Per-chunk optimizer placement (#15): --offload-optim-frac F keeps the
+ * (1 - F) share of optimizer chunks on the device, those with the least CPU
+ * slack (the embedding's first); losses are bit-identical for every share
+ * and policy (with and without clipping: the deferred and the immediate
+ * update), fewer bytes go down as the device's share grows, and the budget
+ * holds for each. */
+static void test_optimizer_share_is_bit_identical(void **state)
+{
+    enum { STEPS = 3 };
+    static const double fracs[] = {1.0, 0.5, 0.25, 0.0};
+    for (int clip = 0; clip < 2; clip++) {
+        td_train_config c = small_config();
+        c.optim.max_grad_norm = clip ? 1.0 : 0.0;
+        c.mm.placement = TD_PLACEMENT_STATIC;
+        c.mm.offload_param_frac = 0;
+        c.mm.offload_optim_frac = 0;
+        td_train_plan full;
+        TD_ASSERT_OK(td_train_plan_make(&c, (size_t)1 << 32, &full));
+        size_t budget = full.full_device_bytes + 2 * full.largest_chunk_bytes + 4 * TD_ARENA_ALIGN;
+        double ref[STEPS], losses[STEPS];
+        uint64_t last_d2h = UINT64_MAX;
+        int last_gpu = -1;
+        for (size_t f = 0; f < sizeof fracs / sizeof fracs[0]; f++) {
+            c.mm.offload_optim_frac = fracs[f];
+            c.gpu_budget = budget;
+            td_train_plan p;
+            TD_ASSERT_OK(td_train_plan_make(&c, budget, &p));
+            assert_int_equal(p.optim_gpu_chunks, p.optim_chunks - (int)(fracs[f] * p.optim_chunks + 0.5));
+            assert_true(p.optim_gpu_chunks > last_gpu);
+            last_gpu = p.optim_gpu_chunks;
+            td_trainer *t;
+            TD_ASSERT_OK(td_trainer_create(&c, &t));
+            td_memmgr *mm = td_trainer_memmgr(t);
+            /* The homes: the share asked, the embedding's chunk (needed first
+             * by the next forward) the first kept, param and grad chunk too. */
+            int on_dev = 0;
+            for (int k = 0; k < p.optim_chunks; k++) {
+                int dev = td_memmgr_chunk_home(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k)) == TD_HOME_DEVICE;
+                on_dev += dev;
+                assert_int_equal(td_memmgr_chunk_home(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k)) == TD_HOME_DEVICE, dev);
+                if (dev) assert_int_equal(td_memmgr_chunk_home(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)), TD_HOME_DEVICE);
+            }
+            assert_int_equal(on_dev, p.optim_gpu_chunks);
+            if (on_dev)
+                assert_int_equal(td_memmgr_chunk_home(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, 0)), TD_HOME_DEVICE);
+            batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+            td_rng_seed(&b.rng, 99);
+            td_step_result r;
+            for (int s = 0; s < STEPS; s++) {
+                TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+                losses[s] = r.loss;
+            }
+            td_trainer_destroy(t);
+            if (f == 0) memcpy(ref, losses, sizeof ref);
+            assert_memory_equal(ref, losses, sizeof ref);
+            assert_true(r.mm.device_peak_bytes <= budget);
+            assert_true(r.mm.bytes_d2h < last_d2h);
+            last_d2h = r.mm.bytes_d2h;
+        }
+        assert_int_equal(last_d2h, 0); /* all on the device: no grad goes down */
+        /* The other policies: the same losses, each within its budget. */
+        td_placement pols[] = {TD_PLACEMENT_AUTO, TD_PLACEMENT_AUTO, TD_PLACEMENT_CPU, TD_PLACEMENT_CUDA};
+        size_t budgets[] = {budget, full.min_device_bytes + 3 * full.largest_chunk_bytes, 0, 0};
+        for (int i = 0; i < 4; i++) {
+            c.mm.placement = pols[i];
+            c.mm.offload_optim_frac = 0;
+            c.gpu_budget = budgets[i];
+            td_memmgr_stats st;
+            run(&c, STEPS, losses, &st);
+            assert_memory_equal(ref, losses, sizeof ref);
+            if (budgets[i]) assert_true(st.device_peak_bytes <= budgets[i]);
+        }
+    }
+}
+
+/* Auto takes as many optimizer chunks as the budget leaves room for: more
+ * with a larger budget, all when everything fits, none at the minimum. */
+static void test_auto_optimizer_share_follows_the_budget(void **state)
+{
+    td_train_config c = small_config();
+    td_train_plan lo, mid, hi;
+    TD_ASSERT_OK(td_train_plan_make(&c, 0, &lo));
+    size_t min = lo.min_device_bytes, all = lo.full_device_bytes;
+    TD_ASSERT_OK(td_train_plan_make(&c, min, &lo));
+    assert_int_equal(lo.optim_gpu_chunks, 0);
+    assert_true(lo.adam_cpu_params == (double)lo.params);
+    TD_ASSERT_OK(td_train_plan_make(&c, (size_t)1 << 32, &hi));
+    assert_true(hi.gpu_optimizer);
+    assert_true(hi.adam_cpu_params == 0 && hi.d2h_bytes_per_step == 0);
+    size_t between = all + 2 * lo.largest_chunk_bytes + (hi.optim_gpu_state_bytes / 2);
+    TD_ASSERT_OK(td_train_plan_make(&c, between + between / 8, &mid));
+    assert_true(mid.optim_gpu_chunks > 0 && mid.optim_gpu_chunks < mid.optim_chunks);
+    assert_true(mid.d2h_bytes_per_step < lo.d2h_bytes_per_step);
+    assert_true(mid.adam_cpu_params < (double)lo.params && mid.adam_cpu_params > 0);
+    assert_true(mid.min_device_bytes <= between + between / 8);
+    /* A static share that does not fit the budget is refused up front. */
+    c.mm.placement = TD_PLACEMENT_STATIC;
+    c.mm.offload_optim_frac = 0;
+    c.gpu_budget = min;
+    td_trainer *t = NULL;
+    assert_int_equal(td_trainer_create(&c, &t), TD_ERR_BUDGET);
+    assert_non_null(strstr(td_error_msg(), "--gpu-budget"));
+}
+
 /* --gpu-budget's default: all of the run resident plus an eighth, at most
  * the cap; a run at it keeps everything on the device (no eviction). */
 static void test_default_budget_keeps_the_run_resident(void **state)
@@ -364,7 +468,10 @@ static void test_default_budget_keeps_the_run_resident(void **state)
     size_t budget = 0, cap = (size_t)1 << 32;
     TD_ASSERT_OK(td_train_default_budget(&c, cap, &budget));
     TD_ASSERT_OK(td_train_plan_make(&c, budget, &p));
-    size_t resident = p.full_device_bytes + (p.min_device_bytes - p.nonmodel_bytes - p.working_set_bytes);
+    /* Everything fits the cap: the optimizer state stays on the device too
+     * (then nothing streams and no chunk slot is kept spare). */
+    assert_true(p.gpu_optimizer);
+    size_t resident = p.full_device_bytes;
     assert_int_equal(budget, td_align_up(resident + resident / 8, TD_ARENA_ALIGN));
     assert_true(budget >= p.min_device_bytes);
     TD_ASSERT_OK(td_train_default_budget(&c, p.full_device_bytes / 2, &budget));
@@ -553,6 +660,8 @@ int main(void)
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_minimum_is_enough),
         cmocka_unit_test(test_default_budget_keeps_the_run_resident),
+        cmocka_unit_test(test_optimizer_share_is_bit_identical),
+        cmocka_unit_test(test_auto_optimizer_share_follows_the_budget),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
     };

@@ -147,13 +147,10 @@ void td_train_plan_activations(const td_train_config *cfg, size_t budget, const 
 }
 
 
-/* AdamW runs on the GPU when every chunk (params, grads, master, m, v) and the
- * activations fit the budget together, with a sixteenth to spare: then
- * nothing needs to leave the device.  --policy cuda asks for it outright. */
-int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget)
+double td_train_adam_bytes_per_param(const td_train_config *cfg)
 {
-    if (cfg->backend != TD_BACKEND_CUDA) return 0;
-    return cfg->mm.placement == TD_PLACEMENT_CUDA || gpu_state_fits(cfg, nonmodel, state_all, budget);
+    double e = (double)td_dtype_bytes(cfg->precision);
+    return 2.0 * td_adam_state_bytes_per_param(cfg->optim.state) + e + (cfg->precision == TD_DTYPE_F32 ? 0.0 : e);
 }
 
 /* fp32 values into a buffer of dtype dt (round to nearest even). */

@@ -6,19 +6,6 @@
 
 #include <string.h>
 
-static td_status plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids)
-{
-    td_status st = TD_OK;
-    td_memmgr_params mp = td_train_chunk_params(cfg);
-    *ids = td_malloc(5 * (size_t)td_gpt_ref_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
-    if (!*ids) return TD_ERR_NOMEM;
-    TD_TRY(td_memmgr_create(NULL, NULL, NULL, &mp, mm));
-    TD_TRY(td_train_register_model(*mm, cfg, *ids));
-    TD_TRY(td_memmgr_plan_layout(*mm));
-cleanup:
-    return st;
-}
-
 /* Chunk bytes of the union of the chunks holding ids. */
 static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
 {
@@ -41,7 +28,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     int *ids = NULL;
     memset(out, 0, sizeof *out);
     if ((st = td_train_config_check(cfg))) return st;
-    if ((st = plan_memmgr(cfg, &mm, &ids))) goto cleanup;
+    if ((st = td_train_plan_memmgr(cfg, &mm, &ids))) goto cleanup;
     const td_gpt_ref_config *mc = &cfg->model;
     int n = td_gpt_ref_tensor_count(mc), L = mc->n_layer;
     const int *pid = ids, *gid = ids + n;
@@ -86,6 +73,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
         if (b > ws) ws = b;
     }
     out->working_set_bytes = ws;
+    out->largest_chunk_bytes = largest;
     /* One chunk to prefetch into, one more for fragmentation: chunks of
      * different sizes (a tensor larger than the chunk size has its own) leave
      * holes the others cannot use. */
@@ -96,24 +84,41 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
     double fwd = 2.0 * (double)out->params + 4.0 * L * (double)cfg->seq_len * mc->n_embd;
     out->flops_per_step = tokens * fwd * (3.0 + (double)out->ckpt_blocks / L);
-    /* Traffic: what does not stay on the device is loaded in forward and in
-     * backward of every micro-batch; grads go back once a step; the new
-     * params of every chunk come up once (the CPU AdamW writes them). */
     double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
+    /* Optimizer chunks on the GPU (optim_place.c): their params and grads
+     * stay on the device, their state takes room beside them. */
+    int *order = td_malloc(((size_t)out->chunks + 1) * sizeof *order, TD_ROLE_META);
+    if (!order) { st = TD_ERR_NOMEM; goto cleanup; }
+    out->optim_chunks = td_train_optim_order(cfg, mm, pid, order);
+    out->optim_gpu_chunks = td_train_optim_gpu_count(cfg, mm, order, ap.total, out->min_device_bytes, budget);
+    size_t gpu_pg = 0, gpu_numel = 0;
+    td_train_optim_gpu_bytes(mm, cfg->precision, order, out->optim_gpu_chunks, &out->optim_gpu_state_bytes, &gpu_pg,
+                             &gpu_numel);
+    td_free(order);
+    if (out->optim_gpu_chunks) { /* their chunks stay: the working set streams beside them */
+        size_t stay = gpu_pg > ws ? gpu_pg : ws;
+        out->min_device_bytes += stay - ws + out->optim_gpu_state_bytes;
+        out->full_device_bytes += out->optim_gpu_state_bytes;
+    }
+    out->gpu_optimizer = out->optim_chunks > 0 && out->optim_gpu_chunks == out->optim_chunks;
     double room = budget > out->min_device_bytes ? (double)(budget - out->min_device_bytes) : 0;
     double resident = cfg->mm.placement == TD_PLACEMENT_CPU ? 0
                     : cfg->mm.placement == TD_PLACEMENT_CUDA ? params_bytes + grads_bytes
                     : room < params_bytes + grads_bytes ? room : params_bytes + grads_bytes;
+    if (resident < (double)gpu_pg) resident = (double)gpu_pg;
     double streamed = params_bytes + grads_bytes - resident;
     if (streamed < 0) streamed = 0;
-    out->h2d_bytes_per_step = params_bytes + streamed * cfg->grad_accum;
-    out->d2h_bytes_per_step = grads_bytes;
-    out->adam_bytes_per_step = 28.0 * (double)out->params;
-    out->gpu_optimizer = td_train_gpu_optimizer_fits(cfg, out->nonmodel_bytes, sb.all, budget);
-    if (out->gpu_optimizer) { /* nothing crosses PCIe, and AdamW's HBM time is small beside the compute */
-        out->h2d_bytes_per_step = out->d2h_bytes_per_step = 0;
-        out->adam_bytes_per_step = 0;
-    }
+    /* Traffic: what does not stay on the device is loaded in forward and in
+     * backward of every micro-batch; the grads of the host's optimizer
+     * chunks go down once a step and their new params come up once (the
+     * CPU AdamW writes them); the GPU's chunks move nothing. */
+    double gpu_share = params_bytes > 0 ? (double)gpu_pg / (params_bytes + grads_bytes) : 0;
+    out->h2d_bytes_per_step = params_bytes * (1 - gpu_share) + streamed * cfg->grad_accum;
+    out->d2h_bytes_per_step = grads_bytes * (1 - gpu_share);
+    /* The GPU chunks' elements include their padding: at most every param. */
+    out->adam_cpu_params = gpu_numel >= out->params ? 0 : (double)(out->params - gpu_numel);
+    out->adam_bytes_per_param = td_train_adam_bytes_per_param(cfg);
+    out->adam_bytes_per_step = out->adam_bytes_per_param * out->adam_cpu_params;
 cleanup:
     td_memmgr_destroy(mm);
     td_free(ids);
@@ -124,7 +129,7 @@ td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)
 {
     td_memmgr *mm = NULL;
     int *ids = NULL;
-    td_status st = plan_memmgr(cfg, &mm, &ids);
+    td_status st = td_train_plan_memmgr(cfg, &mm, &ids);
     if (st == TD_OK) td_memmgr_print_layout(mm, f);
     td_memmgr_destroy(mm);
     td_free(ids);
@@ -140,16 +145,16 @@ td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t
     for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) state += p.role_bytes[r];
     /* Resident: every chunk (and AdamW's state when it runs on the GPU), with
      * two of the largest chunk for fragmentation, as the plan's minimum has. */
-    size_t two_largest = p.min_device_bytes - p.nonmodel_bytes - p.working_set_bytes;
     size_t need = p.nonmodel_bytes + (p.gpu_optimizer ? state : p.role_bytes[TD_TENSOR_PARAM] +
-                                                                    p.role_bytes[TD_TENSOR_GRAD] + two_largest);
+                                                                    p.role_bytes[TD_TENSOR_GRAD] +
+                                                                    2 * p.largest_chunk_bytes + p.optim_gpu_state_bytes);
     need = td_align_up(need + need / 8, TD_ARENA_ALIGN);
     *budget = cap;
     if (need >= cap) return TD_OK;
     /* The smaller budget must make the choices the cap made (the kept
      * activations, where AdamW runs); else take the cap. */
     if ((st = td_train_plan_make(cfg, need, &q))) return st;
-    if (q.gpu_optimizer == p.gpu_optimizer && q.ckpt_blocks == p.ckpt_blocks && need >= q.min_device_bytes &&
+    if (q.optim_gpu_chunks == p.optim_gpu_chunks && q.ckpt_blocks == p.ckpt_blocks && need >= q.min_device_bytes &&
         need >= q.full_device_bytes)
         *budget = need;
     return TD_OK;

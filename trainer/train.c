@@ -27,9 +27,7 @@
 #include <unistd.h>
 
 
-#ifdef TD_HAVE_CUDA
-static td_status setup_gpu_optimizer(td_trainer *t);
-#endif
+static td_status setup_optimizer(td_trainer *t);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
@@ -174,6 +172,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     td_memmgr_params mp = td_train_chunk_params(cfg);
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     TD_TRY(register_tensors(t));
+    TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks));
     TD_TRY(td_memmgr_layout(t->mm));
     TD_TRY(init_state(t));
     TD_TRY(alloc_activations(t));
@@ -185,19 +184,13 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         td_ops_cuda *ctx = NULL;
         TD_TRY(td_ops_cuda_create(&op, &ctx));
         t->ops_cuda = ctx;
-        /* AdamW on the GPU when every chunk (params, grads, master, m, v)
-         * and the activations fit the budget together: then nothing needs
-         * to leave the device (--policy cuda asks for it outright). */
-        td_arena_stats as;
-        td_arena_get_stats(t->arena, &as);
-        t->gpu_opt = td_train_gpu_optimizer_fits(cfg, t->nonmodel_bytes, td_train_state_of(t->mm).all, as.budget_bytes);
-        if (t->gpu_opt) TD_TRY(setup_gpu_optimizer(t));
     }
 #endif
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     ap.threads = cfg->threads;
     ap.topo = t->topo;
     TD_TRY(td_adam_cpu_create(&ap, &t->adam));
+    TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
     return TD_OK;
 cleanup:
@@ -218,6 +211,7 @@ void td_trainer_destroy(td_trainer *t)
         td_hostpool_release(t->pool, t->h_targets);
         td_hostpool_release(t->pool, t->h_losses);
         td_hostpool_release(t->pool, t->h_row);
+        td_hostpool_release(t->pool, t->h_sumsq);
     }
     td_memmgr_destroy(t->mm); /* gives back the activations with the arena below */
     td_copy_engine_destroy(t->engine);
@@ -230,6 +224,7 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->group_start);
     td_free(t->gids_scratch);
     td_free(t->ptrs);
+    td_free(t->optim_on_gpu);
     td_free(t);
 }
 
@@ -262,6 +257,7 @@ static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of
 /* ---- the deferred optimizer updates ------------------------------------------ */
 
 static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats);
+static int chunk_on_gpu(const td_trainer *t, int k);
 
 /* The pending AdamW of param chunks up to role index `upto`; when the last
  * is done, the grads are consumed (FREE) and nothing is pending. */
@@ -269,6 +265,7 @@ static td_status catch_up(td_trainer *t, int upto)
 {
     if (!t->pending_end) return TD_OK;
     for (; t->pending_next <= upto && t->pending_next < t->pending_end; t->pending_next++) {
+        if (chunk_on_gpu(t, t->pending_next)) continue; /* updated on the device */
         td_status st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
         if (st) return st;
     }
@@ -421,6 +418,17 @@ static td_status op_encoder_backward(td_trainer *t, void *dwte, void *dwpe, cons
     return TD_OK;
 }
 
+/* Start the grads of the host's optimizer chunks for the host (the GPU
+ * chunks' grads stay on the device). */
+static td_status writeback_host_grads(td_trainer *t, const int *gids, int n)
+{
+    int keep[TD_GPT_REF_BLOCK_TENSORS], m = 0;
+    int first = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, 0);
+    for (int i = 0; i < n && m < TD_GPT_REF_BLOCK_TENSORS; i++)
+        if (!chunk_on_gpu(t, td_memmgr_tensor_chunk(t->mm, gids[i]) - first)) keep[m++] = gids[i];
+    return m ? td_memmgr_writeback_async(t->mm, keep, m) : TD_OK;
+}
+
 /* Forward through the blocks and the head with its backward; then the blocks'
  * backward.  `last`: the final micro-batch of the step (grads complete). */
 static td_status micro_batch(td_trainer *t, double dloss, int last, int train, double *loss_sum)
@@ -489,7 +497,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     /* wte's grad still takes the embedding's part below. */
     TD_TRY(td_memmgr_release(mm, ghead, 2, grad_done));
     TD_TRY(td_memmgr_release(mm, ghead + 2, 1, TD_TENSOR_HOLD_AFTER_BWD));
-    if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, ghead, 2));
+    if (last) TD_TRY(writeback_host_grads(t, ghead, 2));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     /* Blocks in reverse. */
@@ -510,7 +518,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, TD_GPT_REF_BLOCK_TENSORS, grad_done));
-        if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, gids, TD_GPT_REF_BLOCK_TENSORS));
+        if (last) TD_TRY(writeback_host_grads(t, gids, TD_GPT_REF_BLOCK_TENSORS));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
     }
@@ -521,7 +529,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_memmgr_access(mm, gemb, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
     TD_TRY(td_memmgr_release(mm, gemb, 2, grad_done));
-    if (last && !t->gpu_opt) TD_TRY(td_memmgr_writeback_async(mm, gemb, 2));
+    if (last) TD_TRY(writeback_host_grads(t, gemb, 2));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
     return st;
@@ -540,6 +548,10 @@ static td_status begin_step(td_trainer *t, td_grad_stats *global, td_optim_step 
 
 #ifdef TD_HAVE_CUDA
 #include "tidal/optim_cuda.h"
+#endif
+
+/* Whether param chunk k's optimizer lives on the GPU (optim_place.c). */
+static int chunk_on_gpu(const td_trainer *t, int k) { return t->optim_on_gpu && t->optim_on_gpu[k]; }
 
 /* Chunk k of role `role`: access all its tensors, give its base pointer. */
 static td_status access_chunk(td_trainer *t, const int *role_ids, int k, unsigned flags, void **base)
@@ -561,61 +573,89 @@ static td_status release_chunk(td_trainer *t, const int *role_ids, int k, td_ten
     return td_memmgr_release(t->mm, t->gids_scratch, n, to);
 }
 
-/* AdamW on the device, chunk by chunk, for a run whose every chunk stays
- * there: no grad leaves the GPU, no param comes back up. */
-static td_status optimizer_step_gpu(td_trainer *t, td_optim_step *os)
+/* The grad sumsq of GPU chunk k, on the device: into dev_acc[k] on the
+ * cuda backend (read back by gather_device_sumsq), straight into
+ * h_sumsq[chunks + k] on the cpu backend (its "device" is host memory; the
+ * same kernel as the host path, so the same bits). */
+static td_status device_chunk_sumsq(td_trainer *t, int k, int chunks)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-    void *s = stream_of(t);
-    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
-    TD_TRY(zero(t, t->dev_acc, sizeof(double)));
-    for (int k = 0; k < chunks; k++) {
-        void *g;
-        TD_TRY(access_chunk(t, t->gid, k, 0, &g));
-        size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)) / td_dtype_bytes(t->gdt);
-        TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc, t->dev_sumsq_scratch, s));
-        TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
+    void *g;
+    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+    size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)) / td_dtype_bytes(t->gdt);
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc + k, t->dev_sumsq_scratch, stream_of(t)));
+    } else
+#endif
+    {
+        td_grad_stats s = {0};
+        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt, numel, &s));
+        t->h_sumsq[chunks + k] = s.sumsq;
     }
-    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row, t->dev_acc, sizeof(double)));
-    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
-    td_grad_stats global = { .sumsq = *(double *)t->h_row };
-    TD_TRY(begin_step(t, &global, os));
-    for (int k = 0; k < chunks && !os->skip; k++) {
-        void *g, *p, *m, *v, *master;
-        TD_TRY(access_chunk(t, t->gid, k, 0, &g));
-        TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
-        TD_TRY(access_chunk(t, t->mid, k, TD_ACCESS_WRITE, &m));
-        TD_TRY(access_chunk(t, t->vid, k, TD_ACCESS_WRITE, &v));
-        master = p;
-        if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
-        td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                             .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
-                             .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
-                                      td_dtype_bytes(t->dt) };
-        TD_TRY(td_adam_update_cuda(&os->coeffs, &ch, s));
-        TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_FREE));
-        TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
-        TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
-        TD_TRY(release_chunk(t, t->vid, k, TD_TENSOR_HOLD));
-        if (t->dt != TD_DTYPE_F32) TD_TRY(release_chunk(t, t->sid, k, TD_TENSOR_HOLD));
+    TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
+cleanup:
+    return st;
+}
+
+static td_status gather_device_sumsq(td_trainer *t, int chunks)
+{
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        td_status st = td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_sumsq + chunks, t->dev_acc,
+                                             (size_t)chunks * sizeof(double));
+        return st ? st : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
     }
-    if (os->skip) {
-        TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
-        TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
-    }
+#endif
+    (void)t;
+    (void)chunks;
+    return TD_OK;
+}
+
+/* AdamW of GPU chunk k on the device: its grads never went down, its new
+ * params stay there (no upload). */
+static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs *c)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    void *g, *p, *m, *v, *master;
+    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+    TD_TRY(access_chunk(t, t->mid, k, TD_ACCESS_WRITE, &m));
+    TD_TRY(access_chunk(t, t->vid, k, TD_ACCESS_WRITE, &v));
+    master = p;
+    if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
+                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                         .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
+                                  td_dtype_bytes(t->dt) };
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) TD_TRY(td_adam_update_cuda(c, &ch, stream_of(t)));
+    else
+#endif
+        TD_TRY(td_adam_cpu_update(t->adam, c, &ch, 1));
+    TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_HOLD)); /* consumed with the host's (FREE below or in catch_up) */
+    TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD)); /* to HOLD with the host's below */
+    TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
+    TD_TRY(release_chunk(t, t->vid, k, TD_TENSOR_HOLD));
+    if (t->dt != TD_DTYPE_F32) TD_TRY(release_chunk(t, t->sid, k, TD_TENSOR_HOLD));
 cleanup:
     return st;
 }
 
 /* Which param chunk holds each tensor, grouped (counting sort), and the
- * device buffers of the GPU AdamW's grad norm. */
-static td_status setup_gpu_optimizer(td_trainer *t)
+ * per-chunk grad sumsq buffers (host always: the global norm adds the
+ * chunks in chunk order whichever optimizer owns them, so the sum has the
+ * same bits for every placement; device ones for the GPU chunks). */
+static td_status setup_optimizer(td_trainer *t)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
     int n = t->n_tensors, chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
     int first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
+    TD_TRY(td_hostpool_alloc(t->pool, 2 * ((size_t)chunks + 1) * sizeof(double), TD_ROLE_STAGING, (void **)&t->h_sumsq));
+    if (!t->gpu_opt) return TD_OK;
     t->group = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
     t->group_start = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
     t->gids_scratch = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
@@ -626,12 +666,15 @@ static td_status setup_gpu_optimizer(td_trainer *t)
     int *fill = t->gids_scratch;
     memcpy(fill, t->group_start, (size_t)chunks * sizeof(int));
     for (int i = 0; i < n; i++) t->group[fill[td_memmgr_tensor_chunk(mm, t->pid[i]) - first]++] = i;
-    TD_TRY(take(t, sizeof(double), TD_ROLE_WORKSPACE, &t->dev_acc));
-    TD_TRY(take(t, TD_GRAD_SUMSQ_CUDA_SCRATCH * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_sumsq_scratch));
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) {
+        TD_TRY(take(t, (size_t)chunks * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_acc));
+        TD_TRY(take(t, TD_GRAD_SUMSQ_CUDA_SCRATCH * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_sumsq_scratch));
+    }
+#endif
 cleanup:
     return st;
 }
-#endif
 
 /* AdamW of param chunk i on the host copies, with coefficients c. */
 static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats)
@@ -661,25 +704,49 @@ cleanup:
     return st;
 }
 
+/* The global grad stats: each chunk's sumsq, added in chunk order. */
+static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
+{
+    td_grad_stats global = {0};
+    for (int i = 0; i < chunks; i++) {
+        td_grad_stats part = { .sumsq = t->h_sumsq[chunk_on_gpu(t, i) ? chunks + i : i] };
+        td_grad_stats_merge(&global, &part);
+    }
+    return global;
+}
+
 static td_status optimizer_step(td_trainer *t, td_optim_step *os)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-#ifdef TD_HAVE_CUDA
-    if (t->gpu_opt) return optimizer_step_gpu(t, os);
-#endif
-    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM), host_chunks = chunks - t->gpu_opt;
     td_grad_stats global = {0};
     const td_optim_params *op = &t->optim.params;
+    /* The GPU chunks' sumsq first: the device works on them while the CPU
+     * reads the host chunks' grads. */
+    if (t->gpu_opt && !on_cuda(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
+    if (t->gpu_opt && on_cuda(t)) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
+    for (int i = 0; i < chunks; i++)
+        if (chunk_on_gpu(t, i)) TD_TRY(device_chunk_sumsq(t, i, chunks));
     if (op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE) {
         /* Nothing waits for the global norm (no clipping, no loss scale):
-         * each chunk is updated as soon as its grads reach the host, last
-         * block first, while the GPU is still running the backward of the
-         * blocks before it.  Same coefficients, same result as below. */
+         * each host chunk is updated as soon as its grads reach the host,
+         * last block first, while the GPU is still running the backward of
+         * the blocks before it; the GPU chunks on the device.  Same
+         * coefficients, same result as below. */
         long step = t->optim.step + 1;
         td_adam_coeffs c;
         TD_TRY(td_adam_coeffs_make(&op->adam, td_lr_at(&op->lr, step), step, 1.0, &c));
-        for (int i = chunks - 1; i >= 0; i--) TD_TRY(update_chunk_host(t, i, &c, &global));
+        for (int i = chunks - 1; i >= 0; i--) {
+            if (chunk_on_gpu(t, i)) continue;
+            td_grad_stats part = {0};
+            TD_TRY(update_chunk_host(t, i, &c, &part));
+            t->h_sumsq[i] = part.sumsq;
+        }
+        for (int i = 0; i < chunks; i++)
+            if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &c));
+        TD_TRY(gather_device_sumsq(t, chunks));
+        global = merge_sumsq(t, chunks);
         TD_TRY(begin_step(t, &global, os));
         if (os->skip)
             TD_FAIL(TD_ERR_STATE, "non-finite gradients at step %ld (no clipping and no loss scale: the update had "
@@ -687,21 +754,31 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     } else {
         /* Exact global norm and overflow flag over every grad chunk first. */
         for (int i = 0; i < chunks; i++) {
+            if (chunk_on_gpu(t, i)) continue;
             int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
             void *g;
+            td_grad_stats part = {0};
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
             TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
-                                          td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &global));
+                                          td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &part));
+            t->h_sumsq[i] = part.sumsq;
         }
+        TD_TRY(gather_device_sumsq(t, chunks));
+        global = merge_sumsq(t, chunks);
         TD_TRY(begin_step(t, &global, os));
-        /* The updates run chunk by chunk in forward order, each just before
-         * the next step's forward first needs it (catch_up): the CPU updates
-         * chunk k + 1 while the GPU runs the blocks of chunk k.  Exact: the
-         * coefficients are this step's. */
+        /* The GPU chunks now, on the device (queued behind the backward).
+         * The host chunks' updates run chunk by chunk in forward order,
+         * each just before the next step's forward first needs it
+         * (catch_up): the CPU updates chunk k + 1 while the GPU runs the
+         * blocks of chunk k.  Exact: the coefficients are this step's. */
         if (!os->skip) {
-            t->pending_next = 0;
-            t->pending_end = chunks;
-            t->pending_coeffs = os->coeffs;
+            for (int i = 0; i < chunks; i++)
+                if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &os->coeffs));
+            if (host_chunks) {
+                t->pending_next = 0;
+                t->pending_end = chunks;
+                t->pending_coeffs = os->coeffs;
+            }
         }
     }
     /* Every param back to HOLD for the next step; the grads are consumed
@@ -778,6 +855,11 @@ td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }
 td_hostpool *td_trainer_hostpool(td_trainer *t) { return t->pool; }
 int td_trainer_checkpointing(const td_trainer *t) { return t->ckpt_blocks; }
+int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total)
+{
+    if (total) *total = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    return t->gpu_opt;
+}
 size_t td_trainer_budget_cap(const td_trainer *t) { return t->budget_cap; }
 td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
 

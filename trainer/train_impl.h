@@ -49,8 +49,11 @@ struct td_trainer {
     int32_t *h_tokens, *h_targets;
     float *h_losses;
     void *h_row;                       /* one row of logits */
-    /* The GPU AdamW, when every chunk fits on the device. */
+    /* The GPU AdamW of the optimizer chunks placed on the device
+     * (optim_place.c): optim_on_gpu[k] for param chunk k; gpu_opt: how many. */
     int gpu_opt;
+    uint8_t *optim_on_gpu;
+    double *h_sumsq;                   /* per chunk grad sumsq: [0, chunks) host, [chunks, 2 chunks) device */
     int *group, *group_start;          /* gpt_ref tensors of each param chunk: group[group_start[k] ..) */
     void **ptrs;                       /* scratch for access pointers */
     int *gids_scratch;
@@ -84,8 +87,27 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg);
 td_state_bytes td_train_state_of(td_memmgr *mm);
 /* The non-model buffers for this budget (--ckpt auto's choice included). */
 void td_train_plan_activations(const td_train_config *cfg, size_t budget, const td_state_bytes *sb, td_act_plan *p);
-/* Whether AdamW runs on the GPU (the whole state fits, or --policy cuda). */
-int td_train_gpu_optimizer_fits(const td_train_config *cfg, size_t nonmodel, size_t state_all, size_t budget);
+/* Per-chunk optimizer placement (optim_place.c). */
+/* A planning memmgr with the model registered and laid out (ids: 5 * count). */
+td_status td_train_plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids);
+/* Param (= optimizer) chunk indices, the one to keep on the GPU first (the
+ * least CPU slack) first; returns the count. */
+int td_train_optim_order(const td_train_config *cfg, td_memmgr *mm, const int *pid, int *order);
+/* How many optimizer chunks the policy puts on the GPU: cuda all, cpu none,
+ * static the (1 - offload_optim_frac) share, auto what the budget leaves
+ * room for beside the non-model buffers (min_device: the plan's minimum). */
+int td_train_optim_gpu_count(const td_train_config *cfg, td_memmgr *mm, const int *order, size_t nonmodel,
+                             size_t min_device, size_t budget);
+/* Device bytes of the first `gpu` chunks of order: optimizer state, param +
+ * grad, and their param elements. */
+void td_train_optim_gpu_bytes(td_memmgr *mm, td_dtype param_dtype, const int *order, int gpu, size_t *state_bytes,
+                              size_t *pg_bytes, size_t *numel);
+/* on_gpu[k] for each param chunk k (n_out of them; td_free it): the first
+ * `gpu` chunks of the slack order. */
+td_status td_train_optim_homes(const td_train_config *cfg, int gpu, uint8_t **on_gpu, int *n_out);
+/* The trainer's placement, before its layout: t->optim_on_gpu, t->gpu_opt
+ * and the memmgr's optimizer homes. */
+td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks);
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);
 void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n);

@@ -132,6 +132,16 @@ void td_memmgr_destroy(td_memmgr *m);
  * starts FREE with zeroed contents. */
 td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dtype dtype, td_tensor_role role,
                              int *id_out);
+/* Per-chunk optimizer placement, decided before the layout and fixed for the
+ * run: optimizer chunk i (chunk i of MASTER, ADAM_M and ADAM_V, which hold
+ * the same tensors as param chunk i) is homed on the device when
+ * on_device[i] (then param and grad chunk i are too: a GPU optimizer updates
+ * them there, so its grads never go down and its params never come up), else
+ * on the host, under every placement policy; AUTO's after-warm-up placement
+ * leaves optimizer chunks alone.  n: each optimizer role's chunk count as
+ * the layout makes it (a planning manager with the same registrations gives
+ * it); the layout fails otherwise.  Copied. */
+td_status td_memmgr_set_optim_homes(td_memmgr *m, const uint8_t *on_device, int n);
 /* Packs the tensors into chunks and allocates the host copies (pinned). */
 td_status td_memmgr_layout(td_memmgr *m);
 void td_memmgr_print_layout(td_memmgr *m, FILE *f);

@@ -122,6 +122,17 @@ uint64_t td_evictor_freeable(const td_evictor *e, uint64_t min_next_use, uint64_
 td_status td_evictor_make_room(td_evictor *e, uint64_t need_bytes, uint64_t free_bytes, uint64_t min_next_use,
                                uint32_t *victims, uint32_t *n_victims);
 
+/* ---- optimizer placement ------------------------------------------------ */
+
+/* The optimizer chunks in the order to keep them on the GPU: the least CPU
+ * slack first.  Chunk k's grads are complete at position ready[k] of a step
+ * of `period` accesses and the next step first needs its new params at
+ * position need[k]; a CPU optimizer has (period - ready[k]) + need[k]
+ * accesses to update it without holding up the next forward (the chunks
+ * the next forward needs first — the embedding, the first blocks — have
+ * the least).  Ties: the lower index.  order: n indices. */
+void td_optim_order_by_slack(int n, const uint64_t *ready, const uint64_t *need, uint64_t period, int *order);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,12 +13,14 @@
  *             its backward; grads of the last micro-batch become
  *             READY_FOR_REDUCE and start for the host at once;
  *   optimizer the global grad norm from every grad chunk (exact clipping and
- *             overflow detection), then AdamW chunk by chunk on the host
- *             (fp32 master, m, v), writing the new params into the param
- *             chunk's host copy, which the next step uploads: in the next
- *             step's forward, each chunk just before its first use (without
- *             clipping and loss scale, during this step's backward instead;
- *             on the GPU when the whole state fits).
+ *             overflow detection), then AdamW chunk by chunk: the optimizer
+ *             chunks placed on the GPU (td_train_plan.optim_gpu_chunks: the
+ *             least CPU slack first) on the device, where their grads stay;
+ *             the others on the host (fp32 master, m, v), writing the new
+ *             params into the param chunk's host copy, which the next step
+ *             uploads: in the next step's forward, each chunk just before
+ *             its first use (without clipping and loss scale, during this
+ *             step's backward instead).
  * The first step is the chunk manager's warm-up (it records the access order
  * and plans placement, eviction and prefetch).  Activations are taken from
  * the arena once, at creation: no step allocates.
@@ -111,15 +113,30 @@ typedef struct td_train_plan {
     int ckpt_blocks;                            /* blocks recomputed in backward (--ckpt auto: the fewest
                                                    that leave room for the model state, see below) */
     size_t working_set_bytes;                   /* the most chunk bytes one access pins */
+    size_t largest_chunk_bytes;
     size_t min_device_bytes;                    /* non-model + working set + two of the largest chunk
-                                                   (one to prefetch into, one for fragmentation) */
-    size_t full_device_bytes;                   /* non-model + every param and grad chunk */
+                                                   (one to prefetch into, one for fragmentation), + the
+                                                   GPU optimizer chunks (all roles) */
+    size_t full_device_bytes;                   /* non-model + every param and grad chunk + the GPU
+                                                   optimizer chunks' state */
     size_t host_pinned_bytes;                   /* every chunk's host copy */
     double flops_per_step;                      /* forward + backward (+ recompute), all micro-batches */
     double h2d_bytes_per_step, d2h_bytes_per_step; /* with the chunks that stay on the device kept */
-    double adam_bytes_per_step;                 /* CPU AdamW memory traffic (28 bytes a param; 0 on the GPU) */
-    int gpu_optimizer;                          /* AdamW runs on the GPU: the whole state fits the budget */
+    double adam_bytes_per_step;                 /* CPU AdamW memory traffic (adam_bytes_per_param x adam_cpu_params) */
+    double adam_bytes_per_param;                /* DRAM bytes the CPU AdamW moves a param (fp32 state: 28) */
+    double adam_cpu_params;                     /* params the CPU AdamW updates a step */
+    int optim_chunks;                           /* optimizer chunks (one per param chunk) */
+    int optim_gpu_chunks;                       /* of them on the GPU (policy cuda: all; cpu: none; static: the
+                                                   1 - --offload-optim-frac share; auto: what the budget allows),
+                                                   those with the least CPU slack (the first the next forward needs) */
+    size_t optim_gpu_state_bytes;               /* their master, m and v on the device */
+    int gpu_optimizer;                          /* every optimizer chunk on the GPU */
 } td_train_plan;
+
+/* DRAM bytes the CPU AdamW moves for one param: the state read and written
+ * (fp32 master + m + v: 12 bytes each way for fp32 state), the grad read and,
+ * with 16-bit params, the param written: 28 for fp32 state either way. */
+double td_train_adam_bytes_per_param(const td_train_config *cfg);
 
 /* budget: the device budget to plan for (0: unknown; ckpt auto assumes on).
  * --ckpt auto: when the model state can stay on the device with every block
@@ -135,6 +152,40 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
  * an eighth, so other work can share the device; `cap` (free memory minus a
  * margin) when that is more than the device has. */
 td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t *budget);
+/* The rates of this machine the step's bound is made of: host<->device
+ * copy (GB/s, pinned), the CPU AdamW (G params/s on the run's threads and
+ * dtypes, measured over 1 GiB of state: DRAM, not cache; the median of five
+ * passes after a warm one) and the DRAM bandwidth it reached (GB/s: the
+ * rate times the kernel's bytes a param), matmul compute (GFLOP/s, the
+ * model's MLP matmul) and, on the device, one block's forward and backward
+ * at the run's shape (ms; 0 when not measured).  Takes a second or two. */
+typedef struct td_train_rates {
+    double copy_gbs, adam_gps, dram_gbs, gflops, block_fwd_ms, block_bwd_ms;
+} td_train_rates;
+#define TD_TRAIN_ADAM_PROBE_PARAMS ((size_t)64 << 20)
+td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *out);
+/* One block's forward and backward at cfg's micro-batch and sequence, on
+ * the device (the cuda backend; a no-op on the cpu backend): the part of
+ * the rates that depends on the shape. */
+td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_train_rates *r);
+/* The AdamW part alone: G params/s and the DRAM GB/s it reached; its team
+ * bound to b's local cores as the trainer's (b NULL: unbound). */
+td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, double *gparams_per_s,
+                                double *dram_gbytes_per_s);
+
+/* The lower bound of a step (docs/performance.md): max(compute with
+ * everything resident, PCIe bytes / copy rate, CPU AdamW time), each
+ * overlapping the others at best.  The CPU AdamW term is the params the
+ * host's optimizer chunks hold, at the measured DRAM bandwidth over the
+ * path's bytes a param (td_train_adam_bytes_per_param). */
+typedef struct td_train_bound {
+    double compute_ms, pcie_ms, adam_ms, bound_ms;
+    double adam_gparams_per_s;   /* the rate adam_ms assumes */
+    double tokens_per_s;         /* at bound_ms */
+} td_train_bound;
+void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
+                       td_train_bound *out);
+
 /* The layout as td_memmgr_print_layout prints it. */
 td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
 
@@ -174,6 +225,9 @@ td_hostpool *td_trainer_hostpool(td_trainer *t);
 size_t td_trainer_budget_cap(const td_trainer *t);
 /* Blocks whose activations backward recomputes (0: none). */
 int td_trainer_checkpointing(const td_trainer *t);
+/* Optimizer chunks updated on the GPU (the rest by the CPU AdamW); *total:
+ * all of them (may be NULL). */
+int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total);
 /* Memmgr ids of gpt_ref tensor `index`: param, grad, adam m, adam v. */
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);
 /* The optimizer's state (step, scaler) for checkpoints. */

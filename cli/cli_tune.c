@@ -1,0 +1,525 @@
+/* `tidal tune`: ranks a run's knobs by the plan's model for a device budget
+ * (or several), runs the best few, and reports the fastest (see
+ * include/tidal/tune.h).  Its own options are taken out of argv here; the
+ * rest are `tidal train`'s. */
+#include "args.h"
+#include "cli.h"
+#include "tidal/arena.h"
+#include "tidal/data.h"
+#include "tidal/tune.h"
+#include "tidal/util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: tidal tune --data FILE [--model PRESET ...] (--gpu-budget SIZE | --sweep-budget S1,S2,...)\n"
+    "                  [--top K] [--steps N] [--write-config FILE] [--plot FILE.svg] [--json] [train options]\n\n"
+    "Finds the fastest way to train a model under a device budget.  Every split of the step's\n"
+    "sequences into micro-batch x grad-accum (the tokens per step stay), checkpointed blocks (none,\n"
+    "a quarter, half, three quarters, all), optimizer share on the GPU and chunk size is planned and\n"
+    "ranked by its step bound (`tidal plan`'s model, from rates measured once); the best --top K\n"
+    "(default 3) that fit train for --steps N (default 5; the first is the warm-up, the median of the\n"
+    "rest counts), then the fastest again at prefetch depths 2 and 8.  Prints a table (tokens/s,\n"
+    "device peak, pinned host, bound/step) and the winner's flags.\n\n"
+    "tune's own options:\n"
+    "  --sweep-budget LIST  device budgets to tune for, e.g. 8GiB,16GiB,24GiB: tokens/s against\n"
+    "                       the budget (what more GPU memory is worth); instead of --gpu-budget\n"
+    "  --top K              candidates to run at each budget (default 3)\n"
+    "  --write-config FILE  the winner as a --config JSON for `tidal train --config FILE`\n"
+    "                       (one budget only)\n"
+    "  --plot FILE.svg      tokens/s against the budget as an SVG plot\n"
+    "  --json               everything as one JSON object on stdout\n\n"
+    "Without --gpu-budget or --sweep-budget, the budget is the free device memory less a margin.\n"
+    "Every `tidal train` option below is taken too (--steps: steps per candidate).";
+
+typedef struct tune_opts {
+    int top, json, help;
+    const char *sweep, *write_config, *plot;
+} tune_opts;
+
+/* Takes tune's own options out of argv (rest: the others, in order). */
+static int split_args(int argc, char **argv, tune_opts *o, char **rest, int *n_rest)
+{
+    *n_rest = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char **dst = !strcmp(a, "--sweep-budget") ? &o->sweep : !strcmp(a, "--write-config") ? &o->write_config
+                         : !strcmp(a, "--plot") ? &o->plot : NULL;
+        if (dst || !strcmp(a, "--top")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "tidal tune: %s needs a value\n", a);
+                return 2;
+            }
+            if (dst) {
+                *dst = argv[++i];
+            } else {
+                char *end;
+                errno = 0;
+                long k = strtol(argv[++i], &end, 10);
+                if (errno || *end || end == argv[i] || k < 1 || k > 1000) {
+                    fprintf(stderr, "tidal tune: --top '%s': give a count from 1 to 1000\n", argv[i]);
+                    return 2;
+                }
+                o->top = (int)k;
+            }
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else {
+            rest[(*n_rest)++] = argv[i];
+        }
+    }
+    return -1;
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* "8GiB,16GiB,24GiB" -> sorted budgets; errors name the bad item. */
+static td_status parse_sweep(const char *text, size_t **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t len = strlen(text);
+    if (!len) return td_error_set(TD_ERR_INVALID, "--sweep-budget is empty; give sizes such as 8GiB,16GiB,24GiB");
+    size_t *b = td_malloc((len + 1) * sizeof *b, TD_ROLE_META);
+    char *copy = td_malloc(len + 1, TD_ROLE_META);
+    if (!b || !copy) {
+        td_free(b);
+        td_free(copy);
+        return TD_ERR_NOMEM;
+    }
+    memcpy(copy, text, len + 1);
+    td_status st = TD_OK;
+    int k = 0;
+    char *p = copy;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = '\0';
+        if (!*p) {
+            st = td_error_set(TD_ERR_INVALID, "--sweep-budget '%s': item %d is empty; give sizes separated by "
+                              "commas, such as 8GiB,16GiB,24GiB", text, k + 1);
+            break;
+        }
+        if (td_parse_bytes(p, &b[k]) || b[k] == 0) {
+            st = td_error_set(TD_ERR_INVALID, "--sweep-budget '%s': item %d ('%s') is not a size; give sizes "
+                              "such as 512MiB or 8GiB", text, k + 1, p);
+            break;
+        }
+        for (int j = 0; j < k && !st; j++)
+            if (b[j] == b[k]) st = td_error_set(TD_ERR_INVALID, "--sweep-budget '%s': '%s' is given twice", text, p);
+        if (st) break;
+        k++;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    td_free(copy);
+    if (st) {
+        td_free(b);
+        return st;
+    }
+    qsort(b, (size_t)k, sizeof *b, cmp_size);
+    *out = b;
+    *n = k;
+    return TD_OK;
+}
+
+/* A file we will write at the end: checked before any run. */
+static td_status check_writable(const char *flag, const char *path)
+{
+    if (!*path) return td_error_set(TD_ERR_INVALID, "%s: give a file name", flag);
+    if (access(path, F_OK) == 0) {
+        if (access(path, W_OK) != 0)
+            return td_error_set(TD_ERR_IO, "%s %s: %s; choose another path", flag, path, strerror(errno));
+        return TD_OK;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    const char *d = dirname(dir);
+    if (access(d, W_OK) != 0)
+        return td_error_set(TD_ERR_IO, "%s %s: cannot create a file in %s (%s); choose another path", flag, path, d,
+                            strerror(errno));
+    return TD_OK;
+}
+
+/* ---- batches and progress ------------------------------------------------------- */
+
+typedef struct run_ctx {
+    const char *data;
+    uint64_t seed;
+    int tty, index, count;
+    size_t budget;
+} run_ctx;
+
+static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets) { return td_loader_next(ctx, tokens, targets); }
+
+static td_status open_batches(void *ctx, const td_train_config *cfg, td_batch_fn *fn, void **bctx)
+{
+    run_ctx *r = ctx;
+    td_loader_params lp = td_loader_default_params();
+    lp.batch = (uint32_t)cfg->micro_batch;
+    lp.seq = (uint32_t)cfg->seq_len;
+    lp.seed = r->seed;
+    *fn = loader_batch;
+    return td_loader_open(r->data, &lp, (td_loader **)bctx);
+}
+
+static void close_batches(void *bctx) { td_loader_destroy(bctx); }
+
+static void describe(const td_tune_candidate *c, char *buf, size_t n)
+{
+    char ck[16], pf[16];
+    if (c->plan.ckpt_blocks) snprintf(ck, sizeof ck, "%d", c->plan.ckpt_blocks);
+    else snprintf(ck, sizeof ck, "off");
+    if (c->cfg.mm.prefetch < 0) snprintf(pf, sizeof pf, "auto");
+    else snprintf(pf, sizeof pf, "%d", c->cfg.mm.prefetch);
+    snprintf(buf, n, "B %d x %d, ckpt %s, optimizer %d/%d on GPU, chunk %zu, prefetch %s", c->cfg.micro_batch,
+             c->cfg.grad_accum, ck, c->plan.optim_gpu_chunks, c->plan.optim_chunks, c->plan.chunk_numel, pf);
+}
+
+static void progress(void *ctx, const td_tune_candidate *c, int step, int steps)
+{
+    run_ctx *r = ctx;
+    if (!r->tty && step < steps) return;
+    char d[160], b[32];
+    describe(c, d, sizeof d);
+    fprintf(stderr, "%stidal tune: %s: run %d/%d (%s): step %d/%d%s", r->tty ? "\r\033[K" : "",
+            td_format_bytes(r->budget, b, sizeof b), r->index, r->count, d, step, steps, r->tty ? "" : "\n");
+    fflush(stderr);
+}
+
+/* ---- output ------------------------------------------------------------------- */
+
+static void print_table(const td_tune_candidate *runs, int n, size_t budget)
+{
+    char b[32];
+    printf("\nbudget %s\n", td_format_bytes(budget, b, sizeof b));
+    printf("  %-3s %-6s %-10s %-10s %-9s %-8s %11s %11s %10s %10s %10s\n", "#", "B x K", "ckpt", "optim GPU", "chunk",
+           "prefetch", "bound tok/s", "tokens/s", "device", "pinned", "bound/step");
+    for (int i = 0; i < n; i++) {
+        const td_tune_candidate *c = &runs[i];
+        char bk[24], ck[24], og[24], pf[16], dev[32], pin[32];
+        snprintf(bk, sizeof bk, "%dx%d", c->cfg.micro_batch, c->cfg.grad_accum);
+        if (c->plan.ckpt_blocks) snprintf(ck, sizeof ck, "%d/%d", c->plan.ckpt_blocks, c->cfg.model.n_layer);
+        else snprintf(ck, sizeof ck, "off");
+        snprintf(og, sizeof og, "%d/%d", c->plan.optim_gpu_chunks, c->plan.optim_chunks);
+        if (c->cfg.mm.prefetch < 0) snprintf(pf, sizeof pf, "auto");
+        else snprintf(pf, sizeof pf, "%d", c->cfg.mm.prefetch);
+        if (c->ran == 1)
+            printf("  %-3d %-6s %-10s %-10s %-9zu %-8s %11.0f %11.0f %10s %10s %9.0f%%\n", i + 1, bk, ck, og,
+                   c->plan.chunk_numel, pf, c->bound.tokens_per_s, c->tokens_per_s,
+                   td_format_bytes(c->device_peak_bytes, dev, sizeof dev), td_format_bytes(c->pinned_bytes, pin, sizeof pin),
+                   c->step_ms > 0 ? 100.0 * c->bound.bound_ms / c->step_ms : 0);
+        else
+            printf("  %-3d %-6s %-10s %-10s %-9zu %-8s %11.0f  failed: %s\n", i + 1, bk, ck, og, c->plan.chunk_numel, pf,
+                   c->bound.tokens_per_s, c->error);
+    }
+}
+
+static cJSON *candidate_json(const td_tune_candidate *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    char flags[512];
+    td_tune_flags(c, flags, sizeof flags);
+    cJSON_AddStringToObject(o, "flags", flags);
+    cJSON_AddNumberToObject(o, "micro_batch", c->cfg.micro_batch);
+    cJSON_AddNumberToObject(o, "grad_accum", c->cfg.grad_accum);
+    cJSON_AddNumberToObject(o, "ckpt_blocks", c->plan.ckpt_blocks);
+    cJSON_AddNumberToObject(o, "optim_gpu_chunks", c->plan.optim_gpu_chunks);
+    cJSON_AddNumberToObject(o, "optim_chunks", c->plan.optim_chunks);
+    cJSON_AddNumberToObject(o, "chunk_numel", (double)c->plan.chunk_numel);
+    cJSON_AddNumberToObject(o, "prefetch", c->cfg.mm.prefetch);
+    cJSON_AddNumberToObject(o, "bound_step_ms", c->bound.bound_ms);
+    cJSON_AddNumberToObject(o, "bound_tokens_per_s", c->bound.tokens_per_s);
+    cJSON_AddNumberToObject(o, "compute_ms", c->bound.compute_ms);
+    cJSON_AddNumberToObject(o, "pcie_ms", c->bound.pcie_ms);
+    cJSON_AddNumberToObject(o, "adam_ms", c->bound.adam_ms);
+    cJSON_AddBoolToObject(o, "ran", c->ran == 1);
+    if (c->ran == 1) {
+        cJSON_AddNumberToObject(o, "tokens_per_s", c->tokens_per_s);
+        cJSON_AddNumberToObject(o, "step_ms", c->step_ms);
+        cJSON_AddNumberToObject(o, "device_peak_bytes", (double)c->device_peak_bytes);
+        cJSON_AddNumberToObject(o, "pinned_bytes", (double)c->pinned_bytes);
+        cJSON_AddNumberToObject(o, "bound_over_step", c->step_ms > 0 ? c->bound.bound_ms / c->step_ms : 0);
+    } else if (c->ran < 0) {
+        cJSON_AddStringToObject(o, "error", c->error);
+    }
+    return o;
+}
+
+/* The winner as a --config file: the options given plus its knobs. */
+static td_status write_config(const char *path, cJSON *given, const td_tune_candidate *w)
+{
+    cJSON *o = cJSON_Duplicate(given, 1);
+    if (!o) return TD_ERR_NOMEM;
+    static const char *const knobs[] = {"micro-batch", "grad-accum", "ckpt", "policy", "offload-optim-frac",
+                                        "offload-param-frac", "prefetch", "chunk-numel", "gpu-budget", "steps",
+                                        "config"};
+    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) cJSON_DeleteItemFromObject(o, knobs[i]);
+    char ck[16], budget[32];
+    if (w->plan.ckpt_blocks) snprintf(ck, sizeof ck, "%d", w->plan.ckpt_blocks);
+    else snprintf(ck, sizeof ck, "off");
+    snprintf(budget, sizeof budget, "%zu", w->cfg.gpu_budget);
+    cJSON_AddNumberToObject(o, "micro-batch", w->cfg.micro_batch);
+    cJSON_AddNumberToObject(o, "grad-accum", w->cfg.grad_accum);
+    cJSON_AddStringToObject(o, "ckpt", ck);
+    cJSON_AddStringToObject(o, "policy", "auto");
+    cJSON_AddNumberToObject(o, "offload-optim-frac", td_tune_optim_frac(w));
+    cJSON_AddNumberToObject(o, "prefetch", w->cfg.mm.prefetch);
+    cJSON_AddNumberToObject(o, "chunk-numel", (double)w->cfg.mm.chunk_numel);
+    cJSON_AddStringToObject(o, "gpu-budget", budget);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return TD_ERR_NOMEM;
+    FILE *f = fopen(path, "w");
+    td_status st = TD_OK;
+    if (!f || fprintf(f, "%s\n", text) < 0 || fclose(f) != 0)
+        st = td_error_set(TD_ERR_IO, "--write-config %s: %s", path, strerror(errno));
+    cJSON_free(text);
+    return st;
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+/* Ranks, runs the best `top` that fit, and for the winner tries the
+ * prefetch depths (refine).  runs: the run candidates, best first. */
+static td_status tune_budget(const td_train_config *cfg, size_t budget, td_backend *b, const td_train_rates *rates,
+                             int top, int steps, int refine, run_ctx *rc, td_tune_candidate **runs, int *n_runs,
+                             int *ranked)
+{
+    td_status st = TD_OK;
+    td_tune_candidate *cs = NULL, *out = NULL;
+    int n = 0;
+    char bs[32];
+    *runs = NULL;
+    *n_runs = 0;
+    TD_TRY(td_tune_candidates(cfg, budget, b, rates, &cs, &n));
+    *ranked = n;
+    int fit = 0;
+    while (fit < n && cs[fit].fits) fit++;
+    int k = fit < top ? fit : top;
+    fprintf(stderr, "tidal tune: %s: %d candidates, %d fit; running the best %d for %d steps each\n",
+            td_format_bytes(budget, bs, sizeof bs), n, fit, k, steps);
+    out = td_calloc((size_t)k + 2, sizeof *out, TD_ROLE_META);
+    if (!out) TD_FAIL(TD_ERR_NOMEM, "tune: %d runs", k);
+    td_tune_data data = { open_batches, close_batches, rc, progress };
+    rc->budget = budget;
+    rc->count = k + (refine && k ? 2 : 0);
+    for (int i = 0; i < k; i++) {
+        out[i] = cs[i];
+        rc->index = i + 1;
+        TD_TRY(td_tune_run(&out[i], steps, &data));
+    }
+    int best = -1;
+    for (int i = 0; i < k; i++)
+        if (out[i].ran == 1 && (best < 0 || out[i].tokens_per_s > out[best].tokens_per_s)) best = i;
+    int m = k;
+    if (refine && best >= 0) {
+        static const int depths[2] = {2, 8};
+        td_tune_candidate w = out[best];
+        for (int j = 0; j < 2; j++) {
+            out[m] = w;
+            out[m].cfg.mm.prefetch = depths[j];
+            out[m].ran = 0;
+            rc->index = m + 1;
+            TD_TRY(td_tune_run(&out[m], steps, &data));
+            m++;
+        }
+    }
+    if (rc->tty) fprintf(stderr, "\n");
+    /* Best measured first; failures last. */
+    for (int i = 1; i < m; i++)
+        for (int j = i; j > 0; j--) {
+            td_tune_candidate *x = &out[j - 1], *y = &out[j];
+            int swap = (y->ran == 1 && x->ran != 1) || (y->ran == 1 && x->ran == 1 && y->tokens_per_s > x->tokens_per_s);
+            if (!swap) break;
+            td_tune_candidate tmp = *x;
+            *x = *y;
+            *y = tmp;
+        }
+    *runs = out;
+    *n_runs = m;
+    out = NULL;
+cleanup:
+    td_free(out);
+    td_free(cs);
+    return st;
+}
+
+int td_cli_tune_main(int argc, char **argv)
+{
+    tune_opts o = { .top = 3 };
+    char **rest = td_malloc(((size_t)argc + 3) * sizeof *rest, TD_ROLE_META);
+    if (!rest) return 1;
+    int n_rest = 0, rc = split_args(argc, argv, &o, rest, &n_rest);
+    td_backend *b = NULL;
+    cJSON *given = NULL, *report = NULL;
+    size_t *budgets = NULL;
+    double *best_tps = NULL;
+    td_tune_candidate **runs = NULL;
+    int *n_runs = NULL, n_budgets = 0;
+    td_status st = TD_OK;
+    if (rc >= 0) goto out;
+    int steps_given = 0, budget_given = 0;
+    for (int i = 0; i < n_rest; i++) {
+        steps_given |= !strcmp(rest[i], "--steps");
+        budget_given |= !strcmp(rest[i], "--gpu-budget");
+    }
+    if (!steps_given) { /* a tune run is short; train's default (100) is not */
+        rest[n_rest++] = "--steps";
+        rest[n_rest++] = "5";
+    }
+    given = cJSON_CreateObject();
+    td_train_config cfg;
+    const char *data = NULL;
+    rc = td_cli_train_options(n_rest, rest, "tune", usage, &cfg, &data, given);
+    if (rc >= 0) goto out;
+    rc = 2;
+    if (!data) {
+        fprintf(stderr, "tidal tune: --data FILE is required: the candidates train on it (make one with "
+                        "`tidal prepare`)\n");
+        goto out;
+    }
+    if (o.sweep && budget_given) {
+        fprintf(stderr, "tidal tune: give --gpu-budget or --sweep-budget, not both\n");
+        goto out;
+    }
+    if (o.sweep && o.write_config) {
+        fprintf(stderr, "tidal tune: --write-config saves the winner of one budget; use --gpu-budget with it "
+                        "(--json reports every budget's winner)\n");
+        goto out;
+    }
+    if (o.sweep && (st = parse_sweep(o.sweep, &budgets, &n_budgets))) {
+        fprintf(stderr, "tidal tune: %s\n", td_error_msg());
+        goto out;
+    }
+    if ((o.write_config && (st = check_writable("--write-config", o.write_config))) ||
+        (o.plot && (st = check_writable("--plot", o.plot)))) {
+        fprintf(stderr, "tidal tune: %s\n", td_error_msg());
+        goto out;
+    }
+    long steps = cJSON_GetObjectItem(given, "steps") ? atol(cJSON_GetObjectItem(given, "steps")->valuestring) : 5;
+    if (steps < 2) {
+        fprintf(stderr, "tidal tune: --steps %ld: give at least 2 (the first step is the warm-up)\n", steps);
+        goto out;
+    }
+    rc = 1;
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = cfg.backend;
+    if ((st = td_backend_create(&bp, &b))) goto fail;
+    cfg.backend = td_backend_get_kind(b);
+    if (!budgets) {
+        budgets = td_malloc(sizeof *budgets, TD_ROLE_META);
+        if (!budgets) { st = TD_ERR_NOMEM; goto fail; }
+        n_budgets = 1;
+        budgets[0] = cfg.gpu_budget;
+        if (!budgets[0] || budgets[0] == TD_GPU_BUDGET_MAX)
+            if ((st = td_arena_default_budget(b, &budgets[0], NULL))) goto fail;
+    }
+    fprintf(stderr, "tidal tune: measuring this machine's rates (copy, DRAM, compute)\n");
+    td_train_rates rates;
+    if ((st = td_train_measure_rates(b, &cfg, &rates))) goto fail;
+    best_tps = td_calloc((size_t)n_budgets, sizeof *best_tps, TD_ROLE_META);
+    runs = td_calloc((size_t)n_budgets, sizeof *runs, TD_ROLE_META);
+    n_runs = td_calloc((size_t)n_budgets, sizeof *n_runs, TD_ROLE_META);
+    if (!best_tps || !runs || !n_runs) { st = TD_ERR_NOMEM; goto fail; }
+    run_ctx ctx = { .data = data, .seed = cfg.seed, .tty = isatty(fileno(stderr)) };
+    report = cJSON_CreateObject();
+    cJSON_AddNumberToObject(report, "params", (double)td_gpt_ref_params_numel(&cfg.model));
+    cJSON_AddNumberToObject(report, "tokens_per_step", (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);
+    cJSON *mr = cJSON_AddObjectToObject(report, "measured");
+    cJSON_AddNumberToObject(mr, "copy_gbytes_per_s", rates.copy_gbs);
+    cJSON_AddNumberToObject(mr, "dram_gbytes_per_s", rates.dram_gbs);
+    cJSON_AddNumberToObject(mr, "compute_gflops", rates.gflops);
+    cJSON *jb = cJSON_AddArrayToObject(report, "budgets");
+    for (int i = 0; i < n_budgets; i++) {
+        int ranked = 0;
+        if ((st = tune_budget(&cfg, budgets[i], b, &rates, o.top, (int)steps, n_budgets == 1, &ctx, &runs[i],
+                              &n_runs[i], &ranked)))
+            goto fail;
+        best_tps[i] = n_runs[i] && runs[i][0].ran == 1 ? runs[i][0].tokens_per_s : 0;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "budget_bytes", (double)budgets[i]);
+        cJSON_AddNumberToObject(e, "candidates", ranked);
+        cJSON *jr = cJSON_AddArrayToObject(e, "runs");
+        for (int k = 0; k < n_runs[i]; k++) cJSON_AddItemToArray(jr, candidate_json(&runs[i][k]));
+        if (best_tps[i] > 0) cJSON_AddItemToObject(e, "winner", candidate_json(&runs[i][0]));
+        else cJSON_AddNullToObject(e, "winner");
+        cJSON_AddItemToArray(jb, e);
+    }
+    if (o.json) {
+        char *text = cJSON_PrintUnformatted(report);
+        if (text) printf("%s\n", text);
+        cJSON_free(text);
+    } else {
+        printf("tidal tune: %zu params, %.0f tokens a step; measured copy %.1f GB/s, DRAM %.1f GB/s, compute %.1f "
+               "GFLOP/s\n", td_gpt_ref_params_numel(&cfg.model), (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum,
+               rates.copy_gbs, rates.dram_gbs, rates.gflops);
+        for (int i = 0; i < n_budgets; i++) {
+            print_table(runs[i], n_runs[i], budgets[i]);
+            char flags[512];
+            if (best_tps[i] > 0) {
+                td_tune_flags(&runs[i][0], flags, sizeof flags);
+                printf("  winner: %.0f tokens/s with %s\n", best_tps[i], flags);
+            } else {
+                printf("  no candidate trained at this budget\n");
+            }
+        }
+        if (n_budgets > 1) {
+            printf("\ntokens/s against the device budget:\n");
+            for (int i = 0; i < n_budgets; i++) {
+                char bs[32];
+                printf("  %12s  %10.0f\n", td_format_bytes(budgets[i], bs, sizeof bs), best_tps[i]);
+            }
+        }
+    }
+    if (o.write_config) {
+        if (best_tps[0] <= 0) {
+            st = td_error_set(TD_ERR_BUDGET, "--write-config %s: no candidate trained under the budget; raise it",
+                              o.write_config);
+            goto fail;
+        }
+        if ((st = write_config(o.write_config, given, &runs[0][0]))) goto fail;
+        fprintf(stderr, "tidal tune: wrote %s (tidal train --config %s)\n", o.write_config, o.write_config);
+    }
+    if (o.plot) {
+        FILE *f = fopen(o.plot, "w");
+        char title[160];
+        double params = (double)td_gpt_ref_params_numel(&cfg.model);
+        snprintf(title, sizeof title, "tidal tune on %s: %.3g%s params, %.0f tokens a step, best of each budget",
+                 td_backend_describe(b), params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
+                 (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);
+        if (!f) {
+            st = td_error_set(TD_ERR_IO, "--plot %s: %s", o.plot, strerror(errno));
+            goto fail;
+        }
+        st = td_tune_plot_svg(f, title, budgets, best_tps, n_budgets);
+        if (fclose(f) != 0 && !st) st = td_error_set(TD_ERR_IO, "--plot %s: %s", o.plot, strerror(errno));
+        if (st) goto fail;
+        fprintf(stderr, "tidal tune: wrote %s\n", o.plot);
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "tidal tune: %s\n", td_error_msg());
+out:
+    for (int i = 0; runs && i < n_budgets; i++) td_free(runs[i]);
+    td_free(runs);
+    td_free(n_runs);
+    td_free(best_tps);
+    td_free(budgets);
+    cJSON_Delete(given);
+    cJSON_Delete(report);
+    td_backend_free(b);
+    td_free(rest);
+    td_args_free();
+    return rc;
+}

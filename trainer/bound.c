@@ -1,0 +1,320 @@
+/* The step's lower bound (see td_train_bound in include/tidal/trainer.h):
+ * this machine's rates, measured in a second or two, against the plan's
+ * work and traffic.
+ *
+ * The CPU AdamW rate is measured where it runs in training: on buffers far
+ * larger than the last-level cache (1 GiB of optimizer state and grads), so
+ * every pass streams from DRAM as a 1.5B-param run's does; a 16M-param
+ * probe mostly hits the cache and reads two to three times too fast.  One
+ * warm pass faults the pages in; the median of five timed passes is the
+ * rate, repeatable within a few percent between runs. */
+#include "train_impl.h"
+#include "tidal/arena.h"
+#include "tidal/copy.h"
+#include "tidal/hostpool.h"
+#include "tidal/ops.h"
+#include "tidal/optim.h"
+#include "tidal/topo.h"
+#include "tidal/util.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef TD_HAVE_CUDA
+#include "tidal/block_probe.h"
+#include "tidal/ops_cuda.h"
+/* The model's MLP matmul in bf16 on the device (2048 rows), timed with events. */
+static td_status measure_cuda_gflops(td_backend *b, const td_gpt_ref_config *mc, double *gflops)
+{
+    td_status st = TD_OK;
+    int N = 2048, C = mc->n_embd, OC = 4 * mc->n_embd;
+    size_t xb = (size_t)N * C * 2, wb = (size_t)OC * C * 2, yb = (size_t)N * OC * 2;
+    size_t sb = td_ops_cuda_matmul_scratch_bytes(N, OC), ws = TD_OPS_CUDA_WORKSPACE_BYTES;
+    td_arena *a = NULL;
+    td_ops_cuda *ctx = NULL;
+    td_event *e0 = NULL, *e1 = NULL;
+    void *x = NULL, *w = NULL, *y = NULL, *scr = NULL, *wsp = NULL;
+    TD_TRY(td_arena_create(b, xb + wb + yb + sb + ws + 5 * TD_ARENA_ALIGN, &a));
+    TD_TRY(td_arena_alloc(a, xb, TD_ROLE_WORKSPACE, &x));
+    TD_TRY(td_arena_alloc(a, wb, TD_ROLE_WORKSPACE, &w));
+    TD_TRY(td_arena_alloc(a, yb, TD_ROLE_WORKSPACE, &y));
+    TD_TRY(td_arena_alloc(a, ws, TD_ROLE_WORKSPACE, &wsp));
+    if (sb) TD_TRY(td_arena_alloc(a, sb, TD_ROLE_WORKSPACE, &scr));
+    TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, x, 0x3c, xb)); /* small finite bf16 values */
+    TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, w, 0x3c, wb));
+    td_ops_cuda_params op = td_ops_cuda_default_params();
+    op.workspace = wsp;
+    op.workspace_bytes = ws;
+    TD_TRY(td_ops_cuda_create(&op, &ctx));
+    TD_TRY(td_event_create(b, &e0));
+    TD_TRY(td_event_create(b, &e1));
+    void *s = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
+    TD_TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, x, w, NULL, NULL, N, C, OC, TD_DTYPE_BF16, s)); /* warm-up */
+    TD_TRY(td_event_record(b, e0, TD_QUEUE_COMPUTE));
+    for (int i = 0; i < 20; i++) TD_TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, x, w, NULL, NULL, N, C, OC, TD_DTYPE_BF16, s));
+    TD_TRY(td_event_record(b, e1, TD_QUEUE_COMPUTE));
+    TD_TRY(td_event_sync(b, e1));
+    float ms = 0;
+    TD_TRY(td_event_elapsed_ms(b, e0, e1, &ms));
+    *gflops = ms > 0 ? 20 * 2.0 * N * C * OC / (ms * 1e-3) / 1e9 : 0;
+cleanup:
+    td_event_free(b, e0);
+    td_event_free(b, e1);
+    td_ops_cuda_free(ctx);
+    td_arena_destroy(a); /* the reservation goes; the buffers with it */
+    return st;
+}
+
+/* One block's forward and backward at the run's shape (B, T, dtype) with
+ * the trainer's ops, best of 3 after a warm-up.  A shape whose buffers do
+ * not fit the device's free memory is left unmeasured (0). */
+static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
+{
+    size_t free_b = 0, total_b = 0, need = td_block_probe_bytes(&cfg->model, cfg->micro_batch, cfg->seq_len,
+                                                                 cfg->precision);
+    *fwd_ms = *bwd_ms = 0;
+    td_status st = td_backend_mem_info(b, &free_b, &total_b);
+    if (st || need + need / 8 > free_b) return st;
+    td_block_probe *p = NULL;
+    if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, &p))) return st;
+    st = td_block_probe_time(p, 3, fwd_ms, bwd_ms);
+    td_block_probe_destroy(p);
+    return st;
+}
+#endif
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, double *gparams_per_s,
+                                double *dram_gbytes_per_s)
+{
+    td_status st = TD_OK;
+    td_topo *topo = NULL;
+    enum { PASSES = 5 };
+    /* 64 Mi params: 1 GiB of master, m, v and grads (fp32; 16-bit grads and
+     * params make it 1.125 GiB), beyond any last-level cache. */
+    size_t n = TD_TRAIN_ADAM_PROBE_PARAMS;
+    td_optim_dtype dt = cfg->precision == TD_DTYPE_F32 ? TD_OPTIM_DTYPE_F32 : (td_optim_dtype)cfg->precision;
+    size_t E = td_dtype_bytes(cfg->precision);
+    td_adam_cpu_params ap = td_adam_cpu_default_params();
+    ap.threads = cfg->threads;
+    td_adam_cpu *cpu = NULL;
+    /* The team bound to the local cores, as the trainer's. */
+    if (b && td_topo_create(b, &topo) == TD_OK) ap.topo = topo;
+    float *master = NULL, *m = NULL, *v = NULL;
+    void *grad = NULL, *param = NULL;
+    *gparams_per_s = *dram_gbytes_per_s = 0;
+    /* A host short of memory gets a smaller probe, which may run partly
+     * from the cache and read high. */
+    for (;; n /= 2) {
+        master = td_malloc(n * 4, TD_ROLE_OPTIM);
+        m = td_malloc(n * 4, TD_ROLE_OPTIM);
+        v = td_malloc(n * 4, TD_ROLE_OPTIM);
+        grad = td_malloc(n * E, TD_ROLE_OPTIM);
+        param = dt == TD_OPTIM_DTYPE_F32 ? NULL : td_malloc(n * E, TD_ROLE_OPTIM);
+        if (master && m && v && grad && (dt == TD_OPTIM_DTYPE_F32 || param)) break;
+        td_free(master);
+        td_free(m);
+        td_free(v);
+        td_free(grad);
+        td_free(param);
+        master = m = v = NULL;
+        grad = param = NULL;
+        if (n <= ((size_t)8 << 20))
+            TD_FAIL(TD_ERR_NOMEM, "the CPU AdamW rate probe needs %zu MiB of host memory", n * (12 + 2 * E) >> 20);
+    }
+    TD_TRY(td_adam_cpu_create(&ap, &cpu));
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = dt,
+                         .param_out = param ? param : master, .param_dtype = dt, .numel = n };
+    TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32)); /* first touch by the team: NUMA-local pages */
+    memset(grad, 0, n * E); /* touched: not the shared zero page */
+    if (param) memset(param, 0, n * E);
+    td_adam_coeffs c;
+    TD_TRY(td_adam_coeffs_make(&cfg->optim.adam, 1e-4, 1, 1.0, &c));
+    TD_TRY(td_adam_cpu_update(cpu, &c, &ch, 1)); /* warm: threads up, pages mapped */
+    double ms[PASSES];
+    for (int i = 0; i < PASSES; i++) {
+        double t0 = td_now_ms();
+        TD_TRY(td_adam_cpu_update(cpu, &c, &ch, 1));
+        ms[i] = td_now_ms() - t0;
+    }
+    qsort(ms, PASSES, sizeof ms[0], cmp_double);
+    double med = ms[PASSES / 2] > 0 ? ms[PASSES / 2] : 1e-6;
+    *gparams_per_s = (double)n / (med * 1e-3) / 1e9;
+    /* The kernel's bytes a param: fp32 master, m, v read and written, the
+     * grad read, a 16-bit param written. */
+    *dram_gbytes_per_s = *gparams_per_s * (24.0 + (double)E + (dt == TD_OPTIM_DTYPE_F32 ? 0.0 : (double)E));
+cleanup:
+    td_adam_cpu_destroy(cpu);
+    td_topo_destroy(topo);
+    td_free(master);
+    td_free(m);
+    td_free(v);
+    td_free(grad);
+    td_free(param);
+    return st;
+}
+
+/* One block's forward and backward with the CPU reference ops (the cpu
+ * backend's compute); left unmeasured (0) when the block's work would take
+ * more than a few seconds to time. */
+static td_status measure_cpu_block(const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
+{
+    td_status st = TD_OK;
+    const td_gpt_ref_config *mc = &cfg->model;
+    int B = cfg->micro_batch, T = cfg->seq_len;
+    size_t N = (size_t)B * T, C = (size_t)mc->n_embd, off, span;
+    *fwd_ms = *bwd_ms = 0;
+    td_gpt_ref_block_span(mc, 0, &off, &span);
+    if (2.0 * (double)N * (double)span * 3 * 3 > 20e9) return TD_OK; /* three passes of forward + backward */
+    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
+    float *w = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE), *g = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE);
+    float *acts = td_calloc(td_gpt_ref_block_acts_numel(mc, B, T), sizeof(float), TD_ROLE_WORKSPACE);
+    float *scr = td_calloc(scratch, sizeof(float), TD_ROLE_WORKSPACE), *x = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
+    float *y = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE), *dx = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
+    if (!w || !g || !acts || !scr || !x || !y || !dx) TD_FAIL(TD_ERR_NOMEM, "the block probe");
+    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) {
+        td_gpt_ref_tensor tt;
+        td_gpt_ref_tensor_get(mc, 2 + k, &tt);
+        td_gpt_ref_init_tensor(mc, 2 + k, w + (tt.offset - off), cfg->seed);
+    }
+    for (size_t i = 0; i < N * C; i++) x[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    td_gpt_ref_block wb, gb;
+    td_gpt_ref_block_view(mc, w, &wb);
+    td_gpt_ref_block_view(mc, g, &gb);
+    td_gpt_ref_block_acts a;
+    td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
+    /* The best of up to seven after a warm-up, within about two seconds:
+     * the fastest pass is the one other work on the host disturbed least. */
+    double best_f = 1e30, best_b = 1e30, start = td_now_ms();
+    for (int i = 0; i < 8 && (i < 3 || td_now_ms() - start < 2000); i++) {
+        double t0 = td_now_ms();
+        td_gpt_ref_block_forward(mc, &wb, &a, x, y, B, T);
+        double t1 = td_now_ms();
+        memset(dx, 0, N * C * sizeof(float));
+        td_gpt_ref_block_backward(mc, &wb, &gb, &a, x, y, dx, scr, B, T);
+        double t2 = td_now_ms();
+        if (i && t1 - t0 < best_f) best_f = t1 - t0;
+        if (i && t2 - t1 < best_b) best_b = t2 - t1;
+    }
+    *fwd_ms = best_f;
+    *bwd_ms = best_b;
+cleanup:
+    td_free(w);
+    td_free(g);
+    td_free(acts);
+    td_free(scr);
+    td_free(x);
+    td_free(y);
+    td_free(dx);
+    return st;
+}
+
+td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_train_rates *r)
+{
+    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+#ifdef TD_HAVE_CUDA
+    if (td_backend_get_kind(b) == TD_BACKEND_CUDA) return measure_cuda_block(b, cfg, &r->block_fwd_ms, &r->block_bwd_ms);
+#endif
+    return measure_cpu_block(cfg, &r->block_fwd_ms, &r->block_bwd_ms);
+}
+
+td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *r)
+{
+    /* The run's threads, as td_trainer_create sets them: an oversubscribed
+     * OpenMP team times far slower than the run it stands for. */
+    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+    const td_gpt_ref_config *mc = &cfg->model;
+    td_status st = TD_OK;
+    td_hostpool *pool = NULL;
+    td_arena *arena = NULL;
+    td_copy_engine *eng = NULL;
+    void *h = NULL, *d = NULL;
+    float *x = NULL, *w = NULL, *y = NULL;
+    size_t bytes = 64 * TD_MiB;
+    memset(r, 0, sizeof *r);
+    TD_TRY(td_hostpool_create(b, NULL, NULL, &pool));
+    TD_TRY(td_hostpool_alloc(pool, bytes, TD_ROLE_STAGING, &h));
+    memset(h, 1, bytes);
+    TD_TRY(td_arena_create(b, bytes, &arena));
+    TD_TRY(td_arena_alloc(arena, bytes, TD_ROLE_STAGING, &d));
+    TD_TRY(td_copy_engine_create(b, NULL, &eng));
+    double best = 1e30;
+    for (int i = 0; i < 4; i++) {
+        td_copy_ticket tk;
+        double t0 = td_now_ms();
+        TD_TRY(td_copy_submit(eng, TD_COPY_H2D, d, h, bytes, NULL, &tk));
+        TD_TRY(td_copy_wait(eng, &tk));
+        double ms = td_now_ms() - t0;
+        if (ms < best) best = ms;
+    }
+    r->copy_gbs = (double)bytes / (best * 1e-3) / 1e9;
+    TD_TRY(td_train_measure_adam(b, cfg, &r->adam_gps, &r->dram_gbs));
+#ifdef TD_HAVE_CUDA
+    if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
+        TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
+        TD_TRY(measure_cuda_block(b, cfg, &r->block_fwd_ms, &r->block_bwd_ms));
+        goto cleanup;
+    }
+#endif
+    /* Compute: one MLP matmul of the model at 256 rows. */
+    int N = 256, C = mc->n_embd, OC = 4 * mc->n_embd;
+    x = td_malloc((size_t)N * C * sizeof(float), TD_ROLE_WORKSPACE);
+    w = td_malloc((size_t)OC * C * sizeof(float), TD_ROLE_WORKSPACE);
+    y = td_malloc((size_t)N * OC * sizeof(float), TD_ROLE_WORKSPACE);
+    if (x && w && y) {
+        for (size_t i = 0; i < (size_t)N * C; i++) x[i] = (float)(i % 7) * 0.1f;
+        for (size_t i = 0; i < (size_t)OC * C; i++) w[i] = (float)(i % 5) * 0.1f;
+        td_ops_matmul_forward(y, x, w, NULL, N, C, OC); /* warm-up: threads, caches, clocks */
+        best = 1e30;
+        for (int i = 0; i < 3; i++) {
+            double t0 = td_now_ms();
+            td_ops_matmul_forward(y, x, w, NULL, N, C, OC);
+            double ms = td_now_ms() - t0;
+            if (ms < best) best = ms;
+        }
+        r->gflops = 2.0 * N * C * OC / (best * 1e-3) / 1e9;
+    }
+    TD_TRY(measure_cpu_block(cfg, &r->block_fwd_ms, &r->block_bwd_ms));
+cleanup:
+    td_free(x);
+    td_free(w);
+    td_free(y);
+    td_copy_engine_destroy(eng);
+    if (d) td_arena_release(arena, d);
+    td_arena_destroy(arena);
+    if (h) td_hostpool_release(pool, h);
+    td_hostpool_destroy(pool);
+    return st;
+}
+
+void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r, td_train_bound *out)
+{
+    memset(out, 0, sizeof *out);
+    /* Compute: the measured block times (forward, recompute, backward of
+     * every block) plus the head's matmuls at the matmul rate, per
+     * micro-batch; without block times, every flop at the matmul rate. */
+    out->compute_ms = r->gflops > 0 ? p->flops_per_step / (r->gflops * 1e9) * 1e3 : 0;
+    if (r->block_fwd_ms > 0 && r->gflops > 0) {
+        double L = cfg->model.n_layer, head = 6.0 * cfg->micro_batch * cfg->seq_len * cfg->model.n_embd *
+                                              (double)cfg->model.padded_vocab_size;
+        out->compute_ms = cfg->grad_accum * (L * (r->block_fwd_ms + r->block_bwd_ms) + p->ckpt_blocks * r->block_fwd_ms +
+                                             head / (r->gflops * 1e9) * 1e3);
+    }
+    out->pcie_ms = r->copy_gbs > 0 ? (p->h2d_bytes_per_step + p->d2h_bytes_per_step) / (r->copy_gbs * 1e9) * 1e3 : 0;
+    /* The CPU AdamW streams its bytes a param at the measured DRAM rate (a
+     * compact state moves fewer bytes at the same rate). */
+    out->adam_gparams_per_s = r->dram_gbs > 0 && p->adam_bytes_per_param > 0 ? r->dram_gbs / p->adam_bytes_per_param
+                                                                            : r->adam_gps;
+    out->adam_ms = out->adam_gparams_per_s > 0 ? p->adam_cpu_params / (out->adam_gparams_per_s * 1e9) * 1e3 : 0;
+    out->bound_ms = out->compute_ms;
+    if (out->pcie_ms > out->bound_ms) out->bound_ms = out->pcie_ms;
+    if (out->adam_ms > out->bound_ms) out->bound_ms = out->adam_ms;
+    double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
+    out->tokens_per_s = out->bound_ms > 0 ? tokens / (out->bound_ms * 1e-3) : 0;
+}
