@@ -1,12 +1,14 @@
 /* `tidal bench adam`: CPU AdamW throughput beside a STREAM-style memory
  * bandwidth measured in the same run, on the same threads.
  *
- * Two paths, per size:
+ * Two paths, per size and per optimizer state type (--optim-state):
  *   fp32   fp32 grads, no param output: reads master, m, v, grad and writes
- *          master, m, v = 16 + 12 = 28 bytes per param;
+ *          master, m, v;
  *   mixed  bf16 grads in, bf16 params out (the offload path): reads master,
- *          m, v (12) and the bf16 grad (2), writes master, m, v (12) and the
- *          bf16 param (2) = 28 bytes per param.
+ *          m, v and the bf16 grad, writes master, m, v and the bf16 param.
+ * Bytes per param: 8 (master read + written) + 4 (fp32 grad, or bf16 grad +
+ * bf16 param) + m and v read and written, 4 * td_adam_moment_bytes / numel:
+ * fp32 state 28, bf16 state 20, int8 state 16.06 (codes + block scales).
  * Stores to master, m, v hit lines just read, so these counts are the DRAM
  * traffic; the bf16 output lines are also read for ownership by the CPU
  * (not counted, as STREAM does not count it).
@@ -39,7 +41,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define BYTES_PER_PARAM 28.0
 #define STREAM_ELEMS ((size_t)128 << 20) /* 512 MiB per fp32 array */
 
 static const double default_sizes[] = {1e6, 4e6, 16e6, 64e6, 200e6, 1e9};
@@ -140,9 +141,18 @@ cleanup:
 
 typedef struct result {
     const char *path;
-    double params, gparams_per_s, gbytes_per_s, stream_gbytes_per_s, fraction;
+    td_optim_state state;
+    double params, bytes_per_param, gparams_per_s, gbytes_per_s, stream_gbytes_per_s, fraction;
     int threads;
 } result;
+
+/* The DRAM bytes a param of a path moves with state `st` (see the top). */
+static double path_bytes_per_param(td_optim_state st, size_t n)
+{
+    return 12.0 + 4.0 * (double)td_adam_moment_bytes(st, n) / (double)n;
+}
+
+#define REF_BYTES_PER_ELEM 28.0 /* the reference pass: 4 fp32 arrays read, 3 written */
 
 /* The reference pass: the fp32 path's bytes with trivial arithmetic.  Reads
  * a, b, c, d and writes a, b, c in place (a += 0*d ...): 28 bytes per
@@ -198,7 +208,7 @@ static td_status time_path(td_adam_cpu *cpu, const td_adam_hparams *hp, td_adam_
         double t0 = td_now_ms();
         TD_TRY(td_adam_cpu_update(cpu, &c, ch, 1));
         double t1 = td_now_ms();
-        reference_pass(cpu, ch->master, ch->m, ch->v, ref_d, ch->numel, zero_v);
+        reference_pass(cpu, ch->master, (float *)ch->m, (float *)ch->v, ref_d, ch->numel, zero_v);
         double t2 = td_now_ms();
         if (step <= 2) continue; /* warm-up: clocks, TLBs, page tables */
         ms[n] = t1 - t0;
@@ -234,7 +244,10 @@ static void fill(td_adam_cpu *cpu, void *p, td_optim_dtype dt, size_t n, uint32_
     }
 }
 
-static td_status bench_size(td_adam_cpu *cpu, size_t n, double min_s, result out[2])
+/* Every path with every state in `states` at one size; out gets 2 results
+ * per state.  m and v are allocated at fp32 size (the reference pass runs
+ * over them as fp32 arrays); compact states use their first bytes. */
+static td_status bench_size(td_adam_cpu *cpu, size_t n, double min_s, const int *states, int n_states, result *out)
 {
     td_status st = TD_OK;
     big_buf master = {0}, m = {0}, v = {0}, g = {0};
@@ -243,31 +256,35 @@ static td_status bench_size(td_adam_cpu *cpu, size_t n, double min_s, result out
     TD_TRY(big_alloc(&m, n * 4));
     TD_TRY(big_alloc(&v, n * 4));
     TD_TRY(big_alloc(&g, n * 4)); /* fp32 grads; or bf16 grads + bf16 params, one half each */
-    for (int path = 0; path < 2; path++) {
-        td_adam_chunk ch = {.master = master.ptr, .m = m.ptr, .v = v.ptr, .numel = n};
-        if (path == 0) {
-            ch.grad = g.ptr;
-            ch.grad_dtype = TD_OPTIM_DTYPE_F32;
-        } else {
-            ch.grad = g.ptr;
-            ch.grad_dtype = TD_OPTIM_DTYPE_BF16;
-            ch.param_out = (uint16_t *)g.ptr + n;
-            ch.param_dtype = TD_OPTIM_DTYPE_BF16;
+    for (int k = 0; k < n_states; k++)
+        for (int path = 0; path < 2; path++) {
+            td_optim_state os = (td_optim_state)states[k];
+            td_adam_chunk ch = {.master = master.ptr, .m = m.ptr, .v = v.ptr, .numel = n, .state = os};
+            if (path == 0) {
+                ch.grad = g.ptr;
+                ch.grad_dtype = TD_OPTIM_DTYPE_F32;
+            } else {
+                ch.grad = g.ptr;
+                ch.grad_dtype = TD_OPTIM_DTYPE_BF16;
+                ch.param_out = (uint16_t *)g.ptr + n;
+                ch.param_dtype = TD_OPTIM_DTYPE_BF16;
+            }
+            TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32)); /* first touch of master, m, v */
+            fill(cpu, master.ptr, TD_OPTIM_DTYPE_F32, n, 0x9e3779b9u);
+            fill(cpu, g.ptr, ch.grad_dtype, n, 0x85ebca6bu + (uint32_t)path);
+            double ms = 0, ref_ms = 0;
+            TD_TRY(time_path(cpu, &hp, &ch, g.ptr, min_s, &ms, &ref_ms));
+            result *r = &out[k * 2 + path];
+            r->path = path == 0 ? "fp32" : "mixed";
+            r->state = os;
+            r->params = (double)n;
+            r->threads = td_adam_cpu_threads(cpu);
+            r->bytes_per_param = path_bytes_per_param(os, n);
+            r->gparams_per_s = (double)n / (ms * 1e-3) / 1e9;
+            r->gbytes_per_s = r->gparams_per_s * r->bytes_per_param;
+            r->stream_gbytes_per_s = REF_BYTES_PER_ELEM * (double)n / (ref_ms * 1e-3) / 1e9;
+            r->fraction = r->gbytes_per_s / r->stream_gbytes_per_s;
         }
-        TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32)); /* first touch of master, m, v */
-        fill(cpu, master.ptr, TD_OPTIM_DTYPE_F32, n, 0x9e3779b9u);
-        fill(cpu, g.ptr, ch.grad_dtype, n, 0x85ebca6bu + (uint32_t)path);
-        double ms = 0, ref_ms = 0;
-        TD_TRY(time_path(cpu, &hp, &ch, g.ptr, min_s, &ms, &ref_ms));
-        result *r = &out[path];
-        r->path = path == 0 ? "fp32" : "mixed";
-        r->params = (double)n;
-        r->threads = td_adam_cpu_threads(cpu);
-        r->gparams_per_s = (double)n / (ms * 1e-3) / 1e9;
-        r->gbytes_per_s = r->gparams_per_s * BYTES_PER_PARAM;
-        r->stream_gbytes_per_s = BYTES_PER_PARAM * (double)n / (ref_ms * 1e-3) / 1e9;
-        r->fraction = r->gbytes_per_s / r->stream_gbytes_per_s;
-    }
 cleanup:
     big_free(&master);
     big_free(&m);
@@ -276,11 +293,33 @@ cleanup:
     return st;
 }
 
+/* "all" or a comma-separated list of state names. */
+static td_status parse_states(const char *text, int *states, int *n)
+{
+    *n = 0;
+    if (!strcmp(text, "all")) {
+        for (int i = 0; i < TD_OPTIM_STATE_COUNT; i++) states[(*n)++] = i;
+        return TD_OK;
+    }
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", text);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        td_optim_state s;
+        if (td_optim_state_parse(tok, &s)) return td_error_prefix(TD_ERR_INVALID, "--optim-state: ");
+        for (int i = 0; i < *n; i++)
+            if (states[i] == (int)s) return td_error_set(TD_ERR_INVALID, "--optim-state: '%s' given twice", tok);
+        states[(*n)++] = (int)s;
+    }
+    if (*n == 0) return td_error_set(TD_ERR_INVALID, "--optim-state '%s': name fp32, bf16, int8 or all", text);
+    return TD_OK;
+}
+
 int td_bench_adam_main(int argc, char **argv)
 {
     double max_params = 1e9, min_s = 1.0;
     int json = 0, threads = 0, no_bind = 0;
-    const char *check_dir = NULL, *max_text = NULL, *isa_text = "auto";
+    const char *check_dir = NULL, *max_text = NULL, *isa_text = "auto", *states_text = "all";
+    int states[TD_OPTIM_STATE_COUNT], n_states = 0;
     td_optim_isa isa = TD_OPTIM_ISA_AUTO;
     td_opt table[] = {
         {"max-params", TD_OPT_STRING, &max_text, "N", "largest size (default 1G; k/M/G are powers of 1000); sizes that do\n"
@@ -288,18 +327,23 @@ int td_bench_adam_main(int argc, char **argv)
         {"threads", TD_OPT_INT, &threads, "T", "optimizer threads (default: all cores)", 0},
         {"no-bind", TD_OPT_FLAG, &no_bind, NULL, "do not bind thread i to core i (hwloc), as training does", 0},
         {"isa", TD_OPT_STRING, &isa_text, "ISA", "auto (default), scalar, avx2, avx512", 0},
+        {"optim-state", TD_OPT_STRING, &states_text, "LIST", "AdamW state types to time: all (default) or a comma list of\n"
+                                                              "fp32, bf16, int8", 0},
         {"min-seconds", TD_OPT_DOUBLE, &min_s, "S", "time per figure (default 1.0; at least 5 steps, median reported)", 0},
         {"json", TD_OPT_FLAG, &json, NULL, "one JSON object on stdout", 0},
         {"check-dir", TD_OPT_STRING, &check_dir, "DIR", "run the torch-oracle replay in DIR (tests/gpu/adam_torch_check.py)", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "bench adam",
-                          "usage: tidal bench adam [--json] [--max-params N] [--threads T] [--isa ISA] [--min-seconds S] [--no-bind]\n"
+                          "usage: tidal bench adam [--json] [--max-params N] [--threads T] [--isa ISA] [--optim-state LIST]\n"
+                          "                        [--min-seconds S] [--no-bind]\n"
                           "       tidal bench adam --check-dir DIR [--isa ISA] [--threads T]\n\n"
-                          "CPU AdamW throughput (G params/s, GB/s) for the fp32 path (fp32 grads, 28 bytes/param)\n"
-                          "and the mixed path (bf16 grads in, bf16 params out, 28 bytes/param), for sizes\n"
-                          "1M, 4M, 16M, 64M, 200M, 1G params up to --max-params, beside STREAM triad bandwidth\n"
-                          "measured in the same run; fraction_of_bound = achieved GB/s / triad GB/s.");
+                          "CPU AdamW throughput (G params/s, GB/s) for the fp32 path (fp32 grads, no param output)\n"
+                          "and the mixed path (bf16 grads in, bf16 params out), each with every optimizer state\n"
+                          "type (m and v in fp32: 28 bytes/param; bf16: 20; int8: 16.06), for sizes 1M, 4M, 16M,\n"
+                          "64M, 200M, 1G params up to --max-params; GB/s counts each row's own bytes, and\n"
+                          "fraction_of_bound = those GB/s / a reference pass's GB/s over the same buffers in\n"
+                          "the same run (4 fp32 arrays read, 3 written: the DRAM bound).");
     if (rc >= 0) return rc;
     rc = 1;
     int bind = !no_bind;
@@ -310,6 +354,8 @@ int td_bench_adam_main(int argc, char **argv)
         st = td_error_set(TD_ERR_INVALID, "--threads %d: use 1 to 4096", threads);
     else if (td_optim_isa_parse(isa_text, &isa))
         st = td_error_prefix(TD_ERR_INVALID, "--isa: ");
+    else if (parse_states(states_text, states, &n_states))
+        st = TD_ERR_INVALID;
     else if (!(min_s >= 0 && min_s < 3600))
         st = td_error_set(TD_ERR_INVALID, "--min-seconds %g: use 0 to 3600", min_s);
     if (st) {
@@ -356,21 +402,24 @@ int td_bench_adam_main(int argc, char **argv)
     double triad = 0;
     TD_TRY(stream_triad(cpu, &triad));
     fprintf(stderr, "  stream triad %.2f GB/s (3 arrays counted)\n", triad);
-    res = calloc((size_t)n_sizes * 2, sizeof *res);
+    res = calloc((size_t)n_sizes * 2 * (size_t)n_states, sizeof *res);
     if (!res) TD_FAIL(TD_ERR_NOMEM, "out of memory");
     for (size_t s = 0; s < fit; s++) {
-        TD_TRY(bench_size(cpu, sizes[s], min_s, res + n_res));
-        for (int k = 0; k < 2; k++, n_res++)
-            fprintf(stderr, "  %-5s %10zu params  %6.3f Gparams/s  %7.2f GB/s  stream %7.2f GB/s  %.3f of bound\n",
-                    res[n_res].path, sizes[s], res[n_res].gparams_per_s, res[n_res].gbytes_per_s,
-                    res[n_res].stream_gbytes_per_s, res[n_res].fraction);
+        TD_TRY(bench_size(cpu, sizes[s], min_s, states, n_states, res + n_res));
+        for (int k = 0; k < 2 * n_states; k++, n_res++)
+            fprintf(stderr,
+                    "  %-5s %-4s %10zu params  %5.2f B/param  %6.3f Gparams/s  %7.2f GB/s  stream %7.2f GB/s  "
+                    "%.3f of bound\n",
+                    res[n_res].path, td_optim_state_name(res[n_res].state), sizes[s], res[n_res].bytes_per_param,
+                    res[n_res].gparams_per_s, res[n_res].gbytes_per_s, res[n_res].stream_gbytes_per_s,
+                    res[n_res].fraction);
     }
     for (size_t s = fit; s < (size_t)n_sizes; s++)
         fprintf(stderr, "  skipped %zu params: needs %.1f GiB, %.1f GiB available\n", sizes[s],
                 16.0 * (double)sizes[s] / (double)TD_GiB, (double)avail / (double)TD_GiB);
 
     /* The headline bandwidth: the reference pass at the largest size (DRAM). */
-    double stream = n_res ? res[n_res - 2].stream_gbytes_per_s : 0;
+    double stream = n_res ? res[n_res - 1].stream_gbytes_per_s : 0;
     if (json) {
         out = cJSON_CreateObject();
         cJSON_AddNumberToObject(out, "stream_gbytes_per_s", stream);
@@ -381,12 +430,14 @@ int td_bench_adam_main(int argc, char **argv)
         cJSON_AddStringToObject(out, "isa", td_optim_isa_name(td_adam_cpu_isa(cpu)));
         cJSON_AddBoolToObject(out, "threads_bound_to_cores", topo != NULL);
         cJSON_AddStringToObject(out, "host_memory", topo ? td_topo_describe(topo) : "");
-        cJSON_AddNumberToObject(out, "bytes_per_param_fp32", BYTES_PER_PARAM);
-        cJSON_AddNumberToObject(out, "bytes_per_param_mixed", BYTES_PER_PARAM);
+        cJSON_AddNumberToObject(out, "bytes_per_param_fp32", 28.0); /* with fp32 state; per row: bytes_per_param */
+        cJSON_AddNumberToObject(out, "bytes_per_param_mixed", 28.0);
         cJSON *arr = cJSON_AddArrayToObject(out, "results");
         for (int i = 0; i < n_res; i++) {
             cJSON *r = cJSON_CreateObject();
             cJSON_AddStringToObject(r, "path", res[i].path);
+            cJSON_AddStringToObject(r, "state", td_optim_state_name(res[i].state));
+            cJSON_AddNumberToObject(r, "bytes_per_param", res[i].bytes_per_param);
             cJSON_AddNumberToObject(r, "params", res[i].params);
             cJSON_AddNumberToObject(r, "threads", res[i].threads);
             cJSON_AddNumberToObject(r, "gparams_per_s", res[i].gparams_per_s);
@@ -404,10 +455,12 @@ int td_bench_adam_main(int argc, char **argv)
     } else {
         printf("stream: %.2f GB/s (AdamW's access pattern, largest size); triad %.2f GB/s; %d threads, %s\n", stream,
                triad, td_adam_cpu_threads(cpu), td_optim_isa_name(td_adam_cpu_isa(cpu)));
-        printf("%-6s %12s %12s %10s %12s %10s\n", "path", "params", "Gparams/s", "GB/s", "stream GB/s", "of bound");
+        printf("%-6s %-5s %12s %8s %12s %10s %12s %10s\n", "path", "state", "params", "B/param", "Gparams/s", "GB/s",
+               "stream GB/s", "of bound");
         for (int i = 0; i < n_res; i++)
-            printf("%-6s %12.0f %12.3f %10.2f %12.2f %10.3f\n", res[i].path, res[i].params, res[i].gparams_per_s,
-                   res[i].gbytes_per_s, res[i].stream_gbytes_per_s, res[i].fraction);
+            printf("%-6s %-5s %12.0f %8.2f %12.3f %10.2f %12.2f %10.3f\n", res[i].path, td_optim_state_name(res[i].state),
+                   res[i].params, res[i].bytes_per_param, res[i].gparams_per_s, res[i].gbytes_per_s,
+                   res[i].stream_gbytes_per_s, res[i].fraction);
     }
     rc = 0;
 cleanup:

@@ -19,87 +19,132 @@
 #include <unistd.h>
 
 #include "tidal/alloc.h"
+#include "tidal/model.h"
 #include "tidal/util.h"
 
 /* --- configuration and parameter table ------------------------------------ */
 
+static int is_gpt2(const td_ckpt_config *cfg) { return cfg->family == TD_MODEL_GPT2; }
+
 td_status td_ckpt_config_check(const td_ckpt_config *cfg)
 {
     if (!cfg) return td_error_set(TD_ERR_INVALID, "checkpoint: no model configuration given");
-    if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd < 1 || cfg->n_positions < 1 ||
-        cfg->vocab_size < 1)
-        return td_error_set(TD_ERR_INVALID,
-                            "checkpoint: model sizes must be positive: n_layer %d, n_head %d, n_embd "
-                            "%d, n_positions %d, vocab_size %d",
-                            cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->n_positions, cfg->vocab_size);
-    if (cfg->n_embd % cfg->n_head)
-        return td_error_set(TD_ERR_INVALID, "checkpoint: n_embd %d is not a multiple of n_head %d",
-                            cfg->n_embd, cfg->n_head);
-    if (cfg->padded_vocab_size < cfg->vocab_size)
-        return td_error_set(TD_ERR_INVALID,
-                            "checkpoint: padded_vocab_size %d is smaller than vocab_size %d",
-                            cfg->padded_vocab_size, cfg->vocab_size);
+    if (cfg->n_head > 0 && cfg->n_embd % cfg->n_head) /* in config.json's words */
+        return td_error_set(TD_ERR_INVALID, "checkpoint: %s %d is not a multiple of %s %d",
+                            is_gpt2(cfg) ? "n_embd" : "hidden_size", cfg->n_embd,
+                            is_gpt2(cfg) ? "n_head" : "num_attention_heads", cfg->n_head);
+    td_status st = td_gpt_ref_config_check(cfg);
+    if (st) return td_error_prefix(st, "checkpoint: ");
     if (cfg->n_layer > 100000 || (int64_t)cfg->n_embd * 4 > INT32_MAX)
         return td_error_set(TD_ERR_INVALID, "checkpoint: n_layer %d / n_embd %d are out of range",
                             cfg->n_layer, cfg->n_embd);
     return TD_OK;
 }
 
-int td_ckpt_param_count(const td_ckpt_config *cfg) { return 4 + 12 * cfg->n_layer; }
+/* A Hugging Face tensor as a part of a tidal tensor: the tensor's position
+ * in its block (or the layout index outside blocks), and which part. */
+typedef enum part { WHOLE, PART_Q, PART_K, PART_V, PART_GATE, PART_UP } part;
 
-/* A block's 12 tensors in layout order: name suffix, tidal shape in units of
- * C (0 = absent dimension), and whether Hugging Face stores it transposed. */
-static const struct {
-    const char *suffix;
-    int rows_c, cols_c; /* multiples of C */
-    int transposed;
-} block_table[12] = {
-    {"ln_1.weight", 1, 0, 0},      {"ln_1.bias", 1, 0, 0},
-    {"attn.c_attn.weight", 3, 1, 1}, {"attn.c_attn.bias", 3, 0, 0},
-    {"attn.c_proj.weight", 1, 1, 1}, {"attn.c_proj.bias", 1, 0, 0},
-    {"ln_2.weight", 1, 0, 0},      {"ln_2.bias", 1, 0, 0},
-    {"mlp.c_fc.weight", 4, 1, 1},  {"mlp.c_fc.bias", 4, 0, 0},
-    {"mlp.c_proj.weight", 1, 4, 1}, {"mlp.c_proj.bias", 1, 0, 0},
-};
+typedef struct hf_part { td_gpt_ref_param kind; part part; const char *suffix; } hf_part;
+
+/* A LLaMA-family block's Hugging Face tensors, in save_pretrained's order. */
+static int llama_block_parts(const td_ckpt_config *cfg, hf_part out[12])
+{
+    int n = 0;
+    out[n++] = (hf_part){TD_GPT_REF_LN1_W, WHOLE, "input_layernorm.weight"};
+    out[n++] = (hf_part){TD_GPT_REF_QKV_W, PART_Q, "self_attn.q_proj.weight"};
+    if (cfg->qkv_bias) out[n++] = (hf_part){TD_GPT_REF_QKV_B, PART_Q, "self_attn.q_proj.bias"};
+    out[n++] = (hf_part){TD_GPT_REF_QKV_W, PART_K, "self_attn.k_proj.weight"};
+    if (cfg->qkv_bias) out[n++] = (hf_part){TD_GPT_REF_QKV_B, PART_K, "self_attn.k_proj.bias"};
+    out[n++] = (hf_part){TD_GPT_REF_QKV_W, PART_V, "self_attn.v_proj.weight"};
+    if (cfg->qkv_bias) out[n++] = (hf_part){TD_GPT_REF_QKV_B, PART_V, "self_attn.v_proj.bias"};
+    out[n++] = (hf_part){TD_GPT_REF_ATTPROJ_W, WHOLE, "self_attn.o_proj.weight"};
+    out[n++] = (hf_part){TD_GPT_REF_LN2_W, WHOLE, "post_attention_layernorm.weight"};
+    out[n++] = (hf_part){TD_GPT_REF_FC_W, PART_GATE, "mlp.gate_proj.weight"};
+    out[n++] = (hf_part){TD_GPT_REF_FC_W, PART_UP, "mlp.up_proj.weight"};
+    out[n++] = (hf_part){TD_GPT_REF_FCPROJ_W, WHOLE, "mlp.down_proj.weight"};
+    return n;
+}
+
+/* Hugging Face tensors per block, and the tidal tensors outside blocks. */
+static int hf_block_count(const td_ckpt_config *cfg)
+{
+    hf_part parts[12];
+    return is_gpt2(cfg) ? TD_GPT_REF_BLOCK_TENSORS : llama_block_parts(cfg, parts);
+}
+
+int td_ckpt_param_count(const td_ckpt_config *cfg)
+{
+    return td_gpt_ref_tensor_count(cfg) - td_model_block_tensor_count(cfg) * cfg->n_layer +
+           hf_block_count(cfg) * cfg->n_layer;
+}
+
+/* The rows of a part of a fused (rows, ...) tensor: first row and count. */
+static void part_rows(const td_ckpt_config *cfg, part pt, int64_t *row0, int64_t *rows)
+{
+    const int64_t hs = td_model_head_size(cfg), q = (int64_t)cfg->n_head * hs;
+    const int64_t kv = (int64_t)td_model_kv_heads(cfg) * hs, H = td_model_mlp_width(cfg);
+    switch (pt) {
+    case PART_Q: *row0 = 0; *rows = q; return;
+    case PART_K: *row0 = q; *rows = kv; return;
+    case PART_V: *row0 = q + kv; *rows = kv; return;
+    case PART_GATE: *row0 = 0; *rows = H; return;
+    case PART_UP: *row0 = H; *rows = H; return;
+    default: *row0 = 0; *rows = -1; return;
+    }
+}
 
 td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param *out)
 {
     const int count = td_ckpt_param_count(cfg);
-    const int64_t C = cfg->n_embd;
     memset(out, 0, sizeof *out);
     if (index < 0 || index >= count)
         return td_error_set(TD_ERR_INVALID, "checkpoint: parameter index %d out of range (0..%d)",
                             index, count - 1);
-    out->layer = -1;
-    out->ndim = 1;
-    if (index == 0) {
-        snprintf(out->name, sizeof out->name, "wte.weight");
-        out->ndim = 2;
-        out->shape[0] = cfg->padded_vocab_size;
-        out->shape[1] = C;
-        out->hf_shape[0] = cfg->vocab_size;
-        out->hf_shape[1] = C;
-    } else if (index == 1) {
-        snprintf(out->name, sizeof out->name, "wpe.weight");
-        out->ndim = 2;
-        out->shape[0] = out->hf_shape[0] = cfg->n_positions;
-        out->shape[1] = out->hf_shape[1] = C;
-    } else if (index >= count - 2) {
-        snprintf(out->name, sizeof out->name, "ln_f.%s", index == count - 2 ? "weight" : "bias");
-        out->shape[0] = out->hf_shape[0] = C;
-    } else {
-        const int k = (index - 2) % 12;
-        out->layer = (index - 2) / 12;
-        snprintf(out->name, sizeof out->name, "h.%d.%s", out->layer, block_table[k].suffix);
-        out->shape[0] = block_table[k].rows_c * C;
-        if (block_table[k].cols_c) {
-            out->ndim = 2;
-            out->shape[1] = block_table[k].cols_c * C;
+    const int ne = td_model_embed_tensor_count(cfg), nb = td_model_block_tensor_count(cfg);
+    const int hb = hf_block_count(cfg), L = cfg->n_layer;
+    hf_part part = {0, WHOLE, NULL};
+    if (index < ne) {
+        out->tensor = index;
+    } else if (index < ne + hb * L) {
+        const int layer = (index - ne) / hb, k = (index - ne) % hb;
+        if (is_gpt2(cfg)) {
+            out->tensor = ne + layer * nb + k;
+        } else {
+            hf_part parts[12];
+            llama_block_parts(cfg, parts);
+            part = parts[k];
+            out->tensor = -1;
+            for (int j = 0; j < nb && out->tensor < 0; j++) { /* the block tensor of this kind */
+                td_gpt_ref_tensor t;
+                td_gpt_ref_tensor_get(cfg, ne + layer * nb + j, &t);
+                if (t.kind == part.kind) out->tensor = ne + layer * nb + j;
+            }
         }
-        out->transposed = block_table[k].transposed;
-        out->hf_shape[0] = out->transposed ? out->shape[1] : out->shape[0];
-        out->hf_shape[1] = out->transposed ? out->shape[0] : out->shape[1];
+    } else {
+        out->tensor = index - ne - hb * L + ne + nb * L;
     }
+    td_gpt_ref_tensor t;
+    td_gpt_ref_tensor_get(cfg, out->tensor, &t);
+    out->layer = t.layer;
+    out->ndim = t.ndim;
+    out->shape[0] = t.shape[0];
+    out->shape[1] = t.ndim == 2 ? t.shape[1] : 0;
+    if (part.suffix) {
+        snprintf(out->name, sizeof out->name, "model.layers.%d.%s", t.layer, part.suffix);
+        int64_t row0, rows;
+        part_rows(cfg, part.part, &row0, &rows);
+        if (rows >= 0) {
+            out->shape[0] = rows;
+            out->offset = (uint64_t)row0 * (uint64_t)(t.ndim == 2 ? t.shape[1] : 1);
+        }
+    } else {
+        snprintf(out->name, sizeof out->name, "%s", t.name);
+    }
+    out->transposed = t.hf_transposed;
+    out->hf_shape[0] = out->transposed ? out->shape[1] : out->shape[0];
+    out->hf_shape[1] = out->transposed ? out->shape[0] : out->shape[1];
+    if (t.kind == TD_GPT_REF_WTE || t.kind == TD_GPT_REF_LM_HEAD) out->hf_shape[0] = cfg->vocab_size;
     out->numel = (uint64_t)out->shape[0] * (uint64_t)(out->ndim == 2 ? out->shape[1] : 1);
     out->hf_numel = (uint64_t)out->hf_shape[0] * (uint64_t)(out->ndim == 2 ? out->hf_shape[1] : 1);
     return TD_OK;
@@ -119,26 +164,46 @@ static int parse_layer(const char *s, const char **rest)
     return (int)v;
 }
 
-static const char *strip_prefix(const char *name)
+/* GPT-2 files may carry "transformer." in front of every name. */
+static const char *strip_prefix(const td_ckpt_config *cfg, const char *name)
 {
     static const char prefix[] = "transformer.";
+    if (!is_gpt2(cfg)) return name;
     return strncmp(name, prefix, sizeof prefix - 1) ? name : name + sizeof prefix - 1;
+}
+
+/* The block prefix of the family's names: "h." or "model.layers.". */
+static const char *block_prefix(const td_ckpt_config *cfg) { return is_gpt2(cfg) ? "h." : "model.layers."; }
+
+/* The layer of a block tensor's name and the rest after "<prefix><layer>.", or -1. */
+static int name_layer(const td_ckpt_config *cfg, const char *name, const char **rest)
+{
+    const char *pre = block_prefix(cfg);
+    if (strncmp(name, pre, strlen(pre))) return -1;
+    return parse_layer(name + strlen(pre), rest);
 }
 
 int td_ckpt_param_find(const td_ckpt_config *cfg, const char *name)
 {
-    name = strip_prefix(name);
-    const int count = td_ckpt_param_count(cfg);
-    if (!strcmp(name, "wte.weight")) return 0;
-    if (!strcmp(name, "wpe.weight")) return 1;
-    if (!strcmp(name, "ln_f.weight")) return count - 2;
-    if (!strcmp(name, "ln_f.bias")) return count - 1;
-    if (strncmp(name, "h.", 2)) return -1;
+    name = strip_prefix(cfg, name);
+    const int count = td_ckpt_param_count(cfg), ne = td_model_embed_tensor_count(cfg);
+    const int hb = hf_block_count(cfg), L = cfg->n_layer;
     const char *rest;
-    int layer = parse_layer(name + 2, &rest);
-    if (layer < 0 || layer >= cfg->n_layer) return -1;
-    for (int k = 0; k < 12; k++)
-        if (!strcmp(rest, block_table[k].suffix)) return 2 + 12 * layer + k;
+    int layer = name_layer(cfg, name, &rest);
+    if (layer >= 0) {
+        if (layer >= L) return -1;
+        for (int k = 0; k < hb; k++) {
+            td_ckpt_param p;
+            td_ckpt_param_get(cfg, ne + layer * hb + k, &p);
+            if (!strcmp(name, p.name)) return ne + layer * hb + k;
+        }
+        return -1;
+    }
+    for (int i = 0; i < count; i = i == ne - 1 ? ne + hb * L : i + 1) { /* outside the blocks */
+        td_ckpt_param p;
+        td_ckpt_param_get(cfg, i, &p);
+        if (!strcmp(name, p.name)) return i;
+    }
     return -1;
 }
 
@@ -168,17 +233,22 @@ static const char *torch_dtype_name(td_dtype dt)
     return dt == TD_DTYPE_BF16 ? "bfloat16" : dt == TD_DTYPE_F16 ? "float16" : "float32";
 }
 
-static td_status write_config_json(const char *path, const td_ckpt_config *cfg, td_dtype weight_dtype)
+/* A float as the shortest decimal that reads back as the same float
+ * (1e-05, not 9.99999974738e-06), as a double for cJSON. */
+static double short_float(float f)
 {
-    td_status st = TD_OK;
-    char *text = NULL;
-    cJSON *o = cJSON_CreateObject(), *arch = cJSON_CreateArray();
-    if (!o || !arch) {
-        cJSON_Delete(arch);
-        TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory for %s", path);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", f);
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, f);
+        if ((float)strtod(buf, NULL) == f) break;
     }
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddItemToObject(o, "architectures", arch);
+    return strtod(buf, NULL);
+}
+
+static void add_gpt2_config(cJSON *o, const td_ckpt_config *cfg)
+{
+    cJSON_AddItemToArray(cJSON_GetObjectItem(o, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
     cJSON_AddStringToObject(o, "model_type", "gpt2");
     cJSON_AddNumberToObject(o, "n_layer", cfg->n_layer);
     cJSON_AddNumberToObject(o, "n_head", cfg->n_head);
@@ -200,6 +270,63 @@ static td_status write_config_json(const char *path, const td_ckpt_config *cfg, 
     cJSON_AddTrueToObject(o, "tie_word_embeddings");
     cJSON_AddNumberToObject(o, "bos_token_id", cfg->vocab_size - 1);
     cJSON_AddNumberToObject(o, "eos_token_id", cfg->vocab_size - 1);
+}
+
+/* LlamaConfig / Qwen2Config: what transformers needs to build the same model. */
+static void add_llama_config(cJSON *o, const td_ckpt_config *cfg)
+{
+    const int qwen = cfg->family == TD_MODEL_QWEN2;
+    cJSON_AddItemToArray(cJSON_GetObjectItem(o, "architectures"),
+                         cJSON_CreateString(qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+    cJSON_AddStringToObject(o, "model_type", qwen ? "qwen2" : "llama");
+    cJSON_AddNumberToObject(o, "hidden_size", cfg->n_embd);
+    cJSON_AddNumberToObject(o, "intermediate_size", td_model_mlp_width(cfg));
+    cJSON_AddNumberToObject(o, "num_hidden_layers", cfg->n_layer);
+    cJSON_AddNumberToObject(o, "num_attention_heads", cfg->n_head);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", td_model_kv_heads(cfg));
+    if (!qwen) cJSON_AddNumberToObject(o, "head_dim", td_model_head_size(cfg));
+    cJSON_AddNumberToObject(o, "max_position_embeddings", cfg->n_positions);
+    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", short_float(td_model_norm_eps(cfg)));
+    cJSON_AddNumberToObject(o, "rope_theta", short_float(td_model_rope_theta(cfg)));
+    if (cfg->rope_scaling.factor > 0) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddNumberToObject(rs, "factor", short_float(cfg->rope_scaling.factor));
+        cJSON_AddNumberToObject(rs, "low_freq_factor", short_float(cfg->rope_scaling.low_freq_factor));
+        cJSON_AddNumberToObject(rs, "high_freq_factor", short_float(cfg->rope_scaling.high_freq_factor));
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", cfg->rope_scaling.original_max_positions);
+    } else {
+        cJSON_AddNullToObject(o, "rope_scaling");
+    }
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", !cfg->untied_head);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    if (!qwen) {
+        cJSON_AddFalseToObject(o, "attention_bias");
+        cJSON_AddFalseToObject(o, "mlp_bias");
+        cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+    } else {
+        cJSON_AddFalseToObject(o, "use_sliding_window");
+        cJSON_AddNumberToObject(o, "sliding_window", cfg->n_positions);
+        cJSON_AddNumberToObject(o, "max_window_layers", cfg->n_layer);
+    }
+    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    cJSON_AddTrueToObject(o, "use_cache");
+}
+
+static td_status write_config_json(const char *path, const td_ckpt_config *cfg, td_dtype weight_dtype)
+{
+    td_status st = TD_OK;
+    char *text = NULL;
+    cJSON *o = cJSON_CreateObject(), *arch = cJSON_CreateArray();
+    if (!o || !arch) {
+        cJSON_Delete(arch);
+        TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory for %s", path);
+    }
+    cJSON_AddItemToObject(o, "architectures", arch);
+    if (is_gpt2(cfg)) add_gpt2_config(o, cfg);
+    else add_llama_config(o, cfg);
     cJSON_AddStringToObject(o, "torch_dtype", torch_dtype_name(weight_dtype));
     cJSON_AddNumberToObject(o, "tidal_format_version", TD_CKPT_FORMAT_VERSION);
     cJSON_AddNumberToObject(o, "tidal_padded_vocab_size", cfg->padded_vocab_size);
@@ -245,9 +372,9 @@ cleanup:
 static td_status json_int(const char *path, const cJSON *o, const char *key, int required, int *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) {
+    if (!v || cJSON_IsNull(v)) {
         if (required)
-            return td_error_set(TD_ERR_INVALID, "%s: no \"%s\"; a GPT-2 config.json needs it", path, key);
+            return td_error_set(TD_ERR_INVALID, "%s: no \"%s\"; this config.json needs it", path, key);
         return TD_OK;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
@@ -257,30 +384,40 @@ static td_status json_int(const char *path, const cJSON *o, const char *key, int
     return TD_OK;
 }
 
-/* Hugging Face GPT2Config -> td_ckpt_config, refusing variants tidal would
- * compute differently. */
-static td_status parse_config_json(const char *path, td_ckpt_config *cfg)
+/* A positive number (left as is when absent and not required). */
+static td_status json_float(const char *path, const cJSON *o, const char *key, int required, float *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return td_error_set(TD_ERR_INVALID, "%s: no \"%s\"; this config.json needs it", path, key);
+        return TD_OK;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite((float)v->valuedouble))
+        return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be a positive number", path, key);
+    *out = (float)v->valuedouble;
+    return TD_OK;
+}
+
+/* A boolean (left as is when absent). */
+static td_status json_bool(const char *path, const cJSON *o, const char *key, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return TD_OK;
+    if (!cJSON_IsBool(v)) return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be true or false", path, key);
+    *out = cJSON_IsTrue(v);
+    return TD_OK;
+}
+
+/* Hugging Face GPT2Config, refusing variants tidal would compute differently. */
+static td_status parse_gpt2_json(const char *path, const cJSON *o, td_ckpt_config *cfg)
 {
     td_status st = TD_OK;
-    char *text = NULL;
-    size_t len = 0;
-    cJSON *o = NULL;
-    memset(cfg, 0, sizeof *cfg);
-    TD_TRY(read_small_file(path, &text, &len));
-    o = cJSON_ParseWithLength(text, len);
-    if (!cJSON_IsObject(o)) TD_FAIL(TD_ERR_INVALID, "%s is not a JSON object", path);
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
-    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "gpt2")))
-        TD_FAIL(TD_ERR_INVALID, "%s: model_type \"%s\" is not \"gpt2\"; tidal loads GPT-2 models only",
-                path, cJSON_IsString(v) ? v->valuestring : "?");
     TD_TRY(json_int(path, o, "n_layer", 1, &cfg->n_layer));
     TD_TRY(json_int(path, o, "n_head", 1, &cfg->n_head));
     TD_TRY(json_int(path, o, "n_embd", 1, &cfg->n_embd));
     TD_TRY(json_int(path, o, "n_positions", 1, &cfg->n_positions));
     TD_TRY(json_int(path, o, "vocab_size", 1, &cfg->vocab_size));
-    cfg->padded_vocab_size = cfg->vocab_size;
-    TD_TRY(json_int(path, o, "tidal_padded_vocab_size", 0, &cfg->padded_vocab_size));
-    v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
     if (v && (!cJSON_IsString(v) ||
               (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
         TD_FAIL(TD_ERR_INVALID, "%s: activation_function \"%s\" is not supported; tidal computes GELU "
@@ -302,10 +439,130 @@ static td_status parse_config_json(const char *path, td_ckpt_config *cfg)
     v = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
     if (v && !cJSON_IsTrue(v))
         TD_FAIL(TD_ERR_INVALID, "%s: tie_word_embeddings must be true (tidal's head is tied to wte)", path);
+    if (cfg->n_embd % cfg->n_head)
+        TD_FAIL(TD_ERR_INVALID, "%s: n_embd %d is not a multiple of n_head %d", path, cfg->n_embd, cfg->n_head);
+cleanup:
+    return st;
+}
+
+/* rope_scaling: null, type "default", or type "llama3" with its four fields. */
+static td_status parse_rope_scaling(const char *path, const cJSON *o, td_ckpt_config *cfg)
+{
+    td_status st = TD_OK;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs)) return TD_OK;
+    if (!cJSON_IsObject(rs)) return td_error_set(TD_ERR_INVALID, "%s: \"rope_scaling\" must be null or an object", path);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type"); /* older transformers */
+    if (!cJSON_IsString(type))
+        return td_error_set(TD_ERR_INVALID, "%s: \"rope_scaling\" has no string \"rope_type\"", path);
+    if (!strcmp(type->valuestring, "default")) return TD_OK;
+    if (strcmp(type->valuestring, "llama3"))
+        return td_error_set(TD_ERR_INVALID, "%s: rope_scaling type \"%s\" is not supported; tidal computes "
+                            "\"llama3\" scaling (or none)", path, type->valuestring);
+    td_rope_scaling *r = &cfg->rope_scaling;
+    char where[600];
+    snprintf(where, sizeof where, "%s (rope_scaling)", path);
+    TD_TRY(json_float(where, rs, "factor", 1, &r->factor));
+    TD_TRY(json_float(where, rs, "low_freq_factor", 1, &r->low_freq_factor));
+    TD_TRY(json_float(where, rs, "high_freq_factor", 1, &r->high_freq_factor));
+    TD_TRY(json_int(where, rs, "original_max_position_embeddings", 1, &r->original_max_positions));
+    if (!(r->high_freq_factor > r->low_freq_factor))
+        TD_FAIL(TD_ERR_INVALID, "%s: \"high_freq_factor\" %g must exceed \"low_freq_factor\" %g", where,
+                r->high_freq_factor, r->low_freq_factor);
+cleanup:
+    return st;
+}
+
+/* A field tidal does not implement must be absent or have this value. */
+static td_status json_must_be(const char *path, const cJSON *o, const char *key, int want_true, const char *why)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v) || (want_true ? cJSON_IsTrue(v) : cJSON_IsFalse(v))) return TD_OK;
+    return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be %s; %s", path, key, want_true ? "true" : "false", why);
+}
+
+/* LlamaConfig / Qwen2Config (transformers' defaults for what is absent). */
+static td_status parse_llama_json(const char *path, const cJSON *o, td_model_family family, td_ckpt_config *cfg)
+{
+    td_status st = TD_OK;
+    td_model_desc_set_family(cfg, family);
+    TD_TRY(json_int(path, o, "hidden_size", 1, &cfg->n_embd));
+    TD_TRY(json_int(path, o, "intermediate_size", 1, &cfg->n_inner));
+    TD_TRY(json_int(path, o, "num_hidden_layers", 1, &cfg->n_layer));
+    TD_TRY(json_int(path, o, "num_attention_heads", 1, &cfg->n_head));
+    cfg->n_kv_head = cfg->n_head;
+    TD_TRY(json_int(path, o, "num_key_value_heads", 0, &cfg->n_kv_head));
+    TD_TRY(json_int(path, o, "max_position_embeddings", 1, &cfg->n_positions));
+    TD_TRY(json_int(path, o, "vocab_size", 1, &cfg->vocab_size));
+    cfg->norm_eps = 1e-6f;
+    TD_TRY(json_float(path, o, "rms_norm_eps", 0, &cfg->norm_eps));
+    cfg->rope_theta = 10000.0f;
+    TD_TRY(json_float(path, o, "rope_theta", 0, &cfg->rope_theta));
+    int tied = 0;
+    TD_TRY(json_bool(path, o, "tie_word_embeddings", &tied));
+    cfg->untied_head = !tied;
+    TD_TRY(parse_rope_scaling(path, o, cfg));
+    if (cfg->n_embd % cfg->n_head)
+        TD_FAIL(TD_ERR_INVALID, "%s: \"hidden_size\" %d is not a multiple of \"num_attention_heads\" %d", path,
+                cfg->n_embd, cfg->n_head);
+    if (cfg->n_head % cfg->n_kv_head)
+        TD_FAIL(TD_ERR_INVALID, "%s: \"num_key_value_heads\" %d does not divide \"num_attention_heads\" %d", path,
+                cfg->n_kv_head, cfg->n_head);
+    int head_dim = td_model_head_size(cfg);
+    TD_TRY(json_int(path, o, "head_dim", 0, &head_dim));
+    if (head_dim != td_model_head_size(cfg))
+        TD_FAIL(TD_ERR_INVALID, "%s: \"head_dim\" %d is not hidden_size / num_attention_heads = %d; tidal's heads "
+                "split the width", path, head_dim, td_model_head_size(cfg));
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
+    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu")))
+        TD_FAIL(TD_ERR_INVALID, "%s: \"hidden_act\" %s%s%s is not supported; tidal's SwiGLU uses \"silu\"", path,
+                cJSON_IsString(v) ? "\"" : "", cJSON_IsString(v) ? v->valuestring : "(not a string)",
+                cJSON_IsString(v) ? "\"" : "");
+    TD_TRY(json_must_be(path, o, "attention_bias", 0, "tidal's LLaMA has no attention biases (Qwen2 has q/k/v ones)"));
+    TD_TRY(json_must_be(path, o, "mlp_bias", 0, "tidal's MLP has no biases"));
+    TD_TRY(json_must_be(path, o, "use_sliding_window", 0, "tidal attends over the whole sequence"));
+    TD_TRY(json_must_be(path, o, "rope_interleaved", 0, "tidal rotates in transformers' rotate-half layout"));
+    v = cJSON_GetObjectItemCaseSensitive(o, "pretraining_tp");
+    if (v && !cJSON_IsNull(v) && (!cJSON_IsNumber(v) || v->valuedouble != 1))
+        TD_FAIL(TD_ERR_INVALID, "%s: \"pretraining_tp\" must be 1", path);
+cleanup:
+    return st;
+}
+
+static td_status parse_config_json(const char *path, td_ckpt_config *cfg)
+{
+    td_status st = TD_OK;
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *o = NULL;
+    memset(cfg, 0, sizeof *cfg);
+    TD_TRY(read_small_file(path, &text, &len));
+    o = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(o)) TD_FAIL(TD_ERR_INVALID, "%s is not a JSON object", path);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    if (v && !cJSON_IsString(v)) TD_FAIL(TD_ERR_INVALID, "%s: \"model_type\" must be a string", path);
+    const char *type = v ? v->valuestring : "gpt2";
+    if (!strcmp(type, "gpt2")) TD_TRY(parse_gpt2_json(path, o, cfg));
+    else if (!strcmp(type, "llama")) TD_TRY(parse_llama_json(path, o, TD_MODEL_LLAMA, cfg));
+    else if (!strcmp(type, "qwen2")) TD_TRY(parse_llama_json(path, o, TD_MODEL_QWEN2, cfg));
+    else
+        TD_FAIL(TD_ERR_INVALID, "%s: model_type \"%s\" is not supported; tidal loads gpt2, llama and qwen2 models",
+                path, type);
+    cfg->padded_vocab_size = cfg->vocab_size;
+    TD_TRY(json_int(path, o, "tidal_padded_vocab_size", 0, &cfg->padded_vocab_size));
 cleanup:
     cJSON_Delete(o);
     td_free(text);
     return st;
+}
+
+td_status td_ckpt_config_read(const char *path, td_ckpt_config *out)
+{
+    td_status st = parse_config_json(path, out);
+    if (st) return st;
+    st = td_ckpt_config_check(out);
+    return st ? td_error_prefix(st, "%s: ", path) : TD_OK;
 }
 
 /* --- paths and the directory protocol ------------------------------------- */
@@ -338,13 +595,21 @@ static td_status normalize_dir(const char *dir, char **out)
 
 /* Names of files tidal writes into a checkpoint directory, and their
  * temporary forms "<name>.tmp.<digits>". */
+/* "model-00001-of-00003.safetensors": a shard's name, its length, or 0. */
+static size_t shard_name_len(const char *name)
+{
+    int a = 0, b = 0, n = 0;
+    if (sscanf(name, "model-%5d-of-%5d.safetensors%n", &a, &b, &n) != 2 || n != 32 || a < 1 || a > b) return 0;
+    return (size_t)n;
+}
+
 static int is_ckpt_file(const char *name)
 {
     static const char *known[] = {TD_CKPT_CONFIG_FILE, TD_CKPT_MODEL_FILE, TD_CKPT_STATE_FILE, "vocab.json",
-                                  "merges.txt", "tokenizer.json"};
+                                  "merges.txt", "tokenizer.json", TD_CKPT_MODEL_FILE ".index.json", NULL};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
-        size_t k = strlen(known[i]);
-        if (strncmp(name, known[i], k)) continue;
+        size_t k = known[i] ? strlen(known[i]) : shard_name_len(name); /* NULL: a shard */
+        if (!k || strncmp(name, known[i] ? known[i] : name, k)) continue;
         if (name[k] == '\0') return 1;
         if (strncmp(name + k, ".tmp.", 5) || !name[k + 5]) continue;
         const char *p = name + k + 5;
@@ -473,7 +738,10 @@ struct td_ckpt_writer {
     td_ckpt_write_options opt;
     char *dir, *tmp_dir, *old_dir;
     int n_params;
-    td_st_writer *model, *state;
+    td_st_writer **model, *state;    /* model: n_model files (shards), params in order */
+    int n_model;
+    int *shard_of;                   /* [n_params]: the file of each param */
+    size_t *local_of;                /* [n_params]: its index in that file */
     int n_extra;
     unsigned char *scratch; /* transposes, SCRATCH_BYTES */
     td_ckpt_group group;    /* size 0: one process streaming */
@@ -498,7 +766,10 @@ static void stage(const td_ckpt_writer *w, td_ckpt_stage s)
 void td_ckpt_writer_abort(td_ckpt_writer *w)
 {
     if (!w) return;
-    td_st_writer_abort(w->model);
+    for (int i = 0; w->model && i < w->n_model; i++) td_st_writer_abort(w->model[i]);
+    td_free(w->model);
+    td_free(w->shard_of);
+    td_free(w->local_of);
     td_st_writer_abort(w->state);
     if (w->tmp_dir && w->group.rank == 0 && is_dir(w->tmp_dir)) { /* in a group, rank 0's */
         /* Cleanup must not hide the error that made the caller abort. */
@@ -521,19 +792,79 @@ void td_ckpt_writer_abort(td_ckpt_writer *w)
     td_free(w);
 }
 
+/* model.safetensors.index.json: the total size and the file of each tensor. */
+static td_status write_index(const td_ckpt_writer *w, uint64_t total, char **names)
+{
+    td_status st = TD_OK;
+    char *text = NULL, *path = cat3(w->tmp_dir, "/", TD_CKPT_MODEL_FILE ".index.json");
+    cJSON *o = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(o, "metadata");
+    cJSON *map = cJSON_AddObjectToObject(o, "weight_map");
+    if (!path || !o || !meta || !map) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    for (int i = 0; i < w->n_params; i++) {
+        td_ckpt_param p;
+        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        cJSON_AddStringToObject(map, p.name, names[w->shard_of[i]]);
+    }
+    if (!(text = cJSON_Print(o))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    TD_TRY(td_write_file_atomic(path, text, strlen(text)));
+cleanup:
+    if (text) cJSON_free(text);
+    cJSON_Delete(o);
+    td_free(path);
+    return st;
+}
+
+/* The weights' files: model.safetensors, or shards of at most shard_bytes
+ * (a tensor larger than that gets a shard of its own) with their index. */
 static td_status declare_files(td_ckpt_writer *w)
 {
     td_status st = TD_OK;
-    char *path = NULL;
-    if (!(path = cat3(w->tmp_dir, "/", TD_CKPT_MODEL_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
-    TD_TRY(td_st_writer_create(path, &w->model));
-    TD_TRY(td_st_writer_add_metadata(w->model, "format", "pt")); /* transformers requires it */
+    char *path = NULL, **names = NULL;
+    const size_t es = td_dtype_bytes(w->opt.weight_dtype);
+    const uint64_t limit = w->opt.shard_bytes ? w->opt.shard_bytes : (uint64_t)5000000000u;
+    w->shard_of = td_calloc((size_t)w->n_params, sizeof(int), TD_ROLE_META);
+    w->local_of = td_calloc((size_t)w->n_params, sizeof(size_t), TD_ROLE_META);
+    if (!w->shard_of || !w->local_of) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    uint64_t total = 0, in_shard = 0;
+    int shards = 1;
+    size_t local = 0;
+    for (int i = 0; i < w->n_params; i++) {
+        td_ckpt_param p;
+        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        uint64_t bytes = p.hf_numel * es;
+        if (in_shard && in_shard + bytes > limit) {
+            shards++;
+            in_shard = 0;
+            local = 0;
+        }
+        w->shard_of[i] = shards - 1;
+        w->local_of[i] = local++;
+        in_shard += bytes;
+        total += bytes;
+    }
+    w->model = td_calloc((size_t)shards, sizeof *w->model, TD_ROLE_META);
+    names = td_calloc((size_t)shards, sizeof *names, TD_ROLE_META);
+    if (!w->model || !names) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    w->n_model = shards;
+    for (int k = 0; k < shards; k++) {
+        char name[64];
+        if (shards == 1) snprintf(name, sizeof name, "%s", TD_CKPT_MODEL_FILE);
+        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, shards);
+        names[k] = cat3(name, "", NULL);
+        td_free(path);
+        if (!names[k] || !(path = cat3(w->tmp_dir, "/", name))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+        TD_TRY(td_st_writer_create(path, &w->model[k]));
+        TD_TRY(td_st_writer_add_metadata(w->model[k], "format", "pt")); /* transformers requires it */
+    }
     for (int i = 0; i < w->n_params; i++) {
         td_ckpt_param p;
         TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
         uint64_t shape[2] = {(uint64_t)p.hf_shape[0], (uint64_t)p.hf_shape[1]};
-        TD_TRY(td_st_writer_declare(w->model, p.name, st_dtype_of(w->opt.weight_dtype), p.ndim, shape, NULL));
+        TD_TRY(td_st_writer_declare(w->model[w->shard_of[i]], p.name, st_dtype_of(w->opt.weight_dtype), p.ndim,
+                                    shape, NULL));
     }
+    if (shards > 1 && w->group.rank == 0) TD_TRY(write_index(w, total, names)); /* in a group, rank 0's */
     if (!w->opt.train_state) goto cleanup;
     td_free(path);
     if (!(path = cat3(w->tmp_dir, "/", TD_CKPT_STATE_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
@@ -550,6 +881,8 @@ static td_status declare_files(td_ckpt_writer *w)
         }
     }
 cleanup:
+    for (int k = 0; names && k < w->n_model; k++) td_free(names[k]);
+    td_free(names);
     td_free(path);
     return st;
 }
@@ -557,11 +890,11 @@ cleanup:
 /* --- the files a ranged save writes --------------------------------------------- */
 
 /* The weights' file of a parameter and its index there. */
-static td_st_writer *weight_file(const td_ckpt_writer *w, int param) { (void)param; return w->model; }
-static size_t weight_index(const td_ckpt_writer *w, int param) { (void)w; return (size_t)param; }
+static td_st_writer *weight_file(const td_ckpt_writer *w, int param) { return w->model[w->shard_of[param]]; }
+static size_t weight_index(const td_ckpt_writer *w, int param) { return w->local_of[param]; }
 /* Every file of the save: the weights' file(s), then the train state. */
-static int file_count(const td_ckpt_writer *w) { return 1 + (w->state != NULL); }
-static td_st_writer **file_at(td_ckpt_writer *w, int k) { return k == 0 ? &w->model : &w->state; }
+static int file_count(const td_ckpt_writer *w) { return w->n_model + (w->state != NULL); }
+static td_st_writer **file_at(td_ckpt_writer *w, int k) { return k < w->n_model ? &w->model[k] : &w->state; }
 
 /* --- a group's agreement ------------------------------------------------------- */
 
@@ -666,7 +999,7 @@ td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
     if (!w->group.size) {
         TD_TRY(start_dir(w, (long)getpid()));
         TD_TRY(declare_files(w));
-        TD_TRY(td_st_writer_begin(w->model));
+        for (int k = 0; k < w->n_model; k++) TD_TRY(td_st_writer_begin(w->model[k]));
     } else {
         /* rank 0 starts the directory; everyone learns its name (rank 0's pid) and whether it worked */
         td_status mine = w->group.rank == 0 ? start_dir(w, (long)getpid()) : TD_OK;
@@ -790,7 +1123,8 @@ td_status td_ckpt_writer_append_weight(td_ckpt_writer *w, int param, td_dtype sr
     td_status st = need_stream(w);
     if (st == TD_OK) st = check_param(w, param, &p);
     if (st != TD_OK) return st;
-    return td_st_writer_write_convert(w->model, (size_t)param, st_dtype_of(src_dtype), src, n_elems);
+    return td_st_writer_write_convert(w->model[w->shard_of[param]], w->local_of[param], st_dtype_of(src_dtype), src,
+                                      n_elems);
 }
 
 /* HF rows [i0, i1) of a transposed weight, gathered from tidal's (out, in)
@@ -828,7 +1162,7 @@ td_status td_ckpt_writer_put_weight(td_ckpt_writer *w, int param, td_dtype src_d
                                 "transpose buffer holds; write it with append_weight in the stored "
                                 "layout", w->dir, p.name, (long long)out);
         gather_columns(w->scratch, src, es, out, in, i0, i1);
-        st = td_st_writer_write_convert(w->model, (size_t)param, st_dtype_of(src_dtype), w->scratch,
+        st = td_st_writer_write_convert(w->model[w->shard_of[param]], w->local_of[param], st_dtype_of(src_dtype), w->scratch,
                                         (size_t)((i1 - i0) * out));
         if (st != TD_OK) return st;
     }
@@ -1133,9 +1467,14 @@ td_status td_ckpt_writer_commit(td_ckpt_writer *w)
     if (w->group.size) {
         st = commit_group(w);
     } else {
-        td_st_writer *model = w->model, *state = w->state;
-        w->model = w->state = NULL; /* commit frees them whatever happens */
-        st = td_st_writer_commit(model);
+        td_st_writer *state = w->state;
+        w->state = NULL; /* commit frees them whatever happens */
+        for (int k = 0; k < w->n_model; k++) {
+            td_st_writer *m = w->model[k];
+            w->model[k] = NULL;
+            if (st == TD_OK) st = td_st_writer_commit(m);
+            else td_st_writer_abort(m);
+        }
         if (st == TD_OK && state) st = td_st_writer_commit(state);
         else td_st_writer_abort(state);
         if (st == TD_OK) st = publish(w);
@@ -1215,17 +1554,18 @@ cleanup:
     return st;
 }
 
-/* Tensors a Hugging Face GPT-2 file may carry that tidal does not need:
- * the tied head and the attention-mask buffers of older versions. */
+/* Tensors a Hugging Face file may carry that tidal does not need: a tied
+ * head saved anyway, GPT-2's attention-mask buffers and LLaMA's rotary
+ * frequencies of older versions. */
 static int ignorable(const td_ckpt_config *cfg, const char *name)
 {
-    name = strip_prefix(name);
-    if (!strcmp(name, "lm_head.weight")) return 1;
+    name = strip_prefix(cfg, name);
+    if (!strcmp(name, "lm_head.weight") && !cfg->untied_head) return 1;
     const char *rest;
-    if (strncmp(name, "h.", 2)) return 0;
-    int layer = parse_layer(name + 2, &rest);
-    return layer >= 0 && layer < cfg->n_layer &&
-           (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias"));
+    int layer = name_layer(cfg, name, &rest);
+    if (layer < 0 || layer >= cfg->n_layer) return 0;
+    if (is_gpt2(cfg)) return !strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias");
+    return !strcmp(rest, "self_attn.rotary_emb.inv_freq");
 }
 
 static td_status check_model_tensors(td_ckpt_reader *r)
@@ -1237,10 +1577,11 @@ static td_status check_model_tensors(td_ckpt_reader *r)
         td_ckpt_param p;
         td_status st = td_ckpt_param_get(cfg, i, &p);
         if (st != TD_OK) return st;
-        char prefixed[80];
+        char prefixed[96];
         snprintf(prefixed, sizeof prefixed, "transformer.%s", p.name);
         for (int s = 0; s < r->n_shards; s++) {
-            const td_st_tensor *a = td_st_find(r->shards[s], p.name), *b = td_st_find(r->shards[s], prefixed);
+            const td_st_tensor *a = td_st_find(r->shards[s], p.name);
+            const td_st_tensor *b = is_gpt2(cfg) ? td_st_find(r->shards[s], prefixed) : NULL;
             if (a && b)
                 return td_error_set(TD_ERR_INVALID, "%s: holds both '%s' and '%s'; keep one",
                                     td_st_path(r->shards[s]), p.name, prefixed);
@@ -1252,10 +1593,12 @@ static td_status check_model_tensors(td_ckpt_reader *r)
         const td_st_tensor *t = r->weights[i].t;
         shape_str(want, sizeof want, p.ndim, p.hf_shape);
         if (!t)
-            return td_error_set(TD_ERR_INVALID, "%s: has no tensor '%s' (nor 'transformer.%s'), shape %s "
+            return td_error_set(TD_ERR_INVALID, "%s: has no tensor '%s'%s%s%s, shape %s "
                                 "for n_layer %d, n_embd %d, n_positions %d, vocab_size %d",
-                                r->n_shards == 1 ? td_st_path(r->shards[0]) : r->dir, p.name, p.name,
-                                want, cfg->n_layer, cfg->n_embd, cfg->n_positions, cfg->vocab_size);
+                                r->n_shards == 1 ? td_st_path(r->shards[0]) : r->dir, p.name,
+                                is_gpt2(cfg) ? " (nor 'transformer." : "", is_gpt2(cfg) ? p.name : "",
+                                is_gpt2(cfg) ? "')" : "", want, cfg->n_layer, cfg->n_embd, cfg->n_positions,
+                                cfg->vocab_size);
         int64_t found[TD_ST_MAX_DIMS];
         for (int d = 0; d < t->ndim; d++) found[d] = (int64_t)t->shape[d];
         shape_str(got, sizeof got, t->ndim, found);
@@ -1279,13 +1622,17 @@ static td_status check_model_tensors(td_ckpt_reader *r)
         for (size_t k = 0; k < td_st_tensor_count(r->shards[s]); k++) {
             const char *name = td_st_tensor_at(r->shards[s], k)->name;
             if (td_ckpt_param_find(cfg, name) >= 0 || ignorable(cfg, name)) continue;
-            const char *rest, *bare = strip_prefix(name);
-            int layer = strncmp(bare, "h.", 2) ? -1 : parse_layer(bare + 2, &rest);
+            const char *rest, *bare = strip_prefix(cfg, name);
+            int layer = name_layer(cfg, bare, &rest);
             if (layer >= cfg->n_layer)
                 return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' belongs to block %d, but the model "
                                     "has n_layer %d", td_st_path(r->shards[s]), name, layer, cfg->n_layer);
-            return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is not a GPT-2 parameter; tidal loads "
-                                "GPT-2 (GPT2LMHeadModel) weights only", td_st_path(r->shards[s]), name);
+            if (is_gpt2(cfg))
+                return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is not a GPT-2 parameter; tidal loads "
+                                    "GPT-2 (GPT2LMHeadModel) weights only", td_st_path(r->shards[s]), name);
+            return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is not a parameter of this %s model (%s head%s)",
+                                td_st_path(r->shards[s]), name, td_model_family_name(cfg->family),
+                                cfg->untied_head ? "untied" : "tied", cfg->qkv_bias ? ", q/k/v biases" : "");
         }
     return TD_OK;
 }
@@ -1338,6 +1685,23 @@ static td_status resolve_config(td_ckpt_reader *r, const td_ckpt_config *expect)
                 expect->field);
             AGREE(n_layer) AGREE(n_head) AGREE(n_embd) AGREE(n_positions) AGREE(vocab_size)
 #undef AGREE
+            if (expect->n_layer > 0 && expect->family != file.family)
+                TD_FAIL(TD_ERR_INVALID, "%s: model_type is %s but the model being trained is %s; use a checkpoint "
+                        "of this model, or change the model flags to match", path,
+                        td_model_family_name(file.family), td_model_family_name(expect->family));
+            if (expect->n_layer > 0 && !is_gpt2(expect)) {
+                const char *field = td_model_kv_heads(expect) != td_model_kv_heads(&file) ? "num_key_value_heads"
+                                    : td_model_mlp_width(expect) != td_model_mlp_width(&file) ? "intermediate_size"
+                                    : expect->untied_head != file.untied_head ? "tie_word_embeddings"
+                                    : expect->qkv_bias != file.qkv_bias ? "q/k/v biases"
+                                    : td_model_norm_eps(expect) != td_model_norm_eps(&file) ? "rms_norm_eps"
+                                    : td_model_rope_theta(expect) != td_model_rope_theta(&file) ? "rope_theta"
+                                    : memcmp(&expect->rope_scaling, &file.rope_scaling, sizeof file.rope_scaling)
+                                        ? "rope_scaling" : NULL;
+                if (field)
+                    TD_FAIL(TD_ERR_INVALID, "%s: %s differs from the model being trained; use a checkpoint of "
+                            "this model, or change the model flags to match", path, field);
+            }
             if (expect->padded_vocab_size > 0) file.padded_vocab_size = expect->padded_vocab_size;
         }
         r->cfg = file;
@@ -1350,7 +1714,7 @@ static td_status resolve_config(td_ckpt_reader *r, const td_ckpt_config *expect)
         if (r->cfg.padded_vocab_size < 1) r->cfg.padded_vocab_size = r->cfg.vocab_size;
     }
     st = td_ckpt_config_check(&r->cfg);
-    if (st != TD_OK) td_error_prefix(st, "%s: ", r->dir);
+    if (st != TD_OK) td_error_prefix(st, "%s: ", exists(path) ? path : r->dir);
 cleanup:
     td_free(path);
     return st;

@@ -21,7 +21,7 @@ typedef struct model_opts {
 } model_opts;
 
 #define MODEL_OPTS(m)                                                                                              \
-    {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's or a Hugging Face GPT-2 one)", 0}, \
+    {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face GPT-2, LLaMA or Qwen2 one)", 0}, \
     {"backend", TD_OPT_STRING, &(m)->backend, "B", "auto (default: cuda when a GPU answers), cpu or cuda", 0},                             \
     {"gpu-budget", TD_OPT_BUDGET, &(m)->gpu_budget, "SIZE", "device budget (default: what the model needs, at most the free memory;\nmax: all free memory)", 0}
 
@@ -45,7 +45,9 @@ static td_status open_model(const model_opts *m, int batch, int seq, td_trainer 
     td_train_config c = td_train_default_config();
     if ((st = td_trainer_checkpoint_model(dir, &c.model))) return st;
     c.micro_batch = batch;
-    c.seq_len = seq > 0 ? seq : c.model.n_positions;
+    /* Default: the model's positions, at most 1024 (LLaMA-family models
+     * allow 131072, whose activations would not fit anywhere). */
+    c.seq_len = seq > 0 ? seq : c.model.n_positions < 1024 ? c.model.n_positions : 1024;
     if (c.seq_len > c.model.n_positions)
         return td_error_set(TD_ERR_INVALID, "--seq %d is longer than the model's %d positions", seq, c.model.n_positions);
     c.gpu_budget = m->gpu_budget;
@@ -75,7 +77,7 @@ int td_cli_eval_main(int argc, char **argv)
         {"data", TD_OPT_STRING, &data, "FILE", "token file (`tidal prepare`)", 0},
         {"batches", TD_OPT_INT, &batches, "N", "batches to average over (default 20)", 0},
         {"micro-batch", TD_OPT_INT, &batch, "B", "sequences per batch (default 4)", 0},
-        {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: the model's positions)", 0},
+        {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: the model's positions, at most 1024)", 0},
         {"split", TD_OPT_STRING, &split, "S", "all (default) or heldout: the last --heldout % of the sequences", 0},
         {"heldout", TD_OPT_DOUBLE, &heldout, "PCT", "the held-out share, as given to `tidal train --heldout` (default 10)", 0},
         {"json", TD_OPT_FLAG, &json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}", 0},

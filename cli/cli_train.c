@@ -23,25 +23,29 @@ typedef struct train_opts {
     const char *log, *trace_out, *timeline, *save, *resume, *init;
     long save_every, stop_after, max_bad_steps;
     double heldout;
-    int layers, width, heads, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every;
+    int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every, decay_all;
     long steps;
     uint64_t seed, chunk_numel;
-    size_t gpu_budget, host_pin_limit;
+    size_t gpu_budget, host_pin_limit, shard_size;
     double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
 } train_opts;
 
 static const char usage[] =
     "usage: tidal train --data FILE [--model PRESET | --layers L --width C --heads H] [options]\n\n"
-    "Trains a GPT-2 model on a token file (see `tidal prepare`) with its parameters, gradients and\n"
+    "Trains a GPT-2, LLaMA or Qwen2 model on a token file (see `tidal prepare`) with its parameters, gradients and\n"
     "optimizer state in chunks that move between pinned host memory and the device under\n"
     "--gpu-budget.  The first step is a warm-up that records the access order; from the second on,\n"
     "chunks are evicted by Belady's rule and loaded ahead of use.  Prints a progress line per step.";
 
 #define OPTS(o)                                                                                             \
-    {"model", TD_OPT_STRING, &(o)->model, "PRESET", "tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt-2.7b, gpt-4b, gpt-6.7b, gpt-13b (default tiny)", 0}, \
+    {"model", TD_OPT_STRING, &(o)->model, "PRESET", "GPT-2: tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt-2.7b, gpt-4b,\n"      \
+     "gpt-6.7b, gpt-13b; LLaMA: tiny-llama, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, smollm2-135m,\n"          \
+     "smollm2-360m, smollm2-1.7b; Qwen2: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (docs/model.md)", 0},           \
     {"layers", TD_OPT_INT, &(o)->layers, "L", "layers (overrides the preset)", 0},                            \
     {"width", TD_OPT_INT, &(o)->width, "C", "embedding width", 0},                                           \
     {"heads", TD_OPT_INT, &(o)->heads, "H", "attention heads (must divide the width)", 0},                   \
+    {"kv-heads", TD_OPT_INT, &(o)->kv_heads, "N", "LLaMA/Qwen2: key/value heads (must divide the heads)", 0},      \
+    {"mlp-width", TD_OPT_INT, &(o)->mlp_width, "H", "LLaMA/Qwen2: the MLP's width (intermediate_size)", 0},      \
     {"seq", TD_OPT_INT, &(o)->seq, "T", "sequence length (default 64, at most the model's positions)", 0},   \
     {"vocab", TD_OPT_INT, &(o)->vocab, "V", "vocabulary (default: the token file's)", 0},                    \
     {"data", TD_OPT_STRING, &(o)->data, "FILE", "token file written by `tidal prepare`", 0},                 \
@@ -63,7 +67,8 @@ static const char usage[] =
     {"min-lr", TD_OPT_DOUBLE, &(o)->min_lr, "X", "floor of the decay (default lr/10)", 0},                  \
     {"schedule", TD_OPT_STRING, &(o)->schedule, "S", "constant, cosine (default), linear, noam or exponential", 0}, \
     {"warmup", TD_OPT_INT, &(o)->warmup, "N", "linear warmup steps (default 10% of --steps)", 0},             \
-    {"weight-decay", TD_OPT_DOUBLE, &(o)->weight_decay, "X", "AdamW decoupled weight decay (default 0.1)", 0}, \
+    {"weight-decay", TD_OPT_DOUBLE, &(o)->weight_decay, "X", "AdamW decoupled weight decay on the matrices (2-D weights and embeddings),\nnot on norm gains and biases (default 0.1)", 0}, \
+    {"decay-all", TD_OPT_FLAG, &(o)->decay_all, NULL, "apply --weight-decay to every tensor, norm gains and biases too", 0}, \
     {"clip-grad-norm", TD_OPT_DOUBLE, &(o)->clip, "X", "global grad-norm clipping, 0 off (default 1.0)", 0}, \
     {"backend", TD_OPT_STRING, &(o)->backend, "B", "auto (default), cpu or cuda", 0},                        \
     {"threads", TD_OPT_INT, &(o)->threads, "N", "CPU threads (default: all local cores)", 0},                 \
@@ -71,12 +76,13 @@ static const char usage[] =
     {"log-every", TD_OPT_INT, &(o)->log_every, "N", "progress line every N steps when not on a terminal (default 10)", 0}, \
     {"trace-out", TD_OPT_STRING, &(o)->trace_out, "FILE", "write the warm-up's chunk access trace (tidal-trace 1)", 0}, \
     {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies and compute (slower)", 0}, \
-    {"save", TD_OPT_STRING, &(o)->save, "DIR", "write a checkpoint there at the end (HF GPT-2 weights + train state)", 0}, \
+    {"save", TD_OPT_STRING, &(o)->save, "DIR", "write a checkpoint there at the end (Hugging Face weights + train state)", 0}, \
+    {"save-shard-size", TD_OPT_SIZE, &(o)->shard_size, "SIZE", "weights above SIZE are saved as Hugging Face shards with\nmodel.safetensors.index.json (default 5GB, as save_pretrained)", 0}, \
     {"save-every", TD_OPT_LONG, &(o)->save_every, "N", "also every N steps (atomic: the previous one stays until the new one is complete)", 0}, \
     {"resume", TD_OPT_STRING, &(o)->resume, "DIR", "continue a run from its checkpoint, bit-exactly (--steps counts from the start);\nthe shape flags of the first run may stay when they agree with it", 0}, \
     {"heldout", TD_OPT_DOUBLE, &(o)->heldout, "PCT", "keep the last PCT% of the sequences out of training (for `tidal eval --split heldout`)", 0}, \
     {"stop-after", TD_OPT_LONG, &(o)->stop_after, "N", "stop after N steps of this invocation (saving with --save); --resume continues", 0}, \
-    {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2 directory", 0}, \
+    {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2, LLaMA or Qwen2\ndirectory (its config.json decides the model)", 0}, \
     {"max-bad-steps", TD_OPT_LONG, &(o)->max_bad_steps, "N", "stop (exit 1, nothing saved) after N steps in a row whose loss or grads are\nnot finite; each is skipped (default 10)", 0}
 
 static void opts_defaults(train_opts *o)
@@ -116,6 +122,8 @@ static td_status shape_agrees(const train_opts *o, td_opt *table, const td_gpt_r
         {"width", td_args_find(table, "width")->seen, o->width, ck->n_embd},
         {"heads", td_args_find(table, "heads")->seen, o->heads, ck->n_head},
         {"vocab", td_args_find(table, "vocab")->seen, o->vocab, ck->vocab_size},
+        {"kv-heads", td_args_find(table, "kv-heads")->seen, o->kv_heads, td_model_kv_heads(ck)},
+        {"mlp-width", td_args_find(table, "mlp-width")->seen, o->mlp_width, td_model_mlp_width(ck)},
     };
     if (f[0].seen && (preset->n_layer != ck->n_layer || preset->n_embd != ck->n_embd || preset->n_head != ck->n_head) &&
         !f[1].seen && !f[2].seen && !f[3].seen)
@@ -150,6 +158,12 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     if (!from && td_args_find(table, "layers")->seen) c->model.n_layer = o->layers;
     if (!from && td_args_find(table, "width")->seen) c->model.n_embd = o->width;
     if (!from && td_args_find(table, "heads")->seen) c->model.n_head = o->heads;
+    int llama_flag = td_args_find(table, "kv-heads")->seen || td_args_find(table, "mlp-width")->seen;
+    if (!from && llama_flag && c->model.family == TD_MODEL_GPT2)
+        return td_error_set(TD_ERR_INVALID, "--kv-heads and --mlp-width shape LLaMA-family models; pick one with "
+                            "--model (e.g. tiny-llama)");
+    if (!from && td_args_find(table, "kv-heads")->seen) c->model.n_kv_head = o->kv_heads;
+    if (!from && td_args_find(table, "mlp-width")->seen) c->model.n_inner = o->mlp_width;
     int vocab = !from && td_args_find(table, "vocab")->seen ? o->vocab : data_vocab > 0 ? data_vocab : c->model.vocab_size;
     if (vocab < 1) return td_error_set(TD_ERR_INVALID, "--vocab must be positive");
     if (data_vocab > 0 && vocab < data_vocab)
@@ -202,6 +216,8 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->optim.lr.total_steps = o->steps >= c->optim.lr.warmup_steps + 2 ? o->steps : c->optim.lr.warmup_steps + 2;
     if ((st = td_lr_decay_parse(o->schedule, &c->optim.lr.decay))) return td_error_prefix(st, "--schedule: ");
     c->optim.adam.weight_decay = o->weight_decay;
+    c->decay_all = o->decay_all;
+    c->save_shard_bytes = o->shard_size;
     c->optim.max_grad_norm = o->clip;
     if (o->steps < 1) return td_error_set(TD_ERR_INVALID, "--steps must be at least 1");
     return td_train_config_check(c);
@@ -355,9 +371,10 @@ int td_cli_train_main(int argc, char **argv)
                                                          "the %s free less a margin)",
                  td_format_bytes(td_trainer_budget_cap(t), cap, sizeof cap));
     int optim_total = 0, optim_gpu = td_trainer_optim_gpu_chunks(t, &optim_total);
-    fprintf(stderr, "tidal train: %zu params (%d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
+    fprintf(stderr, "tidal train: %zu params (%s %d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
                     "checkpointing %s, %d chunks, AdamW on the GPU for %d of %d param chunks\n",
-            params, cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
+            params, td_model_family_name(cfg.model.family), cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head,
+            cfg.model.vocab_size,
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
             origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)), optim_gpu, optim_total);
     int tty = isatty(fileno(stderr));
@@ -526,8 +543,9 @@ int td_cli_plan_main(int argc, char **argv)
                r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops, r.block_fwd_ms, r.block_bwd_ms, compute_ms, pcie_ms, adam_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
-        printf("model        %zu params: %d layers, %d wide, %d heads, vocab %d (padded %d), seq %d\n", p.params,
-               cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head, cfg.model.vocab_size,
+        char desc[256];
+        td_model_desc_describe(&cfg.model, desc, sizeof desc);
+        printf("model        %zu params: %s (padded vocab %d), seq %d\n", p.params, desc,
                cfg.model.padded_vocab_size, cfg.seq_len);
         printf("batch        %d x %d tokens, %d micro-batch%s per step; checkpointing %s", cfg.micro_batch,
                cfg.seq_len, cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es", p.ckpt ? "on" : "off");

@@ -28,6 +28,7 @@ void td_ops_encoder_forward(float *out, const int *tokens, const float *wte, con
         for (int t = 0; t < T; t++) {
             float *o = out + ((size_t)b * T + t) * C;       // (C)
             const float *e = wte + (size_t)tokens[b * T + t] * C;
+            if (!wpe) { memcpy(o, e, (size_t)C * sizeof(float)); continue; } /* rotary models */
             const float *p = wpe + (size_t)t * C;
             for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
         }
@@ -44,6 +45,10 @@ void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const 
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *e = dwte + (size_t)tokens[b * T + t] * C;
+                if (!dwpe) {
+                    for (int c = c0; c < c1; c++) e[c] += d[c];
+                    continue;
+                }
                 float *p = dwpe + (size_t)t * C;
                 for (int c = c0; c < c1; c++) {
                     e[c] += d[c];

@@ -3,8 +3,10 @@
  * The update mirrors optim/adam_kernel.h operation for operation, with
  * explicit _rn intrinsics so that nvcc cannot contract or reorder anything
  * (-fmad=true would otherwise fuse a*b+c where the CPU rounds twice): the
- * GPU result is the CPU result, bit for bit.  Memory-bound like the CPU
- * one: a grid-stride loop, one element per thread per iteration, coalesced.
+ * GPU result is the CPU result, bit for bit.  fp32 and bf16 state: a
+ * grid-stride loop, one element per thread per iteration, coalesced.  int8
+ * state: one warp per scale block of TD_ADAM_INT8_BLOCK elements (the block
+ * absmax is a warp shuffle), mirroring the codes of adam_kernel.h.
  *
  * The sum of squares is two kernels: each block reduces a fixed, strided
  * share of the grads in double into dev_scratch[block], then one block adds
@@ -14,6 +16,7 @@
 #include "tidal/convert.h"
 
 #include <cuda_runtime.h>
+#include <string.h>
 
 namespace {
 
@@ -36,33 +39,220 @@ __device__ __forceinline__ void store_param(void *p, size_t i, float x)
     else if (PDT == TD_OPTIM_DTYPE_F32) static_cast<float *>(p)[i] = x;
 }
 
-template <int L2, int GDT, int PDT>
+/* One element, as adam_math in optim/adam_kernel.h. */
+template <int L2>
+__device__ __forceinline__ void adam_math(const td_adam_coeffs &c, float graw, float &p, float &m, float &v)
+{
+    float g = __fmul_rn(graw, c.grad_mul);
+    if (L2) g = __fmaf_rn(c.l2, p, g);
+    p = __fmul_rn(p, c.decay_mul);
+    m = __fmaf_rn(c.beta1, m, __fmul_rn(c.one_minus_beta1, g));
+    v = __fmaf_rn(c.beta2, v, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
+    float d = __fmaf_rn(__fsqrt_rn(v), c.rsqrt_bc2, c.eps);
+    p = __fmaf_rn(-c.step_size, __fdiv_rn(m, d), p);
+}
+
+/* fp32 or bf16 moments. */
+template <int ST>
+__device__ __forceinline__ float load_moment(const void *s, size_t i)
+{
+    if (ST == TD_OPTIM_STATE_BF16) return td_f32_from_bf16(static_cast<const uint16_t *>(s)[i]);
+    return static_cast<const float *>(s)[i];
+}
+
+template <int ST>
+__device__ __forceinline__ void store_moment(void *s, size_t i, float x)
+{
+    if (ST == TD_OPTIM_STATE_BF16) static_cast<uint16_t *>(s)[i] = td_bf16_from_f32(x);
+    else static_cast<float *>(s)[i] = x;
+}
+
+/* bf16 v: stochastic rounding from a hash of the index and the step's seed
+ * (optim/adam_kernel.h, sr_bits and bf16_round_stochastic). */
+__device__ __forceinline__ uint32_t sr_bits(uint32_t seed, size_t i)
+{
+    uint32_t x = (uint32_t)i ^ seed;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+__device__ __forceinline__ uint16_t bf16_round_stochastic(float x, uint32_t rnd)
+{
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + (rnd >> 16)) >> 16);
+}
+
+template <int L2, int GDT, int PDT, int ST>
 __global__ void __launch_bounds__(kThreads) adam_kernel(td_adam_coeffs c, float *__restrict__ master,
-                                                        float *__restrict__ m, float *__restrict__ v,
+                                                        void *__restrict__ m, void *__restrict__ v,
                                                         const void *__restrict__ grad, void *__restrict__ out,
                                                         size_t n)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float g = __fmul_rn(load_grad<GDT>(grad, i), c.grad_mul);
-        float p = master[i], mm = m[i], vv = v[i];
-        if (L2) g = __fmaf_rn(c.l2, p, g);
-        p = __fmul_rn(p, c.decay_mul);
-        mm = __fmaf_rn(c.beta1, mm, __fmul_rn(c.one_minus_beta1, g));
-        vv = __fmaf_rn(c.beta2, vv, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
-        float d = __fmaf_rn(__fsqrt_rn(vv), c.rsqrt_bc2, c.eps);
-        p = __fmaf_rn(-c.step_size, __fdiv_rn(mm, d), p);
-        m[i] = mm;
-        v[i] = vv;
+        float p = master[i], mm = load_moment<ST>(m, i), vv = load_moment<ST>(v, i);
+        adam_math<L2>(c, load_grad<GDT>(grad, i), p, mm, vv);
+        store_moment<ST>(m, i, mm);
+        if (ST == TD_OPTIM_STATE_BF16) static_cast<uint16_t *>(v)[i] = bf16_round_stochastic(vv, sr_bits(c.sr_seed, i));
+        else store_moment<ST>(v, i, vv);
         master[i] = p;
         store_param<PDT>(out, i, p);
+    }
+}
+
+/* ---- int8 moments: the codes of optim/adam_kernel.h, line for line ---------- */
+
+constexpr int kQ8BiasM = 15, kQ8BiasV = 31;
+
+__device__ __forceinline__ float q8_pow2(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
+
+__device__ __forceinline__ uint32_t q8_encode(float y, int bias)
+{
+    uint32_t b = __float_as_uint(y);
+    uint32_t half = ((1u << 19) - 1) + ((b >> 20) & 1);
+    uint32_t normal = (b - ((uint32_t)(127 - bias) << 23) + half) >> 20;
+    if ((int32_t)normal > bias * 8) normal = (uint32_t)(bias * 8); /* signed min, as vi_min */
+    float magic = q8_pow2(21 - bias);
+    uint32_t sub = __float_as_uint(__fadd_rn(y, magic)) - __float_as_uint(magic);
+    return y < q8_pow2(1 - bias) ? sub : normal;
+}
+
+__device__ __forceinline__ float q8_decode(uint32_t c, int bias)
+{
+    uint32_t normal = (c << 20) + ((uint32_t)(127 - bias) << 23);
+    uint32_t sub = __float_as_uint(__fmul_rn(__int2float_rn((int)c), q8_pow2(-2 - bias)));
+    return __uint_as_float((int32_t)c < 8 ? sub : normal);
+}
+
+__device__ __forceinline__ float q8_load_m(uint32_t c, float scale)
+{
+    float x = __fmul_rn(q8_decode(c & 0x7f, kQ8BiasM), scale);
+    return __uint_as_float(__float_as_uint(x) | ((c & 0x80) << 24));
+}
+
+__device__ __forceinline__ float q8_load_v(uint32_t c, float scale) { return __fmul_rn(q8_decode(c, kQ8BiasV), scale); }
+
+/* As q8_normalizer in optim/adam_kernel.h: multiply by the reciprocal of
+ * the absmax when it is a normal float, else divide by the absmax. */
+__device__ __forceinline__ bool q8_normalizer(int32_t absmax_bits, float *factor)
+{
+    float a = __int_as_float(absmax_bits);
+    if (absmax_bits == 0) return *factor = 1.0f, true;
+    if (absmax_bits >= 0x00800000 && absmax_bits <= 0x7e800000) return *factor = __fdiv_rn(1.0f, a), true;
+    return *factor = a, false;
+}
+
+__device__ __forceinline__ float q8_normalize(float x, float factor, bool mul)
+{
+    float ax = __uint_as_float(__float_as_uint(x) & 0x7fffffffu);
+    return mul ? __fmul_rn(ax, factor) : __fdiv_rn(ax, factor);
+}
+
+__device__ __forceinline__ uint8_t q8_store_m(float x, float factor, bool mul)
+{
+    return (uint8_t)(q8_encode(q8_normalize(x, factor, mul), kQ8BiasM) | ((__float_as_uint(x) & 0x80000000u) >> 24));
+}
+
+__device__ __forceinline__ uint8_t q8_store_v(float x, float factor, bool mul)
+{
+    return (uint8_t)q8_encode(q8_normalize(x, factor, mul), kQ8BiasV);
+}
+
+__device__ __forceinline__ float load_f32(const unsigned char *p)
+{
+    float x;
+    memcpy(&x, p, 4); /* scales need not be 4-byte aligned */
+    return x;
+}
+
+/* Max of a signed int over the warp (order-free). */
+__device__ __forceinline__ int32_t warp_max(int32_t x)
+{
+    for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+constexpr int kQ8PerLane = TD_ADAM_INT8_BLOCK / 32;
+static_assert(TD_ADAM_INT8_BLOCK % 32 == 0, "a scale block is whole warps' worth of elements");
+
+/* One warp per scale block (grid-stride over blocks): lane l updates elements
+ * l, l + 32, ... (coalesced), keeps the new m and v in registers, the absmax
+ * is a warp shuffle, then the lanes requantize: no shared memory, no block
+ * barrier.  Lanes past the end take code 0, grad 0 and master 0 as the CPU's
+ * zero padding does, so the absmax is the CPU's even for NaN scales. */
+template <int L2, int GDT, int PDT>
+__global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, float *__restrict__ master,
+                                                           uint8_t *__restrict__ mc, uint8_t *__restrict__ vc,
+                                                           const void *__restrict__ grad, void *__restrict__ out,
+                                                           size_t n)
+{
+    unsigned char *sm = mc + ((n + 3) & ~(size_t)3), *sv = vc + ((n + 3) & ~(size_t)3);
+    size_t blocks = (n + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
+    size_t warps = (size_t)gridDim.x * (kThreads / 32);
+    unsigned lane = threadIdx.x & 31;
+    for (size_t qb = (size_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32; qb < blocks; qb += warps) {
+        float old_m = load_f32(sm + qb * 4), old_v = load_f32(sv + qb * 4);
+        float mm[kQ8PerLane], vv[kQ8PerLane];
+        int32_t am = 0, av = 0;
+#pragma unroll
+        for (int k = 0; k < kQ8PerLane; k++) {
+            size_t i = qb * TD_ADAM_INT8_BLOCK + (size_t)k * 32 + lane;
+            bool in = i < n;
+            float p = in ? master[i] : 0.0f;
+            mm[k] = q8_load_m(in ? mc[i] : 0u, old_m);
+            vv[k] = q8_load_v(in ? vc[i] : 0u, old_v);
+            adam_math<L2>(c, in ? load_grad<GDT>(grad, i) : 0.0f, p, mm[k], vv[k]);
+            if (in) {
+                master[i] = p;
+                store_param<PDT>(out, i, p);
+            }
+            am = max(am, (int32_t)(__float_as_uint(mm[k]) & 0x7fffffffu));
+            av = max(av, (int32_t)(__float_as_uint(vv[k]) & 0x7fffffffu));
+        }
+        am = warp_max(am); /* also orders every lane's read of the old scales before lane 0 writes */
+        av = warp_max(av);
+        float scale_m = __int_as_float(am), scale_v = __int_as_float(av), fm, fv;
+        bool mul_m = q8_normalizer(am, &fm), mul_v = q8_normalizer(av, &fv); /* warp-uniform */
+#pragma unroll
+        for (int k = 0; k < kQ8PerLane; k++) {
+            size_t i = qb * TD_ADAM_INT8_BLOCK + (size_t)k * 32 + lane;
+            if (i < n) {
+                mc[i] = q8_store_m(mm[k], fm, mul_m);
+                vc[i] = q8_store_v(vv[k], fv, mul_v);
+            }
+        }
+        if (lane == 0) {
+            memcpy(sm + qb * 4, &scale_m, 4);
+            memcpy(sv + qb * 4, &scale_v, 4);
+        }
     }
 }
 
 template <int L2, int GDT, int PDT>
 cudaError_t launch_adam(const td_adam_coeffs &c, const td_adam_chunk &ch, int blocks, cudaStream_t s)
 {
-    adam_kernel<L2, GDT, PDT><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad, ch.param_out, ch.numel);
+    switch (ch.state) {
+    case TD_OPTIM_STATE_BF16:
+        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_BF16><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad,
+                                                                                 ch.param_out, ch.numel);
+        break;
+    case TD_OPTIM_STATE_INT8: {
+        size_t qblocks = (ch.numel + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK, per = kThreads / 32;
+        size_t ctas = (qblocks + per - 1) / per;
+        int grid = ctas > 65536 ? 65536 : (int)ctas;
+        adam_q8_kernel<L2, GDT, PDT><<<grid, kThreads, 0, s>>>(
+            c, ch.master, static_cast<uint8_t *>(ch.m), static_cast<uint8_t *>(ch.v), ch.grad, ch.param_out, ch.numel);
+        break;
+    }
+    default:
+        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_FP32><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad,
+                                                                                 ch.param_out, ch.numel);
+        break;
+    }
     return cudaGetLastError();
 }
 
@@ -133,6 +323,9 @@ int grid_for(size_t n, int max_blocks)
 extern "C" td_status td_adam_update_cuda(const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream)
 {
     if (!c || !ch) return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: NULL coefficients or chunk");
+    if ((unsigned)ch->state >= TD_OPTIM_STATE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: bad optimizer state %d (use fp32, bf16 or int8)",
+                            (int)ch->state);
     if ((unsigned)ch->grad_dtype >= TD_OPTIM_DTYPE_COUNT ||
         (ch->param_out && (unsigned)ch->param_dtype >= TD_OPTIM_DTYPE_COUNT))
         return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: bad grad or param dtype (%d, %d)",

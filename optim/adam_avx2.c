@@ -43,6 +43,43 @@ static inline void vh_stream(uint16_t *p, vh h) { _mm_stream_si128((__m128i *)p,
 static inline void vf_stream(float *p, vf x) { _mm256_stream_ps(p, x); }
 static inline void stream_fence(void) { _mm_sfence(); }
 
+typedef __m256i vi;
+static inline vi vi_set1(int32_t x) { return _mm256_set1_epi32(x); }
+static inline vi vi_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
+static inline vi vi_sub(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+static inline vi vi_and(vi a, vi b) { return _mm256_and_si256(a, b); }
+static inline vi vi_or(vi a, vi b) { return _mm256_or_si256(a, b); }
+static inline vi vi_srli(vi a, int n) { return _mm256_srli_epi32(a, n); }
+static inline vi vi_slli(vi a, int n) { return _mm256_slli_epi32(a, n); }
+static inline vi vi_min(vi a, vi b) { return _mm256_min_epi32(a, b); }
+static inline vi vi_max(vi a, vi b) { return _mm256_max_epi32(a, b); }
+static inline int32_t vi_hmax(vi a)
+{
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(m);
+}
+static inline vf vi_as_vf(vi a) { return _mm256_castsi256_ps(a); }
+static inline vi vf_as_vi(vf a) { return _mm256_castps_si256(a); }
+static inline vf vf_from_vi(vi a) { return _mm256_cvtepi32_ps(a); }
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vi vi_select_flt(vf a, vf b, vi x, vi y)
+{
+    return _mm256_blendv_epi8(y, x, _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_LT_OQ)));
+}
+static inline vi vi_select_ilt(vi a, vi b, vi x, vi y) { return _mm256_blendv_epi8(y, x, _mm256_cmpgt_epi32(b, a)); }
+static inline vi vi_load_u8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline void vi_store_u8(uint8_t *p, vi x)
+{
+    __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+}
+static inline vi vi_mul(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+static inline vi vi_xor(vi a, vi b) { return _mm256_xor_si256(a, b); }
+static inline vi vi_iota(uint32_t i) { return _mm256_add_epi32(_mm256_set1_epi32((int32_t)i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+static inline vh vi_to_vh(vi a) { return _mm_packus_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)); }
+
 typedef struct vs_t { __m256d a, b; } vs_t;
 static inline vs_t vs_zero(void) { return (vs_t){_mm256_setzero_pd(), _mm256_setzero_pd()}; }
 static inline void vs_add_sq(vs_t *s, vf g)

@@ -44,6 +44,33 @@ static inline void vh_stream(uint16_t *p, vh h) { _mm256_stream_si256((__m256i *
 static inline void vf_stream(float *p, vf x) { _mm512_stream_ps(p, x); }
 static inline void stream_fence(void) { _mm_sfence(); }
 
+typedef __m512i vi;
+static inline vi vi_set1(int32_t x) { return _mm512_set1_epi32(x); }
+static inline vi vi_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
+static inline vi vi_sub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+static inline vi vi_and(vi a, vi b) { return _mm512_and_si512(a, b); }
+static inline vi vi_or(vi a, vi b) { return _mm512_or_si512(a, b); }
+static inline vi vi_srli(vi a, int n) { return _mm512_srli_epi32(a, (unsigned)n); }
+static inline vi vi_slli(vi a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
+static inline vi vi_min(vi a, vi b) { return _mm512_min_epi32(a, b); }
+static inline vi vi_max(vi a, vi b) { return _mm512_max_epi32(a, b); }
+static inline int32_t vi_hmax(vi a) { return _mm512_reduce_max_epi32(a); }
+static inline vf vi_as_vf(vi a) { return _mm512_castsi512_ps(a); }
+static inline vi vf_as_vi(vf a) { return _mm512_castps_si512(a); }
+static inline vf vf_from_vi(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vi vi_select_flt(vf a, vf b, vi x, vi y) { return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x); }
+static inline vi vi_select_ilt(vi a, vi b, vi x, vi y) { return _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(a, b), y, x); }
+static inline vi vi_load_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline void vi_store_u8(uint8_t *p, vi x) { _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(x)); }
+static inline vi vi_mul(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+static inline vi vi_xor(vi a, vi b) { return _mm512_xor_si512(a, b); }
+static inline vi vi_iota(uint32_t i)
+{
+    return _mm512_add_epi32(_mm512_set1_epi32((int32_t)i), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+static inline vh vi_to_vh(vi a) { return _mm512_cvtepi32_epi16(a); }
+
 typedef struct vs_t { __m512d a, b; } vs_t;
 static inline vs_t vs_zero(void) { return (vs_t){_mm512_setzero_pd(), _mm512_setzero_pd()}; }
 static inline void vs_add_sq(vs_t *s, vf g)

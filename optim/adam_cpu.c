@@ -21,6 +21,7 @@
 #include "tidal/convert.h"
 
 #define TD_PART_ELEMS 1024 /* 4 KiB of fp32: partition bounds fall on page bounds */
+_Static_assert(TD_PART_ELEMS % TD_ADAM_INT8_BLOCK == 0, "a thread range must hold whole int8 scale blocks");
 #define TD_PARTIAL_STRIDE 8 /* doubles: one cache line per thread's partial sum */
 
 struct td_adam_cpu {
@@ -93,6 +94,34 @@ void td_adam_update_range(td_optim_isa isa, const td_adam_coeffs *c, const td_ad
 double td_grad_sumsq_range(td_optim_isa isa, const void *grad, td_optim_dtype dtype, size_t begin, size_t end)
 {
     return td_adam_kernels_for(isa)->sumsq(grad, dtype, begin, end);
+}
+
+static td_status check_moment_args(td_optim_state s, td_adam_moment which, const void *a, const void *b,
+                                   size_t numel, const char *what)
+{
+    if ((unsigned)s >= TD_OPTIM_STATE_COUNT) return td_error_set(TD_ERR_INVALID, "%s: bad optimizer state %d", what, (int)s);
+    if (which != TD_ADAM_MOMENT_M && which != TD_ADAM_MOMENT_V)
+        return td_error_set(TD_ERR_INVALID, "%s: bad moment %d (use TD_ADAM_MOMENT_M or _V)", what, (int)which);
+    if (numel && (!a || !b)) return td_error_set(TD_ERR_INVALID, "%s: NULL buffer for %zu elements", what, numel);
+    return TD_OK;
+}
+
+td_status td_adam_moment_store(td_optim_state s, td_adam_moment which, const float *x, size_t numel, void *buf)
+{
+    td_status st = check_moment_args(s, which, x, buf, numel, "td_adam_moment_store");
+    if (st) return st;
+    if (s == TD_OPTIM_STATE_INT8 && numel % 4) /* the zero padding before the scales */
+        memset((unsigned char *)buf + numel, 0, 4 - numel % 4);
+    td_adam_kernels_for(TD_OPTIM_ISA_AUTO)->moment_store(s, which == TD_ADAM_MOMENT_V, x, buf, numel, 0, numel);
+    return TD_OK;
+}
+
+td_status td_adam_moment_load(td_optim_state s, td_adam_moment which, const void *buf, size_t numel, float *x)
+{
+    td_status st = check_moment_args(s, which, buf, x, numel, "td_adam_moment_load");
+    if (st) return st;
+    td_adam_kernels_for(TD_OPTIM_ISA_AUTO)->moment_load(s, which == TD_ADAM_MOMENT_V, buf, numel, x, 0, numel);
+    return TD_OK;
 }
 
 /* ---- the engine -------------------------------------------------------------- */
@@ -169,6 +198,9 @@ static void bind_team(td_adam_cpu *cpu)
 
 static td_status check_chunk(const td_adam_chunk *ch, int need_grad, const char *what)
 {
+    if ((unsigned)ch->state >= TD_OPTIM_STATE_COUNT)
+        return td_error_set(TD_ERR_INVALID, "%s: bad optimizer state %d (use fp32, bf16 or int8)", what,
+                            (int)ch->state);
     if ((unsigned)ch->grad_dtype >= TD_OPTIM_DTYPE_COUNT)
         return td_error_set(TD_ERR_INVALID, "%s: bad grad dtype %d", what, (int)ch->grad_dtype);
     if (ch->param_out && (unsigned)ch->param_dtype >= TD_OPTIM_DTYPE_COUNT)
@@ -244,6 +276,23 @@ static void store_elem(void *p, td_optim_dtype dt, size_t i, float x)
     else ((float *)p)[i] = x;
 }
 
+/* Zeroes elements [b, e) of a moment buffer; int8: their codes and the
+ * scales of the blocks they start (bounds are multiples of the block), and
+ * the padding after the codes if e is the end. */
+static void moment_zero(void *mom, td_optim_state st, size_t numel, size_t b, size_t e)
+{
+    unsigned char *p = mom;
+    if (st == TD_OPTIM_STATE_FP32 || st == TD_OPTIM_STATE_BF16) {
+        size_t esz = st == TD_OPTIM_STATE_FP32 ? 4 : 2;
+        memset(p + b * esz, 0, (e - b) * esz);
+        return;
+    }
+    size_t codes = (numel + 3) & ~(size_t)3, qb = TD_ADAM_INT8_BLOCK;
+    memset(p + b, 0, (e == numel ? codes : e) - b);
+    size_t b0 = b / qb, b1 = (e + qb - 1) / qb;
+    memset(p + codes + b0 * 4, 0, (b1 - b0) * 4);
+}
+
 td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const void *init, td_optim_dtype init_dtype)
 {
     if (!cpu || !chunk) return td_error_set(TD_ERR_INVALID, "td_adam_cpu_init: NULL engine or chunk");
@@ -263,8 +312,8 @@ td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const v
                 for (size_t i = b; i < e; i++) chunk->master[i] = load_elem(init, init_dtype, i);
             else
                 memset(chunk->master + b, 0, (e - b) * sizeof(float));
-            memset(chunk->m + b, 0, (e - b) * sizeof(float));
-            memset(chunk->v + b, 0, (e - b) * sizeof(float));
+            moment_zero(chunk->m, chunk->state, chunk->numel, b, e);
+            moment_zero(chunk->v, chunk->state, chunk->numel, b, e);
             if (chunk->param_out && chunk->param_out != (void *)chunk->master)
                 for (size_t i = b; i < e; i++) store_elem(chunk->param_out, chunk->param_dtype, i, chunk->master[i]);
         }

@@ -10,13 +10,20 @@
  *   vf_load_bf16 vf_load_f16                         (exact)
  *   vh, vf_to_bf16 vf_to_f16 (RNE), vh_storeu vh_stream vf_stream stream_fence,
  *   TD_NT_BYTES: the alignment streaming stores need (0: none)
+ *   vi: VW int32 lanes; vi_set1 vi_add vi_sub vi_and vi_or (wrapping),
+ *   vi_srli vi_slli (logical shifts), vi_min vi_max (signed), vi_hmax,
+ *   vi_as_vf vf_as_vi (bit casts), vf_from_vi (int -> float, RNE), vf_add,
+ *   vi_select_flt(a, b, x, y) = a < b ? x : y (float compare, false for NaN),
+ *   vi_select_ilt(a, b, x, y) = a < b ? x : y (signed compare),
+ *   vi_load_u8 / vi_store_u8 (VW bytes <-> lanes holding 0..255),
+ *   vi_mul (low 32 bits), vi_xor, vi_iota(i) = {i, i+1, ...}, vi_to_vh (lanes 0..65535)
  *   vs_t vs_zero vs_add_sq vs_total                  (double sum of squares)
  * Every instance performs the same IEEE operations in the same order, so
  * they agree bit for bit (the CUDA kernel in adam.cu does the same too).
  *
- * Dtype combinations, the decay mode and streaming are specialised by
- * calling the always-inline loop with constants from a switch: one source,
- * 42 straight loops.  AdamW's loops do not touch the L2 term at all (0 * Inf would turn
+ * Dtype combinations, the decay mode, streaming and the state type (fp32,
+ * bf16, int8 moments) are specialised by calling the always-inline loop with
+ * constants from a switch: one source, 42 x 3 straight loops.  AdamW's loops do not touch the L2 term at all (0 * Inf would turn
  * an Inf param into NaN where torch keeps it Inf).
  * The tail (fewer than VW elements) goes through small zero-padded local
  * buffers, so every element takes the same vector path.
@@ -33,9 +40,11 @@
 
 #define TD_KINLINE static inline __attribute__((always_inline))
 #define TD_PDT_NONE TD_OPTIM_DTYPE_COUNT /* no param output */
+#define QB TD_ADAM_INT8_BLOCK
 
 typedef struct kcoeffs {
     vf grad_mul, l2, decay_mul, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, rsqrt_bc2, eps;
+    vi sr_seed;
 } kcoeffs;
 
 TD_KINLINE vf load_grad(const void *g, int dt, size_t i)
@@ -59,7 +68,111 @@ TD_KINLINE void store_param(void *p, int dt, int nt, size_t i, vf x)
     }
 }
 
-/* VW elements at index i.  The formulas, in order (docs/optimizer.md):
+/* ---- the int8 moment codes ---------------------------------------------------
+ * A block's values x are scaled by the block's absmax A (so |y| <= 1, see
+ * q8_normalizer) and y is rounded to nearest-even in a small float format with 3 mantissa bits
+ * and no Inf/NaN, whose largest exponent is 2^0: m as sign + E4M3 (bias 15,
+ * normals down to 2^-14, subnormal step 2^-17), v (never negative) as E5M3
+ * (bias 31, normals down to 2^-30, subnormal step 2^-33).  Every value keeps
+ * 3 significant bits down to 2^-14 (m) or 2^-30 (v) of its block's largest,
+ * the dynamic-exponent idea of Dettmers et al.; v gets the wider range
+ * because it holds squares (sqrt(v) then spans what m spans).  Encoding is
+ * the fp32 -> fp16 trick: for normals, rebias the exponent and round the
+ * mantissa with integer adds on the bit pattern; for subnormals, one float
+ * add of a power of two whose ulp is the subnormal step lets the FPU round.
+ * Codes above the one of 1.0 (8 * bias) are never produced.  Decoding is the
+ * reverse, exact, then one multiply by A.  All integer or correctly rounded
+ * IEEE operations: every instance gives the same bits (and so does the
+ * CUDA kernel, which mirrors these lines). */
+#define Q8_BIAS_M 15
+#define Q8_BIAS_V 31
+
+static inline float q8_pow2(int e)
+{
+    union { uint32_t u; float f; } c = {(uint32_t)(127 + e) << 23};
+    return c.f;
+}
+
+/* y in [0, 1] (or NaN: the largest code) -> magnitude code. */
+TD_KINLINE vi q8_encode(vf y, int bias)
+{
+    vi b = vf_as_vi(y);
+    vi half = vi_add(vi_set1((1 << 19) - 1), vi_and(vi_srli(b, 20), vi_set1(1))); /* RNE on the low 20 bits */
+    vi normal = vi_srli(vi_add(vi_sub(b, vi_set1((127 - bias) << 23)), half), 20);
+    normal = vi_min(normal, vi_set1(bias << 3));
+    vf magic = vf_set1(q8_pow2(21 - bias)); /* its ulp is the subnormal step 2^(-2-bias) */
+    vi sub = vi_sub(vf_as_vi(vf_add(y, magic)), vf_as_vi(magic));
+    return vi_select_flt(y, vf_set1(q8_pow2(1 - bias)), sub, normal);
+}
+
+/* Magnitude code -> value in [0, 1], exact. */
+TD_KINLINE vf q8_decode(vi c, int bias)
+{
+    vi normal = vi_add(vi_slli(c, 20), vi_set1((127 - bias) << 23));
+    vi sub = vf_as_vi(vf_mul(vf_from_vi(c), vf_set1(q8_pow2(-2 - bias))));
+    return vi_as_vf(vi_select_ilt(c, vi_set1(8), sub, normal));
+}
+
+TD_KINLINE vf q8_load_m(const uint8_t *codes, vf scale)
+{
+    vi c = vi_load_u8(codes);
+    vf x = vf_mul(q8_decode(vi_and(c, vi_set1(0x7f)), Q8_BIAS_M), scale);
+    return vi_as_vf(vi_or(vf_as_vi(x), vi_slli(vi_and(c, vi_set1(0x80)), 24)));
+}
+
+TD_KINLINE vf q8_load_v(const uint8_t *codes, vf scale) { return vf_mul(q8_decode(vi_load_u8(codes), Q8_BIAS_V), scale); }
+
+TD_KINLINE vi abs_bits(vf x) { return vi_and(vf_as_vi(x), vi_set1(0x7fffffff)); }
+
+/* How a block's values are scaled into [0, 1]: y = |x| * (1 / A) when the
+ * reciprocal of the absmax A is a normal float (2^-126 <= A <= 2^126), one
+ * multiply instead of a divide per element; y = |x| / A otherwise (huge,
+ * subnormal or non-finite A); y = |x| * 1 = 0 for an all-zero block.  The
+ * choice depends on A alone, so every instance (and the GPU) makes it the
+ * same way.  Returns 1 to multiply by *factor, 0 to divide by it. */
+static inline int q8_normalizer(int32_t absmax_bits, float *scale, float *factor)
+{
+    union { int32_t i; float f; } a = {absmax_bits};
+    *scale = a.f;
+    if (absmax_bits == 0) return *factor = 1.0f, 1;
+    if (absmax_bits >= 0x00800000 && absmax_bits <= 0x7e800000) return *factor = 1.0f / a.f, 1;
+    return *factor = a.f, 0;
+}
+
+TD_KINLINE vf q8_normalize(vf x, vf factor, int mul)
+{
+    vf ax = vi_as_vf(abs_bits(x));
+    return mul ? vf_mul(ax, factor) : vf_div(ax, factor);
+}
+
+TD_KINLINE void q8_store_m(uint8_t *codes, vf x, vf factor, int mul)
+{
+    vi sign = vi_srli(vi_and(vf_as_vi(x), vi_set1((int32_t)0x80000000u)), 24);
+    vi_store_u8(codes, vi_or(q8_encode(q8_normalize(x, factor, mul), Q8_BIAS_M), sign));
+}
+
+TD_KINLINE void q8_store_v(uint8_t *codes, vf x, vf factor, int mul)
+{
+    vi_store_u8(codes, q8_encode(q8_normalize(x, factor, mul), Q8_BIAS_V));
+}
+
+/* The int8 layout of one moment buffer of `numel` elements: codes, then
+ * (after padding to 4 bytes) the block scales. */
+static inline unsigned char *q8_scales(void *moment, size_t numel)
+{
+    return (unsigned char *)moment + ((numel + 3) & ~(size_t)3);
+}
+
+static inline float load_f32(const unsigned char *p)
+{
+    float x;
+    memcpy(&x, p, 4);
+    return x;
+}
+
+/* ---- the update ------------------------------------------------------------- */
+
+/* VW elements.  The formulas, in order (docs/optimizer.md):
  *   g  = grad * grad_mul                      unscale and clip
  *   g  = l2*p + g                             Adam's L2 (not in AdamW loops)
  *   p  = p * decay_mul                        AdamW's decay (1 for Adam)
@@ -67,47 +180,171 @@ TD_KINLINE void store_param(void *p, int dt, int nt, size_t i, vf x)
  *   v  = beta2*v + ((1-beta2)*g)*g
  *   d  = sqrt(v)*rsqrt_bc2 + eps
  *   p  = p - step_size*(m/d)                                              */
-TD_KINLINE void adam_block(const kcoeffs *k, int l2, float *master, float *m, float *v, const void *grad, int gdt,
-                           void *out, int pdt, int nt, size_t i)
+TD_KINLINE void adam_math(const kcoeffs *k, int l2, vf graw, vf *p, vf *m, vf *v)
 {
-    vf g = vf_mul(load_grad(grad, gdt, i), k->grad_mul);
+    vf g = vf_mul(graw, k->grad_mul);
+    if (l2) g = vf_fma(k->l2, *p, g);
+    *p = vf_mul(*p, k->decay_mul);
+    *m = vf_fma(k->beta1, *m, vf_mul(k->one_minus_beta1, g));
+    *v = vf_fma(k->beta2, *v, vf_mul(vf_mul(k->one_minus_beta2, g), g));
+    vf d = vf_fma(vf_sqrt(*v), k->rsqrt_bc2, k->eps);
+    *p = vf_fnma(k->step_size, vf_div(*m, d), *p);
+}
+
+/* ---- bf16 v: stochastic rounding --------------------------------------------
+ * v = beta2*v + ... moves v by (1 - beta2) = 0.1% a step, less than half a
+ * bf16 step (2^-9 relative): rounded to nearest, a decaying v would never
+ * move.  Rounded up with probability equal to the dropped fraction, it is
+ * right on average.  The random 16 bits come from a hash (lowbias32) of the
+ * element's index in its chunk and the step's seed, so the result is a
+ * function of the inputs, the same on every ISA, team size and the GPU. */
+TD_KINLINE vi sr_bits(vi seed, size_t idx)
+{
+    vi x = vi_xor(vi_iota((uint32_t)idx), seed);
+    x = vi_xor(x, vi_srli(x, 16));
+    x = vi_mul(x, vi_set1(0x7feb352d));
+    x = vi_xor(x, vi_srli(x, 15));
+    x = vi_mul(x, vi_set1((int32_t)0x846ca68bu));
+    return vi_xor(x, vi_srli(x, 16));
+}
+
+TD_KINLINE vh bf16_round_stochastic(vf x, vi rnd)
+{
+    vi u = vf_as_vi(x);
+    vi r = vi_srli(vi_add(u, vi_srli(rnd, 16)), 16); /* the magnitude truncated after a random carry */
+    vi nan = vi_or(vi_srli(u, 16), vi_set1(0x40));   /* NaN stays NaN, quiet, as vf_to_bf16 keeps it */
+    return vi_to_vh(vi_select_ilt(vi_set1(0x7f800000), vi_and(u, vi_set1(0x7fffffff)), nan, r));
+}
+
+/* fp32 or bf16 moments (ST), VW elements at index i. */
+TD_KINLINE vf load_moment(const void *s, int st, size_t i)
+{
+    if (st == TD_OPTIM_STATE_BF16) return vf_load_bf16((const uint16_t *)s + i);
+    return vf_loadu((const float *)s + i);
+}
+
+TD_KINLINE void store_moment(void *s, int st, size_t i, vf x)
+{
+    if (st == TD_OPTIM_STATE_BF16) vh_storeu((uint16_t *)s + i, vf_to_bf16(x));
+    else vf_storeu((float *)s + i, x);
+}
+
+/* idx: the chunk index of element i (they differ in the tail's local copy). */
+TD_KINLINE void adam_block(const kcoeffs *k, int l2, float *master, void *m, void *v, const void *grad, int gdt,
+                           void *out, int pdt, int nt, int st, size_t i, size_t idx)
+{
+    vf g = load_grad(grad, gdt, i);
     vf p = vf_loadu(master + i);
-    vf mm = vf_loadu(m + i);
-    vf vv = vf_loadu(v + i);
-    if (l2) g = vf_fma(k->l2, p, g);
-    p = vf_mul(p, k->decay_mul);
-    mm = vf_fma(k->beta1, mm, vf_mul(k->one_minus_beta1, g));
-    vv = vf_fma(k->beta2, vv, vf_mul(vf_mul(k->one_minus_beta2, g), g));
-    vf d = vf_fma(vf_sqrt(vv), k->rsqrt_bc2, k->eps);
-    p = vf_fnma(k->step_size, vf_div(mm, d), p);
-    vf_storeu(m + i, mm);
-    vf_storeu(v + i, vv);
+    vf mm = load_moment(m, st, i);
+    vf vv = load_moment(v, st, i);
+    adam_math(k, l2, g, &p, &mm, &vv);
+    store_moment(m, st, i, mm);
+    if (st == TD_OPTIM_STATE_BF16) vh_storeu((uint16_t *)v + i, bf16_round_stochastic(vv, sr_bits(k->sr_seed, idx)));
+    else store_moment(v, st, i, vv);
     vf_storeu(master + i, p);
     store_param(out, pdt, nt, i, p);
 }
 
-TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, int nt,
+TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, int nt, int st,
                           size_t begin, size_t end)
 {
-    float *master = ch->master, *m = ch->m, *v = ch->v;
+    float *master = ch->master;
+    void *m = ch->m, *v = ch->v;
     const void *grad = ch->grad;
     void *out = ch->param_out;
     size_t i = begin;
-    for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, nt, i);
+    for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, nt, st, i, i);
     if (nt) stream_fence(); /* streamed lines are visible before the caller moves on */
     if (i == end) return;
     size_t n = end - i, gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
-    float lp[VW] = {0}, lm[VW] = {0}, lv[VW] = {0};
+    size_t msz = st == TD_OPTIM_STATE_BF16 ? 2 : 4;
+    float lp[VW] = {0}, lm[VW] = {0}, lv[VW] = {0}; /* moments as bytes of their type, zero-padded */
     unsigned char lg[VW * 4] = {0}, lo[VW * 4];
     memcpy(lp, master + i, n * 4);
-    memcpy(lm, m + i, n * 4);
-    memcpy(lv, v + i, n * 4);
+    memcpy(lm, (unsigned char *)m + i * msz, n * msz);
+    memcpy(lv, (unsigned char *)v + i * msz, n * msz);
     memcpy(lg, (const unsigned char *)grad + i * gsz, n * gsz);
-    adam_block(k, l2, lp, lm, lv, lg, gdt, lo, pdt, 0, 0);
+    adam_block(k, l2, lp, lm, lv, lg, gdt, lo, pdt, 0, st, 0, i);
     memcpy(master + i, lp, n * 4);
-    memcpy(m + i, lm, n * 4);
-    memcpy(v + i, lv, n * 4);
+    memcpy((unsigned char *)m + i * msz, lm, n * msz);
+    memcpy((unsigned char *)v + i * msz, lv, n * msz);
     if (pdt != TD_PDT_NONE) memcpy((unsigned char *)out + i * psz, lo, n * psz);
+}
+
+/* One int8 scale block of QB elements: dequantize, update, keep the new m
+ * and v in L1 while their absmax is found, requantize.  Pointers are at the
+ * block's first element; sm, sv at its scales. */
+TD_KINLINE void q8_block(const kcoeffs *k, int l2, float *master, uint8_t *mc, uint8_t *vc, unsigned char *sm,
+                         unsigned char *sv, const void *grad, int gdt, void *out, int pdt, int nt)
+{
+    float tm[QB] __attribute__((aligned(64))), tv[QB] __attribute__((aligned(64)));
+    vf scale_m = vf_set1(load_f32(sm)), scale_v = vf_set1(load_f32(sv));
+    vi am = vi_set1(0), av = vi_set1(0);
+    for (size_t j = 0; j < QB; j += VW) {
+        vf p = vf_loadu(master + j);
+        vf mm = q8_load_m(mc + j, scale_m), vv = q8_load_v(vc + j, scale_v);
+        adam_math(k, l2, load_grad(grad, gdt, j), &p, &mm, &vv);
+        vf_storeu(master + j, p);
+        store_param(out, pdt, nt, j, p);
+        vf_storeu(tm + j, mm);
+        vf_storeu(tv + j, vv);
+        am = vi_max(am, abs_bits(mm)); /* a max of the bit patterns: order-free, NaN wins */
+        av = vi_max(av, abs_bits(vv));
+    }
+    float new_m, new_v, fm, fv;
+    int mul_m = q8_normalizer(vi_hmax(am), &new_m, &fm), mul_v = q8_normalizer(vi_hmax(av), &new_v, &fv);
+    vf factor_m = vf_set1(fm), factor_v = vf_set1(fv);
+    for (size_t j = 0; j < QB; j += VW) {
+        q8_store_m(mc + j, vf_loadu(tm + j), factor_m, mul_m);
+        q8_store_v(vc + j, vf_loadu(tv + j), factor_v, mul_v);
+    }
+    memcpy(sm, &new_m, 4);
+    memcpy(sv, &new_v, 4);
+}
+
+TD_KINLINE void q8_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, int nt, size_t begin,
+                        size_t end)
+{
+    size_t gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
+    uint8_t *mc = ch->m, *vc = ch->v;
+    unsigned char *sm = q8_scales(ch->m, ch->numel), *sv = q8_scales(ch->v, ch->numel);
+    const unsigned char *grad = ch->grad;
+    unsigned char *out = ch->param_out;
+    size_t i = begin;
+    for (; i + QB <= end; i += QB)
+        q8_block(k, l2, ch->master + i, mc + i, vc + i, sm + i / QB * 4, sv + i / QB * 4, grad + i * gsz, gdt,
+                 out + i * psz, pdt, nt);
+    if (nt) stream_fence();
+    if (i == end) return;
+    /* The chunk's last, partial block, through zero-padded copies: zeros
+     * stay zero and do not change the absmax. */
+    size_t n = end - i;
+    float lp[QB] = {0};
+    uint8_t lm[QB] = {0}, lv[QB] = {0};
+    unsigned char lg[QB * 4] = {0}, lo[QB * 4], lsm[4], lsv[4];
+    memcpy(lp, ch->master + i, n * 4);
+    memcpy(lm, mc + i, n);
+    memcpy(lv, vc + i, n);
+    memcpy(lsm, sm + i / QB * 4, 4);
+    memcpy(lsv, sv + i / QB * 4, 4);
+    memcpy(lg, grad + i * gsz, n * gsz);
+    q8_block(k, l2, lp, lm, lv, lsm, lsv, lg, gdt, lo, pdt, 0);
+    memcpy(ch->master + i, lp, n * 4);
+    memcpy(mc + i, lm, n);
+    memcpy(vc + i, lv, n);
+    memcpy(sm + i / QB * 4, lsm, 4);
+    memcpy(sv + i / QB * 4, lsv, 4);
+    if (pdt != TD_PDT_NONE) memcpy(out + i * psz, lo, n * psz);
+}
+
+TD_KINLINE void adam_run(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, int nt, size_t begin,
+                         size_t end)
+{
+    switch (ch->state) {
+    case TD_OPTIM_STATE_BF16: adam_loop(k, l2, ch, gdt, pdt, nt, TD_OPTIM_STATE_BF16, begin, end); break;
+    case TD_OPTIM_STATE_INT8: q8_loop(k, l2, ch, gdt, pdt, nt, begin, end); break;
+    default: adam_loop(k, l2, ch, gdt, pdt, nt, TD_OPTIM_STATE_FP32, begin, end); break;
+    }
 }
 
 static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size_t begin, size_t end)
@@ -115,7 +352,7 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
     kcoeffs k = {
         vf_set1(c->grad_mul), vf_set1(c->l2),    vf_set1(c->decay_mul),       vf_set1(c->beta1),
         vf_set1(c->one_minus_beta1), vf_set1(c->beta2), vf_set1(c->one_minus_beta2), vf_set1(c->step_size),
-        vf_set1(c->rsqrt_bc2), vf_set1(c->eps),
+        vf_set1(c->rsqrt_bc2), vf_set1(c->eps), vi_set1((int32_t)c->sr_seed),
     };
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_PDT_NONE;
     int l2 = c->l2 != 0.0f;
@@ -127,7 +364,7 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
 #endif
     enum { F32 = TD_OPTIM_DTYPE_F32, BF16 = TD_OPTIM_DTYPE_BF16, F16 = TD_OPTIM_DTYPE_F16, NONE = TD_PDT_NONE };
 #define TD_ADAM_CASE(n, l, g, p) \
-    case (((n) * 2 + (l)) * 4 + (g)) * 4 + (p): adam_loop(&k, (l), ch, (g), (p), (n), begin, end); break;
+    case (((n) * 2 + (l)) * 4 + (g)) * 4 + (p): adam_run(&k, (l), ch, (g), (p), (n), begin, end); break;
 #define TD_ADAM_CASES(n, l)                                                                                   \
     TD_ADAM_CASE(n, l, F32, F32) TD_ADAM_CASE(n, l, F32, BF16) TD_ADAM_CASE(n, l, F32, F16)                  \
     TD_ADAM_CASE(n, l, BF16, F32) TD_ADAM_CASE(n, l, BF16, BF16) TD_ADAM_CASE(n, l, BF16, F16)               \
@@ -143,6 +380,72 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
     }
 #undef TD_ADAM_CASES
 #undef TD_ADAM_CASE
+}
+
+/* ---- moments to and from fp32 (td_adam_moment_store / _load) ---------------
+ * The same rounding as the update's: a chunk stored here and one left by
+ * an update hold the same bits for the same values.  [begin, end) as in
+ * the update (int8: whole blocks, end may be numel). */
+static void kernel_moment_store(td_optim_state st, int is_v, const float *x, void *buf, size_t numel, size_t begin,
+                                size_t end)
+{
+    if (st == TD_OPTIM_STATE_INT8) {
+        unsigned char *scales = q8_scales(buf, numel);
+        for (size_t b = begin; b < end; b += QB) {
+            size_t n = end - b < QB ? end - b : QB;
+            float t[QB] = {0};
+            uint8_t codes[QB];
+            memcpy(t, x + b, n * 4);
+            vi a = vi_set1(0);
+            for (size_t j = 0; j < QB; j += VW) a = vi_max(a, abs_bits(vf_loadu(t + j)));
+            float scale, f;
+            int mul = q8_normalizer(vi_hmax(a), &scale, &f);
+            vf factor = vf_set1(f);
+            for (size_t j = 0; j < QB; j += VW) {
+                if (is_v) q8_store_v(codes + j, vf_loadu(t + j), factor, mul);
+                else q8_store_m(codes + j, vf_loadu(t + j), factor, mul);
+            }
+            memcpy((uint8_t *)buf + b, codes, n);
+            memcpy(scales + b / QB * 4, &scale, 4);
+        }
+        return;
+    }
+    size_t i = begin;
+    for (; i + VW <= end; i += VW) store_moment(buf, st, i, vf_loadu(x + i));
+    for (; i < end; i++) {
+        float t[VW] = {x[i]}, o[VW];
+        store_moment(o, st, 0, vf_loadu(t));
+        if (st == TD_OPTIM_STATE_BF16) memcpy((uint16_t *)buf + i, o, 2);
+        else ((float *)buf)[i] = o[0];
+    }
+}
+
+static void kernel_moment_load(td_optim_state st, int is_v, const void *buf, size_t numel, float *x, size_t begin,
+                               size_t end)
+{
+    if (st == TD_OPTIM_STATE_INT8) {
+        const unsigned char *scales = q8_scales((void *)buf, numel);
+        for (size_t b = begin; b < end; b += QB) {
+            size_t n = end - b < QB ? end - b : QB;
+            uint8_t codes[QB] = {0};
+            float t[QB];
+            memcpy(codes, (const uint8_t *)buf + b, n);
+            vf scale = vf_set1(load_f32(scales + b / QB * 4));
+            for (size_t j = 0; j < QB; j += VW)
+                vf_storeu(t + j, is_v ? q8_load_v(codes + j, scale) : q8_load_m(codes + j, scale));
+            memcpy(x + b, t, n * 4);
+        }
+        return;
+    }
+    size_t i = begin;
+    for (; i + VW <= end; i += VW) vf_storeu(x + i, load_moment(buf, st, i));
+    for (; i < end; i++) {
+        unsigned char t[VW * 4] = {0};
+        float o[VW];
+        memcpy(t, (const unsigned char *)buf + i * (st == TD_OPTIM_STATE_BF16 ? 2 : 4), st == TD_OPTIM_STATE_BF16 ? 2 : 4);
+        vf_storeu(o, load_moment(t, st, 0));
+        x[i] = o[0];
+    }
 }
 
 TD_KINLINE double sumsq_loop(const void *grad, int gdt, size_t begin, size_t end)
@@ -168,4 +471,4 @@ static double kernel_sumsq(const void *grad, td_optim_dtype dt, size_t begin, si
     }
 }
 
-const td_adam_kernels TD_KERNEL_TABLE = {kernel_update, kernel_sumsq};
+const td_adam_kernels TD_KERNEL_TABLE = {kernel_update, kernel_sumsq, kernel_moment_store, kernel_moment_load};

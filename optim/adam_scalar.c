@@ -29,6 +29,31 @@ static inline void vh_stream(uint16_t *p, vh h) { *p = h; }
 static inline void vf_stream(float *p, vf x) { *p = x; }
 static inline void stream_fence(void) {}
 
+/* Lanes as uint32_t so adds and subtracts wrap as the vector ones do. */
+typedef uint32_t vi;
+static inline vi vi_set1(int32_t x) { return (uint32_t)x; }
+static inline vi vi_add(vi a, vi b) { return a + b; }
+static inline vi vi_sub(vi a, vi b) { return a - b; }
+static inline vi vi_and(vi a, vi b) { return a & b; }
+static inline vi vi_or(vi a, vi b) { return a | b; }
+static inline vi vi_srli(vi a, int n) { return a >> n; }
+static inline vi vi_slli(vi a, int n) { return a << n; }
+static inline vi vi_min(vi a, vi b) { return (int32_t)a < (int32_t)b ? a : b; }
+static inline vi vi_max(vi a, vi b) { return (int32_t)a > (int32_t)b ? a : b; }
+static inline int32_t vi_hmax(vi a) { return (int32_t)a; }
+static inline vf vi_as_vf(vi a) { union { uint32_t u; float f; } c = {a}; return c.f; }
+static inline vi vf_as_vi(vf a) { union { float f; uint32_t u; } c = {a}; return c.u; }
+static inline vf vf_from_vi(vi a) { return (float)(int32_t)a; }
+static inline vf vf_add(vf a, vf b) { return a + b; }
+static inline vi vi_select_flt(vf a, vf b, vi x, vi y) { return a < b ? x : y; }
+static inline vi vi_select_ilt(vi a, vi b, vi x, vi y) { return (int32_t)a < (int32_t)b ? x : y; }
+static inline vi vi_load_u8(const uint8_t *p) { return *p; }
+static inline void vi_store_u8(uint8_t *p, vi x) { *p = (uint8_t)x; }
+static inline vi vi_mul(vi a, vi b) { return a * b; }
+static inline vi vi_xor(vi a, vi b) { return a ^ b; }
+static inline vi vi_iota(uint32_t i) { return i; }
+static inline vh vi_to_vh(vi a) { return (uint16_t)a; }
+
 typedef double vs_t;
 static inline vs_t vs_zero(void) { return 0.0; }
 static inline void vs_add_sq(vs_t *s, vf g) { *s += (double)g * (double)g; }

@@ -91,6 +91,19 @@ td_status td_adam_hparams_check(const td_adam_hparams *hp)
     return TD_OK;
 }
 
+/* A step's stochastic-rounding seed: the step through a 32-bit mixer
+ * (lowbias32), so neighbouring steps get unrelated streams. */
+static uint32_t td_adam_sr_seed(long step)
+{
+    uint32_t x = (uint32_t)step * 0x9e3779b9u + 0x6a09e667u;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
 td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, double grad_mul, td_adam_coeffs *out)
 {
     td_status st = td_adam_hparams_check(hp);
@@ -115,6 +128,7 @@ td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, d
         .step_size = (float)(lr / bc1),
         .rsqrt_bc2 = (float)(1.0 / sqrt(bc2)),
         .eps = (float)hp->eps,
+        .sr_seed = td_adam_sr_seed(step),
     };
     return TD_OK;
 }

@@ -240,7 +240,7 @@ static const td_ckpt_config tiny = {
 
 static void test_param_table(void **state)
 {
-    td_ckpt_config g = {12, 12, 768, 1024, 50257, 50304};
+    td_ckpt_config g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50304};
     TD_ASSERT_OK(td_ckpt_config_check(&g));
     assert_int_equal(td_ckpt_param_count(&g), 148);
     /* Hugging Face's GPT-2 124M holds 124,439,808 parameters. */
@@ -277,8 +277,7 @@ static void test_param_table(void **state)
     assert_int_equal(td_ckpt_param_find(&g, "h.-1.ln_1.weight"), -1);
 
     /* The same order, names, shapes and orientation as the reference model's table. */
-    td_gpt_ref_config rc = {tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.n_positions, tiny.vocab_size,
-                            tiny.padded_vocab_size};
+    td_gpt_ref_config rc = {.n_layer = tiny.n_layer, .n_head = tiny.n_head, .n_embd = tiny.n_embd, .n_positions = tiny.n_positions, .vocab_size = tiny.vocab_size, .padded_vocab_size = tiny.padded_vocab_size};
     assert_int_equal(td_gpt_ref_tensor_count(&rc), td_ckpt_param_count(&tiny));
     for (int i = 0; i < td_ckpt_param_count(&tiny); i++) {
         td_gpt_ref_tensor t;
@@ -580,7 +579,7 @@ static void test_hf_layouts(void **state)
     const size_t live = td_host_live_allocs();
     td_ckpt_config hf_cfg = tiny;
     hf_cfg.padded_vocab_size = 21; /* no tidal key: padded = vocab */
-    td_ckpt_config want_padded = {0, 0, 0, 0, 0, 32};
+    td_ckpt_config want_padded = {.padded_vocab_size = 32};
     uint64_t gen = 9;
     const char *why;
 
@@ -660,8 +659,8 @@ static void test_hf_layouts(void **state)
     snprintf(cfg_text, sizeof cfg_text, "%.*srelu%s", (int)(act - hf_config_json), hf_config_json, act + 8);
     write_hf_dir(tpath("e7"), &plain, 9, cfg_text);
     expect_open_fail(tpath("e7"), NULL, "activation_function \"relu\" is not supported", NULL);
-    write_hf_dir(tpath("e8"), &plain, 9, "{\"model_type\": \"llama\", \"n_layer\": 2}");
-    expect_open_fail(tpath("e8"), NULL, "model_type \"llama\" is not \"gpt2\"", NULL);
+    write_hf_dir(tpath("e8"), &plain, 9, "{\"model_type\": \"mistral\", \"n_layer\": 2}");
+    expect_open_fail(tpath("e8"), NULL, "model_type \"mistral\" is not supported; tidal loads gpt2, llama and qwen2", NULL);
     write_hf_dir(tpath("e9"), &plain, 9, "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 16, \"vocab_size\": 21}");
     expect_open_fail(tpath("e9"), NULL, "no \"n_positions\"", NULL);
     write_hf_dir(tpath("e10"), &plain, 9, "not json");
@@ -796,7 +795,7 @@ static void test_kill_at_each_stage(void **state)
  * new checkpoint, bit for bit. */
 static void test_kill9_random_moments(void **state)
 {
-    const td_ckpt_config big = {4, 4, 128, 128, 2000, 2048}; /* ~1.1M params: 17 MB per save */
+    const td_ckpt_config big = {.n_layer = 4, .n_head = 4, .n_embd = 128, .n_positions = 128, .vocab_size = 2000, .padded_vocab_size = 2048}; /* ~1.1M params: 17 MB per save */
     const char *dir = tpath("ck");
     td_ckpt_write_options o = td_ckpt_write_default_options();
     uint64_t gen = 1;
@@ -850,12 +849,12 @@ static void test_kill9_random_moments(void **state)
 
 /* --- export and import for tests/gpu/check_hf_load.py ------------------------------ */
 
-static const td_ckpt_config export_cfg = {2, 4, 64, 32, 100, 128};
+static const td_ckpt_config export_cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
 
 /* tidal's reference loss of a flat parameter buffer on tokens (B, T+1). */
 static float ref_loss(const td_ckpt_config *c, const float *params, const int *seq, int B, int T)
 {
-    td_gpt_ref_config rc = {c->n_layer, c->n_head, c->n_embd, c->n_positions, c->vocab_size, c->padded_vocab_size};
+    td_gpt_ref_config rc = {.n_layer = c->n_layer, .n_head = c->n_head, .n_embd = c->n_embd, .n_positions = c->n_positions, .vocab_size = c->vocab_size, .padded_vocab_size = c->padded_vocab_size};
     int *tokens = malloc(sizeof(int) * (size_t)(B * T)), *targets = malloc(sizeof(int) * (size_t)(B * T));
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -890,7 +889,7 @@ static void test_export(void **state)
     char dir[1024], path[1100];
     mkdir(root, 0755);
     snprintf(dir, sizeof dir, "%s/ckpt", root);
-    td_gpt_ref_config rc = {2, 4, 64, 32, 100, 128};
+    td_gpt_ref_config rc = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
     float *params = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
     td_ckpt_writer *w;
     TD_ASSERT_OK(td_ckpt_writer_begin(dir, &export_cfg, NULL, &w));
@@ -963,7 +962,7 @@ static void test_import(void **state)
     td_ckpt_reader_close(r);
     c.padded_vocab_size = (c.vocab_size + 63) / 64 * 64; /* load into a padded layout, as training does */
     TD_ASSERT_OK(td_ckpt_reader_open(dir, &c, &r));
-    td_gpt_ref_config rc = {c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size, c.padded_vocab_size};
+    td_gpt_ref_config rc = {.n_layer = c.n_layer, .n_head = c.n_head, .n_embd = c.n_embd, .n_positions = c.n_positions, .vocab_size = c.vocab_size, .padded_vocab_size = c.padded_vocab_size};
     float *params = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
     for (int i = 0; i < td_gpt_ref_tensor_count(&rc); i++) {
         td_gpt_ref_tensor t;

@@ -461,6 +461,41 @@ static void test_stop_signals(void **state)
     assert_non_null(strstr(out, "resumed"));
 }
 
+/* LLaMA-family models through the command: a preset trains on the cpu
+ * backend and saves a Hugging Face directory that eval reads; shape flags
+ * that only LLaMA has are refused for GPT-2; --decay-all is accepted; plan
+ * describes a published preset. */
+static void test_llama_models(void **state)
+{
+    char out[16384];
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok --model tiny-llama --layers 1 --kv-heads 1 --mlp-width 96 "
+                "--seq 32 --micro-batch 2 --steps 3 --backend cpu --decay-all --save %s/ll", tidal, tmp, tmp);
+    if (rc) fail_msg("%s", out);
+    assert_non_null(strstr(out, "llama 1 layers"));
+    rc = sh(out, sizeof out, "grep -c '\"model_type\":[[:space:]]*\"llama\"' %s/ll/config.json", tmp);
+    assert_int_equal(rc, 0);
+    rc = sh(out, sizeof out, "%s eval --checkpoint %s/ll --data %s/ok.tok --seq 32 --batches 2 --backend cpu --json",
+            tidal, tmp, tmp);
+    if (rc) fail_msg("%s", out);
+    assert_non_null(strstr(out, "\"loss\""));
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --kv-heads 1 --steps 1", tidal, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "--kv-heads and --mlp-width shape LLaMA-family models"));
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok --model tiny-llama --kv-heads 3 --seq 32 --steps 1 --backend cpu",
+            tidal, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "num_key_value_heads must divide"));
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok --init %s/ll --kv-heads 2 --seq 32 --steps 1 --backend cpu",
+            tidal, tmp, tmp);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "--kv-heads 2 differs from the checkpoint"));
+    rc = sh(out, sizeof out, "%s plan --model qwen2.5-0.5b --seq 512 --micro-batch 1 --backend cpu --gpu-budget 2GiB",
+            tidal);
+    assert_non_null(strstr(out, "494032768 params: qwen2: 24 layers, 896 wide, 14 heads (2 key/value), MLP 4864"));
+    assert_int_equal(sh(out, sizeof out, "%s train --model llama-9b --data %s/ok.tok", tidal, tmp), 2);
+    assert_non_null(strstr(out, "smollm2-135m"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -479,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_tune_bad_input),
         cmocka_unit_test(test_tune_config_trains_within_budget),
         cmocka_unit_test(test_tune_sweep_plot),
+        cmocka_unit_test(test_llama_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

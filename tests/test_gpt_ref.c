@@ -4,6 +4,7 @@
  * count. */
 #include "td_test.h"
 #include "tidal/gpt_ref.h"
+#include "tidal/model.h"
 #include "tidal/ops.h"
 
 #include <math.h>
@@ -24,7 +25,7 @@ static void test_layout_table(void **state)
 {
     /* GPT-2 124M: Hugging Face counts 124,439,808 parameters (V = 50257);
      * padded to 50304 as in llm.c: 124,475,904. */
-    td_gpt_ref_config g = {12, 12, 768, 1024, 50257, 50257};
+    td_gpt_ref_config g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50257};
     TD_ASSERT_OK(td_gpt_ref_config_check(&g));
     assert_int_equal(td_gpt_ref_params_numel(&g), 124439808);
     g.padded_vocab_size = 50304;
@@ -119,7 +120,7 @@ static void test_config_and_batch_errors(void **state)
 
 static void test_init(void **state)
 {
-    const td_gpt_ref_config c = {4, 4, 64, 32, 500, 512};
+    const td_gpt_ref_config c = {.n_layer = 4, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 500, .padded_vocab_size = 512};
     const size_t n = td_gpt_ref_params_numel(&c);
     float *p = fvec(n), *q = fvec(n);
     td_gpt_ref_init(&c, p, 7);
@@ -227,7 +228,7 @@ static void model_grads(model *m)
 
 static void test_loss_at_init_is_log_vocab(void **state)
 {
-    const td_gpt_ref_config c = {2, 4, 64, 32, 300, 320};
+    const td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 300, .padded_vocab_size = 320};
     model m;
     model_make(&m, &c, 2, 32, 3, 0.0f);
     const double loss = model_loss(&m);
@@ -239,10 +240,10 @@ static void test_loss_at_init_is_log_vocab(void **state)
 /* Central differences of the mean loss against the backward, at a few
  * coordinates of every tensor, plus one directional derivative along a
  * random direction over all parameters at once. */
-static void test_whole_model_finite_differences(void **state)
+static void fd_whole_model(const td_gpt_ref_config *cfg)
 {
     model m;
-    model_make(&m, &tiny, 2, 5, 5, 0.25f);
+    model_make(&m, cfg, 2, 5, 5, 0.25f);
     model_grads(&m);
     td_rng rng;
     td_rng_seed(&rng, 99);
@@ -288,15 +289,121 @@ static void test_whole_model_finite_differences(void **state)
     printf("  directional: numeric %.8g, analytic %.8g\n", num, gu);
     assert_true(fabs(num - gu) < 2e-3 * fabs(gu) + 1e-4);
 
-    /* no gradient reaches the wte padding rows or the unused positions */
-    for (size_t k = (size_t)m.cfg.vocab_size * m.cfg.n_embd; k < (size_t)m.cfg.padded_vocab_size * m.cfg.n_embd; k++)
-        assert_true(m.grads[k] == 0.0f);
-    td_gpt_ref_tensor wpe;
-    td_gpt_ref_tensor_get(&m.cfg, 1, &wpe);
-    for (size_t k = (size_t)m.T * m.cfg.n_embd; k < wpe.numel; k++) assert_true(m.grads[wpe.offset + k] == 0.0f);
+    /* no gradient reaches the padding rows of wte (and lm_head) or the unused positions */
+    for (int i = 0; i < td_gpt_ref_tensor_count(&m.cfg); i++) {
+        td_gpt_ref_tensor t;
+        td_gpt_ref_tensor_get(&m.cfg, i, &t);
+        size_t used = t.kind == TD_GPT_REF_WTE || t.kind == TD_GPT_REF_LM_HEAD ? (size_t)m.cfg.vocab_size * m.cfg.n_embd
+                      : t.kind == TD_GPT_REF_WPE ? (size_t)m.T * m.cfg.n_embd : t.numel;
+        for (size_t k = used; k < t.numel; k++) assert_true(m.grads[t.offset + k] == 0.0f);
+    }
     free(u);
     free(p0);
     model_free(&m);
+}
+
+static void test_whole_model_finite_differences(void **state) { fd_whole_model(&tiny); }
+
+/* --- LLaMA and Qwen2 --------------------------------------------------------- */
+
+/* A small LLaMA-family model: 4 heads of 8, NKV key/value heads. */
+static td_gpt_ref_config small_llama(td_model_family family, int nkv, int untied, int scaled)
+{
+    td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .n_positions = 16, .vocab_size = 20,
+                           .padded_vocab_size = 24};
+    td_model_desc_set_family(&c, family);
+    c.n_kv_head = nkv;
+    c.n_inner = 24;
+    c.norm_eps = family == TD_MODEL_QWEN2 ? 1e-6f : 1e-5f;
+    c.rope_theta = family == TD_MODEL_QWEN2 ? 1e6f : 500000.0f;
+    c.untied_head = untied;
+    /* inv_freq of hs 8 at theta 5e5: wavelengths 6.3, 168, 4.5e3, 1.2e5; with
+     * original 512, high 4, low 1: one kept, one blended, two divided. */
+    if (scaled) c.rope_scaling = (td_rope_scaling){.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                                                   .original_max_positions = 512};
+    TD_ASSERT_OK(td_gpt_ref_config_check(&c));
+    return c;
+}
+
+static void test_llama_layout_and_presets(void **state)
+{
+    /* Parameter counts of the published models (Hugging Face's num_parameters). */
+    static const struct { const char *name; size_t params; int tensors; } want[] = {
+        {"llama-3.2-1b", 1235814400u, 2 + 6 * 16}, {"llama-3.1-8b", 8030261248u, 3 + 6 * 32},
+        {"qwen2.5-0.5b", 494032768u, 2 + 7 * 24}, {"smollm2-135m", 134515008u, 2 + 6 * 30},
+        {"qwen2.5-7b", 7615616512u, 3 + 7 * 28},
+        {"llama-3.2-3b", 3212749824u, 2 + 6 * 28}, {"qwen2.5-1.5b", 1543714304u, 2 + 7 * 28},
+        {"smollm2-360m", 361821120u, 2 + 6 * 32}, {"smollm2-1.7b", 1711376384u, 2 + 6 * 24},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        td_gpt_ref_config c;
+        TD_ASSERT_OK(td_model_preset(want[i].name, &c));
+        TD_ASSERT_OK(td_gpt_ref_config_check(&c));
+        if (td_gpt_ref_params_numel(&c) != want[i].params)
+            fail_msg("%s: %zu params, want %zu", want[i].name, td_gpt_ref_params_numel(&c), want[i].params);
+        assert_int_equal(td_gpt_ref_tensor_count(&c), want[i].tensors);
+    }
+    for (const char *const *n = td_model_preset_names(); *n; n++) {
+        td_gpt_ref_config c;
+        TD_ASSERT_OK(td_model_preset(*n, &c));
+        TD_ASSERT_OK(td_gpt_ref_config_check(&c));
+    }
+    /* tensors tile the buffer; names and shapes of a Qwen2 block */
+    td_gpt_ref_config q = small_llama(TD_MODEL_QWEN2, 2, 1, 0);
+    size_t next = 0;
+    for (int i = 0; i < td_gpt_ref_tensor_count(&q); i++) {
+        td_gpt_ref_tensor t;
+        td_gpt_ref_tensor_get(&q, i, &t);
+        assert_int_equal(t.offset, next);
+        next += t.numel;
+    }
+    assert_int_equal(next, td_gpt_ref_params_numel(&q));
+    td_gpt_ref_tensor t;
+    td_gpt_ref_tensor_get(&q, 1 + 7 + 1, &t);
+    assert_string_equal(t.name, "model.layers.1.self_attn.qkv_proj.weight");
+    assert_int_equal(t.shape[0], (4 + 2 * 2) * 8);
+    assert_int_equal(t.shape[1], 32);
+    td_gpt_ref_tensor_get(&q, 1 + 7 + 2, &t);
+    assert_string_equal(t.name, "model.layers.1.self_attn.qkv_proj.bias");
+    td_gpt_ref_tensor_get(&q, 1 + 7 + 5, &t);
+    assert_string_equal(t.name, "model.layers.1.mlp.gate_up_proj.weight");
+    assert_int_equal(t.shape[0], 48);
+    td_gpt_ref_tensor_get(&q, td_gpt_ref_tensor_count(&q) - 1, &t);
+    assert_string_equal(t.name, "lm_head.weight");
+    int hi[3];
+    assert_int_equal(td_model_head_tensors(&q, hi), 2);
+    assert_int_equal(hi[1], td_gpt_ref_tensor_count(&q) - 1);
+    /* errors name what is wrong */
+    td_gpt_ref_config c = q;
+    c.n_kv_head = 3;
+    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "num_key_value_heads must divide"));
+    c = q;
+    c.norm = TD_MODEL_NORM_LAYER;
+    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    c = tiny;
+    c.untied_head = 1;
+    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_int_equal(td_model_preset("llama-9", &c), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "qwen2.5-0.5b"));
+}
+
+/* Whole-model finite differences: GQA with 1, 2 and 4 query heads a
+ * key/value head, llama3 rope scaling, tied and untied heads, Qwen2 biases. */
+static void test_llama_finite_differences(void **state)
+{
+    const td_gpt_ref_config cases[] = {
+        small_llama(TD_MODEL_LLAMA, 4, 0, 0), /* 1 query head a key/value head, tied */
+        small_llama(TD_MODEL_LLAMA, 2, 1, 1), /* 2, untied, llama3 scaling */
+        small_llama(TD_MODEL_LLAMA, 1, 0, 1), /* 4 (multi-query), tied, scaling */
+        small_llama(TD_MODEL_QWEN2, 2, 1, 0), /* Qwen2: q/k/v biases, untied */
+        small_llama(TD_MODEL_QWEN2, 1, 0, 0), /* Qwen2 tied */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        printf("  %s, %d key/value heads, %s head%s\n", td_model_family_name(cases[i].family), cases[i].n_kv_head,
+               cases[i].untied_head ? "untied" : "tied", cases[i].rope_scaling.factor > 0 ? ", llama3 rope scaling" : "");
+        fd_whole_model(&cases[i]);
+    }
 }
 
 /* The block API is what the whole model runs: re-running a block from its
@@ -398,7 +505,7 @@ static void test_targets_masks_and_micro_batches(void **state)
 
 static void test_bit_identical_across_threads(void **state)
 {
-    const td_gpt_ref_config c = {2, 4, 64, 32, 100, 128};
+    const td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
     model m;
     model_make(&m, &c, 3, 32, 21, 0.05f);
     const int saved = omp_get_max_threads();
@@ -430,6 +537,8 @@ int main(void)
         cmocka_unit_test(test_init),
         cmocka_unit_test(test_loss_at_init_is_log_vocab),
         cmocka_unit_test(test_whole_model_finite_differences),
+        cmocka_unit_test(test_llama_layout_and_presets),
+        cmocka_unit_test(test_llama_finite_differences),
         cmocka_unit_test(test_block_recompute_matches),
         cmocka_unit_test(test_targets_masks_and_micro_batches),
         cmocka_unit_test(test_bit_identical_across_threads),

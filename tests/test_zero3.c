@@ -16,6 +16,7 @@
 #include "tidal/dist.h"
 #include "tidal/shard.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -303,10 +304,11 @@ static void save_meta(td_ckpt_writer *w, int gen, const char *note, int *rng)
 }
 
 /* One process streaming generation gen: the reference bytes. */
-static void save_stream(const char *path, int gen, td_dtype wdt)
+static void save_stream_sharded(const char *path, int gen, td_dtype wdt, uint64_t shard_bytes)
 {
     td_ckpt_write_options o = td_ckpt_write_default_options();
     o.weight_dtype = wdt;
+    o.shard_bytes = shard_bytes;
     td_ckpt_writer *w = NULL;
     int rng;
     TD_ASSERT_OK(td_ckpt_writer_begin(path, &cfg, &o, &w));
@@ -328,12 +330,15 @@ static void save_stream(const char *path, int gen, td_dtype wdt)
     free(buf);
 }
 
+static void save_stream(const char *path, int gen, td_dtype wdt) { save_stream_sharded(path, gen, wdt, 0); }
+
 typedef struct group_ctx {
     const char *path;
     int gen;
     td_dtype wdt;
     int fault;      /* 0 none, 1 rank 1 declares other metadata, 2 rank 1 skips a range, 3 rank 1 dies before commit */
     int align;
+    uint64_t shard_bytes; /* weights in files of at most this (0: one) */
 } group_ctx;
 
 static td_status rdv_allgather(void *arg, const void *mine, size_t bytes, void *all)
@@ -352,6 +357,7 @@ static int group_body(int rank, int size, int port, void *vctx)
     td_ckpt_group grp = { .rank = rank, .size = size, .allgather = rdv_allgather, .arg = r };
     td_ckpt_write_options o = td_ckpt_write_default_options();
     o.weight_dtype = g->wdt;
+    o.shard_bytes = g->shard_bytes;
     o.group = &grp;
     td_ckpt_writer *w = NULL;
     int rng, code = 0;
@@ -416,15 +422,30 @@ static int files_equal(const char *a, const char *b)
     return same;
 }
 
+/* Every file of checkpoint a is in b with the same bytes, and b has no other. */
 static void expect_same_ckpt(const char *a, const char *b)
 {
-    static const char *files[] = {TD_CKPT_CONFIG_FILE, TD_CKPT_MODEL_FILE, TD_CKPT_STATE_FILE};
-    for (int f = 0; f < 3; f++) {
-        char pa[256], pb[256];
-        snprintf(pa, sizeof pa, "%s/%s", a, files[f]);
-        snprintf(pb, sizeof pb, "%s/%s", b, files[f]);
-        if (!files_equal(pa, pb)) fail_msg("%s differs from %s", pb, pa);
+    int na = 0, nb = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        DIR *d = opendir(pass ? b : a);
+        assert_non_null(d);
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] == '.') continue;
+            if (pass) {
+                nb++;
+                continue;
+            }
+            char pa[512], pb[512];
+            snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
+            snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
+            if (!files_equal(pa, pb)) fail_msg("%s differs from %s", pb, pa);
+            na++;
+        }
+        closedir(d);
     }
+    assert_int_equal(na, nb);
+    assert_true(na >= 3);
 }
 
 static void test_group_save(void **state)
@@ -448,6 +469,29 @@ static void test_group_save(void **state)
                 expect_same_ckpt(ref, path);
             }
     }
+}
+
+/* Weights in several files with their index (Hugging Face shards), written by 3 ranks. */
+static void test_group_save_shards(void **state)
+{
+    char ref[128], path[128];
+    snprintf(ref, sizeof ref, "%s/shards_ref", dir);
+    snprintf(path, sizeof path, "%s/shards", dir);
+    save_stream_sharded(ref, 2, TD_DTYPE_F32, 3000);
+    char index[160];
+    snprintf(index, sizeof index, "%s/%s.index.json", ref, TD_CKPT_MODEL_FILE);
+    assert_int_equal(access(index, F_OK), 0);
+    int codes[3];
+    group_ctx g = { .path = path, .gen = 2, .wdt = TD_DTYPE_F32, .align = 1, .shard_bytes = 3000 };
+    td_test_run_ranks(3, group_body, &g, codes);
+    td_test_expect_codes(3, codes, NULL);
+    expect_same_ckpt(ref, path);
+    td_ckpt_reader *r = NULL;
+    TD_ASSERT_OK(td_ckpt_reader_open(path, &cfg, &r));
+    float x[8];
+    TD_ASSERT_OK(td_ckpt_reader_get_weight_range(r, td_ckpt_param_count(&cfg) - 1, 0, 8, TD_DTYPE_F32, x));
+    for (int j = 0; j < 8; j++) assert_true(x[j] == val(2, 0, td_ckpt_param_count(&cfg) - 1, (uint64_t)j));
+    td_ckpt_reader_close(r);
 }
 
 static void test_group_save_faults(void **state)
@@ -681,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_loader_slices),
         cmocka_unit_test(test_agree),
         cmocka_unit_test(test_group_save),
+        cmocka_unit_test(test_group_save_shards),
         cmocka_unit_test(test_group_save_faults),
         cmocka_unit_test(test_read_ranges),
         cmocka_unit_test(test_comm_group),

@@ -43,12 +43,13 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg)
     td_memmgr_params mp = cfg->mm;
     td_memmgr_params dflt = td_memmgr_default_params();
     if (!mp.chunk_numel && mp.min_chunk_numel == dflt.min_chunk_numel && mp.max_chunk_numel == dflt.max_chunk_numel) {
-        /* At least the largest block tensor (4C x C), so only the embedding
-         * may get a chunk of its own: few distinct chunk sizes, little
-         * fragmentation; at most one block's worth. */
-        size_t off, span, C = (size_t)cfg->model.n_embd;
+        /* At least the largest block tensor (GPT-2: 4C x C; LLaMA: gate|up,
+         * 2H x C), so only the embedding (and an untied head) may get a
+         * chunk of its own: few distinct chunk sizes, little fragmentation;
+         * at most one block's worth. */
+        size_t off, span, big = td_model_block_largest_numel(&cfg->model);
         td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
-        mp.min_chunk_numel = 4 * C * C > 4096 ? 4 * C * C : 4096;
+        mp.min_chunk_numel = big > 4096 ? big : 4096;
         mp.max_chunk_numel = span > mp.min_chunk_numel ? span : mp.min_chunk_numel;
     }
     return mp;
@@ -79,7 +80,7 @@ static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
     size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T) * F, workspace = 0;
     if (scratch < 2 * N * C * F) scratch = 2 * N * C * F;
 #ifdef TD_HAVE_CUDA
-    if (cuda) {
+    if (cuda && mc->family == TD_MODEL_GPT2) {
         acts = td_ops_cuda_block_acts_bytes(mc, B, T, cfg->precision);
         scratch = td_ops_cuda_block_scratch_bytes(mc, B, T, cfg->precision, B);
         size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_head_scratch_bytes((int)N, (int)C);
@@ -87,6 +88,15 @@ static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
         if (head > scratch) scratch = head;
         if (enc > scratch) scratch = enc;
         workspace = TD_OPS_CUDA_WORKSPACE_BYTES;
+    } else if (cuda) { /* the LLaMA family: its block and head (model/llama_block_cuda.c) */
+        acts = td_ops_cuda_llama_block_acts_bytes(mc, B, T, cfg->precision);
+        scratch = td_ops_cuda_llama_block_scratch_bytes(mc, B, T, cfg->precision, B);
+        size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_llama_head_scratch_bytes((int)N, (int)C, (int)Vp);
+        size_t enc = td_ops_cuda_encoder_scratch_bytes(B, T, (int)Vp);
+        if (head > scratch) scratch = head;
+        if (enc > scratch) scratch = enc;
+        /* cuBLASLt's workspace, then RoPE's frequency table */
+        workspace = TD_OPS_CUDA_WORKSPACE_BYTES + td_align_up((size_t)td_model_head_size(mc) / 2 * F, TD_ARENA_ALIGN);
     }
 #endif
     (void)cuda;

@@ -38,10 +38,11 @@ cleanup:
 static void tensor_positions(const td_gpt_ref_config *mc, int i, uint64_t *need, uint64_t *ready)
 {
     uint64_t L = (uint64_t)mc->n_layer;
-    int li = 2 + mc->n_layer * TD_GPT_REF_BLOCK_TENSORS;
-    if (i < 2) { *need = 0; *ready = 2 * L + 3; return; } /* wte (tied to the head), wpe */
-    if (i >= li) { *need = L + 1; *ready = L + 2; return; } /* ln_f */
-    uint64_t l = (uint64_t)((i - 2) / TD_GPT_REF_BLOCK_TENSORS);
+    int ne = td_model_embed_tensor_count(mc), nb = td_model_block_tensor_count(mc);
+    int li = ne + mc->n_layer * nb;
+    if (i < ne) { *need = 0; *ready = 2 * L + 3; return; }  /* wte (tied: also the head), GPT-2's wpe */
+    if (i >= li) { *need = L + 1; *ready = L + 2; return; } /* the final norm, an untied lm_head */
+    uint64_t l = (uint64_t)((i - ne) / nb);
     *need = 1 + l;
     *ready = L + 3 + (L - 1 - l);
 }

@@ -57,19 +57,23 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     }
     out->nonmodel_bytes = ap.total;
     /* The step's accesses, as micro_batch() makes them; each pins the union. */
-    int li = 2 + L * TD_GPT_REF_BLOCK_TENSORS;
+    int nb = td_model_block_tensor_count(mc), ne = td_model_embed_tensor_count(mc), hi[3];
+    int nh = td_model_head_tensors(mc, hi);
     int set[2 * TD_GPT_REF_BLOCK_TENSORS];
-    int emb[2] = {pid[0], pid[1]}, gemb[2] = {gid[0], gid[1]};
-    int head[6] = {pid[li], pid[li + 1], pid[0], gid[li], gid[li + 1], gid[0]};
-    size_t ws = chunks_bytes(mm, emb, 2);
-    if (chunks_bytes(mm, head, 6) > ws) ws = chunks_bytes(mm, head, 6);
-    if (chunks_bytes(mm, gemb, 2) > ws) ws = chunks_bytes(mm, gemb, 2);
+    int emb[2] = {pid[0], pid[1]}, gemb[2] = {gid[0], gid[1]}, head[6];
+    for (int k = 0; k < nh; k++) {
+        head[k] = pid[hi[k]];
+        head[nh + k] = gid[hi[k]];
+    }
+    size_t ws = chunks_bytes(mm, emb, ne);
+    if (chunks_bytes(mm, head, 2 * nh) > ws) ws = chunks_bytes(mm, head, 2 * nh);
+    if (chunks_bytes(mm, gemb, ne) > ws) ws = chunks_bytes(mm, gemb, ne);
     for (int l = 0; l < L; l++) {
-        for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) {
-            set[k] = pid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
-            set[TD_GPT_REF_BLOCK_TENSORS + k] = gid[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+        for (int k = 0; k < nb; k++) {
+            set[k] = pid[ne + l * nb + k];
+            set[nb + k] = gid[ne + l * nb + k];
         }
-        size_t b = chunks_bytes(mm, set, 2 * TD_GPT_REF_BLOCK_TENSORS);
+        size_t b = chunks_bytes(mm, set, 2 * nb);
         if (b > ws) ws = b;
     }
     out->working_set_bytes = ws;

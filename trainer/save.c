@@ -6,27 +6,16 @@
 
 #include <string.h>
 
-static td_ckpt_config ckpt_config_of(const td_gpt_ref_config *mc)
-{
-    return (td_ckpt_config){ .n_layer = mc->n_layer, .n_head = mc->n_head, .n_embd = mc->n_embd,
-                             .n_positions = mc->n_positions, .vocab_size = mc->vocab_size,
-                             .padded_vocab_size = mc->padded_vocab_size };
-}
-
-/* The gpt_ref index of checkpoint parameter k (the two orders name the same tensors). */
-static td_status ckpt_index(const td_gpt_ref_config *mc, const td_ckpt_config *cc, int k, int *index)
+/* Checkpoint parameter k: the tidal tensor it is (a part of), and the part's first element. */
+static td_status ckpt_part(const td_ckpt_config *cc, int k, int *index, size_t *offset, size_t *numel)
 {
     td_ckpt_param cp;
     td_status st = td_ckpt_param_get(cc, k, &cp);
     if (st) return st;
-    int n = td_gpt_ref_tensor_count(mc);
-    for (int i = 0; i < n; i++) {
-        int j = (k + i) % n; /* the orders agree, so this finds it at once */
-        td_gpt_ref_tensor tt;
-        td_gpt_ref_tensor_get(mc, j, &tt);
-        if (!strcmp(tt.name, cp.name)) { *index = j; return TD_OK; }
-    }
-    return td_error_set(TD_ERR_STATE, "checkpoint parameter '%s' is not in the model", cp.name);
+    *index = cp.tensor;
+    *offset = (size_t)cp.offset;
+    *numel = (size_t)cp.numel;
+    return TD_OK;
 }
 
 td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta)
@@ -38,9 +27,10 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
                                 const char *const *files)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
+    td_ckpt_config cc = t->cfg.model;
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = state;
+    wo.shard_bytes = t->cfg.save_shard_bytes;
     td_ckpt_writer *w = NULL;
     TD_TRY(td_trainer_finish_update(t));
     TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
@@ -59,25 +49,26 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     int n = td_ckpt_param_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
+        size_t off, numel;
+        TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
         /* The fp32 master holds the exact weights (the params themselves in fp32). */
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         void *p;
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
-        TD_TRY(td_ckpt_writer_put_weight(w, k, TD_DTYPE_F32, p));
+        TD_TRY(td_ckpt_writer_put_weight(w, k, TD_DTYPE_F32, (float *)p + off));
     }
     for (int k = 0; state && k < n; k++) {
         int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
+        size_t off, numel;
+        TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
         void *p, *m, *v;
-        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
         TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_READ, &m));
         TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_READ, &v));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, p, numel));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_M, m, numel));
-        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_V, v, numel));
+        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, (float *)p + off, numel));
+        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_M, (float *)m + off, numel));
+        TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_ADAM_V, (float *)v + off, numel));
     }
     for (int k = 0; files && files[k]; k++) {
         const char *slash = strrchr(files[k], '/');
@@ -98,10 +89,8 @@ td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out)
     td_status st = td_ckpt_reader_open(dir, NULL, &r);
     if (st) return st;
     const td_ckpt_config *c = td_ckpt_reader_config(r);
-    *out = (td_gpt_ref_config){ .n_layer = c->n_layer, .n_head = c->n_head, .n_embd = c->n_embd,
-                                .n_positions = c->n_positions, .vocab_size = c->vocab_size,
-                                .padded_vocab_size = c->padded_vocab_size > c->vocab_size ? c->padded_vocab_size
-                                                                                          : td_model_pad_vocab(c->vocab_size) };
+    *out = *c;
+    out->padded_vocab_size = c->padded_vocab_size > c->vocab_size ? c->padded_vocab_size : td_model_pad_vocab(c->vocab_size);
     td_ckpt_reader_close(r);
     return TD_OK;
 }
@@ -109,7 +98,7 @@ td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out)
 td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_reader **reader_out)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = ckpt_config_of(&t->cfg.model);
+    td_ckpt_config cc = t->cfg.model;
     td_ckpt_reader *r = NULL;
     if (reader_out) *reader_out = NULL;
     TD_TRY(td_trainer_finish_update(t)); /* nothing pending may overwrite what is loaded */
@@ -120,19 +109,22 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
     int n = td_ckpt_param_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
-        TD_TRY(ckpt_index(&t->cfg.model, &cc, k, &i));
+        size_t off, numel;
+        TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
         void *p, *master;
-        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p));
         master = p;
         if (t->sid[i] >= 0) TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
+        /* the part of the tensor (q, k, v of a fused qkv; gate, up of gate_up) */
+        p = (char *)p + off * td_dtype_bytes(t->dt);
+        master = (float *)master + off;
         if (state) { /* the fp32 master holds the exact weights */
             TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, master));
             void *m, *v;
             TD_TRY(td_memmgr_host_access(t->mm, &t->mid[i], 1, TD_ACCESS_WRITE, &m));
             TD_TRY(td_memmgr_host_access(t->mm, &t->vid[i], 1, TD_ACCESS_WRITE, &v));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, m));
-            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, v));
+            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, numel, (float *)m + off));
+            TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_V, 0, numel, (float *)v + off));
         } else {
             TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
         }

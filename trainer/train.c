@@ -174,6 +174,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(register_tensors(t));
     TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks));
     TD_TRY(td_memmgr_layout(t->mm));
+    TD_TRY(td_train_decay_setup(t));
     TD_TRY(init_state(t));
     TD_TRY(alloc_activations(t));
 #ifdef TD_HAVE_CUDA
@@ -184,6 +185,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         td_ops_cuda *ctx = NULL;
         TD_TRY(td_ops_cuda_create(&op, &ctx));
         t->ops_cuda = ctx;
+        if (cfg->model.family != TD_MODEL_GPT2) TD_TRY(td_train_llama_cuda_setup(t));
     }
 #endif
     td_adam_cpu_params ap = td_adam_cpu_default_params();
@@ -225,25 +227,20 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->gids_scratch);
     td_free(t->ptrs);
     td_free(t->optim_on_gpu);
+    td_train_decay_free(t);
     td_free(t);
 }
 
 /* ---- one micro-batch -------------------------------------------------------- */
 
-/* Block l's 12 tensors of one role, in gpt_ref order. */
+/* Block l's tensors of one role, in gpt_ref order (the model's family
+ * decides how many: nb_of). */
+static int nb_of(const td_trainer *t) { return td_model_block_tensor_count(&t->cfg.model); }
 static void block_ids(const td_trainer *t, const int *role_ids, int l, int out[TD_GPT_REF_BLOCK_TENSORS])
 {
-    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) out[k] = role_ids[2 + l * TD_GPT_REF_BLOCK_TENSORS + k];
+    int nb = nb_of(t), ne = td_model_embed_tensor_count(&t->cfg.model);
+    for (int k = 0; k < nb; k++) out[k] = role_ids[ne + l * nb + k];
 }
-
-static void view_block(void *const p[TD_GPT_REF_BLOCK_TENSORS], td_gpt_ref_block *b)
-{
-    float **f = (float **)b;
-    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) f[k] = p[k];
-}
-
-/* Index of ln_f weight and bias in the gpt_ref order. */
-static int lnf_index(const td_trainer *t) { return 2 + t->cfg.model.n_layer * TD_GPT_REF_BLOCK_TENSORS; }
 
 /* Blocks [0, ckpt_blocks) share the first buffer; each later block has its own. */
 static void *block_acts(td_trainer *t, int l)
@@ -320,6 +317,7 @@ static td_status op_block_forward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_forward(t, p, acts, x, y);
         td_ops_cuda_block w;
         memcpy(&w, p, sizeof w); /* twelve pointers in gpt_ref order */
         td_ops_cuda_block_acts a;
@@ -329,7 +327,7 @@ static td_status op_block_forward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_
     }
 #endif
     td_gpt_ref_block w;
-    view_block(p, &w);
+    td_gpt_ref_block_from(mc, p, &w);
     td_gpt_ref_block_acts a;
     td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
     td_gpt_ref_block_forward(mc, &w, &a, x, y, B, T);
@@ -345,6 +343,7 @@ static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_backward(t, p, g, acts, x, dy, dx);
         td_ops_cuda_block w, gw;
         memcpy(&w, p, sizeof w);
         memcpy(&gw, g, sizeof gw);
@@ -355,8 +354,8 @@ static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK
     }
 #endif
     td_gpt_ref_block w, gw;
-    view_block(p, &w);
-    view_block(g, &gw);
+    td_gpt_ref_block_from(mc, p, &w);
+    td_gpt_ref_block_from(mc, g, &gw);
     td_gpt_ref_block_acts a;
     td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
     memset(dx, 0, N_of(t) * (size_t)mc->n_embd * sizeof(float));
@@ -372,6 +371,7 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
     int N = (int)N_of(t), C = mc->n_embd, V = mc->vocab_size, Vp = mc->padded_vocab_size;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_forward(t, p, x, dloss, train);
         td_status st = td_ops_cuda_head_forward(t->ops_cuda, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0],
                                                 p[1], p[2], N, C, Vp, t->dt, stream_of(t));
         if (st) return st;
@@ -382,7 +382,8 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
                                                 stream_of(t));
     }
 #endif
-    td_ops_head_forward(t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0], p[1], p[2], N, C, Vp);
+    td_gpt_ref_head_forward(mc, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, (const float *const *)p, N);
+    (void)C;
     td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp);
     if (train) td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, N, V, Vp);
     return TD_OK;
@@ -397,14 +398,16 @@ static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g
     if (st) return st;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
+        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_backward(t, p, g, x, dx);
         size_t dlnf = td_align_up((size_t)N * (size_t)C * E_of(t), TD_ARENA_ALIGN);
         return td_ops_cuda_head_backward(t->ops_cuda, dx, g[0], g[1], g[2], t->scratch, t->logits, x, t->lnf,
                                          t->lnf_mean, t->lnf_rstd, p[0], p[2], N, C, Vp, t->dt, t->gdt,
                                          t->scratch + dlnf, t->scratch_bytes - dlnf, stream_of(t));
     }
 #endif
-    td_ops_head_backward(dx, g[0], g[1], g[2], (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean, t->lnf_rstd,
-                         p[0], p[2], N, C, Vp);
+    td_gpt_ref_head_backward(mc, dx, (float *const *)g, (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean,
+                             t->lnf_rstd, (const float *const *)p, N);
+    (void)Vp;
     return TD_OK;
 }
 
@@ -414,7 +417,7 @@ static td_status op_encoder_backward(td_trainer *t, void *dwte, void *dwpe, cons
     CUDA_OP(td_ops_cuda_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C, Vp, t->dt, t->gdt, t->scratch,
                                          t->scratch_bytes, stream_of(t)));
     (void)Vp;
-    td_ops_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C);
+    td_ops_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C); /* dwpe NULL: rotary positions */
     return TD_OK;
 }
 
@@ -435,7 +438,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
 {
     td_status st = TD_OK;
     const td_gpt_ref_config *mc = &t->cfg.model;
-    int L = mc->n_layer;
+    int L = mc->n_layer, nb = nb_of(t), ne = td_model_embed_tensor_count(mc);
     size_t N = N_of(t);
     td_memmgr *mm = t->mm;
     void *p[TD_GPT_REF_BLOCK_TENSORS], *g[TD_GPT_REF_BLOCK_TENSORS];
@@ -445,13 +448,14 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->tokens, t->h_tokens, N * sizeof(int32_t)));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
 
-    /* Embedding: x0 (N,C). */
+    /* Embedding: x0 (N,C); wte and (GPT-2) wpe. */
     int emb[2] = {t->pid[0], t->pid[1]};
+    p[1] = NULL;
     TD_TRY(td_memmgr_timeline_range(mm, "embedding", 1));
-    TD_TRY(catch_up_ids(t, emb, 2));
-    TD_TRY(td_memmgr_access(mm, emb, 2, TD_TENSOR_COMPUTE, 0, p));
+    TD_TRY(catch_up_ids(t, emb, ne));
+    TD_TRY(td_memmgr_access(mm, emb, ne, TD_TENSOR_COMPUTE, 0, p));
     TD_TRY(op_encoder_forward(t, resid_at(t, 0), p[0], p[1]));
-    TD_TRY(td_memmgr_release(mm, emb, 2, TD_TENSOR_HOLD_AFTER_FWD));
+    TD_TRY(td_memmgr_release(mm, emb, ne, TD_TENSOR_HOLD_AFTER_FWD));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     for (int l = 0; l < L; l++) {
@@ -459,20 +463,25 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         snprintf(name, sizeof name, "block %d forward", l);
         TD_TRY(td_memmgr_timeline_range(mm, name, 1));
         block_ids(t, t->pid, l, ids);
-        TD_TRY(catch_up_ids(t, ids, TD_GPT_REF_BLOCK_TENSORS));
-        TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
+        TD_TRY(catch_up_ids(t, ids, nb));
+        TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
         TD_TRY(op_block_forward(t, p, block_acts(t, l), resid_at(t, l), resid_at(t, l + 1)));
-        TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_FWD));
+        TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_FWD));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
     }
 
-    /* Head: ln_f, logits against wte, loss; then at once its backward. */
-    int li = lnf_index(t);
-    int head[3] = {t->pid[li], t->pid[li + 1], t->pid[0]};
-    int ghead[3] = {t->gid[li], t->gid[li + 1], t->gid[0]};
+    /* Head: the final norm, logits against wte (or lm_head), loss; then at
+     * once its backward.  The head's tensors are ordered so that a tied wte
+     * comes last (td_model_head_tensors). */
+    int hi[3], head[3], ghead[3];
+    int nh = td_model_head_tensors(mc, hi), tied = hi[nh - 1] == 0;
+    for (int k = 0; k < nh; k++) {
+        head[k] = t->pid[hi[k]];
+        ghead[k] = t->gid[hi[k]];
+    }
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
     TD_TRY(td_trainer_finish_update(t)); /* ln_f is the last chunk: nothing stays pending into backward */
-    TD_TRY(td_memmgr_access(mm, head, 3, TD_TENSOR_COMPUTE, 0, p));
+    TD_TRY(td_memmgr_access(mm, head, nh, TD_TENSOR_COMPUTE, 0, p));
     const void *xL = resid_at(t, L);
     TD_TRY(op_head_forward(t, p, xL, dloss, train));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
@@ -481,23 +490,23 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     for (size_t i = 0; i < N; i++) sum += t->h_losses[i];
     *loss_sum += sum;
     if (!train) {
-        TD_TRY(td_memmgr_release(mm, head, 3, TD_TENSOR_HOLD));
+        TD_TRY(td_memmgr_release(mm, head, nh, TD_TENSOR_HOLD));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
-        /* Eval: embedding and blocks back to HOLD. */
-        TD_TRY(td_memmgr_set_state(mm, emb + 1, 1, TD_TENSOR_HOLD));
+        /* Eval: embedding (what the head did not release) and blocks back to HOLD. */
+        TD_TRY(td_memmgr_set_state(mm, emb + tied, ne - tied, TD_TENSOR_HOLD));
         for (int l = 0; l < L; l++) {
             block_ids(t, t->pid, l, ids);
-            TD_TRY(td_memmgr_set_state(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD));
+            TD_TRY(td_memmgr_set_state(mm, ids, nb, TD_TENSOR_HOLD));
         }
         return TD_OK;
     }
-    TD_TRY(td_memmgr_access(mm, ghead, 3, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    TD_TRY(td_memmgr_access(mm, ghead, nh, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_head_backward(t, p, g, xL, t->dres[0]));
-    TD_TRY(td_memmgr_release(mm, head, 3, TD_TENSOR_HOLD_AFTER_BWD));
-    /* wte's grad still takes the embedding's part below. */
-    TD_TRY(td_memmgr_release(mm, ghead, 2, grad_done));
-    TD_TRY(td_memmgr_release(mm, ghead + 2, 1, TD_TENSOR_HOLD_AFTER_BWD));
-    if (last) TD_TRY(writeback_host_grads(t, ghead, 2));
+    TD_TRY(td_memmgr_release(mm, head, nh, TD_TENSOR_HOLD_AFTER_BWD));
+    /* A tied wte's grad still takes the embedding's part below. */
+    TD_TRY(td_memmgr_release(mm, ghead, nh - tied, grad_done));
+    if (tied) TD_TRY(td_memmgr_release(mm, ghead + nh - 1, 1, TD_TENSOR_HOLD_AFTER_BWD));
+    if (last) TD_TRY(writeback_host_grads(t, ghead, nh - tied));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     /* Blocks in reverse. */
@@ -508,28 +517,29 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(td_memmgr_timeline_range(mm, name, 1));
         block_ids(t, t->pid, l, ids);
         block_ids(t, t->gid, l, gids);
-        TD_TRY(td_memmgr_access(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, 0, p));
-        TD_TRY(td_memmgr_access(mm, gids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+        TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
+        TD_TRY(td_memmgr_access(mm, gids, nb, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
         const void *x = resid_at(t, l);
         void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
         /* Checkpointing: recompute this block's activations from its kept
          * input (its output lands in dx's buffer, overwritten right after). */
         if (l < t->ckpt_blocks) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, dxl));
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
-        TD_TRY(td_memmgr_release(mm, ids, TD_GPT_REF_BLOCK_TENSORS, TD_TENSOR_HOLD_AFTER_BWD));
-        TD_TRY(td_memmgr_release(mm, gids, TD_GPT_REF_BLOCK_TENSORS, grad_done));
-        if (last) TD_TRY(writeback_host_grads(t, gids, TD_GPT_REF_BLOCK_TENSORS));
+        TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_BWD));
+        TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));
+        if (last) TD_TRY(writeback_host_grads(t, gids, nb));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
     }
 
-    /* Embedding backward: into the grads of wte and wpe. */
+    /* Embedding backward: into the grads of wte and (GPT-2) wpe. */
     int gemb[2] = {t->gid[0], t->gid[1]};
+    g[1] = NULL;
     TD_TRY(td_memmgr_timeline_range(mm, "embedding backward", 1));
-    TD_TRY(td_memmgr_access(mm, gemb, 2, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    TD_TRY(td_memmgr_access(mm, gemb, ne, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
-    TD_TRY(td_memmgr_release(mm, gemb, 2, grad_done));
-    if (last) TD_TRY(writeback_host_grads(t, gemb, 2));
+    TD_TRY(td_memmgr_release(mm, gemb, ne, grad_done));
+    if (last) TD_TRY(writeback_host_grads(t, gemb, ne));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
     return st;
@@ -631,10 +641,10 @@ static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs 
                          .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
                                   td_dtype_bytes(t->dt) };
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) TD_TRY(td_adam_update_cuda(c, &ch, stream_of(t)));
+    if (on_cuda(t)) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
     else
 #endif
-        TD_TRY(td_adam_cpu_update(t->adam, c, &ch, 1));
+        TD_TRY(td_train_adam_chunk_cpu(t, k, c, &ch));
     TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_HOLD)); /* consumed with the host's (FREE below or in catch_up) */
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD)); /* to HOLD with the host's below */
     TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
@@ -699,7 +709,7 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
                          .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
                          .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
-    TD_TRY(td_adam_cpu_update(t->adam, c, &ch, 1));
+    TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch));
 cleanup:
     return st;
 }

@@ -44,7 +44,8 @@ struct td_trainer {
     char *scratch;                     /* the ops' scratch; the head's dlnf at its start */
     size_t scratch_bytes;
     int32_t *tokens, *targets;         /* (N) */
-    void *workspace;                   /* cuBLASLt's (cuda) */
+    void *workspace;                   /* cuBLASLt's (cuda), then (LLaMA family) RoPE's table */
+    float *rope_inv;                   /* cuda, LLaMA family: inv_freq (hs/2) on the device */
     /* Host (pinned, for async copies). */
     int32_t *h_tokens, *h_targets;
     float *h_losses;
@@ -58,7 +59,32 @@ struct td_trainer {
     void **ptrs;                       /* scratch for access pointers */
     int *gids_scratch;
     double *dev_acc, *dev_sumsq_scratch;
+    /* Weight decay by tensor (decay.c): each param chunk's ranges
+     * decay[decay_start[k] .. decay_start[k+1]); NULL with --decay-all. */
+    struct td_decay_range *decay;
+    int *decay_start, n_decay;
+    td_adam_chunk *decay_chunks;       /* scratch: one chunk's ranges */
 };
+
+/* Elements [offset, offset + numel) of param chunk `chunk` (role index),
+ * decayed or not. */
+typedef struct td_decay_range { int chunk; size_t offset, numel; int decay; } td_decay_range;
+/* The ranges, from the layout (decay.c). */
+td_status td_train_decay_setup(td_trainer *t);
+void td_train_decay_free(td_trainer *t);
+/* AdamW of param chunk k (role index) over its ranges, each with c or c less decay. */
+td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch);
+#ifdef TD_HAVE_CUDA
+/* The LLaMA family on cuda (model_exec_cuda.c): RoPE's table, then the block
+ * and head calls train.c makes for it. */
+td_status td_train_llama_cuda_setup(td_trainer *t);
+td_status td_train_llama_cuda_block_forward(td_trainer *t, void *const *p, void *acts, const void *x, void *y);
+td_status td_train_llama_cuda_block_backward(td_trainer *t, void *const *p, void *const *g, void *acts,
+                                             const void *x, const void *dy, void *dx);
+td_status td_train_llama_cuda_head_forward(td_trainer *t, void *const *p, const void *x, double dloss, int train);
+td_status td_train_llama_cuda_head_backward(td_trainer *t, void *const *p, void *const *g, const void *x, void *dx);
+td_status td_train_adam_chunk_cuda(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream);
+#endif
 
 /* The non-model buffers of a run, in allocation order (one list for the
  * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA

@@ -1,14 +1,22 @@
-/* Checkpoint directories: Hugging Face GPT-2 weights plus tidal's training
- * state, written chunk by chunk and replaced atomically.
+/* Checkpoint directories: Hugging Face weights (GPT-2, LLaMA, Qwen2) plus
+ * tidal's training state, written chunk by chunk and replaced atomically.
  *
  * A checkpoint is a directory DIR holding
- *   config.json               Hugging Face GPT2Config (model_type gpt2, ...) plus
- *                             tidal_* keys (format version, padded vocabulary)
- *   model.safetensors         the weights under Hugging Face GPT-2 names
+ *   config.json               Hugging Face GPT2Config / LlamaConfig / Qwen2Config
+ *                             (model_type gpt2, llama, qwen2, ...) plus tidal_*
+ *                             keys (format version, padded vocabulary)
+ *   model.safetensors         the weights under Hugging Face names: GPT-2's
  *                             ("wte.weight", "h.0.attn.c_attn.weight", ...; no
  *                             "transformer." prefix, no lm_head: it is tied to wte),
  *                             Conv1D weights stored (in, out), wte with the real
- *                             vocabulary's rows only
+ *                             vocabulary's rows only; LlamaForCausalLM's and
+ *                             Qwen2ForCausalLM's ("model.embed_tokens.weight",
+ *                             "model.layers.0.self_attn.q_proj.weight", ...,
+ *                             "lm_head.weight" unless tied): tidal's fused q|k|v
+ *                             and gate|up weights are split into their parts.
+ *                             Above write_options.shard_bytes: shards
+ *                             model-00001-of-0000N.safetensors and
+ *                             model.safetensors.index.json, as save_pretrained
  *   train_state.safetensors   (optional) per parameter "master.<name>",
  *                             "adam_m.<name>", "adam_v.<name>" as F32 in tidal's
  *                             layout, caller-declared extra tensors (RNG words,
@@ -41,6 +49,7 @@
 #include <stdint.h>
 
 #include "tidal/dtype.h"
+#include "tidal/gpt_ref.h"
 #include "tidal/safetensors.h"
 #include "tidal/status.h"
 
@@ -56,23 +65,26 @@ extern "C" {
  * (GPT-2 BPE: vocab.json and merges.txt; or tokenizer.json). */
 #define TD_CKPT_TOKENIZER_FILES {"vocab.json", "merges.txt", "tokenizer.json"}
 
-/* The model's sizes; the same fields as td_gpt_ref_config. */
-typedef struct td_ckpt_config {
-    int n_layer;
-    int n_head;
-    int n_embd;
-    int n_positions;
-    int vocab_size;        /* V: rows of wte stored in model.safetensors */
-    int padded_vocab_size; /* Vp >= V: rows of wte in tidal's layout (compute padding) */
-} td_ckpt_config;
+/* The model's description (gpt_ref.h): vocab_size V rows of wte stored in
+ * model.safetensors, padded_vocab_size Vp >= V rows in tidal's layout. */
+typedef td_gpt_ref_config td_ckpt_config;
 
 /* TD_OK, or TD_ERR_INVALID naming the bad field. */
 td_status td_ckpt_config_check(const td_ckpt_config *cfg);
+/* Reads a Hugging Face config.json (model_type gpt2, llama or qwen2; a
+ * missing model_type is gpt2) into a model description.  Errors name the
+ * file and the field: missing or wrong-typed fields, heads that do not
+ * divide the width, key/value heads that do not divide the heads, an
+ * unknown model_type or rope_scaling type, variants tidal would compute
+ * differently. */
+td_status td_ckpt_config_read(const char *path, td_ckpt_config *out);
 
 /* --- the parameter table -------------------------------------------------- */
 
 typedef struct td_ckpt_param {
-    char name[64];        /* Hugging Face name without "transformer.", e.g. "h.3.mlp.c_fc.weight" */
+    char name[80];        /* Hugging Face name without "transformer.", e.g. "h.3.mlp.c_fc.weight" */
+    int tensor;           /* the tidal tensor it is part of (gpt_ref.h's layout index) */
+    uint64_t offset;      /* its first element in that tensor (q, k, v of qkv; gate, up of gate_up) */
     int layer;            /* block index, -1 for wte, wpe, ln_f */
     int ndim;             /* 1 or 2 */
     int64_t shape[2];     /* tidal's layout: Linear weights (out, in); wte (Vp, C) */
@@ -82,7 +94,7 @@ typedef struct td_ckpt_param {
     uint64_t hf_numel;    /* elements of hf_shape (less than numel only for a padded wte) */
 } td_ckpt_param;
 
-/* 4 + 12 n_layer. */
+/* GPT-2: 4 + 12 n_layer; LLaMA 2 + 9 n_layer (+1 untied); Qwen2 2 + 12 n_layer (+1). */
 int td_ckpt_param_count(const td_ckpt_config *cfg);
 /* The index-th parameter (0 <= index < count). */
 td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param *out);
@@ -137,6 +149,8 @@ typedef struct td_ckpt_write_options {
     td_ckpt_replace replace; /* default AUTO */
     void (*on_stage)(td_ckpt_stage stage, void *arg); /* may be NULL; rank 0 alone in a group */
     void *stage_arg;
+    uint64_t shard_bytes;    /* weights above this many bytes go to shards of at most this size with
+                                model.safetensors.index.json (0: 5 GB, save_pretrained's default) */
     /* NULL: one process streaming the files (the append/put calls).  Set:
      * ranged writing by every rank of the group (below); the pointer is
      * used until commit or abort. */

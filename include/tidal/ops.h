@@ -48,10 +48,11 @@ extern "C" {
 
 /* --- embedding ------------------------------------------------------------ */
 
-/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C). */
+/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C); wpe NULL (rotary
+ * models): no position term. */
 void td_ops_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C);
-/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. */
+/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (dwpe may be NULL). */
 void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
                              int B, int T, int C);
 

@@ -89,7 +89,8 @@ typedef enum td_ops_cuda_write {
 
 /* --- embedding ------------------------------------------------------------ */
 
-/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C); tokens (B,T) int. */
+/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C); tokens (B,T) int.
+ * wpe NULL (rotary models): no position term; the same for dwpe below. */
 td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, const void *wte, const void *wpe,
                                       int B, int T, int C, td_dtype dt, void *stream);
 /* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (gdt).  Rows sharing a
@@ -311,6 +312,43 @@ td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *
                                      const void *dy, void *dx, int B, int T,
                                      td_ops_cuda_write dx_mode, td_dtype dt, td_dtype gdt,
                                      void *scratch, size_t scratch_bytes, void *stream);
+
+/* --- one LLaMA-family block and head (model/llama_block_cuda.c) --------------- */
+
+/* The block of td_gpt_ref_block_forward/backward's LLaMA path (gpt_ref.h):
+ * w and g hold the block's tensors in td_gpt_ref_block's fields (ln1_w,
+ * qkv_w, qkv_b (Qwen2, else NULL), attproj_w = o_proj, ln2_w, fc_w =
+ * gate|up (2H,C), fcproj_w = down (C,H); the others NULL); acts as
+ * td_ops_cuda_llama_block_acts_view carves them (qkv (N,QKV) after RoPE, fch
+ * gate|up (N,2H), fch_gelu (N,H), no means).  inv_freq: the RoPE table on the
+ * device (td_ops_cuda_rope_table).  dx is written (SET). */
+size_t td_ops_cuda_llama_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt);
+void td_ops_cuda_llama_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, void *base,
+                                       td_ops_cuda_block_acts *out);
+size_t td_ops_cuda_llama_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs);
+/* Uploads td_ops_rope_inv_freq's table (hs/2 fp32) of the model to dev; waits for it. */
+td_status td_ops_cuda_rope_table(const td_gpt_ref_config *cfg, float *dev, void *stream);
+td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, const td_ops_cuda_block *w,
+                                          const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
+                                          void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
+                                          void *stream);
+td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+                                           const td_ops_cuda_block *w, const td_ops_cuda_block *g,
+                                           const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
+                                           const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
+                                           void *scratch, size_t scratch_bytes, void *stream);
+/* The head: lnf = RMSNorm(x; norm_w) saving lnf_rstd; logits (N,Vp) = lnf @ out_w^T
+ * (out_w: lm_head, or the embedding when tied).  Backward from dlogits: dx +=
+ * (dt), dnorm_w, dout_w += (gdt); dlnf (N,C) is overwritten. */
+size_t td_ops_cuda_llama_head_scratch_bytes(int N, int C, int Vp);
+td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *logits, void *lnf,
+                                         float *lnf_rstd, const void *x, const void *norm_w, const void *out_w, int N,
+                                         td_dtype dt, void *stream);
+td_status td_ops_cuda_llama_head_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *dx, void *dnorm_w,
+                                          void *dout_w, void *dlnf, const void *dlogits, const void *x,
+                                          const void *lnf, const float *lnf_rstd, const void *norm_w,
+                                          const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,
+                                          size_t scratch_bytes, void *stream);
 
 #ifdef __cplusplus
 }

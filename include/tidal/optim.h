@@ -13,9 +13,10 @@
  * The update follows torch.optim.AdamW (and torch.optim.Adam with L2 decay);
  * docs/optimizer.md gives the exact formulas.  In one pass over a chunk it
  * reads the grads (fp32, bf16 or fp16), unscales and clips them with one
- * multiplier, applies decay, updates fp32 m, v and the fp32 master in place,
- * and writes the new params rounded to bf16/fp16 (RNE, see convert.h)
- * into a caller-given buffer (the pinned upload buffer).
+ * multiplier, applies decay, updates m, v (fp32, bf16 or 8-bit block-wise
+ * quantized: td_optim_state) and the fp32 master in place, and writes the
+ * new params rounded to bf16/fp16 (RNE, see convert.h) into a caller-given
+ * buffer (the pinned upload buffer).
  *
  * The CPU kernels exist for AVX-512, AVX2+FMA and plain C, generated from one
  * definition (optim/adam_kernel.h) and chosen at run time.  All three compute
@@ -60,7 +61,10 @@ td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out);
 
 /* How AdamW's moments m and v are stored.  The fp32 master is fp32 always.
  *   fp32  exact (torch.optim.AdamW)
- *   bf16  m and v rounded to bf16 after each update
+ *   bf16  m and v rounded to bf16 after each update: m to nearest even, v
+ *         stochastically (from a hash of the step and the element index, so
+ *         still deterministic), because v * beta2 moves v by less than half
+ *         a bf16 step and nearest rounding would freeze it
  *   int8  m and v as 8-bit codes, block-wise quantized with one fp32 scale
  *         per TD_ADAM_INT8_BLOCK elements (Dettmers et al. 2021)
  * One moment buffer (m or v) of a chunk of `numel` elements takes
@@ -84,6 +88,19 @@ size_t td_adam_moment_bytes(td_optim_state s, size_t numel);
 /* Host bytes a parameter of the AdamW state: fp32 master + m + v (block
  * scales amortised), e.g. 12 for fp32, 8 for bf16, about 6 for int8. */
 double td_adam_state_bytes_per_param(td_optim_state s);
+
+/* Which moment a buffer holds: int8 codes m (signed) and v (>= 0) differ. */
+typedef enum td_adam_moment {
+    TD_ADAM_MOMENT_M,
+    TD_ADAM_MOMENT_V,
+} td_adam_moment;
+
+/* `numel` fp32 values into a moment buffer of state `s` (td_adam_moment_bytes
+ * bytes), rounded exactly as the update rounds (int8: per block, the absmax
+ * is the scale; v's code keeps magnitudes only), and back.  For checkpoints,
+ * conversions between state types and tests; single-threaded, thread-safe. */
+td_status td_adam_moment_store(td_optim_state s, td_adam_moment which, const float *x, size_t numel, void *buf);
+td_status td_adam_moment_load(td_optim_state s, td_adam_moment which, const void *buf, size_t numel, float *x);
 
 /* ---- AdamW hyper-parameters and per-step coefficients --------------------- */
 
@@ -112,6 +129,7 @@ typedef struct td_adam_coeffs {
     float step_size;       /* lr / (1 - beta1^t) */
     float rsqrt_bc2;       /* 1 / sqrt(1 - beta2^t) */
     float eps;
+    uint32_t sr_seed;      /* bf16 state: the stream of this step's stochastic rounding of v (from t) */
 } td_adam_coeffs;
 
 /* `step` is the 1-based AdamW step t (already incremented, as torch does). */
@@ -120,16 +138,27 @@ td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, d
 
 /* One chunk: `numel` elements of each array.  master, m, v are updated in
  * place; param_out (may be NULL) receives the new master rounded to
- * param_dtype.  Arrays must not overlap, except that param_out may be
- * `master` itself when param_dtype is fp32 (a no-op copy).  Arrays need only
- * their elements' natural alignment; 64-byte alignment is fastest. */
+ * param_dtype.  m and v are moment buffers of td_adam_moment_bytes(state,
+ * numel) bytes each in the layout of `state`:
+ *   fp32  numel floats
+ *   bf16  numel bf16 codes (uint16, rounded to nearest even)
+ *   int8  numel 8-bit codes, zero bytes up to a multiple of 4, then one fp32
+ *         scale (the block's absmax) per TD_ADAM_INT8_BLOCK elements; m's
+ *         codes are sign + E4M3, v's are E5M3 (docs/optimizer.md)
+ * A zero-initialised `state` is fp32, so callers that predate it keep their
+ * meaning.  Arrays must not overlap, except that param_out may be `master`
+ * itself when param_dtype is fp32 (a no-op copy).  Arrays need only their
+ * elements' natural alignment (int8 moments: none); 64-byte alignment is
+ * fastest. */
 typedef struct td_adam_chunk {
-    float *master, *m, *v;
+    float *master;
+    void *m, *v;
     const void *grad;
     td_optim_dtype grad_dtype;
     void *param_out;
     td_optim_dtype param_dtype;
     size_t numel;
+    td_optim_state state;
 } td_adam_chunk;
 
 /* ---- gradient statistics: global clipping and overflow ------------------- */
@@ -191,7 +220,8 @@ int td_adam_cpu_threads(const td_adam_cpu *cpu);
 void td_adam_cpu_partition(const td_adam_cpu *cpu, size_t numel, int thread, size_t *begin, size_t *end);
 
 /* First touch: master := init (converted from init_dtype; NULL init: zeros),
- * m := v := 0, and param_out (if any) := master rounded, each page written
+ * m := v := 0 (compact state: zero codes and zero scales), and param_out
+ * (if any) := master rounded, each page written
  * by the thread that will update it.  chunk->grad is not read. */
 td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const void *init, td_optim_dtype init_dtype);
 
@@ -204,7 +234,9 @@ td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_optim_dt
 td_status td_adam_cpu_update(td_adam_cpu *cpu, const td_adam_coeffs *c, const td_adam_chunk *chunks, int n);
 
 /* The update of elements [begin, end) of one chunk on the calling thread with
- * the given ISA's kernel (tests and other schedulers; no checks of the ISA). */
+ * the given ISA's kernel (tests and other schedulers; no checks of the ISA).
+ * With int8 state a scale block is requantized as a whole: begin must be a
+ * multiple of TD_ADAM_INT8_BLOCK and end one too, or numel. */
 void td_adam_update_range(td_optim_isa isa, const td_adam_coeffs *c, const td_adam_chunk *chunk, size_t begin,
                           size_t end);
 /* Sum of squares of grads [begin, end) on the calling thread. */

@@ -5,7 +5,9 @@
  * td_optim_begin_step, and the same IEEE operations in the same order
  * (explicit round-to-nearest intrinsics, fused multiply-adds where the CPU
  * kernels fuse, RNE 16-bit outputs from convert.h), so a chunk
- * updated here is bit-identical to the CPU update of the same chunk.
+ * updated here is bit-identical to the CPU update of the same chunk, for
+ * every state type (fp32, bf16, int8: chunk->state, moment buffers in the
+ * layout of td_adam_moment_bytes, on the device).
  *
  * All pointers in a td_adam_chunk are device pointers; `stream` is a
  * cudaStream_t (NULL: the legacy default stream), e.g. from

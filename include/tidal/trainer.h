@@ -68,6 +68,9 @@ typedef struct td_train_config {
     size_t host_pin_limit;        /* 0: 80% of RAM */
     td_memmgr_params mm;          /* placement, fractions, eviction, prefetch, trace_out */
     td_optim_params optim;
+    size_t save_shard_bytes;      /* checkpoints: weights above this go to Hugging Face shards (0: 5 GB) */
+    int decay_all;                /* 1: weight decay on every tensor; 0: on the matrices only (2-D weights,
+                                     embeddings included), not on norm gains and biases (docs/training.md) */
     int threads;                  /* CPU AdamW and ops; 0: all local cores */
 } td_train_config;
 

@@ -31,9 +31,11 @@ __global__ void encoder_forward_kernel(T *out, const int *tokens, const T *wte, 
         const int n = (int)(idx / groups), c = (int)(idx % groups) * VN, t = n % T_;
         float e[VN], p[VN];
         load8(e, wte + (size_t)tokens[n] * C, c, C, vec);
-        load8(p, wpe + (size_t)t * C, c, C, vec);
+        if (wpe) { /* NULL: rotary models have no position table */
+            load8(p, wpe + (size_t)t * C, c, C, vec);
 #pragma unroll
-        for (int j = 0; j < VN; j++) e[j] += p[j];
+            for (int j = 0; j < VN; j++) e[j] += p[j];
+        }
         store8(out + (size_t)n * C, c, C, vec, e);
     }
 }
@@ -191,9 +193,9 @@ extern "C" td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, c
     td_status st = check_dtype("encoder forward", dt);
     if (st != TD_OK) return st;
     if (B <= 0 || T <= 0 || C <= 0) return TD_OK;
-    if (!out || !tokens || !wte || !wpe)
+    if (!out || !tokens || !wte) /* wpe NULL: no position term (rotary models) */
         return td_error_set(TD_ERR_INVALID, "encoder forward: NULL tensor");
-    const bool vec = C % VN == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
+    const bool vec = C % VN == 0 && aligned16(out) && aligned16(wte) && (!wpe || aligned16(wpe));
     const int N = B * T;
     cudaStream_t s = (cudaStream_t)stream;
     return dispatch(dt, [&](auto tag) {
@@ -220,7 +222,7 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
     td_status st = check_dtypes("encoder backward", dt, gdt);
     if (st != TD_OK) return st;
     if (B <= 0 || T <= 0 || C <= 0) return TD_OK;
-    if (!dwte || !dwpe || !dout || !tokens)
+    if (!dwte || !dout || !tokens) /* dwpe NULL: no position table (rotary models) */
         return td_error_set(TD_ERR_INVALID, "encoder backward: NULL tensor");
     st = check_scratch("encoder backward", scratch, scratch_bytes,
                        td_ops_cuda_encoder_scratch_bytes(B, T, Vp));
@@ -233,7 +235,7 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
     unsigned *rows = (unsigned *)cv.take((size_t)N * sizeof(unsigned));
     size_t temp_bytes = sort_temp_bytes(N, Vp);
     void *temp = cv.take(temp_bytes);
-    const bool vec = C % VN == 0 && aligned16(dwte) && aligned16(dwpe) && aligned16(dout);
+    const bool vec = C % VN == 0 && aligned16(dwte) && (!dwpe || aligned16(dwpe)) && aligned16(dout);
 
     iota_kernel<<<grid_for(N, kThreads), kThreads, 0, s>>>(rows_in, N);
     st = check_launch("encoder backward (row ids)");
@@ -246,10 +248,12 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
         using X = decltype(tt);
         using G = decltype(gt);
         const int groups = (C + VN - 1) / VN;
-        encoder_dwpe_kernel<X, G><<<grid_for((size_t)T * groups, kThreads), kThreads, 0, s>>>(
-            (G *)dwpe, (const X *)dout, B, T, C, vec);
-        td_status st2 = check_launch("encoder backward (dwpe)");
-        if (st2 != TD_OK) return st2;
+        if (dwpe) {
+            encoder_dwpe_kernel<X, G><<<grid_for((size_t)T * groups, kThreads), kThreads, 0, s>>>(
+                (G *)dwpe, (const X *)dout, B, T, C, vec);
+            td_status st2 = check_launch("encoder backward (dwpe)");
+            if (st2 != TD_OK) return st2;
+        }
         const int threads = 128;
         dim3 grid(N, (groups + threads - 1) / threads);
         encoder_dwte_kernel<X, G><<<grid, threads, 0, s>>>((G *)dwte, (const X *)dout, keys, rows, N, C,

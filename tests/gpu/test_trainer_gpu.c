@@ -3,6 +3,7 @@
  * offloading changes nothing (same losses under every policy and budget),
  * and the device never holds more than the budget. */
 #include "td_train_test.h"
+#include "tidal/model.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -94,12 +95,65 @@ static void test_offloading_changes_nothing(void **state)
             fail_msg("step %d: 3 of 8 blocks recomputed %.17g != %.17g", s + 1, got[s], ref[s]);
 }
 
+/* LLaMA and Qwen2 (GQA, RoPE with llama3 scaling, tied and untied heads,
+ * q/k/v biases): the CUDA block and head (model/llama_block_cuda.c) against
+ * the cpu backend in fp32, bf16 following it, and offloading changing no bit. */
+static td_train_config llama(td_backend_kind kind, td_dtype dt, td_model_family family, int untied)
+{
+    td_train_config c = config(kind, dt);
+    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 4, .n_embd = 256, .n_positions = 128,
+                                   .vocab_size = 250, .padded_vocab_size = 256 };
+    td_model_desc_set_family(&c.model, family);
+    c.model.n_kv_head = 2;   /* hs 64: the flash path in bf16 */
+    c.model.n_inner = 384;
+    c.model.norm_eps = 1e-5f;
+    c.model.rope_theta = 500000.0f;
+    c.model.untied_head = untied;
+    if (family == TD_MODEL_LLAMA) c.model.rope_scaling = (td_rope_scaling){ 8.0f, 1.0f, 4.0f, 64 };
+    return c;
+}
+
+static void test_llama_family(void **state)
+{
+    for (int k = 0; k < 2; k++) {
+        td_model_family f = k ? TD_MODEL_QWEN2 : TD_MODEL_LLAMA;
+        enum { S = 5, SB = 20 };
+        double cpu[SB], gpu[SB], worst = 0;
+        td_train_config c = llama(TD_BACKEND_CPU, TD_DTYPE_F32, f, k);
+        run(&c, SB, cpu, NULL);
+        c = llama(TD_BACKEND_CUDA, TD_DTYPE_F32, f, k);
+        run(&c, S, gpu, NULL);
+        for (int s = 0; s < S; s++) {
+            print_message("%s step %d: cpu %.6f  cuda fp32 %.6f\n", td_model_family_name(f), s + 1, cpu[s], gpu[s]);
+            assert_true(fabs(gpu[s] - cpu[s]) <= 2e-3 * fabs(cpu[s]));
+        }
+        c = llama(TD_BACKEND_CUDA, TD_DTYPE_BF16, f, k);
+        run(&c, SB, gpu, NULL);
+        for (int s = 0; s < SB; s++) worst = fmax(worst, fabs(gpu[s] - cpu[s]) / cpu[s]);
+        print_message("%s bf16 vs cpu fp32: worst relative loss difference %.4f\n", td_model_family_name(f), worst);
+        assert_true(worst < 0.03);
+        /* offloaded at the plan's minimum budget: the same bits as resident */
+        double ref[4], got[4];
+        c.mm.placement = TD_PLACEMENT_CUDA;
+        run(&c, 4, ref, NULL);
+        td_train_config v = c;
+        v.mm.placement = TD_PLACEMENT_CPU;
+        v.ckpt = TD_CKPT_ON;
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
+        v.gpu_budget = p.min_device_bytes + p.min_device_bytes / 8;
+        run(&v, 4, got, NULL);
+        assert_memory_equal(got, ref, sizeof got);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32_matches_cpu),
         cmocka_unit_test(test_bf16_follows_cpu),
         cmocka_unit_test(test_offloading_changes_nothing),
+        cmocka_unit_test(test_llama_family),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

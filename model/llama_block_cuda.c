@@ -1,0 +1,227 @@
+/* One LLaMA-family block (LLaMA, Qwen2) and its head composed from the CUDA
+ * ops: the GPU counterpart of the LLaMA path of td_gpt_ref_block_forward /
+ * backward and td_gpt_ref_head_forward / backward (gpt_ref.c), the same
+ * order and the same activations kept (td_ops_cuda_block_acts's fields as
+ * td_gpt_ref_block_acts maps them for LLaMA: no means, qkv after RoPE, fch
+ * the gate|up product, fch_gelu silu(gate) * up), with the fusions the GPU
+ * ops offer:
+ *   forward   the residual adds ride in o_proj's and down_proj's GEMMs
+ *             (beta = 1 on the residual input); RoPE rotates q and k of the
+ *             fused qkv in one launch;
+ *   backward  input gradients are written (SET), and the SwiGLU backward
+ *             runs in place over the gate|up gradient buffer.
+ * Backward scratch: dA (N, max(2H, QKV)) for dgate_up, later dqkv; dB (N,H);
+ * dres2 (N,C); dc (N,C) for dln2, datty, dln1; then the op scratch (matmul /
+ * RMSNorm partial sums, or attention's buffers).
+ * RoPE's frequency table (hs/2 fp32 on the device) is the caller's: computed
+ * once with td_ops_rope_inv_freq and uploaded (td_ops_cuda_rope_table). */
+#include "tidal/ops_cuda.h"
+
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include "tidal/gpt_ref.h"
+
+#define ALIGN 256
+static size_t up(size_t b) { return (b + ALIGN - 1) / ALIGN * ALIGN; }
+
+typedef struct sizes { size_t N, C, NH, NKV, hs, QKV, H, e; } sizes;
+
+static sizes sizes_of(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+{
+    sizes s = { (size_t)B * T, (size_t)cfg->n_embd, (size_t)cfg->n_head, (size_t)td_model_kv_heads(cfg),
+                (size_t)td_model_head_size(cfg), (size_t)td_model_qkv_width(cfg), (size_t)td_model_mlp_width(cfg),
+                td_dtype_bytes(dt) };
+    return s;
+}
+
+/* Bytes of each acts field in td_ops_cuda_block_acts order (the means absent). */
+static void acts_fields(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, size_t b[12])
+{
+    const sizes s = sizes_of(cfg, B, T, dt);
+    const size_t f = sizeof(float);
+    const size_t t[12] = { s.N * s.C * s.e, 0, s.N * f, s.N * s.QKV * s.e, s.N * s.C * s.e,
+                           s.N * s.NH * f, s.N * s.C * s.e, s.N * s.C * s.e, 0, s.N * f,
+                           s.N * 2 * s.H * s.e, s.N * s.H * s.e };
+    memcpy(b, t, sizeof t);
+}
+
+size_t td_ops_cuda_llama_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+{
+    size_t b[12], total = 0;
+    acts_fields(cfg, B, T, dt, b);
+    for (int i = 0; i < 12; i++) total += up(b[i]);
+    return total;
+}
+
+void td_ops_cuda_llama_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, void *base,
+                                       td_ops_cuda_block_acts *out)
+{
+    size_t b[12];
+    acts_fields(cfg, B, T, dt, b);
+    void **slot[12] = { &out->ln1, (void **)&out->ln1_mean, (void **)&out->ln1_rstd, &out->qkv, &out->atty,
+                        (void **)&out->att_lse, &out->res2, &out->ln2, (void **)&out->ln2_mean,
+                        (void **)&out->ln2_rstd, &out->fch, &out->fch_gelu };
+    char *p = base;
+    for (int i = 0; i < 12; i++) {
+        *slot[i] = b[i] ? p : NULL;
+        p += up(b[i]);
+    }
+}
+
+static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+
+static size_t op_scratch(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs)
+{
+    const sizes s = sizes_of(cfg, B, T, dt);
+    size_t need = td_ops_cuda_attention_gqa_scratch_bytes(att_seqs, T, (int)s.NH, (int)s.NKV, (int)s.hs, dt);
+    need = max2(need, td_ops_cuda_matmul_scratch_bytes((int)s.N, (int)(2 * s.H)));
+    need = max2(need, td_ops_cuda_matmul_scratch_bytes((int)s.N, (int)s.QKV));
+    need = max2(need, td_ops_cuda_matmul_scratch_bytes((int)s.N, (int)s.C));
+    return max2(need, td_ops_cuda_rmsnorm_scratch_bytes((int)s.N, (int)s.C));
+}
+
+static size_t fixed_scratch(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+{
+    const sizes s = sizes_of(cfg, B, T, dt);
+    return up(s.N * max2(2 * s.H, s.QKV) * s.e) + up(s.N * s.H * s.e) + 2 * up(s.N * s.C * s.e);
+}
+
+size_t td_ops_cuda_llama_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs)
+{
+    if (!cfg || B <= 0 || T <= 0) return 0;
+    if (att_seqs < 1 || att_seqs > B) att_seqs = B;
+    return fixed_scratch(cfg, B, T, dt) + op_scratch(cfg, B, T, dt, att_seqs);
+}
+
+td_status td_ops_cuda_rope_table(const td_gpt_ref_config *cfg, float *dev, void *stream)
+{
+    float inv[TD_MODEL_MAX_HEAD_SIZE / 2];
+    const int hs = td_model_head_size(cfg);
+    td_ops_rope_inv_freq(inv, hs, td_model_rope_theta(cfg), &cfg->rope_scaling);
+    cudaError_t e = cudaMemcpyAsync(dev, inv, (size_t)(hs / 2) * sizeof(float), cudaMemcpyHostToDevice,
+                                    (cudaStream_t)stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream); /* inv lives on this stack */
+    return e == cudaSuccess ? TD_OK
+                            : td_error_set(TD_ERR_BACKEND, "rope table upload: %s", cudaGetErrorString(e));
+}
+
+#define TRY(expr)                                                                \
+    do {                                                                         \
+        td_status st_ = (expr);                                                  \
+        if (st_ != TD_OK) return td_error_prefix(st_, "%s: ", what);             \
+    } while (0)
+
+static td_status copy_d2d(void *dst, const void *src, size_t bytes, void *stream, const char *what)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+    return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "%s: cudaMemcpyAsync: %s", what,
+                                                   cudaGetErrorString(e));
+}
+
+td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, const td_ops_cuda_block *w,
+                                          const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
+                                          void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
+                                          void *stream)
+{
+    const char *what = "llama block forward";
+    if (!cfg || !w || !a || !inv_freq || !x || !y) return td_error_set(TD_ERR_INVALID, "%s: NULL argument", what);
+    if (x == y) return td_error_set(TD_ERR_INVALID, "%s: y must not alias x (backward needs x)", what);
+    const sizes s = sizes_of(cfg, B, T, dt);
+    const int N = (int)s.N, C = (int)s.C, NH = (int)s.NH, NKV = (int)s.NKV, hs = (int)s.hs;
+    const int QKV = (int)s.QKV, H = (int)s.H;
+    const float eps = td_model_norm_eps(cfg);
+    TRY(td_ops_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, N, C, eps, dt, stream));
+    TRY(td_ops_cuda_matmul_forward(ctx, a->qkv, NULL, a->ln1, w->qkv_w, w->qkv_b, NULL, N, C, QKV, dt, stream));
+    TRY(td_ops_cuda_rope_forward(a->qkv, inv_freq, B, T, NH + NKV, hs, (size_t)QKV, dt, stream)); /* q and k */
+    TRY(td_ops_cuda_attention_gqa_forward(ctx, a->atty, a->att_lse, a->qkv, B, T, NH, NKV, hs, dt, scratch,
+                                          scratch_bytes, stream));
+    TRY(td_ops_cuda_matmul_forward(ctx, a->res2, NULL, a->atty, w->attproj_w, NULL, x, N, C, C, dt,
+                                   stream)); /* res2 = x + attention branch */
+    TRY(td_ops_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, N, C, eps, dt, stream));
+    TRY(td_ops_cuda_matmul_forward(ctx, a->fch, NULL, a->ln2, w->fc_w, NULL, NULL, N, C, 2 * H, dt, stream));
+    TRY(td_ops_cuda_swiglu_forward(a->fch_gelu, a->fch, N, H, dt, stream));
+    TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, a->fch_gelu, w->fcproj_w, NULL, a->res2, N, H, C, dt,
+                                   stream)); /* y = res2 + mlp branch */
+    return TD_OK;
+}
+
+td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+                                           const td_ops_cuda_block *w, const td_ops_cuda_block *g,
+                                           const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
+                                           const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
+                                           void *scratch, size_t scratch_bytes, void *stream)
+{
+    const char *what = "llama block backward";
+    if (!cfg || !w || !g || !a || !inv_freq || !x || !dy || !dx || !scratch)
+        return td_error_set(TD_ERR_INVALID, "%s: NULL argument", what);
+    const size_t fixed = fixed_scratch(cfg, B, T, dt), need = fixed + op_scratch(cfg, B, T, dt, 1);
+    if (scratch_bytes < need)
+        return td_error_set(TD_ERR_INVALID, "%s: scratch of %zu bytes, %zu needed", what, scratch_bytes, need);
+    const sizes s = sizes_of(cfg, B, T, dt);
+    const int N = (int)s.N, C = (int)s.C, NH = (int)s.NH, NKV = (int)s.NKV, hs = (int)s.hs;
+    const int QKV = (int)s.QKV, H = (int)s.H;
+    const size_t NC = s.N * s.C;
+    char *p = scratch;
+    void *dA = p;      p += up(s.N * max2(2 * s.H, s.QKV) * s.e); /* dgate_up, later dqkv */
+    void *dB = p;      p += up(s.N * s.H * s.e);
+    void *dres2 = p;   p += up(NC * s.e);
+    void *dc = p;      p += up(NC * s.e);
+    void *ops = p;
+    const size_t ops_bytes = scratch_bytes - fixed;
+
+    /* y = res2 + down(silu(gate) * up), (gate | up) = gate_up(rmsnorm_2(res2)) */
+    TRY(td_ops_cuda_matmul_backward(ctx, dB, g->fcproj_w, NULL, dy, a->fch_gelu, w->fcproj_w, N, H, C,
+                                    TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_swiglu_backward(dA, dB, a->fch, N, H, TD_OPS_CUDA_SET, dt, stream));
+    TRY(td_ops_cuda_matmul_backward(ctx, dc, g->fc_w, NULL, dA, a->ln2, w->fc_w, N, C, 2 * H, TD_OPS_CUDA_SET, dt,
+                                    gdt, ops, ops_bytes, stream));
+    TRY(copy_d2d(dres2, dy, NC * s.e, stream, "copy of dy"));
+    TRY(td_ops_cuda_rmsnorm_backward(dres2, g->ln2_w, dc, a->res2, w->ln2_w, a->ln2_rstd, N, C, dt, gdt, ops,
+                                     ops_bytes, stream));
+    /* res2 = x + o_proj(gqa(rope(qkv(rmsnorm_1(x))))) */
+    TRY(copy_d2d(dx, dres2, NC * s.e, stream, "copy to dx"));
+    TRY(td_ops_cuda_matmul_backward(ctx, dc, g->attproj_w, NULL, dres2, a->atty, w->attproj_w, N, C, C,
+                                    TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
+    void *dqkv = dA;
+    TRY(td_ops_cuda_attention_gqa_backward(ctx, dqkv, dc, a->qkv, a->atty, a->att_lse, B, T, NH, NKV, hs,
+                                           TD_OPS_CUDA_SET, dt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_rope_backward(dqkv, inv_freq, B, T, NH + NKV, hs, (size_t)QKV, dt, stream));
+    TRY(td_ops_cuda_matmul_backward(ctx, dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, QKV,
+                                    TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_rmsnorm_backward(dx, g->ln1_w, dc, x, w->ln1_w, a->ln1_rstd, N, C, dt, gdt, ops, ops_bytes,
+                                     stream));
+    return TD_OK;
+}
+
+size_t td_ops_cuda_llama_head_scratch_bytes(int N, int C, int Vp)
+{
+    size_t m = td_ops_cuda_matmul_scratch_bytes(N, Vp), r = td_ops_cuda_rmsnorm_scratch_bytes(N, C);
+    return m > r ? m : r;
+}
+
+td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *logits, void *lnf,
+                                         float *lnf_rstd, const void *x, const void *norm_w, const void *out_w, int N,
+                                         td_dtype dt, void *stream)
+{
+    const char *what = "llama head forward";
+    const int C = cfg->n_embd, Vp = cfg->padded_vocab_size;
+    TRY(td_ops_cuda_rmsnorm_forward(lnf, lnf_rstd, x, norm_w, N, C, td_model_norm_eps(cfg), dt, stream));
+    TRY(td_ops_cuda_matmul_forward(ctx, logits, NULL, lnf, out_w, NULL, NULL, N, C, Vp, dt, stream));
+    return TD_OK;
+}
+
+td_status td_ops_cuda_llama_head_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *dx, void *dnorm_w,
+                                          void *dout_w, void *dlnf, const void *dlogits, const void *x,
+                                          const void *lnf, const float *lnf_rstd, const void *norm_w,
+                                          const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,
+                                          size_t scratch_bytes, void *stream)
+{
+    const char *what = "llama head backward";
+    const int C = cfg->n_embd, Vp = cfg->padded_vocab_size;
+    TRY(td_ops_cuda_matmul_backward(ctx, dlnf, dout_w, NULL, dlogits, lnf, out_w, N, C, Vp, TD_OPS_CUDA_SET, dt, gdt,
+                                    scratch, scratch_bytes, stream));
+    TRY(td_ops_cuda_rmsnorm_backward(dx, dnorm_w, dlnf, x, norm_w, lnf_rstd, N, C, dt, gdt, scratch, scratch_bytes,
+                                     stream));
+    return TD_OK;
+}

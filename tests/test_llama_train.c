@@ -1,0 +1,143 @@
+/* LLaMA-family models (LLaMA, Qwen2) in the trainer on the cpu backend: the
+ * step loop composes the block by the model's description, and its losses
+ * equal a reference built from the whole-model forward/backward over flat
+ * buffers and one AdamW over all params; offloading changes nothing (tight
+ * budget vs all resident, bit for bit).  The cuda backend's LLaMA block is
+ * checked against these losses by tests/gpu/test_trainer_gpu.c. */
+#include "td_train_test.h"
+#include "tidal/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static td_train_config llama_config(td_model_family family, int nkv, int untied, int scaled)
+{
+    td_train_config c = td_train_default_config();
+    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 4, .n_embd = 32, .n_positions = 32,
+                                   .vocab_size = 61, .padded_vocab_size = 64 };
+    td_model_desc_set_family(&c.model, family);
+    c.model.n_kv_head = nkv;
+    c.model.n_inner = 40;
+    c.model.norm_eps = 1e-6f;
+    c.model.rope_theta = 10000.0f;
+    c.model.untied_head = untied;
+    if (scaled) c.model.rope_scaling = (td_rope_scaling){ 8.0f, 1.0f, 4.0f, 64 };
+    c.micro_batch = 2;
+    c.seq_len = 16;
+    c.grad_accum = 1;
+    c.backend = TD_BACKEND_CPU;
+    c.mm.min_chunk_numel = 1024;
+    c.mm.max_chunk_numel = 8192;
+    c.optim.lr.lr = 3e-3;
+    c.optim.lr.warmup_steps = 0;
+    c.threads = 2;
+    return c;
+}
+
+static const struct { td_model_family f; int nkv, untied, scaled; } cases[] = {
+    {TD_MODEL_LLAMA, 2, 0, 1}, {TD_MODEL_LLAMA, 1, 1, 0}, {TD_MODEL_QWEN2, 4, 1, 0}, {TD_MODEL_QWEN2, 2, 0, 1},
+};
+
+/* The reference: td_gpt_ref_forward/backward over the whole model and AdamW
+ * over one flat chunk, with the trainer's coefficients and decay rule. */
+static void reference_losses(const td_train_config *c, int steps, double *losses)
+{
+    const td_gpt_ref_config *mc = &c->model;
+    const int B = c->micro_batch, T = c->seq_len, N = B * T;
+    const size_t np = td_gpt_ref_params_numel(mc);
+    float *p = calloc(np, 4), *g = calloc(np, 4), *m = calloc(np, 4), *v = calloc(np, 4);
+    float *acts = calloc(td_gpt_ref_acts_numel(mc, B, T), 4), *scratch = calloc(td_gpt_ref_scratch_numel(mc, B, T), 4);
+    int32_t *tok = calloc((size_t)N, 4), *tgt = calloc((size_t)N, 4);
+    td_gpt_ref_init(mc, p, c->seed);
+    td_test_batches b = { .vocab = mc->vocab_size, .n = (size_t)N };
+    td_rng_seed(&b.rng, 99);
+    td_adam_cpu *adam;
+    td_adam_cpu_params ap = td_adam_cpu_default_params();
+    TD_ASSERT_OK(td_adam_cpu_create(&ap, &adam));
+    for (int s = 0; s < steps; s++) {
+        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt));
+        float loss;
+        int n;
+        memset(g, 0, np * 4);
+        TD_ASSERT_OK(td_gpt_ref_forward(mc, p, tok, tgt, B, T, acts, &loss, &n));
+        TD_ASSERT_OK(td_gpt_ref_backward(mc, p, g, tok, tgt, (float)(1.0 / N), B, T, acts, scratch));
+        losses[s] = loss;
+        td_adam_coeffs cd, cn;
+        td_adam_hparams nodecay = c->optim.adam;
+        nodecay.weight_decay = 0;
+        double lr = td_lr_at(&c->optim.lr, s + 1), sumsq = 0;
+        for (size_t i = 0; i < np; i++) sumsq += (double)g[i] * g[i];
+        double clip = c->optim.max_grad_norm > 0 ? td_clip_coef(sqrt(sumsq), c->optim.max_grad_norm) : 1.0;
+        TD_ASSERT_OK(td_adam_coeffs_make(&c->optim.adam, lr, s + 1, clip, &cd));
+        TD_ASSERT_OK(td_adam_coeffs_make(&nodecay, lr, s + 1, clip, &cn));
+        for (int i = 0; i < td_gpt_ref_tensor_count(mc); i++) {
+            td_gpt_ref_tensor t;
+            td_gpt_ref_tensor_get(mc, i, &t);
+            td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
+                                 .grad_dtype = TD_OPTIM_DTYPE_F32, .param_out = NULL, .param_dtype = TD_OPTIM_DTYPE_F32,
+                                 .numel = t.numel };
+            TD_ASSERT_OK(td_adam_cpu_update(adam, t.matrix || c->decay_all ? &cd : &cn, &ch, 1));
+        }
+    }
+    td_adam_cpu_destroy(adam);
+    free(p); free(g); free(m); free(v); free(acts); free(scratch); free(tok); free(tgt);
+}
+
+static void test_steps_match_reference(void **state)
+{
+    enum { STEPS = 4 };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_train_config c = llama_config(cases[k].f, cases[k].nkv, cases[k].untied, cases[k].scaled);
+        c.optim.adam.weight_decay = 0.5; /* large, so a wrong decay group shows */
+        double got[STEPS], want[STEPS];
+        td_test_train(&c, STEPS, 99, got, NULL);
+        reference_losses(&c, STEPS, want);
+        for (int s = 0; s < STEPS; s++) {
+            if (!(fabs(got[s] - want[s]) <= 2e-6 * fabs(want[s])))
+                fail_msg("case %zu (%s) step %d: trainer %.9g, reference %.9g", k, td_model_family_name(cases[k].f), s,
+                         got[s], want[s]);
+        }
+        assert_true(got[STEPS - 1] < got[0]);
+    }
+}
+
+static void test_offloading_is_bit_identical(void **state)
+{
+    enum { STEPS = 3 };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_train_config c = llama_config(cases[k].f, cases[k].nkv, cases[k].untied, cases[k].scaled);
+        c.grad_accum = 2;
+        c.mm.placement = TD_PLACEMENT_CUDA;
+        c.gpu_budget = 64 * TD_MiB;
+        double ref[STEPS], got[STEPS];
+        td_test_train(&c, STEPS, 7, ref, NULL);
+        td_train_config v = c;
+        v.mm.placement = TD_PLACEMENT_CPU;
+        v.ckpt = TD_CKPT_ON;
+        v.gpu_budget = 64 * TD_MiB;
+        { /* a budget just above what one step's accesses need: chunks move all the time */
+            td_trainer *t;
+            TD_ASSERT_OK(td_trainer_create(&v, &t));
+            td_test_batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+            td_rng_seed(&b.rng, 7);
+            td_step_result r;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+            v.gpu_budget = td_memmgr_min_budget(td_trainer_memmgr(t)) + 64 * 1024;
+            td_trainer_destroy(t);
+        }
+        td_memmgr_stats st;
+        td_test_train(&v, STEPS, 7, got, &st);
+        assert_memory_equal(got, ref, sizeof got);
+        assert_true(st.evictions > 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_steps_match_reference),
+        cmocka_unit_test(test_offloading_is_bit_identical),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
