@@ -12,6 +12,11 @@ struct td_rdv {
     int timeout_ms;
     int fd;        /* rank > 0: to rank 0; -1 on rank 0 */
     int *peer_fd;  /* rank 0: [size], peer_fd[0] = -1; NULL elsewhere */
+    /* A second link per rank that carries only fault notices, so that when
+     * rank 0 sees rank k fail, the others learn it was k (their data link
+     * only shows rank 0 closing). */
+    int ctl_fd;    /* rank > 0 */
+    int *peer_ctl; /* rank 0: [size] */
 };
 
 /* "rank 3" into buf, for messages. */
@@ -23,6 +28,13 @@ const char *td_rdv_who(int rank, char *buf, size_t buf_bytes);
  * rank, the others only rank 0), without waiting or reading; "" if none.
  * For the message of a timeout that NCCL cannot attribute. */
 void td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes);
+/* Rank 0, before it shuts the links down after rank `failed` failed: tells
+ * every other rank, with the message (best effort, bounded). */
+void td_rdv_notify_fault(td_rdv *r, int failed, const char *msg);
+/* Rank > 0, after its link to rank 0 failed: rank 0's notice if one comes
+ * within wait_ms (the failed rank into *failed, its message into buf);
+ * 0 when none came. */
+int td_rdv_fault_notice(td_rdv *r, int wait_ms, int *failed, char *buf, size_t buf_bytes);
 
 typedef struct td_comm_ops {
     void (*destroy)(td_comm *c);
