@@ -246,6 +246,14 @@ int td_bench_comm_main(int argc, char **argv)
     B.nccl = !strcmp(td_comm_name(B.comm), "nccl");
     int cuda = td_backend_get_kind(B.b) == TD_BACKEND_CUDA;
     if (!td_args_find(table, "max-bytes")->seen) max_bytes = cuda ? 256 * TD_MiB : 16 * TD_MiB;
+    {
+        /* ranks timing different sizes would call different collectives: refuse at start, naming the flag */
+        char mb[32];
+        snprintf(mb, sizeof mb, "%zu", max_bytes);
+        td_dist_setting agree[] = {{"--backend", td_backend_name(B.b)}, {"--comm", td_comm_name(B.comm)},
+                                   {"--max-bytes", mb}};
+        if ((st = td_comm_agree(B.comm, agree, sizeof agree / sizeof agree[0]))) goto cleanup;
+    }
     size_t check_bytes = (size_t)B.size * ((1 << 18) + 3) * 4; /* the largest check's buffer */
     size_t dev_bytes = (max_bytes > check_bytes ? max_bytes : check_bytes) + (size_t)B.size * 4;
     dev_bytes = td_align_up(dev_bytes, TD_ARENA_ALIGN);

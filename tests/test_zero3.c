@@ -718,6 +718,27 @@ static void test_ranged_one_process(void **state)
     assert_null(w);
 }
 
+/* `tidal bench comm` launched as torchrun would, the ranks' flags differing:
+ * both refuse at start naming the flag and both values. */
+static void test_cli_mismatched_flags(void **state)
+{
+    const char *t = getenv("TIDAL") ? getenv("TIDAL") : access("./build/tidal", X_OK) == 0 ? "./build/tidal"
+                                                                                           : "./build-san/tidal";
+    char cmd[1024], out[8192] = "";
+    int port = td_test_free_port();
+    snprintf(cmd, sizeof cmd, "export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d TD_COMM_TIMEOUT_MS=20000; "
+             "RANK=1 LOCAL_RANK=1 %s bench comm --backend cpu --max-bytes 1MiB > %s/mm1.out 2>&1 & "
+             "RANK=0 LOCAL_RANK=0 %s bench comm --backend cpu --max-bytes 0 2>&1; r0=$?; wait $!; r1=$?; "
+             "cat %s/mm1.out; echo codes $r0 $r1", port, t, dir, t, dir);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    pclose(p);
+    const char *want = "ranks disagree on --max-bytes: rank 0 has '0', rank 1 has '1048576'";
+    const char *first = strstr(out, want);
+    if (!first || !strstr(first + 1, want) || !strstr(out, "codes 1 1")) fail_msg("%s", out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -730,6 +751,7 @@ int main(void)
         cmocka_unit_test(test_read_ranges),
         cmocka_unit_test(test_comm_group),
         cmocka_unit_test(test_ranged_one_process),
+        cmocka_unit_test(test_cli_mismatched_flags),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
