@@ -10,6 +10,7 @@
  * a rank that dies leaves the old checkpoint in place). */
 #include "td_test.h"
 #include "td_ranks.h"
+#include "../dist/dist_impl.h"
 
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
@@ -269,6 +270,48 @@ static void test_agree(void **state)
     td_dist_setting s = {"k", "v"};
     TD_ASSERT_OK(td_rdv_agree(r, &s, 1));
     td_rdv_close(r);
+}
+
+/* ---- naming a failed rank ---------------------------------------------------------- */
+
+/* What a timeout's message is built from: the links found closed (rank 0
+ * sees every rank, the others rank 0), and rank 0's notice of which rank
+ * failed, which the others read from their notice link. */
+static int dead_body(int rank, int size, int port, void *ctx)
+{
+    td_dist_env e = td_test_local_env(rank, size, port);
+    td_rdv *r = NULL;
+    if (td_rdv_join(&e, 10000, &r)) return td_test_rank_fail(rank, "join");
+    if (td_rdv_barrier(r)) return td_test_rank_fail(rank, "barrier");
+    if (rank == 2) _exit(0);
+    char dead[128] = "";
+    int code = 0;
+    if (rank == 0) {
+        double until = td_now_ms() + 20000; /* generous: CI machines are loaded */
+        do td_rdv_dead_peers(r, dead, sizeof dead);
+        while (strcmp(dead, "rank 2") && td_now_ms() < until && (td_sleep_us(10000), 1));
+        if (strcmp(dead, "rank 2")) code = 2;
+        td_rdv_notify_fault(r, 2, "rank 2 closed the job's connection");
+    } else {
+        int failed = -1;
+        char why[128];
+        td_rdv_dead_peers(r, dead, sizeof dead);
+        if (dead[0]) code = 3; /* rank 0 is alive */
+        else if (!td_rdv_fault_notice(r, 20000, &failed, why, sizeof why) || failed != 2 ||
+                 strcmp(why, "rank 2 closed the job's connection"))
+            code = 4;
+    }
+    if (code) fprintf(stderr, "rank %d: dead peers '%s' (code %d)\n", rank, dead, code);
+    td_rdv_close(r);
+    return code;
+}
+
+static void test_dead_peers(void **state)
+{
+    int codes[3];
+    td_test_run_ranks(3, dead_body, NULL, codes);
+    int want[3] = {0, 0, 0};
+    td_test_expect_codes(3, codes, want);
 }
 
 /* ---- checkpoints written by a group ------------------------------------------------ */
@@ -745,6 +788,7 @@ int main(void)
         cmocka_unit_test(test_shard_layout),
         cmocka_unit_test(test_loader_slices),
         cmocka_unit_test(test_agree),
+        cmocka_unit_test(test_dead_peers),
         cmocka_unit_test(test_group_save),
         cmocka_unit_test(test_group_save_shards),
         cmocka_unit_test(test_group_save_faults),
