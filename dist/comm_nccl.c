@@ -42,11 +42,17 @@ typedef struct nccl_comm {
  * collective that will never finish) and say which peers are gone. */
 static td_status fail(nccl_comm *c, const char *what, ncclResult_t r, int timed_out)
 {
-    char dead[256];
-    td_rdv_dead_peers(c->base.rdv, dead, sizeof dead);
+    char dead[560], why[480] = "";
+    int failed = td_rdv_dead_peers(c->base.rdv, dead, sizeof dead);
     if (c->nc) ncclCommAbort(c->nc);
     c->nc = NULL;
     c->base.failed_seq = c->base.seq ? c->base.seq : 1; /* nothing runs on an aborted communicator */
+    /* as the CPU communicator does: rank 0 names the rank it lost to the others */
+    if (c->base.rank == 0 && failed > 0)
+        td_rdv_notify_fault(c->base.rdv, failed, "its connection closed while NCCL was waiting for it");
+    else if (c->base.rank > 0 && failed == 0 &&
+             td_rdv_fault_notice(c->base.rdv, 2000, &failed, why, sizeof why))
+        snprintf(dead, sizeof dead, "rank %d, which rank 0 reports: %s", failed, why);
     td_rdv_shutdown(c->base.rdv); /* the other ranks fail at once instead of at their timeout */
     if (timed_out)
         return td_error_set(TD_ERR_IO, "%s on rank %d (device %d): no progress for %.1f s%s%s%s; the communicator "

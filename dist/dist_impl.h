@@ -26,8 +26,9 @@ void td_rdv_shutdown(td_rdv *r);
 const char *td_rdv_who(int rank, char *buf, size_t buf_bytes);
 /* The peers whose link is closed now ("rank 2, rank 3"; rank 0 sees every
  * rank, the others only rank 0), without waiting or reading; "" if none.
- * For the message of a timeout that NCCL cannot attribute. */
-void td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes);
+ * Returns the first of them, -1 if none.  For the message of a timeout
+ * that NCCL cannot attribute. */
+int td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes);
 /* Rank 0, before it shuts the links down after rank `failed` failed: tells
  * every other rank, with the message (best effort, bounded). */
 void td_rdv_notify_fault(td_rdv *r, int failed, const char *msg);

@@ -85,9 +85,10 @@ void td_rdv_shutdown(td_rdv *r)
             if (r->peer_fd[i] >= 0) shutdown(r->peer_fd[i], SHUT_RDWR);
 }
 
-void td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes)
+int td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes)
 {
     size_t used = 0;
+    int first = -1;
     if (buf_bytes) buf[0] = 0;
     for (int i = 0; i < r->size; i++) {
         int fd = r->rank == 0 ? (r->peer_fd && i > 0 ? r->peer_fd[i] : -1) : (i == 0 ? r->fd : -1);
@@ -97,9 +98,11 @@ void td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes)
         /* closed: hung up, or readable with nothing to read (a peek takes no byte) */
         int dead = poll(&p, 1, 0) == 1 && ((p.revents & (POLLHUP | POLLERR | POLLRDHUP)) ||
                                           recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+        if (dead && first < 0) first = i;
         if (dead && used + 16 < buf_bytes)
             used += (size_t)snprintf(buf + used, buf_bytes - used, "%srank %d", used ? ", " : "", i);
     }
+    return first;
 }
 
 void td_rdv_close(td_rdv *r)

@@ -288,15 +288,15 @@ static int dead_body(int rank, int size, int port, void *ctx)
     int code = 0;
     if (rank == 0) {
         double until = td_now_ms() + 20000; /* generous: CI machines are loaded */
-        do td_rdv_dead_peers(r, dead, sizeof dead);
+        int first = -1;
+        do first = td_rdv_dead_peers(r, dead, sizeof dead);
         while (strcmp(dead, "rank 2") && td_now_ms() < until && (td_sleep_us(10000), 1));
-        if (strcmp(dead, "rank 2")) code = 2;
+        if (strcmp(dead, "rank 2") || first != 2) code = 2;
         td_rdv_notify_fault(r, 2, "rank 2 closed the job's connection");
     } else {
         int failed = -1;
         char why[128];
-        td_rdv_dead_peers(r, dead, sizeof dead);
-        if (dead[0]) code = 3; /* rank 0 is alive */
+        if (td_rdv_dead_peers(r, dead, sizeof dead) != -1 || dead[0]) code = 3; /* rank 0 is alive */
         else if (!td_rdv_fault_notice(r, 20000, &failed, why, sizeof why) || failed != 2 ||
                  strcmp(why, "rank 2 closed the job's connection"))
             code = 4;
