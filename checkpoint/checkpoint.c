@@ -445,24 +445,27 @@ cleanup:
     return st;
 }
 
-/* rope_scaling: null, type "default", or type "llama3" with its four fields. */
-static td_status parse_rope_scaling(const char *path, const cJSON *o, td_ckpt_config *cfg)
+/* The RoPE object `key` (transformers 4's "rope_scaling", or 5's
+ * "rope_parameters", which also carries rope_theta): null, type "default",
+ * or type "llama3" with its four fields. */
+static td_status parse_rope_scaling(const char *path, const cJSON *o, const char *key, td_ckpt_config *cfg)
 {
     td_status st = TD_OK;
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!rs || cJSON_IsNull(rs)) return TD_OK;
-    if (!cJSON_IsObject(rs)) return td_error_set(TD_ERR_INVALID, "%s: \"rope_scaling\" must be null or an object", path);
+    if (!cJSON_IsObject(rs)) return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be null or an object", path, key);
+    char where[600];
+    snprintf(where, sizeof where, "%s (%s)", path, key);
+    TD_TRY(json_float(where, rs, "rope_theta", 0, &cfg->rope_theta));
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type"); /* older transformers */
     if (!cJSON_IsString(type))
-        return td_error_set(TD_ERR_INVALID, "%s: \"rope_scaling\" has no string \"rope_type\"", path);
+        return td_error_set(TD_ERR_INVALID, "%s: \"%s\" has no string \"rope_type\"", path, key);
     if (!strcmp(type->valuestring, "default")) return TD_OK;
     if (strcmp(type->valuestring, "llama3"))
-        return td_error_set(TD_ERR_INVALID, "%s: rope_scaling type \"%s\" is not supported; tidal computes "
-                            "\"llama3\" scaling (or none)", path, type->valuestring);
+        return td_error_set(TD_ERR_INVALID, "%s: %s type \"%s\" is not supported; tidal computes "
+                            "\"llama3\" scaling (or none)", path, key, type->valuestring);
     td_rope_scaling *r = &cfg->rope_scaling;
-    char where[600];
-    snprintf(where, sizeof where, "%s (rope_scaling)", path);
     TD_TRY(json_float(where, rs, "factor", 1, &r->factor));
     TD_TRY(json_float(where, rs, "low_freq_factor", 1, &r->low_freq_factor));
     TD_TRY(json_float(where, rs, "high_freq_factor", 1, &r->high_freq_factor));
@@ -502,7 +505,8 @@ static td_status parse_llama_json(const char *path, const cJSON *o, td_model_fam
     int tied = 0;
     TD_TRY(json_bool(path, o, "tie_word_embeddings", &tied));
     cfg->untied_head = !tied;
-    TD_TRY(parse_rope_scaling(path, o, cfg));
+    TD_TRY(parse_rope_scaling(path, o, "rope_scaling", cfg));
+    TD_TRY(parse_rope_scaling(path, o, "rope_parameters", cfg)); /* transformers >= 5 */
     if (cfg->n_embd % cfg->n_head)
         TD_FAIL(TD_ERR_INVALID, "%s: \"hidden_size\" %d is not a multiple of \"num_attention_heads\" %d", path,
                 cfg->n_embd, cfg->n_head);

@@ -612,7 +612,7 @@ cleanup:
 static td_status gather_device_sumsq(td_trainer *t, int chunks)
 {
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) {
+    if (on_cuda(t) && t->gpu_opt) { /* dev_acc exists only with GPU chunks */
         td_status st = td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_sumsq + chunks, t->dev_acc,
                                              (size_t)chunks * sizeof(double));
         return st ? st : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
