@@ -48,7 +48,7 @@ static const owner owners[] = {
     {"topo.h", "offload"},
     {"dist.h", "dist"},
     {"memmgr.h", "memmgr"}, {"memsim.h", "memmgr"}, {"policy.h", "memmgr"}, {"tensor_state.h", "memmgr"},
-    {"trace.h", "memmgr"},
+    {"trace.h", "memmgr"}, {"shard.h", "memmgr"},
     {"optim.h", "optim"}, {"optim_cuda.h", "optim"},
     {"model.h", "model"}, {"gpt_ref.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
     {"data.h", "data"}, {"tokenizer.h", "data"},
