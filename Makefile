@@ -3,6 +3,7 @@
 # Switches (few, named for what they change):
 #   CUDA=0        build without the CUDA backend and kernels (default: on when nvcc is found)
 #   NCCL=0        build without the NCCL communicator (default: on with CUDA when nccl.h is found)
+#   JEMALLOC=0    build without jemalloc (default: on when jemalloc.h is found, off with SANITIZE)
 #   CUDA_ARCH=... nvcc -gencode flags (default: sm_90 code plus compute_80 PTX, portable to sm_80+)
 #   SANITIZE=address,undefined   build into build-san/ with ASan/UBSan (CPU tests)
 #   OPT=-O2       optimisation flags
@@ -56,6 +57,20 @@ CFLAGS   += -DTD_HAVE_NCCL -I$(NCCL_HOME)/include
 LDLIBS   := -L$(NCCL_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl $(LDLIBS)
 endif
 
+# jemalloc: the process's allocator, whose statistics measure the host heap
+# (offload/hostmem.c), when jemalloc.h is found; not in sanitizer or fuzz
+# builds (ASan brings its own allocator).  Without it the heap is measured with
+# glibc's mallinfo2, and `tidal train` says so.
+ifeq ($(strip $(SANITIZE))$(findstring fsanitize,$(OPT)),)
+JEMALLOC ?= $(if $(wildcard /usr/include/jemalloc/jemalloc.h /usr/local/include/jemalloc/jemalloc.h),1,0)
+else
+override JEMALLOC := 0
+endif
+ifeq ($(JEMALLOC),1)
+CFLAGS   += -DTD_HAVE_JEMALLOC
+LDLIBS   := $(LDLIBS) -ljemalloc
+endif
+
 # Library sources: every .c in the module folders (docs/architecture.md draws
 # them and their direction); *_cuda.c and *.cu only with CUDA, *_nccl.c only with NCCL.
 MODULES  := core offload dist memmgr optim model model/cuda data checkpoint trainer cli
@@ -98,7 +113,7 @@ help:
 	@echo "make bench-gpu  GPU benchmarks"
 	@echo "make fuzz       each libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (60) under ASan/UBSan"
 	@echo "make deps       install missing system packages with apt-get"
-	@echo "switches: CUDA=0  NCCL=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
+	@echo "switches: CUDA=0  NCCL=0  JEMALLOC=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
 
 # --- dependencies -----------------------------------------------------------
 deps:

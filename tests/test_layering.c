@@ -44,6 +44,7 @@ static const owner owners[] = {
     {"status.h", "core"}, {"util.h", "core"}, {"alloc.h", "core"}, {"dtype.h", "core"},
     {"convert.h", "core"}, {"range.h", "core"},
     {"backend.h", "offload"}, {"arena.h", "offload"}, {"copy.h", "offload"}, {"hostpool.h", "offload"},
+    {"hostmem.h", "offload"},
     {"topo.h", "offload"},
     {"dist.h", "dist"},
     {"memmgr.h", "memmgr"}, {"memsim.h", "memmgr"}, {"policy.h", "memmgr"}, {"tensor_state.h", "memmgr"},

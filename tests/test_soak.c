@@ -5,8 +5,9 @@
  *   - the arena: peak and used bytes (the device side of the cpu backend),
  *   - the host pool: pinned and used bytes,
  *   - the accounting allocator: live td_malloc blocks and their bytes,
- *   - the C heap: mallinfo2() in-use bytes (ASan's allocator under ASan,
- *     where glibc's malloc is not the one in use),
+ *   - the C heap: td_host_heap_stats (jemalloc's stats.allocated, or
+ *     mallinfo2() in-use bytes; ASan's allocator under ASan, where glibc's
+ *     malloc is not the one in use),
  * and fails when any of them grew: exactly for the first three, beyond a
  * small fixed slack for the heap (libc and OpenMP keep a few buffers of
  * their own).  A second test injects leaks of each kind into the same loop
@@ -21,6 +22,7 @@
 
 #include "td_train_test.h"
 #include "tidal/arena.h"
+#include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -52,13 +54,22 @@ typedef struct soak_sample {
     size_t host_live, host_bytes, heap;
 } soak_sample;
 
+#ifdef TD_HAVE_JEMALLOC
+/* jemalloc merges the thread caches' counts into stats.allocated lazily:
+ * without them every free is counted at once (read by jemalloc at start). */
+const char *malloc_conf = "tcache:false";
+#endif
+
 static size_t heap_in_use(void)
 {
 #ifdef SOAK_ASAN
     return __sanitizer_get_current_allocated_bytes();
 #else
-    struct mallinfo2 mi = mallinfo2();
-    return mi.uordblks + mi.hblkhd; /* small blocks in use + mmap'd large ones */
+    /* jemalloc's stats.allocated when tidal links it (glibc's mallinfo2
+     * then sees an empty heap), else mallinfo2's blocks in use. */
+    td_heap_stats hs;
+    if (td_host_heap_stats(&hs) != TD_OK) fail_msg("heap statistics: %s", td_error_msg());
+    return hs.allocated_bytes;
 #endif
 }
 
