@@ -125,9 +125,6 @@ td_status td_train_host_homes(td_memmgr *mm, const td_train_config *cfg, int gpu
 td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo)
 {
     td_status st = TD_OK;
-    /* Compact moments are zeroed by their kernels' own init (optim.h); until
-     * those are wired, only fp32 state runs. */
-    if (cfg->optim.state != TD_OPTIM_STATE_FP32) return TD_OK;
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_ADAM_M), any = 0;
     for (int k = 0; k < chunks; k++) any |= td_memmgr_chunk_pageable(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k));
     if (!any) return TD_OK;
@@ -146,7 +143,9 @@ td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_top
         TD_TRY(td_memmgr_chunk_host_access(mm, sc >= 0 ? sc : pc, TD_ACCESS_READ, &master));
         TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_READ, &m));
         TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_READ, &v));
-        td_adam_chunk ch = { .master = master, .m = m, .v = v, .numel = td_memmgr_chunk_bytes(mm, mc) / sizeof(float) };
+        /* elements: the master's (fp32); compact moments are sized from them */
+        td_adam_chunk ch = { .master = master, .m = m, .v = v, .state = cfg->optim.state,
+                             .numel = td_memmgr_chunk_bytes(mm, sc >= 0 ? sc : pc) / sizeof(float) };
         TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
     }
 cleanup:

@@ -648,7 +648,7 @@ static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs 
     master = p;
     if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
                          .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
                                   td_dtype_bytes(t->dt) };
 #ifdef TD_HAVE_CUDA
@@ -718,7 +718,7 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
     /* The new params go straight into the param chunk's pinned host copy,
      * which the next step uploads. */
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
                          .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
     TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch));
 cleanup:
