@@ -3,9 +3,11 @@
 # Switches (few, named for what they change):
 #   CUDA=0        build without the CUDA backend and kernels (default: on when nvcc is found)
 #   NCCL=0        build without the NCCL communicator (default: on with CUDA when nccl.h is found)
+#   JEMALLOC=0    build without jemalloc (default: on when jemalloc.h is found, off with SANITIZE)
 #   CUDA_ARCH=... nvcc -gencode flags (default: sm_90 code plus compute_80 PTX, portable to sm_80+)
 #   SANITIZE=address,undefined   build into build-san/ with ASan/UBSan (CPU tests)
 #   OPT=-O2       optimisation flags
+#   FUZZ_SECONDS=60  how long `make fuzz` runs each libFuzzer target
 
 CC       ?= gcc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -55,6 +57,20 @@ CFLAGS   += -DTD_HAVE_NCCL -I$(NCCL_HOME)/include
 LDLIBS   := -L$(NCCL_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl $(LDLIBS)
 endif
 
+# jemalloc: the process's allocator, whose statistics measure the host heap
+# (offload/hostmem.c), when jemalloc.h is found; not in sanitizer or fuzz
+# builds (ASan brings its own allocator).  Without it the heap is measured with
+# glibc's mallinfo2, and `tidal train` says so.
+ifeq ($(strip $(SANITIZE))$(findstring fsanitize,$(OPT)),)
+JEMALLOC ?= $(if $(wildcard /usr/include/jemalloc/jemalloc.h /usr/local/include/jemalloc/jemalloc.h),1,0)
+else
+override JEMALLOC := 0
+endif
+ifeq ($(JEMALLOC),1)
+CFLAGS   += -DTD_HAVE_JEMALLOC
+LDLIBS   := $(LDLIBS) -ljemalloc
+endif
+
 # Library sources: every .c in the module folders (docs/architecture.md draws
 # them and their direction); *_cuda.c and *.cu only with CUDA, *_nccl.c only with NCCL.
 MODULES  := core offload dist memmgr optim model model/cuda data checkpoint trainer cli
@@ -85,7 +101,7 @@ TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/%.o)
 $(BUILD)/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2
 $(BUILD)/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
 
-.PHONY: all lib cli test gpu-test gpu-memcheck bench-gpu demo deps clean help check-deps
+.PHONY: all lib cli test gpu-test gpu-memcheck bench-gpu demo deps clean help check-deps fuzz fuzz-build
 all: $(BUILD)/tidal
 
 help:
@@ -95,8 +111,9 @@ help:
 	@echo "make gpu-test   GPU tests (needs a CUDA device)"
 	@echo "make gpu-memcheck  the GPU tests under compute-sanitizer memcheck"
 	@echo "make bench-gpu  GPU benchmarks"
+	@echo "make fuzz       each libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (60) under ASan/UBSan"
 	@echo "make deps       install missing system packages with apt-get"
-	@echo "switches: CUDA=0  NCCL=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
+	@echo "switches: CUDA=0  NCCL=0  JEMALLOC=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
 
 # --- dependencies -----------------------------------------------------------
 deps:
@@ -159,7 +176,31 @@ demo:
 	@$(MAKE) --no-print-directory $(BUILD)/tidal
 	./tools/demo.sh $(BUILD)/tidal
 
+# --- fuzz --------------------------------------------------------------------
+# Every tests/fuzz/fuzz_*.c is a libFuzzer target.  The library is rebuilt
+# with clang into its own folder (build-fuzz/, without CUDA: the parsers do
+# not need it), instrumented for coverage and ASan/UBSan, so its objects never
+# mix with build/ or build-san/.  tests/fuzz/run.sh runs each target on its
+# seed corpus for FUZZ_SECONDS and fails on the first crash, leak or timeout.
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+                -fsanitize=fuzzer-no-link
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+fuzz:
+	@./tools/deps.sh check fuzz || ./tools/deps.sh install fuzz
+	@$(MAKE) --no-print-directory CUDA=0 CC=$(FUZZ_CC) BUILD=$(FUZZ_BUILD) OPT="$(FUZZ_OPT)" fuzz-build
+	@./tests/fuzz/run.sh $(FUZZ_SECONDS) $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/tests/fuzz/%,$(FUZZ_SRC))
+
+# Only meaningful inside `make fuzz` (which sets CC, BUILD and OPT).
+fuzz-build: $(patsubst tests/fuzz/%.c,$(BUILD)/tests/fuzz/%,$(FUZZ_SRC))
+.SECONDARY: $(patsubst tests/fuzz/%.c,$(BUILD)/tests/fuzz/%.o,$(FUZZ_SRC))
+
+$(BUILD)/tests/fuzz/%: $(BUILD)/tests/fuzz/%.o $(BUILD)/libtidal.a
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(BUILD)/libtidal.a $(LDLIBS)
+
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

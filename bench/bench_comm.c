@@ -68,7 +68,7 @@ static float get(const void *buf, size_t i, td_dtype dt)
 static td_status copy_sync(bench *B, void *dst, const void *src, size_t bytes)
 {
     td_status st = td_backend_copy_async(B->b, TD_QUEUE_COMPUTE, dst, src, bytes);
-    return st ? st : td_queue_sync(B->b, TD_QUEUE_COMPUTE);
+    return st ? st : td_comm_wait(B->comm, TD_QUEUE_COMPUTE); /* collectives before it: bounded by the timeout */
 }
 
 typedef enum what { ALL_REDUCE_SUM, ALL_REDUCE_MAX, REDUCE_SCATTER, ALL_GATHER, BROADCAST, WHAT_COUNT } what;
@@ -178,7 +178,7 @@ static td_status time_one(bench *B, int w, size_t bytes, double *algbw, double *
         else st = td_comm_reduce_scatter(B->comm, B->dsend, B->drecv, shard, TD_DTYPE_BF16, TD_QUEUE_COMPUTE);
         if (st) return st;
     }
-    if ((st = td_queue_sync(B->b, TD_QUEUE_COMPUTE))) return st;
+    if ((st = td_comm_wait(B->comm, TD_QUEUE_COMPUTE))) return st;
     double s = (td_now_ms() - t0) / 1e3 / iters;
     *algbw = (double)bytes / s / 1e9;
     *busbw = *algbw * (w == 0 ? 2.0 * (double)(N - 1) / (double)N : (double)(N - 1) / (double)N);
@@ -186,7 +186,7 @@ static td_status time_one(bench *B, int w, size_t bytes, double *algbw, double *
 }
 
 static const char usage[] =
-    "usage: tidal bench comm [--nproc N] [--backend B] [--comm C] [--max-bytes SIZE]\n\n"
+    "usage: tidal bench comm [--nproc N] [--backend B] [--comm C] [--max-bytes SIZE] [--comm-timeout S]\n\n"
     "Checks every collective of the communicator across the ranks of a job against a serial\n"
     "reference (bit for bit where the order is fixed; every rank must hold the same bits), then\n"
     "times all_reduce, all_gather and reduce_scatter in bf16.  Run it under a launcher\n"
@@ -197,11 +197,15 @@ int td_bench_comm_main(int argc, char **argv)
     int nproc = 0, rc;
     const char *backend = "auto", *comm_kind = "auto";
     size_t max_bytes = 0;
+    td_comm_params cp = td_comm_default_params();
+    double timeout_s = cp.timeout_ms / 1000.0;
     td_opt table[] = {
         {"nproc", TD_OPT_INT, &nproc, "N", "start N local ranks (as torchrun --nproc-per-node) instead of joining the environment's job", 0},
         {"backend", TD_OPT_STRING, &backend, "B", "auto (default), cpu or cuda; rank r uses GPU LOCAL_RANK", 0},
         {"comm", TD_OPT_STRING, &comm_kind, "C", "communicator: auto (nccl on cuda when built with it), cpu or nccl", 0},
         {"max-bytes", TD_OPT_SIZE, &max_bytes, "SIZE", "largest timed buffer (default 256MiB on cuda, 16MiB on cpu; 0 skips timing)", 0},
+        {"comm-timeout", TD_OPT_DOUBLE, &timeout_s, "S", "seconds a rank waits for the others to make progress before it "
+         "exits naming the rank that stopped (default 60, or TD_COMM_TIMEOUT_MS)", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     rc = td_args_main(table, argc, argv, "bench comm", usage);
@@ -224,7 +228,13 @@ int td_bench_comm_main(int argc, char **argv)
     bench B = {0};
     td_dist_env env = {0};
     td_backend_params bp = td_backend_default_params();
-    td_comm_params cp = td_comm_default_params();
+    if (!(timeout_s > 0 && timeout_s <= 86400)) {
+        fprintf(stderr, "tidal bench comm: --comm-timeout %g: give seconds in (0, 86400]\n", timeout_s);
+        td_args_free();
+        return 2;
+    }
+    cp.timeout_ms = (int)(timeout_s * 1000.0 + 0.5);
+    if (cp.timeout_ms < 1) cp.timeout_ms = 1;
     if ((st = td_dist_env_read(&env))) goto cleanup;
     if ((st = td_backend_kind_parse(backend, &bp.kind))) goto cleanup;
     if ((st = td_comm_kind_parse(comm_kind, &cp.kind))) goto cleanup;
@@ -236,6 +246,14 @@ int td_bench_comm_main(int argc, char **argv)
     B.nccl = !strcmp(td_comm_name(B.comm), "nccl");
     int cuda = td_backend_get_kind(B.b) == TD_BACKEND_CUDA;
     if (!td_args_find(table, "max-bytes")->seen) max_bytes = cuda ? 256 * TD_MiB : 16 * TD_MiB;
+    {
+        /* ranks timing different sizes would call different collectives: refuse at start, naming the flag */
+        char mb[32];
+        snprintf(mb, sizeof mb, "%zu", max_bytes);
+        td_dist_setting agree[] = {{"--backend", td_backend_name(B.b)}, {"--comm", td_comm_name(B.comm)},
+                                   {"--max-bytes", mb}};
+        if ((st = td_comm_agree(B.comm, agree, sizeof agree / sizeof agree[0]))) goto cleanup;
+    }
     size_t check_bytes = (size_t)B.size * ((1 << 18) + 3) * 4; /* the largest check's buffer */
     size_t dev_bytes = (max_bytes > check_bytes ? max_bytes : check_bytes) + (size_t)B.size * 4;
     dev_bytes = td_align_up(dev_bytes, TD_ARENA_ALIGN);

@@ -445,24 +445,27 @@ cleanup:
     return st;
 }
 
-/* rope_scaling: null, type "default", or type "llama3" with its four fields. */
-static td_status parse_rope_scaling(const char *path, const cJSON *o, td_ckpt_config *cfg)
+/* The RoPE object `key` (transformers 4's "rope_scaling", or 5's
+ * "rope_parameters", which also carries rope_theta): null, type "default",
+ * or type "llama3" with its four fields. */
+static td_status parse_rope_scaling(const char *path, const cJSON *o, const char *key, td_ckpt_config *cfg)
 {
     td_status st = TD_OK;
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!rs || cJSON_IsNull(rs)) return TD_OK;
-    if (!cJSON_IsObject(rs)) return td_error_set(TD_ERR_INVALID, "%s: \"rope_scaling\" must be null or an object", path);
+    if (!cJSON_IsObject(rs)) return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be null or an object", path, key);
+    char where[600];
+    snprintf(where, sizeof where, "%s (%s)", path, key);
+    TD_TRY(json_float(where, rs, "rope_theta", 0, &cfg->rope_theta));
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type"); /* older transformers */
     if (!cJSON_IsString(type))
-        return td_error_set(TD_ERR_INVALID, "%s: \"rope_scaling\" has no string \"rope_type\"", path);
+        return td_error_set(TD_ERR_INVALID, "%s: \"%s\" has no string \"rope_type\"", path, key);
     if (!strcmp(type->valuestring, "default")) return TD_OK;
     if (strcmp(type->valuestring, "llama3"))
-        return td_error_set(TD_ERR_INVALID, "%s: rope_scaling type \"%s\" is not supported; tidal computes "
-                            "\"llama3\" scaling (or none)", path, type->valuestring);
+        return td_error_set(TD_ERR_INVALID, "%s: %s type \"%s\" is not supported; tidal computes "
+                            "\"llama3\" scaling (or none)", path, key, type->valuestring);
     td_rope_scaling *r = &cfg->rope_scaling;
-    char where[600];
-    snprintf(where, sizeof where, "%s (rope_scaling)", path);
     TD_TRY(json_float(where, rs, "factor", 1, &r->factor));
     TD_TRY(json_float(where, rs, "low_freq_factor", 1, &r->low_freq_factor));
     TD_TRY(json_float(where, rs, "high_freq_factor", 1, &r->high_freq_factor));
@@ -502,7 +505,8 @@ static td_status parse_llama_json(const char *path, const cJSON *o, td_model_fam
     int tied = 0;
     TD_TRY(json_bool(path, o, "tie_word_embeddings", &tied));
     cfg->untied_head = !tied;
-    TD_TRY(parse_rope_scaling(path, o, cfg));
+    TD_TRY(parse_rope_scaling(path, o, "rope_scaling", cfg));
+    TD_TRY(parse_rope_scaling(path, o, "rope_parameters", cfg)); /* transformers >= 5 */
     if (cfg->n_embd % cfg->n_head)
         TD_FAIL(TD_ERR_INVALID, "%s: \"hidden_size\" %d is not a multiple of \"num_attention_heads\" %d", path,
                 cfg->n_embd, cfg->n_head);
@@ -744,6 +748,8 @@ struct td_ckpt_writer {
     size_t *local_of;                /* [n_params]: its index in that file */
     int n_extra;
     unsigned char *scratch; /* transposes, SCRATCH_BYTES */
+    td_ckpt_group group;    /* size 0: one process streaming */
+    int ranges;             /* td_ckpt_writer_begin_ranges done */
 };
 
 td_ckpt_write_options td_ckpt_write_default_options(void)
@@ -769,7 +775,7 @@ void td_ckpt_writer_abort(td_ckpt_writer *w)
     td_free(w->shard_of);
     td_free(w->local_of);
     td_st_writer_abort(w->state);
-    if (w->tmp_dir && is_dir(w->tmp_dir)) {
+    if (w->tmp_dir && w->group.rank == 0 && is_dir(w->tmp_dir)) { /* in a group, rank 0's */
         /* Cleanup must not hide the error that made the caller abort. */
         char msg[1024], where[256];
         snprintf(msg, sizeof msg, "%s", td_error_msg());
@@ -862,7 +868,7 @@ static td_status declare_files(td_ckpt_writer *w)
         TD_TRY(td_st_writer_declare(w->model[w->shard_of[i]], p.name, st_dtype_of(w->opt.weight_dtype), p.ndim,
                                     shape, NULL));
     }
-    if (shards > 1) TD_TRY(write_index(w, total, names));
+    if (shards > 1 && w->group.rank == 0) TD_TRY(write_index(w, total, names)); /* in a group, rank 0's */
     if (!w->opt.train_state) goto cleanup;
     td_free(path);
     if (!(path = cat3(w->tmp_dir, "/", TD_CKPT_STATE_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
@@ -885,26 +891,72 @@ cleanup:
     return st;
 }
 
-td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
-                               const td_ckpt_write_options *opts, td_ckpt_writer **out)
+/* --- the files a ranged save writes --------------------------------------------- */
+
+/* The weights' file of a parameter and its index there. */
+static td_st_writer *weight_file(const td_ckpt_writer *w, int param) { return w->model[w->shard_of[param]]; }
+static size_t weight_index(const td_ckpt_writer *w, int param) { return w->local_of[param]; }
+/* Every file of the save: the weights' file(s), then the train state. */
+static int file_count(const td_ckpt_writer *w) { return w->n_model + (w->state != NULL); }
+static td_st_writer **file_at(td_ckpt_writer *w, int k) { return k < w->n_model ? &w->model[k] : &w->state; }
+
+/* --- a group's agreement ------------------------------------------------------- */
+
+/* What each rank reports at a collective point of a grouped save. */
+typedef struct vote {
+    int32_t ok, pad;
+    uint64_t a, b;
+    char msg[232];
+} vote;
+
+/* all[size] = every rank's vote; one primitive for every collective point. */
+static td_status group_vote(td_ckpt_writer *w, td_status mine, uint64_t a, uint64_t b, vote **all)
+{
+    vote v = { .ok = mine == TD_OK, .a = a, .b = b };
+    if (mine != TD_OK) snprintf(v.msg, sizeof v.msg, "%s", td_error_msg());
+    *all = td_malloc((size_t)w->group.size * sizeof v, TD_ROLE_META);
+    if (!*all) return td_error_set(TD_ERR_NOMEM, "checkpoint %s: out of memory", w->dir);
+    if (w->group.size == 1) {
+        (*all)[0] = v;
+        return TD_OK;
+    }
+    td_status st = w->group.allgather(w->group.arg, &v, sizeof v, *all);
+    if (st != TD_OK) {
+        td_free(*all);
+        *all = NULL;
+        return td_error_prefix(st, "checkpoint %s: rank %d lost the other ranks: ", w->dir, w->group.rank);
+    }
+    return TD_OK;
+}
+
+/* TD_OK when every vote is ok; else the first failed rank's message, the same on every rank. */
+static td_status group_verdict(const td_ckpt_writer *w, const vote *all, const char *when)
+{
+    for (int k = 0; k < w->group.size; k++)
+        if (!all[k].ok)
+            return td_error_set(TD_ERR_IO, "checkpoint %s: %s failed on rank %d: %s", w->dir, when, k, all[k].msg);
+    return TD_OK;
+}
+
+static td_status check_group(const td_ckpt_group *g)
+{
+    if (g->size < 1 || g->rank < 0 || g->rank >= g->size || (g->size > 1 && !g->allgather))
+        return td_error_set(TD_ERR_INVALID, "checkpoint: group of rank %d of %d%s", g->rank, g->size,
+                            g->size > 1 && !g->allgather ? " without an allgather" : " is not valid");
+    return TD_OK;
+}
+
+/* Rank 0's (or a lone writer's) part of starting a save: recovery, checks,
+ * the temporary directory with config.json. */
+static td_status start_dir(td_ckpt_writer *w, long pid)
 {
     td_status st = TD_OK;
-    char *cfg_path = NULL, pid[32];
-    *out = NULL;
-    td_ckpt_writer *w = td_calloc(1, sizeof *w, TD_ROLE_META);
-    if (!w) return td_error_prefix(TD_ERR_NOMEM, "checkpoint: ");
-    TD_TRY(td_ckpt_config_check(cfg));
-    w->cfg = *cfg;
-    w->opt = opts ? *opts : td_ckpt_write_default_options();
-    if ((unsigned)w->opt.weight_dtype >= TD_DTYPE_COUNT)
-        TD_FAIL(TD_ERR_INVALID, "checkpoint: unknown weight dtype %d", w->opt.weight_dtype);
-    w->n_params = td_ckpt_param_count(cfg);
-    TD_TRY(normalize_dir(dir, &w->dir));
-    snprintf(pid, sizeof pid, ".tmp.%ld", (long)getpid());
-    w->tmp_dir = cat3(w->dir, pid, NULL);
-    w->old_dir = cat3(w->dir, ".old", NULL);
+    char suffix[32], *cfg_path = NULL;
+    snprintf(suffix, sizeof suffix, ".tmp.%ld", pid);
+    w->tmp_dir = cat3(w->dir, suffix, NULL);
     cfg_path = w->tmp_dir ? cat3(w->tmp_dir, "/", TD_CKPT_CONFIG_FILE) : NULL;
-    if (!w->tmp_dir || !w->old_dir || !cfg_path) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    if (!w->tmp_dir || !cfg_path) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    if (w->group.rank != 0) goto cleanup;
     TD_TRY(td_ckpt_recover(w->dir));
     if (exists(w->dir)) {
         if (!is_dir(w->dir))
@@ -912,18 +964,95 @@ td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
                     "checkpoint path", w->dir);
         TD_TRY(check_ckpt_dir(w->dir));
     }
-    if (mkdir(w->tmp_dir, 0755) != 0)
-        TD_FAIL(TD_ERR_IO, "checkpoint: cannot create %s: %s; check that the parent directory exists "
-                "and is writable", w->tmp_dir, strerror(errno));
-    TD_TRY(write_config_json(cfg_path, cfg, w->opt.weight_dtype));
-    TD_TRY(declare_files(w));
-    for (int k = 0; k < w->n_model; k++) TD_TRY(td_st_writer_begin(w->model[k]));
+    if (mkdir(w->tmp_dir, 0755) != 0) {
+        char *gone = w->tmp_dir;
+        w->tmp_dir = NULL; /* not ours: abort must not remove it */
+        st = td_error_set(TD_ERR_IO, "checkpoint: cannot create %s: %s; check that the parent directory exists "
+                          "and is writable", gone, strerror(errno));
+        td_free(gone);
+        goto cleanup;
+    }
+    TD_TRY(write_config_json(cfg_path, &w->cfg, w->opt.weight_dtype));
+cleanup:
+    td_free(cfg_path);
+    return st;
+}
+
+td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
+                               const td_ckpt_write_options *opts, td_ckpt_writer **out)
+{
+    td_status st = TD_OK;
+    vote *all = NULL;
+    *out = NULL;
+    td_ckpt_writer *w = td_calloc(1, sizeof *w, TD_ROLE_META);
+    if (!w) return td_error_prefix(TD_ERR_NOMEM, "checkpoint: ");
+    TD_TRY(td_ckpt_config_check(cfg));
+    w->cfg = *cfg;
+    w->opt = opts ? *opts : td_ckpt_write_default_options();
+    if (w->opt.group) {
+        TD_TRY(check_group(w->opt.group));
+        w->group = *w->opt.group;
+        if (w->group.rank != 0) w->opt.on_stage = NULL;
+    }
+    if ((unsigned)w->opt.weight_dtype >= TD_DTYPE_COUNT)
+        TD_FAIL(TD_ERR_INVALID, "checkpoint: unknown weight dtype %d", w->opt.weight_dtype);
+    w->n_params = td_ckpt_param_count(cfg);
+    TD_TRY(normalize_dir(dir, &w->dir));
+    w->old_dir = cat3(w->dir, ".old", NULL);
+    if (!w->old_dir) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    if (!w->group.size) {
+        TD_TRY(start_dir(w, (long)getpid()));
+        TD_TRY(declare_files(w));
+        for (int k = 0; k < w->n_model; k++) TD_TRY(td_st_writer_begin(w->model[k]));
+    } else {
+        /* rank 0 starts the directory; everyone learns its name (rank 0's pid) and whether it worked */
+        td_status mine = w->group.rank == 0 ? start_dir(w, (long)getpid()) : TD_OK;
+        TD_TRY(group_vote(w, mine, (uint64_t)getpid(), 0, &all));
+        TD_TRY(group_verdict(w, all, "starting the save"));
+        if (w->group.rank != 0) TD_TRY(start_dir(w, (long)all[0].a));
+        TD_TRY(declare_files(w));
+    }
     stage(w, TD_CKPT_STAGE_TEMP_CREATED);
     *out = w;
     w = NULL;
 cleanup:
-    td_free(cfg_path);
+    td_free(all);
     td_ckpt_writer_abort(w);
+    return st;
+}
+
+td_status td_ckpt_writer_begin_ranges(td_ckpt_writer *w)
+{
+    td_status st = TD_OK, mine = TD_OK;
+    vote *all = NULL;
+    uint64_t hm = 0, hs = 0; /* the weights' headers, the train state's */
+    const int nf = file_count(w), nm = nf - (w->state != NULL);
+    if (!w->group.size || w->ranges)
+        return td_error_set(TD_ERR_STATE, "checkpoint %s: %s", w->dir, w->ranges ? "ranged writing has begun already"
+                            : "ranged writing needs a group in the write options");
+    /* rank 0 creates the files, then the others open them */
+    for (int create = 1; create >= 0; create--) {
+        for (int k = 0; k < nf && mine == TD_OK && (w->group.rank == 0) == create; k++) {
+            uint64_t h = 0;
+            mine = td_st_writer_begin_shared(*file_at(w, k), create, &h);
+            if (k < nm) hm = (hm ^ h) * 0x100000001b3ull;
+            else hs = h;
+        }
+        TD_TRY(group_vote(w, mine, hm, hs, &all));
+        TD_TRY(group_verdict(w, all, create ? "creating the files" : "opening the files"));
+        if (create) {
+            td_free(all);
+            all = NULL;
+        }
+    }
+    for (int k = 1; k < w->group.size; k++)
+        if (all[k].a != all[0].a || all[k].b != all[0].b)
+            TD_FAIL(TD_ERR_INVALID, "checkpoint %s: rank %d's %s header differs from rank 0's: every rank must save "
+                    "the same model and declare the same metadata and extra tensors", w->dir, k,
+                    all[k].a != all[0].a ? "weights'" : TD_CKPT_STATE_FILE);
+    w->ranges = 1;
+cleanup:
+    td_free(all);
     return st;
 }
 
@@ -982,11 +1111,21 @@ static td_status check_param(const td_ckpt_writer *w, int param, td_ckpt_param *
     return td_ckpt_param_get(&w->cfg, param, p);
 }
 
+/* The streaming calls of a lone writer; a group writes ranges. */
+static td_status need_stream(const td_ckpt_writer *w)
+{
+    if (w->group.size)
+        return td_error_set(TD_ERR_STATE, "checkpoint %s: a group's writer takes ranges (td_ckpt_writer_write_*), "
+                            "not streamed pieces", w->dir);
+    return TD_OK;
+}
+
 td_status td_ckpt_writer_append_weight(td_ckpt_writer *w, int param, td_dtype src_dtype,
                                        const void *src, size_t n_elems)
 {
     td_ckpt_param p;
-    td_status st = check_param(w, param, &p);
+    td_status st = need_stream(w);
+    if (st == TD_OK) st = check_param(w, param, &p);
     if (st != TD_OK) return st;
     return td_st_writer_write_convert(w->model[w->shard_of[param]], w->local_of[param], st_dtype_of(src_dtype), src,
                                       n_elems);
@@ -1012,6 +1151,7 @@ td_status td_ckpt_writer_put_weight(td_ckpt_writer *w, int param, td_dtype src_d
     td_ckpt_param p;
     td_status st = check_param(w, param, &p);
     if (st != TD_OK) return st;
+    if (w->group.size) return td_ckpt_writer_write_weight(w, param, 0, src_dtype, src, p.numel);
     if (!p.transposed) return td_ckpt_writer_append_weight(w, param, src_dtype, src, p.hf_numel);
     if (!w->scratch && !(w->scratch = td_malloc(SCRATCH_BYTES, TD_ROLE_STAGING)))
         return td_error_prefix(TD_ERR_NOMEM, "checkpoint %s: transposing '%s': ", w->dir, p.name);
@@ -1038,6 +1178,7 @@ td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_stat
 {
     td_ckpt_param p;
     td_status st = need_state(w, "training state");
+    if (st == TD_OK) st = need_stream(w);
     if (st == TD_OK) st = check_param(w, param, &p);
     if (st == TD_OK && (unsigned)kind >= TD_CKPT_STATE_COUNT)
         st = td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown state kind %d", w->dir, kind);
@@ -1049,12 +1190,152 @@ td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_stat
 td_status td_ckpt_writer_append_extra(td_ckpt_writer *w, int extra, const void *bytes, size_t n_bytes)
 {
     td_status st = need_state(w, "an extra tensor");
+    if (st == TD_OK) st = need_stream(w);
     if (st != TD_OK) return st;
     if (extra < 0 || extra >= w->n_extra)
         return td_error_set(TD_ERR_INVALID, "checkpoint %s: extra tensor %d was not declared (%d are)",
                             w->dir, extra, w->n_extra);
     return td_st_writer_write(w->state, (size_t)w->n_params * TD_CKPT_STATE_COUNT + (size_t)extra,
                               bytes, n_bytes);
+}
+
+/* --- ranged writes and reads of transposed weights ------------------------------
+ * A range of tidal's (out, in) layout of a Conv1D weight is stored (in, out):
+ * it is cut into rectangles of rows [o0, o1) x columns [i0, i1) of tidal's
+ * layout (a partial first row, blocks of whole rows that fit the scratch
+ * buffer, a partial last row); rectangle element (o, i) is stored at i * out
+ * + o, so each i is one contiguous run of o1 - o0 elements, and a block of
+ * all `out` rows is one run. */
+typedef struct rect {
+    int64_t o0, o1, i0, i1;
+} rect;
+
+typedef td_status (*rect_fn)(void *ctx, const rect *r, size_t tidal_index);
+
+static td_status walk_transposed(int64_t out, int64_t in, uint64_t off, uint64_t n, size_t es, rect_fn fn, void *ctx)
+{
+    (void)out;
+    uint64_t cur = off, end = off + n;
+    td_status st = TD_OK;
+    int64_t rows_fit = (int64_t)(SCRATCH_BYTES / ((size_t)in * es));
+    if (rows_fit < 1) rows_fit = 1;
+    while (cur < end && st == TD_OK) {
+        int64_t o = (int64_t)(cur / (uint64_t)in), i = (int64_t)(cur % (uint64_t)in);
+        rect r = { o, o + 1, i, in };
+        if (i != 0 || end - cur < (uint64_t)in) {
+            if (end - cur < (uint64_t)(in - i)) r.i1 = i + (int64_t)(end - cur);
+        } else {
+            int64_t whole = (int64_t)((end - cur) / (uint64_t)in);
+            r.o1 = o + (whole < rows_fit ? whole : rows_fit);
+        }
+        st = fn(ctx, &r, (size_t)(cur - off));
+        cur += (uint64_t)((r.o1 - r.o0) * (r.i1 - r.i0));
+    }
+    return st;
+}
+
+/* dst[(i - i0) * rows + (o - o0)] = src[(o - o0) * cols + (i - i0)] (and back with the roles swapped). */
+static void transpose(unsigned char *dst, const unsigned char *src, int64_t rows, int64_t cols, size_t es)
+{
+    for (int64_t o = 0; o < rows; o++)
+        for (int64_t i = 0; i < cols; i++)
+            memcpy(dst + ((size_t)i * (size_t)rows + (size_t)o) * es, src + ((size_t)o * (size_t)cols + (size_t)i) * es, es);
+}
+
+typedef struct range_io {
+    td_ckpt_writer *w;
+    const td_ckpt_reader *r;
+    int param;
+    int64_t out;
+    td_dtype dt;
+    const unsigned char *src;
+    unsigned char *dst, *scratch;
+} range_io;
+
+static td_status write_rect(void *ctx, const rect *r, size_t at)
+{
+    range_io *io = ctx;
+    const size_t es = td_dtype_bytes(io->dt);
+    const int64_t rows = r->o1 - r->o0, cols = r->i1 - r->i0;
+    transpose(io->scratch, io->src + at * es, rows, cols, es);
+    if (rows == io->out) /* whole stored rows: one run */
+        return td_st_writer_pwrite_convert(weight_file(io->w, io->param), weight_index(io->w, io->param),
+                                           (uint64_t)(r->i0 * io->out),
+                                           st_dtype_of(io->dt), io->scratch, (size_t)(rows * cols));
+    td_status st = TD_OK;
+    for (int64_t i = 0; i < cols && st == TD_OK; i++)
+        st = td_st_writer_pwrite_convert(weight_file(io->w, io->param), weight_index(io->w, io->param),
+                                         (uint64_t)((r->i0 + i) * io->out + r->o0),
+                                         st_dtype_of(io->dt), io->scratch + (size_t)(i * rows) * es, (size_t)rows);
+    return st;
+}
+
+static td_status need_ranges(const td_ckpt_writer *w)
+{
+    if (!w->ranges)
+        return td_error_set(TD_ERR_STATE, "checkpoint %s: ranged writes need td_ckpt_writer_begin_ranges first "
+                            "(and a group in the write options)", w->dir);
+    return TD_OK;
+}
+
+static td_status check_elems(const char *dir, const char *name, uint64_t off, size_t n, uint64_t numel)
+{
+    if (off > numel || n > numel - off)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: elements [%llu, +%zu) run past the end of '%s' (%llu "
+                            "elements)", dir, (unsigned long long)off, n, name, (unsigned long long)numel);
+    return TD_OK;
+}
+
+td_status td_ckpt_writer_write_weight(td_ckpt_writer *w, int param, uint64_t elem_offset, td_dtype src_dtype,
+                                      const void *src, size_t n_elems)
+{
+    td_ckpt_param p;
+    td_status st = need_ranges(w);
+    if (st == TD_OK) st = check_param(w, param, &p);
+    if (st == TD_OK) st = check_elems(w->dir, p.name, elem_offset, n_elems, p.numel);
+    if (st == TD_OK && (unsigned)src_dtype >= TD_DTYPE_COUNT)
+        st = td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown dtype %d", w->dir, (int)src_dtype);
+    if (st != TD_OK || n_elems == 0) return st;
+    if (!p.transposed) { /* stored as laid out; wte's padding rows past hf_numel are not stored */
+        size_t keep = elem_offset >= p.hf_numel ? 0 : (size_t)(p.hf_numel - elem_offset < n_elems
+                                                               ? p.hf_numel - elem_offset : n_elems);
+        return keep ? td_st_writer_pwrite_convert(weight_file(w, param), weight_index(w, param), elem_offset,
+                                                  st_dtype_of(src_dtype), src, keep) : TD_OK;
+    }
+    if (!w->scratch && !(w->scratch = td_malloc(SCRATCH_BYTES, TD_ROLE_STAGING)))
+        return td_error_prefix(TD_ERR_NOMEM, "checkpoint %s: transposing '%s': ", w->dir, p.name);
+    if ((size_t)p.shape[1] * td_dtype_bytes(src_dtype) > SCRATCH_BYTES)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: '%s' has rows of %lld elements, more than the transpose "
+                            "buffer holds", w->dir, p.name, (long long)p.shape[1]);
+    range_io io = { .w = w, .param = param, .out = p.shape[0], .dt = src_dtype, .src = src, .scratch = w->scratch };
+    return walk_transposed(p.shape[0], p.shape[1], elem_offset, n_elems, td_dtype_bytes(src_dtype), write_rect, &io);
+}
+
+td_status td_ckpt_writer_write_state(td_ckpt_writer *w, int param, td_ckpt_state kind, uint64_t elem_offset,
+                                     const float *src, size_t n_elems)
+{
+    td_ckpt_param p;
+    td_status st = need_state(w, "training state");
+    if (st == TD_OK) st = need_ranges(w);
+    if (st == TD_OK) st = check_param(w, param, &p);
+    if (st == TD_OK && (unsigned)kind >= TD_CKPT_STATE_COUNT)
+        st = td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown state kind %d", w->dir, kind);
+    if (st != TD_OK) return st;
+    return td_st_writer_pwrite_convert(w->state, (size_t)param * TD_CKPT_STATE_COUNT + kind, elem_offset, TD_ST_F32,
+                                       src, n_elems);
+}
+
+td_status td_ckpt_writer_write_extra(td_ckpt_writer *w, int extra, uint64_t byte_offset, const void *bytes,
+                                     size_t n_bytes)
+{
+    td_status st = need_state(w, "an extra tensor");
+    if (st == TD_OK) st = need_ranges(w);
+    if (st != TD_OK) return st;
+    if (extra < 0 || extra >= w->n_extra)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: extra tensor %d was not declared (%d are)",
+                            w->dir, extra, w->n_extra);
+    return td_st_writer_pwrite(w->state, (size_t)w->n_params * TD_CKPT_STATE_COUNT + (size_t)extra, byte_offset,
+                               bytes, n_bytes);
 }
 
 /* renameat2 flags; the names come from <stdio.h> with _GNU_SOURCE. */
@@ -1115,6 +1396,7 @@ td_status td_ckpt_writer_add_file(td_ckpt_writer *w, const char *name, const cha
     if (!w || !ok || !src)
         return td_error_set(TD_ERR_INVALID, "checkpoint: '%s' is not a file a checkpoint carries (vocab.json, "
                             "merges.txt, tokenizer.json)", name ? name : "(null)");
+    if (w->group.rank != 0) return TD_OK; /* in a group, rank 0 copies it */
     char *path = cat3(w->tmp_dir, "/", name);
     if (!path) return td_error_set(TD_ERR_NOMEM, "checkpoint: out of memory");
     td_status st = td_copy_file(src, path);
@@ -1122,21 +1404,11 @@ td_status td_ckpt_writer_add_file(td_ckpt_writer *w, const char *name, const cha
     return st ? td_error_prefix(st, "checkpoint: adding %s: ", name) : TD_OK;
 }
 
-td_status td_ckpt_writer_commit(td_ckpt_writer *w)
+/* Publishing: DIR.tmp becomes DIR, the old checkpoint is deleted. */
+static td_status publish(td_ckpt_writer *w)
 {
     td_status st = TD_OK;
     const char *old = NULL;
-    td_st_writer *state = w->state;
-    w->state = NULL; /* commit frees them whatever happens */
-    for (int k = 0; k < w->n_model; k++) {
-        td_st_writer *m = w->model[k];
-        w->model[k] = NULL;
-        if (st == TD_OK) st = td_st_writer_commit(m);
-        else td_st_writer_abort(m);
-    }
-    if (st == TD_OK && state) st = td_st_writer_commit(state);
-    else td_st_writer_abort(state);
-    if (st != TD_OK) goto cleanup;
     TD_TRY(td_fsync_parent_dir(w->tmp_dir)); /* tmp_dir itself as an entry of DIR's parent */
     stage(w, TD_CKPT_STAGE_FILES_SYNCED);
     TD_TRY(publish_dir(w, &old));
@@ -1148,6 +1420,69 @@ td_status td_ckpt_writer_commit(td_ckpt_writer *w)
     }
     stage(w, TD_CKPT_STAGE_DONE);
 cleanup:
+    return st;
+}
+
+/* A group's commit: every rank's writes synced, all succeeded and together
+ * complete, then rank 0 publishes and tells the others how it went. */
+static td_status commit_group(td_ckpt_writer *w)
+{
+    td_status st = TD_OK, mine = need_ranges(w);
+    vote *all = NULL;
+    uint64_t put_m = 0, put_s = 0, need_m = 0, need_s = 0;
+    const int nf = file_count(w), nm = nf - (w->state != NULL);
+    for (int k = 0; k < nf; k++) { /* every file synced and closed (freed) whatever happens */
+        td_st_writer **f = file_at(w, k);
+        if (mine == TD_OK) {
+            *(k < nm ? &put_m : &put_s) += td_st_writer_written(*f);
+            *(k < nm ? &need_m : &need_s) += td_st_writer_data_bytes(*f);
+            mine = td_st_writer_finish_shared(*f);
+        } else {
+            td_st_writer_abort(*f);
+        }
+        *f = NULL;
+    }
+    TD_TRY(group_vote(w, mine, put_m, put_s, &all));
+    TD_TRY(group_verdict(w, all, "writing"));
+    uint64_t got_m = 0, got_s = 0;
+    for (int k = 0; k < w->group.size; k++) {
+        got_m += all[k].a;
+        got_s += all[k].b;
+    }
+    if (got_m != need_m || got_s != need_s)
+        TD_FAIL(TD_ERR_STATE, "checkpoint %s: the ranks wrote %llu of the %llu bytes of the %s%s: their ranges must "
+                "cover every tensor once", w->dir, (unsigned long long)(got_m != need_m ? got_m : got_s),
+                (unsigned long long)(got_m != need_m ? need_m : need_s),
+                got_m != need_m ? "weights" : TD_CKPT_STATE_FILE,
+                (got_m > need_m || got_s > need_s) ? " (more: ranges overlap)" : "");
+    td_free(all);
+    all = NULL;
+    mine = w->group.rank == 0 ? publish(w) : TD_OK;
+    TD_TRY(group_vote(w, mine, 0, 0, &all));
+    if (!all[0].ok) TD_FAIL(TD_ERR_IO, "%s", all[0].msg);
+cleanup:
+    td_free(all);
+    return st;
+}
+
+td_status td_ckpt_writer_commit(td_ckpt_writer *w)
+{
+    td_status st = TD_OK;
+    if (w->group.size) {
+        st = commit_group(w);
+    } else {
+        td_st_writer *state = w->state;
+        w->state = NULL; /* commit frees them whatever happens */
+        for (int k = 0; k < w->n_model; k++) {
+            td_st_writer *m = w->model[k];
+            w->model[k] = NULL;
+            if (st == TD_OK) st = td_st_writer_commit(m);
+            else td_st_writer_abort(m);
+        }
+        if (st == TD_OK && state) st = td_st_writer_commit(state);
+        else td_st_writer_abort(state);
+        if (st == TD_OK) st = publish(w);
+    }
     td_ckpt_writer_abort(w); /* after a successful publish tmp_dir is gone or was the old one */
     return st;
 }
@@ -1500,6 +1835,51 @@ td_status td_ckpt_reader_get_weight(const td_ckpt_reader *r, int param, td_dtype
                        buf + ((size_t)(i - i0) * (size_t)out + (size_t)o) * es, es);
     }
     td_free(buf);
+    return st;
+}
+
+static td_status read_rect(void *ctx, const rect *r, size_t at)
+{
+    range_io *io = ctx;
+    const size_t es = td_dtype_bytes(io->dt);
+    const int64_t rows = r->o1 - r->o0, cols = r->i1 - r->i0;
+    td_status st = TD_OK;
+    if (rows == io->out)
+        st = td_ckpt_reader_read_weight(io->r, io->param, (uint64_t)(r->i0 * io->out), (size_t)(rows * cols), io->dt,
+                                        io->scratch);
+    for (int64_t i = 0; rows != io->out && i < cols && st == TD_OK; i++)
+        st = td_ckpt_reader_read_weight(io->r, io->param, (uint64_t)((r->i0 + i) * io->out + r->o0), (size_t)rows,
+                                        io->dt, io->scratch + (size_t)(i * rows) * es);
+    if (st == TD_OK) transpose(io->dst + at * es, io->scratch, cols, rows, es);
+    return st;
+}
+
+td_status td_ckpt_reader_get_weight_range(const td_ckpt_reader *r, int param, uint64_t elem_offset,
+                                          size_t n_elems, td_dtype dst_dtype, void *dst)
+{
+    td_ckpt_param p;
+    td_status st = reader_param(r, param, &p);
+    if (st == TD_OK) st = check_elems(r->dir, p.name, elem_offset, n_elems, p.numel);
+    if (st == TD_OK && (unsigned)dst_dtype >= TD_DTYPE_COUNT)
+        st = td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown dtype %d", r->dir, (int)dst_dtype);
+    if (st != TD_OK || n_elems == 0) return st;
+    const size_t es = td_dtype_bytes(dst_dtype);
+    if (!p.transposed) {
+        size_t keep = elem_offset >= p.hf_numel ? 0 : (size_t)(p.hf_numel - elem_offset < n_elems
+                                                               ? p.hf_numel - elem_offset : n_elems);
+        if (keep) st = td_ckpt_reader_read_weight(r, param, elem_offset, keep, dst_dtype, dst);
+        if (st == TD_OK && keep < n_elems) /* wte's padding rows */
+            memset((unsigned char *)dst + keep * es, 0, (n_elems - keep) * es);
+        return st;
+    }
+    if ((size_t)p.shape[1] * es > SCRATCH_BYTES)
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: '%s' has rows of %lld elements, more than the transpose "
+                            "buffer holds", r->dir, p.name, (long long)p.shape[1]);
+    unsigned char *scratch = td_malloc(SCRATCH_BYTES, TD_ROLE_STAGING);
+    if (!scratch) return td_error_prefix(TD_ERR_NOMEM, "checkpoint %s: reading '%s': ", r->dir, p.name);
+    range_io io = { .r = r, .param = param, .out = p.shape[0], .dt = dst_dtype, .dst = dst, .scratch = scratch };
+    st = walk_transposed(p.shape[0], p.shape[1], elem_offset, n_elems, es, read_rect, &io);
+    td_free(scratch);
     return st;
 }
 

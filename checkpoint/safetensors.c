@@ -642,6 +642,7 @@ typedef struct st_wtensor {
     int ndim;
     uint64_t shape[TD_ST_MAX_DIMS];
     uint64_t bytes;
+    uint64_t offset;          /* from the start of the data, once the header is made */
 } st_wtensor;
 
 struct td_st_writer {
@@ -656,6 +657,9 @@ struct td_st_writer {
     uint64_t cur_filled;      /* its bytes so far */
     unsigned char *buf;       /* staging */
     size_t buf_used;
+    int shared;               /* positional mode: several writers, the file written in place */
+    uint64_t data_start;      /* positional: 8 + header bytes */
+    uint64_t written;         /* positional: bytes this writer put */
 };
 
 #define WFMT "safetensors writer for %s: "
@@ -681,7 +685,7 @@ void td_st_writer_abort(td_st_writer *w)
     if (!w) return;
     if (w->fd >= 0) {
         close(w->fd);
-        unlink(w->tmp_path);
+        if (!w->shared) unlink(w->tmp_path); /* a shared file belongs to the caller's directory */
     }
     writer_free(w);
 }
@@ -880,13 +884,13 @@ static void skip_empty(td_st_writer *w)
     }
 }
 
-td_status td_st_writer_begin(td_st_writer *w)
+/* The header of what is declared, padded so the data starts 8-byte
+ * aligned; fills every tensor's offset.  Pure: every process that declared
+ * the same gets the same bytes. */
+static td_status make_header(td_st_writer *w, sbuf *b)
 {
     td_status st = TD_OK;
-    sbuf b = {0};
     char **names = NULL;
-    if (w->begun) return TD_OK;
-    if ((st = check_open_for_declarations(w, "a header")) != TD_OK) return st;
     /* Unique names. */
     if (w->n > 1) {
         if (!(names = td_malloc(w->n * sizeof *names, TD_ROLE_META)))
@@ -897,59 +901,202 @@ td_status td_st_writer_begin(td_st_writer *w)
             if (!strcmp(names[i], names[i - 1]))
                 TD_FAIL(TD_ERR_INVALID, WFMT "tensor '%s' declared twice", w->path, names[i]);
     }
-    sb_str(&b, "{");
+    sb_str(b, "{");
     if (w->n_meta) {
-        sb_str(&b, "\"__metadata__\":{");
+        sb_str(b, "\"__metadata__\":{");
         for (size_t i = 0; i < w->n_meta; i++) {
-            if (i) sb_str(&b, ",");
-            sb_json_string(&b, w->meta[2 * i]);
-            sb_str(&b, ":");
-            sb_json_string(&b, w->meta[2 * i + 1]);
+            if (i) sb_str(b, ",");
+            sb_json_string(b, w->meta[2 * i]);
+            sb_str(b, ":");
+            sb_json_string(b, w->meta[2 * i + 1]);
         }
-        sb_str(&b, "}");
+        sb_str(b, "}");
     }
     uint64_t off = 0;
     for (size_t i = 0; i < w->n; i++) {
-        const st_wtensor *t = &w->t[i];
-        if (i || w->n_meta) sb_str(&b, ",");
-        sb_json_string(&b, t->name);
-        sb_str(&b, ":{\"dtype\":\"");
-        sb_str(&b, td_st_dtype_name(t->dtype));
-        sb_str(&b, "\",\"shape\":[");
+        st_wtensor *t = &w->t[i];
+        if (i || w->n_meta) sb_str(b, ",");
+        sb_json_string(b, t->name);
+        sb_str(b, ":{\"dtype\":\"");
+        sb_str(b, td_st_dtype_name(t->dtype));
+        sb_str(b, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
-            if (d) sb_str(&b, ",");
-            sb_u64(&b, t->shape[d]);
+            if (d) sb_str(b, ",");
+            sb_u64(b, t->shape[d]);
         }
-        sb_str(&b, "],\"data_offsets\":[");
-        sb_u64(&b, off);
-        sb_str(&b, ",");
+        sb_str(b, "],\"data_offsets\":[");
+        sb_u64(b, off);
+        sb_str(b, ",");
+        t->offset = off;
         if (__builtin_add_overflow(off, t->bytes, &off))
             TD_FAIL(TD_ERR_INVALID, WFMT "total size overflows 64 bits", w->path);
-        sb_u64(&b, off);
-        sb_str(&b, "]}");
+        sb_u64(b, off);
+        sb_str(b, "]}");
     }
-    sb_str(&b, "}");
-    while (!b.oom && (8 + b.len) % 8) sb_str(&b, " ");
-    if (b.oom) TD_FAIL(TD_ERR_NOMEM, WFMT "out of memory for the header", w->path);
-    if (b.len > TD_ST_MAX_HEADER_BYTES)
+    sb_str(b, "}");
+    while (!b->oom && (8 + b->len) % 8) sb_str(b, " ");
+    if (b->oom) TD_FAIL(TD_ERR_NOMEM, WFMT "out of memory for the header", w->path);
+    if (b->len > TD_ST_MAX_HEADER_BYTES)
         TD_FAIL(TD_ERR_INVALID, WFMT "header of %zu bytes exceeds the format's %llu-byte limit "
-                "(too many tensors)", w->path, b.len, (unsigned long long)TD_ST_MAX_HEADER_BYTES);
+                "(too many tensors)", w->path, b->len, (unsigned long long)TD_ST_MAX_HEADER_BYTES);
     if (!(w->buf = td_malloc(STAGING_BYTES, TD_ROLE_STAGING)))
         TD_FAIL(TD_ERR_NOMEM, WFMT "out of memory for the staging buffer", w->path);
+cleanup:
+    td_free(names);
+    return st;
+}
+
+static void put_len8(unsigned char len8[8], uint64_t len)
+{
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(len >> (8 * i));
+}
+
+td_status td_st_writer_begin(td_st_writer *w)
+{
+    td_status st = TD_OK;
+    sbuf b = {0};
+    if (w->begun) return TD_OK;
+    if ((st = check_open_for_declarations(w, "a header")) != TD_OK) return st;
+    TD_TRY(make_header(w, &b));
     w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0)
         TD_FAIL(TD_ERR_IO, "cannot create %s: %s; check the directory exists and is writable",
                 w->tmp_path, strerror(errno));
     w->begun = 1;
     unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
+    put_len8(len8, b.len);
     TD_TRY(put_bytes(w, len8, 8));
     TD_TRY(put_bytes(w, b.p, b.len));
     skip_empty(w);
 cleanup:
     if (st != TD_OK) w->failed = 1;
-    td_free(names);
     td_free(b.p);
+    return st;
+}
+
+/* --- positional writing ---------------------------------------------------- */
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    for (const unsigned char *c = p; n--; c++) h = (h ^ *c) * 0x100000001b3ull;
+    return h;
+}
+
+td_status td_st_writer_begin_shared(td_st_writer *w, int create, uint64_t *header_hash)
+{
+    td_status st = TD_OK;
+    sbuf b = {0};
+    if ((st = check_open_for_declarations(w, "a header")) != TD_OK) return st;
+    TD_TRY(make_header(w, &b));
+    w->shared = 1;
+    w->begun = 1;
+    w->cur = w->n; /* the streaming calls are closed */
+    w->data_start = 8 + (uint64_t)b.len;
+    uint64_t data = w->n ? w->t[w->n - 1].offset + w->t[w->n - 1].bytes : 0;
+    unsigned char len8[8];
+    put_len8(len8, b.len);
+    if (header_hash) *header_hash = hash_bytes(hash_bytes(0xcbf29ce484222325ull, len8, 8), b.p, b.len);
+    w->fd = open(w->path, create ? O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC : O_WRONLY | O_CLOEXEC, 0644);
+    if (w->fd < 0)
+        TD_FAIL(TD_ERR_IO, "cannot %s %s: %s; check the directory exists and is writable",
+                create ? "create" : "open", w->path, strerror(errno));
+    if (create) {
+        TD_TRY(write_full(w->fd, len8, 8, w->path));
+        TD_TRY(write_full(w->fd, b.p, b.len, w->path));
+        if (ftruncate(w->fd, (off_t)(w->data_start + data)) != 0)
+            TD_FAIL(TD_ERR_IO, "cannot size %s to %llu bytes: %s; check free space", w->path,
+                    (unsigned long long)(w->data_start + data), strerror(errno));
+    }
+cleanup:
+    if (st != TD_OK) w->failed = 1;
+    td_free(b.p);
+    return st;
+}
+
+static td_status check_range(td_st_writer *w, size_t index, uint64_t byte_offset, uint64_t n_bytes)
+{
+    if (!w->shared || w->failed)
+        return td_error_set(TD_ERR_STATE, WFMT "%s", w->path, w->failed ? "an earlier call failed; abort the writer"
+                            : "positional writes need td_st_writer_begin_shared first");
+    if (index >= w->n)
+        return td_error_set(TD_ERR_INVALID, WFMT "tensor index %zu out of range (%zu declared)", w->path, index, w->n);
+    const st_wtensor *t = &w->t[index];
+    if (byte_offset > t->bytes || n_bytes > t->bytes - byte_offset)
+        return td_error_set(TD_ERR_INVALID, WFMT "bytes [%llu, +%llu) run past the end of tensor '%s' (%llu bytes)",
+                            w->path, (unsigned long long)byte_offset, (unsigned long long)n_bytes, t->name,
+                            (unsigned long long)t->bytes);
+    return TD_OK;
+}
+
+static td_status pwrite_full(td_st_writer *w, const void *src, size_t n, uint64_t off)
+{
+    const unsigned char *p = src;
+    while (n) {
+        ssize_t put = pwrite(w->fd, p, n, (off_t)off);
+        if (put < 0) {
+            if (errno == EINTR) continue;
+            w->failed = 1;
+            return td_error_set(TD_ERR_IO, "cannot write %s at byte %llu: %s; check free space", w->path,
+                                (unsigned long long)off, strerror(errno));
+        }
+        p += put;
+        off += (uint64_t)put;
+        n -= (size_t)put;
+        w->written += (uint64_t)put;
+    }
+    return TD_OK;
+}
+
+td_status td_st_writer_pwrite(td_st_writer *w, size_t index, uint64_t byte_offset, const void *bytes, size_t n_bytes)
+{
+    td_status st = check_range(w, index, byte_offset, n_bytes);
+    return st ? st : pwrite_full(w, bytes, n_bytes, w->data_start + w->t[index].offset + byte_offset);
+}
+
+td_status td_st_writer_pwrite_convert(td_st_writer *w, size_t index, uint64_t elem_offset, td_st_dtype src_dtype,
+                                      const void *src, size_t n_elems)
+{
+    if (index >= w->n) return check_range(w, index, 0, 0);
+    const st_wtensor *t = &w->t[index];
+    const size_t ds = td_st_dtype_bytes(t->dtype), ss = td_st_dtype_bytes(src_dtype);
+    uint64_t off, n_bytes;
+    if (__builtin_mul_overflow(elem_offset, (uint64_t)ds, &off)) off = UINT64_MAX;
+    if (__builtin_mul_overflow((uint64_t)n_elems, (uint64_t)ds, &n_bytes)) n_bytes = UINT64_MAX;
+    td_status st = check_range(w, index, off, n_bytes);
+    if (st) return st;
+    if (src_dtype == t->dtype) return pwrite_full(w, src, n_bytes, w->data_start + t->offset + off);
+    if (!td_st_dtype_convertible(src_dtype, t->dtype))
+        return td_error_set(TD_ERR_INVALID, WFMT "tensor '%s' is %s; %s data cannot be converted to it",
+                            w->path, t->name, td_st_dtype_name(t->dtype), td_st_dtype_name(src_dtype));
+    const unsigned char *s = src;
+    for (size_t done = 0; done < n_elems;) {
+        size_t k = n_elems - done < STAGING_BYTES / ds ? n_elems - done : STAGING_BYTES / ds;
+        convert(src_dtype, s + done * ss, t->dtype, w->buf, k);
+        if ((st = pwrite_full(w, w->buf, k * ds, w->data_start + t->offset + off + done * ds))) return st;
+        done += k;
+    }
+    return TD_OK;
+}
+
+uint64_t td_st_writer_written(const td_st_writer *w) { return w->written; }
+
+uint64_t td_st_writer_data_bytes(const td_st_writer *w)
+{
+    return w->n && w->begun ? w->t[w->n - 1].offset + w->t[w->n - 1].bytes : 0;
+}
+
+td_status td_st_writer_finish_shared(td_st_writer *w)
+{
+    td_status st = TD_OK;
+    if (!w->shared || w->failed)
+        st = td_error_set(TD_ERR_STATE, WFMT "%s", w->path, w->failed ? "an earlier call failed; nothing is complete"
+                          : "not in positional mode (td_st_writer_begin_shared)");
+    else if (fsync(w->fd) != 0)
+        st = td_error_set(TD_ERR_IO, "cannot sync %s: %s", w->path, strerror(errno));
+    if (w->fd >= 0 && close(w->fd) != 0 && st == TD_OK)
+        st = td_error_set(TD_ERR_IO, "cannot close %s: %s", w->path, strerror(errno));
+    w->fd = -1;
+    writer_free(w);
     return st;
 }
 

@@ -108,7 +108,10 @@ static td_status read_config(td_opt *opts, const char *path)
         if (cJSON_IsString(item)) v = item->valuestring;
         else if (cJSON_IsBool(item)) v = cJSON_IsTrue(item) ? "1" : "0";
         else if (cJSON_IsNumber(item)) {
-            if (item->valuedouble == (double)(long long)item->valuedouble)
+            /* Whole numbers print as integers; the range test comes first, as
+             * converting a double beyond long long is undefined. */
+            double d = item->valuedouble;
+            if (d > -9.2e18 && d < 9.2e18 && d == (double)(long long)d)
                 snprintf(num, sizeof num, "%lld", (long long)item->valuedouble);
             else
                 snprintf(num, sizeof num, "%.17g", item->valuedouble);

@@ -20,13 +20,13 @@
 /* Every option of train/plan/eval that describes the model and the run. */
 typedef struct train_opts {
     const char *model, *data, *policy, *precision, *ckpt, *schedule, *backend, *eviction;
-    const char *log, *trace_out, *timeline, *save, *resume, *init;
+    const char *log, *trace_out, *timeline, *save, *resume, *init, *optim_state;
     long save_every, stop_after, max_bad_steps;
     double heldout;
     int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every, decay_all;
     long steps;
     uint64_t seed, chunk_numel;
-    size_t gpu_budget, host_pin_limit, shard_size;
+    size_t gpu_budget, host_pin_limit, host_ram, shard_size;
     double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
 } train_opts;
 
@@ -54,7 +54,9 @@ static const char usage[] =
     {"micro-batch", TD_OPT_INT, &(o)->micro_batch, "B", "sequences per micro-batch (default 4)", 0},         \
     {"grad-accum", TD_OPT_INT, &(o)->grad_accum, "K", "micro-batches per optimizer step (default 1)", 0},    \
     {"gpu-budget", TD_OPT_BUDGET, &(o)->gpu_budget, "SIZE", "device bytes tidal may use, e.g. 512MiB, 24GiB; default: what the run needs\nwith all of it resident plus an eighth, at most the free memory less a margin;\nmax: all of that free memory", 0}, \
-    {"host-pin-limit", TD_OPT_SIZE, &(o)->host_pin_limit, "SIZE", "most host memory to pin (default 80% of RAM)", 0}, \
+    {"host-pin-limit", TD_OPT_SIZE, &(o)->host_pin_limit, "SIZE", "most host memory to pin (default 80% of the host RAM); `tidal plan`'s\nhost.pinned_bytes is what the run pins, to the byte", 0}, \
+    {"host-ram", TD_OPT_SIZE, &(o)->host_ram, "SIZE", "host memory the run may use (default: MemTotal, or the cgroup's memory\nlimit when one is set: memory.max or memory.limit_in_bytes)", 0}, \
+    {"optim-state", TD_OPT_STRING, &(o)->optim_state, "S", "how AdamW stores m and v: fp32 (default, exact), bf16 or int8 (block-wise\nquantized, 8-bit Optimizers); the fp32 master stays fp32", 0}, \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},   \
     {"offload-param-frac", TD_OPT_DOUBLE, &(o)->param_frac, "F", "static: share of param/grad chunks on the host", 0}, \
     {"offload-optim-frac", TD_OPT_DOUBLE, &(o)->optim_frac, "F", "static: share of optimizer-state chunks on the host (the rest are\nupdated on the GPU); auto: at least this share on the host", 0}, \
@@ -103,6 +105,7 @@ static void opts_defaults(train_opts *o)
     o->policy = "auto";
     o->eviction = "belady";
     o->precision = "fp32";
+    o->optim_state = "fp32";
     o->ckpt = "auto";
     o->schedule = "cosine";
     o->backend = "auto";
@@ -177,6 +180,11 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->seed = o->seed;
     c->gpu_budget = o->gpu_budget;
     c->host_pin_limit = o->host_pin_limit;
+    if (td_args_find(table, "host-ram")->seen && o->host_ram < TD_MiB)
+        return td_error_set(TD_ERR_INVALID, "--host-ram %zu bytes is too small to run anything; give the host's "
+                            "memory, e.g. --host-ram 125GiB", o->host_ram);
+    c->host_ram = o->host_ram;
+    if ((st = td_optim_state_parse(o->optim_state, &c->optim.state))) return td_error_prefix(st, "--optim-state: ");
     c->threads = o->threads;
     if ((st = td_backend_kind_parse(o->backend, &c->backend))) return td_error_prefix(st, "--backend: ");
     if ((st = td_dtype_parse(o->precision, &c->precision))) return td_error_prefix(st, "--precision: ");
@@ -377,6 +385,18 @@ int td_cli_train_main(int argc, char **argv)
             cfg.model.vocab_size,
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
             origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)), optim_gpu, optim_total);
+    /* The host: what the plan said, and the figure of RAM it was held to. */
+    td_train_plan hplan;
+    size_t host_ram = 0, pin_limit = 0;
+    char ram_src[160], hx[32], hy[32], hz[32], hv[32], hw[32];
+    if ((st = td_train_plan_make(&cfg, as.budget_bytes, &hplan)) ||
+        (st = td_train_host_limits(&cfg, &host_ram, &pin_limit, ram_src, sizeof ram_src)))
+        goto cleanup;
+    fprintf(stderr, "tidal train: host plan %s pinned + %s pageable (--optim-state %s) of %s RAM (%s); heap "
+                    "measured by %s\n",
+            td_format_bytes(hplan.host_pinned_bytes, hx, sizeof hx), td_format_bytes(hplan.host_pageable_bytes, hy, sizeof hy),
+            td_optim_state_name(cfg.optim.state), td_format_bytes(host_ram, hz, sizeof hz), ram_src,
+            td_host_heap_source());
     int tty = isatty(fileno(stderr));
     long first = td_trainer_optim(t)->step + 1;
     if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
@@ -417,14 +437,17 @@ int td_cli_train_main(int argc, char **argv)
         }
         if (tty || s == first || s == last || s % (o.log_every > 0 ? o.log_every : 10) == 0)
             progress(stderr, tty, s, o.steps, &r, t);
+        td_host_usage hu;
+        if ((st = td_trainer_host_usage(t, &hu))) goto cleanup;
         if (log) {
-            char mm[1024];
+            char mm[1024], host[512];
             td_memmgr_step_json(td_trainer_memmgr(t), mm, sizeof mm);
+            td_host_usage_json(&hu, host, sizeof host);
             fprintf(log, "{\"step\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"skipped\":%d,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"device_peak_bytes\":%zu,\"h2d_bytes\":%llu,"
-                         "\"d2h_bytes\":%llu,\"stall_ms\":%.3f,\"memmgr\":%s}\n",
+                         "\"d2h_bytes\":%llu,\"stall_ms\":%.3f,\"memmgr\":%s,\"host\":%s}\n",
                     s, r.loss, r.lr, r.grad_norm, r.skipped, r.tokens_per_s, r.step_ms, r.mm.device_peak_bytes,
-                    (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms, mm);
+                    (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms, mm, host);
             fflush(log);
         }
         int stopping = stop_signal != 0;
@@ -440,6 +463,14 @@ int td_cli_train_main(int argc, char **argv)
         }
     }
     if (tty) fprintf(stderr, "\n");
+    {
+        td_host_usage hu;
+        if ((st = td_trainer_host_usage(t, &hu))) goto cleanup;
+        fprintf(stderr, "host: planned %s, peak %s (%s pinned, %s pageable state, heap %s by %s)\n",
+                td_format_bytes(hplan.host_bytes, hx, sizeof hx), td_format_bytes(hu.peak_bytes, hy, sizeof hy),
+                td_format_bytes(hu.pinned_bytes, hz, sizeof hz), td_format_bytes(hu.pageable_bytes, hv, sizeof hv),
+                td_format_bytes(hu.heap_allocated_bytes, hw, sizeof hw), hu.heap_source);
+    }
     rc = 0;
 cleanup:
     if (st) fprintf(stderr, "\ntidal train: %s\n", td_error_msg());
@@ -462,14 +493,139 @@ static const char plan_usage[] =
     "estimated from bandwidths and compute rates measured here in a second or two.  Nothing of\n"
     "the model is allocated.  Takes the same options as `tidal train` (--data only for its vocabulary).";
 
+/* Whether a run of cfg fits the budget (and the device's free memory) and
+ * the host's RAM and pin limit. */
+static td_status plan_fits_host(const td_train_config *cfg, size_t budget, size_t free_b, size_t ram,
+                                size_t pin_limit, td_train_plan *p, int *fits, int *host_fits)
+{
+    td_status st = td_train_plan_make(cfg, budget, p);
+    if (st) return st;
+    size_t dev = cfg->mm.placement == TD_PLACEMENT_CUDA ? p->full_device_bytes : p->min_device_bytes;
+    *host_fits = p->host_pinned_bytes <= pin_limit && p->host_bytes <= ram;
+    *fits = *host_fits && budget >= dev && budget <= free_b;
+    return TD_OK;
+}
+
+static td_status plan_fits(const td_train_config *cfg, size_t budget, size_t free_b, size_t ram, size_t pin_limit,
+                           td_train_plan *p, int *fits)
+{
+    int host;
+    return plan_fits_host(cfg, budget, free_b, ram, pin_limit, p, fits, &host);
+}
+
+/* --largest: for each state type, the most layers at the given width and
+ * heads, and the largest preset that fits.  The host's bytes grow with the
+ * layers, so the most the host holds is found by doubling then bisecting;
+ * the device's minimum need not be monotone (the optimizer chunks the
+ * budget takes change with the model), so from there the layers go down
+ * until the device fits too. */
+static td_status print_largest(const td_train_config *base, size_t budget, size_t free_b, size_t ram, size_t pin_limit,
+                               const char *ram_src, int json)
+{
+    char a[32], b2[32], c[32], d[32];
+    if (json) printf("{\"budget_bytes\":%zu,\"ram_bytes\":%zu,\"ram_source\":\"%s\",\"pin_limit_bytes\":%zu,\"largest\":[",
+                     budget, ram, ram_src, pin_limit);
+    else printf("largest models for --gpu-budget %s, host RAM %s (%s), pin limit %s; %d x %d tokens, %s\n\n",
+                td_format_bytes(budget, a, sizeof a), td_format_bytes(ram, b2, sizeof b2), ram_src,
+                td_format_bytes(pin_limit, c, sizeof c), base->micro_batch, base->seq_len,
+                td_dtype_name(base->precision));
+    for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++) {
+        td_train_config cfg = *base;
+        cfg.optim.state = (td_optim_state)s;
+        td_train_plan p;
+        int fits = 0, host = 0, lo = 0, hi = 1;
+        td_status st;
+        /* Layers: the largest L in [1, 4096] whose host bytes fit ... */
+        for (;;) {
+            cfg.model.n_layer = hi;
+            if ((st = plan_fits_host(&cfg, budget, free_b, ram, pin_limit, &p, &fits, &host))) return st;
+            if (!host || hi >= 4096) break;
+            lo = hi;
+            hi *= 2;
+        }
+        if (host) lo = hi;
+        while (hi - lo > 1) {
+            int mid = lo + (hi - lo) / 2;
+            cfg.model.n_layer = mid;
+            if ((st = plan_fits_host(&cfg, budget, free_b, ram, pin_limit, &p, &fits, &host))) return st;
+            if (host) lo = mid;
+            else hi = mid;
+        }
+        /* ... and then the budget too. */
+        for (; lo > 0; lo--) {
+            cfg.model.n_layer = lo;
+            if ((st = plan_fits(&cfg, budget, free_b, ram, pin_limit, &p, &fits))) return st;
+            if (fits) break;
+        }
+        size_t layers_params = 0, layers_host = 0, layers_pinned = 0;
+        if (lo > 0) {
+            cfg.model.n_layer = lo;
+            if ((st = plan_fits(&cfg, budget, free_b, ram, pin_limit, &p, &fits))) return st;
+            layers_params = p.params;
+            layers_host = p.host_bytes;
+            layers_pinned = p.host_pinned_bytes;
+        }
+        /* Presets, in the order listed (growing): the largest that fits. */
+        const char *best = NULL;
+        size_t best_params = 0, best_host = 0;
+        char fit_list[512] = "", fit_json[640] = "";
+        for (const char *const *n = td_model_preset_names(); *n; n++) {
+            td_train_config pc = *base;
+            pc.optim.state = (td_optim_state)s;
+            if ((st = td_model_preset(*n, &pc.model))) return st;
+            /* The presets of the run's family, with its vocabulary (the
+             * token file's or --vocab; other families keep their own). */
+            if (pc.model.family != base->model.family) continue;
+            pc.model.vocab_size = base->model.vocab_size;
+            pc.model.padded_vocab_size = base->model.padded_vocab_size;
+            if (pc.model.n_positions < pc.seq_len) pc.model.n_positions = pc.seq_len;
+            td_train_plan pp;
+            int ok = 0;
+            if (td_train_config_check(&pc) != TD_OK) { td_error_clear(); continue; }
+            if ((st = plan_fits(&pc, budget, free_b, ram, pin_limit, &pp, &ok))) return st;
+            if (ok && pp.params > best_params) { best = *n; best_params = pp.params; best_host = pp.host_bytes; }
+            if (ok) {
+                size_t l = strlen(fit_list), lj = strlen(fit_json);
+                snprintf(fit_list + l, sizeof fit_list - l, "%s%s", l ? ", " : "", *n);
+                snprintf(fit_json + lj, sizeof fit_json - lj, "%s\"%s\"", lj ? "," : "", *n);
+            }
+        }
+        const char *name = td_optim_state_name((td_optim_state)s);
+        if (json) {
+            printf("%s{\"optim_state\":\"%s\",\"width\":%d,\"heads\":%d,\"layers\":%d,\"params\":%zu,"
+                   "\"host_bytes\":%zu,\"pinned_bytes\":%zu,\"preset\":%s%s%s,\"preset_params\":%zu,"
+                   "\"preset_host_bytes\":%zu,\"presets_that_fit\":[%s]}", s ? "," : "", name, base->model.n_embd,
+                   base->model.n_head, lo, layers_params, layers_host, layers_pinned, best ? "\"" : "",
+                   best ? best : "null", best ? "\"" : "", best_params, best_host, fit_json);
+        } else {
+            if (lo > 0)
+                printf("--optim-state %-5s  %4d layers x %d wide, %d heads: %.2fB params, host %s (%s pinned)\n", name,
+                       lo, base->model.n_embd, base->model.n_head, (double)layers_params / 1e9,
+                       td_format_bytes(layers_host, a, sizeof a), td_format_bytes(layers_pinned, b2, sizeof b2));
+            else
+                printf("--optim-state %-5s  no layer count fits at %d wide, %d heads\n", name, base->model.n_embd,
+                       base->model.n_head);
+            if (best)
+                printf("                     largest preset %s: %.2fB params, host %s (fit: %s)\n", best,
+                       (double)best_params / 1e9, td_format_bytes(best_host, d, sizeof d), fit_list);
+            else
+                printf("                     no preset fits\n");
+        }
+    }
+    if (json) printf("]}\n");
+    return TD_OK;
+}
+
 int td_cli_plan_main(int argc, char **argv)
 {
     train_opts o;
     opts_defaults(&o);
-    int json = 0, layout = 0;
+    int json = 0, layout = 0, largest = 0;
     td_opt table[] = { OPTS(&o),
                        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
                        {"layout", TD_OPT_FLAG, &layout, NULL, "also print the chunk layout", 0},
+                       {"largest", TD_OPT_FLAG, &largest, NULL, "the largest model that fits the host and the budget, "
+                        "for each --optim-state:\nlayers growing at the given width and heads, and each preset", 0},
                        {NULL, 0, NULL, NULL, NULL, 0} };
     int rc = td_args_main(table, argc, argv, "plan", plan_usage);
     if (rc >= 0) return rc;
@@ -493,10 +649,36 @@ int td_cli_plan_main(int argc, char **argv)
     }
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg.backend;
-    if ((st = td_backend_create(&bp, &b))) goto cleanup;
-    cfg.backend = td_backend_get_kind(b); /* size activations for the backend that will run */
     size_t budget = cfg.gpu_budget, margin = 0, free_b = 0, total_b = 0;
-    if ((st = td_backend_mem_info(b, &free_b, &total_b))) goto cleanup;
+    /* --backend cuda on a machine without a GPU: the footprint still plans
+     * (the sizes are the CUDA ops' own), with a budget given and nothing measured. */
+    int no_device = 0;
+#ifdef TD_HAVE_CUDA
+    if (cfg.backend == TD_BACKEND_CUDA && td_backend_create(&bp, &b) != TD_OK) {
+        td_error_clear();
+        no_device = 1;
+        if (!budget || budget == TD_GPU_BUDGET_MAX) {
+            st = td_error_set(TD_ERR_UNSUPPORTED, "no CUDA device here to size the budget from; give --gpu-budget SIZE "
+                              "to plan a cuda run on this machine");
+            goto cleanup;
+        }
+    }
+#endif
+    if (!no_device) {
+        if (!b && (st = td_backend_create(&bp, &b))) goto cleanup;
+        cfg.backend = td_backend_get_kind(b); /* size activations for the backend that will run */
+        if ((st = td_backend_mem_info(b, &free_b, &total_b))) goto cleanup;
+    }
+    size_t ram = 0, pin_limit = 0;
+    char ram_src[160];
+    if ((st = td_train_host_limits(&cfg, &ram, &pin_limit, ram_src, sizeof ram_src))) goto cleanup;
+    if (largest) {
+        if (!no_device && (!budget || budget == TD_GPU_BUDGET_MAX) && (st = td_arena_default_budget(b, &budget, &margin)))
+            goto cleanup;
+        if ((st = print_largest(&cfg, budget, no_device ? SIZE_MAX : free_b, ram, pin_limit, ram_src, json))) goto cleanup;
+        rc = 0;
+        goto cleanup;
+    }
     if (!budget || budget == TD_GPU_BUDGET_MAX) {
         size_t cap = 0;
         if ((st = td_arena_default_budget(b, &cap, &margin))) goto cleanup;
@@ -506,18 +688,21 @@ int td_cli_plan_main(int argc, char **argv)
     td_train_plan p;
     if ((st = td_train_plan_make(&cfg, budget, &p))) goto cleanup;
     td_train_rates r;
-    if ((st = td_train_measure_rates(b, &cfg, &r))) goto cleanup;
+    memset(&r, 0, sizeof r);
+    if (!no_device && (st = td_train_measure_rates(b, &cfg, &r))) goto cleanup;
     td_train_bound bd;
     td_train_bound_of(&cfg, &p, &r, &bd);
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
-    size_t pin_limit = cfg.host_pin_limit ? cfg.host_pin_limit : ram / 10 * 8;
+    if (no_device) free_b = SIZE_MAX; /* unknown: the budget is taken as given */
     int fits_device = budget >= p.min_device_bytes && budget <= free_b;
-    int fits_host = p.host_pinned_bytes <= pin_limit;
+    int fits_host = p.host_pinned_bytes <= pin_limit && p.host_bytes <= ram;
+    double host_pp = (double)(p.host_pinned_chunk_bytes + p.host_pageable_state_bytes) / (double)p.params;
+    double pinned_pp = (double)p.host_pinned_chunk_bytes / (double)p.params;
+    size_t pinned_optim = p.host_pinned_optimizer_bytes;
     size_t device_peak = cfg.mm.placement == TD_PLACEMENT_CUDA ? p.full_device_bytes
                          : cfg.mm.placement == TD_PLACEMENT_CPU ? p.min_device_bytes
                          : (p.full_device_bytes < budget ? p.full_device_bytes : budget);
     if (cfg.mm.placement == TD_PLACEMENT_CUDA) fits_device = budget >= p.full_device_bytes && budget <= free_b;
+    if (no_device) free_b = 0;
     double compute_ms = bd.compute_ms, pcie_ms = bd.pcie_ms, adam_ms = bd.adam_ms, bound_ms = bd.bound_ms;
     double tokens = (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum;
     char a[32], c2[32], d[32], e[32], f2[32], g[32], h2[32], i2[32], j[32], k[32];
@@ -527,7 +712,11 @@ int td_cli_plan_main(int argc, char **argv)
                "\"staging_bytes\":%zu,\"working_set_bytes\":%zu,\"min_bytes\":%zu,\"all_resident_bytes\":%zu,"
                "\"peak_bytes\":%zu,\"fits\":%s},"
                "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
-               "\"ram_bytes\":%zu,\"pin_limit_bytes\":%zu,\"fits\":%s},"
+               "\"pinned_chunk_bytes\":%zu,\"pinned_optimizer_bytes\":%zu,\"staging_bytes\":%zu,\"slab_bytes\":%zu,"
+               "\"slabs\":%d,\"pageable_bytes\":%zu,\"pageable_optimizer_bytes\":%zu,\"heap_bytes\":%zu,"
+               "\"device_region_bytes\":%zu,\"total_bytes\":%zu,\"bytes_per_param\":%.3f,"
+               "\"pinned_bytes_per_param\":%.3f,\"optim_state\":\"%s\",\"heap_measured_by\":\"%s\","
+               "\"ram_bytes\":%zu,\"ram_source\":\"%s\",\"pin_limit_bytes\":%zu,\"fits\":%s},"
                "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,"
                "\"optimizer\":{\"chunks\":%d,\"gpu_chunks\":%d,\"gpu_state_bytes\":%zu,\"cpu_params\":%.0f,"
                "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
@@ -535,9 +724,12 @@ int td_cli_plan_main(int argc, char **argv)
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
-               device_peak, fits_device ? "true" : "false", p.role_bytes[TD_TENSOR_PARAM],
-               p.role_bytes[TD_TENSOR_GRAD], p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] + p.role_bytes[TD_TENSOR_MASTER],
-               p.host_pinned_bytes, ram, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
+               device_peak, fits_device ? "true" : "false", p.host_role_bytes[TD_TENSOR_PARAM],
+               p.host_role_bytes[TD_TENSOR_GRAD], p.host_role_bytes[TD_TENSOR_ADAM_M] + p.host_role_bytes[TD_TENSOR_ADAM_V] + p.host_role_bytes[TD_TENSOR_MASTER],
+               p.host_pinned_bytes, p.host_pinned_chunk_bytes, pinned_optim, p.host_staging_bytes, p.host_slab_bytes,
+               p.host_slabs, p.host_pageable_bytes, p.host_pageable_state_bytes, p.host_heap_bytes,
+               p.host_device_region_bytes, p.host_bytes, host_pp, pinned_pp, td_optim_state_name(cfg.optim.state),
+               td_host_heap_source(), ram, ram_src, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
                p.ckpt_blocks, p.gpu_optimizer ? "true" : "false", p.optim_chunks, p.optim_gpu_chunks,
                p.optim_gpu_state_bytes, p.adam_cpu_params, p.adam_bytes_per_param,
                r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops, r.block_fwd_ms, r.block_bwd_ms, compute_ms, pcie_ms, adam_ms, bound_ms,
@@ -553,7 +745,7 @@ int td_cli_plan_main(int argc, char **argv)
         printf("\n");
         printf("chunks       %d of %zu elements, %s padding\n", p.chunks, p.chunk_numel,
                td_format_bytes(p.padding_bytes, a, sizeof a));
-        printf("\ndevice (%s)\n", td_backend_describe(b));
+        printf("\ndevice (%s)\n", no_device ? "cuda, not present here: planned, nothing measured" : td_backend_describe(b));
         printf("  activations        %12s\n  workspace          %12s\n  staging            %12s\n",
                td_format_bytes(p.activation_bytes, a, sizeof a), td_format_bytes(p.workspace_bytes, c2, sizeof c2),
                td_format_bytes(p.staging_bytes, d, sizeof d));
@@ -564,7 +756,8 @@ int td_cli_plan_main(int argc, char **argv)
         printf("  all resident       %12s  (every param and grad chunk on the device, with the GPU's optimizer state)\n",
                td_format_bytes(p.full_device_bytes, g, sizeof g));
         printf("  budget             %12s  of %s free%s -> %s with --policy %s (peak about %s)\n",
-               td_format_bytes(budget, h2, sizeof h2), td_format_bytes(free_b, i2, sizeof i2),
+               td_format_bytes(budget, h2, sizeof h2),
+               no_device ? "unknown (no device here)" : td_format_bytes(free_b, i2, sizeof i2),
                !cfg.gpu_budget ? " (default: the run resident + 1/8)"
                : cfg.gpu_budget == TD_GPU_BUDGET_MAX ? " (max: free minus margin)" : "", fits_device ? "FITS" : "DOES NOT FIT", o.policy,
                td_format_bytes(device_peak, j, sizeof j));
@@ -573,25 +766,42 @@ int td_cli_plan_main(int argc, char **argv)
                    td_format_bytes(cfg.mm.placement == TD_PLACEMENT_CUDA ? p.full_device_bytes : p.min_device_bytes, k,
                                    sizeof k),
                    budget > free_b ? " and that much free device memory" : "");
-        printf("\nhost (pinned)\n  params             %12s\n  grads              %12s\n  optimizer          %12s  (fp32 master when params are 16-bit, AdamW m and v)\n",
-               td_format_bytes(p.role_bytes[TD_TENSOR_PARAM], a, sizeof a),
-               td_format_bytes(p.role_bytes[TD_TENSOR_GRAD], c2, sizeof c2),
-               td_format_bytes(p.role_bytes[TD_TENSOR_ADAM_M] + p.role_bytes[TD_TENSOR_ADAM_V] +
-                               p.role_bytes[TD_TENSOR_MASTER], d, sizeof d));
-        printf("  total              %12s  of %s RAM, pin limit %s -> %s\n",
-               td_format_bytes(p.host_pinned_bytes, e, sizeof e), td_format_bytes(ram, f2, sizeof f2),
-               td_format_bytes(pin_limit, g, sizeof g), fits_host ? "FITS" : "DOES NOT FIT");
+        printf("\nhost (RAM %s: %s)\n", td_format_bytes(ram, a, sizeof a), ram_src);
+        printf("  pinned (crosses PCIe)\n    params           %12s\n    grads            %12s\n",
+               td_format_bytes(p.host_role_bytes[TD_TENSOR_PARAM], a, sizeof a),
+               td_format_bytes(p.host_role_bytes[TD_TENSOR_GRAD], c2, sizeof c2));
+        if (pinned_optim)
+            printf("    optimizer        %12s  (homed on the device: the GPU AdamW's)\n",
+                   td_format_bytes(pinned_optim, d, sizeof d));
+        printf("    staging          %12s\n    total            %12s  in %d slab%s of %s; pin limit %s%s\n",
+               td_format_bytes(p.host_staging_bytes, e, sizeof e), td_format_bytes(p.host_pinned_bytes, f2, sizeof f2),
+               p.host_slabs, p.host_slabs == 1 ? "" : "s", td_format_bytes(p.host_slab_bytes, g, sizeof g),
+               td_format_bytes(pin_limit, h2, sizeof h2),
+               p.host_pinned_bytes > pin_limit ? " -> DOES NOT FIT (raise --host-pin-limit)" : "");
+        printf("  pageable (NUMA-local to the CPU AdamW)\n    optimizer        %12s  (fp32 master, m and v as %s)\n"
+               "    heap             %12s  (metadata, loader, libraries, the CUDA runtime; measured by %s)\n",
+               td_format_bytes(p.host_pageable_state_bytes, a, sizeof a), td_optim_state_name(cfg.optim.state),
+               td_format_bytes(p.host_heap_bytes, c2, sizeof c2), td_host_heap_source());
+        if (p.host_device_region_bytes)
+            printf("    device region    %12s  (the cpu backend's \"device\" is host memory)\n",
+                   td_format_bytes(p.host_device_region_bytes, d, sizeof d));
+        printf("  total              %12s  of %s RAM -> %s\n", td_format_bytes(p.host_bytes, e, sizeof e),
+               td_format_bytes(ram, f2, sizeof f2), fits_host ? "FITS" : "DOES NOT FIT");
+        printf("  bytes a param      %.2f on the host, %.2f of them pinned (model state)\n", host_pp, pinned_pp);
         printf("\noptimizer    %d of %d chunks on the GPU (%s of master, m, v there; their grads stay, their params\n"
                "             are not uploaded), the CPU AdamW updates %.0f params at %.0f bytes a param\n",
                p.optim_gpu_chunks, p.optim_chunks, td_format_bytes(p.optim_gpu_state_bytes, a, sizeof a),
                p.adam_cpu_params, p.adam_bytes_per_param);
-        printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW over 1 GiB: %.2f G params/s), matmul %.1f GFLOP/s (%s)\n",
-               r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops,
-               td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul");
+        if (no_device)
+            printf("\nmeasured here: nothing (no CUDA device on this machine; run the plan there for rates)\n");
+        else
+            printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW over 1 GiB: %.2f G params/s), matmul %.1f GFLOP/s (%s)\n",
+                   r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops,
+                   td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul");
         if (r.block_fwd_ms > 0)
             printf("               one block at this batch: forward %.2f ms, backward %.2f ms\n", r.block_fwd_ms,
                    r.block_bwd_ms);
-        else if (td_backend_get_kind(b) == TD_BACKEND_CUDA)
+        else if (!no_device && td_backend_get_kind(b) == TD_BACKEND_CUDA)
             printf("               one block at this batch: not measured (its buffers exceed the free device "
                    "memory); compute from the matmul rate\n");
         printf("step estimate: compute %.1f ms, PCIe %.1f ms (%s up, %s down), %s %.1f ms\n", compute_ms,
@@ -609,7 +819,7 @@ int td_cli_plan_main(int argc, char **argv)
 cleanup:
     if (st) fprintf(stderr, "tidal plan: %s\n", td_error_msg());
 out:
-    td_backend_free(b);
+    if (b) td_backend_free(b);
     td_loader_destroy(loader);
     td_args_free();
     return rc;

@@ -41,7 +41,7 @@ static uint64_t mix64(uint64_t x)
 td_loader_params td_loader_default_params(void)
 {
     return (td_loader_params){.batch = 8, .seq = 64, .seed = 0, .heldout_percent = 0, .split = TD_DATA_TRAIN,
-                              .shuffle = 1};
+                              .shuffle = 1, .rank = 0, .ranks = 1};
 }
 
 static void set_keys(td_loader *l, uint64_t epoch)
@@ -93,6 +93,9 @@ td_status td_loader_create(const td_tokfile *file, const td_loader_params *p, td
     if (!(p->heldout_percent >= 0 && p->heldout_percent < 100))
         return td_error_set(TD_ERR_INVALID, "loader for '%s': held-out share %g%% is outside [0, 100)", name,
                             p->heldout_percent);
+    if (p->rank >= (p->ranks ? p->ranks : 1))
+        return td_error_set(TD_ERR_INVALID, "loader for '%s': rank %u is not below the %u ranks", name, p->rank,
+                            p->ranks ? p->ranks : 1);
     if (p->split != TD_DATA_TRAIN && p->split != TD_DATA_HELDOUT)
         return td_error_set(TD_ERR_INVALID, "loader for '%s': unknown split %d", name, (int)p->split);
     if (tokens < (uint64_t)p->seq + 1)
@@ -115,6 +118,7 @@ td_status td_loader_create(const td_tokfile *file, const td_loader_params *p, td
     if (!l) return td_error_set(TD_ERR_NOMEM, "out of memory creating a loader for '%s'", name);
     l->file = file;
     l->p = *p;
+    if (l->p.ranks == 0) l->p.ranks = 1;
     l->first = p->split == TD_DATA_TRAIN ? 0 : total - held;
     l->n = p->split == TD_DATA_TRAIN ? total - held : held;
     unsigned bits = 1;
@@ -158,9 +162,22 @@ const td_tokfile *td_loader_file(const td_loader *l) { return l->file; }
 uint64_t td_loader_sequences(const td_loader *l) { return l->n; }
 uint64_t td_loader_first_sequence(const td_loader *l) { return l->first; }
 
+/* Moves the position k sequences on (other ranks' slices). */
+static void skip(td_loader *l, uint64_t k)
+{
+    l->epoch += k / l->n;
+    l->index += k % l->n;
+    if (l->index >= l->n) {
+        l->index -= l->n;
+        l->epoch++;
+    }
+}
+
 td_status td_loader_next(td_loader *l, int32_t *inputs, int32_t *targets)
 {
     const uint32_t T = l->p.seq;
+    const uint64_t B = l->p.batch;
+    skip(l, (uint64_t)l->p.rank * B);
     for (uint32_t b = 0; b < l->p.batch; b++) {
         if (l->keys_epoch != l->epoch) set_keys(l, l->epoch);
         uint64_t s = l->first + permute(l, l->keys, l->index);
@@ -175,6 +192,7 @@ td_status td_loader_next(td_loader *l, int32_t *inputs, int32_t *targets)
             l->epoch++;
         }
     }
+    skip(l, (uint64_t)(l->p.ranks - 1 - l->p.rank) * B);
     return TD_OK;
 }
 

@@ -49,7 +49,10 @@ td_status td_comm_create(const td_dist_env *env, td_backend *b, const td_comm_pa
     if (kind == TD_COMM_NCCL && !cuda)
         return td_error_set(TD_ERR_INVALID, "the NCCL communicator needs the cuda backend (this one is %s)",
                             td_backend_name(b));
-    td_comm base = { .rank = env->rank, .size = env->size, .local_rank = env->local_rank, .backend = b };
+    if (p.timeout_ms <= 0)
+        return td_error_set(TD_ERR_INVALID, "communicator timeout %d ms must be positive (--comm-timeout)", p.timeout_ms);
+    td_comm base = { .rank = env->rank, .size = env->size, .local_rank = env->local_rank, .backend = b,
+                     .timeout_ms = p.timeout_ms };
     td_status st = td_rdv_join(env, p.timeout_ms, &base.rdv);
     if (st) return st;
 #ifdef TD_HAVE_NCCL
@@ -115,10 +118,28 @@ td_status td_comm_broadcast(td_comm *c, void *buf, size_t count, td_dtype dt, in
     return st ? st : c->ops->broadcast(c, buf, count, dt, root, q);
 }
 
+static td_status wait_queue(td_comm *c, td_queue q)
+{
+    td_status st = c->ops->wait ? c->ops->wait(c, q) : td_queue_sync(c->backend, q);
+    if (st && c->ops->wait) c->failed_seq = c->seq;
+    return st;
+}
+
+td_status td_comm_wait(td_comm *c, td_queue q)
+{
+    if (c->failed_seq)
+        return td_error_set(TD_ERR_STATE, "wait: the communicator failed in collective #%lu and cannot be used "
+                            "after a failure", c->failed_seq);
+    if ((unsigned)q >= TD_QUEUE_COUNT) return td_error_set(TD_ERR_INVALID, "wait: no queue %d", (int)q);
+    return wait_queue(c, q);
+}
+
+int td_comm_timeout_ms(const td_comm *c) { return c->timeout_ms; }
+
 td_status td_comm_barrier(td_comm *c, td_queue q)
 {
     td_status st = check(c, "barrier", c, c, 0, TD_DTYPE_F32, q);
-    if (!st) st = td_queue_sync(c->backend, q);
+    if (!st) st = wait_queue(c, q);
     if (!st && (st = td_rdv_barrier(c->rdv))) {
         c->failed_seq = c->seq;
         td_rdv_shutdown(c->rdv);

@@ -46,6 +46,7 @@ typedef struct header {
 
 typedef struct cpu_comm {
     td_comm base;
+    int peer;            /* the rank of the last message, to name it when the job fails */
     float *acc, *x;      /* rank 0: PIECE_NUMEL each */
     unsigned char *raw;  /* rank 0: PIECE_NUMEL * 4 bytes, a piece as sent */
 } cpu_comm;
@@ -94,9 +95,19 @@ static void accumulate(float *acc, const float *x, size_t n, td_reduce_op op)
 
 /* --- plumbing ----------------------------------------------------------------------- */
 
+/* After a failure: rank 0 tells the others which rank failed before the
+ * links go down; another rank, whose link to rank 0 went down, waits a
+ * moment for that notice so that its message names the rank that failed,
+ * not rank 0. */
 static td_status fail(td_comm *c, td_status st, const char *what)
 {
+    cpu_comm *cc = (cpu_comm *)c;
+    int failed = -1;
+    char why[480];
     c->failed_seq = c->seq;
+    if (c->rank == 0 && cc->peer > 0) td_rdv_notify_fault(c->rdv, cc->peer, td_error_msg());
+    else if (c->rank > 0 && cc->peer == 0 && td_rdv_fault_notice(c->rdv, c->timeout_ms < 2000 ? c->timeout_ms : 2000, &failed, why, sizeof why))
+        st = td_error_set(st, "rank %d failed (rank 0 saw: %s)", failed, why);
     td_rdv_shutdown(c->rdv);
     return td_error_prefix(st, "%s #%lu on rank %d: ", what, c->seq, c->rank);
 }
@@ -104,6 +115,7 @@ static td_status fail(td_comm *c, td_status st, const char *what)
 static td_status to_peer(td_comm *c, int r, const void *buf, size_t bytes)
 {
     char who[32];
+    ((cpu_comm *)c)->peer = r;
     int fd = c->rank == 0 ? c->rdv->peer_fd[r] : c->rdv->fd;
     return td_net_send(fd, buf, bytes, c->rdv->timeout_ms, td_rdv_who(r, who, sizeof who));
 }
@@ -111,6 +123,7 @@ static td_status to_peer(td_comm *c, int r, const void *buf, size_t bytes)
 static td_status from_peer(td_comm *c, int r, void *buf, size_t bytes)
 {
     char who[32];
+    ((cpu_comm *)c)->peer = r;
     int fd = c->rank == 0 ? c->rdv->peer_fd[r] : c->rdv->fd;
     return td_net_recv(fd, buf, bytes, c->rdv->timeout_ms, td_rdv_who(r, who, sizeof who));
 }
@@ -126,6 +139,7 @@ static void describe(char *buf, size_t bytes, const header *h)
 /* Waits for the queue, then every rank tells rank 0 what it is calling. */
 static td_status begin(td_comm *c, coll what, size_t count, td_dtype dt, td_reduce_op op, int root, td_queue q)
 {
+    ((cpu_comm *)c)->peer = -1; /* a failure before any message is this rank's own */
     td_status st = td_queue_sync(c->backend, q);
     if (st) return st;
     header mine = { HDR_MAGIC, what, (uint32_t)dt, (uint32_t)op, count, c->seq, root, 0 };

@@ -12,6 +12,11 @@ struct td_rdv {
     int timeout_ms;
     int fd;        /* rank > 0: to rank 0; -1 on rank 0 */
     int *peer_fd;  /* rank 0: [size], peer_fd[0] = -1; NULL elsewhere */
+    /* A second link per rank that carries only fault notices, so that when
+     * rank 0 sees rank k fail, the others learn it was k (their data link
+     * only shows rank 0 closing). */
+    int ctl_fd;    /* rank > 0 */
+    int *peer_ctl; /* rank 0: [size] */
 };
 
 /* "rank 3" into buf, for messages. */
@@ -19,6 +24,18 @@ struct td_rdv {
  * end at once instead of waiting for a timeout. */
 void td_rdv_shutdown(td_rdv *r);
 const char *td_rdv_who(int rank, char *buf, size_t buf_bytes);
+/* The peers whose link is closed now ("rank 2, rank 3"; rank 0 sees every
+ * rank, the others only rank 0), without waiting or reading; "" if none.
+ * Returns the first of them, -1 if none.  For the message of a timeout
+ * that NCCL cannot attribute. */
+int td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes);
+/* Rank 0, before it shuts the links down after rank `failed` failed: tells
+ * every other rank, with the message (best effort, bounded). */
+void td_rdv_notify_fault(td_rdv *r, int failed, const char *msg);
+/* Rank > 0, after its link to rank 0 failed: rank 0's notice if one comes
+ * within wait_ms (the failed rank into *failed, its message into buf);
+ * 0 when none came. */
+int td_rdv_fault_notice(td_rdv *r, int wait_ms, int *failed, char *buf, size_t buf_bytes);
 
 typedef struct td_comm_ops {
     void (*destroy)(td_comm *c);
@@ -27,6 +44,10 @@ typedef struct td_comm_ops {
     td_status (*all_reduce)(td_comm *c, const void *send, void *recv, size_t count, td_dtype dt, td_reduce_op op,
                             td_queue q);
     td_status (*broadcast)(td_comm *c, void *buf, size_t count, td_dtype dt, int root, td_queue q);
+    /* The host waits for queue q, collectives included, within the timeout
+     * (NULL: td_queue_sync, for implementations whose collectives are done
+     * when called). */
+    td_status (*wait)(td_comm *c, td_queue q);
 } td_comm_ops;
 
 struct td_comm {
@@ -35,6 +56,7 @@ struct td_comm {
     int rank, size, local_rank;
     td_backend *backend;
     td_rdv *rdv;         /* owned; the host barrier, and the cpu communicator's links */
+    int timeout_ms;      /* how long any wait for a peer may see no progress */
     unsigned long seq;   /* collectives called so far, for messages */
     unsigned long failed_seq; /* the collective that failed; nothing runs after one (0: none) */
 };

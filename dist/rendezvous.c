@@ -11,6 +11,7 @@
 #include "net.h"
 #include "tidal/alloc.h"
 #include "tidal/util.h"
+#include <poll.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -19,13 +20,22 @@
 #include <unistd.h>
 
 #define RDV_MAGIC 0x54445256u /* "TDRV" */
-#define RDV_VERSION 1u
+#define RDV_VERSION 2u
+#define FAULT_MAGIC 0x54444654u /* "TDFT" */
 
 typedef struct hello {
     uint32_t magic, version;
     int32_t rank, size, pid;
     char host[64];
+    int32_t channel; /* 0 data, 1 fault notices */
+    int32_t pad;
 } hello;
+
+typedef struct notice {
+    uint32_t magic;
+    int32_t failed;
+    char msg[480];
+} notice;
 
 typedef struct reply {
     int32_t status;   /* td_status */
@@ -41,6 +51,32 @@ const char *td_rdv_who(int rank, char *buf, size_t buf_bytes)
 int td_rdv_rank(const td_rdv *r) { return r->rank; }
 int td_rdv_size(const td_rdv *r) { return r->size; }
 
+void td_rdv_notify_fault(td_rdv *r, int failed, const char *msg)
+{
+    if (r->rank != 0 || !r->peer_ctl) return;
+    notice n = { .magic = FAULT_MAGIC, .failed = failed };
+    snprintf(n.msg, sizeof n.msg, "%s", msg ? msg : "");
+    char who[32];
+    for (int i = 1; i < r->size; i++)
+        if (i != failed && r->peer_ctl[i] >= 0)
+            td_net_send(r->peer_ctl[i], &n, sizeof n, 500, td_rdv_who(i, who, sizeof who));
+}
+
+int td_rdv_fault_notice(td_rdv *r, int wait_ms, int *failed, char *buf, size_t buf_bytes)
+{
+    if (r->rank == 0 || r->ctl_fd < 0) return 0;
+    notice n;
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", td_error_msg()); /* a missing notice must not replace the caller's error */
+    int got = td_net_recv(r->ctl_fd, &n, sizeof n, wait_ms, "rank 0") == TD_OK && n.magic == FAULT_MAGIC;
+    td_error_set(TD_ERR_IO, "%s", keep);
+    if (!got) return 0;
+    n.msg[sizeof n.msg - 1] = '\0';
+    *failed = n.failed;
+    snprintf(buf, buf_bytes, "%s", n.msg);
+    return 1;
+}
+
 void td_rdv_shutdown(td_rdv *r)
 {
     if (r->fd >= 0) shutdown(r->fd, SHUT_RDWR);
@@ -49,14 +85,37 @@ void td_rdv_shutdown(td_rdv *r)
             if (r->peer_fd[i] >= 0) shutdown(r->peer_fd[i], SHUT_RDWR);
 }
 
+int td_rdv_dead_peers(td_rdv *r, char *buf, size_t buf_bytes)
+{
+    size_t used = 0;
+    int first = -1;
+    if (buf_bytes) buf[0] = 0;
+    for (int i = 0; i < r->size; i++) {
+        int fd = r->rank == 0 ? (r->peer_fd && i > 0 ? r->peer_fd[i] : -1) : (i == 0 ? r->fd : -1);
+        if (fd < 0) continue;
+        char c;
+        struct pollfd p = { .fd = fd, .events = POLLIN | POLLRDHUP };
+        /* closed: hung up, or readable with nothing to read (a peek takes no byte) */
+        int dead = poll(&p, 1, 0) == 1 && ((p.revents & (POLLHUP | POLLERR | POLLRDHUP)) ||
+                                          recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+        if (dead && first < 0) first = i;
+        if (dead && used + 16 < buf_bytes)
+            used += (size_t)snprintf(buf + used, buf_bytes - used, "%srank %d", used ? ", " : "", i);
+    }
+    return first;
+}
+
 void td_rdv_close(td_rdv *r)
 {
     if (!r) return;
     if (r->fd >= 0) close(r->fd);
-    if (r->peer_fd)
-        for (int i = 1; i < r->size; i++)
-            if (r->peer_fd[i] >= 0) close(r->peer_fd[i]);
+    if (r->ctl_fd >= 0) close(r->ctl_fd);
+    for (int i = 1; i < r->size; i++) {
+        if (r->peer_fd && r->peer_fd[i] >= 0) close(r->peer_fd[i]);
+        if (r->peer_ctl && r->peer_ctl[i] >= 0) close(r->peer_ctl[i]);
+    }
     td_free(r->peer_fd);
+    td_free(r->peer_ctl);
     td_free(r);
 }
 
@@ -77,16 +136,19 @@ static td_status serve(td_rdv *r, const td_dist_env *env)
     double deadline = td_now_ms() + r->timeout_ms;
     char msg[480] = "";
     if ((st = td_net_listen(env->master_port, &lfd))) return st;
-    while (joined < r->size - 1) {
+    while (joined < 2 * (r->size - 1)) { /* a data link and a notice link from each */
         double left = deadline - td_now_ms();
         if (left <= 0) {
             char missing[256] = "";
             size_t used = 0;
-            for (int i = 1; i < r->size && used < sizeof missing - 16; i++)
-                if (r->peer_fd[i] < 0) used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", i);
+            int in = 1;
+            for (int i = 1; i < r->size && used < sizeof missing - 16; i++) {
+                if (r->peer_fd[i] >= 0 && r->peer_ctl[i] >= 0) in++;
+                else used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", i);
+            }
             snprintf(msg, sizeof msg, "rendezvous: rank 0 waited %.1f s on port %d and %d of %d ranks joined; missing "
                      "ranks: %s (did they start, with the same MASTER_ADDR/MASTER_PORT?)", r->timeout_ms / 1000.0,
-                     env->master_port, joined + 1, r->size, missing);
+                     env->master_port, in, r->size, missing);
             st = TD_ERR_IO;
             break;
         }
@@ -108,7 +170,7 @@ static td_status serve(td_rdv *r, const td_dist_env *env)
         else if (h.rank < 1 || h.rank >= r->size)
             snprintf(msg, sizeof msg, "rendezvous: a rank (pid %d on %s) says it is rank %d of %d", h.pid, h.host,
                      h.rank, r->size);
-        else if (r->peer_fd[h.rank] >= 0)
+        else if ((h.channel ? r->peer_ctl : r->peer_fd)[h.rank] >= 0)
             snprintf(msg, sizeof msg, "rendezvous: two processes say they are rank %d (the second is pid %d on %s); "
                      "another job may be using MASTER_PORT %d", h.rank, h.pid, h.host, env->master_port);
         if (msg[0]) {
@@ -119,7 +181,7 @@ static td_status serve(td_rdv *r, const td_dist_env *env)
             st = TD_ERR_INVALID;
             break;
         }
-        r->peer_fd[h.rank] = fd;
+        (h.channel ? r->peer_ctl : r->peer_fd)[h.rank] = fd;
         joined++;
     }
     close(lfd); /* the port is free again once everyone is in (or the job failed) */
@@ -136,9 +198,13 @@ static td_status join(td_rdv *r, const td_dist_env *env)
 {
     td_status st;
     if ((st = td_net_connect(env->master_addr, env->master_port, r->timeout_ms, &r->fd))) return st;
+    /* both links before either hello: once rank 0 has read a hello it may close its port */
+    td_status ctl = td_net_connect(env->master_addr, env->master_port, r->timeout_ms, &r->ctl_fd);
     hello h = { .magic = RDV_MAGIC, .version = RDV_VERSION, .rank = r->rank, .size = r->size, .pid = (int32_t)getpid() };
     gethostname(h.host, sizeof h.host - 1);
     if ((st = td_net_send(r->fd, &h, sizeof h, r->timeout_ms, "rank 0"))) return st;
+    h.channel = 1;
+    if (!ctl) ctl = td_net_send(r->ctl_fd, &h, sizeof h, r->timeout_ms, "rank 0");
     reply rp;
     /* rank 0 answers once everyone is in: up to its own timeout, plus a margin */
     if ((st = td_net_recv(r->fd, &rp, sizeof rp, r->timeout_ms + 5000, "rank 0")))
@@ -146,6 +212,7 @@ static td_status join(td_rdv *r, const td_dist_env *env)
                                env->master_port);
     rp.msg[sizeof rp.msg - 1] = '\0';
     if (rp.status != TD_OK) return td_error_set((td_status)rp.status, "%s (reported by rank 0)", rp.msg);
+    if (ctl) return td_error_prefix(ctl, "rendezvous at %s:%d, the notice link: ", env->master_addr, env->master_port);
     return TD_OK;
 }
 
@@ -161,11 +228,13 @@ td_status td_rdv_join(const td_dist_env *env, int timeout_ms, td_rdv **out)
     r->rank = env->rank;
     r->size = env->size;
     r->timeout_ms = timeout_ms;
-    r->fd = -1;
+    r->fd = r->ctl_fd = -1;
     if (r->size > 1) {
         if (r->rank == 0) {
-            if (!(r->peer_fd = td_malloc((size_t)r->size * sizeof(int), TD_ROLE_COMM))) TD_FAIL(TD_ERR_NOMEM, "rendezvous: peer table");
-            for (int i = 0; i < r->size; i++) r->peer_fd[i] = -1;
+            r->peer_fd = td_malloc((size_t)r->size * sizeof(int), TD_ROLE_COMM);
+            r->peer_ctl = td_malloc((size_t)r->size * sizeof(int), TD_ROLE_COMM);
+            if (!r->peer_fd || !r->peer_ctl) TD_FAIL(TD_ERR_NOMEM, "rendezvous: peer table");
+            for (int i = 0; i < r->size; i++) r->peer_fd[i] = r->peer_ctl[i] = -1;
             TD_TRY(serve(r, env));
         } else {
             TD_TRY(join(r, env));

@@ -38,6 +38,21 @@ td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dt
     return TD_OK;
 }
 
+td_status td_memmgr_set_role_format(td_memmgr *m, td_tensor_role role, size_t (*bytes_of)(size_t numel, void *ctx),
+                                    void *ctx)
+{
+    if (m->laid_out || m->n_chunks) return td_error_set(TD_ERR_STATE, "memmgr: a role's format is set before the layout");
+    if ((unsigned)role >= TD_TENSOR_ROLE_COUNT) return td_error_set(TD_ERR_INVALID, "memmgr: no role %d", (int)role);
+    m->role_bytes[role] = bytes_of;
+    m->role_ctx[role] = ctx;
+    return TD_OK;
+}
+
+size_t mm_tensor_byte_offset(const td_memmgr *m, const mm_tensor *t)
+{
+    return m->role_bytes[t->role] ? 0 : t->offset * td_dtype_bytes(t->dtype);
+}
+
 /* Packs every role with capacity `cap`, in registration order: a tensor
  * goes at the next aligned offset of the open chunk of its role and dtype if
  * it fits, else opens a new chunk; a tensor larger than `cap` gets a chunk of
@@ -171,7 +186,17 @@ td_status mm_layout(td_memmgr *m)
     for (size_t c = 0; c < n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         ch->index = (int)c - m->role_first[ch->role];
-        ch->bytes = ch->numel * td_dtype_bytes(ch->dtype);
+        size_t (*fmt)(size_t, void *) = m->role_bytes[ch->role];
+        void *ctx = m->role_ctx[ch->role];
+        ch->bytes = fmt ? fmt(ch->numel, ctx) : ch->numel * td_dtype_bytes(ch->dtype);
+        /* The tail after the last tensor is padding on the device only: the
+         * host copy, the copies and the optimizer stop at the last tensor. */
+        ch->used_numel = 0;
+        for (int j = 0; j < ch->n_tensors; j++) {
+            const mm_tensor *t = &m->tensors[ch->tensors[j]];
+            if (t->offset + t->numel > ch->used_numel) ch->used_numel = t->offset + t->numel;
+        }
+        ch->host_bytes = fmt ? fmt(ch->used_numel, ctx) : ch->used_numel * td_dtype_bytes(ch->dtype);
         ch->n_free = ch->n_tensors;
     }
     return TD_OK;
@@ -186,10 +211,10 @@ void td_memmgr_print_layout(td_memmgr *m, FILE *f)
         const mm_chunk *ch = &m->chunks[k];
         size_t used = 0;
         for (int j = 0; j < ch->n_tensors; j++) used += m->tensors[ch->tensors[j]].numel;
-        fprintf(f, "  chunk %3d  %-6s #%-3d %-4s %10s  %5.1f%% full  home %-6s  %d tensor%s: ", k,
+        fprintf(f, "  chunk %3d  %-6s #%-3d %-4s %10s  %5.1f%% full  %-8s  home %-6s  %d tensor%s: ", k,
                 td_tensor_role_name(ch->role), ch->index, td_dtype_name(ch->dtype),
                 td_format_bytes(ch->bytes, b, sizeof b), 100.0 * (double)used / (double)ch->numel,
-                ch->home == TD_HOME_DEVICE ? "device" : "host", ch->n_tensors, ch->n_tensors == 1 ? "" : "s");
+                td_memmgr_chunk_pageable(m, k) ? "pageable" : "pinned", ch->home == TD_HOME_DEVICE ? "device" : "host", ch->n_tensors, ch->n_tensors == 1 ? "" : "s");
         for (int j = 0; j < ch->n_tensors && j < 4; j++)
             fprintf(f, "%s%s", j ? ", " : "", m->tensors[ch->tensors[j]].name);
         if (ch->n_tensors > 4) fprintf(f, ", ... (%d more)", ch->n_tensors - 4);

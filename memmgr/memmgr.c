@@ -40,6 +40,28 @@ td_status td_memmgr_plan_layout(td_memmgr *m)
     return st;
 }
 
+td_status td_memmgr_set_chunk_home(td_memmgr *m, int chunk, td_chunk_home home)
+{
+    if (m->laid_out)
+        return td_error_set(TD_ERR_STATE, "memmgr: chunk %d's home is set before td_memmgr_layout allocates the host "
+                            "copies by it", chunk);
+    if (chunk < 0 || chunk >= m->n_chunks)
+        return td_error_set(TD_ERR_INVALID, "memmgr: no chunk %d (%d chunks; td_memmgr_plan_layout first)", chunk,
+                            m->n_chunks);
+    if (home != TD_HOME_HOST && home != TD_HOME_DEVICE)
+        return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d: bad home %d", chunk, (int)home);
+    m->chunks[chunk].home = home;
+    return TD_OK;
+}
+
+/* The rule of memmgr.h: only the CPU optimizer's own state is pageable. */
+static int wants_pageable(const mm_chunk *ch) { return mm_is_optim_role(ch->role) && ch->home == TD_HOME_HOST; }
+
+int td_memmgr_chunk_pageable(const td_memmgr *m, int c)
+{
+    return m->laid_out ? m->chunks[c].pageable : wants_pageable(&m->chunks[c]);
+}
+
 td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
                            const td_memmgr_params *params, td_memmgr **out)
 {
@@ -52,6 +74,7 @@ td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *e
     if (!m) return TD_ERR_NOMEM;
     m->arena = arena;
     m->pool = pool;
+    m->hostmem = p.hostmem;
     m->engine = engine;
     m->backend = engine ? td_copy_backend(engine) : NULL;
     m->params = p;
@@ -80,8 +103,10 @@ void td_memmgr_destroy(td_memmgr *m)
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         if (ch->dev) td_slot_release(ch->pool->slots, ch->dev);
-        if (ch->host) td_hostpool_release(m->pool, ch->host);
+        if (ch->host && ch->pageable) td_hostmem_release(m->hostmem, ch->host);
+        else if (ch->host) td_hostpool_release(m->pool, ch->host);
     }
+    if (m->own_hostmem) td_hostmem_destroy(m->hostmem);
     for (int i = 0; i < m->n_pools; i++) {
         release_spares(m, &m->pools[i]);
         td_free(m->pools[i].spare);
@@ -105,7 +130,6 @@ void td_memmgr_destroy(td_memmgr *m)
 
 /* ---- placement -------------------------------------------------------------- */
 
-static int is_optim_role(td_tensor_role r) { return r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V; }
 
 td_status td_memmgr_set_optim_homes(td_memmgr *m, const uint8_t *on_device, int n)
 {
@@ -139,7 +163,7 @@ static td_status place_initial(td_memmgr *m)
         case TD_PLACEMENT_STATIC: {
             /* The last fraction of each role's list is offloaded: the first
              * blocks stay resident, so a step starts without waiting. */
-            double frac = is_optim_role(ch->role) ? m->params.offload_optim_frac : m->params.offload_param_frac;
+            double frac = mm_is_optim_role(ch->role) ? m->params.offload_optim_frac : m->params.offload_param_frac;
             int count = m->role_count[ch->role];
             int keep = count - (int)(frac * count + 0.5);
             home = ch->index < keep ? TD_HOME_DEVICE : TD_HOME_HOST;
@@ -148,7 +172,7 @@ static td_status place_initial(td_memmgr *m)
         }
         if (m->optim_homes && ch->index < n_optim) {
             int on_dev = m->optim_homes[ch->index];
-            if (is_optim_role(ch->role)) home = on_dev ? TD_HOME_DEVICE : TD_HOME_HOST;
+            if (mm_is_optim_role(ch->role)) home = on_dev ? TD_HOME_DEVICE : TD_HOME_HOST;
             else if (on_dev && (ch->role == TD_TENSOR_PARAM || ch->role == TD_TENSOR_GRAD)) home = TD_HOME_DEVICE;
         }
         ch->home = home;
@@ -161,8 +185,14 @@ td_status td_memmgr_layout(td_memmgr *m)
     td_status st = TD_OK;
     if (m->laid_out) return td_error_set(TD_ERR_STATE, "memmgr: layout already made");
     if (!m->pool) return td_error_set(TD_ERR_STATE, "memmgr: a planning manager (no pool) only plans layouts");
-    TD_TRY(mm_layout(m));
-    TD_TRY(place_initial(m));
+    if (!m->n_chunks) { /* else td_memmgr_plan_layout made it, and homes may have been set since */
+        TD_TRY(mm_layout(m));
+        TD_TRY(place_initial(m));
+    }
+    if (!m->hostmem) {
+        TD_TRY(td_hostmem_create(NULL, &m->hostmem));
+        m->own_hostmem = 1;
+    }
     uint64_t *bytes = td_malloc((size_t)m->n_chunks * sizeof *bytes, TD_ROLE_META);
     if (!bytes) { st = TD_ERR_NOMEM; goto cleanup; }
     for (int c = 0; c < m->n_chunks; c++) bytes[c] = m->chunks[c].bytes;
@@ -173,9 +203,18 @@ td_status td_memmgr_layout(td_memmgr *m)
     for (int i = 0; i < 2; i++) TD_TRY(td_event_create(m->backend, &m->measure.step_ev[i]));
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
-        TD_TRY(td_hostpool_alloc(m->pool, ch->bytes, is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ch->host));
-        memset(ch->host, 0, ch->bytes);
-        m->stats.host_chunk_bytes += ch->bytes;
+        td_role role = mm_is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK;
+        if (wants_pageable(ch)) {
+            /* Zero pages, untouched: the AdamW thread that updates a page
+             * touches it first (NUMA first touch inside the local nodes). */
+            TD_TRY(td_hostmem_alloc(m->hostmem, ch->host_bytes, role, &ch->host));
+            ch->pageable = 1;
+            m->stats.host_pageable_bytes += td_hostmem_round(ch->host_bytes);
+        } else {
+            TD_TRY(td_hostpool_alloc(m->pool, ch->host_bytes, role, &ch->host));
+            memset(ch->host, 0, ch->host_bytes);
+            m->stats.host_chunk_bytes += ch->host_bytes;
+        }
     }
     m->laid_out = 1;
     return TD_OK;
@@ -251,14 +290,14 @@ static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
     td_event *e0, *e1;
     int tl_index;
     mm_tl_copy_events(m, &e0, &e1, &tl_index);
-    td_status st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->bytes, &ch->fence, e0, e1,
+    td_status st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->host_bytes, &ch->fence, e0, e1,
                                         &ch->writeback);
     if (st) return st;
     mm_tl_copy(m, MM_TL_WRITEBACK, (int)(ch - m->chunks), tl_index);
     ch->host_ver = ch->dev_ver;
     ch->fence = ch->writeback;
     m->stats.writebacks++;
-    m->stats.bytes_d2h += ch->bytes;
+    m->stats.bytes_d2h += ch->host_bytes;
     return TD_OK;
 }
 
@@ -394,17 +433,17 @@ static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, 
     if (!m->warmed_up && m->in_step && !prefetch && ms->n < MM_MEASURE_LOADS && ms->ev[0]) {
         e0 = ms->ev[2 * ms->n];
         e1 = ms->ev[2 * ms->n + 1];
-        ms->bytes[ms->n++] = ch->bytes;
+        ms->bytes[ms->n++] = ch->host_bytes;
     } else {
         mm_tl_copy_events(m, &e0, &e1, &tl_index);
     }
-    if ((st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->bytes, &after, e0, e1, &ch->load)))
+    if ((st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->host_bytes, &after, e0, e1, &ch->load)))
         return st;
     mm_tl_copy(m, MM_TL_LOAD, (int)(ch - m->chunks), tl_index);
     ch->fence = ch->load;
     ch->dev_ver = ch->host_ver;
     m->stats.loads++;
-    m->stats.bytes_h2d += ch->bytes;
+    m->stats.bytes_h2d += ch->host_bytes;
     if (prefetch) m->stats.prefetches++;
     else m->stats.demand_loads++;
     return TD_OK;
@@ -528,7 +567,7 @@ static int prefetch_window(td_memmgr *m)
     const mm_measure *ms = &m->measure;
     if (m->trace_len == 0 || ms->step_ms <= 0 || ms->load_ms_per_mib <= 0) return 4;
     double bytes = 0;
-    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)m->chunks[m->trace_seq[i]].bytes;
+    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)m->chunks[m->trace_seq[i]].host_bytes;
     double chunk_load_ms = ms->load_ms_per_mib * bytes / (double)m->trace_len / (double)TD_MiB;
     double access_ms = ms->step_ms / (double)m->trace_len;
     double w = access_ms > 0 ? chunk_load_ms / access_ms + 1.0 : 64.0;
@@ -587,7 +626,7 @@ static void place_auto(td_memmgr *m)
             mm_chunk *ch = &m->chunks[c];
             /* Optimizer homes are final at layout (host copies of host-homed
              * optimizer state may be pageable: they never cross PCIe). */
-            if (picked[c] || !ch->accesses || ch->bytes > room || ch->home == TD_HOME_DEVICE || is_optim_role(ch->role))
+            if (picked[c] || !ch->accesses || ch->bytes > room || ch->home == TD_HOME_DEVICE || mm_is_optim_role(ch->role))
                 continue;
             if (best < 0 || ch->accesses * m->chunks[best].bytes > m->chunks[best].accesses * ch->bytes) best = c;
         }
@@ -724,6 +763,17 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
     int local[64], *cs = n <= 64 ? local : td_malloc((size_t)n * sizeof *cs, TD_ROLE_META);
     if (!cs) return TD_ERR_NOMEM;
     if ((st = check_ids(m, ids, n, "access")) || (st = check_transitions(m, ids, n, state))) goto out;
+    for (int i = 0; i < n; i++) {
+        const mm_tensor *t = &m->tensors[ids[i]];
+        const mm_chunk *ch = &m->chunks[t->chunk];
+        if (ch->pageable) {
+            st = td_error_set(TD_ERR_STATE, "memmgr: device access to '%s' (%s chunk %d): its host copy is pageable "
+                              "(optimizer state homed on the host is the CPU AdamW's alone); home the chunk on the "
+                              "device before td_memmgr_layout (td_memmgr_set_chunk_home) to use it there",
+                              t->name, td_tensor_role_name(ch->role), ch->index);
+            goto out;
+        }
+    }
     int k = chunks_of(m, ids, n, cs);
     /* Pin first, so that making room for one never evicts another. */
     for (int i = 0; i < k; i++) td_evictor_remove(m->evictor, (uint32_t)cs[i]);
@@ -760,7 +810,7 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
     for (int i = 0; i < n; i++) {
         set_state(m, ids[i], state);
         mm_tensor *t = &m->tensors[ids[i]];
-        dev_ptrs[i] = (char *)m->chunks[t->chunk].dev + t->offset * td_dtype_bytes(t->dtype);
+        dev_ptrs[i] = (char *)m->chunks[t->chunk].dev + mm_tensor_byte_offset(m, t);
     }
     for (int i = 0; i < k; i++) {
         mm_chunk *ch = &m->chunks[cs[i]];
@@ -865,7 +915,7 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
         mm_tensor *t = &m->tensors[ids[i]];
         mm_chunk *ch = &m->chunks[t->chunk];
         if ((st = host_sync(m, ch, flags))) return st;
-        host_ptrs[i] = (char *)ch->host + t->offset * td_dtype_bytes(t->dtype);
+        host_ptrs[i] = (char *)ch->host + mm_tensor_byte_offset(m, t);
     }
     return TD_OK;
 }
@@ -962,7 +1012,9 @@ size_t td_memmgr_tensor_offset(const td_memmgr *m, int id) { return m->tensors[i
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id) { return m->tensors[id].numel; }
 const char *td_memmgr_tensor_name(const td_memmgr *m, int id) { return m->tensors[id].name; }
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id) { return m->tensors[id].state; }
-size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
+size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->chunks[c].host_bytes; }
+size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
+size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int c) { return m->chunks[c].used_numel; }
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int c) { return m->chunks[c].role; }
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int c) { return m->chunks[c].home; }
 int td_memmgr_chunk_resident(const td_memmgr *m, int c) { return m->chunks[c].dev != NULL; }

@@ -32,12 +32,15 @@ typedef struct mm_chunk {
     td_tensor_role role;
     td_dtype dtype;
     int index;                  /* in its role's list */
-    size_t numel, bytes;        /* capacity */
+    size_t numel, bytes;        /* capacity: the device slot */
+    size_t used_numel;          /* up to the end of its last tensor (mirrored roles agree) */
+    size_t host_bytes;          /* the host copy and every copy: the used elements, no tail padding */
     int *tensors, n_tensors;
     int n_free;                 /* tensors in FREE */
     int pins;                   /* tensors in COMPUTE */
     td_chunk_home home;
-    void *host;                 /* pinned, always */
+    void *host;                 /* pinned, or pageable (optimizer state homed on the host) */
+    int pageable;               /* host from the td_hostmem: never on the device */
     void *dev;                  /* NULL when not resident */
     mm_pool *pool;
     /* Versions: which side holds the newest data.  dev_ver > host_ver: the
@@ -86,6 +89,8 @@ typedef struct mm_measure {
 struct td_memmgr {
     td_arena *arena;
     td_hostpool *pool;
+    td_hostmem *hostmem;        /* pageable host copies */
+    int own_hostmem;            /* made by the manager (params.hostmem was NULL) */
     td_copy_engine *engine;
     td_backend *backend;
     td_memmgr_params params;
@@ -97,6 +102,8 @@ struct td_memmgr {
     int laid_out;
     size_t chunk_numel, padding_bytes;
     int role_first[TD_TENSOR_ROLE_COUNT], role_count[TD_TENSOR_ROLE_COUNT];
+    size_t (*role_bytes[TD_TENSOR_ROLE_COUNT])(size_t numel, void *ctx); /* opaque formats, or NULL */
+    void *role_ctx[TD_TENSOR_ROLE_COUNT];
     uint8_t *optim_homes;        /* td_memmgr_set_optim_homes: optimizer chunk i on the device; NULL: by policy */
     int n_optim_homes;
 
@@ -129,6 +136,12 @@ struct td_memmgr {
 
 /* layout.c */
 td_status mm_layout(td_memmgr *m);
+/* Bytes from the start of a tensor's chunk to the tensor (0 in opaque formats). */
+size_t mm_tensor_byte_offset(const td_memmgr *m, const mm_tensor *t);
+static inline int mm_is_optim_role(td_tensor_role r)
+{
+    return r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
+}
 
 /* timeline.c: all no-ops when no timeline is open. */
 void mm_tl_copy_events(td_memmgr *m, td_event **start, td_event **end, int *index);

@@ -138,11 +138,14 @@ static td_status prefetch(sim *s)
             if (nonmodel > s->p->budget_bytes) break; /* the trace fails before then */
             uint64_t room = s->p->budget_bytes - nonmodel;
             if (s->bytes[c] > room) break; /* never fits (its access will say so) */
-            uint64_t need = s->resident_bytes + s->bytes[c];
-            if (need > room && td_evictor_freeable(s->ev, j + 1, need - room) < need - room)
+            /* The resident chunks must fit in what c leaves of the room
+             * (not resident + c > room: that sum can pass 2^64). */
+            uint64_t left = room - s->bytes[c];
+            if (s->resident_bytes > left &&
+                td_evictor_freeable(s->ev, j + 1, s->resident_bytes - left) < s->resident_bytes - left)
                 break; /* try again after the next access */
             uint32_t n;
-            TD_TRY(td_evictor_make_room(s->ev, need, room, j + 1, s->victims, &n));
+            TD_TRY(td_evictor_make_room(s->ev, s->resident_bytes, left, j + 1, s->victims, &n));
             evict(s, n);
             load(s, c, 1, j);
             TD_TRY(td_evictor_update(s->ev, c, s->pos, j, 0));
@@ -186,7 +189,7 @@ static td_status set_nonmodel(sim *s, uint64_t bytes)
                 td_trace_name(s->t), s->line, td_format_bytes(bytes, a, sizeof a),
                 td_format_bytes(s->p->budget_bytes, b, sizeof b),
                 td_format_bytes(td_memsim_min_budget(s->t), m, sizeof m));
-    if (s->resident_bytes + bytes > s->p->budget_bytes) {
+    if (s->resident_bytes > s->p->budget_bytes - bytes) { /* resident + bytes could pass 2^64 */
         /* Room for the resident chunks in what the new non-model bytes leave. */
         uint32_t n;
         st = td_evictor_make_room(s->ev, s->resident_bytes, s->p->budget_bytes - bytes, 0, s->victims, &n);

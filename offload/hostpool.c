@@ -4,6 +4,7 @@
 #include "tidal/range.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#define SLAB_GRAIN (2 * TD_MiB) /* slabs are whole huge-page multiples */
+#define SLAB_GRAIN TD_HOSTPOOL_SLAB_GRAIN
 
 typedef struct slab {
     char *base;
@@ -53,7 +54,7 @@ td_status td_hostpool_create(td_backend *b, td_topo *topo, const td_hostpool_par
     p->params = params ? *params : td_hostpool_default_params();
     if (p->params.slab_bytes == 0) p->params.slab_bytes = 256 * TD_MiB;
     p->params.slab_bytes = td_align_up(p->params.slab_bytes, SLAB_GRAIN);
-    if (p->params.pin_limit_bytes == 0) p->params.pin_limit_bytes = physical_ram() / 10 * 8;
+    if (p->params.pin_limit_bytes == 0) p->params.pin_limit_bytes = b ? physical_ram() / 10 * 8 : SIZE_MAX;
     pthread_mutex_init(&p->lock, NULL);
     *out = p;
     return TD_OK;
@@ -62,6 +63,13 @@ td_status td_hostpool_create(td_backend *b, td_topo *topo, const td_hostpool_par
 static void *map_slab(td_hostpool *p, size_t bytes)
 {
     void *m;
+    if (!p->backend) { /* a planning pool: disjoint addresses that are never used */
+        static const uintptr_t span = (uintptr_t)1 << 44;
+        uintptr_t next = span;
+        for (slab *s = p->slabs; s; s = s->next)
+            if ((uintptr_t)s->base + span > next) next = (uintptr_t)s->base + span;
+        return (void *)next;
+    }
     if (p->topo) {
         m = td_topo_alloc(p->topo, bytes);
     } else {
@@ -80,13 +88,14 @@ static void *map_slab(td_hostpool *p, size_t bytes)
 
 static void unmap_slab(td_hostpool *p, void *base, size_t bytes)
 {
+    if (!p->backend) return;
     if (p->topo) td_topo_free(p->topo, base, bytes);
     else munmap(base, bytes);
 }
 
 static void slab_free(td_hostpool *p, slab *s)
 {
-    td_backend_host_unregister(p->backend, s->base);
+    if (p->backend) td_backend_host_unregister(p->backend, s->base);
     unmap_slab(p, s->base, s->bytes);
     td_range_destroy(&s->range);
     p->pinned_bytes -= s->bytes;
@@ -116,9 +125,9 @@ static td_status slab_new(td_hostpool *p, size_t bytes, slab **out)
     s->bytes = size;
     s->base = map_slab(p, size);
     if (!s->base) { st = TD_ERR_NOMEM; goto cleanup; }
-    if (td_fault_hit(TD_FAULT_PIN))
+    if (p->backend && td_fault_hit(TD_FAULT_PIN))
         TD_FAIL(TD_ERR_FAULT, "injected failure pinning %s (%s already pinned)", need, pinned);
-    st = td_backend_host_register(p->backend, s->base, size);
+    st = p->backend ? td_backend_host_register(p->backend, s->base, size) : TD_OK;
     if (st) {
         struct rlimit rl;
         char lock[48] = "unlimited";
@@ -137,7 +146,7 @@ static td_status slab_new(td_hostpool *p, size_t bytes, slab **out)
     return TD_OK;
 cleanup:
     if (s) {
-        if (registered) td_backend_host_unregister(p->backend, s->base);
+        if (registered && p->backend) td_backend_host_unregister(p->backend, s->base);
         if (s->base) unmap_slab(p, s->base, size);
         if (range_ok) td_range_destroy(&s->range);
         td_free(s);

@@ -54,6 +54,15 @@ td_status td_optim_isa_parse(const char *name, td_optim_isa *out)
                         name ? name : "(null)");
 }
 
+/* clang before 16 does not know the "f16c" feature name (a compile error);
+ * there AVX2 stands for it: every AVX2 CPU has F16C (Ivy Bridge and
+ * Piledriver brought F16C before AVX2). */
+#if defined(__clang__) && __clang_major__ < 16
+#define CPU_HAS_F16C() 1
+#else
+#define CPU_HAS_F16C() __builtin_cpu_supports("f16c")
+#endif
+
 int td_optim_isa_supported(td_optim_isa isa)
 {
     __builtin_cpu_init();
@@ -61,7 +70,7 @@ int td_optim_isa_supported(td_optim_isa isa)
     case TD_OPTIM_ISA_AUTO:
     case TD_OPTIM_ISA_SCALAR: return 1;
     case TD_OPTIM_ISA_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CPU_HAS_F16C();
     case TD_OPTIM_ISA_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

@@ -9,6 +9,7 @@
  * grace).  Every wait is bounded: forked ranks run under alarm(), the
  * parent kills them at a deadline. */
 #include "td_test.h"
+#include "td_ranks.h"
 
 #include "tidal/convert.h"
 #include "tidal/dist.h"
@@ -157,94 +158,26 @@ static void test_nodelist(void **state)
 
 /* ---- forked ranks ------------------------------------------------------------------ */
 
-enum { DEADLINE_S = 60 };
+enum { DEADLINE_S = TD_RANKS_DEADLINE_S };
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) abort();
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static td_dist_env local_env(int rank, int size, int port)
-{
-    td_dist_env e = { .rank = rank, .size = size, .local_rank = rank, .local_size = size, .master_port = port };
-    snprintf(e.master_addr, sizeof e.master_addr, "127.0.0.1");
-    snprintf(e.launcher, sizeof e.launcher, "test");
-    return e;
-}
-
-typedef int (*rank_body)(int rank, int size, int port, void *ctx);
-
-/* A forked rank's failure: says why on stderr, returns the exit code. */
-static int rank_fail(int rank, const char *what)
-{
-    fprintf(stderr, "rank %d: %s: %s\n", rank, what, td_error_msg());
-    return 1;
-}
-
-/* Forks `size` ranks running body; codes[r] = rank r's exit status.  No
- * rank outlives DEADLINE_S. */
-static void run_ranks(int size, rank_body body, void *ctx, int *codes)
-{
-    int port = free_port();
-    pid_t pids[16];
-    for (int r = 0; r < size; r++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            alarm(DEADLINE_S);
-            _exit(body(r, size, port, ctx));
-        }
-        pids[r] = pid;
-    }
-    double deadline = td_now_ms() + (DEADLINE_S + 5) * 1000.0;
-    for (int r = 0; r < size; r++) {
-        int status = 0;
-        while (waitpid(pids[r], &status, WNOHANG) == 0) {
-            if (td_now_ms() > deadline) {
-                for (int k = 0; k < size; k++) kill(pids[k], SIGKILL);
-                waitpid(pids[r], &status, 0);
-                break;
-            }
-            td_sleep_us(5000);
-        }
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-}
-
-static void expect_codes(int size, const int *codes, const int *want)
-{
-    for (int r = 0; r < size; r++)
-        if (codes[r] != want[r]) fail_msg("rank %d exited %d, expected %d (its message is above)", r, codes[r], want[r]);
-}
-
-static void expect_all_ok(int size, const int *codes)
-{
-    int zero[16] = {0};
-    expect_codes(size, codes, zero);
-}
+static void expect_all_ok(int size, const int *codes) { td_test_expect_codes(size, codes, NULL); }
 
 /* ---- rendezvous ----------------------------------------------------------------- */
 
 static int rdv_body(int rank, int size, int port, void *ctx)
 {
-    td_dist_env e = local_env(rank, size, port);
+    td_dist_env e = td_test_local_env(rank, size, port);
     td_rdv *r = NULL;
     if (rank == size - 1) td_sleep_us(300000); /* a late rank: the others wait, rank 0 keeps listening */
-    if (td_rdv_join(&e, 10000, &r)) return rank_fail(rank, "join");
+    if (td_rdv_join(&e, 10000, &r)) return td_test_rank_fail(rank, "join");
     uint64_t id[4] = {0};
     if (rank == 0) for (int i = 0; i < 4; i++) id[i] = 0xabc0 + (uint64_t)i;
-    if (td_rdv_bcast(r, id, sizeof id)) return rank_fail(rank, "bcast");
+    if (td_rdv_bcast(r, id, sizeof id)) return td_test_rank_fail(rank, "bcast");
     for (int i = 0; i < 4; i++) if (id[i] != 0xabc0 + (uint64_t)i) return 2;
     int all[8] = {0}, mine = 100 + rank;
-    if (td_rdv_allgather(r, &mine, sizeof mine, all)) return rank_fail(rank, "allgather");
+    if (td_rdv_allgather(r, &mine, sizeof mine, all)) return td_test_rank_fail(rank, "allgather");
     for (int i = 0; i < size; i++) if (all[i] != 100 + i) return 3;
-    if (td_rdv_barrier(r)) return rank_fail(rank, "barrier");
+    if (td_rdv_barrier(r)) return td_test_rank_fail(rank, "barrier");
     td_rdv_close(r);
     return 0;
 }
@@ -253,7 +186,7 @@ static void test_rendezvous(void **state)
 {
     int codes[8];
     for (int n = 1; n <= 4; n++) {
-        run_ranks(n, rdv_body, NULL, codes);
+        td_test_run_ranks(n, rdv_body, NULL, codes);
         expect_all_ok(n, codes);
     }
 }
@@ -261,45 +194,45 @@ static void test_rendezvous(void **state)
 /* Rank 1 claims a world size of 3 while rank 0 has 2. */
 static int rdv_size_body(int rank, int size, int port, void *ctx)
 {
-    td_dist_env e = local_env(rank, rank == 1 ? 3 : 2, port);
+    td_dist_env e = td_test_local_env(rank, rank == 1 ? 3 : 2, port);
     td_rdv *r = NULL;
     if (td_rdv_join(&e, 5000, &r) == TD_OK) return 10;
-    return strstr(td_error_msg(), "world size 3, rank 0 has 2") ? 0 : rank_fail(rank, "unexpected message");
+    return strstr(td_error_msg(), "world size 3, rank 0 has 2") ? 0 : td_test_rank_fail(rank, "unexpected message");
 }
 
 /* Rank 2 of 3 never comes: rank 0 names it, rank 1 hears it from rank 0. */
 static int rdv_missing_body(int rank, int size, int port, void *ctx)
 {
     if (rank == 2) return 0;
-    td_dist_env e = local_env(rank, 3, port);
+    td_dist_env e = td_test_local_env(rank, 3, port);
     td_rdv *r = NULL;
     double t0 = td_now_ms();
     if (td_rdv_join(&e, 700, &r) == TD_OK) return 10;
     if (td_now_ms() - t0 > 5000) return 11;
-    return strstr(td_error_msg(), "missing ranks: 2") ? 0 : rank_fail(rank, "unexpected message");
+    return strstr(td_error_msg(), "missing ranks: 2") ? 0 : td_test_rank_fail(rank, "unexpected message");
 }
 
 static void test_rendezvous_errors(void **state)
 {
     int codes[4];
-    run_ranks(2, rdv_size_body, NULL, codes);
+    td_test_run_ranks(2, rdv_size_body, NULL, codes);
     expect_all_ok(2, codes);
-    run_ranks(3, rdv_missing_body, NULL, codes);
+    td_test_run_ranks(3, rdv_missing_body, NULL, codes);
     expect_all_ok(3, codes);
 
     /* a busy port: rank 0 says so; a rank with no rank 0 gives up at its timeout */
-    int port = free_port();
+    int port = td_test_free_port();
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     a.sin_addr.s_addr = htonl(INADDR_ANY);
     assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
     assert_int_equal(listen(fd, 4), 0);
-    td_dist_env e = local_env(0, 2, port);
+    td_dist_env e = td_test_local_env(0, 2, port);
     td_rdv *r = NULL;
     assert_int_equal(td_rdv_join(&e, 1000, &r), TD_ERR_IO);
     assert_non_null(strstr(td_error_msg(), "already in use"));
     close(fd);
-    e = local_env(1, 2, free_port());
+    e = td_test_local_env(1, 2, td_test_free_port());
     double t0 = td_now_ms();
     assert_int_equal(td_rdv_join(&e, 400, &r), TD_ERR_IO);
     assert_true(td_now_ms() - t0 < 3000);
@@ -377,12 +310,12 @@ static int coll_body(int rank, int size, int port, void *ctx)
     bp.cpu_debug_delay_us = 20000;
     td_backend *b = NULL;
     td_comm *comm = NULL;
-    if (td_backend_create(&bp, &b)) return rank_fail(rank, "backend");
-    td_dist_env e = local_env(rank, size, port);
+    if (td_backend_create(&bp, &b)) return td_test_rank_fail(rank, "backend");
+    td_dist_env e = td_test_local_env(rank, size, port);
     td_comm_params cp = td_comm_default_params();
     cp.kind = TD_COMM_CPU;
     cp.timeout_ms = 20000;
-    if (td_comm_create(&e, b, &cp, &comm)) return rank_fail(rank, "create");
+    if (td_comm_create(&e, b, &cp, &comm)) return td_test_rank_fail(rank, "create");
     if (td_comm_size(comm) != size || td_comm_rank(comm) != rank || strcmp(td_comm_name(comm), "cpu")) return 2;
     int bad = 0;
     for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
@@ -398,45 +331,45 @@ static int coll_body(int rank, int size, int port, void *ctx)
         void *out = malloc(N * n * E), *want = malloc(N * n * E), *tmp = malloc(N * n * E);
         /* all_reduce sum and max, from a buffer filled by a delayed H2D copy on the same queue */
         for (int op = 0; op < 2; op++) {
-            if (td_backend_copy_async(b, TD_QUEUE_H2D, tmp, in[rank], n * E)) return rank_fail(rank, "copy");
-            if (td_comm_all_reduce(comm, tmp, out, n, dt, (td_reduce_op)op, TD_QUEUE_H2D)) return rank_fail(rank, "all_reduce");
+            if (td_backend_copy_async(b, TD_QUEUE_H2D, tmp, in[rank], n * E)) return td_test_rank_fail(rank, "copy");
+            if (td_comm_all_reduce(comm, tmp, out, n, dt, (td_reduce_op)op, TD_QUEUE_H2D)) return td_test_rank_fail(rank, "all_reduce");
             for (size_t i = 0; i < n; i++) reference(want, i, in, i, size, dt, (td_reduce_op)op);
             bad |= check_bits(rank, op ? "all_reduce max" : "all_reduce sum", c, out, want, n * E);
         }
         memcpy(out, in[rank], n * E); /* in place */
-        if (td_comm_all_reduce(comm, out, out, n, dt, TD_REDUCE_SUM, TD_QUEUE_COMPUTE)) return rank_fail(rank, "all_reduce");
+        if (td_comm_all_reduce(comm, out, out, n, dt, TD_REDUCE_SUM, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "all_reduce");
         for (size_t i = 0; i < n; i++) reference(want, i, in, i, size, dt, TD_REDUCE_SUM);
         bad |= check_bits(rank, "all_reduce in place", c, out, want, n * E);
 
         /* reduce_scatter: my shard of the sum of everyone's N*n */
-        if (td_comm_reduce_scatter(comm, in_big[rank], out, n, dt, TD_QUEUE_COMPUTE)) return rank_fail(rank, "reduce_scatter");
+        if (td_comm_reduce_scatter(comm, in_big[rank], out, n, dt, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "reduce_scatter");
         for (size_t i = 0; i < n; i++) reference(want, i, in_big, (size_t)rank * n + i, size, dt, TD_REDUCE_SUM);
         bad |= check_bits(rank, "reduce_scatter", c, out, want, n * E);
         memcpy(tmp, in_big[rank], N * n * E); /* in place: recv = send + rank * n */
         if (td_comm_reduce_scatter(comm, tmp, (char *)tmp + (size_t)rank * n * E, n, dt, TD_QUEUE_COMPUTE))
-            return rank_fail(rank, "reduce_scatter");
+            return td_test_rank_fail(rank, "reduce_scatter");
         bad |= check_bits(rank, "reduce_scatter in place", c, (char *)tmp + (size_t)rank * n * E, want, n * E);
 
         /* all_gather, out of place and in place */
         for (int r = 0; r < size; r++) memcpy((char *)want + (size_t)r * n * E, in[r], n * E);
-        if (td_comm_all_gather(comm, in[rank], out, n, dt, TD_QUEUE_COMPUTE)) return rank_fail(rank, "all_gather");
+        if (td_comm_all_gather(comm, in[rank], out, n, dt, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "all_gather");
         bad |= check_bits(rank, "all_gather", c, out, want, N * n * E);
         memset(tmp, 0, N * n * E);
         memcpy((char *)tmp + (size_t)rank * n * E, in[rank], n * E);
         if (td_comm_all_gather(comm, (char *)tmp + (size_t)rank * n * E, tmp, n, dt, TD_QUEUE_COMPUTE))
-            return rank_fail(rank, "all_gather");
+            return td_test_rank_fail(rank, "all_gather");
         bad |= check_bits(rank, "all_gather in place", c, tmp, want, N * n * E);
 
         /* broadcast from every root */
         for (int root = 0; root < size; root++) {
             memcpy(out, in[rank], n * E);
-            if (td_comm_broadcast(comm, out, n, dt, root, TD_QUEUE_COMPUTE)) return rank_fail(rank, "broadcast");
+            if (td_comm_broadcast(comm, out, n, dt, root, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "broadcast");
             bad |= check_bits(rank, "broadcast", c, out, in[root], n * E);
         }
         for (int r = 0; r < size; r++) { free(in[r]); free(in_big[r]); }
         free(out); free(want); free(tmp);
     }
-    if (td_comm_barrier(comm, TD_QUEUE_D2H)) return rank_fail(rank, "barrier");
+    if (td_comm_barrier(comm, TD_QUEUE_D2H)) return td_test_rank_fail(rank, "barrier");
     td_comm_destroy(comm);
     td_backend_free(b);
     return bad ? 3 : 0;
@@ -446,7 +379,7 @@ static void test_collectives(void **state)
 {
     int codes[4];
     for (int n = 1; n <= 4; n++) {
-        run_ranks(n, coll_body, NULL, codes);
+        td_test_run_ranks(n, coll_body, NULL, codes);
         expect_all_ok(n, codes);
     }
 }
@@ -476,10 +409,10 @@ static int make_comm(int rank, int size, int port, int timeout_ms, td_backend **
     td_backend_params bp = td_backend_default_params();
     bp.kind = TD_BACKEND_CPU;
     bp.cpu_device_bytes = 16 * TD_MiB;
-    if (td_backend_create(&bp, b)) return rank_fail(rank, "backend");
-    td_dist_env e = local_env(rank, size, port);
+    if (td_backend_create(&bp, b)) return td_test_rank_fail(rank, "backend");
+    td_dist_env e = td_test_local_env(rank, size, port);
     td_comm_params cp = { .kind = TD_COMM_CPU, .timeout_ms = timeout_ms };
-    if (td_comm_create(&e, *b, &cp, comm)) return rank_fail(rank, "create");
+    if (td_comm_create(&e, *b, &cp, comm)) return td_test_rank_fail(rank, "create");
     return 0;
 }
 
@@ -512,7 +445,9 @@ static int fail_body(int rank, int size, int port, void *ctx)
     if (rank == 0 && mode == FAIL_HUNG) ok &= strstr(m, "no progress receiving from rank 2") != NULL;
     if (rank == 0 && mode == FAIL_MISMATCH)
         ok &= strstr(m, "rank 0 calls all_reduce of 64 fp32 (sum)") && strstr(m, "rank 2 calls all_gather of 64 fp32");
-    if (rank == 1) ok &= strstr(m, "rank 0 closed the job's connection") != NULL || strstr(m, "rank 0") != NULL;
+    /* rank 1 learns from rank 0 which rank failed */
+    if (rank == 1 && mode == FAIL_DEAD) ok &= strstr(m, "rank 2 failed (rank 0 saw:") != NULL;
+    if (rank == 1 && mode != FAIL_DEAD) ok &= strstr(m, "rank 0") != NULL;
     /* after a failure the communicator refuses work at once */
     if (td_comm_all_reduce(comm, x, x, 64, TD_DTYPE_F32, TD_REDUCE_SUM, TD_QUEUE_COMPUTE) != TD_ERR_STATE) ok = 0;
     if (!ok) fprintf(stderr, "rank %d after %.0f ms: %s\n", rank, ms, m);
@@ -526,7 +461,7 @@ static void test_collective_failures(void **state)
     int codes[3];
     for (int mode = FAIL_DEAD; mode <= FAIL_MISMATCH; mode++) {
         fail_ctx ctx = { mode };
-        run_ranks(3, fail_body, &ctx, codes);
+        td_test_run_ranks(3, fail_body, &ctx, codes);
         expect_all_ok(3, codes);
     }
 }
@@ -541,7 +476,7 @@ static void test_comm_kinds(void **state)
     bp.kind = TD_BACKEND_CPU;
     td_backend *b = NULL;
     TD_ASSERT_OK(td_backend_create(&bp, &b));
-    td_dist_env e = local_env(0, 1, 1);
+    td_dist_env e = td_test_local_env(0, 1, 1);
     td_comm_params cp = { .kind = TD_COMM_NCCL, .timeout_ms = 1000 };
     td_comm *c = NULL;
     td_status st = td_comm_create(&e, b, &cp, &c);
@@ -715,7 +650,7 @@ static void test_cli_bench_comm(void **state)
     int rc = sh(out, sizeof out, cmd);
     if (rc != 0 || !strstr(out, "2 ranks") || !strstr(out, "all match")) fail_msg("rc %d: %s", rc, out);
     /* launched as torchrun would: the variables set by hand, two processes */
-    int port = free_port();
+    int port = td_test_free_port();
     snprintf(cmd, sizeof cmd, "export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d; "
              "RANK=1 LOCAL_RANK=1 %s bench comm --backend cpu --max-bytes 0 > %s/rank1.out 2>&1 & "
              "RANK=0 LOCAL_RANK=0 %s bench comm --backend cpu --max-bytes 0; r0=$?; wait $!; r1=$?; "

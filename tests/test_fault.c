@@ -5,6 +5,7 @@
 #include "td_test.h"
 #include "tidal/arena.h"
 #include "tidal/copy.h"
+#include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
 #include "tidal/topo.h"
 
@@ -18,6 +19,8 @@ static td_status scenario(void)
     td_backend *b = NULL;
     td_topo *topo = NULL;
     td_hostpool *pool = NULL;
+    td_hostmem *hm = NULL;
+    void *pageable = NULL;
     td_arena *arena = NULL;
     td_slot_pool *slots = NULL;
     td_copy_engine *eng = NULL;
@@ -31,6 +34,9 @@ static td_status scenario(void)
     TD_TRY(td_hostpool_create(b, topo, &hp, &pool));
     TD_TRY(td_hostpool_alloc(pool, TD_MiB, TD_ROLE_CHUNK, &h));
     TD_TRY(td_hostpool_alloc(pool, 3 * TD_MiB, TD_ROLE_STAGING, &h2)); /* second slab */
+    TD_TRY(td_hostmem_create(topo, &hm)); /* pageable, on the local node */
+    TD_TRY(td_hostmem_alloc(hm, TD_MiB, TD_ROLE_OPTIM, &pageable));
+    memset(pageable, 3, TD_MiB);
     TD_TRY(td_arena_create(b, 8 * TD_MiB, &arena));
     TD_TRY(td_slot_pool_create(arena, TD_MiB, TD_ROLE_CHUNK, &slots));
     for (int i = 0; i < 3; i++) TD_TRY(td_slot_acquire(slots, &slot[i]));
@@ -53,6 +59,8 @@ cleanup:
     if (h) td_hostpool_release(pool, h);
     if (h2) td_hostpool_release(pool, h2);
     td_hostpool_destroy(pool);
+    if (pageable) td_hostmem_release(hm, pageable);
+    td_hostmem_destroy(hm);
     td_topo_destroy(topo);
     td_backend_free(b);
     return st;

@@ -348,6 +348,18 @@ static void test_config_json(void **state)
     TD_ASSERT_OK(td_ckpt_config_read(path, &c));
     TD_ASSERT_OK(td_model_preset("llama-3.2-1b", &preset));
     assert_memory_equal(&c, &preset, sizeof c); /* Llama-3.2-1B's */
+    /* transformers 5 writes the same as "rope_parameters", rope_theta inside */
+    write_text(path, "{\"model_type\": \"llama\", \"hidden_size\": 2048, \"intermediate_size\": 8192, "
+                     "\"num_hidden_layers\": 16, \"num_attention_heads\": 32, \"num_key_value_heads\": 8, "
+                     "\"head_dim\": 64, \"max_position_embeddings\": 131072, \"vocab_size\": 128256, "
+                     "\"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": true, "
+                     "\"rope_parameters\": {\"factor\": 32.0, \"high_freq_factor\": 4.0, \"low_freq_factor\": 1.0, "
+                     "\"original_max_position_embeddings\": 8192, \"rope_theta\": 500000.0, \"rope_type\": \"llama3\"}}");
+    TD_ASSERT_OK(td_ckpt_config_read(path, &c));
+    assert_memory_equal(&c, &preset, sizeof c);
+    write_text(path, "{" LLAMA_BASE ", \"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": \"default\"}}");
+    TD_ASSERT_OK(td_ckpt_config_read(path, &c));
+    assert_true(c.rope_theta == 1000000.0f && c.rope_scaling.factor == 0);
 
     /* malformed: each error names the field */
     expect_config_error("{\"model_type\": \"llama\", \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
@@ -371,6 +383,8 @@ static void test_config_json(void **state)
                         "\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}}",
                         "(rope_scaling): no \"high_freq_factor\"");
     expect_config_error("{" LLAMA_BASE ", \"rope_scaling\": 3}", "\"rope_scaling\" must be null or an object");
+    expect_config_error("{" LLAMA_BASE ", \"rope_parameters\": {\"rope_type\": \"dynamic\", \"rope_theta\": 1e4}}",
+                        "rope_parameters type \"dynamic\" is not supported");
     expect_config_error("{" LLAMA_BASE ", \"hidden_act\": \"gelu\"}", "\"hidden_act\" \"gelu\" is not supported");
     expect_config_error("{" LLAMA_BASE ", \"attention_bias\": true}", "\"attention_bias\" must be false");
     expect_config_error("{" LLAMA_BASE ", \"head_dim\": 16}", "\"head_dim\" 16 is not hidden_size / num_attention_heads");

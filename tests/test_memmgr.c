@@ -59,6 +59,114 @@ static void dev_write(rig *r, void *dev, const void *src, size_t n)
     TD_ASSERT_OK(td_queue_sync(r->b, TD_QUEUE_COMPUTE));
 }
 
+
+/* ---- only what crosses PCIe is pinned -------------------------------------- */
+
+static size_t int8ish_bytes(size_t numel, void *ctx)
+{
+    (void)ctx;
+    return ((numel + 3) & ~(size_t)3) + (numel + 255) / 256 * 4; /* codes, then a scale per 256 */
+}
+
+/* A chunk's host copy is pageable iff it holds optimizer state (master, m,
+ * v) homed on the host at layout: those never reach the device (access is
+ * refused with a clear error) and take no pinned bytes; set_chunk_home
+ * before the layout moves a chunk to the device side (pinned); an opaque
+ * role format sizes its chunks by its function and keeps the mirrored
+ * layout. */
+static void test_pageable_optimizer_state(void **state)
+{
+    rig r;
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    mp.placement = TD_PLACEMENT_CPU;
+    rig_open(&r, 0, 16 * TD_MiB, &mp);
+    static const size_t sizes[] = {3000, 700, 4000, 1000};
+    enum { N = 4 };
+    int ids[5][N];
+    static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
+                                            TD_TENSOR_ADAM_V};
+    char name[32];
+    TD_ASSERT_OK(td_memmgr_set_role_format(r.m, TD_TENSOR_ADAM_V, int8ish_bytes, NULL));
+    for (int k = 0; k < 5; k++)
+        for (int i = 0; i < N; i++) {
+            snprintf(name, sizeof name, "%s%d", td_tensor_role_name(roles[k]), i);
+            TD_ASSERT_OK(td_memmgr_register(r.m, name, sizes[i], k == 0 || k == 1 ? TD_DTYPE_BF16 : TD_DTYPE_F32,
+                                            roles[k], &ids[k][i]));
+        }
+    TD_ASSERT_OK(td_memmgr_plan_layout(r.m));
+    int chunks = td_memmgr_role_chunk_count(r.m, TD_TENSOR_PARAM);
+    assert_true(chunks >= 2);
+    for (int k = 0; k < 5; k++) {
+        assert_int_equal(td_memmgr_role_chunk_count(r.m, roles[k]), chunks);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(td_memmgr_tensor_chunk(r.m, ids[k][i]) - td_memmgr_role_chunk(r.m, roles[k], 0),
+                             td_memmgr_tensor_chunk(r.m, ids[0][i]) - td_memmgr_role_chunk(r.m, TD_TENSOR_PARAM, 0));
+    }
+    /* Chunk 0's master on the device side: pinned; the rest stays pageable. */
+    int master0 = td_memmgr_role_chunk(r.m, TD_TENSOR_MASTER, 0);
+    TD_ASSERT_OK(td_memmgr_set_chunk_home(r.m, master0, TD_HOME_DEVICE));
+    assert_int_equal(td_memmgr_set_chunk_home(r.m, 9999, TD_HOME_HOST), TD_ERR_INVALID);
+    size_t pinned = 0, pinned_blocks = 0, pageable = 0;
+    for (int c = 0; c < td_memmgr_chunk_count(r.m); c++) {
+        td_tensor_role role = td_memmgr_chunk_role(r.m, c);
+        int want = (role == TD_TENSOR_MASTER || role == TD_TENSOR_ADAM_M || role == TD_TENSOR_ADAM_V) && c != master0;
+        assert_int_equal(td_memmgr_chunk_pageable(r.m, c), want);
+        /* The device slot is the capacity; the host copy stops at the last tensor. */
+        size_t bytes = td_memmgr_chunk_bytes(r.m, c), used = td_memmgr_chunk_numel_used(r.m, c), end = 0;
+        for (int k = 0; k < 5; k++)
+            for (int i = 0; i < N; i++)
+                if (td_memmgr_tensor_chunk(r.m, ids[k][i]) == c)
+                    end = td_memmgr_tensor_offset(r.m, ids[k][i]) + sizes[i] > end
+                              ? td_memmgr_tensor_offset(r.m, ids[k][i]) + sizes[i] : end;
+        assert_int_equal(used, end);
+        assert_true(used < 4096 || c == td_memmgr_role_chunk(r.m, role, 1)); /* 3000+700 and 1000: tails */
+        size_t el = role == TD_TENSOR_PARAM || role == TD_TENSOR_GRAD ? 2 : 4;
+        if (role == TD_TENSOR_ADAM_V) {
+            assert_int_equal(td_memmgr_chunk_slot_bytes(r.m, c), int8ish_bytes(4096, NULL));
+            assert_int_equal(bytes, int8ish_bytes(used, NULL));
+        } else {
+            assert_int_equal(td_memmgr_chunk_slot_bytes(r.m, c), 4096 * el);
+            assert_int_equal(bytes, used * el);
+        }
+        if (want) pageable += td_hostmem_round(bytes);
+        else pinned += bytes, pinned_blocks += td_align_up(bytes, TD_HOSTPOOL_ALIGN);
+    }
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    assert_int_equal(td_memmgr_set_chunk_home(r.m, master0, TD_HOME_HOST), TD_ERR_STATE);
+    td_memmgr_stats s;
+    td_memmgr_get_stats(r.m, &s);
+    assert_int_equal(s.host_chunk_bytes, pinned);
+    assert_int_equal(s.host_pageable_bytes, pageable);
+    td_hostpool_stats hs;
+    td_hostpool_get_stats(r.pool, &hs);
+    assert_int_equal(hs.used[TD_ROLE_OPTIM] + hs.used[TD_ROLE_CHUNK], pinned_blocks); /* in 4 KiB blocks */
+    /* Host access works on every chunk, pageable ones read zero at first;
+     * an opaque role's tensors all point at their chunk's start. */
+    void *p[2];
+    int two[2] = {ids[3][0], ids[4][1]};
+    TD_ASSERT_OK(td_memmgr_set_state(r.m, two, 2, TD_TENSOR_HOLD));
+    TD_ASSERT_OK(td_memmgr_host_access(r.m, two, 2, TD_ACCESS_WRITE, p));
+    for (size_t i = 0; i < sizes[0]; i++) assert_true(((float *)p[0])[i] == 0.0f);
+    void *vchunk;
+    TD_ASSERT_OK(td_memmgr_chunk_host_access(r.m, td_memmgr_tensor_chunk(r.m, ids[4][1]), 0, &vchunk));
+    assert_ptr_equal(p[1], vchunk);
+    memset(p[0], 7, sizes[0] * 4);
+    /* The device refuses the pageable ones and takes the rest. */
+    TD_ASSERT_OK(td_memmgr_step_begin(r.m));
+    void *d[2];
+    assert_int_equal(td_memmgr_access(r.m, &ids[3][0], 1, TD_TENSOR_COMPUTE, 0, d), TD_ERR_STATE);
+    assert_non_null(strstr(td_error_msg(), "pageable"));
+    int dev_ok[2] = {ids[0][0], ids[2][0]}; /* a param, and the master homed on the device */
+    assert_int_equal(td_memmgr_tensor_chunk(r.m, ids[2][0]), master0);
+    TD_ASSERT_OK(td_memmgr_access(r.m, dev_ok, 2, TD_TENSOR_COMPUTE, 0, d));
+    TD_ASSERT_OK(td_memmgr_release(r.m, dev_ok, 2, TD_TENSOR_HOLD));
+    TD_ASSERT_OK(td_memmgr_step_end(r.m));
+    TD_ASSERT_OK(td_memmgr_host_access(r.m, &ids[3][0], 1, 0, p));
+    assert_int_equal(((unsigned char *)p[0])[123], 7);
+    rig_close(&r);
+}
+
 /* ---- layout ---------------------------------------------------------------- */
 
 static void test_layout_packs_and_mirrors(void **state)
@@ -254,20 +362,24 @@ static uint64_t random_run(uint64_t seed, td_evict_policy policy, int prefetch, 
     int n_ops = 10 + (int)td_rng_below(&rng, 30);
     int op_tensor[40][3], op_count[40], op_write[40], op_host[40];
     size_t op_nonmodel[40];
+    /* Optimizer state homed on the host is pageable and host-only: device
+     * accesses draw from the other tensors. */
+    int n_device = 0;
+    for (int i = 0; i < md.n; i++) n_device += !td_memmgr_chunk_pageable(r.m, td_memmgr_tensor_chunk(r.m, md.id[i]));
     for (int k = 0; k < n_ops; k++) {
+        op_host[k] = td_rng_below(&rng, 8) == 0 || n_device < 3;
         op_count[k] = 1 + (int)td_rng_below(&rng, 3);
         for (int j = 0; j < op_count[k]; j++) {
             int t;
             int dup;
             do {
                 t = (int)td_rng_below(&rng, (uint64_t)md.n);
-                dup = 0;
+                dup = !op_host[k] && td_memmgr_chunk_pageable(r.m, td_memmgr_tensor_chunk(r.m, md.id[t]));
                 for (int q = 0; q < j; q++) dup |= op_tensor[k][q] == t;
             } while (dup);
             op_tensor[k][j] = t;
         }
         op_write[k] = (int)td_rng_below(&rng, 2);
-        op_host[k] = td_rng_below(&rng, 8) == 0;
         op_nonmodel[k] = td_rng_below(&rng, 4) == 0 ? td_rng_below(&rng, chunk_bytes) + 1 : 0;
     }
     unsigned char *buf = malloc(6064 * 4);
@@ -497,8 +609,12 @@ static void test_optim_homes(void **state)
         for (int i = 0; i < 4; i++)
             assert_int_equal(td_memmgr_chunk_home(r.m, td_memmgr_role_chunk(r.m, roles[ro], i)),
                              on[i] ? TD_HOME_DEVICE : TD_HOME_HOST);
-    /* A warm-up that uses host-homed m chunk 1 and every param: auto homes
-     * params on the device (the room is there), never the optimizer chunk. */
+    /* A warm-up that uses every param and device-homed m chunk 0: auto homes
+     * params on the device (the room is there), never an optimizer chunk;
+     * host-homed m chunk 1 is pageable, the CPU AdamW's alone: the device
+     * refuses it. */
+    assert_true(td_memmgr_chunk_pageable(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_ADAM_M, 1)));
+    assert_false(td_memmgr_chunk_pageable(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_ADAM_M, 0)));
     for (int step = 0; step < 2; step++) {
         TD_ASSERT_OK(td_memmgr_step_begin(r.m));
         for (int i = 0; i < 4; i++) {
@@ -507,8 +623,9 @@ static void test_optim_homes(void **state)
             TD_ASSERT_OK(td_memmgr_release(r.m, &id[0][i], 1, TD_TENSOR_HOLD));
         }
         void *p;
-        TD_ASSERT_OK(td_memmgr_access(r.m, &id[2][1], 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &p));
-        TD_ASSERT_OK(td_memmgr_release(r.m, &id[2][1], 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_memmgr_access(r.m, &id[2][0], 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &p));
+        TD_ASSERT_OK(td_memmgr_release(r.m, &id[2][0], 1, TD_TENSOR_HOLD));
+        assert_int_equal(td_memmgr_access(r.m, &id[2][1], 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &p), TD_ERR_STATE);
         TD_ASSERT_OK(td_memmgr_step_end(r.m));
     }
     assert_int_equal(td_memmgr_chunk_home(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_ADAM_M, 1)), TD_HOME_HOST);
@@ -618,6 +735,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_packs_and_mirrors),
         cmocka_unit_test(test_bad_registrations),
+        cmocka_unit_test(test_pageable_optimizer_state),
         cmocka_unit_test(test_states_and_zero_fill),
         cmocka_unit_test(test_random_traces_keep_data),
         cmocka_unit_test(test_belady_beats_lru_on_a_loop),

@@ -152,9 +152,12 @@ static void start_batch(checker *k)
 {
     uint64_t budget = k->p->budget_bytes, used = k->resident_bytes + k->nonmodel;
     if (k->after_access) { /* a prefetch: room until its use, see peak_nonmodel_until */
-        uint64_t j = prefetch_target(k);
-        expect_victims(k, k->resident_bytes + td_trace_chunk_bytes(k->t, k->seq[j]),
-                       budget - peak_nonmodel_until(k, j), k->pos + 1, j + 1);
+        /* The resident chunks must fit in the room the prefetched chunk
+         * leaves (resident + chunk could pass 2^64 with chunks near it). */
+        uint64_t j = prefetch_target(k), room = budget - peak_nonmodel_until(k, j);
+        uint64_t b = td_trace_chunk_bytes(k->t, k->seq[j]);
+        assert_true(b <= room);
+        expect_victims(k, k->resident_bytes, room - b, k->pos + 1, j + 1);
     } else if (k->ev[k->next_event].kind == TD_TRACE_NONMODEL) {
         expect_victims(k, k->resident_bytes, budget - k->ev[k->next_event].nonmodel_bytes, k->pos, 0);
     } else { /* a demand load */
@@ -211,7 +214,8 @@ static void on_event(void *ctx, const td_memsim_event *ev)
             assert_int_equal(k->seq[ev->target], c);
             assert_int_equal(naive_next(k, c, k->pos + 1), ev->target);
             /* It fits until its use, whatever the non-model bytes do meanwhile. */
-            assert_true(k->resident_bytes + peak_nonmodel_until(k, ev->target) <= budget);
+            assert_true(peak_nonmodel_until(k, ev->target) <= budget &&
+                        k->resident_bytes <= budget - peak_nonmodel_until(k, ev->target));
             for (uint32_t i = 0; i < k->n_held; i++) /* never evicts what is needed first */
                 assert_true(naive_next(k, k->held_victims[i], k->pos + 1) > ev->target);
             k->n_held = 0;
@@ -709,6 +713,36 @@ static void test_budget_errors(void **state)
     td_trace_destroy(t);
 }
 
+/* Sizes near 2^64 under the largest budget: a non-model line that leaves no
+ * room evicts the resident chunk (resident + non-model once wrapped to a
+ * small sum and kept it, past the budget); a prefetch whose chunk and the
+ * resident ones pass 2^64 together evicts first.  Found by fuzz_trace. */
+static void test_sizes_near_2_64(void **state)
+{
+    td_trace *t;
+    const char *text = "tidal-trace 1\nchunk 0 60\naccess 0 r\nnonmodel 18446744073709551615\n";
+    TD_ASSERT_OK(td_trace_parse(text, strlen(text), "wrap.trace", &t));
+    td_memsim_result r;
+    td_memsim_params p = td_memsim_default_params();
+    p.budget_bytes = UINT64_MAX;
+    TD_ASSERT_OK(run_checked(t, p, &r, 1));
+    assert_int_equal(r.total.evictions, 1);
+    assert_int_equal(r.resident_end, 0);
+    td_trace_destroy(t);
+
+    text = "tidal-trace 1\nchunk 0 9223372036854775808\nchunk 1 9223372036854775808\n"
+           "access 0 r\naccess 1 r\naccess 0 r\n";
+    TD_ASSERT_OK(td_trace_parse(text, strlen(text), "wrap2.trace", &t));
+    for (int pol = 0; pol < TD_EVICT_POLICY_COUNT; pol++) {
+        p.policy = (td_evict_policy)pol;
+        p.prefetch = 2;
+        TD_ASSERT_OK(run_checked(t, p, &r, 1));
+        assert_true(r.peak_device_bytes == 9223372036854775808ull);
+        assert_int_equal(r.total.loads, 3);
+    }
+    td_trace_destroy(t);
+}
+
 /* Random budgets, also below what the trace needs and with chunks near the
  * 64-bit limit: the run succeeds exactly when the budget is at least
  * td_memsim_min_budget, and fails naming a line otherwise. */
@@ -996,6 +1030,7 @@ int main(void)
         cmocka_unit_test(test_known_schedule),
         cmocka_unit_test(test_belady_ties_and_wrap),
         cmocka_unit_test(test_budget_errors),
+        cmocka_unit_test(test_sizes_near_2_64),
         cmocka_unit_test(test_budget_threshold_random),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_prefetch),

@@ -12,10 +12,20 @@
 
 #include <string.h>
 
+/* A moment chunk of int8 state: codes, then a scale per block (optim.h). */
+static size_t int8_moment_bytes(size_t numel, void *ctx)
+{
+    (void)ctx;
+    return td_adam_moment_bytes(TD_OPTIM_STATE_INT8, numel);
+}
+
 /* Every tensor of the model in each role, in the same order for each, so
  * chunk i of each role holds the same tensors: params and grads in the
- * compute precision, an fp32 master when that is not fp32, AdamW m and v in
- * fp32.  ids: 5 * count ints (param, grad, master or -1, m, v). */
+ * compute precision, an fp32 master when that is not fp32, AdamW m and v as
+ * --optim-state stores them: fp32, bf16, or int8 codes with block scales
+ * (an opaque format to the chunk manager, sized by td_adam_moment_bytes of
+ * the chunk's elements: the elements pack as in every other role).
+ * ids: 5 * count ints (param, grad, master or -1, m, v). */
 td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int *ids)
 {
     td_status st = TD_OK;
@@ -24,7 +34,14 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
     td_dtype dt = cfg->precision;
     static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
                                             TD_TENSOR_ADAM_V};
-    td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, TD_DTYPE_F32, TD_DTYPE_F32};
+    td_optim_state os = cfg->optim.state;
+    td_dtype mdt = os == TD_OPTIM_STATE_BF16 ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+    td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, mdt, mdt};
+    if ((unsigned)os >= TD_OPTIM_STATE_COUNT) return td_error_set(TD_ERR_INVALID, "bad --optim-state %d", (int)os);
+    if (os == TD_OPTIM_STATE_INT8) {
+        TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_M, int8_moment_bytes, NULL));
+        TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_V, int8_moment_bytes, NULL));
+    }
     for (int r = 0; r < 5; r++)
         for (int i = 0; i < n; i++) {
             ids[r * n + i] = -1;
@@ -35,6 +52,14 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
         }
 cleanup:
     return st;
+}
+
+/* --optim-state: fp32, bf16 or int8 moments (optim.h); anything else is a
+ * caller's mistake. */
+td_status td_train_optim_state_check(const td_train_config *cfg)
+{
+    if ((unsigned)cfg->optim.state < TD_OPTIM_STATE_COUNT) return TD_OK;
+    return td_error_set(TD_ERR_INVALID, "optimizer state type %d: use fp32, bf16 or int8", (int)cfg->optim.state);
 }
 
 /* Chunk sizes around one block's parameters unless the caller chose. */
@@ -59,7 +84,7 @@ td_state_bytes td_train_state_of(td_memmgr *mm)
 {
     td_state_bytes s = {0};
     for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
-        size_t b = td_memmgr_chunk_bytes(mm, c);
+        size_t b = td_memmgr_chunk_slot_bytes(mm, c); /* the device's view */
         td_tensor_role r = td_memmgr_chunk_role(mm, c);
         s.all += b;
         if (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD) s.param_grad += b;

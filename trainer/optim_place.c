@@ -73,7 +73,7 @@ int td_train_optim_order(const td_train_config *cfg, td_memmgr *mm, const int *p
 static size_t role_chunk_bytes(td_memmgr *mm, td_tensor_role r, int k)
 {
     int c = td_memmgr_role_chunk(mm, r, k);
-    return c < 0 ? 0 : td_memmgr_chunk_bytes(mm, c);
+    return c < 0 ? 0 : td_memmgr_chunk_slot_bytes(mm, c);
 }
 
 static size_t optim_state_bytes(td_memmgr *mm, int k)
@@ -110,13 +110,13 @@ static int optim_fit(td_memmgr *mm, const int *order, int n, size_t nonmodel, si
      * brings its param and grad chunk when those stream. */
     size_t pg = 0, largest = 0;
     for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
-        size_t b = td_memmgr_chunk_bytes(mm, c);
+        size_t b = td_memmgr_chunk_slot_bytes(mm, c);
         td_tensor_role r = td_memmgr_chunk_role(mm, c);
         if (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD) pg += b;
         if (b > largest) largest = b;
     }
     size_t all = nonmodel;
-    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) all += td_memmgr_chunk_bytes(mm, c);
+    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) all += td_memmgr_chunk_slot_bytes(mm, c);
     if (all + all / 16 <= budget) return n; /* everything stays: nothing streams, no slot to prefetch into */
     size_t resident = nonmodel + pg + 2 * largest;
     int pg_fit = resident + resident / 16 <= budget;

@@ -16,7 +16,7 @@ static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
         for (int j = 0; j < k && !dup; j++) dup = seen[j] == c;
         if (dup) continue;
         if (k < 64) seen[k++] = c;
-        bytes += td_memmgr_chunk_bytes(mm, c);
+        bytes += td_memmgr_chunk_slot_bytes(mm, c);
     }
     return bytes;
 }
@@ -36,16 +36,17 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->chunks = td_memmgr_chunk_count(mm);
     out->chunk_numel = td_memmgr_chunk_numel(mm);
     out->padding_bytes = td_memmgr_padding_bytes(mm);
-    size_t largest = 0;
+    size_t largest = 0, state_all = 0;
     for (int c = 0; c < out->chunks; c++) {
-        size_t b = td_memmgr_chunk_bytes(mm, c);
+        size_t b = td_memmgr_chunk_slot_bytes(mm, c);
         out->role_bytes[td_memmgr_chunk_role(mm, c)] += b;
-        out->host_pinned_bytes += b;
+        out->host_role_bytes[td_memmgr_chunk_role(mm, c)] += td_memmgr_chunk_bytes(mm, c);
+        state_all += b;
         if (b > largest) largest = b;
     }
     td_act_plan ap;
     td_state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD],
-                       .all = out->host_pinned_bytes, .largest = largest };
+                       .all = state_all, .largest = largest };
     td_train_plan_activations(cfg, budget ? budget : 0, &sb, &ap);
     out->ckpt_blocks = ap.ckpt_blocks;
     out->ckpt = ap.ckpt_blocks > 0;
@@ -123,6 +124,11 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->adam_cpu_params = gpu_numel >= out->params ? 0 : (double)(out->params - gpu_numel);
     out->adam_bytes_per_param = td_train_adam_bytes_per_param(cfg);
     out->adam_bytes_per_step = out->adam_bytes_per_param * out->adam_cpu_params;
+    /* The host: the optimizer homes the trainer gives (optim_place.c; the
+     * host-homed state is pageable), then every pinned and pageable byte by
+     * the trainer's own sequence. */
+    if ((st = td_train_host_homes(mm, cfg, out->optim_gpu_chunks))) goto cleanup;
+    if ((st = td_train_host_plan(mm, cfg, budget, out))) goto cleanup;
 cleanup:
     td_memmgr_destroy(mm);
     td_free(ids);

@@ -117,7 +117,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
 {
     td_status st = TD_OK;
     *out = NULL;
-    if ((st = td_train_config_check(cfg))) return st;
+    if ((st = td_train_config_check(cfg)) || (st = td_train_optim_state_check(cfg))) return st;
     td_trainer *t = td_calloc(1, sizeof *t, TD_ROLE_META);
     if (!t) return TD_ERR_NOMEM;
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
@@ -133,10 +133,9 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                 td_dtype_name(cfg->precision));
     t->dt = t->gdt = cfg->precision;
     TD_TRY(td_topo_create(t->backend, &t->topo));
+    TD_TRY(td_hostmem_create(t->topo, &t->hostmem)); /* on the AdamW team's node(s) */
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
-    /* Slabs of about a sixteenth of the chunks' host copies (2 MiB .. 1 GiB):
-     * few registrations for a big model, little idle pinned memory for a small one. */
     size_t asked = cfg->gpu_budget;
     if (asked == 0 || asked == TD_GPU_BUDGET_MAX) { /* the default, or all the free memory */
         TD_TRY(td_arena_default_budget(t->backend, &t->budget_cap, NULL));
@@ -147,15 +146,24 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
     /* Refuse up front what cannot work, saying what would. */
     {
-        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        size_t ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
-        size_t limit = cfg->host_pin_limit ? cfg->host_pin_limit : ram / 10 * 8;
-        char need[32], lim[32], r[32];
+        size_t ram = 0, limit = 0;
+        char need[32], lim[32], r[32], rb[32], src[160];
+        TD_TRY(td_train_host_limits(cfg, &ram, &limit, src, sizeof src));
+        hp.pin_limit_bytes = limit;
         if (plan.host_pinned_bytes > limit)
-            TD_FAIL(TD_ERR_PIN, "the model's params, grads and optimizer state need %s of pinned host memory; the "
-                    "pin limit is %s (%s of RAM); use a smaller model or raise --host-pin-limit",
-                    td_format_bytes(plan.host_pinned_bytes, need, sizeof need), td_format_bytes(limit, lim, sizeof lim),
-                    td_format_bytes(ram, r, sizeof r));
+            TD_FAIL(TD_ERR_PIN, "the run pins %s of host memory (params, grads and staging in %d slab%s; `tidal plan` "
+                    "shows host.pinned_bytes) and the pin limit is %s = %zu bytes (--host-pin-limit; default 80%% of the %s "
+                    "RAM); raise --host-pin-limit to at least %zu bytes or use a smaller model or batch",
+                    td_format_bytes(plan.host_pinned_bytes, need, sizeof need), plan.host_slabs,
+                    plan.host_slabs == 1 ? "" : "s", td_format_bytes(limit, lim, sizeof lim), limit,
+                    td_format_bytes(ram, r, sizeof r), plan.host_pinned_bytes);
+        if (plan.host_bytes > ram)
+            TD_FAIL(TD_ERR_NOMEM, "the run needs %s of host memory (%s pinned, %s pageable; `tidal plan` shows the "
+                    "breakdown) and the host has %s (%s); use --optim-state bf16 or int8, a smaller model or batch, "
+                    "or give --host-ram if the figure is wrong",
+                    td_format_bytes(plan.host_bytes, need, sizeof need),
+                    td_format_bytes(plan.host_pinned_bytes, lim, sizeof lim),
+                    td_format_bytes(plan.host_pageable_bytes, r, sizeof r), td_format_bytes(ram, rb, sizeof rb), src);
         size_t min = cfg->mm.placement == TD_PLACEMENT_CUDA ? plan.full_device_bytes : plan.min_device_bytes;
         if (cfg->gpu_budget && cfg->gpu_budget < min)
             TD_FAIL(TD_ERR_BUDGET, "--gpu-budget %s is below the minimum of %s for this model, batch and --policy %s "
@@ -163,17 +171,17 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                     td_format_bytes(cfg->gpu_budget, need, sizeof need), td_format_bytes(min, lim, sizeof lim),
                     td_placement_name(cfg->mm.placement), plan.ckpt ? "" : ", or use --ckpt on");
     }
-    hp.slab_bytes = plan.host_pinned_bytes / 16;
-    if (hp.slab_bytes < 2 * TD_MiB) hp.slab_bytes = 2 * TD_MiB;
-    if (hp.slab_bytes > TD_GiB) hp.slab_bytes = TD_GiB;
+    hp.slab_bytes = plan.host_slab_bytes; /* as planned: the plan's pinned bytes are exact */
     TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
     TD_TRY(td_arena_create(t->backend, cfg->gpu_budget, &t->arena));
     TD_TRY(td_copy_engine_create(t->backend, NULL, &t->engine));
     td_memmgr_params mp = td_train_chunk_params(cfg);
+    mp.hostmem = t->hostmem;
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     TD_TRY(register_tensors(t));
-    TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks));
+    TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks)); /* host-homed state: pageable (memmgr.h) */
     TD_TRY(td_memmgr_layout(t->mm));
+    TD_TRY(td_train_first_touch(t->mm, cfg, t->topo));
     TD_TRY(td_train_decay_setup(t));
     TD_TRY(init_state(t));
     TD_TRY(alloc_activations(t));
@@ -194,6 +202,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_adam_cpu_create(&ap, &t->adam));
     TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
+    td_host_usage hu;
+    TD_TRY(td_trainer_host_usage(t, &hu)); /* the footprint's first sample */
     return TD_OK;
 cleanup:
     td_trainer_destroy(t);
@@ -219,6 +229,7 @@ void td_trainer_destroy(td_trainer *t)
     td_copy_engine_destroy(t->engine);
     td_arena_destroy(t->arena);
     td_hostpool_destroy(t->pool);
+    td_hostmem_destroy(t->hostmem);
     td_topo_destroy(t->topo);
     td_backend_free(t->backend);
     td_free(t->pid);
@@ -612,7 +623,7 @@ cleanup:
 static td_status gather_device_sumsq(td_trainer *t, int chunks)
 {
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) {
+    if (on_cuda(t) && t->gpu_opt) { /* dev_acc exists only with GPU chunks */
         td_status st = td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_sumsq + chunks, t->dev_acc,
                                              (size_t)chunks * sizeof(double));
         return st ? st : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
@@ -637,7 +648,7 @@ static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs 
     master = p;
     if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
                          .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
                                   td_dtype_bytes(t->dt) };
 #ifdef TD_HAVE_CUDA
@@ -707,7 +718,7 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
     /* The new params go straight into the param chunk's pinned host copy,
      * which the next step uploads. */
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt,
+                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
                          .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
     TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch));
 cleanup:

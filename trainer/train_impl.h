@@ -11,6 +11,8 @@ struct td_trainer {
     td_backend *backend;
     td_topo *topo;
     td_hostpool *pool;
+    td_hostmem *hostmem;               /* pageable optimizer state, on the AdamW team's node */
+    size_t host_peak_bytes;            /* the largest host footprint sampled (td_trainer_host_usage) */
     td_arena *arena;
     td_copy_engine *engine;
     td_memmgr *mm;
@@ -133,6 +135,26 @@ td_status td_train_optim_homes(const td_train_config *cfg, int gpu, uint8_t **on
 /* The trainer's placement, before its layout: t->optim_on_gpu, t->gpu_opt
  * and the memmgr's optimizer homes. */
 td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks);
+/* ---- the host side (hostplan.c) ---- */
+#define TD_TRAIN_STAGING 4
+/* The pinned staging buffers the trainer takes, in order (alloc_activations). */
+void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING]);
+/* The pinned pool's slab size for the pinned chunk copies of a planned layout. */
+size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
+/* The optimizer homes td_train_place_optimizer gives the trainer's layout
+ * (the first gpu_chunks of the slack order on the device, the rest on the
+ * host: pageable), set on a planned layout for the host plan. */
+td_status td_train_host_homes(td_memmgr *mm, const td_train_config *cfg, int gpu_chunks);
+/* The pageable optimizer state's pages first touched (zeroed) by the
+ * threads of an AdamW team like the trainer's, each the pages it will
+ * update: NUMA placement inside the local nodes, and no page faults in the
+ * first step (after td_memmgr_layout, before the params are initialised). */
+td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo);
+/* The host_* fields of the plan from a planned layout with its homes set. */
+td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p);
+/* TD_OK when this build's AdamW kernels store moments as cfg->optim.state. */
+td_status td_train_optim_state_check(const td_train_config *cfg);
+
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);
 void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n);

@@ -131,14 +131,30 @@ typedef enum td_ckpt_stage {
     TD_CKPT_STAGE_DONE,          /* the old checkpoint deleted */
 } td_ckpt_stage;
 
+/* Several processes writing one checkpoint (data parallelism: each rank
+ * holds a shard of every tensor, and nothing is gathered on one rank).
+ * checkpoint/ does not know the communicator: the caller passes how its
+ * ranks exchange a few bytes. */
+typedef struct td_ckpt_group {
+    int rank, size;
+    /* Every rank's `bytes` from mine into all (size * bytes, in rank order);
+     * every rank calls it at the same points.  May be NULL when size is 1. */
+    td_status (*allgather)(void *arg, const void *mine, size_t bytes, void *all);
+    void *arg;
+} td_ckpt_group;
+
 typedef struct td_ckpt_write_options {
     td_dtype weight_dtype;   /* dtype of model.safetensors (default fp32) */
     int train_state;         /* 1: also write train_state.safetensors (default 1) */
     td_ckpt_replace replace; /* default AUTO */
-    void (*on_stage)(td_ckpt_stage stage, void *arg); /* may be NULL */
+    void (*on_stage)(td_ckpt_stage stage, void *arg); /* may be NULL; rank 0 alone in a group */
     void *stage_arg;
     uint64_t shard_bytes;    /* weights above this many bytes go to shards of at most this size with
                                 model.safetensors.index.json (0: 5 GB, save_pretrained's default) */
+    /* NULL: one process streaming the files (the append/put calls).  Set:
+     * ranged writing by every rank of the group (below); the pointer is
+     * used until commit or abort. */
+    const td_ckpt_group *group;
 } td_ckpt_write_options;
 
 td_ckpt_write_options td_ckpt_write_default_options(void);
@@ -178,6 +194,36 @@ td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_stat
                                       const float *src, size_t n_elems);
 td_status td_ckpt_writer_append_extra(td_ckpt_writer *w, int extra, const void *bytes,
                                       size_t n_bytes);
+
+/* --- ranged writing (write options with a group) ---------------------------
+ * Every rank calls td_ckpt_writer_begin with the same directory, config and
+ * options: rank 0 recovers and checks DIR, creates DIR.tmp.<rank 0's pid>
+ * and config.json; then every rank declares the same tensors.  After the
+ * same set_meta / declare_extra calls on every rank, td_ckpt_writer_begin_ranges
+ * (collective) has rank 0 create both files at their full size with the
+ * headers every rank computed alike (a rank whose header differs from rank
+ * 0's is refused, naming it), and the others open them.  Each rank then
+ * writes its element ranges, in any order, with the calls below (ranges of
+ * different ranks must not overlap and together cover every tensor:
+ * commit checks the total), and td_ckpt_writer_commit (collective) fsyncs
+ * every rank's writes, checks that every rank succeeded, and has rank 0
+ * publish DIR atomically as for one process.  A failure on any rank fails
+ * commit on every rank with the same message naming the rank, and leaves
+ * DIR as it was.  A rank that aborts instead makes the others' commit fail
+ * (their allgather sees it gone, or times out).  With a group of size 1
+ * this is ranged writing by one process. */
+td_status td_ckpt_writer_begin_ranges(td_ckpt_writer *w);
+/* Elements [elem_offset, elem_offset + n_elems) of a weight in tidal's
+ * layout (Conv1D weights are transposed into the stored layout as they are
+ * written; wte's padding rows V .. Vp-1 are dropped). */
+td_status td_ckpt_writer_write_weight(td_ckpt_writer *w, int param, uint64_t elem_offset, td_dtype src_dtype,
+                                      const void *src, size_t n_elems);
+/* Elements of a master/m/v tensor (tidal's layout, F32). */
+td_status td_ckpt_writer_write_state(td_ckpt_writer *w, int param, td_ckpt_state kind, uint64_t elem_offset,
+                                     const float *src, size_t n_elems);
+/* Bytes of an extra tensor (usually one rank writes each extra whole). */
+td_status td_ckpt_writer_write_extra(td_ckpt_writer *w, int extra, uint64_t byte_offset, const void *bytes,
+                                     size_t n_bytes);
 
 /* Copies the file at src into the checkpoint as `name`, one of
  * TD_CKPT_TOKENIZER_FILES (published with the rest by commit). */
@@ -219,6 +265,11 @@ const char *td_ckpt_reader_dir(const td_ckpt_reader *r);
  * weights transposed back, wte's rows V .. Vp-1 set to zero. */
 td_status td_ckpt_reader_get_weight(const td_ckpt_reader *r, int param, td_dtype dst_dtype,
                                     void *dst);
+/* Elements [elem_offset, elem_offset + n_elems) of parameter `param` in
+ * tidal's layout (Conv1D weights transposed back, wte's padding rows zero):
+ * a rank's shard, whatever number of ranks wrote the checkpoint. */
+td_status td_ckpt_reader_get_weight_range(const td_ckpt_reader *r, int param, uint64_t elem_offset,
+                                          size_t n_elems, td_dtype dst_dtype, void *dst);
 /* Elements [elem_offset, elem_offset + n_elems) of the stored (HF) layout. */
 td_status td_ckpt_reader_read_weight(const td_ckpt_reader *r, int param, uint64_t elem_offset,
                                      size_t n_elems, td_dtype dst_dtype, void *dst);

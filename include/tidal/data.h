@@ -32,6 +32,13 @@
  * of the next sequence) is all the state: seeking to a saved position
  * continues with exactly the same batches, whatever batch size is used.
  *
+ * Several ranks (data parallelism, ranks = N): every call takes the next
+ * global batch of N B sequences of that one stream, and rank r gets its
+ * slice, sequences [r B, (r + 1) B) of it; the position advances by N B on
+ * every rank alike.  So N ranks with batch B together see, call by call,
+ * exactly the sequences one rank with batch N B sees, and the position (which
+ * does not depend on N or r) resumes on any number of ranks.
+ *
  * Ownership: a td_tokfile maps its file read-only (no copy) and unmaps it on
  * close; td_tokfile_open_buffer borrows the caller's bytes.  A loader made
  * by td_loader_open owns its file; one made by td_loader_create borrows it.
@@ -126,9 +133,10 @@ typedef struct td_loader_params {
     double heldout_percent; /* [0, 100): share of sequences held out; 0: none */
     td_data_split split;
     int shuffle;            /* 1: a new permutation per epoch; 0: file order */
+    uint32_t rank, ranks;   /* data parallelism: this rank's slice of every global batch (0 of 1; 0 ranks = 1) */
 } td_loader_params;
 
-/* batch 8, seq 64, seed 0, heldout 0, train split, shuffle on. */
+/* batch 8, seq 64, seed 0, heldout 0, train split, shuffle on, rank 0 of 1. */
 td_loader_params td_loader_default_params(void);
 
 typedef struct td_loader_position {
@@ -151,7 +159,8 @@ uint64_t td_loader_sequences(const td_loader *l);      /* in this split */
 uint64_t td_loader_first_sequence(const td_loader *l); /* index in the file of this split's first */
 /* The next batch: inputs and targets are (B, T) row-major; targets[b][t] =
  * inputs[b][t + 1] within a sequence, and the last target is the sequence's
- * token T.  Advances the position by B sequences. */
+ * token T.  Advances the position by B sequences (N B with N ranks: this
+ * rank's slice of the global batch). */
 td_status td_loader_next(td_loader *l, int32_t *inputs, int32_t *targets);
 /* The sequence (index in the file, from td_loader_first_sequence on) at
  * position `index` of epoch `epoch` (index < td_loader_sequences). */

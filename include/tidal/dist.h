@@ -96,6 +96,25 @@ td_status td_rdv_bcast(td_rdv *r, void *buf, size_t bytes);
 td_status td_rdv_allgather(td_rdv *r, const void *mine, size_t bytes, void *all);
 td_status td_rdv_barrier(td_rdv *r);
 
+/* --- agreement -------------------------------------------------------------------- */
+
+/* One setting every rank must share: a flag, the model, the data file
+ * (e.g. "--lr" = "0.0003", "data" = "<token count> <CRC-32>"). */
+typedef struct td_dist_setting {
+    const char *key;
+    const char *value; /* NULL reads as unset */
+} td_dist_setting;
+
+/* Every rank passes its settings, the same keys in the same order.  TD_OK
+ * when all ranks' lists are equal; otherwise TD_ERR_INVALID on every rank
+ * with the same message naming the first setting that differs, the first
+ * rank that differs from rank 0 and both values ("ranks disagree on --lr:
+ * rank 0 has '0.0003', rank 2 has '0.001'"), or the counts when the lists
+ * differ only in length.  Values are compared whole (by a 64-bit hash) and
+ * shown up to 160 bytes.  Costs one all-gather of 16 bytes a rank when all
+ * agree. */
+td_status td_rdv_agree(td_rdv *r, const td_dist_setting *s, size_t n);
+
 /* --- communicator --------------------------------------------------------------- */
 
 typedef struct td_comm td_comm;
@@ -113,7 +132,8 @@ typedef enum td_reduce_op {
 
 typedef struct td_comm_params {
     td_comm_kind kind;
-    int timeout_ms;   /* the rendezvous, and each wait for a peer (cpu) */
+    int timeout_ms;   /* the rendezvous, and each wait for a peer: progress within this or the job
+                         fails naming the rank (--comm-timeout; NCCL: the communicator is aborted) */
 } td_comm_params;
 
 /* AUTO, 60 s (env TD_COMM_TIMEOUT_MS). */
@@ -148,6 +168,20 @@ td_status td_comm_broadcast(td_comm *c, void *buf, size_t count, td_dtype dt, in
 /* Returns once every rank's queue q has finished what came before (the host
  * waits for its queue, then for the other ranks). */
 td_status td_comm_barrier(td_comm *c, td_queue q);
+/* The host waits for queue q, its collectives included.  With NCCL a wait
+ * that sees no progress for the timeout aborts the communicator and fails
+ * (TD_ERR_IO) naming the ranks whose link has closed; use it instead of
+ * td_queue_sync wherever collectives may be in flight. */
+td_status td_comm_wait(td_comm *c, td_queue q);
+int td_comm_timeout_ms(const td_comm *c);
+/* td_rdv_agree over the communicator's rendezvous (host only).  A failure
+ * other than a disagreement ends the communicator. */
+td_status td_comm_agree(td_comm *c, const td_dist_setting *s, size_t n);
+/* Small host messages over the rendezvous, not the collective path: every
+ * rank's `bytes` at mine into all (size * bytes, rank order).  For control
+ * data (a checkpoint group's votes, per-rank sums to add in rank order so
+ * every rank gets the same bits).  A failure ends the communicator. */
+td_status td_comm_host_allgather(td_comm *c, const void *mine, size_t bytes, void *all);
 
 /* --- launch ----------------------------------------------------------------------- */
 

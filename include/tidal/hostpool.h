@@ -31,6 +31,7 @@ extern "C" {
 #endif
 
 #define TD_HOSTPOOL_ALIGN 4096
+#define TD_HOSTPOOL_SLAB_GRAIN ((size_t)2 << 20) /* slab sizes are rounded up to whole huge pages */
 
 typedef struct td_hostpool td_hostpool;
 
@@ -48,7 +49,12 @@ typedef struct td_hostpool_stats {
 
 td_hostpool_params td_hostpool_default_params(void);
 
-/* `topo` may be NULL (no NUMA placement).  Pins nothing until the first alloc. */
+/* `topo` may be NULL (no NUMA placement).  Pins nothing until the first alloc.
+ * With `b` NULL, a planning pool: it maps and pins nothing and hands out
+ * addresses that must never be dereferenced, but places blocks in slabs
+ * exactly as a real pool with the same params would, so its pinned_bytes
+ * after a sequence of allocations is what that sequence pins (`tidal
+ * plan`'s host.pinned_bytes); its pin limit defaults to no limit. */
 td_status td_hostpool_create(td_backend *b, td_topo *topo, const td_hostpool_params *params, td_hostpool **out);
 /* Unpins and unmaps every slab; all blocks must have been released. */
 void td_hostpool_destroy(td_hostpool *p);

@@ -9,8 +9,15 @@
  * chunk i of each role holds the same tensors, which is what a per-chunk
  * optimizer needs.
  *
- * Every chunk has a pinned host copy (from the pinned pool) and, while
- * resident, a device copy (a slot in the arena), with a dirty bit per side.
+ * Every chunk has a host copy and, while resident, a device copy (a slot in
+ * the arena), with a dirty bit per side.  Only what crosses PCIe is pinned:
+ * the host copy of a chunk is PAGEABLE (td_hostmem, NUMA-local to the CPU
+ * AdamW, not from the pinned pool) iff its role is MASTER, ADAM_M or ADAM_V
+ * and its home is TD_HOME_HOST when td_memmgr_layout runs; such a chunk is
+ * the CPU optimizer's alone and is never accessed on the device
+ * (td_memmgr_access refuses it).  Every other chunk's host copy is pinned.
+ * td_memmgr_set_chunk_home before the layout decides it per chunk (the
+ * per-chunk GPU optimizer homes its chunks' state on the device).
  * Each tensor has a state (tensor_state.h); a chunk with any tensor in
  * COMPUTE is pinned on the device.
  *
@@ -55,6 +62,7 @@
 #include "tidal/arena.h"
 #include "tidal/copy.h"
 #include "tidal/dtype.h"
+#include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
 #include "tidal/policy.h"
 #include "tidal/status.h"
@@ -108,6 +116,8 @@ typedef struct td_memmgr_params {
                                                 warm-up's measured load time per chunk and compute time per
                                                 access; 0 off */
     const char *trace_out;                   /* write the warm-up trace here (tidal-trace 1), or NULL */
+    td_hostmem *hostmem;                     /* pageable host copies (see above); NULL: the manager maps its
+                                                own, without NUMA binding.  Must outlive the manager. */
 } td_memmgr_params;
 
 td_memmgr_params td_memmgr_default_params(void);
@@ -121,6 +131,7 @@ typedef struct td_memmgr_stats {
     uint64_t steps, accesses;
     size_t device_chunk_bytes, device_peak_bytes; /* chunk slots held now; arena peak */
     size_t host_chunk_bytes;                      /* pinned host copies */
+    size_t host_pageable_bytes;                   /* pageable host copies (page-rounded) */
 } td_memmgr_stats;
 
 td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
@@ -142,12 +153,27 @@ td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dt
  * the layout makes it (a planning manager with the same registrations gives
  * it); the layout fails otherwise.  Copied. */
 td_status td_memmgr_set_optim_homes(td_memmgr *m, const uint8_t *on_device, int n);
-/* Packs the tensors into chunks and allocates the host copies (pinned). */
+/* A role whose chunks hold their elements in a format of their own (an
+ * optimizer state quantized in blocks, say): a chunk of `numel` elements of
+ * this role takes bytes_of(numel, ctx) bytes.  The packing is in elements as
+ * for every role (so chunk i still holds the same tensors as chunk i of the
+ * params); a tensor of such a role has no address of its own: every access
+ * gives the chunk's start.  Before the layout. */
+td_status td_memmgr_set_role_format(td_memmgr *m, td_tensor_role role, size_t (*bytes_of)(size_t numel, void *ctx),
+                                    void *ctx);
+/* Packs the tensors into chunks (unless td_memmgr_plan_layout did) and
+ * allocates the host copies: pinned, or pageable (see above). */
 td_status td_memmgr_layout(td_memmgr *m);
+/* A chunk's home, after td_memmgr_plan_layout and before td_memmgr_layout
+ * (which allocates the host copies by it); the policy's choice otherwise. */
+td_status td_memmgr_set_chunk_home(td_memmgr *m, int chunk, td_chunk_home home);
+/* 1 when the chunk's host copy is (or, planned, will be) pageable. */
+int td_memmgr_chunk_pageable(const td_memmgr *m, int chunk);
 void td_memmgr_print_layout(td_memmgr *m, FILE *f);
-/* Planning without memory: a manager created with NULL arena, pool and
- * engine takes registrations and computes the layout and the initial homes
- * (`tidal plan`); it can answer the layout queries, nothing else. */
+/* The layout and the initial homes without memory.  A manager created
+ * with NULL arena, pool and engine (`tidal plan`) can do this and answer the
+ * layout queries, nothing else; a live manager may plan first, set homes
+ * (td_memmgr_set_chunk_home), then td_memmgr_layout. */
 td_status td_memmgr_plan_layout(td_memmgr *m);
 
 /* Layout queries. */
@@ -160,7 +186,14 @@ size_t td_memmgr_tensor_offset(const td_memmgr *m, int id); /* elements into its
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id);
 const char *td_memmgr_tensor_name(const td_memmgr *m, int id);
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
+/* A chunk's bytes up to the end of its last tensor: its host copy, what
+ * every copy moves, and what a per-chunk optimizer updates (chunk i of
+ * mirrored roles holds the same elements).  The device slot is the
+ * capacity, td_memmgr_chunk_slot_bytes (the layout's common size, so slots
+ * of one size are reused by any chunk). */
 size_t td_memmgr_chunk_bytes(const td_memmgr *m, int chunk);
+size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int chunk);
+size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int chunk);
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int chunk);
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int chunk);
 int td_memmgr_chunk_resident(const td_memmgr *m, int chunk);
@@ -175,8 +208,9 @@ td_status td_memmgr_release(td_memmgr *m, const int *ids, int n, td_tensor_state
 /* A state change that moves nothing (e.g. READY_FOR_REDUCE -> HOLD). */
 td_status td_memmgr_set_state(td_memmgr *m, const int *ids, int n, td_tensor_state to);
 td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned flags, void **host_ptrs);
-/* The same for a whole chunk (its numel elements, padding included: the
- * per-chunk optimizer's view).  For a write no tensor of it may be FREE. */
+/* The same for a whole chunk (td_memmgr_chunk_bytes of it: up to its last
+ * tensor, alignment gaps included: the per-chunk optimizer's view).  For a
+ * write no tensor of it may be FREE. */
 td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, void **host);
 td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
 

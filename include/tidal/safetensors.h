@@ -153,6 +153,29 @@ td_status td_st_writer_commit(td_st_writer *w);
 /* Removes the temporary file and frees w (NULL is a no-op). */
 void td_st_writer_abort(td_st_writer *w);
 
+/* --- positional writing: several processes filling one file ---------------
+ * Each process creates a writer for the same final path and declares the
+ * same metadata and tensors; td_st_writer_begin_shared computes the header
+ * (the same bytes in every process: compare *header_hash) and, with
+ * create = 1 (one process, first), creates the file there directly, writes
+ * the header and sizes the file; the others open it (create = 0) once it
+ * exists.  Each then pwrite()s its byte ranges in any order, and
+ * td_st_writer_finish_shared fsyncs and closes.  No temporary file: the
+ * caller writes into a temporary directory and publishes it (checkpoint.h).
+ * The streaming calls are closed in this mode; ranges of different
+ * processes must not overlap, and together cover every tensor. */
+td_status td_st_writer_begin_shared(td_st_writer *w, int create, uint64_t *header_hash);
+/* n_bytes at byte_offset of tensor `index`. */
+td_status td_st_writer_pwrite(td_st_writer *w, size_t index, uint64_t byte_offset, const void *bytes, size_t n_bytes);
+/* n_elems of src_dtype converted to the tensor's dtype, at element elem_offset. */
+td_status td_st_writer_pwrite_convert(td_st_writer *w, size_t index, uint64_t elem_offset, td_st_dtype src_dtype,
+                                      const void *src, size_t n_elems);
+/* Bytes this writer has put (its share), and the data bytes of the whole file. */
+uint64_t td_st_writer_written(const td_st_writer *w);
+uint64_t td_st_writer_data_bytes(const td_st_writer *w);
+/* fsync and close; frees w whatever the outcome.  Abort also works. */
+td_status td_st_writer_finish_shared(td_st_writer *w);
+
 /* --- file helpers shared with the checkpoint module ----------------------- */
 
 /* fsync of the directory holding `path` (its parent), so that a rename or a

@@ -65,9 +65,11 @@ typedef struct td_train_config {
     size_t gpu_budget;            /* 0: what the run needs with all of it resident, plus an eighth, capped by
                                      free device memory minus a margin (td_train_default_budget);
                                      TD_GPU_BUDGET_MAX: all of that free memory */
-    size_t host_pin_limit;        /* 0: 80% of RAM */
+    size_t host_pin_limit;        /* 0: 80% of the host RAM */
+    size_t host_ram;              /* host memory the run may use; 0: MemTotal, or the cgroup's limit when
+                                     lower (td_host_ram) */
     td_memmgr_params mm;          /* placement, fractions, eviction, prefetch, trace_out */
-    td_optim_params optim;
+    td_optim_params optim;        /* optim.state: how AdamW's m and v are stored (--optim-state) */
     size_t save_shard_bytes;      /* checkpoints: weights above this go to Hugging Face shards (0: 5 GB) */
     int decay_all;                /* 1: weight decay on every tensor; 0: on the matrices only (2-D weights,
                                      embeddings included), not on norm gains and biases (docs/training.md) */
@@ -109,7 +111,9 @@ typedef struct td_train_plan {
     size_t params;                              /* model parameters */
     int chunks;
     size_t chunk_numel, padding_bytes;
-    size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role */
+    size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role, as device slots */
+    size_t host_role_bytes[TD_TENSOR_ROLE_COUNT]; /* the same up to each chunk's last tensor: the host
+                                                   copies (no tail padding) */
     size_t nonmodel_bytes;                      /* activations + workspace + staging, device */
     size_t activation_bytes, workspace_bytes, staging_bytes;
     int ckpt;                                   /* ckpt_blocks > 0 */
@@ -122,7 +126,23 @@ typedef struct td_train_plan {
                                                    GPU optimizer chunks (all roles) */
     size_t full_device_bytes;                   /* non-model + every param and grad chunk + the GPU
                                                    optimizer chunks' state */
-    size_t host_pinned_bytes;                   /* every chunk's host copy */
+    /* Host (docs/architecture.md, "Where each byte lives"): exactly what
+     * the trainer pins (the pinned pool's slabs: chunk copies of params,
+     * grads and device-homed optimizer state, the staging buffers, slab
+     * rounding), and what it maps pageable (optimizer state homed on the
+     * host) plus the heap it takes (metadata, loader, tokenizer, the
+     * libraries; on the cpu backend the "device" region too). */
+    size_t host_pinned_bytes;                   /* the slabs' total: what --host-pin-limit must allow */
+    size_t host_pinned_chunk_bytes;             /* of which chunk host copies (4 KiB blocks) */
+    size_t host_pinned_optimizer_bytes;         /* of those, optimizer state homed on the device */
+    size_t host_staging_bytes;                  /* of which staging buffers (4 KiB blocks) */
+    size_t host_slab_bytes;                     /* the slab size the trainer asks for */
+    int host_slabs;
+    size_t host_pageable_bytes;                 /* optimizer state + heap (+ cpu device region) */
+    size_t host_pageable_state_bytes;           /* of which optimizer state (page-rounded) */
+    size_t host_heap_bytes;                     /* of which the heap allowance */
+    size_t host_device_region_bytes;            /* of which the cpu backend's device region (0 on cuda) */
+    size_t host_bytes;                          /* pinned + pageable */
     double flops_per_step;                      /* forward + backward (+ recompute), all micro-batches */
     double h2d_bytes_per_step, d2h_bytes_per_step; /* with the chunks that stay on the device kept */
     double adam_bytes_per_step;                 /* CPU AdamW memory traffic (adam_bytes_per_param x adam_cpu_params) */
@@ -149,6 +169,12 @@ double td_train_adam_bytes_per_param(const td_train_config *cfg);
  * every block's activations if they take at most a quarter of the budget,
  * else recompute every block. */
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out);
+/* The host bytes a run may take (cfg->host_ram, else td_host_ram) and the
+ * pin limit (cfg->host_pin_limit, else 80% of that); `source` (96+ bytes)
+ * says where the RAM figure came from. */
+td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *pin_limit, char *source,
+                               size_t source_bytes);
+
 /* --gpu-budget's default: the device bytes the run needs with all of it
  * resident (the non-model buffers --ckpt auto keeps, every param and grad
  * chunk, and the optimizer state too when AdamW then runs on the GPU) plus
@@ -235,6 +261,20 @@ int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total);
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);
 /* The optimizer's state (step, scaler) for checkpoints. */
 td_optim *td_trainer_optim(td_trainer *t);
+
+/* The host footprint now and its peak over the samples so far (taken at
+ * creation's end and after every step): pinned slabs, pageable optimizer
+ * state, and the heap as td_host_heap_stats measures it. */
+typedef struct td_host_usage {
+    size_t pinned_bytes, pageable_bytes;        /* slabs; td_hostmem mappings */
+    size_t heap_allocated_bytes, heap_resident_bytes;
+    size_t total_bytes;                         /* pinned + pageable + heap allocated */
+    size_t peak_bytes;                          /* the largest total sampled */
+    const char *heap_source;                    /* "jemalloc" or "mallinfo2" */
+} td_host_usage;
+td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out);
+/* The footprint as one JSON object (no newline), for the step log. */
+size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes);
 
 #ifdef __cplusplus
 }

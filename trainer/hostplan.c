@@ -1,0 +1,236 @@
+/* The host side of a run: where each byte lives, planned exactly, and the
+ * footprint measured.
+ *
+ * Pinned: what the copy engine moves.  The trainer pins, in this order, the
+ * host copy of every chunk that is not pageable (params, grads, and
+ * optimizer state homed on the device), then its four staging buffers; the
+ * pinned pool places them in slabs.  The plan replays that sequence on a
+ * planning pool (hostpool.h: same placement code, nothing mapped), so
+ * host.pinned_bytes is the slab total the run will pin, to the byte.
+ * Pageable: the optimizer state homed on the host (td_hostmem, page-rounded
+ * mappings), and the heap: metadata, the loader, the CPU AdamW team, the
+ * libraries (an allowance, checked against jemalloc's measurement by the
+ * tests), and on the cpu backend the "device" region, which is host memory.
+ * One set of rules for the trainer (train.c) and `tidal plan` (plan.c). */
+#include "train_impl.h"
+#include "tidal/hostpool.h"
+#include "tidal/util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The heap the process takes beside the model state: the libraries (hwloc's
+ * topology, OpenMP, jemalloc's own metadata, the CUDA runtime's host side),
+ * the loader and the CLI, plus per tensor and chunk the manager's
+ * bookkeeping and the warm-up trace (a few hundred bytes each). */
+#define HEAP_BASE_BYTES (48 * TD_MiB)
+/* On CUDA also the runtime's and the libraries' host side (cuBLAS(Lt)
+ * handles, module images, the driver's bookkeeping). */
+#define HEAP_CUDA_BYTES (512 * TD_MiB)
+#define HEAP_PER_TENSOR_BYTES 512
+#define HEAP_PER_CHUNK_BYTES 1024
+
+/* The trainer's pinned allocations, in its order (the layout's chunk copies,
+ * then alloc_activations' staging buffers), replayed on a planning pool with
+ * slabs of slab_bytes: its stats are what the run will pin. */
+static td_status replay(td_memmgr *mm, const td_train_config *cfg, size_t slab_bytes, td_hostpool_stats *out)
+{
+    td_status st = TD_OK;
+    td_hostpool *pool = NULL;
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = slab_bytes;
+    hp.pin_limit_bytes = SIZE_MAX;
+    TD_TRY(td_hostpool_create(NULL, NULL, &hp, &pool));
+    void *ignored;
+    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
+        if (td_memmgr_chunk_pageable(mm, c)) continue;
+        td_tensor_role r = td_memmgr_chunk_role(mm, c);
+        int optim = r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
+        TD_TRY(td_hostpool_alloc(pool, td_memmgr_chunk_bytes(mm, c), optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
+    }
+    size_t staging[TD_TRAIN_STAGING];
+    td_train_staging_sizes(cfg, staging);
+    for (int i = 0; i < TD_TRAIN_STAGING; i++) TD_TRY(td_hostpool_alloc(pool, staging[i], TD_ROLE_STAGING, &ignored));
+    td_hostpool_get_stats(pool, out);
+cleanup:
+    td_hostpool_destroy(pool);
+    return st;
+}
+
+/* The slab size that pins the fewest bytes.  Candidates: for each distinct
+ * pinned chunk size b and each slab count k from the fewest that keep slabs
+ * at most 1 GiB (few registrations for a big model) to 16 more, slabs of
+ * ceil(bytes / b / k) chunks of b plus room for the staging buffers,
+ * rounded to the pool's grain; each is replayed exactly. */
+size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
+{
+    enum { SIZES = 4 };
+    size_t total = 0, sizes[SIZES] = {0};
+    int n = td_memmgr_chunk_count(mm), n_sizes = 0;
+    for (int c = 0; c < n; c++) {
+        if (td_memmgr_chunk_pageable(mm, c)) continue;
+        size_t b = td_align_up(td_memmgr_chunk_bytes(mm, c), TD_HOSTPOOL_ALIGN);
+        total += b;
+        int seen = 0;
+        for (int i = 0; i < n_sizes; i++) seen |= sizes[i] == b;
+        if (!seen && n_sizes < SIZES) sizes[n_sizes++] = b;
+    }
+    size_t staging[TD_TRAIN_STAGING], extra = 0;
+    td_train_staging_sizes(cfg, staging);
+    for (int i = 0; i < TD_TRAIN_STAGING; i++) extra += td_align_up(staging[i], TD_HOSTPOOL_ALIGN);
+    size_t best = td_align_up(total + extra, TD_HOSTPOOL_SLAB_GRAIN), best_pinned = SIZE_MAX;
+    if (best <= TD_GiB) return best; /* one slab holds it all */
+    size_t kmin = (total + TD_GiB - 1) / TD_GiB;
+    for (int i = 0; i < n_sizes; i++) {
+        size_t count = (total + sizes[i] - 1) / sizes[i];
+        for (size_t k = kmin; k <= kmin + 16 && k <= count; k++) {
+            size_t slab = td_align_up((count + k - 1) / k * sizes[i] + extra, TD_HOSTPOOL_SLAB_GRAIN);
+            td_hostpool_stats hs;
+            if (replay(mm, cfg, slab, &hs) != TD_OK) { td_error_clear(); continue; }
+            if (hs.pinned_bytes < best_pinned || (hs.pinned_bytes == best_pinned && slab > best)) {
+                best_pinned = hs.pinned_bytes;
+                best = slab;
+            }
+        }
+    }
+    return best;
+}
+
+void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING])
+{
+    size_t N = (size_t)cfg->micro_batch * (size_t)cfg->seq_len;
+    sizes[0] = N * sizeof(int32_t);                                  /* h_tokens */
+    sizes[1] = N * sizeof(int32_t);                                  /* h_targets */
+    sizes[2] = N * sizeof(float);                                    /* h_losses */
+    sizes[3] = (size_t)cfg->model.padded_vocab_size * sizeof(float); /* h_row */
+}
+
+td_status td_train_host_homes(td_memmgr *mm, const td_train_config *cfg, int gpu_chunks)
+{
+    /* As td_train_place_optimizer gives them to the trainer's layout: the
+     * GPU AdamW's chunks (master, m, v) on the device, pinned; the CPU
+     * AdamW's on the host, pageable (memmgr.h). */
+    uint8_t *on_gpu = NULL;
+    int n = 0;
+    td_status st = td_train_optim_homes(cfg, gpu_chunks, &on_gpu, &n);
+    static const td_tensor_role roles[3] = {TD_TENSOR_MASTER, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
+    for (int r = 0; st == TD_OK && r < 3; r++)
+        for (int i = 0; st == TD_OK && i < td_memmgr_role_chunk_count(mm, roles[r]); i++)
+            st = td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], i),
+                                          i < n && on_gpu[i] ? TD_HOME_DEVICE : TD_HOME_HOST);
+    td_free(on_gpu);
+    return st;
+}
+
+td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo)
+{
+    td_status st = TD_OK;
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_ADAM_M), any = 0;
+    for (int k = 0; k < chunks; k++) any |= td_memmgr_chunk_pageable(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k));
+    if (!any) return TD_OK;
+    /* A team like the trainer's (same threads, same binding, so the same
+     * ranges): each thread zeroes the pages it will update. */
+    td_adam_cpu_params ap = td_adam_cpu_default_params();
+    ap.threads = cfg->threads;
+    ap.topo = topo;
+    td_adam_cpu *cpu = NULL;
+    TD_TRY(td_adam_cpu_create(&ap, &cpu));
+    for (int k = 0; k < chunks; k++) {
+        int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k);
+        int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k), pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k);
+        if (!td_memmgr_chunk_pageable(mm, mc)) continue;
+        void *master, *m, *v; /* zeros over zeros: reads suffice, no version changes */
+        TD_TRY(td_memmgr_chunk_host_access(mm, sc >= 0 ? sc : pc, TD_ACCESS_READ, &master));
+        TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_READ, &m));
+        TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_READ, &v));
+        /* elements: the master's (fp32); compact moments are sized from them */
+        td_adam_chunk ch = { .master = master, .m = m, .v = v, .state = cfg->optim.state,
+                             .numel = td_memmgr_chunk_bytes(mm, sc >= 0 ? sc : pc) / sizeof(float) };
+        TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
+    }
+cleanup:
+    td_adam_cpu_destroy(cpu);
+    return st;
+}
+
+td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p)
+{
+    td_status st = TD_OK;
+    size_t pageable = 0;
+    int n_chunks = td_memmgr_chunk_count(mm);
+    for (int c = 0; c < n_chunks; c++) {
+        if (td_memmgr_chunk_pageable(mm, c)) pageable += td_hostmem_round(td_memmgr_chunk_bytes(mm, c));
+    }
+    size_t slab = td_train_host_slab_bytes(mm, cfg);
+    td_hostpool_stats hs;
+    TD_TRY(replay(mm, cfg, slab, &hs));
+    p->host_pinned_bytes = hs.pinned_bytes;
+    p->host_pinned_chunk_bytes = hs.used[TD_ROLE_CHUNK] + hs.used[TD_ROLE_OPTIM];
+    p->host_pinned_optimizer_bytes = hs.used[TD_ROLE_OPTIM];
+    p->host_staging_bytes = hs.used[TD_ROLE_STAGING];
+    p->host_slab_bytes = slab;
+    p->host_slabs = hs.slabs;
+    p->host_pageable_state_bytes = pageable;
+    p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
+                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + (cfg->backend == TD_BACKEND_CUDA ? HEAP_CUDA_BYTES : 0);
+    /* The cpu backend's device region is host memory (one aligned block
+     * with a page of header). */
+    p->host_device_region_bytes = cfg->backend == TD_BACKEND_CPU ? td_align_up(budget, 4096) + 2 * 4096 : 0;
+    p->host_pageable_bytes = pageable + p->host_heap_bytes + p->host_device_region_bytes;
+    p->host_bytes = p->host_pinned_bytes + p->host_pageable_bytes;
+cleanup:
+    return st;
+}
+
+td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *pin_limit, char *source,
+                               size_t source_bytes)
+{
+    if (cfg->host_ram) {
+        char a[32];
+        *ram = cfg->host_ram;
+        snprintf(source, source_bytes, "--host-ram %s", td_format_bytes(cfg->host_ram, a, sizeof a));
+    } else {
+        td_status st = td_host_ram(ram, source, source_bytes);
+        if (st) return st;
+    }
+    *pin_limit = cfg->host_pin_limit ? cfg->host_pin_limit : *ram / 10 * 8;
+    return TD_OK;
+}
+
+/* ---- measured ------------------------------------------------------------------- */
+
+td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out)
+{
+    memset(out, 0, sizeof *out);
+    td_heap_stats hs;
+    td_status st = td_host_heap_stats(&hs);
+    if (st) return st;
+    if (t->pool) {
+        td_hostpool_stats ps;
+        td_hostpool_get_stats(t->pool, &ps);
+        out->pinned_bytes = ps.pinned_bytes;
+    }
+    if (t->hostmem) {
+        td_hostmem_stats ms;
+        td_hostmem_get_stats(t->hostmem, &ms);
+        out->pageable_bytes = ms.used_bytes;
+    }
+    out->heap_allocated_bytes = hs.allocated_bytes;
+    out->heap_resident_bytes = hs.resident_bytes;
+    out->heap_source = hs.source;
+    out->total_bytes = out->pinned_bytes + out->pageable_bytes + out->heap_allocated_bytes;
+    if (out->total_bytes > t->host_peak_bytes) t->host_peak_bytes = out->total_bytes;
+    out->peak_bytes = t->host_peak_bytes;
+    return TD_OK;
+}
+
+size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
+{
+    int n = snprintf(buf, buf_bytes,
+                     "{\"pinned_bytes\":%zu,\"pageable_bytes\":%zu,\"heap_allocated_bytes\":%zu,"
+                     "\"heap_resident_bytes\":%zu,\"total_bytes\":%zu,\"peak_bytes\":%zu,\"heap_source\":\"%s\"}",
+                     u->pinned_bytes, u->pageable_bytes, u->heap_allocated_bytes, u->heap_resident_bytes,
+                     u->total_bytes, u->peak_bytes, u->heap_source ? u->heap_source : "");
+    if (n < 0) n = 0;
+    return (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
+}
