@@ -86,16 +86,44 @@ __device__ __forceinline__ uint16_t bf16_round_stochastic(float x, uint32_t rnd)
     return (uint16_t)((u + (rnd >> 16)) >> 16);
 }
 
+/* No-decay ranges (td_adam_chunk.no_decay, device memory): the first range
+ * that ends after element i (n when none). */
+__device__ __forceinline__ int range_after(const td_adam_range *r, int n, size_t i)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (r[mid].end <= i) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* One element with its coefficients: the step's, or nd (no decay: decay_mul
+ * 1, no L2 term) inside a no-decay range, as the CPU's segments do. */
+template <int L2>
+__device__ __forceinline__ void adam_math_at(const td_adam_coeffs &c, const td_adam_coeffs &nd, bool decays,
+                                             float graw, float &p, float &m, float &v)
+{
+    if (decays) adam_math<L2>(c, graw, p, m, v);
+    else adam_math<0>(nd, graw, p, m, v);
+}
+
 template <int L2, int GDT, int PDT, int ST>
-__global__ void __launch_bounds__(kThreads) adam_kernel(td_adam_coeffs c, float *__restrict__ master,
+__global__ void __launch_bounds__(kThreads) adam_kernel(td_adam_coeffs c, td_adam_coeffs nd, float *__restrict__ master,
                                                         void *__restrict__ m, void *__restrict__ v,
                                                         const void *__restrict__ grad, void *__restrict__ out,
-                                                        size_t n)
+                                                        size_t n, const td_adam_range *__restrict__ rg, int nr)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float p = master[i], mm = load_moment<ST>(m, i), vv = load_moment<ST>(v, i);
-        adam_math<L2>(c, load_grad<GDT>(grad, i), p, mm, vv);
+        bool decays = true;
+        if (nr) {
+            int r = range_after(rg, nr, i);
+            decays = r == nr || rg[r].begin > i;
+        }
+        adam_math_at<L2>(c, nd, decays, load_grad<GDT>(grad, i), p, mm, vv);
         store_moment<ST>(m, i, mm);
         if (ST == TD_OPTIM_STATE_BF16) static_cast<uint16_t *>(v)[i] = bf16_round_stochastic(vv, sr_bits(c.sr_seed, i));
         else store_moment<ST>(v, i, vv);
@@ -185,10 +213,11 @@ static_assert(TD_ADAM_INT8_BLOCK % 32 == 0, "a scale block is whole warps' worth
  * barrier.  Lanes past the end take code 0, grad 0 and master 0 as the CPU's
  * zero padding does, so the absmax is the CPU's even for NaN scales. */
 template <int L2, int GDT, int PDT>
-__global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, float *__restrict__ master,
-                                                           uint8_t *__restrict__ mc, uint8_t *__restrict__ vc,
-                                                           const void *__restrict__ grad, void *__restrict__ out,
-                                                           size_t n)
+__global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, td_adam_coeffs nd,
+                                                           float *__restrict__ master, uint8_t *__restrict__ mc,
+                                                           uint8_t *__restrict__ vc, const void *__restrict__ grad,
+                                                           void *__restrict__ out, size_t n,
+                                                           const td_adam_range *__restrict__ rg, int nr)
 {
     unsigned char *sm = mc + ((n + 3) & ~(size_t)3), *sv = vc + ((n + 3) & ~(size_t)3);
     size_t blocks = (n + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
@@ -198,6 +227,10 @@ __global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, flo
         float old_m = load_f32(sm + qb * 4), old_v = load_f32(sv + qb * 4);
         float mm[kQ8PerLane], vv[kQ8PerLane];
         int32_t am = 0, av = 0;
+        /* A block that straddles a no-decay boundary mixes coefficients
+         * element by element and is requantized whole, as on the CPU;
+         * padding past n is in no range (it decays, as the CPU's does). */
+        int r = nr ? range_after(rg, nr, qb * TD_ADAM_INT8_BLOCK + lane) : 0;
 #pragma unroll
         for (int k = 0; k < kQ8PerLane; k++) {
             size_t i = qb * TD_ADAM_INT8_BLOCK + (size_t)k * 32 + lane;
@@ -205,7 +238,9 @@ __global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, flo
             float p = in ? master[i] : 0.0f;
             mm[k] = q8_load_m(in ? mc[i] : 0u, old_m);
             vv[k] = q8_load_v(in ? vc[i] : 0u, old_v);
-            adam_math<L2>(c, in ? load_grad<GDT>(grad, i) : 0.0f, p, mm[k], vv[k]);
+            while (r < nr && rg[r].end <= i) r++;
+            bool decays = r == nr || rg[r].begin > i;
+            adam_math_at<L2>(c, nd, decays, in ? load_grad<GDT>(grad, i) : 0.0f, p, mm[k], vv[k]);
             if (in) {
                 master[i] = p;
                 store_param<PDT>(out, i, p);
@@ -235,22 +270,27 @@ __global__ void __launch_bounds__(kThreads) adam_q8_kernel(td_adam_coeffs c, flo
 template <int L2, int GDT, int PDT>
 cudaError_t launch_adam(const td_adam_coeffs &c, const td_adam_chunk &ch, int blocks, cudaStream_t s)
 {
+    td_adam_coeffs nd = c; /* no decay: what td_adam_coeffs_make gives for weight_decay 0 */
+    nd.l2 = 0.0f;
+    nd.decay_mul = 1.0f;
+    const td_adam_range *rg = ch.n_no_decay ? ch.no_decay : nullptr;
     switch (ch.state) {
     case TD_OPTIM_STATE_BF16:
-        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_BF16><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad,
-                                                                                 ch.param_out, ch.numel);
+        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_BF16><<<blocks, kThreads, 0, s>>>(
+            c, nd, ch.master, ch.m, ch.v, ch.grad, ch.param_out, ch.numel, rg, ch.n_no_decay);
         break;
     case TD_OPTIM_STATE_INT8: {
         size_t qblocks = (ch.numel + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK, per = kThreads / 32;
         size_t ctas = (qblocks + per - 1) / per;
         int grid = ctas > 65536 ? 65536 : (int)ctas;
         adam_q8_kernel<L2, GDT, PDT><<<grid, kThreads, 0, s>>>(
-            c, ch.master, static_cast<uint8_t *>(ch.m), static_cast<uint8_t *>(ch.v), ch.grad, ch.param_out, ch.numel);
+            c, nd, ch.master, static_cast<uint8_t *>(ch.m), static_cast<uint8_t *>(ch.v), ch.grad, ch.param_out,
+            ch.numel, rg, ch.n_no_decay);
         break;
     }
     default:
-        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_FP32><<<blocks, kThreads, 0, s>>>(c, ch.master, ch.m, ch.v, ch.grad,
-                                                                                 ch.param_out, ch.numel);
+        adam_kernel<L2, GDT, PDT, TD_OPTIM_STATE_FP32><<<blocks, kThreads, 0, s>>>(
+            c, nd, ch.master, ch.m, ch.v, ch.grad, ch.param_out, ch.numel, rg, ch.n_no_decay);
         break;
     }
     return cudaGetLastError();
@@ -334,6 +374,10 @@ extern "C" td_status td_adam_update_cuda(const td_adam_coeffs *c, const td_adam_
     if (!ch->master || !ch->m || !ch->v || !ch->grad)
         return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: a chunk of %zu elements has a NULL array",
                             ch->numel);
+    /* The list is in device memory: only its shape can be checked here. */
+    if (ch->n_no_decay < 0 || (ch->n_no_decay > 0 && !ch->no_decay))
+        return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: %d no-decay ranges at %p (give a device list, or "
+                            "NULL and 0)", ch->n_no_decay, (const void *)ch->no_decay);
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_OPTIM_DTYPE_COUNT;
     /* Enough blocks to fill any current GPU several times over; the
      * grid-stride loop covers the rest. */

@@ -205,6 +205,23 @@ static void bind_team(td_adam_cpu *cpu)
     cpu->bound_for = pthread_self();
 }
 
+td_status td_adam_ranges_check(const td_adam_range *r, int n, size_t numel, const char *what)
+{
+    if (n < 0 || (n > 0 && !r))
+        return td_error_set(TD_ERR_INVALID, "%s: %d no-decay ranges at %p (give a list, or NULL and 0)", what, n,
+                            (const void *)r);
+    for (int i = 0; i < n; i++) {
+        if (r[i].begin >= r[i].end || r[i].end > numel)
+            return td_error_set(TD_ERR_INVALID, "%s: no-decay range %d [%zu, %zu) is empty or outside the chunk's %zu "
+                                "elements", what, i, r[i].begin, r[i].end, numel);
+        if (i && r[i].begin < r[i - 1].end)
+            return td_error_set(TD_ERR_INVALID, "%s: no-decay range %d [%zu, %zu) is not after range %d [%zu, %zu): "
+                                "sort the ranges and merge overlaps", what, i, r[i].begin, r[i].end, i - 1,
+                                r[i - 1].begin, r[i - 1].end);
+    }
+    return TD_OK;
+}
+
 static td_status check_chunk(const td_adam_chunk *ch, int need_grad, const char *what)
 {
     if ((unsigned)ch->state >= TD_OPTIM_STATE_COUNT)
@@ -220,7 +237,7 @@ static td_status check_chunk(const td_adam_chunk *ch, int need_grad, const char 
     if (ch->param_out && ch->param_out == (void *)ch->master && ch->param_dtype != TD_OPTIM_DTYPE_F32)
         return td_error_set(TD_ERR_INVALID, "%s: param_out aliases master but is %s, not fp32", what,
                             td_optim_dtype_name(ch->param_dtype));
-    return TD_OK;
+    return td_adam_ranges_check(ch->no_decay, ch->n_no_decay, ch->numel, what);
 }
 
 td_status td_adam_cpu_update(td_adam_cpu *cpu, const td_adam_coeffs *c, const td_adam_chunk *chunks, int n)

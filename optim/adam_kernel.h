@@ -271,9 +271,58 @@ TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int
     if (pdt != TD_PDT_NONE) memcpy((unsigned char *)out + i * psz, lo, n * psz);
 }
 
-/* One int8 scale block of QB elements: dequantize, update, keep the new m
- * and v in L1 while their absmax is found, requantize.  Pointers are at the
- * block's first element; sm, sv at its scales. */
+/* ---- no-decay ranges (td_adam_chunk.no_decay) --------------------------------
+ * A thread's range is processed in segments between range boundaries, each
+ * a straight vector loop with its own coefficients (the step's, or the
+ * step's with decay_mul 1 and no L2 term): no per-element branch, and with
+ * no ranges one segment, the loop of before. */
+
+/* The first range that ends after element i (n when none). */
+static inline int range_after(const td_adam_range *r, int n, size_t i)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (r[mid].end <= i) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* The segment [i, *seg_end) of [i, end): 1 when it decays, 0 when it lies
+ * in a no-decay range.  *at: a cursor from range_after, moved forward. */
+static inline int range_segment(const td_adam_range *r, int n, int *at, size_t i, size_t end, size_t *seg_end)
+{
+    while (*at < n && r[*at].end <= i) (*at)++;
+    if (*at == n || r[*at].begin >= end) return *seg_end = end, 1;
+    if (r[*at].begin > i) return *seg_end = r[*at].begin, 1;
+    *seg_end = r[*at].end < end ? r[*at].end : end;
+    return 0;
+}
+
+/* ---- int8 state ------------------------------------------------------------- */
+
+/* New m and v of one block (tm, tv: QB values, zeros past a partial block's
+ * end) into codes and scales: the absmax is a max of the bit patterns,
+ * order-free, NaN wins. */
+TD_KINLINE void q8_requant(const float *tm, const float *tv, uint8_t *mc, uint8_t *vc, unsigned char *sm,
+                           unsigned char *sv, vi am, vi av)
+{
+    float new_m, new_v, fm, fv;
+    int mul_m = q8_normalizer(vi_hmax(am), &new_m, &fm), mul_v = q8_normalizer(vi_hmax(av), &new_v, &fv);
+    vf factor_m = vf_set1(fm), factor_v = vf_set1(fv);
+    for (size_t j = 0; j < QB; j += VW) {
+        q8_store_m(mc + j, vf_loadu(tm + j), factor_m, mul_m);
+        q8_store_v(vc + j, vf_loadu(tv + j), factor_v, mul_v);
+    }
+    memcpy(sm, &new_m, 4);
+    memcpy(sv, &new_v, 4);
+}
+
+/* One int8 scale block of QB elements, all with the same coefficients:
+ * dequantize, update, keep the new m and v in L1 while their absmax is
+ * found, requantize.  Pointers are at the block's first element; sm, sv at
+ * its scales. */
 TD_KINLINE void q8_block(const kcoeffs *k, int l2, float *master, uint8_t *mc, uint8_t *vc, unsigned char *sm,
                          unsigned char *sv, const void *grad, int gdt, void *out, int pdt, int nt)
 {
@@ -288,36 +337,82 @@ TD_KINLINE void q8_block(const kcoeffs *k, int l2, float *master, uint8_t *mc, u
         store_param(out, pdt, nt, j, p);
         vf_storeu(tm + j, mm);
         vf_storeu(tv + j, vv);
-        am = vi_max(am, abs_bits(mm)); /* a max of the bit patterns: order-free, NaN wins */
+        am = vi_max(am, abs_bits(mm));
         av = vi_max(av, abs_bits(vv));
     }
-    float new_m, new_v, fm, fv;
-    int mul_m = q8_normalizer(vi_hmax(am), &new_m, &fm), mul_v = q8_normalizer(vi_hmax(av), &new_v, &fv);
-    vf factor_m = vf_set1(fm), factor_v = vf_set1(fv);
-    for (size_t j = 0; j < QB; j += VW) {
-        q8_store_m(mc + j, vf_loadu(tm + j), factor_m, mul_m);
-        q8_store_v(vc + j, vf_loadu(tv + j), factor_v, mul_v);
-    }
-    memcpy(sm, &new_m, 4);
-    memcpy(sv, &new_v, 4);
+    q8_requant(tm, tv, mc, vc, sm, sv, am, av);
 }
 
-TD_KINLINE void q8_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, int nt, size_t begin,
-                        size_t end)
+/* A block that straddles a no-decay boundary (base: the chunk index of its
+ * first element; at: the range cursor there): dequantized whole into fp32,
+ * updated by segments with each segment's coefficients (the fp32 loop: the
+ * same operations as q8_block's, element for element), requantized whole.
+ * One out-of-line copy with run-time dtypes: such blocks are few (two per
+ * range at most), and 42 inlined copies would only grow the code. */
+static __attribute__((noinline)) void q8_block_ranges(const kcoeffs *k, const kcoeffs *knd, int l2, float *master, uint8_t *mc,
+                                uint8_t *vc, unsigned char *sm, unsigned char *sv, const void *grad, int gdt,
+                                void *out, int pdt, const td_adam_range *rg, int nr, int at, size_t base)
+{
+    float tm[QB] __attribute__((aligned(64))), tv[QB] __attribute__((aligned(64)));
+    vf scale_m = vf_set1(load_f32(sm)), scale_v = vf_set1(load_f32(sv));
+    for (size_t j = 0; j < QB; j += VW) {
+        vf_storeu(tm + j, q8_load_m(mc + j, scale_m));
+        vf_storeu(tv + j, q8_load_v(vc + j, scale_v));
+    }
+    td_adam_chunk f = {0};
+    f.master = master;
+    f.m = tm;
+    f.v = tv;
+    f.grad = grad;
+    f.param_out = out;
+    for (size_t i = 0; i < QB;) {
+        size_t se;
+        int dec = range_segment(rg, nr, &at, base + i, base + QB, &se);
+        se -= base;
+        if (dec) adam_loop(k, l2, &f, gdt, pdt, 0, TD_OPTIM_STATE_FP32, i, se);
+        else adam_loop(knd, 0, &f, gdt, pdt, 0, TD_OPTIM_STATE_FP32, i, se);
+        i = se;
+    }
+    vi am = vi_set1(0), av = vi_set1(0);
+    for (size_t j = 0; j < QB; j += VW) {
+        am = vi_max(am, abs_bits(vf_loadu(tm + j)));
+        av = vi_max(av, abs_bits(vf_loadu(tv + j)));
+    }
+    q8_requant(tm, tv, mc, vc, sm, sv, am, av);
+}
+
+/* Block [i, i + QB) (pointers at i): with one set of coefficients when no
+ * boundary crosses it, else by segments.  *at: the range cursor. */
+TD_KINLINE void q8_any_block(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_range *rg, int nr, int *at,
+                             size_t i, float *master, uint8_t *mc, uint8_t *vc, unsigned char *sm, unsigned char *sv,
+                             const void *grad, int gdt, void *out, int pdt, int nt)
+{
+    size_t se = i + QB;
+    int dec = nr ? range_segment(rg, nr, at, i, i + QB, &se) : 1;
+    if (se < i + QB) q8_block_ranges(k, knd, l2, master, mc, vc, sm, sv, grad, gdt, out, pdt, rg, nr, *at, i);
+    else if (dec) q8_block(k, l2, master, mc, vc, sm, sv, grad, gdt, out, pdt, nt);
+    else q8_block(knd, 0, master, mc, vc, sm, sv, grad, gdt, out, pdt, nt);
+}
+
+TD_KINLINE void q8_loop(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_chunk *ch, int gdt, int pdt,
+                        int nt, size_t begin, size_t end)
 {
     size_t gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
     uint8_t *mc = ch->m, *vc = ch->v;
     unsigned char *sm = q8_scales(ch->m, ch->numel), *sv = q8_scales(ch->v, ch->numel);
     const unsigned char *grad = ch->grad;
     unsigned char *out = ch->param_out;
+    const td_adam_range *rg = ch->no_decay;
+    int nr = ch->n_no_decay, at = nr ? range_after(rg, nr, begin) : 0;
     size_t i = begin;
     for (; i + QB <= end; i += QB)
-        q8_block(k, l2, ch->master + i, mc + i, vc + i, sm + i / QB * 4, sv + i / QB * 4, grad + i * gsz, gdt,
-                 out + i * psz, pdt, nt);
+        q8_any_block(k, knd, l2, rg, nr, &at, i, ch->master + i, mc + i, vc + i, sm + i / QB * 4, sv + i / QB * 4,
+                     grad + i * gsz, gdt, out + i * psz, pdt, nt);
     if (nt) stream_fence();
     if (i == end) return;
     /* The chunk's last, partial block, through zero-padded copies: zeros
-     * stay zero and do not change the absmax. */
+     * stay zero and do not change the absmax (padding is never in a
+     * no-decay range, which ends by numel). */
     size_t n = end - i;
     float lp[QB] = {0};
     uint8_t lm[QB] = {0}, lv[QB] = {0};
@@ -328,7 +423,7 @@ TD_KINLINE void q8_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int g
     memcpy(lsm, sm + i / QB * 4, 4);
     memcpy(lsv, sv + i / QB * 4, 4);
     memcpy(lg, grad + i * gsz, n * gsz);
-    q8_block(k, l2, lp, lm, lv, lsm, lsv, lg, gdt, lo, pdt, 0);
+    q8_any_block(k, knd, l2, rg, nr, &at, i, lp, lm, lv, lsm, lsv, lg, gdt, lo, pdt, 0);
     memcpy(ch->master + i, lp, n * 4);
     memcpy(mc + i, lm, n);
     memcpy(vc + i, lv, n);
@@ -337,34 +432,35 @@ TD_KINLINE void q8_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int g
     if (pdt != TD_PDT_NONE) memcpy(out + i * psz, lo, n * psz);
 }
 
-TD_KINLINE void adam_run(const kcoeffs *k, int l2, const td_adam_chunk *ch, int gdt, int pdt, int nt, size_t begin,
-                         size_t end)
+TD_KINLINE void adam_run(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_chunk *ch, int gdt, int pdt,
+                         int nt, size_t begin, size_t end)
 {
     switch (ch->state) {
     case TD_OPTIM_STATE_BF16: adam_loop(k, l2, ch, gdt, pdt, nt, TD_OPTIM_STATE_BF16, begin, end); break;
-    case TD_OPTIM_STATE_INT8: q8_loop(k, l2, ch, gdt, pdt, nt, begin, end); break;
+    case TD_OPTIM_STATE_INT8: q8_loop(k, knd, l2, ch, gdt, pdt, nt, begin, end); break;
     default: adam_loop(k, l2, ch, gdt, pdt, nt, TD_OPTIM_STATE_FP32, begin, end); break;
     }
 }
 
-static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size_t begin, size_t end)
+/* Elements [begin, end) with coefficients k (knd: without decay, for the
+ * int8 blocks that straddle a no-decay boundary). */
+static void update_segment(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_chunk *ch, size_t begin,
+                           size_t end)
 {
-    kcoeffs k = {
-        vf_set1(c->grad_mul), vf_set1(c->l2),    vf_set1(c->decay_mul),       vf_set1(c->beta1),
-        vf_set1(c->one_minus_beta1), vf_set1(c->beta2), vf_set1(c->one_minus_beta2), vf_set1(c->step_size),
-        vf_set1(c->rsqrt_bc2), vf_set1(c->eps), vi_set1((int32_t)c->sr_seed),
-    };
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_PDT_NONE;
-    int l2 = c->l2 != 0.0f;
 #if TD_NT_BYTES
+    /* Streaming stores where the segment's first output is aligned: every
+     * thread range of a chunk without no-decay ranges, since their bounds
+     * are multiples of 1024 elements. */
+    size_t psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
     int nt = pdt != TD_PDT_NONE && ch->param_out != (void *)ch->master &&
-             (uintptr_t)ch->param_out % (TD_NT_BYTES * (pdt == TD_OPTIM_DTYPE_F32 ? 2 : 1)) == 0;
+             ((uintptr_t)ch->param_out + begin * psz) % (TD_NT_BYTES * (pdt == TD_OPTIM_DTYPE_F32 ? 2 : 1)) == 0;
 #else
     int nt = 0;
 #endif
     enum { F32 = TD_OPTIM_DTYPE_F32, BF16 = TD_OPTIM_DTYPE_BF16, F16 = TD_OPTIM_DTYPE_F16, NONE = TD_PDT_NONE };
 #define TD_ADAM_CASE(n, l, g, p) \
-    case (((n) * 2 + (l)) * 4 + (g)) * 4 + (p): adam_run(&k, (l), ch, (g), (p), (n), begin, end); break;
+    case (((n) * 2 + (l)) * 4 + (g)) * 4 + (p): adam_run(k, knd, (l), ch, (g), (p), (n), begin, end); break;
 #define TD_ADAM_CASES(n, l)                                                                                   \
     TD_ADAM_CASE(n, l, F32, F32) TD_ADAM_CASE(n, l, F32, BF16) TD_ADAM_CASE(n, l, F32, F16)                  \
     TD_ADAM_CASE(n, l, BF16, F32) TD_ADAM_CASE(n, l, BF16, BF16) TD_ADAM_CASE(n, l, BF16, F16)               \
@@ -380,6 +476,31 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
     }
 #undef TD_ADAM_CASES
 #undef TD_ADAM_CASE
+}
+
+static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size_t begin, size_t end)
+{
+    kcoeffs k = {
+        vf_set1(c->grad_mul), vf_set1(c->l2),    vf_set1(c->decay_mul),       vf_set1(c->beta1),
+        vf_set1(c->one_minus_beta1), vf_set1(c->beta2), vf_set1(c->one_minus_beta2), vf_set1(c->step_size),
+        vf_set1(c->rsqrt_bc2), vf_set1(c->eps), vi_set1((int32_t)c->sr_seed),
+    };
+    kcoeffs knd = k; /* no decay: what td_adam_coeffs_make gives for weight_decay 0 */
+    knd.l2 = vf_set1(0.0f);
+    knd.decay_mul = vf_set1(1.0f);
+    int l2 = c->l2 != 0.0f;
+    /* int8 cuts by scale blocks itself (q8_loop). */
+    if (!ch->n_no_decay || ch->state == TD_OPTIM_STATE_INT8) {
+        update_segment(&k, &knd, l2, ch, begin, end);
+        return;
+    }
+    int at = range_after(ch->no_decay, ch->n_no_decay, begin);
+    for (size_t i = begin; i < end;) {
+        size_t se;
+        if (range_segment(ch->no_decay, ch->n_no_decay, &at, i, end, &se)) update_segment(&k, &knd, l2, ch, i, se);
+        else update_segment(&knd, &knd, 0, ch, i, se);
+        i = se;
+    }
 }
 
 /* ---- moments to and from fp32 (td_adam_moment_store / _load) ---------------

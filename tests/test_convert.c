@@ -196,7 +196,7 @@ static void test_kernel_conversions_match_scalar(void **state)
             }
             memset(m, 0, N * 4);
             memset(v, 0, N * 4);
-            td_adam_chunk ch = {master, m, v, g, TD_OPTIM_DTYPE_F32, out, (td_optim_dtype)dt, N, TD_OPTIM_STATE_FP32};
+            td_adam_chunk ch = {master, m, v, g, TD_OPTIM_DTYPE_F32, out, (td_optim_dtype)dt, N, TD_OPTIM_STATE_FP32, NULL, 0};
             float before[N];
             memcpy(before, master, sizeof before);
             td_adam_update_range((td_optim_isa)isa, &c, &ch, 0, N);

@@ -296,7 +296,7 @@ static void test_init_first_touch(void **state)
     uint16_t init[N], out[N];
     for (int i = 0; i < N; i++) init[i] = td_bf16_from_f32((float)i * 0.37f - 900.0f);
     memset(m, 0x7f, N * 4), memset(v, 0x7f, N * 4), memset(out, 0xff, sizeof out);
-    td_adam_chunk ch = {master, m, v, NULL, TD_OPTIM_DTYPE_F32, out, TD_OPTIM_DTYPE_F16, N, TD_OPTIM_STATE_FP32};
+    td_adam_chunk ch = {master, m, v, NULL, TD_OPTIM_DTYPE_F32, out, TD_OPTIM_DTYPE_F16, N, TD_OPTIM_STATE_FP32, NULL, 0};
     TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, init, TD_OPTIM_DTYPE_BF16));
     for (int i = 0; i < N; i++) {
         assert_true(master[i] == td_f32_from_bf16(init[i]));
@@ -422,7 +422,7 @@ static void test_errors(void **state)
     td_adam_coeffs co;
     td_adam_hparams hp = td_adam_default_hparams();
     TD_ASSERT_OK(td_adam_coeffs_make(&hp, 1e-3, 1, 1, &co));
-    td_adam_chunk ch = {a, b, c4, g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, 4, TD_OPTIM_STATE_FP32};
+    td_adam_chunk ch = {a, b, c4, g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, 4, TD_OPTIM_STATE_FP32, NULL, 0};
     ch.grad_dtype = (td_optim_dtype)7;
     assert_int_equal(td_adam_cpu_update(cpu, &co, &ch, 1), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "grad dtype"));

@@ -153,7 +153,41 @@ typedef struct problem {
     float *master;
     void *out, *out_mem;
     void *m_mem[3], *v_mem[3], *m[3], *v[3];
+    td_adam_range nd[3][8]; /* per chunk: no-decay ranges (chunk indices) */
+    int n_nd[3];
 } problem;
+
+/* Random no-decay ranges of a chunk of n elements: boundaries anywhere
+ * (inside int8 scale blocks, at their edges, at 0 and n), 0 to 8 ranges. */
+static int random_ranges(td_rng *r, size_t n, td_adam_range *out)
+{
+    if (n == 0 || td_rng_below(r, 4) == 0) return 0;
+    size_t pts[16];
+    int k = 2 * (1 + (int)td_rng_below(r, 8));
+    for (int i = 0; i < k; i++) {
+        int how = (int)td_rng_below(r, 4);
+        size_t x = td_rng_below(r, n + 1);
+        if (how == 0) x = x / QB * QB; /* a block edge */
+        pts[i] = how == 1 ? (td_rng_below(r, 2) ? 0 : n) : x;
+    }
+    for (int i = 1; i < k; i++) /* insertion sort */
+        for (int j = i; j > 0 && pts[j - 1] > pts[j]; j--) {
+            size_t t = pts[j];
+            pts[j] = pts[j - 1];
+            pts[j - 1] = t;
+        }
+    int m = 0;
+    for (int i = 0; i < k; i += 2)
+        if (pts[i] < pts[i + 1] && (m == 0 || pts[i] >= out[m - 1].end)) out[m++] = (td_adam_range){pts[i], pts[i + 1]};
+    return m;
+}
+
+static int in_ranges(const td_adam_range *r, int n, size_t i)
+{
+    for (int j = 0; j < n; j++)
+        if (i >= r[j].begin && i < r[j].end) return 1;
+    return 0;
+}
 
 static void problem_make(problem *pb, td_optim_state state, uint64_t seed)
 {
@@ -220,6 +254,7 @@ static void problem_make(problem *pb, td_optim_state state, uint64_t seed)
         pb->m[j] = (char *)pb->m_mem[j] + shift;
         pb->v[j] = (char *)pb->v_mem[j] + shift;
     }
+    for (int j = 0; j < pb->n_chunks; j++) pb->n_nd[j] = random_ranges(&r, pb->chunk_n[j], pb->nd[j]);
 }
 
 static void problem_free(problem *pb)
@@ -239,7 +274,8 @@ static void problem_chunks(problem *pb, int s, td_adam_chunk *ch)
         ch[j] = (td_adam_chunk){.master = pb->master + off, .m = pb->m[j], .v = pb->v[j],
                                 .grad = (char *)pb->grads[s] + off * gsz, .grad_dtype = pb->gdt,
                                 .param_out = pb->has_out ? (char *)pb->out + off * osz : NULL,
-                                .param_dtype = pb->pdt, .numel = pb->chunk_n[j], .state = pb->state};
+                                .param_dtype = pb->pdt, .numel = pb->chunk_n[j], .state = pb->state,
+                                .no_decay = pb->n_nd[j] ? pb->nd[j] : NULL, .n_no_decay = pb->n_nd[j]};
     }
 }
 
@@ -330,8 +366,9 @@ static void check_step(const problem *pb, const snapshot *sn, int s, int seed, c
             double p = sn->master[off + i];
             double m = ref_load(pb->state, 0, sn->m[j], nj, i), v = ref_load(pb->state, 1, sn->v[j], nj, i);
             double g = load_as(pb->grads[s], pb->gdt, off + i) / scale * coef, eg = e * fabs(g);
-            if (l2) eg = e * (fabs(g) + 2 * hp->weight_decay * fabs(p)), g += hp->weight_decay * p;
-            else p *= 1 - lr * hp->weight_decay;
+            double wd = in_ranges(pb->nd[j], pb->n_nd[j], i) ? 0.0 : hp->weight_decay;
+            if (l2) eg = e * (fabs(g) + 2 * wd * fabs(p)), g += wd * p;
+            else p *= 1 - lr * wd;
             mr[i] = hp->beta1 * m + (1 - hp->beta1) * g;
             em[i] = e * (hp->beta1 * fabs(m) + (1 - hp->beta1) * fabs(g)) + (1 - hp->beta1) * eg + 1e-45;
             vr[i] = hp->beta2 * v + (1 - hp->beta2) * g * g;
@@ -467,6 +504,97 @@ static void test_isas_and_teams_bit_identical(void **state)
             free(want_p), free(want_o);
             problem_free(&pb);
         }
+}
+
+/* fp32 state, where separate calls are expressible: one call with no-decay
+ * ranges gives the bits of one call per range, the ranges with the
+ * coefficients td_adam_coeffs_make gives for weight_decay 0 (torch's two
+ * param groups), the rest with the step's. */
+static void run_split(problem *pb)
+{
+    td_adam_cpu *cpu;
+    td_adam_cpu_params cp = td_adam_cpu_default_params();
+    cp.threads = 2;
+    TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
+    td_adam_chunk ch[3];
+    problem_chunks(pb, 0, ch);
+    for (int j = 0; j < pb->n_chunks; j++) {
+        td_adam_chunk c = ch[j];
+        c.no_decay = NULL, c.n_no_decay = 0;
+        TD_ASSERT_OK(td_adam_cpu_init(cpu, &c, pb->p0 + pb->chunk_off[j], TD_OPTIM_DTYPE_F32));
+    }
+    td_optim opt;
+    TD_ASSERT_OK(td_optim_init(&opt, &pb->op));
+    td_adam_hparams nohp = pb->op.adam;
+    nohp.weight_decay = 0;
+    size_t gsz = td_optim_dtype_bytes(pb->gdt), osz = td_optim_dtype_bytes(pb->pdt);
+    for (int s = 0; s < STEPS; s++) {
+        problem_chunks(pb, s, ch);
+        td_grad_stats stats = {0};
+        for (int j = 0; j < pb->n_chunks; j++)
+            TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, ch[j].grad, pb->gdt, ch[j].numel, &stats));
+        td_optim_step step;
+        TD_ASSERT_OK(td_optim_begin_step(&opt, &stats, &step));
+        td_adam_coeffs nd;
+        TD_ASSERT_OK(td_adam_coeffs_make(&nohp, step.lr, step.step, step.clip_coef / step.loss_scale, &nd));
+        for (int j = 0; j < pb->n_chunks; j++)
+            for (size_t i = 0; i < ch[j].numel;) {
+                size_t e = ch[j].numel;
+                int decays = 1;
+                for (int r = 0; r < pb->n_nd[j]; r++) {
+                    if (pb->nd[j][r].end <= i) continue;
+                    if (pb->nd[j][r].begin <= i) decays = 0, e = pb->nd[j][r].end;
+                    else e = pb->nd[j][r].begin;
+                    break;
+                }
+                td_adam_chunk sub = ch[j];
+                sub.no_decay = NULL, sub.n_no_decay = 0;
+                sub.master += i, sub.m = (float *)sub.m + i, sub.v = (float *)sub.v + i;
+                sub.grad = (const char *)sub.grad + i * gsz;
+                if (sub.param_out) sub.param_out = (char *)sub.param_out + i * osz;
+                sub.numel = e - i;
+                TD_ASSERT_OK(td_adam_cpu_update(cpu, decays ? &step.coeffs : &nd, &sub, 1));
+                i = e;
+            }
+    }
+    td_adam_cpu_destroy(cpu);
+}
+
+static void test_ranges_equal_separate_calls(void **state)
+{
+    int seeds = td_test_seeds(16), cut = 0;
+    for (int seed = 1; seed <= seeds; seed++) {
+        problem pb;
+        problem_make(&pb, TD_OPTIM_STATE_FP32, (uint64_t)seed * 7919 + 5);
+        if (pb.op.adam.weight_decay == 0) pb.op.adam.weight_decay = 0.1;
+        if (!pb.n_nd[0] && pb.chunk_n[0] > 2) pb.nd[0][0] = (td_adam_range){1, pb.chunk_n[0] / 2 + 1}, pb.n_nd[0] = 1;
+        for (int j = 0; j < pb.n_chunks; j++) cut += pb.n_nd[j];
+        size_t bytes = pb.n * 4, obytes = pb.n * td_optim_dtype_bytes(pb.pdt);
+        run_split(&pb);
+        float *want_p = malloc(bytes + 4), *want_m = malloc(bytes + 4), *want_v = malloc(bytes + 4);
+        void *want_o = malloc(obytes + 4);
+        memcpy(want_p, pb.master, bytes);
+        if (pb.has_out) memcpy(want_o, pb.out, obytes);
+        for (int j = 0; j < pb.n_chunks; j++) {
+            memcpy(want_m + pb.chunk_off[j], pb.m[j], pb.chunk_n[j] * 4);
+            memcpy(want_v + pb.chunk_off[j], pb.v[j], pb.chunk_n[j] * 4);
+        }
+        for (int isa = TD_OPTIM_ISA_SCALAR; isa < TD_OPTIM_ISA_COUNT; isa++) {
+            if (!td_optim_isa_supported((td_optim_isa)isa)) continue;
+            run_tidal(&pb, (td_optim_isa)isa, 1 + seed % 4, 0, seed);
+            int same = !memcmp(pb.master, want_p, bytes) && (!pb.has_out || !memcmp(pb.out, want_o, obytes));
+            for (int j = 0; j < pb.n_chunks; j++)
+                same = same && !memcmp(pb.m[j], want_m + pb.chunk_off[j], pb.chunk_n[j] * 4) &&
+                       !memcmp(pb.v[j], want_v + pb.chunk_off[j], pb.chunk_n[j] * 4);
+            if (!same)
+                fail_msg("seed %d (%s decay, wd %g): %s with no-decay ranges differs from separate calls", seed,
+                         pb.op.adam.decay == TD_ADAM_DECAY_L2 ? "L2" : "decoupled", pb.op.adam.weight_decay,
+                         td_optim_isa_name((td_optim_isa)isa));
+        }
+        free(want_p), free(want_m), free(want_v), free(want_o);
+        problem_free(&pb);
+    }
+    assert_true(cut > 0);
 }
 
 /* Round trips through td_adam_moment_store / _load: every code is the
@@ -618,6 +746,22 @@ static void test_errors(void **state)
     assert_int_equal(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32), TD_ERR_INVALID);
     ch.state = TD_OPTIM_STATE_INT8;
     TD_ASSERT_OK(td_adam_cpu_update(cpu, &co, &ch, 1));
+    /* No-decay ranges: sorted, non-empty, disjoint, inside the chunk. */
+    td_adam_range bad[][2] = {{{0, 0}, {1, 2}}, {{0, 5}, {0, 0}}, {{2, 3}, {1, 2}}, {{0, 2}, {1, 3}}};
+    for (int b = 0; b < 4; b++) {
+        ch.no_decay = bad[b];
+        ch.n_no_decay = b == 1 ? 1 : 2;
+        assert_int_equal(td_adam_cpu_update(cpu, &co, &ch, 1), TD_ERR_INVALID);
+        assert_non_null(strstr(td_error_msg(), "no-decay range"));
+    }
+    ch.no_decay = NULL;
+    ch.n_no_decay = 1;
+    assert_int_equal(td_adam_cpu_update(cpu, &co, &ch, 1), TD_ERR_INVALID);
+    ch.no_decay = bad[3];
+    ch.n_no_decay = 1;
+    TD_ASSERT_OK(td_adam_cpu_update(cpu, &co, &ch, 1));
+    ch.no_decay = NULL;
+    ch.n_no_decay = 0;
     assert_int_equal(td_adam_moment_store((td_optim_state)-1, TD_ADAM_MOMENT_M, a, 4, m), TD_ERR_INVALID);
     assert_int_equal(td_adam_moment_store(TD_OPTIM_STATE_INT8, (td_adam_moment)2, a, 4, m), TD_ERR_INVALID);
     assert_int_equal(td_adam_moment_load(TD_OPTIM_STATE_INT8, TD_ADAM_MOMENT_V, NULL, 4, a), TD_ERR_INVALID);
@@ -727,6 +871,7 @@ int main(void)
         cmocka_unit_test(test_init_zeroes_compact_state),
         cmocka_unit_test(test_steps_match_double_reference),
         cmocka_unit_test(test_isas_and_teams_bit_identical),
+        cmocka_unit_test(test_ranges_equal_separate_calls),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_quality_least_squares),
     };

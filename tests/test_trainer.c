@@ -355,6 +355,46 @@ static void test_plan_minimum_is_enough(void **state)
     }
 }
 
+/* Weight decay by tensor with compact AdamW state (bf16, int8) and no
+ * --decay-all: each chunk's AdamW call carries its no-decay ranges (norm
+ * gains and biases; int8 scale blocks they cut are requantized whole), so
+ * the run trains (finite losses that fall), the optimizer chunks give
+ * bit-identical losses homed on the device, on the host or split between
+ * them, and the ranges matter (--decay-all gives other losses). */
+static void test_compact_state_decay_by_tensor(void **state)
+{
+    enum { STEPS = 10 };
+    for (int os = TD_OPTIM_STATE_BF16; os <= TD_OPTIM_STATE_INT8; os++) {
+        td_train_config c = small_config();
+        c.optim.state = (td_optim_state)os;
+        c.optim.adam.weight_decay = 0.5; /* strong: decay by tensor and on everything part at once */
+        c.optim.lr.lr = 1e-2;
+        c.decay_all = 0;
+        c.gpu_budget = 64 * TD_MiB;
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+        assert_true(p.role_bytes[TD_TENSOR_ADAM_M] * (os == TD_OPTIM_STATE_INT8 ? 3 : 1) < p.params * 4); /* compact */
+        double ref[STEPS], losses[STEPS];
+        c.mm.placement = TD_PLACEMENT_CPU;
+        run(&c, STEPS, ref, NULL);
+        for (int s = 0; s < STEPS; s++) assert_true(isfinite(ref[s]));
+        print_message("%s state, decay by tensor: loss %.4f -> %.4f in %d steps\n",
+                      td_optim_state_name((td_optim_state)os), ref[0], ref[STEPS - 1], STEPS);
+        assert_true(ref[STEPS - 1] < ref[0] - 0.2);
+        c.mm.placement = TD_PLACEMENT_CUDA; /* every optimizer chunk homed on the device */
+        run(&c, STEPS, losses, NULL);
+        assert_memory_equal(ref, losses, sizeof ref);
+        c.mm.placement = TD_PLACEMENT_STATIC;
+        c.mm.offload_optim_frac = 0.5;
+        run(&c, STEPS, losses, NULL);
+        assert_memory_equal(ref, losses, sizeof ref);
+        c.mm.placement = TD_PLACEMENT_CPU;
+        c.decay_all = 1;
+        run(&c, STEPS, losses, NULL);
+        assert_true(memcmp(ref, losses, sizeof ref) != 0);
+    }
+}
+
 /* Per-chunk optimizer placement (#15): --offload-optim-frac F keeps the
  * (1 - F) share of optimizer chunks on the device, those with the least CPU
  * slack (the embedding's first); losses are bit-identical for every share
@@ -661,6 +701,7 @@ int main(void)
         cmocka_unit_test(test_plan_minimum_is_enough),
         cmocka_unit_test(test_default_budget_keeps_the_run_resident),
         cmocka_unit_test(test_optimizer_share_is_bit_identical),
+        cmocka_unit_test(test_compact_state_decay_by_tensor),
         cmocka_unit_test(test_auto_optimizer_share_follows_the_budget),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),

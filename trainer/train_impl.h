@@ -61,20 +61,19 @@ struct td_trainer {
     void **ptrs;                       /* scratch for access pointers */
     int *gids_scratch;
     double *dev_acc, *dev_sumsq_scratch;
-    /* Weight decay by tensor (decay.c): each param chunk's ranges
-     * decay[decay_start[k] .. decay_start[k+1]); NULL with --decay-all. */
-    struct td_decay_range *decay;
-    int *decay_start, n_decay;
-    td_adam_chunk *decay_chunks;       /* scratch: one chunk's ranges */
+    /* Weight decay by tensor (decay.c): param chunk k's elements that take
+     * no decay, no_decay[no_decay_start[k] .. no_decay_start[k+1]) (chunk
+     * indices, sorted); dev_no_decay: the same list on the device (cuda
+     * backend with GPU optimizer chunks, from the arena), else NULL.  All
+     * NULL with --decay-all. */
+    td_adam_range *no_decay, *dev_no_decay;
+    int *no_decay_start, n_no_decay;
 };
 
-/* Elements [offset, offset + numel) of param chunk `chunk` (role index),
- * decayed or not. */
-typedef struct td_decay_range { int chunk; size_t offset, numel; int decay; } td_decay_range;
-/* The ranges, from the layout (decay.c). */
+/* The ranges, from the layout (decay.c); after td_memmgr_layout. */
 td_status td_train_decay_setup(td_trainer *t);
 void td_train_decay_free(td_trainer *t);
-/* AdamW of param chunk k (role index) over its ranges, each with c or c less decay. */
+/* AdamW of param chunk k (role index) in one call, its no-decay ranges with c less decay. */
 td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch);
 #ifdef TD_HAVE_CUDA
 /* The LLaMA family on cuda (model_exec_cuda.c): RoPE's table, then the block

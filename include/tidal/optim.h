@@ -150,6 +150,21 @@ td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, d
  * itself when param_dtype is fp32 (a no-op copy).  Arrays need only their
  * elements' natural alignment (int8 moments: none); 64-byte alignment is
  * fastest. */
+/* Elements [begin, end) of a chunk (indices into the chunk, 0-based). */
+typedef struct td_adam_range {
+    size_t begin, end;
+} td_adam_range;
+
+/* no_decay (optional) lists the elements that take no weight decay, e.g.
+ * the norm gains and biases of a chunk that also holds matrices: sorted,
+ * non-empty, non-overlapping ranges inside [0, numel).  Their elements are
+ * updated with decay_mul 1 and l2 0 (what td_adam_coeffs_make gives for
+ * weight_decay 0), the others with the step's coefficients, so one call
+ * equals torch.optim.AdamW with two param groups bit for bit, whatever the
+ * state type (int8: a scale block that straddles a boundary is dequantized,
+ * updated element by element with each element's coefficients and
+ * requantized whole).  NULL / 0: every element decays.  For the CUDA
+ * update the list is in device memory, like the arrays. */
 typedef struct td_adam_chunk {
     float *master;
     void *m, *v;
@@ -159,7 +174,13 @@ typedef struct td_adam_chunk {
     td_optim_dtype param_dtype;
     size_t numel;
     td_optim_state state;
+    const td_adam_range *no_decay;
+    int n_no_decay;
 } td_adam_chunk;
+
+/* Checks a no-decay list against numel (sorted, non-empty, disjoint, inside);
+ * `what` names the caller in the message.  Host memory only. */
+td_status td_adam_ranges_check(const td_adam_range *r, int n, size_t numel, const char *what);
 
 /* ---- gradient statistics: global clipping and overflow ------------------- */
 
@@ -234,7 +255,8 @@ td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_optim_dt
 td_status td_adam_cpu_update(td_adam_cpu *cpu, const td_adam_coeffs *c, const td_adam_chunk *chunks, int n);
 
 /* The update of elements [begin, end) of one chunk on the calling thread with
- * the given ISA's kernel (tests and other schedulers; no checks of the ISA).
+ * the given ISA's kernel (tests and other schedulers; no checks of the ISA
+ * or of chunk->no_decay, whose indices stay those of the whole chunk).
  * With int8 state a scale block is requantized as a whole: begin must be a
  * multiple of TD_ADAM_INT8_BLOCK and end one too, or numel. */
 void td_adam_update_range(td_optim_isa isa, const td_adam_coeffs *c, const td_adam_chunk *chunk, size_t begin,

@@ -9,7 +9,9 @@
  * every state type (fp32, bf16, int8: chunk->state, moment buffers in the
  * layout of td_adam_moment_bytes, on the device).
  *
- * All pointers in a td_adam_chunk are device pointers; `stream` is a
+ * All pointers in a td_adam_chunk are device pointers, the no-decay range
+ * list (chunk->no_decay) included: the kernel reads it, so a caller keeps it
+ * in device memory for the call's lifetime on the stream; `stream` is a
  * cudaStream_t (NULL: the legacy default stream), e.g. from
  * td_backend_native_queue.  Calls are asynchronous on the stream; errors of
  * the launch are returned, errors of the kernel surface at the next

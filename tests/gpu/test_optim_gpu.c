@@ -1,5 +1,6 @@
 /* The GPU AdamW against the CPU one: the same inputs for 10 steps (clipping,
- * loss scale, decay, every grad and param dtype) give params within 1e-6
+ * loss scale, decay, no-decay ranges that cut int8 scale blocks in half the
+ * cases, every grad and param dtype) give params within 1e-6
  * max relative difference (in fact the same bits: the kernels perform the
  * same IEEE operations) with fp32 state, and the same bits in master, m, v
  * (codes, scales) and output with bf16 and int8 state; the GPU grad sum of
@@ -66,6 +67,12 @@ static void test_gpu_matches_cpu(void **state)
     void *d_m = dev_alloc(mbytes), *d_v = dev_alloc(mbytes);
     void *d_grad = dev_alloc(n * 4), *d_out = dev_alloc(n * 4);
     double *d_acc = dev_alloc(8), *d_scratch = dev_alloc(TD_GRAD_SUMSQ_CUDA_SCRATCH * 8);
+    /* No-decay ranges (half the cases): boundaries inside int8 blocks, one
+     * range a whole block, one up to the chunk's partial last block. */
+    const td_adam_range nd[] = {{1, 300}, {4096, 4096 + 256}, {4096 + 17 + 512, 4096 + 17 + 1512}, {n - 777, n}};
+    const int n_nd = (int)(sizeof nd / sizeof nd[0]);
+    td_adam_range *d_nd = dev_alloc(sizeof nd);
+    CUDA_OK(cudaMemcpy(d_nd, nd, sizeof nd, cudaMemcpyHostToDevice));
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     double worst = 0;
@@ -93,9 +100,13 @@ static void test_gpu_matches_cpu(void **state)
                 int has_out = pdt < TD_OPTIM_DTYPE_COUNT;
                 size_t osz = has_out ? td_optim_dtype_bytes((td_optim_dtype)pdt) : 0;
                 td_adam_chunk hc = {master, m, v, grads, (td_optim_dtype)gdt, has_out ? out : NULL,
-                                    has_out ? (td_optim_dtype)pdt : TD_OPTIM_DTYPE_F32, n, os};
+                                    has_out ? (td_optim_dtype)pdt : TD_OPTIM_DTYPE_F32, n, os, NULL, 0};
                 td_adam_chunk dc = {d_master, d_m, d_v, d_grad, (td_optim_dtype)gdt, has_out ? d_out : NULL,
-                                    hc.param_dtype, n, os};
+                                    hc.param_dtype, n, os, NULL, 0};
+                if ((l2 + gdt + pdt) % 2) {
+                    hc.no_decay = nd, hc.n_no_decay = n_nd;
+                    dc.no_decay = d_nd, dc.n_no_decay = n_nd;
+                }
                 TD_ASSERT_OK(td_adam_cpu_init(cpu, &hc, init, TD_OPTIM_DTYPE_F32));
                 CUDA_OK(cudaMemcpy(d_master, master, n * 4, cudaMemcpyHostToDevice));
                 CUDA_OK(cudaMemset(d_m, 0, mb)); /* zero codes and scales: the initial state of every type */
@@ -161,7 +172,7 @@ static void test_gpu_matches_cpu(void **state)
                   STEPS, worst, worst_bits, compact_cases);
     CUDA_OK(cudaStreamDestroy(stream));
     cudaFree(d_master), cudaFree(d_m), cudaFree(d_v), cudaFree(d_grad), cudaFree(d_out), cudaFree(d_acc);
-    cudaFree(d_scratch);
+    cudaFree(d_scratch), cudaFree(d_nd);
     free(init), free(master), free(m), free(v), free(gm), free(gmm), free(gv), free(grads), free(out), free(gout);
     td_adam_cpu_destroy(cpu);
 }
@@ -249,7 +260,7 @@ static void test_gpu_bandwidth(void **state)
         td_optim_state os = (td_optim_state)ost;
         CUDA_OK(cudaMemset(d_m, 0, n * 4));
         CUDA_OK(cudaMemset(d_v, 0, n * 4));
-        td_adam_chunk dc = {d_master, d_m, d_v, d_g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, n, os};
+        td_adam_chunk dc = {d_master, d_m, d_v, d_g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, n, os, NULL, 0};
         float adam_ms;
         TD_ASSERT_OK(td_adam_update_cuda(&c, &dc, NULL));
         CUDA_OK(cudaEventRecord(e0, NULL));
