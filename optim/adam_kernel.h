@@ -444,9 +444,12 @@ TD_KINLINE void adam_run(const kcoeffs *k, const kcoeffs *knd, int l2, const td_
 
 /* Elements [begin, end) with coefficients k (knd: without decay, for the
  * int8 blocks that straddle a no-decay boundary). */
-static void update_segment(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_chunk *ch, size_t begin,
+static void update_segment(const kcoeffs *kp, const kcoeffs *kndp, int l2, const td_adam_chunk *ch, size_t begin,
                            size_t end)
 {
+    /* Local copies: the loops' stores (vector types may alias anything)
+     * cannot reach them, so the coefficients stay in registers. */
+    const kcoeffs kl = *kp, kndl = *kndp, *k = &kl, *knd = &kndl;
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_PDT_NONE;
 #if TD_NT_BYTES
     /* Streaming stores where the segment's first output is aligned: every
