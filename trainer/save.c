@@ -63,6 +63,117 @@ static td_status ckpt_part(const td_ckpt_config *cc, int k, int *index, size_t *
     return TD_OK;
 }
 
+/* int8 moments: a scale block can straddle two tensors, so they move by
+ * whole blocks of their chunk.  A window of blocks [b0, b1) of a moment
+ * chunk of `n` elements is copied into (or out of) a small buffer laid out
+ * as a moment of its own (codes, padding, scales: optim.h), which
+ * td_adam_moment_load / _store convert. */
+#define INT8_WINDOW_BLOCKS (MOMENT_PIECE / TD_ADAM_INT8_BLOCK)
+#define INT8_WINDOW_BYTES (MOMENT_PIECE + INT8_WINDOW_BLOCKS * sizeof(float) + 4)
+
+static size_t int8_window(size_t n, size_t b0, size_t *b1)
+{
+    size_t blocks = (n + TD_ADAM_INT8_BLOCK - 1) / TD_ADAM_INT8_BLOCK;
+    *b1 = b0 + INT8_WINDOW_BLOCKS < blocks ? b0 + INT8_WINDOW_BLOCKS : blocks;
+    size_t end = *b1 * TD_ADAM_INT8_BLOCK < n ? *b1 * TD_ADAM_INT8_BLOCK : n;
+    return end - b0 * TD_ADAM_INT8_BLOCK;
+}
+
+static void int8_window_io(unsigned char *chunk, size_t n, size_t b0, size_t b1, unsigned char *win, int out)
+{
+    size_t e0 = b0 * TD_ADAM_INT8_BLOCK, wn = (b1 * TD_ADAM_INT8_BLOCK < n ? b1 * TD_ADAM_INT8_BLOCK : n) - e0;
+    unsigned char *codes = chunk + e0, *scales = chunk + ((n + 3) & ~(size_t)3) + b0 * sizeof(float);
+    unsigned char *wscales = win + ((wn + 3) & ~(size_t)3);
+    if (out) {
+        memcpy(win, codes, wn);
+        memset(win + wn, 0, (size_t)(wscales - win) - wn);
+        memcpy(wscales, scales, (b1 - b0) * sizeof(float));
+    } else {
+        memcpy(codes, win, wn);
+        memcpy(scales, wscales, (b1 - b0) * sizeof(float));
+    }
+}
+
+/* The moment chunk of tensor i (memmgr ids `ids`), its elements, and where
+ * the tensor starts in it. */
+static td_status int8_chunk_of(td_trainer *t, const int *ids, int i, unsigned flags, unsigned char **buf, size_t *n,
+                               size_t *first)
+{
+    td_memmgr *mm = t->mm;
+    int k = td_memmgr_tensor_chunk(mm, t->pid[i]) - td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
+    *n = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) / td_dtype_bytes(t->dt);
+    *first = td_memmgr_tensor_offset(mm, t->pid[i]);
+    return td_memmgr_chunk_host_access(mm, td_memmgr_tensor_chunk(mm, ids[i]), flags, (void **)buf);
+}
+
+/* Appends int8 m or v of checkpoint param k (tensor i, elements [off, off +
+ * numel)) as fp32 values. */
+static td_status int8_moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ckpt_state kind, int i, size_t off,
+                                  size_t numel, float *tmp, unsigned char *win)
+{
+    const int *ids = kind == TD_CKPT_STATE_ADAM_M ? t->mid : t->vid;
+    td_adam_moment which = kind == TD_CKPT_STATE_ADAM_M ? TD_ADAM_MOMENT_M : TD_ADAM_MOMENT_V;
+    unsigned char *buf;
+    size_t n, first;
+    td_status st = int8_chunk_of(t, ids, i, TD_ACCESS_READ, &buf, &n, &first);
+    if (st) return st;
+    size_t e0 = first + off, e1 = e0 + numel;
+    for (size_t b0 = e0 / TD_ADAM_INT8_BLOCK, b1; b0 * TD_ADAM_INT8_BLOCK < e1; b0 = b1) {
+        size_t wn = int8_window(n, b0, &b1), w0 = b0 * TD_ADAM_INT8_BLOCK;
+        int8_window_io(buf, n, b0, b1, win, 1);
+        if ((st = td_adam_moment_load(TD_OPTIM_STATE_INT8, which, win, wn, tmp))) return st;
+        size_t from = e0 > w0 ? e0 : w0, to = e1 < w0 + wn ? e1 : w0 + wn;
+        if ((st = td_ckpt_writer_append_state(w, k, kind, tmp + (from - w0), to - from))) return st;
+    }
+    return TD_OK;
+}
+
+/* Loads every int8 moment: chunk by chunk, window by window, each window
+ * assembled from the checkpoint parts that fall in it (zeros between
+ * tensors) and quantized whole. */
+static td_status int8_moments_load(td_trainer *t, const td_ckpt_reader *r, const td_ckpt_config *cc, float *tmp,
+                                   unsigned char *win)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int np = td_ckpt_param_count(cc), chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    int first_chunk = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
+    for (int kind = 0; kind < 2; kind++) {
+        td_ckpt_state ks = kind ? TD_CKPT_STATE_ADAM_V : TD_CKPT_STATE_ADAM_M;
+        const int *ids = kind ? t->vid : t->mid;
+        for (int c = 0; c < chunks; c++) {
+            unsigned char *buf = NULL;
+            size_t n = 0;
+            for (size_t b0 = 0, b1 = 0; ; b0 = b1) {
+                if (buf && b0 * TD_ADAM_INT8_BLOCK >= n) break;
+                size_t wn = 0, w0 = b0 * TD_ADAM_INT8_BLOCK;
+                for (int k = 0; k < np; k++) {
+                    int i;
+                    size_t off, numel, first;
+                    TD_TRY(ckpt_part(cc, k, &i, &off, &numel));
+                    if (td_memmgr_tensor_chunk(mm, t->pid[i]) - first_chunk != c) continue;
+                    if (!buf) {
+                        TD_TRY(int8_chunk_of(t, ids, i, TD_ACCESS_WRITE, &buf, &n, &first));
+                        wn = int8_window(n, b0, &b1);
+                        memset(tmp, 0, wn * sizeof(float));
+                    }
+                    first = td_memmgr_tensor_offset(mm, t->pid[i]);
+                    size_t e0 = first + off, e1 = e0 + numel;
+                    if (!wn) { wn = int8_window(n, b0, &b1); memset(tmp, 0, wn * sizeof(float)); }
+                    size_t from = e0 > w0 ? e0 : w0, to = e1 < w0 + wn ? e1 : w0 + wn;
+                    if (from < to) TD_TRY(td_ckpt_reader_read_state(r, k, ks, from - e0, to - from, tmp + (from - w0)));
+                }
+                if (!buf) break; /* no tensor in this chunk */
+                TD_TRY(td_adam_moment_store(TD_OPTIM_STATE_INT8, kind ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M, tmp, wn,
+                                            win));
+                int8_window_io(buf, n, b0, b1, win, 0);
+            }
+        }
+    }
+cleanup:
+    return st;
+}
+
 td_status td_trainer_save(td_trainer *t, const char *dir, int state, const char *const *meta)
 {
     return td_trainer_save_files(t, dir, state, meta, NULL);
@@ -78,6 +189,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     wo.shard_bytes = t->cfg.save_shard_bytes;
     td_ckpt_writer *w = NULL;
     float *tmp = NULL; /* moments not stored as fp32 go through it */
+    unsigned char *win = NULL; /* int8 moments: a window of blocks */
     TD_TRY(td_trainer_finish_update(t));
     TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
     if (state) {
@@ -112,13 +224,22 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         if (t->cfg.optim.state != TD_OPTIM_STATE_FP32 && !tmp &&
             !(tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
+        if (t->cfg.optim.state == TD_OPTIM_STATE_INT8 && !win &&
+            !(win = td_malloc(INT8_WINDOW_BYTES, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
         TD_TRY(td_ckpt_writer_append_state(w, k, TD_CKPT_STATE_MASTER, (float *)p + off, numel));
-        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_M, t->mid[i], off, numel, tmp));
-        TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_V, t->vid[i], off, numel, tmp));
+        if (t->cfg.optim.state == TD_OPTIM_STATE_INT8) {
+            TD_TRY(int8_moment_save(t, w, k, TD_CKPT_STATE_ADAM_M, i, off, numel, tmp, win));
+            TD_TRY(int8_moment_save(t, w, k, TD_CKPT_STATE_ADAM_V, i, off, numel, tmp, win));
+        } else {
+            TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_M, t->mid[i], off, numel, tmp));
+            TD_TRY(moment_save(t, w, k, TD_CKPT_STATE_ADAM_V, t->vid[i], off, numel, tmp));
+        }
     }
     td_free(tmp);
     tmp = NULL;
+    td_free(win);
+    win = NULL;
     for (int k = 0; files && files[k]; k++) {
         const char *slash = strrchr(files[k], '/');
         TD_TRY(td_ckpt_writer_add_file(w, slash ? slash + 1 : files[k], files[k]));
@@ -129,6 +250,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     return TD_OK;
 cleanup:
     td_free(tmp);
+    td_free(win);
     td_ckpt_writer_abort(w);
     return td_error_prefix(st, "saving checkpoint %s: ", dir);
 }
@@ -183,12 +305,21 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
             TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, master));
             if (t->cfg.optim.state != TD_OPTIM_STATE_FP32 && !tmp &&
                 !(tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
-            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_M, t->mid[i], off, numel, tmp));
-            TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_V, t->vid[i], off, numel, tmp));
+            if (t->cfg.optim.state != TD_OPTIM_STATE_INT8) { /* int8: whole blocks, after this loop */
+                TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_M, t->mid[i], off, numel, tmp));
+                TD_TRY(moment_load(t, r, k, TD_CKPT_STATE_ADAM_V, t->vid[i], off, numel, tmp));
+            }
         } else {
             TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, master));
         }
         if (master != p) td_train_from_f32(p, t->dt, master, numel);
+    }
+    if (state && t->cfg.optim.state == TD_OPTIM_STATE_INT8) {
+        unsigned char *win = td_malloc(INT8_WINDOW_BYTES, TD_ROLE_META);
+        if (!tmp) tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META);
+        st = win && tmp ? int8_moments_load(t, r, &cc, tmp, win) : TD_ERR_NOMEM;
+        td_free(win);
+        if (st) goto cleanup;
     }
     if (state) {
         uint64_t step, skipped, clean, hyst, overflows;
