@@ -63,7 +63,8 @@ td_status td_gpt_ref_config_check(const td_gpt_ref_config *cfg)
     if (cfg->n_head % td_model_kv_heads(cfg))
         return td_error_set(TD_ERR_INVALID, "the %d heads are not a multiple of the %d key/value heads; "
                             "num_key_value_heads must divide num_attention_heads", cfg->n_head, cfg->n_kv_head);
-    if ((int64_t)td_model_mlp_width(cfg) * 2 > INT32_MAX || (int64_t)cfg->n_embd * 4 > INT32_MAX)
+    /* the width first: td_model_mlp_width's 4 x width must not overflow (fuzz_hf_config) */
+    if ((int64_t)cfg->n_embd * 4 > INT32_MAX || (int64_t)td_model_mlp_width(cfg) * 2 > INT32_MAX)
         return td_error_set(TD_ERR_INVALID, "width %d / MLP width %d are out of range", cfg->n_embd, cfg->n_inner);
     if (is_gpt2(cfg)) {
         if (cfg->norm != TD_MODEL_NORM_LAYER || cfg->act != TD_MODEL_ACT_GELU || cfg->pos != TD_MODEL_POS_LEARNED ||
