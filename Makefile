@@ -62,7 +62,7 @@ endif
 # builds (ASan brings its own allocator).  Without it the heap is measured with
 # glibc's mallinfo2, and `tidal train` says so.
 ifeq ($(strip $(SANITIZE))$(findstring fsanitize,$(OPT)),)
-JEMALLOC ?= $(if $(wildcard /usr/include/jemalloc/jemalloc.h /usr/local/include/jemalloc/jemalloc.h),1,0)
+JEMALLOC ?= $(if $(wildcard $(addsuffix /jemalloc/jemalloc.h,/usr/include /usr/local/include $(subst :, ,$(CPATH)))),1,0)
 else
 override JEMALLOC := 0
 endif
