@@ -18,7 +18,7 @@
 #include "tidal/arena.h"
 #include "tidal/block_probe.h"
 #include "tidal/backend.h"
-#include "tidal/convert.h"
+#include "tidal/model.h"
 #include "tidal/ops.h"
 #include "tidal/ops_cuda.h"
 #include "tidal/util.h"
@@ -43,13 +43,8 @@ static int cmp_double(const void *a, const void *b)
 
 /* One op on the probe's buffers. */
 typedef td_status (*op_fn)(td_block_probe *b);
-/* One op of the LLaMA block. */
-typedef struct llama_probe llama_probe;
-typedef td_status (*llama_fn)(llama_probe *l);
-
-/* Median time of `repeat` runs of fn(b) (or lfn(l)) after two warm-ups. */
-static td_status time_any(td_block_probe *b, op_fn fn, llama_probe *l, llama_fn lfn, void *stream, int repeat,
-                          double *ms)
+/* Median time of `repeat` runs of fn(b) after two warm-ups. */
+static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
 {
     cudaEvent_t e0, e1;
     double *t = malloc((size_t)repeat * sizeof *t);
@@ -59,11 +54,11 @@ static td_status time_any(td_block_probe *b, op_fn fn, llama_probe *l, llama_fn 
         free(t);
         return td_error_set(TD_ERR_BACKEND, "cudaEventCreate failed");
     }
-    for (int i = 0; i < 2 && !st; i++) st = fn ? fn(b) : lfn(l);
+    for (int i = 0; i < 2 && !st; i++) st = fn(b);
     for (int i = 0; i < repeat && !st; i++) {
-        cudaEventRecord(e0, stream);
-        st = fn ? fn(b) : lfn(l);
-        cudaEventRecord(e1, stream);
+        cudaEventRecord(e0, b->stream);
+        st = fn(b);
+        cudaEventRecord(e1, b->stream);
         if (cudaEventSynchronize(e1) != cudaSuccess) st = td_error_set(TD_ERR_BACKEND, "an op failed");
         float f = 0;
         cudaEventElapsedTime(&f, e0, e1);
@@ -77,11 +72,6 @@ static td_status time_any(td_block_probe *b, op_fn fn, llama_probe *l, llama_fn 
     cudaEventDestroy(e1);
     free(t);
     return st;
-}
-
-static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
-{
-    return time_any(b, fn, NULL, NULL, b->stream, repeat, ms);
 }
 
 /* The ops, in the order a block runs them. */
@@ -168,231 +158,128 @@ static td_status block_bwd(td_block_probe *b) { return td_block_probe_backward(b
 
 /* --- the LLaMA-family block ------------------------------------------------------ */
 
-/* Its params, grads, activations and buffers, from one arena.  Shapes: N =
- * B T rows, C wide, NH query heads and NKV key/value heads of hs = C / NH, QKV
- * = (NH + 2 NKV) hs, MLP width F. */
-struct llama_probe {
-    int B, T, N, C, NH, NKV, hs, QKV, F;
-    td_dtype dt;
-    td_arena *arena;
-    td_ops_cuda *ops;
-    void *stream;
-    void *rms1_w, *qkv_w, *o_w, *rms2_w, *gu_w, *down_w;        /* params */
-    void *g_rms1_w, *g_qkv_w, *g_o_w, *g_rms2_w, *g_gu_w, *g_down_w; /* grads */
-    void *rms1, *qkv, *atty, *res2, *rms2, *gu, *h;             /* acts */
-    float *rstd1, *rstd2, *lse, *inv_freq;
-    void *x, *y, *dy, *dx, *dres2, *dc, *dqkv, *dgu, *dh;       /* gradients on the way */
-    void *scratch;
-    size_t scratch_bytes;
-};
-
-enum { L_PARAMS = 6, L_BUFS = 6 + 6 + 7 + 4 + 9 + 1 };
-
-static td_status llama_fill(void *dev, size_t n, td_dtype dt, uint64_t seed, float scale)
-{
-    size_t E = td_dtype_bytes(dt);
-    void *h = malloc(n * E);
-    if (!h) return td_error_set(TD_ERR_NOMEM, "bench ops: %zu bytes of host staging", n * E);
-    td_rng r;
-    td_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) {
-        float v = (float)(td_rng_uniform(&r) * 2.0 - 1.0) * scale;
-        if (dt == TD_DTYPE_F32) ((float *)h)[i] = v;
-        else ((uint16_t *)h)[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(v) : td_f16_from_f32(v);
-    }
-    cudaError_t e = cudaMemcpy(dev, h, n * E, cudaMemcpyHostToDevice);
-    free(h);
-    return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpy: %s", cudaGetErrorString(e));
-}
-
-static void llama_destroy(llama_probe *l)
-{
-    if (!l) return;
-    td_ops_cuda_free(l->ops);
-    td_arena_destroy(l->arena);
-    free(l);
-}
-
-static td_status llama_create(td_backend *be, int B, int T, int C, int NH, int NKV, int F, td_dtype dt,
-                              llama_probe **out)
-{
-    td_status st = TD_OK;
-    *out = NULL;
-    llama_probe *l = calloc(1, sizeof *l);
-    if (!l) return td_error_set(TD_ERR_NOMEM, "bench ops: llama probe");
-    const size_t E = td_dtype_bytes(dt), N = (size_t)B * T, hs = (size_t)C / NH, QKV = (NH + 2 * (size_t)NKV) * hs;
-    l->B = B, l->T = T, l->N = (int)N, l->C = C, l->NH = NH, l->NKV = NKV, l->hs = (int)hs, l->QKV = (int)QKV, l->F = F;
-    l->dt = dt;
-    size_t sb = td_ops_cuda_attention_gqa_scratch_bytes(B, T, NH, NKV, (int)hs, dt);
-    size_t m = td_ops_cuda_rmsnorm_scratch_bytes((int)N, C);
-    if (m > sb) sb = m;
-    /* every buffer and its bytes, in one table */
-    void **ptr[L_BUFS] = {&l->rms1_w, &l->qkv_w, &l->o_w, &l->rms2_w, &l->gu_w, &l->down_w,
-                          &l->g_rms1_w, &l->g_qkv_w, &l->g_o_w, &l->g_rms2_w, &l->g_gu_w, &l->g_down_w,
-                          &l->rms1, &l->qkv, &l->atty, &l->res2, &l->rms2, &l->gu, &l->h,
-                          (void **)&l->rstd1, (void **)&l->rstd2, (void **)&l->lse, (void **)&l->inv_freq,
-                          &l->x, &l->y, &l->dy, &l->dx, &l->dres2, &l->dc, &l->dqkv, &l->dgu, &l->dh,
-                          &l->scratch};
-    const size_t numel[L_PARAMS] = {(size_t)C, QKV * C, (size_t)C * C, (size_t)C, 2 * (size_t)F * C, (size_t)C * F};
-    size_t bytes[L_BUFS] = {0};
-    for (int i = 0; i < L_PARAMS; i++) bytes[i] = bytes[L_PARAMS + i] = numel[i] * E;
-    const size_t acts[7] = {N * C, N * QKV, N * C, N * C, N * C, N * 2 * F, N * F};
-    for (int i = 0; i < 7; i++) bytes[12 + i] = acts[i] * E;
-    bytes[19] = bytes[20] = N * sizeof(float);
-    bytes[21] = (size_t)B * NH * T * sizeof(float);
-    bytes[22] = hs / 2 * sizeof(float);
-    const size_t grads[9] = {N * C, N * C, N * C, N * C, N * C, N * C, N * QKV, N * 2 * F, N * F};
-    for (int i = 0; i < 9; i++) bytes[23 + i] = grads[i] * E;
-    bytes[32] = sb;
-    size_t total = TD_OPS_CUDA_WORKSPACE_BYTES;
-    for (int i = 0; i < L_BUFS; i++) total += td_align_up(bytes[i], TD_ARENA_ALIGN);
-    void *ws = NULL;
-    TD_TRY(td_arena_create(be, total, &l->arena));
-    TD_TRY(td_arena_alloc(l->arena, TD_OPS_CUDA_WORKSPACE_BYTES, TD_ROLE_WORKSPACE, &ws));
-    for (int i = 0; i < L_BUFS; i++) TD_TRY(td_arena_alloc(l->arena, bytes[i], TD_ROLE_WORKSPACE, ptr[i]));
-    l->scratch_bytes = sb;
-    /* params of a trained model's scale, gains near 1; x and dy as the GPT-2 probe's */
-    for (int i = 0; i < L_PARAMS; i++) TD_TRY(llama_fill(*ptr[i], numel[i], dt, 10 + i, i == 0 || i == 3 ? 1.0f : 0.02f));
-    for (int i = L_PARAMS; i < 2 * L_PARAMS; i++)
-        if (cudaMemset(*ptr[i], 0, bytes[i]) != cudaSuccess) TD_FAIL(TD_ERR_BACKEND, "bench ops: cudaMemset failed");
-    TD_TRY(llama_fill(l->x, N * C, dt, 20, 1.0f));
-    TD_TRY(llama_fill(l->dy, N * C, dt, 21, 1e-3f));
-    /* Llama 3.1's rope: theta 500000 with llama3 scaling */
-    {
-        float inv[512];
-        const td_rope_scaling llama3 = {8.0f, 1.0f, 4.0f, 8192};
-        td_ops_rope_inv_freq(inv, (int)hs, 500000.0f, &llama3);
-        if (cudaMemcpy(l->inv_freq, inv, hs / 2 * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
-            TD_FAIL(TD_ERR_BACKEND, "bench ops: cudaMemcpy of the rope table failed");
-    }
-    td_ops_cuda_params op = td_ops_cuda_default_params();
-    op.workspace = ws;
-    op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
-    TD_TRY(td_ops_cuda_create(&op, &l->ops));
-    l->stream = td_backend_native_queue(be, TD_QUEUE_COMPUTE);
-    *out = l;
-    return TD_OK;
-cleanup:
-    llama_destroy(l);
-    return st;
-}
-
-#define LLAMA_EPS 1e-5f
+/* The same probe with a LLaMA description: the block's tensors in w and g
+ * (ln1_w = input_layernorm, qkv_w (QKV,C), attproj_w = o_proj, ln2_w,
+ * fc_w = gate|up (2F,C), fcproj_w = down (C,F)), its acts in a (ln1, qkv
+ * after RoPE, atty, res2, ln2, fch = gate|up, fch_gelu = silu(gate) * up),
+ * and on the way back mid = dh (N,F), big = dgate_up then dqkv, dres =
+ * dres2, dc for the norms' and projections' input gradients.  Shapes: N = B
+ * T rows, C wide, NH query and NKV key/value heads of hs, QKV = (NH + 2 NKV)
+ * hs, MLP width F. */
+#define L_C(b) ((b)->mc.n_embd)
+#define L_NKV(b) td_model_kv_heads(&(b)->mc)
+#define L_HS(b) td_model_head_size(&(b)->mc)
+#define L_QKV(b) td_model_qkv_width(&(b)->mc)
+#define L_F(b) td_model_mlp_width(&(b)->mc)
+#define L_EPS(b) td_model_norm_eps(&(b)->mc)
 
 /* forward: rms1 -> qkv -> rope(q, k) -> GQA -> o + x -> rms2 -> gate|up -> SwiGLU -> down + res2 */
-static td_status l_rms1_fwd(llama_probe *l)
+static td_status l_rms1_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_rmsnorm_forward(l->rms1, l->rstd1, l->x, l->rms1_w, l->N, l->C, LLAMA_EPS, l->dt, l->stream);
+    return td_ops_cuda_rmsnorm_forward(b->a.ln1, b->a.ln1_rstd, b->x, b->w.ln1_w, b->N, L_C(b), L_EPS(b), b->dt,
+                                       b->stream);
 }
-static td_status l_qkv_fwd(llama_probe *l)
+static td_status l_qkv_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_forward(l->ops, l->qkv, NULL, l->rms1, l->qkv_w, NULL, NULL, l->N, l->C, l->QKV, l->dt,
-                                      l->stream);
+    return td_ops_cuda_matmul_forward(b->ops, b->a.qkv, NULL, b->a.ln1, b->w.qkv_w, b->w.qkv_b, NULL, b->N, L_C(b),
+                                      L_QKV(b), b->dt, b->stream);
 }
-static td_status l_rope_fwd(llama_probe *l)
+static td_status l_rope_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_rope_forward(l->qkv, l->inv_freq, l->B, l->T, l->NH + l->NKV, l->hs, (size_t)l->QKV, l->dt,
-                                    l->stream);
+    return td_ops_cuda_rope_forward(b->a.qkv, b->inv_freq, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
+                                    (size_t)L_QKV(b), b->dt, b->stream);
 }
-static td_status l_att_fwd(llama_probe *l)
+static td_status l_att_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_attention_gqa_forward(l->ops, l->atty, l->lse, l->qkv, l->B, l->T, l->NH, l->NKV, l->hs, l->dt,
-                                             l->scratch, l->scratch_bytes, l->stream);
+    return td_ops_cuda_attention_gqa_forward(b->ops, b->a.atty, b->a.att_lse, b->a.qkv, b->B, b->T, b->mc.n_head,
+                                             L_NKV(b), L_HS(b), b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
-static td_status l_o_fwd(llama_probe *l)
+static td_status l_o_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_forward(l->ops, l->res2, NULL, l->atty, l->o_w, NULL, l->x, l->N, l->C, l->C, l->dt,
-                                      l->stream);
+    return td_ops_cuda_matmul_forward(b->ops, b->a.res2, NULL, b->a.atty, b->w.attproj_w, NULL, b->x, b->N, L_C(b),
+                                      L_C(b), b->dt, b->stream);
 }
-static td_status l_rms2_fwd(llama_probe *l)
+static td_status l_rms2_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_rmsnorm_forward(l->rms2, l->rstd2, l->res2, l->rms2_w, l->N, l->C, LLAMA_EPS, l->dt, l->stream);
+    return td_ops_cuda_rmsnorm_forward(b->a.ln2, b->a.ln2_rstd, b->a.res2, b->w.ln2_w, b->N, L_C(b), L_EPS(b), b->dt,
+                                       b->stream);
 }
-static td_status l_gu_fwd(llama_probe *l)
+static td_status l_gu_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_forward(l->ops, l->gu, NULL, l->rms2, l->gu_w, NULL, NULL, l->N, l->C, 2 * l->F, l->dt,
-                                      l->stream);
+    return td_ops_cuda_matmul_forward(b->ops, b->a.fch, NULL, b->a.ln2, b->w.fc_w, NULL, NULL, b->N, L_C(b),
+                                      2 * L_F(b), b->dt, b->stream);
 }
-static td_status l_swiglu_fwd(llama_probe *l)
+static td_status l_swiglu_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_swiglu_forward(l->h, l->gu, l->N, l->F, l->dt, l->stream);
+    return td_ops_cuda_swiglu_forward(b->a.fch_gelu, b->a.fch, b->N, L_F(b), b->dt, b->stream);
 }
-static td_status l_down_fwd(llama_probe *l)
+static td_status l_down_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_forward(l->ops, l->y, NULL, l->h, l->down_w, NULL, l->res2, l->N, l->F, l->C, l->dt,
-                                      l->stream);
+    return td_ops_cuda_matmul_forward(b->ops, b->y, NULL, b->a.fch_gelu, b->w.fcproj_w, NULL, b->a.res2, b->N, L_F(b),
+                                      L_C(b), b->dt, b->stream);
 }
 /* backward, from dy: dres2 = dy + the MLP branch's, dx = dres2 + the attention branch's */
-static td_status l_down_bwd(llama_probe *l)
+static td_status l_down_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_backward(l->ops, l->dh, l->g_down_w, NULL, l->dy, l->h, l->down_w, l->N, l->F, l->C,
-                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+    return td_ops_cuda_matmul_backward(b->ops, b->mid, b->g.fcproj_w, NULL, b->dy, b->a.fch_gelu, b->w.fcproj_w, b->N,
+                                       L_F(b), L_C(b), TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes,
+                                       b->stream);
 }
-static td_status l_swiglu_bwd(llama_probe *l)
+static td_status l_swiglu_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_swiglu_backward(l->dgu, l->dh, l->gu, l->N, l->F, TD_OPS_CUDA_SET, l->dt, l->stream);
+    return td_ops_cuda_swiglu_backward(b->big, b->mid, b->a.fch, b->N, L_F(b), TD_OPS_CUDA_SET, b->dt, b->stream);
 }
-static td_status l_gu_bwd(llama_probe *l)
+static td_status l_gu_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_backward(l->ops, l->dc, l->g_gu_w, NULL, l->dgu, l->rms2, l->gu_w, l->N, l->C, 2 * l->F,
-                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+    return td_ops_cuda_matmul_backward(b->ops, b->dc, b->g.fc_w, NULL, b->big, b->a.ln2, b->w.fc_w, b->N, L_C(b),
+                                       2 * L_F(b), TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes,
+                                       b->stream);
 }
-static td_status l_rms2_bwd(llama_probe *l)
+static td_status l_rms2_bwd(td_block_probe *b)
 {
-    if (cudaMemcpyAsync(l->dres2, l->dy, (size_t)l->N * l->C * td_dtype_bytes(l->dt), cudaMemcpyDeviceToDevice,
-                        (cudaStream_t)l->stream) != cudaSuccess)
+    if (cudaMemcpyAsync(b->dres, b->dy, (size_t)b->N * L_C(b) * td_dtype_bytes(b->dt), cudaMemcpyDeviceToDevice,
+                        (cudaStream_t)b->stream) != cudaSuccess)
         return td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpyAsync failed");
-    return td_ops_cuda_rmsnorm_backward(l->dres2, l->g_rms2_w, l->dc, l->res2, l->rms2_w, l->rstd2, l->N, l->C, l->dt,
-                                        l->dt, l->scratch, l->scratch_bytes, l->stream);
+    return td_ops_cuda_rmsnorm_backward(b->dres, b->g.ln2_w, b->dc, b->a.res2, b->w.ln2_w, b->a.ln2_rstd, b->N, L_C(b),
+                                        b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
-static td_status l_o_bwd(llama_probe *l)
+static td_status l_o_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_backward(l->ops, l->dc, l->g_o_w, NULL, l->dres2, l->atty, l->o_w, l->N, l->C, l->C,
-                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+    return td_ops_cuda_matmul_backward(b->ops, b->dc, b->g.attproj_w, NULL, b->dres, b->a.atty, b->w.attproj_w, b->N,
+                                       L_C(b), L_C(b), TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes,
+                                       b->stream);
 }
-static td_status l_att_bwd(llama_probe *l)
+static td_status l_att_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_attention_gqa_backward(l->ops, l->dqkv, l->dc, l->qkv, l->atty, l->lse, l->B, l->T, l->NH,
-                                              l->NKV, l->hs, TD_OPS_CUDA_SET, l->dt, l->scratch, l->scratch_bytes,
-                                              l->stream);
+    return td_ops_cuda_attention_gqa_backward(b->ops, b->big, b->dc, b->a.qkv, b->a.atty, b->a.att_lse, b->B, b->T,
+                                              b->mc.n_head, L_NKV(b), L_HS(b), TD_OPS_CUDA_SET, b->dt, b->scratch,
+                                              b->scratch_bytes, b->stream);
 }
-static td_status l_rope_bwd(llama_probe *l)
+static td_status l_rope_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_rope_backward(l->dqkv, l->inv_freq, l->B, l->T, l->NH + l->NKV, l->hs, (size_t)l->QKV, l->dt,
-                                     l->stream);
+    return td_ops_cuda_rope_backward(b->big, b->inv_freq, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
+                                     (size_t)L_QKV(b), b->dt, b->stream);
 }
-static td_status l_qkv_bwd(llama_probe *l)
+static td_status l_qkv_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_backward(l->ops, l->dc, l->g_qkv_w, NULL, l->dqkv, l->rms1, l->qkv_w, l->N, l->C, l->QKV,
-                                       TD_OPS_CUDA_SET, l->dt, l->dt, l->scratch, l->scratch_bytes, l->stream);
+    return td_ops_cuda_matmul_backward(b->ops, b->dc, b->g.qkv_w, b->g.qkv_b, b->big, b->a.ln1, b->w.qkv_w, b->N,
+                                       L_C(b), L_QKV(b), TD_OPS_CUDA_SET, b->dt, b->dt, b->scratch, b->scratch_bytes,
+                                       b->stream);
 }
-static td_status l_rms1_bwd(llama_probe *l)
+static td_status l_rms1_bwd(td_block_probe *b)
 {
-    if (cudaMemcpyAsync(l->dx, l->dres2, (size_t)l->N * l->C * td_dtype_bytes(l->dt), cudaMemcpyDeviceToDevice,
-                        (cudaStream_t)l->stream) != cudaSuccess)
+    if (cudaMemcpyAsync(b->dx, b->dres, (size_t)b->N * L_C(b) * td_dtype_bytes(b->dt), cudaMemcpyDeviceToDevice,
+                        (cudaStream_t)b->stream) != cudaSuccess)
         return td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpyAsync failed");
-    return td_ops_cuda_rmsnorm_backward(l->dx, l->g_rms1_w, l->dc, l->x, l->rms1_w, l->rstd1, l->N, l->C, l->dt, l->dt,
-                                        l->scratch, l->scratch_bytes, l->stream);
+    return td_ops_cuda_rmsnorm_backward(b->dx, b->g.ln1_w, b->dc, b->x, b->w.ln1_w, b->a.ln1_rstd, b->N, L_C(b), b->dt,
+                                        b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
 
-static const llama_fn l_fwd_ops[] = {l_rms1_fwd, l_qkv_fwd,    l_rope_fwd, l_att_fwd, l_o_fwd,
-                                     l_rms2_fwd, l_gu_fwd,     l_swiglu_fwd, l_down_fwd};
-static const llama_fn l_bwd_ops[] = {l_down_bwd, l_swiglu_bwd, l_gu_bwd,   l_rms2_bwd, l_o_bwd,
-                                     l_att_bwd,  l_rope_bwd,   l_qkv_bwd,  l_rms1_bwd};
+static const op_fn l_fwd_ops[] = {l_rms1_fwd, l_qkv_fwd,    l_rope_fwd, l_att_fwd, l_o_fwd,
+                                  l_rms2_fwd, l_gu_fwd,     l_swiglu_fwd, l_down_fwd};
+static const op_fn l_bwd_ops[] = {l_down_bwd, l_swiglu_bwd, l_gu_bwd,   l_rms2_bwd, l_o_bwd,
+                                  l_att_bwd,  l_rope_bwd,   l_qkv_bwd,  l_rms1_bwd};
 enum { L_FWD = sizeof l_fwd_ops / sizeof l_fwd_ops[0], L_BWD = sizeof l_bwd_ops / sizeof l_bwd_ops[0] };
-
-static td_status l_block_fwd(llama_probe *l)
-{
-    td_status st = TD_OK;
-    for (int i = 0; i < L_FWD && !st; i++) st = l_fwd_ops[i](l);
-    return st;
-}
-static td_status l_block_bwd(llama_probe *l)
-{
-    td_status st = TD_OK;
-    for (int i = 0; i < L_BWD && !st; i++) st = l_bwd_ops[i](l);
-    return st;
-}
 
 /* The largest divisor of NH that is at most NH / 4 (Llama 3's 4 query heads a
  * key/value head where NH allows), at least 1. */
@@ -460,7 +347,7 @@ int td_bench_ops_main(int argc, char **argv)
     td_status st = TD_OK;
     td_backend *be = NULL;
     td_block_probe *pr = NULL;
-    llama_probe *lp = NULL;
+    td_block_probe *lp = NULL;
     td_dtype dt;
     if ((st = td_dtype_parse(o.precision, &dt))) goto done;
     if (o.repeat < 1 || o.batch < 1 || o.seq < 1 || o.heads < 1 || o.width % o.heads) {
@@ -538,9 +425,17 @@ int td_bench_ops_main(int argc, char **argv)
     }
     td_block_probe_destroy(pr);
     pr = NULL;
-    if ((st = llama_create(be, o.batch, o.seq, o.width, o.heads, NKV, F, dt, &lp))) goto done;
+    /* Llama 3.1's block at this width: RMSNorm, theta 500000 with llama3 scaling */
+    td_gpt_ref_config lc = mc;
+    td_model_desc_set_family(&lc, TD_MODEL_LLAMA);
+    lc.n_kv_head = NKV;
+    lc.n_inner = F;
+    lc.rope_theta = 500000.0f;
+    lc.rope_scaling = (td_rope_scaling){ .factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                                         .original_max_positions = 8192 };
+    if ((st = td_block_probe_create(be, &lc, o.batch, o.seq, dt, &lp))) goto done;
     {
-        llama_probe *l = lp;
+        td_block_probe *l = lp;
         const double lmm = 2.0 * (double)N, natt = (double)o.width * E * N;
         row lrows[] = {
             {"rmsnorm 1 forward", 0, 0, 2 * natt},
@@ -565,12 +460,12 @@ int td_bench_ops_main(int argc, char **argv)
             {"block backward", 0, 0, 0},
         };
         const int nl = (int)(sizeof lrows / sizeof lrows[0]);
-        if ((st = l_block_fwd(l))) goto done;
+        if ((st = block_fwd(l))) goto done;
         for (int i = 0; i < nl; i++) {
-            llama_fn fn = i < L_FWD ? l_fwd_ops[i] : i < L_FWD + L_BWD ? l_bwd_ops[i - L_FWD]
-                                                   : i == nl - 2 ? l_block_fwd : l_block_bwd;
-            if (i < L_FWD && (st = l_block_fwd(l))) goto done;
-            if ((st = time_any(NULL, NULL, l, fn, l->stream, o.repeat, &lrows[i].ms))) goto done;
+            op_fn fn = i < L_FWD ? l_fwd_ops[i] : i < L_FWD + L_BWD ? l_bwd_ops[i - L_FWD]
+                                                : i == nl - 2 ? block_fwd : block_bwd;
+            if (i < L_FWD && (st = block_fwd(l))) goto done; /* forward ops read what the previous one wrote */
+            if ((st = time_op(l, fn, o.repeat, &lrows[i].ms))) goto done;
             if (i < nl - 2) lrows[i < L_FWD ? nl - 2 : nl - 1].flops += lrows[i].flops;
             if (!o.json) fprintf(stderr, "\r%d/%d", i + 1, nl);
         }
@@ -601,7 +496,7 @@ int td_bench_ops_main(int argc, char **argv)
 done:
     if (st) fprintf(stderr, "tidal bench ops: %s\n", td_error_msg());
     td_block_probe_destroy(pr);
-    llama_destroy(lp);
+    td_block_probe_destroy(lp);
     td_backend_free(be);
     td_args_free();
     return rc;

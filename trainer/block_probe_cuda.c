@@ -1,3 +1,6 @@
+/* The block probe (tidal/block_probe.h): one block of the model's family on
+ * the device, its buffers from one arena, timed by `tidal plan` (the step's
+ * compute term) and, op by op, by `tidal bench ops`. */
 #include "tidal/block_probe.h"
 
 #include "tidal/alloc.h"
@@ -8,27 +11,37 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-enum { PARAMS, GRADS, ACTS, X, Y, DY, DX, BIG, SCRATCH, WORKSPACE, NBUF };
+enum { PARAMS, GRADS, ACTS, X, Y, DY, DX, BIG, MID, DRES, DC, ROPE, SCRATCH, WORKSPACE, NBUF };
 
+static int is_llama(const td_gpt_ref_config *mc) { return mc->family != TD_MODEL_GPT2; }
+
+/* Each buffer's bytes; 0: the family has no use for it. */
 static void sizes_of(const td_gpt_ref_config *model, int B, int T, td_dtype dt, size_t s[NBUF])
 {
     td_gpt_ref_config mc = *model;
     mc.n_layer = 1;
+    const int llama = is_llama(&mc);
     size_t off, span, E = td_dtype_bytes(dt), N = (size_t)B * (size_t)T, C = (size_t)mc.n_embd;
+    size_t H = (size_t)td_model_mlp_width(&mc), QKV = (size_t)td_model_qkv_width(&mc);
+    size_t fc_out = llama ? 2 * H : H; /* gate|up, or GPT-2's 4C */
     td_gpt_ref_block_span(&mc, 0, &off, &span);
     s[PARAMS] = s[GRADS] = span * E;
-    s[ACTS] = td_ops_cuda_block_acts_bytes(&mc, B, T, dt);
+    s[ACTS] = llama ? td_ops_cuda_llama_block_acts_bytes(&mc, B, T, dt) : td_ops_cuda_block_acts_bytes(&mc, B, T, dt);
     s[X] = s[Y] = s[DY] = s[DX] = N * C * E;
-    s[BIG] = N * 4 * C * E;
-    s[SCRATCH] = td_ops_cuda_block_scratch_bytes(&mc, B, T, dt, B);
+    s[BIG] = N * (fc_out > QKV ? fc_out : QKV) * E;
+    s[MID] = llama ? N * H * E : 0;
+    s[DRES] = s[DC] = llama ? N * C * E : 0;
+    s[ROPE] = llama ? (size_t)td_model_head_size(&mc) / 2 * sizeof(float) : 0;
+    s[SCRATCH] = llama ? td_ops_cuda_llama_block_scratch_bytes(&mc, B, T, dt, B)
+                       : td_ops_cuda_block_scratch_bytes(&mc, B, T, dt, B);
     s[WORKSPACE] = TD_OPS_CUDA_WORKSPACE_BYTES;
 }
 
-/* n uniform values in [-scale, scale) of type dt into device memory: the
+/* n values center + uniform [-scale, scale) of type dt into device memory: the
  * tensor cores draw more power, and clock lower, on varied data than on a
  * constant (a constant fill ran a 1.5B block at B32 12% faster on an H100:
  * forward 3.51 against 3.80 ms, backward 8.48 against 9.81 ms). */
-static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, float scale)
+static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, float center, float scale)
 {
     size_t E = td_dtype_bytes(dt);
     void *h = malloc(n * E);
@@ -36,7 +49,7 @@ static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, fl
     td_rng r;
     td_rng_seed(&r, seed);
     for (size_t i = 0; i < n; i++) {
-        float v = (float)(td_rng_uniform(&r) * 2.0 - 1.0) * scale;
+        float v = center + (float)(td_rng_uniform(&r) * 2.0 - 1.0) * scale;
         if (dt == TD_DTYPE_F32) ((float *)h)[i] = v;
         else ((uint16_t *)h)[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(v) : td_f16_from_f32(v);
     }
@@ -64,29 +77,37 @@ td_status td_block_probe_create(td_backend *b, const td_gpt_ref_config *model, i
     p->mc.n_layer = 1;
     p->B = B, p->T = T, p->N = B * T, p->dt = dt;
     size_t s[NBUF];
-    void *buf[NBUF];
+    void *buf[NBUF] = {0};
     sizes_of(model, B, T, dt, s);
     TD_TRY(td_arena_create(b, td_block_probe_bytes(model, B, T, dt), &p->arena));
-    for (int i = 0; i < NBUF; i++) TD_TRY(td_arena_alloc(p->arena, s[i], TD_ROLE_WORKSPACE, &buf[i]));
+    for (int i = 0; i < NBUF; i++)
+        if (s[i]) TD_TRY(td_arena_alloc(p->arena, s[i], TD_ROLE_WORKSPACE, &buf[i]));
+    p->stream = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
     /* Params, the input and the output gradient as in training (random, of
-     * GPT-2's init scale); the rest is written before it is read. */
-    size_t E = td_dtype_bytes(dt);
-    for (int i = 0; i < WORKSPACE; i++) TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, buf[i], 0, s[i]));
+     * GPT-2's init scale; the norms' gains 1); the rest is written before it is read. */
+    size_t E = td_dtype_bytes(dt), C = (size_t)p->mc.n_embd;
+    for (int i = 0; i < WORKSPACE; i++)
+        if (buf[i]) TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, buf[i], 0, s[i]));
     TD_TRY(td_queue_sync(b, TD_QUEUE_COMPUTE));
-    TD_TRY(fill_random(buf[PARAMS], s[PARAMS] / E, dt, 1, 0.02f));
-    TD_TRY(fill_random(buf[X], s[X] / E, dt, 2, 1.0f));
-    TD_TRY(fill_random(buf[DY], s[DY] / E, dt, 3, 1e-3f));
+    td_ops_cuda_block_view(&p->mc, buf[PARAMS], dt, &p->w);
+    td_ops_cuda_block_view(&p->mc, buf[GRADS], dt, &p->g);
+    TD_TRY(fill_random(buf[PARAMS], s[PARAMS] / E, dt, 1, 0.0f, 0.02f));
+    TD_TRY(fill_random(p->w.ln1_w, C, dt, 4, 1.0f, 0.0f));
+    TD_TRY(fill_random(p->w.ln2_w, C, dt, 5, 1.0f, 0.0f));
+    TD_TRY(fill_random(buf[X], s[X] / E, dt, 2, 0.0f, 1.0f));
+    TD_TRY(fill_random(buf[DY], s[DY] / E, dt, 3, 0.0f, 1e-3f));
+    if (is_llama(&p->mc)) TD_TRY(td_ops_cuda_rope_table(&p->mc, buf[ROPE], p->stream));
     td_ops_cuda_params op = td_ops_cuda_default_params();
     op.workspace = buf[WORKSPACE];
     op.workspace_bytes = s[WORKSPACE];
     TD_TRY(td_ops_cuda_create(&op, &p->ops));
-    td_ops_cuda_block_view(&p->mc, buf[PARAMS], dt, &p->w);
-    td_ops_cuda_block_view(&p->mc, buf[GRADS], dt, &p->g);
-    td_ops_cuda_block_acts_view(&p->mc, B, T, dt, buf[ACTS], &p->a);
+    if (is_llama(&p->mc)) td_ops_cuda_llama_block_acts_view(&p->mc, B, T, dt, buf[ACTS], &p->a);
+    else td_ops_cuda_block_acts_view(&p->mc, B, T, dt, buf[ACTS], &p->a);
+    p->inv_freq = buf[ROPE];
     p->x = buf[X], p->y = buf[Y], p->dy = buf[DY], p->dx = buf[DX], p->big = buf[BIG];
+    p->mid = buf[MID], p->dres = buf[DRES], p->dc = buf[DC];
     p->scratch = buf[SCRATCH];
     p->scratch_bytes = s[SCRATCH];
-    p->stream = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
     *out = p;
     return TD_OK;
 cleanup:
@@ -104,12 +125,18 @@ void td_block_probe_destroy(td_block_probe *p)
 
 td_status td_block_probe_forward(td_block_probe *p)
 {
+    if (is_llama(&p->mc))
+        return td_ops_cuda_llama_block_forward(p->ops, &p->mc, &p->w, &p->a, p->inv_freq, p->x, p->y, p->B, p->T,
+                                               p->dt, p->scratch, p->scratch_bytes, p->stream);
     return td_ops_cuda_block_forward(p->ops, &p->mc, &p->w, &p->a, p->x, p->y, p->B, p->T, p->dt, p->scratch,
                                      p->scratch_bytes, p->stream);
 }
 
 td_status td_block_probe_backward(td_block_probe *p)
 {
+    if (is_llama(&p->mc))
+        return td_ops_cuda_llama_block_backward(p->ops, &p->mc, &p->w, &p->g, &p->a, p->inv_freq, p->x, p->dy, p->dx,
+                                                p->B, p->T, p->dt, p->dt, p->scratch, p->scratch_bytes, p->stream);
     return td_ops_cuda_block_backward(p->ops, &p->mc, &p->w, &p->g, &p->a, p->x, p->dy, p->dx, p->B, p->T,
                                       TD_OPS_CUDA_SET, p->dt, p->dt, p->scratch, p->scratch_bytes, p->stream);
 }

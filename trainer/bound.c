@@ -73,10 +73,7 @@ static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, d
 {
     size_t free_b = 0, total_b = 0, need = td_block_probe_bytes(&cfg->model, cfg->micro_batch, cfg->seq_len,
                                                                  cfg->precision);
-    *fwd_ms = *bwd_ms = 0;
-    /* The block probe composes GPT-2's block; other families are left
-     * unmeasured (the plan then says so and uses the matmul rate). */
-    if (cfg->model.family != TD_MODEL_GPT2) return TD_OK;
+    *fwd_ms = *bwd_ms = 0; /* the probe composes the model's own block: GPT-2's or a LLaMA-family one */
     td_status st = td_backend_mem_info(b, &free_b, &total_b);
     if (st || need + need / 8 > free_b) return st;
     td_block_probe *p = NULL;

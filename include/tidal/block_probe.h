@@ -1,8 +1,12 @@
 /* One transformer block on the device, set up to be timed: its params and
  * grads, its activations and the buffers its forward and backward read and
  * write, all from one arena of exactly their size, with random params,
- * input and output gradient, and an ops context.  `tidal plan` times the whole block;
- * `tidal bench ops` times each op on the same buffers.  CUDA builds only. */
+ * input and output gradient, and an ops context.  The block is the model's
+ * own: GPT-2's (LayerNorm, multi-head attention, GELU MLP) or a LLaMA-family
+ * one (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, Qwen2's q/k/v
+ * biases), at the description's widths, heads and key/value heads, composed
+ * from the same CUDA ops the trainer runs.  `tidal plan` times the whole
+ * block; `tidal bench ops` times each op on the same buffers.  CUDA builds only. */
 #ifndef TIDAL_BLOCK_PROBE_H
 #define TIDAL_BLOCK_PROBE_H
 
@@ -11,16 +15,20 @@
 #include "tidal/ops_cuda.h"
 
 typedef struct td_block_probe {
-    td_gpt_ref_config mc;      /* the model's shape, one layer */
+    td_gpt_ref_config mc;      /* the model's description, one layer */
     int B, T, N;
     td_dtype dt;
     td_arena *arena;
     td_ops_cuda *ops;
     void *stream;              /* the backend's compute queue */
-    td_ops_cuda_block w, g;    /* params, grads */
+    td_ops_cuda_block w, g;    /* params, grads (td_ops_cuda_block_view of the family) */
     td_ops_cuda_block_acts a;
+    float *inv_freq;           /* LLaMA family: RoPE's table (hs/2) on the device; GPT-2: NULL */
     void *x, *y, *dy, *dx;     /* (N,C) each */
-    void *big;                 /* (N,4C): an MLP-wide gradient */
+    void *big;                 /* (N, max(fc out, QKV)): the MLP's widest gradient (4C; gate|up 2H), or dqkv */
+    /* LLaMA family, for timing its ops one by one (GPT-2: NULL): */
+    void *mid;                 /* (N,H): the gradient of silu(gate) * up */
+    void *dres, *dc;           /* (N,C): the residual's gradient and a norm's input gradient */
     void *scratch;
     size_t scratch_bytes;
 } td_block_probe;

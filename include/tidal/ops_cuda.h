@@ -273,7 +273,8 @@ typedef struct td_ops_cuda_block {
 } td_ops_cuda_block;
 
 /* Points `out` into a block's span laid out as gpt_ref's (td_gpt_ref_block_span),
- * with elements of type dt: a block's chunk. */
+ * with elements of type dt: a block's chunk.  Any family: a LLaMA-family
+ * block's fields as the LLaMA block below takes them, the others NULL. */
 void td_ops_cuda_block_view(const td_gpt_ref_config *cfg, void *block_base, td_dtype dt,
                             td_ops_cuda_block *out);
 

@@ -14,15 +14,6 @@ namespace {
 
 using namespace tdc;
 
-/* The block's tensors in layout order, as gpt_ref's kind_numel. */
-void block_numels(int C, size_t n[TD_GPT_REF_BLOCK_TENSORS])
-{
-    const size_t c = (size_t)C;
-    const size_t table[TD_GPT_REF_BLOCK_TENSORS] = {c, c, 3 * c * c, 3 * c, c * c, c,
-                                                    c, c, 4 * c * c, 4 * c, 4 * c * c, c};
-    for (int i = 0; i < TD_GPT_REF_BLOCK_TENSORS; i++) n[i] = table[i];
-}
-
 struct ActsSizes {
     size_t bytes[12];
 };
@@ -64,17 +55,23 @@ size_t fixed_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype 
 extern "C" void td_ops_cuda_block_view(const td_gpt_ref_config *cfg, void *block_base, td_dtype dt,
                                        td_ops_cuda_block *out)
 {
-    void **slot[TD_GPT_REF_BLOCK_TENSORS] = {
-        &out->ln1_w, &out->ln1_b, &out->qkv_w, &out->qkv_b, &out->attproj_w, &out->attproj_b,
-        &out->ln2_w, &out->ln2_b, &out->fc_w, &out->fc_b, &out->fcproj_w, &out->fcproj_b,
-    };
-    size_t n[TD_GPT_REF_BLOCK_TENSORS];
-    block_numels(cfg->n_embd, n);
-    char *p = (char *)block_base;
-    for (int i = 0; i < TD_GPT_REF_BLOCK_TENSORS; i++) {
-        *slot[i] = p;
-        p += n[i] * dtype_bytes(dt);
+    /* Block 0's tensors of the layout, at their offsets inside the span in
+     * elements of dt: any family (a LLaMA-family block has 6 or 7). */
+    size_t span_off, span;
+    td_gpt_ref_block_span(cfg, 0, &span_off, &span);
+    const int first = td_model_embed_tensor_count(cfg), nb = td_model_block_tensor_count(cfg);
+    void *p[TD_GPT_REF_BLOCK_TENSORS] = {};
+    for (int k = 0; k < nb; k++) {
+        td_gpt_ref_tensor t;
+        td_gpt_ref_tensor_get(cfg, first + k, &t);
+        p[k] = (char *)block_base + (t.offset - span_off) * dtype_bytes(dt);
     }
+    td_gpt_ref_block b;
+    td_gpt_ref_block_from(cfg, p, &b);
+    /* td_gpt_ref_block and td_ops_cuda_block list the same twelve roles in one order */
+    void **dst = (void **)out;
+    float **src = (float **)&b;
+    for (int i = 0; i < TD_GPT_REF_BLOCK_TENSORS; i++) dst[i] = src[i];
 }
 
 extern "C" size_t td_ops_cuda_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
