@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """tidal beside its peers on BENCH.md's GPU workloads, in one run: the table of issue 6.
 
-For each workload (W1, W2, W3, W4, W6 of ../shared/BENCH.md) this runs, one
-process after the other on the same GPU:
+For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W9 of
+../shared/BENCH.md) this runs, one process after the other on the same GPU:
 
   tidal   `tidal train --backend cuda --precision bf16` on a random-token file
-          this script writes (tidal's token-file format, docs/data.md), with
-          the workload's shape, tokens per step and --gpu-budget; tokens/s is
+          this script writes (tidal's token-file format, docs/data.md: uint16
+          ids for GPT-2's vocabulary, uint32 for Llama 3's 128256 and
+          Qwen2.5's 151936), with the workload's shape (W8, W9: `--model`
+          llama-3.1-8b / qwen2.5-0.5b, tidal's presets of those shapes),
+          tokens per step, --gpu-budget and --optim-state (W8: bf16, which
+          `tidal plan` fits in 90 GiB of a 125 GiB host where fp32 state
+          needs 120 GiB); tokens/s is
           the median of its log's tokens_per_s over the steps after the
           warm-up (4..8 of 8); its peak device bytes are the log's
           device_peak_bytes; its lower bound is `tidal plan --json`'s
@@ -17,7 +22,12 @@ process after the other on the same GPU:
           recomputes the fewest blocks that leave its chunks their room.
   peers   bench/peers/torch_gpt.py: PyTorch eager (W1, W2) or FSDP2 with CPU
           offload on one GPU (W3, W4, W6), with the same shape and tokens per
-          step.  A peer at a budget gets its best micro-batch within it: each
+          step; bench/peers/torch_hf.py for W8 (FSDP2 CPU offload of
+          LlamaForCausalLM, fp32 AdamW state) and W9 (PyTorch eager
+          Qwen2ForCausalLM).  A peer whose offloaded state cannot fit the
+          host's memory says so before it allocates (exit 5) and its row
+          reads "does not fit (host memory)"; one the kernel kills anyway
+          (SIGKILL) is reported the same way.  A peer at a budget gets its best micro-batch within it: each
           candidate (B x K, checkpointing) of the workload is run, a run that
           runs out of memory or peaks over the budget is skipped (and listed),
           and the fastest of the rest is the peer's figure.  Without a budget
@@ -37,6 +47,7 @@ the flags are bad or the data file cannot be written.
 
 Usage (on the GPU machine, from the repository root, after `make`):
     python3 bench/workloads.py                       # W1,W2,W3,W4,W6
+    python3 bench/workloads.py --workloads W8,W9 --quick --run-timeout 330
     python3 bench/workloads.py --workloads W1 --json out/bench-gpu/w1.json
     python3 bench/workloads.py --smoke               # tiny shapes: plumbing check in ~1 minute
 """
@@ -63,11 +74,29 @@ VOCAB = 50304          # padded vocabulary (BENCH.md)
 TOKEN_RANGE = 50257    # ids drawn from GPT-2's real vocabulary
 EOT = 50256
 HERE = os.path.dirname(os.path.abspath(__file__))
-PEER_SCRIPT = os.path.join(HERE, "peers", "torch_gpt.py")
+PEER_DIR = os.path.join(HERE, "peers")
+PEER_SCRIPT = os.path.join(PEER_DIR, "torch_gpt.py")
+EXIT_PEER_USAGE, EXIT_PEER_HOST_MEMORY = 2, 5  # torch_gpt.py's exit statuses
+
+
+class LlamaShape:
+    """A LLaMA-family workload's model: tidal's preset (and the peer's, bench/peers/torch_hf.py) of that name,
+    its key/value heads, MLP width and vocabulary (ids drawn from all of it), the end-of-text id the token
+    file names, and the AdamW state tidal keeps (None: fp32)."""
+
+    def __init__(self, preset, kv_heads, mlp, vocab, eot, optim_state=None):
+        self.preset, self.kv_heads, self.mlp, self.vocab, self.eot = preset, kv_heads, mlp, vocab, eot
+        self.optim_state = optim_state
+
+    def shrunk(self):
+        """--smoke: 2 layers of 128 wide, 2 heads (hs 64), 1 key/value head, MLP 256; the vocabulary stays (the
+        token file's uint32 ids are part of what the smoke run checks)."""
+        return LlamaShape(self.preset, 1, 256, self.vocab, self.eot, self.optim_state)
 
 
 class Workload:
-    def __init__(self, wid, name, shape, budget_gib, tokens, tidal, peer_mode, peer_cands, target, refs=()):
+    def __init__(self, wid, name, shape, budget_gib, tokens, tidal, peer_mode, peer_cands, target, refs=(),
+                 llama=None):
         self.id = wid
         self.name = name                  # "1.5B (48L/1600/25H)"
         self.shape = shape                # (layers, width, heads)
@@ -78,9 +107,19 @@ class Workload:
         self.peer_cands = peer_cands      # [(B, K, ckpt)]
         self.target = target              # tidal/peer ratio issue 6 asks for
         self.refs = refs                  # reference figures quoted from BENCH.md
+        self.llama = llama                # LlamaShape, or None: GPT-2
+
+    @property
+    def vocab(self):
+        return self.llama.vocab if self.llama else VOCAB
+
+    @property
+    def peer_script(self):
+        return os.path.join(PEER_DIR, "torch_hf.py") if self.llama else PEER_SCRIPT
 
 
 M124, M1_5, M4_1 = (12, 768, 12), (48, 1600, 25), (32, 3200, 25)
+L8B, Q05B = (32, 4096, 32), (24, 896, 14)
 WORKLOADS = [
     Workload("W1", "124M (12L/768/12H)", M124, None, 16 * 1024, [(16, 1)],
              "eager", [(16, 1, False), (8, 2, False), (4, 4, False)], 1.0,
@@ -96,6 +135,14 @@ WORKLOADS = [
              [("FSDP2 offload B16 ckpt", 6.4e3)]),
     Workload("W6", "1.5B (48L/1600/25H)", M1_5, 8, 16 * 1024, [(16, 1), (8, 2), (4, 4), (2, 8)],
              "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)], 1.0),
+    # issue 14's targets: W8 >= 1.5x FSDP2, W9 >= 1.5x eager.  W8's tidal keeps bf16 AdamW state (fp32 needs
+    # 120 of the host's 125 GiB by `tidal plan`); FSDP2's fp32 state needs ~16 bytes a param, 128 GB.
+    Workload("W8", "llama-3.1-8b (32L/4096/32H, 8 KV heads, MLP 14336, vocab 128256)", L8B, 24, 16 * 1024,
+             [(16, 1), (8, 2), (4, 4)], "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)],
+             1.5, llama=LlamaShape("llama-3.1-8b", 8, 14336, 128256, 128001, "bf16")),
+    Workload("W9", "qwen2.5-0.5b (24L/896/14H, 2 KV heads, MLP 4864, vocab 151936)", Q05B, None, 16 * 1024,
+             [(16, 1), (8, 2)], "eager", [(16, 1, False), (8, 2, False), (4, 4, False)], 1.5,
+             llama=LlamaShape("qwen2.5-0.5b", 2, 4864, 151936, 151643)),
 ]
 for _w in WORKLOADS:  # every candidate keeps the workload's tokens per step
     assert all(b * k * 1024 == _w.tokens for b, k in _w.tidal), _w.id
@@ -113,18 +160,21 @@ def gib(b):
 
 # ---- the token file -----------------------------------------------------------
 
-def write_token_file(path, n_tokens, seed):
-    """Random GPT-2 ids in tidal's token-file format, version 1 (docs/data.md):
-    a 64-byte little-endian header (magic, version, header bytes, token bytes,
-    tokenizer kind 2 = gpt2, vocab size, end-of-text id, token count, payload
-    CRC-32, 16 reserved zero bytes, CRC-32 of header bytes [0, 60)), then the
-    ids as uint16 (vocab <= 65536)."""
+def write_token_file(path, n_tokens, seed, vocab=VOCAB, token_range=TOKEN_RANGE, eot=EOT, kind=2):
+    """Random ids below token_range in tidal's token-file format, version 1
+    (docs/data.md): a 64-byte little-endian header (magic, version, header
+    bytes, token bytes, tokenizer kind (2 gpt2, 3 tokenizer.json), vocab size,
+    end-of-text id, token count, payload CRC-32, 16 reserved zero bytes, CRC-32
+    of header bytes [0, 60)), then the ids as uint16 where the vocabulary is at
+    most 65536, else uint32 (the width tidal requires of that vocabulary)."""
+    width = 2 if vocab <= 65536 else 4
+    code = next(c for c in ("H", "I", "L") if array.array(c).itemsize == width)
     rng = random.Random(seed)
-    toks = array.array("H", (rng.randrange(TOKEN_RANGE) for _ in range(n_tokens)))
+    toks = array.array(code, (rng.randrange(token_range) for _ in range(n_tokens)))
     if sys.byteorder != "little":
         toks.byteswap()
     payload = toks.tobytes()
-    head = struct.pack("<8sIIIIIIQI16s", b"TDTOKENS", 1, 64, 2, 2, VOCAB, EOT, n_tokens,
+    head = struct.pack("<8sIIIIIIQI16s", b"TDTOKENS", 1, 64, width, kind, vocab, eot, n_tokens,
                        zlib.crc32(payload), bytes(16))
     assert len(head) == 60
     head += struct.pack("<I", zlib.crc32(head))
@@ -245,11 +295,21 @@ def last_json(path):
 
 # ---- tidal --------------------------------------------------------------------
 
-def tidal_flags(a, w, B, K):
+def model_flags(w):
+    """The model's shape for tidal: GPT-2 by its sizes; a LLaMA-family preset with its sizes spelt out (equal to
+    the preset's, or --smoke's smaller ones) and the AdamW state."""
     L, C, H = w.shape
+    f = ["--layers", str(L), "--width", str(C), "--heads", str(H)]
+    if w.llama:
+        f = ["--model", w.llama.preset] + f + ["--kv-heads", str(w.llama.kv_heads), "--mlp-width", str(w.llama.mlp)]
+        if w.llama.optim_state:
+            f += ["--optim-state", w.llama.optim_state]
+    return f + ["--vocab", str(w.vocab)]
+
+
+def tidal_flags(a, w, B, K):
     f = ["--backend", a.tidal_backend, "--precision", "bf16" if a.tidal_backend == "cuda" else "fp32",
-         "--data", a.data, "--layers", str(L), "--width", str(C), "--heads", str(H), "--seq", str(a.seq),
-         "--vocab", str(VOCAB), "--micro-batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
+         "--data", w.data] + model_flags(w) + ["--seq", str(a.seq), "--micro-batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
          "--lr", "1e-4", "--schedule", "constant", "--warmup", "0", "--clip-grad-norm", f"{a.clip:g}",
          "--seed", "1337"]
     if w.budget_gib is not None:
@@ -290,7 +350,7 @@ def run_tidal_once(a, w, B, K, plan):
     timed = [s for s in steps if s.get("step", 0) > a.warmup]
     if rc != 0 or not timed:
         why = tail(out_file, 2) or "no output"
-        res["error"] = f"exit {rc}, {len(steps)} steps logged: {why}"
+        res["error"] = f"{killed(rc) or f'exit {rc}'}, {len(steps)} steps logged: {why}"
         return res
     res["tokens_per_s"] = statistics.median(s["tokens_per_s"] for s in timed)
     res["step_ms_median"] = statistics.median(s["step_ms"] for s in timed)
@@ -384,11 +444,23 @@ def candidates(a, w, cands):
     return out
 
 
+def killed(rc):
+    """A message for a process ended by a signal (run_logged's negative rc), else None."""
+    if rc >= 0:
+        return None
+    why = " (the kernel's OOM killer, likely: out of host memory)" if rc == -signal.SIGKILL else ""
+    return f"killed by signal {-rc}{why}"
+
+
 def run_peer_once(a, w, B, K, ck):
     L, C, H = w.shape
     name = f"{w.id}-{w.peer_mode}-B{B}x{K}{'-ckpt' if ck else ''}"
     out_file = os.path.join(a.workdir, name + ".out")
-    cmd = [a.python, PEER_SCRIPT, "--mode", w.peer_mode, "--layers", str(L), "--width", str(C), "--heads", str(H),
+    shape = ["--layers", str(L), "--width", str(C), "--heads", str(H)]
+    if w.llama:
+        shape = ["--model", w.llama.preset] + shape + ["--kv-heads", str(w.llama.kv_heads), "--mlp",
+                                                       str(w.llama.mlp), "--vocab", str(w.vocab)]
+    cmd = [a.python, w.peer_script, "--mode", w.peer_mode] + shape + [
            "--seq", str(a.seq), "--batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--clip", f"{a.clip:g}", "--workload", w.id, "--json"]
     if ck:
@@ -399,8 +471,11 @@ def run_peer_once(a, w, B, K, ck):
     r = last_json(out_file) or {"error": f"exit {rc}, no JSON result: {tail(out_file, 3)}"}
     r.update(batch=B, grad_accum=K, ckpt=ck, exit=rc, smi_bytes=smi, seconds=secs, output=out_file,
              command=" ".join(shlex.quote(c) for c in cmd))
+    r["host_memory"] = rc == EXIT_PEER_HOST_MEMORY or rc == -signal.SIGKILL
     if rc == 124:
         r["error"] = f"timed out after {a.run_timeout} s"
+    elif killed(rc):
+        r["error"] = f"{killed(rc)}: {tail(out_file, 2)}"
     elif r.get("error") is None and r.get("tokens_per_s") is None:
         r["error"] = f"exit {rc}: {tail(out_file, 3)}"
     return r
@@ -410,6 +485,8 @@ def describe_peer_run(r):
     cfg = f"B{r['batch']}x{r['grad_accum']}{' ckpt' if r['ckpt'] else ''}"
     if r.get("error") == "oom":
         return f"{cfg}: out of GPU memory"
+    if r.get("host_memory"):
+        return f"{cfg}: does not fit (host memory): {r['error']}"
     return describe_run(cfg, r)
 
 
@@ -425,7 +502,10 @@ def run_peer(a, w):
         r = run_peer_once(a, w, B, K, ck)
         res["tried"].append(r)
         say(f"  {res['system']} {describe_peer_run(r)}")
-        if r.get("exit") == 2:  # no torch / transformers / GPU: no point in trying the others
+        if r.get("exit") == EXIT_PEER_USAGE:  # no torch / transformers / GPU: no point in trying the others
+            break
+        if r.get("host_memory"):  # the host state is the same at every micro-batch
+            res["host_memory"] = True
             break
         ok = r.get("error") is None and r.get("within_budget") is not False
         if ok and (res["best"] is None or r["tokens_per_s"] > res["best"]["tokens_per_s"]):
@@ -476,10 +556,14 @@ def print_table(results):
         w, t, p = r["w"], r["tidal"], r["peer"]
         ratio, met = verdict(w, t, p)
         ck = "" if t.get("ckpt_blocks") in (None, 0) else f", {t['ckpt_blocks']}/{w.shape[0]} recomputed"
-        tid = "n/a" if t.get("error") else f"{fmt_tok(t['tokens_per_s'])} (B{t['batch']}x{t['grad_accum']}{ck})"
+        state = f", {w.llama.optim_state} AdamW state" if w.llama and w.llama.optim_state else ""
+        tid = ("n/a" if t.get("error") else
+               f"{fmt_tok(t['tokens_per_s'])} (B{t['batch']}x{t['grad_accum']}{ck}{state})")
         b = p.get("best")
         peer = "n/a" if b is None else (f"{fmt_tok(b['tokens_per_s'])} (B{b['batch']}x{b['grad_accum']}"
                                         f"{' ckpt' if b['ckpt'] else ''})")
+        if b is None and p.get("host_memory"):
+            peer = "does not fit (host memory)"
         budget = "unlimited" if w.budget_gib is None else f"{w.budget_gib:g} GiB"
         say(f"| {w.id} | {w.name} | {budget} | {tok_step(w.tokens)} | {tid} | {p['system']} | {peer} | "
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | >= {w.target:g}x | {met} | {bound_over_step(t)} |")
@@ -549,6 +633,7 @@ def to_json(results, a):
         "machine": machine_info(),
         "steps": a.steps, "warmup": a.warmup, "seq": a.seq, "clip": a.clip, "smoke": a.smoke,
         "workloads": [dict(id=r["w"].id, model=r["w"].name, shape=r["w"].shape, budget_gib=r["w"].budget_gib,
+                           tidal_model_flags=model_flags(r["w"]),
                            tokens_per_step=r["w"].tokens, target=r["w"].target,
                            ratio=verdict(r["w"], r["tidal"], r["peer"])[0],
                            met=verdict(r["w"], r["tidal"], r["peer"])[1],
@@ -570,7 +655,8 @@ def guarded(fn, a, w, empty):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=os.environ.get("TD_WORKLOADS") or "W1,W2,W3,W4,W6",
-                    help="comma-separated ids (default: $TD_WORKLOADS or W1,W2,W3,W4,W6)")
+                    help="comma-separated ids of W1, W2, W3, W4, W6, W8, W9 (default: $TD_WORKLOADS or "
+                         "W1,W2,W3,W4,W6)")
     ap.add_argument("--tidal", default="build/tidal", help="the tidal command (default build/tidal)")
     ap.add_argument("--peers-only", action="store_true")
     ap.add_argument("--tidal-only", action="store_true")
@@ -606,15 +692,26 @@ def main(argv=None):
     a.seq = 1024
     if a.smoke:
         a.seq = 64
-        chosen = [Workload(w.id, "smoke 2L/128/2H", (2, 128, 2), None if w.budget_gib is None else 1,
-                           min(w.tidal[0][0], 2) * w.tidal[0][1] * a.seq, w.tidal, w.peer_mode, w.peer_cands,
-                           w.target) for w in chosen]
+        chosen = [Workload(w.id, "smoke 2L/128/2H" + (f" {w.llama.preset}" if w.llama else ""), (2, 128, 2),
+                           None if w.budget_gib is None else 1, min(w.tidal[0][0], 2) * w.tidal[0][1] * a.seq,
+                           w.tidal, w.peer_mode, w.peer_cands, w.target,
+                           llama=w.llama.shrunk() if w.llama else None) for w in chosen]
     os.makedirs(a.workdir, exist_ok=True)
-    a.data = os.path.join(a.workdir, "random.tok")
+    # One random-token file per vocabulary: GPT-2's ids (uint16), or all of a LLaMA-family vocabulary (uint32).
     need = max(max(b * k for b, k in w.tidal) for w in chosen) * a.seq * a.steps + 1
-    write_token_file(a.data, max(need, 1 << 20), seed=1337)
+    for w in chosen:
+        if w.llama:
+            w.data = os.path.join(a.workdir, f"random-v{w.vocab}.tok")
+            tok = dict(vocab=w.vocab, token_range=w.vocab, eot=w.llama.eot, kind=3)
+        else:
+            w.data = os.path.join(a.workdir, "random.tok")
+            tok = {}
+        if not any(x.data == w.data for x in chosen[:chosen.index(w)]):
+            write_token_file(w.data, max(need, 1 << 20), seed=1337, **tok)
+    peers = sorted({os.path.relpath(w.peer_script) for w in chosen})
     say(f"bench/workloads.py: {', '.join(w.id for w in chosen)}; tidal {a.tidal} ({a.tidal_backend}); peers "
-        f"{'off' if a.tidal_only else a.python + ' ' + os.path.relpath(PEER_SCRIPT)}; data {a.data}; logs in {a.workdir}")
+        f"{'off' if a.tidal_only else a.python + ' ' + ', '.join(peers)}; data "
+        f"{', '.join(sorted({w.data for w in chosen}))}; logs in {a.workdir}")
     info = machine_info()
     say(f"machine: {info.get('host')}, {info.get('cpus')} CPUs, GPU {', '.join(info.get('gpus', ['none found']))}")
 

@@ -178,10 +178,12 @@ static td_status measure_cpu_block(const td_train_config *cfg, double *fwd_ms, d
     float *scr = td_calloc(scratch, sizeof(float), TD_ROLE_WORKSPACE), *x = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
     float *y = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE), *dx = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
     if (!w || !g || !acts || !scr || !x || !y || !dx) TD_FAIL(TD_ERR_NOMEM, "the block probe");
-    for (int k = 0; k < TD_GPT_REF_BLOCK_TENSORS; k++) {
+    /* Block 0's tensors, after the embeddings: 12 for GPT-2, 6 or 7 for the
+     * LLaMA family (indexing GPT-2's 2 + 12 wrote past the block there). */
+    for (int k = 0, first = td_model_embed_tensor_count(mc); k < td_model_block_tensor_count(mc); k++) {
         td_gpt_ref_tensor tt;
-        td_gpt_ref_tensor_get(mc, 2 + k, &tt);
-        td_gpt_ref_init_tensor(mc, 2 + k, w + (tt.offset - off), cfg->seed);
+        td_gpt_ref_tensor_get(mc, first + k, &tt);
+        td_gpt_ref_init_tensor(mc, first + k, w + (tt.offset - off), cfg->seed);
     }
     for (size_t i = 0; i < N * C; i++) x[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
     td_gpt_ref_block wb, gb;

@@ -35,9 +35,17 @@ With --json the last line of stdout is one JSON object:
      "error": null | "oom" | "...message..."}
 Exit status: 0 done, 1 failed (message on stderr and in "error"), 2 bad flags
 or no usable GPU / PyTorch / transformers, 3 out of GPU memory, 4 over the
-budget.
+budget, 5 (fsdp2-offload) the host's memory cannot hold the offloaded state
+("error": "host memory: ..."; checked before anything is allocated, see
+host_check()).
+
+The machinery here (flags, FSDP2 setup, the timed loop, the JSON result) is
+shared with the LLaMA-family peer, bench/peers/torch_hf.py, through a Family
+object: what differs between GPT2LMHeadModel and LlamaForCausalLM /
+Qwen2ForCausalLM (the config, the blocks FSDP2 wraps, the vocabulary).
 """
 import argparse
+import copy
 import importlib
 import json
 import math
@@ -56,24 +64,79 @@ VOCAB = 50304      # GPT-2's 50257 padded to a multiple of 64 (BENCH.md)
 TOKEN_RANGE = 50257  # random ids are real GPT-2 ids, as in tidal's data file
 GIB = 1 << 30
 
-EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_OVER_BUDGET = 1, 2, 3, 4
+EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_HOST_MEMORY = 1, 2, 3, 4, 5
+# FSDP2 CPU offload keeps, per parameter, the fp32 param and grad (pinned) and
+# AdamW's fp32 m and v on the host; beyond them the process itself (torch,
+# CUDA, transformers, the pinned allocator's rounding) takes a few GiB.
+HOST_BYTES_PER_PARAM = 16
+HOST_MARGIN_BYTES = 6 * GIB
 
 
 def log(msg):
-    print(f"torch_gpt: {msg}", file=sys.stderr, flush=True)
+    print(f"torch_peer: {msg}", file=sys.stderr, flush=True)
 
 
 class Usage(Exception):
     """Bad flags or an environment that cannot run the peer (exit 2)."""
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+class HostMemory(Exception):
+    """The offloaded state would not fit the host's memory (exit 5)."""
+
+
+class GPT2Family:
+    """transformers.GPT2LMHeadModel at a (layers, width, heads) shape, vocabulary 50304."""
+    model_class = "GPT2LMHeadModel"
+    vocab = VOCAB
+    token_range = TOKEN_RANGE
+
+    def add_args(self, ap):
+        ap.add_argument("--model", choices=sorted(MODELS), help="preset shape (or --layers/--width/--heads)")
+        ap.add_argument("--layers", type=int)
+        ap.add_argument("--width", type=int)
+        ap.add_argument("--heads", type=int)
+
+    def check_args(self, ap, a):
+        if a.model:
+            preset = MODELS[a.model]
+            a.layers = a.layers or preset[0]
+            a.width = a.width or preset[1]
+            a.heads = a.heads or preset[2]
+        if not (a.layers and a.width and a.heads):
+            ap.error("give --model or all of --layers, --width and --heads")
+        if a.width % a.heads:
+            ap.error(f"--heads {a.heads} must divide --width {a.width}")
+        return ("layers", "width", "heads")
+
+    def config(self, a):
+        from transformers import GPT2Config
+        return GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=a.heads, n_positions=max(1024, a.seq),
+                          vocab_size=VOCAB, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                          summary_first_dropout=0.0, use_cache=False)
+
+    def one_layer(self, cfg):
+        small = copy.deepcopy(cfg)
+        small.n_layer = 1
+        return small
+
+    def blocks(self, model):
+        return model.transformer.h
+
+    def describe(self, a):
+        return f"gpt2 {a.layers}L/{a.width}/{a.heads}H, vocab {VOCAB}"
+
+    def fields(self, a):
+        return {"layers": a.layers, "width": a.width, "heads": a.heads}
+
+
+GPT2 = GPT2Family()
+
+
+def parse_args(argv, family=GPT2):
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__ or __doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["eager", "fsdp2-offload"], required=True)
-    ap.add_argument("--model", choices=sorted(MODELS), help="preset shape (or --layers/--width/--heads)")
-    ap.add_argument("--layers", type=int)
-    ap.add_argument("--width", type=int)
-    ap.add_argument("--heads", type=int)
+    family.add_args(ap)
     ap.add_argument("--batch", type=int, required=True, help="sequences per micro-batch")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -87,17 +150,11 @@ def parse_args(argv):
     ap.add_argument("--port", type=int, default=0, help="fsdp2: tcp port of the process group (0: a free one)")
     ap.add_argument("--workload", default="", help="a label copied into the JSON (e.g. W3)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    ap.add_argument("--no-host-check", action="store_true",
+                    help="fsdp2-offload: start even when the host's available memory looks too small")
     a = ap.parse_args(argv)
-    if a.model:
-        preset = MODELS[a.model]
-        a.layers = a.layers or preset[0]
-        a.width = a.width or preset[1]
-        a.heads = a.heads or preset[2]
-    if not (a.layers and a.width and a.heads):
-        ap.error("give --model or all of --layers, --width and --heads")
-    if a.width % a.heads:
-        ap.error(f"--heads {a.heads} must divide --width {a.width}")
-    for name in ("batch", "seq", "grad_accum", "layers", "width", "heads"):
+    sizes = family.check_args(ap, a)
+    for name in ("batch", "seq", "grad_accum") + sizes:
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if a.steps <= a.warmup:
@@ -107,7 +164,7 @@ def parse_args(argv):
     return a
 
 
-def import_stack(mode):
+def import_stack(mode, family=GPT2):
     """torch, transformers and (fsdp2) the FSDP2 API, or a Usage error saying what is missing."""
     try:
         import torch
@@ -116,9 +173,9 @@ def import_stack(mode):
     if not torch.cuda.is_available():
         raise Usage(f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)")
     try:
-        importlib.import_module("transformers").GPT2LMHeadModel
+        getattr(importlib.import_module("transformers"), family.model_class)
     except (ImportError, AttributeError) as e:
-        raise Usage(f"transformers is not importable ({e}); the peer is transformers.GPT2LMHeadModel") from e
+        raise Usage(f"transformers is not importable ({e}); the peer is transformers.{family.model_class}") from e
     fsdp = None
     if mode == "fsdp2-offload":
         try:
@@ -133,31 +190,25 @@ def import_stack(mode):
     return torch, fsdp
 
 
-def gpt2_config(a):
-    from transformers import GPT2Config
-    cfg = GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=a.heads, n_positions=max(1024, a.seq),
-                     vocab_size=VOCAB, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                     summary_first_dropout=0.0, use_cache=False)
-    return cfg
-
-
-def build_model(cfg):
-    """GPT2LMHeadModel with sdpa attention in the current default device context."""
-    from transformers import GPT2LMHeadModel
+def build_model(cfg, family=GPT2):
+    """The family's model class with sdpa attention in the current default device context."""
+    cls = getattr(importlib.import_module("transformers"), family.model_class)
     try:
-        model = GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa")
+        model = cls._from_config(cfg, attn_implementation="sdpa")
     except TypeError:  # a transformers without attn_implementation in _from_config
         cfg._attn_implementation = "sdpa"
-        model = GPT2LMHeadModel(cfg)
+        model = cls(cfg)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl != "sdpa":
-        raise RuntimeError(f"transformers built GPT2LMHeadModel with attention {impl!r}, not 'sdpa': "
+        raise RuntimeError(f"transformers built {family.model_class} with attention {impl!r}, not 'sdpa': "
                            "the peer must use torch's scaled_dot_product_attention")
     return model
 
 
 def init_weights(torch, model, std=0.02):
-    """GPT-2's init: matrices N(0, std), LayerNorm weights 1, biases 0.
+    """GPT-2's init, which the LLaMA family shares: matrices (embeddings
+    included) N(0, std), norm gains (the 1-D weights: LayerNorm, RMSNorm) 1,
+    biases 0.
 
     Works on plain tensors and on FSDP2's DTensor shards (one rank: the local
     shard is the whole tensor)."""
@@ -166,28 +217,25 @@ def init_weights(torch, model, std=0.02):
             t = p.to_local() if hasattr(p, "to_local") else p
             if p.dim() >= 2:
                 t.normal_(0.0, std)
-            elif name.endswith(".weight") and re.search(r"(^|\.)ln_(\d|f)\.", name):
+            elif name.endswith(".weight"):
                 t.fill_(1.0)
             else:
                 t.zero_()
 
 
-def materialise_buffers(torch, model, cfg, device):
-    """After to_empty() the buffers (attention masks, in transformers versions
-    that keep them) hold garbage: copy each from a 1-layer model built on the
+def materialise_buffers(torch, model, cfg, device, family=GPT2):
+    """After to_empty() the buffers (attention masks, RoPE's inverse
+    frequencies) hold garbage: copy each from a 1-layer model built on the
     CPU, matching names with the block index mapped to 0, and place them on
     `device` (FSDP2 manages parameters only, and the forward runs on the GPU)."""
-    import copy
-    small_cfg = copy.deepcopy(cfg)
-    small_cfg.n_layer = 1
     with torch.device("cpu"):
-        ref = dict(build_model(small_cfg).named_buffers())
+        ref = dict(build_model(family.one_layer(cfg), family).named_buffers())
     for mod_name, mod in model.named_modules():
         for b_name, buf in list(mod._buffers.items()):
             if buf is None:
                 continue
             full = f"{mod_name}.{b_name}" if mod_name else b_name
-            key = re.sub(r"(^|\.)h\.\d+\.", r"\1h.0.", full)
+            key = re.sub(r"(^|\.)(h|layers)\.\d+\.", r"\1\2.0.", full)
             if key not in ref:
                 raise RuntimeError(f"buffer {full} has no counterpart in a freshly built 1-layer model; "
                                    "this transformers version needs another way to initialise it")
@@ -201,9 +249,9 @@ def enable_ckpt(model):
         model.gradient_checkpointing_enable()
 
 
-def setup_eager(torch, a, cfg):
+def setup_eager(torch, a, cfg, family):
     with torch.device("cuda"):
-        model = build_model(cfg)
+        model = build_model(cfg, family)
     init_weights(torch, model)
     if a.ckpt:
         enable_ckpt(model)
@@ -217,25 +265,68 @@ def free_port():
         return s.getsockname()[1]
 
 
-def setup_fsdp2(torch, fsdp, a, cfg):
+def mem_available_bytes():
+    """MemAvailable of /proc/meminfo, lowered to the cgroup's limit less its use where one is set; None elsewhere."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for ln in f:
+                if ln.startswith("MemAvailable:"):
+                    avail = int(ln.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    for limit_path, used_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                   "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_path) as f:
+                limit = f.read().strip()
+            with open(used_path) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60) and avail is not None:
+            avail = min(avail, int(limit) - used)
+        break
+    return avail
+
+
+def host_check(n_params, a):
+    """Refuses (HostMemory) an FSDP2 CPU-offload run whose host state cannot fit, before any of it is
+    allocated: a run past the host's memory is killed by the kernel, or swaps for hours."""
+    need = n_params * HOST_BYTES_PER_PARAM + HOST_MARGIN_BYTES
+    avail = mem_available_bytes()
+    if avail is None or a.no_host_check:
+        return
+    log(f"host memory: about {need / GIB:.1f} GiB needed ({HOST_BYTES_PER_PARAM} bytes a param for "
+        f"{n_params / 1e9:.2f}B params + {HOST_MARGIN_BYTES / GIB:.0f} GiB), {avail / GIB:.1f} GiB available")
+    if need > avail:
+        raise HostMemory(f"host memory: FSDP2 CPU offload of {n_params / 1e9:.2f}B params needs about "
+                         f"{need / GIB:.1f} GiB ({HOST_BYTES_PER_PARAM} bytes a param: fp32 params, grads, AdamW m "
+                         f"and v, + {HOST_MARGIN_BYTES / GIB:.0f} GiB for the process), {avail / GIB:.1f} GiB is "
+                         "available (--no-host-check tries anyway)")
+
+
+def setup_fsdp2(torch, fsdp, a, cfg, family):
     import torch.distributed as dist
     fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy = fsdp
+    with torch.device("meta"):
+        model = build_model(cfg, family)
+    host_check(sum(p.numel() for p in model.parameters()), a)
     torch.cuda.set_device(0)
     port = a.port or free_port()
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    with torch.device("meta"):
-        model = build_model(cfg)
     if a.ckpt:
         enable_ckpt(model)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy()
-    for block in model.transformer.h:
+    for block in family.blocks(model):
         fully_shard(block, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mp_policy=mp, offload_policy=offload)
     model.to_empty(device="cpu")
     t0 = time.perf_counter()
     init_weights(torch, model)
-    materialise_buffers(torch, model, cfg, "cuda")
+    materialise_buffers(torch, model, cfg, "cuda", family)
     log(f"initialised the weights on the CPU in {time.perf_counter() - t0:.1f} s")
     for p in model.parameters():
         if p.device.type != "cpu":
@@ -244,27 +335,27 @@ def setup_fsdp2(torch, fsdp, a, cfg):
     return model, opt, False
 
 
-def run(a):
-    torch, fsdp = import_stack(a.mode)
+def run(a, family=GPT2):
+    torch, fsdp = import_stack(a.mode, family)
     import transformers
     torch.manual_seed(a.seed)
     torch.set_float32_matmul_precision("high")
-    cfg = gpt2_config(a)
+    cfg = family.config(a)
     t0 = time.perf_counter()
     if a.mode == "eager":
-        model, opt, autocast = setup_eager(torch, a, cfg)
+        model, opt, autocast = setup_eager(torch, a, cfg, family)
     else:
-        model, opt, autocast = setup_fsdp2(torch, fsdp, a, cfg)
+        model, opt, autocast = setup_fsdp2(torch, fsdp, a, cfg, family)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"{a.mode}: {n_params / 1e6:.1f}M params ({a.layers}L/{a.width}/{a.heads}H, vocab {VOCAB}), "
+    log(f"{a.mode}: {n_params / 1e6:.1f}M params ({family.describe(a)}), "
         f"B{a.batch} x{a.grad_accum} T{a.seq}, ckpt {'on' if a.ckpt else 'off'}, "
         f"set up in {time.perf_counter() - t0:.1f} s on {torch.cuda.get_device_name(0)}")
 
     g = torch.Generator(device="cuda")
     g.manual_seed(a.seed)
     # Every batch up front (a few MB): the timed steps do no data work.
-    data = torch.randint(0, TOKEN_RANGE, (a.steps, a.grad_accum, a.batch, a.seq + 1), device="cuda", generator=g)
+    data = torch.randint(0, family.token_range, (a.steps, a.grad_accum, a.batch, a.seq + 1), device="cuda", generator=g)
     tokens_per_step = a.batch * a.grad_accum * a.seq
     step_ms, losses = [], []
     for step in range(a.steps):
@@ -322,19 +413,19 @@ def run(a):
     return result
 
 
-def main(argv=None):
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv=None, family=GPT2):
+    a = parse_args(sys.argv[1:] if argv is None else argv, family)
     out = {
         "system": "pytorch-eager" if a.mode == "eager" else "fsdp2-cpu-offload",
-        "workload": a.workload or f"gpt2 {a.layers}L/{a.width}/{a.heads}H T{a.seq}",
-        "layers": a.layers, "width": a.width, "heads": a.heads, "seq": a.seq,
+        "workload": a.workload or f"{family.describe(a)} T{a.seq}",
+        **family.fields(a), "seq": a.seq,
         "batch": a.batch, "grad_accum": a.grad_accum, "ckpt": a.ckpt, "steps": a.steps, "warmup": a.warmup,
         "tokens_per_s": None, "step_ms_median": None, "peak_bytes": None,
         "budget_bytes": int(a.budget_gib * GIB) if a.budget_gib is not None else None,
     }
     rc = 0
     try:
-        out.update(run(a))
+        out.update(run(a, family))
         if out["within_budget"] is False:
             rc = EXIT_OVER_BUDGET
             log(f"over the budget: peak allocated {out['peak_bytes'] / GIB:.2f} GiB > {a.budget_gib:g} GiB")
@@ -344,6 +435,9 @@ def main(argv=None):
     except Usage as e:
         out["error"] = str(e)
         rc = EXIT_USAGE
+    except HostMemory as e:
+        out["error"] = str(e)
+        rc = EXIT_HOST_MEMORY
     except Exception as e:  # noqa: BLE001 - reported, never swallowed silently
         oom = type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
         out["error"] = "oom" if oom else f"{type(e).__name__}: {e}"
