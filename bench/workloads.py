@@ -108,6 +108,7 @@ class Workload:
         self.target = target              # tidal/peer ratio issue 6 asks for
         self.refs = refs                  # reference figures quoted from BENCH.md
         self.llama = llama                # LlamaShape, or None: GPT-2
+        self.data = None                  # its token file (main writes it; None: the caller's a.data)
 
     @property
     def vocab(self):
@@ -309,7 +310,7 @@ def model_flags(w):
 
 def tidal_flags(a, w, B, K):
     f = ["--backend", a.tidal_backend, "--precision", "bf16" if a.tidal_backend == "cuda" else "fp32",
-         "--data", w.data] + model_flags(w) + ["--seq", str(a.seq), "--micro-batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
+         "--data", w.data or a.data] + model_flags(w) + ["--seq", str(a.seq), "--micro-batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
          "--lr", "1e-4", "--schedule", "constant", "--warmup", "0", "--clip-grad-norm", f"{a.clip:g}",
          "--seed", "1337"]
     if w.budget_gib is not None:
@@ -486,7 +487,8 @@ def describe_peer_run(r):
     if r.get("error") == "oom":
         return f"{cfg}: out of GPU memory"
     if r.get("host_memory"):
-        return f"{cfg}: does not fit (host memory): {r['error']}"
+        why = (r.get("error") or "").removeprefix("host memory: ")
+        return f"{cfg}: does not fit (host memory): {why}"
     return describe_run(cfg, r)
 
 

@@ -40,6 +40,7 @@ Examples (on the GPU machine):
     python3 bench/peers/torch_hf.py --mode fsdp2-offload --model llama-3.1-8b --batch 4 \\
         --grad-accum 4 --ckpt --budget-gib 24 --json
 """
+import copy
 import sys
 
 import torch_gpt
@@ -96,7 +97,7 @@ class HFFamily:
         return transformers.Qwen2Config(use_sliding_window=False, **common)
 
     def one_layer(self, cfg):
-        small = torch_gpt.copy.deepcopy(cfg)
+        small = copy.deepcopy(cfg)
         small.num_hidden_layers = 1
         return small
 
