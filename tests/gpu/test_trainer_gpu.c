@@ -3,10 +3,12 @@
  * offloading changes nothing (same losses under every policy and budget),
  * and the device never holds more than the budget. */
 #include "td_train_test.h"
+#include "tidal/block_probe.h"
 #include "tidal/model.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static td_train_config config(td_backend_kind kind, td_dtype dt)
@@ -147,6 +149,73 @@ static void test_llama_family(void **state)
     }
 }
 
+/* `tidal plan`'s block probe composes the model's own block: for LLaMA and
+ * Qwen2 (GQA with hs 64 and 128, RoPE with llama3 scaling, q/k/v biases) its
+ * fp32 forward equals the CPU reference block on the probe's own params and
+ * input (the branch y - x compared: x dominates y at init scale), and the
+ * bf16 probe (the flash path) times forward and backward. */
+static void test_block_probe_llama_family(void **state)
+{
+    static const struct { td_model_family f; int C, NH, NKV, H; } shapes[] = {
+        {TD_MODEL_LLAMA, 256, 4, 2, 512}, {TD_MODEL_LLAMA, 256, 2, 1, 384}, {TD_MODEL_QWEN2, 256, 4, 1, 448},
+    };
+    enum { B = 2, T = 64, N = B * T };
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = TD_BACKEND_CUDA;
+    td_backend *be;
+    TD_ASSERT_OK(td_backend_create(&bp, &be));
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        td_gpt_ref_config mc = { .n_layer = 2, .n_head = shapes[k].NH, .n_embd = shapes[k].C, .n_positions = T,
+                                 .vocab_size = 64, .padded_vocab_size = 64 };
+        td_model_desc_set_family(&mc, shapes[k].f);
+        mc.n_kv_head = shapes[k].NKV;
+        mc.n_inner = shapes[k].H;
+        mc.rope_theta = 500000.0f;
+        if (shapes[k].f == TD_MODEL_LLAMA) mc.rope_scaling = (td_rope_scaling){ 8.0f, 1.0f, 4.0f, 32 };
+        const size_t C = (size_t)mc.n_embd;
+        td_block_probe *p;
+        TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_F32, &p));
+        TD_ASSERT_OK(td_block_probe_forward(p));
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        size_t off, span;
+        td_gpt_ref_block_span(&p->mc, 0, &off, &span);
+        float *w = malloc(span * sizeof(float)), *x = malloc(N * C * sizeof(float));
+        float *y_gpu = malloc(N * C * sizeof(float)), *y = malloc(N * C * sizeof(float));
+        float *acts = calloc(td_gpt_ref_block_acts_numel(&p->mc, B, T), sizeof(float));
+        assert_non_null(w && x && y_gpu && y && acts);
+        /* the span starts with ln1_w in every family */
+        assert_int_equal(cudaMemcpy(w, p->w.ln1_w, span * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_int_equal(cudaMemcpy(x, p->x, N * C * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_int_equal(cudaMemcpy(y_gpu, p->y, N * C * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        td_gpt_ref_block wb;
+        td_gpt_ref_block_acts a;
+        td_gpt_ref_block_view(&p->mc, w, &wb);
+        td_gpt_ref_block_acts_view(&p->mc, B, T, acts, &a);
+        td_gpt_ref_block_forward(&p->mc, &wb, &a, x, y, B, T);
+        double branch = 0, err = 0;
+        for (size_t i = 0; i < N * C; i++) {
+            branch = fmax(branch, fabs(y[i] - x[i]));
+            err = fmax(err, fabs(y_gpu[i] - y[i]));
+        }
+        print_message("probe %s C %zu NH %d NKV %d: largest branch %.3g, largest difference %.3g\n",
+                      td_model_family_name(mc.family), C, mc.n_head, mc.n_kv_head, branch, err);
+        assert_true(branch > 1e-3);
+        assert_true(err <= 1e-2 * branch);
+        free(w);
+        free(x);
+        free(y_gpu);
+        free(y);
+        free(acts);
+        td_block_probe_destroy(p);
+        double fwd = 0, bwd = 0;
+        TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_BF16, &p));
+        TD_ASSERT_OK(td_block_probe_time(p, 2, &fwd, &bwd));
+        td_block_probe_destroy(p);
+        assert_true(fwd > 0 && bwd > 0);
+    }
+    td_backend_free(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -154,6 +223,7 @@ int main(void)
         cmocka_unit_test(test_bf16_follows_cpu),
         cmocka_unit_test(test_offloading_changes_nothing),
         cmocka_unit_test(test_llama_family),
+        cmocka_unit_test(test_block_probe_llama_family),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
