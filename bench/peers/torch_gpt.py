@@ -87,6 +87,7 @@ class HostMemory(Exception):
 class GPT2Family:
     """transformers.GPT2LMHeadModel at a (layers, width, heads) shape, vocabulary 50304."""
     model_class = "GPT2LMHeadModel"
+    layers_field = "n_layer"  # the config's count of blocks
     vocab = VOCAB
     token_range = TOKEN_RANGE
 
@@ -113,11 +114,6 @@ class GPT2Family:
         return GPT2Config(n_layer=a.layers, n_embd=a.width, n_head=a.heads, n_positions=max(1024, a.seq),
                           vocab_size=VOCAB, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                           summary_first_dropout=0.0, use_cache=False)
-
-    def one_layer(self, cfg):
-        small = copy.deepcopy(cfg)
-        small.n_layer = 1
-        return small
 
     def blocks(self, model):
         return model.transformer.h
@@ -229,7 +225,9 @@ def materialise_buffers(torch, model, cfg, device, family=GPT2):
     CPU, matching names with the block index mapped to 0, and place them on
     `device` (FSDP2 manages parameters only, and the forward runs on the GPU)."""
     with torch.device("cpu"):
-        ref = dict(build_model(family.one_layer(cfg), family).named_buffers())
+        small_cfg = copy.deepcopy(cfg)
+        setattr(small_cfg, family.layers_field, 1)
+        ref = dict(build_model(small_cfg, family).named_buffers())
     for mod_name, mod in model.named_modules():
         for b_name, buf in list(mod._buffers.items()):
             if buf is None:

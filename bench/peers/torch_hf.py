@@ -40,7 +40,6 @@ Examples (on the GPU machine):
     python3 bench/peers/torch_hf.py --mode fsdp2-offload --model llama-3.1-8b --batch 4 \\
         --grad-accum 4 --ckpt --budget-gib 24 --json
 """
-import copy
 import sys
 
 import torch_gpt
@@ -57,6 +56,7 @@ SIZES = ("layers", "width", "heads", "kv_heads", "mlp", "vocab")
 class HFFamily:
     """LlamaForCausalLM / Qwen2ForCausalLM at a preset's shape (the family is the preset's)."""
     model_class = None  # set by check_args, from the preset
+    layers_field = "num_hidden_layers"
     vocab = None
     token_range = None
 
@@ -95,11 +95,6 @@ class HFFamily:
                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
             return transformers.LlamaConfig(rope_scaling=scaling, **common)
         return transformers.Qwen2Config(use_sliding_window=False, **common)
-
-    def one_layer(self, cfg):
-        small = copy.deepcopy(cfg)
-        small.num_hidden_layers = 1
-        return small
 
     def blocks(self, model):
         return model.model.layers
