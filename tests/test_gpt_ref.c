@@ -503,6 +503,39 @@ static void test_targets_masks_and_micro_batches(void **state)
     model_free(&m);
 }
 
+/* A tensor's init is its own stream, Box-Muller pair by pair, whatever the
+ * threads: td_gpt_ref_init_tensor draws the uniforms in blocks and
+ * transforms each block on all threads; a large tensor of odd size (several
+ * blocks, the last pair cut) gets the bits of the one-pair-at-a-time loop. */
+static void test_init_is_the_serial_stream(void **state)
+{
+    const td_gpt_ref_config c = {.n_layer = 1, .n_head = 1, .n_embd = 127, .n_positions = 16, .vocab_size = 4099,
+                                 .padded_vocab_size = 4160};
+    td_gpt_ref_tensor t;
+    td_gpt_ref_tensor_get(&c, 0, &t);
+    assert_int_equal(t.kind, TD_GPT_REF_WTE);
+    const size_t n = (size_t)c.vocab_size * c.n_embd; /* 520573: odd, beyond two blocks of 2^17 pairs */
+    float *want = fvec(t.numel), *got = fvec(t.numel);
+    td_rng rng;
+    td_rng_seed(&rng, 11 ^ (0x9E3779B97F4A7C15ull * 1));
+    for (size_t i = 0; i < n; i += 2) {
+        const double u1 = 1.0 - td_rng_uniform(&rng), u2 = td_rng_uniform(&rng);
+        const double r = 0.02 * sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+        want[i] = (float)(r * cos(a));
+        if (i + 1 < n) want[i + 1] = (float)(r * sin(a));
+    }
+    const int saved = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads += 2) {
+        omp_set_num_threads(threads);
+        memset(got, 0xff, t.numel * sizeof(float));
+        td_gpt_ref_init_tensor(&c, 0, got, 11);
+        assert_memory_equal(got, want, t.numel * sizeof(float)); /* padding rows zero in both */
+    }
+    omp_set_num_threads(saved);
+    free(want);
+    free(got);
+}
+
 static void test_bit_identical_across_threads(void **state)
 {
     const td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
@@ -542,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_block_recompute_matches),
         cmocka_unit_test(test_targets_masks_and_micro_batches),
         cmocka_unit_test(test_bit_identical_across_threads),
+        cmocka_unit_test(test_init_is_the_serial_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
