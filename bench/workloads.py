@@ -47,7 +47,7 @@ the flags are bad or the data file cannot be written.
 
 Usage (on the GPU machine, from the repository root, after `make`):
     python3 bench/workloads.py                       # W1,W2,W3,W4,W6
-    python3 bench/workloads.py --workloads W8,W9 --quick --run-timeout 330
+    python3 bench/workloads.py --workloads W9,W8 --quick --run-timeout 360
     python3 bench/workloads.py --workloads W1 --json out/bench-gpu/w1.json
     python3 bench/workloads.py --smoke               # tiny shapes: plumbing check in ~1 minute
 """
