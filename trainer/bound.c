@@ -5,12 +5,17 @@
  * The CPU AdamW rate is measured where it runs in training: on buffers far
  * larger than the last-level cache (1 GiB of optimizer state and grads), so
  * every pass streams from DRAM as a 1.5B-param run's does; a 16M-param
- * probe mostly hits the cache and reads two to three times too fast.  One
- * warm pass faults the pages in; the median of five timed passes is the
- * rate, repeatable within a few percent between runs. */
+ * probe mostly hits the cache and reads two to three times too fast.  The
+ * buffers come from the trainer's own pageable allocator (td_hostmem: bound
+ * to the AdamW team's NUMA node, transparent huge pages advised), first
+ * touched by the team, so the probe streams the pages a run's AdamW does:
+ * with 4 KiB pages from the heap its TLB misses varied from run to run (the
+ * term read 323, 400 and 398 ms for one plan on an H100 host).  One warm
+ * pass faults the pages in; the median of seven timed passes is the rate. */
 #include "train_impl.h"
 #include "tidal/arena.h"
 #include "tidal/copy.h"
+#include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
 #include "tidal/ops.h"
 #include "tidal/optim.h"
@@ -95,7 +100,8 @@ td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, doubl
 {
     td_status st = TD_OK;
     td_topo *topo = NULL;
-    enum { PASSES = 5 };
+    td_hostmem *hm = NULL;
+    enum { PASSES = 7 };
     /* 64 Mi params: 1 GiB of master, m, v and grads (fp32; 16-bit grads and
      * params make it 1.125 GiB), beyond any last-level cache. */
     size_t n = TD_TRAIN_ADAM_PROBE_PARAMS;
@@ -109,25 +115,27 @@ td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, doubl
     float *master = NULL, *m = NULL, *v = NULL;
     void *grad = NULL, *param = NULL;
     *gparams_per_s = *dram_gbytes_per_s = 0;
+    TD_TRY(td_hostmem_create(topo, &hm));
     /* A host short of memory gets a smaller probe, which may run partly
      * from the cache and read high. */
     for (;; n /= 2) {
-        master = td_malloc(n * 4, TD_ROLE_OPTIM);
-        m = td_malloc(n * 4, TD_ROLE_OPTIM);
-        v = td_malloc(n * 4, TD_ROLE_OPTIM);
-        grad = td_malloc(n * E, TD_ROLE_OPTIM);
-        param = dt == TD_OPTIM_DTYPE_F32 ? NULL : td_malloc(n * E, TD_ROLE_OPTIM);
-        if (master && m && v && grad && (dt == TD_OPTIM_DTYPE_F32 || param)) break;
-        td_free(master);
-        td_free(m);
-        td_free(v);
-        td_free(grad);
-        td_free(param);
+        int ok = td_hostmem_alloc(hm, n * 4, TD_ROLE_OPTIM, (void **)&master) == TD_OK &&
+                 td_hostmem_alloc(hm, n * 4, TD_ROLE_OPTIM, (void **)&m) == TD_OK &&
+                 td_hostmem_alloc(hm, n * 4, TD_ROLE_OPTIM, (void **)&v) == TD_OK &&
+                 td_hostmem_alloc(hm, n * E, TD_ROLE_OPTIM, &grad) == TD_OK &&
+                 (dt == TD_OPTIM_DTYPE_F32 || td_hostmem_alloc(hm, n * E, TD_ROLE_OPTIM, &param) == TD_OK);
+        if (ok) break;
+        td_hostmem_release(hm, master);
+        td_hostmem_release(hm, m);
+        td_hostmem_release(hm, v);
+        td_hostmem_release(hm, grad);
+        td_hostmem_release(hm, param);
         master = m = v = NULL;
         grad = param = NULL;
         if (n <= ((size_t)8 << 20))
             TD_FAIL(TD_ERR_NOMEM, "the CPU AdamW rate probe needs %zu MiB of host memory", n * (12 + 2 * E) >> 20);
     }
+    td_error_clear();
     TD_TRY(td_adam_cpu_create(&ap, &cpu));
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = dt,
                          .param_out = param ? param : master, .param_dtype = dt, .numel = n };
@@ -151,12 +159,8 @@ td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, doubl
     *dram_gbytes_per_s = *gparams_per_s * (24.0 + (double)E + (dt == TD_OPTIM_DTYPE_F32 ? 0.0 : (double)E));
 cleanup:
     td_adam_cpu_destroy(cpu);
+    td_hostmem_destroy(hm); /* unmaps the probe's buffers */
     td_topo_destroy(topo);
-    td_free(master);
-    td_free(m);
-    td_free(v);
-    td_free(grad);
-    td_free(param);
     return st;
 }
 
