@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tidal beside its peers on BENCH.md's GPU workloads, in one run: the table of issue 6.
 
-For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W9 of
+For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W8S, W9 of
 ../shared/BENCH.md) this runs, one process after the other on the same GPU:
 
   tidal   `tidal train --backend cuda --precision bf16` on a random-token file
@@ -11,7 +11,9 @@ For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W9 of
           llama-3.1-8b / qwen2.5-0.5b, tidal's presets of those shapes),
           tokens per step, --gpu-budget and --optim-state (W8: bf16, which
           `tidal plan` fits in 90 GiB of a 125 GiB host where fp32 state
-          needs 120 GiB); tokens/s is
+          needs 120 GiB; W8S: the same shape with as many layers as the
+          FSDP2 peer's host check passes on this machine, fp32 state on
+          both sides, the fallback issue 14 asks for); tokens/s is
           the median of its log's tokens_per_s over the steps after the
           warm-up (4..8 of 8); its peak device bytes are the log's
           device_peak_bytes; its lower bound is `tidal plan --json`'s
@@ -141,6 +143,11 @@ WORKLOADS = [
     Workload("W8", "llama-3.1-8b (32L/4096/32H, 8 KV heads, MLP 14336, vocab 128256)", L8B, 24, 16 * 1024,
              [(16, 1), (8, 2), (4, 4)], "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)],
              1.5, llama=LlamaShape("llama-3.1-8b", 8, 14336, 128256, 128001, "bf16")),
+    # W8's fallback (issue 14): FSDP2's fp32 state does not fit the host at 8.03B, so the same LLaMA shape with
+    # the most layers the peer's host check passes on this machine (main sets them), both with fp32 AdamW state.
+    Workload("W8S", "llama-3.1-8b shape, as many layers as FSDP2 offload fits the host", L8B, 24, 16 * 1024,
+             [(16, 1), (8, 2), (4, 4)], "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)],
+             1.5, llama=LlamaShape("llama-3.1-8b", 8, 14336, 128256, 128001)),
     Workload("W9", "qwen2.5-0.5b (24L/896/14H, 2 KV heads, MLP 4864, vocab 151936)", Q05B, None, 16 * 1024,
              [(16, 1), (8, 2)], "eager", [(16, 1, False), (8, 2, False), (4, 4, False)], 1.5,
              llama=LlamaShape("qwen2.5-0.5b", 2, 4864, 151936, 151643)),
@@ -149,6 +156,34 @@ for _w in WORKLOADS:  # every candidate keeps the workload's tokens per step
     assert all(b * k * 1024 == _w.tokens for b, k in _w.tidal), _w.id
     assert all(b * k * 1024 == _w.tokens for b, k, _ in _w.peer_cands), _w.id
 PEER_NAMES = {"eager": "PyTorch eager", "fsdp2-offload": "FSDP2 CPU offload"}
+
+
+def llama_params(layers, width, heads, kv_heads, mlp, vocab):
+    """Parameters of an untied LLaMA model without biases (Llama 3.1's layout): embeddings and head, and per
+    block q, k, v, o, gate, up, down and two RMSNorm gains, then the final norm."""
+    kv_width = kv_heads * (width // heads)
+    block = 2 * width * width + 2 * width * kv_width + 3 * width * mlp + 2 * width
+    return 2 * vocab * width + layers * block + width
+
+
+def fit_peer_host(w):
+    """W8S: the most layers (<= the preset's) whose FSDP2 CPU-offload host state passes the peer's own host check
+    (bench/peers/torch_gpt.py: bytes a param + margin against MemAvailable or the cgroup's room).  None where
+    the host's memory cannot be read (the preset's layers stay)."""
+    sys.path.insert(0, PEER_DIR)
+    import torch_gpt  # the peer's check itself: no torch at import time
+    avail = torch_gpt.mem_available_bytes()
+    if avail is None:
+        return None
+    L, C, H = w.shape
+    while L > 1 and (llama_params(L, C, H, w.llama.kv_heads, w.llama.mlp, w.vocab) * torch_gpt.HOST_BYTES_PER_PARAM
+                     + torch_gpt.HOST_MARGIN_BYTES) > avail:
+        L -= 1
+    n = llama_params(L, C, H, w.llama.kv_heads, w.llama.mlp, w.vocab)
+    w.shape = (L, C, H)
+    w.name = (f"llama-3.1-8b shape with {L} of 32 layers ({n / 1e9:.2f}B, {L}L/{C}/{H}H, 8 KV heads, MLP "
+              f"{w.llama.mlp}): the most FSDP2 offload fits in {avail / GIB:.1f} GiB available")
+    return L
 
 
 def say(msg=""):
@@ -657,7 +692,7 @@ def guarded(fn, a, w, empty):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=os.environ.get("TD_WORKLOADS") or "W1,W2,W3,W4,W6",
-                    help="comma-separated ids of W1, W2, W3, W4, W6, W8, W9 (default: $TD_WORKLOADS or "
+                    help="comma-separated ids of W1, W2, W3, W4, W6, W8, W8S, W9 (default: $TD_WORKLOADS or "
                          "W1,W2,W3,W4,W6)")
     ap.add_argument("--tidal", default="build/tidal", help="the tidal command (default build/tidal)")
     ap.add_argument("--peers-only", action="store_true")
@@ -698,6 +733,9 @@ def main(argv=None):
                            None if w.budget_gib is None else 1, min(w.tidal[0][0], 2) * w.tidal[0][1] * a.seq,
                            w.tidal, w.peer_mode, w.peer_cands, w.target,
                            llama=w.llama.shrunk() if w.llama else None) for w in chosen]
+    for w in chosen:
+        if w.id == "W8S" and not a.smoke:
+            fit_peer_host(w)
     os.makedirs(a.workdir, exist_ok=True)
     # One random-token file per vocabulary: GPT-2's ids (uint16), or all of a LLaMA-family vocabulary (uint32).
     need = max(max(b * k for b, k in w.tidal) for w in chosen) * a.seq * a.steps + 1
