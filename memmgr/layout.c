@@ -188,6 +188,12 @@ td_status mm_layout(td_memmgr *m)
         ch->index = (int)c - m->role_first[ch->role];
         size_t (*fmt)(size_t, void *) = m->role_bytes[ch->role];
         void *ctx = m->role_ctx[ch->role];
+        /* Sharded: the slot holds the gathered buffer of N equal shards
+         * (N S <= the capacity rounded up to N x align: shard.h). */
+        if (m->params.shard_ranks > 1) {
+            size_t a = m->params.shard_align ? m->params.shard_align : 1;
+            ch->numel = td_align_up(ch->numel, (size_t)m->params.shard_ranks * a);
+        }
         ch->bytes = fmt ? fmt(ch->numel, ctx) : ch->numel * td_dtype_bytes(ch->dtype);
         /* The tail after the last tensor is padding on the device only: the
          * host copy, the copies and the optimizer stop at the last tensor. */

@@ -62,6 +62,40 @@ int td_memmgr_chunk_pageable(const td_memmgr *m, int c)
     return m->laid_out ? m->chunks[c].pageable : wants_pageable(&m->chunks[c]);
 }
 
+static int chunk_sharded(const td_memmgr *m, const mm_chunk *ch)
+{
+    return m->params.shard_ranks > 1 && (m->laid_out ? ch->pageable : wants_pageable(ch));
+}
+
+td_status td_memmgr_chunk_shard(const td_memmgr *m, int c, td_shard_layout *out)
+{
+    if (c < 0 || c >= m->n_chunks) return td_error_set(TD_ERR_INVALID, "memmgr: no chunk %d (%d chunks)", c, m->n_chunks);
+    int ranks = m->params.shard_ranks > 1 ? m->params.shard_ranks : 1;
+    return td_shard_layout_make(m->chunks[c].used_numel, ranks, ranks > 1 ? m->params.shard_align : 1, out);
+}
+
+size_t td_memmgr_chunk_host_range(const td_memmgr *m, int c, size_t *begin, size_t *end)
+{
+    const mm_chunk *ch = &m->chunks[c];
+    *begin = 0;
+    *end = ch->used_numel;
+    td_shard_layout l;
+    if (chunk_sharded(m, ch) && td_memmgr_chunk_shard(m, c, &l) == TD_OK)
+        td_shard_range(&l, m->params.shard_rank, begin, end);
+    return *end - *begin;
+}
+
+/* The host copy's bytes: the used elements, or the rank's shard of them. */
+static size_t host_bytes_of(const td_memmgr *m, int c)
+{
+    const mm_chunk *ch = &m->chunks[c];
+    size_t b, e, n = td_memmgr_chunk_host_range(m, c, &b, &e);
+    size_t (*fmt)(size_t, void *) = m->role_bytes[ch->role];
+    (void)b;
+    (void)e;
+    return fmt ? fmt(n, m->role_ctx[ch->role]) : n * td_dtype_bytes(ch->dtype);
+}
+
 td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
                            const td_memmgr_params *params, td_memmgr **out)
 {
@@ -70,6 +104,8 @@ td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *e
     if (p.offload_param_frac < 0 || p.offload_param_frac > 1 || p.offload_optim_frac < 0 || p.offload_optim_frac > 1)
         return td_error_set(TD_ERR_INVALID, "offload fractions must lie in [0, 1] (got %g and %g)",
                             p.offload_param_frac, p.offload_optim_frac);
+    if (p.shard_ranks > 1 && (p.shard_rank < 0 || p.shard_rank >= p.shard_ranks))
+        return td_error_set(TD_ERR_INVALID, "memmgr: shard rank %d of %d ranks", p.shard_rank, p.shard_ranks);
     td_memmgr *m = td_calloc(1, sizeof *m, TD_ROLE_META);
     if (!m) return TD_ERR_NOMEM;
     m->arena = arena;
@@ -204,12 +240,14 @@ td_status td_memmgr_layout(td_memmgr *m)
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         td_role role = mm_is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK;
+        ch->host_bytes = host_bytes_of(m, c); /* the homes are final now: a shard or the whole */
         if (wants_pageable(ch)) {
             /* Zero pages, untouched: the AdamW thread that updates a page
              * touches it first (NUMA first touch inside the local nodes). */
-            TD_TRY(td_hostmem_alloc(m->hostmem, ch->host_bytes, role, &ch->host));
+            size_t hb = ch->host_bytes ? ch->host_bytes : 1; /* a rank past a small chunk's end holds none of it */
+            TD_TRY(td_hostmem_alloc(m->hostmem, hb, role, &ch->host));
             ch->pageable = 1;
-            m->stats.host_pageable_bytes += td_hostmem_round(ch->host_bytes);
+            m->stats.host_pageable_bytes += td_hostmem_round(hb);
         } else {
             TD_TRY(td_hostpool_alloc(m->pool, ch->host_bytes, role, &ch->host));
             memset(ch->host, 0, ch->host_bytes);
@@ -906,6 +944,12 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
     td_status st;
     if ((st = check_ids(m, ids, n, "host access"))) return st;
     for (int i = 0; i < n; i++) {
+        const mm_chunk *ch = &m->chunks[m->tensors[ids[i]].chunk];
+        if (chunk_sharded(m, ch))
+            return td_error_set(TD_ERR_STATE, "memmgr: host access to '%s': its %s chunk %d holds only rank %d's shard "
+                                "on this host; use td_memmgr_chunk_host_access with td_memmgr_chunk_host_range",
+                                m->tensors[ids[i]].name, td_tensor_role_name(ch->role), ch->index,
+                                m->params.shard_rank);
         if (m->chunks[m->tensors[ids[i]].chunk].pins)
             return td_error_set(TD_ERR_STATE, "memmgr: host access to '%s' while its chunk is in COMPUTE on the device",
                                 m->tensors[ids[i]].name);
@@ -1012,7 +1056,7 @@ size_t td_memmgr_tensor_offset(const td_memmgr *m, int id) { return m->tensors[i
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id) { return m->tensors[id].numel; }
 const char *td_memmgr_tensor_name(const td_memmgr *m, int id) { return m->tensors[id].name; }
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id) { return m->tensors[id].state; }
-size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->chunks[c].host_bytes; }
+size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->laid_out ? m->chunks[c].host_bytes : host_bytes_of(m, c); }
 size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
 size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int c) { return m->chunks[c].used_numel; }
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int c) { return m->chunks[c].role; }

@@ -50,19 +50,48 @@ static td_status register_tensors(td_trainer *t)
     return td_train_register_model(t->mm, &t->cfg, t->pid);
 }
 
+/* ZeRO-3 with 16-bit params: tensor i initialised whole (every rank alike),
+ * rounded into the params' host copy, and the part in this rank's shard of
+ * its master chunk kept there. */
+static td_status init_master_shard(td_trainer *t, int i, void *host, size_t numel)
+{
+    td_memmgr *mm = t->mm;
+    int sc = td_memmgr_tensor_chunk(mm, t->sid[i]);
+    size_t off = td_memmgr_tensor_offset(mm, t->sid[i]), b, e, from, to;
+    float *whole = td_malloc(numel * sizeof(float), TD_ROLE_META), *shard;
+    if (!whole) return td_error_set(TD_ERR_NOMEM, "initialising tensor %d (%zu elements)", i, numel);
+    td_gpt_ref_init_tensor(&t->cfg.model, i, whole, t->cfg.seed);
+    td_train_from_f32(host, t->dt, whole, numel);
+    td_memmgr_chunk_host_range(mm, sc, &b, &e);
+    td_status st = TD_OK;
+    if (off < e && off + numel > b && !(st = td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, (void **)&shard))) {
+        from = off > b ? off : b;
+        to = off + numel < e ? off + numel : e;
+        memcpy(shard + (from - b), whole + (from - off), (to - from) * sizeof(float));
+    }
+    td_free(whole);
+    return st;
+}
+
 /* Params from the seeded init, written into their host copies; m and v
  * start at zero (the layout zeroes host copies). */
 static td_status init_state(td_trainer *t)
 {
     td_status st = TD_OK;
-    for (int i = 0; i < t->n_tensors; i++) {
+    for (int i = 0; i < t->n_tensors; i++) { /* first, so that whole chunks may be written (a shard) */
         int hold[4] = {t->pid[i], t->mid[i], t->vid[i], t->sid[i]};
         TD_TRY(td_memmgr_set_state(t->mm, hold, t->sid[i] >= 0 ? 4 : 3, TD_TENSOR_HOLD));
+    }
+    for (int i = 0; i < t->n_tensors; i++) {
         void *host;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
         if (t->sid[i] < 0) {
             td_gpt_ref_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
+            continue;
+        }
+        if (t->ranks > 1) {
+            TD_TRY(init_master_shard(t, i, host, numel));
             continue;
         }
         void *master;
@@ -123,9 +152,24 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
     t->cfg = *cfg;
     *out = t; /* destroy frees whatever was taken if a later step fails */
+    t->ranks = cfg->ranks > 1 ? cfg->ranks : 1;
+    t->rank = t->ranks > 1 ? cfg->rank : 0;
+    if (t->ranks > 1 && (!cfg->dist || cfg->dist->size != cfg->ranks || cfg->dist->rank != cfg->rank))
+        TD_FAIL(TD_ERR_INVALID, "rank %d of %d ranks: td_train_config.dist must describe that job", cfg->rank,
+                cfg->ranks);
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg->backend;
+    if (t->ranks > 1) bp.cuda_device = cfg->dist->local_rank; /* rank r: GPU LOCAL_RANK */
     TD_TRY(td_backend_create(&bp, &t->backend));
+    if (t->ranks > 1) { /* join the job, and refuse disagreeing ranks before anything is allocated */
+        td_comm_params cp = td_comm_default_params();
+        if (cfg->comm_timeout_ms > 0) cp.timeout_ms = cfg->comm_timeout_ms;
+        TD_TRY(td_comm_create(cfg->dist, t->backend, &cp, &t->comm));
+        if (cfg->n_agree) TD_TRY(td_comm_agree(t->comm, cfg->agree, cfg->n_agree));
+    }
+    t->cfg.dist = NULL; /* the caller's, used only here */
+    t->cfg.agree = NULL;
+    t->cfg.n_agree = 0;
     t->cfg.backend = td_backend_get_kind(t->backend); /* AUTO resolved: the plan below sizes for it */
     cfg = &t->cfg;
     if (t->cfg.backend == TD_BACKEND_CPU && cfg->precision != TD_DTYPE_F32)
@@ -231,6 +275,7 @@ void td_trainer_destroy(td_trainer *t)
     td_hostpool_destroy(t->pool);
     td_hostmem_destroy(t->hostmem);
     td_topo_destroy(t->topo);
+    td_comm_destroy(t->comm);
     td_backend_free(t->backend);
     td_free(t->pid);
     td_free(t->group);
@@ -238,6 +283,8 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->gids_scratch);
     td_free(t->ptrs);
     td_free(t->optim_on_gpu);
+    td_free(t->rs_left);
+    td_free(t->sumsq_all);
     td_train_decay_free(t);
     td_free(t);
 }
@@ -443,6 +490,98 @@ static td_status writeback_host_grads(td_trainer *t, const int *gids, int n)
     return m ? td_memmgr_writeback_async(t->mm, keep, m) : TD_OK;
 }
 
+/* ---- ZeRO-3: the collectives of a chunk ------------------------------------------ */
+
+static td_status access_chunk(td_trainer *t, const int *role_ids, int k, unsigned flags, void **base);
+static td_status release_chunk(td_trainer *t, const int *role_ids, int k, td_tensor_state to);
+
+static int param_chunk_of(const td_trainer *t, int id, td_tensor_role role)
+{
+    return td_memmgr_tensor_chunk(t->mm, id) - td_memmgr_role_chunk(t->mm, role, 0);
+}
+
+/* The last micro-batch's grads of param chunk k are complete: the chunk's
+ * grads of every rank are summed, each rank keeping its shard of the sum
+ * (reduce-scatter in place on the device chunk, whose slot holds the N
+ * shards: memmgr.h), and that shard goes to its host with the write-back
+ * that follows.  Each rank's loss was weighted 1/(ranks x rows x accum), so
+ * the sum is the mean over the global batch, as one rank computes it. */
+static td_status reduce_grad_chunk(td_trainer *t, int k)
+{
+    td_status st = TD_OK;
+    int gc = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, k);
+    td_shard_layout l;
+    void *g;
+    size_t E = td_dtype_bytes(t->gdt);
+    TD_TRY(td_memmgr_chunk_shard(t->mm, gc, &l));
+    TD_TRY(access_chunk(t, t->gid, k, TD_ACCESS_WRITE, &g));
+    /* The padding past the last tensor: zeros, whatever the slot held before. */
+    if (l.padded_numel > l.numel) TD_TRY(zero(t, (char *)g + l.numel * E, (l.padded_numel - l.numel) * E));
+    TD_TRY(td_comm_reduce_scatter(t->comm, g, (char *)g + (size_t)t->rank * l.shard_numel * E, l.shard_numel, t->gdt,
+                                  TD_QUEUE_COMPUTE));
+    TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
+cleanup:
+    return st;
+}
+
+/* Counts down the grads the last micro-batch finished (gids, just released
+ * READY_FOR_REDUCE); a chunk whose grads are all done is reduced now, in the
+ * order the backward finishes them, which is every rank's. */
+static td_status reduce_finished_grads(td_trainer *t, const int *gids, int n)
+{
+    if (t->ranks == 1) return TD_OK;
+    for (int i = 0; i < n; i++) {
+        int k = param_chunk_of(t, gids[i], TD_TENSOR_GRAD);
+        if (--t->rs_left[k] == 0) {
+            td_status st = reduce_grad_chunk(t, k);
+            if (st) return st;
+        }
+    }
+    return TD_OK;
+}
+
+/* Before a step's last micro-batch: every grad tensor of each chunk still to finish. */
+static void reduce_begin(td_trainer *t)
+{
+    if (t->ranks == 1) return;
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    for (int k = 0; k < chunks; k++) t->rs_left[k] = t->group_start[k + 1] - t->group_start[k];
+}
+
+/* Param chunk k's new shard (this rank's update, in its host copy) joins the
+ * others': the chunk is loaded (its other shards are stale) and all-gathered
+ * in place on the device, which leaves the device copy the newest (written
+ * back when evicted, so the host's is whole again then). */
+static td_status gather_param_chunk(td_trainer *t, int k)
+{
+    td_status st = TD_OK;
+    int pc = td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, k);
+    td_shard_layout l;
+    void *p;
+    size_t E = td_dtype_bytes(t->dt);
+    TD_TRY(td_memmgr_chunk_shard(t->mm, pc, &l));
+    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+    TD_TRY(td_comm_all_gather(t->comm, (char *)p + (size_t)t->rank * l.shard_numel * E, p, l.shard_numel, t->dt,
+                              TD_QUEUE_COMPUTE));
+    TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD));
+cleanup:
+    return st;
+}
+
+/* Every rank's `n` doubles summed in rank order (the same bits on every rank). */
+static td_status sum_over_ranks(td_trainer *t, double *v, int n)
+{
+    if (t->ranks == 1) return TD_OK;
+    td_status st = td_comm_host_allgather(t->comm, v, (size_t)n * sizeof(double), t->sumsq_all);
+    if (st) return st;
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int r = 0; r < t->ranks; r++) s += t->sumsq_all[(size_t)r * (size_t)n + (size_t)i];
+        v[i] = s;
+    }
+    return TD_OK;
+}
+
 /* Forward through the blocks and the head with its backward; then the blocks'
  * backward.  `last`: the final micro-batch of the step (grads complete). */
 static td_status micro_batch(td_trainer *t, double dloss, int last, int train, double *loss_sum)
@@ -455,6 +594,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     void *p[TD_GPT_REF_BLOCK_TENSORS], *g[TD_GPT_REF_BLOCK_TENSORS];
     int ids[TD_GPT_REF_BLOCK_TENSORS], gids[TD_GPT_REF_BLOCK_TENSORS];
     td_tensor_state grad_done = last ? TD_TENSOR_READY_FOR_REDUCE : TD_TENSOR_HOLD_AFTER_BWD;
+    if (last && train) reduce_begin(t);
 
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->tokens, t->h_tokens, N * sizeof(int32_t)));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
@@ -517,6 +657,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     /* A tied wte's grad still takes the embedding's part below. */
     TD_TRY(td_memmgr_release(mm, ghead, nh - tied, grad_done));
     if (tied) TD_TRY(td_memmgr_release(mm, ghead + nh - 1, 1, TD_TENSOR_HOLD_AFTER_BWD));
+    if (last) TD_TRY(reduce_finished_grads(t, ghead, nh - tied));
     if (last) TD_TRY(writeback_host_grads(t, ghead, nh - tied));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
@@ -538,6 +679,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));
+        if (last) TD_TRY(reduce_finished_grads(t, gids, nb));
         if (last) TD_TRY(writeback_host_grads(t, gids, nb));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
@@ -550,6 +692,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_memmgr_access(mm, gemb, ne, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
     TD_TRY(td_memmgr_release(mm, gemb, ne, grad_done));
+    if (last) TD_TRY(reduce_finished_grads(t, gemb, ne));
     if (last) TD_TRY(writeback_host_grads(t, gemb, ne));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
@@ -676,7 +819,12 @@ static td_status setup_optimizer(td_trainer *t)
     int n = t->n_tensors, chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
     int first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
     TD_TRY(td_hostpool_alloc(t->pool, 2 * ((size_t)chunks + 1) * sizeof(double), TD_ROLE_STAGING, (void **)&t->h_sumsq));
-    if (!t->gpu_opt) return TD_OK;
+    if (!t->gpu_opt && t->ranks == 1) return TD_OK;
+    if (t->ranks > 1) {
+        t->rs_left = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
+        t->sumsq_all = td_calloc((size_t)t->ranks * ((size_t)chunks + 1), sizeof(double), TD_ROLE_META);
+        if (!t->rs_left || !t->sumsq_all) return TD_ERR_NOMEM;
+    }
     t->group = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
     t->group_start = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
     t->gids_scratch = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
@@ -736,8 +884,70 @@ static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
     return global;
 }
 
+/* ZeRO-3: AdamW of this rank's shard of param chunk i, on its host copies
+ * (the grads' and params' host copies are whole chunks, of which the shard
+ * [b, e) is this rank's; master, m and v hold the shard alone). */
+static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
+    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
+    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i);
+    size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
+    char *p, *g;
+    void *m, *v, *master;
+    if (!n) return TD_OK; /* a rank past the end of a small chunk */
+    TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
+    TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, (void **)&p));
+    TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
+    TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
+    master = p + b * sizeof(float);
+    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &master));
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
+                         .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
+                         .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
+    TD_TRY(td_train_adam_shard_cpu(t, i, b, c, &ch));
+cleanup:
+    return st;
+}
+
+/* ZeRO-3's optimizer step: the global grad norm from every rank's shard
+ * sums (all ranks get the same bits, so they clip alike and skip a
+ * non-finite step together), AdamW of this rank's shard of every chunk,
+ * then each chunk's params all-gathered on the device. */
+static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    for (int i = 0; i < chunks; i++) {
+        int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i), mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i);
+        size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
+        char *g;
+        td_grad_stats part = {0};
+        if (n) {
+            TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
+            TD_TRY(td_adam_cpu_grad_stats(t->adam, g + b * td_dtype_bytes(t->gdt), (td_optim_dtype)t->gdt, n, &part));
+        }
+        t->h_sumsq[i] = part.sumsq;
+    }
+    TD_TRY(sum_over_ranks(t, t->h_sumsq, chunks));
+    td_grad_stats global = merge_sumsq(t, chunks);
+    TD_TRY(begin_step(t, &global, os));
+    if (!os->skip) {
+        for (int i = 0; i < chunks; i++) TD_TRY(update_shard_host(t, i, &os->coeffs));
+        for (int i = 0; i < chunks; i++) TD_TRY(gather_param_chunk(t, i));
+    }
+    TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
+cleanup:
+    return st;
+}
+
 static td_status optimizer_step(td_trainer *t, td_optim_step *os)
 {
+    if (t->ranks > 1) return optimizer_step_sharded(t, os);
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM), host_chunks = chunks - t->gpu_opt;
@@ -836,19 +1046,25 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
         targets += kept;
         /* Rows of a micro-batch are weighted 1/(B*T*accum): the mean of the
          * step when every target is kept, which the data loader ensures. */
-        double dloss = 1.0 / ((double)N * accum) * td_optim_loss_scale(&t->optim);
+        double dloss = 1.0 / ((double)N * accum * t->ranks) * td_optim_loss_scale(&t->optim);
         TD_TRY(micro_batch(t, dloss, k == accum - 1, 1, &loss_sum));
     }
     td_optim_step os;
     TD_TRY(optimizer_step(t, &os));
     TD_TRY(td_memmgr_step_end(t->mm));
+    {   /* the step's loss over the global batch: every rank's sums, in rank order */
+        double sums[2] = {loss_sum, (double)targets};
+        TD_TRY(sum_over_ranks(t, sums, 2));
+        loss_sum = sums[0];
+        targets = (size_t)sums[1];
+    }
     out->step = t->optim.step;
     out->loss = targets ? loss_sum / (double)targets : 0;
     out->lr = os.lr;
     out->grad_norm = os.grad_norm;
     out->skipped = os.skip;
     out->step_ms = td_now_ms() - t0;
-    out->tokens_per_s = (double)N * accum / (out->step_ms * 1e-3);
+    out->tokens_per_s = (double)N * accum * t->ranks / (out->step_ms * 1e-3); /* every rank's */
     td_memmgr_get_stats(t->mm, &out->mm);
 cleanup:
     return st;
@@ -865,12 +1081,19 @@ td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int 
         for (size_t i = 0; i < N; i++) targets += t->h_targets[i] >= 0;
         TD_TRY(micro_batch(t, 0, 0, 0, &sum));
     }
+    {
+        double sums[2] = {sum, (double)targets};
+        TD_TRY(sum_over_ranks(t, sums, 2));
+        sum = sums[0];
+        targets = (size_t)sums[1];
+    }
     *loss = targets ? sum / (double)targets : 0;
 cleanup:
     return st;
 }
 
 const td_train_config *td_trainer_config(const td_trainer *t) { return &t->cfg; }
+td_comm *td_trainer_comm(td_trainer *t) { return t->comm; }
 td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
 td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }

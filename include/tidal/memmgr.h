@@ -65,6 +65,7 @@
 #include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
 #include "tidal/policy.h"
+#include "tidal/shard.h"
 #include "tidal/status.h"
 #include "tidal/tensor_state.h"
 
@@ -118,6 +119,17 @@ typedef struct td_memmgr_params {
     const char *trace_out;                   /* write the warm-up trace here (tidal-trace 1), or NULL */
     td_hostmem *hostmem;                     /* pageable host copies (see above); NULL: the manager maps its
                                                 own, without NUMA binding.  Must outlive the manager. */
+    /* ZeRO-3 (shard.h): with shard_ranks > 1, every chunk's device slot is
+     * padded to a multiple of shard_ranks x shard_align elements, so that
+     * the gathered buffer of any chunk (N S elements) fits its slot, and the
+     * host copy of every pageable chunk (optimizer state homed on the host)
+     * holds only rank shard_rank's shard of the chunk's used elements
+     * (td_memmgr_chunk_host_range): each rank's CPU AdamW updates its shard
+     * alone.  Such a chunk is read and written only whole, through
+     * td_memmgr_chunk_host_access (td_memmgr_host_access refuses its
+     * tensors).  0 or 1: no sharding. */
+    int shard_ranks, shard_rank;
+    size_t shard_align;                      /* elements; 0 means 1 */
 } td_memmgr_params;
 
 td_memmgr_params td_memmgr_default_params(void);
@@ -194,6 +206,15 @@ td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
 size_t td_memmgr_chunk_bytes(const td_memmgr *m, int chunk);
 size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int chunk);
 size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int chunk);
+/* The elements [*begin, *end) of the chunk its host copy holds: [0, used)
+ * unsharded, the rank's shard of them when sharded (params.shard_ranks > 1
+ * and the chunk pageable); the host copy's element 0 is chunk element
+ * *begin.  Returns end - begin. */
+size_t td_memmgr_chunk_host_range(const td_memmgr *m, int chunk, size_t *begin, size_t *end);
+/* The shard layout of the chunk's used elements over params.shard_ranks
+ * ranks (1 rank when unsharded): what the collectives of its params and
+ * grads move (td_shard_layout.shard_numel per rank). */
+td_status td_memmgr_chunk_shard(const td_memmgr *m, int chunk, td_shard_layout *out);
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int chunk);
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int chunk);
 int td_memmgr_chunk_resident(const td_memmgr *m, int chunk);
