@@ -305,7 +305,12 @@ static void opt_value(const td_opt *t, char *v, size_t n)
     case TD_OPT_INT: snprintf(v, n, "%d", *(int *)t->dst); return;
     case TD_OPT_LONG: snprintf(v, n, "%ld", *(long *)t->dst); return;
     case TD_OPT_U64: snprintf(v, n, "%llu", (unsigned long long)*(uint64_t *)t->dst); return;
-    case TD_OPT_DOUBLE: snprintf(v, n, "%.17g", *(double *)t->dst); return;
+    case TD_OPT_DOUBLE: /* the shortest form that reads back as the same double */
+        for (int digits = 6; digits <= 17; digits++) {
+            snprintf(v, n, "%.*g", digits, *(double *)t->dst);
+            if (strtod(v, NULL) == *(double *)t->dst) break;
+        }
+        return;
     case TD_OPT_SIZE:
     case TD_OPT_BUDGET:
         if (*(size_t *)t->dst == SIZE_MAX) snprintf(v, n, "max");
