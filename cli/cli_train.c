@@ -749,9 +749,12 @@ int td_cli_plan_main(int argc, char **argv)
 {
     train_opts o;
     opts_defaults(&o);
-    int json = 0, layout = 0, largest = 0;
+    int json = 0, layout = 0, largest = 0, nproc = 1;
     td_opt table[] = { OPTS(&o),
                        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
+                       {"nproc", TD_OPT_INT, &nproc, "N", "plan one rank of N (ZeRO-3, as `tidal train --nproc N`): its "
+                        "share of the optimizer\nstate, the device chunks padded to N shards (under a launcher: the "
+                        "job's size)", 0},
                        {"layout", TD_OPT_FLAG, &layout, NULL, "also print the chunk layout", 0},
                        {"largest", TD_OPT_FLAG, &largest, NULL, "the largest model that fits the host and the budget, "
                         "for each --optim-state:\nlayers growing at the given width and heads, and each preset", 0},
@@ -775,6 +778,22 @@ int td_cli_plan_main(int argc, char **argv)
         fprintf(stderr, "tidal plan: %s\n", td_error_msg());
         rc = 2;
         goto out;
+    }
+    {   /* one rank's share: --nproc, or the job this process is a rank of */
+        td_dist_env env;
+        if (nproc < 1 || nproc > 65536) {
+            fprintf(stderr, "tidal plan: --nproc %d: give 1 to 65536 ranks\n", nproc);
+            rc = 2;
+            goto out;
+        }
+        if (!td_args_find(table, "nproc")->seen && td_dist_env_read(&env) == TD_OK && env.size > 1) {
+            cfg.ranks = env.size;
+            cfg.rank = env.rank;
+        } else if (nproc > 1) {
+            cfg.ranks = nproc;
+            cfg.rank = 0; /* the largest shards */
+        }
+        td_error_clear();
     }
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg.backend;
@@ -836,7 +855,7 @@ int td_cli_plan_main(int argc, char **argv)
     double tokens = (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum;
     char a[32], c2[32], d[32], e[32], f2[32], g[32], h2[32], i2[32], j[32], k[32];
     if (json) {
-        printf("{\"params\":%zu,\"chunks\":%d,\"chunk_numel\":%zu,\"padding_bytes\":%zu,"
+        printf("{\"ranks\":%d,\"rank\":%d,\"params\":%zu,\"chunks\":%d,\"chunk_numel\":%zu,\"padding_bytes\":%zu,"
                "\"device\":{\"budget_bytes\":%zu,\"free_bytes\":%zu,\"activation_bytes\":%zu,\"workspace_bytes\":%zu,"
                "\"staging_bytes\":%zu,\"working_set_bytes\":%zu,\"min_bytes\":%zu,\"all_resident_bytes\":%zu,"
                "\"peak_bytes\":%zu,\"fits\":%s},"
@@ -851,7 +870,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
                "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
-               p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
+               cfg.ranks > 1 ? cfg.ranks : 1, cfg.rank, p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
                device_peak, fits_device ? "true" : "false", p.host_role_bytes[TD_TENSOR_PARAM],
                p.host_role_bytes[TD_TENSOR_GRAD], p.host_role_bytes[TD_TENSOR_ADAM_M] + p.host_role_bytes[TD_TENSOR_ADAM_V] + p.host_role_bytes[TD_TENSOR_MASTER],
@@ -874,6 +893,11 @@ int td_cli_plan_main(int argc, char **argv)
         printf("\n");
         printf("chunks       %d of %zu elements, %s padding\n", p.chunks, p.chunk_numel,
                td_format_bytes(p.padding_bytes, a, sizeof a));
+        if (cfg.ranks > 1)
+            printf("ranks        %d (ZeRO-3); below: rank %d's bytes: its 1/%d shard of the fp32 master and AdamW\n"
+                   "             moments, the whole 16-bit params and grads, device chunks padded to %d equal shards;\n"
+                   "             global batch %d x %d x %d sequences\n", cfg.ranks, cfg.rank, cfg.ranks, cfg.ranks,
+                   cfg.ranks, cfg.micro_batch, cfg.grad_accum);
         printf("\ndevice (%s)\n", no_device ? "cuda, not present here: planned, nothing measured" : td_backend_describe(b));
         printf("  activations        %12s\n  workspace          %12s\n  staging            %12s\n",
                td_format_bytes(p.activation_bytes, a, sizeof a), td_format_bytes(p.workspace_bytes, c2, sizeof c2),
