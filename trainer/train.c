@@ -30,6 +30,13 @@
 static td_status setup_optimizer(td_trainer *t);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
+/* The host waits for the compute queue: through the communicator when there
+ * is one, so that a collective a dead peer never finishes ends in an error
+ * within --comm-timeout instead of a hang (dist.h). */
+static td_status compute_sync(td_trainer *t)
+{
+    return t->comm ? td_comm_wait(t->comm, TD_QUEUE_COMPUTE) : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
+}
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
 static size_t E_of(const td_trainer *t) { return td_dtype_bytes(t->dt); }
 
@@ -142,6 +149,28 @@ cleanup:
     return st;
 }
 
+/* Ranks on one host near the same NUMA node(s) (every rank on the cpu
+ * backend, GPUs behind one socket) split those nodes' cores: each AdamW
+ * team gets its own share (topo.h), its memory stays on the nodes. */
+static td_status share_cores(td_trainer *t)
+{
+    char host[256] = "", nodes[64] = "";
+    gethostname(host, sizeof host - 1);
+    td_topo_nodes_string(t->topo, nodes, sizeof nodes);
+    uint64_t mine = 1469598103934665603ull; /* FNV-1a of host and nodes */
+    for (const char *s = host; *s; s++) mine = (mine ^ (unsigned char)*s) * 1099511628211ull;
+    mine = (mine ^ '/') * 1099511628211ull;
+    for (const char *s = nodes; *s; s++) mine = (mine ^ (unsigned char)*s) * 1099511628211ull;
+    uint64_t *all = td_malloc((size_t)t->ranks * sizeof *all, TD_ROLE_META);
+    if (!all) return TD_ERR_NOMEM;
+    td_status st = td_comm_host_allgather(t->comm, &mine, sizeof mine, all);
+    int index = 0, count = 0;
+    for (int r = 0; !st && r < t->ranks; r++)
+        if (all[r] == mine) index += r < t->rank, count++;
+    td_free(all);
+    return st ? st : td_topo_share(t->topo, index, count);
+}
+
 td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
 {
     td_status st = TD_OK;
@@ -177,6 +206,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                 td_dtype_name(cfg->precision));
     t->dt = t->gdt = cfg->precision;
     TD_TRY(td_topo_create(t->backend, &t->topo));
+    if (t->ranks > 1) TD_TRY(share_cores(t));
     TD_TRY(td_hostmem_create(t->topo, &t->hostmem)); /* on the AdamW team's node(s) */
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
@@ -636,7 +666,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     const void *xL = resid_at(t, L);
     TD_TRY(op_head_forward(t, p, xL, dloss, train));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
-    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    TD_TRY(compute_sync(t));
     double sum = 0;
     for (size_t i = 0; i < N; i++) sum += t->h_losses[i];
     *loss_sum += sum;
@@ -921,6 +951,8 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    /* Every reduce-scatter done (bounded), before the host waits on copies queued behind them. */
+    TD_TRY(compute_sync(t));
     for (int i = 0; i < chunks; i++) {
         int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i), mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i);
         size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
@@ -938,6 +970,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     if (!os->skip) {
         for (int i = 0; i < chunks; i++) TD_TRY(update_shard_host(t, i, &os->coeffs));
         for (int i = 0; i < chunks; i++) TD_TRY(gather_param_chunk(t, i));
+        TD_TRY(compute_sync(t)); /* the gathers, bounded, before the step's end waits on its events */
     }
     TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
@@ -1135,7 +1168,7 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
     size_t E = E_of(t);
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row,
                                  (char *)t->logits + (size_t)(n - 1) * (size_t)Vp * E, (size_t)V * E));
-    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    TD_TRY(compute_sync(t));
     td_train_to_f32(logits, t->h_row, t->dt, (size_t)V);
 cleanup:
     return st;
