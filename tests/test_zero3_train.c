@@ -44,12 +44,12 @@ static double now_s(void)
  * also the variables torchrun gives rank `rank` of `size` at port `port`. */
 static pid_t start(const char *out, int rank, int size, int port, const char *fmt, ...)
 {
-    char cmd[2048];
+    char cmd[3072];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
     va_end(ap);
-    char full[2200];
+    char full[3400];
     snprintf(full, sizeof full, "exec %s > %s 2>&1", cmd, out);
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -170,7 +170,7 @@ static double ref_loss[STEPS], ref_norm[STEPS];
 static void reference(void)
 {
     if (ref_loss[0] != 0) return;
-    char out[256], args[512], log[256];
+    char out[256], args[2048], log[256];
     snprintf(out, sizeof out, "%s/ref.out", tmp);
     snprintf(log, sizeof log, "%s/ref.jsonl", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 6 --steps %d --log %s", tmp, STEPS, log);
@@ -185,7 +185,7 @@ static void test_ranks_match_one_rank(void **state)
     (void)state;
     reference();
     for (int n = 2; n <= 3; n++) {
-        char out[256], args[512], log[256];
+        char out[256], args[2048], log[256];
         double loss[STEPS], norm[STEPS];
         snprintf(out, sizeof out, "%s/n%d.out", tmp, n);
         snprintf(log, sizeof log, "%s/n%d.jsonl", tmp, n);
@@ -211,7 +211,7 @@ static void test_ranks_match_one_rank(void **state)
 static void test_env_launch_matches_nproc(void **state)
 {
     (void)state;
-    char out[2][256], log[256], log2[256], args[512];
+    char out[2][256], log[256], log2[256], args[1024];
     snprintf(log, sizeof log, "%s/env.jsonl", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 6 --log %s", tmp, log);
     int port = td_test_free_port();
@@ -244,7 +244,7 @@ static void test_resume_on_other_rank_counts(void **state)
     reference();
     struct { int save_n, resume_n; } cases[] = {{2, 1}, {2, 3}, {1, 2}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        char out[256], args[768], log[256], ck[256];
+        char out[256], args[2048], log[256], ck[256];
         int sn = cases[c].save_n, rn = cases[c].resume_n;
         snprintf(ck, sizeof ck, "%s/ck%d", tmp, sn);
         snprintf(out, sizeof out, "%s/save%d.out", tmp, sn);
@@ -310,7 +310,7 @@ static void test_dead_or_hung_rank(void **state)
 static void test_nproc_killed_rank(void **state)
 {
     (void)state;
-    char out[256], args[512], cmd[1024];
+    char out[256], args[1024], cmd[1024];
     snprintf(out, sizeof out, "%s/npk.out", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 100000 --comm-timeout 5 --nproc 2",
              tmp);
@@ -343,7 +343,7 @@ static void test_nproc_killed_rank(void **state)
 static void test_mismatched_flags(void **state)
 {
     (void)state;
-    char out[2][256], args[512];
+    char out[2][256], args[1024];
     int port = td_test_free_port();
     pid_t p[2];
     for (int r = 0; r < 2; r++) {
@@ -374,7 +374,7 @@ static void test_busy_port(void **state)
     assert_int_equal(listen(s, 1), 0);
     socklen_t len = sizeof a;
     assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
-    char out[256], args[512];
+    char out[256], args[1024];
     snprintf(out, sizeof out, "%s/busy.out", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 2 --comm-timeout 5", tmp);
     pid_t p = start(out, 0, 2, ntohs(a.sin_port), "%s train %s", tidal, args);
@@ -389,7 +389,7 @@ static void test_busy_port(void **state)
 static void test_plan_per_rank(void **state)
 {
     (void)state;
-    char out[256], args[512];
+    char out[256], args[1024];
     long opt[4] = {0};
     for (int n = 1; n <= 4; n *= 2) {
         snprintf(out, sizeof out, "%s/plan%d.out", tmp, n);
