@@ -16,6 +16,10 @@
 #include "tidal/data.h"
 #include "tidal/dist.h"
 #include "tidal/shard.h"
+#include "tidal/memmgr.h"
+#include "tidal/arena.h"
+#include "tidal/copy.h"
+#include "tidal/hostpool.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -782,10 +786,104 @@ static void test_cli_mismatched_flags(void **state)
     if (!first || !strstr(first + 1, want) || !strstr(out, "codes 1 1")) fail_msg("%s", out);
 }
 
+/* The chunk manager sharded over N ranks (memmgr.h, shard_ranks): every
+ * device slot holds N equal shards of its chunk; the host copy of a pageable
+ * optimizer chunk holds rank r's shard alone (td_shard_range of its used
+ * elements), a pinned chunk (params) all of it; per-tensor host access to a
+ * shard is refused, the whole shard is writable through chunk access (ASan
+ * checks its bounds). */
+static void test_memmgr_shards(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {1000, 37, 2048, 777, 5, 4096 + 3};
+    const int n_t = (int)(sizeof sizes / sizeof sizes[0]);
+    for (int ranks = 1; ranks <= 4; ranks++) {
+        for (int rank = 0; rank < ranks; rank++) {
+            td_backend_params bpar = td_backend_default_params();
+            bpar.kind = TD_BACKEND_CPU;
+            td_backend *b;
+            TD_ASSERT_OK(td_backend_create(&bpar, &b));
+            td_hostpool_params hp = td_hostpool_default_params();
+            hp.slab_bytes = 4 * TD_MiB;
+            td_hostpool *pool;
+            td_arena *arena;
+            td_copy_engine *eng;
+            td_memmgr *m;
+            TD_ASSERT_OK(td_hostpool_create(b, NULL, &hp, &pool));
+            TD_ASSERT_OK(td_arena_create(b, 16 * TD_MiB, &arena));
+            TD_ASSERT_OK(td_copy_engine_create(b, NULL, &eng));
+            td_memmgr_params mp = td_memmgr_default_params();
+            mp.chunk_numel = 3000;
+            mp.placement = TD_PLACEMENT_CPU;
+            mp.shard_ranks = ranks;
+            mp.shard_rank = rank;
+            mp.shard_align = 64;
+            TD_ASSERT_OK(td_memmgr_create(arena, pool, eng, &mp, &m));
+            int pid[8], mid[8];
+            for (int i = 0; i < n_t; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "p%d", i);
+                TD_ASSERT_OK(td_memmgr_register(m, name, sizes[i], TD_DTYPE_F32, TD_TENSOR_PARAM, &pid[i]));
+            }
+            for (int i = 0; i < n_t; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "m%d", i);
+                TD_ASSERT_OK(td_memmgr_register(m, name, sizes[i], TD_DTYPE_F32, TD_TENSOR_ADAM_M, &mid[i]));
+            }
+            TD_ASSERT_OK(td_memmgr_layout(m));
+            TD_ASSERT_OK(td_memmgr_set_state(m, pid, n_t, TD_TENSOR_HOLD));
+            TD_ASSERT_OK(td_memmgr_set_state(m, mid, n_t, TD_TENSOR_HOLD));
+            for (int c = 0; c < td_memmgr_chunk_count(m); c++) {
+                size_t used = td_memmgr_chunk_numel_used(m, c), slot = td_memmgr_chunk_slot_bytes(m, c) / 4, hb, he;
+                td_shard_layout l;
+                TD_ASSERT_OK(td_memmgr_chunk_shard(m, c, &l));
+                assert_int_equal(l.ranks, ranks);
+                assert_true(l.padded_numel <= slot);
+                if (ranks > 1) assert_int_equal(slot % ((size_t)ranks * 64), 0);
+                size_t n = td_memmgr_chunk_host_range(m, c, &hb, &he);
+                if (td_memmgr_chunk_role(m, c) == TD_TENSOR_ADAM_M && ranks > 1) {
+                    size_t wb, we;
+                    td_shard_range(&l, rank, &wb, &we);
+                    assert_int_equal(hb, wb);
+                    assert_int_equal(he, we);
+                } else {
+                    assert_int_equal(hb, 0);
+                    assert_int_equal(he, used);
+                }
+                assert_int_equal(td_memmgr_chunk_bytes(m, c), n * 4);
+                if (n) {
+                    float *h;
+                    TD_ASSERT_OK(td_memmgr_chunk_host_access(m, c, TD_ACCESS_WRITE, (void **)&h));
+                    for (size_t k = 0; k < n; k++) h[k] = (float)(hb + k);
+                }
+            }
+            void *h;
+            td_status st = td_memmgr_host_access(m, &mid[0], 1, TD_ACCESS_READ, &h);
+            if (ranks > 1) assert_int_equal(st, TD_ERR_STATE);
+            else assert_int_equal(st, TD_OK);
+            td_error_clear();
+            TD_ASSERT_OK(td_memmgr_host_access(m, &pid[0], 1, TD_ACCESS_READ, &h)); /* params: whole */
+            td_memmgr_destroy(m);
+            td_copy_engine_destroy(eng);
+            td_arena_destroy(arena);
+            td_hostpool_destroy(pool);
+            td_backend_free(b);
+        }
+    }
+    /* a shard rank outside the ranks is refused */
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.shard_ranks = 2;
+    mp.shard_rank = 2;
+    td_memmgr *m = NULL;
+    assert_int_equal(td_memmgr_create(NULL, NULL, NULL, &mp, &m), TD_ERR_INVALID);
+    td_error_clear();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_layout),
+        cmocka_unit_test(test_memmgr_shards),
         cmocka_unit_test(test_loader_slices),
         cmocka_unit_test(test_agree),
         cmocka_unit_test(test_dead_peers),
