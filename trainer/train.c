@@ -535,20 +535,27 @@ static int param_chunk_of(const td_trainer *t, int id, td_tensor_role role)
  * (reduce-scatter in place on the device chunk, whose slot holds the N
  * shards: memmgr.h), and that shard goes to its host with the write-back
  * that follows.  Each rank's loss was weighted 1/(ranks x rows x accum), so
- * the sum is the mean over the global batch, as one rank computes it. */
+ * the sum is the mean over the global batch, as one rank computes it.
+ * The reduce-scatter runs on the D2H queue, after the kernels that wrote
+ * the grads and before the chunk's write-back on that queue, so the
+ * backward of the next blocks goes on beside it (NCCL); the write-back's
+ * ticket, which the chunk's slot and host copy wait for, covers it. */
 static td_status reduce_grad_chunk(td_trainer *t, int k)
 {
     td_status st = TD_OK;
     int gc = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, k);
     td_shard_layout l;
+    td_copy_ticket written = {0};
     void *g;
     size_t E = td_dtype_bytes(t->gdt);
     TD_TRY(td_memmgr_chunk_shard(t->mm, gc, &l));
     TD_TRY(access_chunk(t, t->gid, k, TD_ACCESS_WRITE, &g));
     /* The padding past the last tensor: zeros, whatever the slot held before. */
     if (l.padded_numel > l.numel) TD_TRY(zero(t, (char *)g + l.numel * E, (l.padded_numel - l.numel) * E));
+    TD_TRY(td_copy_mark(t->engine, TD_QUEUE_COMPUTE, &written));
+    TD_TRY(td_copy_order(t->engine, TD_QUEUE_D2H, &written));
     TD_TRY(td_comm_reduce_scatter(t->comm, g, (char *)g + (size_t)t->rank * l.shard_numel * E, l.shard_numel, t->gdt,
-                                  TD_QUEUE_COMPUTE));
+                                  TD_QUEUE_D2H));
     TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
 cleanup:
     return st;
@@ -951,8 +958,10 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
-    /* Every reduce-scatter done (bounded), before the host waits on copies queued behind them. */
+    /* Every reduce-scatter done (bounded), before the host waits on the
+     * write-backs queued behind them. */
     TD_TRY(compute_sync(t));
+    TD_TRY(td_comm_wait(t->comm, TD_QUEUE_D2H));
     for (int i = 0; i < chunks; i++) {
         int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i), mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i);
         size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
