@@ -601,6 +601,10 @@ static td_status gather_param_chunk(td_trainer *t, int k)
     TD_TRY(td_comm_all_gather(t->comm, (char *)p + (size_t)t->rank * l.shard_numel * E, p, l.shard_numel, t->dt,
                               TD_QUEUE_COMPUTE));
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD));
+    /* The whole chunk back to its host copy now, beside the next gathers:
+     * an eviction of the chunk is then free, and the next step's update
+     * finds its host copy current. */
+    TD_TRY(td_memmgr_writeback_async(t->mm, &t->pid[t->group[t->group_start[k]]], 1));
 cleanup:
     return st;
 }
