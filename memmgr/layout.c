@@ -191,8 +191,10 @@ td_status mm_layout(td_memmgr *m)
         /* Sharded: the slot holds the gathered buffer of N equal shards
          * (N S <= the capacity rounded up to N x align: shard.h). */
         if (m->params.shard_ranks > 1) {
-            size_t a = m->params.shard_align ? m->params.shard_align : 1;
-            ch->numel = td_align_up(ch->numel, (size_t)m->params.shard_ranks * a);
+            size_t a = m->params.shard_align ? m->params.shard_align : 1, n = (size_t)m->params.shard_ranks;
+            ch->numel = td_align_up(ch->numel, n * a);
+            /* Optimizer state: the rank's shard alone, on the host and on the device. */
+            if (mm_is_optim_role(ch->role)) ch->numel /= n;
         }
         ch->bytes = fmt ? fmt(ch->numel, ctx) : ch->numel * td_dtype_bytes(ch->dtype);
         /* The tail after the last tensor is padding on the device only: the

@@ -62,9 +62,10 @@ int td_memmgr_chunk_pageable(const td_memmgr *m, int c)
     return m->laid_out ? m->chunks[c].pageable : wants_pageable(&m->chunks[c]);
 }
 
+/* ZeRO-3: optimizer state is every rank's own shard, wherever it lives. */
 static int chunk_sharded(const td_memmgr *m, const mm_chunk *ch)
 {
-    return m->params.shard_ranks > 1 && (m->laid_out ? ch->pageable : wants_pageable(ch));
+    return m->params.shard_ranks > 1 && mm_is_optim_role(ch->role);
 }
 
 td_status td_memmgr_chunk_shard(const td_memmgr *m, int c, td_shard_layout *out)
@@ -848,7 +849,9 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
     for (int i = 0; i < n; i++) {
         set_state(m, ids[i], state);
         mm_tensor *t = &m->tensors[ids[i]];
-        dev_ptrs[i] = (char *)m->chunks[t->chunk].dev + mm_tensor_byte_offset(m, t);
+        const mm_chunk *ch = &m->chunks[t->chunk];
+        /* a shard: its start (the chunk's owner updates it whole) */
+        dev_ptrs[i] = (char *)ch->dev + (chunk_sharded(m, ch) ? 0 : mm_tensor_byte_offset(m, t));
     }
     for (int i = 0; i < k; i++) {
         mm_chunk *ch = &m->chunks[cs[i]];

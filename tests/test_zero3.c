@@ -787,16 +787,18 @@ static void test_cli_mismatched_flags(void **state)
 }
 
 /* The chunk manager sharded over N ranks (memmgr.h, shard_ranks): every
- * device slot holds N equal shards of its chunk; the host copy of a pageable
- * optimizer chunk holds rank r's shard alone (td_shard_range of its used
- * elements), a pinned chunk (params) all of it; per-tensor host access to a
- * shard is refused, the whole shard is writable through chunk access (ASan
- * checks its bounds). */
+ * param slot holds N equal shards of its chunk; an optimizer chunk holds
+ * rank r's shard alone (td_shard_range of its used elements) on the host
+ * (pageable under --policy cpu, pinned when homed on the device) and on the
+ * device (a slot of 1/N), a param chunk all of it; per-tensor host access to
+ * a shard is refused, the whole shard is writable through chunk access
+ * (ASan checks its bounds) and reaches the device intact. */
 static void test_memmgr_shards(void **state)
 {
     (void)state;
     static const size_t sizes[] = {1000, 37, 2048, 777, 5, 4096 + 3};
     const int n_t = (int)(sizeof sizes / sizeof sizes[0]);
+    for (int place = 0; place < 2; place++)
     for (int ranks = 1; ranks <= 4; ranks++) {
         for (int rank = 0; rank < ranks; rank++) {
             td_backend_params bpar = td_backend_default_params();
@@ -814,7 +816,7 @@ static void test_memmgr_shards(void **state)
             TD_ASSERT_OK(td_copy_engine_create(b, NULL, &eng));
             td_memmgr_params mp = td_memmgr_default_params();
             mp.chunk_numel = 3000;
-            mp.placement = TD_PLACEMENT_CPU;
+            mp.placement = place ? TD_PLACEMENT_CUDA : TD_PLACEMENT_CPU;
             mp.shard_ranks = ranks;
             mp.shard_rank = rank;
             mp.shard_align = 64;
@@ -838,10 +840,17 @@ static void test_memmgr_shards(void **state)
                 td_shard_layout l;
                 TD_ASSERT_OK(td_memmgr_chunk_shard(m, c, &l));
                 assert_int_equal(l.ranks, ranks);
-                assert_true(l.padded_numel <= slot);
-                if (ranks > 1) assert_int_equal(slot % ((size_t)ranks * 64), 0);
+                int opt = td_memmgr_chunk_role(m, c) == TD_TENSOR_ADAM_M;
+                assert_int_equal(td_memmgr_chunk_pageable(m, c), opt && !place);
+                if (opt && ranks > 1) { /* the shard alone, also on the device */
+                    assert_true(l.shard_numel <= slot);
+                    assert_int_equal(slot % 64, 0);
+                } else {
+                    assert_true(l.padded_numel <= slot);
+                    if (ranks > 1) assert_int_equal(slot % ((size_t)ranks * 64), 0);
+                }
                 size_t n = td_memmgr_chunk_host_range(m, c, &hb, &he);
-                if (td_memmgr_chunk_role(m, c) == TD_TENSOR_ADAM_M && ranks > 1) {
+                if (opt && ranks > 1) {
                     size_t wb, we;
                     td_shard_range(&l, rank, &wb, &we);
                     assert_int_equal(hb, wb);
@@ -856,6 +865,22 @@ static void test_memmgr_shards(void **state)
                     TD_ASSERT_OK(td_memmgr_chunk_host_access(m, c, TD_ACCESS_WRITE, (void **)&h));
                     for (size_t k = 0; k < n; k++) h[k] = (float)(hb + k);
                 }
+            }
+            if (place) { /* on the device: every tensor of a shard gives its start, which holds the shard */
+                int mc = td_memmgr_tensor_chunk(m, mid[n_t - 1]);
+                size_t hb, he, n = td_memmgr_chunk_host_range(m, mc, &hb, &he);
+                void *d[8];
+                TD_ASSERT_OK(td_memmgr_access(m, mid, n_t, TD_TENSOR_COMPUTE, 0, d));
+                float *back = td_malloc((n + 1) * sizeof(float), TD_ROLE_META);
+                assert_non_null(back);
+                int k = 0;
+                while (td_memmgr_tensor_chunk(m, mid[k]) != mc) k++;
+                TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_COMPUTE, back, d[k], n * sizeof(float)));
+                TD_ASSERT_OK(td_queue_sync(b, TD_QUEUE_COMPUTE));
+                for (size_t e = 0; e < n; e++) assert_true(back[e] == (float)(hb + e));
+                if (ranks > 1) assert_ptr_equal(d[n_t - 1], d[k]);
+                td_free(back);
+                TD_ASSERT_OK(td_memmgr_release(m, mid, n_t, TD_TENSOR_HOLD));
             }
             void *h;
             td_status st = td_memmgr_host_access(m, &mid[0], 1, TD_ACCESS_READ, &h);

@@ -179,20 +179,26 @@ static void reference(void)
 }
 
 /* 2 and 3 ranks (--nproc) with micro-batch 3 and 2: one rank's losses and
- * grad norms of the same global batch. */
+ * grad norms of the same global batch; each rank's AdamW on the CPU
+ * (--policy cpu), and on 2 ranks with half the optimizer chunks homed on
+ * the "device" (their shards updated there: the GPU AdamW's path) and 3
+ * ranks with all of them (--policy cuda). */
 static void test_ranks_match_one_rank(void **state)
 {
     (void)state;
     reference();
-    for (int n = 2; n <= 3; n++) {
+    static const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
+                                         "--policy cuda"};
+    for (int c = 0; c < 4; c++) {
+        int n = 2 + (c & 1);
         char out[256], args[2048], log[256];
         double loss[STEPS], norm[STEPS];
-        snprintf(out, sizeof out, "%s/n%d.out", tmp, n);
-        snprintf(log, sizeof log, "%s/n%d.jsonl", tmp, n);
-        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --nproc %d --log %s", tmp,
-                 6 / n, STEPS, n, log);
+        snprintf(out, sizeof out, "%s/n%d_%d.out", tmp, n, c);
+        snprintf(log, sizeof log, "%s/n%d_%d.jsonl", tmp, n, c);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --nproc %d --log %s %s",
+                 tmp, 6 / n, STEPS, n, log, policy[c]);
         int rc = run(out, "%s train %s", args);
-        if (rc) fail_msg("%d ranks: exit %d: %s", n, rc, slurp(out));
+        if (rc) fail_msg("%d ranks, %s: exit %d: %s", n, policy[c], rc, slurp(out));
         assert_int_equal(read_log(log, loss, norm, STEPS), STEPS);
         expect_close(ref_loss, loss, STEPS, 1e-5, n == 2 ? "loss, 2 ranks" : "loss, 3 ranks");
         /* The norm of a step whose grads cancel heavily (this data's step
@@ -236,8 +242,9 @@ static void test_env_launch_matches_nproc(void **state)
     for (int i = 0; i < 6; i++) assert_true(a[i] == b[i]);
 }
 
-/* Saved on 2 ranks after 10 steps, resumed on 1 and on 3: the single-rank
- * run's steps 11..20; saved on 1, resumed on 2 likewise. */
+/* Saved on 2 ranks after 10 steps (half the optimizer shards on the
+ * "device"), resumed on 1 and on 3: the single-rank run's steps 11..20;
+ * saved on 1, resumed on 2 likewise. */
 static void test_resume_on_other_rank_counts(void **state)
 {
     (void)state;
@@ -250,7 +257,8 @@ static void test_resume_on_other_rank_counts(void **state)
         snprintf(out, sizeof out, "%s/save%d.out", tmp, sn);
         if (c != 1) { /* case 1 resumes case 0's checkpoint */
             snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --stop-after 10 "
-                     "--save %s%s", tmp, 6 / sn, STEPS, ck, sn > 1 ? " --nproc 2" : "");
+                     "--save %s%s", tmp, 6 / sn, STEPS, ck,
+                     sn > 1 ? " --nproc 2 --policy static --offload-optim-frac 0.5" : "");
             int rc = run(out, "%s train %s", args);
             if (rc) fail_msg("save on %d: exit %d: %s", sn, rc, slurp(out));
         }

@@ -90,6 +90,19 @@ td_status td_train_decay_setup(td_trainer *t)
         } else
             cr[kept++] = cr[i];
     }
+    if (t->ranks > 1) { /* ZeRO-3: the part of each list in this rank's shard, in shard coordinates */
+        int in = 0;
+        for (int i = 0; i < kept; i++) {
+            size_t b, e;
+            td_memmgr_chunk_host_range(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, cr[i].chunk), &b, &e);
+            if (cr[i].r.end <= b || cr[i].r.begin >= e) continue;
+            cr[in] = cr[i];
+            cr[in].r.begin = (cr[i].r.begin > b ? cr[i].r.begin : b) - b;
+            cr[in].r.end = (cr[i].r.end < e ? cr[i].r.end : e) - b;
+            in++;
+        }
+        kept = in;
+    }
     t->n_no_decay = kept;
     for (int i = 0; i < kept; i++) {
         t->no_decay[i] = cr[i].r;
@@ -97,8 +110,6 @@ td_status td_train_decay_setup(td_trainer *t)
     }
     for (int k = 0; k < chunks; k++) t->no_decay_start[k + 1] += t->no_decay_start[k];
     td_free(cr);
-    if (t->ranks > 1 && !(t->nd_shard = td_malloc(((size_t)kept + 1) * sizeof *t->nd_shard, TD_ROLE_META)))
-        return td_error_set(TD_ERR_NOMEM, "weight decay by tensor: a shard's no-decay list");
     return upload(t);
 }
 
@@ -106,7 +117,6 @@ void td_train_decay_free(td_trainer *t)
 {
     td_free(t->no_decay);
     td_free(t->no_decay_start);
-    td_free(t->nd_shard);
     /* dev_no_decay goes with the arena. */
 }
 
@@ -124,25 +134,6 @@ static td_adam_chunk with_ranges(const td_trainer *t, int k, const td_adam_chunk
 td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch)
 {
     td_adam_chunk w = with_ranges(t, k, ch, t->no_decay);
-    return td_adam_cpu_update(t->adam, c, &w, 1);
-}
-
-td_status td_train_adam_shard_cpu(td_trainer *t, int k, size_t begin, const td_adam_coeffs *c, const td_adam_chunk *ch)
-{
-    td_adam_chunk w = *ch;
-    if (t->no_decay) {
-        /* The chunk's ranges that meet the shard, in shard coordinates. */
-        size_t end = begin + ch->numel;
-        int n = 0;
-        for (int i = t->no_decay_start[k]; i < t->no_decay_start[k + 1]; i++) {
-            td_adam_range r = t->no_decay[i];
-            if (r.end <= begin || r.begin >= end) continue;
-            t->nd_shard[n++] = (td_adam_range){(r.begin > begin ? r.begin : begin) - begin,
-                                               (r.end < end ? r.end : end) - begin};
-        }
-        w.no_decay = n ? t->nd_shard : NULL;
-        w.n_no_decay = n;
-    }
     return td_adam_cpu_update(t->adam, c, &w, 1);
 }
 

@@ -88,7 +88,6 @@ int td_train_optim_gpu_count(const td_train_config *cfg, td_memmgr *mm, const in
                              size_t min_device, size_t budget)
 {
     int n = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
-    if (cfg->ranks > 1) return 0; /* ZeRO-3: each rank's CPU AdamW updates its shard of every chunk */
     switch (cfg->mm.placement) {
     case TD_PLACEMENT_CUDA: return n;
     case TD_PLACEMENT_CPU: return 0;

@@ -603,8 +603,9 @@ static td_status gather_param_chunk(td_trainer *t, int k)
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD));
     /* The whole chunk back to its host copy now, beside the next gathers:
      * an eviction of the chunk is then free, and the next step's update
-     * finds its host copy current. */
-    TD_TRY(td_memmgr_writeback_async(t->mm, &t->pid[t->group[t->group_start[k]]], 1));
+     * finds its host copy current.  A GPU AdamW's chunk stays (its host
+     * copy is brought up to date only when read: a checkpoint). */
+    if (!chunk_on_gpu(t, k)) TD_TRY(td_memmgr_writeback_async(t->mm, &t->pid[t->group[t->group_start[k]]], 1));
 cleanup:
     return st;
 }
@@ -786,9 +787,14 @@ static td_status device_chunk_sumsq(td_trainer *t, int k, int chunks)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-    void *g;
-    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+    char *g;
+    TD_TRY(access_chunk(t, t->gid, k, 0, (void **)&g));
     size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)) / td_dtype_bytes(t->gdt);
+    if (t->ranks > 1) { /* ZeRO-3: this rank's shard of the reduced grads */
+        size_t b, e;
+        numel = td_memmgr_chunk_host_range(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), &b, &e);
+        g += b * td_dtype_bytes(t->gdt);
+    }
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
         TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc + k, t->dev_sumsq_scratch, stream_of(t)));
@@ -824,22 +830,29 @@ static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs 
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-    void *g, *p, *m, *v, *master;
-    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
-    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+    char *g, *p;
+    void *m, *v, *master;
+    size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) / td_dtype_bytes(t->dt);
+    TD_TRY(access_chunk(t, t->gid, k, 0, (void **)&g));
+    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, (void **)&p));
     TD_TRY(access_chunk(t, t->mid, k, TD_ACCESS_WRITE, &m));
     TD_TRY(access_chunk(t, t->vid, k, TD_ACCESS_WRITE, &v));
+    if (t->ranks > 1) { /* ZeRO-3: this rank's shard of the chunk (master, m, v hold it alone) */
+        size_t b, e;
+        numel = td_memmgr_chunk_host_range(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), &b, &e);
+        g += b * td_dtype_bytes(t->gdt);
+        p += b * td_dtype_bytes(t->dt);
+    }
     master = p;
     if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
                          .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
-                         .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
-                                  td_dtype_bytes(t->dt) };
+                         .numel = numel };
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
+    if (on_cuda(t) && numel) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
     else
 #endif
-        TD_TRY(td_train_adam_chunk_cpu(t, k, c, &ch));
+    if (numel) TD_TRY(td_train_adam_chunk_cpu(t, k, c, &ch));
     TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_HOLD)); /* consumed with the host's (FREE below or in catch_up) */
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD)); /* to HOLD with the host's below */
     TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
@@ -948,7 +961,7 @@ static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
                          .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
                          .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
-    TD_TRY(td_train_adam_shard_cpu(t, i, b, c, &ch));
+    TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch)); /* its no-decay list is the shard's (decay.c) */
 cleanup:
     return st;
 }
@@ -966,22 +979,38 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
      * write-backs queued behind them. */
     TD_TRY(compute_sync(t));
     TD_TRY(td_comm_wait(t->comm, TD_QUEUE_D2H));
+    /* The GPU AdamW's chunks' shard sums on the device first, then the host's. */
+    if (t->gpu_opt && !on_cuda(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
+    if (t->gpu_opt && on_cuda(t)) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
+    for (int i = 0; i < chunks; i++)
+        if (chunk_on_gpu(t, i)) TD_TRY(device_chunk_sumsq(t, i, chunks));
     for (int i = 0; i < chunks; i++) {
         int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i), mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i);
         size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
         char *g;
         td_grad_stats part = {0};
-        if (n) {
+        if (n && !chunk_on_gpu(t, i)) {
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
             TD_TRY(td_adam_cpu_grad_stats(t->adam, g + b * td_dtype_bytes(t->gdt), (td_optim_dtype)t->gdt, n, &part));
         }
         t->h_sumsq[i] = part.sumsq;
     }
+    TD_TRY(gather_device_sumsq(t, chunks));
+    for (int i = 0; i < chunks; i++)
+        if (chunk_on_gpu(t, i)) t->h_sumsq[i] = t->h_sumsq[chunks + i];
+    /* every rank's, chunk by chunk in rank order, then the chunks in order: the same bits everywhere */
     TD_TRY(sum_over_ranks(t, t->h_sumsq, chunks));
-    td_grad_stats global = merge_sumsq(t, chunks);
+    td_grad_stats global = {0};
+    for (int i = 0; i < chunks; i++) {
+        td_grad_stats part = { .sumsq = t->h_sumsq[i] };
+        td_grad_stats_merge(&global, &part);
+    }
     TD_TRY(begin_step(t, &global, os));
     if (!os->skip) {
-        for (int i = 0; i < chunks; i++) TD_TRY(update_shard_host(t, i, &os->coeffs));
+        for (int i = 0; i < chunks; i++)
+            if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &os->coeffs));
+        for (int i = 0; i < chunks; i++)
+            if (!chunk_on_gpu(t, i)) TD_TRY(update_shard_host(t, i, &os->coeffs));
         for (int i = 0; i < chunks; i++) TD_TRY(gather_param_chunk(t, i));
         TD_TRY(compute_sync(t)); /* the gathers, bounded, before the step's end waits on its events */
     }

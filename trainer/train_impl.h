@@ -71,20 +71,17 @@ struct td_trainer {
     /* ZeRO-3 over cfg.ranks > 1 ranks (train.c): rs_left[k], grad tensors of
      * param chunk k the last micro-batch has still to finish (then its
      * grads are reduce-scattered); sumsq_all, every rank's per-chunk grad
-     * sumsq of its shard (ranks x chunks); nd_shard, a shard's no-decay
-     * ranges (decay.c). */
+     * sumsq of its shard (ranks x chunks).  The no-decay lists above are
+     * then this rank's shard's, in shard coordinates. */
     td_comm *comm;
     int rank, ranks;
     int *rs_left;
     double *sumsq_all;
-    td_adam_range *nd_shard;
 };
 
 /* Elements a chunk's shard is rounded to (shard.h's align). */
 size_t td_train_shard_align(const td_train_config *cfg);
-/* AdamW of elements [begin, begin + ch->numel) of param chunk k (a rank's
- * shard; ch's arrays start at element begin), its no-decay ranges clipped. */
-td_status td_train_adam_shard_cpu(td_trainer *t, int k, size_t begin, const td_adam_coeffs *c, const td_adam_chunk *ch);
+
 
 /* The ranges, from the layout (decay.c); after td_memmgr_layout. */
 td_status td_train_decay_setup(td_trainer *t);

@@ -119,15 +119,17 @@ typedef struct td_memmgr_params {
     const char *trace_out;                   /* write the warm-up trace here (tidal-trace 1), or NULL */
     td_hostmem *hostmem;                     /* pageable host copies (see above); NULL: the manager maps its
                                                 own, without NUMA binding.  Must outlive the manager. */
-    /* ZeRO-3 (shard.h): with shard_ranks > 1, every chunk's device slot is
-     * padded to a multiple of shard_ranks x shard_align elements, so that
-     * the gathered buffer of any chunk (N S elements) fits its slot, and the
-     * host copy of every pageable chunk (optimizer state homed on the host)
-     * holds only rank shard_rank's shard of the chunk's used elements
-     * (td_memmgr_chunk_host_range): each rank's CPU AdamW updates its shard
-     * alone.  Such a chunk is read and written only whole, through
+    /* ZeRO-3 (shard.h): with shard_ranks > 1, every param, grad (and
+     * other) chunk's device slot is padded to a multiple of shard_ranks x
+     * shard_align elements, so that the gathered buffer of any chunk (N S
+     * elements) fits its slot; every optimizer chunk (MASTER, ADAM_M,
+     * ADAM_V) holds only rank shard_rank's shard of the chunk's used
+     * elements (td_memmgr_chunk_host_range), on the host and, homed there,
+     * on the device (a slot of 1/N the padded chunk): each rank's AdamW
+     * updates its shard alone.  Such a chunk is used only whole: through
      * td_memmgr_chunk_host_access (td_memmgr_host_access refuses its
-     * tensors).  0 or 1: no sharding. */
+     * tensors), and td_memmgr_access gives the shard's start for each of
+     * its tensors.  0 or 1: no sharding. */
     int shard_ranks, shard_rank;
     size_t shard_align;                      /* elements; 0 means 1 */
 } td_memmgr_params;
@@ -206,9 +208,9 @@ td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
 size_t td_memmgr_chunk_bytes(const td_memmgr *m, int chunk);
 size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int chunk);
 size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int chunk);
-/* The elements [*begin, *end) of the chunk its host copy holds: [0, used)
- * unsharded, the rank's shard of them when sharded (params.shard_ranks > 1
- * and the chunk pageable); the host copy's element 0 is chunk element
+/* The elements [*begin, *end) of the chunk its host copy (and device copy)
+ * holds: [0, used) unsharded, the rank's shard of them for an optimizer
+ * chunk when params.shard_ranks > 1; the copy's element 0 is chunk element
  * *begin.  Returns end - begin. */
 size_t td_memmgr_chunk_host_range(const td_memmgr *m, int chunk, size_t *begin, size_t *end);
 /* The shard layout of the chunk's used elements over params.shard_ranks
