@@ -276,6 +276,11 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_adam_cpu_create(&ap, &t->adam));
     TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
+    if (t->ranks > 1) { /* the first step gathers too (the same params on every rank): see pending_update */
+        t->pending_next = 0;
+        t->pending_end = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+        t->pending_update = 0;
+    }
     td_host_usage hu;
     TD_TRY(td_trainer_host_usage(t, &hu)); /* the footprint's first sample */
     return TD_OK;
@@ -342,6 +347,8 @@ static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of
 /* ---- the deferred optimizer updates ------------------------------------------ */
 
 static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats);
+static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c);
+static td_status gather_param_chunk(td_trainer *t, int k);
 static int chunk_on_gpu(const td_trainer *t, int k);
 
 /* The pending AdamW of param chunks up to role index `upto`; when the last
@@ -350,12 +357,21 @@ static td_status catch_up(td_trainer *t, int upto)
 {
     if (!t->pending_end) return TD_OK;
     for (; t->pending_next <= upto && t->pending_next < t->pending_end; t->pending_next++) {
+        td_status st = TD_OK;
+        if (t->ranks > 1) { /* ZeRO-3: this rank's shard, then the chunk gathered from every rank's */
+            int k = t->pending_next;
+            if (t->pending_update && !chunk_on_gpu(t, k)) st = update_shard_host(t, k, &t->pending_coeffs);
+            if (!st) st = gather_param_chunk(t, k);
+            if (st) return st;
+            continue;
+        }
         if (chunk_on_gpu(t, t->pending_next)) continue; /* updated on the device */
-        td_status st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
+        st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
         if (st) return st;
     }
     if (t->pending_next < t->pending_end) return TD_OK;
     t->pending_end = 0;
+    if (t->ranks > 1 && !t->pending_update) return TD_OK; /* gathers alone: no grads held */
     return td_memmgr_set_state(t->mm, t->gid, t->n_tensors, TD_TENSOR_FREE);
 }
 
@@ -585,10 +601,11 @@ static void reduce_begin(td_trainer *t)
     for (int k = 0; k < chunks; k++) t->rs_left[k] = t->group_start[k + 1] - t->group_start[k];
 }
 
-/* Param chunk k's new shard (this rank's update, in its host copy) joins the
- * others': the chunk is loaded (its other shards are stale) and all-gathered
- * in place on the device, which leaves the device copy the newest (written
- * back when evicted, so the host's is whole again then). */
+/* Param chunk k's new shard (this rank's update, in its host copy or on the
+ * device) joins the others': the chunk is loaded (its other shards are
+ * stale) and all-gathered in place on the device, which leaves the device
+ * copy the newest.  Called in the forward, just before the chunk's first
+ * use (catch_up), so the CPU AdamW of the next chunks runs beside the GPU. */
 static td_status gather_param_chunk(td_trainer *t, int k)
 {
     td_status st = TD_OK;
@@ -600,7 +617,7 @@ static td_status gather_param_chunk(td_trainer *t, int k)
     TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
     TD_TRY(td_comm_all_gather(t->comm, (char *)p + (size_t)t->rank * l.shard_numel * E, p, l.shard_numel, t->dt,
                               TD_QUEUE_COMPUTE));
-    TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD));
+    TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
     /* The whole chunk back to its host copy now, beside the next gathers:
      * an eviction of the chunk is then free, and the next step's update
      * finds its host copy current.  A GPU AdamW's chunk stays (its host
@@ -1006,15 +1023,19 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         td_grad_stats_merge(&global, &part);
     }
     TD_TRY(begin_step(t, &global, os));
-    if (!os->skip) {
+    /* The GPU's shards now (queued behind the backward); the host's, and
+     * every chunk's gather, in the next forward, each just before the
+     * chunk's first use (catch_up): the CPU updates chunk k + 1 while the
+     * GPU runs the blocks of chunk k.  A skipped step gathers too, so every
+     * step makes the same accesses. */
+    if (!os->skip)
         for (int i = 0; i < chunks; i++)
             if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &os->coeffs));
-        for (int i = 0; i < chunks; i++)
-            if (!chunk_on_gpu(t, i)) TD_TRY(update_shard_host(t, i, &os->coeffs));
-        for (int i = 0; i < chunks; i++) TD_TRY(gather_param_chunk(t, i));
-        TD_TRY(compute_sync(t)); /* the gathers, bounded, before the step's end waits on its events */
-    }
-    TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    t->pending_next = 0;
+    t->pending_end = chunks;
+    t->pending_update = !os->skip;
+    t->pending_coeffs = os->coeffs;
+    if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:
     return st;

@@ -23,6 +23,12 @@ struct td_trainer {
      * (catch_up); pending_end 0: nothing pending. */
     int pending_next, pending_end;
     td_adam_coeffs pending_coeffs;
+    /* ZeRO-3 (ranks > 1): every chunk's params are all-gathered in the
+     * forward, just before their first use (catch_up), in every step, the
+     * first included, so the access sequence the chunk manager records is
+     * every step's; pending_update 0: gathers alone (the first step, or
+     * after a skipped one). */
+    int pending_update;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
     size_t budget_cap;                 /* free device memory minus a margin, when the budget was not given */
 
