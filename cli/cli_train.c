@@ -323,7 +323,8 @@ static void opt_value(const td_opt *t, char *v, size_t n)
 
 /* What every rank of a job must share: each flag that shapes the run (not
  * the ones about this process: its log, traces, threads, host limits, the
- * launch), the model the run resolved to and the data file's identity. */
+ * launch), the model the run resolved to and the data file's identity (its
+ * contents: the path may differ between hosts). */
 #define AGREE_MAX 96
 typedef struct agree_list {
     td_dist_setting s[AGREE_MAX];
@@ -343,7 +344,7 @@ static void agree_add(agree_list *a, const char *key, const char *value)
 static void agree_build(agree_list *a, const td_opt *table, const td_train_config *cfg, const td_loader *loader)
 {
     static const char *const local[] = {"log", "log-every", "trace-out", "trace-timeline", "threads", "host-ram",
-                                        "host-pin-limit", "config", "nproc", "comm-timeout", NULL};
+                                        "host-pin-limit", "config", "nproc", "comm-timeout", "data", NULL};
     a->n = 0;
     for (const td_opt *t = table; t->name; t++) {
         int skip = 0;

@@ -150,9 +150,11 @@ static int setup(void **state)
     if (access(tidal, X_OK) != 0 && access("./build-san/tidal", X_OK) == 0) snprintf(tidal, sizeof tidal, "./build-san/tidal");
     snprintf(tmp, sizeof tmp, "/tmp/tidal-zero3-XXXXXX");
     if (!mkdtemp(tmp)) return -1;
-    char cmd[1024];
+    char cmd[2048];
     snprintf(cmd, sizeof cmd, "head -c 100000 /usr/share/games/fortunes/fortunes > %s/text && %s prepare --quiet "
-             "--input %s/text --out %s/ok.tok > %s/prepare.out 2>&1", tmp, tidal, tmp, tmp, tmp);
+             "--input %s/text --out %s/ok.tok > %s/prepare.out 2>&1 && head -c 20000 %s/text > %s/text2 && "
+             "%s prepare --quiet --input %s/text2 --out %s/other.tok >> %s/prepare.out 2>&1", tmp, tidal, tmp, tmp, tmp,
+             tmp, tmp, tidal, tmp, tmp, tmp);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -347,25 +349,31 @@ static void test_nproc_killed_rank(void **state)
     assert_int_not_equal(system(cmd), 0);
 }
 
-/* One rank with another --lr: both refused at start naming the flag. */
+/* One rank with another --lr, or another data file: both refused at start
+ * naming the difference. */
 static void test_mismatched_flags(void **state)
 {
     (void)state;
-    char out[2][256], args[1024];
-    int port = td_test_free_port();
-    pid_t p[2];
-    for (int r = 0; r < 2; r++) {
-        snprintf(out[r], sizeof out[r], "%s/lr%d.out", tmp, r);
-        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 2 --comm-timeout 20%s", tmp,
-                 r ? " --lr 0.001" : "");
-        p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
-    }
-    for (int r = 0; r < 2; r++) {
-        int rc = finish(p[r], 120, "a rank with a mismatched flag");
-        const char *o = slurp(out[r]);
-        if (rc == 0 || !strstr(o, "ranks disagree on --lr") || !strstr(o, "'0.003'") || !strstr(o, "'0.001'"))
-            fail_msg("rank %d: exit %d, want a refusal naming --lr and both values: %s", r, rc, o);
-        assert_null(strstr(o, "step 1/2"));
+    for (int c = 0; c < 2; c++) {
+        char out[2][256], args[2048];
+        int port = td_test_free_port();
+        pid_t p[2];
+        for (int r = 0; r < 2; r++) {
+            snprintf(out[r], sizeof out[r], "%s/mm%d_%d.out", tmp, c, r);
+            snprintf(args, sizeof args, "--data %s/%s " MODEL " --micro-batch 3 --steps 2 --comm-timeout 20%s", tmp,
+                     c && r ? "other.tok" : "ok.tok", !c && r ? " --lr 0.001" : "");
+            p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
+        }
+        for (int r = 0; r < 2; r++) {
+            int rc = finish(p[r], 120, "a rank with a mismatched flag");
+            const char *o = slurp(out[r]);
+            int named = c ? strstr(o, "ranks disagree on the data file") != NULL
+                          : strstr(o, "ranks disagree on --lr") && strstr(o, "'0.003'") && strstr(o, "'0.001'");
+            if (rc == 0 || !named)
+                fail_msg("rank %d: exit %d, want a refusal naming the %s: %s", r, rc,
+                         c ? "data file" : "--lr and both values", o);
+            assert_null(strstr(o, "step 1/2"));
+        }
     }
 }
 
