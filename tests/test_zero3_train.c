@@ -184,14 +184,15 @@ static void reference(void)
  * grad norms of the same global batch; each rank's AdamW on the CPU
  * (--policy cpu), and on 2 ranks with half the optimizer chunks homed on
  * the "device" (their shards updated there: the GPU AdamW's path) and 3
- * ranks with all of them (--policy cuda). */
+ * ranks with all of them (--policy cuda); and 2 ranks under a budget that
+ * evicts chunks, in the cpu backend's debug mode. */
 static void test_ranks_match_one_rank(void **state)
 {
     (void)state;
     reference();
     static const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
-                                         "--policy cuda"};
-    for (int c = 0; c < 4; c++) {
+                                         "--policy cuda", "--policy cpu --gpu-budget 880KiB"};
+    for (int c = 0; c < 5; c++) {
         int n = 2 + (c & 1);
         char out[256], args[2048], log[256];
         double loss[STEPS], norm[STEPS];
@@ -199,7 +200,10 @@ static void test_ranks_match_one_rank(void **state)
         snprintf(log, sizeof log, "%s/n%d_%d.jsonl", tmp, n, c);
         snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --nproc %d --log %s %s",
                  tmp, 6 / n, STEPS, n, log, policy[c]);
-        int rc = run(out, "%s train %s", args);
+        /* the last: chunks evicted and reloaded, under the cpu backend's debug
+         * mode (a copy's destination poisoned until it lands: a collective or
+         * an update that reads a chunk before its copy is done fails) */
+        int rc = run(out, c == 4 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s" : "%s train %s", args);
         if (rc) fail_msg("%d ranks, %s: exit %d: %s", n, policy[c], rc, slurp(out));
         assert_int_equal(read_log(log, loss, norm, STEPS), STEPS);
         expect_close(ref_loss, loss, STEPS, 1e-5, n == 2 ? "loss, 2 ranks" : "loss, 3 ranks");
