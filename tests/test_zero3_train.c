@@ -191,7 +191,7 @@ static void test_ranks_match_one_rank(void **state)
     (void)state;
     reference();
     static const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
-                                         "--policy cuda", "--policy cpu --gpu-budget 880KiB"};
+                                         "--policy cuda", "--policy cpu --gpu-budget 840KiB"};
     for (int c = 0; c < 5; c++) {
         int n = 2 + (c & 1);
         char out[256], args[2048], log[256];
