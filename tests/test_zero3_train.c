@@ -193,11 +193,12 @@ static void test_ranks_match_one_rank(void **state)
     /* the budget that evicts: the plan's minimum for one rank of 2, and a little */
     char tight[96], pout[256], pargs[1024];
     snprintf(pout, sizeof pout, "%s/tight.out", tmp);
-    snprintf(pargs, sizeof pargs, MODEL " --micro-batch 3 --nproc 2 --policy cpu --json");
+    snprintf(pargs, sizeof pargs, "--data %s/ok.tok " MODEL " --micro-batch 3 --nproc 2 --policy cpu --ckpt off --json",
+             tmp);
     assert_int_equal(run(pout, "%s plan %s", pargs), 0);
     const char *mb = strstr(slurp(pout), "\"min_bytes\":");
     assert_non_null(mb);
-    snprintf(tight, sizeof tight, "--policy cpu --gpu-budget %ld", strtol(mb + 12, NULL, 10) + 8192);
+    snprintf(tight, sizeof tight, "--policy cpu --ckpt off --gpu-budget %ld", strtol(mb + 12, NULL, 10) + 8192);
     const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
                                   "--policy cuda", tight};
     for (int c = 0; c < 5; c++) {
