@@ -391,7 +391,12 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
     return catch_up(t, upto + CATCH_AHEAD);
 }
 
-td_status td_trainer_finish_update(td_trainer *t) { return catch_up(t, INT_MAX); }
+td_status td_trainer_finish_update(td_trainer *t)
+{
+    td_status st = catch_up(t, INT_MAX);
+    /* ZeRO-3: the gathers done (bounded) before the host reads what they wrote (a save) */
+    return st || !t->comm ? st : compute_sync(t);
+}
 
 /* ---- the model ops, on whichever backend runs them ---------------------------- */
 
