@@ -695,7 +695,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         ghead[k] = t->gid[hi[k]];
     }
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
-    TD_TRY(td_trainer_finish_update(t)); /* ln_f is the last chunk: nothing stays pending into backward */
+    TD_TRY(catch_up(t, INT_MAX)); /* ln_f is the last chunk: nothing stays pending into backward */
     TD_TRY(td_memmgr_access(mm, head, nh, TD_TENSOR_COMPUTE, 0, p));
     const void *xL = resid_at(t, L);
     TD_TRY(op_head_forward(t, p, xL, dloss, train));
