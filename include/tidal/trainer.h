@@ -21,6 +21,12 @@
  *             uploads: in the next step's forward, each chunk just before
  *             its first use (without clipping and loss scale, during this
  *             step's backward instead).
+ * On several ranks (td_train_config.ranks, ZeRO-3) each rank runs its slice
+ * of the global batch; a chunk's grads are reduce-scattered as soon as the
+ * last micro-batch's backward finishes them, each rank's AdamW updates its
+ * shard of every chunk (on the GPU for the chunks placed there, else on the
+ * host in the next forward), and each chunk's params are all-gathered on
+ * the device just before the next forward first uses them.
  * The first step is the chunk manager's warm-up (it records the access order
  * and plans placement, eviction and prefetch).  Activations are taken from
  * the arena once, at creation: no step allocates.
