@@ -1010,20 +1010,10 @@ int td_cli_train_options(int argc, char **argv, const char *cmd, const char *usa
     /* The options given, as a --config file has them. */
     for (td_opt *t = table; given && t->name; t++) {
         if (!t->seen || !strcmp(t->name, "config")) continue;
-        char v[64];
-        switch (t->kind) {
-        case TD_OPT_FLAG: cJSON_AddBoolToObject(given, t->name, *(int *)t->dst); continue;
-        case TD_OPT_INT: snprintf(v, sizeof v, "%d", *(int *)t->dst); break;
-        case TD_OPT_LONG: snprintf(v, sizeof v, "%ld", *(long *)t->dst); break;
-        case TD_OPT_U64: snprintf(v, sizeof v, "%llu", (unsigned long long)*(uint64_t *)t->dst); break;
-        case TD_OPT_DOUBLE: snprintf(v, sizeof v, "%.17g", *(double *)t->dst); break;
-        case TD_OPT_SIZE:
-        case TD_OPT_BUDGET:
-            if (*(size_t *)t->dst == SIZE_MAX) snprintf(v, sizeof v, "max");
-            else snprintf(v, sizeof v, "%zu", *(size_t *)t->dst);
-            break;
-        case TD_OPT_STRING: cJSON_AddStringToObject(given, t->name, *(const char **)t->dst); continue;
-        }
+        char v[200];
+        if (t->kind == TD_OPT_FLAG) { cJSON_AddBoolToObject(given, t->name, *(int *)t->dst); continue; }
+        if (t->kind == TD_OPT_STRING) { cJSON_AddStringToObject(given, t->name, *(const char **)t->dst); continue; }
+        opt_value(t, v, sizeof v);
         cJSON_AddStringToObject(given, t->name, v);
     }
     return -1;
