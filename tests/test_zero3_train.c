@@ -4,7 +4,8 @@
  * do not divide by the rank count), `--nproc 2` gives the bits of an
  * environment launch (RANK, WORLD_SIZE, ... set by the test as torchrun
  * would), a checkpoint saved on 2 ranks continues the single-rank run on 1
- * and on 3 ranks (and one saved on 1 on 2), a killed or stopped rank makes
+ * and on 3 ranks (and one saved on 1 on 2; with int8 and bf16 moments
+ * too), a killed or stopped rank makes
  * the other exit non-zero within --comm-timeout naming it, ranks with
  * different flags are refused naming the flag, and a busy MASTER_PORT gives
  * a clear error.  Runs the command of the same build (env TIDAL, else
@@ -293,6 +294,40 @@ static void test_resume_on_other_rank_counts(void **state)
     }
 }
 
+/* --optim-state int8 and bf16: the moments' shards (int8: shards start on a
+ * scale block, so a rank's blocks are one rank's) give one rank's losses,
+ * and a checkpoint of 2 ranks continues them on 3. */
+static void test_compact_state_shards(void **state)
+{
+    (void)state;
+    for (int bf = 0; bf < 2; bf++) {
+        const char *st = bf ? "bf16" : "int8";
+        char out[256], args[2048], log[3][256], ck[256];
+        double ref[12], a[12], b[12];
+        snprintf(ck, sizeof ck, "%s/ck_%s", tmp, st);
+        for (int k = 0; k < 3; k++) snprintf(log[k], sizeof log[k], "%s/%s%d.jsonl", tmp, st, k);
+        snprintf(out, sizeof out, "%s/%s.out", tmp, st);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 6 --steps 12 --log %s",
+                 tmp, st, log[0]);
+        assert_int_equal(run(out, "%s train %s", args), 0);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 3 --steps 12 "
+                 "--stop-after 6 --save %s --nproc 2 --log %s", tmp, st, ck, log[1]);
+        int rc = run(out, "%s train %s", args);
+        if (rc) fail_msg("%s on 2 ranks: exit %d: %s", st, rc, slurp(out));
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 2 --steps 12 "
+                 "--resume %s --nproc 3 --log %s", tmp, st, ck, log[2]);
+        rc = run(out, "%s train %s", args);
+        if (rc) fail_msg("%s resumed on 3 ranks: exit %d: %s", st, rc, slurp(out));
+        assert_int_equal(read_log(log[0], ref, NULL, 12), 12);
+        assert_int_equal(read_log(log[1], a, NULL, 12), 6);
+        assert_int_equal(read_log(log[2], b, NULL, 12), 6);
+        /* bf16: v's stochastic rounding hashes the index in the shard, not the
+         * chunk: the same in distribution, apart by rounding noise */
+        expect_close(ref, a, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, 2 ranks" : "int8 moments, 2 ranks");
+        expect_close(ref + 6, b, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, resumed on 3" : "int8 moments, resumed on 3");
+    }
+}
+
 /* Rank 1 killed (SIGKILL) mid-run, and separately stopped (SIGSTOP): rank 0
  * exits non-zero within --comm-timeout, naming rank 1. */
 static void test_dead_or_hung_rank(void **state)
@@ -446,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_ranks_match_one_rank),
         cmocka_unit_test(test_env_launch_matches_nproc),
         cmocka_unit_test(test_resume_on_other_rank_counts),
+        cmocka_unit_test(test_compact_state_shards),
         cmocka_unit_test(test_dead_or_hung_rank),
         cmocka_unit_test(test_nproc_killed_rank),
         cmocka_unit_test(test_mismatched_flags),
