@@ -915,6 +915,21 @@ td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n)
     return TD_OK;
 }
 
+td_status td_memmgr_written_on(td_memmgr *m, int id, td_queue q)
+{
+    td_status st;
+    if ((st = check_ids(m, &id, 1, "written on a queue"))) return st;
+    mm_chunk *ch = &m->chunks[m->tensors[id].chunk];
+    if (!ch->dev || ch->pins)
+        return td_error_set(TD_ERR_STATE, "memmgr: chunk %d written on a queue while %s", (int)(ch - m->chunks),
+                            ch->dev ? "still in COMPUTE" : "not resident");
+    td_copy_ticket t;
+    if ((st = td_copy_mark(m->engine, q, &t))) return st;
+    ch->load = t;  /* the next access waits for it */
+    ch->fence = t; /* and so do the slot's next owner and a write-back */
+    return TD_OK;
+}
+
 /* A valid host copy of one chunk: checks, then waits (see host_access). */
 static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
 {

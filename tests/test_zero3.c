@@ -904,11 +904,77 @@ static void test_memmgr_shards(void **state)
     td_error_clear();
 }
 
+/* td_memmgr_written_on: a chunk written on the H2D queue after its release
+ * (ZeRO-3's gather) is read by the next access only once that write has
+ * landed, and its write-back carries it; in the cpu backend's debug mode a
+ * copy's destination holds poison (NaN) until the copy lands, so a read
+ * that is not ordered after it sees NaN.  Misuse is refused. */
+static void test_memmgr_written_on(void **state)
+{
+    (void)state;
+    td_backend *b = td_test_backend(1);
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = 4 * TD_MiB;
+    td_hostpool *pool;
+    td_arena *arena;
+    td_copy_engine *eng;
+    td_memmgr *m;
+    TD_ASSERT_OK(td_hostpool_create(b, NULL, &hp, &pool));
+    TD_ASSERT_OK(td_arena_create(b, 4 * TD_MiB, &arena));
+    TD_ASSERT_OK(td_copy_engine_create(b, NULL, &eng));
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    mp.placement = TD_PLACEMENT_CUDA;
+    TD_ASSERT_OK(td_memmgr_create(arena, pool, eng, &mp, &m));
+    int id, other;
+    enum { N = 4096 };
+    TD_ASSERT_OK(td_memmgr_register(m, "p", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &id));
+    TD_ASSERT_OK(td_memmgr_register(m, "q", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &other));
+    TD_ASSERT_OK(td_memmgr_layout(m));
+    assert_int_equal(td_memmgr_written_on(m, id, TD_QUEUE_H2D), TD_ERR_STATE); /* not resident */
+    td_error_clear();
+    float *src = td_malloc(N * sizeof(float), TD_ROLE_META), *back = td_malloc(N * sizeof(float), TD_ROLE_META);
+    assert_true(src && back);
+    for (int i = 0; i < N; i++) src[i] = (float)i + 0.5f;
+    for (int round = 0; round < 3; round++) {
+        void *d;
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d));
+        assert_int_equal(td_memmgr_written_on(m, id, TD_QUEUE_H2D), TD_ERR_STATE); /* still in COMPUTE */
+        td_error_clear();
+        td_copy_ticket used;
+        TD_ASSERT_OK(td_copy_mark(eng, TD_QUEUE_COMPUTE, &used));
+        TD_ASSERT_OK(td_copy_order(eng, TD_QUEUE_H2D, &used));
+        TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_H2D, d, src, N * sizeof(float)));
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_memmgr_written_on(m, id, TD_QUEUE_H2D));
+        /* the next access, read on the compute queue */
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, 0, &d));
+        TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_COMPUTE, back, d, N * sizeof(float)));
+        TD_ASSERT_OK(td_queue_sync(b, TD_QUEUE_COMPUTE));
+        for (int i = 0; i < N; i++)
+            if (back[i] != src[i]) fail_msg("round %d: element %d read %g before the H2D write landed", round, i, back[i]);
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        /* and the host copy, through the write-back */
+        float *h;
+        TD_ASSERT_OK(td_memmgr_host_access(m, &id, 1, TD_ACCESS_READ, (void **)&h));
+        for (int i = 0; i < N; i++) assert_true(h[i] == src[i]);
+        for (int i = 0; i < N; i++) src[i] += 1.0f;
+    }
+    td_free(src);
+    td_free(back);
+    td_memmgr_destroy(m);
+    td_copy_engine_destroy(eng);
+    td_arena_destroy(arena);
+    td_hostpool_destroy(pool);
+    td_backend_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_layout),
         cmocka_unit_test(test_memmgr_shards),
+        cmocka_unit_test(test_memmgr_written_on),
         cmocka_unit_test(test_loader_slices),
         cmocka_unit_test(test_agree),
         cmocka_unit_test(test_dead_peers),

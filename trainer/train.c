@@ -618,16 +618,24 @@ static td_status gather_param_chunk(td_trainer *t, int k)
     td_shard_layout l;
     void *p;
     size_t E = td_dtype_bytes(t->dt);
+    td_copy_ticket used = {0};
+    int id = t->pid[t->group[t->group_start[k]]];
     TD_TRY(td_memmgr_chunk_shard(t->mm, pc, &l));
     TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+    /* On the H2D queue, behind the chunk's load and after the kernels that
+     * last used its slot, so the blocks before it compute meanwhile; the
+     * chunk's next access waits for it (td_memmgr_written_on). */
+    TD_TRY(td_copy_mark(t->engine, TD_QUEUE_COMPUTE, &used));
+    TD_TRY(td_copy_order(t->engine, TD_QUEUE_H2D, &used));
     TD_TRY(td_comm_all_gather(t->comm, (char *)p + (size_t)t->rank * l.shard_numel * E, p, l.shard_numel, t->dt,
-                              TD_QUEUE_COMPUTE));
+                              TD_QUEUE_H2D));
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
+    TD_TRY(td_memmgr_written_on(t->mm, id, TD_QUEUE_H2D));
     /* The whole chunk back to its host copy now, beside the next gathers:
      * an eviction of the chunk is then free, and the next step's update
      * finds its host copy current.  A GPU AdamW's chunk stays (its host
      * copy is brought up to date only when read: a checkpoint). */
-    if (!chunk_on_gpu(t, k)) TD_TRY(td_memmgr_writeback_async(t->mm, &t->pid[t->group[t->group_start[k]]], 1));
+    if (!chunk_on_gpu(t, k)) TD_TRY(td_memmgr_writeback_async(t->mm, &id, 1));
 cleanup:
     return st;
 }

@@ -236,6 +236,11 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
  * write no tensor of it may be FREE. */
 td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, void **host);
 td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
+/* The device copy of the chunk holding tensor `id` was just written by work
+ * queued on q (a collective on the H2D queue, say), after td_memmgr_release:
+ * its next access orders the compute queue after that work, and its slot is
+ * neither reused nor written back before it ends. */
+td_status td_memmgr_written_on(td_memmgr *m, int id, td_queue q);
 
 /* Device memory for non-model buffers, evicting chunks to make room. */
 td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, void **ptr);
