@@ -825,6 +825,9 @@ static td_status device_chunk_sumsq(td_trainer *t, int k, int chunks)
         numel = td_memmgr_chunk_host_range(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), &b, &e);
         g += b * td_dtype_bytes(t->gdt);
     }
+    if (!numel) { /* a rank past the end of a small chunk: its sum is the zero it starts at */
+        t->h_sumsq[chunks + k] = 0;
+    } else
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
         TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc + k, t->dev_sumsq_scratch, stream_of(t)));
