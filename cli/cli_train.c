@@ -457,6 +457,7 @@ int td_cli_train_main(int argc, char **argv)
     if (env.size > 1) {
         cfg.ranks = env.size;
         cfg.rank = env.rank;
+        cfg.local_ranks = env.local_size;
         cfg.dist = &env;
         cfg.comm_timeout_ms = (int)(comm_timeout_s * 1000.0 + 0.5);
         if (cfg.comm_timeout_ms < 1) cfg.comm_timeout_ms = 1;
@@ -790,9 +791,11 @@ int td_cli_plan_main(int argc, char **argv)
         if (!td_args_find(table, "nproc")->seen && td_dist_env_read(&env) == TD_OK && env.size > 1) {
             cfg.ranks = env.size;
             cfg.rank = env.rank;
+            cfg.local_ranks = env.local_size;
         } else if (nproc > 1) {
             cfg.ranks = nproc;
             cfg.rank = 0; /* the largest shards */
+            cfg.local_ranks = nproc;
         }
         td_error_clear();
     }

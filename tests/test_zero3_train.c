@@ -449,12 +449,12 @@ static void test_busy_port(void **state)
 }
 
 /* `tidal plan --nproc N`: each rank's host holds 1/N of the optimizer state
- * (page-rounded shards), the device chunks padded to N shards. */
+ * (page-rounded shards) and plans against 1/N of the host's RAM. */
 static void test_plan_per_rank(void **state)
 {
     (void)state;
     char out[256], args[1024];
-    long opt[4] = {0};
+    long opt[4] = {0}, ram[4] = {0};
     for (int n = 1; n <= 4; n *= 2) {
         snprintf(out, sizeof out, "%s/plan%d.out", tmp, n);
         snprintf(args, sizeof args, "--layers 4 --width 256 --heads 4 --seq 64 --vocab 512 --backend cpu "
@@ -463,6 +463,9 @@ static void test_plan_per_rank(void **state)
         const char *o = slurp(out), *k = strstr(o, "\"pageable_optimizer_bytes\":");
         assert_non_null(k);
         opt[n - 1] = strtol(k + 27, NULL, 10);
+        const char *r = strstr(o, "\"ram_bytes\":");
+        assert_non_null(r);
+        ram[n - 1] = strtol(r + 12, NULL, 10);
         if (n > 1) {
             char want[64];
             snprintf(want, sizeof want, "\"ranks\":%d", n);
@@ -473,6 +476,9 @@ static void test_plan_per_rank(void **state)
     assert_true(opt[1] < opt[0] / 2 + opt[0] / 20);
     assert_true(opt[3] < opt[0] / 4 + opt[0] / 10);
     assert_true(opt[3] > opt[0] / 4 - opt[0] / 20);
+    /* N local ranks share the host's RAM */
+    assert_int_equal(ram[1], ram[0] / 2);
+    assert_int_equal(ram[3], ram[0] / 4);
 }
 
 int main(void)

@@ -195,6 +195,13 @@ td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *
         if (st) return st;
     }
     *pin_limit = cfg->host_pin_limit ? cfg->host_pin_limit : *ram / 10 * 8;
+    if (cfg->ranks > 1 && cfg->local_ranks > 1) { /* the host's figures, shared by its ranks */
+        size_t k = (size_t)cfg->local_ranks, len = strlen(source);
+        *ram /= k;
+        *pin_limit /= k;
+        snprintf(source + len, source_bytes > len ? source_bytes - len : 0, "; this rank's 1/%zu, %d ranks on the host",
+                 k, cfg->local_ranks);
+    }
     return TD_OK;
 }
 

@@ -97,6 +97,8 @@ typedef struct td_train_config {
      * with a message naming the first difference.  The pointers are used
      * during td_trainer_create only. */
     int ranks, rank;
+    int local_ranks;              /* of them on this host (0: unknown, taken as 1): each plans against 1/local_ranks
+                                     of the host's RAM and pin limit (--host-ram, --host-pin-limit) */
     const td_dist_env *dist;
     int comm_timeout_ms;
     const td_dist_setting *agree;
