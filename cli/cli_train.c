@@ -297,14 +297,104 @@ static void progress(FILE *f, int tty, long step, long steps, const td_step_resu
     fflush(f);
 }
 
+/* One option's value as text (a --config file's form), for agreement across ranks. */
+static void opt_value(const td_opt *t, char *v, size_t n)
+{
+    switch (t->kind) {
+    case TD_OPT_FLAG: snprintf(v, n, "%s", *(int *)t->dst ? "true" : "false"); return;
+    case TD_OPT_INT: snprintf(v, n, "%d", *(int *)t->dst); return;
+    case TD_OPT_LONG: snprintf(v, n, "%ld", *(long *)t->dst); return;
+    case TD_OPT_U64: snprintf(v, n, "%llu", (unsigned long long)*(uint64_t *)t->dst); return;
+    case TD_OPT_DOUBLE: /* the shortest form that reads back as the same double */
+        for (int digits = 6; digits <= 17; digits++) {
+            snprintf(v, n, "%.*g", digits, *(double *)t->dst);
+            if (strtod(v, NULL) == *(double *)t->dst) break;
+        }
+        return;
+    case TD_OPT_SIZE:
+    case TD_OPT_BUDGET:
+        if (*(size_t *)t->dst == SIZE_MAX) snprintf(v, n, "max");
+        else snprintf(v, n, "%zu", *(size_t *)t->dst);
+        return;
+    case TD_OPT_STRING: snprintf(v, n, "%s", *(const char **)t->dst ? *(const char **)t->dst : "(unset)"); return;
+    }
+    snprintf(v, n, "?");
+}
+
+/* What every rank of a job must share: each flag that shapes the run (not
+ * the ones about this process: its log, traces, threads, host limits, the
+ * launch), the model the run resolved to and the data file's identity (its
+ * contents: the path may differ between hosts). */
+#define AGREE_MAX 96
+typedef struct agree_list {
+    td_dist_setting s[AGREE_MAX];
+    char keys[AGREE_MAX][40], values[AGREE_MAX][200];
+    size_t n;
+} agree_list;
+
+static void agree_add(agree_list *a, const char *key, const char *value)
+{
+    if (a->n >= AGREE_MAX) return;
+    snprintf(a->keys[a->n], sizeof a->keys[a->n], "%s", key);
+    snprintf(a->values[a->n], sizeof a->values[a->n], "%s", value);
+    a->s[a->n] = (td_dist_setting){a->keys[a->n], a->values[a->n]};
+    a->n++;
+}
+
+static void agree_build(agree_list *a, const td_opt *table, const td_train_config *cfg, const td_loader *loader)
+{
+    static const char *const local[] = {"log", "log-every", "trace-out", "trace-timeline", "threads", "host-ram",
+                                        "host-pin-limit", "config", "nproc", "comm-timeout", "data", NULL};
+    a->n = 0;
+    for (const td_opt *t = table; t->name; t++) {
+        int skip = 0;
+        for (int i = 0; local[i]; i++) skip |= !strcmp(t->name, local[i]);
+        if (skip) continue;
+        char key[40], v[200];
+        snprintf(key, sizeof key, "--%s", t->name);
+        opt_value(t, v, sizeof v);
+        agree_add(a, key, v);
+    }
+    char model[200];
+    td_model_desc_describe(&cfg->model, model, sizeof model);
+    agree_add(a, "the model", model);
+    td_loader_position pos;
+    td_loader_tell(loader, &pos);
+    char data[200];
+    const td_tokfile_info *info = td_tokfile_get_info(td_loader_file(loader));
+    snprintf(data, sizeof data, "%llu tokens, CRC-32 %08x, loader fingerprint %016llx",
+             (unsigned long long)info->token_count, (unsigned)info->payload_crc32, (unsigned long long)pos.fingerprint);
+    agree_add(a, "the data file", data);
+}
+
+/* Whether any rank was asked to stop (each rank gets the signal at its own
+ * moment; all stop after the same step, or their collectives would differ). */
+static td_status any_rank_stopping(td_trainer *t, int mine, int *any)
+{
+    td_comm *c = td_trainer_comm(t);
+    *any = mine;
+    if (!c) return TD_OK;
+    int n = td_comm_size(c), all[256], *v = n <= 256 ? all : td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
+    if (!v) return TD_ERR_NOMEM;
+    td_status st = td_comm_host_allgather(c, &mine, sizeof mine, v);
+    for (int r = 0; !st && r < n; r++)
+        if (v[r]) *any = v[r];
+    if (v != all) td_free(v);
+    return st;
+}
+
 int td_cli_train_main(int argc, char **argv)
 {
     train_opts o;
     opts_defaults(&o);
     int nproc = 1;
+    double comm_timeout_s = td_comm_default_params().timeout_ms / 1000.0;
     td_opt table[] = { OPTS(&o),
-                       {"nproc", TD_OPT_INT, &nproc, "N", "local ranks, one per GPU, as torchrun --nproc-per-node "
-                        "(more than 1 needs ZeRO-3 sharding, not built yet)", 0},
+                       {"nproc", TD_OPT_INT, &nproc, "N", "start N local ranks (one per GPU, as torchrun --nproc-per-node) that train\n"
+                        "data-parallel with ZeRO-3: each holds 1/N of the optimizer state (docs/distributed.md);\n"
+                        "--micro-batch is per rank (global batch = N x micro-batch x grad-accum)", 0},
+                       {"comm-timeout", TD_OPT_DOUBLE, &comm_timeout_s, "S", "several ranks: seconds a rank waits for the others "
+                        "before it exits non-zero naming\nthe rank that stopped (default 60, or TD_COMM_TIMEOUT_MS)", 0},
                        {NULL, 0, NULL, NULL, NULL, 0} };
     int rc = td_args_main(table, argc, argv, "train", usage);
     if (rc >= 0) return rc;
@@ -314,15 +404,31 @@ int td_cli_train_main(int argc, char **argv)
     FILE *log = NULL;
     td_status st = TD_OK;
     td_dist_env env;
-    if ((st = td_dist_env_read(&env)) || nproc < 1 || nproc * env.size > 1) {
-        if (st) fprintf(stderr, "tidal train: %s\n", td_error_msg());
-        else if (nproc < 1) fprintf(stderr, "tidal train: --nproc %d: give at least 1 rank\n", nproc);
-        else fprintf(stderr, "tidal train: %d ranks asked (%s): several ranks need ZeRO-3 sharding, not built yet; "
-                     "train on one rank (`tidal bench comm --nproc %d` checks the communicator)\n",
-                     nproc * env.size, nproc > 1 ? "--nproc" : env.launcher, nproc * env.size);
+    int nproc_seen = td_args_find(table, "nproc")->seen;
+    if (nproc_seen && getenv("WORLD_SIZE")) {
+        fprintf(stderr, "tidal train: --nproc starts its own ranks, but this process already is rank %s of a job of %s "
+                "(torchrun, or --nproc in a --config); drop --nproc\n", getenv("RANK") ? getenv("RANK") : "?",
+                getenv("WORLD_SIZE"));
         td_args_free();
         return 2;
     }
+    if (nproc_seen && nproc != 1) {
+        const char *prefix[] = {"train", NULL};
+        rc = td_cli_launch_self("train", nproc, prefix, argc, argv);
+        td_args_free();
+        return rc;
+    }
+    if (!(comm_timeout_s > 0 && comm_timeout_s <= 86400)) {
+        fprintf(stderr, "tidal train: --comm-timeout %g: give seconds in (0, 86400]\n", comm_timeout_s);
+        td_args_free();
+        return 2;
+    }
+    if ((st = td_dist_env_read(&env))) {
+        fprintf(stderr, "tidal train: %s\n", td_error_msg());
+        td_args_free();
+        return 2;
+    }
+    int lead = env.rank == 0; /* rank 0 alone prints progress and writes --log */
     if (!o.data) {
         fprintf(stderr, "tidal train: --data FILE is required (make one with `tidal prepare`)\n");
         td_args_free();
@@ -333,6 +439,8 @@ int td_cli_train_main(int argc, char **argv)
     lp.seq = (uint32_t)(o.seq > 0 ? o.seq : 1);
     lp.seed = o.seed;
     lp.heldout_percent = o.heldout;
+    lp.rank = (uint32_t)env.rank; /* this rank's slice of every global batch */
+    lp.ranks = (uint32_t)env.size;
     if ((st = td_loader_open(o.data, &lp, &loader))) goto cleanup;
     int data_vocab = (int)td_tokfile_get_info(td_loader_file(loader))->vocab_size;
     td_train_config cfg;
@@ -341,9 +449,24 @@ int td_cli_train_main(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (o.log && !(log = fopen(o.log, "w"))) {
+    if (o.log && lead && !(log = fopen(o.log, "w"))) {
         fprintf(stderr, "tidal train: cannot write --log %s\n", o.log);
         goto out;
+    }
+    static agree_list agree;
+    if (env.size > 1) {
+        cfg.ranks = env.size;
+        cfg.rank = env.rank;
+        cfg.local_ranks = env.local_size;
+        cfg.dist = &env;
+        cfg.comm_timeout_ms = (int)(comm_timeout_s * 1000.0 + 0.5);
+        if (cfg.comm_timeout_ms < 1) cfg.comm_timeout_ms = 1;
+        /* Each rank's AdamW and ops get their share of the host's cores. */
+        int local = env.local_size > 0 ? env.local_size : 1;
+        if (!o.threads && local > 1) cfg.threads = omp_get_num_procs() / local > 0 ? omp_get_num_procs() / local : 1;
+        agree_build(&agree, table, &cfg, loader);
+        cfg.agree = agree.s;
+        cfg.n_agree = agree.n;
     }
     if ((st = td_trainer_create(&cfg, &t))) goto cleanup;
     if (o.resume) {
@@ -358,10 +481,10 @@ int td_cli_train_main(int argc, char **argv)
             td_error_prefix(st, "--resume %s: the data position: ", o.resume);
             goto cleanup;
         }
-        fprintf(stderr, "tidal train: resumed %s at step %ld\n", o.resume, td_trainer_optim(t)->step);
+        if (lead) fprintf(stderr, "tidal train: resumed %s at step %ld\n", o.resume, td_trainer_optim(t)->step);
     } else if (o.init) {
         if ((st = td_trainer_load(t, o.init, 0, NULL))) goto cleanup;
-        fprintf(stderr, "tidal train: weights from %s\n", o.init);
+        if (lead) fprintf(stderr, "tidal train: weights from %s\n", o.init);
     }
     if (o.timeline && (st = td_memmgr_timeline_open(td_trainer_memmgr(t), o.timeline))) goto cleanup;
     size_t params = td_gpt_ref_params_numel(&cfg.model);
@@ -379,7 +502,11 @@ int td_cli_train_main(int argc, char **argv)
                                                          "the %s free less a margin)",
                  td_format_bytes(td_trainer_budget_cap(t), cap, sizeof cap));
     int optim_total = 0, optim_gpu = td_trainer_optim_gpu_chunks(t, &optim_total);
-    fprintf(stderr, "tidal train: %zu params (%s %d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
+    if (lead && env.size > 1)
+        fprintf(stderr, "tidal train: %d ranks (%s), ZeRO-3: each rank holds 1/%d of every chunk's optimizer state; "
+                "global batch %d x %d x %d sequences; per rank:\n", env.size, env.launcher, env.size, env.size,
+                cfg.micro_batch, cfg.grad_accum);
+    if (lead) fprintf(stderr, "tidal train: %zu params (%s %d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
                     "checkpointing %s, %d chunks, AdamW on the GPU for %d of %d param chunks\n",
             params, td_model_family_name(cfg.model.family), cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head,
             cfg.model.vocab_size,
@@ -392,14 +519,14 @@ int td_cli_train_main(int argc, char **argv)
     if ((st = td_train_plan_make(&cfg, as.budget_bytes, &hplan)) ||
         (st = td_train_host_limits(&cfg, &host_ram, &pin_limit, ram_src, sizeof ram_src)))
         goto cleanup;
-    fprintf(stderr, "tidal train: host plan %s pinned + %s pageable (--optim-state %s) of %s RAM (%s); heap "
+    if (lead) fprintf(stderr, "tidal train: host plan %s pinned + %s pageable (--optim-state %s) of %s RAM (%s); heap "
                     "measured by %s\n",
             td_format_bytes(hplan.host_pinned_bytes, hx, sizeof hx), td_format_bytes(hplan.host_pageable_bytes, hy, sizeof hy),
             td_optim_state_name(cfg.optim.state), td_format_bytes(host_ram, hz, sizeof hz), ram_src,
             td_host_heap_source());
     int tty = isatty(fileno(stderr));
     long first = td_trainer_optim(t)->step + 1;
-    if (first > o.steps) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
+    if (first > o.steps && lead) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);
     long last = o.stop_after > 0 && first - 1 + o.stop_after < o.steps ? first - 1 + o.stop_after : o.steps;
     if (o.max_bad_steps < 1) {
         st = td_error_set(TD_ERR_INVALID, "--max-bad-steps must be at least 1");
@@ -423,7 +550,7 @@ int td_cli_train_main(int argc, char **argv)
          * one, a skipped step had non-finite grads. */
         if (!isfinite(r.loss) || (r.skipped && !scaled)) {
             bad++;
-            fprintf(stderr, "%stidal train: step %ld: loss %g, grad norm %g: not finite; %s (%ld in a row, "
+            if (lead) fprintf(stderr, "%stidal train: step %ld: loss %g, grad norm %g: not finite; %s (%ld in a row, "
                             "--max-bad-steps %ld)\n", tty ? "\n" : "", s, r.loss, r.grad_norm,
                     r.skipped ? "skipped" : "the update ran", bad, o.max_bad_steps);
             if (bad >= o.max_bad_steps) {
@@ -435,7 +562,7 @@ int td_cli_train_main(int argc, char **argv)
         } else {
             bad = 0;
         }
-        if (tty || s == first || s == last || s % (o.log_every > 0 ? o.log_every : 10) == 0)
+        if (lead && (tty || s == first || s == last || s % (o.log_every > 0 ? o.log_every : 10) == 0))
             progress(stderr, tty, s, o.steps, &r, t);
         td_host_usage hu;
         if ((st = td_trainer_host_usage(t, &hu))) goto cleanup;
@@ -450,30 +577,34 @@ int td_cli_train_main(int argc, char **argv)
                     (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms, mm, host);
             fflush(log);
         }
-        int stopping = stop_signal != 0;
+        int stopping = 0;
+        if ((st = any_rank_stopping(t, stop_signal, &stopping))) goto cleanup;
+        if (stopping && !stop_signal) stop_signal = stopping; /* another rank's: stop alike */
         if (o.save && !bad && ((o.save_every > 0 && s % o.save_every == 0) || s == last || stopping)) {
             if ((st = save_checkpoint(t, loader, o.save, o.data))) goto cleanup;
-            if (!tty || s == last || stopping) fprintf(stderr, "%ssaved %s at step %ld\n", tty ? "\n" : "", o.save, s);
+            if (lead && (!tty || s == last || stopping))
+                fprintf(stderr, "%ssaved %s at step %ld\n", tty ? "\n" : "", o.save, s);
         }
         if (stopping) {
-            fprintf(stderr, "%stidal train: %s: stopped after step %ld%s\n", tty ? "\n" : "",
+            if (lead) fprintf(stderr, "%stidal train: %s: stopped after step %ld%s\n", tty ? "\n" : "",
                     stop_signal == SIGINT ? "SIGINT" : "SIGTERM", s, o.save ? " (--resume continues)" : "");
             rc = 128 + stop_signal;
             goto out;
         }
     }
-    if (tty) fprintf(stderr, "\n");
+    if (tty && lead) fprintf(stderr, "\n");
     {
         td_host_usage hu;
         if ((st = td_trainer_host_usage(t, &hu))) goto cleanup;
-        fprintf(stderr, "host: planned %s, peak %s (%s pinned, %s pageable state, heap %s by %s)\n",
+        if (lead) fprintf(stderr, "host: planned %s, peak %s (%s pinned, %s pageable state, heap %s by %s)\n",
                 td_format_bytes(hplan.host_bytes, hx, sizeof hx), td_format_bytes(hu.peak_bytes, hy, sizeof hy),
                 td_format_bytes(hu.pinned_bytes, hz, sizeof hz), td_format_bytes(hu.pageable_bytes, hv, sizeof hv),
                 td_format_bytes(hu.heap_allocated_bytes, hw, sizeof hw), hu.heap_source);
     }
     rc = 0;
 cleanup:
-    if (st) fprintf(stderr, "\ntidal train: %s\n", td_error_msg());
+    if (st && env.size > 1) fprintf(stderr, "\ntidal train: rank %d: %s\n", env.rank, td_error_msg());
+    else if (st) fprintf(stderr, "\ntidal train: %s\n", td_error_msg());
 out:
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
@@ -620,9 +751,12 @@ int td_cli_plan_main(int argc, char **argv)
 {
     train_opts o;
     opts_defaults(&o);
-    int json = 0, layout = 0, largest = 0;
+    int json = 0, layout = 0, largest = 0, nproc = 1;
     td_opt table[] = { OPTS(&o),
                        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
+                       {"nproc", TD_OPT_INT, &nproc, "N", "plan one rank of N (ZeRO-3, as `tidal train --nproc N`): its "
+                        "share of the optimizer\nstate, the device chunks padded to N shards (under a launcher: the "
+                        "job's size)", 0},
                        {"layout", TD_OPT_FLAG, &layout, NULL, "also print the chunk layout", 0},
                        {"largest", TD_OPT_FLAG, &largest, NULL, "the largest model that fits the host and the budget, "
                         "for each --optim-state:\nlayers growing at the given width and heads, and each preset", 0},
@@ -646,6 +780,24 @@ int td_cli_plan_main(int argc, char **argv)
         fprintf(stderr, "tidal plan: %s\n", td_error_msg());
         rc = 2;
         goto out;
+    }
+    {   /* one rank's share: --nproc, or the job this process is a rank of */
+        td_dist_env env;
+        if (nproc < 1 || nproc > 65536) {
+            fprintf(stderr, "tidal plan: --nproc %d: give 1 to 65536 ranks\n", nproc);
+            rc = 2;
+            goto out;
+        }
+        if (!td_args_find(table, "nproc")->seen && td_dist_env_read(&env) == TD_OK && env.size > 1) {
+            cfg.ranks = env.size;
+            cfg.rank = env.rank;
+            cfg.local_ranks = env.local_size;
+        } else if (nproc > 1) {
+            cfg.ranks = nproc;
+            cfg.rank = 0; /* the largest shards */
+            cfg.local_ranks = nproc;
+        }
+        td_error_clear();
     }
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg.backend;
@@ -707,7 +859,7 @@ int td_cli_plan_main(int argc, char **argv)
     double tokens = (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum;
     char a[32], c2[32], d[32], e[32], f2[32], g[32], h2[32], i2[32], j[32], k[32];
     if (json) {
-        printf("{\"params\":%zu,\"chunks\":%d,\"chunk_numel\":%zu,\"padding_bytes\":%zu,"
+        printf("{\"ranks\":%d,\"rank\":%d,\"params\":%zu,\"chunks\":%d,\"chunk_numel\":%zu,\"padding_bytes\":%zu,"
                "\"device\":{\"budget_bytes\":%zu,\"free_bytes\":%zu,\"activation_bytes\":%zu,\"workspace_bytes\":%zu,"
                "\"staging_bytes\":%zu,\"working_set_bytes\":%zu,\"min_bytes\":%zu,\"all_resident_bytes\":%zu,"
                "\"peak_bytes\":%zu,\"fits\":%s},"
@@ -722,7 +874,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
                "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
-               p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
+               cfg.ranks > 1 ? cfg.ranks : 1, cfg.rank, p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
                device_peak, fits_device ? "true" : "false", p.host_role_bytes[TD_TENSOR_PARAM],
                p.host_role_bytes[TD_TENSOR_GRAD], p.host_role_bytes[TD_TENSOR_ADAM_M] + p.host_role_bytes[TD_TENSOR_ADAM_V] + p.host_role_bytes[TD_TENSOR_MASTER],
@@ -745,6 +897,11 @@ int td_cli_plan_main(int argc, char **argv)
         printf("\n");
         printf("chunks       %d of %zu elements, %s padding\n", p.chunks, p.chunk_numel,
                td_format_bytes(p.padding_bytes, a, sizeof a));
+        if (cfg.ranks > 1)
+            printf("ranks        %d (ZeRO-3); below: rank %d's bytes: its 1/%d shard of the fp32 master and AdamW\n"
+                   "             moments, the whole 16-bit params and grads, device chunks padded to %d equal shards;\n"
+                   "             global batch %d x %d x %d sequences\n", cfg.ranks, cfg.rank, cfg.ranks, cfg.ranks,
+                   cfg.ranks, cfg.micro_batch, cfg.grad_accum);
         printf("\ndevice (%s)\n", no_device ? "cuda, not present here: planned, nothing measured" : td_backend_describe(b));
         printf("  activations        %12s\n  workspace          %12s\n  staging            %12s\n",
                td_format_bytes(p.activation_bytes, a, sizeof a), td_format_bytes(p.workspace_bytes, c2, sizeof c2),
@@ -856,20 +1013,10 @@ int td_cli_train_options(int argc, char **argv, const char *cmd, const char *usa
     /* The options given, as a --config file has them. */
     for (td_opt *t = table; given && t->name; t++) {
         if (!t->seen || !strcmp(t->name, "config")) continue;
-        char v[64];
-        switch (t->kind) {
-        case TD_OPT_FLAG: cJSON_AddBoolToObject(given, t->name, *(int *)t->dst); continue;
-        case TD_OPT_INT: snprintf(v, sizeof v, "%d", *(int *)t->dst); break;
-        case TD_OPT_LONG: snprintf(v, sizeof v, "%ld", *(long *)t->dst); break;
-        case TD_OPT_U64: snprintf(v, sizeof v, "%llu", (unsigned long long)*(uint64_t *)t->dst); break;
-        case TD_OPT_DOUBLE: snprintf(v, sizeof v, "%.17g", *(double *)t->dst); break;
-        case TD_OPT_SIZE:
-        case TD_OPT_BUDGET:
-            if (*(size_t *)t->dst == SIZE_MAX) snprintf(v, sizeof v, "max");
-            else snprintf(v, sizeof v, "%zu", *(size_t *)t->dst);
-            break;
-        case TD_OPT_STRING: cJSON_AddStringToObject(given, t->name, *(const char **)t->dst); continue;
-        }
+        char v[200];
+        if (t->kind == TD_OPT_FLAG) { cJSON_AddBoolToObject(given, t->name, *(int *)t->dst); continue; }
+        if (t->kind == TD_OPT_STRING) { cJSON_AddStringToObject(given, t->name, *(const char **)t->dst); continue; }
+        opt_value(t, v, sizeof v);
         cJSON_AddStringToObject(given, t->name, v);
     }
     return -1;

@@ -188,6 +188,14 @@ td_status mm_layout(td_memmgr *m)
         ch->index = (int)c - m->role_first[ch->role];
         size_t (*fmt)(size_t, void *) = m->role_bytes[ch->role];
         void *ctx = m->role_ctx[ch->role];
+        /* Sharded: the slot holds the gathered buffer of N equal shards
+         * (N S <= the capacity rounded up to N x align: shard.h). */
+        if (m->params.shard_ranks > 1) {
+            size_t a = m->params.shard_align ? m->params.shard_align : 1, n = (size_t)m->params.shard_ranks;
+            ch->numel = td_align_up(ch->numel, n * a);
+            /* Optimizer state: the rank's shard alone, on the host and on the device. */
+            if (mm_is_optim_role(ch->role)) ch->numel /= n;
+        }
         ch->bytes = fmt ? fmt(ch->numel, ctx) : ch->numel * td_dtype_bytes(ch->dtype);
         /* The tail after the last tensor is padding on the device only: the
          * host copy, the copies and the optimizer stop at the last tensor. */
@@ -209,11 +217,12 @@ void td_memmgr_print_layout(td_memmgr *m, FILE *f)
             m->chunk_numel, td_format_bytes(m->padding_bytes, a, sizeof a));
     for (int k = 0; k < m->n_chunks; k++) {
         const mm_chunk *ch = &m->chunks[k];
-        size_t used = 0;
+        size_t used = 0, cap = ch->numel;
         for (int j = 0; j < ch->n_tensors; j++) used += m->tensors[ch->tensors[j]].numel;
+        if (m->params.shard_ranks > 1 && mm_is_optim_role(ch->role)) cap *= (size_t)m->params.shard_ranks; /* a shard */
         fprintf(f, "  chunk %3d  %-6s #%-3d %-4s %10s  %5.1f%% full  %-8s  home %-6s  %d tensor%s: ", k,
                 td_tensor_role_name(ch->role), ch->index, td_dtype_name(ch->dtype),
-                td_format_bytes(ch->bytes, b, sizeof b), 100.0 * (double)used / (double)ch->numel,
+                td_format_bytes(ch->bytes, b, sizeof b), 100.0 * (double)used / (double)cap,
                 td_memmgr_chunk_pageable(m, k) ? "pageable" : "pinned", ch->home == TD_HOME_DEVICE ? "device" : "host", ch->n_tensors, ch->n_tensors == 1 ? "" : "s");
         for (int j = 0; j < ch->n_tensors && j < 4; j++)
             fprintf(f, "%s%s", j ? ", " : "", m->tensors[ch->tensors[j]].name);

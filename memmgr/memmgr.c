@@ -62,6 +62,41 @@ int td_memmgr_chunk_pageable(const td_memmgr *m, int c)
     return m->laid_out ? m->chunks[c].pageable : wants_pageable(&m->chunks[c]);
 }
 
+/* ZeRO-3: optimizer state is every rank's own shard, wherever it lives. */
+static int chunk_sharded(const td_memmgr *m, const mm_chunk *ch)
+{
+    return m->params.shard_ranks > 1 && mm_is_optim_role(ch->role);
+}
+
+td_status td_memmgr_chunk_shard(const td_memmgr *m, int c, td_shard_layout *out)
+{
+    if (c < 0 || c >= m->n_chunks) return td_error_set(TD_ERR_INVALID, "memmgr: no chunk %d (%d chunks)", c, m->n_chunks);
+    int ranks = m->params.shard_ranks > 1 ? m->params.shard_ranks : 1;
+    return td_shard_layout_make(m->chunks[c].used_numel, ranks, ranks > 1 ? m->params.shard_align : 1, out);
+}
+
+size_t td_memmgr_chunk_host_range(const td_memmgr *m, int c, size_t *begin, size_t *end)
+{
+    const mm_chunk *ch = &m->chunks[c];
+    *begin = 0;
+    *end = ch->used_numel;
+    td_shard_layout l;
+    if (chunk_sharded(m, ch) && td_memmgr_chunk_shard(m, c, &l) == TD_OK)
+        td_shard_range(&l, m->params.shard_rank, begin, end);
+    return *end - *begin;
+}
+
+/* The host copy's bytes: the used elements, or the rank's shard of them. */
+static size_t host_bytes_of(const td_memmgr *m, int c)
+{
+    const mm_chunk *ch = &m->chunks[c];
+    size_t b, e, n = td_memmgr_chunk_host_range(m, c, &b, &e);
+    size_t (*fmt)(size_t, void *) = m->role_bytes[ch->role];
+    (void)b;
+    (void)e;
+    return fmt ? fmt(n, m->role_ctx[ch->role]) : n * td_dtype_bytes(ch->dtype);
+}
+
 td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
                            const td_memmgr_params *params, td_memmgr **out)
 {
@@ -70,6 +105,8 @@ td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *e
     if (p.offload_param_frac < 0 || p.offload_param_frac > 1 || p.offload_optim_frac < 0 || p.offload_optim_frac > 1)
         return td_error_set(TD_ERR_INVALID, "offload fractions must lie in [0, 1] (got %g and %g)",
                             p.offload_param_frac, p.offload_optim_frac);
+    if (p.shard_ranks > 1 && (p.shard_rank < 0 || p.shard_rank >= p.shard_ranks))
+        return td_error_set(TD_ERR_INVALID, "memmgr: shard rank %d of %d ranks", p.shard_rank, p.shard_ranks);
     td_memmgr *m = td_calloc(1, sizeof *m, TD_ROLE_META);
     if (!m) return TD_ERR_NOMEM;
     m->arena = arena;
@@ -204,12 +241,14 @@ td_status td_memmgr_layout(td_memmgr *m)
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         td_role role = mm_is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK;
+        ch->host_bytes = host_bytes_of(m, c); /* the homes are final now: a shard or the whole */
         if (wants_pageable(ch)) {
             /* Zero pages, untouched: the AdamW thread that updates a page
              * touches it first (NUMA first touch inside the local nodes). */
-            TD_TRY(td_hostmem_alloc(m->hostmem, ch->host_bytes, role, &ch->host));
+            size_t hb = ch->host_bytes ? ch->host_bytes : 1; /* a rank past a small chunk's end holds none of it */
+            TD_TRY(td_hostmem_alloc(m->hostmem, hb, role, &ch->host));
             ch->pageable = 1;
-            m->stats.host_pageable_bytes += td_hostmem_round(ch->host_bytes);
+            m->stats.host_pageable_bytes += td_hostmem_round(hb);
         } else {
             TD_TRY(td_hostpool_alloc(m->pool, ch->host_bytes, role, &ch->host));
             memset(ch->host, 0, ch->host_bytes);
@@ -810,7 +849,9 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
     for (int i = 0; i < n; i++) {
         set_state(m, ids[i], state);
         mm_tensor *t = &m->tensors[ids[i]];
-        dev_ptrs[i] = (char *)m->chunks[t->chunk].dev + mm_tensor_byte_offset(m, t);
+        const mm_chunk *ch = &m->chunks[t->chunk];
+        /* a shard: its start (the chunk's owner updates it whole) */
+        dev_ptrs[i] = (char *)ch->dev + (chunk_sharded(m, ch) ? 0 : mm_tensor_byte_offset(m, t));
     }
     for (int i = 0; i < k; i++) {
         mm_chunk *ch = &m->chunks[cs[i]];
@@ -874,6 +915,21 @@ td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n)
     return TD_OK;
 }
 
+td_status td_memmgr_written_on(td_memmgr *m, int id, td_queue q)
+{
+    td_status st;
+    if ((st = check_ids(m, &id, 1, "written on a queue"))) return st;
+    mm_chunk *ch = &m->chunks[m->tensors[id].chunk];
+    if (!ch->dev || ch->pins)
+        return td_error_set(TD_ERR_STATE, "memmgr: chunk %d written on a queue while %s", (int)(ch - m->chunks),
+                            ch->dev ? "still in COMPUTE" : "not resident");
+    td_copy_ticket t;
+    if ((st = td_copy_mark(m->engine, q, &t))) return st;
+    ch->load = t;  /* the next access waits for it */
+    ch->fence = t; /* and so do the slot's next owner and a write-back */
+    return TD_OK;
+}
+
 /* A valid host copy of one chunk: checks, then waits (see host_access). */
 static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
 {
@@ -906,6 +962,12 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
     td_status st;
     if ((st = check_ids(m, ids, n, "host access"))) return st;
     for (int i = 0; i < n; i++) {
+        const mm_chunk *ch = &m->chunks[m->tensors[ids[i]].chunk];
+        if (chunk_sharded(m, ch))
+            return td_error_set(TD_ERR_STATE, "memmgr: host access to '%s': its %s chunk %d holds only rank %d's shard "
+                                "on this host; use td_memmgr_chunk_host_access with td_memmgr_chunk_host_range",
+                                m->tensors[ids[i]].name, td_tensor_role_name(ch->role), ch->index,
+                                m->params.shard_rank);
         if (m->chunks[m->tensors[ids[i]].chunk].pins)
             return td_error_set(TD_ERR_STATE, "memmgr: host access to '%s' while its chunk is in COMPUTE on the device",
                                 m->tensors[ids[i]].name);
@@ -1012,7 +1074,7 @@ size_t td_memmgr_tensor_offset(const td_memmgr *m, int id) { return m->tensors[i
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id) { return m->tensors[id].numel; }
 const char *td_memmgr_tensor_name(const td_memmgr *m, int id) { return m->tensors[id].name; }
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id) { return m->tensors[id].state; }
-size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->chunks[c].host_bytes; }
+size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->laid_out ? m->chunks[c].host_bytes : host_bytes_of(m, c); }
 size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
 size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int c) { return m->chunks[c].used_numel; }
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int c) { return m->chunks[c].role; }

@@ -74,6 +74,40 @@ void td_topo_destroy(td_topo *t)
     td_free(t);
 }
 
+td_status td_topo_share(td_topo *t, int index, int count)
+{
+    if (count <= 1) return TD_OK;
+    if (index < 0 || index >= count) return td_error_set(TD_ERR_INVALID, "topology: share %d of %d", index, count);
+    int cores = hwloc_get_nbobjs_inside_cpuset_by_type(t->topology, t->local_cpus, HWLOC_OBJ_CORE);
+    if (cores <= 0) return TD_OK; /* no core objects: the OS places the threads */
+    int first = cores >= count ? index * cores / count : index % cores;
+    int last = cores >= count ? (index + 1) * cores / count : first + 1;
+    hwloc_cpuset_t set = hwloc_bitmap_alloc();
+    if (!set) return td_error_set(TD_ERR_NOMEM, "hwloc bitmap allocation failed");
+    for (int c = first; c < last; c++) {
+        hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(t->topology, t->local_cpus, HWLOC_OBJ_CORE, (unsigned)c);
+        if (core) hwloc_bitmap_or(set, set, core->cpuset);
+    }
+    if (hwloc_bitmap_iszero(set)) {
+        hwloc_bitmap_free(set);
+        return TD_OK;
+    }
+    hwloc_bitmap_free(t->local_cpus);
+    t->local_cpus = set;
+    t->local_cores = last - first;
+    char *gpu = strstr(t->description, "nearest GPU "), busid[32] = {0};
+    if (gpu) sscanf(gpu + 12, "%31[^;]", busid);
+    describe(t, gpu ? busid : NULL);
+    size_t len = strlen(t->description);
+    snprintf(t->description + len, sizeof t->description - len, "; share %d of %d", index + 1, count);
+    return TD_OK;
+}
+
+void td_topo_nodes_string(const td_topo *t, char *buf, size_t buf_bytes)
+{
+    hwloc_bitmap_list_snprintf(buf, buf_bytes, t->local_nodes);
+}
+
 const char *td_topo_describe(const td_topo *t) { return t->description; }
 int td_topo_local_cores(const td_topo *t) { return t->local_cores; }
 int td_topo_numa_nodes(const td_topo *t) { return t->numa_nodes; }

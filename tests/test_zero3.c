@@ -16,6 +16,10 @@
 #include "tidal/data.h"
 #include "tidal/dist.h"
 #include "tidal/shard.h"
+#include "tidal/memmgr.h"
+#include "tidal/arena.h"
+#include "tidal/copy.h"
+#include "tidal/hostpool.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -782,10 +786,195 @@ static void test_cli_mismatched_flags(void **state)
     if (!first || !strstr(first + 1, want) || !strstr(out, "codes 1 1")) fail_msg("%s", out);
 }
 
+/* The chunk manager sharded over N ranks (memmgr.h, shard_ranks): every
+ * param slot holds N equal shards of its chunk; an optimizer chunk holds
+ * rank r's shard alone (td_shard_range of its used elements) on the host
+ * (pageable under --policy cpu, pinned when homed on the device) and on the
+ * device (a slot of 1/N), a param chunk all of it; per-tensor host access to
+ * a shard is refused, the whole shard is writable through chunk access
+ * (ASan checks its bounds) and reaches the device intact. */
+static void test_memmgr_shards(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {1000, 37, 2048, 777, 5, 4096 + 3};
+    const int n_t = (int)(sizeof sizes / sizeof sizes[0]);
+    for (int place = 0; place < 2; place++)
+    for (int ranks = 1; ranks <= 4; ranks++) {
+        for (int rank = 0; rank < ranks; rank++) {
+            td_backend_params bpar = td_backend_default_params();
+            bpar.kind = TD_BACKEND_CPU;
+            td_backend *b;
+            TD_ASSERT_OK(td_backend_create(&bpar, &b));
+            td_hostpool_params hp = td_hostpool_default_params();
+            hp.slab_bytes = 4 * TD_MiB;
+            td_hostpool *pool;
+            td_arena *arena;
+            td_copy_engine *eng;
+            td_memmgr *m;
+            TD_ASSERT_OK(td_hostpool_create(b, NULL, &hp, &pool));
+            TD_ASSERT_OK(td_arena_create(b, 16 * TD_MiB, &arena));
+            TD_ASSERT_OK(td_copy_engine_create(b, NULL, &eng));
+            td_memmgr_params mp = td_memmgr_default_params();
+            mp.chunk_numel = 3000;
+            mp.placement = place ? TD_PLACEMENT_CUDA : TD_PLACEMENT_CPU;
+            mp.shard_ranks = ranks;
+            mp.shard_rank = rank;
+            mp.shard_align = 64;
+            TD_ASSERT_OK(td_memmgr_create(arena, pool, eng, &mp, &m));
+            int pid[8], mid[8];
+            for (int i = 0; i < n_t; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "p%d", i);
+                TD_ASSERT_OK(td_memmgr_register(m, name, sizes[i], TD_DTYPE_F32, TD_TENSOR_PARAM, &pid[i]));
+            }
+            for (int i = 0; i < n_t; i++) {
+                char name[32];
+                snprintf(name, sizeof name, "m%d", i);
+                TD_ASSERT_OK(td_memmgr_register(m, name, sizes[i], TD_DTYPE_F32, TD_TENSOR_ADAM_M, &mid[i]));
+            }
+            TD_ASSERT_OK(td_memmgr_layout(m));
+            TD_ASSERT_OK(td_memmgr_set_state(m, pid, n_t, TD_TENSOR_HOLD));
+            TD_ASSERT_OK(td_memmgr_set_state(m, mid, n_t, TD_TENSOR_HOLD));
+            for (int c = 0; c < td_memmgr_chunk_count(m); c++) {
+                size_t used = td_memmgr_chunk_numel_used(m, c), slot = td_memmgr_chunk_slot_bytes(m, c) / 4, hb, he;
+                td_shard_layout l;
+                TD_ASSERT_OK(td_memmgr_chunk_shard(m, c, &l));
+                assert_int_equal(l.ranks, ranks);
+                int opt = td_memmgr_chunk_role(m, c) == TD_TENSOR_ADAM_M;
+                assert_int_equal(td_memmgr_chunk_pageable(m, c), opt && !place);
+                if (opt && ranks > 1) { /* the shard alone, also on the device */
+                    assert_true(l.shard_numel <= slot);
+                    assert_int_equal(slot % 64, 0);
+                } else {
+                    assert_true(l.padded_numel <= slot);
+                    if (ranks > 1) assert_int_equal(slot % ((size_t)ranks * 64), 0);
+                }
+                size_t n = td_memmgr_chunk_host_range(m, c, &hb, &he);
+                if (opt && ranks > 1) {
+                    size_t wb, we;
+                    td_shard_range(&l, rank, &wb, &we);
+                    assert_int_equal(hb, wb);
+                    assert_int_equal(he, we);
+                } else {
+                    assert_int_equal(hb, 0);
+                    assert_int_equal(he, used);
+                }
+                assert_int_equal(td_memmgr_chunk_bytes(m, c), n * 4);
+                if (n) {
+                    float *h;
+                    TD_ASSERT_OK(td_memmgr_chunk_host_access(m, c, TD_ACCESS_WRITE, (void **)&h));
+                    for (size_t k = 0; k < n; k++) h[k] = (float)(hb + k);
+                }
+            }
+            if (place) { /* on the device: every tensor of a shard gives its start, which holds the shard */
+                int mc = td_memmgr_tensor_chunk(m, mid[n_t - 1]);
+                size_t hb, he, n = td_memmgr_chunk_host_range(m, mc, &hb, &he);
+                void *d[8];
+                TD_ASSERT_OK(td_memmgr_access(m, mid, n_t, TD_TENSOR_COMPUTE, 0, d));
+                float *back = td_malloc((n + 1) * sizeof(float), TD_ROLE_META);
+                assert_non_null(back);
+                int k = 0;
+                while (td_memmgr_tensor_chunk(m, mid[k]) != mc) k++;
+                TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_COMPUTE, back, d[k], n * sizeof(float)));
+                TD_ASSERT_OK(td_queue_sync(b, TD_QUEUE_COMPUTE));
+                for (size_t e = 0; e < n; e++) assert_true(back[e] == (float)(hb + e));
+                if (ranks > 1) assert_ptr_equal(d[n_t - 1], d[k]);
+                td_free(back);
+                TD_ASSERT_OK(td_memmgr_release(m, mid, n_t, TD_TENSOR_HOLD));
+            }
+            void *h;
+            td_status st = td_memmgr_host_access(m, &mid[0], 1, TD_ACCESS_READ, &h);
+            if (ranks > 1) assert_int_equal(st, TD_ERR_STATE);
+            else assert_int_equal(st, TD_OK);
+            td_error_clear();
+            TD_ASSERT_OK(td_memmgr_host_access(m, &pid[0], 1, TD_ACCESS_READ, &h)); /* params: whole */
+            td_memmgr_destroy(m);
+            td_copy_engine_destroy(eng);
+            td_arena_destroy(arena);
+            td_hostpool_destroy(pool);
+            td_backend_free(b);
+        }
+    }
+    /* a shard rank outside the ranks is refused */
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.shard_ranks = 2;
+    mp.shard_rank = 2;
+    td_memmgr *m = NULL;
+    assert_int_equal(td_memmgr_create(NULL, NULL, NULL, &mp, &m), TD_ERR_INVALID);
+    td_error_clear();
+}
+
+/* td_memmgr_written_on: a chunk written on the H2D queue after its release
+ * (ZeRO-3's gather) is read by the next access only once that write has
+ * landed, and its write-back carries it; in the cpu backend's debug mode a
+ * copy's destination holds poison (NaN) until the copy lands, so a read
+ * that is not ordered after it sees NaN.  Misuse is refused. */
+static void test_memmgr_written_on(void **state)
+{
+    (void)state;
+    td_backend *b = td_test_backend(1);
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = 4 * TD_MiB;
+    td_hostpool *pool;
+    td_arena *arena;
+    td_copy_engine *eng;
+    td_memmgr *m;
+    TD_ASSERT_OK(td_hostpool_create(b, NULL, &hp, &pool));
+    TD_ASSERT_OK(td_arena_create(b, 4 * TD_MiB, &arena));
+    TD_ASSERT_OK(td_copy_engine_create(b, NULL, &eng));
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    mp.placement = TD_PLACEMENT_CUDA;
+    TD_ASSERT_OK(td_memmgr_create(arena, pool, eng, &mp, &m));
+    int id, other;
+    enum { N = 4096 };
+    TD_ASSERT_OK(td_memmgr_register(m, "p", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &id));
+    TD_ASSERT_OK(td_memmgr_register(m, "q", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &other));
+    TD_ASSERT_OK(td_memmgr_layout(m));
+    assert_int_equal(td_memmgr_written_on(m, id, TD_QUEUE_H2D), TD_ERR_STATE); /* not resident */
+    td_error_clear();
+    float *src = td_malloc(N * sizeof(float), TD_ROLE_META), *back = td_malloc(N * sizeof(float), TD_ROLE_META);
+    assert_true(src && back);
+    for (int i = 0; i < N; i++) src[i] = (float)i + 0.5f;
+    for (int round = 0; round < 3; round++) {
+        void *d;
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d));
+        assert_int_equal(td_memmgr_written_on(m, id, TD_QUEUE_H2D), TD_ERR_STATE); /* still in COMPUTE */
+        td_error_clear();
+        td_copy_ticket used;
+        TD_ASSERT_OK(td_copy_mark(eng, TD_QUEUE_COMPUTE, &used));
+        TD_ASSERT_OK(td_copy_order(eng, TD_QUEUE_H2D, &used));
+        TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_H2D, d, src, N * sizeof(float)));
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_memmgr_written_on(m, id, TD_QUEUE_H2D));
+        /* the next access, read on the compute queue */
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, 0, &d));
+        TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_COMPUTE, back, d, N * sizeof(float)));
+        TD_ASSERT_OK(td_queue_sync(b, TD_QUEUE_COMPUTE));
+        for (int i = 0; i < N; i++)
+            if (back[i] != src[i]) fail_msg("round %d: element %d read %g before the H2D write landed", round, i, back[i]);
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        /* and the host copy, through the write-back */
+        float *h;
+        TD_ASSERT_OK(td_memmgr_host_access(m, &id, 1, TD_ACCESS_READ, (void **)&h));
+        for (int i = 0; i < N; i++) assert_true(h[i] == src[i]);
+        for (int i = 0; i < N; i++) src[i] += 1.0f;
+    }
+    td_free(src);
+    td_free(back);
+    td_memmgr_destroy(m);
+    td_copy_engine_destroy(eng);
+    td_arena_destroy(arena);
+    td_hostpool_destroy(pool);
+    td_backend_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_layout),
+        cmocka_unit_test(test_memmgr_shards),
+        cmocka_unit_test(test_memmgr_written_on),
         cmocka_unit_test(test_loader_slices),
         cmocka_unit_test(test_agree),
         cmocka_unit_test(test_dead_peers),

@@ -90,6 +90,19 @@ td_status td_train_decay_setup(td_trainer *t)
         } else
             cr[kept++] = cr[i];
     }
+    if (t->ranks > 1) { /* ZeRO-3: the part of each list in this rank's shard, in shard coordinates */
+        int in = 0;
+        for (int i = 0; i < kept; i++) {
+            size_t b, e;
+            td_memmgr_chunk_host_range(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, cr[i].chunk), &b, &e);
+            if (cr[i].r.end <= b || cr[i].r.begin >= e) continue;
+            cr[in] = cr[i];
+            cr[in].r.begin = (cr[i].r.begin > b ? cr[i].r.begin : b) - b;
+            cr[in].r.end = (cr[i].r.end < e ? cr[i].r.end : e) - b;
+            in++;
+        }
+        kept = in;
+    }
     t->n_no_decay = kept;
     for (int i = 0; i < kept; i++) {
         t->no_decay[i] = cr[i].r;

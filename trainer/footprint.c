@@ -77,6 +77,9 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg)
         mp.min_chunk_numel = big > 4096 ? big : 4096;
         mp.max_chunk_numel = span > mp.min_chunk_numel ? span : mp.min_chunk_numel;
     }
+    mp.shard_ranks = cfg->ranks > 1 ? cfg->ranks : 0;
+    mp.shard_rank = cfg->ranks > 1 ? cfg->rank : 0;
+    mp.shard_align = td_train_shard_align(cfg);
     return mp;
 }
 
@@ -201,4 +204,11 @@ void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n)
     if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
     const uint16_t *s = src;
     for (size_t i = 0; i < n; i++) dst[i] = dt == TD_DTYPE_BF16 ? td_f32_from_bf16(s[i]) : td_f32_from_f16(s[i]);
+}
+
+size_t td_train_shard_align(const td_train_config *cfg)
+{
+    /* int8 moments: a shard starts on a scale block, so its blocks are the
+     * whole chunk's and the update is the one a single rank makes. */
+    return cfg->optim.state == TD_OPTIM_STATE_INT8 ? TD_ADAM_INT8_BLOCK : 64;
 }

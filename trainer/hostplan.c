@@ -140,12 +140,13 @@ td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_top
         int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k), pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k);
         if (!td_memmgr_chunk_pageable(mm, mc)) continue;
         void *master, *m, *v; /* zeros over zeros: reads suffice, no version changes */
+        size_t b, e, numel = td_memmgr_chunk_host_range(mm, mc, &b, &e); /* a rank's shard under ZeRO-3 */
+        if (!numel) continue;
         TD_TRY(td_memmgr_chunk_host_access(mm, sc >= 0 ? sc : pc, TD_ACCESS_READ, &master));
+        if (sc < 0) master = (float *)master + b; /* fp32 params are the master, whole on every rank */
         TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_READ, &m));
         TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_READ, &v));
-        /* elements: the master's (fp32); compact moments are sized from them */
-        td_adam_chunk ch = { .master = master, .m = m, .v = v, .state = cfg->optim.state,
-                             .numel = td_memmgr_chunk_bytes(mm, sc >= 0 ? sc : pc) / sizeof(float) };
+        td_adam_chunk ch = { .master = master, .m = m, .v = v, .state = cfg->optim.state, .numel = numel };
         TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
     }
 cleanup:
@@ -159,7 +160,7 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
     size_t pageable = 0;
     int n_chunks = td_memmgr_chunk_count(mm);
     for (int c = 0; c < n_chunks; c++) {
-        if (td_memmgr_chunk_pageable(mm, c)) pageable += td_hostmem_round(td_memmgr_chunk_bytes(mm, c));
+        if (td_memmgr_chunk_pageable(mm, c)) { size_t b = td_memmgr_chunk_bytes(mm, c); pageable += td_hostmem_round(b ? b : 1); }
     }
     size_t slab = td_train_host_slab_bytes(mm, cfg);
     td_hostpool_stats hs;
@@ -194,6 +195,13 @@ td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *
         if (st) return st;
     }
     *pin_limit = cfg->host_pin_limit ? cfg->host_pin_limit : *ram / 10 * 8;
+    if (cfg->ranks > 1 && cfg->local_ranks > 1) { /* the host's figures, shared by its ranks */
+        size_t k = (size_t)cfg->local_ranks, len = strlen(source);
+        *ram /= k;
+        *pin_limit /= k;
+        snprintf(source + len, source_bytes > len ? source_bytes - len : 0, "; this rank's 1/%zu, %d ranks on the host",
+                 k, cfg->local_ranks);
+    }
     return TD_OK;
 }
 

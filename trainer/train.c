@@ -30,6 +30,13 @@
 static td_status setup_optimizer(td_trainer *t);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
+/* The host waits for the compute queue: through the communicator when there
+ * is one, so that a collective a dead peer never finishes ends in an error
+ * within --comm-timeout instead of a hang (dist.h). */
+static td_status compute_sync(td_trainer *t)
+{
+    return t->comm ? td_comm_wait(t->comm, TD_QUEUE_COMPUTE) : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
+}
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
 static size_t E_of(const td_trainer *t) { return td_dtype_bytes(t->dt); }
 
@@ -50,19 +57,48 @@ static td_status register_tensors(td_trainer *t)
     return td_train_register_model(t->mm, &t->cfg, t->pid);
 }
 
+/* ZeRO-3 with 16-bit params: tensor i initialised whole (every rank alike),
+ * rounded into the params' host copy, and the part in this rank's shard of
+ * its master chunk kept there. */
+static td_status init_master_shard(td_trainer *t, int i, void *host, size_t numel)
+{
+    td_memmgr *mm = t->mm;
+    int sc = td_memmgr_tensor_chunk(mm, t->sid[i]);
+    size_t off = td_memmgr_tensor_offset(mm, t->sid[i]), b, e, from, to;
+    float *whole = td_malloc(numel * sizeof(float), TD_ROLE_META), *shard;
+    if (!whole) return td_error_set(TD_ERR_NOMEM, "initialising tensor %d (%zu elements)", i, numel);
+    td_gpt_ref_init_tensor(&t->cfg.model, i, whole, t->cfg.seed);
+    td_train_from_f32(host, t->dt, whole, numel);
+    td_memmgr_chunk_host_range(mm, sc, &b, &e);
+    td_status st = TD_OK;
+    if (off < e && off + numel > b && !(st = td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, (void **)&shard))) {
+        from = off > b ? off : b;
+        to = off + numel < e ? off + numel : e;
+        memcpy(shard + (from - b), whole + (from - off), (to - from) * sizeof(float));
+    }
+    td_free(whole);
+    return st;
+}
+
 /* Params from the seeded init, written into their host copies; m and v
  * start at zero (the layout zeroes host copies). */
 static td_status init_state(td_trainer *t)
 {
     td_status st = TD_OK;
-    for (int i = 0; i < t->n_tensors; i++) {
+    for (int i = 0; i < t->n_tensors; i++) { /* first, so that whole chunks may be written (a shard) */
         int hold[4] = {t->pid[i], t->mid[i], t->vid[i], t->sid[i]};
         TD_TRY(td_memmgr_set_state(t->mm, hold, t->sid[i] >= 0 ? 4 : 3, TD_TENSOR_HOLD));
+    }
+    for (int i = 0; i < t->n_tensors; i++) {
         void *host;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
         if (t->sid[i] < 0) {
             td_gpt_ref_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
+            continue;
+        }
+        if (t->ranks > 1) {
+            TD_TRY(init_master_shard(t, i, host, numel));
             continue;
         }
         void *master;
@@ -113,6 +149,28 @@ cleanup:
     return st;
 }
 
+/* Ranks on one host near the same NUMA node(s) (every rank on the cpu
+ * backend, GPUs behind one socket) split those nodes' cores: each AdamW
+ * team gets its own share (topo.h), its memory stays on the nodes. */
+static td_status share_cores(td_trainer *t)
+{
+    char host[256] = "", nodes[64] = "";
+    gethostname(host, sizeof host - 1);
+    td_topo_nodes_string(t->topo, nodes, sizeof nodes);
+    uint64_t mine = 1469598103934665603ull; /* FNV-1a of host and nodes */
+    for (const char *s = host; *s; s++) mine = (mine ^ (unsigned char)*s) * 1099511628211ull;
+    mine = (mine ^ '/') * 1099511628211ull;
+    for (const char *s = nodes; *s; s++) mine = (mine ^ (unsigned char)*s) * 1099511628211ull;
+    uint64_t *all = td_malloc((size_t)t->ranks * sizeof *all, TD_ROLE_META);
+    if (!all) return TD_ERR_NOMEM;
+    td_status st = td_comm_host_allgather(t->comm, &mine, sizeof mine, all);
+    int index = 0, count = 0;
+    for (int r = 0; !st && r < t->ranks; r++)
+        if (all[r] == mine) index += r < t->rank, count++;
+    td_free(all);
+    return st ? st : td_topo_share(t->topo, index, count);
+}
+
 td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
 {
     td_status st = TD_OK;
@@ -123,9 +181,24 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
     t->cfg = *cfg;
     *out = t; /* destroy frees whatever was taken if a later step fails */
+    t->ranks = cfg->ranks > 1 ? cfg->ranks : 1;
+    t->rank = t->ranks > 1 ? cfg->rank : 0;
+    if (t->ranks > 1 && (!cfg->dist || cfg->dist->size != cfg->ranks || cfg->dist->rank != cfg->rank))
+        TD_FAIL(TD_ERR_INVALID, "rank %d of %d ranks: td_train_config.dist must describe that job", cfg->rank,
+                cfg->ranks);
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg->backend;
+    if (t->ranks > 1) bp.cuda_device = cfg->dist->local_rank; /* rank r: GPU LOCAL_RANK */
     TD_TRY(td_backend_create(&bp, &t->backend));
+    if (t->ranks > 1) { /* join the job, and refuse disagreeing ranks before anything is allocated */
+        td_comm_params cp = td_comm_default_params();
+        if (cfg->comm_timeout_ms > 0) cp.timeout_ms = cfg->comm_timeout_ms;
+        TD_TRY(td_comm_create(cfg->dist, t->backend, &cp, &t->comm));
+        if (cfg->n_agree) TD_TRY(td_comm_agree(t->comm, cfg->agree, cfg->n_agree));
+    }
+    t->cfg.dist = NULL; /* the caller's, used only here */
+    t->cfg.agree = NULL;
+    t->cfg.n_agree = 0;
     t->cfg.backend = td_backend_get_kind(t->backend); /* AUTO resolved: the plan below sizes for it */
     cfg = &t->cfg;
     if (t->cfg.backend == TD_BACKEND_CPU && cfg->precision != TD_DTYPE_F32)
@@ -133,6 +206,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                 td_dtype_name(cfg->precision));
     t->dt = t->gdt = cfg->precision;
     TD_TRY(td_topo_create(t->backend, &t->topo));
+    if (t->ranks > 1) TD_TRY(share_cores(t));
     TD_TRY(td_hostmem_create(t->topo, &t->hostmem)); /* on the AdamW team's node(s) */
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
@@ -202,6 +276,11 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_adam_cpu_create(&ap, &t->adam));
     TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
+    if (t->ranks > 1) { /* the first step gathers too (the same params on every rank): see pending_update */
+        t->pending_next = 0;
+        t->pending_end = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+        t->pending_update = 0;
+    }
     td_host_usage hu;
     TD_TRY(td_trainer_host_usage(t, &hu)); /* the footprint's first sample */
     return TD_OK;
@@ -231,6 +310,7 @@ void td_trainer_destroy(td_trainer *t)
     td_hostpool_destroy(t->pool);
     td_hostmem_destroy(t->hostmem);
     td_topo_destroy(t->topo);
+    td_comm_destroy(t->comm);
     td_backend_free(t->backend);
     td_free(t->pid);
     td_free(t->group);
@@ -238,6 +318,8 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->gids_scratch);
     td_free(t->ptrs);
     td_free(t->optim_on_gpu);
+    td_free(t->rs_left);
+    td_free(t->sumsq_all);
     td_train_decay_free(t);
     td_free(t);
 }
@@ -265,6 +347,8 @@ static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of
 /* ---- the deferred optimizer updates ------------------------------------------ */
 
 static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats);
+static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c);
+static td_status gather_param_chunk(td_trainer *t, int k);
 static int chunk_on_gpu(const td_trainer *t, int k);
 
 /* The pending AdamW of param chunks up to role index `upto`; when the last
@@ -273,12 +357,21 @@ static td_status catch_up(td_trainer *t, int upto)
 {
     if (!t->pending_end) return TD_OK;
     for (; t->pending_next <= upto && t->pending_next < t->pending_end; t->pending_next++) {
+        td_status st = TD_OK;
+        if (t->ranks > 1) { /* ZeRO-3: this rank's shard, then the chunk gathered from every rank's */
+            int k = t->pending_next;
+            if (t->pending_update && !chunk_on_gpu(t, k)) st = update_shard_host(t, k, &t->pending_coeffs);
+            if (!st) st = gather_param_chunk(t, k);
+            if (st) return st;
+            continue;
+        }
         if (chunk_on_gpu(t, t->pending_next)) continue; /* updated on the device */
-        td_status st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
+        st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
         if (st) return st;
     }
     if (t->pending_next < t->pending_end) return TD_OK;
     t->pending_end = 0;
+    if (t->ranks > 1 && !t->pending_update) return TD_OK; /* gathers alone: no grads held */
     return td_memmgr_set_state(t->mm, t->gid, t->n_tensors, TD_TENSOR_FREE);
 }
 
@@ -298,7 +391,12 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
     return catch_up(t, upto + CATCH_AHEAD);
 }
 
-td_status td_trainer_finish_update(td_trainer *t) { return catch_up(t, INT_MAX); }
+td_status td_trainer_finish_update(td_trainer *t)
+{
+    td_status st = catch_up(t, INT_MAX);
+    /* ZeRO-3: the gathers done (bounded) before the host reads what they wrote (a save) */
+    return st || !t->comm ? st : compute_sync(t);
+}
 
 /* ---- the model ops, on whichever backend runs them ---------------------------- */
 
@@ -443,6 +541,119 @@ static td_status writeback_host_grads(td_trainer *t, const int *gids, int n)
     return m ? td_memmgr_writeback_async(t->mm, keep, m) : TD_OK;
 }
 
+/* ---- ZeRO-3: the collectives of a chunk ------------------------------------------ */
+
+static td_status access_chunk(td_trainer *t, const int *role_ids, int k, unsigned flags, void **base);
+static td_status release_chunk(td_trainer *t, const int *role_ids, int k, td_tensor_state to);
+
+static int param_chunk_of(const td_trainer *t, int id, td_tensor_role role)
+{
+    return td_memmgr_tensor_chunk(t->mm, id) - td_memmgr_role_chunk(t->mm, role, 0);
+}
+
+/* The last micro-batch's grads of param chunk k are complete: the chunk's
+ * grads of every rank are summed, each rank keeping its shard of the sum
+ * (reduce-scatter in place on the device chunk, whose slot holds the N
+ * shards: memmgr.h), and that shard goes to its host with the write-back
+ * that follows.  Each rank's loss was weighted 1/(ranks x rows x accum), so
+ * the sum is the mean over the global batch, as one rank computes it.
+ * The reduce-scatter runs on the D2H queue, after the kernels that wrote
+ * the grads and before the chunk's write-back on that queue, so the
+ * backward of the next blocks goes on beside it (NCCL); the write-back's
+ * ticket, which the chunk's slot and host copy wait for, covers it. */
+static td_status reduce_grad_chunk(td_trainer *t, int k)
+{
+    td_status st = TD_OK;
+    int gc = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, k);
+    td_shard_layout l;
+    td_copy_ticket written = {0};
+    void *g;
+    size_t E = td_dtype_bytes(t->gdt);
+    TD_TRY(td_memmgr_chunk_shard(t->mm, gc, &l));
+    TD_TRY(access_chunk(t, t->gid, k, TD_ACCESS_WRITE, &g));
+    /* The padding past the last tensor: zeros, whatever the slot held before. */
+    if (l.padded_numel > l.numel) TD_TRY(zero(t, (char *)g + l.numel * E, (l.padded_numel - l.numel) * E));
+    TD_TRY(td_copy_mark(t->engine, TD_QUEUE_COMPUTE, &written));
+    TD_TRY(td_copy_order(t->engine, TD_QUEUE_D2H, &written));
+    TD_TRY(td_comm_reduce_scatter(t->comm, g, (char *)g + (size_t)t->rank * l.shard_numel * E, l.shard_numel, t->gdt,
+                                  TD_QUEUE_D2H));
+    TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
+cleanup:
+    return st;
+}
+
+/* Counts down the grads the last micro-batch finished (gids, just released
+ * READY_FOR_REDUCE); a chunk whose grads are all done is reduced now, in the
+ * order the backward finishes them, which is every rank's. */
+static td_status reduce_finished_grads(td_trainer *t, const int *gids, int n)
+{
+    if (t->ranks == 1) return TD_OK;
+    for (int i = 0; i < n; i++) {
+        int k = param_chunk_of(t, gids[i], TD_TENSOR_GRAD);
+        if (--t->rs_left[k] == 0) {
+            td_status st = reduce_grad_chunk(t, k);
+            if (st) return st;
+        }
+    }
+    return TD_OK;
+}
+
+/* Before a step's last micro-batch: every grad tensor of each chunk still to finish. */
+static void reduce_begin(td_trainer *t)
+{
+    if (t->ranks == 1) return;
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    for (int k = 0; k < chunks; k++) t->rs_left[k] = t->group_start[k + 1] - t->group_start[k];
+}
+
+/* Param chunk k's new shard (this rank's update, in its host copy or on the
+ * device) joins the others': the chunk is loaded (its other shards are
+ * stale) and all-gathered in place on the device, which leaves the device
+ * copy the newest.  Called in the forward, just before the chunk's first
+ * use (catch_up), so the CPU AdamW of the next chunks runs beside the GPU. */
+static td_status gather_param_chunk(td_trainer *t, int k)
+{
+    td_status st = TD_OK;
+    int pc = td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, k);
+    td_shard_layout l;
+    void *p;
+    size_t E = td_dtype_bytes(t->dt);
+    td_copy_ticket used = {0};
+    int id = t->pid[t->group[t->group_start[k]]];
+    TD_TRY(td_memmgr_chunk_shard(t->mm, pc, &l));
+    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+    /* On the H2D queue, behind the chunk's load and after the kernels that
+     * last used its slot, so the blocks before it compute meanwhile; the
+     * chunk's next access waits for it (td_memmgr_written_on). */
+    TD_TRY(td_copy_mark(t->engine, TD_QUEUE_COMPUTE, &used));
+    TD_TRY(td_copy_order(t->engine, TD_QUEUE_H2D, &used));
+    TD_TRY(td_comm_all_gather(t->comm, (char *)p + (size_t)t->rank * l.shard_numel * E, p, l.shard_numel, t->dt,
+                              TD_QUEUE_H2D));
+    TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
+    TD_TRY(td_memmgr_written_on(t->mm, id, TD_QUEUE_H2D));
+    /* The whole chunk back to its host copy now, beside the next gathers:
+     * an eviction of the chunk is then free, and the next step's update
+     * finds its host copy current.  A GPU AdamW's chunk stays (its host
+     * copy is brought up to date only when read: a checkpoint). */
+    if (!chunk_on_gpu(t, k)) TD_TRY(td_memmgr_writeback_async(t->mm, &id, 1));
+cleanup:
+    return st;
+}
+
+/* Every rank's `n` doubles summed in rank order (the same bits on every rank). */
+static td_status sum_over_ranks(td_trainer *t, double *v, int n)
+{
+    if (t->ranks == 1) return TD_OK;
+    td_status st = td_comm_host_allgather(t->comm, v, (size_t)n * sizeof(double), t->sumsq_all);
+    if (st) return st;
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int r = 0; r < t->ranks; r++) s += t->sumsq_all[(size_t)r * (size_t)n + (size_t)i];
+        v[i] = s;
+    }
+    return TD_OK;
+}
+
 /* Forward through the blocks and the head with its backward; then the blocks'
  * backward.  `last`: the final micro-batch of the step (grads complete). */
 static td_status micro_batch(td_trainer *t, double dloss, int last, int train, double *loss_sum)
@@ -455,6 +666,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     void *p[TD_GPT_REF_BLOCK_TENSORS], *g[TD_GPT_REF_BLOCK_TENSORS];
     int ids[TD_GPT_REF_BLOCK_TENSORS], gids[TD_GPT_REF_BLOCK_TENSORS];
     td_tensor_state grad_done = last ? TD_TENSOR_READY_FOR_REDUCE : TD_TENSOR_HOLD_AFTER_BWD;
+    if (last && train) reduce_begin(t);
 
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->tokens, t->h_tokens, N * sizeof(int32_t)));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
@@ -491,12 +703,12 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         ghead[k] = t->gid[hi[k]];
     }
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
-    TD_TRY(td_trainer_finish_update(t)); /* ln_f is the last chunk: nothing stays pending into backward */
+    TD_TRY(catch_up(t, INT_MAX)); /* ln_f is the last chunk: nothing stays pending into backward */
     TD_TRY(td_memmgr_access(mm, head, nh, TD_TENSOR_COMPUTE, 0, p));
     const void *xL = resid_at(t, L);
     TD_TRY(op_head_forward(t, p, xL, dloss, train));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
-    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    TD_TRY(compute_sync(t));
     double sum = 0;
     for (size_t i = 0; i < N; i++) sum += t->h_losses[i];
     *loss_sum += sum;
@@ -517,6 +729,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     /* A tied wte's grad still takes the embedding's part below. */
     TD_TRY(td_memmgr_release(mm, ghead, nh - tied, grad_done));
     if (tied) TD_TRY(td_memmgr_release(mm, ghead + nh - 1, 1, TD_TENSOR_HOLD_AFTER_BWD));
+    if (last) TD_TRY(reduce_finished_grads(t, ghead, nh - tied));
     if (last) TD_TRY(writeback_host_grads(t, ghead, nh - tied));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
@@ -538,6 +751,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));
+        if (last) TD_TRY(reduce_finished_grads(t, gids, nb));
         if (last) TD_TRY(writeback_host_grads(t, gids, nb));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
@@ -550,6 +764,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_memmgr_access(mm, gemb, ne, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
     TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
     TD_TRY(td_memmgr_release(mm, gemb, ne, grad_done));
+    if (last) TD_TRY(reduce_finished_grads(t, gemb, ne));
     if (last) TD_TRY(writeback_host_grads(t, gemb, ne));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
@@ -602,9 +817,17 @@ static td_status device_chunk_sumsq(td_trainer *t, int k, int chunks)
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-    void *g;
-    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
+    char *g;
+    TD_TRY(access_chunk(t, t->gid, k, 0, (void **)&g));
     size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k)) / td_dtype_bytes(t->gdt);
+    if (t->ranks > 1) { /* ZeRO-3: this rank's shard of the reduced grads */
+        size_t b, e;
+        numel = td_memmgr_chunk_host_range(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), &b, &e);
+        g += b * td_dtype_bytes(t->gdt);
+    }
+    if (!numel) { /* a rank past the end of a small chunk: its sum is the zero it starts at */
+        t->h_sumsq[chunks + k] = 0;
+    } else
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
         TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc + k, t->dev_sumsq_scratch, stream_of(t)));
@@ -640,22 +863,29 @@ static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs 
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-    void *g, *p, *m, *v, *master;
-    TD_TRY(access_chunk(t, t->gid, k, 0, &g));
-    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
+    char *g, *p;
+    void *m, *v, *master;
+    size_t numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) / td_dtype_bytes(t->dt);
+    TD_TRY(access_chunk(t, t->gid, k, 0, (void **)&g));
+    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, (void **)&p));
     TD_TRY(access_chunk(t, t->mid, k, TD_ACCESS_WRITE, &m));
     TD_TRY(access_chunk(t, t->vid, k, TD_ACCESS_WRITE, &v));
+    if (t->ranks > 1) { /* ZeRO-3: this rank's shard of the chunk (master, m, v hold it alone) */
+        size_t b, e;
+        numel = td_memmgr_chunk_host_range(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), &b, &e);
+        g += b * td_dtype_bytes(t->gdt);
+        p += b * td_dtype_bytes(t->dt);
+    }
     master = p;
     if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
                          .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
-                         .numel = td_memmgr_chunk_bytes(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k)) /
-                                  td_dtype_bytes(t->dt) };
+                         .numel = numel };
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
+    if (on_cuda(t) && numel) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
     else
 #endif
-        TD_TRY(td_train_adam_chunk_cpu(t, k, c, &ch));
+    if (numel) TD_TRY(td_train_adam_chunk_cpu(t, k, c, &ch));
     TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_HOLD)); /* consumed with the host's (FREE below or in catch_up) */
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD)); /* to HOLD with the host's below */
     TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
@@ -676,7 +906,12 @@ static td_status setup_optimizer(td_trainer *t)
     int n = t->n_tensors, chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
     int first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
     TD_TRY(td_hostpool_alloc(t->pool, 2 * ((size_t)chunks + 1) * sizeof(double), TD_ROLE_STAGING, (void **)&t->h_sumsq));
-    if (!t->gpu_opt) return TD_OK;
+    if (!t->gpu_opt && t->ranks == 1) return TD_OK;
+    if (t->ranks > 1) {
+        t->rs_left = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
+        t->sumsq_all = td_calloc((size_t)t->ranks * ((size_t)chunks + 1), sizeof(double), TD_ROLE_META);
+        if (!t->rs_left || !t->sumsq_all) return TD_ERR_NOMEM;
+    }
     t->group = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
     t->group_start = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
     t->gids_scratch = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
@@ -736,8 +971,95 @@ static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
     return global;
 }
 
+/* ZeRO-3: AdamW of this rank's shard of param chunk i, on its host copies
+ * (the grads' and params' host copies are whole chunks, of which the shard
+ * [b, e) is this rank's; master, m and v hold the shard alone). */
+static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
+    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
+    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i);
+    size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
+    char *p, *g;
+    void *m, *v, *master;
+    if (!n) return TD_OK; /* a rank past the end of a small chunk */
+    TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
+    TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, (void **)&p));
+    TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
+    TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
+    master = p + b * sizeof(float);
+    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &master));
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
+                         .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
+                         .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
+    TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch)); /* its no-decay list is the shard's (decay.c) */
+cleanup:
+    return st;
+}
+
+/* ZeRO-3's optimizer step: the global grad norm from every rank's shard
+ * sums (all ranks get the same bits, so they clip alike and skip a
+ * non-finite step together), AdamW of this rank's shard of every chunk,
+ * then each chunk's params all-gathered on the device. */
+static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    /* Every reduce-scatter done (bounded), before the host waits on the
+     * write-backs queued behind them. */
+    TD_TRY(compute_sync(t));
+    TD_TRY(td_comm_wait(t->comm, TD_QUEUE_D2H));
+    /* The GPU AdamW's chunks' shard sums on the device first, then the host's. */
+    if (t->gpu_opt && !on_cuda(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
+    if (t->gpu_opt && on_cuda(t)) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
+    for (int i = 0; i < chunks; i++)
+        if (chunk_on_gpu(t, i)) TD_TRY(device_chunk_sumsq(t, i, chunks));
+    for (int i = 0; i < chunks; i++) {
+        int gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i), mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i);
+        size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
+        char *g;
+        td_grad_stats part = {0};
+        if (n && !chunk_on_gpu(t, i)) {
+            TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
+            TD_TRY(td_adam_cpu_grad_stats(t->adam, g + b * td_dtype_bytes(t->gdt), (td_optim_dtype)t->gdt, n, &part));
+        }
+        t->h_sumsq[i] = part.sumsq;
+    }
+    TD_TRY(gather_device_sumsq(t, chunks));
+    for (int i = 0; i < chunks; i++)
+        if (chunk_on_gpu(t, i)) t->h_sumsq[i] = t->h_sumsq[chunks + i];
+    /* every rank's, chunk by chunk in rank order, then the chunks in order: the same bits everywhere */
+    TD_TRY(sum_over_ranks(t, t->h_sumsq, chunks));
+    td_grad_stats global = {0};
+    for (int i = 0; i < chunks; i++) {
+        td_grad_stats part = { .sumsq = t->h_sumsq[i] };
+        td_grad_stats_merge(&global, &part);
+    }
+    TD_TRY(begin_step(t, &global, os));
+    /* The GPU's shards now (queued behind the backward); the host's, and
+     * every chunk's gather, in the next forward, each just before the
+     * chunk's first use (catch_up): the CPU updates chunk k + 1 while the
+     * GPU runs the blocks of chunk k.  A skipped step gathers too, so every
+     * step makes the same accesses. */
+    if (!os->skip)
+        for (int i = 0; i < chunks; i++)
+            if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &os->coeffs));
+    t->pending_next = 0;
+    t->pending_end = chunks;
+    t->pending_update = !os->skip;
+    t->pending_coeffs = os->coeffs;
+    if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
+cleanup:
+    return st;
+}
+
 static td_status optimizer_step(td_trainer *t, td_optim_step *os)
 {
+    if (t->ranks > 1) return optimizer_step_sharded(t, os);
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM), host_chunks = chunks - t->gpu_opt;
@@ -836,19 +1158,25 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
         targets += kept;
         /* Rows of a micro-batch are weighted 1/(B*T*accum): the mean of the
          * step when every target is kept, which the data loader ensures. */
-        double dloss = 1.0 / ((double)N * accum) * td_optim_loss_scale(&t->optim);
+        double dloss = 1.0 / ((double)N * accum * t->ranks) * td_optim_loss_scale(&t->optim);
         TD_TRY(micro_batch(t, dloss, k == accum - 1, 1, &loss_sum));
     }
     td_optim_step os;
     TD_TRY(optimizer_step(t, &os));
     TD_TRY(td_memmgr_step_end(t->mm));
+    {   /* the step's loss over the global batch: every rank's sums, in rank order */
+        double sums[2] = {loss_sum, (double)targets};
+        TD_TRY(sum_over_ranks(t, sums, 2));
+        loss_sum = sums[0];
+        targets = (size_t)sums[1];
+    }
     out->step = t->optim.step;
     out->loss = targets ? loss_sum / (double)targets : 0;
     out->lr = os.lr;
     out->grad_norm = os.grad_norm;
     out->skipped = os.skip;
     out->step_ms = td_now_ms() - t0;
-    out->tokens_per_s = (double)N * accum / (out->step_ms * 1e-3);
+    out->tokens_per_s = (double)N * accum * t->ranks / (out->step_ms * 1e-3); /* every rank's */
     td_memmgr_get_stats(t->mm, &out->mm);
 cleanup:
     return st;
@@ -865,12 +1193,19 @@ td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int 
         for (size_t i = 0; i < N; i++) targets += t->h_targets[i] >= 0;
         TD_TRY(micro_batch(t, 0, 0, 0, &sum));
     }
+    {
+        double sums[2] = {sum, (double)targets};
+        TD_TRY(sum_over_ranks(t, sums, 2));
+        sum = sums[0];
+        targets = (size_t)sums[1];
+    }
     *loss = targets ? sum / (double)targets : 0;
 cleanup:
     return st;
 }
 
 const td_train_config *td_trainer_config(const td_trainer *t) { return &t->cfg; }
+td_comm *td_trainer_comm(td_trainer *t) { return t->comm; }
 td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
 td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }
@@ -912,7 +1247,7 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
     size_t E = E_of(t);
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row,
                                  (char *)t->logits + (size_t)(n - 1) * (size_t)Vp * E, (size_t)V * E));
-    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    TD_TRY(compute_sync(t));
     td_train_to_f32(logits, t->h_row, t->dt, (size_t)V);
 cleanup:
     return st;

@@ -23,6 +23,12 @@ struct td_trainer {
      * (catch_up); pending_end 0: nothing pending. */
     int pending_next, pending_end;
     td_adam_coeffs pending_coeffs;
+    /* ZeRO-3 (ranks > 1): every chunk's params are all-gathered in the
+     * forward, just before their first use (catch_up), in every step, the
+     * first included, so the access sequence the chunk manager records is
+     * every step's; pending_update 0: gathers alone (the first step, or
+     * after a skipped one). */
+    int pending_update;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
     size_t budget_cap;                 /* free device memory minus a margin, when the budget was not given */
 
@@ -68,7 +74,20 @@ struct td_trainer {
      * NULL with --decay-all. */
     td_adam_range *no_decay, *dev_no_decay;
     int *no_decay_start, n_no_decay;
+    /* ZeRO-3 over cfg.ranks > 1 ranks (train.c): rs_left[k], grad tensors of
+     * param chunk k the last micro-batch has still to finish (then its
+     * grads are reduce-scattered); sumsq_all, every rank's per-chunk grad
+     * sumsq of its shard (ranks x chunks).  The no-decay lists above are
+     * then this rank's shard's, in shard coordinates. */
+    td_comm *comm;
+    int rank, ranks;
+    int *rs_left;
+    double *sumsq_all;
 };
+
+/* Elements a chunk's shard is rounded to (shard.h's align). */
+size_t td_train_shard_align(const td_train_config *cfg);
+
 
 /* The ranges, from the layout (decay.c); after td_memmgr_layout. */
 td_status td_train_decay_setup(td_trainer *t);

@@ -65,6 +65,7 @@
 #include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
 #include "tidal/policy.h"
+#include "tidal/shard.h"
 #include "tidal/status.h"
 #include "tidal/tensor_state.h"
 
@@ -118,6 +119,19 @@ typedef struct td_memmgr_params {
     const char *trace_out;                   /* write the warm-up trace here (tidal-trace 1), or NULL */
     td_hostmem *hostmem;                     /* pageable host copies (see above); NULL: the manager maps its
                                                 own, without NUMA binding.  Must outlive the manager. */
+    /* ZeRO-3 (shard.h): with shard_ranks > 1, every param, grad (and
+     * other) chunk's device slot is padded to a multiple of shard_ranks x
+     * shard_align elements, so that the gathered buffer of any chunk (N S
+     * elements) fits its slot; every optimizer chunk (MASTER, ADAM_M,
+     * ADAM_V) holds only rank shard_rank's shard of the chunk's used
+     * elements (td_memmgr_chunk_host_range), on the host and, homed there,
+     * on the device (a slot of 1/N the padded chunk): each rank's AdamW
+     * updates its shard alone.  Such a chunk is used only whole: through
+     * td_memmgr_chunk_host_access (td_memmgr_host_access refuses its
+     * tensors), and td_memmgr_access gives the shard's start for each of
+     * its tensors.  0 or 1: no sharding. */
+    int shard_ranks, shard_rank;
+    size_t shard_align;                      /* elements; 0 means 1 */
 } td_memmgr_params;
 
 td_memmgr_params td_memmgr_default_params(void);
@@ -194,6 +208,15 @@ td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
 size_t td_memmgr_chunk_bytes(const td_memmgr *m, int chunk);
 size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int chunk);
 size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int chunk);
+/* The elements [*begin, *end) of the chunk its host copy (and device copy)
+ * holds: [0, used) unsharded, the rank's shard of them for an optimizer
+ * chunk when params.shard_ranks > 1; the copy's element 0 is chunk element
+ * *begin.  Returns end - begin. */
+size_t td_memmgr_chunk_host_range(const td_memmgr *m, int chunk, size_t *begin, size_t *end);
+/* The shard layout of the chunk's used elements over params.shard_ranks
+ * ranks (1 rank when unsharded): what the collectives of its params and
+ * grads move (td_shard_layout.shard_numel per rank). */
+td_status td_memmgr_chunk_shard(const td_memmgr *m, int chunk, td_shard_layout *out);
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int chunk);
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int chunk);
 int td_memmgr_chunk_resident(const td_memmgr *m, int chunk);
@@ -213,6 +236,11 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
  * write no tensor of it may be FREE. */
 td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, void **host);
 td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
+/* The device copy of the chunk holding tensor `id` was just written by work
+ * queued on q (a collective on the H2D queue, say), after td_memmgr_release:
+ * its next access orders the compute queue after that work, and its slot is
+ * neither reused nor written back before it ends. */
+td_status td_memmgr_written_on(td_memmgr *m, int id, td_queue q);
 
 /* Device memory for non-model buffers, evicting chunks to make room. */
 td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, void **ptr);

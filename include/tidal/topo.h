@@ -32,6 +32,15 @@ const char *td_topo_describe(const td_topo *t);
 int td_topo_local_cores(const td_topo *t);   /* physical cores in the local set */
 int td_topo_numa_nodes(const td_topo *t);    /* NUMA nodes on the machine */
 
+/* Several processes near one NUMA node set (ranks of a job on one host):
+ * this one's share, slice `index` of `count` of the local cores (at least
+ * one core each), so that their AdamW teams do not share cores; memory
+ * stays bound to the same nodes.  count <= 1: nothing changes. */
+td_status td_topo_share(td_topo *t, int index, int count);
+/* The local NUMA nodes as a list ("0", "0-1"), e.g. to find the processes
+ * that share them. */
+void td_topo_nodes_string(const td_topo *t, char *buf, size_t buf_bytes);
+
 /* Binds the calling thread to the local cores.  Best effort: on a machine
  * that refuses binding, returns TD_ERR_UNSUPPORTED with the reason. */
 td_status td_topo_bind_thread(td_topo *t);

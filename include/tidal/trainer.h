@@ -21,6 +21,12 @@
  *             uploads: in the next step's forward, each chunk just before
  *             its first use (without clipping and loss scale, during this
  *             step's backward instead).
+ * On several ranks (td_train_config.ranks, ZeRO-3) each rank runs its slice
+ * of the global batch; a chunk's grads are reduce-scattered as soon as the
+ * last micro-batch's backward finishes them, each rank's AdamW updates its
+ * shard of every chunk (on the GPU for the chunks placed there, else on the
+ * host in the next forward), and each chunk's params are all-gathered on
+ * the device just before the next forward first uses them.
  * The first step is the chunk manager's warm-up (it records the access order
  * and plans placement, eviction and prefetch).  Activations are taken from
  * the arena once, at creation: no step allocates.
@@ -36,6 +42,7 @@
 #include <stdio.h>
 
 #include "tidal/backend.h"
+#include "tidal/dist.h"
 #include "tidal/dtype.h"
 #include "tidal/gpt_ref.h"
 #include "tidal/memmgr.h"
@@ -74,6 +81,28 @@ typedef struct td_train_config {
     int decay_all;                /* 1: weight decay on every tensor; 0: on the matrices only (2-D weights,
                                      embeddings included), not on norm gains and biases (docs/training.md) */
     int threads;                  /* CPU AdamW and ops; 0: all local cores */
+    /* Data parallelism with ZeRO-3 (docs/distributed.md): `ranks` processes
+     * (0 or 1: one), this one `rank`.  Every chunk is split over the ranks:
+     * each rank's host keeps its shard of the fp32 master and the AdamW
+     * moments and updates it alone; params are all-gathered into the device
+     * chunk after each update, grads reduce-scattered right after their
+     * last use in the backward.  micro_batch is per rank (the global batch
+     * is ranks x micro_batch x grad_accum).  The plan needs only the
+     * counts (per-rank bytes); the trainer joins the job `dist` describes
+     * (its rank and size must be these) with a communicator of its own on
+     * its backend (GPU dist->local_rank on cuda), whose waits for a peer
+     * end after comm_timeout_ms (0: td_comm_default_params'), and before it
+     * allocates anything checks that every rank passed the same `agree`
+     * settings (td_comm_agree: flags, model, data), failing on every rank
+     * with a message naming the first difference.  The pointers are used
+     * during td_trainer_create only. */
+    int ranks, rank;
+    int local_ranks;              /* of them on this host (0: unknown, taken as 1): each plans against 1/local_ranks
+                                     of the host's RAM and pin limit (--host-ram, --host-pin-limit) */
+    const td_dist_env *dist;
+    int comm_timeout_ms;
+    const td_dist_setting *agree;
+    size_t n_agree;
 } td_train_config;
 
 td_train_config td_train_default_config(void);
@@ -93,6 +122,8 @@ typedef struct td_step_result {
 } td_step_result;
 
 td_status td_trainer_create(const td_train_config *cfg, td_trainer **out);
+/* The trainer's communicator (cfg.ranks > 1), else NULL. */
+td_comm *td_trainer_comm(td_trainer *t);
 void td_trainer_destroy(td_trainer *t);
 
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);

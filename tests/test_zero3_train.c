@@ -1,0 +1,498 @@
+/* `tidal train` on several ranks (ZeRO-3, cpu backend): N ranks give the
+ * losses one rank gives on the same global batch (fp32, within 1e-5
+ * relative over 20 steps, grad-accum 2, clipping on, chunks whose lengths
+ * do not divide by the rank count), `--nproc 2` gives the bits of an
+ * environment launch (RANK, WORLD_SIZE, ... set by the test as torchrun
+ * would), a checkpoint saved on 2 ranks continues the single-rank run on 1
+ * and on 3 ranks (and one saved on 1 on 2; with int8 and bf16 moments
+ * too), a killed or stopped rank makes
+ * the other exit non-zero within --comm-timeout naming it, ranks with
+ * different flags are refused naming the flag, and a busy MASTER_PORT gives
+ * a clear error.  Runs the command of the same build (env TIDAL, else
+ * ./build/tidal or ./build-san/tidal); every wait is bounded. */
+#include "td_test.h"
+#include "td_ranks.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char tidal[512], tmp[64];
+
+/* A tiny GPT-2 whose chunks (1000-element capacity; 64-element shard
+ * alignment) hold lengths that 2 and 3 do not divide; grad-accum 2 and
+ * clipping that bites. */
+#define MODEL "--layers 2 --width 32 --heads 2 --seq 32 --backend cpu --lr 3e-3 --grad-accum 2 " \
+              "--chunk-numel 1000 --clip-grad-norm 0.5 --threads 1"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Starts `sh -c "exec CMD"` with stdout and stderr into `out`; with rank >= 0
+ * also the variables torchrun gives rank `rank` of `size` at port `port`. */
+static pid_t start(const char *out, int rank, int size, int port, const char *fmt, ...)
+{
+    char cmd[3072];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[3400];
+    snprintf(full, sizeof full, "exec %s > %s 2>&1", cmd, out);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        unsetenv("RANK");
+        unsetenv("WORLD_SIZE");
+        unsetenv("LOCAL_RANK");
+        unsetenv("LOCAL_WORLD_SIZE");
+        unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+        unsetenv("OMPI_COMM_WORLD_RANK");
+        unsetenv("SLURM_PROCID");
+        if (rank >= 0) {
+            char v[32];
+            snprintf(v, sizeof v, "%d", rank);
+            setenv("RANK", v, 1);
+            setenv("LOCAL_RANK", v, 1);
+            snprintf(v, sizeof v, "%d", size);
+            setenv("WORLD_SIZE", v, 1);
+            setenv("LOCAL_WORLD_SIZE", v, 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            snprintf(v, sizeof v, "%d", port);
+            setenv("MASTER_PORT", v, 1);
+        }
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits for pid at most `limit_s`; its exit status (128 + signal when
+ * killed); on the deadline it is killed and the test fails. */
+static int finish(pid_t pid, double limit_s, const char *what)
+{
+    double t0 = now_s();
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) break;
+        if (now_s() - t0 > limit_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fail_msg("%s still running after %.0f s", what, limit_s);
+        }
+        usleep(20000);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int run(const char *out, const char *fmt, const char *args)
+{
+    pid_t p = start(out, -1, 0, 0, fmt, tidal, args);
+    return finish(p, 240, args);
+}
+
+static char *slurp(const char *path)
+{
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    buf[0] = '\0';
+    if (!f) return buf;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* The per-step losses (and grad norms) of a --log file; returns the count. */
+static int read_log(const char *path, double *loss, double *norm, int max)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[8192];
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        char *l = strstr(line, "\"loss\":"), *g = strstr(line, "\"grad_norm\":");
+        if (!l || !g) continue;
+        loss[n] = strtod(l + 7, NULL);
+        if (norm) norm[n] = strtod(g + 12, NULL);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static void expect_close(const double *want, const double *got, int n, double rel, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= rel * fabs(want[i])))
+            fail_msg("%s: step %d: %.9g against %.9g (relative %.3g > %.0e)", what, i + 1, got[i], want[i],
+                     fabs(got[i] - want[i]) / fabs(want[i]), rel);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TIDAL");
+    snprintf(tidal, sizeof tidal, "%s", exe ? exe : "./build/tidal");
+    if (access(tidal, X_OK) != 0 && access("./build-san/tidal", X_OK) == 0) snprintf(tidal, sizeof tidal, "./build-san/tidal");
+    snprintf(tmp, sizeof tmp, "/tmp/tidal-zero3-XXXXXX");
+    if (!mkdtemp(tmp)) return -1;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "head -c 100000 /usr/share/games/fortunes/fortunes > %s/text && %s prepare --quiet "
+             "--input %s/text --out %s/ok.tok > %s/prepare.out 2>&1 && head -c 20000 %s/text > %s/text2 && "
+             "%s prepare --quiet --input %s/text2 --out %s/other.tok >> %s/prepare.out 2>&1", tmp, tidal, tmp, tmp, tmp,
+             tmp, tmp, tidal, tmp, tmp, tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The single-rank reference: micro-batch 6, 20 steps (made once). */
+#define STEPS 20
+static double ref_loss[STEPS], ref_norm[STEPS];
+static void reference(void)
+{
+    if (ref_loss[0] != 0) return;
+    char out[256], args[2048], log[256];
+    snprintf(out, sizeof out, "%s/ref.out", tmp);
+    snprintf(log, sizeof log, "%s/ref.jsonl", tmp);
+    snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 6 --steps %d --log %s", tmp, STEPS, log);
+    assert_int_equal(run(out, "%s train %s", args), 0);
+    assert_int_equal(read_log(log, ref_loss, ref_norm, STEPS), STEPS);
+}
+
+/* 2 and 3 ranks (--nproc) with micro-batch 3 and 2: one rank's losses and
+ * grad norms of the same global batch; each rank's AdamW on the CPU
+ * (--policy cpu), and on 2 ranks with half the optimizer chunks homed on
+ * the "device" (their shards updated there: the GPU AdamW's path) and 3
+ * ranks with all of them (--policy cuda); and 2 ranks under a budget that
+ * evicts chunks, in the cpu backend's debug mode. */
+static void test_ranks_match_one_rank(void **state)
+{
+    (void)state;
+    reference();
+    /* the budget that evicts: the plan's minimum for one rank of 2, and a little */
+    char tight[96], pout[256], pargs[1024];
+    snprintf(pout, sizeof pout, "%s/tight.out", tmp);
+    snprintf(pargs, sizeof pargs, "--data %s/ok.tok " MODEL " --micro-batch 3 --nproc 2 --policy cpu --ckpt off --json",
+             tmp);
+    assert_int_equal(run(pout, "%s plan %s", pargs), 0);
+    const char *mb = strstr(slurp(pout), "\"min_bytes\":");
+    assert_non_null(mb);
+    snprintf(tight, sizeof tight, "--policy cpu --ckpt off --gpu-budget %ld", strtol(mb + 12, NULL, 10) + 8192);
+    const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
+                                  "--policy cuda", tight};
+    for (int c = 0; c < 5; c++) {
+        int n = 2 + (c & 1);
+        char out[256], args[2048], log[256];
+        double loss[STEPS], norm[STEPS];
+        snprintf(out, sizeof out, "%s/n%d_%d.out", tmp, n, c);
+        snprintf(log, sizeof log, "%s/n%d_%d.jsonl", tmp, n, c);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --nproc %d --log %s %s",
+                 tmp, 6 / n, STEPS, n, log, policy[c]);
+        /* the last: chunks evicted and reloaded, under the cpu backend's debug
+         * mode (a copy's destination poisoned until it lands: a collective or
+         * an update that reads a chunk before its copy is done fails) */
+        int rc = run(out, c == 4 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s" : "%s train %s", args);
+        if (rc) fail_msg("%d ranks, %s: exit %d: %s", n, policy[c], rc, slurp(out));
+        assert_int_equal(read_log(log, loss, norm, STEPS), STEPS);
+        expect_close(ref_loss, loss, STEPS, 1e-5, n == 2 ? "loss, 2 ranks" : "loss, 3 ranks");
+        /* The norm of a step whose grads cancel heavily (this data's step
+         * 18 spikes to 15.8) carries the sums' reduction order further: 1e-3. */
+        expect_close(ref_norm, norm, STEPS, 1e-3, n == 2 ? "grad norm, 2 ranks" : "grad norm, 3 ranks");
+        /* rank 0 alone prints progress: one final "step 20/20" line */
+        const char *o = slurp(out), *first = strstr(o, "step 20/20");
+        assert_non_null(first);
+        assert_null(strstr(first + 1, "step 20/20"));
+        assert_non_null(strstr(o, "ZeRO-3"));
+    }
+}
+
+/* torchrun's variables, set here for two children, against --nproc 2: the
+ * same bits (the same reduction order). */
+static void test_env_launch_matches_nproc(void **state)
+{
+    (void)state;
+    char out[2][256], log[256], log2[256], args[1024];
+    snprintf(log, sizeof log, "%s/env.jsonl", tmp);
+    snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 6 --log %s", tmp, log);
+    int port = td_test_free_port();
+    pid_t p[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(out[r], sizeof out[r], "%s/env%d.out", tmp, r);
+        p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
+    }
+    for (int r = 0; r < 2; r++) {
+        int rc = finish(p[r], 240, "an environment-launched rank");
+        if (rc) fail_msg("rank %d: exit %d: %s", r, rc, slurp(out[r]));
+    }
+    assert_null(strstr(slurp(out[1]), "step 6/6")); /* rank 1 prints no progress */
+    char o[256];
+    snprintf(o, sizeof o, "%s/np.out", tmp);
+    snprintf(log2, sizeof log2, "%s/np.jsonl", tmp);
+    snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 6 --nproc 2 --log %s", tmp, log2);
+    assert_int_equal(run(o, "%s train %s", args), 0);
+    double a[6], b[6];
+    assert_int_equal(read_log(log, a, NULL, 6), 6);
+    assert_int_equal(read_log(log2, b, NULL, 6), 6);
+    for (int i = 0; i < 6; i++) assert_true(a[i] == b[i]);
+}
+
+/* Saved on 2 ranks after 10 steps (half the optimizer shards on the
+ * "device"), resumed on 1 and on 3: the single-rank run's steps 11..20;
+ * saved on 1, resumed on 2 likewise. */
+static void test_resume_on_other_rank_counts(void **state)
+{
+    (void)state;
+    reference();
+    struct { int save_n, resume_n; } cases[] = {{2, 1}, {2, 3}, {1, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char out[256], args[2048], log[256], ck[256];
+        int sn = cases[c].save_n, rn = cases[c].resume_n;
+        snprintf(ck, sizeof ck, "%s/ck%d", tmp, sn);
+        snprintf(out, sizeof out, "%s/save%d.out", tmp, sn);
+        if (c != 1) { /* case 1 resumes case 0's checkpoint */
+            snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --stop-after 10 "
+                     "--save %s%s", tmp, 6 / sn, STEPS, ck,
+                     sn > 1 ? " --nproc 2 --policy static --offload-optim-frac 0.5" : "");
+            int rc = run(out, "%s train %s", args);
+            if (rc) fail_msg("save on %d: exit %d: %s", sn, rc, slurp(out));
+        }
+        snprintf(out, sizeof out, "%s/resume%d_%d.out", tmp, sn, rn);
+        snprintf(log, sizeof log, "%s/resume%d_%d.jsonl", tmp, sn, rn);
+        char np[32] = "";
+        if (rn > 1) snprintf(np, sizeof np, " --nproc %d", rn);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --resume %s --log %s%s",
+                 tmp, 6 / rn, STEPS, ck, log, np);
+        int rc = run(out, "%s train %s", args);
+        if (rc) fail_msg("save on %d, resume on %d: exit %d: %s", sn, rn, rc, slurp(out));
+        double loss[STEPS];
+        assert_int_equal(read_log(log, loss, NULL, STEPS), STEPS - 10);
+        char what[64];
+        snprintf(what, sizeof what, "saved on %d, resumed on %d", sn, rn);
+        expect_close(ref_loss + 10, loss, STEPS - 10, 1e-5, what);
+    }
+}
+
+/* --optim-state int8 and bf16: the moments' shards (int8: shards start on a
+ * scale block, so a rank's blocks are one rank's) give one rank's losses,
+ * and a checkpoint of 2 ranks continues them on 3. */
+static void test_compact_state_shards(void **state)
+{
+    (void)state;
+    for (int bf = 0; bf < 2; bf++) {
+        const char *st = bf ? "bf16" : "int8";
+        char out[256], args[2048], log[3][256], ck[256];
+        double ref[12], a[12], b[12];
+        snprintf(ck, sizeof ck, "%s/ck_%s", tmp, st);
+        for (int k = 0; k < 3; k++) snprintf(log[k], sizeof log[k], "%s/%s%d.jsonl", tmp, st, k);
+        snprintf(out, sizeof out, "%s/%s.out", tmp, st);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 6 --steps 12 --log %s",
+                 tmp, st, log[0]);
+        assert_int_equal(run(out, "%s train %s", args), 0);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 3 --steps 12 "
+                 "--stop-after 6 --save %s --nproc 2 --log %s", tmp, st, ck, log[1]);
+        int rc = run(out, "%s train %s", args);
+        if (rc) fail_msg("%s on 2 ranks: exit %d: %s", st, rc, slurp(out));
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 2 --steps 12 "
+                 "--resume %s --nproc 3 --log %s", tmp, st, ck, log[2]);
+        rc = run(out, "%s train %s", args);
+        if (rc) fail_msg("%s resumed on 3 ranks: exit %d: %s", st, rc, slurp(out));
+        assert_int_equal(read_log(log[0], ref, NULL, 12), 12);
+        assert_int_equal(read_log(log[1], a, NULL, 12), 6);
+        assert_int_equal(read_log(log[2], b, NULL, 12), 6);
+        /* bf16: v's stochastic rounding hashes the index in the shard, not the
+         * chunk: the same in distribution, apart by rounding noise */
+        expect_close(ref, a, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, 2 ranks" : "int8 moments, 2 ranks");
+        expect_close(ref + 6, b, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, resumed on 3" : "int8 moments, resumed on 3");
+    }
+}
+
+/* Rank 1 killed (SIGKILL) mid-run, and separately stopped (SIGSTOP): rank 0
+ * exits non-zero within --comm-timeout, naming rank 1. */
+static void test_dead_or_hung_rank(void **state)
+{
+    (void)state;
+    for (int hang = 0; hang < 2; hang++) {
+        char out[2][256], log[256], args[1024];
+        snprintf(log, sizeof log, "%s/dead%d.jsonl", tmp, hang);
+        snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 100000 --comm-timeout 3 "
+                 "--log %s", tmp, log);
+        int port = td_test_free_port();
+        pid_t p[2];
+        for (int r = 0; r < 2; r++) {
+            snprintf(out[r], sizeof out[r], "%s/dead%d_%d.out", tmp, hang, r);
+            p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
+        }
+        /* until rank 0 has logged two steps: the ranks are in the step loop */
+        double t0 = now_s(), loss[4];
+        while (read_log(log, loss, NULL, 4) < 2 && now_s() - t0 < 120) usleep(20000);
+        kill(p[1], hang ? SIGSTOP : SIGKILL);
+        double t1 = now_s();
+        int rc = finish(p[0], 60, "rank 0 after rank 1 stopped");
+        double took = now_s() - t1;
+        if (hang) {
+            kill(p[1], SIGKILL);
+            kill(p[1], SIGCONT);
+        }
+        finish(p[1], 30, "rank 1");
+        const char *o = slurp(out[0]);
+        if (rc == 0 || !strstr(o, "rank 1")) fail_msg("rank 0 exit %d (want non-zero) naming rank 1: %s", rc, o);
+        /* at once for a closed connection; the timeout (3 s) plus teardown for a hung one */
+        assert_true(took < (hang ? 3 + 20 : 20));
+    }
+}
+
+/* Under --nproc: a rank killed from outside ends the job; the launcher exits
+ * non-zero naming it, and no rank is left. */
+static void test_nproc_killed_rank(void **state)
+{
+    (void)state;
+    char out[256], args[1024], cmd[1024];
+    snprintf(out, sizeof out, "%s/npk.out", tmp);
+    snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 100000 --comm-timeout 5 --nproc 2",
+             tmp);
+    pid_t p = start(out, -1, 0, 0, "%s train %s", tidal, args);
+    /* rank 1: the child of the launcher with RANK=1 in its environment */
+    pid_t victim = 0;
+    double t0 = now_s();
+    while (!victim && now_s() - t0 < 60) {
+        usleep(100000);
+        snprintf(cmd, sizeof cmd, "for c in $(cat /proc/%d/task/*/children 2>/dev/null); do "
+                 "tr '\\0' '\\n' < /proc/$c/environ 2>/dev/null | grep -qx RANK=1 && echo $c; done", (int)p);
+        FILE *f = popen(cmd, "r");
+        if (f) {
+            int v = 0;
+            if (fscanf(f, "%d", &v) == 1) victim = v;
+            pclose(f);
+        }
+    }
+    assert_true(victim > 0);
+    usleep(300000); /* into the step loop or the start: either must end the job */
+    kill(victim, SIGKILL);
+    int rc = finish(p, 60, "the --nproc launcher after a rank was killed");
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(slurp(out), "rank 1"));
+    snprintf(cmd, sizeof cmd, "kill -0 %d 2>/dev/null", (int)victim);
+    assert_int_not_equal(system(cmd), 0);
+}
+
+/* One rank with another --lr, or another data file: both refused at start
+ * naming the difference. */
+static void test_mismatched_flags(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 2; c++) {
+        char out[2][256], args[2048];
+        int port = td_test_free_port();
+        pid_t p[2];
+        for (int r = 0; r < 2; r++) {
+            snprintf(out[r], sizeof out[r], "%s/mm%d_%d.out", tmp, c, r);
+            snprintf(args, sizeof args, "--data %s/%s " MODEL " --micro-batch 3 --steps 2 --comm-timeout 20%s", tmp,
+                     c && r ? "other.tok" : "ok.tok", !c && r ? " --lr 0.001" : "");
+            p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
+        }
+        for (int r = 0; r < 2; r++) {
+            int rc = finish(p[r], 120, "a rank with a mismatched flag");
+            const char *o = slurp(out[r]);
+            int named = c ? strstr(o, "ranks disagree on the data file") != NULL
+                          : strstr(o, "ranks disagree on --lr") && strstr(o, "'0.003'") && strstr(o, "'0.001'");
+            if (rc == 0 || !named)
+                fail_msg("rank %d: exit %d, want a refusal naming the %s: %s", r, rc,
+                         c ? "data file" : "--lr and both values", o);
+            assert_null(strstr(o, "step 1/2"));
+        }
+    }
+}
+
+/* MASTER_PORT already taken on rank 0's host: a clear error, at once. */
+static void test_busy_port(void **state)
+{
+    (void)state;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(s >= 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s, 1), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
+    char out[256], args[1024];
+    snprintf(out, sizeof out, "%s/busy.out", tmp);
+    snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 2 --comm-timeout 5", tmp);
+    pid_t p = start(out, 0, 2, ntohs(a.sin_port), "%s train %s", tidal, args);
+    int rc = finish(p, 60, "rank 0 on a busy port");
+    close(s);
+    const char *o = slurp(out);
+    if (rc == 0 || !strstr(o, "already in use")) fail_msg("exit %d, want 'already in use': %s", rc, o);
+}
+
+/* `tidal plan --nproc N`: each rank's host holds 1/N of the optimizer state
+ * (page-rounded shards) and plans against 1/N of the host's RAM. */
+static void test_plan_per_rank(void **state)
+{
+    (void)state;
+    char out[256], args[1024];
+    long opt[4] = {0}, ram[4] = {0};
+    for (int n = 1; n <= 4; n *= 2) {
+        snprintf(out, sizeof out, "%s/plan%d.out", tmp, n);
+        snprintf(args, sizeof args, "--layers 4 --width 256 --heads 4 --seq 64 --vocab 512 --backend cpu "
+                 "--gpu-budget 256MiB --policy cpu --json --nproc %d", n);
+        assert_int_equal(run(out, "%s plan %s", args), 0);
+        const char *o = slurp(out), *k = strstr(o, "\"pageable_optimizer_bytes\":");
+        assert_non_null(k);
+        opt[n - 1] = strtol(k + 27, NULL, 10);
+        const char *r = strstr(o, "\"ram_bytes\":");
+        assert_non_null(r);
+        ram[n - 1] = strtol(r + 12, NULL, 10);
+        if (n > 1) {
+            char want[64];
+            snprintf(want, sizeof want, "\"ranks\":%d", n);
+            assert_non_null(strstr(o, want));
+        }
+    }
+    /* 1/N up to a page per shard and the shards' rounding */
+    assert_true(opt[1] < opt[0] / 2 + opt[0] / 20);
+    assert_true(opt[3] < opt[0] / 4 + opt[0] / 10);
+    assert_true(opt[3] > opt[0] / 4 - opt[0] / 20);
+    /* N local ranks share the host's RAM */
+    assert_int_equal(ram[1], ram[0] / 2);
+    assert_int_equal(ram[3], ram[0] / 4);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ranks_match_one_rank),
+        cmocka_unit_test(test_env_launch_matches_nproc),
+        cmocka_unit_test(test_resume_on_other_rank_counts),
+        cmocka_unit_test(test_compact_state_shards),
+        cmocka_unit_test(test_dead_or_hung_rank),
+        cmocka_unit_test(test_nproc_killed_rank),
+        cmocka_unit_test(test_mismatched_flags),
+        cmocka_unit_test(test_busy_port),
+        cmocka_unit_test(test_plan_per_rank),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
