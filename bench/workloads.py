@@ -62,6 +62,7 @@ import platform
 import random
 import shlex
 import signal
+import socket
 import statistics
 import struct
 import subprocess
@@ -98,7 +99,7 @@ class LlamaShape:
 
 class Workload:
     def __init__(self, wid, name, shape, budget_gib, tokens, tidal, peer_mode, peer_cands, target, refs=(),
-                 llama=None):
+                 llama=None, ranks=1):
         self.id = wid
         self.name = name                  # "1.5B (48L/1600/25H)"
         self.shape = shape                # (layers, width, heads)
@@ -110,6 +111,7 @@ class Workload:
         self.target = target              # tidal/peer ratio issue 6 asks for
         self.refs = refs                  # reference figures quoted from BENCH.md
         self.llama = llama                # LlamaShape, or None: GPT-2
+        self.ranks = ranks                # GPUs (tidal --nproc, torchrun for the peer); B is per rank
         self.data = None                  # its token file (main writes it; None: the caller's a.data)
 
     @property
@@ -140,6 +142,10 @@ WORKLOADS = [
              "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)], 1.0),
     # issue 14's targets: W8 >= 1.5x FSDP2, W9 >= 1.5x eager.  W8's tidal keeps bf16 AdamW state (fp32 needs
     # 120 of the host's 125 GiB by `tidal plan`); FSDP2's fp32 state needs ~16 bytes a param, 128 GB.
+    # issue 11: tidal on 2 GPUs (ZeRO-3, --nproc 2) beside FSDP2 CPU offload on 2 (torchrun) and beside tidal on
+    # one GPU at the same global batch (main runs that too); B is per rank, 64k tokens a step in all.
+    Workload("W7", "1.5B (48L/1600/25H) on 2 GPUs", M1_5, 24, 64 * 1024, [(32, 1), (16, 2), (8, 4)],
+             "fsdp2-offload", [(32, 1, True), (16, 2, True), (8, 4, True)], 1.5, ranks=2),
     Workload("W8", "llama-3.1-8b (32L/4096/32H, 8 KV heads, MLP 14336, vocab 128256)", L8B, 24, 16 * 1024,
              [(16, 1), (8, 2), (4, 4)], "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)],
              1.5, llama=LlamaShape("llama-3.1-8b", 8, 14336, 128256, 128001, "bf16")),
@@ -153,8 +159,8 @@ WORKLOADS = [
              llama=LlamaShape("qwen2.5-0.5b", 2, 4864, 151936, 151643)),
 ]
 for _w in WORKLOADS:  # every candidate keeps the workload's tokens per step
-    assert all(b * k * 1024 == _w.tokens for b, k in _w.tidal), _w.id
-    assert all(b * k * 1024 == _w.tokens for b, k, _ in _w.peer_cands), _w.id
+    assert all(b * k * 1024 * _w.ranks == _w.tokens for b, k in _w.tidal), _w.id
+    assert all(b * k * 1024 * _w.ranks == _w.tokens for b, k, _ in _w.peer_cands), _w.id
 PEER_NAMES = {"eager": "PyTorch eager", "fsdp2-offload": "FSDP2 CPU offload"}
 
 
@@ -184,6 +190,18 @@ def fit_peer_host(w):
     w.name = (f"llama-3.1-8b shape with {L} of 32 layers ({n / 1e9:.2f}B, {L}L/{C}/{H}H, 8 KV heads, MLP "
               f"{w.llama.mlp}): the most FSDP2 offload fits in {avail / GIB:.1f} GiB available")
     return L
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_gpu(w):
+    """A several-GPU workload's single-GPU run of the same global batch: tidal alone, one rank, K x ranks."""
+    return Workload(w.id + "-1gpu", w.name.replace(f" on {w.ranks} GPUs", "") + " on 1 GPU", w.shape, w.budget_gib,
+                    w.tokens, [(b, k * w.ranks) for b, k in w.tidal], w.peer_mode, [], w.target, llama=w.llama)
 
 
 def say(msg=""):
@@ -350,6 +368,8 @@ def tidal_flags(a, w, B, K):
          "--seed", "1337"]
     if w.budget_gib is not None:
         f += ["--gpu-budget", f"{w.budget_gib:g}GiB"]
+    if w.ranks > 1:
+        f += ["--nproc", str(w.ranks)]
     return f + shlex.split(a.tidal_args)
 
 
@@ -496,7 +516,11 @@ def run_peer_once(a, w, B, K, ck):
     if w.llama:
         shape = ["--model", w.llama.preset] + shape + ["--kv-heads", str(w.llama.kv_heads), "--mlp",
                                                        str(w.llama.mlp), "--vocab", str(w.vocab)]
-    cmd = [a.python, w.peer_script, "--mode", w.peer_mode] + shape + [
+    launch = [a.python]
+    if w.ranks > 1:  # torchrun, as a user of FSDP2 starts it
+        launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(w.ranks), "--master-port",
+                   str(free_port())]
+    cmd = launch + [w.peer_script, "--mode", w.peer_mode] + shape + [
            "--seq", str(a.seq), "--batch", str(B), "--grad-accum", str(K), "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--clip", f"{a.clip:g}", "--workload", w.id, "--json"]
     if ck:
@@ -644,10 +668,28 @@ def print_table(results):
             notes.append(f"{w.id} {p['system']} also tried: " + "; ".join(skipped))
         for name, v in w.refs:
             notes.append(f"{w.id} reference (BENCH.md, nvidia-h200): {name} {fmt_tok(v)} tok/s")
+        one = t.get("one_gpu")
+        if one is not None:
+            if one.get("error"):
+                notes.append(f"{w.id} tidal on 1 GPU: not available ({one['error']})")
+            elif not t.get("error"):
+                notes.append(f"{w.id} tidal on {w.ranks} GPUs / tidal on 1 GPU, same {tok_step(w.tokens)} tokens a "
+                             f"step: {t['tokens_per_s'] / one['tokens_per_s']:.2f}x (issue 11's target: >= 1.9x); "
+                             f"1 GPU: {fmt_tok(one['tokens_per_s'])} tok/s at B{one['batch']}x{one['grad_accum']}")
     if notes:
         say("\nNotes:")
         for n in notes:
             say(f"- {n}")
+
+
+def say_tidal(t, where):
+    if t.get("error"):
+        say(f"  tidal{where}: not available ({t['error']})")
+        return
+    bound = "none" if t["lower_bound_ms"] is None else f"{t['lower_bound_ms']:.1f} ms"
+    say(f"  tidal{where} B{t['batch']}x{t['grad_accum']}: {t['tokens_per_s']:.0f} tok/s, step "
+        f"{t['step_ms_median']:.1f} ms (lower bound {bound}), peak "
+        f"{gib(t['peak_bytes'])}, nvidia-smi {gib(t['smi_bytes'])}")
 
 
 def machine_info():
@@ -671,7 +713,7 @@ def to_json(results, a):
         "steps": a.steps, "warmup": a.warmup, "seq": a.seq, "clip": a.clip, "smoke": a.smoke,
         "workloads": [dict(id=r["w"].id, model=r["w"].name, shape=r["w"].shape, budget_gib=r["w"].budget_gib,
                            tidal_model_flags=model_flags(r["w"]),
-                           tokens_per_step=r["w"].tokens, target=r["w"].target,
+                           tokens_per_step=r["w"].tokens, target=r["w"].target, ranks=r["w"].ranks,
                            ratio=verdict(r["w"], r["tidal"], r["peer"])[0],
                            met=verdict(r["w"], r["tidal"], r["peer"])[1],
                            tidal=clean(r["tidal"]), peer=clean(r["peer"])) for r in results],
@@ -692,7 +734,7 @@ def guarded(fn, a, w, empty):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=os.environ.get("TD_WORKLOADS") or "W1,W2,W3,W4,W6",
-                    help="comma-separated ids of W1, W2, W3, W4, W6, W8, W8S, W9 (default: $TD_WORKLOADS or "
+                    help="comma-separated ids of W1, W2, W3, W4, W6, W7, W8, W8S, W9 (default: $TD_WORKLOADS or "
                          "W1,W2,W3,W4,W6)")
     ap.add_argument("--tidal", default="build/tidal", help="the tidal command (default build/tidal)")
     ap.add_argument("--peers-only", action="store_true")
@@ -730,15 +772,15 @@ def main(argv=None):
     if a.smoke:
         a.seq = 64
         chosen = [Workload(w.id, "smoke 2L/128/2H" + (f" {w.llama.preset}" if w.llama else ""), (2, 128, 2),
-                           None if w.budget_gib is None else 1, min(w.tidal[0][0], 2) * w.tidal[0][1] * a.seq,
+                           None if w.budget_gib is None else 1, min(w.tidal[0][0], 2) * w.tidal[0][1] * a.seq * w.ranks,
                            w.tidal, w.peer_mode, w.peer_cands, w.target,
-                           llama=w.llama.shrunk() if w.llama else None) for w in chosen]
+                           llama=w.llama.shrunk() if w.llama else None, ranks=w.ranks) for w in chosen]
     for w in chosen:
         if w.id == "W8S" and not a.smoke:
             fit_peer_host(w)
     os.makedirs(a.workdir, exist_ok=True)
     # One random-token file per vocabulary: GPT-2's ids (uint16), or all of a LLaMA-family vocabulary (uint32).
-    need = max(max(b * k for b, k in w.tidal) for w in chosen) * a.seq * a.steps + 1
+    need = max(max(b * k * w.ranks for b, k in w.tidal) for w in chosen) * a.seq * a.steps + 1
     for w in chosen:
         if w.llama:
             w.data = os.path.join(a.workdir, f"random-v{w.vocab}.tok")
@@ -763,13 +805,12 @@ def main(argv=None):
             t = {"system": "tidal", "error": "not run (--peers-only)", "tried": []}
         else:
             t = guarded(run_tidal, a, w, {"system": "tidal", "tried": []})
-            if t.get("error"):
-                say(f"  tidal: not available ({t['error']})")
-            else:
-                bound = "none" if t["lower_bound_ms"] is None else f"{t['lower_bound_ms']:.1f} ms"
-                say(f"  tidal B{t['batch']}x{t['grad_accum']}: {t['tokens_per_s']:.0f} tok/s, step "
-                    f"{t['step_ms_median']:.1f} ms (lower bound {bound}), peak "
-                    f"{gib(t['peak_bytes'])}, nvidia-smi {gib(t['smi_bytes'])}")
+            say_tidal(t, "" if w.ranks == 1 else f" on {w.ranks} GPUs")
+            if w.ranks > 1:  # the same global batch on one GPU: what the second GPU is worth
+                w1 = one_gpu(w)
+                w1.data = w.data
+                t["one_gpu"] = guarded(run_tidal, a, w1, {"system": "tidal", "tried": []})
+                say_tidal(t["one_gpu"], " on 1 GPU")
         if a.tidal_only:
             p = {"system": PEER_NAMES[w.peer_mode], "error": "not run (--tidal-only)", "tried": [], "best": None}
         else:

@@ -33,6 +33,14 @@ With --json the last line of stdout is one JSON object:
      "step_ms_median": ..., "peak_bytes": ..., "reserved_peak_bytes": ..., "budget_bytes": ... | null,
      "within_budget": true | false | null, "batch": B, "grad_accum": K, "ckpt": bool, ...,
      "error": null | "oom" | "...message..."}
+Several GPUs (W7): launched by torchrun (`python3 -m torch.distributed.run
+--nproc-per-node 2 bench/peers/torch_gpt.py --mode fsdp2-offload ...`), each
+rank uses GPU LOCAL_RANK, FSDP2 shards every block over the ranks (with CPU
+offload, each rank's host holds its shard), --batch is per rank, each rank
+draws its own batches, tokens/s counts every rank's tokens, and rank 0 alone
+prints the JSON (its own peak memory).  The host check divides the state
+over the ranks and the host's memory over the ranks on it.
+
 Exit status: 0 done, 1 failed (message on stderr and in "error"), 2 bad flags
 or no usable GPU / PyTorch / transformers, 3 out of GPU memory, 4 over the
 budget, 5 (fsdp2-offload) the host's memory cannot hold the offloaded state
@@ -45,6 +53,7 @@ object: what differs between GPT2LMHeadModel and LlamaForCausalLM /
 Qwen2ForCausalLM (the config, the blocks FSDP2 wraps, the vocabulary).
 """
 import argparse
+import os
 import copy
 import importlib
 import json
@@ -70,6 +79,12 @@ EXIT_FAILED, EXIT_USAGE, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_HOST_MEMORY = 1, 2, 3,
 # CUDA, transformers, the pinned allocator's rounding) takes a few GiB.
 HOST_BYTES_PER_PARAM = 16
 HOST_MARGIN_BYTES = 6 * GIB
+
+
+def world():
+    """(rank, size, local size) of a torchrun launch; (0, 1, 1) for a plain process."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    return (int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_WORLD_SIZE", str(size))))
 
 
 def log(msg):
@@ -292,8 +307,12 @@ def mem_available_bytes():
 def host_check(n_params, a):
     """Refuses (HostMemory) an FSDP2 CPU-offload run whose host state cannot fit, before any of it is
     allocated: a run past the host's memory is killed by the kernel, or swaps for hours."""
-    need = n_params * HOST_BYTES_PER_PARAM + HOST_MARGIN_BYTES
+    _, size, local = world()
+    # Each rank holds its 1/size of the state, and the ranks on this host share its memory.
+    need = n_params * HOST_BYTES_PER_PARAM // size + HOST_MARGIN_BYTES
     avail = mem_available_bytes()
+    if avail is not None:
+        avail //= local
     if avail is None or a.no_host_check:
         return
     log(f"host memory: about {need / GIB:.1f} GiB needed ({HOST_BYTES_PER_PARAM} bytes a param for "
@@ -311,9 +330,14 @@ def setup_fsdp2(torch, fsdp, a, cfg, family):
     with torch.device("meta"):
         model = build_model(cfg, family)
     host_check(sum(p.numel() for p in model.parameters()), a)
-    torch.cuda.set_device(0)
-    port = a.port or free_port()
-    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    rank, size, _ = world()
+    if size > 1:  # torchrun: its environment names the rendezvous
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        torch.cuda.set_device(0)
+        port = a.port or free_port()
+        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if a.ckpt:
         enable_ckpt(model)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -340,7 +364,10 @@ def run(a, family=GPT2):
     torch.set_float32_matmul_precision("high")
     cfg = family.config(a)
     t0 = time.perf_counter()
+    rank, size, _ = world()
     if a.mode == "eager":
+        if size > 1:
+            raise Usage("--mode eager runs on one GPU; several ranks need --mode fsdp2-offload")
         model, opt, autocast = setup_eager(torch, a, cfg, family)
     else:
         model, opt, autocast = setup_fsdp2(torch, fsdp, a, cfg, family)
@@ -351,10 +378,10 @@ def run(a, family=GPT2):
         f"set up in {time.perf_counter() - t0:.1f} s on {torch.cuda.get_device_name(0)}")
 
     g = torch.Generator(device="cuda")
-    g.manual_seed(a.seed)
+    g.manual_seed(a.seed + rank)  # each rank its own sequences, as data-parallel ranks read
     # Every batch up front (a few MB): the timed steps do no data work.
     data = torch.randint(0, family.token_range, (a.steps, a.grad_accum, a.batch, a.seq + 1), device="cuda", generator=g)
-    tokens_per_step = a.batch * a.grad_accum * a.seq
+    tokens_per_step = a.batch * a.grad_accum * a.seq * size
     step_ms, losses = [], []
     for step in range(a.steps):
         torch.cuda.synchronize()
@@ -404,6 +431,7 @@ def run(a, family=GPT2):
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device": torch.cuda.get_device_name(0),
+        "ranks": size,
     }
     if a.mode == "fsdp2-offload":
         import torch.distributed as dist
@@ -452,6 +480,8 @@ def main(argv=None, family=GPT2):
             traceback.print_exc()
     if out["error"] and not out["error"] == "oom":
         log(f"failed: {out['error']}")
+    if world()[0] != 0:  # rank 0 alone reports
+        return rc
     if a.json:
         print(json.dumps(out), flush=True)
     elif out["tokens_per_s"] is not None:
