@@ -237,6 +237,10 @@ static td_status check_chunk(const td_adam_chunk *ch, int need_grad, const char 
     if (ch->param_out && ch->param_out == (void *)ch->master && ch->param_dtype != TD_OPTIM_DTYPE_F32)
         return td_error_set(TD_ERR_INVALID, "%s: param_out aliases master but is %s, not fp32", what,
                             td_optim_dtype_name(ch->param_dtype));
+    if (ch->param_out && ch->param_out == ch->grad && ch->param_dtype != ch->grad_dtype)
+        return td_error_set(TD_ERR_INVALID, "%s: param_out aliases the grads but is %s and the grads are %s: each "
+                            "element's param would overwrite grads not yet read; give them one dtype or separate "
+                            "buffers", what, td_optim_dtype_name(ch->param_dtype), td_optim_dtype_name(ch->grad_dtype));
     return td_adam_ranges_check(ch->no_decay, ch->n_no_decay, ch->numel, what);
 }
 

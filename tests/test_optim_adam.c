@@ -443,6 +443,86 @@ static void test_errors(void **state)
     td_adam_cpu_destroy(NULL);
 }
 
+/* The grads may arrive in the buffer that receives the new params (a host
+ * copy that holds a chunk's grads until its AdamW writes its params over
+ * them): with param_out == grad, every state type, grad dtype, ISA and team
+ * size, with and without no-decay ranges, gives the bits of separate
+ * buffers; a param_out that aliases grads of another dtype is refused. */
+static void test_param_out_may_alias_grad(void **state)
+{
+    enum { N = 5000 + 37, ASTEPS = 3 }; /* odd: vector tails, a partial int8 block, uneven thread ranges */
+    static const td_adam_range ranges[] = {{5, 300}, {1000, 1001}, {2047, 4100}};
+    td_rng r;
+    td_rng_seed(&r, 4242);
+    float *p0 = malloc(N * 4), *gsrc = malloc((size_t)ASTEPS * N * 4);
+    for (size_t i = 0; i < N; i++) p0[i] = (float)uniform(&r, -1, 1);
+    for (size_t i = 0; i < (size_t)ASTEPS * N; i++) gsrc[i] = (float)uniform(&r, -0.1, 0.1);
+    td_adam_hparams hp = td_optim_default_params().adam;
+    hp.weight_decay = 0.1;
+    for (int isa = TD_OPTIM_ISA_SCALAR; isa < TD_OPTIM_ISA_COUNT; isa++) {
+        if (!td_optim_isa_supported((td_optim_isa)isa)) continue;
+        for (int threads = 1; threads <= 3; threads += 2)
+            for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++)
+                for (int dt = 0; dt < TD_OPTIM_DTYPE_COUNT; dt++)
+                    for (int nd = 0; nd < 2; nd++) {
+                        td_adam_cpu_params cp = td_adam_cpu_default_params();
+                        cp.isa = (td_optim_isa)isa;
+                        cp.threads = threads;
+                        td_adam_cpu *cpu;
+                        TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
+                        size_t esz = td_optim_dtype_bytes((td_optim_dtype)dt), mb = td_adam_moment_bytes(s, N);
+                        td_adam_chunk ch[2]; /* 0: separate grad and param_out; 1: param_out == grad */
+                        void *bufs[2][5];
+                        for (int a = 0; a < 2; a++) {
+                            bufs[a][0] = malloc(N * 4);  /* master */
+                            bufs[a][1] = calloc(1, mb);  /* m */
+                            bufs[a][2] = calloc(1, mb);  /* v */
+                            bufs[a][3] = malloc(N * esz); /* param_out */
+                            bufs[a][4] = a ? bufs[a][3] : malloc(N * esz); /* grad */
+                            ch[a] = (td_adam_chunk){.master = bufs[a][0], .m = bufs[a][1], .v = bufs[a][2],
+                                                    .grad = bufs[a][4], .grad_dtype = (td_optim_dtype)dt,
+                                                    .param_out = bufs[a][3], .param_dtype = (td_optim_dtype)dt,
+                                                    .numel = N, .state = (td_optim_state)s,
+                                                    .no_decay = nd ? ranges : NULL, .n_no_decay = nd ? 3 : 0};
+                            TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[a], p0, TD_OPTIM_DTYPE_F32));
+                        }
+                        for (int step = 1; step <= ASTEPS; step++) {
+                            td_adam_coeffs c;
+                            TD_ASSERT_OK(td_adam_coeffs_make(&hp, 1e-2, step, 1.0, &c));
+                            for (int a = 0; a < 2; a++) {
+                                for (size_t i = 0; i < N; i++)
+                                    store_as(bufs[a][4], (td_optim_dtype)dt, i, gsrc[(size_t)(step - 1) * N + i]);
+                                TD_ASSERT_OK(td_adam_cpu_update(cpu, &c, &ch[a], 1));
+                            }
+                            if (memcmp(bufs[0][0], bufs[1][0], N * 4) || memcmp(bufs[0][1], bufs[1][1], mb) ||
+                                memcmp(bufs[0][2], bufs[1][2], mb) || memcmp(bufs[0][3], bufs[1][3], N * esz))
+                                fail_msg("%s, %d threads, %s state, %s grads and params%s: step %d differs when "
+                                         "param_out is the grad buffer", td_optim_isa_name(isa), threads,
+                                         td_optim_state_name((td_optim_state)s), td_optim_dtype_name((td_optim_dtype)dt),
+                                         nd ? ", no-decay ranges" : "", step);
+                        }
+                        for (int a = 0; a < 2; a++) {
+                            for (int b = 0; b < 4; b++) free(bufs[a][b]);
+                            if (!a) free(bufs[a][4]);
+                        }
+                        td_adam_cpu_destroy(cpu);
+                    }
+    }
+    /* Aliased grads and params of different dtypes would overwrite grads not yet read. */
+    td_adam_cpu *cpu;
+    TD_ASSERT_OK(td_adam_cpu_create(NULL, &cpu));
+    float master[8] = {0}, m[8] = {0}, v[8] = {0}, gp[8] = {0};
+    td_adam_chunk bad = {.master = master, .m = m, .v = v, .grad = gp, .grad_dtype = TD_OPTIM_DTYPE_BF16,
+                         .param_out = gp, .param_dtype = TD_OPTIM_DTYPE_F32, .numel = 8};
+    td_adam_coeffs c;
+    TD_ASSERT_OK(td_adam_coeffs_make(&hp, 1e-2, 1, 1.0, &c));
+    assert_int_equal(td_adam_cpu_update(cpu, &c, &bad, 1), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "param_out aliases the grads"));
+    td_adam_cpu_destroy(cpu);
+    free(p0);
+    free(gsrc);
+}
+
 /* The engine allocates through the accounting allocator and leaks nothing,
  * and a failed allocation surfaces as an error. */
 static void test_no_leaks_and_alloc_failure(void **state)
@@ -475,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_init_first_touch),
         cmocka_unit_test(test_grad_stats),
         cmocka_unit_test(test_coeffs_and_clip),
+        cmocka_unit_test(test_param_out_may_alias_grad),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_no_leaks_and_alloc_failure),
     };

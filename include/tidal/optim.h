@@ -147,7 +147,10 @@ td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, d
  *         codes are sign + E4M3, v's are E5M3 (docs/optimizer.md)
  * A zero-initialised `state` is fp32, so callers that predate it keep their
  * meaning.  Arrays must not overlap, except that param_out may be `master`
- * itself when param_dtype is fp32 (a no-op copy).  Arrays need only their
+ * itself when param_dtype is fp32 (a no-op copy), and, on the CPU, param_out
+ * may be `grad` itself when param_dtype equals grad_dtype (each element's
+ * grad is read before its param is written: a host copy that holds a
+ * chunk's grads until its AdamW writes the new params over them).  Arrays need only their
  * elements' natural alignment (int8 moments: none); 64-byte alignment is
  * fastest. */
 /* Elements [begin, end) of a chunk (indices into the chunk, 0-based). */
