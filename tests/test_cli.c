@@ -35,9 +35,7 @@ static int sh(char *out, size_t out_bytes, const char *fmt, ...)
 
 static int setup(void **state)
 {
-    const char *exe = getenv("TIDAL");
-    snprintf(tidal, sizeof tidal, "%s", exe ? exe : "./build/tidal");
-    if (access(tidal, X_OK) != 0 && access("./build-san/tidal", X_OK) == 0) snprintf(tidal, sizeof tidal, "./build-san/tidal");
+    snprintf(tidal, sizeof tidal, "%s", td_test_tidal());
     snprintf(tmp, sizeof tmp, "/tmp/tidal-cli-XXXXXX");
     if (!mkdtemp(tmp)) return -1;
     char out[4096];

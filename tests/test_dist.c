@@ -621,13 +621,7 @@ static void test_launch_forwards_signals(void **state)
 
 /* ---- the command, end to end ------------------------------------------------------- */
 
-/* The tidal of this build (env TIDAL, else ./build/tidal or ./build-san/tidal). */
-static const char *tidal_path(void)
-{
-    const char *exe = getenv("TIDAL");
-    if (exe) return exe;
-    return access("./build/tidal", X_OK) == 0 ? "./build/tidal" : "./build-san/tidal";
-}
+static const char *tidal_path(void) { return td_test_tidal(); }
 
 static int sh(char *out, size_t out_bytes, const char *cmd)
 {

@@ -769,8 +769,7 @@ static void test_ranged_one_process(void **state)
  * both refuse at start naming the flag and both values. */
 static void test_cli_mismatched_flags(void **state)
 {
-    const char *t = getenv("TIDAL") ? getenv("TIDAL") : access("./build/tidal", X_OK) == 0 ? "./build/tidal"
-                                                                                           : "./build-san/tidal";
+    const char *t = td_test_tidal();
     char cmd[1024], out[8192] = "";
     int port = td_test_free_port();
     snprintf(cmd, sizeof cmd, "export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d TD_COMM_TIMEOUT_MS=20000; "
@@ -793,6 +792,33 @@ static void test_cli_mismatched_flags(void **state)
  * device (a slot of 1/N), a param chunk all of it; per-tensor host access to
  * a shard is refused, the whole shard is writable through chunk access
  * (ASan checks its bounds) and reaches the device intact. */
+/* A chunk manager on backend b: 4 MiB pinned slabs, an arena of
+ * `arena_bytes`, a copy engine; mp says the rest. */
+typedef struct mm_fixture {
+    td_hostpool *pool;
+    td_arena *arena;
+    td_copy_engine *eng;
+    td_memmgr *m;
+} mm_fixture;
+
+static void mm_fixture_create(td_backend *b, size_t arena_bytes, const td_memmgr_params *mp, mm_fixture *f)
+{
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = 4 * TD_MiB;
+    TD_ASSERT_OK(td_hostpool_create(b, NULL, &hp, &f->pool));
+    TD_ASSERT_OK(td_arena_create(b, arena_bytes, &f->arena));
+    TD_ASSERT_OK(td_copy_engine_create(b, NULL, &f->eng));
+    TD_ASSERT_OK(td_memmgr_create(f->arena, f->pool, f->eng, mp, &f->m));
+}
+
+static void mm_fixture_destroy(mm_fixture *f)
+{
+    td_memmgr_destroy(f->m);
+    td_copy_engine_destroy(f->eng);
+    td_arena_destroy(f->arena);
+    td_hostpool_destroy(f->pool);
+}
+
 static void test_memmgr_shards(void **state)
 {
     (void)state;
@@ -805,22 +831,15 @@ static void test_memmgr_shards(void **state)
             bpar.kind = TD_BACKEND_CPU;
             td_backend *b;
             TD_ASSERT_OK(td_backend_create(&bpar, &b));
-            td_hostpool_params hp = td_hostpool_default_params();
-            hp.slab_bytes = 4 * TD_MiB;
-            td_hostpool *pool;
-            td_arena *arena;
-            td_copy_engine *eng;
-            td_memmgr *m;
-            TD_ASSERT_OK(td_hostpool_create(b, NULL, &hp, &pool));
-            TD_ASSERT_OK(td_arena_create(b, 16 * TD_MiB, &arena));
-            TD_ASSERT_OK(td_copy_engine_create(b, NULL, &eng));
             td_memmgr_params mp = td_memmgr_default_params();
             mp.chunk_numel = 3000;
             mp.placement = place ? TD_PLACEMENT_CUDA : TD_PLACEMENT_CPU;
             mp.shard_ranks = ranks;
             mp.shard_rank = rank;
             mp.shard_align = 64;
-            TD_ASSERT_OK(td_memmgr_create(arena, pool, eng, &mp, &m));
+            mm_fixture f;
+            mm_fixture_create(b, 16 * TD_MiB, &mp, &f);
+            td_memmgr *m = f.m;
             int pid[8], mid[8];
             for (int i = 0; i < n_t; i++) {
                 char name[32];
@@ -888,10 +907,7 @@ static void test_memmgr_shards(void **state)
             else assert_int_equal(st, TD_OK);
             td_error_clear();
             TD_ASSERT_OK(td_memmgr_host_access(m, &pid[0], 1, TD_ACCESS_READ, &h)); /* params: whole */
-            td_memmgr_destroy(m);
-            td_copy_engine_destroy(eng);
-            td_arena_destroy(arena);
-            td_hostpool_destroy(pool);
+            mm_fixture_destroy(&f);
             td_backend_free(b);
         }
     }
@@ -913,19 +929,13 @@ static void test_memmgr_written_on(void **state)
 {
     (void)state;
     td_backend *b = td_test_backend(1);
-    td_hostpool_params hp = td_hostpool_default_params();
-    hp.slab_bytes = 4 * TD_MiB;
-    td_hostpool *pool;
-    td_arena *arena;
-    td_copy_engine *eng;
-    td_memmgr *m;
-    TD_ASSERT_OK(td_hostpool_create(b, NULL, &hp, &pool));
-    TD_ASSERT_OK(td_arena_create(b, 4 * TD_MiB, &arena));
-    TD_ASSERT_OK(td_copy_engine_create(b, NULL, &eng));
     td_memmgr_params mp = td_memmgr_default_params();
     mp.chunk_numel = 4096;
     mp.placement = TD_PLACEMENT_CUDA;
-    TD_ASSERT_OK(td_memmgr_create(arena, pool, eng, &mp, &m));
+    mm_fixture f;
+    mm_fixture_create(b, 4 * TD_MiB, &mp, &f);
+    td_memmgr *m = f.m;
+    td_copy_engine *eng = f.eng;
     int id, other;
     enum { N = 4096 };
     TD_ASSERT_OK(td_memmgr_register(m, "p", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &id));
@@ -962,10 +972,7 @@ static void test_memmgr_written_on(void **state)
     }
     td_free(src);
     td_free(back);
-    td_memmgr_destroy(m);
-    td_copy_engine_destroy(eng);
-    td_arena_destroy(arena);
-    td_hostpool_destroy(pool);
+    mm_fixture_destroy(&f);
     td_backend_free(b);
 }
 

@@ -146,9 +146,7 @@ static void expect_close(const double *want, const double *got, int n, double re
 static int setup(void **state)
 {
     (void)state;
-    const char *exe = getenv("TIDAL");
-    snprintf(tidal, sizeof tidal, "%s", exe ? exe : "./build/tidal");
-    if (access(tidal, X_OK) != 0 && access("./build-san/tidal", X_OK) == 0) snprintf(tidal, sizeof tidal, "./build-san/tidal");
+    snprintf(tidal, sizeof tidal, "%s", td_test_tidal());
     snprintf(tmp, sizeof tmp, "/tmp/tidal-zero3-XXXXXX");
     if (!mkdtemp(tmp)) return -1;
     char cmd[2048];

@@ -1,6 +1,8 @@
 /* Shared helpers for tidal's cmocka tests (see td_test.h). */
 #include "td_test.h"
 
+#include <unistd.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,4 +30,11 @@ int td_test_seeds(int fallback)
     const char *v = getenv("TD_TEST_SEEDS");
     int n = v ? atoi(v) : 0;
     return n > 0 ? n : fallback;
+}
+
+const char *td_test_tidal(void)
+{
+    const char *exe = getenv("TIDAL");
+    if (exe && *exe) return exe;
+    return access("./build/tidal", X_OK) == 0 ? "./build/tidal" : "./build-san/tidal";
 }

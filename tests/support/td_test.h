@@ -27,5 +27,8 @@ td_backend_kind td_test_backend_kind(void);
 td_backend *td_test_backend(int debug);
 /* Number of seeds for randomized tests: env TD_TEST_SEEDS, default `fallback`. */
 int td_test_seeds(int fallback);
+/* The tidal command of this build, for tests that run it: env TIDAL, else
+ * ./build/tidal when it is there, else ./build-san/tidal. */
+const char *td_test_tidal(void);
 
 #endif
