@@ -1,0 +1,36 @@
+#!/bin/bash
+# The quality cost of compact AdamW state (issue 10): the same run, 2000
+# steps on a token file, once per --optim-state, then each checkpoint's
+# held-out loss.  Prints the mean training loss of the last 100 steps and
+# the held-out loss of each, and each against fp32.
+#   bench/optim_quality.sh TOKFILE [OUTDIR] [extra tidal train flags...]
+# Default shape: the README demo's (4 layers, 256 wide, 4 heads, T128, B8)
+# on the cpu backend, one thread a run, the three runs side by side.
+set -euo pipefail
+tok=${1:?usage: bench/optim_quality.sh TOKFILE [OUTDIR] [train flags...]}
+out=${2:-out/optim-quality}
+shift $(( $# >= 2 ? 2 : 1 ))
+tidal=${TIDAL:-build/tidal}
+mkdir -p "$out"
+for s in fp32 bf16 int8; do
+  "$tidal" train --data "$tok" --backend cpu --layers 4 --width 256 --heads 4 --seq 128 --micro-batch 8 \
+     --steps 2000 --seed 1337 --heldout 5 --threads 1 "$@" --optim-state $s \
+     --log "$out/$s.jsonl" --save "$out/ck_$s" > "$out/$s.out" 2>&1 &
+done
+wait
+for s in fp32 bf16 int8; do
+  "$tidal" eval --checkpoint "$out/ck_$s" --data "$tok" --split heldout --batches 50 --json > "$out/eval_$s.json"
+done
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+res = {}
+for s in ("fp32", "bf16", "int8"):
+    rows = [json.loads(l) for l in open(f"{out}/{s}.jsonl")]
+    last = [r["loss"] for r in rows[-100:]]
+    res[s] = (sum(last) / len(last), json.loads(open(f"{out}/eval_{s}.json").read().strip().splitlines()[-1])["loss"])
+f_train, f_held = res["fp32"]
+for s, (tr, he) in res.items():
+    print(f"{s:5s} train (last 100 steps) {tr:.5f} ({(tr / f_train - 1) * 100:+.2f}%)  "
+          f"held-out {he:.4f} ({(he / f_held - 1) * 100:+.2f}%)")
+PY
