@@ -221,8 +221,10 @@ def init_weights(torch, model, std=0.02):
     included) N(0, std), norm gains (the 1-D weights: LayerNorm, RMSNorm) 1,
     biases 0.
 
-    Works on plain tensors and on FSDP2's DTensor shards (one rank: the local
-    shard is the whole tensor)."""
+    Works on plain tensors and on FSDP2's DTensor shards: each rank fills its
+    local shard (one rank: the whole tensor; under torchrun the ranks share a
+    seed, so their shards repeat one another's draws: a benchmark's weights,
+    not a faithful init)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             t = p.to_local() if hasattr(p, "to_local") else p
