@@ -11,13 +11,8 @@
  * through a small buffer: a save or load takes no more heap than that. */
 #define MOMENT_PIECE ((size_t)1 << 20)
 
-static td_status moments_unsupported(const td_trainer *t)
-{
-    return td_error_set(TD_ERR_UNSUPPORTED, "checkpoints of --optim-state %s moments are not built yet",
-                        td_optim_state_name(t->cfg.optim.state));
-}
-
-/* Appends m or v (memmgr id) of checkpoint param k, elements [off, off + numel) of the tensor. */
+/* Appends m or v (memmgr id) of checkpoint param k, elements [off, off + numel) of the tensor; fp32 or
+ * bf16 state. */
 static td_status moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ckpt_state kind, int id, size_t off,
                              size_t numel, float *tmp)
 {
@@ -25,7 +20,7 @@ static td_status moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ckpt_st
     td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_READ, &p);
     if (st) return st;
     if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_writer_append_state(w, k, kind, (float *)p + off, numel);
-    if (t->cfg.optim.state != TD_OPTIM_STATE_BF16) return moments_unsupported(t);
+    /* bf16 (int8 moments go through int8_moment_save / _load) */
     for (size_t at = 0; at < numel; at += MOMENT_PIECE) {
         size_t n = numel - at < MOMENT_PIECE ? numel - at : MOMENT_PIECE;
         td_train_to_f32(tmp, (const uint16_t *)p + off + at, TD_DTYPE_BF16, n);
@@ -34,7 +29,8 @@ static td_status moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ckpt_st
     return TD_OK;
 }
 
-/* Reads m or v of checkpoint param k into elements [off, off + numel) of the moment buffer. */
+/* Reads m or v of checkpoint param k into elements [off, off + numel) of the moment buffer; fp32 or bf16
+ * state. */
 static td_status moment_load(td_trainer *t, const td_ckpt_reader *r, int k, td_ckpt_state kind, int id, size_t off,
                              size_t numel, float *tmp)
 {
@@ -42,7 +38,7 @@ static td_status moment_load(td_trainer *t, const td_ckpt_reader *r, int k, td_c
     td_status st = td_memmgr_host_access(t->mm, &id, 1, TD_ACCESS_WRITE, &p);
     if (st) return st;
     if (t->cfg.optim.state == TD_OPTIM_STATE_FP32) return td_ckpt_reader_read_state(r, k, kind, 0, numel, (float *)p + off);
-    if (t->cfg.optim.state != TD_OPTIM_STATE_BF16) return moments_unsupported(t);
+    /* bf16 (int8 moments go through int8_moment_save / _load) */
     for (size_t at = 0; at < numel; at += MOMENT_PIECE) {
         size_t n = numel - at < MOMENT_PIECE ? numel - at : MOMENT_PIECE;
         if ((st = td_ckpt_reader_read_state(r, k, kind, at, n, tmp))) return st;
