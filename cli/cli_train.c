@@ -20,7 +20,7 @@
 /* Every option of train/plan/eval that describes the model and the run. */
 typedef struct train_opts {
     const char *model, *data, *policy, *precision, *ckpt, *schedule, *backend, *eviction;
-    const char *log, *trace_out, *timeline, *save, *resume, *init, *optim_state;
+    const char *log, *trace_out, *timeline, *save, *resume, *init, *optim_state, *adam_thread;
     long save_every, stop_after, max_bad_steps;
     double heldout;
     int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every, decay_all;
@@ -74,6 +74,7 @@ static const char usage[] =
     {"clip-grad-norm", TD_OPT_DOUBLE, &(o)->clip, "X", "global grad-norm clipping, 0 off (default 1.0)", 0}, \
     {"backend", TD_OPT_STRING, &(o)->backend, "B", "auto (default), cpu or cuda", 0},                        \
     {"threads", TD_OPT_INT, &(o)->threads, "N", "CPU threads (default: all local cores)", 0},                 \
+    {"adam-thread", TD_OPT_STRING, &(o)->adam_thread, "M", "the CPU AdamW on a thread of its own, beside the GPU's backward and the\nnext forward: on, off or auto (default: on with the cuda backend on one rank);\nthe same results either way", 0}, \
     {"log", TD_OPT_STRING, &(o)->log, "FILE", "JSON lines, one per step", 0},                                 \
     {"log-every", TD_OPT_INT, &(o)->log_every, "N", "progress line every N steps when not on a terminal (default 10)", 0}, \
     {"trace-out", TD_OPT_STRING, &(o)->trace_out, "FILE", "write the warm-up's chunk access trace (tidal-trace 1)", 0}, \
@@ -106,6 +107,7 @@ static void opts_defaults(train_opts *o)
     o->eviction = "belady";
     o->precision = "fp32";
     o->optim_state = "fp32";
+    o->adam_thread = "auto";
     o->ckpt = "auto";
     o->schedule = "cosine";
     o->backend = "auto";
@@ -186,6 +188,10 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->host_ram = o->host_ram;
     if ((st = td_optim_state_parse(o->optim_state, &c->optim.state))) return td_error_prefix(st, "--optim-state: ");
     c->threads = o->threads;
+    if (!strcmp(o->adam_thread, "on")) c->adam_thread = 1;
+    else if (!strcmp(o->adam_thread, "off")) c->adam_thread = -1;
+    else if (!strcmp(o->adam_thread, "auto")) c->adam_thread = 0;
+    else return td_error_set(TD_ERR_INVALID, "--adam-thread '%s': use on, off or auto", o->adam_thread);
     if ((st = td_backend_kind_parse(o->backend, &c->backend))) return td_error_prefix(st, "--backend: ");
     if ((st = td_dtype_parse(o->precision, &c->precision))) return td_error_prefix(st, "--precision: ");
     /* fp16 grads underflow without a loss scale: dynamic scaling, as PyTorch's GradScaler. */
@@ -343,7 +349,7 @@ static void agree_add(agree_list *a, const char *key, const char *value)
 
 static void agree_build(agree_list *a, const td_opt *table, const td_train_config *cfg, const td_loader *loader)
 {
-    static const char *const local[] = {"log", "log-every", "trace-out", "trace-timeline", "threads", "host-ram",
+    static const char *const local[] = {"log", "log-every", "trace-out", "trace-timeline", "threads", "adam-thread", "host-ram",
                                         "host-pin-limit", "config", "nproc", "comm-timeout", "data", NULL};
     a->n = 0;
     for (const td_opt *t = table; t->name; t++) {

@@ -995,6 +995,21 @@ td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, v
     return TD_OK;
 }
 
+td_status td_memmgr_chunk_host_peek(td_memmgr *m, int chunk, void **host, td_copy_ticket *written)
+{
+    td_status st;
+    if (!m->laid_out || chunk < 0 || chunk >= m->n_chunks)
+        return td_error_set(TD_ERR_INVALID, "memmgr: host peek at chunk %d (%d chunks)", chunk, m->n_chunks);
+    mm_chunk *ch = &m->chunks[chunk];
+    if (ch->pins)
+        return td_error_set(TD_ERR_STATE, "memmgr: host peek at chunk %d ('%s', ...) while it is in COMPUTE on the "
+                            "device", chunk, m->tensors[ch->tensors[0]].name);
+    if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
+    *host = ch->host;
+    if (written) *written = ch->writeback;
+    return TD_OK;
+}
+
 /* ---- non-model memory ----------------------------------------------------- */
 
 td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, void **ptr)

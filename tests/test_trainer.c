@@ -687,6 +687,88 @@ static void test_resume_is_bit_exact(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+
+/* A run's losses and, after td_trainer_finish_update, every param's bytes
+ * (fp32 on the cpu backend), in tensor order. */
+static void run_with_params(const td_train_config *c, int steps, double *losses, float **params, size_t *n_params)
+{
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(c, &t));
+    td_test_batches b = { .vocab = c->model.vocab_size, .n = (size_t)c->micro_batch * c->seq_len };
+    td_rng_seed(&b.rng, 99);
+    for (int s = 0; s < steps; s++) {
+        td_step_result r;
+        TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        losses[s] = r.loss;
+    }
+    TD_ASSERT_OK(td_trainer_finish_update(t));
+    td_memmgr *mm = td_trainer_memmgr(t);
+    int n = td_gpt_ref_tensor_count(&c->model);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int id;
+        td_trainer_tensor_ids(t, i, &id, NULL, NULL, NULL);
+        total += td_memmgr_tensor_numel(mm, id);
+    }
+    float *all = malloc(total * sizeof *all);
+    assert_non_null(all);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        int id;
+        void *h;
+        td_trainer_tensor_ids(t, i, &id, NULL, NULL, NULL);
+        TD_ASSERT_OK(td_memmgr_host_access(mm, &id, 1, TD_ACCESS_READ, &h));
+        size_t k = td_memmgr_tensor_numel(mm, id);
+        memcpy(all + at, h, k * sizeof *all);
+        at += k;
+    }
+    td_trainer_destroy(t);
+    *params = all;
+    *n_params = total;
+}
+
+/* The AdamW on a thread of its own (--adam-thread on) gives the losses and
+ * the params of the same run without it, bit for bit: with and without
+ * clipping (updates in the backward, or handed over for the next forward),
+ * with gradient accumulation, with part of the optimizer on the device, and
+ * under a budget that evicts. */
+static void test_adam_thread_is_bit_identical(void **state)
+{
+    enum { STEPS = 4 };
+    struct { double clip; int accum; td_placement pol; double optim_frac; int tight; } cases[] = {
+        {0, 1, TD_PLACEMENT_CPU, 0, 0},    {1.0, 1, TD_PLACEMENT_CPU, 0, 0},  {0, 2, TD_PLACEMENT_CPU, 0, 0},
+        {1.0, 2, TD_PLACEMENT_CPU, 0, 0},  {0, 1, TD_PLACEMENT_STATIC, 0.5, 0}, {1.0, 1, TD_PLACEMENT_STATIC, 0.5, 0},
+        {0, 2, TD_PLACEMENT_AUTO, 1, 1},   {1.0, 1, TD_PLACEMENT_AUTO, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        td_train_config c = small_config();
+        c.optim.max_grad_norm = cases[i].clip;
+        c.grad_accum = cases[i].accum;
+        c.mm.placement = cases[i].pol;
+        c.mm.offload_param_frac = 0;
+        c.mm.offload_optim_frac = cases[i].optim_frac;
+        if (cases[i].tight) {
+            td_train_plan p;
+            TD_ASSERT_OK(td_train_plan_make(&c, (size_t)1 << 32, &p));
+            c.gpu_budget = p.min_device_bytes + 2 * p.largest_chunk_bytes;
+        }
+        double off[STEPS], on[STEPS];
+        float *p_off, *p_on;
+        size_t n_off, n_on;
+        c.adam_thread = -1;
+        run_with_params(&c, STEPS, off, &p_off, &n_off);
+        c.adam_thread = 1;
+        run_with_params(&c, STEPS, on, &p_on, &n_on);
+        assert_memory_equal(off, on, sizeof off);
+        assert_int_equal(n_off, n_on);
+        assert_memory_equal(p_off, p_on, n_off * sizeof *p_off);
+        /* and the run learned something: the updates happened */
+        assert_true(on[STEPS - 1] < on[0]);
+        free(p_off);
+        free(p_on);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -705,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_auto_optimizer_share_follows_the_budget),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
+        cmocka_unit_test(test_adam_thread_is_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,10 +108,10 @@ td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, doubl
     td_optim_dtype dt = cfg->precision == TD_DTYPE_F32 ? TD_OPTIM_DTYPE_F32 : (td_optim_dtype)cfg->precision;
     size_t E = td_dtype_bytes(cfg->precision);
     td_adam_cpu_params ap = td_adam_cpu_default_params();
-    ap.threads = cfg->threads;
     td_adam_cpu *cpu = NULL;
-    /* The team bound to the local cores, as the trainer's. */
+    /* The team bound to the local cores, as the trainer's, of as many threads. */
     if (b && td_topo_create(b, &topo) == TD_OK) ap.topo = topo;
+    ap.threads = td_train_adam_threads(cfg, topo);
     float *master = NULL, *m = NULL, *v = NULL;
     void *grad = NULL, *param = NULL;
     *gparams_per_s = *dram_gbytes_per_s = 0;

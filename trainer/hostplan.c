@@ -16,6 +16,7 @@
 #include "tidal/hostpool.h"
 #include "tidal/util.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -131,7 +132,7 @@ td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_top
     /* A team like the trainer's (same threads, same binding, so the same
      * ranges): each thread zeroes the pages it will update. */
     td_adam_cpu_params ap = td_adam_cpu_default_params();
-    ap.threads = cfg->threads;
+    ap.threads = td_train_adam_threads(cfg, topo);
     ap.topo = topo;
     td_adam_cpu *cpu = NULL;
     TD_TRY(td_adam_cpu_create(&ap, &cpu));
@@ -241,4 +242,18 @@ size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
                      u->total_bytes, u->peak_bytes, u->heap_source ? u->heap_source : "");
     if (n < 0) n = 0;
     return (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
+}
+
+int td_train_adam_overlap(const td_train_config *cfg)
+{
+    if (cfg->adam_thread) return cfg->adam_thread > 0 && cfg->ranks <= 1;
+    return cfg->backend == TD_BACKEND_CUDA && cfg->ranks <= 1;
+}
+
+int td_train_adam_threads(const td_train_config *cfg, td_topo *topo)
+{
+    if (cfg->threads > 0) return cfg->threads;
+    int cores = topo ? td_topo_local_cores(topo) : omp_get_max_threads();
+    if (cores < 1) cores = 1;
+    return td_train_adam_overlap(cfg) && cores > 1 ? cores - 1 : cores;
 }

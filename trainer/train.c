@@ -8,6 +8,7 @@
  * storage with fp32 accumulation) on the compute stream.  Everything else —
  * the access order, the states, the optimizer — is the same code. */
 #include "train_impl.h"
+#include "adam_worker.h"
 #include "tidal/arena.h"
 #include "tidal/copy.h"
 #include "tidal/hostpool.h"
@@ -28,6 +29,7 @@
 
 
 static td_status setup_optimizer(td_trainer *t);
+static td_status adam_job(void *ctx, int k);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 /* The host waits for the compute queue: through the communicator when there
@@ -271,9 +273,19 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     }
 #endif
     td_adam_cpu_params ap = td_adam_cpu_default_params();
-    ap.threads = cfg->threads;
+    ap.threads = td_train_adam_threads(cfg, t->topo);
     ap.topo = t->topo;
     TD_TRY(td_adam_cpu_create(&ap, &t->adam));
+    t->main_core = -1;
+    if (td_train_adam_overlap(cfg)) {
+        int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+        t->jobs = td_calloc((size_t)chunks, sizeof *t->jobs, TD_ROLE_META);
+        t->ov_left = td_calloc((size_t)chunks, sizeof *t->ov_left, TD_ROLE_META);
+        if (!t->jobs || !t->ov_left) TD_FAIL(TD_ERR_NOMEM, "out of memory for the AdamW thread's %d jobs", chunks);
+        TD_TRY(td_adam_worker_create(chunks, adam_job, t, &t->worker));
+        /* The core past the AdamW team's (it binds thread i to core i) drives the GPU. */
+        if (ap.threads < td_topo_local_cores(t->topo)) t->main_core = ap.threads;
+    }
     TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
     if (t->ranks > 1) { /* the first step gathers too (the same params on every rank): see pending_update */
@@ -293,6 +305,7 @@ cleanup:
 void td_trainer_destroy(td_trainer *t)
 {
     if (!t) return;
+    td_adam_worker_destroy(t->worker); /* its job running done first: it reads what is freed below */
     td_adam_cpu_destroy(t->adam);
 #ifdef TD_HAVE_CUDA
     td_ops_cuda_free(t->ops_cuda);
@@ -320,6 +333,8 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->optim_on_gpu);
     td_free(t->rs_left);
     td_free(t->sumsq_all);
+    td_free(t->jobs);
+    td_free(t->ov_left);
     td_train_decay_free(t);
     td_free(t);
 }
@@ -353,6 +368,9 @@ static int chunk_on_gpu(const td_trainer *t, int k);
 
 /* The pending AdamW of param chunks up to role index `upto`; when the last
  * is done, the grads are consumed (FREE) and nothing is pending. */
+static td_status take_back(td_trainer *t, int k);
+static td_status hand_over_begin(td_trainer *t);
+static td_status hand_over_finished(td_trainer *t, const int *gids, int n);
 static td_status catch_up(td_trainer *t, int upto)
 {
     if (!t->pending_end) return TD_OK;
@@ -366,7 +384,16 @@ static td_status catch_up(td_trainer *t, int upto)
             continue;
         }
         if (chunk_on_gpu(t, t->pending_next)) continue; /* updated on the device */
-        st = update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
+        st = t->worker ? take_back(t, t->pending_next) : update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
+        if (st) return st;
+    }
+    /* The AdamW thread's updates already done, beyond: recorded now, so the
+     * prefetcher loads their new params, not the old. */
+    for (; t->worker && t->pending_next < t->pending_end; t->pending_next++) {
+        int k = t->pending_next;
+        if (chunk_on_gpu(t, k)) continue;
+        if (!td_adam_worker_finished(t->worker, k)) break;
+        td_status st = take_back(t, k);
         if (st) return st;
     }
     if (t->pending_next < t->pending_end) return TD_OK;
@@ -388,7 +415,7 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
         int k = td_memmgr_tensor_chunk(t->mm, ids[i]) - first;
         if (k > upto) upto = k;
     }
-    return catch_up(t, upto + CATCH_AHEAD);
+    return catch_up(t, upto + (t->worker ? 0 : CATCH_AHEAD));
 }
 
 td_status td_trainer_finish_update(td_trainer *t)
@@ -667,6 +694,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     int ids[TD_GPT_REF_BLOCK_TENSORS], gids[TD_GPT_REF_BLOCK_TENSORS];
     td_tensor_state grad_done = last ? TD_TENSOR_READY_FOR_REDUCE : TD_TENSOR_HOLD_AFTER_BWD;
     if (last && train) reduce_begin(t);
+    if (last && train) TD_TRY(hand_over_begin(t));
 
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->tokens, t->h_tokens, N * sizeof(int32_t)));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
@@ -731,6 +759,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     if (tied) TD_TRY(td_memmgr_release(mm, ghead + nh - 1, 1, TD_TENSOR_HOLD_AFTER_BWD));
     if (last) TD_TRY(reduce_finished_grads(t, ghead, nh - tied));
     if (last) TD_TRY(writeback_host_grads(t, ghead, nh - tied));
+    if (last) TD_TRY(hand_over_finished(t, ghead, nh - tied));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     /* Blocks in reverse. */
@@ -753,6 +782,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));
         if (last) TD_TRY(reduce_finished_grads(t, gids, nb));
         if (last) TD_TRY(writeback_host_grads(t, gids, nb));
+        if (last) TD_TRY(hand_over_finished(t, gids, nb));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
     }
@@ -766,6 +796,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_memmgr_release(mm, gemb, ne, grad_done));
     if (last) TD_TRY(reduce_finished_grads(t, gemb, ne));
     if (last) TD_TRY(writeback_host_grads(t, gemb, ne));
+    if (last) TD_TRY(hand_over_finished(t, gemb, ne));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
     return st;
@@ -906,7 +937,7 @@ static td_status setup_optimizer(td_trainer *t)
     int n = t->n_tensors, chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
     int first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
     TD_TRY(td_hostpool_alloc(t->pool, 2 * ((size_t)chunks + 1) * sizeof(double), TD_ROLE_STAGING, (void **)&t->h_sumsq));
-    if (!t->gpu_opt && t->ranks == 1) return TD_OK;
+    if (!t->gpu_opt && t->ranks == 1 && !t->worker) return TD_OK;
     if (t->ranks > 1) {
         t->rs_left = td_calloc((size_t)chunks + 1, sizeof(int), TD_ROLE_META);
         t->sumsq_all = td_calloc((size_t)t->ranks * ((size_t)chunks + 1), sizeof(double), TD_ROLE_META);
@@ -957,6 +988,135 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
                          .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
     TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch));
 cleanup:
+    return st;
+}
+
+/* ---- the AdamW thread (adam_worker.h) ---------------------------------------- */
+
+/* Whether the updates start in the backward, each host chunk as its grads
+ * land: nothing waits for the global norm (no clipping, no loss scale). */
+static int updates_early(const td_trainer *t)
+{
+    const td_optim_params *op = &t->optim.params;
+    return op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE;
+}
+
+/* The coefficients of the step about to be taken (no clipping: scale 1). */
+static td_status next_coeffs(td_trainer *t, td_adam_coeffs *c)
+{
+    const td_optim_params *op = &t->optim.params;
+    long step = t->optim.step + 1;
+    return td_adam_coeffs_make(&op->adam, td_lr_at(&op->lr, step), step, 1.0, c);
+}
+
+/* The thread driving the GPU on the core the AdamW team leaves free: the
+ * team's threads would otherwise share a core with it (a team waits for
+ * its slowest thread).  Again each step: a call into the AdamW engine from
+ * this thread binds it to the team's first core.  Best effort. */
+static void own_core(td_trainer *t)
+{
+    if (t->main_core >= 0) (void)td_topo_bind_thread_to_core(t->topo, t->main_core, t->main_core + 1);
+}
+
+/* On the AdamW thread: param chunk k's update, once its grads are on the host. */
+static td_status adam_job(void *ctx, int k)
+{
+    td_status st = TD_OK;
+    td_trainer *t = ctx;
+    td_adam_job *j = &t->jobs[k];
+    TD_TRY(td_copy_wait(t->engine, &j->grads));
+    if (j->stats) {
+        td_grad_stats s = {0};
+        TD_TRY(td_adam_cpu_grad_stats(t->adam, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
+        t->h_sumsq[k] = s.sumsq;
+    }
+    TD_TRY(td_train_adam_chunk_cpu(t, k, j->c, &j->ch));
+cleanup:
+    return st;
+}
+
+/* Param chunk k's update handed to the AdamW thread with the coefficients
+ * in t->ov_coeffs; `stats`: it also adds up the grads' sumsq.  Nothing may
+ * write the chunk's grads or params until it is taken back. */
+static td_status hand_over(td_trainer *t, int k, int stats)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    td_adam_job *j = &t->jobs[k];
+    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k);
+    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k);
+    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k);
+    void *p, *g, *m, *v, *master;
+    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, &g, &j->grads));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, &p, NULL));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
+    master = p;
+    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
+    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
+                             .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
+                             .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
+    j->c = &t->ov_coeffs;
+    j->stats = stats;
+    TD_TRY(td_adam_worker_submit(t->worker, k));
+cleanup:
+    return st;
+}
+
+/* Param chunk k's update back from the AdamW thread: its host copies of
+ * params, master and moments are recorded as written (the device copy of
+ * the params is stale from here on). */
+static td_status take_back(td_trainer *t, int k)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    void *x;
+    TD_TRY(td_adam_worker_wait(t->worker, k));
+    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k);
+    TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), TD_ACCESS_WRITE, &x));
+    TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), TD_ACCESS_WRITE, &x));
+    TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k), TD_ACCESS_WRITE, &x));
+    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &x));
+cleanup:
+    return st;
+}
+
+/* Every update the AdamW thread holds, taken back. */
+static td_status take_back_all(td_trainer *t)
+{
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    for (int k = 0; t->worker && k < chunks; k++)
+        if (td_adam_worker_pending(t->worker, k)) {
+            td_status st = take_back(t, k);
+            if (st) return st;
+        }
+    return TD_OK;
+}
+
+/* Before a step's last micro-batch, when the updates start in the
+ * backward: every grad tensor of each host chunk still to finish. */
+static td_status hand_over_begin(td_trainer *t)
+{
+    if (!t->worker || !updates_early(t)) return TD_OK;
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    for (int k = 0; k < chunks; k++)
+        t->ov_left[k] = chunk_on_gpu(t, k) ? 0 : t->group_start[k + 1] - t->group_start[k];
+    own_core(t);
+    return next_coeffs(t, &t->ov_coeffs);
+}
+
+/* Counts down the grads the last micro-batch finished (gids, their
+ * write-back started); a host chunk whose grads are all done goes to the
+ * AdamW thread now, which waits for that write-back and updates it while
+ * the GPU runs the backward of the blocks before it. */
+static td_status hand_over_finished(td_trainer *t, const int *gids, int n)
+{
+    if (!t->worker || !updates_early(t)) return TD_OK;
+    td_status st = TD_OK;
+    for (int i = 0; !st && i < n; i++) {
+        int k = param_chunk_of(t, gids[i], TD_TENSOR_GRAD);
+        if (!chunk_on_gpu(t, k) && --t->ov_left[k] == 0) st = hand_over(t, k, 1);
+    }
     return st;
 }
 
@@ -1065,6 +1225,9 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM), host_chunks = chunks - t->gpu_opt;
     td_grad_stats global = {0};
     const td_optim_params *op = &t->optim.params;
+    /* On the cpu backend the GPU chunks' work below runs on the AdamW team
+     * too: the AdamW thread's first. */
+    if (!on_cuda(t)) TD_TRY(take_back_all(t));
     /* The GPU chunks' sumsq first: the device works on them while the CPU
      * reads the host chunks' grads. */
     if (t->gpu_opt && !on_cuda(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
@@ -1079,8 +1242,8 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
          * coefficients, same result as below. */
         long step = t->optim.step + 1;
         td_adam_coeffs c;
-        TD_TRY(td_adam_coeffs_make(&op->adam, td_lr_at(&op->lr, step), step, 1.0, &c));
-        for (int i = chunks - 1; i >= 0; i--) {
+        TD_TRY(next_coeffs(t, &c));
+        for (int i = chunks - 1; !t->worker && i >= 0; i--) {
             if (chunk_on_gpu(t, i)) continue;
             td_grad_stats part = {0};
             TD_TRY(update_chunk_host(t, i, &c, &part));
@@ -1088,6 +1251,12 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         }
         for (int i = 0; i < chunks; i++)
             if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &c));
+        if (t->worker) { /* the host chunks went to the AdamW thread in the backward, with their sumsq */
+            for (int i = 0; i < chunks; i++)
+                if (t->ov_left[i])
+                    TD_FAIL(TD_ERR_STATE, "param chunk %d's grads were never handed to the AdamW thread", i);
+            TD_TRY(take_back_all(t));
+        }
         TD_TRY(gather_device_sumsq(t, chunks));
         global = merge_sumsq(t, chunks);
         TD_TRY(begin_step(t, &global, os));
@@ -1121,6 +1290,15 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
                 t->pending_next = 0;
                 t->pending_end = chunks;
                 t->pending_coeffs = os->coeffs;
+            }
+            /* With the AdamW thread: every host chunk to it now, in the
+             * order the next forward needs them; catch_up takes each back
+             * just before its first use. */
+            if (host_chunks && t->worker) {
+                t->ov_coeffs = os->coeffs;
+                own_core(t);
+                for (int i = 0; i < chunks; i++)
+                    if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i, 0));
             }
         }
     }

@@ -83,7 +83,36 @@ struct td_trainer {
     int rank, ranks;
     int *rs_left;
     double *sumsq_all;
+    /* The host's AdamW on a thread of its own (adam_worker.h,
+     * cfg.adam_thread), one rank: jobs[k] is param chunk k's update as
+     * handed over; ov_left[k], grad tensors of host chunk k the last
+     * micro-batch has still to finish (then the chunk is handed over as its
+     * grads go to the host); ov_coeffs, the coefficients of the updates
+     * handed over; main_core, the core kept for this thread (-1: none). */
+    struct td_adam_worker *worker;
+    struct td_adam_job *jobs;
+    int *ov_left;
+    td_adam_coeffs ov_coeffs;
+    int main_core;
 };
+
+/* Param chunk k's host update as the AdamW thread runs it: the host copies
+ * (the memmgr's peek), the ticket of the grads' last write-back, which it
+ * waits for first, and whether it also adds the grads' sumsq (into
+ * h_sumsq[k]) for the global norm. */
+typedef struct td_adam_job {
+    td_adam_chunk ch;
+    td_copy_ticket grads;
+    const td_adam_coeffs *c;
+    int stats;
+} td_adam_job;
+
+/* Whether the host's AdamW runs on a thread of its own: cfg.adam_thread on,
+ * or auto with the cuda backend on one rank (the backend resolved). */
+int td_train_adam_overlap(const td_train_config *cfg);
+/* The CPU AdamW team's threads: --threads, else the local cores, less the
+ * one kept for the thread driving the GPU when the AdamW has its own. */
+int td_train_adam_threads(const td_train_config *cfg, td_topo *topo);
 
 /* Elements a chunk's shard is rounded to (shard.h's align). */
 size_t td_train_shard_align(const td_train_config *cfg);

@@ -235,6 +235,13 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
  * tensor, alignment gaps included: the per-chunk optimizer's view).  For a
  * write no tensor of it may be FREE. */
 td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, void **host);
+/* A chunk's host copy without waiting, for a reader on another thread: the
+ * write-back of a dirty chunk is started, and `written` is the ticket that
+ * reader waits for (td_copy_wait) before it reads.  The caller keeps the
+ * chunk's host copy and its device copy unwritten meanwhile, and records a
+ * write to the host copy afterwards with td_memmgr_chunk_host_access
+ * (TD_ACCESS_WRITE), which makes the device copy stale. */
+td_status td_memmgr_chunk_host_peek(td_memmgr *m, int chunk, void **host, td_copy_ticket *written);
 td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
 /* The device copy of the chunk holding tensor `id` was just written by work
  * queued on q (a collective on the H2D queue, say), after td_memmgr_release:

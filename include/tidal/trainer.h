@@ -81,6 +81,11 @@ typedef struct td_train_config {
     int decay_all;                /* 1: weight decay on every tensor; 0: on the matrices only (2-D weights,
                                      embeddings included), not on norm gains and biases (docs/training.md) */
     int threads;                  /* CPU AdamW and ops; 0: all local cores */
+    int adam_thread;              /* the host's AdamW on a thread of its own, beside the GPU work (each chunk as
+                                     its grads land, or, with clipping, as the next forward needs it):
+                                     1 on, -1 off, 0 auto: on with the cuda backend on one rank.  The AdamW
+                                     team then leaves one of the local cores to the thread driving the GPU.
+                                     The results are the same either way. */
     /* Data parallelism with ZeRO-3 (docs/distributed.md): `ranks` processes
      * (0 or 1: one), this one `rank`.  Every chunk is split over the ranks:
      * each rank's host keeps its shard of the fp32 master and the AdamW

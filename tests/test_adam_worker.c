@@ -1,0 +1,111 @@
+/* The CPU AdamW's own thread (trainer/adam_worker.h): jobs run in the order
+ * handed over, on another thread; a wait returns its job's status with the
+ * message; after a failure the later jobs are not run; a job cannot be
+ * handed over twice before it is waited for; destroy drops what is queued. */
+#include "td_test.h"
+#include "../trainer/adam_worker.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    pthread_mutex_t lock;
+    int order[16], n;
+    pthread_t ran_on[16];
+    int fail_at;          /* this job fails (-1: none) */
+    int sleep_us;
+} log_ctx;
+
+static td_status job(void *ctx, int k)
+{
+    log_ctx *c = ctx;
+    if (c->sleep_us) usleep((useconds_t)c->sleep_us);
+    pthread_mutex_lock(&c->lock);
+    c->order[c->n++] = k;
+    c->ran_on[k] = pthread_self();
+    pthread_mutex_unlock(&c->lock);
+    if (k == c->fail_at) return td_error_set(TD_ERR_IO, "job %d: disk on fire", k);
+    return TD_OK;
+}
+
+static void test_jobs_run_in_order_on_another_thread(void **state)
+{
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 2000 };
+    td_adam_worker *w;
+    TD_ASSERT_OK(td_adam_worker_create(8, job, &c, &w));
+    int handed[] = {5, 3, 7, 0, 1};
+    for (int i = 0; i < 5; i++) TD_ASSERT_OK(td_adam_worker_submit(w, handed[i]));
+    for (int i = 0; i < 5; i++) assert_true(td_adam_worker_pending(w, handed[i]));
+    assert_false(td_adam_worker_pending(w, 2));
+    TD_ASSERT_OK(td_adam_worker_wait(w, 1)); /* the last: all have run */
+    assert_int_equal(c.n, 5);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(c.order[i], handed[i]);
+        assert_false(pthread_equal(c.ran_on[handed[i]], pthread_self()));
+        assert_true(td_adam_worker_finished(w, handed[i]) || handed[i] == 1);
+    }
+    assert_false(td_adam_worker_pending(w, 1)); /* waited for: forgotten */
+    for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_adam_worker_wait(w, handed[i]));
+    TD_ASSERT_OK(td_adam_worker_wait(w, 2)); /* never handed over: nothing to wait for */
+    /* Again, after the waits. */
+    TD_ASSERT_OK(td_adam_worker_submit(w, 5));
+    TD_ASSERT_OK(td_adam_worker_wait(w, 5));
+    assert_int_equal(c.n, 6);
+    td_adam_worker_destroy(w);
+}
+
+static void test_failure_reaches_the_waiter(void **state)
+{
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = 2 };
+    td_adam_worker *w;
+    TD_ASSERT_OK(td_adam_worker_create(4, job, &c, &w));
+    for (int k = 0; k < 4; k++) TD_ASSERT_OK(td_adam_worker_submit(w, k));
+    TD_ASSERT_OK(td_adam_worker_wait(w, 0));
+    TD_ASSERT_OK(td_adam_worker_wait(w, 1));
+    td_error_clear();
+    assert_int_equal(td_adam_worker_wait(w, 2), TD_ERR_IO);
+    assert_non_null(strstr(td_error_msg(), "disk on fire"));
+    assert_int_equal(td_adam_worker_wait(w, 3), TD_ERR_IO); /* not run after it */
+    assert_non_null(strstr(td_error_msg(), "chunk 2's failed first"));
+    assert_int_equal(c.n, 3);
+    td_adam_worker_destroy(w);
+}
+
+static void test_misuse_is_refused(void **state)
+{
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000 };
+    td_adam_worker *w;
+    assert_int_equal(td_adam_worker_create(0, job, &c, &w), TD_ERR_INVALID);
+    TD_ASSERT_OK(td_adam_worker_create(2, job, &c, &w));
+    TD_ASSERT_OK(td_adam_worker_submit(w, 0));
+    assert_int_equal(td_adam_worker_submit(w, 0), TD_ERR_STATE);
+    assert_non_null(strstr(td_error_msg(), "again"));
+    assert_int_equal(td_adam_worker_submit(w, 2), TD_ERR_INVALID);
+    assert_int_equal(td_adam_worker_wait(w, -1), TD_ERR_INVALID);
+    TD_ASSERT_OK(td_adam_worker_wait(w, 0));
+    td_adam_worker_destroy(w);
+}
+
+/* Destroy with jobs queued: the running one finishes, the rest are dropped. */
+static void test_destroy_drops_the_queue(void **state)
+{
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000 };
+    td_adam_worker *w;
+    TD_ASSERT_OK(td_adam_worker_create(8, job, &c, &w));
+    for (int k = 0; k < 8; k++) TD_ASSERT_OK(td_adam_worker_submit(w, k));
+    td_adam_worker_destroy(w);
+    assert_true(c.n < 8);
+    for (int i = 0; i < c.n; i++) assert_int_equal(c.order[i], i);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_jobs_run_in_order_on_another_thread),
+        cmocka_unit_test(test_failure_reaches_the_waiter),
+        cmocka_unit_test(test_misuse_is_refused),
+        cmocka_unit_test(test_destroy_drops_the_queue),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
