@@ -869,7 +869,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"device\":{\"budget_bytes\":%zu,\"free_bytes\":%zu,\"activation_bytes\":%zu,\"workspace_bytes\":%zu,"
                "\"staging_bytes\":%zu,\"working_set_bytes\":%zu,\"min_bytes\":%zu,\"all_resident_bytes\":%zu,"
                "\"peak_bytes\":%zu,\"fits\":%s},"
-               "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
+               "\"host\":{\"param_bytes\":%zu,\"grad_bytes\":%zu,\"grad_slots\":%d,\"optimizer_bytes\":%zu,\"pinned_bytes\":%zu,"
                "\"pinned_chunk_bytes\":%zu,\"pinned_optimizer_bytes\":%zu,\"staging_bytes\":%zu,\"slab_bytes\":%zu,"
                "\"slabs\":%d,\"pageable_bytes\":%zu,\"pageable_optimizer_bytes\":%zu,\"heap_bytes\":%zu,"
                "\"device_region_bytes\":%zu,\"total_bytes\":%zu,\"bytes_per_param\":%.3f,"
@@ -883,7 +883,7 @@ int td_cli_plan_main(int argc, char **argv)
                cfg.ranks > 1 ? cfg.ranks : 1, cfg.rank, p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
                device_peak, fits_device ? "true" : "false", p.host_role_bytes[TD_TENSOR_PARAM],
-               p.host_role_bytes[TD_TENSOR_GRAD], p.host_role_bytes[TD_TENSOR_ADAM_M] + p.host_role_bytes[TD_TENSOR_ADAM_V] + p.host_role_bytes[TD_TENSOR_MASTER],
+               p.host_role_bytes[TD_TENSOR_GRAD], p.host_grad_slots, p.host_role_bytes[TD_TENSOR_ADAM_M] + p.host_role_bytes[TD_TENSOR_ADAM_V] + p.host_role_bytes[TD_TENSOR_MASTER],
                p.host_pinned_bytes, p.host_pinned_chunk_bytes, pinned_optim, p.host_staging_bytes, p.host_slab_bytes,
                p.host_slabs, p.host_pageable_bytes, p.host_pageable_state_bytes, p.host_heap_bytes,
                p.host_device_region_bytes, p.host_bytes, host_pp, pinned_pp, td_optim_state_name(cfg.optim.state),
@@ -930,9 +930,14 @@ int td_cli_plan_main(int argc, char **argv)
                                    sizeof k),
                    budget > free_b ? " and that much free device memory" : "");
         printf("\nhost (RAM %s: %s)\n", td_format_bytes(ram, a, sizeof a), ram_src);
-        printf("  pinned (crosses PCIe)\n    params           %12s\n    grads            %12s\n",
+        printf("  pinned (crosses PCIe)\n    params           %12s\n    grads            %12s",
                td_format_bytes(p.host_role_bytes[TD_TENSOR_PARAM], a, sizeof a),
                td_format_bytes(p.host_role_bytes[TD_TENSOR_GRAD], c2, sizeof c2));
+        if (p.host_grad_slots)
+            printf("  (of the CPU AdamW's chunks none: transient, in %d staging slots of %s,\n%29sconsumed by the "
+                   "AdamW thread as they land)", p.host_grad_slots, td_format_bytes(p.host_grad_slot_bytes, d, sizeof d),
+                   "");
+        printf("\n");
         if (pinned_optim)
             printf("    optimizer        %12s  (homed on the device: the GPU AdamW's)\n",
                    td_format_bytes(pinned_optim, d, sizeof d));

@@ -62,6 +62,124 @@ int td_memmgr_chunk_pageable(const td_memmgr *m, int c)
     return m->laid_out ? m->chunks[c].pageable : wants_pageable(&m->chunks[c]);
 }
 
+/* ---- transient grads (params.grad_slots) ------------------------------------ */
+
+/* A grad chunk whose optimizer chunk is homed on the host: its grads go
+ * down once a step for the CPU AdamW and nothing else. */
+static int wants_transient(const td_memmgr *m, const mm_chunk *ch)
+{
+    if (ch->role != TD_TENSOR_GRAD || m->params.grad_slots <= 0 || m->params.shard_ranks > 1) return 0;
+    if (ch->index >= m->role_count[TD_TENSOR_ADAM_M]) return 0;
+    return m->chunks[m->role_first[TD_TENSOR_ADAM_M] + ch->index].home == TD_HOME_HOST;
+}
+
+static size_t host_bytes_of(const td_memmgr *m, int c);
+
+/* The slots the layout gives the transient grads, and their bytes: none
+ * when there are no more such chunks than slots (a copy each costs less). */
+static int plan_gslots(const td_memmgr *m, size_t *slot_bytes)
+{
+    int n = 0;
+    size_t most = 0;
+    for (int c = 0; c < m->n_chunks; c++) {
+        if (!wants_transient(m, &m->chunks[c])) continue;
+        size_t b = host_bytes_of(m, c);
+        if (b > most) most = b;
+        n++;
+    }
+    if (slot_bytes) *slot_bytes = n > m->params.grad_slots ? most : 0;
+    return n > m->params.grad_slots ? m->params.grad_slots : 0;
+}
+
+int td_memmgr_grad_slots(const td_memmgr *m, size_t *slot_bytes)
+{
+    if (m->laid_out) {
+        if (slot_bytes) *slot_bytes = m->gslot_bytes;
+        return m->n_gslots;
+    }
+    return plan_gslots(m, slot_bytes);
+}
+
+int td_memmgr_chunk_transient(const td_memmgr *m, int c)
+{
+    if (c < 0 || c >= m->n_chunks) return 0;
+    if (m->laid_out) return m->chunks[c].transient;
+    return plan_gslots(m, NULL) > 0 && wants_transient(m, &m->chunks[c]);
+}
+
+/* A transient chunk's host copy, checked: a slot a consumer freed is no
+ * longer the chunk's (ch->host NULL then).  With `take`, a chunk without
+ * one takes a free slot, waiting for a consumer to free one. */
+static td_status host_of(td_memmgr *m, mm_chunk *ch, int take)
+{
+    if (!ch->transient) return TD_OK;
+    int c = (int)(ch - m->chunks);
+    pthread_mutex_lock(&m->gslot_lock);
+    if (ch->gslot >= 0 && (m->gslots[ch->gslot].owner != c || m->gslots[ch->gslot].state == MM_GSLOT_FREE)) {
+        ch->gslot = -1;
+        ch->host = NULL;
+    }
+    while (take && ch->gslot < 0) {
+        int lent = 0;
+        for (int i = 0; i < m->n_gslots && ch->gslot < 0; i++) {
+            struct mm_gslot *g = &m->gslots[i];
+            lent |= g->state == MM_GSLOT_LENT;
+            if (g->state != MM_GSLOT_FREE) continue;
+            if (g->owner >= 0 && m->chunks[g->owner].gslot == i) { /* its old owner learns now */
+                m->chunks[g->owner].gslot = -1;
+                m->chunks[g->owner].host = NULL;
+            }
+            g->owner = c;
+            g->state = MM_GSLOT_HELD;
+            ch->gslot = i;
+            ch->host = g->buf;
+        }
+        if (ch->gslot >= 0) break;
+        if (!lent) {
+            pthread_mutex_unlock(&m->gslot_lock);
+            return td_error_set(TD_ERR_STATE, "memmgr: grad chunk %d needs a staging slot and all %d are held by "
+                                "chunks no consumer has peeked at (transient grads need each chunk's grads to be "
+                                "consumed as they arrive: no gradient accumulation, no global norm first)",
+                                c, m->n_gslots);
+        }
+        pthread_cond_wait(&m->gslot_freed, &m->gslot_lock);
+    }
+    pthread_mutex_unlock(&m->gslot_lock);
+    if (!ch->host)
+        return td_error_set(TD_ERR_STATE, "memmgr: the host copy of grad chunk %d ('%s', ...) was consumed; it has "
+                            "none until its next write-back", c, m->tensors[ch->tensors[0]].name);
+    return TD_OK;
+}
+
+/* Every tensor of a transient chunk FREE: its grads are spent, the slot too. */
+static void drop_spent_slot(td_memmgr *m, mm_chunk *ch)
+{
+    if (!ch->transient || ch->n_free < ch->n_tensors) return;
+    pthread_mutex_lock(&m->gslot_lock);
+    if (ch->gslot >= 0 && m->gslots[ch->gslot].owner == (int)(ch - m->chunks) &&
+        m->gslots[ch->gslot].state == MM_GSLOT_HELD) {
+        m->gslots[ch->gslot].state = MM_GSLOT_FREE;
+        pthread_cond_broadcast(&m->gslot_freed);
+    }
+    pthread_mutex_unlock(&m->gslot_lock);
+}
+
+td_status td_memmgr_grad_consumed(td_memmgr *m, const void *host)
+{
+    if (!m->gslot_sync) return td_error_set(TD_ERR_STATE, "memmgr: grads consumed, but there are no transient grads");
+    pthread_mutex_lock(&m->gslot_lock);
+    for (int i = 0; i < m->n_gslots; i++)
+        if (m->gslots[i].buf == host && m->gslots[i].state == MM_GSLOT_LENT) {
+            m->gslots[i].state = MM_GSLOT_FREE;
+            pthread_cond_broadcast(&m->gslot_freed);
+            pthread_mutex_unlock(&m->gslot_lock);
+            return TD_OK;
+        }
+    pthread_mutex_unlock(&m->gslot_lock);
+    return td_error_set(TD_ERR_STATE, "memmgr: grads consumed at %p, which is no staging slot lent to a consumer",
+                        host);
+}
+
 /* ZeRO-3: optimizer state is every rank's own shard, wherever it lives. */
 static int chunk_sharded(const td_memmgr *m, const mm_chunk *ch)
 {
@@ -140,8 +258,16 @@ void td_memmgr_destroy(td_memmgr *m)
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         if (ch->dev) td_slot_release(ch->pool->slots, ch->dev);
+        if (ch->transient) continue; /* a staging slot, below */
         if (ch->host && ch->pageable) td_hostmem_release(m->hostmem, ch->host);
         else if (ch->host) td_hostpool_release(m->pool, ch->host);
+    }
+    for (int i = 0; i < m->n_gslots; i++)
+        if (m->gslots[i].buf) td_hostpool_release(m->pool, m->gslots[i].buf);
+    td_free(m->gslots);
+    if (m->gslot_sync) {
+        pthread_cond_destroy(&m->gslot_freed);
+        pthread_mutex_destroy(&m->gslot_lock);
     }
     if (m->own_hostmem) td_hostmem_destroy(m->hostmem);
     for (int i = 0; i < m->n_pools; i++) {
@@ -238,11 +364,15 @@ td_status td_memmgr_layout(td_memmgr *m)
     if (st) goto cleanup;
     for (int i = 0; i < 2 * MM_MEASURE_LOADS; i++) TD_TRY(td_event_create(m->backend, &m->measure.ev[i]));
     for (int i = 0; i < 2; i++) TD_TRY(td_event_create(m->backend, &m->measure.step_ev[i]));
+    m->n_gslots = plan_gslots(m, &m->gslot_bytes); /* the homes are final now */
     for (int c = 0; c < m->n_chunks; c++) {
         mm_chunk *ch = &m->chunks[c];
         td_role role = mm_is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK;
         ch->host_bytes = host_bytes_of(m, c); /* the homes are final now: a shard or the whole */
-        if (wants_pageable(ch)) {
+        ch->gslot = -1;
+        if (m->n_gslots && wants_transient(m, ch)) {
+            ch->transient = 1; /* its host copy: a staging slot, lent at its write-back */
+        } else if (wants_pageable(ch)) {
             /* Zero pages, untouched: the AdamW thread that updates a page
              * touches it first (NUMA first touch inside the local nodes). */
             size_t hb = ch->host_bytes ? ch->host_bytes : 1; /* a rank past a small chunk's end holds none of it */
@@ -253,6 +383,18 @@ td_status td_memmgr_layout(td_memmgr *m)
             TD_TRY(td_hostpool_alloc(m->pool, ch->host_bytes, role, &ch->host));
             memset(ch->host, 0, ch->host_bytes);
             m->stats.host_chunk_bytes += ch->host_bytes;
+        }
+    }
+    if (m->n_gslots) {
+        m->gslots = td_calloc((size_t)m->n_gslots, sizeof *m->gslots, TD_ROLE_META);
+        if (!m->gslots) TD_FAIL(TD_ERR_NOMEM, "memmgr: out of memory for %d staging slots", m->n_gslots);
+        pthread_mutex_init(&m->gslot_lock, NULL);
+        pthread_cond_init(&m->gslot_freed, NULL);
+        m->gslot_sync = 1;
+        for (int i = 0; i < m->n_gslots; i++) {
+            m->gslots[i].owner = -1;
+            TD_TRY(td_hostpool_alloc(m->pool, m->gslot_bytes, TD_ROLE_STAGING, &m->gslots[i].buf));
+            memset(m->gslots[i].buf, 0, m->gslot_bytes);
         }
     }
     m->laid_out = 1;
@@ -328,8 +470,10 @@ static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
 {
     td_event *e0, *e1;
     int tl_index;
+    td_status st = host_of(m, ch, 1);
+    if (st) return st;
     mm_tl_copy_events(m, &e0, &e1, &tl_index);
-    td_status st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->host_bytes, &ch->fence, e0, e1,
+    st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->host_bytes, &ch->fence, e0, e1,
                                         &ch->writeback);
     if (st) return st;
     mm_tl_copy(m, MM_TL_WRITEBACK, (int)(ch - m->chunks), tl_index);
@@ -464,6 +608,7 @@ static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, 
         ch->dev_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
         return TD_OK;
     }
+    if ((st = host_of(m, ch, 0))) return st;
     /* The host copy may still be arriving from this chunk's own write-back. */
     if ((st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->writeback))) return st;
     td_event *e0 = NULL, *e1 = NULL;
@@ -762,6 +907,7 @@ static void set_state(td_memmgr *m, int id, td_tensor_state to)
     ch->n_free += (to == TD_TENSOR_FREE) - (t->state == TD_TENSOR_FREE);
     ch->pins += (to == TD_TENSOR_COMPUTE) - (t->state == TD_TENSOR_COMPUTE);
     t->state = to;
+    drop_spent_slot(m, ch);
 }
 
 /* Distinct chunks of ids, in first-mention order; returns how many. */
@@ -938,6 +1084,7 @@ static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
         return td_error_set(TD_ERR_STATE, "memmgr: host access to chunk %d ('%s', ...) while it is in COMPUTE on the "
                             "device", (int)(ch - m->chunks), m->tensors[ch->tensors[0]].name);
     if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
+    if ((st = host_of(m, ch, 0))) return st;
     if ((st = td_copy_wait(m->engine, &ch->writeback))) return st;
     if (flags & TD_ACCESS_WRITE) {
         /* The upload in flight reads this host copy: let it finish first. */
@@ -1005,6 +1152,12 @@ td_status td_memmgr_chunk_host_peek(td_memmgr *m, int chunk, void **host, td_cop
         return td_error_set(TD_ERR_STATE, "memmgr: host peek at chunk %d ('%s', ...) while it is in COMPUTE on the "
                             "device", chunk, m->tensors[ch->tensors[0]].name);
     if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
+    if ((st = host_of(m, ch, 0))) return st;
+    if (ch->transient) { /* lent: the reader frees the slot (td_memmgr_grad_consumed) */
+        pthread_mutex_lock(&m->gslot_lock);
+        m->gslots[ch->gslot].state = MM_GSLOT_LENT;
+        pthread_mutex_unlock(&m->gslot_lock);
+    }
     *host = ch->host;
     if (written) *written = ch->writeback;
     return TD_OK;

@@ -5,6 +5,8 @@
 #include "tidal/memmgr.h"
 #include "tidal/trace.h"
 
+#include <pthread.h>
+
 #define MM_ALIGN_NUMEL 64 /* tensor offsets: 128 B for 16-bit, 256 B for fp32 elements */
 
 typedef struct mm_tensor {
@@ -41,6 +43,8 @@ typedef struct mm_chunk {
     td_chunk_home home;
     void *host;                 /* pinned, or pageable (optimizer state homed on the host) */
     int pageable;               /* host from the td_hostmem: never on the device */
+    int transient;              /* a grad chunk whose host copy is a lent staging slot (or NULL) */
+    int gslot;                  /* that slot, -1 none */
     void *dev;                  /* NULL when not resident */
     mm_pool *pool;
     /* Versions: which side holds the newest data.  dev_ver > host_ver: the
@@ -132,7 +136,20 @@ struct td_memmgr {
     size_t last_step_peak[TD_ROLE_COUNT], last_step_peak_total, peak_total;
     mm_timeline *tl;
     mm_measure measure;
+
+    /* Transient grads (params.grad_slots): the staging slots.  A slot is
+     * FREE, HELD by its owner chunk, or LENT to a consumer (peeked), who
+     * frees it from its own thread (td_memmgr_grad_consumed); `owner`
+     * stays set on a freed slot until the next write-back takes it, so the
+     * owner learns that its host copy is gone (host_of). */
+    struct mm_gslot { void *buf; int owner; int state; } *gslots;
+    int n_gslots;
+    size_t gslot_bytes;
+    pthread_mutex_t gslot_lock;
+    pthread_cond_t gslot_freed;
+    int gslot_sync;             /* lock and condition made */
 };
+enum { MM_GSLOT_FREE, MM_GSLOT_HELD, MM_GSLOT_LENT };
 
 /* layout.c */
 td_status mm_layout(td_memmgr *m);

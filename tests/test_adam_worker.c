@@ -14,6 +14,7 @@ typedef struct {
     int order[16], n;
     pthread_t ran_on[16];
     int fail_at;          /* this job fails (-1: none) */
+    int dropped[16], n_dropped;
     int sleep_us;
 } log_ctx;
 
@@ -29,11 +30,19 @@ static td_status job(void *ctx, int k)
     return TD_OK;
 }
 
+static void dropped(void *ctx, int k)
+{
+    log_ctx *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    c->dropped[c->n_dropped++] = k;
+    pthread_mutex_unlock(&c->lock);
+}
+
 static void test_jobs_run_in_order_on_another_thread(void **state)
 {
     log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 2000 };
     td_adam_worker *w;
-    TD_ASSERT_OK(td_adam_worker_create(8, job, &c, &w));
+    TD_ASSERT_OK(td_adam_worker_create(8, job, dropped, &c, &w));
     int handed[] = {5, 3, 7, 0, 1};
     for (int i = 0; i < 5; i++) TD_ASSERT_OK(td_adam_worker_submit(w, handed[i]));
     for (int i = 0; i < 5; i++) assert_true(td_adam_worker_pending(w, handed[i]));
@@ -59,7 +68,7 @@ static void test_failure_reaches_the_waiter(void **state)
 {
     log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = 2 };
     td_adam_worker *w;
-    TD_ASSERT_OK(td_adam_worker_create(4, job, &c, &w));
+    TD_ASSERT_OK(td_adam_worker_create(4, job, dropped, &c, &w));
     for (int k = 0; k < 4; k++) TD_ASSERT_OK(td_adam_worker_submit(w, k));
     TD_ASSERT_OK(td_adam_worker_wait(w, 0));
     TD_ASSERT_OK(td_adam_worker_wait(w, 1));
@@ -69,6 +78,8 @@ static void test_failure_reaches_the_waiter(void **state)
     assert_int_equal(td_adam_worker_wait(w, 3), TD_ERR_IO); /* not run after it */
     assert_non_null(strstr(td_error_msg(), "chunk 2's failed first"));
     assert_int_equal(c.n, 3);
+    assert_int_equal(c.n_dropped, 1); /* the job not run let go of what it held */
+    assert_int_equal(c.dropped[0], 3);
     td_adam_worker_destroy(w);
 }
 
@@ -76,8 +87,8 @@ static void test_misuse_is_refused(void **state)
 {
     log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000 };
     td_adam_worker *w;
-    assert_int_equal(td_adam_worker_create(0, job, &c, &w), TD_ERR_INVALID);
-    TD_ASSERT_OK(td_adam_worker_create(2, job, &c, &w));
+    assert_int_equal(td_adam_worker_create(0, job, NULL, &c, &w), TD_ERR_INVALID);
+    TD_ASSERT_OK(td_adam_worker_create(2, job, NULL, &c, &w));
     TD_ASSERT_OK(td_adam_worker_submit(w, 0));
     assert_int_equal(td_adam_worker_submit(w, 0), TD_ERR_STATE);
     assert_non_null(strstr(td_error_msg(), "again"));
@@ -92,11 +103,13 @@ static void test_destroy_drops_the_queue(void **state)
 {
     log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000 };
     td_adam_worker *w;
-    TD_ASSERT_OK(td_adam_worker_create(8, job, &c, &w));
+    TD_ASSERT_OK(td_adam_worker_create(8, job, dropped, &c, &w));
     for (int k = 0; k < 8; k++) TD_ASSERT_OK(td_adam_worker_submit(w, k));
     td_adam_worker_destroy(w);
     assert_true(c.n < 8);
     for (int i = 0; i < c.n; i++) assert_int_equal(c.order[i], i);
+    assert_int_equal(c.n + c.n_dropped, 8); /* each ran or was dropped */
+    for (int i = 0; i < c.n_dropped; i++) assert_int_equal(c.dropped[i], c.n + i);
 }
 
 int main(void)

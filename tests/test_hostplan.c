@@ -224,6 +224,56 @@ static void test_pinned_plan_is_exact(void **state)
     check_exact(w, "4L/256 at 24 MiB");
 }
 
+/* Transient grads: with the AdamW on its own thread and nothing between a
+ * chunk's grads and its update (no clipping, no loss scale, no gradient
+ * accumulation), the CPU AdamW's grad chunks have no host copy, only a
+ * few staging slots: the pinned bytes a param fall from
+ * param + grad to the param alone (+ the slots), the plan stays exact
+ * (also under a budget that evicts half-written grads), and the run's
+ * losses are those of the run with a copy each.  Clipping or accumulation
+ * keeps the copies. */
+static void test_transient_grads_pin_less(void **state)
+{
+    td_train_config c = small_config();
+    c.model.n_layer = 6; /* more grad chunks than slots */
+    c.mm.placement = TD_PLACEMENT_CPU;
+    c.optim.max_grad_norm = 0;
+    c.adam_thread = 1;
+    td_train_plan on, off;
+    TD_ASSERT_OK(td_train_plan_make(&c, 0, &on));
+    assert_true(on.host_grad_slots >= 3 && on.host_grad_slots < on.optim_chunks);
+    assert_int_equal(on.host_role_bytes[TD_TENSOR_GRAD], 0);
+    assert_true(on.host_staging_bytes >= (size_t)on.host_grad_slots * on.host_grad_slot_bytes);
+    double pinned = (double)on.host_pinned_chunk_bytes / (double)on.params;
+    if (!(pinned >= 4.0 && pinned < 4.4)) /* the fp32 param, and 4 KiB blocks of small chunks */
+        fail_msg("transient grads: %.3f pinned chunk bytes a param", pinned);
+    td_train_config k = c;
+    k.adam_thread = -1;
+    TD_ASSERT_OK(td_train_plan_make(&k, 0, &off));
+    assert_int_equal(off.host_grad_slots, 0);
+    assert_true(off.host_pinned_chunk_bytes > on.host_pinned_chunk_bytes + on.host_role_bytes[TD_TENSOR_PARAM] / 2);
+    for (int i = 0; i < 2; i++) { /* clipping, or accumulation: a copy each */
+        td_train_config v = c;
+        if (i) v.grad_accum = 2;
+        else v.optim.max_grad_norm = 1.0;
+        td_train_plan q;
+        TD_ASSERT_OK(td_train_plan_make(&v, 0, &q));
+        assert_int_equal(q.host_grad_slots, 0);
+    }
+    check_exact(c, "transient grads");
+    td_train_config tight = c;
+    tight.mm.placement = TD_PLACEMENT_AUTO;
+    TD_ASSERT_OK(td_train_plan_make(&tight, 0, &on));
+    tight.gpu_budget = on.min_device_bytes + on.largest_chunk_bytes;
+    check_exact(tight, "transient grads under a tight budget");
+    enum { STEPS = 4 };
+    double a[STEPS], b[STEPS];
+    td_test_train(&tight, STEPS, 7, a, NULL);
+    tight.adam_thread = -1;
+    td_test_train(&tight, STEPS, 7, b, NULL);
+    assert_memory_equal(a, b, sizeof a);
+}
+
 /* Bytes a parameter: pinned = the 16-bit (here fp32: the cpu backend) param
  * and grad only; the host total adds master, m and v as --optim-state
  * stores them, and the plan prices every state type without a device. */
@@ -437,6 +487,7 @@ int main(void)
         cmocka_unit_test(test_hostmem_counts_and_zeroes),
         cmocka_unit_test(test_host_ram_reads_cgroup_limits),
         cmocka_unit_test(test_pinned_plan_is_exact),
+        cmocka_unit_test(test_transient_grads_pin_less),
         cmocka_unit_test(test_bytes_a_param),
         cmocka_unit_test(test_compact_state_trains),
         cmocka_unit_test(test_checkpoint_keeps_state_type),

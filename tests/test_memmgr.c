@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,129 @@ static void test_states_and_zero_fill(void **state)
     for (int i = 0; i < 1000; i++) assert_true(buf[i] == 0.0f);
     TD_ASSERT_OK(td_memmgr_release(r.m, ids, 2, TD_TENSOR_HOLD));
     rig_close(&r);
+}
+
+/* ---- transient grads (grad_slots) ------------------------------------------ */
+
+typedef struct consumer { td_memmgr *m; void *host; int delay_us; td_status st; } consumer;
+
+static void *consume_later(void *arg)
+{
+    consumer *c = arg;
+    usleep((useconds_t)c->delay_us);
+    c->st = td_memmgr_grad_consumed(c->m, c->host);
+    return NULL;
+}
+
+/* One grad chunk's step: written on the device with `v`, released ready,
+ * written back (taking a slot). */
+static td_status write_grad(rig *r, int id, float v, size_t n)
+{
+    void *p;
+    float buf[1024];
+    td_status st = td_memmgr_access(r->m, &id, 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &p);
+    if (st) return st;
+    for (size_t i = 0; i < n; i++) buf[i] = v + (float)i;
+    dev_write(r, p, buf, n * sizeof(float));
+    if ((st = td_memmgr_release(r->m, &id, 1, TD_TENSOR_READY_FOR_REDUCE))) return st;
+    return td_memmgr_writeback_async(r->m, &id, 1);
+}
+
+/* Grad chunks whose optimizer chunk lives on the host have no host copy of
+ * their own: a write-back takes a staging slot; a consumer's peek lends
+ * it and td_memmgr_grad_consumed frees it; a write-back with every slot
+ * lent waits for a consumer on another thread; with every slot merely held
+ * (no consumer) it fails, saying why; a consumed chunk's host copy is gone;
+ * FREE grads give their slot back; fewer such chunks than slots: off. */
+static void test_transient_grads(void **state)
+{
+    enum { N = 4, NUMEL = 1024 };
+    for (int slots = 2; slots <= 4; slots += 2) {
+        rig r;
+        td_memmgr_params mp = td_memmgr_default_params();
+        mp.chunk_numel = NUMEL;
+        mp.placement = TD_PLACEMENT_CPU;
+        mp.grad_slots = slots;
+        rig_open(&r, 1, TD_MiB, &mp);
+        static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
+                                                TD_TENSOR_ADAM_V};
+        int ids[5][N];
+        char name[32];
+        for (int k = 0; k < 5; k++)
+            for (int i = 0; i < N; i++) {
+                snprintf(name, sizeof name, "%s%d", td_tensor_role_name(roles[k]), i);
+                TD_ASSERT_OK(td_memmgr_register(r.m, name, NUMEL, TD_DTYPE_F32, roles[k], &ids[k][i]));
+            }
+        TD_ASSERT_OK(td_memmgr_plan_layout(r.m));
+        size_t slot_bytes = 0;
+        if (slots == 4) { /* no more such chunks than slots: a copy each */
+            assert_int_equal(td_memmgr_grad_slots(r.m, &slot_bytes), 0);
+            assert_false(td_memmgr_chunk_transient(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_GRAD, 0)));
+            rig_close(&r);
+            continue;
+        }
+        assert_int_equal(td_memmgr_grad_slots(r.m, &slot_bytes), 2);
+        assert_int_equal(slot_bytes, NUMEL * sizeof(float));
+        for (int i = 0; i < N; i++) {
+            assert_true(td_memmgr_chunk_transient(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_GRAD, i)));
+            assert_false(td_memmgr_chunk_transient(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_PARAM, i)));
+        }
+        TD_ASSERT_OK(td_memmgr_layout(r.m));
+        assert_int_equal(td_memmgr_grad_slots(r.m, &slot_bytes), 2);
+        td_memmgr_stats ms;
+        td_memmgr_get_stats(r.m, &ms);
+        assert_int_equal(ms.host_chunk_bytes, (size_t)N * NUMEL * sizeof(float)); /* the params' copies only */
+        int gc[N];
+        for (int i = 0; i < N; i++) gc[i] = td_memmgr_role_chunk(r.m, TD_TENSOR_GRAD, i);
+
+        /* Two chunks written back and lent: their grads arrive in the slots. */
+        void *host[N];
+        td_copy_ticket done[N];
+        for (int i = 0; i < 2; i++) {
+            TD_ASSERT_OK(write_grad(&r, ids[1][i], 100.0f * (float)i, NUMEL));
+            TD_ASSERT_OK(td_memmgr_chunk_host_peek(r.m, gc[i], &host[i], &done[i]));
+            TD_ASSERT_OK(td_copy_wait(r.eng, &done[i]));
+            for (int j = 0; j < NUMEL; j++) assert_true(((float *)host[i])[j] == 100.0f * (float)i + (float)j);
+        }
+        assert_true(host[0] != host[1]);
+        /* The third waits until a consumer frees a slot, then takes it. */
+        consumer c = { .m = r.m, .host = host[0], .delay_us = 50000 };
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, consume_later, &c), 0);
+        double t0 = td_now_ms();
+        TD_ASSERT_OK(write_grad(&r, ids[1][2], 200.0f, NUMEL));
+        assert_true(td_now_ms() - t0 >= 40.0);
+        pthread_join(th, NULL);
+        TD_ASSERT_OK(c.st);
+        TD_ASSERT_OK(td_memmgr_chunk_host_peek(r.m, gc[2], &host[2], &done[2]));
+        assert_ptr_equal(host[2], host[0]); /* the freed slot */
+        TD_ASSERT_OK(td_copy_wait(r.eng, &done[2]));
+        for (int j = 0; j < NUMEL; j++) assert_true(((float *)host[2])[j] == 200.0f + (float)j);
+        /* Chunk 0 was consumed: its host copy is gone. */
+        void *h;
+        assert_int_equal(td_memmgr_chunk_host_access(r.m, gc[0], TD_ACCESS_READ, &h), TD_ERR_STATE);
+        assert_non_null(strstr(td_error_msg(), "consumed"));
+        /* Consuming twice, or what is no slot, is refused. */
+        assert_int_equal(td_memmgr_grad_consumed(r.m, host[0] == host[2] ? (char *)host[2] + 1 : host[0]), TD_ERR_STATE);
+        TD_ASSERT_OK(td_memmgr_grad_consumed(r.m, host[1]));
+        TD_ASSERT_OK(td_memmgr_grad_consumed(r.m, host[2]));
+        assert_int_equal(td_memmgr_grad_consumed(r.m, host[2]), TD_ERR_STATE);
+        /* Spent grads FREE: every slot free again. */
+        int all[N] = {ids[1][0], ids[1][1], ids[1][2]};
+        TD_ASSERT_OK(td_memmgr_set_state(r.m, all, 3, TD_TENSOR_FREE));
+
+        /* Held, not lent (no consumer peeked): the third write-back fails, naming why. */
+        TD_ASSERT_OK(write_grad(&r, ids[1][0], 1.0f, NUMEL));
+        TD_ASSERT_OK(write_grad(&r, ids[1][1], 2.0f, NUMEL));
+        assert_int_equal(write_grad(&r, ids[1][2], 3.0f, NUMEL), TD_ERR_STATE);
+        assert_non_null(strstr(td_error_msg(), "no consumer"));
+        /* Their FREE gives the slots back: it goes through now. */
+        TD_ASSERT_OK(td_memmgr_set_state(r.m, all, 2, TD_TENSOR_FREE));
+        TD_ASSERT_OK(td_memmgr_writeback_async(r.m, &ids[1][2], 1));
+        TD_ASSERT_OK(td_memmgr_chunk_host_access(r.m, gc[2], TD_ACCESS_READ, &h));
+        for (int j = 0; j < NUMEL; j++) assert_true(((float *)h)[j] == 3.0f + (float)j);
+        rig_close(&r);
+    }
 }
 
 /* ---- randomized traces ------------------------------------------------------ */
@@ -737,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_bad_registrations),
         cmocka_unit_test(test_pageable_optimizer_state),
         cmocka_unit_test(test_states_and_zero_fill),
+        cmocka_unit_test(test_transient_grads),
         cmocka_unit_test(test_random_traces_keep_data),
         cmocka_unit_test(test_belady_beats_lru_on_a_loop),
         cmocka_unit_test(test_budget_too_small),

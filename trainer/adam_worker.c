@@ -10,6 +10,7 @@ enum { IDLE, QUEUED, RUNNING, DONE };
 
 struct td_adam_worker {
     td_adam_job_fn fn;
+    td_adam_drop_fn drop;
     void *ctx;
     int slots;
     pthread_t thread;
@@ -50,22 +51,30 @@ static void *worker_main(void *arg)
         } else {
             snprintf(w->msg[k], sizeof w->msg[k], "the AdamW of chunk %d was not run: chunk %d's failed first",
                      k, w->failed_k);
+            if (w->drop) w->drop(w->ctx, k);
         }
         w->status[k] = st;
         w->state[k] = DONE;
         pthread_cond_broadcast(&w->done);
     }
+    while (w->count) { /* stopped: the queued jobs are dropped */
+        int k = w->queue[w->head];
+        w->head = (w->head + 1) % w->slots;
+        w->count--;
+        if (w->drop) w->drop(w->ctx, k);
+    }
     pthread_mutex_unlock(&w->lock);
     return NULL;
 }
 
-td_status td_adam_worker_create(int slots, td_adam_job_fn fn, void *ctx, td_adam_worker **out)
+td_status td_adam_worker_create(int slots, td_adam_job_fn fn, td_adam_drop_fn drop, void *ctx, td_adam_worker **out)
 {
     *out = NULL;
     if (slots < 1 || !fn) return td_error_set(TD_ERR_INVALID, "AdamW worker: %d job slots, fn %p", slots, (void *)fn);
     td_adam_worker *w = td_calloc(1, sizeof *w, TD_ROLE_META);
     if (!w) return TD_ERR_NOMEM;
     w->fn = fn;
+    w->drop = drop;
     w->ctx = ctx;
     w->slots = slots;
     w->queue = td_calloc((size_t)slots, sizeof *w->queue, TD_ROLE_META);

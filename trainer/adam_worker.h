@@ -11,7 +11,9 @@
  *
  * A job's failure is kept with its message: td_adam_worker_wait on that
  * chunk returns it (the message set on the waiting thread), and the jobs
- * handed over after it are not run (their wait says why).
+ * handed over after it are not run (their wait says why); for each job
+ * not run (so too those queued at destroy), `drop(ctx, k)` lets go of
+ * what the job would have (a staging slot someone may be waiting for).
  * Thread-safety: one thread submits and waits; fn runs on the worker. */
 #ifndef TIDAL_ADAM_WORKER_H
 #define TIDAL_ADAM_WORKER_H
@@ -20,9 +22,10 @@
 
 typedef struct td_adam_worker td_adam_worker;
 typedef td_status (*td_adam_job_fn)(void *ctx, int k);
+typedef void (*td_adam_drop_fn)(void *ctx, int k);
 
 /* A worker for jobs 0 .. slots-1 (each at most once until waited for). */
-td_status td_adam_worker_create(int slots, td_adam_job_fn fn, void *ctx, td_adam_worker **out);
+td_status td_adam_worker_create(int slots, td_adam_job_fn fn, td_adam_drop_fn drop, void *ctx, td_adam_worker **out);
 /* Lets the job running finish, drops the ones queued, joins the thread. */
 void td_adam_worker_destroy(td_adam_worker *w);
 /* Queues job k; TD_ERR_STATE if it is queued or done and not yet waited for. */

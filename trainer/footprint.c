@@ -80,6 +80,7 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg)
     mp.shard_ranks = cfg->ranks > 1 ? cfg->ranks : 0;
     mp.shard_rank = cfg->ranks > 1 ? cfg->rank : 0;
     mp.shard_align = td_train_shard_align(cfg);
+    mp.grad_slots = td_train_grads_transient(cfg) ? TD_TRAIN_GRAD_SLOTS : 0;
     return mp;
 }
 

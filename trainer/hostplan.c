@@ -44,11 +44,14 @@ static td_status replay(td_memmgr *mm, const td_train_config *cfg, size_t slab_b
     TD_TRY(td_hostpool_create(NULL, NULL, &hp, &pool));
     void *ignored;
     for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
-        if (td_memmgr_chunk_pageable(mm, c)) continue;
+        if (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c)) continue;
         td_tensor_role r = td_memmgr_chunk_role(mm, c);
         int optim = r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
         TD_TRY(td_hostpool_alloc(pool, td_memmgr_chunk_bytes(mm, c), optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
     }
+    size_t slot_bytes;
+    int slots = td_memmgr_grad_slots(mm, &slot_bytes); /* the transient grads' staging, after the chunks */
+    for (int i = 0; i < slots; i++) TD_TRY(td_hostpool_alloc(pool, slot_bytes, TD_ROLE_STAGING, &ignored));
     size_t staging[TD_TRAIN_STAGING];
     td_train_staging_sizes(cfg, staging);
     for (int i = 0; i < TD_TRAIN_STAGING; i++) TD_TRY(td_hostpool_alloc(pool, staging[i], TD_ROLE_STAGING, &ignored));
@@ -68,9 +71,11 @@ size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
     enum { SIZES = 4 };
     size_t total = 0, sizes[SIZES] = {0};
     int n = td_memmgr_chunk_count(mm), n_sizes = 0;
-    for (int c = 0; c < n; c++) {
-        if (td_memmgr_chunk_pageable(mm, c)) continue;
-        size_t b = td_align_up(td_memmgr_chunk_bytes(mm, c), TD_HOSTPOOL_ALIGN);
+    size_t slot_bytes;
+    int slots = td_memmgr_grad_slots(mm, &slot_bytes);
+    for (int c = -slots; c < n; c++) { /* the transient grads' slots, then every pinned chunk copy */
+        if (c >= 0 && (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c))) continue;
+        size_t b = td_align_up(c < 0 ? slot_bytes : td_memmgr_chunk_bytes(mm, c), TD_HOSTPOOL_ALIGN);
         total += b;
         int seen = 0;
         for (int i = 0; i < n_sizes; i++) seen |= sizes[i] == b;
@@ -248,6 +253,12 @@ int td_train_adam_overlap(const td_train_config *cfg)
 {
     if (cfg->adam_thread) return cfg->adam_thread > 0 && cfg->ranks <= 1;
     return cfg->backend == TD_BACKEND_CUDA && cfg->ranks <= 1;
+}
+
+int td_train_grads_transient(const td_train_config *cfg)
+{
+    return td_train_adam_overlap(cfg) && cfg->optim.max_grad_norm <= 0 &&
+           cfg->optim.scaler.kind == TD_LOSS_SCALE_NONE && cfg->grad_accum == 1;
 }
 
 int td_train_adam_threads(const td_train_config *cfg, td_topo *topo)

@@ -40,10 +40,12 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     for (int c = 0; c < out->chunks; c++) {
         size_t b = td_memmgr_chunk_slot_bytes(mm, c);
         out->role_bytes[td_memmgr_chunk_role(mm, c)] += b;
-        out->host_role_bytes[td_memmgr_chunk_role(mm, c)] += td_memmgr_chunk_bytes(mm, c);
+        if (!td_memmgr_chunk_transient(mm, c)) out->host_role_bytes[td_memmgr_chunk_role(mm, c)] += td_memmgr_chunk_bytes(mm, c);
         state_all += b;
         if (b > largest) largest = b;
     }
+    /* Transient grads: no host copies, staging slots (in host_staging_bytes). */
+    out->host_grad_slots = td_memmgr_grad_slots(mm, &out->host_grad_slot_bytes);
     td_act_plan ap;
     td_state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD],
                        .all = state_all, .largest = largest };

@@ -30,6 +30,7 @@
 
 static td_status setup_optimizer(td_trainer *t);
 static td_status adam_job(void *ctx, int k);
+static void adam_drop(void *ctx, int k);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 /* The host waits for the compute queue: through the communicator when there
@@ -282,7 +283,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         t->jobs = td_calloc((size_t)chunks, sizeof *t->jobs, TD_ROLE_META);
         t->ov_left = td_calloc((size_t)chunks, sizeof *t->ov_left, TD_ROLE_META);
         if (!t->jobs || !t->ov_left) TD_FAIL(TD_ERR_NOMEM, "out of memory for the AdamW thread's %d jobs", chunks);
-        TD_TRY(td_adam_worker_create(chunks, adam_job, t, &t->worker));
+        TD_TRY(td_adam_worker_create(chunks, adam_job, adam_drop, t, &t->worker));
         /* The core past the AdamW team's (it binds thread i to core i) drives the GPU. */
         if (ap.threads < td_topo_local_cores(t->topo)) t->main_core = ap.threads;
     }
@@ -1032,7 +1033,17 @@ static td_status adam_job(void *ctx, int k)
     }
     TD_TRY(td_train_adam_chunk_cpu(t, k, j->c, &j->ch));
 cleanup:
+    adam_drop(t, k); /* read or failed: the grads' staging slot is free again */
     return st;
+}
+
+/* On the AdamW thread: job k done with (run, failed or not run): a
+ * transient grad chunk's slot goes back, for the write-back waiting on it. */
+static void adam_drop(void *ctx, int k)
+{
+    td_trainer *t = ctx;
+    td_adam_job *j = &t->jobs[k];
+    if (j->consumes && td_memmgr_grad_consumed(t->mm, j->ch.grad) == TD_OK) j->consumes = 0;
 }
 
 /* Param chunk k's update handed to the AdamW thread with the coefficients
@@ -1058,6 +1069,7 @@ static td_status hand_over(td_trainer *t, int k, int stats)
                              .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
     j->c = &t->ov_coeffs;
     j->stats = stats;
+    j->consumes = td_memmgr_chunk_transient(mm, gc);
     TD_TRY(td_adam_worker_submit(t->worker, k));
 cleanup:
     return st;

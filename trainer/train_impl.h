@@ -98,18 +98,25 @@ struct td_trainer {
 
 /* Param chunk k's host update as the AdamW thread runs it: the host copies
  * (the memmgr's peek), the ticket of the grads' last write-back, which it
- * waits for first, and whether it also adds the grads' sumsq (into
- * h_sumsq[k]) for the global norm. */
+ * waits for first, whether it also adds the grads' sumsq (into h_sumsq[k])
+ * for the global norm, and whether it then frees the grads' slot. */
 typedef struct td_adam_job {
     td_adam_chunk ch;
     td_copy_ticket grads;
     const td_adam_coeffs *c;
     int stats;
+    int consumes;     /* the grads are transient: their staging slot is freed after */
 } td_adam_job;
 
 /* Whether the host's AdamW runs on a thread of its own: cfg.adam_thread on,
  * or auto with the cuda backend on one rank (the backend resolved). */
 int td_train_adam_overlap(const td_train_config *cfg);
+/* Whether the host's grads are transient (memmgr.h, grad_slots): the
+ * AdamW thread consumes each chunk's grads as they land, once a step (no
+ * clipping or loss scale, no gradient accumulation), so they need no host
+ * copy of their own, only TD_TRAIN_GRAD_SLOTS staging slots. */
+#define TD_TRAIN_GRAD_SLOTS 6
+int td_train_grads_transient(const td_train_config *cfg);
 /* The CPU AdamW team's threads: --threads, else the local cores, less the
  * one kept for the thread driving the GPU when the AdamW has its own. */
 int td_train_adam_threads(const td_train_config *cfg, td_topo *topo);

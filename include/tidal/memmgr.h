@@ -119,6 +119,18 @@ typedef struct td_memmgr_params {
     const char *trace_out;                   /* write the warm-up trace here (tidal-trace 1), or NULL */
     td_hostmem *hostmem;                     /* pageable host copies (see above); NULL: the manager maps its
                                                 own, without NUMA binding.  Must outlive the manager. */
+    /* Transient grads: with grad_slots > 0, the grad chunks whose optimizer
+     * chunk is homed on the host have no host copy of their own.  A
+     * write-back takes one of grad_slots pinned staging slots (as large as
+     * the largest such chunk), which the chunk keeps until a consumer that
+     * peeked at it (td_memmgr_chunk_host_peek: the CPU AdamW) gives it
+     * back with td_memmgr_grad_consumed, or until all the chunk's tensors
+     * are FREE; a write-back that finds every slot taken waits for a
+     * consumer, and fails if none holds one (nothing would ever free it).
+     * For a schedule whose grads are written once a step and read once:
+     * no gradient accumulation, no global norm before the update.  Off
+     * when there are no more such chunks than slots. */
+    int grad_slots;
     /* ZeRO-3 (shard.h): with shard_ranks > 1, every param, grad (and
      * other) chunk's device slot is padded to a multiple of shard_ranks x
      * shard_align elements, so that the gathered buffer of any chunk (N S
@@ -183,6 +195,16 @@ td_status td_memmgr_layout(td_memmgr *m);
 td_status td_memmgr_set_chunk_home(td_memmgr *m, int chunk, td_chunk_home home);
 /* 1 when the chunk's host copy is (or, planned, will be) pageable. */
 int td_memmgr_chunk_pageable(const td_memmgr *m, int chunk);
+/* 1 when the chunk is a transient grad chunk (params.grad_slots): its host
+ * copy is a staging slot, lent while it is written back and consumed. */
+int td_memmgr_chunk_transient(const td_memmgr *m, int chunk);
+/* The staging slots of the transient grads (0 when off) and their bytes
+ * each; planned or live.  They are pinned after the chunks' host copies. */
+int td_memmgr_grad_slots(const td_memmgr *m, size_t *slot_bytes);
+/* A consumer is done with a transient grad chunk's host copy (`host`, as
+ * td_memmgr_chunk_host_peek gave it): the slot is free for the next
+ * write-back.  Thread-safe: the one call another thread may make. */
+td_status td_memmgr_grad_consumed(td_memmgr *m, const void *host);
 void td_memmgr_print_layout(td_memmgr *m, FILE *f);
 /* The layout and the initial homes without memory.  A manager created
  * with NULL arena, pool and engine (`tidal plan`) can do this and answer the

@@ -149,7 +149,12 @@ typedef struct td_train_plan {
     size_t chunk_numel, padding_bytes;
     size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role, as device slots */
     size_t host_role_bytes[TD_TENSOR_ROLE_COUNT]; /* the same up to each chunk's last tensor: the host
-                                                   copies (no tail padding) */
+                                                   copies (no tail padding; none for transient grads) */
+    int host_grad_slots;                        /* transient grads (td_train_grads_transient): the host
+                                                   chunks' grads have no copy of their own, only these
+                                                   pinned staging slots (in host_staging_bytes), consumed
+                                                   by the AdamW thread as they land; 0: a copy each */
+    size_t host_grad_slot_bytes;                /* each slot: the largest such grad chunk */
     size_t nonmodel_bytes;                      /* activations + workspace + staging, device */
     size_t activation_bytes, workspace_bytes, staging_bytes;
     int ckpt;                                   /* ckpt_blocks > 0 */
@@ -171,7 +176,8 @@ typedef struct td_train_plan {
     size_t host_pinned_bytes;                   /* the slabs' total: what --host-pin-limit must allow */
     size_t host_pinned_chunk_bytes;             /* of which chunk host copies (4 KiB blocks) */
     size_t host_pinned_optimizer_bytes;         /* of those, optimizer state homed on the device */
-    size_t host_staging_bytes;                  /* of which staging buffers (4 KiB blocks) */
+    size_t host_staging_bytes;                  /* of which staging buffers (4 KiB blocks), the transient
+                                                   grads' slots included */
     size_t host_slab_bytes;                     /* the slab size the trainer asks for */
     int host_slabs;
     size_t host_pageable_bytes;                 /* optimizer state + heap (+ cpu device region) */
