@@ -934,9 +934,9 @@ int td_cli_plan_main(int argc, char **argv)
                td_format_bytes(p.host_role_bytes[TD_TENSOR_PARAM], a, sizeof a),
                td_format_bytes(p.host_role_bytes[TD_TENSOR_GRAD], c2, sizeof c2));
         if (p.host_grad_slots)
-            printf("  (of the CPU AdamW's chunks none: transient, in %d staging slots of %s,\n%29sconsumed by the "
-                   "AdamW thread as they land)", p.host_grad_slots, td_format_bytes(p.host_grad_slot_bytes, d, sizeof d),
-                   "");
+            printf("  (the rest transient: %d staging slots of %s, in staging below, consumed\n%29sby the AdamW "
+                   "thread as they land; a copy each only for chunks larger than a slot\n%29sand the GPU AdamW's)",
+                   p.host_grad_slots, td_format_bytes(p.host_grad_slot_bytes, d, sizeof d), "", "");
         printf("\n");
         if (pinned_optim)
             printf("    optimizer        %12s  (homed on the device: the GPU AdamW's)\n",

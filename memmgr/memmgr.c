@@ -75,20 +75,36 @@ static int wants_transient(const td_memmgr *m, const mm_chunk *ch)
 
 static size_t host_bytes_of(const td_memmgr *m, int c);
 
-/* The slots the layout gives the transient grads, and their bytes: none
- * when there are no more such chunks than slots (a copy each costs less). */
+/* The slots the layout gives the transient grads, and their bytes: the
+ * size that pins the least, the chunks larger than it (the embedding's)
+ * keeping a copy each; none when no size beats a copy for every chunk. */
+static int cmp_desc(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
 static int plan_gslots(const td_memmgr *m, size_t *slot_bytes)
 {
-    int n = 0;
-    size_t most = 0;
-    for (int c = 0; c < m->n_chunks; c++) {
-        if (!wants_transient(m, &m->chunks[c])) continue;
-        size_t b = host_bytes_of(m, c);
-        if (b > most) most = b;
-        n++;
+    int n = 0, S = m->params.grad_slots;
+    if (slot_bytes) *slot_bytes = 0;
+    for (int c = 0; c < m->n_chunks; c++) n += wants_transient(m, &m->chunks[c]);
+    if (n <= S) return 0;
+    size_t *b = td_malloc((size_t)n * sizeof *b, TD_ROLE_META);
+    if (!b) return 0; /* a copy each: what it costs is planned too */
+    size_t all = 0;
+    for (int c = 0, i = 0; c < m->n_chunks; c++)
+        if (wants_transient(m, &m->chunks[c])) all += b[i++] = td_align_up(host_bytes_of(m, c), TD_HOSTPOOL_ALIGN);
+    qsort(b, (size_t)n, sizeof *b, cmp_desc);
+    size_t best = all, above = 0, size = 0;
+    for (int i = 0; i + S < n; above += b[i++]) { /* slots of b[i]; b[0..i) keep copies */
+        size_t cost = above + (size_t)S * b[i];
+        if (cost < best) best = cost, size = b[i];
     }
-    if (slot_bytes) *slot_bytes = n > m->params.grad_slots ? most : 0;
-    return n > m->params.grad_slots ? m->params.grad_slots : 0;
+    td_free(b);
+    if (!size) return 0;
+    if (slot_bytes) *slot_bytes = size;
+    return S;
 }
 
 int td_memmgr_grad_slots(const td_memmgr *m, size_t *slot_bytes)
@@ -104,7 +120,9 @@ int td_memmgr_chunk_transient(const td_memmgr *m, int c)
 {
     if (c < 0 || c >= m->n_chunks) return 0;
     if (m->laid_out) return m->chunks[c].transient;
-    return plan_gslots(m, NULL) > 0 && wants_transient(m, &m->chunks[c]);
+    size_t size;
+    return plan_gslots(m, &size) > 0 && wants_transient(m, &m->chunks[c]) &&
+           td_align_up(host_bytes_of(m, c), TD_HOSTPOOL_ALIGN) <= size;
 }
 
 /* A transient chunk's host copy, checked: a slot a consumer freed is no
@@ -370,7 +388,7 @@ td_status td_memmgr_layout(td_memmgr *m)
         td_role role = mm_is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK;
         ch->host_bytes = host_bytes_of(m, c); /* the homes are final now: a shard or the whole */
         ch->gslot = -1;
-        if (m->n_gslots && wants_transient(m, ch)) {
+        if (m->n_gslots && wants_transient(m, ch) && td_align_up(ch->host_bytes, TD_HOSTPOOL_ALIGN) <= m->gslot_bytes) {
             ch->transient = 1; /* its host copy: a staging slot, lent at its write-back */
         } else if (wants_pageable(ch)) {
             /* Zero pages, untouched: the AdamW thread that updates a page

@@ -115,7 +115,7 @@ int td_train_adam_overlap(const td_train_config *cfg);
  * AdamW thread consumes each chunk's grads as they land, once a step (no
  * clipping or loss scale, no gradient accumulation), so they need no host
  * copy of their own, only TD_TRAIN_GRAD_SLOTS staging slots. */
-#define TD_TRAIN_GRAD_SLOTS 6
+#define TD_TRAIN_GRAD_SLOTS 8
 int td_train_grads_transient(const td_train_config *cfg);
 /* The CPU AdamW team's threads: --threads, else the local cores, less the
  * one kept for the thread driving the GPU when the AdamW has its own. */

@@ -121,8 +121,9 @@ typedef struct td_memmgr_params {
                                                 own, without NUMA binding.  Must outlive the manager. */
     /* Transient grads: with grad_slots > 0, the grad chunks whose optimizer
      * chunk is homed on the host have no host copy of their own.  A
-     * write-back takes one of grad_slots pinned staging slots (as large as
-     * the largest such chunk), which the chunk keeps until a consumer that
+     * write-back takes one of grad_slots pinned staging slots (of the size
+     * that pins least: chunks larger than it, the embedding's, keep a copy
+     * each), which the chunk keeps until a consumer that
      * peeked at it (td_memmgr_chunk_host_peek: the CPU AdamW) gives it
      * back with td_memmgr_grad_consumed, or until all the chunk's tensors
      * are FREE; a write-back that finds every slot taken waits for a
