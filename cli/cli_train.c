@@ -512,12 +512,18 @@ int td_cli_train_main(int argc, char **argv)
         fprintf(stderr, "tidal train: %d ranks (%s), ZeRO-3: each rank holds 1/%d of every chunk's optimizer state; "
                 "global batch %d x %d x %d sequences; per rank:\n", env.size, env.launcher, env.size, env.size,
                 cfg.micro_batch, cfg.grad_accum);
+    int own_thread = 0, grad_slots = 0, adam_threads = td_trainer_adam_threads(t, &own_thread, &grad_slots);
+    char rest[160] = "";
+    if (optim_gpu < optim_total)
+        snprintf(rest, sizeof rest, ", the rest by %d CPU thread%s%s%s", adam_threads, adam_threads == 1 ? "" : "s",
+                 own_thread ? " driven from a thread of its own (--adam-thread)" : "",
+                 grad_slots ? ", grads transient" : "");
     if (lead) fprintf(stderr, "tidal train: %zu params (%s %d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
-                    "checkpointing %s, %d chunks, AdamW on the GPU for %d of %d param chunks\n",
+                    "checkpointing %s, %d chunks, AdamW on the GPU for %d of %d param chunks%s\n",
             params, td_model_family_name(cfg.model.family), cfg.model.n_layer, cfg.model.n_embd, cfg.model.n_head,
             cfg.model.vocab_size,
             td_backend_describe(td_trainer_backend(t)), td_format_bytes(as.budget_bytes, budget, sizeof budget),
-            origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)), optim_gpu, optim_total);
+            origin, o.policy, ckpt, td_memmgr_chunk_count(td_trainer_memmgr(t)), optim_gpu, optim_total, rest);
     /* The host: what the plan said, and the figure of RAM it was held to. */
     td_train_plan hplan;
     size_t host_ram = 0, pin_limit = 0;

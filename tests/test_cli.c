@@ -199,6 +199,46 @@ static void test_host_plan_and_limits(void **state)
     cJSON_Delete(j);
 }
 
+/* --adam-thread: a bad value is refused naming the flag; `on` with nothing
+ * between the grads and the update (no clipping, no accumulation) makes the
+ * grads transient (`tidal plan --json`: host.grad_slots, fewer pinned bytes
+ * a param), the banner says so, and the run trains through a --config file
+ * too, with the losses of the run without it. */
+static void test_adam_thread_flag(void **state)
+{
+    char out[16384];
+    const char *model = "--layers 6 --width 64 --heads 2 --seq 32 --micro-batch 2 --backend cpu --gpu-budget 8MiB "
+                        "--policy cpu --clip-grad-norm 0";
+    assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok %s --adam-thread sometimes", tidal, tmp, model), 2);
+    assert_non_null(strstr(out, "--adam-thread 'sometimes': use on, off or auto"));
+    double pp[2];
+    for (int on = 0; on < 2; on++) {
+        assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --adam-thread %s --json", tidal, tmp, model,
+                            on ? "on" : "off"), 0);
+        cJSON *j = cJSON_Parse(strchr(out, '{'));
+        assert_non_null(j);
+        assert_true(on ? num(j, "host", "grad_slots") > 0 : num(j, "host", "grad_slots") == 0);
+        pp[on] = num(j, "host", "pinned_bytes_per_param");
+        cJSON_Delete(j);
+    }
+    assert_true(pp[1] < pp[0] - 2.0); /* fp32 grads: 4 bytes a param fewer, less the slots */
+    double loss[2];
+    for (int on = 0; on < 2; on++) {
+        int rc = sh(out, sizeof out, "printf '{\"adam-thread\": \"%s\", \"steps\": 4}' > %s/a.json && %s train --data "
+                    "%s/ok.tok %s --config %s/a.json --log %s/a%d.log", on ? "on" : "off", tmp, tidal, tmp, model, tmp,
+                    tmp, on);
+        if (rc) fail_msg("%s", out);
+        if (on) assert_non_null(strstr(out, "thread of its own (--adam-thread), grads transient"));
+        else assert_null(strstr(out, "--adam-thread"));
+        assert_int_equal(sh(out, sizeof out, "tail -n 1 %s/a%d.log", tmp, on), 0);
+        cJSON *j = cJSON_Parse(out);
+        assert_non_null(j);
+        loss[on] = num(j, "loss", NULL);
+        cJSON_Delete(j);
+    }
+    assert_true(loss[0] == loss[1]);
+}
+
 static void test_plan_json(void **state)
 {
     char out[8192];
@@ -593,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_json),
+        cmocka_unit_test(test_adam_thread_flag),
         cmocka_unit_test(test_host_plan_and_limits),
         cmocka_unit_test(test_checkpoint_survives_bad_resume_and_corruption),
         cmocka_unit_test(test_default_budget),

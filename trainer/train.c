@@ -1395,6 +1395,12 @@ cleanup:
 }
 
 const td_train_config *td_trainer_config(const td_trainer *t) { return &t->cfg; }
+int td_trainer_adam_threads(const td_trainer *t, int *own_thread, int *grad_slots)
+{
+    if (own_thread) *own_thread = t->worker != NULL;
+    if (grad_slots) *grad_slots = td_memmgr_grad_slots(t->mm, NULL);
+    return td_adam_cpu_threads(t->adam);
+}
 td_comm *td_trainer_comm(td_trainer *t) { return t->comm; }
 td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
 td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }

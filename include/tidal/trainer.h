@@ -127,6 +127,10 @@ typedef struct td_step_result {
 } td_step_result;
 
 td_status td_trainer_create(const td_train_config *cfg, td_trainer **out);
+/* The host's AdamW: its threads, whether it runs on a thread of its own
+ * (cfg.adam_thread), and the transient grads' staging slots (0: a host
+ * copy each). */
+int td_trainer_adam_threads(const td_trainer *t, int *own_thread, int *grad_slots);
 /* The trainer's communicator (cfg.ranks > 1), else NULL. */
 td_comm *td_trainer_comm(td_trainer *t);
 void td_trainer_destroy(td_trainer *t);
