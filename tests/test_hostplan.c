@@ -440,12 +440,21 @@ static void test_checkpoint_keeps_state_type(void **state)
 
 /* A trainer created, stepped and destroyed with the n-th host allocation
  * (td_malloc and the pageable mappings) or pin failing, for every n it
- * reaches: an error every time, nothing leaked. */
-static void sweep(td_fault_kind kind, long min_reached)
+ * reaches: an error every time, nothing leaked.  adam_thread: with the
+ * AdamW thread and transient grads (their jobs and staging slots). */
+static void sweep(td_fault_kind kind, long min_reached, int adam_thread)
 {
     td_train_config c = small_config();
     c.model.n_layer = 1;
     c.gpu_budget = 4 * TD_MiB;
+    if (adam_thread) {
+        c.model.n_layer = 3; /* more grad chunks than staging slots */
+        c.adam_thread = 1;
+        c.optim.max_grad_norm = 0;
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+        assert_true(p.host_grad_slots > 0);
+    }
     size_t live = td_host_live_allocs(), used = td_host_used_total();
     long n = 1;
     for (;; n++) {
@@ -477,8 +486,10 @@ static void sweep(td_fault_kind kind, long min_reached)
 
 static void test_trainer_host_faults(void **state)
 {
-    sweep(TD_FAULT_HOST_ALLOC, 20);
-    sweep(TD_FAULT_PIN, 1);
+    sweep(TD_FAULT_HOST_ALLOC, 20, 0);
+    sweep(TD_FAULT_PIN, 1, 0);
+    sweep(TD_FAULT_HOST_ALLOC, 20, 1);
+    sweep(TD_FAULT_PIN, 1, 1);
 }
 
 int main(void)
