@@ -130,6 +130,17 @@ static void test_offloading_is_bit_identical(void **state)
         td_test_train(&v, STEPS, 7, got, &st);
         assert_memory_equal(got, ref, sizeof got);
         assert_true(st.evictions > 0);
+        /* The AdamW on its own thread, transient grads (no clipping, no
+         * accumulation) under the same moving budget: the same losses as
+         * the serial path. */
+        v.grad_accum = 1;
+        v.optim.max_grad_norm = 0;
+        double serial[STEPS];
+        v.adam_thread = -1;
+        td_test_train(&v, STEPS, 7, serial, NULL);
+        v.adam_thread = 1;
+        td_test_train(&v, STEPS, 7, got, NULL);
+        assert_memory_equal(got, serial, sizeof got);
     }
 }
 
