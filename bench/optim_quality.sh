@@ -5,7 +5,12 @@
 # the held-out loss of each, and each against fp32.
 #   bench/optim_quality.sh TOKFILE [OUTDIR] [extra tidal train flags...]
 # Default shape: the README demo's (4 layers, 256 wide, 4 heads, T128, B8)
-# on the cpu backend, one thread a run, the three runs side by side.
+# on the cpu backend, one thread a run, the three runs side by side.  Flags
+# given after OUTDIR win over these (the last of a flag counts); issue 10's
+# GPU check at W1's shape (124M, B16 x T1024, bf16; the three runs share the
+# GPU, 8 GiB each):
+#   bench/optim_quality.sh TOKFILE out/q-gpu --backend cuda --precision bf16 \
+#       --layers 12 --width 768 --heads 12 --seq 1024 --micro-batch 16 --threads 5
 set -euo pipefail
 tok=${1:?usage: bench/optim_quality.sh TOKFILE [OUTDIR] [train flags...]}
 out=${2:-out/optim-quality}
