@@ -184,7 +184,9 @@ static void reference(void)
  * (--policy cpu), and on 2 ranks with half the optimizer chunks homed on
  * the "device" (their shards updated there: the GPU AdamW's path) and 3
  * ranks with all of them (--policy cuda); and 2 ranks under a budget that
- * evicts chunks, in the cpu backend's debug mode. */
+ * evicts chunks, in the cpu backend's debug mode; and two of them again
+ * with each rank's shard updates on its AdamW thread (--adam-thread on),
+ * to their losses bit for bit. */
 static void test_ranks_match_one_rank(void **state)
 {
     (void)state;
@@ -198,10 +200,16 @@ static void test_ranks_match_one_rank(void **state)
     const char *mb = strstr(slurp(pout), "\"min_bytes\":");
     assert_non_null(mb);
     snprintf(tight, sizeof tight, "--policy cpu --ckpt off --gpu-budget %ld", strtol(mb + 12, NULL, 10) + 8192);
+    char tight_thread[160];
+    snprintf(tight_thread, sizeof tight_thread, "%s --adam-thread on", tight);
+    /* the last two: each rank's shard updates on its AdamW thread, against
+     * the same runs without it (c 1 and 4), bit for bit */
     const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
-                                  "--policy cuda", tight};
-    for (int c = 0; c < 5; c++) {
-        int n = 2 + (c & 1);
+                                  "--policy cuda", tight, "--policy cpu --adam-thread on", tight_thread};
+    static const int ranks_of[] = {2, 3, 2, 3, 2, 3, 2}, same_as[] = {-1, -1, -1, -1, -1, 1, 4};
+    double losses[7][STEPS];
+    for (int c = 0; c < 7; c++) {
+        int n = ranks_of[c];
         char out[256], args[2048], log[256];
         double loss[STEPS], norm[STEPS];
         snprintf(out, sizeof out, "%s/n%d_%d.out", tmp, n, c);
@@ -211,9 +219,13 @@ static void test_ranks_match_one_rank(void **state)
         /* the last: chunks evicted and reloaded, under the cpu backend's debug
          * mode (a copy's destination poisoned until it lands: a collective or
          * an update that reads a chunk before its copy is done fails) */
-        int rc = run(out, c == 4 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s" : "%s train %s", args);
+        int rc = run(out, c == 4 || c == 6 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s" : "%s train %s",
+                     args);
         if (rc) fail_msg("%d ranks, %s: exit %d: %s", n, policy[c], rc, slurp(out));
         assert_int_equal(read_log(log, loss, norm, STEPS), STEPS);
+        memcpy(losses[c], loss, sizeof loss);
+        if (same_as[c] >= 0 && memcmp(losses[same_as[c]], loss, sizeof loss))
+            fail_msg("%d ranks, %s: not the losses of the run without the AdamW thread", n, policy[c]);
         expect_close(ref_loss, loss, STEPS, 1e-5, n == 2 ? "loss, 2 ranks" : "loss, 3 ranks");
         /* The norm of a step whose grads cancel heavily (this data's step
          * 18 spikes to 15.8) carries the sums' reduction order further: 1e-3. */

@@ -251,13 +251,13 @@ size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
 
 int td_train_adam_overlap(const td_train_config *cfg)
 {
-    if (cfg->adam_thread) return cfg->adam_thread > 0 && cfg->ranks <= 1;
-    return cfg->backend == TD_BACKEND_CUDA && cfg->ranks <= 1;
+    if (cfg->adam_thread) return cfg->adam_thread > 0;
+    return cfg->backend == TD_BACKEND_CUDA;
 }
 
 int td_train_grads_transient(const td_train_config *cfg)
 {
-    return td_train_adam_overlap(cfg) && cfg->optim.max_grad_norm <= 0 &&
+    return td_train_adam_overlap(cfg) && cfg->ranks <= 1 && cfg->optim.max_grad_norm <= 0 &&
            cfg->optim.scaler.kind == TD_LOSS_SCALE_NONE && cfg->grad_accum == 1;
 }
 

@@ -379,7 +379,8 @@ static td_status catch_up(td_trainer *t, int upto)
         td_status st = TD_OK;
         if (t->ranks > 1) { /* ZeRO-3: this rank's shard, then the chunk gathered from every rank's */
             int k = t->pending_next;
-            if (t->pending_update && !chunk_on_gpu(t, k)) st = update_shard_host(t, k, &t->pending_coeffs);
+            if (t->pending_update && !chunk_on_gpu(t, k))
+                st = t->worker ? take_back(t, k) : update_shard_host(t, k, &t->pending_coeffs);
             if (!st) st = gather_param_chunk(t, k);
             if (st) return st;
             continue;
@@ -390,7 +391,7 @@ static td_status catch_up(td_trainer *t, int upto)
     }
     /* The AdamW thread's updates already done, beyond: recorded now, so the
      * prefetcher loads their new params, not the old. */
-    for (; t->worker && t->pending_next < t->pending_end; t->pending_next++) {
+    for (; t->worker && t->ranks == 1 && t->pending_next < t->pending_end; t->pending_next++) {
         int k = t->pending_next;
         if (chunk_on_gpu(t, k)) continue;
         if (!td_adam_worker_finished(t->worker, k)) break;
@@ -1026,6 +1027,7 @@ static td_status adam_job(void *ctx, int k)
     td_trainer *t = ctx;
     td_adam_job *j = &t->jobs[k];
     TD_TRY(td_copy_wait(t->engine, &j->grads));
+    TD_TRY(td_copy_wait(t->engine, &j->params)); /* a write-back into the params' host copy done first */
     if (j->stats) {
         td_grad_stats s = {0};
         TD_TRY(td_adam_cpu_grad_stats(t->adam, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
@@ -1059,7 +1061,7 @@ static td_status hand_over(td_trainer *t, int k, int stats)
     int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k);
     void *p, *g, *m, *v, *master;
     TD_TRY(td_memmgr_chunk_host_peek(mm, gc, &g, &j->grads));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, &p, NULL));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, &p, &j->params));
     TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
     TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
     master = p;
@@ -1083,7 +1085,9 @@ static td_status take_back(td_trainer *t, int k)
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
     void *x;
+    int handed = td_adam_worker_pending(t->worker, k);
     TD_TRY(td_adam_worker_wait(t->worker, k));
+    if (!handed) return TD_OK; /* a rank past the end of a small chunk: nothing of it is this rank's */
     int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k);
     TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), TD_ACCESS_WRITE, &x));
     TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), TD_ACCESS_WRITE, &x));
@@ -1171,6 +1175,38 @@ cleanup:
     return st;
 }
 
+/* ZeRO-3: this rank's shard of param chunk i to the AdamW thread (the
+ * pointers of update_shard_host); a rank with no elements of it hands
+ * nothing over. */
+static td_status hand_over_shard(td_trainer *t, int i)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    td_adam_job *j = &t->jobs[i];
+    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
+    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
+    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i);
+    size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
+    char *p, *g;
+    void *m, *v, *master;
+    if (!n) return TD_OK;
+    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
+    master = p + b * sizeof(float);
+    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
+    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
+                             .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
+                             .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
+    j->c = &t->ov_coeffs;
+    j->stats = 0;
+    j->consumes = 0;
+    TD_TRY(td_adam_worker_submit(t->worker, i));
+cleanup:
+    return st;
+}
+
 /* ZeRO-3's optimizer step: the global grad norm from every rank's shard
  * sums (all ranks get the same bits, so they clip alike and skip a
  * non-finite step together), AdamW of this rank's shard of every chunk,
@@ -1223,6 +1259,12 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     t->pending_end = chunks;
     t->pending_update = !os->skip;
     t->pending_coeffs = os->coeffs;
+    if (t->worker && !os->skip) { /* every host shard to the AdamW thread, in the order the forward needs them */
+        t->ov_coeffs = os->coeffs;
+        own_core(t);
+        for (int i = 0; i < chunks; i++)
+            if (!chunk_on_gpu(t, i)) TD_TRY(hand_over_shard(t, i));
+    }
     if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:

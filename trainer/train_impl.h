@@ -103,6 +103,7 @@ struct td_trainer {
 typedef struct td_adam_job {
     td_adam_chunk ch;
     td_copy_ticket grads;
+    td_copy_ticket params;    /* the params' host copy's last write-back (ZeRO-3 writes it back after gathers) */
     const td_adam_coeffs *c;
     int stats;
     int consumes;     /* the grads are transient: their staging slot is freed after */

@@ -83,7 +83,7 @@ typedef struct td_train_config {
     int threads;                  /* CPU AdamW and ops; 0: all local cores */
     int adam_thread;              /* the host's AdamW on a thread of its own, beside the GPU work (each chunk as
                                      its grads land, or, with clipping, as the next forward needs it):
-                                     1 on, -1 off, 0 auto: on with the cuda backend on one rank.  The AdamW
+                                     1 on, -1 off, 0 auto: on with the cuda backend.  The AdamW
                                      team then leaves one of the local cores to the thread driving the GPU.
                                      The results are the same either way. */
     /* Data parallelism with ZeRO-3 (docs/distributed.md): `ranks` processes
