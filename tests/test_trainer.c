@@ -769,6 +769,44 @@ static void test_adam_thread_is_bit_identical(void **state)
     }
 }
 
+/* A step that fails after handing its chunks to the AdamW thread (non-finite
+ * grads without clipping: the updates had begun) leaves nothing running
+ * behind: td_trainer_finish_update takes every update back, after which
+ * the host copies hold still (a save would read them). */
+static void test_failed_step_drains_the_adam_thread(void **state)
+{
+    td_train_config c = small_config();
+    c.grad_accum = 1;
+    c.optim.max_grad_norm = 0;
+    c.mm.placement = TD_PLACEMENT_CPU;
+    c.adam_thread = 1;
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    td_test_batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+    td_rng_seed(&b.rng, 3);
+    td_step_result r;
+    TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+    td_fault_arm(TD_FAULT_NONFINITE_GRAD, 1);
+    assert_int_equal(td_trainer_step(t, td_test_next_batch, &b, &r), TD_ERR_STATE);
+    td_fault_disarm_all();
+    assert_non_null(strstr(td_error_msg(), "non-finite"));
+    TD_ASSERT_OK(td_trainer_finish_update(t));
+    td_memmgr *mm = td_trainer_memmgr(t);
+    int id;
+    void *h;
+    td_trainer_tensor_ids(t, 0, &id, NULL, NULL, NULL);
+    TD_ASSERT_OK(td_memmgr_host_access(mm, &id, 1, TD_ACCESS_READ, &h));
+    size_t n = td_memmgr_tensor_numel(mm, id);
+    float *before = malloc(n * sizeof *before);
+    assert_non_null(before);
+    memcpy(before, h, n * sizeof *before);
+    usleep(20000);
+    TD_ASSERT_OK(td_memmgr_host_access(mm, &id, 1, TD_ACCESS_READ, &h));
+    assert_memory_equal(before, h, n * sizeof *before);
+    free(before);
+    td_trainer_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -788,6 +826,7 @@ int main(void)
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_adam_thread_is_bit_identical),
+        cmocka_unit_test(test_failed_step_drains_the_adam_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

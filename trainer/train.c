@@ -370,6 +370,7 @@ static int chunk_on_gpu(const td_trainer *t, int k);
 /* The pending AdamW of param chunks up to role index `upto`; when the last
  * is done, the grads are consumed (FREE) and nothing is pending. */
 static td_status take_back(td_trainer *t, int k);
+static td_status take_back_all(td_trainer *t);
 static td_status hand_over_begin(td_trainer *t);
 static td_status hand_over_finished(td_trainer *t, const int *gids, int n);
 static td_status catch_up(td_trainer *t, int upto)
@@ -423,6 +424,8 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
 td_status td_trainer_finish_update(td_trainer *t)
 {
     td_status st = catch_up(t, INT_MAX);
+    /* and whatever the AdamW thread still holds (a step that failed after handing chunks over) */
+    if (!st && t->worker) st = take_back_all(t);
     /* ZeRO-3: the gathers done (bounded) before the host reads what they wrote (a save) */
     return st || !t->comm ? st : compute_sync(t);
 }
