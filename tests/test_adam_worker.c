@@ -1,5 +1,5 @@
-/* The CPU AdamW's own thread (trainer/adam_worker.h): jobs run in the order
- * handed over, on another thread; a wait returns its job's status with the
+/* The CPU AdamW's own thread (trainer/adam_worker.h): jobs run lowest index
+ * first among those waiting, on another thread; a wait returns its job's status with the
  * message; after a failure the later jobs are not run; a job cannot be
  * handed over twice before it is waited for; destroy drops what is queued. */
 #include "td_test.h"
@@ -16,6 +16,7 @@ typedef struct {
     int fail_at;          /* this job fails (-1: none) */
     int dropped[16], n_dropped;
     int sleep_us;
+    int gate_k, gate_open; /* job gate_k waits until gate_open (-1: no gate) */
 } log_ctx;
 
 static td_status job(void *ctx, int k)
@@ -26,6 +27,13 @@ static td_status job(void *ctx, int k)
     c->order[c->n++] = k;
     c->ran_on[k] = pthread_self();
     pthread_mutex_unlock(&c->lock);
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        int wait = k == c->gate_k && !c->gate_open;
+        pthread_mutex_unlock(&c->lock);
+        if (!wait) break;
+        usleep(1000);
+    }
     if (k == c->fail_at) return td_error_set(TD_ERR_IO, "job %d: disk on fire", k);
     return TD_OK;
 }
@@ -38,35 +46,50 @@ static void dropped(void *ctx, int k)
     pthread_mutex_unlock(&c->lock);
 }
 
-static void test_jobs_run_in_order_on_another_thread(void **state)
+/* The first job runs at once; those handed over while it runs go lowest
+ * index first (the order the next forward needs the chunks). */
+static void test_jobs_run_lowest_first_on_another_thread(void **state)
 {
-    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 2000 };
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .gate_k = 5 };
     td_adam_worker *w;
     TD_ASSERT_OK(td_adam_worker_create(8, job, dropped, &c, &w));
-    int handed[] = {5, 3, 7, 0, 1};
-    for (int i = 0; i < 5; i++) TD_ASSERT_OK(td_adam_worker_submit(w, handed[i]));
-    for (int i = 0; i < 5; i++) assert_true(td_adam_worker_pending(w, handed[i]));
+    TD_ASSERT_OK(td_adam_worker_submit(w, 5));
+    for (;;) { /* job 5 is running (held at its gate) */
+        pthread_mutex_lock(&c.lock);
+        int n = c.n;
+        pthread_mutex_unlock(&c.lock);
+        if (n) break;
+        usleep(1000);
+    }
+    int handed[] = {3, 7, 0, 1}, want[] = {5, 0, 1, 3, 7};
+    for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_adam_worker_submit(w, handed[i]));
+    for (int i = 0; i < 4; i++) assert_true(td_adam_worker_pending(w, handed[i]));
     assert_false(td_adam_worker_pending(w, 2));
-    TD_ASSERT_OK(td_adam_worker_wait(w, 1)); /* the last: all have run */
+    assert_false(td_adam_worker_finished(w, 5));
+    pthread_mutex_lock(&c.lock);
+    c.gate_open = 1;
+    pthread_mutex_unlock(&c.lock);
+    TD_ASSERT_OK(td_adam_worker_wait(w, 7)); /* the last: all have run */
     assert_int_equal(c.n, 5);
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(c.order[i], handed[i]);
-        assert_false(pthread_equal(c.ran_on[handed[i]], pthread_self()));
-        assert_true(td_adam_worker_finished(w, handed[i]) || handed[i] == 1);
+        assert_int_equal(c.order[i], want[i]);
+        assert_false(pthread_equal(c.ran_on[want[i]], pthread_self()));
+        assert_true(td_adam_worker_finished(w, want[i]) || want[i] == 7);
     }
-    assert_false(td_adam_worker_pending(w, 1)); /* waited for: forgotten */
-    for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_adam_worker_wait(w, handed[i]));
+    assert_false(td_adam_worker_pending(w, 7)); /* waited for: forgotten */
+    for (int i = 0; i < 4; i++) TD_ASSERT_OK(td_adam_worker_wait(w, want[i]));
     TD_ASSERT_OK(td_adam_worker_wait(w, 2)); /* never handed over: nothing to wait for */
     /* Again, after the waits. */
     TD_ASSERT_OK(td_adam_worker_submit(w, 5));
     TD_ASSERT_OK(td_adam_worker_wait(w, 5));
     assert_int_equal(c.n, 6);
+    assert_int_equal(c.n_dropped, 0);
     td_adam_worker_destroy(w);
 }
 
 static void test_failure_reaches_the_waiter(void **state)
 {
-    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = 2 };
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = 2, .gate_k = -1 };
     td_adam_worker *w;
     TD_ASSERT_OK(td_adam_worker_create(4, job, dropped, &c, &w));
     for (int k = 0; k < 4; k++) TD_ASSERT_OK(td_adam_worker_submit(w, k));
@@ -85,7 +108,7 @@ static void test_failure_reaches_the_waiter(void **state)
 
 static void test_misuse_is_refused(void **state)
 {
-    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000 };
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000, .gate_k = -1 };
     td_adam_worker *w;
     assert_int_equal(td_adam_worker_create(0, job, NULL, &c, &w), TD_ERR_INVALID);
     TD_ASSERT_OK(td_adam_worker_create(2, job, NULL, &c, &w));
@@ -101,7 +124,7 @@ static void test_misuse_is_refused(void **state)
 /* Destroy with jobs queued: the running one finishes, the rest are dropped. */
 static void test_destroy_drops_the_queue(void **state)
 {
-    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000 };
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000, .gate_k = -1 };
     td_adam_worker *w;
     TD_ASSERT_OK(td_adam_worker_create(8, job, dropped, &c, &w));
     for (int k = 0; k < 8; k++) TD_ASSERT_OK(td_adam_worker_submit(w, k));
@@ -115,7 +138,7 @@ static void test_destroy_drops_the_queue(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_jobs_run_in_order_on_another_thread),
+        cmocka_unit_test(test_jobs_run_lowest_first_on_another_thread),
         cmocka_unit_test(test_failure_reaches_the_waiter),
         cmocka_unit_test(test_misuse_is_refused),
         cmocka_unit_test(test_destroy_drops_the_queue),

@@ -17,7 +17,7 @@ struct td_adam_worker {
     int started;
     pthread_mutex_t lock;
     pthread_cond_t work, done;
-    int *queue, head, count;        /* FIFO ring of job indices */
+    int count;                      /* jobs QUEUED */
     unsigned char *state;           /* per job */
     td_status *status;
     char (*msg)[512];               /* a failed job's message */
@@ -33,8 +33,8 @@ static void *worker_main(void *arg)
     for (;;) {
         while (!w->count && !w->stop) pthread_cond_wait(&w->work, &w->lock);
         if (w->stop) break;
-        int k = w->queue[w->head];
-        w->head = (w->head + 1) % w->slots;
+        int k = 0; /* the lowest index waiting: the chunk the next forward needs first */
+        while (w->state[k] != QUEUED) k++;
         w->count--;
         td_status st = w->failed;
         if (!st) {
@@ -57,12 +57,12 @@ static void *worker_main(void *arg)
         w->state[k] = DONE;
         pthread_cond_broadcast(&w->done);
     }
-    while (w->count) { /* stopped: the queued jobs are dropped */
-        int k = w->queue[w->head];
-        w->head = (w->head + 1) % w->slots;
-        w->count--;
-        if (w->drop) w->drop(w->ctx, k);
-    }
+    for (int k = 0; k < w->slots && w->count; k++) /* stopped: the queued jobs are dropped */
+        if (w->state[k] == QUEUED) {
+            w->state[k] = IDLE;
+            w->count--;
+            if (w->drop) w->drop(w->ctx, k);
+        }
     pthread_mutex_unlock(&w->lock);
     return NULL;
 }
@@ -77,14 +77,13 @@ td_status td_adam_worker_create(int slots, td_adam_job_fn fn, td_adam_drop_fn dr
     w->drop = drop;
     w->ctx = ctx;
     w->slots = slots;
-    w->queue = td_calloc((size_t)slots, sizeof *w->queue, TD_ROLE_META);
     w->state = td_calloc((size_t)slots, sizeof *w->state, TD_ROLE_META);
     w->status = td_calloc((size_t)slots, sizeof *w->status, TD_ROLE_META);
     w->msg = td_calloc((size_t)slots, sizeof *w->msg, TD_ROLE_META);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->work, NULL);
     pthread_cond_init(&w->done, NULL);
-    if (!w->queue || !w->state || !w->status || !w->msg) {
+    if (!w->state || !w->status || !w->msg) {
         td_adam_worker_destroy(w);
         return TD_ERR_NOMEM;
     }
@@ -111,7 +110,6 @@ void td_adam_worker_destroy(td_adam_worker *w)
     pthread_cond_destroy(&w->done);
     pthread_cond_destroy(&w->work);
     pthread_mutex_destroy(&w->lock);
-    td_free(w->queue);
     td_free(w->state);
     td_free(w->status);
     td_free(w->msg);
@@ -135,7 +133,6 @@ td_status td_adam_worker_submit(td_adam_worker *w, int k)
         return td_error_set(TD_ERR_STATE, "AdamW worker: chunk %d handed over again before it was waited for", k);
     }
     w->state[k] = QUEUED;
-    w->queue[(w->head + w->count) % w->slots] = k;
     w->count++;
     pthread_cond_signal(&w->work);
     pthread_mutex_unlock(&w->lock);

@@ -5,7 +5,8 @@
  * evictions and loads under the budget), so an AdamW it runs starts only
  * when the backward ends, and the step takes compute + AdamW instead of
  * their maximum.  The worker takes param chunks by index, in the order they
- * are handed over (FIFO), and runs `fn(ctx, k)` for each on its own thread
+ * are handed over, lowest index first among those waiting (param chunks:
+ * the order the next forward needs them), and runs `fn(ctx, k)` for each on its own thread
  * (whose OpenMP team is the AdamW team); the driving thread goes on issuing
  * GPU work and waits for chunk k only where it needs chunk k's result.
  *

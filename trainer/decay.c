@@ -131,10 +131,11 @@ static td_adam_chunk with_ranges(const td_trainer *t, int k, const td_adam_chunk
     return c;
 }
 
-td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch)
+td_status td_train_adam_chunk_cpu(td_trainer *t, td_adam_cpu *cpu, int k, const td_adam_coeffs *c,
+                                  const td_adam_chunk *ch)
 {
     td_adam_chunk w = with_ranges(t, k, ch, t->no_decay);
-    return td_adam_cpu_update(t->adam, c, &w, 1);
+    return td_adam_cpu_update(cpu, c, &w, 1);
 }
 
 #ifdef TD_HAVE_CUDA

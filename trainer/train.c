@@ -277,8 +277,10 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     ap.threads = td_train_adam_threads(cfg, t->topo);
     ap.topo = t->topo;
     TD_TRY(td_adam_cpu_create(&ap, &t->adam));
+    t->adam_main = t->adam;
     t->main_core = -1;
     if (td_train_adam_overlap(cfg)) {
+        TD_TRY(td_adam_cpu_create(&ap, &t->adam_main)); /* the driving thread's own team */
         int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
         t->jobs = td_calloc((size_t)chunks, sizeof *t->jobs, TD_ROLE_META);
         t->ov_left = td_calloc((size_t)chunks, sizeof *t->ov_left, TD_ROLE_META);
@@ -307,6 +309,7 @@ void td_trainer_destroy(td_trainer *t)
 {
     if (!t) return;
     td_adam_worker_destroy(t->worker); /* its job running done first: it reads what is freed below */
+    if (t->adam_main != t->adam) td_adam_cpu_destroy(t->adam_main);
     td_adam_cpu_destroy(t->adam);
 #ifdef TD_HAVE_CUDA
     td_ops_cuda_free(t->ops_cuda);
@@ -871,7 +874,7 @@ static td_status device_chunk_sumsq(td_trainer *t, int k, int chunks)
 #endif
     {
         td_grad_stats s = {0};
-        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt, numel, &s));
+        TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, (td_optim_dtype)t->gdt, numel, &s));
         t->h_sumsq[chunks + k] = s.sumsq;
     }
     TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
@@ -882,7 +885,7 @@ cleanup:
 static td_status gather_device_sumsq(td_trainer *t, int chunks)
 {
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t) && t->gpu_opt) { /* dev_acc exists only with GPU chunks */
+    if (on_cuda(t) && (t->gpu_opt || t->ov_early)) { /* dev_acc: with GPU chunks or an AdamW thread */
         td_status st = td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_sumsq + chunks, t->dev_acc,
                                              (size_t)chunks * sizeof(double));
         return st ? st : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
@@ -921,7 +924,7 @@ static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs 
     if (on_cuda(t) && numel) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
     else
 #endif
-    if (numel) TD_TRY(td_train_adam_chunk_cpu(t, k, c, &ch));
+    if (numel) TD_TRY(td_train_adam_chunk_cpu(t, t->adam_main, k, c, &ch));
     TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_HOLD)); /* consumed with the host's (FREE below or in catch_up) */
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD_AFTER_BWD)); /* to HOLD with the host's below */
     TD_TRY(release_chunk(t, t->mid, k, TD_TENSOR_HOLD));
@@ -979,7 +982,7 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
     void *p, *g, *m, *v, *master;
     TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g)); /* waits for this chunk's grads only */
     if (stats)
-        TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
+        TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, (td_optim_dtype)t->gdt,
                                       td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), stats));
     TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, &p));
     TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
@@ -991,7 +994,7 @@ static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
                          .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
                          .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
-    TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch));
+    TD_TRY(td_train_adam_chunk_cpu(t, t->adam_main, i, c, &ch));
 cleanup:
     return st;
 }
@@ -1036,7 +1039,7 @@ static td_status adam_job(void *ctx, int k)
         TD_TRY(td_adam_cpu_grad_stats(t->adam, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
         t->h_sumsq[k] = s.sumsq;
     }
-    TD_TRY(td_train_adam_chunk_cpu(t, k, j->c, &j->ch));
+    TD_TRY(td_train_adam_chunk_cpu(t, t->adam, k, j->c, &j->ch));
 cleanup:
     adam_drop(t, k); /* read or failed: the grads' staging slot is free again */
     return st;
@@ -1052,7 +1055,7 @@ static void adam_drop(void *ctx, int k)
 }
 
 /* Param chunk k's update handed to the AdamW thread with the coefficients
- * in t->ov_coeffs; `stats`: it also adds up the grads' sumsq.  Nothing may
+ * in t->ov_coeffs[t->ov_cur]; `stats`: it also adds up the grads' sumsq.  Nothing may
  * write the chunk's grads or params until it is taken back. */
 static td_status hand_over(td_trainer *t, int k, int stats)
 {
@@ -1072,7 +1075,7 @@ static td_status hand_over(td_trainer *t, int k, int stats)
     j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
                              .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
                              .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
-    j->c = &t->ov_coeffs;
+    j->c = &t->ov_coeffs[t->ov_cur];
     j->stats = stats;
     j->consumes = td_memmgr_chunk_transient(mm, gc);
     TD_TRY(td_adam_worker_submit(t->worker, k));
@@ -1121,7 +1124,15 @@ static td_status hand_over_begin(td_trainer *t)
     for (int k = 0; k < chunks; k++)
         t->ov_left[k] = chunk_on_gpu(t, k) ? 0 : t->group_start[k + 1] - t->group_start[k];
     own_core(t);
-    return next_coeffs(t, &t->ov_coeffs);
+    t->ov_early = 1;
+#ifdef TD_HAVE_CUDA
+    if (on_cuda(t)) { /* every chunk's grad sum lands in its own device double: zero them for this step */
+        td_status st = zero(t, t->dev_acc, (size_t)chunks * sizeof(double));
+        if (st) return st;
+    }
+#endif
+    t->ov_cur ^= 1; /* the last step's updates may still run with the other */
+    return next_coeffs(t, &t->ov_coeffs[t->ov_cur]);
 }
 
 /* Counts down the grads the last micro-batch finished (gids, their
@@ -1132,9 +1143,15 @@ static td_status hand_over_finished(td_trainer *t, const int *gids, int n)
 {
     if (!t->worker || !updates_early(t)) return TD_OK;
     td_status st = TD_OK;
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
     for (int i = 0; !st && i < n; i++) {
         int k = param_chunk_of(t, gids[i], TD_TENSOR_GRAD);
-        if (!chunk_on_gpu(t, k) && --t->ov_left[k] == 0) st = hand_over(t, k, 1);
+        if (chunk_on_gpu(t, k) || --t->ov_left[k]) continue;
+        /* Its sum of squares on the device, where the grads still are, so
+         * the step's norm does not wait for the AdamW thread; then the
+         * update goes over. */
+        st = device_chunk_sumsq(t, k, chunks);
+        if (!st) st = hand_over(t, k, 0);
     }
     return st;
 }
@@ -1144,7 +1161,7 @@ static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
 {
     td_grad_stats global = {0};
     for (int i = 0; i < chunks; i++) {
-        td_grad_stats part = { .sumsq = t->h_sumsq[chunk_on_gpu(t, i) ? chunks + i : i] };
+        td_grad_stats part = { .sumsq = t->h_sumsq[chunk_on_gpu(t, i) || t->ov_early ? chunks + i : i] };
         td_grad_stats_merge(&global, &part);
     }
     return global;
@@ -1173,7 +1190,7 @@ static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
                          .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
                          .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
-    TD_TRY(td_train_adam_chunk_cpu(t, i, c, &ch)); /* its no-decay list is the shard's (decay.c) */
+    TD_TRY(td_train_adam_chunk_cpu(t, t->adam_main, i, c, &ch)); /* its no-decay list is the shard's (decay.c) */
 cleanup:
     return st;
 }
@@ -1202,7 +1219,7 @@ static td_status hand_over_shard(td_trainer *t, int i)
     j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
                              .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
                              .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
-    j->c = &t->ov_coeffs;
+    j->c = &t->ov_coeffs[t->ov_cur];
     j->stats = 0;
     j->consumes = 0;
     TD_TRY(td_adam_worker_submit(t->worker, i));
@@ -1235,7 +1252,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         td_grad_stats part = {0};
         if (n && !chunk_on_gpu(t, i)) {
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
-            TD_TRY(td_adam_cpu_grad_stats(t->adam, g + b * td_dtype_bytes(t->gdt), (td_optim_dtype)t->gdt, n, &part));
+            TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g + b * td_dtype_bytes(t->gdt), (td_optim_dtype)t->gdt, n, &part));
         }
         t->h_sumsq[i] = part.sumsq;
     }
@@ -1263,7 +1280,8 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     t->pending_update = !os->skip;
     t->pending_coeffs = os->coeffs;
     if (t->worker && !os->skip) { /* every host shard to the AdamW thread, in the order the forward needs them */
-        t->ov_coeffs = os->coeffs;
+        t->ov_cur ^= 1;
+        t->ov_coeffs[t->ov_cur] = os->coeffs;
         own_core(t);
         for (int i = 0; i < chunks; i++)
             if (!chunk_on_gpu(t, i)) TD_TRY(hand_over_shard(t, i));
@@ -1282,13 +1300,11 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     int chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM), host_chunks = chunks - t->gpu_opt;
     td_grad_stats global = {0};
     const td_optim_params *op = &t->optim.params;
-    /* On the cpu backend the GPU chunks' work below runs on the AdamW team
-     * too: the AdamW thread's first. */
-    if (!on_cuda(t)) TD_TRY(take_back_all(t));
     /* The GPU chunks' sumsq first: the device works on them while the CPU
-     * reads the host chunks' grads. */
-    if (t->gpu_opt && !on_cuda(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
-    if (t->gpu_opt && on_cuda(t)) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
+     * reads the host chunks' grads.  (Updates handed over in the backward
+     * had their sums taken there, into the same buffers: kept.) */
+    if (t->gpu_opt && !on_cuda(t) && !t->ov_early) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
+    if (t->gpu_opt && on_cuda(t) && !t->ov_early) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
     for (int i = 0; i < chunks; i++)
         if (chunk_on_gpu(t, i)) TD_TRY(device_chunk_sumsq(t, i, chunks));
     if (op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE) {
@@ -1308,11 +1324,10 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         }
         for (int i = 0; i < chunks; i++)
             if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &c));
-        if (t->worker) { /* the host chunks went to the AdamW thread in the backward, with their sumsq */
+        if (t->worker) { /* the host chunks went to the AdamW thread in the backward, their sums on the device */
             for (int i = 0; i < chunks; i++)
                 if (t->ov_left[i])
                     TD_FAIL(TD_ERR_STATE, "param chunk %d's grads were never handed to the AdamW thread", i);
-            TD_TRY(take_back_all(t));
         }
         TD_TRY(gather_device_sumsq(t, chunks));
         global = merge_sumsq(t, chunks);
@@ -1320,6 +1335,15 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         if (os->skip)
             TD_FAIL(TD_ERR_STATE, "non-finite gradients at step %ld (no clipping and no loss scale: the update had "
                     "already begun); lower --lr or use --clip-grad-norm", step);
+        /* The AdamW thread's updates are taken back by the next forward,
+         * each just before its chunk's first use (catch_up): the forward
+         * starts as soon as the first chunks are updated, while the thread
+         * finishes the last blocks'. */
+        if (t->worker && host_chunks) {
+            t->pending_next = 0;
+            t->pending_end = chunks;
+            t->pending_coeffs = c;
+        }
     } else {
         /* Exact global norm and overflow flag over every grad chunk first. */
         for (int i = 0; i < chunks; i++) {
@@ -1328,7 +1352,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
             void *g;
             td_grad_stats part = {0};
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
-            TD_TRY(td_adam_cpu_grad_stats(t->adam, g, (td_optim_dtype)t->gdt,
+            TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, (td_optim_dtype)t->gdt,
                                           td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &part));
             t->h_sumsq[i] = part.sumsq;
         }
@@ -1352,7 +1376,8 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
              * order the next forward needs them; catch_up takes each back
              * just before its first use. */
             if (host_chunks && t->worker) {
-                t->ov_coeffs = os->coeffs;
+                t->ov_cur ^= 1;
+        t->ov_coeffs[t->ov_cur] = os->coeffs;
                 own_core(t);
                 for (int i = 0; i < chunks; i++)
                     if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i, 0));
@@ -1364,6 +1389,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     if (!t->pending_end) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:
+    t->ov_early = 0; /* the next step says again where its sums are */
     return st;
 }
 

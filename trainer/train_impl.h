@@ -16,7 +16,10 @@ struct td_trainer {
     td_arena *arena;
     td_copy_engine *engine;
     td_memmgr *mm;
-    td_adam_cpu *adam;
+    td_adam_cpu *adam;                 /* the host's AdamW: the AdamW thread's team when there is one */
+    td_adam_cpu *adam_main;            /* the driving thread's team (its sums, the cpu backend's "GPU" chunks):
+                                          adam itself without an AdamW thread, else a second team, so the
+                                          two threads never share one */
     td_optim optim;
     /* The two-pass CPU AdamW leaves param chunks [pending_next, pending_end)
      * to the next forward, each updated just before its first access
@@ -84,16 +87,21 @@ struct td_trainer {
     int *rs_left;
     double *sumsq_all;
     /* The host's AdamW on a thread of its own (adam_worker.h,
-     * cfg.adam_thread), one rank: jobs[k] is param chunk k's update as
-     * handed over; ov_left[k], grad tensors of host chunk k the last
-     * micro-batch has still to finish (then the chunk is handed over as its
-     * grads go to the host); ov_coeffs, the coefficients of the updates
-     * handed over; main_core, the core kept for this thread (-1: none). */
+     * cfg.adam_thread): jobs[k] is param chunk k's update as handed over;
+     * ov_left[k], grad tensors of host chunk k the last micro-batch has
+     * still to finish (then the chunk is handed over as its grads go to the
+     * host); ov_coeffs[ov_cur], the coefficients of the updates handed over
+     * (two: a step's hand-over begins while the last step's updates may
+     * still run); main_core, the core kept for this thread (-1: none). */
     struct td_adam_worker *worker;
     struct td_adam_job *jobs;
     int *ov_left;
-    td_adam_coeffs ov_coeffs;
+    td_adam_coeffs ov_coeffs[2];
+    int ov_cur;
     int main_core;
+    int ov_early;                      /* this step's chunks went over in its backward: their grad sums
+                                          were taken on the device (h_sumsq[chunks + k]), and the
+                                          next forward takes their updates back (catch_up) */
 };
 
 /* Param chunk k's host update as the AdamW thread runs it: the host copies
@@ -129,8 +137,10 @@ size_t td_train_shard_align(const td_train_config *cfg);
 /* The ranges, from the layout (decay.c); after td_memmgr_layout. */
 td_status td_train_decay_setup(td_trainer *t);
 void td_train_decay_free(td_trainer *t);
-/* AdamW of param chunk k (role index) in one call, its no-decay ranges with c less decay. */
-td_status td_train_adam_chunk_cpu(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch);
+/* AdamW of param chunk k (role index) in one call on the team `cpu`, its
+ * no-decay ranges with c less decay. */
+td_status td_train_adam_chunk_cpu(td_trainer *t, td_adam_cpu *cpu, int k, const td_adam_coeffs *c,
+                                  const td_adam_chunk *ch);
 #ifdef TD_HAVE_CUDA
 /* The LLaMA family on cuda (model_exec_cuda.c): RoPE's table, then the block
  * and head calls train.c makes for it. */
