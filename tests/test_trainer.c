@@ -809,6 +809,56 @@ static void test_failed_step_drains_the_adam_thread(void **state)
     td_trainer_destroy(t);
 }
 
+/* With the AdamW thread and updates still running at a step's end (no
+ * clipping: taken back by the next forward), a checkpoint saved then and
+ * an eval in between see the updated weights: the resumed run continues
+ * bit for bit, and the eval changes nothing. */
+static void test_resume_with_the_adam_thread(void **state)
+{
+    enum { STEPS = 6, CUT = 3 };
+    td_train_config c = small_config();
+    c.grad_accum = 1;
+    c.optim.max_grad_norm = 0;
+    c.mm.placement = TD_PLACEMENT_CPU;
+    c.adam_thread = 1;
+    double straight[STEPS];
+    run(&c, STEPS, straight, NULL);
+    char dir[] = "/tmp/tidal-ckpt-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char ckpt[300];
+    snprintf(ckpt, sizeof ckpt, "%s/run", dir);
+    batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+    td_rng_seed(&b.rng, 99);
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    td_step_result r;
+    for (int s = 0; s < CUT; s++) TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+    TD_ASSERT_OK(td_trainer_save(t, ckpt, 1, NULL));
+    batches e = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+    td_rng_seed(&e.rng, 5);
+    double eval_loss;
+    TD_ASSERT_OK(td_trainer_eval(t, next_batch, &e, 2, &eval_loss));
+    for (int s = CUT; s < STEPS; s++) {
+        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+        if (memcmp(&r.loss, &straight[s], sizeof r.loss) != 0)
+            fail_msg("step %d after an eval: %.17g != %.17g", s + 1, r.loss, straight[s]);
+    }
+    td_trainer_destroy(t);
+    td_rng_seed(&b.rng, 99);
+    for (int s = 0; s < CUT; s++) TD_ASSERT_OK(next_batch(&b, (int32_t[64]){0}, (int32_t[64]){0}));
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    TD_ASSERT_OK(td_trainer_load(t, ckpt, 1, NULL));
+    for (int s = CUT; s < STEPS; s++) {
+        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+        if (memcmp(&r.loss, &straight[s], sizeof r.loss) != 0)
+            fail_msg("step %d after resume: %.17g != %.17g", s + 1, r.loss, straight[s]);
+    }
+    td_trainer_destroy(t);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -829,6 +879,7 @@ int main(void)
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_adam_thread_is_bit_identical),
         cmocka_unit_test(test_failed_step_drains_the_adam_thread),
+        cmocka_unit_test(test_resume_with_the_adam_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,7 +20,11 @@
  *             params into the param chunk's host copy, which the next step
  *             uploads: in the next step's forward, each chunk just before
  *             its first use (without clipping and loss scale, during this
- *             step's backward instead).
+ *             step's backward instead).  With the AdamW thread
+ *             (cfg.adam_thread) the host's updates run on that thread,
+ *             from the backward on when nothing waits for the global norm,
+ *             and the next forward waits for each chunk's just before its
+ *             first use.
  * On several ranks (td_train_config.ranks, ZeRO-3) each rank runs its slice
  * of the global batch; a chunk's grads are reduce-scattered as soon as the
  * last micro-batch's backward finishes them, each rank's AdamW updates its
@@ -136,11 +140,12 @@ td_comm *td_trainer_comm(td_trainer *t);
 void td_trainer_destroy(td_trainer *t);
 
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);
-/* With clipping or a loss scale, a step's CPU AdamW runs chunk by chunk in
- * the next step's forward, each chunk just before its first use, so that the
- * CPU updates while the GPU computes (the same result).  This runs what is
- * still pending, so that the host copies of params, master and AdamW state
- * are current.  eval, save, load and next_logits call it themselves. */
+/* With clipping or a loss scale, or with the AdamW thread, a step's CPU
+ * AdamW finishes chunk by chunk in the next step's forward, each chunk just
+ * before its first use, so that the CPU updates while the GPU computes (the
+ * same result).  This runs (or waits for) what is still pending, so that the
+ * host copies of params, master and AdamW state are current.  eval, save,
+ * load and next_logits call it themselves. */
 td_status td_trainer_finish_update(td_trainer *t);
 /* Mean loss over `batches` micro-batches without updating (eval). */
 td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss);
