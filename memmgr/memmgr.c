@@ -37,6 +37,7 @@ td_status td_memmgr_plan_layout(td_memmgr *m)
     if (m->laid_out || m->n_chunks) return td_error_set(TD_ERR_STATE, "memmgr: layout already made");
     td_status st = mm_layout(m);
     if (st == TD_OK) st = place_initial(m);
+    m->gplan_valid = 0;
     return st;
 }
 
@@ -51,6 +52,7 @@ td_status td_memmgr_set_chunk_home(td_memmgr *m, int chunk, td_chunk_home home)
     if (home != TD_HOME_HOST && home != TD_HOME_DEVICE)
         return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d: bad home %d", chunk, (int)home);
     m->chunks[chunk].home = home;
+    m->gplan_valid = 0; /* the transient grads follow the optimizer's homes */
     return TD_OK;
 }
 
@@ -84,7 +86,7 @@ static int cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static int plan_gslots(const td_memmgr *m, size_t *slot_bytes)
+static int plan_gslots_now(const td_memmgr *m, size_t *slot_bytes)
 {
     int n = 0, S = m->params.grad_slots;
     if (slot_bytes) *slot_bytes = 0;
@@ -105,6 +107,18 @@ static int plan_gslots(const td_memmgr *m, size_t *slot_bytes)
     if (!size) return 0;
     if (slot_bytes) *slot_bytes = size;
     return S;
+}
+
+/* The same, computed once per set of homes (a plan asks for every chunk). */
+static int plan_gslots(const td_memmgr *m, size_t *slot_bytes)
+{
+    td_memmgr *w = (td_memmgr *)m; /* the cache only */
+    if (!m->gplan_valid) {
+        w->gplan_n = plan_gslots_now(m, &w->gplan_bytes);
+        w->gplan_valid = 1;
+    }
+    if (slot_bytes) *slot_bytes = m->gplan_bytes;
+    return m->gplan_n;
 }
 
 int td_memmgr_grad_slots(const td_memmgr *m, size_t *slot_bytes)
@@ -369,6 +383,7 @@ td_status td_memmgr_layout(td_memmgr *m)
     if (!m->n_chunks) { /* else td_memmgr_plan_layout made it, and homes may have been set since */
         TD_TRY(mm_layout(m));
         TD_TRY(place_initial(m));
+        m->gplan_valid = 0;
     }
     if (!m->hostmem) {
         TD_TRY(td_hostmem_create(NULL, &m->hostmem));

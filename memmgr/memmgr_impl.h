@@ -145,6 +145,8 @@ struct td_memmgr {
     struct mm_gslot { void *buf; int owner; int state; } *gslots;
     int n_gslots;
     size_t gslot_bytes;
+    int gplan_valid, gplan_n;   /* planning: the slots the homes so far give (plan_gslots), cached */
+    size_t gplan_bytes;
     pthread_mutex_t gslot_lock;
     pthread_cond_t gslot_freed;
     int gslot_sync;             /* lock and condition made */
