@@ -1400,6 +1400,7 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
     size_t targets = 0, N = N_of(t);
     double loss_sum = 0;
     memset(out, 0, sizeof *out);
+    t->ov_early = 0; /* set by this step's hand-over, if it hands over in the backward */
     TD_TRY(td_memmgr_step_begin(t->mm));
     /* dloss: the mean over every target of the step, so micro-batches add up.
      * The count needs the targets first: gather them all (cheap: ints). */
