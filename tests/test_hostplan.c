@@ -398,8 +398,7 @@ static void test_checkpoint_keeps_state_type(void **state)
     snprintf(ckpt, sizeof ckpt, "%s/run", dir);
     td_trainer *t;
     TD_ASSERT_OK(td_trainer_create(&c, &t));
-    td_test_batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
-    td_rng_seed(&b.rng, 3);
+    td_test_batches b = td_test_batches_of(&c, 3);
     td_step_result r;
     TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
     TD_ASSERT_OK(td_trainer_save(t, ckpt, 1, NULL));

@@ -621,6 +621,35 @@ static void test_fortunes_loss_falls(void **state)
  * losses, bit for bit, as an uninterrupted run; the weights alone load too. */
 #include "tidal/checkpoint.h"
 
+/* The start of a resume test: `cut` steps of a fresh trainer over the
+ * batches of the straight run (seed 99), and a fresh folder for its
+ * checkpoint (dir; ckpt, dir/run). */
+static td_trainer *train_to_cut(const td_train_config *c, int cut, batches *b, char dir[23], char *ckpt,
+                                size_t ckpt_bytes)
+{
+    strcpy(dir, "/tmp/tidal-ckpt-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(ckpt, ckpt_bytes, "%s/run", dir);
+    *b = (batches){ .vocab = c->model.vocab_size, .n = (size_t)c->micro_batch * c->seq_len };
+    td_rng_seed(&b->rng, 99);
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(c, &t));
+    td_step_result r;
+    for (int s = 0; s < cut; s++) TD_ASSERT_OK(td_trainer_step(t, next_batch, b, &r));
+    return t;
+}
+
+/* Steps [from, to) of t over b give the straight run's losses bit for bit. */
+static void expect_straight(td_trainer *t, batches *b, int from, int to, const double *straight, const char *after)
+{
+    td_step_result r;
+    for (int s = from; s < to; s++) {
+        TD_ASSERT_OK(td_trainer_step(t, next_batch, b, &r));
+        if (memcmp(&r.loss, &straight[s], sizeof r.loss) != 0)
+            fail_msg("step %d after %s: %.17g != %.17g", s + 1, after, r.loss, straight[s]);
+    }
+}
+
 static void test_resume_is_bit_exact(void **state)
 {
     enum { STEPS = 6, CUT = 3 };
@@ -629,16 +658,9 @@ static void test_resume_is_bit_exact(void **state)
     double straight[STEPS];
     run(&c, STEPS, straight, NULL);
 
-    char dir[] = "/tmp/tidal-ckpt-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char ckpt[300];
-    snprintf(ckpt, sizeof ckpt, "%s/run", dir);
-    batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
-    td_rng_seed(&b.rng, 99);
-    td_trainer *t;
-    TD_ASSERT_OK(td_trainer_create(&c, &t));
-    td_step_result r;
-    for (int s = 0; s < CUT; s++) TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+    char dir[23], ckpt[300];
+    batches b;
+    td_trainer *t = train_to_cut(&c, CUT, &b, dir, ckpt, sizeof ckpt);
     char rng[4][32];
     for (int k = 0; k < 4; k++) snprintf(rng[k], sizeof rng[k], "%llu", (unsigned long long)b.rng.s[k]);
     const char *meta[] = {"rng0", rng[0], "rng1", rng[1], "rng2", rng[2], "rng3", rng[3], NULL};
@@ -658,11 +680,7 @@ static void test_resume_is_bit_exact(void **state)
     }
     td_ckpt_reader_close(rd);
     assert_int_equal(td_trainer_optim(t)->step, CUT);
-    for (int s = CUT; s < STEPS; s++) {
-        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b2, &r));
-        if (memcmp(&r.loss, &straight[s], sizeof r.loss) != 0)
-            fail_msg("step %d after resume: %.17g != %.17g", s + 1, r.loss, straight[s]);
-    }
+    expect_straight(t, &b2, CUT, STEPS, straight, "resume");
     td_trainer_destroy(t);
 
     /* Weights only (--init): the same model, a fresh optimizer. */
@@ -784,8 +802,7 @@ static void test_failed_step_drains_the_adam_thread(void **state)
     c.adam_thread = 1;
     td_trainer *t;
     TD_ASSERT_OK(td_trainer_create(&c, &t));
-    td_test_batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
-    td_rng_seed(&b.rng, 3);
+    td_test_batches b = td_test_batches_of(&c, 3);
     td_step_result r;
     TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
     td_fault_arm(TD_FAULT_NONFINITE_GRAD, 1);
@@ -823,36 +840,21 @@ static void test_resume_with_the_adam_thread(void **state)
     c.adam_thread = 1;
     double straight[STEPS];
     run(&c, STEPS, straight, NULL);
-    char dir[] = "/tmp/tidal-ckpt-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char ckpt[300];
-    snprintf(ckpt, sizeof ckpt, "%s/run", dir);
-    batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
-    td_rng_seed(&b.rng, 99);
-    td_trainer *t;
-    TD_ASSERT_OK(td_trainer_create(&c, &t));
-    td_step_result r;
-    for (int s = 0; s < CUT; s++) TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
+    char dir[23], ckpt[300];
+    batches b;
+    td_trainer *t = train_to_cut(&c, CUT, &b, dir, ckpt, sizeof ckpt);
     TD_ASSERT_OK(td_trainer_save(t, ckpt, 1, NULL));
     batches e = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
     td_rng_seed(&e.rng, 5);
     double eval_loss;
     TD_ASSERT_OK(td_trainer_eval(t, next_batch, &e, 2, &eval_loss));
-    for (int s = CUT; s < STEPS; s++) {
-        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
-        if (memcmp(&r.loss, &straight[s], sizeof r.loss) != 0)
-            fail_msg("step %d after an eval: %.17g != %.17g", s + 1, r.loss, straight[s]);
-    }
+    expect_straight(t, &b, CUT, STEPS, straight, "an eval");
     td_trainer_destroy(t);
     td_rng_seed(&b.rng, 99);
     for (int s = 0; s < CUT; s++) TD_ASSERT_OK(next_batch(&b, (int32_t[64]){0}, (int32_t[64]){0}));
     TD_ASSERT_OK(td_trainer_create(&c, &t));
     TD_ASSERT_OK(td_trainer_load(t, ckpt, 1, NULL));
-    for (int s = CUT; s < STEPS; s++) {
-        TD_ASSERT_OK(td_trainer_step(t, next_batch, &b, &r));
-        if (memcmp(&r.loss, &straight[s], sizeof r.loss) != 0)
-            fail_msg("step %d after resume: %.17g != %.17g", s + 1, r.loss, straight[s]);
-    }
+    expect_straight(t, &b, CUT, STEPS, straight, "resume");
     td_trainer_destroy(t);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

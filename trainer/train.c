@@ -1055,7 +1055,9 @@ static void adam_drop(void *ctx, int k)
 }
 
 /* Param chunk k's update handed to the AdamW thread with the coefficients
- * in t->ov_coeffs[t->ov_cur]; `stats`: it also adds up the grads' sumsq.  Nothing may
+ * in t->ov_coeffs[t->ov_cur] (under ZeRO-3 this rank's shard of it, the
+ * pointers of update_shard_host; a rank with no elements of it hands
+ * nothing over); `stats`: it also adds up the grads' sumsq.  Nothing may
  * write the chunk's grads or params until it is taken back. */
 static td_status hand_over(td_trainer *t, int k, int stats)
 {
@@ -1065,16 +1067,19 @@ static td_status hand_over(td_trainer *t, int k, int stats)
     int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k);
     int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k);
     int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k);
-    void *p, *g, *m, *v, *master;
-    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, &g, &j->grads));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, &p, &j->params));
+    size_t b = 0, e, n = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt);
+    if (t->ranks > 1 && !(n = td_memmgr_chunk_host_range(mm, mc, &b, &e))) return TD_OK;
+    char *p, *g;
+    void *m, *v, *master;
+    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
     TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
     TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
-    master = p;
+    master = p + b * sizeof(float); /* fp32 params are the master (whole on every rank) */
     if (sc >= 0) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
-    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                             .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
-                             .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
+    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
+                             .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
+                             .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
     j->c = &t->ov_coeffs[t->ov_cur];
     j->stats = stats;
     j->consumes = td_memmgr_chunk_transient(mm, gc);
@@ -1195,38 +1200,6 @@ cleanup:
     return st;
 }
 
-/* ZeRO-3: this rank's shard of param chunk i to the AdamW thread (the
- * pointers of update_shard_host); a rank with no elements of it hands
- * nothing over. */
-static td_status hand_over_shard(td_trainer *t, int i)
-{
-    td_status st = TD_OK;
-    td_memmgr *mm = t->mm;
-    td_adam_job *j = &t->jobs[i];
-    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
-    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
-    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i);
-    size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
-    char *p, *g;
-    void *m, *v, *master;
-    if (!n) return TD_OK;
-    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
-    master = p + b * sizeof(float);
-    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
-    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
-                             .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
-                             .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
-    j->c = &t->ov_coeffs[t->ov_cur];
-    j->stats = 0;
-    j->consumes = 0;
-    TD_TRY(td_adam_worker_submit(t->worker, i));
-cleanup:
-    return st;
-}
-
 /* ZeRO-3's optimizer step: the global grad norm from every rank's shard
  * sums (all ranks get the same bits, so they clip alike and skip a
  * non-finite step together), AdamW of this rank's shard of every chunk,
@@ -1284,7 +1257,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         t->ov_coeffs[t->ov_cur] = os->coeffs;
         own_core(t);
         for (int i = 0; i < chunks; i++)
-            if (!chunk_on_gpu(t, i)) TD_TRY(hand_over_shard(t, i));
+            if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i, 0));
     }
     if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));

@@ -12,6 +12,13 @@ td_status td_test_next_batch(void *ctx, int32_t *tokens, int32_t *targets)
     return TD_OK;
 }
 
+td_test_batches td_test_batches_of(const td_train_config *c, uint64_t seed)
+{
+    td_test_batches b = { .vocab = c->model.vocab_size, .n = (size_t)c->micro_batch * c->seq_len };
+    td_rng_seed(&b.rng, seed);
+    return b;
+}
+
 void td_test_train(const td_train_config *c, int steps, uint64_t data_seed, double *losses, td_memmgr_stats *stats)
 {
     td_trainer *t;
