@@ -365,8 +365,7 @@ static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of
 
 /* ---- the deferred optimizer updates ------------------------------------------ */
 
-static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats);
-static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c);
+static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int stats);
 static td_status gather_param_chunk(td_trainer *t, int k);
 static int chunk_on_gpu(const td_trainer *t, int k);
 
@@ -384,13 +383,13 @@ static td_status catch_up(td_trainer *t, int upto)
         if (t->ranks > 1) { /* ZeRO-3: this rank's shard, then the chunk gathered from every rank's */
             int k = t->pending_next;
             if (t->pending_update && !chunk_on_gpu(t, k))
-                st = t->worker ? take_back(t, k) : update_shard_host(t, k, &t->pending_coeffs);
+                st = t->worker ? take_back(t, k) : update_host(t, k, &t->pending_coeffs, 0);
             if (!st) st = gather_param_chunk(t, k);
             if (st) return st;
             continue;
         }
         if (chunk_on_gpu(t, t->pending_next)) continue; /* updated on the device */
-        st = t->worker ? take_back(t, t->pending_next) : update_chunk_host(t, t->pending_next, &t->pending_coeffs, NULL);
+        st = t->worker ? take_back(t, t->pending_next) : update_host(t, t->pending_next, &t->pending_coeffs, 0);
         if (st) return st;
     }
     /* The AdamW thread's updates already done, beyond: recorded now, so the
@@ -971,34 +970,6 @@ cleanup:
     return st;
 }
 
-/* AdamW of param chunk i on the host copies, with coefficients c. */
-static td_status update_chunk_host(td_trainer *t, int i, const td_adam_coeffs *c, td_grad_stats *stats)
-{
-    td_status st = TD_OK;
-    td_memmgr *mm = t->mm;
-    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
-    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
-    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i); /* -1: the params are the fp32 master */
-    void *p, *g, *m, *v, *master;
-    TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g)); /* waits for this chunk's grads only */
-    if (stats)
-        TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, (td_optim_dtype)t->gdt,
-                                      td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), stats));
-    TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, &p));
-    TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
-    TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
-    master = p;
-    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &master));
-    /* The new params go straight into the param chunk's pinned host copy,
-     * which the next step uploads. */
-    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
-                         .numel = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt) };
-    TD_TRY(td_train_adam_chunk_cpu(t, t->adam_main, i, c, &ch));
-cleanup:
-    return st;
-}
-
 /* ---- the AdamW thread (adam_worker.h) ---------------------------------------- */
 
 /* Whether the updates start in the backward, each host chunk as its grads
@@ -1026,21 +997,93 @@ static void own_core(td_trainer *t)
     if (t->main_core >= 0) (void)td_topo_bind_thread_to_core(t->topo, t->main_core, t->main_core + 1);
 }
 
+/* Param chunk k's host update as a job (under ZeRO-3 this rank's shard of
+ * it: master, m and v hold the shard alone, the grads' and params' host
+ * copies the whole chunk): the host copies peeked at, and the tickets of
+ * the write-backs to wait for; *has 0 when this rank holds none of it. */
+static td_status job_make(td_trainer *t, int k, const td_adam_coeffs *c, int stats, td_adam_job *j, int *has)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k);
+    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k);
+    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k); /* -1: the params are the fp32 master */
+    size_t b = 0, e, n = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt);
+    *has = !(t->ranks > 1 && !(n = td_memmgr_chunk_host_range(mm, mc, &b, &e)));
+    if (!*has) return TD_OK; /* a rank past the end of a small chunk */
+    char *p, *g;
+    void *m, *v, *master;
+    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
+    TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
+    master = p + b * sizeof(float); /* fp32 params are the master (whole on every rank) */
+    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
+    /* The new params go straight into the param chunk's pinned host copy,
+     * which the next step uploads. */
+    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
+                             .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
+                             .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
+    j->c = c;
+    j->stats = stats;
+    j->consumes = td_memmgr_chunk_transient(mm, gc);
+cleanup:
+    return st;
+}
+
+/* Runs job k on the team `cpu`: once its grads (and a write-back into its
+ * params' host copy) have landed, the grads' sumsq into h_sumsq[k] when
+ * asked, then AdamW (its no-decay list the chunk's, or the shard's: decay.c). */
+static td_status job_run(td_trainer *t, int k, const td_adam_job *j, td_adam_cpu *cpu)
+{
+    td_status st = TD_OK;
+    TD_TRY(td_copy_wait(t->engine, &j->grads));
+    TD_TRY(td_copy_wait(t->engine, &j->params));
+    if (j->stats) {
+        td_grad_stats s = {0};
+        TD_TRY(td_adam_cpu_grad_stats(cpu, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
+        t->h_sumsq[k] = s.sumsq;
+    }
+    TD_TRY(td_train_adam_chunk_cpu(t, cpu, k, j->c, &j->ch));
+cleanup:
+    return st;
+}
+
+/* Param chunk k's update done: its host copies of params, master and
+ * moments recorded as written (the device copy of the params is stale
+ * from here on). */
+static td_status job_record(td_trainer *t, int k)
+{
+    td_status st = TD_OK;
+    td_memmgr *mm = t->mm;
+    static const td_tensor_role written[] = {TD_TENSOR_PARAM, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V, TD_TENSOR_MASTER};
+    for (int r = 0; r < 4; r++) {
+        int ch = td_memmgr_role_chunk(mm, written[r], k);
+        void *x;
+        if (ch >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, ch, TD_ACCESS_WRITE, &x)); /* no MASTER: fp32 params */
+    }
+cleanup:
+    return st;
+}
+
+/* AdamW of param chunk k (this rank's shard of it) on the host copies, on
+ * the driving thread, with coefficients c; `stats`: the grads' sumsq into
+ * h_sumsq[k] first. */
+static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int stats)
+{
+    td_adam_job j;
+    int has;
+    td_status st = job_make(t, k, c, stats, &j, &has);
+    if (!st && has) st = job_run(t, k, &j, t->adam_main);
+    if (!st && has) st = job_record(t, k);
+    return st;
+}
+
 /* On the AdamW thread: param chunk k's update, once its grads are on the host. */
 static td_status adam_job(void *ctx, int k)
 {
-    td_status st = TD_OK;
     td_trainer *t = ctx;
-    td_adam_job *j = &t->jobs[k];
-    TD_TRY(td_copy_wait(t->engine, &j->grads));
-    TD_TRY(td_copy_wait(t->engine, &j->params)); /* a write-back into the params' host copy done first */
-    if (j->stats) {
-        td_grad_stats s = {0};
-        TD_TRY(td_adam_cpu_grad_stats(t->adam, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
-        t->h_sumsq[k] = s.sumsq;
-    }
-    TD_TRY(td_train_adam_chunk_cpu(t, t->adam, k, j->c, &j->ch));
-cleanup:
+    td_status st = job_run(t, k, &t->jobs[k], t->adam);
     adam_drop(t, k); /* read or failed: the grads' staging slot is free again */
     return st;
 }
@@ -1054,58 +1097,23 @@ static void adam_drop(void *ctx, int k)
     if (j->consumes && td_memmgr_grad_consumed(t->mm, j->ch.grad) == TD_OK) j->consumes = 0;
 }
 
-/* Param chunk k's update handed to the AdamW thread with the coefficients
- * in t->ov_coeffs[t->ov_cur] (under ZeRO-3 this rank's shard of it, the
- * pointers of update_shard_host; a rank with no elements of it hands
- * nothing over); `stats`: it also adds up the grads' sumsq.  Nothing may
- * write the chunk's grads or params until it is taken back. */
+/* Param chunk k's update (this rank's shard of it; none, nothing) handed to
+ * the AdamW thread with the coefficients in t->ov_coeffs[t->ov_cur];
+ * `stats`: it also adds up the grads' sumsq.  Nothing may write the
+ * chunk's grads or params until it is taken back. */
 static td_status hand_over(td_trainer *t, int k, int stats)
 {
-    td_status st = TD_OK;
-    td_memmgr *mm = t->mm;
-    td_adam_job *j = &t->jobs[k];
-    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k);
-    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k);
-    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k);
-    size_t b = 0, e, n = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt);
-    if (t->ranks > 1 && !(n = td_memmgr_chunk_host_range(mm, mc, &b, &e))) return TD_OK;
-    char *p, *g;
-    void *m, *v, *master;
-    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
-    master = p + b * sizeof(float); /* fp32 params are the master (whole on every rank) */
-    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
-    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
-                             .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
-                             .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
-    j->c = &t->ov_coeffs[t->ov_cur];
-    j->stats = stats;
-    j->consumes = td_memmgr_chunk_transient(mm, gc);
-    TD_TRY(td_adam_worker_submit(t->worker, k));
-cleanup:
-    return st;
+    int has;
+    td_status st = job_make(t, k, &t->ov_coeffs[t->ov_cur], stats, &t->jobs[k], &has);
+    return st || !has ? st : td_adam_worker_submit(t->worker, k);
 }
 
-/* Param chunk k's update back from the AdamW thread: its host copies of
- * params, master and moments are recorded as written (the device copy of
- * the params is stale from here on). */
+/* Param chunk k's update back from the AdamW thread, recorded. */
 static td_status take_back(td_trainer *t, int k)
 {
-    td_status st = TD_OK;
-    td_memmgr *mm = t->mm;
-    void *x;
     int handed = td_adam_worker_pending(t->worker, k);
-    TD_TRY(td_adam_worker_wait(t->worker, k));
-    if (!handed) return TD_OK; /* a rank past the end of a small chunk: nothing of it is this rank's */
-    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k);
-    TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), TD_ACCESS_WRITE, &x));
-    TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), TD_ACCESS_WRITE, &x));
-    TD_TRY(td_memmgr_chunk_host_access(mm, td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k), TD_ACCESS_WRITE, &x));
-    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &x));
-cleanup:
-    return st;
+    td_status st = td_adam_worker_wait(t->worker, k);
+    return st || !handed ? st : job_record(t, k); /* not handed: nothing of it is this rank's */
 }
 
 /* Every update the AdamW thread holds, taken back. */
@@ -1172,33 +1180,6 @@ static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
     return global;
 }
 
-/* ZeRO-3: AdamW of this rank's shard of param chunk i, on its host copies
- * (the grads' and params' host copies are whole chunks, of which the shard
- * [b, e) is this rank's; master, m and v hold the shard alone). */
-static td_status update_shard_host(td_trainer *t, int i, const td_adam_coeffs *c)
-{
-    td_status st = TD_OK;
-    td_memmgr *mm = t->mm;
-    int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, i), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, i);
-    int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, i), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, i);
-    int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, i);
-    size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
-    char *p, *g;
-    void *m, *v, *master;
-    if (!n) return TD_OK; /* a rank past the end of a small chunk */
-    TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
-    TD_TRY(td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, (void **)&p));
-    TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_WRITE, &m));
-    TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_WRITE, &v));
-    master = p + b * sizeof(float);
-    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, &master));
-    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
-                         .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
-                         .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
-    TD_TRY(td_train_adam_chunk_cpu(t, t->adam_main, i, c, &ch)); /* its no-decay list is the shard's (decay.c) */
-cleanup:
-    return st;
-}
 
 /* ZeRO-3's optimizer step: the global grad norm from every rank's shard
  * sums (all ranks get the same bits, so they clip alike and skip a
@@ -1289,12 +1270,8 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         long step = t->optim.step + 1;
         td_adam_coeffs c;
         TD_TRY(next_coeffs(t, &c));
-        for (int i = chunks - 1; !t->worker && i >= 0; i--) {
-            if (chunk_on_gpu(t, i)) continue;
-            td_grad_stats part = {0};
-            TD_TRY(update_chunk_host(t, i, &c, &part));
-            t->h_sumsq[i] = part.sumsq;
-        }
+        for (int i = chunks - 1; !t->worker && i >= 0; i--)
+            if (!chunk_on_gpu(t, i)) TD_TRY(update_host(t, i, &c, 1));
         for (int i = 0; i < chunks; i++)
             if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &c));
         if (t->worker) { /* the host chunks went to the AdamW thread in the backward, their sums on the device */
