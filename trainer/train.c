@@ -1098,13 +1098,13 @@ static void adam_drop(void *ctx, int k)
 }
 
 /* Param chunk k's update (this rank's shard of it; none, nothing) handed to
- * the AdamW thread with the coefficients in t->ov_coeffs[t->ov_cur];
- * `stats`: it also adds up the grads' sumsq.  Nothing may write the
- * chunk's grads or params until it is taken back. */
-static td_status hand_over(td_trainer *t, int k, int stats)
+ * the AdamW thread with the coefficients in t->ov_coeffs[t->ov_cur] (its
+ * grads' sum is taken elsewhere: on the device, or before the hand-over).
+ * Nothing may write the chunk's grads or params until it is taken back. */
+static td_status hand_over(td_trainer *t, int k)
 {
     int has;
-    td_status st = job_make(t, k, &t->ov_coeffs[t->ov_cur], stats, &t->jobs[k], &has);
+    td_status st = job_make(t, k, &t->ov_coeffs[t->ov_cur], 0, &t->jobs[k], &has);
     return st || !has ? st : td_adam_worker_submit(t->worker, k);
 }
 
@@ -1164,7 +1164,7 @@ static td_status hand_over_finished(td_trainer *t, const int *gids, int n)
          * the step's norm does not wait for the AdamW thread; then the
          * update goes over. */
         st = device_chunk_sumsq(t, k, chunks);
-        if (!st) st = hand_over(t, k, 0);
+        if (!st) st = hand_over(t, k);
     }
     return st;
 }
@@ -1238,7 +1238,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         t->ov_coeffs[t->ov_cur] = os->coeffs;
         own_core(t);
         for (int i = 0; i < chunks; i++)
-            if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i, 0));
+            if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i));
     }
     if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
@@ -1292,7 +1292,6 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         if (t->worker && host_chunks) {
             t->pending_next = 0;
             t->pending_end = chunks;
-            t->pending_coeffs = c;
         }
     } else {
         /* Exact global norm and overflow flag over every grad chunk first. */
@@ -1330,7 +1329,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
         t->ov_coeffs[t->ov_cur] = os->coeffs;
                 own_core(t);
                 for (int i = 0; i < chunks; i++)
-                    if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i, 0));
+                    if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i));
             }
         }
     }
