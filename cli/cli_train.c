@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <signal.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -467,9 +466,6 @@ int td_cli_train_main(int argc, char **argv)
         cfg.dist = &env;
         cfg.comm_timeout_ms = (int)(comm_timeout_s * 1000.0 + 0.5);
         if (cfg.comm_timeout_ms < 1) cfg.comm_timeout_ms = 1;
-        /* Each rank's AdamW and ops get their share of the host's cores. */
-        int local = env.local_size > 0 ? env.local_size : 1;
-        if (!o.threads && local > 1) cfg.threads = omp_get_num_procs() / local > 0 ? omp_get_num_procs() / local : 1;
         agree_build(&agree, table, &cfg, loader);
         cfg.agree = agree.s;
         cfg.n_agree = agree.n;

@@ -11,6 +11,7 @@
  * a clear error.  Runs the command of the same build (env TIDAL, else
  * ./build/tidal or ./build-san/tidal); every wait is bounded. */
 #include "td_test.h"
+#include "td_proc.h"
 #include "td_ranks.h"
 
 #include <arpa/inet.h>
@@ -34,113 +35,10 @@ static char tidal[512], tmp[64];
 #define MODEL "--layers 2 --width 32 --heads 2 --seq 32 --backend cpu --lr 3e-3 --grad-accum 2 " \
               "--chunk-numel 1000 --clip-grad-norm 0.5 --threads 1"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Starts `sh -c "exec CMD"` with stdout and stderr into `out`; with rank >= 0
- * also the variables torchrun gives rank `rank` of `size` at port `port`. */
-static pid_t start(const char *out, int rank, int size, int port, const char *fmt, ...)
-{
-    char cmd[3072];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    char full[3400];
-    snprintf(full, sizeof full, "exec %s > %s 2>&1", cmd, out);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        unsetenv("RANK");
-        unsetenv("WORLD_SIZE");
-        unsetenv("LOCAL_RANK");
-        unsetenv("LOCAL_WORLD_SIZE");
-        unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-        unsetenv("OMPI_COMM_WORLD_RANK");
-        unsetenv("SLURM_PROCID");
-        if (rank >= 0) {
-            char v[32];
-            snprintf(v, sizeof v, "%d", rank);
-            setenv("RANK", v, 1);
-            setenv("LOCAL_RANK", v, 1);
-            snprintf(v, sizeof v, "%d", size);
-            setenv("WORLD_SIZE", v, 1);
-            setenv("LOCAL_WORLD_SIZE", v, 1);
-            setenv("MASTER_ADDR", "127.0.0.1", 1);
-            snprintf(v, sizeof v, "%d", port);
-            setenv("MASTER_PORT", v, 1);
-        }
-        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Waits for pid at most `limit_s`; its exit status (128 + signal when
- * killed); on the deadline it is killed and the test fails. */
-static int finish(pid_t pid, double limit_s, const char *what)
-{
-    double t0 = now_s();
-    int status;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) break;
-        if (now_s() - t0 > limit_s) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            fail_msg("%s still running after %.0f s", what, limit_s);
-        }
-        usleep(20000);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 static int run(const char *out, const char *fmt, const char *args)
 {
-    pid_t p = start(out, -1, 0, 0, fmt, tidal, args);
-    return finish(p, 240, args);
-}
-
-static char *slurp(const char *path)
-{
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    buf[0] = '\0';
-    if (!f) return buf;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
-/* The per-step losses (and grad norms) of a --log file; returns the count. */
-static int read_log(const char *path, double *loss, double *norm, int max)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[8192];
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        char *l = strstr(line, "\"loss\":"), *g = strstr(line, "\"grad_norm\":");
-        if (!l || !g) continue;
-        loss[n] = strtod(l + 7, NULL);
-        if (norm) norm[n] = strtod(g + 12, NULL);
-        n++;
-    }
-    fclose(f);
-    return n;
-}
-
-static void expect_close(const double *want, const double *got, int n, double rel, const char *what)
-{
-    for (int i = 0; i < n; i++)
-        if (!(fabs(got[i] - want[i]) <= rel * fabs(want[i])))
-            fail_msg("%s: step %d: %.9g against %.9g (relative %.3g > %.0e)", what, i + 1, got[i], want[i],
-                     fabs(got[i] - want[i]) / fabs(want[i]), rel);
+    pid_t p = td_proc_start(out, -1, 0, 0, fmt, tidal, args);
+    return td_proc_finish(p, 240, args);
 }
 
 static int setup(void **state)
@@ -176,7 +74,7 @@ static void reference(void)
     snprintf(log, sizeof log, "%s/ref.jsonl", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 6 --steps %d --log %s", tmp, STEPS, log);
     assert_int_equal(run(out, "%s train %s", args), 0);
-    assert_int_equal(read_log(log, ref_loss, ref_norm, STEPS), STEPS);
+    assert_int_equal(td_proc_read_log(log, ref_loss, ref_norm, STEPS), STEPS);
 }
 
 /* 2 and 3 ranks (--nproc) with micro-batch 3 and 2: one rank's losses and
@@ -197,7 +95,7 @@ static void test_ranks_match_one_rank(void **state)
     snprintf(pargs, sizeof pargs, "--data %s/ok.tok " MODEL " --micro-batch 3 --nproc 2 --policy cpu --ckpt off --json",
              tmp);
     assert_int_equal(run(pout, "%s plan %s", pargs), 0);
-    const char *mb = strstr(slurp(pout), "\"min_bytes\":");
+    const char *mb = strstr(td_proc_slurp(pout), "\"min_bytes\":");
     assert_non_null(mb);
     snprintf(tight, sizeof tight, "--policy cpu --ckpt off --gpu-budget %ld", strtol(mb + 12, NULL, 10) + 8192);
     char tight_thread[160];
@@ -221,17 +119,17 @@ static void test_ranks_match_one_rank(void **state)
          * an update that reads a chunk before its copy is done fails) */
         int rc = run(out, c == 4 || c == 6 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s" : "%s train %s",
                      args);
-        if (rc) fail_msg("%d ranks, %s: exit %d: %s", n, policy[c], rc, slurp(out));
-        assert_int_equal(read_log(log, loss, norm, STEPS), STEPS);
+        if (rc) fail_msg("%d ranks, %s: exit %d: %s", n, policy[c], rc, td_proc_slurp(out));
+        assert_int_equal(td_proc_read_log(log, loss, norm, STEPS), STEPS);
         memcpy(losses[c], loss, sizeof loss);
         if (same_as[c] >= 0 && memcmp(losses[same_as[c]], loss, sizeof loss))
             fail_msg("%d ranks, %s: not the losses of the run without the AdamW thread", n, policy[c]);
-        expect_close(ref_loss, loss, STEPS, 1e-5, n == 2 ? "loss, 2 ranks" : "loss, 3 ranks");
+        td_proc_expect_close(ref_loss, loss, STEPS, 1e-5, n == 2 ? "loss, 2 ranks" : "loss, 3 ranks");
         /* The norm of a step whose grads cancel heavily (this data's step
          * 18 spikes to 15.8) carries the sums' reduction order further: 1e-3. */
-        expect_close(ref_norm, norm, STEPS, 1e-3, n == 2 ? "grad norm, 2 ranks" : "grad norm, 3 ranks");
+        td_proc_expect_close(ref_norm, norm, STEPS, 1e-3, n == 2 ? "grad norm, 2 ranks" : "grad norm, 3 ranks");
         /* rank 0 alone prints progress: one final "step 20/20" line */
-        const char *o = slurp(out), *first = strstr(o, "step 20/20");
+        const char *o = td_proc_slurp(out), *first = strstr(o, "step 20/20");
         assert_non_null(first);
         assert_null(strstr(first + 1, "step 20/20"));
         assert_non_null(strstr(o, "ZeRO-3"));
@@ -250,21 +148,21 @@ static void test_env_launch_matches_nproc(void **state)
     pid_t p[2];
     for (int r = 0; r < 2; r++) {
         snprintf(out[r], sizeof out[r], "%s/env%d.out", tmp, r);
-        p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
+        p[r] = td_proc_start(out[r], r, 2, port, "%s train %s", tidal, args);
     }
     for (int r = 0; r < 2; r++) {
-        int rc = finish(p[r], 240, "an environment-launched rank");
-        if (rc) fail_msg("rank %d: exit %d: %s", r, rc, slurp(out[r]));
+        int rc = td_proc_finish(p[r], 240, "an environment-launched rank");
+        if (rc) fail_msg("rank %d: exit %d: %s", r, rc, td_proc_slurp(out[r]));
     }
-    assert_null(strstr(slurp(out[1]), "step 6/6")); /* rank 1 prints no progress */
+    assert_null(strstr(td_proc_slurp(out[1]), "step 6/6")); /* rank 1 prints no progress */
     char o[256];
     snprintf(o, sizeof o, "%s/np.out", tmp);
     snprintf(log2, sizeof log2, "%s/np.jsonl", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 6 --nproc 2 --log %s", tmp, log2);
     assert_int_equal(run(o, "%s train %s", args), 0);
     double a[6], b[6];
-    assert_int_equal(read_log(log, a, NULL, 6), 6);
-    assert_int_equal(read_log(log2, b, NULL, 6), 6);
+    assert_int_equal(td_proc_read_log(log, a, NULL, 6), 6);
+    assert_int_equal(td_proc_read_log(log2, b, NULL, 6), 6);
     for (int i = 0; i < 6; i++) assert_true(a[i] == b[i]);
 }
 
@@ -286,7 +184,7 @@ static void test_resume_on_other_rank_counts(void **state)
                      "--save %s%s", tmp, 6 / sn, STEPS, ck,
                      sn > 1 ? " --nproc 2 --policy static --offload-optim-frac 0.5" : "");
             int rc = run(out, "%s train %s", args);
-            if (rc) fail_msg("save on %d: exit %d: %s", sn, rc, slurp(out));
+            if (rc) fail_msg("save on %d: exit %d: %s", sn, rc, td_proc_slurp(out));
         }
         snprintf(out, sizeof out, "%s/resume%d_%d.out", tmp, sn, rn);
         snprintf(log, sizeof log, "%s/resume%d_%d.jsonl", tmp, sn, rn);
@@ -295,12 +193,12 @@ static void test_resume_on_other_rank_counts(void **state)
         snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --resume %s --log %s%s",
                  tmp, 6 / rn, STEPS, ck, log, np);
         int rc = run(out, "%s train %s", args);
-        if (rc) fail_msg("save on %d, resume on %d: exit %d: %s", sn, rn, rc, slurp(out));
+        if (rc) fail_msg("save on %d, resume on %d: exit %d: %s", sn, rn, rc, td_proc_slurp(out));
         double loss[STEPS];
-        assert_int_equal(read_log(log, loss, NULL, STEPS), STEPS - 10);
+        assert_int_equal(td_proc_read_log(log, loss, NULL, STEPS), STEPS - 10);
         char what[64];
         snprintf(what, sizeof what, "saved on %d, resumed on %d", sn, rn);
-        expect_close(ref_loss + 10, loss, STEPS - 10, 1e-5, what);
+        td_proc_expect_close(ref_loss + 10, loss, STEPS - 10, 1e-5, what);
     }
 }
 
@@ -323,18 +221,18 @@ static void test_compact_state_shards(void **state)
         snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 3 --steps 12 "
                  "--stop-after 6 --save %s --nproc 2 --log %s", tmp, st, ck, log[1]);
         int rc = run(out, "%s train %s", args);
-        if (rc) fail_msg("%s on 2 ranks: exit %d: %s", st, rc, slurp(out));
+        if (rc) fail_msg("%s on 2 ranks: exit %d: %s", st, rc, td_proc_slurp(out));
         snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --optim-state %s --micro-batch 2 --steps 12 "
                  "--resume %s --nproc 3 --log %s", tmp, st, ck, log[2]);
         rc = run(out, "%s train %s", args);
-        if (rc) fail_msg("%s resumed on 3 ranks: exit %d: %s", st, rc, slurp(out));
-        assert_int_equal(read_log(log[0], ref, NULL, 12), 12);
-        assert_int_equal(read_log(log[1], a, NULL, 12), 6);
-        assert_int_equal(read_log(log[2], b, NULL, 12), 6);
+        if (rc) fail_msg("%s resumed on 3 ranks: exit %d: %s", st, rc, td_proc_slurp(out));
+        assert_int_equal(td_proc_read_log(log[0], ref, NULL, 12), 12);
+        assert_int_equal(td_proc_read_log(log[1], a, NULL, 12), 6);
+        assert_int_equal(td_proc_read_log(log[2], b, NULL, 12), 6);
         /* bf16: v's stochastic rounding hashes the index in the shard, not the
          * chunk: the same in distribution, apart by rounding noise */
-        expect_close(ref, a, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, 2 ranks" : "int8 moments, 2 ranks");
-        expect_close(ref + 6, b, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, resumed on 3" : "int8 moments, resumed on 3");
+        td_proc_expect_close(ref, a, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, 2 ranks" : "int8 moments, 2 ranks");
+        td_proc_expect_close(ref + 6, b, 6, bf ? 1e-4 : 1e-5, bf ? "bf16 moments, resumed on 3" : "int8 moments, resumed on 3");
     }
 }
 
@@ -352,21 +250,21 @@ static void test_dead_or_hung_rank(void **state)
         pid_t p[2];
         for (int r = 0; r < 2; r++) {
             snprintf(out[r], sizeof out[r], "%s/dead%d_%d.out", tmp, hang, r);
-            p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
+            p[r] = td_proc_start(out[r], r, 2, port, "%s train %s", tidal, args);
         }
         /* until rank 0 has logged two steps: the ranks are in the step loop */
-        double t0 = now_s(), loss[4];
-        while (read_log(log, loss, NULL, 4) < 2 && now_s() - t0 < 120) usleep(20000);
+        double t0 = td_proc_now_s(), loss[4];
+        while (td_proc_read_log(log, loss, NULL, 4) < 2 && td_proc_now_s() - t0 < 120) usleep(20000);
         kill(p[1], hang ? SIGSTOP : SIGKILL);
-        double t1 = now_s();
-        int rc = finish(p[0], 60, "rank 0 after rank 1 stopped");
-        double took = now_s() - t1;
+        double t1 = td_proc_now_s();
+        int rc = td_proc_finish(p[0], 60, "rank 0 after rank 1 stopped");
+        double took = td_proc_now_s() - t1;
         if (hang) {
             kill(p[1], SIGKILL);
             kill(p[1], SIGCONT);
         }
-        finish(p[1], 30, "rank 1");
-        const char *o = slurp(out[0]);
+        td_proc_finish(p[1], 30, "rank 1");
+        const char *o = td_proc_slurp(out[0]);
         if (rc == 0 || !strstr(o, "rank 1")) fail_msg("rank 0 exit %d (want non-zero) naming rank 1: %s", rc, o);
         /* at once for a closed connection; the timeout (3 s) plus teardown for a hung one */
         assert_true(took < (hang ? 3 + 20 : 20));
@@ -382,11 +280,11 @@ static void test_nproc_killed_rank(void **state)
     snprintf(out, sizeof out, "%s/npk.out", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 100000 --comm-timeout 5 --nproc 2",
              tmp);
-    pid_t p = start(out, -1, 0, 0, "%s train %s", tidal, args);
+    pid_t p = td_proc_start(out, -1, 0, 0, "%s train %s", tidal, args);
     /* rank 1: the child of the launcher with RANK=1 in its environment */
     pid_t victim = 0;
-    double t0 = now_s();
-    while (!victim && now_s() - t0 < 60) {
+    double t0 = td_proc_now_s();
+    while (!victim && td_proc_now_s() - t0 < 60) {
         usleep(100000);
         snprintf(cmd, sizeof cmd, "for c in $(cat /proc/%d/task/*/children 2>/dev/null); do "
                  "tr '\\0' '\\n' < /proc/$c/environ 2>/dev/null | grep -qx RANK=1 && echo $c; done", (int)p);
@@ -400,9 +298,9 @@ static void test_nproc_killed_rank(void **state)
     assert_true(victim > 0);
     usleep(300000); /* into the step loop or the start: either must end the job */
     kill(victim, SIGKILL);
-    int rc = finish(p, 60, "the --nproc launcher after a rank was killed");
+    int rc = td_proc_finish(p, 60, "the --nproc launcher after a rank was killed");
     assert_int_not_equal(rc, 0);
-    assert_non_null(strstr(slurp(out), "rank 1"));
+    assert_non_null(strstr(td_proc_slurp(out), "rank 1"));
     snprintf(cmd, sizeof cmd, "kill -0 %d 2>/dev/null", (int)victim);
     assert_int_not_equal(system(cmd), 0);
 }
@@ -420,11 +318,11 @@ static void test_mismatched_flags(void **state)
             snprintf(out[r], sizeof out[r], "%s/mm%d_%d.out", tmp, c, r);
             snprintf(args, sizeof args, "--data %s/%s " MODEL " --micro-batch 3 --steps 2 --comm-timeout 20%s", tmp,
                      c && r ? "other.tok" : "ok.tok", !c && r ? " --lr 0.001" : "");
-            p[r] = start(out[r], r, 2, port, "%s train %s", tidal, args);
+            p[r] = td_proc_start(out[r], r, 2, port, "%s train %s", tidal, args);
         }
         for (int r = 0; r < 2; r++) {
-            int rc = finish(p[r], 120, "a rank with a mismatched flag");
-            const char *o = slurp(out[r]);
+            int rc = td_proc_finish(p[r], 120, "a rank with a mismatched flag");
+            const char *o = td_proc_slurp(out[r]);
             int named = c ? strstr(o, "ranks disagree on the data file") != NULL
                           : strstr(o, "ranks disagree on --lr") && strstr(o, "'0.003'") && strstr(o, "'0.001'");
             if (rc == 0 || !named)
@@ -451,10 +349,10 @@ static void test_busy_port(void **state)
     char out[256], args[1024];
     snprintf(out, sizeof out, "%s/busy.out", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 2 --comm-timeout 5", tmp);
-    pid_t p = start(out, 0, 2, ntohs(a.sin_port), "%s train %s", tidal, args);
-    int rc = finish(p, 60, "rank 0 on a busy port");
+    pid_t p = td_proc_start(out, 0, 2, ntohs(a.sin_port), "%s train %s", tidal, args);
+    int rc = td_proc_finish(p, 60, "rank 0 on a busy port");
     close(s);
-    const char *o = slurp(out);
+    const char *o = td_proc_slurp(out);
     if (rc == 0 || !strstr(o, "already in use")) fail_msg("exit %d, want 'already in use': %s", rc, o);
 }
 
@@ -470,7 +368,7 @@ static void test_plan_per_rank(void **state)
         snprintf(args, sizeof args, "--layers 4 --width 256 --heads 4 --seq 64 --vocab 512 --backend cpu "
                  "--gpu-budget 256MiB --policy cpu --json --nproc %d", n);
         assert_int_equal(run(out, "%s plan %s", args), 0);
-        const char *o = slurp(out), *k = strstr(o, "\"pageable_optimizer_bytes\":");
+        const char *o = td_proc_slurp(out), *k = strstr(o, "\"pageable_optimizer_bytes\":");
         assert_non_null(k);
         opt[n - 1] = strtol(k + 27, NULL, 10);
         const char *r = strstr(o, "\"ram_bytes\":");

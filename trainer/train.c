@@ -209,7 +209,13 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                 td_dtype_name(cfg->precision));
     t->dt = t->gdt = cfg->precision;
     TD_TRY(td_topo_create(t->backend, &t->topo));
-    if (t->ranks > 1) TD_TRY(share_cores(t));
+    if (t->ranks > 1) {
+        TD_TRY(share_cores(t));
+        /* Unless --threads says otherwise, a rank's ops run on its share of
+         * the cores; its AdamW team takes them all but one when the AdamW
+         * thread runs, and the one left drives the GPU (td_train_adam_threads). */
+        if (cfg->threads <= 0) omp_set_num_threads(td_topo_local_cores(t->topo));
+    }
     TD_TRY(td_hostmem_create(t->topo, &t->hostmem)); /* on the AdamW team's node(s) */
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;

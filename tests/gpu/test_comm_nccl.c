@@ -4,6 +4,7 @@
  * GPUs (up to 8) under --nproc and under torchrun-style variables set by
  * hand.  Run as separate processes: NCCL needs one process per GPU, and a
  * process that forks after initialising CUDA cannot use it in the child. */
+#include "td_proc.h"
 #include "td_test.h"
 
 #include "tidal/dist.h"
@@ -32,19 +33,10 @@ static int sh(char *out, size_t out_bytes, const char *cmd)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
-static int gpu_count(void)
-{
-    char out[4096];
-    if (sh(out, sizeof out, "nvidia-smi -L") != 0) return 0;
-    int n = 0;
-    for (char *p = out; (p = strstr(p, "GPU ")); p += 4) n++;
-    return n > 8 ? 8 : n;
-}
-
 static void test_nccl_ranks(void **state)
 {
     if (!td_comm_nccl_compiled()) skip();
-    int gpus = gpu_count();
+    int gpus = td_proc_gpu_count();
     assert_true(gpus >= 1);
     char cmd[1024], out[16384];
     snprintf(cmd, sizeof cmd, "%s bench comm --backend cuda --comm nccl --max-bytes 64MiB", tidal_path());
