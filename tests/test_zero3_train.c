@@ -136,6 +136,34 @@ static void test_ranks_match_one_rank(void **state)
     }
 }
 
+/* No clipping (nothing waits for the global norm; W7's setting): 2 ranks
+ * with each rank's AdamW on its thread give one rank's losses, and the bits
+ * of the same 2 ranks without the thread.  (The early hand-over of a single
+ * rank, in the backward, must not run under ZeRO-3: its shards go over
+ * after the reduce-scatters.) */
+static void test_no_clipping(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    double one[N], on[N], off[N];
+    const char *const mode[] = {"--micro-batch 6", "--micro-batch 3 --nproc 2 --adam-thread on",
+                                "--micro-batch 3 --nproc 2 --adam-thread off"};
+    double *const loss[] = {one, on, off};
+    for (int c = 0; c < 3; c++) {
+        char out[256], log[256], args[2048];
+        snprintf(out, sizeof out, "%s/noclip%d.out", tmp, c);
+        snprintf(log, sizeof log, "%s/noclip%d.jsonl", tmp, c);
+        snprintf(args, sizeof args,
+                 "--data %s/ok.tok " MODEL " --clip-grad-norm 0 --grad-accum 1 --policy cpu --steps %d --log %s %s", tmp,
+                 N, log, mode[c]);
+        int rc = run(out, "%s train %s", args);
+        if (rc) fail_msg("%s: exit %d: %s", mode[c], rc, td_proc_slurp(out));
+        assert_int_equal(td_proc_read_log(log, loss[c], NULL, N), N);
+    }
+    td_proc_expect_close(one, on, N, 1e-5, "no clipping, 2 ranks, AdamW thread");
+    if (memcmp(on, off, sizeof on)) fail_msg("no clipping, 2 ranks: the AdamW thread changed the losses");
+}
+
 /* torchrun's variables, set here for two children, against --nproc 2: the
  * same bits (the same reduction order). */
 static void test_env_launch_matches_nproc(void **state)
@@ -393,6 +421,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranks_match_one_rank),
+        cmocka_unit_test(test_no_clipping),
         cmocka_unit_test(test_env_launch_matches_nproc),
         cmocka_unit_test(test_resume_on_other_rank_counts),
         cmocka_unit_test(test_compact_state_shards),

@@ -983,7 +983,9 @@ cleanup:
 static int updates_early(const td_trainer *t)
 {
     const td_optim_params *op = &t->optim.params;
-    return op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE;
+    /* ZeRO-3 hands a rank's shards over after the step's reduce-scatters
+     * and global figures (optimizer_step_sharded), with or without clipping */
+    return t->ranks == 1 && op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE;
 }
 
 /* The coefficients of the step about to be taken (no clipping: scale 1). */
