@@ -983,9 +983,7 @@ cleanup:
 static int updates_early(const td_trainer *t)
 {
     const td_optim_params *op = &t->optim.params;
-    /* ZeRO-3 hands a rank's shards over after the step's reduce-scatters
-     * and global figures (optimizer_step_sharded), with or without clipping */
-    return t->ranks == 1 && op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE;
+    return op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE;
 }
 
 /* The coefficients of the step about to be taken (no clipping: scale 1). */
@@ -1170,8 +1168,11 @@ static td_status hand_over_finished(td_trainer *t, const int *gids, int n)
         if (chunk_on_gpu(t, k) || --t->ov_left[k]) continue;
         /* Its sum of squares on the device, where the grads still are, so
          * the step's norm does not wait for the AdamW thread; then the
-         * update goes over. */
-        st = device_chunk_sumsq(t, k, chunks);
+         * update goes over.  (ZeRO-3: the chunk was reduce-scattered and
+         * its shard's write-back queued just before, on the D2H queue; the
+         * shard's sum is taken on the host at the step's end, beside the
+         * update, in optimizer_step_sharded.) */
+        if (t->ranks == 1) st = device_chunk_sumsq(t, k, chunks);
         if (!st) st = hand_over(t, k);
     }
     return st;
@@ -1229,6 +1230,14 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         td_grad_stats_merge(&global, &part);
     }
     TD_TRY(begin_step(t, &global, os));
+    /* Without clipping the host shards went to the AdamW thread in the
+     * backward (hand_over_finished), each once reduced and written back. */
+    int early = t->ov_early;
+    if (early && os->skip)
+        TD_FAIL(TD_ERR_STATE, "non-finite gradients at step %ld (no clipping and no loss scale: the update had "
+                "already begun); lower --lr or use --clip-grad-norm", t->optim.step + 1);
+    for (int i = 0; early && i < chunks; i++)
+        if (t->ov_left[i]) TD_FAIL(TD_ERR_STATE, "param chunk %d's grads were never handed to the AdamW thread", i);
     /* The GPU's shards now (queued behind the backward); the host's, and
      * every chunk's gather, in the next forward, each just before the
      * chunk's first use (catch_up): the CPU updates chunk k + 1 while the
@@ -1241,7 +1250,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     t->pending_end = chunks;
     t->pending_update = !os->skip;
     t->pending_coeffs = os->coeffs;
-    if (t->worker && !os->skip) { /* every host shard to the AdamW thread, in the order the forward needs them */
+    if (t->worker && !os->skip && !early) { /* every host shard to the AdamW thread, in forward order */
         t->ov_cur ^= 1;
         t->ov_coeffs[t->ov_cur] = os->coeffs;
         own_core(t);
@@ -1251,6 +1260,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:
+    t->ov_early = 0; /* the next step says again where its updates start */
     return st;
 }
 
