@@ -809,7 +809,13 @@ static void test_failed_step_drains_the_adam_thread(void **state)
     assert_int_equal(td_trainer_step(t, td_test_next_batch, &b, &r), TD_ERR_STATE);
     td_fault_disarm_all();
     assert_non_null(strstr(td_error_msg(), "non-finite"));
+    /* the chunks handed over in the backward are still the thread's, */
+    int held = td_trainer_updates_pending(t);
+    print_message("after the failed step: %d param chunk updates held\n", held);
+    assert_true(held > 0);
     TD_ASSERT_OK(td_trainer_finish_update(t));
+    /* and none after the drain */
+    assert_int_equal(td_trainer_updates_pending(t), 0);
     td_memmgr *mm = td_trainer_memmgr(t);
     int id;
     void *h;

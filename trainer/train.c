@@ -429,6 +429,17 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
     return catch_up(t, upto + (t->worker ? 0 : CATCH_AHEAD));
 }
 
+int td_trainer_updates_pending(td_trainer *t)
+{
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM), n = 0;
+    for (int k = 0; k < chunks; k++) {
+        int deferred = t->pending_end && k >= t->pending_next && k < t->pending_end && !chunk_on_gpu(t, k) &&
+                       (t->ranks == 1 || t->pending_update); /* ZeRO-3's first step: gathers alone */
+        n += deferred || (t->worker && td_adam_worker_pending(t->worker, k));
+    }
+    return n;
+}
+
 td_status td_trainer_finish_update(td_trainer *t)
 {
     td_status st = catch_up(t, INT_MAX);

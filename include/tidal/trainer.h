@@ -147,6 +147,11 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
  * host copies of params, master and AdamW state are current.  eval, save,
  * load and next_logits call it themselves. */
 td_status td_trainer_finish_update(td_trainer *t);
+/* How many param chunks' updates of the last step are not yet applied: held
+ * by the AdamW thread (running, queued, or done and not yet taken back) or
+ * deferred to the next forward.  0 after td_trainer_finish_update.  Not
+ * thread-safe against td_trainer_step (call it between steps). */
+int td_trainer_updates_pending(td_trainer *t);
 /* Mean loss over `batches` micro-batches without updating (eval). */
 td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss);
 
