@@ -3,14 +3,23 @@
 # the same run.  Usage: bench/bench-gpu.sh path/to/tidal
 #
 # Environment:
-#   TD_BENCH_PARTS  which parts, in order (default "copy adam workloads")
-#   TD_WORKLOADS    workloads for bench/workloads.py (default W1,W2,W3,W4,W6)
+#   TD_BENCH_PARTS  which parts, in order (default "copy adam workloads", and
+#                   "comm" before workloads on a machine of several GPUs)
+#   TD_WORKLOADS    workloads for bench/workloads.py (default W1,W2,W3,W4,W6,
+#                   and W7 on a machine of several GPUs)
 #   TD_BENCH_ARGS   extra flags for bench/workloads.py, e.g. "--quick" or
 #                   "--json out/bench-gpu/workloads.json" (see bench/README.md)
 set -euo pipefail
 tidal=${1:-build/tidal}
 threads=$(nproc)
-parts=${TD_BENCH_PARTS:-copy adam workloads}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${gpus:-0}" -ge 2 ]; then
+    parts=${TD_BENCH_PARTS:-copy adam comm workloads}
+    workloads=${TD_WORKLOADS:-W1,W2,W3,W4,W6,W7}
+else
+    parts=${TD_BENCH_PARTS:-copy adam workloads}
+    workloads=${TD_WORKLOADS:-W1,W2,W3,W4,W6}
+fi
 have_torch=0
 python3 -c "import torch" 2>/dev/null && have_torch=1
 
@@ -31,15 +40,20 @@ for part in $parts; do
         fi
         echo
         ;;
+    comm)
+        echo "== tidal bench comm: NCCL's collectives on the ${gpus} GPUs, checked, then timed"
+        "$tidal" bench comm --nproc "$gpus" --backend cuda
+        echo
+        ;;
     workloads)
         echo "== GPT training workloads of BENCH.md: tidal vs PyTorch eager / FSDP2 CPU offload"
         [ "$have_torch" = 1 ] || echo "(PyTorch not found: the peers will report themselves not available)"
         # shellcheck disable=SC2086 # TD_BENCH_ARGS is a list of flags
-        python3 bench/workloads.py --tidal "$tidal" --workloads "${TD_WORKLOADS:-W1,W2,W3,W4,W6}" ${TD_BENCH_ARGS:-}
+        python3 bench/workloads.py --tidal "$tidal" --workloads "$workloads" ${TD_BENCH_ARGS:-}
         echo
         ;;
     *)
-        echo "bench-gpu.sh: unknown part '$part' in TD_BENCH_PARTS (use copy, adam, workloads)" >&2
+        echo "bench-gpu.sh: unknown part '$part' in TD_BENCH_PARTS (use copy, adam, comm, workloads)" >&2
         exit 2
         ;;
     esac

@@ -29,6 +29,7 @@ int td_cli_train_options(int argc, char **argv, const char *cmd, const char *usa
 int td_bench_copy_main(int argc, char **argv);
 int td_bench_adam_main(int argc, char **argv);
 int td_bench_comm_main(int argc, char **argv);
+int td_bench_scaling_main(int argc, char **argv);
 #ifdef TD_HAVE_CUDA
 int td_bench_ops_main(int argc, char **argv); /* bench_ops_cuda.c */
 #endif

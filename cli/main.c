@@ -26,6 +26,7 @@ static const command benches[] = {
     {"copy", td_bench_copy_main, "host<->device copy bandwidth: copy engine vs raw pinned copies"},
     {"adam", td_bench_adam_main, "CPU AdamW throughput against the memory-bandwidth bound"},
     {"comm", td_bench_comm_main, "the communicator's collectives across ranks: checked, then timed (--nproc N)"},
+    {"scaling", td_bench_scaling_main, "a training run on N ranks against one rank at the same global batch"},
 #ifdef TD_HAVE_CUDA
     {"ops", td_bench_ops_main, "time of each CUDA op of a transformer block at a training shape"},
 #endif

@@ -166,6 +166,35 @@ static void test_no_clipping(void **state)
     if (memcmp(on, off, sizeof on)) fail_msg("no clipping, 2 ranks: the AdamW thread changed the losses");
 }
 
+/* `tidal bench scaling`: 2 ranks against one rank with twice the
+ * grad-accum, the same global batch: both runs' figures, losses equal to
+ * 1e-5; flags that are the benchmark's own, or a missing --data, refused. */
+static void test_bench_scaling(void **state)
+{
+    (void)state;
+    char out[256], args[2048];
+    snprintf(out, sizeof out, "%s/scaling.out", tmp);
+    snprintf(args, sizeof args, "--nproc 2 --json --steps 4 --warmup 1 -- --data %s/ok.tok " MODEL " --micro-batch 3",
+             tmp);
+    int rc = run(out, "%s bench scaling %s", args);
+    const char *o = td_proc_slurp(out);
+    if (rc) fail_msg("bench scaling: exit %d: %s", rc, o);
+    const char *j = strstr(o, "{\"nproc\":2");
+    if (!j) fail_msg("no JSON object: %s", o);
+    assert_non_null(strstr(j, "\"grad_accum\":2")); /* MODEL's, and the one rank's x2 */
+    assert_non_null(strstr(j, "\"grad_accum\":4}"));
+    const char *d = strstr(j, "\"loss_max_rel_diff\":"), *sp = strstr(j, "\"speedup\":");
+    assert_non_null(d);
+    assert_non_null(sp);
+    assert_true(strtod(d + strlen("\"loss_max_rel_diff\":"), NULL) <= 1e-5);
+    assert_true(strtod(sp + strlen("\"speedup\":"), NULL) > 0);
+    snprintf(args, sizeof args, "--nproc 2 -- --data %s/ok.tok " MODEL " --steps 3", tmp);
+    assert_int_equal(run(out, "%s bench scaling %s", args), 2);
+    assert_non_null(strstr(td_proc_slurp(out), "--steps is this benchmark's"));
+    assert_int_equal(run(out, "%s bench scaling %s", "--nproc 2 -- " MODEL), 2);
+    assert_non_null(strstr(td_proc_slurp(out), "--data"));
+}
+
 /* torchrun's variables, set here for two children, against --nproc 2: the
  * same bits (the same reduction order). */
 static void test_env_launch_matches_nproc(void **state)
@@ -424,6 +453,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranks_match_one_rank),
         cmocka_unit_test(test_no_clipping),
+        cmocka_unit_test(test_bench_scaling),
         cmocka_unit_test(test_env_launch_matches_nproc),
         cmocka_unit_test(test_resume_on_other_rank_counts),
         cmocka_unit_test(test_compact_state_shards),
