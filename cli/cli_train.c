@@ -72,7 +72,7 @@ static const char usage[] =
     {"decay-all", TD_OPT_FLAG, &(o)->decay_all, NULL, "apply --weight-decay to every tensor, norm gains and biases too", 0}, \
     {"clip-grad-norm", TD_OPT_DOUBLE, &(o)->clip, "X", "global grad-norm clipping, 0 off (default 1.0)", 0}, \
     {"backend", TD_OPT_STRING, &(o)->backend, "B", "auto (default), cpu or cuda", 0},                        \
-    {"threads", TD_OPT_INT, &(o)->threads, "N", "CPU threads (default: all local cores)", 0},                 \
+    {"threads", TD_OPT_INT, &(o)->threads, "N", "CPU threads (default: all local cores; a rank's share of them when ranks share a host)", 0},                 \
     {"adam-thread", TD_OPT_STRING, &(o)->adam_thread, "M", "the CPU AdamW on a thread of its own, beside the GPU's backward and the\nnext forward: on, off or auto (default: on with the cuda backend);\nthe same results either way", 0}, \
     {"log", TD_OPT_STRING, &(o)->log, "FILE", "JSON lines, one per step", 0},                                 \
     {"log-every", TD_OPT_INT, &(o)->log_every, "N", "progress line every N steps when not on a terminal (default 10)", 0}, \
