@@ -25,7 +25,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
 {
     td_status st;
     td_memmgr *mm = NULL;
-    int *ids = NULL;
+    int *ids = NULL, *order = NULL;
     memset(out, 0, sizeof *out);
     if ((st = td_train_config_check(cfg))) return st;
     if ((st = td_train_plan_memmgr(cfg, &mm, &ids))) goto cleanup;
@@ -94,14 +94,13 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
     /* Optimizer chunks on the GPU (optim_place.c): their params and grads
      * stay on the device, their state takes room beside them. */
-    int *order = td_malloc(((size_t)out->chunks + 1) * sizeof *order, TD_ROLE_META);
+    order = td_malloc(((size_t)out->chunks + 1) * sizeof *order, TD_ROLE_META);
     if (!order) { st = TD_ERR_NOMEM; goto cleanup; }
     out->optim_chunks = td_train_optim_order(cfg, mm, pid, order);
     out->optim_gpu_chunks = td_train_optim_gpu_count(cfg, mm, order, ap.total, out->min_device_bytes, budget);
     size_t gpu_pg = 0, gpu_numel = 0;
     td_train_optim_gpu_bytes(mm, cfg->precision, order, out->optim_gpu_chunks, &out->optim_gpu_state_bytes, &gpu_pg,
                              &gpu_numel);
-    td_free(order);
     if (out->optim_gpu_chunks) { /* their chunks stay: the working set streams beside them */
         size_t stay = gpu_pg > ws ? gpu_pg : ws;
         out->min_device_bytes += stay - ws + out->optim_gpu_state_bytes;
@@ -129,11 +128,12 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     /* The host: the optimizer homes the trainer gives (optim_place.c; the
      * host-homed state is pageable), then every pinned and pageable byte by
      * the trainer's own sequence. */
-    if ((st = td_train_host_homes(mm, cfg, out->optim_gpu_chunks))) goto cleanup;
+    if ((st = td_train_host_homes(mm, order, out->optim_gpu_chunks))) goto cleanup;
     if ((st = td_train_host_plan(mm, cfg, budget, out))) goto cleanup;
 cleanup:
     td_memmgr_destroy(mm);
     td_free(ids);
+    td_free(order);
     return st;
 }
 
