@@ -137,6 +137,61 @@ cleanup:
     return st;
 }
 
+static size_t tensor_numel(const td_gpt_ref_config *mc, int i)
+{
+    td_gpt_ref_tensor t;
+    td_gpt_ref_tensor_get(mc, i, &t);
+    return t.numel;
+}
+
+/* td_train_plan_make's device need at its least, term by term: a chunk
+ * holds at least its tensors, so an access of the working set pins at
+ * least the bytes of its params and grads (the embedding's params, the
+ * head's params and grads, or one block's), the largest chunk is at least
+ * the largest param tensor, and under --policy cuda every param and grad
+ * stays; the non-model buffers are at their fewest with every block
+ * recomputed.  With more layers only the blocks' count grows (the residual
+ * streams kept, the params), and the blocks added are alike. */
+size_t td_train_device_floor_bytes(const td_train_config *cfg)
+{
+    const td_gpt_ref_config *mc = &cfg->model;
+    td_train_config all = *cfg;
+    all.ckpt = TD_CKPT_ON;
+    all.ckpt_blocks = 0;
+    td_act_plan fewest;
+    td_train_plan_activations(&all, 0, NULL, &fewest); /* --ckpt on asks nothing of the state */
+    size_t E = td_dtype_bytes(cfg->precision);
+    if (cfg->mm.placement == TD_PLACEMENT_CUDA) return fewest.total + 2 * E * td_gpt_ref_params_numel(mc);
+    int hi[3], nh = td_model_head_tensors(mc, hi);
+    size_t off, block, embed = 0, head = 0, big = td_model_block_largest_numel(mc);
+    td_gpt_ref_block_span(mc, 0, &off, &block);
+    for (int i = 0; i < td_model_embed_tensor_count(mc); i++) {
+        size_t n = tensor_numel(mc, i);
+        embed += n;
+        if (n > big) big = n;
+    }
+    for (int k = 0; k < nh; k++) {
+        size_t n = tensor_numel(mc, hi[k]);
+        head += n;
+        if (n > big) big = n;
+    }
+    size_t access = embed > 2 * head ? embed : 2 * head;
+    if (2 * block > access) access = 2 * block;
+    return fewest.total + E * access + 2 * E * big;
+}
+
+td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *lim, td_train_plan *p, int *fits,
+                             int *host_fits)
+{
+    td_status st = td_train_plan_make(cfg, lim->budget_bytes, p);
+    if (st) return st;
+    size_t dev = cfg->mm.placement == TD_PLACEMENT_CUDA ? p->full_device_bytes : p->min_device_bytes;
+    int host = p->host_pinned_bytes <= lim->pin_limit_bytes && p->host_bytes <= lim->ram_bytes;
+    *fits = host && lim->budget_bytes >= dev && lim->budget_bytes <= lim->device_free_bytes;
+    if (host_fits) *host_fits = host;
+    return TD_OK;
+}
+
 td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)
 {
     td_memmgr *mm = NULL;
