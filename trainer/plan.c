@@ -149,17 +149,20 @@ static size_t tensor_numel(const td_gpt_ref_config *mc, int i)
  * least the bytes of its params and grads (the embedding's params, the
  * head's params and grads, or one block's), the largest chunk is at least
  * the largest param tensor, and under --policy cuda every param and grad
- * stays; the non-model buffers are at their fewest with every block
- * recomputed.  With more layers only the blocks' count grows (the residual
- * streams kept, the params), and the blocks added are alike. */
+ * stays; the non-model buffers are --ckpt on's or off's, or auto's fewest
+ * (every block recomputed).  With more layers only the blocks' count grows
+ * (the residual streams and the activations kept, the params), and the
+ * blocks added are alike. */
 size_t td_train_device_floor_bytes(const td_train_config *cfg)
 {
     const td_gpt_ref_config *mc = &cfg->model;
-    td_train_config all = *cfg;
-    all.ckpt = TD_CKPT_ON;
-    all.ckpt_blocks = 0;
+    td_train_config least = *cfg;
+    if (least.ckpt == TD_CKPT_AUTO) { /* its fewest: every block recomputed */
+        least.ckpt = TD_CKPT_ON;
+        least.ckpt_blocks = 0;
+    }
     td_act_plan fewest;
-    td_train_plan_activations(&all, 0, NULL, &fewest); /* --ckpt on asks nothing of the state */
+    td_train_plan_activations(&least, 0, NULL, &fewest); /* on and off ask nothing of the state */
     size_t E = td_dtype_bytes(cfg->precision);
     if (cfg->mm.placement == TD_PLACEMENT_CUDA) return fewest.total + 2 * E * td_gpt_ref_params_numel(mc);
     int hi[3], nh = td_model_head_tensors(mc, hi);

@@ -221,12 +221,13 @@ double td_train_adam_bytes_per_param(const td_train_config *cfg);
  * else recompute every block. */
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out);
 /* The least device bytes any plan of cfg needs, whatever its budget: the
- * non-model buffers with every block recomputed, plus every param and grad
- * under --policy cuda, else one block's params and grads and two chunks of
- * the largest param tensor.  Never above the plan's min_device_bytes
- * (full_device_bytes under --policy cuda), and it grows with the layers,
- * where the device's need does not quite (the layout's chunk size, --ckpt
- * auto's choice and the GPU optimizer chunks change with them). */
+ * non-model buffers (under --ckpt auto with every block recomputed), plus
+ * every param and grad under --policy cuda, else the params and grads of
+ * the working set's largest access and two chunks of the largest param
+ * tensor.  Never above the plan's min_device_bytes (full_device_bytes
+ * under --policy cuda), and it grows with the layers, where the device's
+ * need does not quite (the layout's chunk size, --ckpt auto's choice and
+ * the GPU optimizer chunks change with them). */
 size_t td_train_device_floor_bytes(const td_train_config *cfg);
 
 /* What a run may take: the device budget it plans for, the device's free
