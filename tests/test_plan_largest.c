@@ -219,9 +219,11 @@ static void test_largest_refusals(void **state)
 }
 
 /* 64 wide, 4 heads, a 64 MiB budget and room on the host for 4096 layers:
- * the device stops near a thousand layers, which the plain search reached
- * by planning every count down from 4096 (hours).  Each state here plans a
- * dozen counts near the answer and the host's probes up to 1024. */
+ * under --ckpt auto the device stops near a thousand layers, under --ckpt
+ * off (every block's activations kept) at a few dozen; the plain search
+ * reached either by planning every count down from 4096 (hours).  Each
+ * state here plans a dozen counts near the answer and the host's probes up
+ * to the power of two above it. */
 static void test_largest_narrow_is_quick(void **state)
 {
     td_train_config c = td_train_default_config();
@@ -231,22 +233,25 @@ static void test_largest_narrow_is_quick(void **state)
     td_train_limits lim = { .budget_bytes = (size_t)64 << 20, .device_free_bytes = SIZE_MAX,
                             .ram_bytes = (size_t)64 << 30, .pin_limit_bytes = (size_t)48 << 30 };
     double ms = 0;
-    for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++) {
-        c.optim.state = (td_optim_state)s;
+    for (int s = 0; s < 2 * TD_OPTIM_STATE_COUNT; s++) {
+        c.ckpt = s < TD_OPTIM_STATE_COUNT ? TD_CKPT_AUTO : TD_CKPT_OFF;
+        c.optim.state = (td_optim_state)(s % TD_OPTIM_STATE_COUNT);
         td_train_plan p;
         int layers = 0, fits = 0;
         double t0 = td_now_ms();
         TD_ASSERT_OK(td_train_largest_layers(&c, &lim, &layers, &p));
         ms += td_now_ms() - t0;
-        assert_true(layers > 512 && layers < 4096);
+        assert_true(c.ckpt == TD_CKPT_AUTO ? layers > 512 && layers < 4096 : layers > 8 && layers < 512);
         c.model.n_layer = layers; /* it fits, one more does not: a boundary, not an interior point */
         TD_ASSERT_OK(td_train_plan_fits(&c, &lim, &p, &fits, NULL));
         assert_true(fits);
         c.model.n_layer = layers + 1;
         TD_ASSERT_OK(td_train_plan_fits(&c, &lim, &p, &fits, NULL));
         assert_false(fits);
+        print_message("--ckpt %s, --optim-state %s: %d layers\n", c.ckpt == TD_CKPT_AUTO ? "auto" : "off",
+                      td_optim_state_name(c.optim.state), layers);
     }
-    print_message("--largest at 64 wide, 64 MiB, three states: %.0f ms\n", ms);
+    print_message("--largest at 64 wide, 64 MiB, three states, two --ckpt modes: %.0f ms\n", ms);
     if (getenv("TD_TEST_NO_TIMING")) return;
     assert_true(ms < QUICK_MS);
 }
