@@ -632,78 +632,25 @@ static const char plan_usage[] =
     "estimated from bandwidths and compute rates measured here in a second or two.  Nothing of\n"
     "the model is allocated.  Takes the same options as `tidal train` (--data only for its vocabulary).";
 
-/* Whether a run of cfg fits the budget (and the device's free memory) and
- * the host's RAM and pin limit. */
-static td_status plan_fits_host(const td_train_config *cfg, size_t budget, size_t free_b, size_t ram,
-                                size_t pin_limit, td_train_plan *p, int *fits, int *host_fits)
-{
-    td_status st = td_train_plan_make(cfg, budget, p);
-    if (st) return st;
-    size_t dev = cfg->mm.placement == TD_PLACEMENT_CUDA ? p->full_device_bytes : p->min_device_bytes;
-    *host_fits = p->host_pinned_bytes <= pin_limit && p->host_bytes <= ram;
-    *fits = *host_fits && budget >= dev && budget <= free_b;
-    return TD_OK;
-}
-
-static td_status plan_fits(const td_train_config *cfg, size_t budget, size_t free_b, size_t ram, size_t pin_limit,
-                           td_train_plan *p, int *fits)
-{
-    int host;
-    return plan_fits_host(cfg, budget, free_b, ram, pin_limit, p, fits, &host);
-}
-
 /* --largest: for each state type, the most layers at the given width and
- * heads, and the largest preset that fits.  The host's bytes grow with the
- * layers, so the most the host holds is found by doubling then bisecting;
- * the device's minimum need not be monotone (the optimizer chunks the
- * budget takes change with the model), so from there the layers go down
- * until the device fits too. */
-static td_status print_largest(const td_train_config *base, size_t budget, size_t free_b, size_t ram, size_t pin_limit,
-                               const char *ram_src, int json)
+ * heads (td_train_largest_layers), and the largest preset that fits. */
+static td_status print_largest(const td_train_config *base, const td_train_limits *lim, const char *ram_src, int json)
 {
     char a[32], b2[32], c[32], d[32];
     if (json) printf("{\"budget_bytes\":%zu,\"ram_bytes\":%zu,\"ram_source\":\"%s\",\"pin_limit_bytes\":%zu,\"largest\":[",
-                     budget, ram, ram_src, pin_limit);
+                     lim->budget_bytes, lim->ram_bytes, ram_src, lim->pin_limit_bytes);
     else printf("largest models for --gpu-budget %s, host RAM %s (%s), pin limit %s; %d x %d tokens, %s\n\n",
-                td_format_bytes(budget, a, sizeof a), td_format_bytes(ram, b2, sizeof b2), ram_src,
-                td_format_bytes(pin_limit, c, sizeof c), base->micro_batch, base->seq_len,
+                td_format_bytes(lim->budget_bytes, a, sizeof a), td_format_bytes(lim->ram_bytes, b2, sizeof b2), ram_src,
+                td_format_bytes(lim->pin_limit_bytes, c, sizeof c), base->micro_batch, base->seq_len,
                 td_dtype_name(base->precision));
     for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++) {
         td_train_config cfg = *base;
         cfg.optim.state = (td_optim_state)s;
         td_train_plan p;
-        int fits = 0, host = 0, lo = 0, hi = 1;
-        td_status st;
-        /* Layers: the largest L in [1, 4096] whose host bytes fit ... */
-        for (;;) {
-            cfg.model.n_layer = hi;
-            if ((st = plan_fits_host(&cfg, budget, free_b, ram, pin_limit, &p, &fits, &host))) return st;
-            if (!host || hi >= 4096) break;
-            lo = hi;
-            hi *= 2;
-        }
-        if (host) lo = hi;
-        while (hi - lo > 1) {
-            int mid = lo + (hi - lo) / 2;
-            cfg.model.n_layer = mid;
-            if ((st = plan_fits_host(&cfg, budget, free_b, ram, pin_limit, &p, &fits, &host))) return st;
-            if (host) lo = mid;
-            else hi = mid;
-        }
-        /* ... and then the budget too. */
-        for (; lo > 0; lo--) {
-            cfg.model.n_layer = lo;
-            if ((st = plan_fits(&cfg, budget, free_b, ram, pin_limit, &p, &fits))) return st;
-            if (fits) break;
-        }
-        size_t layers_params = 0, layers_host = 0, layers_pinned = 0;
-        if (lo > 0) {
-            cfg.model.n_layer = lo;
-            if ((st = plan_fits(&cfg, budget, free_b, ram, pin_limit, &p, &fits))) return st;
-            layers_params = p.params;
-            layers_host = p.host_bytes;
-            layers_pinned = p.host_pinned_bytes;
-        }
+        int layers = 0;
+        td_status st = td_train_largest_layers(&cfg, lim, &layers, &p);
+        if (st) return st;
+        size_t layers_params = p.params, layers_host = p.host_bytes, layers_pinned = p.host_pinned_bytes;
         /* Presets, in the order listed (growing): the largest that fits. */
         const char *best = NULL;
         size_t best_params = 0, best_host = 0;
@@ -721,7 +668,7 @@ static td_status print_largest(const td_train_config *base, size_t budget, size_
             td_train_plan pp;
             int ok = 0;
             if (td_train_config_check(&pc) != TD_OK) { td_error_clear(); continue; }
-            if ((st = plan_fits(&pc, budget, free_b, ram, pin_limit, &pp, &ok))) return st;
+            if ((st = td_train_plan_fits(&pc, lim, &pp, &ok, NULL))) return st;
             if (ok && pp.params > best_params) { best = *n; best_params = pp.params; best_host = pp.host_bytes; }
             if (ok) {
                 size_t l = strlen(fit_list), lj = strlen(fit_json);
@@ -734,12 +681,12 @@ static td_status print_largest(const td_train_config *base, size_t budget, size_
             printf("%s{\"optim_state\":\"%s\",\"width\":%d,\"heads\":%d,\"layers\":%d,\"params\":%zu,"
                    "\"host_bytes\":%zu,\"pinned_bytes\":%zu,\"preset\":%s%s%s,\"preset_params\":%zu,"
                    "\"preset_host_bytes\":%zu,\"presets_that_fit\":[%s]}", s ? "," : "", name, base->model.n_embd,
-                   base->model.n_head, lo, layers_params, layers_host, layers_pinned, best ? "\"" : "",
+                   base->model.n_head, layers, layers_params, layers_host, layers_pinned, best ? "\"" : "",
                    best ? best : "null", best ? "\"" : "", best_params, best_host, fit_json);
         } else {
-            if (lo > 0)
+            if (layers > 0)
                 printf("--optim-state %-5s  %4d layers x %d wide, %d heads: %.2fB params, host %s (%s pinned)\n", name,
-                       lo, base->model.n_embd, base->model.n_head, (double)layers_params / 1e9,
+                       layers, base->model.n_embd, base->model.n_head, (double)layers_params / 1e9,
                        td_format_bytes(layers_host, a, sizeof a), td_format_bytes(layers_pinned, b2, sizeof b2));
             else
                 printf("--optim-state %-5s  no layer count fits at %d wide, %d heads\n", name, base->model.n_embd,
@@ -835,7 +782,9 @@ int td_cli_plan_main(int argc, char **argv)
     if (largest) {
         if (!no_device && (!budget || budget == TD_GPU_BUDGET_MAX) && (st = td_arena_default_budget(b, &budget, &margin)))
             goto cleanup;
-        if ((st = print_largest(&cfg, budget, no_device ? SIZE_MAX : free_b, ram, pin_limit, ram_src, json))) goto cleanup;
+        td_train_limits lim = { .budget_bytes = budget, .device_free_bytes = no_device ? SIZE_MAX : free_b,
+                                .ram_bytes = ram, .pin_limit_bytes = pin_limit };
+        if ((st = print_largest(&cfg, &lim, ram_src, json))) goto cleanup;
         rc = 0;
         goto cleanup;
     }

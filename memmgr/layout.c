@@ -53,22 +53,44 @@ size_t mm_tensor_byte_offset(const td_memmgr *m, const mm_tensor *t)
     return m->role_bytes[t->role] ? 0 : t->offset * td_dtype_bytes(t->dtype);
 }
 
+/* Each role's tensors in registration order (a counting sort by role), so
+ * that packing walks a role's tensors alone: the chunk search packs every
+ * candidate size, and a model has thousands of tensors in five roles. */
+typedef struct mm_by_role {
+    int *ids;
+    int start[TD_TENSOR_ROLE_COUNT + 1];
+} mm_by_role;
+
+static td_status by_role_make(const td_memmgr *m, mm_by_role *br)
+{
+    int next[TD_TENSOR_ROLE_COUNT];
+    memset(br->start, 0, sizeof br->start);
+    br->ids = td_malloc((size_t)m->n_tensors * sizeof *br->ids, TD_ROLE_META);
+    if (!br->ids) return TD_ERR_NOMEM;
+    for (int i = 0; i < m->n_tensors; i++) br->start[m->tensors[i].role + 1]++;
+    for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) {
+        br->start[r + 1] += br->start[r];
+        next[r] = br->start[r];
+    }
+    for (int i = 0; i < m->n_tensors; i++) br->ids[next[m->tensors[i].role]++] = i;
+    return TD_OK;
+}
+
 /* Packs every role with capacity `cap`, in registration order: a tensor
  * goes at the next aligned offset of the open chunk of its role and dtype if
  * it fits, else opens a new chunk; a tensor larger than `cap` gets a chunk of
  * its own and leaves the open one open.  Counts chunks and padding bytes;
  * with `record`, also fills m->chunks (sized by a counting pass) and places
  * the tensors.  One walk for both, so the search prices what the layout does. */
-static void pack(td_memmgr *m, size_t cap, int record, size_t *chunks_out, size_t *waste_out)
+static void pack(td_memmgr *m, const mm_by_role *br, size_t cap, int record, size_t *chunks_out, size_t *waste_out)
 {
     size_t chunks = 0, waste = 0;
     for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) {
         if (record) m->role_first[r] = (int)chunks;
         size_t used = 0, open_el = 0;
         long open = -1;
-        for (int i = 0; i < m->n_tensors; i++) {
-            mm_tensor *t = &m->tensors[i];
-            if (t->role != (td_tensor_role)r) continue;
+        for (int j = br->start[r]; j < br->start[r + 1]; j++) {
+            mm_tensor *t = &m->tensors[br->ids[j]];
             size_t el = td_dtype_bytes(t->dtype);
             long c;
             size_t start;
@@ -104,16 +126,16 @@ static void pack(td_memmgr *m, size_t cap, int record, size_t *chunks_out, size_
     *waste_out = waste;
 }
 
-static void pack_cost(const td_memmgr *m, size_t cap, size_t *chunks_out, size_t *waste_out)
+static void pack_cost(const td_memmgr *m, const mm_by_role *br, size_t cap, size_t *chunks_out, size_t *waste_out)
 {
-    pack((td_memmgr *)m, cap, 0, chunks_out, waste_out);
+    pack((td_memmgr *)m, br, cap, 0, chunks_out, waste_out);
 }
 
 /* Candidates: every aligned size in the range when there are at most 8192
  * of them (exact), else a geometric ladder of 256 rungs plus every tensor
  * size in range (a chunk exactly one tensor wide wastes nothing).  The
  * fewest padding bytes win; at equal waste, fewer chunks, then the larger. */
-static size_t search_chunk_numel(const td_memmgr *m)
+static size_t search_chunk_numel(const td_memmgr *m, const mm_by_role *br)
 {
     size_t lo = td_align_up(m->params.min_chunk_numel, MM_ALIGN_NUMEL), hi = m->params.max_chunk_numel;
     size_t best = lo, best_waste = SIZE_MAX, best_chunks = SIZE_MAX;
@@ -131,7 +153,7 @@ static size_t search_chunk_numel(const td_memmgr *m)
         }
         if (cap < lo || cap > hi) continue;
         size_t chunks, waste;
-        pack_cost(m, cap, &chunks, &waste);
+        pack_cost(m, br, cap, &chunks, &waste);
         if (waste < best_waste || (waste == best_waste && (chunks < best_chunks || (chunks == best_chunks && cap > best)))) {
             best = cap;
             best_waste = waste;
@@ -141,19 +163,18 @@ static size_t search_chunk_numel(const td_memmgr *m)
     return best;
 }
 
-td_status mm_layout(td_memmgr *m)
+static td_status layout_by_role(td_memmgr *m, const mm_by_role *br)
 {
-    if (m->n_tensors == 0) return td_error_set(TD_ERR_INVALID, "memmgr: no tensors registered");
     if (m->params.chunk_numel) {
         m->chunk_numel = td_align_up(m->params.chunk_numel, MM_ALIGN_NUMEL);
     } else {
         if (m->params.min_chunk_numel == 0 || m->params.max_chunk_numel < m->params.min_chunk_numel)
             return td_error_set(TD_ERR_INVALID, "memmgr: chunk search range %zu..%zu elements is empty",
                                 m->params.min_chunk_numel, m->params.max_chunk_numel);
-        m->chunk_numel = search_chunk_numel(m);
+        m->chunk_numel = search_chunk_numel(m, br);
     }
     size_t n_chunks, waste;
-    pack_cost(m, m->chunk_numel, &n_chunks, &waste);
+    pack_cost(m, br, m->chunk_numel, &n_chunks, &waste);
     m->padding_bytes = waste;
     m->chunks = td_calloc(n_chunks, sizeof *m->chunks, TD_ROLE_META);
     int *members = td_malloc((size_t)m->n_tensors * sizeof *members, TD_ROLE_META);
@@ -164,7 +185,7 @@ td_status mm_layout(td_memmgr *m)
         return TD_ERR_NOMEM;
     }
     m->n_chunks = (int)n_chunks;
-    pack(m, m->chunk_numel, 1, &n_chunks, &waste);
+    pack(m, br, m->chunk_numel, 1, &n_chunks, &waste);
     /* Members grouped by chunk (a counting sort by chunk id, tensors in
      * registration order within each). */
     int *count = td_calloc(n_chunks + 1, sizeof *count, TD_ROLE_META);
@@ -208,6 +229,16 @@ td_status mm_layout(td_memmgr *m)
         ch->n_free = ch->n_tensors;
     }
     return TD_OK;
+}
+
+td_status mm_layout(td_memmgr *m)
+{
+    if (m->n_tensors == 0) return td_error_set(TD_ERR_INVALID, "memmgr: no tensors registered");
+    mm_by_role br;
+    td_status st = by_role_make(m, &br);
+    if (st == TD_OK) st = layout_by_role(m, &br);
+    td_free(br.ids);
+    return st;
 }
 
 void td_memmgr_print_layout(td_memmgr *m, FILE *f)

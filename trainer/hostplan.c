@@ -111,20 +111,23 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
     sizes[3] = (size_t)cfg->model.padded_vocab_size * sizeof(float); /* h_row */
 }
 
-td_status td_train_host_homes(td_memmgr *mm, const td_train_config *cfg, int gpu_chunks)
+td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks)
 {
     /* As td_train_place_optimizer gives them to the trainer's layout: the
      * GPU AdamW's chunks (master, m, v) on the device, pinned; the CPU
      * AdamW's on the host, pageable (memmgr.h). */
-    uint8_t *on_gpu = NULL;
-    int n = 0;
-    td_status st = td_train_optim_homes(cfg, gpu_chunks, &on_gpu, &n);
+    td_status st = TD_OK;
     static const td_tensor_role roles[3] = {TD_TENSOR_MASTER, TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V};
-    for (int r = 0; st == TD_OK && r < 3; r++)
-        for (int i = 0; st == TD_OK && i < td_memmgr_role_chunk_count(mm, roles[r]); i++)
-            st = td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], i),
-                                          i < n && on_gpu[i] ? TD_HOME_DEVICE : TD_HOME_HOST);
-    td_free(on_gpu);
+    for (int r = 0; r < 3; r++) {
+        int n = td_memmgr_role_chunk_count(mm, roles[r]);
+        for (int k = 0; k < n; k++)
+            TD_TRY(td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], k), TD_HOME_HOST));
+        for (int j = 0; j < gpu_chunks; j++) { /* the first gpu_chunks of the slack order */
+            if (order[j] >= n) continue;  /* a role of no chunks: fp32 params are their own master */
+            TD_TRY(td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], order[j]), TD_HOME_DEVICE));
+        }
+    }
+cleanup:
     return st;
 }
 

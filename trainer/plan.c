@@ -25,7 +25,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
 {
     td_status st;
     td_memmgr *mm = NULL;
-    int *ids = NULL;
+    int *ids = NULL, *order = NULL;
     memset(out, 0, sizeof *out);
     if ((st = td_train_config_check(cfg))) return st;
     if ((st = td_train_plan_memmgr(cfg, &mm, &ids))) goto cleanup;
@@ -94,14 +94,13 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
     /* Optimizer chunks on the GPU (optim_place.c): their params and grads
      * stay on the device, their state takes room beside them. */
-    int *order = td_malloc(((size_t)out->chunks + 1) * sizeof *order, TD_ROLE_META);
+    order = td_malloc(((size_t)out->chunks + 1) * sizeof *order, TD_ROLE_META);
     if (!order) { st = TD_ERR_NOMEM; goto cleanup; }
     out->optim_chunks = td_train_optim_order(cfg, mm, pid, order);
     out->optim_gpu_chunks = td_train_optim_gpu_count(cfg, mm, order, ap.total, out->min_device_bytes, budget);
     size_t gpu_pg = 0, gpu_numel = 0;
     td_train_optim_gpu_bytes(mm, cfg->precision, order, out->optim_gpu_chunks, &out->optim_gpu_state_bytes, &gpu_pg,
                              &gpu_numel);
-    td_free(order);
     if (out->optim_gpu_chunks) { /* their chunks stay: the working set streams beside them */
         size_t stay = gpu_pg > ws ? gpu_pg : ws;
         out->min_device_bytes += stay - ws + out->optim_gpu_state_bytes;
@@ -129,12 +128,71 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     /* The host: the optimizer homes the trainer gives (optim_place.c; the
      * host-homed state is pageable), then every pinned and pageable byte by
      * the trainer's own sequence. */
-    if ((st = td_train_host_homes(mm, cfg, out->optim_gpu_chunks))) goto cleanup;
+    if ((st = td_train_host_homes(mm, order, out->optim_gpu_chunks))) goto cleanup;
     if ((st = td_train_host_plan(mm, cfg, budget, out))) goto cleanup;
 cleanup:
     td_memmgr_destroy(mm);
     td_free(ids);
+    td_free(order);
     return st;
+}
+
+static size_t tensor_numel(const td_gpt_ref_config *mc, int i)
+{
+    td_gpt_ref_tensor t;
+    td_gpt_ref_tensor_get(mc, i, &t);
+    return t.numel;
+}
+
+/* td_train_plan_make's device need at its least, term by term: a chunk
+ * holds at least its tensors, so an access of the working set pins at
+ * least the bytes of its params and grads (the embedding's params, the
+ * head's params and grads, or one block's), the largest chunk is at least
+ * the largest param tensor, and under --policy cuda every param and grad
+ * stays; the non-model buffers are --ckpt on's or off's, or auto's fewest
+ * (every block recomputed).  With more layers only the blocks' count grows
+ * (the residual streams and the activations kept, the params), and the
+ * blocks added are alike. */
+size_t td_train_device_floor_bytes(const td_train_config *cfg)
+{
+    const td_gpt_ref_config *mc = &cfg->model;
+    td_train_config least = *cfg;
+    if (least.ckpt == TD_CKPT_AUTO) { /* its fewest: every block recomputed */
+        least.ckpt = TD_CKPT_ON;
+        least.ckpt_blocks = 0;
+    }
+    td_act_plan fewest;
+    td_train_plan_activations(&least, 0, NULL, &fewest); /* on and off ask nothing of the state */
+    size_t E = td_dtype_bytes(cfg->precision);
+    if (cfg->mm.placement == TD_PLACEMENT_CUDA) return fewest.total + 2 * E * td_gpt_ref_params_numel(mc);
+    int hi[3], nh = td_model_head_tensors(mc, hi);
+    size_t off, block, embed = 0, head = 0, big = td_model_block_largest_numel(mc);
+    td_gpt_ref_block_span(mc, 0, &off, &block);
+    for (int i = 0; i < td_model_embed_tensor_count(mc); i++) {
+        size_t n = tensor_numel(mc, i);
+        embed += n;
+        if (n > big) big = n;
+    }
+    for (int k = 0; k < nh; k++) {
+        size_t n = tensor_numel(mc, hi[k]);
+        head += n;
+        if (n > big) big = n;
+    }
+    size_t access = embed > 2 * head ? embed : 2 * head;
+    if (2 * block > access) access = 2 * block;
+    return fewest.total + E * access + 2 * E * big;
+}
+
+td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *lim, td_train_plan *p, int *fits,
+                             int *host_fits)
+{
+    td_status st = td_train_plan_make(cfg, lim->budget_bytes, p);
+    if (st) return st;
+    size_t dev = cfg->mm.placement == TD_PLACEMENT_CUDA ? p->full_device_bytes : p->min_device_bytes;
+    int host = p->host_pinned_bytes <= lim->pin_limit_bytes && p->host_bytes <= lim->ram_bytes;
+    *fits = host && lim->budget_bytes >= dev && lim->budget_bytes <= lim->device_free_bytes;
+    if (host_fits) *host_fits = host;
+    return TD_OK;
 }
 
 td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)

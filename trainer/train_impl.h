@@ -209,8 +209,9 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
 size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
 /* The optimizer homes td_train_place_optimizer gives the trainer's layout
  * (the first gpu_chunks of the slack order on the device, the rest on the
- * host: pageable), set on a planned layout for the host plan. */
-td_status td_train_host_homes(td_memmgr *mm, const td_train_config *cfg, int gpu_chunks);
+ * host: pageable), set on a planned layout for the host plan (order: its
+ * td_train_optim_order). */
+td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks);
 /* The pageable optimizer state's pages first touched (zeroed) by the
  * threads of an AdamW team like the trainer's, each the pages it will
  * update: NUMA placement inside the local nodes, and no page faults in the

@@ -225,6 +225,37 @@ double td_train_adam_bytes_per_param(const td_train_config *cfg);
  * every block's activations if they take at most a quarter of the budget,
  * else recompute every block. */
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out);
+/* The least device bytes any plan of cfg needs, whatever its budget: the
+ * non-model buffers (under --ckpt auto with every block recomputed), plus
+ * every param and grad under --policy cuda, else the params and grads of
+ * the working set's largest access and two chunks of the largest param
+ * tensor.  Never above the plan's min_device_bytes (full_device_bytes
+ * under --policy cuda), and it grows with the layers, where the device's
+ * need does not quite (the layout's chunk size, --ckpt auto's choice and
+ * the GPU optimizer chunks change with them). */
+size_t td_train_device_floor_bytes(const td_train_config *cfg);
+
+/* What a run may take: the device budget it plans for, the device's free
+ * memory, the host's RAM and pin limit (td_train_host_limits). */
+typedef struct td_train_limits {
+    size_t budget_bytes, device_free_bytes, ram_bytes, pin_limit_bytes;
+} td_train_limits;
+/* Plans cfg for lim->budget_bytes (into *p) and says whether it fits:
+ * *host_fits when its pinned bytes are within the pin limit and all its
+ * host bytes within the RAM; *fits when the host fits and the device's need
+ * (min_device_bytes, full_device_bytes under --policy cuda) is within the
+ * budget, the budget within the free memory.  host_fits may be NULL. */
+td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *lim, td_train_plan *p, int *fits,
+                             int *host_fits);
+/* `tidal plan --largest`: the most layers in [1, TD_TRAIN_LARGEST_LAYERS]
+ * of cfg's shape (cfg->model.n_layer ignored) that fit lim (0: none), and
+ * its plan (when not 0).  The host's bound is found by doubling then
+ * bisecting the layers (the host's bytes grow with them, up to a few KiB
+ * of the layout's padding), and below it the largest count that fits the
+ * device too: each count that could is tried, from the top (see largest.c). */
+#define TD_TRAIN_LARGEST_LAYERS 4096
+td_status td_train_largest_layers(const td_train_config *cfg, const td_train_limits *lim, int *layers,
+                                  td_train_plan *p);
 /* The host bytes a run may take (cfg->host_ram, else td_host_ram) and the
  * pin limit (cfg->host_pin_limit, else 80% of that); `source` (96+ bytes)
  * says where the RAM figure came from. */

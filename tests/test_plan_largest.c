@@ -1,0 +1,267 @@
+/* `tidal plan --largest`'s search (td_train_largest_layers) against a
+ * brute-force oracle: every layer count up to the host's bound planned, the
+ * bound as the plain search probes it (doubling from one layer while the
+ * host fits, then bisecting), and the most layers at or below it that fit
+ * the device too.  Over narrow shapes, budgets around the device's need,
+ * every policy, --ckpt modes, both backends' sizes, two ZeRO-3 ranks and
+ * each --optim-state.  On the way: the device floor the search starts
+ * below never exceeds a plan's need and grows with the layers.  And the
+ * case the plain search took hours over (64 wide at a 64 MiB budget, 4096
+ * layers' worth of host) takes seconds. */
+#include "td_train_test.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define QUICK_MS 60e3 /* instrumented */
+#else
+#define QUICK_MS 15e3 /* about 4 s on two cores */
+#endif
+
+/* One shape; the host's RAM is what host_at layers take, the budget what
+ * device_at layers need (0: a budget below one layer's floor). */
+typedef struct largest_case {
+    int width, heads, micro_batch, seq;
+    td_backend_kind backend;
+    td_placement placement;
+    td_ckpt_mode ckpt;
+    int ranks;
+    int host_at, device_at;
+} largest_case;
+
+static td_train_config config_of(const largest_case *k, td_optim_state state)
+{
+    td_train_config c = td_train_default_config();
+    c.model.n_embd = k->width;
+    c.model.n_head = k->heads;
+    c.micro_batch = k->micro_batch;
+    c.seq_len = k->seq;
+    c.backend = k->backend;
+    c.precision = k->backend == TD_BACKEND_CUDA ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+    c.mm.placement = k->placement;
+    if (k->placement == TD_PLACEMENT_STATIC) c.mm.offload_optim_frac = 0.5;
+    c.ckpt = k->ckpt;
+    c.optim.state = state;
+    if (k->ranks > 1) {
+        c.ranks = c.local_ranks = k->ranks;
+        c.rank = 0;
+    }
+    return c;
+}
+
+static size_t device_need(const td_train_config *c, const td_train_plan *p)
+{
+    return c->mm.placement == TD_PLACEMENT_CUDA ? p->full_device_bytes : p->min_device_bytes;
+}
+
+/* Every layer count's fit, planned once on first use. */
+typedef struct oracle {
+    td_train_config cfg;
+    td_train_limits lim;
+    signed char host[TD_TRAIN_LARGEST_LAYERS + 1], fits[TD_TRAIN_LARGEST_LAYERS + 1]; /* -1: not planned */
+} oracle;
+
+static size_t floor_at(const td_train_config *cfg, int layers)
+{
+    td_train_config c = *cfg;
+    c.model.n_layer = layers;
+    return td_train_device_floor_bytes(&c);
+}
+
+static void oracle_plan(oracle *o, int layers)
+{
+    if (o->host[layers] >= 0) return;
+    td_train_config c = o->cfg;
+    c.model.n_layer = layers;
+    td_train_plan p;
+    int fits, host;
+    TD_ASSERT_OK(td_train_plan_fits(&c, &o->lim, &p, &fits, &host));
+    o->host[layers] = (signed char)host;
+    o->fits[layers] = (signed char)fits;
+    /* The floor: below the need, and growing with the layers. */
+    size_t floor = floor_at(&c, layers);
+    if (floor > device_need(&c, &p))
+        fail_msg("%d layers: floor %zu above the plan's need %zu", layers, floor, device_need(&c, &p));
+    if (layers > 1) assert_true(floor_at(&c, layers - 1) <= floor);
+}
+
+static int oracle_host(oracle *o, int layers)
+{
+    oracle_plan(o, layers);
+    return o->host[layers];
+}
+
+/* The plain search: the host's bound by its probes, then every count up
+ * to it (not only from the top down: all of them), the most that fits. */
+static int oracle_largest(oracle *o)
+{
+    int lo = 0, hi = 1;
+    while (oracle_host(o, hi) && hi < TD_TRAIN_LARGEST_LAYERS) {
+        lo = hi;
+        hi *= 2;
+    }
+    if (oracle_host(o, hi)) lo = hi;
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (oracle_host(o, mid)) lo = mid;
+        else hi = mid;
+    }
+    int best = 0;
+    for (int layers = 1; layers <= lo; layers++) {
+        oracle_plan(o, layers);
+        if (o->fits[layers]) best = layers;
+    }
+    return best;
+}
+
+/* The limits of a case: the budget device_at layers need as planned for
+ * `planned_for` (0, unknown: --ckpt auto recomputes every block; SIZE_MAX:
+ * everything stays, AdamW on the GPU under auto), the RAM host_at layers
+ * take under that budget and a pin limit that allows them. */
+static td_train_limits limits_of(const largest_case *k, const td_train_config *cfg, size_t planned_for)
+{
+    td_train_config c = *cfg;
+    td_train_plan p;
+    td_train_limits lim = { .device_free_bytes = SIZE_MAX };
+    c.model.n_layer = k->device_at ? k->device_at : 1;
+    TD_ASSERT_OK(td_train_plan_make(&c, planned_for, &p));
+    lim.budget_bytes = k->device_at ? device_need(&c, &p) : floor_at(&c, 1) - 1;
+    c.model.n_layer = k->host_at;
+    TD_ASSERT_OK(td_train_plan_make(&c, lim.budget_bytes, &p));
+    lim.ram_bytes = p.host_bytes;
+    lim.pin_limit_bytes = p.host_pinned_bytes;
+    return lim;
+}
+
+/* Over the cases: answers above 0, and counts below an answer that fit the
+ * host but not the device (where a bisection on the fit would go wrong). */
+typedef struct tally { int found, holes; } tally;
+
+static void check_case(const largest_case *k, tally *t)
+{
+    oracle *o = malloc(sizeof *o);
+    assert_non_null(o);
+    for (int s = 0; s < 2 * TD_OPTIM_STATE_COUNT; s++) {
+        size_t planned_for = s < TD_OPTIM_STATE_COUNT ? 0 : SIZE_MAX;
+        memset(o, 0, sizeof *o);
+        memset(o->host, -1, sizeof o->host);
+        memset(o->fits, -1, sizeof o->fits);
+        o->cfg = config_of(k, (td_optim_state)(s % TD_OPTIM_STATE_COUNT));
+        o->lim = limits_of(k, &o->cfg, planned_for);
+        int want = oracle_largest(o), got = -1;
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_largest_layers(&o->cfg, &o->lim, &got, &p));
+        if (got != want)
+            fail_msg("%d wide, %d heads, backend %d, policy %s, ckpt %d, %d ranks, state %s, host at %d, device at "
+                     "%d (planned for %s budget): %d layers, the scan %d", k->width, k->heads, (int)k->backend,
+                     td_placement_name(k->placement), (int)k->ckpt, k->ranks, td_optim_state_name(o->cfg.optim.state),
+                     k->host_at, k->device_at, planned_for ? "an unbounded" : "an unknown", got, want);
+        for (int layers = 1; layers < want; layers++) t->holes += o->host[layers] == 1 && o->fits[layers] == 0;
+        if (got > 0) {
+            td_train_config c = o->cfg;
+            c.model.n_layer = got;
+            td_train_plan q;
+            TD_ASSERT_OK(td_train_plan_make(&c, o->lim.budget_bytes, &q));
+            assert_int_equal(p.params, q.params); /* the plan of the count it names */
+            assert_int_equal(p.host_bytes, q.host_bytes);
+            t->found++;
+        } else {
+            assert_int_equal(p.params, 0);
+        }
+    }
+    free(o);
+}
+
+static void test_largest_matches_the_scan(void **state)
+{
+    static const largest_case cases[] = {
+        /* the device binds (the budget: what device_at layers need), the host at host_at */
+        {32, 2, 2, 16, TD_BACKEND_CPU, TD_PLACEMENT_AUTO, TD_CKPT_AUTO, 1, 64, 40},
+        {64, 4, 2, 32, TD_BACKEND_CPU, TD_PLACEMENT_AUTO, TD_CKPT_AUTO, 1, 64, 12},
+        {32, 2, 4, 16, TD_BACKEND_CPU, TD_PLACEMENT_CPU, TD_CKPT_OFF, 1, 48, 30},
+        {32, 4, 2, 16, TD_BACKEND_CPU, TD_PLACEMENT_CUDA, TD_CKPT_AUTO, 1, 48, 20},
+        {32, 2, 2, 16, TD_BACKEND_CPU, TD_PLACEMENT_STATIC, TD_CKPT_ON, 1, 48, 25},
+        {64, 2, 2, 16, TD_BACKEND_CUDA, TD_PLACEMENT_AUTO, TD_CKPT_AUTO, 1, 64, 33},
+        {32, 2, 2, 16, TD_BACKEND_CUDA, TD_PLACEMENT_CPU, TD_CKPT_AUTO, 1, 48, 21},
+        {32, 2, 2, 16, TD_BACKEND_CPU, TD_PLACEMENT_AUTO, TD_CKPT_AUTO, 2, 48, 17},
+        /* the host binds */
+        {32, 2, 2, 16, TD_BACKEND_CPU, TD_PLACEMENT_AUTO, TD_CKPT_AUTO, 1, 21, 60},
+        {64, 2, 2, 16, TD_BACKEND_CUDA, TD_PLACEMENT_CUDA, TD_CKPT_AUTO, 1, 37, 80},
+        /* nothing fits the device */
+        {32, 2, 2, 16, TD_BACKEND_CPU, TD_PLACEMENT_AUTO, TD_CKPT_AUTO, 1, 48, 0},
+    };
+    tally t = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], &t);
+    assert_true(t.found > 0 && t.holes > 0);
+}
+
+/* Budget above the device's free memory: nothing fits, at once.  --ckpt on
+ * with two blocks recomputed: one layer cannot be planned, and the search
+ * says so as the plain one did. */
+static void test_largest_refusals(void **state)
+{
+    largest_case k = {32, 2, 2, 16, TD_BACKEND_CPU, TD_PLACEMENT_AUTO, TD_CKPT_AUTO, 1, 48, 30};
+    td_train_config c = config_of(&k, TD_OPTIM_STATE_FP32);
+    td_train_limits lim = limits_of(&k, &c, 0);
+    lim.device_free_bytes = lim.budget_bytes - 1;
+    td_train_plan p;
+    int layers = -1;
+    TD_ASSERT_OK(td_train_largest_layers(&c, &lim, &layers, &p));
+    assert_int_equal(layers, 0);
+    c.ckpt = TD_CKPT_ON;
+    c.ckpt_blocks = 2;
+    lim.device_free_bytes = SIZE_MAX;
+    assert_int_equal(td_train_largest_layers(&c, &lim, &layers, &p), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "ckpt"));
+    td_error_clear();
+}
+
+/* 64 wide, 4 heads, a 64 MiB budget and room on the host for 4096 layers:
+ * under --ckpt auto the device stops near a thousand layers, under --ckpt
+ * off (every block's activations kept) at a few dozen; the plain search
+ * reached either by planning every count down from 4096 (hours).  Each
+ * state here plans a dozen counts near the answer and the host's probes up
+ * to the power of two above it. */
+static void test_largest_narrow_is_quick(void **state)
+{
+    td_train_config c = td_train_default_config();
+    c.model.n_embd = 64;
+    c.model.n_head = 4;
+    c.backend = TD_BACKEND_CPU;
+    td_train_limits lim = { .budget_bytes = (size_t)64 << 20, .device_free_bytes = SIZE_MAX,
+                            .ram_bytes = (size_t)64 << 30, .pin_limit_bytes = (size_t)48 << 30 };
+    double ms = 0;
+    for (int s = 0; s < 2 * TD_OPTIM_STATE_COUNT; s++) {
+        c.ckpt = s < TD_OPTIM_STATE_COUNT ? TD_CKPT_AUTO : TD_CKPT_OFF;
+        c.optim.state = (td_optim_state)(s % TD_OPTIM_STATE_COUNT);
+        td_train_plan p;
+        int layers = 0, fits = 0;
+        double t0 = td_now_ms();
+        TD_ASSERT_OK(td_train_largest_layers(&c, &lim, &layers, &p));
+        ms += td_now_ms() - t0;
+        assert_true(c.ckpt == TD_CKPT_AUTO ? layers > 512 && layers < 4096 : layers > 8 && layers < 512);
+        c.model.n_layer = layers; /* it fits, one more does not: a boundary, not an interior point */
+        TD_ASSERT_OK(td_train_plan_fits(&c, &lim, &p, &fits, NULL));
+        assert_true(fits);
+        c.model.n_layer = layers + 1;
+        TD_ASSERT_OK(td_train_plan_fits(&c, &lim, &p, &fits, NULL));
+        assert_false(fits);
+        print_message("--ckpt %s, --optim-state %s: %d layers\n", c.ckpt == TD_CKPT_AUTO ? "auto" : "off",
+                      td_optim_state_name(c.optim.state), layers);
+    }
+    print_message("--largest at 64 wide, 64 MiB, three states, two --ckpt modes: %.0f ms\n", ms);
+    if (getenv("TD_TEST_NO_TIMING")) return;
+    assert_true(ms < QUICK_MS);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_largest_matches_the_scan),
+        cmocka_unit_test(test_largest_refusals),
+        cmocka_unit_test(test_largest_narrow_is_quick),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

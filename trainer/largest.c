@@ -1,0 +1,90 @@
+/* `tidal plan --largest`'s search: the most layers of a shape that fit the
+ * host and the device (td_train_largest_layers in trainer.h).
+ *
+ * Each layer count tried is a plan, and a plan lays the model out: seconds
+ * at 4096 narrow layers.  The search gives the answer of the plain
+ * one it replaced (the host's bound by doubling then bisecting, then every
+ * count below it, from the top, until one fits the device too) while
+ * planning few counts.  What it may assume, and what it may not:
+ *   - The device's need is not monotone in the layers, so no bisection
+ *     finds where it stops fitting: the chunk size is searched per layout
+ *     (narrow blocks pack two a chunk at an even count, one at an odd), so
+ *     the working set and the largest chunk go up and down by a layer;
+ *     --ckpt auto recomputes more blocks as the layers grow, and keeps every
+ *     block's activations while they are small; the GPU optimizer chunks
+ *     take what the budget leaves.  So every count below the start is still
+ *     tried from the top, as before.
+ *   - The device's floor (td_train_device_floor_bytes) is monotone: it grows
+ *     with the layers and no plan needs less.  No count whose floor exceeds
+ *     the budget fits, so the scan starts at the most layers whose floor
+ *     fits, bisected without a layout; the counts above it, which the plain
+ *     scan tried one by one, are the bulk of its time at narrow widths.
+ *   - Nor is the host's need quite monotone (a few KiB of padding), so its
+ *     bound is what the plain search's probes make of it: the same probes,
+ *     in the same order, except that they stop once one at or above the
+ *     scan's start fits the host (the bisection only raises its lower end,
+ *     so the bound is at least that probe: the rest cannot lower the start).
+ * Below the start the scan needs a dozen counts or so at narrow widths (the
+ * floor leaves out the layout's padding and --ckpt's kept activations). */
+#include "train_impl.h"
+
+#include <string.h>
+
+/* The most layers whose device floor is within the budget; 0 when none, or
+ * when the budget exceeds the device's free memory (then nothing fits). */
+static int device_cap(const td_train_config *cfg, const td_train_limits *lim)
+{
+    if (lim->budget_bytes > lim->device_free_bytes) return 0;
+    td_train_config c = *cfg;
+    int lo = 0, hi = TD_TRAIN_LARGEST_LAYERS + 1; /* lo's floor fits (or lo is 0), hi's does not (or hi is past) */
+    while (hi - lo > 1) {
+        c.model.n_layer = lo + (hi - lo) / 2;
+        if (td_train_device_floor_bytes(&c) <= lim->budget_bytes) lo = c.model.n_layer;
+        else hi = c.model.n_layer;
+    }
+    return lo;
+}
+
+/* The host's bound as the plain search finds it (doubling from one layer
+ * while the host fits, then bisecting), or `cap` when that is no lower.
+ * The first probe always runs: a shape that cannot be planned at one layer
+ * (--ckpt-blocks above 1) fails there, as it did. */
+static td_status host_bound(const td_train_config *cfg, const td_train_limits *lim, int cap, int *bound)
+{
+    td_train_config c = *cfg;
+    td_train_plan p;
+    int fits, host = 0, lo = 0, hi = 1;
+    td_status st;
+    for (;;) {
+        c.model.n_layer = hi;
+        if ((st = td_train_plan_fits(&c, lim, &p, &fits, &host))) return st;
+        if (!host || hi >= TD_TRAIN_LARGEST_LAYERS || hi >= cap) break;
+        lo = hi;
+        hi *= 2;
+    }
+    if (host) lo = hi;
+    while (hi - lo > 1 && lo < cap) {
+        c.model.n_layer = lo + (hi - lo) / 2;
+        if ((st = td_train_plan_fits(&c, lim, &p, &fits, &host))) return st;
+        if (host) lo = c.model.n_layer;
+        else hi = c.model.n_layer;
+    }
+    *bound = lo < cap ? lo : cap;
+    return TD_OK;
+}
+
+td_status td_train_largest_layers(const td_train_config *cfg, const td_train_limits *lim, int *layers,
+                                  td_train_plan *p)
+{
+    int start = 0, fits = 0;
+    td_status st = host_bound(cfg, lim, device_cap(cfg, lim), &start);
+    if (st) return st;
+    td_train_config c = *cfg;
+    for (c.model.n_layer = start; c.model.n_layer > 0; c.model.n_layer--) {
+        if ((st = td_train_plan_fits(&c, lim, p, &fits, NULL))) return st;
+        if (fits) break;
+    }
+    if (!fits) memset(p, 0, sizeof *p);
+    *layers = c.model.n_layer;
+    return TD_OK;
+}
