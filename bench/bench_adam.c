@@ -89,12 +89,6 @@ static void big_free(big_buf *b)
     b->raw = b->ptr = NULL;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 __attribute__((target_clones("avx512f", "avx2", "default"))) static void
 triad_range(float *restrict a, const float *restrict b, const float *restrict c, size_t lo, size_t hi, float s)
 {
@@ -184,12 +178,6 @@ static void reference_pass(td_adam_cpu *cpu, float *a, float *b, float *c, const
     }
 }
 
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Times one path at one size, each AdamW step followed by one reference
  * pass over the same buffers, so both see the same machine (memory
  * bandwidth on shared or virtual machines drifts by tens of percent over
@@ -216,8 +204,8 @@ static td_status time_path(td_adam_cpu *cpu, const td_adam_hparams *hp, td_adam_
         n++;
         if (n >= cap || (n >= 5 && (td_now_ms() - t_start) * 1e-3 >= min_s)) break;
     }
-    *adam_ms = median(ms, n);
-    *ref_ms = median(ms + cap, n);
+    *adam_ms = td_median(ms, n);
+    *ref_ms = td_median(ms + cap, n);
 cleanup:
     free(ms);
     return st;

@@ -18,18 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 typedef struct buffers { void *host_src, *host_dst, *dev_a, *dev_b; size_t bytes; } buffers;
 
 static td_status engine_ms(td_copy_engine *eng, raw_mode mode, const buffers *b, double *ms)
@@ -130,8 +118,8 @@ int td_bench_copy_main(int argc, char **argv)
                 TD_FAIL(TD_ERR_BACKEND, "raw copy: %s", err);
             TD_TRY(engine_ms(eng, (raw_mode)m, &buf, &engs[it]));
         }
-        raw_gbs[m] = moved / (median(raw, iters) * 1e-3) / 1e9;
-        eng_gbs[m] = moved / (median(engs, iters) * 1e-3) / 1e9;
+        raw_gbs[m] = moved / (td_median(raw, iters) * 1e-3) / 1e9;
+        eng_gbs[m] = moved / (td_median(engs, iters) * 1e-3) / 1e9;
         fprintf(stderr, "  %-4s done\n", names[m]);
     }
     /* The data must have arrived: bring dev_a (last written by an H2D) back. */

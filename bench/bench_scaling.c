@@ -44,18 +44,6 @@ typedef struct run_figures {
     double loss[MAX_STEPS];
 } run_figures;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The figures of a --log file; the step count read, or -1. */
 static int read_log(const char *path, int warmup, run_figures *f)
 {
@@ -83,8 +71,8 @@ static int read_log(const char *path, int warmup, run_figures *f)
     fclose(in);
     f->steps = n;
     if (!timed) return n;
-    f->step_ms = median(ms, timed);
-    f->tokens_per_s = median(tps, timed);
+    f->step_ms = td_median(ms, timed);
+    f->tokens_per_s = td_median(tps, timed);
     return n;
 }
 

@@ -24,6 +24,8 @@ td_status td_parse_bytes(const char *text, size_t *bytes_out);
 char *td_format_bytes(size_t bytes, char *buf, size_t buf_bytes);
 
 double td_now_ms(void); /* monotonic clock */
+/* The median of v[0..n) (n > 0), which it sorts in place. */
+double td_median(double *v, size_t n);
 void td_sleep_us(long us);
 
 /* xoshiro256** seeded by splitmix64: the same seed gives the same stream. */
