@@ -45,8 +45,7 @@ static int setup(void **state)
 {
     (void)state;
     snprintf(tidal, sizeof tidal, "%s", td_test_tidal());
-    snprintf(tmp, sizeof tmp, "/tmp/tidal-zero3-XXXXXX");
-    if (!mkdtemp(tmp)) return -1;
+    if (td_proc_tmpdir(tmp, sizeof tmp, "tidal-zero3")) return -1;
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "head -c 100000 /usr/share/games/fortunes/fortunes > %s/text && %s prepare --quiet "
              "--input %s/text --out %s/ok.tok > %s/prepare.out 2>&1 && head -c 20000 %s/text > %s/text2 && "
@@ -58,9 +57,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    return td_proc_rmdir(tmp);
 }
 
 /* The single-rank reference: micro-batch 6, 20 steps (made once). */

@@ -32,8 +32,7 @@ static int setup(void **state)
 {
     (void)state;
     snprintf(tidal, sizeof tidal, "%s", td_test_tidal());
-    snprintf(tmp, sizeof tmp, "/tmp/tidal-zero3-gpu-XXXXXX");
-    if (!mkdtemp(tmp)) return -1;
+    if (td_proc_tmpdir(tmp, sizeof tmp, "tidal-zero3-gpu")) return -1;
     /* text any checkout has: the docs and sources, about 400 KB */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "cat docs/*.md model/*.c data/*.c trainer/*.c | head -c 400000 > %s/text && "
@@ -44,9 +43,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    return td_proc_rmdir(tmp);
 }
 
 static int need_two_gpus(void)

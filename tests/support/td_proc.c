@@ -109,6 +109,19 @@ double td_proc_expect_close(const double *want, const double *got, int n, double
     return worst;
 }
 
+int td_proc_tmpdir(char *dir, size_t dir_bytes, const char *prefix)
+{
+    snprintf(dir, dir_bytes, "/tmp/%s-XXXXXX", prefix);
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int td_proc_rmdir(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 int td_proc_gpu_count(void)
 {
     FILE *p = popen("nvidia-smi -L 2>/dev/null", "r");

@@ -26,6 +26,10 @@ int td_proc_read_log(const char *path, double *loss, double *norm, int max);
 /* Fails the test unless every got[i] is within `rel` of want[i], relatively;
  * returns the largest relative difference seen. */
 double td_proc_expect_close(const double *want, const double *got, int n, double rel, const char *what);
+/* A fresh directory /tmp/<prefix>-XXXXXX into dir (at least 64 bytes): 0, or -1. */
+int td_proc_tmpdir(char *dir, size_t dir_bytes, const char *prefix);
+/* `rm -rf dir`: 0, or -1. */
+int td_proc_rmdir(const char *dir);
 /* GPUs that `nvidia-smi -L` lists (at most 8; 0 without a driver). */
 int td_proc_gpu_count(void);
 
