@@ -40,7 +40,9 @@ static td_status compute_sync(td_trainer *t)
 {
     return t->comm ? td_comm_wait(t->comm, TD_QUEUE_COMPUTE) : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
 }
+#ifdef TD_HAVE_CUDA
 static void *stream_of(td_trainer *t) { return td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE); }
+#endif
 static size_t E_of(const td_trainer *t) { return td_dtype_bytes(t->dt); }
 
 static size_t N_of(const td_trainer *t) { return (size_t)t->cfg.micro_batch * (size_t)t->cfg.seq_len; }
