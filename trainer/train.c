@@ -846,6 +846,11 @@ static td_status begin_step(td_trainer *t, td_grad_stats *global, td_optim_step 
 /* Whether param chunk k's optimizer lives on the GPU (optim_place.c). */
 static int chunk_on_gpu(const td_trainer *t, int k) { return t->optim_on_gpu && t->optim_on_gpu[k]; }
 
+/* Whether this step's host chunks went to the AdamW thread in the backward
+ * with their grad sums taken on the device as they went (one rank; ZeRO-3
+ * takes its shards' sums on the host at the step's end). */
+static int early_sums_on_device(const td_trainer *t) { return t->ov_early && t->ranks == 1; }
+
 /* Chunk k of role `role`: access all its tensors, give its base pointer. */
 static td_status access_chunk(td_trainer *t, const int *role_ids, int k, unsigned flags, void **base)
 {
@@ -903,7 +908,7 @@ cleanup:
 static td_status gather_device_sumsq(td_trainer *t, int chunks)
 {
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t) && (t->gpu_opt || t->ov_early)) { /* dev_acc: with GPU chunks or an AdamW thread */
+    if (on_cuda(t) && (t->gpu_opt || early_sums_on_device(t))) { /* dev_acc: GPU chunks', early host chunks' */
         td_status st = td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_sumsq + chunks, t->dev_acc,
                                              (size_t)chunks * sizeof(double));
         return st ? st : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
@@ -1158,7 +1163,7 @@ static td_status hand_over_begin(td_trainer *t)
     own_core(t);
     t->ov_early = 1;
 #ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) { /* every chunk's grad sum lands in its own device double: zero them for this step */
+    if (on_cuda(t) && early_sums_on_device(t)) { /* each chunk's grad sum lands in its own device double */
         td_status st = zero(t, t->dev_acc, (size_t)chunks * sizeof(double));
         if (st) return st;
     }
@@ -1185,7 +1190,7 @@ static td_status hand_over_finished(td_trainer *t, const int *gids, int n)
          * its shard's write-back queued just before, on the D2H queue; the
          * shard's sum is taken on the host at the step's end, beside the
          * update, in optimizer_step_sharded.) */
-        if (t->ranks == 1) st = device_chunk_sumsq(t, k, chunks);
+        if (early_sums_on_device(t)) st = device_chunk_sumsq(t, k, chunks);
         if (!st) st = hand_over(t, k);
     }
     return st;
@@ -1196,7 +1201,7 @@ static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
 {
     td_grad_stats global = {0};
     for (int i = 0; i < chunks; i++) {
-        td_grad_stats part = { .sumsq = t->h_sumsq[chunk_on_gpu(t, i) || t->ov_early ? chunks + i : i] };
+        td_grad_stats part = { .sumsq = t->h_sumsq[chunk_on_gpu(t, i) || early_sums_on_device(t) ? chunks + i : i] };
         td_grad_stats_merge(&global, &part);
     }
     return global;
@@ -1288,8 +1293,8 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     /* The GPU chunks' sumsq first: the device works on them while the CPU
      * reads the host chunks' grads.  (Updates handed over in the backward
      * had their sums taken there, into the same buffers: kept.) */
-    if (t->gpu_opt && !on_cuda(t) && !t->ov_early) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
-    if (t->gpu_opt && on_cuda(t) && !t->ov_early) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
+    if (t->gpu_opt && !on_cuda(t) && !early_sums_on_device(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
+    if (t->gpu_opt && on_cuda(t) && !early_sums_on_device(t)) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
     for (int i = 0; i < chunks; i++)
         if (chunk_on_gpu(t, i)) TD_TRY(device_chunk_sumsq(t, i, chunks));
     if (op->max_grad_norm <= 0 && op->scaler.kind == TD_LOSS_SCALE_NONE) {
