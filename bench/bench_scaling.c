@@ -13,6 +13,7 @@
  * when given (a temporary directory otherwise, removed at the end). */
 #include "../cli/args.h"
 #include "../cli/cli.h"
+#include "tidal/alloc.h"
 #include "tidal/util.h"
 
 #include <cjson/cJSON.h>
@@ -132,7 +133,7 @@ static int train(const char *exe, int argc, char **argv, char **extra, const cha
 {
     int n_extra = 0;
     while (extra[n_extra]) n_extra++;
-    char **args = calloc((size_t)(argc + n_extra + 3), sizeof *args);
+    char **args = td_calloc((size_t)(argc + n_extra + 3), sizeof *args, TD_ROLE_META);
     if (!args) return 1;
     int k = 0;
     args[k++] = (char *)exe;
@@ -143,7 +144,7 @@ static int train(const char *exe, int argc, char **argv, char **extra, const cha
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) {
-        free(args);
+        td_free(args);
         return 1;
     }
     if (pid == 0) {
@@ -152,7 +153,7 @@ static int train(const char *exe, int argc, char **argv, char **extra, const cha
         execv(exe, args);
         _exit(127);
     }
-    free(args);
+    td_free(args);
     int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return 1;
