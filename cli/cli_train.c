@@ -76,8 +76,8 @@ static const char usage[] =
     {"adam-thread", TD_OPT_STRING, &(o)->adam_thread, "M", "the CPU AdamW on a thread of its own, beside the GPU's backward and the\nnext forward: on, off or auto (default: on with the cuda backend);\nthe same results either way", 0}, \
     {"log", TD_OPT_STRING, &(o)->log, "FILE", "JSON lines, one per step", 0},                                 \
     {"log-every", TD_OPT_INT, &(o)->log_every, "N", "progress line every N steps when not on a terminal (default 10)", 0}, \
-    {"trace-out", TD_OPT_STRING, &(o)->trace_out, "FILE", "write the warm-up's chunk access trace (tidal-trace 1)", 0}, \
-    {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies and compute (slower)", 0}, \
+    {"trace-out", TD_OPT_STRING, &(o)->trace_out, "FILE", "write the warm-up's chunk access trace (tidal-trace 1; ranks: as\n--trace-timeline)", 0}, \
+    {"trace-timeline", TD_OPT_STRING, &(o)->timeline, "FILE", "Chrome/Perfetto timeline of copies, compute and the CPU AdamW\n(slower); several ranks write FILE's name with .rankR before its extension", 0}, \
     {"save", TD_OPT_STRING, &(o)->save, "DIR", "write a checkpoint there at the end (Hugging Face weights + train state)", 0}, \
     {"save-shard-size", TD_OPT_SIZE, &(o)->shard_size, "SIZE", "weights above SIZE are saved as Hugging Face shards with\nmodel.safetensors.index.json (default 5GB, as save_pretrained)", 0}, \
     {"save-every", TD_OPT_LONG, &(o)->save_every, "N", "also every N steps (atomic: the previous one stays until the new one is complete)", 0}, \
@@ -302,6 +302,18 @@ static void progress(FILE *f, int tty, long step, long steps, const td_step_resu
     fflush(f);
 }
 
+/* A file each rank writes for itself: with several ranks, "rankR" goes
+ * before the name's extension (timeline.json -> timeline.rank1.json), so
+ * that ranks never write one file. */
+static const char *rank_path(const char *path, const td_dist_env *env, char *buf, size_t n)
+{
+    if (env->size <= 1) return path;
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (!dot || (slash && dot < slash) || dot == (slash ? slash + 1 : path)) dot = path + strlen(path);
+    snprintf(buf, n, "%.*s.rank%d%s", (int)(dot - path), path, env->rank, dot);
+    return buf;
+}
+
 /* One option's value as text (a --config file's form), for agreement across ranks. */
 static void opt_value(const td_opt *t, char *v, size_t n)
 {
@@ -434,6 +446,9 @@ int td_cli_train_main(int argc, char **argv)
         return 2;
     }
     int lead = env.rank == 0; /* rank 0 alone prints progress and writes --log */
+    static char trace_path[4096], timeline_path[4096]; /* several ranks: a file each */
+    if (o.trace_out) o.trace_out = rank_path(o.trace_out, &env, trace_path, sizeof trace_path);
+    if (o.timeline) o.timeline = rank_path(o.timeline, &env, timeline_path, sizeof timeline_path);
     if (!o.data) {
         fprintf(stderr, "tidal train: --data FILE is required (make one with `tidal prepare`)\n");
         td_args_free();
@@ -580,9 +595,11 @@ int td_cli_train_main(int argc, char **argv)
             td_host_usage_json(&hu, host, sizeof host);
             fprintf(log, "{\"step\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"skipped\":%d,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"device_peak_bytes\":%zu,\"h2d_bytes\":%llu,"
-                         "\"d2h_bytes\":%llu,\"stall_ms\":%.3f,\"memmgr\":%s,\"host\":%s}\n",
+                         "\"d2h_bytes\":%llu,\"stall_ms\":%.3f,\"adam_cpu_ms\":%.3f,\"adam_wait_ms\":%.3f,"
+                         "\"memmgr\":%s,\"host\":%s}\n",
                     s, r.loss, r.lr, r.grad_norm, r.skipped, r.tokens_per_s, r.step_ms, r.mm.device_peak_bytes,
-                    (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms, mm, host);
+                    (unsigned long long)r.mm.bytes_h2d, (unsigned long long)r.mm.bytes_d2h, r.mm.stall_ms,
+                    r.adam_cpu_ms, r.adam_wait_ms, mm, host);
             fflush(log);
         }
         int stopping = 0;

@@ -77,6 +77,8 @@ typedef struct mm_timeline {
     int base;            /* event at the step's start */
     double t0_ms, step_offset_ms;
     uint64_t dropped;
+    char host_tracks[TD_TIMELINE_HOST_TRACKS][32]; /* tids 3, 4, ...: named on first use */
+    int n_host_tracks;
     int wrote_any;
 } mm_timeline;
 

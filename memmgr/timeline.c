@@ -117,6 +117,26 @@ td_status td_memmgr_timeline_range(td_memmgr *m, const char *name, int begin)
     return td_event_record(m->backend, tl->events[e], TD_QUEUE_COMPUTE);
 }
 
+td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, const char *name, double t0_ms, double t1_ms)
+{
+    mm_timeline *tl = m->tl;
+    if (!tl) return TD_OK;
+    int tid = 0;
+    while (tid < tl->n_host_tracks && strcmp(tl->host_tracks[tid], track)) tid++;
+    if (tid == tl->n_host_tracks) {
+        if (tid == TD_TIMELINE_HOST_TRACKS)
+            return td_error_set(TD_ERR_INVALID, "timeline: more than %d host tracks ('%s')", TD_TIMELINE_HOST_TRACKS,
+                                track);
+        snprintf(tl->host_tracks[tid], sizeof tl->host_tracks[tid], "%s", track);
+        tl->n_host_tracks++;
+        fprintf(tl->f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                3 + tid, tl->host_tracks[tid]);
+    }
+    fprintf(tl->f, ",\n{\"name\":\"%s\",\"cat\":\"host\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+            name, 3 + tid, (t0_ms - tl->t0_ms) * 1e3, t1_ms > t0_ms ? (t1_ms - t0_ms) * 1e3 : 0);
+    return TD_OK;
+}
+
 td_status mm_tl_step_begin(td_memmgr *m)
 {
     mm_timeline *tl = m->tl;

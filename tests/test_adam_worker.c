@@ -4,6 +4,7 @@
  * handed over twice before it is waited for; destroy drops what is queued. */
 #include "td_test.h"
 #include "../trainer/adam_worker.h"
+#include "tidal/util.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -121,6 +122,32 @@ static void test_misuse_is_refused(void **state)
     td_adam_worker_destroy(w);
 }
 
+/* A job's times: submitted <= started <= ended, its run as long as the job
+ * (20 ms of sleep), the wait as long as it blocked; a job the wait found
+ * done did not block; one never handed over has no times. */
+static void test_job_times(void **state)
+{
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .sleep_us = 20000, .gate_k = -1 };
+    td_adam_worker *w;
+    TD_ASSERT_OK(td_adam_worker_create(3, job, NULL, &c, &w));
+    double t0 = td_now_ms();
+    TD_ASSERT_OK(td_adam_worker_submit(w, 0));
+    TD_ASSERT_OK(td_adam_worker_submit(w, 1));
+    td_adam_job_times a, b, none;
+    TD_ASSERT_OK(td_adam_worker_wait_timed(w, 0, &a));
+    double t1 = td_now_ms();
+    assert_true(a.submitted_ms >= t0 && a.submitted_ms <= a.started_ms && a.started_ms < a.ended_ms);
+    assert_true(a.ended_ms - a.started_ms >= 19.0);
+    assert_true(a.waited_ms >= 15.0 && a.waited_ms <= t1 - t0 + 0.01);
+    while (!td_adam_worker_finished(w, 1)) usleep(1000);
+    TD_ASSERT_OK(td_adam_worker_wait_timed(w, 1, &b));
+    assert_true(b.started_ms >= a.ended_ms && b.ended_ms - b.started_ms >= 19.0);
+    assert_true(b.waited_ms == 0.0); /* it was done: nothing blocked */
+    TD_ASSERT_OK(td_adam_worker_wait_timed(w, 2, &none));
+    assert_true(none.submitted_ms == 0.0 && none.started_ms == 0.0 && none.ended_ms == 0.0 && none.waited_ms == 0.0);
+    td_adam_worker_destroy(w);
+}
+
 /* Destroy with jobs queued: the running one finishes, the rest are dropped. */
 static void test_destroy_drops_the_queue(void **state)
 {
@@ -141,6 +168,7 @@ int main(void)
         cmocka_unit_test(test_jobs_run_lowest_first_on_another_thread),
         cmocka_unit_test(test_failure_reaches_the_waiter),
         cmocka_unit_test(test_misuse_is_refused),
+        cmocka_unit_test(test_job_times),
         cmocka_unit_test(test_destroy_drops_the_queue),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

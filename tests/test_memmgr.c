@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -811,6 +812,8 @@ static void test_step_json_and_timeline(void **state)
             TD_ASSERT_OK(td_memmgr_release(r.m, &id[i], 1, TD_TENSOR_HOLD));
             TD_ASSERT_OK(td_memmgr_timeline_range(r.m, NULL, 0));
         }
+        double now = td_now_ms(); /* host work: 2 ms of "AdamW" ending now */
+        TD_ASSERT_OK(td_memmgr_timeline_host(r.m, "CPU AdamW", "AdamW chunk 1", now - 2.0, now));
         TD_ASSERT_OK(td_memmgr_step_end(r.m));
         td_memmgr_step_json(r.m, json, sizeof json);
         cJSON *o = cJSON_Parse(json);
@@ -826,6 +829,12 @@ static void test_step_json_and_timeline(void **state)
         assert_true(cJSON_GetObjectItem(peak, "chunks")->valuedouble <= 3 * 16384);
         cJSON_Delete(o);
     }
+    for (int i = 1; i < TD_TIMELINE_HOST_TRACKS; i++) {
+        char track[16];
+        snprintf(track, sizeof track, "track %d", i);
+        TD_ASSERT_OK(td_memmgr_timeline_host(r.m, track, "x", 0, 0));
+    }
+    assert_int_equal(td_memmgr_timeline_host(r.m, "one too many", "x", 0, 0), TD_ERR_INVALID);
     rig_close(&r); /* closes the timeline */
     FILE *f = fopen(path, "r");
     assert_non_null(f);
@@ -836,7 +845,8 @@ static void test_step_json_and_timeline(void **state)
     cJSON *doc = cJSON_Parse(text);
     assert_non_null(doc);
     cJSON *events = cJSON_GetObjectItem(doc, "traceEvents");
-    int loads = 0, ranges = 0, counters = 0, writebacks = 0;
+    int loads = 0, ranges = 0, counters = 0, writebacks = 0, host = 0, host_named = 0;
+    double block_end[12], host_end[3];
     cJSON *ev;
     cJSON_ArrayForEach(ev, events) {
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
@@ -847,8 +857,25 @@ static void test_step_json_and_timeline(void **state)
         if (!strcmp(name, "block") && !strcmp(ph, "X")) ranges++;
         if (!strcmp(ph, "C")) counters++;
         if (!strcmp(ph, "X")) assert_true(cJSON_GetObjectItem(ev, "dur")->valuedouble >= 0);
+        int tid = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "tid"));
+        if (!strcmp(name, "thread_name") && tid == 3)
+            host_named += !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(ev, "args"), "name")),
+                                  "CPU AdamW");
+        double end = cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "ts")) +
+                     cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur"));
+        if (!strcmp(name, "block") && !strcmp(ph, "X") && ranges <= 12) block_end[ranges - 1] = end;
+        if (!strcmp(name, "AdamW chunk 1")) { /* on the host's track, 2 ms */
+            assert_int_equal(tid, 3);
+            assert_true(fabs(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) - 2000.0) < 1.0);
+            if (host < 3) host_end[host] = end;
+            host++;
+        }
     }
     cJSON_Delete(doc);
+    assert_int_equal(host, 3);
+    for (int i = 0; i < 3; i++) /* one clock: each ends after its step's last block, before the next's first */
+        assert_true(host_end[i] >= block_end[4 * i + 3] - 1.0 && (i == 2 || host_end[i] <= block_end[4 * i + 4]));
+    assert_int_equal(host_named, 1);
     assert_int_equal(ranges, 12);
     assert_true(loads >= 3 && writebacks >= 2 && counters == 12);
     unlink(path);

@@ -789,6 +789,39 @@ static void test_adam_thread_is_bit_identical(void **state)
     }
 }
 
+/* A step's CPU AdamW figures: with the optimizer on the host, each step
+ * after the first takes updates back and reports their CPU time (the first
+ * step's updates finish in the second's forward, without clipping); only
+ * the AdamW thread makes the driving thread wait; with every optimizer
+ * chunk on the device no CPU AdamW runs. */
+static void test_step_reports_cpu_adam_time(void **state)
+{
+    struct { int thread; td_placement pol; int cpu; } cases[] = {
+        {1, TD_PLACEMENT_CPU, 1}, {-1, TD_PLACEMENT_CPU, 1}, {1, TD_PLACEMENT_STATIC, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        td_train_config c = small_config();
+        c.optim.max_grad_norm = 0;
+        c.adam_thread = cases[i].thread;
+        c.mm.placement = cases[i].pol;
+        c.mm.offload_param_frac = 0;
+        c.mm.offload_optim_frac = 0; /* static: every optimizer chunk on the device */
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        td_test_batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
+        td_rng_seed(&b.rng, 7);
+        for (int s = 0; s < 3; s++) {
+            td_step_result r;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+            assert_true(r.adam_cpu_ms >= 0 && r.adam_wait_ms >= 0 && r.adam_wait_ms <= r.step_ms);
+            if (!cases[i].cpu || cases[i].thread < 0) assert_true(r.adam_wait_ms == 0.0);
+            if (!cases[i].cpu) assert_true(r.adam_cpu_ms == 0.0);
+            else if (s > 0 && r.adam_cpu_ms <= 0.0) fail_msg("case %zu step %d: no CPU AdamW time", i, s + 1);
+        }
+        td_trainer_destroy(t);
+    }
+}
+
 /* A step that fails after handing its chunks to the AdamW thread (non-finite
  * grads without clipping: the updates had begun) leaves nothing running
  * behind: td_trainer_finish_update takes every update back, after which
@@ -887,6 +920,7 @@ int main(void)
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_adam_thread_is_bit_identical),
         cmocka_unit_test(test_failed_step_drains_the_adam_thread),
+        cmocka_unit_test(test_step_reports_cpu_adam_time),
         cmocka_unit_test(test_resume_with_the_adam_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

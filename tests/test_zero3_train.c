@@ -15,6 +15,7 @@
 #include "td_ranks.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -142,8 +143,9 @@ static void test_no_clipping(void **state)
     (void)state;
     enum { N = 8 };
     double one[N], on[N], off[N];
-    const char *const mode[] = {"--micro-batch 6", "--micro-batch 3 --nproc 2 --adam-thread on",
-                                "--micro-batch 3 --nproc 2 --adam-thread off"};
+    char timeline[300];
+    snprintf(timeline, sizeof timeline, "--micro-batch 3 --nproc 2 --adam-thread on --trace-timeline %s/noclip.json", tmp);
+    const char *const mode[] = {"--micro-batch 6", timeline, "--micro-batch 3 --nproc 2 --adam-thread off"};
     double *const loss[] = {one, on, off};
     for (int c = 0; c < 3; c++) {
         char out[256], log[256], args[2048];
@@ -161,6 +163,20 @@ static void test_no_clipping(void **state)
     }
     td_proc_expect_close(one, on, N, 1e-5, "no clipping, 2 ranks, AdamW thread");
     if (memcmp(on, off, sizeof on)) fail_msg("no clipping, 2 ranks: the AdamW thread changed the losses");
+    for (int r = 0; r < 2; r++) { /* a timeline per rank (noclip.rankR.json), with its CPU AdamW slices */
+        char path[300];
+        snprintf(path, sizeof path, "%s/noclip.rank%d.json", tmp, r);
+        FILE *f = fopen(path, "r");
+        if (!f) fail_msg("no timeline %s", path);
+        static char text[1 << 22];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = '\0';
+        cJSON *doc = cJSON_Parse(text);
+        if (!doc) fail_msg("%s (%zu bytes): not JSON", path, n);
+        cJSON_Delete(doc);
+        assert_non_null(strstr(text, "\"AdamW chunk "));
+    }
 }
 
 /* `tidal bench scaling`: 2 ranks against one rank with twice the

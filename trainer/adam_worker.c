@@ -1,6 +1,7 @@
 /* The CPU AdamW's own thread (adam_worker.h). */
 #include "adam_worker.h"
 #include "tidal/alloc.h"
+#include "tidal/util.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@ struct td_adam_worker {
     unsigned char *state;           /* per job */
     td_status *status;
     char (*msg)[512];               /* a failed job's message */
+    td_adam_job_times *times;       /* per job: submitted, started, ended */
     td_status failed;               /* the first failure: later jobs are not run */
     int failed_k;
     int stop;
@@ -41,8 +43,12 @@ static void *worker_main(void *arg)
             w->state[k] = RUNNING;
             pthread_mutex_unlock(&w->lock);
             td_error_clear();
+            double t0 = td_now_ms();
             st = w->fn(w->ctx, k);
+            double t1 = td_now_ms();
             pthread_mutex_lock(&w->lock);
+            w->times[k].started_ms = t0;
+            w->times[k].ended_ms = t1;
             if (st) {
                 snprintf(w->msg[k], sizeof w->msg[k], "%s", td_error_msg());
                 w->failed = st;
@@ -80,10 +86,11 @@ td_status td_adam_worker_create(int slots, td_adam_job_fn fn, td_adam_drop_fn dr
     w->state = td_calloc((size_t)slots, sizeof *w->state, TD_ROLE_META);
     w->status = td_calloc((size_t)slots, sizeof *w->status, TD_ROLE_META);
     w->msg = td_calloc((size_t)slots, sizeof *w->msg, TD_ROLE_META);
+    w->times = td_calloc((size_t)slots, sizeof *w->times, TD_ROLE_META);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->work, NULL);
     pthread_cond_init(&w->done, NULL);
-    if (!w->state || !w->status || !w->msg) {
+    if (!w->state || !w->status || !w->msg || !w->times) {
         td_adam_worker_destroy(w);
         return TD_ERR_NOMEM;
     }
@@ -113,6 +120,7 @@ void td_adam_worker_destroy(td_adam_worker *w)
     td_free(w->state);
     td_free(w->status);
     td_free(w->msg);
+    td_free(w->times);
     td_free(w);
 }
 
@@ -133,27 +141,37 @@ td_status td_adam_worker_submit(td_adam_worker *w, int k)
         return td_error_set(TD_ERR_STATE, "AdamW worker: chunk %d handed over again before it was waited for", k);
     }
     w->state[k] = QUEUED;
+    w->times[k] = (td_adam_job_times){ .submitted_ms = td_now_ms() };
     w->count++;
     pthread_cond_signal(&w->work);
     pthread_mutex_unlock(&w->lock);
     return TD_OK;
 }
 
-td_status td_adam_worker_wait(td_adam_worker *w, int k)
+td_status td_adam_worker_wait_timed(td_adam_worker *w, int k, td_adam_job_times *times)
 {
+    if (times) *times = (td_adam_job_times){0};
     td_status st = check_k(w, k, "wait for");
     if (st) return st;
     char msg[512] = "";
+    double t0 = td_now_ms();
     pthread_mutex_lock(&w->lock);
+    int blocked = w->state[k] == QUEUED || w->state[k] == RUNNING;
     while (w->state[k] == QUEUED || w->state[k] == RUNNING) pthread_cond_wait(&w->done, &w->lock);
     if (w->state[k] == DONE) {
         st = w->status[k];
         if (st) memcpy(msg, w->msg[k], sizeof msg);
         w->state[k] = IDLE;
+        if (times) {
+            *times = w->times[k];
+            if (blocked) times->waited_ms = td_now_ms() - t0;
+        }
     }
     pthread_mutex_unlock(&w->lock);
     return st ? td_error_set(st, "%s", msg) : TD_OK;
 }
+
+td_status td_adam_worker_wait(td_adam_worker *w, int k) { return td_adam_worker_wait_timed(w, k, NULL); }
 
 static int state_of(td_adam_worker *w, int k)
 {

@@ -34,6 +34,14 @@ td_status td_adam_worker_submit(td_adam_worker *w, int k);
 /* Until job k has run; its status (TD_OK for a job never submitted).  The
  * job is then forgotten: k may be submitted again. */
 td_status td_adam_worker_wait(td_adam_worker *w, int k);
+/* When job k ran and how long its wait blocked, on td_now_ms's clock (all
+ * 0 for a job never submitted, or one not run after a failure). */
+typedef struct td_adam_job_times {
+    double submitted_ms, started_ms, ended_ms; /* started == ended: not run */
+    double waited_ms;                          /* the waiting thread blocked this long */
+} td_adam_job_times;
+/* td_adam_worker_wait, with job k's times into *times. */
+td_status td_adam_worker_wait_timed(td_adam_worker *w, int k, td_adam_job_times *times);
 /* Whether job k was handed over and not yet waited for. */
 int td_adam_worker_pending(td_adam_worker *w, int k);
 /* Whether job k has run (a wait would not block). */

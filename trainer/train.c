@@ -1090,6 +1090,14 @@ cleanup:
     return st;
 }
 
+/* Param chunk k's CPU AdamW on the timeline's track `track`. */
+static td_status timeline_adam(td_trainer *t, int k, const char *track, double t0_ms, double t1_ms)
+{
+    char name[32];
+    snprintf(name, sizeof name, "AdamW chunk %d", k);
+    return td_memmgr_timeline_host(t->mm, track, name, t0_ms, t1_ms);
+}
+
 /* AdamW of param chunk k (this rank's shard of it) on the host copies, on
  * the driving thread, with coefficients c; `stats`: the grads' sumsq into
  * h_sumsq[k] first. */
@@ -1098,7 +1106,13 @@ static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int 
     td_adam_job j;
     int has;
     td_status st = job_make(t, k, c, stats, &j, &has);
+    double t0 = td_now_ms();
     if (!st && has) st = job_run(t, k, &j, t->adam_main);
+    if (!st && has) {
+        double t1 = td_now_ms();
+        t->adam_cpu_ms += t1 - t0;
+        st = timeline_adam(t, k, "CPU AdamW (driving thread)", t0, t1);
+    }
     if (!st && has) st = job_record(t, k);
     return st;
 }
@@ -1136,8 +1150,20 @@ static td_status hand_over(td_trainer *t, int k)
 static td_status take_back(td_trainer *t, int k)
 {
     int handed = td_adam_worker_pending(t->worker, k);
-    td_status st = td_adam_worker_wait(t->worker, k);
-    return st || !handed ? st : job_record(t, k); /* not handed: nothing of it is this rank's */
+    td_adam_job_times tm;
+    td_status st = td_adam_worker_wait_timed(t->worker, k, &tm);
+    if (st || !handed) return st; /* not handed: nothing of it is this rank's */
+    t->adam_cpu_ms += tm.ended_ms - tm.started_ms;
+    t->adam_wait_ms += tm.waited_ms;
+    TD_TRY(timeline_adam(t, k, "CPU AdamW", tm.started_ms, tm.ended_ms));
+    if (tm.waited_ms > 0) {
+        char name[48];
+        snprintf(name, sizeof name, "wait for chunk %d's AdamW", k);
+        TD_TRY(td_memmgr_timeline_host(t->mm, "driving thread", name, tm.ended_ms - tm.waited_ms, tm.ended_ms));
+    }
+    st = job_record(t, k);
+cleanup:
+    return st;
 }
 
 /* Every update the AdamW thread holds, taken back. */
@@ -1385,6 +1411,7 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
     size_t targets = 0, N = N_of(t);
     double loss_sum = 0;
     memset(out, 0, sizeof *out);
+    t->adam_cpu_ms = t->adam_wait_ms = 0;
     t->ov_early = 0; /* set by this step's hand-over, if it hands over in the backward */
     TD_TRY(td_memmgr_step_begin(t->mm));
     /* dloss: the mean over every target of the step, so micro-batches add up.
@@ -1423,6 +1450,8 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
     out->grad_norm = os.grad_norm;
     out->skipped = os.skip;
     out->step_ms = td_now_ms() - t0;
+    out->adam_cpu_ms = t->adam_cpu_ms;
+    out->adam_wait_ms = t->adam_wait_ms;
     out->tokens_per_s = (double)N * accum * t->ranks / (out->step_ms * 1e-3); /* every rank's */
     td_memmgr_get_stats(t->mm, &out->mm);
 cleanup:

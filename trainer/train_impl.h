@@ -102,6 +102,7 @@ struct td_trainer {
     int ov_early;                      /* this step's chunks went over in its backward: their grad sums
                                           were taken on the device (h_sumsq[chunks + k]), and the
                                           next forward takes their updates back (catch_up) */
+    double adam_cpu_ms, adam_wait_ms;  /* this step's: CPU AdamW run, and the driving thread's wait for it */
 };
 
 /* Param chunk k's host update as the AdamW thread runs it: the host copies

@@ -127,6 +127,11 @@ typedef struct td_step_result {
     double lr, grad_norm;
     int skipped;                  /* overflow: no update */
     double step_ms, tokens_per_s;
+    /* The CPU AdamW of the chunks whose updates this step took (on the
+     * AdamW thread, or run on the driving thread), and how long the driving
+     * thread waited for the AdamW thread: the CPU AdamW the GPU work did
+     * not hide. */
+    double adam_cpu_ms, adam_wait_ms;
     td_memmgr_stats mm;           /* the run's totals so far */
 } td_step_result;
 
