@@ -18,6 +18,7 @@ typedef struct {
     int dropped[16], n_dropped;
     int sleep_us;
     int gate_k, gate_open; /* job gate_k waits until gate_open (-1: no gate) */
+    int ready[16];         /* with a ready callback: whose inputs are in */
 } log_ctx;
 
 static td_status job(void *ctx, int k)
@@ -122,6 +123,48 @@ static void test_misuse_is_refused(void **state)
     td_adam_worker_destroy(w);
 }
 
+static int is_ready(void *ctx, int k)
+{
+    log_ctx *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    int r = c->ready[k];
+    pthread_mutex_unlock(&c->lock);
+    return r;
+}
+
+/* With a ready callback: the lowest index among the jobs whose inputs are
+ * in runs first; while none is, the one handed over first (its copy was
+ * queued first). */
+static void test_ready_jobs_run_first(void **state)
+{
+    log_ctx c = { .lock = PTHREAD_MUTEX_INITIALIZER, .fail_at = -1, .gate_k = 9 };
+    td_adam_worker *w;
+    TD_ASSERT_OK(td_adam_worker_create(12, job, dropped, &c, &w));
+    td_adam_worker_set_ready(w, is_ready);
+    c.ready[9] = 1;
+    TD_ASSERT_OK(td_adam_worker_submit(w, 9)); /* runs at once, held at its gate */
+    for (;;) {
+        pthread_mutex_lock(&c.lock);
+        int n = c.n;
+        pthread_mutex_unlock(&c.lock);
+        if (n) break;
+        usleep(1000);
+    }
+    /* handed over in this order; 6 and 4 ready, 1, 2, 7 not (yet) */
+    int handed[] = {7, 2, 6, 1, 4};
+    c.ready[6] = c.ready[4] = 1;
+    for (int i = 0; i < 5; i++) TD_ASSERT_OK(td_adam_worker_submit(w, handed[i]));
+    pthread_mutex_lock(&c.lock);
+    c.gate_open = 1;
+    pthread_mutex_unlock(&c.lock);
+    for (int i = 0; i < 5; i++) TD_ASSERT_OK(td_adam_worker_wait(w, handed[i]));
+    int want[] = {9, 4, 6, 7, 2, 1}; /* the ready ones by index, then the rest as handed over */
+    assert_int_equal(c.n, 6);
+    for (int i = 0; i < 6; i++)
+        if (c.order[i] != want[i]) fail_msg("job %d ran %d-th, %d expected", c.order[i], i + 1, want[i]);
+    td_adam_worker_destroy(w);
+}
+
 /* A job's times: submitted <= started <= ended, its run as long as the job
  * (20 ms of sleep), the wait as long as it blocked; a job the wait found
  * done did not block; one never handed over has no times. */
@@ -169,6 +212,7 @@ int main(void)
         cmocka_unit_test(test_failure_reaches_the_waiter),
         cmocka_unit_test(test_misuse_is_refused),
         cmocka_unit_test(test_job_times),
+        cmocka_unit_test(test_ready_jobs_run_first),
         cmocka_unit_test(test_destroy_drops_the_queue),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -4,6 +4,7 @@
 #include "tidal/util.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@ enum { IDLE, QUEUED, RUNNING, DONE };
 struct td_adam_worker {
     td_adam_job_fn fn;
     td_adam_drop_fn drop;
+    td_adam_ready_fn ready;
     void *ctx;
     int slots;
     pthread_t thread;
@@ -23,10 +25,25 @@ struct td_adam_worker {
     td_status *status;
     char (*msg)[512];               /* a failed job's message */
     td_adam_job_times *times;       /* per job: submitted, started, ended */
+    uint64_t *order, submits;       /* per job: its submit's sequence number */
     td_status failed;               /* the first failure: later jobs are not run */
     int failed_k;
     int stop;
 };
+
+/* The job to run next (w->lock held, w->count > 0): the lowest index
+ * waiting (the chunk the next forward needs first) among those whose inputs
+ * are in; while none is, the one handed over first. */
+static int pick(td_adam_worker *w)
+{
+    int first = -1;
+    for (int k = 0; k < w->slots; k++) {
+        if (w->state[k] != QUEUED) continue;
+        if (!w->ready || w->ready(w->ctx, k)) return k;
+        if (first < 0 || w->order[k] < w->order[first]) first = k;
+    }
+    return first;
+}
 
 static void *worker_main(void *arg)
 {
@@ -35,8 +52,7 @@ static void *worker_main(void *arg)
     for (;;) {
         while (!w->count && !w->stop) pthread_cond_wait(&w->work, &w->lock);
         if (w->stop) break;
-        int k = 0; /* the lowest index waiting: the chunk the next forward needs first */
-        while (w->state[k] != QUEUED) k++;
+        int k = pick(w);
         w->count--;
         td_status st = w->failed;
         if (!st) {
@@ -87,10 +103,11 @@ td_status td_adam_worker_create(int slots, td_adam_job_fn fn, td_adam_drop_fn dr
     w->status = td_calloc((size_t)slots, sizeof *w->status, TD_ROLE_META);
     w->msg = td_calloc((size_t)slots, sizeof *w->msg, TD_ROLE_META);
     w->times = td_calloc((size_t)slots, sizeof *w->times, TD_ROLE_META);
+    w->order = td_calloc((size_t)slots, sizeof *w->order, TD_ROLE_META);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->work, NULL);
     pthread_cond_init(&w->done, NULL);
-    if (!w->state || !w->status || !w->msg || !w->times) {
+    if (!w->state || !w->status || !w->msg || !w->times || !w->order) {
         td_adam_worker_destroy(w);
         return TD_ERR_NOMEM;
     }
@@ -121,7 +138,15 @@ void td_adam_worker_destroy(td_adam_worker *w)
     td_free(w->status);
     td_free(w->msg);
     td_free(w->times);
+    td_free(w->order);
     td_free(w);
+}
+
+void td_adam_worker_set_ready(td_adam_worker *w, td_adam_ready_fn ready)
+{
+    pthread_mutex_lock(&w->lock);
+    w->ready = ready;
+    pthread_mutex_unlock(&w->lock);
 }
 
 static td_status check_k(const td_adam_worker *w, int k, const char *what)
@@ -142,6 +167,7 @@ td_status td_adam_worker_submit(td_adam_worker *w, int k)
     }
     w->state[k] = QUEUED;
     w->times[k] = (td_adam_job_times){ .submitted_ms = td_now_ms() };
+    w->order[k] = ++w->submits;
     w->count++;
     pthread_cond_signal(&w->work);
     pthread_mutex_unlock(&w->lock);

@@ -29,6 +29,13 @@ typedef void (*td_adam_drop_fn)(void *ctx, int k);
 td_status td_adam_worker_create(int slots, td_adam_job_fn fn, td_adam_drop_fn drop, void *ctx, td_adam_worker **out);
 /* Lets the job running finish, drops the ones queued, joins the thread. */
 void td_adam_worker_destroy(td_adam_worker *w);
+/* Whether job k's inputs are in (non-blocking; called on the worker's
+ * thread).  With one set, the worker runs the lowest-index job that is
+ * ready and, while none is, the one handed over first (its inputs, queued
+ * first, land first): it never sits waiting on one job's copy while
+ * another's has landed.  Set it before the first submit. */
+typedef int (*td_adam_ready_fn)(void *ctx, int k);
+void td_adam_worker_set_ready(td_adam_worker *w, td_adam_ready_fn ready);
 /* Queues job k; TD_ERR_STATE if it is queued or done and not yet waited for. */
 td_status td_adam_worker_submit(td_adam_worker *w, int k);
 /* Until job k has run; its status (TD_OK for a job never submitted).  The

@@ -30,6 +30,7 @@
 
 static td_status setup_optimizer(td_trainer *t);
 static td_status adam_job(void *ctx, int k);
+static int adam_ready(void *ctx, int k);
 static void adam_drop(void *ctx, int k);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
@@ -294,6 +295,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         t->ov_left = td_calloc((size_t)chunks, sizeof *t->ov_left, TD_ROLE_META);
         if (!t->jobs || !t->ov_left) TD_FAIL(TD_ERR_NOMEM, "out of memory for the AdamW thread's %d jobs", chunks);
         TD_TRY(td_adam_worker_create(chunks, adam_job, adam_drop, t, &t->worker));
+        td_adam_worker_set_ready(t->worker, adam_ready);
         /* The core past the AdamW team's (it binds thread i to core i) drives the GPU. */
         if (ap.threads < td_topo_local_cores(t->topo)) t->main_core = ap.threads;
     }
@@ -1058,11 +1060,12 @@ cleanup:
 /* Runs job k on the team `cpu`: once its grads (and a write-back into its
  * params' host copy) have landed, the grads' sumsq into h_sumsq[k] when
  * asked, then AdamW (its no-decay list the chunk's, or the shard's: decay.c). */
-static td_status job_run(td_trainer *t, int k, const td_adam_job *j, td_adam_cpu *cpu)
+static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
 {
     td_status st = TD_OK;
     TD_TRY(td_copy_wait(t->engine, &j->grads));
     TD_TRY(td_copy_wait(t->engine, &j->params));
+    j->landed_ms = td_now_ms();
     if (j->stats) {
         td_grad_stats s = {0};
         TD_TRY(td_adam_cpu_grad_stats(cpu, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
@@ -1126,6 +1129,16 @@ static td_status adam_job(void *ctx, int k)
     return st;
 }
 
+/* On the AdamW thread: whether job k's grads (and the write-back into its
+ * params' host copy) have landed, so that its run will not wait. */
+static int adam_ready(void *ctx, int k)
+{
+    td_trainer *t = ctx;
+    int grads = 0, params = 0;
+    return td_copy_done(t->engine, &t->jobs[k].grads, &grads) == TD_OK && grads &&
+           td_copy_done(t->engine, &t->jobs[k].params, &params) == TD_OK && params;
+}
+
 /* On the AdamW thread: job k done with (run, failed or not run): a
  * transient grad chunk's slot goes back, for the write-back waiting on it. */
 static void adam_drop(void *ctx, int k)
@@ -1153,9 +1166,17 @@ static td_status take_back(td_trainer *t, int k)
     td_adam_job_times tm;
     td_status st = td_adam_worker_wait_timed(t->worker, k, &tm);
     if (st || !handed) return st; /* not handed: nothing of it is this rank's */
-    t->adam_cpu_ms += tm.ended_ms - tm.started_ms;
+    if (tm.ended_ms <= tm.started_ms) return job_record(t, k);
+    /* the run, from its grads' landing (before: the job waited for their write-back) */
+    double ran_from = t->jobs[k].landed_ms > tm.started_ms ? t->jobs[k].landed_ms : tm.started_ms;
+    t->adam_cpu_ms += tm.ended_ms - ran_from;
     t->adam_wait_ms += tm.waited_ms;
-    TD_TRY(timeline_adam(t, k, "CPU AdamW", tm.started_ms, tm.ended_ms));
+    if (ran_from > tm.started_ms) {
+        char name[48];
+        snprintf(name, sizeof name, "chunk %d's grads landing", k);
+        TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", name, tm.started_ms, ran_from));
+    }
+    TD_TRY(timeline_adam(t, k, "CPU AdamW", ran_from, tm.ended_ms));
     if (tm.waited_ms > 0) {
         char name[48];
         snprintf(name, sizeof name, "wait for chunk %d's AdamW", k);

@@ -116,6 +116,7 @@ typedef struct td_adam_job {
     const td_adam_coeffs *c;
     int stats;
     int consumes;     /* the grads are transient: their staging slot is freed after */
+    double landed_ms; /* when its run found the grads and params landed (td_now_ms) */
 } td_adam_job;
 
 /* Whether the host's AdamW runs on a thread of its own: cfg.adam_thread on,
