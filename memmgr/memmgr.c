@@ -146,6 +146,7 @@ static td_status host_of(td_memmgr *m, mm_chunk *ch, int take)
 {
     if (!ch->transient) return TD_OK;
     int c = (int)(ch - m->chunks);
+    double t0 = 0;
     pthread_mutex_lock(&m->gslot_lock);
     if (ch->gslot >= 0 && (m->gslots[ch->gslot].owner != c || m->gslots[ch->gslot].state == MM_GSLOT_FREE)) {
         ch->gslot = -1;
@@ -174,9 +175,18 @@ static td_status host_of(td_memmgr *m, mm_chunk *ch, int take)
                                 "consumed as they arrive: no gradient accumulation, no global norm first)",
                                 c, m->n_gslots);
         }
+        if (!t0) t0 = td_now_ms();
         pthread_cond_wait(&m->gslot_freed, &m->gslot_lock);
     }
     pthread_mutex_unlock(&m->gslot_lock);
+    if (t0) { /* take: the driving thread's write-back waited for a consumer */
+        double t1 = td_now_ms();
+        m->stats.slot_wait_ms += t1 - t0;
+        char name[48];
+        snprintf(name, sizeof name, "grad chunk %d waits for a staging slot", c);
+        td_status st = td_memmgr_timeline_host(m, "driving thread", name, t0, t1);
+        if (st) return st;
+    }
     if (!ch->host)
         return td_error_set(TD_ERR_STATE, "memmgr: the host copy of grad chunk %d ('%s', ...) was consumed; it has "
                             "none until its next write-back", c, m->tensors[ch->tensors[0]].name);
@@ -876,6 +886,7 @@ td_status td_memmgr_step_end(td_memmgr *m)
     m->last_step.demand_loads -= m->step_start.demand_loads;
     m->last_step.stalls -= m->step_start.stalls;
     m->last_step.stall_ms -= m->step_start.stall_ms;
+    m->last_step.slot_wait_ms -= m->step_start.slot_wait_ms;
     m->last_step.accesses -= m->step_start.accesses;
     td_arena_stats as;
     td_arena_get_stats(m->arena, &as);
@@ -1252,12 +1263,13 @@ size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes)
     int n = snprintf(buf, buf_bytes,
                      "{\"step\":%llu,\"accesses\":%llu,\"loads\":%llu,\"evictions\":%llu,\"writebacks\":%llu,"
                      "\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"prefetches\":%llu,\"demand_loads\":%llu,"
-                     "\"stalls\":%llu,\"stall_ms\":%.3f,\"prefetch_window\":%d,\"device_peak_bytes\":%zu,\"peak_bytes\":{",
+                     "\"stalls\":%llu,\"stall_ms\":%.3f,\"slot_wait_ms\":%.3f,\"prefetch_window\":%d,\"device_peak_bytes\":%zu,\"peak_bytes\":{",
                      (unsigned long long)(m->step ? m->step - 1 : 0), (unsigned long long)s->accesses,
                      (unsigned long long)s->loads, (unsigned long long)s->evictions, (unsigned long long)s->writebacks,
                      (unsigned long long)s->bytes_h2d, (unsigned long long)s->bytes_d2h,
                      (unsigned long long)s->prefetches, (unsigned long long)s->demand_loads,
-                     (unsigned long long)s->stalls, s->stall_ms, m->prefetch_window, m->last_step_peak_total);
+                     (unsigned long long)s->stalls, s->stall_ms, s->slot_wait_ms, m->prefetch_window,
+                     m->last_step_peak_total);
     for (int r = 0; r < TD_ROLE_COUNT && n > 0 && (size_t)n < buf_bytes; r++)
         n += snprintf(buf + n, buf_bytes - (size_t)n, "%s\"%s\":%zu", r ? "," : "", td_role_name((td_role)r),
                       m->last_step_peak[r]);

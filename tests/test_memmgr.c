@@ -846,7 +846,7 @@ static void test_step_json_and_timeline(void **state)
     assert_non_null(doc);
     cJSON *events = cJSON_GetObjectItem(doc, "traceEvents");
     int loads = 0, ranges = 0, counters = 0, writebacks = 0, host = 0, host_named = 0;
-    double block_end[12], host_end[3];
+    double block_start[12], host_end[3];
     cJSON *ev;
     cJSON_ArrayForEach(ev, events) {
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
@@ -863,7 +863,8 @@ static void test_step_json_and_timeline(void **state)
                                   "CPU AdamW");
         double end = cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "ts")) +
                      cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur"));
-        if (!strcmp(name, "block") && !strcmp(ph, "X") && ranges <= 12) block_end[ranges - 1] = end;
+        if (!strcmp(name, "block") && !strcmp(ph, "X") && ranges <= 12)
+            block_start[ranges - 1] = cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "ts"));
         if (!strcmp(name, "AdamW chunk 1")) { /* on the host's track, 2 ms */
             assert_int_equal(tid, 3);
             assert_true(fabs(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) - 2000.0) < 1.0);
@@ -873,8 +874,10 @@ static void test_step_json_and_timeline(void **state)
     }
     cJSON_Delete(doc);
     assert_int_equal(host, 3);
-    for (int i = 0; i < 3; i++) /* one clock: each ends after its step's last block, before the next's first */
-        assert_true(host_end[i] >= block_end[4 * i + 3] - 1.0 && (i == 2 || host_end[i] <= block_end[4 * i + 4]));
+    /* One clock: each step's host span ends before the next step's first
+     * block starts (the device may still run a step's blocks after the host
+     * issued them, so no bound the other way). */
+    for (int i = 0; i < 2; i++) assert_true(host_end[i] <= block_start[4 * i + 4] + 0.5);
     assert_int_equal(host_named, 1);
     assert_int_equal(ranges, 12);
     assert_true(loads >= 3 && writebacks >= 2 && counters == 12);

@@ -155,6 +155,8 @@ typedef struct td_memmgr_stats {
     uint64_t prefetches, demand_loads;            /* loads issued ahead / at the access */
     uint64_t stalls;                              /* accesses whose load was not finished yet */
     double stall_ms;                              /* host time spent waiting on copies */
+    double slot_wait_ms;                          /* time write-backs waited for a transient grad
+                                                     slot (a consumer to finish with one) */
     uint64_t steps, accesses;
     size_t device_chunk_bytes, device_peak_bytes; /* chunk slots held now; arena peak */
     size_t host_chunk_bytes;                      /* pinned host copies */
@@ -285,7 +287,7 @@ int td_memmgr_warmed_up(const td_memmgr *m);
 void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out);
 /* The last finished step as one JSON object (no newline): step, loads,
  * evictions, writebacks, bytes_h2d, bytes_d2h, prefetches, demand_loads,
- * stalls, stall_ms, device_peak_bytes and peak_bytes per arena role.
+ * stalls, stall_ms, slot_wait_ms, device_peak_bytes and peak_bytes per arena role.
  * Returns the length written (truncated to buf_bytes - 1). */
 size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes);
 
