@@ -3,7 +3,10 @@
  * cases, every grad and param dtype) give params within 1e-6
  * max relative difference (in fact the same bits: the kernels perform the
  * same IEEE operations) with fp32 state, and the same bits in master, m, v
- * (codes, scales) and output with bf16 and int8 state; the GPU grad sum of
+ * (codes, scales) and output with bf16 and int8 state; the same bits with
+ * every state type for the kernels' other paths (chunks shorter than one
+ * wide access or int8 block, tails, arrays off the wide accesses'
+ * alignment, no-decay boundaries inside an access); the GPU grad sum of
  * squares equals the CPU one and flags Inf/NaN; and the kernel streams at a
  * good fraction of the device's copy bandwidth (and the compact states'
  * speed against fp32 state is printed). */
@@ -54,27 +57,132 @@ static double max_rel_diff(const float *a, const float *b, size_t n, size_t *bit
     return den > 0 ? num / den : num;
 }
 
+/* One comparison: `n` elements, their own inputs, STEPS steps of the CPU and
+ * the GPU update. */
+typedef struct cmp_case {
+    size_t n;
+    td_optim_state state;
+    int l2;                   /* Adam's L2 instead of AdamW's decoupled decay */
+    td_optim_dtype gdt, pdt;  /* pdt TD_OPTIM_DTYPE_COUNT: no param output */
+    const td_adam_range *nd;  /* no-decay list (host), or NULL */
+    int n_nd;
+    unsigned shift;           /* CMP_SHIFT_* bits: device arrays one element past an aligned address */
+} cmp_case;
+
+enum { CMP_SHIFT_MASTER = 1, CMP_SHIFT_M = 2, CMP_SHIFT_V = 4, CMP_SHIFT_GRAD = 8, CMP_SHIFT_OUT = 16, CMP_SHIFT_ALL = 31 };
+
+typedef struct cmp_result {
+    double rel_p, rel_m, rel_v; /* max relative differences (m, v: fp32 state) */
+    size_t bits_p;              /* params that differ in any bit */
+    int m_same, v_same, out_same;
+} cmp_result;
+
+/* The byte size of one element of a moment buffer of state s. */
+static size_t moment_elem_bytes(td_optim_state s)
+{
+    return s == TD_OPTIM_STATE_FP32 ? 4 : s == TD_OPTIM_STATE_BF16 ? 2 : 1;
+}
+
+static void compare_case(const cmp_case *k, td_adam_cpu *cpu, td_rng *r, cmp_result *res)
+{
+    size_t n = k->n, mb = td_adam_moment_bytes(k->state, n);
+    int has_out = k->pdt < TD_OPTIM_DTYPE_COUNT;
+    size_t gsz = td_optim_dtype_bytes(k->gdt), osz = has_out ? td_optim_dtype_bytes(k->pdt) : 0;
+    size_t msz = moment_elem_bytes(k->state);
+    float *init = malloc(n * 4), *master = malloc(n * 4), *gm = malloc(n * 4);
+    void *m = malloc(mb), *v = malloc(mb), *gmm = malloc(mb), *gv = malloc(mb);
+    void *grads = malloc(n * 4), *out = malloc(n * 4), *gout = malloc(n * 4);
+    /* cudaMalloc gives 256-byte aligned memory: a shifted array starts one
+     * element later, off the 16-byte alignment of the kernels' wide accesses
+     * (int8 codes: off 8; their scales then follow at an odd address). */
+    unsigned char *a_master = dev_alloc(n * 4 + 4), *a_m = dev_alloc(mb + 4), *a_v = dev_alloc(mb + 4);
+    unsigned char *a_grad = dev_alloc(n * 4 + 4), *a_out = dev_alloc(n * 4 + 4);
+    float *d_master = (float *)(a_master + (k->shift & CMP_SHIFT_MASTER ? 4 : 0));
+    unsigned char *d_m = a_m + (k->shift & CMP_SHIFT_M ? msz : 0), *d_v = a_v + (k->shift & CMP_SHIFT_V ? msz : 0);
+    unsigned char *d_grad = a_grad + (k->shift & CMP_SHIFT_GRAD ? gsz : 0);
+    unsigned char *d_out = a_out + (k->shift & CMP_SHIFT_OUT ? (has_out ? osz : 4) : 0);
+    double *d_acc = dev_alloc(8), *d_scratch = dev_alloc(TD_GRAD_SUMSQ_CUDA_SCRATCH * 8);
+    td_adam_range *d_nd = NULL;
+    if (k->n_nd) {
+        d_nd = dev_alloc(k->n_nd * sizeof *d_nd);
+        CUDA_OK(cudaMemcpy(d_nd, k->nd, k->n_nd * sizeof *d_nd, cudaMemcpyHostToDevice));
+    }
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    td_optim_params op = td_optim_default_params();
+    op.adam.decay = k->l2 ? TD_ADAM_DECAY_L2 : TD_ADAM_DECAY_DECOUPLED;
+    op.adam.weight_decay = 0.1;
+    op.lr = (td_lr_schedule){TD_LR_DECAY_COSINE, 3e-3, 3e-4, 3, STEPS, 1};
+    op.scaler.kind = TD_LOSS_SCALE_STATIC;
+    op.scaler.init_scale = 1024;
+    op.max_grad_norm = 0.5 * sqrt((double)n) * 0.3; /* clips some steps */
+    op.state = k->state;
+    td_optim opt;
+    TD_ASSERT_OK(td_optim_init(&opt, &op));
+    for (size_t i = 0; i < n; i++) init[i] = (float)(td_rng_uniform(r) * 2 - 1);
+    td_adam_chunk hc = {master, m, v, grads, k->gdt, has_out ? out : NULL,
+                        has_out ? k->pdt : TD_OPTIM_DTYPE_F32, n, k->state, k->nd, k->n_nd};
+    td_adam_chunk dc = {d_master, d_m, d_v, d_grad, k->gdt, has_out ? d_out : NULL,
+                        hc.param_dtype, n, k->state, d_nd, k->n_nd};
+    TD_ASSERT_OK(td_adam_cpu_init(cpu, &hc, init, TD_OPTIM_DTYPE_F32));
+    CUDA_OK(cudaMemcpy(d_master, master, n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d_m, 0, mb)); /* zero codes and scales: the initial state of every type */
+    CUDA_OK(cudaMemset(d_v, 0, mb));
+    for (int s = 0; s < STEPS; s++) {
+        /* Per-element grad magnitudes over 4 decades with compact state, so
+         * int8 blocks hold large and small moments. */
+        double gscale = s % 3 == 0 ? 1.0 : 0.05;
+        for (size_t i = 0; i < n; i++) {
+            double mag = k->state == TD_OPTIM_STATE_FP32 ? 1.0 : pow(10, -4.0 * (double)((i * 2654435761u) % 97) / 96);
+            store_as(grads, k->gdt, i, (float)((td_rng_uniform(r) * 2 - 1) * gscale * mag * 1024));
+        }
+        CUDA_OK(cudaMemcpyAsync(d_grad, grads, n * gsz, cudaMemcpyHostToDevice, stream));
+        td_grad_stats cs = {0};
+        TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, grads, k->gdt, n, &cs));
+        double zero = 0, gsum;
+        CUDA_OK(cudaMemcpyAsync(d_acc, &zero, 8, cudaMemcpyHostToDevice, stream));
+        TD_ASSERT_OK(td_grad_sumsq_cuda(d_grad, k->gdt, n, d_acc, d_scratch, stream));
+        CUDA_OK(cudaMemcpyAsync(&gsum, d_acc, 8, cudaMemcpyDeviceToHost, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        assert_true(fabs(gsum - cs.sumsq) <= 1e-12 * cs.sumsq);
+        td_optim_step st;
+        TD_ASSERT_OK(td_optim_begin_step(&opt, &cs, &st));
+        assert_false(st.skip);
+        TD_ASSERT_OK(td_adam_cpu_update(cpu, &st.coeffs, &hc, 1));
+        TD_ASSERT_OK(td_adam_update_cuda(&st.coeffs, &dc, stream));
+    }
+    CUDA_OK(cudaMemcpyAsync(gm, d_master, n * 4, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaMemcpyAsync(gmm, d_m, mb, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaMemcpyAsync(gv, d_v, mb, cudaMemcpyDeviceToHost, stream));
+    if (has_out) CUDA_OK(cudaMemcpyAsync(gout, d_out, n * osz, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    res->out_same = !has_out || memcmp(gout, out, n * osz) == 0;
+    res->rel_p = max_rel_diff(gm, master, n, &res->bits_p);
+    /* Codes and 16-bit moments: any difference is a different rounding. */
+    res->m_same = memcmp(gmm, m, mb) == 0;
+    res->v_same = memcmp(gv, v, mb) == 0;
+    res->rel_m = res->rel_v = 0;
+    if (k->state == TD_OPTIM_STATE_FP32) {
+        size_t bits_m, bits_v;
+        res->rel_m = max_rel_diff(gmm, m, n, &bits_m);
+        res->rel_v = max_rel_diff(gv, v, n, &bits_v);
+    }
+    CUDA_OK(cudaStreamDestroy(stream));
+    cudaFree(a_master), cudaFree(a_m), cudaFree(a_v), cudaFree(a_grad), cudaFree(a_out), cudaFree(d_acc);
+    cudaFree(d_scratch), cudaFree(d_nd);
+    free(init), free(master), free(m), free(v), free(gm), free(gmm), free(gv), free(grads), free(out), free(gout);
+}
+
 static void test_gpu_matches_cpu(void **state)
 {
     const size_t n = (1u << 20) + 12345; /* not a multiple of the int8 block */
     td_adam_cpu *cpu;
     TD_ASSERT_OK(td_adam_cpu_create(NULL, &cpu));
-    size_t mbytes = td_adam_moment_bytes(TD_OPTIM_STATE_FP32, n); /* the largest moment buffer */
-    float *init = malloc(n * 4), *master = malloc(n * 4), *gm = malloc(n * 4);
-    void *m = malloc(mbytes), *v = malloc(mbytes), *gmm = malloc(mbytes), *gv = malloc(mbytes);
-    void *grads = malloc(n * 4), *out = malloc(n * 4), *gout = malloc(n * 4);
-    float *d_master = dev_alloc(n * 4);
-    void *d_m = dev_alloc(mbytes), *d_v = dev_alloc(mbytes);
-    void *d_grad = dev_alloc(n * 4), *d_out = dev_alloc(n * 4);
-    double *d_acc = dev_alloc(8), *d_scratch = dev_alloc(TD_GRAD_SUMSQ_CUDA_SCRATCH * 8);
-    /* No-decay ranges (half the cases): boundaries inside int8 blocks, one
-     * range a whole block, one up to the chunk's partial last block. */
+    /* No-decay ranges (half the cases): boundaries inside int8 blocks and
+     * inside the kernels' 4- and 8-element accesses, one range a whole
+     * block, one up to the chunk's partial last block. */
     const td_adam_range nd[] = {{1, 300}, {4096, 4096 + 256}, {4096 + 17 + 512, 4096 + 17 + 1512}, {n - 777, n}};
     const int n_nd = (int)(sizeof nd / sizeof nd[0]);
-    td_adam_range *d_nd = dev_alloc(sizeof nd);
-    CUDA_OK(cudaMemcpy(d_nd, nd, sizeof nd, cudaMemcpyHostToDevice));
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     double worst = 0;
     size_t worst_bits = 0, compact_cases = 0;
     td_rng r;
@@ -84,96 +192,90 @@ static void test_gpu_matches_cpu(void **state)
         for (int gdt = 0; gdt < TD_OPTIM_DTYPE_COUNT; gdt++)
             for (int pdt = 0; pdt <= TD_OPTIM_DTYPE_COUNT; pdt++) { /* COUNT: no param output */
                 td_optim_state os = (td_optim_state)ost;
-                size_t mb = td_adam_moment_bytes(os, n);
-                td_optim_params op = td_optim_default_params();
-                op.adam.decay = l2 ? TD_ADAM_DECAY_L2 : TD_ADAM_DECAY_DECOUPLED;
-                op.adam.weight_decay = 0.1;
-                op.lr = (td_lr_schedule){TD_LR_DECAY_COSINE, 3e-3, 3e-4, 3, STEPS, 1};
-                op.scaler.kind = TD_LOSS_SCALE_STATIC;
-                op.scaler.init_scale = 1024;
-                op.max_grad_norm = 0.5 * sqrt((double)n) * 0.3; /* clips some steps */
-                op.state = os;
-                td_optim opt;
-                TD_ASSERT_OK(td_optim_init(&opt, &op));
-                for (size_t i = 0; i < n; i++) init[i] = (float)(td_rng_uniform(&r) * 2 - 1);
-                size_t gsz = td_optim_dtype_bytes((td_optim_dtype)gdt);
-                int has_out = pdt < TD_OPTIM_DTYPE_COUNT;
-                size_t osz = has_out ? td_optim_dtype_bytes((td_optim_dtype)pdt) : 0;
-                td_adam_chunk hc = {master, m, v, grads, (td_optim_dtype)gdt, has_out ? out : NULL,
-                                    has_out ? (td_optim_dtype)pdt : TD_OPTIM_DTYPE_F32, n, os, NULL, 0};
-                td_adam_chunk dc = {d_master, d_m, d_v, d_grad, (td_optim_dtype)gdt, has_out ? d_out : NULL,
-                                    hc.param_dtype, n, os, NULL, 0};
-                if ((l2 + gdt + pdt) % 2) {
-                    hc.no_decay = nd, hc.n_no_decay = n_nd;
-                    dc.no_decay = d_nd, dc.n_no_decay = n_nd;
-                }
-                TD_ASSERT_OK(td_adam_cpu_init(cpu, &hc, init, TD_OPTIM_DTYPE_F32));
-                CUDA_OK(cudaMemcpy(d_master, master, n * 4, cudaMemcpyHostToDevice));
-                CUDA_OK(cudaMemset(d_m, 0, mb)); /* zero codes and scales: the initial state of every type */
-                CUDA_OK(cudaMemset(d_v, 0, mb));
-                /* Per-element grad magnitudes over 4 decades, so int8 blocks hold
-                 * large and small moments. */
-                for (int s = 0; s < STEPS; s++) {
-                    double gscale = s % 3 == 0 ? 1.0 : 0.05;
-                    for (size_t i = 0; i < n; i++) {
-                        double mag = ost == TD_OPTIM_STATE_FP32 ? 1.0 : pow(10, -4.0 * (double)((i * 2654435761u) % 97) / 96);
-                        store_as(grads, (td_optim_dtype)gdt, i, (float)((td_rng_uniform(&r) * 2 - 1) * gscale * mag * 1024));
-                    }
-                    CUDA_OK(cudaMemcpyAsync(d_grad, grads, n * gsz, cudaMemcpyHostToDevice, stream));
-                    td_grad_stats cs = {0};
-                    TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, grads, (td_optim_dtype)gdt, n, &cs));
-                    double zero = 0, gsum;
-                    CUDA_OK(cudaMemcpyAsync(d_acc, &zero, 8, cudaMemcpyHostToDevice, stream));
-                    TD_ASSERT_OK(td_grad_sumsq_cuda(d_grad, (td_optim_dtype)gdt, n, d_acc, d_scratch, stream));
-                    CUDA_OK(cudaMemcpyAsync(&gsum, d_acc, 8, cudaMemcpyDeviceToHost, stream));
-                    CUDA_OK(cudaStreamSynchronize(stream));
-                    assert_true(fabs(gsum - cs.sumsq) <= 1e-12 * cs.sumsq);
-                    td_optim_step st;
-                    TD_ASSERT_OK(td_optim_begin_step(&opt, &cs, &st));
-                    assert_false(st.skip);
-                    TD_ASSERT_OK(td_adam_cpu_update(cpu, &st.coeffs, &hc, 1));
-                    TD_ASSERT_OK(td_adam_update_cuda(&st.coeffs, &dc, stream));
-                }
-                CUDA_OK(cudaMemcpyAsync(gm, d_master, n * 4, cudaMemcpyDeviceToHost, stream));
-                CUDA_OK(cudaMemcpyAsync(gmm, d_m, mb, cudaMemcpyDeviceToHost, stream));
-                CUDA_OK(cudaMemcpyAsync(gv, d_v, mb, cudaMemcpyDeviceToHost, stream));
-                if (has_out) CUDA_OK(cudaMemcpyAsync(gout, d_out, n * osz, cudaMemcpyDeviceToHost, stream));
-                CUDA_OK(cudaStreamSynchronize(stream));
-                int out_same = !has_out || memcmp(gout, out, n * osz) == 0;
-                size_t bits_p;
-                double rp = max_rel_diff(gm, master, n, &bits_p);
+                int has_out = pdt < TD_OPTIM_DTYPE_COUNT, ranges = (l2 + gdt + pdt) % 2;
+                cmp_case k = {n, os, l2, (td_optim_dtype)gdt, (td_optim_dtype)pdt, ranges ? nd : NULL,
+                              ranges ? n_nd : 0, 0};
+                cmp_result c;
+                compare_case(&k, cpu, &r, &c);
                 if (os == TD_OPTIM_STATE_FP32) {
-                    size_t bits_m, bits_v;
-                    double rm = max_rel_diff(gmm, m, n, &bits_m);
-                    double rv = max_rel_diff(gv, v, n, &bits_v);
                     print_message("fp32 state, decay %-9s grad %s out %-4s: params max rel diff %.3g (%zu of %zu differ "
                                   "in a bit), m %.3g, v %.3g, param output %s\n",
                                   l2 ? "l2" : "decoupled", td_optim_dtype_name(gdt),
-                                  has_out ? td_optim_dtype_name(pdt) : "none", rp, bits_p, n, rm, rv,
-                                  out_same ? "identical" : "DIFFERS");
-                    if (rp > worst) worst = rp;
-                    worst_bits += bits_p;
-                    assert_true(rp <= 1e-6 && rm <= 1e-6 && rv <= 1e-6);
+                                  has_out ? td_optim_dtype_name(pdt) : "none", c.rel_p, c.bits_p, n, c.rel_m, c.rel_v,
+                                  c.out_same ? "identical" : "DIFFERS");
+                    if (c.rel_p > worst) worst = c.rel_p;
+                    worst_bits += c.bits_p;
+                    assert_true(c.rel_p <= 1e-6 && c.rel_m <= 1e-6 && c.rel_v <= 1e-6);
                 } else {
-                    /* Codes: any difference is a different rounding, so the bits must agree. */
-                    int m_same = memcmp(gmm, m, mb) == 0, v_same = memcmp(gv, v, mb) == 0;
                     print_message("%s state, decay %-9s grad %s out %-4s: params %zu of %zu differ in a bit (max rel "
                                   "%.3g), m %s, v %s, param output %s\n",
                                   td_optim_state_name(os), l2 ? "l2" : "decoupled", td_optim_dtype_name(gdt),
-                                  has_out ? td_optim_dtype_name(pdt) : "none", bits_p, n, rp,
-                                  m_same ? "identical" : "DIFFERS", v_same ? "identical" : "DIFFERS",
-                                  out_same ? "identical" : "DIFFERS");
-                    assert_true(bits_p == 0 && m_same && v_same && out_same);
+                                  has_out ? td_optim_dtype_name(pdt) : "none", c.bits_p, n, c.rel_p,
+                                  c.m_same ? "identical" : "DIFFERS", c.v_same ? "identical" : "DIFFERS",
+                                  c.out_same ? "identical" : "DIFFERS");
+                    assert_true(c.bits_p == 0 && c.m_same && c.v_same && c.out_same);
                     compact_cases++;
                 }
             }
     print_message("GPU vs CPU AdamW after %d steps: fp32 state: max relative difference on params %.3g (acceptance "
                   "<= 1e-6), %zu params differ in any bit over all cases; bf16 and int8 state: %zu cases identical\n",
                   STEPS, worst, worst_bits, compact_cases);
-    CUDA_OK(cudaStreamDestroy(stream));
-    cudaFree(d_master), cudaFree(d_m), cudaFree(d_v), cudaFree(d_grad), cudaFree(d_out), cudaFree(d_acc);
-    cudaFree(d_scratch), cudaFree(d_nd);
-    free(init), free(master), free(m), free(v), free(gm), free(gmm), free(gv), free(grads), free(out), free(gout);
+    td_adam_cpu_destroy(cpu);
+}
+
+/* The kernels' other paths against the CPU, bit for bit, every state type:
+ * chunks shorter than one wide access (n < 8) or than one int8 block, ends
+ * inside an access and inside a block (the fp32/bf16 tail one element per
+ * thread, int8's partial last block), and device arrays off the wide
+ * accesses' alignment, all of them or one at a time (the one-element path
+ * for the whole chunk); no-decay ranges that begin and end inside a lane's
+ * 8 elements and inside a 256-element block. */
+static void test_gpu_matches_cpu_shapes(void **state)
+{
+    td_adam_cpu *cpu;
+    TD_ASSERT_OK(td_adam_cpu_create(NULL, &cpu));
+    const size_t sizes[] = {1, 3, 7, 8, 9, 31, 255, 256, 257, 1003, 4096 + 300};
+    const unsigned shifts[] = {0, CMP_SHIFT_ALL, CMP_SHIFT_MASTER, CMP_SHIFT_M, CMP_SHIFT_V, CMP_SHIFT_GRAD,
+                               CMP_SHIFT_OUT};
+    const struct { td_optim_dtype g, p; } dts[] = {{TD_OPTIM_DTYPE_F32, TD_OPTIM_DTYPE_COUNT},
+                                                   {TD_OPTIM_DTYPE_BF16, TD_OPTIM_DTYPE_BF16},
+                                                   {TD_OPTIM_DTYPE_F16, TD_OPTIM_DTYPE_F32},
+                                                   {TD_OPTIM_DTYPE_F32, TD_OPTIM_DTYPE_F16}};
+    td_rng r;
+    td_rng_seed(&r, 77);
+    size_t cases = 0;
+    for (int ost = 0; ost < TD_OPTIM_STATE_COUNT; ost++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (size_t hi = 0; hi < sizeof shifts / sizeof shifts[0]; hi++)
+                for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+                    size_t n = sizes[si];
+                    /* A lane's 8 elements and a block, cut inside: [3, 13)
+                     * and [250, 262), and one up to the end from inside
+                     * the last access, within n. */
+                    td_adam_range nd[3];
+                    int n_nd = 0;
+                    if (n > 13) nd[n_nd++] = (td_adam_range){3, 13};
+                    if (n > 262) nd[n_nd++] = (td_adam_range){250, 262};
+                    if (n > 300) nd[n_nd++] = (td_adam_range){n - 5, n};
+                    int l2 = (int)((si + hi + di) % 2), ranges = (int)((si + di) % 2) && n_nd;
+                    if (shifts[hi] && shifts[hi] != CMP_SHIFT_ALL && (n < 256 || di > 1)) continue; /* enough */
+                    cmp_case k = {n, (td_optim_state)ost, l2, dts[di].g, dts[di].p, ranges ? nd : NULL,
+                                  ranges ? n_nd : 0, shifts[hi]};
+                    cmp_result c;
+                    compare_case(&k, cpu, &r, &c);
+                    int same = c.bits_p == 0 && c.m_same && c.v_same && c.out_same;
+                    if (!same)
+                        print_message("%s state, n %zu, shift 0x%x, grad %s, out %s, decay %s, %d no-decay ranges: "
+                                      "params %zu differ, m %s, v %s, param output %s\n",
+                                      td_optim_state_name(k.state), n, k.shift, td_optim_dtype_name(k.gdt),
+                                      k.pdt < TD_OPTIM_DTYPE_COUNT ? td_optim_dtype_name(k.pdt) : "none",
+                                      l2 ? "l2" : "decoupled", k.n_nd, c.bits_p, c.m_same ? "identical" : "DIFFERS",
+                                      c.v_same ? "identical" : "DIFFERS", c.out_same ? "identical" : "DIFFERS");
+                    assert_true(same);
+                    cases++;
+                }
+    print_message("GPU vs CPU AdamW, short chunks, partial accesses and blocks, unaligned arrays: %zu cases, all "
+                  "identical\n", cases);
     td_adam_cpu_destroy(cpu);
 }
 
@@ -297,6 +399,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_matches_cpu),
+        cmocka_unit_test(test_gpu_matches_cpu_shapes),
         cmocka_unit_test(test_gpu_sumsq),
         cmocka_unit_test(test_gpu_bandwidth),
     };
