@@ -8,7 +8,10 @@
 # on the cpu backend, one thread a run, the three runs side by side.  Flags
 # given after OUTDIR win over these (the last of a flag counts); issue 10's
 # GPU check at W1's shape (124M, B16 x T1024, bf16; the three runs share the
-# GPU, 8 GiB each):
+# GPU, 8 GiB each), on at least 33M tokens of distinct text so that the 2000
+# steps make one pass (bench/text_corpus.sh out/corpus 34000000 makes one from
+# what the machine has; a smaller text is gone over several times, and
+# memorising it separates the state types by several percent):
 #   bench/optim_quality.sh TOKFILE out/q-gpu --backend cuda --precision bf16 \
 #       --layers 12 --width 768 --heads 12 --seq 1024 --micro-batch 16 --threads 5
 set -euo pipefail

@@ -1,0 +1,40 @@
+#!/bin/bash
+# A real-text corpus from what a machine has, for runs that need more
+# distinct text than the fortunes (issue 10's quality check at W1's shape:
+# 2000 steps x 16k tokens = 33M tokens in one pass).  Gathers source and
+# documentation files (.py .md .rst .txt .c .h) under the given folders, in
+# sorted path order (the same corpus on the same machine), whole files, up
+# to BYTES, into OUTDIR/corpus.txt, then tokenizes it with `tidal prepare`
+# (byte tokens unless TOKENIZER is given) into OUTDIR/corpus.tok.
+#   bench/text_corpus.sh OUTDIR BYTES [DIR...]
+# Default folders: Python's standard library, every site-packages folder
+# Python knows (on the GPU machines: torch, transformers, ...), /usr/share/doc.
+set -euo pipefail
+out=${1:?usage: bench/text_corpus.sh OUTDIR BYTES [DIR...]}
+want=${2:?usage: bench/text_corpus.sh OUTDIR BYTES [DIR...]}
+shift 2
+tidal=${TIDAL:-build/tidal}
+dirs=("$@")
+if [ ${#dirs[@]} -eq 0 ]; then
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || continue
+    while IFS= read -r d; do dirs+=("$d"); done < <("$py" -c \
+      'import site, sysconfig; print(sysconfig.get_paths()["stdlib"]); [print(p) for p in site.getsitepackages()]' 2>/dev/null)
+  done
+  dirs+=(/usr/share/doc)
+fi
+mkdir -p "$out"
+: > "$out/corpus.txt"
+have=0
+while IFS= read -r -d '' f; do
+  [ "$have" -ge "$want" ] && break
+  cat "$f" >> "$out/corpus.txt"
+  printf '\n<|endoftext|>\n' >> "$out/corpus.txt"
+  have=$(stat -c %s "$out/corpus.txt")
+done < <(for d in "${dirs[@]}"; do [ -d "$d" ] && find -L "$d" -type f \( -name '*.py' -o -name '*.md' -o \
+           -name '*.rst' -o -name '*.txt' -o -name '*.c' -o -name '*.h' \) -size -4M -print0 2>/dev/null; done |
+         sort -zu)
+echo "bench/text_corpus.sh: $have bytes of text from ${dirs[*]}" >&2
+[ "$have" -ge "$want" ] || echo "bench/text_corpus.sh: only $have of the $want bytes asked for were found" >&2
+"$tidal" prepare --input "$out/corpus.txt" --out "$out/corpus.tok" --quiet ${TOKENIZER:+--tokenizer "$TOKENIZER"}
+ls -l "$out/corpus.tok" >&2
