@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""`tidal tune`'s pick against a measured brute-force grid over the same
+knobs (issue 15: the pick within 5% of the grid's best), at one workload's
+shape (default W6: GPT-2 1.5B, 8 GiB, 16 sequences of 1024 a step, bf16).
+
+  python3 bench/tune_grid.py [--shape "..."] [--steps 6] [--warmup 2]
+      [--splits 16x1,8x2,4x4] [--ckpt 48,36,24] [--optim-frac 0,1]
+      [--prefetch -1,8] [--chunk-numel 0] [--results FILE.json] [--max-minutes M]
+
+1. `tidal tune` on the shape (--top, --steps): its winner's flags.
+2. Every combination of the grid's knobs (micro-batch x grad-accum of the
+   same tokens a step, checkpointed blocks, --offload-optim-frac under
+   --policy auto: 0 lets the plan put what fits on the GPU, 1 keeps it all on
+   the host, --prefetch, --chunk-numel: 0 is the default search) that
+   `tidal plan` says fits is trained for --steps; the median tokens/s of the
+   steps after --warmup counts.  The tune winner's flags are trained the
+   same way, so that both sides are measured alike, in one call.
+3. A table, best first, and the pick against the grid's best.
+
+Each result goes to --results as it comes (default out/tune-grid/results.json):
+a second call with the same file skips what was measured, so a grid larger
+than one call's time (--max-minutes) is finished by calling again.  The
+machine must be the same for the ratio to mean anything (the file records
+it).  Exit 1 if the pick is more than 5% below the best measured."""
+import argparse
+import itertools
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workloads import write_token_file  # noqa: E402
+
+W6 = ("--layers 48 --width 1600 --heads 25 --vocab 50304 --seq 1024 --gpu-budget 8GiB --backend cuda "
+      "--precision bf16 --clip-grad-norm 0 --lr 1e-4 --schedule constant --warmup 0 --seed 1337")
+
+
+def parse_splits(text):
+    out = []
+    for s in text.split(","):
+        b, _, k = s.partition("x")
+        out.append((int(b), int(k or 1)))
+    return out
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x != ""]
+
+
+def floats(text):
+    return [float(x) for x in text.split(",") if x != ""]
+
+
+def machine():
+    gpu = ""
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        pass
+    return f"{platform.node()}, {os.cpu_count()} CPUs, {gpu or 'no GPU'}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tidal", default="build/tidal")
+    ap.add_argument("--shape", default=W6, help="tidal flags of the shape, without batch flags (default: W6's)")
+    ap.add_argument("--data", default="", help="token file (default: random tokens written to the work folder)")
+    ap.add_argument("--steps", type=int, default=6, help="steps a run (default 6)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps of each run (default 2)")
+    ap.add_argument("--splits", default="16x1,8x2,4x4", help="micro-batch x grad-accum (the same tokens a step)")
+    ap.add_argument("--ckpt", default="", help="checkpointed blocks, a --ckpt N each (default: all, three quarters "
+                    "and half of the shape's --layers)")
+    ap.add_argument("--optim-frac", default="0,1", help="--offload-optim-frac under --policy auto")
+    ap.add_argument("--prefetch", default="-1,8", help="--prefetch values (-1: auto)")
+    ap.add_argument("--chunk-numel", default="0", help="--chunk-numel values (0: the default search)")
+    ap.add_argument("--top", type=int, default=3, help="tidal tune --top (default 3)")
+    ap.add_argument("--results", default="out/tune-grid/results.json")
+    ap.add_argument("--max-minutes", type=float, default=0, help="stop starting runs after this long (0: no limit)")
+    ap.add_argument("--run-timeout", type=int, default=300, help="seconds a run may take (default 300)")
+    a = ap.parse_args()
+    if a.steps <= a.warmup:
+        sys.exit("tune_grid: --steps must exceed --warmup")
+    if not a.ckpt:
+        words = shlex.split(a.shape)
+        if "--layers" not in words:
+            sys.exit("tune_grid: give --ckpt (the shape has no --layers to take it from)")
+        L = int(words[words.index("--layers") + 1])
+        a.ckpt = f"{L},{3 * L // 4},{L // 2}"
+    try:
+        grid = list(itertools.product(parse_splits(a.splits), ints(a.ckpt), floats(a.optim_frac), ints(a.prefetch),
+                                      ints(a.chunk_numel)))
+    except ValueError as e:
+        sys.exit(f"tune_grid: a grid list is malformed: {e}")
+    start = time.monotonic()
+    os.makedirs(os.path.dirname(os.path.abspath(a.results)), exist_ok=True)
+    work = os.path.dirname(os.path.abspath(a.results))
+    tok = a.data
+    if not tok:
+        tok = os.path.join(work, "random.tok")
+        if not os.path.exists(tok):
+            write_token_file(tok, 4_000_000, 1)
+    shape = shlex.split(a.shape) + ["--data", tok]
+    res = {"machine": machine(), "shape": a.shape, "runs": {}}
+    if os.path.exists(a.results):
+        with open(a.results) as f:
+            old = json.load(f)
+        if old.get("shape") != a.shape or old.get("machine") != res["machine"]:
+            sys.exit(f"tune_grid: {a.results} holds another shape or machine ({old.get('machine')}); "
+                     "give another --results")
+        res = old
+
+    def save():
+        tmp = a.results + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(tmp, a.results)
+
+    def out_of_time():
+        return a.max_minutes > 0 and time.monotonic() - start > a.max_minutes * 60
+
+    def train(flags):
+        """Median tokens/s and step ms of the timed steps, peak bytes; None if it did not run."""
+        key = " ".join(flags)
+        if key in res["runs"]:
+            return res["runs"][key]
+        plan = subprocess.run([a.tidal, "plan", *shape, *flags, "--json"], capture_output=True, text=True,
+                              timeout=a.run_timeout)
+        if plan.returncode == 3:
+            res["runs"][key] = {"fits": False}
+            save()
+            return res["runs"][key]
+        if plan.returncode != 0:
+            sys.exit(f"tune_grid: tidal plan {key}: exit {plan.returncode}: {plan.stderr[-400:]}")
+        bound = json.loads(plan.stdout.strip().splitlines()[-1])["estimate"]["step_lower_bound_ms"]
+        log = os.path.join(work, "run.jsonl")
+        if os.path.exists(log):
+            os.remove(log)
+        cmd = [a.tidal, "train", *shape, *flags, "--steps", str(a.steps), "--log", log, "--log-every", "1000"]
+        t0 = time.monotonic()
+        try:
+            rc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.run_timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+        steps = [json.loads(l) for l in open(log)] if os.path.exists(log) else []
+        timed = [s for s in steps if s["step"] > a.warmup]
+        r = {"fits": True, "rc": rc, "bound_ms": bound, "seconds": round(time.monotonic() - t0, 1)}
+        if rc == 0 and timed:
+            r.update(tokens_per_s=statistics.median(s["tokens_per_s"] for s in timed),
+                     step_ms=statistics.median(s["step_ms"] for s in timed),
+                     peak=max(s["device_peak_bytes"] for s in steps))
+        res["runs"][key] = r
+        save()
+        return r
+
+    # 1. tune's pick
+    if "tune" not in res:
+        cmd = [a.tidal, "tune", *shape, "--micro-batch", str(grid[0][0][0]), "--grad-accum", str(grid[0][0][1]),
+               "--top", str(a.top), "--steps", str(a.steps), "--json"]
+        print("$", " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"tune_grid: tidal tune: exit {p.returncode}: {p.stderr[-600:]}")
+        win = json.loads(p.stdout)["budgets"][0]["winner"]
+        flags = [f for f in shlex.split(win["flags"])]
+        # its --gpu-budget is the shape's; the rest are the knobs
+        knobs, i = [], 0
+        while i < len(flags):
+            if flags[i] == "--gpu-budget":
+                i += 2
+                continue
+            knobs.append(flags[i])
+            i += 1
+        res["tune"] = {"flags": knobs, "tune_tokens_per_s": win.get("tokens_per_s")}
+        save()
+    pick_flags = res["tune"]["flags"]
+    print(f"tune's pick: {' '.join(pick_flags)} ({res['tune']['tune_tokens_per_s'] or 0:.0f} tok/s in tune)",
+          flush=True)
+    pick = train(pick_flags)
+
+    # 2. the grid
+    def grid_flags(point):
+        (b, k), ck, frac, pre, cn = point
+        return ["--micro-batch", str(b), "--grad-accum", str(k), "--ckpt", str(ck), "--policy", "auto",
+                "--offload-optim-frac", f"{frac:g}", "--prefetch", str(pre), "--chunk-numel", str(cn)]
+
+    grid_keys = {" ".join(grid_flags(p)) for p in grid}
+    done = 0
+    for point in grid:
+        if out_of_time():
+            print(f"tune_grid: --max-minutes {a.max_minutes:g} reached; call again with the same --results",
+                  flush=True)
+            break
+        flags = grid_flags(point)
+        r = train(flags)
+        done += 1
+        state = ("does not fit" if not r["fits"] else f"{r['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in r
+                 else f"exit {r['rc']}")
+        print(f"[{done}/{len(grid)}] {' '.join(flags)}: {state}", flush=True)
+
+    # 3. the table
+    ran = [(r["tokens_per_s"], key, r) for key, r in res["runs"].items() if "tokens_per_s" in r]
+    ran.sort(reverse=True)
+    print(f"\nmachine: {res['machine']}\n{'tok/s':>8} {'step ms':>8} {'bound/step':>10} {'peak GiB':>8}  flags")
+    for tps, key, r in ran:
+        mark = "  <- tune's pick" if key == " ".join(pick_flags) else ""
+        print(f"{tps:8.0f} {r['step_ms']:8.1f} {r['bound_ms'] / r['step_ms']:10.1%} {r['peak'] / 2**30:8.2f}  "
+              f"{key}{mark}")
+    missing = sum(1 for key in grid_keys if key not in res["runs"])
+    in_grid = [x for x in ran if x[1] in grid_keys]
+    if not in_grid or "tokens_per_s" not in pick:
+        sys.exit("tune_grid: nothing to compare yet")
+    best = in_grid[0]
+    ratio = pick["tokens_per_s"] / best[0]
+    print(f"\ntune's pick {pick['tokens_per_s']:.0f} tok/s, the grid's best {best[0]:.0f} ({best[1]}): "
+          f"{ratio:.1%} of it (issue 15: within 5%)" + (f"; {missing} grid points not run yet" if missing else ""))
+    if ratio < 0.95:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
