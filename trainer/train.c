@@ -417,23 +417,11 @@ static td_status catch_up(td_trainer *t, int upto)
     return td_memmgr_set_state(t->mm, t->gid, t->n_tensors, TD_TENSOR_FREE);
 }
 
-/* Whether param chunk k's update is in (or none is due): its gather would
- * not wait for the AdamW thread. */
-static int update_in(td_trainer *t, int k)
-{
-    return !t->pending_update || chunk_on_gpu(t, k) || !td_adam_worker_pending(t->worker, k) ||
-           td_adam_worker_finished(t->worker, k);
-}
-
 /* The same for the chunks holding these param ids and the next CATCH_AHEAD
  * (param chunks are in model order, so everything before them is updated
  * too): the prefetcher, which loads chunks ahead of their use, then finds
- * their new params already written.  ZeRO-3 with the AdamW thread gathers
- * up to GATHER_AHEAD chunks beyond, those whose updates are in: each
- * gather (the load and the all-gather, on the H2D queue) then runs beside
- * the blocks before its chunk instead of in front of it.  Every rank
- * gathers the same chunks in the same order; only when differs. */
-enum { CATCH_AHEAD = 2, GATHER_AHEAD = 4 };
+ * their new params already written. */
+enum { CATCH_AHEAD = 2 };
 static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
 {
     if (!t->pending_end) return TD_OK;
@@ -442,11 +430,7 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
         int k = td_memmgr_tensor_chunk(t->mm, ids[i]) - first;
         if (k > upto) upto = k;
     }
-    if (!t->worker) return catch_up(t, upto + CATCH_AHEAD);
-    if (t->ranks > 1)
-        for (int limit = upto + GATHER_AHEAD; upto < limit && upto + 1 < t->pending_end && update_in(t, upto + 1);)
-            upto++;
-    return catch_up(t, upto);
+    return catch_up(t, upto + (t->worker ? 0 : CATCH_AHEAD));
 }
 
 int td_trainer_updates_pending(td_trainer *t)
