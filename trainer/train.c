@@ -1109,12 +1109,11 @@ static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int 
     td_adam_job j;
     int has;
     td_status st = job_make(t, k, c, stats, &j, &has);
-    double t0 = td_now_ms();
     if (!st && has) st = job_run(t, k, &j, t->adam_main);
-    if (!st && has) {
+    if (!st && has) { /* from its grads' landing, as the AdamW thread's */
         double t1 = td_now_ms();
-        t->adam_cpu_ms += t1 - t0;
-        st = timeline_adam(t, k, "CPU AdamW (driving thread)", t0, t1);
+        t->adam_cpu_ms += t1 - j.landed_ms;
+        st = timeline_adam(t, k, "CPU AdamW (driving thread)", j.landed_ms, t1);
     }
     if (!st && has) st = job_record(t, k);
     return st;
