@@ -182,9 +182,7 @@ static td_status host_of(td_memmgr *m, mm_chunk *ch, int take)
     if (t0) { /* take: the driving thread's write-back waited for a consumer */
         double t1 = td_now_ms();
         m->stats.slot_wait_ms += t1 - t0;
-        char name[48];
-        snprintf(name, sizeof name, "grad chunk %d waits for a staging slot", c);
-        td_status st = td_memmgr_timeline_host(m, "driving thread", name, t0, t1);
+        td_status st = td_memmgr_timeline_host(m, "driving thread", t0, t1, "grad chunk %d waits for a staging slot", c);
         if (st) return st;
     }
     if (!ch->host)

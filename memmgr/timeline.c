@@ -10,6 +10,7 @@
 #include "tidal/util.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -117,10 +118,15 @@ td_status td_memmgr_timeline_range(td_memmgr *m, const char *name, int begin)
     return td_event_record(m->backend, tl->events[e], TD_QUEUE_COMPUTE);
 }
 
-td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, const char *name, double t0_ms, double t1_ms)
+td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, double t0_ms, double t1_ms, const char *name, ...)
 {
     mm_timeline *tl = m->tl;
     if (!tl) return TD_OK;
+    char text[64];
+    va_list ap;
+    va_start(ap, name);
+    vsnprintf(text, sizeof text, name, ap);
+    va_end(ap);
     int tid = 0;
     while (tid < tl->n_host_tracks && strcmp(tl->host_tracks[tid], track)) tid++;
     if (tid == tl->n_host_tracks) {
@@ -133,7 +139,7 @@ td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, const char *n
                 3 + tid, tl->host_tracks[tid]);
     }
     fprintf(tl->f, ",\n{\"name\":\"%s\",\"cat\":\"host\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-            name, 3 + tid, (t0_ms - tl->t0_ms) * 1e3, t1_ms > t0_ms ? (t1_ms - t0_ms) * 1e3 : 0);
+            text, 3 + tid, (t0_ms - tl->t0_ms) * 1e3, t1_ms > t0_ms ? (t1_ms - t0_ms) * 1e3 : 0);
     return TD_OK;
 }
 

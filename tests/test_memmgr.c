@@ -813,7 +813,7 @@ static void test_step_json_and_timeline(void **state)
             TD_ASSERT_OK(td_memmgr_timeline_range(r.m, NULL, 0));
         }
         double now = td_now_ms(); /* host work: 2 ms of "AdamW" ending now */
-        TD_ASSERT_OK(td_memmgr_timeline_host(r.m, "CPU AdamW", "AdamW chunk 1", now - 2.0, now));
+        TD_ASSERT_OK(td_memmgr_timeline_host(r.m, "CPU AdamW", now - 2.0, now, "AdamW chunk %d", 1));
         TD_ASSERT_OK(td_memmgr_step_end(r.m));
         td_memmgr_step_json(r.m, json, sizeof json);
         cJSON *o = cJSON_Parse(json);
@@ -832,9 +832,9 @@ static void test_step_json_and_timeline(void **state)
     for (int i = 1; i < TD_TIMELINE_HOST_TRACKS; i++) {
         char track[16];
         snprintf(track, sizeof track, "track %d", i);
-        TD_ASSERT_OK(td_memmgr_timeline_host(r.m, track, "x", 0, 0));
+        TD_ASSERT_OK(td_memmgr_timeline_host(r.m, track, 0, 0, "x"));
     }
-    assert_int_equal(td_memmgr_timeline_host(r.m, "one too many", "x", 0, 0), TD_ERR_INVALID);
+    assert_int_equal(td_memmgr_timeline_host(r.m, "one too many", 0, 0, "x"), TD_ERR_INVALID);
     rig_close(&r); /* closes the timeline */
     FILE *f = fopen(path, "r");
     assert_non_null(f);

@@ -1093,14 +1093,6 @@ cleanup:
     return st;
 }
 
-/* Param chunk k's CPU AdamW on the timeline's track `track`. */
-static td_status timeline_adam(td_trainer *t, int k, const char *track, double t0_ms, double t1_ms)
-{
-    char name[32];
-    snprintf(name, sizeof name, "AdamW chunk %d", k);
-    return td_memmgr_timeline_host(t->mm, track, name, t0_ms, t1_ms);
-}
-
 /* AdamW of param chunk k (this rank's shard of it) on the host copies, on
  * the driving thread, with coefficients c; `stats`: the grads' sumsq into
  * h_sumsq[k] first. */
@@ -1113,7 +1105,7 @@ static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int 
     if (!st && has) { /* from its grads' landing, as the AdamW thread's */
         double t1 = td_now_ms();
         t->adam_cpu_ms += t1 - j.landed_ms;
-        st = timeline_adam(t, k, "CPU AdamW (driving thread)", j.landed_ms, t1);
+        st = td_memmgr_timeline_host(t->mm, "CPU AdamW (driving thread)", j.landed_ms, t1, "AdamW chunk %d", k);
     }
     if (!st && has) st = job_record(t, k);
     return st;
@@ -1165,22 +1157,16 @@ static td_status take_back(td_trainer *t, int k)
     td_adam_job_times tm;
     td_status st = td_adam_worker_wait_timed(t->worker, k, &tm);
     if (st || !handed) return st; /* not handed: nothing of it is this rank's */
-    if (tm.ended_ms <= tm.started_ms) return job_record(t, k);
     /* the run, from its grads' landing (before: the job waited for their write-back) */
     double ran_from = t->jobs[k].landed_ms > tm.started_ms ? t->jobs[k].landed_ms : tm.started_ms;
     t->adam_cpu_ms += tm.ended_ms - ran_from;
     t->adam_wait_ms += tm.waited_ms;
-    if (ran_from > tm.started_ms) {
-        char name[48];
-        snprintf(name, sizeof name, "chunk %d's grads landing", k);
-        TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", name, tm.started_ms, ran_from));
-    }
-    TD_TRY(timeline_adam(t, k, "CPU AdamW", ran_from, tm.ended_ms));
-    if (tm.waited_ms > 0) {
-        char name[48];
-        snprintf(name, sizeof name, "wait for chunk %d's AdamW", k);
-        TD_TRY(td_memmgr_timeline_host(t->mm, "driving thread", name, tm.ended_ms - tm.waited_ms, tm.ended_ms));
-    }
+    if (ran_from > tm.started_ms)
+        TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", tm.started_ms, ran_from, "chunk %d's grads landing", k));
+    TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", ran_from, tm.ended_ms, "AdamW chunk %d", k));
+    if (tm.waited_ms > 0)
+        TD_TRY(td_memmgr_timeline_host(t->mm, "driving thread", tm.ended_ms - tm.waited_ms, tm.ended_ms,
+                                       "wait for chunk %d's AdamW", k));
     st = job_record(t, k);
 cleanup:
     return st;

@@ -302,10 +302,12 @@ td_status td_memmgr_timeline_open(td_memmgr *m, const char *path);
 td_status td_memmgr_timeline_range(td_memmgr *m, const char *name, int begin);
 /* Host work on the timeline, on a track of its own (its name, e.g. "CPU
  * AdamW"; at most TD_TIMELINE_HOST_TRACKS of them), from t0_ms to t1_ms of
- * td_now_ms's clock: a span named `name`.  Nothing without a timeline.
- * Call it from the thread that drives the memmgr. */
+ * td_now_ms's clock: a span named by the printf format `name` (formatted
+ * only when a timeline is open).  Nothing without a timeline.  Call it from
+ * the thread that drives the memmgr. */
 enum { TD_TIMELINE_HOST_TRACKS = 4 };
-td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, const char *name, double t0_ms, double t1_ms);
+td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, double t0_ms, double t1_ms, const char *name, ...)
+    __attribute__((format(printf, 5, 6)));
 /* Device bytes the chunks need at the least: the largest set pinned at once
  * in the warm-up step plus its non-model bytes (0 before warm-up). */
 size_t td_memmgr_min_budget(const td_memmgr *m);
