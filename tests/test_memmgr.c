@@ -396,8 +396,14 @@ static void test_transient_grads(void **state)
         pthread_t th;
         assert_int_equal(pthread_create(&th, NULL, consume_later, &c), 0);
         double t0 = td_now_ms();
+        td_memmgr_stats before, after;
+        td_memmgr_get_stats(r.m, &before);
         TD_ASSERT_OK(write_grad(&r, ids[1][2], 200.0f, NUMEL));
-        assert_true(td_now_ms() - t0 >= 40.0);
+        double waited = td_now_ms() - t0;
+        assert_true(waited >= 40.0);
+        td_memmgr_get_stats(r.m, &after); /* the wait is counted, and no more than it lasted */
+        assert_true(after.slot_wait_ms - before.slot_wait_ms >= 35.0 &&
+                    after.slot_wait_ms - before.slot_wait_ms <= waited + 0.01);
         pthread_join(th, NULL);
         TD_ASSERT_OK(c.st);
         TD_ASSERT_OK(td_memmgr_chunk_host_peek(r.m, gc[2], &host[2], &done[2]));
