@@ -168,7 +168,7 @@ def main():
         if p.returncode != 0:
             sys.exit(f"tune_grid: tidal tune: exit {p.returncode}: {p.stderr[-600:]}")
         win = json.loads(p.stdout)["budgets"][0]["winner"]
-        flags = [f for f in shlex.split(win["flags"])]
+        flags = shlex.split(win["flags"])
         # its --gpu-budget is the shape's; the rest are the knobs
         knobs, i = [], 0
         while i < len(flags):
