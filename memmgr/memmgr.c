@@ -1118,6 +1118,20 @@ td_status td_memmgr_written_on(td_memmgr *m, int id, td_queue q)
     return TD_OK;
 }
 
+td_status td_memmgr_order_after_use(td_memmgr *m, int id, td_queue q)
+{
+    td_status st;
+    if ((st = check_ids(m, &id, 1, "ordered after its use"))) return st;
+    mm_chunk *ch = &m->chunks[m->tensors[id].chunk];
+    if (!ch->dev)
+        return td_error_set(TD_ERR_STATE, "memmgr: chunk %d ordered after its use while not resident",
+                            (int)(ch - m->chunks));
+    /* fence: the last release's kernels, or the load or write-back after them */
+    if ((st = td_copy_order(m->engine, q, &ch->load))) return st;
+    if ((st = td_copy_order(m->engine, q, &ch->writeback))) return st;
+    return td_copy_order(m->engine, q, &ch->fence);
+}
+
 /* A valid host copy of one chunk: checks, then waits (see host_access). */
 static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
 {

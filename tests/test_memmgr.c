@@ -890,6 +890,86 @@ static void test_step_json_and_timeline(void **state)
     unlink(path);
 }
 
+/* td_memmgr_order_after_use: work on another queue that overwrites a
+ * chunk in place (ZeRO-3's all-gather, on the H2D queue) waits for what
+ * still uses its device copy, and for nothing queued since.
+ * - A write-back in flight (D2H) still reading it.  In the cpu backend's
+ *   debug mode a copy poisons its destination when it starts, so an
+ *   unordered overwrite hands the host poison or the new values.
+ * - Kernels on the compute queue still reading it (on cuda, behind slow
+ *   work on another buffer; the cpu backend's compute queue is synchronous).
+ * Each is checked by what the reader saw: the old values.  The cpu
+ * backend's synchronous compute queue settles both uses at the overwrite's
+ * access already, so there the test checks values only; the ordering
+ * itself is checked on cuda (make gpu-test runs this file there). */
+static void test_order_after_use(void **state)
+{
+    (void)state;
+    rig r;
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 4096;
+    mp.placement = TD_PLACEMENT_CUDA;
+    rig_open(&r, 1, 64 * TD_MiB, &mp);
+    td_memmgr *m = r.m;
+    int id;
+    enum { N = 4096 };
+    TD_ASSERT_OK(td_memmgr_register(m, "p", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &id));
+    TD_ASSERT_OK(td_memmgr_layout(m));
+    assert_int_equal(td_memmgr_order_after_use(m, id, TD_QUEUE_H2D), TD_ERR_STATE); /* not resident */
+    td_error_clear();
+    size_t slow_bytes = 32 * TD_MiB;
+    void *slow = NULL;
+    TD_ASSERT_OK(td_backend_dev_reserve(r.b, slow_bytes, &slow));
+    float *src = td_malloc(N * sizeof(float), TD_ROLE_META), *back = td_malloc(N * sizeof(float), TD_ROLE_META);
+    float *seen = NULL;
+    TD_ASSERT_OK(td_backend_dev_reserve(r.b, N * sizeof(float), (void **)&seen));
+    assert_true(src && back);
+    for (int round = 0; round < 3; round++) {
+        void *d;
+        float *h;
+        /* the old values, written on the device: the chunk is dirty */
+        for (int i = 0; i < N; i++) src[i] = (float)(round * N + i);
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d));
+        dev_write(&r, d, src, N * sizeof(float));
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_memmgr_writeback_async(m, &id, 1)); /* reads d on the D2H queue */
+        td_copy_ticket landed; /* where it lands (it is started: the peek starts nothing more) */
+        TD_ASSERT_OK(td_memmgr_chunk_host_peek(m, td_memmgr_tensor_chunk(m, id), (void **)&h, &landed));
+        /* a read on the compute queue behind slow work */
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, 0, &d));
+        for (int k = 0; k < 20; k++) TD_ASSERT_OK(td_backend_memset_async(r.b, TD_QUEUE_COMPUTE, slow, k, slow_bytes));
+        TD_ASSERT_OK(td_backend_copy_async(r.b, TD_QUEUE_COMPUTE, seen, d, N * sizeof(float)));
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        /* overwritten in place on the H2D queue, ordered after both uses */
+        for (int i = 0; i < N; i++) src[i] = -1.0f - (float)i;
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d));
+        TD_ASSERT_OK(td_memmgr_order_after_use(m, id, TD_QUEUE_H2D));
+        TD_ASSERT_OK(td_backend_copy_async(r.b, TD_QUEUE_H2D, d, src, N * sizeof(float)));
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_memmgr_written_on(m, id, TD_QUEUE_H2D));
+        TD_ASSERT_OK(td_copy_wait(r.eng, &landed));
+        TD_ASSERT_OK(td_backend_sync(r.b));
+        for (int i = 0; i < N; i++)
+            if (h[i] != (float)(round * N + i))
+                fail_msg("round %d: the write-back carried %g at %d, not the old value", round, h[i], i);
+        dev_read(&r, back, seen, N * sizeof(float));
+        for (int i = 0; i < N; i++)
+            if (back[i] != (float)(round * N + i))
+                fail_msg("round %d: the compute queue read %g at %d, not the old value", round, back[i], i);
+        /* and the device copy the overwrite left */
+        TD_ASSERT_OK(td_memmgr_access(m, &id, 1, TD_TENSOR_COMPUTE, 0, &d));
+        dev_read(&r, back, d, N * sizeof(float));
+        for (int i = 0; i < N; i++) assert_true(back[i] == src[i]);
+        TD_ASSERT_OK(td_memmgr_release(m, &id, 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_memmgr_host_access(m, &id, 1, TD_ACCESS_READ, (void **)&h)); /* settles it */
+    }
+    td_free(src);
+    td_free(back);
+    td_backend_dev_release(r.b, seen);
+    td_backend_dev_release(r.b, slow);
+    rig_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -905,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_step_json_and_timeline),
         cmocka_unit_test(test_optim_homes),
         cmocka_unit_test(test_optim_order_by_slack),
+        cmocka_unit_test(test_order_after_use),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

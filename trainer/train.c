@@ -673,15 +673,14 @@ static td_status gather_param_chunk(td_trainer *t, int k)
     td_shard_layout l;
     void *p;
     size_t E = td_dtype_bytes(t->dt);
-    td_copy_ticket used = {0};
     int id = t->pid[t->group[t->group_start[k]]];
     TD_TRY(td_memmgr_chunk_shard(t->mm, pc, &l));
     TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
     /* On the H2D queue, behind the chunk's load and after the kernels that
-     * last used its slot, so the blocks before it compute meanwhile; the
-     * chunk's next access waits for it (td_memmgr_written_on). */
-    TD_TRY(td_copy_mark(t->engine, TD_QUEUE_COMPUTE, &used));
-    TD_TRY(td_copy_order(t->engine, TD_QUEUE_H2D, &used));
+     * last used its slot, but not behind the kernels queued since (the
+     * blocks before it): those compute meanwhile.  The chunk's next access
+     * waits for the gather (td_memmgr_written_on). */
+    TD_TRY(td_memmgr_order_after_use(t->mm, id, TD_QUEUE_H2D));
     TD_TRY(td_comm_all_gather(t->comm, (char *)p + (size_t)t->rank * l.shard_numel * E, p, l.shard_numel, t->dt,
                               TD_QUEUE_H2D));
     TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
@@ -799,12 +798,15 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         block_ids(t, t->pid, l, ids);
         block_ids(t, t->gid, l, gids);
         TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
-        TD_TRY(td_memmgr_access(mm, gids, nb, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
         const void *x = resid_at(t, l);
         void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
         /* Checkpointing: recompute this block's activations from its kept
          * input (its output lands in dx's buffer, overwritten right after). */
         if (l < t->ckpt_blocks) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, dxl));
+        /* The grads after the recompute is queued: where their slot is the
+         * one the next block's grads are leaving (a write-back in flight),
+         * the compute queue waits for it behind the recompute, not before. */
+        TD_TRY(td_memmgr_access(mm, gids, nb, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
         TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));

@@ -273,6 +273,12 @@ td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
  * its next access orders the compute queue after that work, and its slot is
  * neither reused nor written back before it ends. */
 td_status td_memmgr_written_on(td_memmgr *m, int id, td_queue q);
+/* Orders queue q after every use of the device copy of the chunk holding
+ * tensor `id` queued so far: its load, the kernels of its last release, a
+ * write-back.  For work on another queue that overwrites the copy (an
+ * all-gather in place, say) while the compute queue goes on with other
+ * chunks.  The chunk must be resident (accessed, so still in COMPUTE). */
+td_status td_memmgr_order_after_use(td_memmgr *m, int id, td_queue q);
 
 /* Device memory for non-model buffers, evicting chunks to make room. */
 td_status td_memmgr_alloc_nonmodel(td_memmgr *m, size_t bytes, td_role role, void **ptr);
