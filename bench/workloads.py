@@ -293,6 +293,33 @@ class SmiMonitor:
         return (self.peak_mib - self.base_mib) * MIB
 
 
+RUNNING = []  # the process run_logged waits for: a session of its own, which a signal to this script misses
+
+
+def stop_group(p, grace_s):
+    """SIGTERM to p's process group, SIGKILL after grace_s seconds."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+def on_signal(signum, frame):
+    """SIGTERM, SIGINT, SIGHUP (a `timeout` around this script, Ctrl-C): the running system's processes end too,
+    so none lives on holding the GPU and host memory the next run measures."""
+    for p in list(RUNNING):
+        stop_group(p, 10)
+    sys.stderr.write(f"bench/workloads.py: stopped by signal {signum}\n")
+    sys.exit(128 + signum)
+
+
 def run_logged(cmd, log_path, timeout_s):
     """Runs cmd with stdout and stderr into log_path; returns (rc, smi_bytes, seconds).  rc 124: timed out."""
     smi = SmiMonitor()
@@ -307,17 +334,15 @@ def run_logged(cmd, log_path, timeout_s):
             logf.write(f"cannot start: {e}\n")
             smi.stop()
             return 127, None, 0.0
+        RUNNING.append(p)
         try:
             rc = p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            stop_group(p, 30)
             logf.write(f"\n(killed after {timeout_s} s)\n")
             rc = 124
+        finally:
+            RUNNING.remove(p)
     return rc, smi.stop(), time.perf_counter() - t0
 
 
@@ -758,6 +783,8 @@ def main(argv=None):
     ap.add_argument("--python", default=sys.executable, help="interpreter for the peers")
     ap.add_argument("--run-timeout", type=int, default=900, help="seconds per process (default 900)")
     a = ap.parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     if a.peers_only and a.tidal_only:
         ap.error("--peers-only and --tidal-only exclude each other")
     if a.steps <= a.warmup:
