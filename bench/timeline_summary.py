@@ -9,7 +9,9 @@ the gaps between them (the queue idle: the driving thread had issued
 nothing), the blocks whose range took longer than the median of its kind
 (waiting inside: a load, a gather, a grad slot), the copy engines' busy
 time, the CPU AdamW's busy time (its track, host clock) and the driving
-thread's waits for it.  The largest gaps and slow ranges are named, which
+thread's longest spans: its waits for the CPU AdamW, and the chunk manager's
+accesses it spent 0.05 ms or more in (host waits, and how many loads each
+issued).  The largest gaps and slow ranges are named, which
 says what the step waits for at its boundary."""
 import argparse
 import json
@@ -81,7 +83,8 @@ def main():
         print("  slowest against their kind's median: " + "; ".join(f"{n} +{x:.1f} ms" for x, n in slow[:a.top]))
         waits = sorted(((b - s), n) for s, b, n in tracks.get("driving thread", []) if lo <= s < hi)[::-1]
         if waits:
-            print("  longest waits for the CPU AdamW: " + "; ".join(f"{n} {x:.1f} ms" for x, n in waits[:a.top]))
+            print("  driving thread's longest spans (waits for the CPU AdamW, slow accesses): "
+                  + "; ".join(f"{n} {x:.1f} ms" for x, n in waits[:a.top]))
 
 
 if __name__ == "__main__":

@@ -987,6 +987,9 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
                            void **dev_ptrs)
 {
     td_status st;
+    /* With a timeline: the host's time in here (waits, the loads it issues) */
+    double entered = m->tl ? td_now_ms() : 0;
+    uint64_t loads_before = m->stats.loads;
     int local[64], *cs = n <= 64 ? local : td_malloc((size_t)n * sizeof *cs, TD_ROLE_META);
     if (!cs) return TD_ERR_NOMEM;
     if ((st = check_ids(m, ids, n, "access")) || (st = check_transitions(m, ids, n, state))) goto out;
@@ -1051,6 +1054,12 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
         td_arena_stats as;
         td_arena_get_stats(m->arena, &as);
         mm_tl_instant(m, MM_TL_MEMORY, -1, (double)as.used_bytes);
+        double left = td_now_ms();
+        /* a diagnostic: a track too many does not fail the access */
+        if (left - entered >= MM_TL_ACCESS_MIN_MS &&
+            td_memmgr_timeline_host(m, "driving thread", entered, left, "access chunk %d: %llu loads issued",
+                                    k ? cs[0] : -1, (unsigned long long)(m->stats.loads - loads_before)))
+            td_error_clear();
     }
 out:
     if (cs != local) td_free(cs);

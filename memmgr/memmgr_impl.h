@@ -59,6 +59,9 @@ typedef struct mm_chunk {
 
 /* The timeline (Chrome / Perfetto JSON): copies and compute ranges timed by
  * events from a fixed pool, written out at each step's end. */
+/* An access the host spends at least this long in shows on the timeline's
+ * "driving thread" track (host waits, the loads it issues). */
+#define MM_TL_ACCESS_MIN_MS 0.05
 typedef enum mm_tl_kind { MM_TL_LOAD, MM_TL_WRITEBACK, MM_TL_RANGE, MM_TL_EVICT, MM_TL_MEMORY } mm_tl_kind;
 typedef struct mm_tl_rec {
     mm_tl_kind kind;
