@@ -891,11 +891,11 @@ static void test_step_json_and_timeline(void **state)
         if (!strcmp(ph, "C")) counters++;
         if (!strcmp(ph, "X")) assert_true(cJSON_GetObjectItem(ev, "dur")->valuedouble >= 0);
         int tid = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "tid"));
-        if (!strncmp(name, "access chunk", 12)) { /* the debug backend's 2 ms load, waited for */
+        if (!strncmp(name, "access chunk", 12)) {
             assert_int_equal(tid, drive_tid);
             assert_true(strstr(name, "loads issued") != NULL);
-            assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) >= 1000.0);
-            access_spans++;
+            /* the debug backend's 2 ms load, waited for (others may be slow for other reasons) */
+            access_spans += cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) >= 1000.0;
         }
         double end = cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "ts")) +
                      cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur"));
