@@ -852,6 +852,7 @@ static void test_step_json_and_timeline(void **state)
         TD_ASSERT_OK(td_memmgr_access(r.m, &id[0], 1, TD_TENSOR_COMPUTE, 0, &p));
         TD_ASSERT_OK(td_memmgr_release(r.m, &id[0], 1, TD_TENSOR_HOLD));
     }
+    int host_waits = td_backend_get_kind(r.b) == TD_BACKEND_CPU;
     rig_close(&r); /* closes the timeline */
     FILE *f = fopen(path, "r");
     assert_non_null(f);
@@ -878,7 +879,6 @@ static void test_step_json_and_timeline(void **state)
     assert_int_equal(tracks, TD_TIMELINE_HOST_TRACKS);
     /* The cpu backend's compute queue waits on the host, so the accesses
      * that waited for a load took 2 ms there; on cuda the device waits. */
-    int host_waits = td_backend_get_kind(r.b) == TD_BACKEND_CPU;
     assert_true(adam_tid >= 3);
     if (host_waits) assert_true(drive_tid >= 3);
     cJSON_ArrayForEach(ev, events) {
