@@ -176,6 +176,10 @@ static void test_no_clipping(void **state)
         if (!doc) fail_msg("%s (%zu bytes): not JSON", path, n);
         cJSON_Delete(doc);
         assert_non_null(strstr(text, "\"AdamW chunk "));
+        /* the driving thread's host time: each gather's catch-up waits at least
+         * for its load (a 100 us debug delay), and so does the access inside */
+        assert_non_null(strstr(text, "\"catch-up from chunk "));
+        assert_non_null(strstr(text, "\"access chunk "));
     }
 }
 

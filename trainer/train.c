@@ -430,7 +430,17 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
         int k = td_memmgr_tensor_chunk(t->mm, ids[i]) - first;
         if (k > upto) upto = k;
     }
-    return catch_up(t, upto + (t->worker ? 0 : CATCH_AHEAD));
+    int from = t->pending_next;
+    double t0 = td_now_ms();
+    td_status st = catch_up(t, upto + (t->worker ? 0 : CATCH_AHEAD));
+    double t1 = td_now_ms();
+    /* on the timeline, where the host spent a while here (waits for the
+     * AdamW, gathers, host copies marked new) */
+    if (!st && t1 - t0 >= 0.05)
+        st = td_memmgr_timeline_host(t->mm, "driving thread", t0, t1, "catch-up from chunk %d: %d chunks", from,
+                                     (t->pending_end ? t->pending_next : td_memmgr_role_chunk_count(t->mm,
+                                                                                                    TD_TENSOR_PARAM)) - from);
+    return st;
 }
 
 int td_trainer_updates_pending(td_trainer *t)
