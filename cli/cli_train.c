@@ -621,10 +621,14 @@ int td_cli_train_main(int argc, char **argv)
     {
         td_host_usage hu;
         if ((st = td_trainer_host_usage(t, &hu))) goto cleanup;
-        if (lead) fprintf(stderr, "host: planned %s, peak %s (%s pinned, %s pageable state, heap %s by %s)\n",
+        char hr[32], region[64] = "";
+        if (hu.device_region_bytes)
+            snprintf(region, sizeof region, ", device region %s",
+                     td_format_bytes(hu.device_region_bytes, hr, sizeof hr));
+        if (lead) fprintf(stderr, "host: planned %s, peak %s (%s pinned, %s pageable state, heap %s by %s%s)\n",
                 td_format_bytes(hplan.host_bytes, hx, sizeof hx), td_format_bytes(hu.peak_bytes, hy, sizeof hy),
                 td_format_bytes(hu.pinned_bytes, hz, sizeof hz), td_format_bytes(hu.pageable_bytes, hv, sizeof hv),
-                td_format_bytes(hu.heap_allocated_bytes, hw, sizeof hw), hu.heap_source);
+                td_format_bytes(hu.heap_allocated_bytes, hw, sizeof hw), hu.heap_source, region);
     }
     rc = 0;
 cleanup:

@@ -97,6 +97,11 @@ td_status td_backend_mem_info(td_backend *b, size_t *free_bytes, size_t *total_b
     return b->ops->mem_info(b, free_bytes, total_bytes);
 }
 
+size_t td_backend_host_mapped_bytes(td_backend *b)
+{
+    return b->ops->host_mapped_bytes ? b->ops->host_mapped_bytes(b) : 0;
+}
+
 td_status td_backend_dev_reserve(td_backend *b, size_t bytes, void **ptr)
 {
     *ptr = NULL;

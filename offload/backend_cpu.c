@@ -22,8 +22,9 @@
  * then does the real work.  New device memory is also 0xFF.  Compute-queue
  * operations are synchronous, so there is no window to poison there.
  *
- * Device memory is 4096-aligned host memory with a one-page header in front
- * that remembers its size, so a release uncounts exactly without a table. */
+ * Device memory is anonymous host pages mapped per reservation, with a
+ * one-page header in front that remembers its size, so a release uncounts
+ * exactly without a table; td_backend_host_mapped_bytes gives their sum. */
 #include "backend_impl.h"
 #include "tidal/alloc.h"
 #include "tidal/util.h"
@@ -33,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 enum {
     RING_OPS = 4096,       /* pending operations per copy queue */
@@ -82,6 +84,7 @@ struct cpu_backend {
     td_backend base;
     size_t capacity_bytes;
     size_t reserved_bytes;     /* under dev_lock */
+    size_t mapped_bytes;       /* the reservations' pages, headers included; under dev_lock */
     pthread_mutex_t dev_lock;
     int debug;
     long delay_us;
@@ -136,9 +139,21 @@ static td_status cpu_dev_reserve(td_backend *b, size_t bytes, void **ptr)
                             "--gpu-budget", td_format_bytes(bytes, s, sizeof s),
                             td_format_bytes(c->capacity_bytes, cap, sizeof cap),
                             td_format_bytes(reserved, held, sizeof held));
+    /* Mapped, not malloc'd: the host holds exactly these pages (a
+     * malloc rounds a large block up to its size class, a quarter more at
+     * worst, which `tidal plan` could not foresee). */
     char *base = NULL;
-    if (bytes <= SIZE_MAX - 2 * (size_t)DEV_ALIGN)
-        base = aligned_alloc(DEV_ALIGN, DEV_ALIGN + td_align_up(bytes, DEV_ALIGN));
+    size_t mapped = bytes <= SIZE_MAX - 2 * (size_t)DEV_ALIGN ? DEV_ALIGN + td_align_up(bytes, DEV_ALIGN) : 0;
+    if (mapped) {
+        base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) base = NULL;
+    }
+    if (base) {
+        madvise(base, mapped, MADV_HUGEPAGE); /* where the kernel offers them; a hint */
+        pthread_mutex_lock(&c->dev_lock);
+        c->mapped_bytes += mapped;
+        pthread_mutex_unlock(&c->dev_lock);
+    }
     if (!base) {
         pthread_mutex_lock(&c->dev_lock);
         c->reserved_bytes -= bytes;
@@ -161,10 +176,21 @@ static void cpu_dev_release(td_backend *b, void *ptr)
     dev_header *h = (dev_header *)((char *)ptr - DEV_ALIGN);
     if (h->magic != DEV_MAGIC) abort(); /* not from dev_reserve, or released twice */
     h->magic = 0;
+    size_t mapped = DEV_ALIGN + td_align_up(h->bytes, DEV_ALIGN);
     pthread_mutex_lock(&c->dev_lock);
     c->reserved_bytes -= h->bytes;
+    c->mapped_bytes -= mapped;
     pthread_mutex_unlock(&c->dev_lock);
-    free(h);
+    munmap(h, mapped);
+}
+
+static size_t cpu_host_mapped_bytes(td_backend *b)
+{
+    cpu_backend *c = cpu(b);
+    pthread_mutex_lock(&c->dev_lock);
+    size_t n = c->mapped_bytes;
+    pthread_mutex_unlock(&c->dev_lock);
+    return n;
 }
 
 /* Nothing to pin: every host page is as good as any other to a worker thread. */
@@ -420,6 +446,7 @@ static const td_backend_ops cpu_ops = {
     .queue_sync = cpu_queue_sync,
     .native_queue = cpu_native_queue,
     .pci_bus_id = cpu_pci_bus_id,
+    .host_mapped_bytes = cpu_host_mapped_bytes,
 };
 
 static td_status worker_start(cpu_backend *c, td_queue q)

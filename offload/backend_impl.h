@@ -24,6 +24,7 @@ typedef struct td_backend_ops {
     td_status (*queue_sync)(td_backend *b, td_queue q);
     void *(*native_queue)(td_backend *b, td_queue q);
     td_status (*pci_bus_id)(td_backend *b, char *buf, size_t buf_bytes);
+    size_t (*host_mapped_bytes)(td_backend *b); /* optional: NULL maps nothing */
 } td_backend_ops;
 
 struct td_backend {

@@ -169,6 +169,9 @@ static void check_exact(td_train_config c, const char *what)
     assert_int_equal(ms.host_pageable_bytes, p.host_pageable_state_bytes);
     assert_int_equal(u.pinned_bytes, p.host_pinned_bytes);
     assert_int_equal(u.pageable_bytes, p.host_pageable_state_bytes);
+    /* the cpu backend's "device": the arena's pages and a header page, as planned */
+    if (td_backend_get_kind(td_trainer_backend(t)) == TD_BACKEND_CPU)
+        assert_int_equal(u.device_region_bytes, p.host_device_region_bytes);
     if (u.peak_bytes > p.host_bytes)
         fail_msg("%s: measured peak %zu (heap %zu by %s) > planned %zu", what, u.peak_bytes, u.heap_allocated_bytes,
                  u.heap_source, p.host_bytes);
@@ -222,6 +225,12 @@ static void test_pinned_plan_is_exact(void **state)
     w.mm = td_memmgr_default_params();
     w.gpu_budget = 24 * TD_MiB;
     check_exact(w, "4L/256 at 24 MiB");
+    /* Budgets whose cpu "device" region a malloc would round up to its size
+     * class (256 MiB and a header page: a 320 MiB class in jemalloc) */
+    w.gpu_budget = 256 * TD_MiB;
+    check_exact(w, "4L/256 at 256 MiB");
+    w.gpu_budget = 600 * TD_MiB + 12345;
+    check_exact(w, "4L/256 at 600 MiB and some");
 }
 
 /* Transient grads: with the AdamW on its own thread and nothing between a

@@ -186,9 +186,10 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
     p->host_pageable_state_bytes = pageable;
     p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
                          (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + (cfg->backend == TD_BACKEND_CUDA ? HEAP_CUDA_BYTES : 0);
-    /* The cpu backend's device region is host memory (one aligned block
-     * with a page of header). */
-    p->host_device_region_bytes = cfg->backend == TD_BACKEND_CPU ? td_align_up(budget, 4096) + 2 * 4096 : 0;
+    /* The cpu backend's device region is host memory: the arena's one
+     * reservation, mapped in whole pages behind a header page (what
+     * td_backend_host_mapped_bytes measures). */
+    p->host_device_region_bytes = cfg->backend == TD_BACKEND_CPU ? td_align_up(budget, 4096) + 4096 : 0;
     p->host_pageable_bytes = pageable + p->host_heap_bytes + p->host_device_region_bytes;
     p->host_bytes = p->host_pinned_bytes + p->host_pageable_bytes;
 cleanup:
@@ -238,7 +239,8 @@ td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out)
     out->heap_allocated_bytes = hs.allocated_bytes;
     out->heap_resident_bytes = hs.resident_bytes;
     out->heap_source = hs.source;
-    out->total_bytes = out->pinned_bytes + out->pageable_bytes + out->heap_allocated_bytes;
+    out->device_region_bytes = t->backend ? td_backend_host_mapped_bytes(t->backend) : 0;
+    out->total_bytes = out->pinned_bytes + out->pageable_bytes + out->heap_allocated_bytes + out->device_region_bytes;
     if (out->total_bytes > t->host_peak_bytes) t->host_peak_bytes = out->total_bytes;
     out->peak_bytes = t->host_peak_bytes;
     return TD_OK;
@@ -248,9 +250,10 @@ size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
 {
     int n = snprintf(buf, buf_bytes,
                      "{\"pinned_bytes\":%zu,\"pageable_bytes\":%zu,\"heap_allocated_bytes\":%zu,"
-                     "\"heap_resident_bytes\":%zu,\"total_bytes\":%zu,\"peak_bytes\":%zu,\"heap_source\":\"%s\"}",
+                     "\"heap_resident_bytes\":%zu,\"device_region_bytes\":%zu,\"total_bytes\":%zu,\"peak_bytes\":%zu,"
+                     "\"heap_source\":\"%s\"}",
                      u->pinned_bytes, u->pageable_bytes, u->heap_allocated_bytes, u->heap_resident_bytes,
-                     u->total_bytes, u->peak_bytes, u->heap_source ? u->heap_source : "");
+                     u->device_region_bytes, u->total_bytes, u->peak_bytes, u->heap_source ? u->heap_source : "");
     if (n < 0) n = 0;
     return (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
 }

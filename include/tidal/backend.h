@@ -82,6 +82,11 @@ td_status td_backend_mem_info(td_backend *b, size_t *free_bytes, size_t *total_b
 td_status td_backend_dev_reserve(td_backend *b, size_t bytes, void **ptr);
 void td_backend_dev_release(td_backend *b, void *ptr);
 
+/* Host memory the backend maps to back its device memory: on cpu the
+ * "device" reservations, each a header page and its size in whole pages;
+ * 0 on cuda. */
+size_t td_backend_host_mapped_bytes(td_backend *b);
+
 /* Page-lock host memory for async copies (no-op on cpu); `ptr` must stay
  * valid until unregistered. */
 td_status td_backend_host_register(td_backend *b, void *ptr, size_t bytes);

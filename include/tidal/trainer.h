@@ -356,11 +356,13 @@ td_optim *td_trainer_optim(td_trainer *t);
 
 /* The host footprint now and its peak over the samples so far (taken at
  * creation's end and after every step): pinned slabs, pageable optimizer
- * state, and the heap as td_host_heap_stats measures it. */
+ * state, the heap as td_host_heap_stats measures it, and the cpu backend's
+ * "device" region (host pages it maps; 0 on cuda). */
 typedef struct td_host_usage {
     size_t pinned_bytes, pageable_bytes;        /* slabs; td_hostmem mappings */
     size_t heap_allocated_bytes, heap_resident_bytes;
-    size_t total_bytes;                         /* pinned + pageable + heap allocated */
+    size_t device_region_bytes;                 /* td_backend_host_mapped_bytes */
+    size_t total_bytes;                         /* pinned + pageable + heap allocated + device region */
     size_t peak_bytes;                          /* the largest total sampled */
     const char *heap_source;                    /* "jemalloc" or "mallinfo2" */
 } td_host_usage;
