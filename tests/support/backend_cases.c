@@ -441,6 +441,8 @@ void bcase_reserve_over_capacity(void **state)
         assert_int_equal((uintptr_t)a % 4096, 0);
         TD_ASSERT_OK(td_backend_mem_info(b, &free_b, &total_b));
         assert_int_equal(free_b, total_b - half);
+        /* host pages behind it: whole pages and a header page, no more */
+        assert_int_equal(td_backend_host_mapped_bytes(b), 4096 + td_align_up(half, 4096));
         assert_int_equal(td_backend_dev_reserve(b, total_b - half + 1, &c), TD_ERR_DEVICE_MEM);
         assert_msg_has(td_format_bytes(total_b - half + 1, s, sizeof s));
         assert_msg_has(td_format_bytes(total_b, cap, sizeof cap));
@@ -450,10 +452,15 @@ void bcase_reserve_over_capacity(void **state)
         TD_ASSERT_OK(td_backend_mem_info(b, &free_b, &total_b));
         assert_int_equal(free_b, 0);
         assert_int_equal(td_backend_dev_reserve(b, 1, &p), TD_ERR_DEVICE_MEM);
+        assert_int_equal(td_backend_host_mapped_bytes(b),
+                         2 * 4096 + td_align_up(half, 4096) + td_align_up(total_b - half, 4096));
         td_backend_dev_release(b, a);
         td_backend_dev_release(b, c);
         TD_ASSERT_OK(td_backend_mem_info(b, &free_b, &total_b));
         assert_int_equal(free_b, total_b);
+        assert_int_equal(td_backend_host_mapped_bytes(b), 0);
+    } else {
+        assert_int_equal(td_backend_host_mapped_bytes(b), 0); /* the device's own memory */
     }
     td_backend_free(b);
 }
