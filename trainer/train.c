@@ -438,8 +438,7 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
      * AdamW, gathers, host copies marked new) */
     if (!st && t1 - t0 >= 0.05)
         st = td_memmgr_timeline_host(t->mm, "driving thread", t0, t1, "catch-up from chunk %d: %d chunks", from,
-                                     (t->pending_end ? t->pending_next : td_memmgr_role_chunk_count(t->mm,
-                                                                                                    TD_TENSOR_PARAM)) - from);
+                                     t->pending_next - from); /* pending_next stays at the end when all are done */
     return st;
 }
 
