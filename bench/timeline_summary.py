@@ -11,7 +11,7 @@ nothing), the blocks whose range took longer than the median of its kind
 time, the CPU AdamW's busy time (its track, host clock) and the driving
 thread's longest spans: its waits for the CPU AdamW, and the chunk manager's
 accesses it spent 0.05 ms or more in (host waits, and how many loads each
-issued).  The largest gaps and slow ranges are named, which
+issued).  With --blocks, each block's forward and backward range too.  The largest gaps and slow ranges are named, which
 says what the step waits for at its boundary."""
 import argparse
 import json
@@ -42,6 +42,8 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--steps", type=int, default=0, help="summarise only the last N steps (default: all)")
     ap.add_argument("--top", type=int, default=4, help="largest gaps and slowest ranges named per step")
+    ap.add_argument("--blocks", action="store_true",
+                    help="also each block's forward and backward range per step, in ms, in block order")
     a = ap.parse_args()
     with open(a.file) as f:
         events = json.load(f)["traceEvents"]
@@ -81,6 +83,13 @@ def main():
         print("  largest compute gaps: " + "; ".join(f"{g:.1f} ms after {p} (before {q})"
                                                        for g, p, q in sorted(gaps, reverse=True)[:a.top]))
         print("  slowest against their kind's median: " + "; ".join(f"{n} +{x:.1f} ms" for x, n in slow[:a.top]))
+        if a.blocks:
+            for k in ("forward", "backward"):
+                per = sorted((int(n.split()[1]), b - s) for s, b, n in rng if kind(n) == "block " + k)
+                if per:
+                    ms = [d for _, d in per]
+                    print(f"  block {k} ranges (block 0 first; median {statistics.median(ms):.2f} ms): "
+                          + " ".join(f"{d:.2f}" for _, d in per))
         waits = sorted(((b - s), n) for s, b, n in tracks.get("driving thread", []) if lo <= s < hi)[::-1]
         if waits:
             print("  driving thread's longest spans (waits for the CPU AdamW, slow accesses): "
