@@ -783,33 +783,23 @@ static td_status measure_warmup(td_memmgr *m)
     return TD_OK;
 }
 
-/* Prefetch far enough ahead that loads (at the measured rate) finish within
- * the compute before their use, bursts included (td_prefetch_window: a
- * block's params come together at its start, three 20 MiB chunks are 2 ms
- * of PCIe and need that much compute ahead of them).  The compute time per
- * access is the warm-up step's span less its loads: the warm-up loads on
- * demand, so its compute waited for each.  In [1, 64]; the free budget
- * bounds the window too: a prefetch never evicts a chunk needed sooner. */
+/* Prefetch far enough ahead that a load (at the measured rate) finishes
+ * within the compute of the accesses before its use: window = ceil(load
+ * time of an average chunk / compute time per access) + 1, in [1, 64].  The
+ * free budget bounds it too: a prefetch never evicts a chunk needed sooner. */
 static int prefetch_window(td_memmgr *m)
 {
     if (m->params.prefetch >= 0) return m->params.prefetch;
     const mm_measure *ms = &m->measure;
     if (m->trace_len == 0 || ms->step_ms <= 0 || ms->load_ms_per_mib <= 0) return 4;
-    double loads_ms = ms->load_ms_per_mib * (double)m->last_step.bytes_h2d / (double)TD_MiB;
-    double compute_ms = ms->step_ms - loads_ms;
-    if (compute_ms < ms->step_ms / 4) compute_ms = ms->step_ms / 4; /* the loads overlapped after all */
-    double *load_ms = td_malloc((size_t)m->n_chunks * sizeof *load_ms + 1, TD_ROLE_META);
-    if (!load_ms) return 4; /* the fixed default: only slower */
-    for (int c = 0; c < m->n_chunks; c++)
-        load_ms[c] = m->chunks[c].home == TD_HOME_DEVICE
-                         ? 0
-                         : ms->load_ms_per_mib * (double)m->chunks[c].host_bytes / (double)TD_MiB;
-    int window = 4;
-    if (td_prefetch_window(m->trace_seq, m->trace_write, m->trace_len, load_ms, (uint32_t)m->n_chunks,
-                           compute_ms / (double)m->trace_len, 64, &window))
-        window = 4;
-    td_free(load_ms);
-    return window;
+    double bytes = 0;
+    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)m->chunks[m->trace_seq[i]].host_bytes;
+    double chunk_load_ms = ms->load_ms_per_mib * bytes / (double)m->trace_len / (double)TD_MiB;
+    double access_ms = ms->step_ms / (double)m->trace_len;
+    double w = access_ms > 0 ? chunk_load_ms / access_ms + 1.0 : 64.0;
+    if (w < 1) w = 1;
+    if (w > 64) w = 64;
+    return (int)(w + 0.999);
 }
 
 static td_status write_trace(td_memmgr *m)

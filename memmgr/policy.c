@@ -443,32 +443,3 @@ void td_optim_order_by_slack(int n, const uint64_t *ready, const uint64_t *need,
         order[j] = i;
     }
 }
-
-td_status td_prefetch_window(const uint32_t *seq, const uint8_t *write, size_t n, const double *chunk_load_ms,
-                             uint32_t n_chunks, double access_ms, int max_window, int *window)
-{
-    if (max_window < 1) max_window = 1;
-    *window = 1;
-    size_t *seen = td_malloc((size_t)n_chunks * sizeof *seen + 1, TD_ROLE_META); /* p that counted chunk c */
-    if (!seen) return TD_ERR_NOMEM;
-    for (uint32_t c = 0; c < n_chunks; c++) seen[c] = SIZE_MAX;
-    int most = 0;
-    for (size_t p = 0; p < n && most < max_window; p++) {
-        double need = 0;
-        int w = 0;
-        while (w < max_window && (size_t)w + 1 < n) {
-            size_t q = (p + (size_t)w + 1) % n; /* the step repeats: its end looks into the next one's start */
-            uint32_t c = seq[q];
-            if (!write[q] && chunk_load_ms[c] > 0 && seen[c] != p) {
-                seen[c] = p;
-                need += chunk_load_ms[c];
-            }
-            w++;
-            if (need <= (double)w * access_ms) break; /* the compute ahead covers the loads so far */
-        }
-        if (w > most) most = w;
-    }
-    td_free(seen);
-    *window = most + 1 > max_window ? max_window : most + 1;
-    return TD_OK;
-}

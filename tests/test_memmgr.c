@@ -791,88 +791,6 @@ static void test_optim_order_by_slack(void **state)
     assert_true(order[0] == 0 && order[1] == 1 && order[2] == 2);
 }
 
-/* The prefetch depth: loads get the compute they need ahead of them. */
-static int naive_window(const uint32_t *seq, const uint8_t *wr, size_t n, const double *load, double a, int max)
-{
-    int most = 0;
-    for (size_t p = 0; p < n; p++) {
-        int w = 0;
-        while (w < max && (size_t)w + 1 < n) {
-            w++;
-            double need = 0;
-            for (size_t j = 1; j <= (size_t)w; j++) { /* distinct chunks read in (p, p + w], wrapping */
-                size_t q = (p + j) % n;
-                int dup = 0;
-                for (size_t i = 1; i < j && !dup; i++) dup = seq[(p + i) % n] == seq[q] && !wr[(p + i) % n];
-                if (!wr[q] && !dup) need += load[seq[q]];
-            }
-            if (need <= w * a) break;
-        }
-        if (w > most) most = w;
-    }
-    return most + 1 > max ? max : most + 1;
-}
-
-static void test_prefetch_window(void **state)
-{
-    enum { N = 64 };
-    uint32_t seq[N];
-    uint8_t wr[N] = {0};
-    double load[N] = {0};
-    int w = 0;
-    for (int i = 0; i < N; i++) seq[i] = (uint32_t)i;
-    /* Nothing to load (every chunk stays on the device): the minimum. */
-    assert_int_equal(td_prefetch_window(seq, wr, N, load, N, 0.25, 64, &w), TD_OK);
-    assert_int_equal(w, 2);
-    /* A burst: chunks 10, 11, 12 of 1 ms each at accesses of 0.25 ms need 12
-     * accesses of compute ahead of the first (3 / 0.25), plus one. */
-    load[10] = load[11] = load[12] = 1.0;
-    assert_int_equal(td_prefetch_window(seq, wr, N, load, N, 0.25, 64, &w), TD_OK);
-    assert_int_equal(w, 13);
-    /* The old rule (one average load per access: 1 / 0.25 + 1 = 5) would
-     * leave the third load 2 ms late; capped, the most it may be is 8. */
-    assert_int_equal(td_prefetch_window(seq, wr, N, load, N, 0.25, 8, &w), TD_OK);
-    assert_int_equal(w, 8);
-    /* A burst at the step's end is prefetched from before it as well. */
-    load[10] = load[11] = load[12] = 0;
-    load[61] = load[62] = load[63] = 1.0;
-    assert_int_equal(td_prefetch_window(seq, wr, N, load, N, 0.25, 64, &w), TD_OK);
-    assert_int_equal(w, 13);
-    load[61] = load[62] = load[63] = 0;
-    load[10] = load[11] = load[12] = 1.0;
-    /* One chunk read three times in a row is one load: 1 / 0.25 + 1. */
-    seq[11] = seq[12] = 10;
-    assert_int_equal(td_prefetch_window(seq, wr, N, load, N, 0.25, 64, &w), TD_OK);
-    assert_int_equal(w, 5);
-    /* Writes bring nothing in. */
-    seq[11] = 11, seq[12] = 12;
-    wr[11] = wr[12] = 1;
-    assert_int_equal(td_prefetch_window(seq, wr, N, load, N, 0.25, 64, &w), TD_OK);
-    assert_int_equal(w, 5);
-    /* Faster compute needs a deeper window, up to the cap (here the step's
-     * length: 63 accesses ahead, then the same point of the next step). */
-    wr[11] = wr[12] = 0;
-    assert_int_equal(td_prefetch_window(seq, wr, N, load, N, 0.01, 64, &w), TD_OK);
-    assert_int_equal(w, 64);
-    /* Random steps against the naive count (chunks re-read, writes, loads
-     * of all sizes). */
-    td_rng rng;
-    td_rng_seed(&rng, 7);
-    for (int trial = 0; trial < 200; trial++) {
-        uint32_t nc = 1 + (uint32_t)(td_rng_below(&rng, 12));
-        for (uint32_t c = 0; c < nc; c++) load[c] = (td_rng_below(&rng, 3)) ? (double)(td_rng_below(&rng, 40)) / 10 : 0;
-        size_t n = 1 + td_rng_below(&rng, N);
-        for (size_t i = 0; i < n; i++) {
-            seq[i] = (uint32_t)(td_rng_below(&rng, nc));
-            wr[i] = td_rng_below(&rng, 4) == 0;
-        }
-        double a = 0.05 + (double)(td_rng_below(&rng, 20)) / 10;
-        int max = 1 + (int)(td_rng_below(&rng, 40));
-        assert_int_equal(td_prefetch_window(seq, wr, n, load, nc, a, max, &w), TD_OK);
-        assert_int_equal(w, naive_window(seq, wr, n, load, a, max));
-    }
-}
-
 /* Step statistics as JSON and the Perfetto timeline of a small run. */
 static void test_step_json_and_timeline(void **state)
 {
@@ -1098,7 +1016,6 @@ int main(void)
         cmocka_unit_test(test_step_json_and_timeline),
         cmocka_unit_test(test_optim_homes),
         cmocka_unit_test(test_optim_order_by_slack),
-        cmocka_unit_test(test_prefetch_window),
         cmocka_unit_test(test_order_after_use),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -133,22 +133,6 @@ td_status td_evictor_make_room(td_evictor *e, uint64_t need_bytes, uint64_t free
  * the least).  Ties: the lower index.  order: n indices. */
 void td_optim_order_by_slack(int n, const uint64_t *ready, const uint64_t *need, uint64_t period, int *order);
 
-/* ---- prefetch depth ------------------------------------------------------ */
-
-/* How many accesses ahead to prefetch for a recorded step of n accesses
- * (seq[i]: the chunk of access i; write[i]: it only writes, needing no data
- * in; chunk_load_ms[c]: the time to load chunk c, 0 for a chunk that stays
- * on the device), when each access computes for access_ms.  The step
- * repeats (its end prefetches the next one's start).  For each point
- * p the window (p, p + w] grows until the compute of its w accesses covers
- * the loads of the distinct chunks it reads; the result is the largest such
- * w plus one, in [1, max_window].  A burst of loads (a block's params at its
- * start) so gets as many accesses of compute ahead of it as it needs; a step
- * whose loads never outpace its compute gets 2.  TD_ERR_NOMEM on no
- * scratch for the chunks' marks. */
-td_status td_prefetch_window(const uint32_t *seq, const uint8_t *write, size_t n, const double *chunk_load_ms,
-                             uint32_t n_chunks, double access_ms, int max_window, int *window);
-
 #ifdef __cplusplus
 }
 #endif
