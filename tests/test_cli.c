@@ -103,17 +103,6 @@ static void test_budget_too_small_names_minimum(void **state)
     assert_int_equal(rc, 3);
 }
 
-/* tidal plan --json: the recomputed blocks --ckpt asks for, and the AdamW
- * term from its measured rate (the parameters over it). */
-static double num(cJSON *o, const char *a, const char *b)
-{
-    cJSON *x = cJSON_GetObjectItem(o, a);
-    if (x && b) x = cJSON_GetObjectItem(x, b);
-    assert_non_null(x);
-    assert_true(cJSON_IsNumber(x));
-    return x->valuedouble;
-}
-
 /* "57.18 MiB" as printed by td_format_bytes. */
 static double approx_bytes(const char *s)
 {
@@ -156,10 +145,10 @@ static void test_host_plan_and_limits(void **state)
     assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --json", tidal, tmp, model), 0);
     cJSON *j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
-    size_t pinned = (size_t)num(j, "host", "pinned_bytes"), pageable = (size_t)num(j, "host", "pageable_bytes");
-    size_t total = (size_t)num(j, "host", "total_bytes");
+    size_t pinned = (size_t)td_test_json_num(j, "host", "pinned_bytes"), pageable = (size_t)td_test_json_num(j, "host", "pageable_bytes");
+    size_t total = (size_t)td_test_json_num(j, "host", "total_bytes");
     assert_true(pinned > 0 && pageable > 0 && total == pinned + pageable);
-    assert_true(num(j, "host", "pinned_bytes_per_param") >= 8.0); /* fp32 params + grads on the cpu backend */
+    assert_true(td_test_json_num(j, "host", "pinned_bytes_per_param") >= 8.0); /* fp32 params + grads on the cpu backend */
     assert_non_null(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "host"), "ram_source"));
     cJSON_Delete(j);
     int rc = sh(out, sizeof out, "%s train --data %s/ok.tok %s --steps 2 --host-pin-limit %zu", tidal, tmp, model,
@@ -181,9 +170,9 @@ static void test_host_plan_and_limits(void **state)
     assert_int_equal(sh(out, sizeof out, "tail -n 1 %s/h.log", tmp), 0);
     j = cJSON_Parse(out);
     assert_non_null(j);
-    assert_int_equal((size_t)num(j, "host", "pinned_bytes"), pinned);
-    assert_true(num(j, "host", "heap_allocated_bytes") > 0 && num(j, "host", "pageable_bytes") > 0);
-    assert_true(num(j, "host", "peak_bytes") <= (double)total);
+    assert_int_equal((size_t)td_test_json_num(j, "host", "pinned_bytes"), pinned);
+    assert_true(td_test_json_num(j, "host", "heap_allocated_bytes") > 0 && td_test_json_num(j, "host", "pageable_bytes") > 0);
+    assert_true(td_test_json_num(j, "host", "peak_bytes") <= (double)total);
     cJSON_Delete(j);
     /* --largest: a line per state type, the compact ones fitting more layers. */
     rc = sh(out, sizeof out, "%s plan --layers 2 --width 64 --heads 2 --seq 32 --micro-batch 2 --backend cpu "
@@ -194,7 +183,7 @@ static void test_host_plan_and_limits(void **state)
     cJSON *l = cJSON_GetObjectItem(j, "largest");
     assert_int_equal(cJSON_GetArraySize(l), 3);
     double layers[3];
-    for (int k = 0; k < 3; k++) layers[k] = num(cJSON_GetArrayItem(l, k), "layers", NULL);
+    for (int k = 0; k < 3; k++) layers[k] = td_test_json_num(cJSON_GetArrayItem(l, k), "layers", NULL);
     assert_true(layers[0] > 0 && layers[1] >= layers[0] && layers[2] >= layers[1]);
     cJSON_Delete(j);
 }
@@ -217,8 +206,8 @@ static void test_adam_thread_flag(void **state)
                             on ? "on" : "off"), 0);
         cJSON *j = cJSON_Parse(strchr(out, '{'));
         assert_non_null(j);
-        assert_true(on ? num(j, "host", "grad_slots") > 0 : num(j, "host", "grad_slots") == 0);
-        pp[on] = num(j, "host", "pinned_bytes_per_param");
+        assert_true(on ? td_test_json_num(j, "host", "grad_slots") > 0 : td_test_json_num(j, "host", "grad_slots") == 0);
+        pp[on] = td_test_json_num(j, "host", "pinned_bytes_per_param");
         cJSON_Delete(j);
     }
     assert_true(pp[1] < pp[0] - 2.0); /* fp32 grads: 4 bytes a param fewer, less the slots */
@@ -233,12 +222,14 @@ static void test_adam_thread_flag(void **state)
         assert_int_equal(sh(out, sizeof out, "tail -n 1 %s/a%d.log", tmp, on), 0);
         cJSON *j = cJSON_Parse(out);
         assert_non_null(j);
-        loss[on] = num(j, "loss", NULL);
+        loss[on] = td_test_json_num(j, "loss", NULL);
         cJSON_Delete(j);
     }
     assert_true(loss[0] == loss[1]);
 }
 
+/* tidal plan --json: the recomputed blocks --ckpt asks for, and the AdamW
+ * term from its measured rate (the parameters over it). */
 static void test_plan_json(void **state)
 {
     char out[8192];
@@ -247,12 +238,12 @@ static void test_plan_json(void **state)
     assert_int_equal(rc, 0);
     cJSON *j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
-    assert_int_equal((int)num(j, "ckpt_blocks", NULL), 2);
+    assert_int_equal((int)td_test_json_num(j, "ckpt_blocks", NULL), 2);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "checkpointing")));
     /* 64 MiB holds the whole state: every optimizer chunk on the device,
      * nothing for the CPU AdamW. */
-    assert_int_equal((int)num(j, "optimizer", "gpu_chunks"), (int)num(j, "optimizer", "chunks"));
-    assert_true(num(j, "optimizer", "cpu_params") == 0 && num(j, "estimate", "adam_ms") == 0);
+    assert_int_equal((int)td_test_json_num(j, "optimizer", "gpu_chunks"), (int)td_test_json_num(j, "optimizer", "chunks"));
+    assert_true(td_test_json_num(j, "optimizer", "cpu_params") == 0 && td_test_json_num(j, "estimate", "adam_ms") == 0);
     cJSON_Delete(j);
     /* --policy cpu: every param through the CPU AdamW at the measured rate,
      * which is the measured DRAM bandwidth over 28 bytes a param. */
@@ -260,12 +251,12 @@ static void test_plan_json(void **state)
     assert_int_equal(rc, 0);
     j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
-    double rate = num(j, "measured", "adam_gparams_per_s"), params = num(j, "params", NULL);
+    double rate = td_test_json_num(j, "measured", "adam_gparams_per_s"), params = td_test_json_num(j, "params", NULL);
     assert_true(rate > 0);
-    assert_int_equal((int)num(j, "optimizer", "gpu_chunks"), 0);
-    assert_true(num(j, "optimizer", "cpu_params") == params);
-    assert_true(fabs(num(j, "measured", "dram_gbytes_per_s") / 28.0 - rate) <= 0.002 + 0.01 * rate);
-    double want = params / (rate * 1e9) * 1e3, got = num(j, "estimate", "adam_ms");
+    assert_int_equal((int)td_test_json_num(j, "optimizer", "gpu_chunks"), 0);
+    assert_true(td_test_json_num(j, "optimizer", "cpu_params") == params);
+    assert_true(fabs(td_test_json_num(j, "measured", "dram_gbytes_per_s") / 28.0 - rate) <= 0.002 + 0.01 * rate);
+    double want = params / (rate * 1e9) * 1e3, got = td_test_json_num(j, "estimate", "adam_ms");
     assert_true(fabs(got - want) <= 0.01 * want + 0.006); /* printed to 0.01 ms, the rate to 0.001 */
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "%s plan %s --ckpt 4 --json", tidal, model);
@@ -317,22 +308,22 @@ static void test_tune_config_trains_within_budget(void **state)
     assert_non_null(j);
     cJSON *b0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "budgets"), 0);
     assert_non_null(b0);
-    assert_true(num(b0, "budget_bytes", NULL) == (double)budget);
-    assert_true(num(b0, "candidates", NULL) > 4);
+    assert_true(td_test_json_num(b0, "budget_bytes", NULL) == (double)budget);
+    assert_true(td_test_json_num(b0, "candidates", NULL) > 4);
     cJSON *run;
     int runs = 0;
     cJSON_ArrayForEach(run, cJSON_GetObjectItem(b0, "runs")) {
         runs++;
         if (!cJSON_IsTrue(cJSON_GetObjectItem(run, "ran"))) continue;
-        assert_true(num(run, "device_peak_bytes", NULL) <= (double)budget);
-        assert_true(num(run, "tokens_per_s", NULL) > 0 && num(run, "bound_tokens_per_s", NULL) > 0);
+        assert_true(td_test_json_num(run, "device_peak_bytes", NULL) <= (double)budget);
+        assert_true(td_test_json_num(run, "tokens_per_s", NULL) > 0 && td_test_json_num(run, "bound_tokens_per_s", NULL) > 0);
         /* The tokens a step stay those asked (micro-batch 2). */
-        assert_int_equal((int)(num(run, "micro_batch", NULL) * num(run, "grad_accum", NULL)), 2);
+        assert_int_equal((int)(td_test_json_num(run, "micro_batch", NULL) * td_test_json_num(run, "grad_accum", NULL)), 2);
     }
     assert_int_equal(runs, 4); /* the best 2, then the winner at prefetch 2 and 8 */
-    double best = num(cJSON_GetObjectItem(b0, "winner"), "tokens_per_s", NULL);
+    double best = td_test_json_num(cJSON_GetObjectItem(b0, "winner"), "tokens_per_s", NULL);
     cJSON_ArrayForEach(run, cJSON_GetObjectItem(b0, "runs"))
-        if (cJSON_IsTrue(cJSON_GetObjectItem(run, "ran"))) assert_true(num(run, "tokens_per_s", NULL) <= best);
+        if (cJSON_IsTrue(cJSON_GetObjectItem(run, "ran"))) assert_true(td_test_json_num(run, "tokens_per_s", NULL) <= best);
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "%s train --config %s/w.json --steps 2 --log %s/w.log", tidal, tmp, tmp);
     assert_int_equal(rc, 0);
@@ -340,7 +331,7 @@ static void test_tune_config_trains_within_budget(void **state)
     rc = sh(out, sizeof out, "tail -n 1 %s/w.log", tmp);
     j = cJSON_Parse(out);
     assert_non_null(j);
-    assert_true(num(j, "device_peak_bytes", NULL) <= (double)budget);
+    assert_true(td_test_json_num(j, "device_peak_bytes", NULL) <= (double)budget);
     cJSON_Delete(j);
 }
 
@@ -395,8 +386,8 @@ static void test_tune_sweep_plot(void **state)
     assert_non_null(j);
     cJSON *bs = cJSON_GetObjectItem(j, "budgets");
     assert_int_equal(cJSON_GetArraySize(bs), 3);
-    assert_true(num(cJSON_GetArrayItem(bs, 0), "budget_bytes", NULL) == 1536.0 * 1024);
-    assert_true(num(cJSON_GetArrayItem(bs, 2), "budget_bytes", NULL) == 4.0 * 1024 * 1024);
+    assert_true(td_test_json_num(cJSON_GetArrayItem(bs, 0), "budget_bytes", NULL) == 1536.0 * 1024);
+    assert_true(td_test_json_num(cJSON_GetArrayItem(bs, 2), "budget_bytes", NULL) == 4.0 * 1024 * 1024);
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "cat %s/p.svg", tmp);
     assert_int_equal(rc, 0);
@@ -445,14 +436,14 @@ static void test_default_budget(void **state)
     assert_int_equal(sh(out, sizeof out, "%s plan %s --json", tidal, model), 0);
     cJSON *j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
-    double budget = num(j, "device", "budget_bytes"), all = num(j, "device", "all_resident_bytes");
-    double min = num(j, "device", "min_bytes");
-    assert_true(budget >= all + all / 8 && budget >= min && budget < num(j, "device", "free_bytes"));
+    double budget = td_test_json_num(j, "device", "budget_bytes"), all = td_test_json_num(j, "device", "all_resident_bytes");
+    double min = td_test_json_num(j, "device", "min_bytes");
+    assert_true(budget >= all + all / 8 && budget >= min && budget < td_test_json_num(j, "device", "free_bytes"));
     cJSON_Delete(j);
     assert_int_equal(sh(out, sizeof out, "%s plan %s --json --gpu-budget max", tidal, model), 0);
     j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
-    assert_true(num(j, "device", "budget_bytes") == floor(num(j, "device", "free_bytes") / 256) * 256);
+    assert_true(td_test_json_num(j, "device", "budget_bytes") == floor(td_test_json_num(j, "device", "free_bytes") / 256) * 256);
     cJSON_Delete(j);
     assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1", tidal, tmp), 0);
     assert_non_null(strstr(out, "(default: the run resident + 1/8; --gpu-budget max takes"));
@@ -522,7 +513,7 @@ static void test_config_numbers_for_string_flags(void **state)
     assert_int_equal(rc, 0);
     cJSON *j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
-    assert_int_equal((int)num(j, "ckpt_blocks", NULL), 1);
+    assert_int_equal((int)td_test_json_num(j, "ckpt_blocks", NULL), 1);
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "printf '{\"ckpt\": [1]}' > %s/c2.json && %s plan --config %s/c2.json", tmp, tidal, tmp);
     assert_int_equal(rc, 2);

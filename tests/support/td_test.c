@@ -1,6 +1,8 @@
 /* Shared helpers for tidal's cmocka tests (see td_test.h). */
 #include "td_test.h"
 
+#include <cjson/cJSON.h>
+
 #include <unistd.h>
 
 #include <stdlib.h>
@@ -37,4 +39,12 @@ const char *td_test_tidal(void)
     const char *exe = getenv("TIDAL");
     if (exe && *exe) return exe;
     return access("./build/tidal", X_OK) == 0 ? "./build/tidal" : "./build-san/tidal";
+}
+
+double td_test_json_num(const struct cJSON *o, const char *a, const char *b)
+{
+    const cJSON *x = cJSON_GetObjectItem(o, a);
+    if (x && b) x = cJSON_GetObjectItem(x, b);
+    if (!x || !cJSON_IsNumber(x)) fail_msg("JSON: no number at %s%s%s", a, b ? "." : "", b ? b : "");
+    return x->valuedouble;
 }

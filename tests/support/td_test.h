@@ -30,5 +30,9 @@ int td_test_seeds(int fallback);
 /* The tidal command of this build, for tests that run it: env TIDAL, else
  * ./build/tidal when it is there, else ./build-san/tidal. */
 const char *td_test_tidal(void);
+/* The number at o[a] (o[a][b] when b is given), failing the test with the
+ * key's name when it is missing or not a number. */
+struct cJSON;
+double td_test_json_num(const struct cJSON *o, const char *a, const char *b);
 
 #endif
