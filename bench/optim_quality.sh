@@ -7,13 +7,17 @@
 # Default shape: the README demo's (4 layers, 256 wide, 4 heads, T128, B8)
 # on the cpu backend, one thread a run, the three runs side by side.  Flags
 # given after OUTDIR win over these (the last of a flag counts); issue 10's
-# GPU check at W1's shape (124M, B16 x T1024, bf16; the three runs share the
-# GPU, 8 GiB each), on at least 33M tokens of distinct text so that the 2000
-# steps make one pass (bench/text_corpus.sh out/corpus 34000000 makes one from
-# what the machine has; a smaller text is gone over several times, and
-# memorising it separates the state types by several percent):
-#   bench/optim_quality.sh TOKFILE out/q-gpu --backend cuda --precision bf16 \
-#       --layers 12 --width 768 --heads 12 --seq 1024 --micro-batch 16 --threads 5
+# GPU check at W1's shape (124M, vocabulary 50304, B16 x T1024, bf16; the
+# three runs share the GPU), on at least 33M tokens of distinct text so that
+# the 2000 steps make one pass (a smaller text is gone over several times,
+# and memorising it separates the state types by several percent), in a
+# real vocabulary (with byte tokens the loss drops steeply around step 600
+# at a moment that moves with any perturbation, and the end loss mostly
+# times that drop: fp32 runs of three seeds ended 7% apart).  From what the
+# GPU machine has (150 MB of text, a BPE of 50257 tokens trained on it):
+#   TOKENIZER=bpe bench/text_corpus.sh out/q 150000000
+#   bench/optim_quality.sh out/q/corpus.tok out/q/r1337 --backend cuda --precision bf16 \
+#       --layers 12 --width 768 --heads 12 --seq 1024 --micro-batch 16 --threads 5 --vocab 50304 --seed 1337
 set -euo pipefail
 tok=${1:?usage: bench/optim_quality.sh TOKFILE [OUTDIR] [train flags...]}
 out=${2:-out/optim-quality}

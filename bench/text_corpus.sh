@@ -6,6 +6,10 @@
 # sorted path order (the same corpus on the same machine), whole files, up
 # to BYTES, into OUTDIR/corpus.txt, then tokenizes it with `tidal prepare`
 # (byte tokens unless TOKENIZER is given) into OUTDIR/corpus.tok.
+# TOKENIZER=bpe trains a GPT-2-style byte-level BPE of 50257 tokens on the
+# first 64 MiB of the text (bench/train_bpe.py, Python's `tokenizers`) into
+# OUTDIR/tokenizer.json and tokenizes with it: issue 10's check at W1's
+# real vocabulary.  Any other TOKENIZER is passed to `tidal prepare`.
 #   bench/text_corpus.sh OUTDIR BYTES [DIR...]
 # Default folders: Python's standard library, every site-packages folder
 # Python knows (on the GPU machines: torch, transformers, ...), /usr/share/doc.
@@ -36,5 +40,15 @@ done < <(for d in "${dirs[@]}"; do [ -d "$d" ] && find -L "$d" -type f \( -name 
          sort -zu)
 echo "bench/text_corpus.sh: $have bytes of text from ${dirs[*]}" >&2
 [ "$have" -ge "$want" ] || echo "bench/text_corpus.sh: only $have of the $want bytes asked for were found" >&2
-"$tidal" prepare --input "$out/corpus.txt" --out "$out/corpus.tok" --quiet ${TOKENIZER:+--tokenizer "$TOKENIZER"}
+tokenizer=${TOKENIZER:-}
+if [ "$tokenizer" = bpe ]; then
+  py=
+  for p in python3 /opt/torch/.venv/bin/python3; do
+    "$p" -c 'import tokenizers' >/dev/null 2>&1 && { py=$p; break; }
+  done
+  [ -n "$py" ] || { echo "bench/text_corpus.sh: TOKENIZER=bpe needs Python's tokenizers package" >&2; exit 1; }
+  "$py" "$(dirname "$0")/train_bpe.py" "$out/corpus.txt" "$out/tokenizer.json" --sample-mb 64
+  tokenizer=$out/tokenizer.json
+fi
+"$tidal" prepare --input "$out/corpus.txt" --out "$out/corpus.tok" --quiet ${tokenizer:+--tokenizer "$tokenizer"}
 ls -l "$out/corpus.tok" >&2

@@ -5,7 +5,7 @@ shape (default W6: GPT-2 1.5B, 8 GiB, 16 sequences of 1024 a step, bf16).
 
   python3 bench/tune_grid.py [--shape "..."] [--steps 6] [--warmup 2]
       [--splits 16x1,8x2,4x4] [--ckpt 48,36,24] [--optim-frac 0,1]
-      [--prefetch -1,8] [--chunk-numel 0] [--results FILE.json] [--max-minutes M]
+      [--prefetch -1,8,16] [--chunk-numel 0] [--results FILE.json] [--max-minutes M]
 
 1. `tidal tune` on the shape (--top, --steps): its winner's flags.
 2. Every combination of the grid's knobs (micro-batch x grad-accum of the
@@ -78,7 +78,7 @@ def main():
     ap.add_argument("--ckpt", default="", help="checkpointed blocks, a --ckpt N each (default: all, three quarters "
                     "and half of the shape's --layers)")
     ap.add_argument("--optim-frac", default="0,1", help="--offload-optim-frac under --policy auto")
-    ap.add_argument("--prefetch", default="-1,8", help="--prefetch values (-1: auto)")
+    ap.add_argument("--prefetch", default="-1,8,16", help="--prefetch values (-1: auto; default -1,8,16)")
     ap.add_argument("--chunk-numel", default="0", help="--chunk-numel values (0: the default search)")
     ap.add_argument("--top", type=int, default=3, help="tidal tune --top (default 3)")
     ap.add_argument("--results", default="out/tune-grid/results.json")

@@ -25,7 +25,7 @@ static const char usage[] =
     "a quarter, half, three quarters, all), optimizer share on the GPU and chunk size is planned and\n"
     "ranked by its step bound (`tidal plan`'s model, from rates measured once); the best --top K\n"
     "(default 3) that fit train for --steps N (default 5; the first is the warm-up, the median of the\n"
-    "rest counts), then the fastest again at prefetch depths 2 and 8.  Prints a table (tokens/s,\n"
+    "rest counts), then the fastest again at prefetch depths 2, 8 and 16.  Prints a table (tokens/s,\n"
     "device peak, pinned host, bound/step) and the winner's flags.\n\n"
     "tune's own options:\n"
     "  --sweep-budget LIST  device budgets to tune for, e.g. 8GiB,16GiB,24GiB: tokens/s against\n"
@@ -289,6 +289,12 @@ static td_status write_config(const char *path, cJSON *given, const td_tune_cand
 
 /* ---- the command ------------------------------------------------------------- */
 
+/* The prefetch depths the winner is tried again at: the plan's model does
+ * not rank them, and the auto depth can come out short (W6: auto gave 2,
+ * 16 ran its step 2.6% faster; docs/performance.md). */
+static const int tune_depths[] = {2, 8, 16};
+enum { TUNE_DEPTHS = sizeof tune_depths / sizeof tune_depths[0] };
+
 /* Ranks, runs the best `top` that fit, and for the winner tries the
  * prefetch depths (refine).  runs: the run candidates, best first. */
 static td_status tune_budget(const td_train_config *cfg, size_t budget, td_backend *b, const td_train_rates *rates,
@@ -308,11 +314,11 @@ static td_status tune_budget(const td_train_config *cfg, size_t budget, td_backe
     int k = fit < top ? fit : top;
     fprintf(stderr, "tidal tune: %s: %d candidates, %d fit; running the best %d for %d steps each\n",
             td_format_bytes(budget, bs, sizeof bs), n, fit, k, steps);
-    out = td_calloc((size_t)k + 2, sizeof *out, TD_ROLE_META);
+    out = td_calloc((size_t)k + TUNE_DEPTHS, sizeof *out, TD_ROLE_META);
     if (!out) TD_FAIL(TD_ERR_NOMEM, "tune: %d runs", k);
     td_tune_data data = { open_batches, close_batches, rc, progress };
     rc->budget = budget;
-    rc->count = k + (refine && k ? 2 : 0);
+    rc->count = k + (refine && k ? TUNE_DEPTHS : 0);
     for (int i = 0; i < k; i++) {
         out[i] = cs[i];
         rc->index = i + 1;
@@ -323,11 +329,10 @@ static td_status tune_budget(const td_train_config *cfg, size_t budget, td_backe
         if (out[i].ran == 1 && (best < 0 || out[i].tokens_per_s > out[best].tokens_per_s)) best = i;
     int m = k;
     if (refine && best >= 0) {
-        static const int depths[2] = {2, 8};
         td_tune_candidate w = out[best];
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < TUNE_DEPTHS; j++) {
             out[m] = w;
-            out[m].cfg.mm.prefetch = depths[j];
+            out[m].cfg.mm.prefetch = tune_depths[j];
             out[m].ran = 0;
             rc->index = m + 1;
             TD_TRY(td_tune_run(&out[m], steps, &data));

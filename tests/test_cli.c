@@ -311,16 +311,19 @@ static void test_tune_config_trains_within_budget(void **state)
     assert_true(td_test_json_num(b0, "budget_bytes", NULL) == (double)budget);
     assert_true(td_test_json_num(b0, "candidates", NULL) > 4);
     cJSON *run;
-    int runs = 0;
+    int runs = 0, depth_seen[3] = {0};
     cJSON_ArrayForEach(run, cJSON_GetObjectItem(b0, "runs")) {
         runs++;
+        int pf = (int)td_test_json_num(run, "prefetch", NULL);
+        depth_seen[0] += pf == 2, depth_seen[1] += pf == 8, depth_seen[2] += pf == 16;
         if (!cJSON_IsTrue(cJSON_GetObjectItem(run, "ran"))) continue;
         assert_true(td_test_json_num(run, "device_peak_bytes", NULL) <= (double)budget);
         assert_true(td_test_json_num(run, "tokens_per_s", NULL) > 0 && td_test_json_num(run, "bound_tokens_per_s", NULL) > 0);
         /* The tokens a step stay those asked (micro-batch 2). */
         assert_int_equal((int)(td_test_json_num(run, "micro_batch", NULL) * td_test_json_num(run, "grad_accum", NULL)), 2);
     }
-    assert_int_equal(runs, 4); /* the best 2, then the winner at prefetch 2 and 8 */
+    assert_int_equal(runs, 5); /* the best 2 (auto prefetch), then the winner at prefetch 2, 8 and 16 */
+    for (int d = 0; d < 3; d++) assert_int_equal(depth_seen[d], 1);
     double best = td_test_json_num(cJSON_GetObjectItem(b0, "winner"), "tokens_per_s", NULL);
     cJSON_ArrayForEach(run, cJSON_GetObjectItem(b0, "runs"))
         if (cJSON_IsTrue(cJSON_GetObjectItem(run, "ran"))) assert_true(td_test_json_num(run, "tokens_per_s", NULL) <= best);
