@@ -290,6 +290,18 @@ __device__ __forceinline__ uint32_t q8_encode(float y, int bias)
     return y < q8_pow2(1 - bias) ? sub : normal;
 }
 
+/* As q8_encode_sr in optim/adam_kernel.h: a normal y rounded up with the
+ * probability of its dropped fraction (the top 20 of rnd's bits carry). */
+__device__ __forceinline__ uint32_t q8_encode_sr(float y, int bias, uint32_t rnd)
+{
+    uint32_t b = __float_as_uint(y);
+    uint32_t normal = (b - ((uint32_t)(127 - bias) << 23) + (rnd >> 12)) >> 20;
+    if ((int32_t)normal > bias * 8) normal = (uint32_t)(bias * 8); /* signed min, as vi_min */
+    float magic = q8_pow2(21 - bias);
+    uint32_t sub = __float_as_uint(__fadd_rn(y, magic)) - __float_as_uint(magic);
+    return y < q8_pow2(1 - bias) ? sub : normal;
+}
+
 __device__ __forceinline__ float q8_decode(uint32_t c, int bias)
 {
     uint32_t normal = (c << 20) + ((uint32_t)(127 - bias) << 23);
@@ -326,9 +338,10 @@ __device__ __forceinline__ uint8_t q8_store_m(float x, float factor, bool mul)
     return (uint8_t)(q8_encode(q8_normalize(x, factor, mul), kQ8BiasM) | ((__float_as_uint(x) & 0x80000000u) >> 24));
 }
 
-__device__ __forceinline__ uint8_t q8_store_v(float x, float factor, bool mul)
+/* v's codes in an update, stochastically rounded (element i of the chunk). */
+__device__ __forceinline__ uint8_t q8_store_v_sr(float x, float factor, bool mul, uint32_t seed, size_t i)
 {
-    return (uint8_t)q8_encode(q8_normalize(x, factor, mul), kQ8BiasV);
+    return (uint8_t)q8_encode_sr(q8_normalize(x, factor, mul), kQ8BiasV, sr_bits(seed, i));
 }
 
 __device__ __forceinline__ float load_f32(const unsigned char *p)
@@ -423,7 +436,7 @@ __device__ __forceinline__ void adam_q8_block(const td_adam_coeffs &c, const td_
 #pragma unroll
     for (int k = 0; k < K; k++) {
         cm[k] = q8_store_m(mm[k], fm, mul_m);
-        cv[k] = q8_store_v(vv[k], fv, mul_v);
+        cv[k] = q8_store_v_sr(vv[k], fv, mul_v, c.sr_seed, q8_elem<WIDE>(qb, lane, k));
     }
     if constexpr (WIDE) {
         store_n<K>(mc + i0, cm);

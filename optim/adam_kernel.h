@@ -105,6 +105,24 @@ TD_KINLINE vi q8_encode(vf y, int bias)
     return vi_select_flt(y, vf_set1(q8_pow2(1 - bias)), sub, normal);
 }
 
+/* As q8_encode, but a normal y is rounded up with probability equal to the
+ * dropped fraction of its code step (rnd: 32 random bits, their top 20 carry
+ * into the dropped 20).  v moves by (1 - beta2) = 0.1% a step, far less
+ * than half a code step (up to 6.25%): rounded to nearest it moved only with
+ * its block's absmax, and a v that shrank under a steady absmax stayed
+ * high; rounded so, it is right on average, as bf16 v is.  Subnormal codes
+ * (below 2^(1-bias) of the absmax) still round to nearest.  Integer ops:
+ * every instance and the GPU give the same bits. */
+TD_KINLINE vi q8_encode_sr(vf y, int bias, vi rnd)
+{
+    vi b = vf_as_vi(y);
+    vi normal = vi_srli(vi_add(vi_sub(b, vi_set1((127 - bias) << 23)), vi_srli(rnd, 12)), 20);
+    normal = vi_min(normal, vi_set1(bias << 3));
+    vf magic = vf_set1(q8_pow2(21 - bias));
+    vi sub = vi_sub(vf_as_vi(vf_add(y, magic)), vf_as_vi(magic));
+    return vi_select_flt(y, vf_set1(q8_pow2(1 - bias)), sub, normal);
+}
+
 /* Magnitude code -> value in [0, 1], exact. */
 TD_KINLINE vf q8_decode(vi c, int bias)
 {
@@ -154,6 +172,12 @@ TD_KINLINE void q8_store_m(uint8_t *codes, vf x, vf factor, int mul)
 TD_KINLINE void q8_store_v(uint8_t *codes, vf x, vf factor, int mul)
 {
     vi_store_u8(codes, q8_encode(q8_normalize(x, factor, mul), Q8_BIAS_V));
+}
+
+/* v's codes in an update: stochastically rounded (q8_encode_sr). */
+TD_KINLINE void q8_store_v_sr(uint8_t *codes, vf x, vf factor, int mul, vi rnd)
+{
+    vi_store_u8(codes, q8_encode_sr(q8_normalize(x, factor, mul), Q8_BIAS_V, rnd));
 }
 
 /* The int8 layout of one moment buffer of `numel` elements: codes, then
@@ -304,16 +328,18 @@ static inline int range_segment(const td_adam_range *r, int n, int *at, size_t i
 
 /* New m and v of one block (tm, tv: QB values, zeros past a partial block's
  * end) into codes and scales: the absmax is a max of the bit patterns,
- * order-free, NaN wins. */
+ * order-free, NaN wins.  m rounds to nearest, v stochastically with the
+ * bits of each element's chunk index (idx: the block's first) and the
+ * step's seed, as bf16 v does. */
 TD_KINLINE void q8_requant(const float *tm, const float *tv, uint8_t *mc, uint8_t *vc, unsigned char *sm,
-                           unsigned char *sv, vi am, vi av)
+                           unsigned char *sv, vi am, vi av, vi seed, size_t idx)
 {
     float new_m, new_v, fm, fv;
     int mul_m = q8_normalizer(vi_hmax(am), &new_m, &fm), mul_v = q8_normalizer(vi_hmax(av), &new_v, &fv);
     vf factor_m = vf_set1(fm), factor_v = vf_set1(fv);
     for (size_t j = 0; j < QB; j += VW) {
         q8_store_m(mc + j, vf_loadu(tm + j), factor_m, mul_m);
-        q8_store_v(vc + j, vf_loadu(tv + j), factor_v, mul_v);
+        q8_store_v_sr(vc + j, vf_loadu(tv + j), factor_v, mul_v, sr_bits(seed, idx + j));
     }
     memcpy(sm, &new_m, 4);
     memcpy(sv, &new_v, 4);
@@ -322,9 +348,9 @@ TD_KINLINE void q8_requant(const float *tm, const float *tv, uint8_t *mc, uint8_
 /* One int8 scale block of QB elements, all with the same coefficients:
  * dequantize, update, keep the new m and v in L1 while their absmax is
  * found, requantize.  Pointers are at the block's first element; sm, sv at
- * its scales. */
+ * its scales; idx: that element's chunk index. */
 TD_KINLINE void q8_block(const kcoeffs *k, int l2, float *master, uint8_t *mc, uint8_t *vc, unsigned char *sm,
-                         unsigned char *sv, const void *grad, int gdt, void *out, int pdt, int nt)
+                         unsigned char *sv, const void *grad, int gdt, void *out, int pdt, int nt, size_t idx)
 {
     float tm[QB] __attribute__((aligned(64))), tv[QB] __attribute__((aligned(64)));
     vf scale_m = vf_set1(load_f32(sm)), scale_v = vf_set1(load_f32(sv));
@@ -340,7 +366,7 @@ TD_KINLINE void q8_block(const kcoeffs *k, int l2, float *master, uint8_t *mc, u
         am = vi_max(am, abs_bits(mm));
         av = vi_max(av, abs_bits(vv));
     }
-    q8_requant(tm, tv, mc, vc, sm, sv, am, av);
+    q8_requant(tm, tv, mc, vc, sm, sv, am, av, k->sr_seed, idx);
 }
 
 /* A block that straddles a no-decay boundary (base: the chunk index of its
@@ -378,7 +404,7 @@ static __attribute__((noinline)) void q8_block_ranges(const kcoeffs *k, const kc
         am = vi_max(am, abs_bits(vf_loadu(tm + j)));
         av = vi_max(av, abs_bits(vf_loadu(tv + j)));
     }
-    q8_requant(tm, tv, mc, vc, sm, sv, am, av);
+    q8_requant(tm, tv, mc, vc, sm, sv, am, av, k->sr_seed, base);
 }
 
 /* Block [i, i + QB) (pointers at i): with one set of coefficients when no
@@ -390,8 +416,8 @@ TD_KINLINE void q8_any_block(const kcoeffs *k, const kcoeffs *knd, int l2, const
     size_t se = i + QB;
     int dec = nr ? range_segment(rg, nr, at, i, i + QB, &se) : 1;
     if (se < i + QB) q8_block_ranges(k, knd, l2, master, mc, vc, sm, sv, grad, gdt, out, pdt, rg, nr, *at, i);
-    else if (dec) q8_block(k, l2, master, mc, vc, sm, sv, grad, gdt, out, pdt, nt);
-    else q8_block(knd, 0, master, mc, vc, sm, sv, grad, gdt, out, pdt, nt);
+    else if (dec) q8_block(k, l2, master, mc, vc, sm, sv, grad, gdt, out, pdt, nt, i);
+    else q8_block(knd, 0, master, mc, vc, sm, sv, grad, gdt, out, pdt, nt, i);
 }
 
 TD_KINLINE void q8_loop(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_chunk *ch, int gdt, int pdt,
@@ -507,9 +533,10 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
 }
 
 /* ---- moments to and from fp32 (td_adam_moment_store / _load) ---------------
- * The same rounding as the update's: a chunk stored here and one left by
- * an update hold the same bits for the same values.  [begin, end) as in
- * the update (int8: whole blocks, end may be numel). */
+ * The update's codes and scales, rounded to nearest: the same bits as an
+ * update leaves for the same values, except v's, which an update rounds
+ * stochastically (bf16 and int8).  [begin, end) as in the update (int8:
+ * whole blocks, end may be numel). */
 static void kernel_moment_store(td_optim_state st, int is_v, const float *x, void *buf, size_t numel, size_t begin,
                                 size_t end)
 {

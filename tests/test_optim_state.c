@@ -2,8 +2,9 @@
  * here, independently of the kernels:
  *   - the int8 codes: a table of every code's value from the format's
  *     definition (sign + E4M3 for m, E5M3 for v, largest code 1.0) and a
- *     nearest-even search over it; bf16 m by frexp/nearbyint in double, bf16
- *     v's stochastic rounding from its hash, written here;
+ *     nearest-even search over it for m, a stochastic one for v; bf16 m by
+ *     frexp/nearbyint in double, bf16 v's stochastic rounding from its hash,
+ *     written here;
  *   - every step of a random problem (sizes not multiples of the block,
  *     1-3 chunks, misaligned buffers, grads fp32/bf16/fp16, Adam and AdamW,
  *     clipping, loss scale) against a double-precision step from the same
@@ -122,6 +123,26 @@ static double bf16_round_sr(double x, uint32_t r16)
     double f = frexp(fabs(x), &e), lo = ldexp(floor(ldexp(f, 8)), e - 8), ulp = ldexp(1, e - 8);
     double frac = (fabs(x) - lo) / ulp, y = frac * 65536 >= 65536.0 - r16 ? lo + ulp : lo;
     return x < 0 ? -y : y;
+}
+
+/* v's int8 code in an update, from its definition: below the first normal
+ * code's value, the nearest code; from there, y between the codes lo and
+ * lo + 1 (a fraction f of the step between them) goes to lo + 1 when f *
+ * 2^20 plus the top 20 random bits r20 reaches 2^20; y >= 1 -> max.
+ * Monotone in y for fixed r20, so [code(y_lo), code(y_hi)] bounds the
+ * kernel's code as it does for nearest rounding. */
+static int code_sr(int bias, double y, uint32_t r20)
+{
+    if (!(y < 1.0)) return code_max(bias);
+    if (y < code_value(bias, 8)) return code_nearest(bias, y);
+    int lo = 8, hi = code_max(bias);
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (code_value(bias, mid) <= y) lo = mid;
+        else hi = mid;
+    }
+    double f = (y - code_value(bias, lo)) / (code_value(bias, lo + 1) - code_value(bias, lo));
+    return f * 1048576.0 + (double)r20 >= 1048576.0 ? lo + 1 : lo;
 }
 
 /* ---- random problems ---------------------------------------------------------- */
@@ -328,7 +349,9 @@ static int moment_ok(td_optim_state st, int is_v, const void *mom, size_t numel,
     /* y = |m| * (1/A) in fp32: two more roundings. */
     double ax = fabs(x), ylo = (ax - err) / (a_ref + err_a) * (1 - 2 * EPS_F);
     double yhi = a_ref > err_a ? (ax + err) / (a_ref - err_a) * (1 + 2 * EPS_F) : 1.0;
-    int clo = code_nearest(bias, ylo > 0 ? ylo : 0), chi = code_nearest(bias, yhi > 0 ? yhi : 0);
+    uint32_t r20 = lowbias32((uint32_t)i ^ seed) >> 12;
+    int clo = is_v ? code_sr(bias, ylo > 0 ? ylo : 0, r20) : code_nearest(bias, ylo > 0 ? ylo : 0);
+    int chi = is_v ? code_sr(bias, yhi > 0 ? yhi : 0, r20) : code_nearest(bias, yhi > 0 ? yhi : 0);
     if (mag < clo || mag > chi) {
         snprintf(why, why_len, "%s code %d (mag %d) outside [%d, %d]: ref %.12g +- %.3g, absmax %.9g +- %.3g",
                  is_v ? "v" : "m", c, mag, clo, chi, x, err, a_ref, err_a);

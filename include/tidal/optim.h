@@ -66,7 +66,8 @@ td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out);
  *         still deterministic), because v * beta2 moves v by less than half
  *         a bf16 step and nearest rounding would freeze it
  *   int8  m and v as 8-bit codes, block-wise quantized with one fp32 scale
- *         per TD_ADAM_INT8_BLOCK elements (Dettmers et al. 2021)
+ *         per TD_ADAM_INT8_BLOCK elements (Dettmers et al. 2021); m's codes
+ *         rounded to nearest, v's stochastically (the same hash as bf16's)
  * One moment buffer (m or v) of a chunk of `numel` elements takes
  * td_adam_moment_bytes(state, numel) bytes, its block scales included (they
  * follow the codes), so callers can treat a moment as an opaque byte array. */
