@@ -27,7 +27,7 @@ def chunks(path, limit):
             if not piece:
                 return
             piece += f.readline()
-            read += len(piece)
+            read += len(piece.encode("utf-8"))
             yield piece
 
 
