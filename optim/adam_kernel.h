@@ -93,35 +93,36 @@ static inline float q8_pow2(int e)
     return c.f;
 }
 
-/* y in [0, 1] (or NaN: the largest code) -> magnitude code. */
-TD_KINLINE vi q8_encode(vf y, int bias)
+/* y in [0, 1] (or NaN: the largest code) -> magnitude code, a normal y's
+ * mantissa cut to 3 bits after `carry` (< 2^20) is added to the 20 dropped
+ * bits; a subnormal y rounds to nearest even through the FPU. */
+TD_KINLINE vi q8_encode_carry(vf y, int bias, vi carry)
 {
     vi b = vf_as_vi(y);
-    vi half = vi_add(vi_set1((1 << 19) - 1), vi_and(vi_srli(b, 20), vi_set1(1))); /* RNE on the low 20 bits */
-    vi normal = vi_srli(vi_add(vi_sub(b, vi_set1((127 - bias) << 23)), half), 20);
+    vi normal = vi_srli(vi_add(vi_sub(b, vi_set1((127 - bias) << 23)), carry), 20);
     normal = vi_min(normal, vi_set1(bias << 3));
     vf magic = vf_set1(q8_pow2(21 - bias)); /* its ulp is the subnormal step 2^(-2-bias) */
     vi sub = vi_sub(vf_as_vi(vf_add(y, magic)), vf_as_vi(magic));
     return vi_select_flt(y, vf_set1(q8_pow2(1 - bias)), sub, normal);
 }
 
-/* As q8_encode, but a normal y is rounded up with probability equal to the
- * dropped fraction of its code step (rnd: 32 random bits, their top 20 carry
- * into the dropped 20).  v moves by (1 - beta2) = 0.1% a step, far less
- * than half a code step (up to 6.25%): rounded to nearest it moved only with
- * its block's absmax, and a v that shrank under a steady absmax stayed
- * high; rounded so, it is right on average, as bf16 v is.  Subnormal codes
+/* Rounded to nearest even: the carry is half a step, less one when the
+ * kept mantissa is even. */
+TD_KINLINE vi q8_encode(vf y, int bias)
+{
+    vi half = vi_add(vi_set1((1 << 19) - 1), vi_and(vi_srli(vf_as_vi(y), 20), vi_set1(1)));
+    return q8_encode_carry(y, bias, half);
+}
+
+/* Rounded stochastically: a normal y goes up with probability equal to the
+ * dropped fraction of its code step (the top 20 of rnd's 32 random bits are
+ * the carry).  v moves by (1 - beta2) = 0.1% a step, far less than half a
+ * code step (up to 6.25%): rounded to nearest it moved only with its
+ * block's absmax, and a v that shrank under a steady absmax stayed high;
+ * rounded so, it is right on average, as bf16 v is.  Subnormal codes
  * (below 2^(1-bias) of the absmax) still round to nearest.  Integer ops:
  * every instance and the GPU give the same bits. */
-TD_KINLINE vi q8_encode_sr(vf y, int bias, vi rnd)
-{
-    vi b = vf_as_vi(y);
-    vi normal = vi_srli(vi_add(vi_sub(b, vi_set1((127 - bias) << 23)), vi_srli(rnd, 12)), 20);
-    normal = vi_min(normal, vi_set1(bias << 3));
-    vf magic = vf_set1(q8_pow2(21 - bias));
-    vi sub = vi_sub(vf_as_vi(vf_add(y, magic)), vf_as_vi(magic));
-    return vi_select_flt(y, vf_set1(q8_pow2(1 - bias)), sub, normal);
-}
+TD_KINLINE vi q8_encode_sr(vf y, int bias, vi rnd) { return q8_encode_carry(y, bias, vi_srli(rnd, 12)); }
 
 /* Magnitude code -> value in [0, 1], exact. */
 TD_KINLINE vf q8_decode(vi c, int bias)
