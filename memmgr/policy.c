@@ -365,25 +365,34 @@ int64_t td_evictor_pick(const td_evictor *e, uint64_t min_next_use)
     return -1;
 }
 
+/* Sums saturate: chunk sizes come from traces and may add past 2^64. */
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+}
+
 uint64_t td_evictor_freeable(const td_evictor *e, uint64_t min_next_use, uint64_t enough)
 {
     uint64_t sum = 0;
     if (e->policy == TD_EVICT_BELADY) {
         for (uint32_t i = 0; i < e->count && sum < enough; i++)
-            if (e->next[e->heap[i]] >= min_next_use) sum += e->bytes[e->heap[i]];
+            if (e->next[e->heap[i]] >= min_next_use) sum = add_sat(sum, e->bytes[e->heap[i]]);
     } else {
         for (uint32_t c = e->tail; c != NIL && sum < enough; c = e->prev[c])
-            if (e->next[c] >= min_next_use) sum += e->bytes[c];
+            if (e->next[c] >= min_next_use) sum = add_sat(sum, e->bytes[c]);
     }
     return sum;
 }
 
+/* Counts what is still missing rather than free + freed, which can pass
+ * 2^64 when the caller's free bytes and the victims' together exceed it
+ * (a room near UINT64_MAX with huge resident chunks). */
 td_status td_evictor_make_room(td_evictor *e, uint64_t need_bytes, uint64_t free_bytes, uint64_t min_next_use,
                                uint32_t *victims, uint32_t *n_victims)
 {
     *n_victims = 0;
     if (free_bytes >= need_bytes) return TD_OK;
-    uint64_t short_bytes = need_bytes - free_bytes;
+    const uint64_t short_bytes = need_bytes - free_bytes;
     uint64_t can = td_evictor_freeable(e, min_next_use, short_bytes);
     if (can < short_bytes)
         return td_error_set(TD_ERR_BUDGET, "evictor: need %llu more bytes, but the %s candidates not needed "
@@ -391,7 +400,8 @@ td_status td_evictor_make_room(td_evictor *e, uint64_t need_bytes, uint64_t free
                             td_evict_policy_name(e->policy), (unsigned long long)min_next_use,
                             (unsigned long long)can);
     uint32_t n = 0;
-    while (free_bytes < need_bytes) {
+    uint64_t freed = 0; /* saturating; the loop ends once it reaches short_bytes */
+    while (freed < short_bytes) {
         int64_t v = td_evictor_pick(e, min_next_use);
         if (v < 0) { /* freeable said there was enough: an evictor bug */
             *n_victims = n;
@@ -399,17 +409,19 @@ td_status td_evictor_make_room(td_evictor *e, uint64_t need_bytes, uint64_t free
         }
         td_evictor_remove(e, (uint32_t)v);
         victims[n++] = (uint32_t)v;
-        free_bytes += e->bytes[v];
+        freed = add_sat(freed, e->bytes[v]);
     }
     if (e->policy == TD_EVICT_BELADY) {
         /* With mixed sizes a late, large victim can make earlier small ones
          * unnecessary: keep those, nearest next use first.  (Never happens
-         * with uniform sizes, where the furthest-first set is minimal.) */
+         * with uniform sizes, where the furthest-first set is minimal.)
+         * A saturated freed understates the surplus, so it can only keep
+         * fewer victims back than the exact sum would, never too many. */
         uint32_t kept = 0;
         for (uint32_t i = n - 1; i-- > 0;) {
             uint32_t v = victims[i];
-            if (free_bytes - e->bytes[v] >= need_bytes) {
-                free_bytes -= e->bytes[v];
+            if (freed - short_bytes >= e->bytes[v]) {
+                freed -= e->bytes[v];
                 td_evictor_update(e, v, e->last[v], e->next[v], e->dirty[v]);
                 victims[i] = NIL;
                 kept++;

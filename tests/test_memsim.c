@@ -133,13 +133,14 @@ static void expect_victims(checker *k, uint64_t need, uint64_t free_bytes, uint6
             uint32_t tmp = cand[j]; cand[j] = cand[j - 1]; cand[j - 1] = tmp;
         }
     uint32_t m = 0;
-    while (free_bytes < need && m < n) free_bytes += td_trace_chunk_bytes(k->t, cand[m++]);
-    assert_true(free_bytes >= need);
+    unsigned __int128 free_sum = free_bytes; /* free + victims can pass 2^64 */
+    while (free_sum < need && m < n) free_sum += td_trace_chunk_bytes(k->t, cand[m++]);
+    assert_true(free_sum >= need);
     uint8_t keep[MAXC] = {0};
     if (k->p->policy == TD_EVICT_BELADY && m > 0)
         for (uint32_t i = m - 1; i-- > 0;)
-            if (free_bytes - td_trace_chunk_bytes(k->t, cand[i]) >= need) {
-                free_bytes -= td_trace_chunk_bytes(k->t, cand[i]);
+            if (free_sum - td_trace_chunk_bytes(k->t, cand[i]) >= need) {
+                free_sum -= td_trace_chunk_bytes(k->t, cand[i]);
                 keep[i] = 1;
             }
     k->n_expected = k->i_expected = 0;
@@ -716,7 +717,8 @@ static void test_budget_errors(void **state)
 /* Sizes near 2^64 under the largest budget: a non-model line that leaves no
  * room evicts the resident chunk (resident + non-model once wrapped to a
  * small sum and kept it, past the budget); a prefetch whose chunk and the
- * resident ones pass 2^64 together evicts first.  Found by fuzz_trace. */
+ * resident ones pass 2^64 together evicts first; an eviction whose victim
+ * and the free bytes pass 2^64 together.  Found by fuzz_trace. */
 static void test_sizes_near_2_64(void **state)
 {
     td_trace *t;
@@ -740,6 +742,23 @@ static void test_sizes_near_2_64(void **state)
         assert_true(r.peak_device_bytes == 9223372036854775808ull);
         assert_int_equal(r.total.loads, 3);
     }
+    td_trace_destroy(t);
+
+    /* Evicting the huge chunk covers the 10 bytes the non-model line takes;
+     * free bytes + the victim's once passed 2^64, read as still short, and
+     * the evictor ran out of victims (TD_ERR_STATE).  Found by fuzz_trace. */
+    text = "tidal-trace 1\nchunk 0 18446744073709551515\nchunk 1 50\n"
+           "access 0 r\naccess 1 r\nnonmodel 60\naccess 1 r\n";
+    TD_ASSERT_OK(td_trace_parse(text, strlen(text), "wrap3.trace", &t));
+    for (int pol = 0; pol < TD_EVICT_POLICY_COUNT; pol++)
+        for (uint32_t pf = 0; pf <= 2; pf += 2) {
+            p.policy = (td_evict_policy)pol;
+            p.prefetch = pf;
+            TD_ASSERT_OK(run_checked(t, p, &r, 1));
+            assert_int_equal(r.total.evictions, 1);
+            assert_int_equal(r.resident_end, 1);
+            assert_int_equal(r.resident_bytes_end, 50);
+        }
     td_trace_destroy(t);
 }
 
