@@ -547,6 +547,12 @@ int td_cli_train_main(int argc, char **argv)
             td_format_bytes(hplan.host_pinned_bytes, hx, sizeof hx), td_format_bytes(hplan.host_pageable_bytes, hy, sizeof hy),
             td_optim_state_name(cfg.optim.state), td_format_bytes(host_ram, hz, sizeof hz), ram_src,
             td_host_heap_source());
+    td_setup_times su;
+    td_trainer_setup_times(t, &su);
+    if (lead) fprintf(stderr, "tidal train: set up in %.1f s (backend and plan %.1f s, pinning host slabs %.1f s, "
+                    "first touch of pageable state %.1f s, initial weights %.1f s, the rest %.1f s)\n",
+            su.total_ms / 1e3, su.backend_ms / 1e3, su.pin_ms / 1e3, su.touch_ms / 1e3, su.init_ms / 1e3,
+            su.rest_ms / 1e3);
     int tty = isatty(fileno(stderr));
     long first = td_trainer_optim(t)->step + 1;
     if (first > o.steps && lead) fprintf(stderr, "tidal train: already at step %ld of --steps %ld\n", first - 1, o.steps);

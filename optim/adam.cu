@@ -279,27 +279,29 @@ constexpr int kQ8BiasM = 15, kQ8BiasV = 31;
 
 __device__ __forceinline__ float q8_pow2(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
 
-__device__ __forceinline__ uint32_t q8_encode(float y, int bias)
+/* As q8_encode_carry in optim/adam_kernel.h: the code of y in [0, 1] with
+ * `carry` added below the kept mantissa bits before they are cut. */
+__device__ __forceinline__ uint32_t q8_encode_carry(float y, int bias, uint32_t carry)
 {
     uint32_t b = __float_as_uint(y);
-    uint32_t half = ((1u << 19) - 1) + ((b >> 20) & 1);
-    uint32_t normal = (b - ((uint32_t)(127 - bias) << 23) + half) >> 20;
+    uint32_t normal = (b - ((uint32_t)(127 - bias) << 23) + carry) >> 20;
     if ((int32_t)normal > bias * 8) normal = (uint32_t)(bias * 8); /* signed min, as vi_min */
     float magic = q8_pow2(21 - bias);
     uint32_t sub = __float_as_uint(__fadd_rn(y, magic)) - __float_as_uint(magic);
     return y < q8_pow2(1 - bias) ? sub : normal;
 }
 
+/* Rounded to nearest even: half a step, less one when the kept mantissa is even. */
+__device__ __forceinline__ uint32_t q8_encode(float y, int bias)
+{
+    return q8_encode_carry(y, bias, ((1u << 19) - 1) + ((__float_as_uint(y) >> 20) & 1));
+}
+
 /* As q8_encode_sr in optim/adam_kernel.h: a normal y rounded up with the
  * probability of its dropped fraction (the top 20 of rnd's bits carry). */
 __device__ __forceinline__ uint32_t q8_encode_sr(float y, int bias, uint32_t rnd)
 {
-    uint32_t b = __float_as_uint(y);
-    uint32_t normal = (b - ((uint32_t)(127 - bias) << 23) + (rnd >> 12)) >> 20;
-    if ((int32_t)normal > bias * 8) normal = (uint32_t)(bias * 8); /* signed min, as vi_min */
-    float magic = q8_pow2(21 - bias);
-    uint32_t sub = __float_as_uint(__fadd_rn(y, magic)) - __float_as_uint(magic);
-    return y < q8_pow2(1 - bias) ? sub : normal;
+    return q8_encode_carry(y, bias, rnd >> 12);
 }
 
 __device__ __forceinline__ float q8_decode(uint32_t c, int bias)

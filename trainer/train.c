@@ -177,6 +177,14 @@ static td_status share_cores(td_trainer *t)
     return st ? st : td_topo_share(t->topo, index, count);
 }
 
+/* Milliseconds since *mark, which moves to now. */
+static double lap(double *mark)
+{
+    double now = td_now_ms(), ms = now - *mark;
+    *mark = now;
+    return ms;
+}
+
 td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
 {
     td_status st = TD_OK;
@@ -184,6 +192,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     if ((st = td_train_config_check(cfg)) || (st = td_train_optim_state_check(cfg))) return st;
     td_trainer *t = td_calloc(1, sizeof *t, TD_ROLE_META);
     if (!t) return TD_ERR_NOMEM;
+    const double t0 = td_now_ms();
+    double mark = t0;
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
     t->cfg = *cfg;
     *out = t; /* destroy frees whatever was taken if a later step fails */
@@ -264,12 +274,16 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     td_memmgr_params mp = td_train_chunk_params(cfg);
     mp.hostmem = t->hostmem;
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
+    t->setup.backend_ms = lap(&mark);
     TD_TRY(register_tensors(t));
     TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks)); /* host-homed state: pageable (memmgr.h) */
     TD_TRY(td_memmgr_layout(t->mm));
+    t->setup.pin_ms = lap(&mark);
     TD_TRY(td_train_first_touch(t->mm, cfg, t->topo));
     TD_TRY(td_train_decay_setup(t));
+    t->setup.touch_ms = lap(&mark);
     TD_TRY(init_state(t));
+    t->setup.init_ms = lap(&mark);
     TD_TRY(alloc_activations(t));
 #ifdef TD_HAVE_CUDA
     if (t->cfg.backend == TD_BACKEND_CUDA) {
@@ -308,6 +322,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     }
     td_host_usage hu;
     TD_TRY(td_trainer_host_usage(t, &hu)); /* the footprint's first sample */
+    t->setup.rest_ms = lap(&mark);
+    t->setup.total_ms = mark - t0;
     return TD_OK;
 cleanup:
     td_trainer_destroy(t);
@@ -1516,6 +1532,7 @@ int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total)
     return t->gpu_opt;
 }
 size_t td_trainer_budget_cap(const td_trainer *t) { return t->budget_cap; }
+void td_trainer_setup_times(const td_trainer *t, td_setup_times *out) { *out = t->setup; }
 td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
 
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v)

@@ -33,6 +33,7 @@ struct td_trainer {
      * after a skipped one). */
     int pending_update;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
+    td_setup_times setup;              /* td_trainer_create's phases */
     size_t budget_cap;                 /* free device memory minus a margin, when the budget was not given */
 
     int n_tensors;                     /* 4 + 12 L */

@@ -354,6 +354,17 @@ void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad
 /* The optimizer's state (step, scaler) for checkpoints. */
 td_optim *td_trainer_optim(td_trainer *t);
 
+/* Where td_trainer_create's time went, in milliseconds of td_now_ms's
+ * clock: the backend, the job (several ranks), the plan, the device arena
+ * and the chunk manager; laying out the chunks, which maps and pins the host
+ * slabs; first-touching the pageable optimizer state on its NUMA node;
+ * drawing the initial weights into the host copies; the rest (activations,
+ * the kernels' set-up, the AdamW teams). */
+typedef struct td_setup_times {
+    double backend_ms, pin_ms, touch_ms, init_ms, rest_ms, total_ms;
+} td_setup_times;
+void td_trainer_setup_times(const td_trainer *t, td_setup_times *out);
+
 /* The host footprint now and its peak over the samples so far (taken at
  * creation's end and after every step): pinned slabs, pageable optimizer
  * state, the heap as td_host_heap_stats measures it, and the cpu backend's
