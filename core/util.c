@@ -121,6 +121,58 @@ uint64_t td_rng_below(td_rng *rng, uint64_t bound)
 
 double td_rng_uniform(td_rng *rng) { return (double)(td_rng_next(rng) >> 11) * 0x1.0p-53; }
 
+/* Jumping ahead.  xoshiro256's step is a linear map T of the state over
+ * GF(2), and its characteristic polynomial P (degree 256; the low 256
+ * coefficients below, x^256 implied) was found by Berlekamp-Massey on the
+ * generator's own bit stream; test_util checks the jump against stepping.
+ * T^k s = sum over i of c_i T^i s, where sum c_i x^i = x^k mod P: so k
+ * steps cost about 64 products of 256-bit polynomials and 256 steps. */
+static const uint64_t xoshiro_poly[4] = {0x9d116f2bb0f0f001ull, 0x0280002bcefd1a5eull, 0x04b4edcf26259f85ull,
+                                         0x0003c03c3f3ecb19ull};
+
+typedef struct { uint64_t w[4]; } gf2_poly; /* degree < 256 */
+
+static void poly_times_x(gf2_poly *a)
+{
+    uint64_t top = a->w[3] >> 63;
+    for (int i = 3; i > 0; i--) a->w[i] = (a->w[i] << 1) | (a->w[i - 1] >> 63);
+    a->w[0] <<= 1;
+    if (top)
+        for (int i = 0; i < 4; i++) a->w[i] ^= xoshiro_poly[i];
+}
+
+static gf2_poly poly_mulmod(gf2_poly a, gf2_poly b)
+{
+    gf2_poly r = {{0}};
+    for (int i = 0; i < 256; i++) {
+        if (a.w[i / 64] >> (i % 64) & 1)
+            for (int j = 0; j < 4; j++) r.w[j] ^= b.w[j];
+        poly_times_x(&b);
+    }
+    return r;
+}
+
+void td_rng_jump(td_rng *rng, uint64_t k)
+{
+    if (k < 256) { /* stepping is cheaper */
+        while (k--) (void)td_rng_next(rng);
+        return;
+    }
+    gf2_poly c = {{1}}, base = {{2}}; /* 1 and x */
+    for (; k; k >>= 1) {
+        if (k & 1) c = poly_mulmod(c, base);
+        base = poly_mulmod(base, base);
+    }
+    uint64_t acc[4] = {0};
+    td_rng t = *rng;
+    for (int i = 0; i < 256; i++) {
+        if (c.w[i / 64] >> (i % 64) & 1)
+            for (int j = 0; j < 4; j++) acc[j] ^= t.s[j];
+        (void)td_rng_next(&t);
+    }
+    memcpy(rng->s, acc, sizeof acc);
+}
+
 #include "tidal/dtype.h"
 
 const char *td_dtype_name(td_dtype dt)

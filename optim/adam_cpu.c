@@ -190,8 +190,15 @@ void td_adam_cpu_partition(const td_adam_cpu *cpu, size_t numel, int thread, siz
     *end = b1 * TD_PART_ELEMS < numel ? b1 * TD_PART_ELEMS : numel;
 }
 
-/* Binds the calling thread's team, once per calling thread.  Best effort: a
- * machine that refuses binding still runs, with the OS placing threads. */
+/* Binds the calling thread's team, once per calling thread: thread t to
+ * core t, except the caller itself (thread 0), whose binding is its own
+ * business (the trainer's AdamW thread pins itself to core 0).  Pinned here,
+ * a caller that later runs regions of all the cores would have pinned every
+ * thread it starts there too (a thread inherits its creator's binding): two
+ * threads on core 0, one spinning in OpenMP's wait beside the serial code
+ * between regions; the weights' init after the first touch ran 5.5x slower
+ * so on a 16-core machine.  Best effort: a machine that refuses binding
+ * still runs, with the OS placing threads. */
 static void bind_team(td_adam_cpu *cpu)
 {
     if (!cpu->topo || (cpu->bound && pthread_equal(cpu->bound_for, pthread_self()))) return;
@@ -199,7 +206,8 @@ static void bind_team(td_adam_cpu *cpu)
     int n = cpu->threads;
 #pragma omp parallel num_threads(n)
     {
-        for (int t = omp_get_thread_num(); t < n; t += omp_get_num_threads()) td_topo_bind_thread_to_core(topo, t, n);
+        for (int t = omp_get_thread_num(); t < n; t += omp_get_num_threads())
+            if (t > 0) (void)td_topo_bind_thread_to_core(topo, t, n);
     }
     cpu->bound = 1;
     cpu->bound_for = pthread_self();

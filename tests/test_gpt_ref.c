@@ -503,10 +503,37 @@ static void test_targets_masks_and_micro_batches(void **state)
     model_free(&m);
 }
 
+/* td_rng_jump(k) is k steps: against stepping around the switch from
+ * stepping to the polynomial (256), and composed (a then b is a + b) for
+ * jumps too long to step. */
+static void test_rng_jump(void **state)
+{
+    const uint64_t ks[] = {0, 1, 2, 255, 256, 257, 1000, 65537, 300001};
+    for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+        td_rng a, b;
+        td_rng_seed(&a, 42 + i);
+        b = a;
+        for (uint64_t k = 0; k < ks[i]; k++) (void)td_rng_next(&a);
+        td_rng_jump(&b, ks[i]);
+        assert_memory_equal(a.s, b.s, sizeof a.s);
+        assert_true(td_rng_next(&a) == td_rng_next(&b));
+    }
+    const uint64_t x = (1ull << 40) + 12345, y = (1ull << 37) + 999;
+    td_rng a, b, c;
+    td_rng_seed(&a, 7);
+    b = c = a;
+    td_rng_jump(&a, x);
+    td_rng_jump(&a, y);
+    td_rng_jump(&b, x + y);
+    assert_memory_equal(a.s, b.s, sizeof a.s);
+    td_rng_jump(&c, x);
+    assert_memory_not_equal(c.s, b.s, sizeof c.s);
+}
+
 /* A tensor's init is its own stream, Box-Muller pair by pair, whatever the
- * threads: td_gpt_ref_init_tensor draws the uniforms in blocks and
- * transforms each block on all threads; a large tensor of odd size (several
- * blocks, the last pair cut) gets the bits of the one-pair-at-a-time loop. */
+ * threads: td_gpt_ref_init_tensor jumps each thread's share of the stream
+ * to its first pair; a large tensor of odd size (the last pair cut) gets the
+ * bits of the one-pair-at-a-time loop with 1, 3 and 8 threads. */
 static void test_init_is_the_serial_stream(void **state)
 {
     const td_gpt_ref_config c = {.n_layer = 1, .n_head = 1, .n_embd = 127, .n_positions = 16, .vocab_size = 4099,
@@ -514,7 +541,7 @@ static void test_init_is_the_serial_stream(void **state)
     td_gpt_ref_tensor t;
     td_gpt_ref_tensor_get(&c, 0, &t);
     assert_int_equal(t.kind, TD_GPT_REF_WTE);
-    const size_t n = (size_t)c.vocab_size * c.n_embd; /* 520573: odd, beyond two blocks of 2^17 pairs */
+    const size_t n = (size_t)c.vocab_size * c.n_embd; /* 520573: odd */
     float *want = fvec(t.numel), *got = fvec(t.numel);
     td_rng rng;
     td_rng_seed(&rng, 11 ^ (0x9E3779B97F4A7C15ull * 1));
@@ -525,8 +552,9 @@ static void test_init_is_the_serial_stream(void **state)
         if (i + 1 < n) want[i + 1] = (float)(r * sin(a));
     }
     const int saved = omp_get_max_threads();
-    for (int threads = 1; threads <= 3; threads += 2) {
-        omp_set_num_threads(threads);
+    const int team[] = {1, 3, 8};
+    for (int k = 0; k < 3; k++) {
+        omp_set_num_threads(team[k]);
         memset(got, 0xff, t.numel * sizeof(float));
         td_gpt_ref_init_tensor(&c, 0, got, 11);
         assert_memory_equal(got, want, t.numel * sizeof(float)); /* padding rows zero in both */
@@ -575,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_block_recompute_matches),
         cmocka_unit_test(test_targets_masks_and_micro_batches),
         cmocka_unit_test(test_bit_identical_across_threads),
+        cmocka_unit_test(test_rng_jump),
         cmocka_unit_test(test_init_is_the_serial_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

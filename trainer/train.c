@@ -1043,8 +1043,7 @@ static td_status next_coeffs(td_trainer *t, td_adam_coeffs *c)
 
 /* The thread driving the GPU on the core the AdamW team leaves free: the
  * team's threads would otherwise share a core with it (a team waits for
- * its slowest thread).  Again each step: a call into the AdamW engine from
- * this thread binds it to the team's first core.  Best effort. */
+ * its slowest thread).  Each step, in case anything moved it.  Best effort. */
 static void own_core(td_trainer *t)
 {
     if (t->main_core >= 0) (void)td_topo_bind_thread_to_core(t->topo, t->main_core, t->main_core + 1);
@@ -1142,6 +1141,14 @@ static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int 
 static td_status adam_job(void *ctx, int k)
 {
     td_trainer *t = ctx;
+    /* The AdamW thread runs nothing but its team's regions: on the team's
+     * first core (td_adam_cpu leaves a team's caller as it is), away from
+     * the core the GPU's thread keeps (own_core).  Once, before its team
+     * starts: the team's other threads pin themselves to the next cores. */
+    if (!t->worker_pinned) {
+        (void)td_topo_bind_thread_to_core(t->topo, 0, 1);
+        t->worker_pinned = 1;
+    }
     td_status st = job_run(t, k, &t->jobs[k], t->adam);
     adam_drop(t, k); /* read or failed: the grads' staging slot is free again */
     return st;

@@ -100,6 +100,7 @@ struct td_trainer {
     td_adam_coeffs ov_coeffs[2];
     int ov_cur;
     int main_core;
+    int worker_pinned;                 /* the AdamW thread has pinned itself (adam_job; that thread's alone) */
     int ov_early;                      /* this step's chunks went over in its backward: their grad sums
                                           were taken on the device (h_sumsq[chunks + k]), and the
                                           next forward takes their updates back (catch_up) */

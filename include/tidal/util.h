@@ -34,6 +34,9 @@ void     td_rng_seed(td_rng *rng, uint64_t seed);
 uint64_t td_rng_next(td_rng *rng);
 uint64_t td_rng_below(td_rng *rng, uint64_t bound); /* uniform in [0, bound) */
 double   td_rng_uniform(td_rng *rng);                /* [0, 1) */
+/* As k calls of td_rng_next, in O(log k): a thread can start its share of
+ * one stream where the serial draws would have reached. */
+void     td_rng_jump(td_rng *rng, uint64_t k);
 
 /* Copies the file src to dst whole: written to dst.tmp.<pid>, fsync'd and
  * renamed over dst, so dst is the old file or the complete copy. */
