@@ -172,10 +172,17 @@ def llama_params(layers, width, heads, kv_heads, mlp, vocab):
     return 2 * vocab * width + layers * block + width
 
 
+# W8S's share of the available memory for the peer's estimate.  At 31 layers (7.81B) the peer's own check
+# passed with 122.4 of 124.0 GiB (2026-11-27, H200 machine): it set up in 60 s, ran its warm-up step in
+# 55.7 s, then had not finished the next one 350 s later (its AdamW state, taken in the first step, left the
+# host no room).  A tenth is left for what 16 bytes a param does not count.
+PEER_HOST_SHARE = 0.9
+
+
 def fit_peer_host(w):
     """W8S: the most layers (<= the preset's) whose FSDP2 CPU-offload host state passes the peer's own host check
-    (bench/peers/torch_gpt.py: bytes a param + margin against MemAvailable or the cgroup's room).  None where
-    the host's memory cannot be read (the preset's layers stay)."""
+    (bench/peers/torch_gpt.py: bytes a param + margin) against PEER_HOST_SHARE of MemAvailable or the cgroup's
+    room.  None where the host's memory cannot be read (the preset's layers stay)."""
     sys.path.insert(0, PEER_DIR)
     import torch_gpt  # the peer's check itself: no torch at import time
     avail = torch_gpt.mem_available_bytes()
@@ -183,12 +190,13 @@ def fit_peer_host(w):
         return None
     L, C, H = w.shape
     while L > 1 and (llama_params(L, C, H, w.llama.kv_heads, w.llama.mlp, w.vocab) * torch_gpt.HOST_BYTES_PER_PARAM
-                     + torch_gpt.HOST_MARGIN_BYTES) > avail:
+                     + torch_gpt.HOST_MARGIN_BYTES) > PEER_HOST_SHARE * avail:
         L -= 1
     n = llama_params(L, C, H, w.llama.kv_heads, w.llama.mlp, w.vocab)
     w.shape = (L, C, H)
     w.name = (f"llama-3.1-8b shape with {L} of 32 layers ({n / 1e9:.2f}B, {L}L/{C}/{H}H, 8 KV heads, MLP "
-              f"{w.llama.mlp}): the most FSDP2 offload fits in {avail / GIB:.1f} GiB available")
+              f"{w.llama.mlp}): the most FSDP2 offload fits in {PEER_HOST_SHARE:g} of {avail / GIB:.1f} GiB "
+              "available")
     return L
 
 
