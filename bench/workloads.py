@@ -12,7 +12,8 @@ For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W8S, W9 of
           tokens per step, --gpu-budget and --optim-state (W8: bf16, which
           `tidal plan` fits in 90 GiB of a 125 GiB host where fp32 state
           needs 120 GiB; W8S: the same shape with as many layers as the
-          FSDP2 peer's host check passes on this machine, fp32 state on
+          FSDP2 peer's host check passes in 0.9 of this machine's
+          available memory, fp32 state on
           both sides, the fallback issue 14 asks for); tokens/s is
           the median of its log's tokens_per_s over the steps after the
           warm-up (4..8 of 8); its peak device bytes are the log's
