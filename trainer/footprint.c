@@ -197,6 +197,9 @@ void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n)
 {
     if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
     uint16_t *d = dst;
+    /* On all threads: the init rounds every param through here (7.8B at
+     * W8S's shape), and each element's rounding is its own. */
+#pragma omp parallel for schedule(static) if (n >= (1u << 18))
     for (size_t i = 0; i < n; i++) d[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(src[i]) : td_f16_from_f32(src[i]);
 }
 
@@ -204,6 +207,7 @@ void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n)
 {
     if (dt == TD_DTYPE_F32) { memcpy(dst, src, n * sizeof(float)); return; }
     const uint16_t *s = src;
+#pragma omp parallel for schedule(static) if (n >= (1u << 18))
     for (size_t i = 0; i < n; i++) dst[i] = dt == TD_DTYPE_BF16 ? td_f32_from_bf16(s[i]) : td_f32_from_f16(s[i]);
 }
 
