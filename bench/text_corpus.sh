@@ -19,9 +19,10 @@ want=${2:?usage: bench/text_corpus.sh OUTDIR BYTES [DIR...]}
 shift 2
 tidal=${TIDAL:-build/tidal}
 dirs=("$@")
+# The Pythons there are: the PATH's, and the GPU machines' torch venv.
+pythons() { for p in python3 /opt/torch/.venv/bin/python3; do command -v "$p" 2>/dev/null || true; done; }
 if [ ${#dirs[@]} -eq 0 ]; then
-  for py in python3 /opt/torch/.venv/bin/python3; do
-    command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || continue
+  for py in $(pythons); do
     while IFS= read -r d; do dirs+=("$d"); done < <("$py" -c \
       'import site, sysconfig; print(sysconfig.get_paths()["stdlib"]); [print(p) for p in site.getsitepackages()]' 2>/dev/null)
   done
@@ -43,7 +44,7 @@ echo "bench/text_corpus.sh: $have bytes of text from ${dirs[*]}" >&2
 tokenizer=${TOKENIZER:-}
 if [ "$tokenizer" = bpe ]; then
   py=
-  for p in python3 /opt/torch/.venv/bin/python3; do
+  for p in $(pythons); do
     "$p" -c 'import tokenizers' >/dev/null 2>&1 && { py=$p; break; }
   done
   [ -n "$py" ] || { echo "bench/text_corpus.sh: TOKENIZER=bpe needs Python's tokenizers package" >&2; exit 1; }
