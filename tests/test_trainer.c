@@ -256,14 +256,28 @@ static void test_first_loss_matches_reference(void **state)
     free(acts);
 }
 
-/* A fixed batch is learnt: the loss falls far below its start. */
+/* A fixed batch is learnt: the loss falls far below its start.  (And the
+ * set-up's timing adds up.) */
 static void test_learns_a_fixed_batch(void **state)
 {
     td_train_config c = small_config();
     c.grad_accum = 1;
     c.mm.placement = TD_PLACEMENT_CPU;
     td_trainer *t;
+    const double before = td_now_ms();
     TD_ASSERT_OK(td_trainer_create(&c, &t));
+    const double took = td_now_ms() - before;
+    /* The set-up's phases partition its time, within the call's. */
+    td_setup_times su;
+    td_trainer_setup_times(t, &su);
+    const double phases[] = {su.backend_ms, su.pin_ms, su.touch_ms, su.init_ms, su.rest_ms};
+    double sum = 0;
+    for (int i = 0; i < 5; i++) {
+        assert_true(phases[i] >= 0);
+        sum += phases[i];
+    }
+    assert_true(su.total_ms > 0 && fabs(sum - su.total_ms) <= 1e-6 * su.total_ms + 1e-9);
+    assert_true(su.total_ms <= took);
     batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len, .repeat = 1, .seed = 5 };
     td_step_result r, first = {0};
     for (int s = 0; s < 60; s++) {
