@@ -946,6 +946,56 @@ static td_status check_group(const td_ckpt_group *g)
     return TD_OK;
 }
 
+/* The folders above DIR, made as `mkdir -p` would (save_pretrained makes
+ * them too); then that its parent takes new entries. */
+static td_status make_parents(const char *dir)
+{
+    char *p = cat3(dir, "", NULL);
+    if (!p) return td_error_prefix(TD_ERR_NOMEM, "checkpoint: ");
+    td_status st = TD_OK;
+    struct stat sb;
+    char *slash = strrchr(p, '/');
+    if (slash == p) slash[1] = '\0'; /* "/x": the parent is the root */
+    else if (slash) *slash = '\0';
+    else {
+        p[0] = '.';
+        p[1] = '\0';
+    }
+    for (char *c = p + 1; ; c++) { /* each prefix ending before a '/', then the whole */
+        int end = *c == '\0';
+        if (!end && *c != '/') continue;
+        *c = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            st = td_error_set(TD_ERR_IO, "checkpoint: cannot create the folder %s for %s: %s", p, dir, strerror(errno));
+        else if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) /* stat: a link to a folder is one */
+            st = td_error_set(TD_ERR_INVALID, "checkpoint: %s is in the path of %s and is not a folder", p, dir);
+        if (end || st) break;
+        *c = '/';
+    }
+    if (!st && access(p, W_OK | X_OK) != 0)
+        st = td_error_set(TD_ERR_IO, "checkpoint: cannot write into %s (the folder %s goes in): %s; choose "
+                          "another checkpoint path", p, dir, strerror(errno));
+    td_free(p);
+    return st;
+}
+
+td_status td_ckpt_check_target(const char *dir)
+{
+    char *d = NULL;
+    td_status st = normalize_dir(dir, &d);
+    if (st) return st;
+    if (exists(d)) {
+        if (!is_dir(d))
+            st = td_error_set(TD_ERR_INVALID, "checkpoint: %s exists and is not a directory; choose another "
+                              "checkpoint path", d);
+        else if (!(st = check_ckpt_dir(d)) && access(d, W_OK | X_OK) != 0)
+            st = td_error_set(TD_ERR_IO, "checkpoint: cannot write into %s: %s", d, strerror(errno));
+    }
+    if (!st) st = make_parents(d);
+    td_free(d);
+    return st;
+}
+
 /* Rank 0's (or a lone writer's) part of starting a save: recovery, checks,
  * the temporary directory with config.json. */
 static td_status start_dir(td_ckpt_writer *w, long pid)
@@ -964,6 +1014,7 @@ static td_status start_dir(td_ckpt_writer *w, long pid)
                     "checkpoint path", w->dir);
         TD_TRY(check_ckpt_dir(w->dir));
     }
+    TD_TRY(make_parents(w->dir));
     if (mkdir(w->tmp_dir, 0755) != 0) {
         char *gone = w->tmp_dir;
         w->tmp_dir = NULL; /* not ours: abort must not remove it */

@@ -473,6 +473,13 @@ int td_cli_train_main(int argc, char **argv)
         fprintf(stderr, "tidal train: cannot write --log %s\n", o.log);
         goto out;
     }
+    /* Where --save writes, checked (and its folders made) before the run
+     * spends its time: rank 0 alone writes the checkpoint directory. */
+    if (o.save && lead && (st = td_ckpt_check_target(o.save))) {
+        fprintf(stderr, "tidal train: --save %s: %s\n", o.save, td_error_msg());
+        rc = 2;
+        goto out;
+    }
     static agree_list agree;
     if (env.size > 1) {
         cfg.ranks = env.size;

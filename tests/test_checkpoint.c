@@ -429,8 +429,9 @@ static void test_writer_misuse(void **state)
     assert_int_equal(td_ckpt_writer_begin(dir, &bad, NULL, &w), TD_ERR_INVALID);
     expect_msg("not a multiple of n_head 5");
     assert_int_equal(td_ckpt_writer_begin("/", &tiny, NULL, &w), TD_ERR_INVALID);
-    assert_int_equal(td_ckpt_writer_begin(tpath("no/such/ck"), &tiny, NULL, &w), TD_ERR_IO);
-    expect_msg("parent directory exists");
+    /* Missing folders above are made (test_save_target); a file among them is refused. */
+    assert_int_equal(td_ckpt_writer_begin(tpath("ck/config.json/ck2"), &tiny, NULL, &w), TD_ERR_INVALID);
+    expect_msg("is not a folder");
     assert_string_equal(root_entries(), "ck");
     assert_int_equal(td_host_live_allocs(), live);
 }
@@ -457,6 +458,37 @@ static void test_foreign_directory_kept(void **state)
     spit(tpath("file"), "x");
     assert_int_equal(td_ckpt_writer_begin(tpath("file"), &tiny, NULL, &w), TD_ERR_INVALID);
     expect_msg("is not a directory");
+    assert_int_equal(td_host_live_allocs(), live);
+}
+
+/* Missing folders above a save are made (as `mkdir -p`), by the up-front
+ * check and by the writer; a file in the path, an existing non-directory
+ * or a foreign directory is refused before anything is made below it. */
+static void test_save_target(void **state)
+{
+    const size_t live = td_host_live_allocs();
+    TD_ASSERT_OK(td_ckpt_check_target(tpath("a/b/c/run")));
+    struct stat sb;
+    assert_int_equal(stat(tpath("a/b/c"), &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+    assert_int_not_equal(access(tpath("a/b/c/run"), F_OK), 0); /* the checkpoint itself is the save's */
+    TD_ASSERT_OK(write_ckpt(tpath("x/y/run/"), &tiny, 1, NULL)); /* the writer alone, a trailing slash */
+    assert_int_equal(access(tpath("x/y/run/config.json"), F_OK), 0);
+    TD_ASSERT_OK(td_ckpt_check_target(tpath("x/y/run"))); /* a checkpoint to replace */
+    spit(tpath("plain"), "x");
+    assert_int_equal(td_ckpt_check_target(tpath("plain/sub/run")), TD_ERR_INVALID);
+    expect_msg("plain is in the path of");
+    assert_int_not_equal(access(tpath("plain/sub"), F_OK), 0);
+    td_ckpt_writer *w;
+    assert_int_equal(td_ckpt_writer_begin(tpath("plain/sub/run"), &tiny, NULL, &w), TD_ERR_INVALID);
+    assert_int_equal(td_ckpt_check_target(tpath("plain")), TD_ERR_INVALID);
+    expect_msg("is not a directory");
+    mkdir(tpath("mine"), 0755);
+    spit(tpath("mine/notes.txt"), "important");
+    assert_int_equal(td_ckpt_check_target(tpath("mine")), TD_ERR_INVALID);
+    expect_msg("holds 'notes.txt'");
+    assert_int_equal(td_ckpt_check_target(""), TD_ERR_INVALID);
+    assert_int_equal(td_ckpt_check_target("/"), TD_ERR_INVALID);
     assert_int_equal(td_host_live_allocs(), live);
 }
 
@@ -1007,6 +1039,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_round_trip, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_writer_misuse, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_foreign_directory_kept, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_save_target, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_hf_layouts, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_alloc_failures, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_kill_at_each_stage, setup_dir, teardown_dir),

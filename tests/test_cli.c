@@ -428,6 +428,16 @@ static void test_checkpoint_survives_bad_resume_and_corruption(void **state)
     rc = sh(out, sizeof out, "%s eval --checkpoint %s/ck --data %s/ok.tok --seq 32 --batches 2", tidal, tmp, tmp);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "nats/token"));
+    /* --save's missing folders are made; a file in its path is refused
+     * before the first step, not after the run. */
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 2 --save %s/new/deep/ck && "
+            "test -f %s/new/deep/ck/model.safetensors", tidal, tmp, tmp, tmp);
+    assert_int_equal(rc, 0);
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 2 --save %s/ok.tok/ck", tidal, tmp, tmp);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--save"));
+    assert_non_null(strstr(out, "is not a folder"));
+    assert_null(strstr(out, "step 1/"));
 }
 
 /* Without --gpu-budget the plan takes the run resident plus an eighth;

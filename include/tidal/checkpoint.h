@@ -161,9 +161,16 @@ td_ckpt_write_options td_ckpt_write_default_options(void);
 
 typedef struct td_ckpt_writer td_ckpt_writer;
 
+/* Whether a save into DIR can go ahead, before a run spends hours on what
+ * it would save: an existing DIR is a directory of checkpoint files only,
+ * writable; otherwise the folders above it are made (as `mkdir -p`) and
+ * the parent is writable.  Each failure names the path and what to do. */
+td_status td_ckpt_check_target(const char *dir);
+
 /* Starts a save into DIR: finishes an interrupted earlier save
  * (td_ckpt_recover), checks that an existing DIR holds only checkpoint files
- * (so nothing else is ever deleted), creates DIR.tmp.<pid> with config.json,
+ * (so nothing else is ever deleted), makes the folders above DIR that are
+ * missing, creates DIR.tmp.<pid> with config.json,
  * and declares every weight (and, with train_state, every master/m/v tensor).
  * opts may be NULL for the defaults. */
 td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
