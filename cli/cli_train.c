@@ -631,6 +631,11 @@ int td_cli_train_main(int argc, char **argv)
         }
     }
     if (tty && lead) fprintf(stderr, "\n");
+    /* The last step's updates, which the next forward would have waited
+     * for, done: the run ends with all of its steps applied, and they are
+     * in the --trace-timeline and the host footprint below.  (A save has
+     * already done this.) */
+    if ((st = td_trainer_finish_update(t))) goto cleanup;
     {
         td_host_usage hu;
         if ((st = td_trainer_host_usage(t, &hu))) goto cleanup;

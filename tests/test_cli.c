@@ -226,6 +226,21 @@ static void test_adam_thread_flag(void **state)
         cJSON_Delete(j);
     }
     assert_true(loss[0] == loss[1]);
+    /* The run ends with every step's updates done: the timeline holds an
+     * AdamW span per chunk and step, the last step's included. */
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok %s --adam-thread on --steps 3 --trace-timeline %s/t.json "
+                "2>&1 | sed -n 's/.*for 0 of \\([0-9]*\\) param chunks.*/chunks \\1/p'; "
+                "echo spans $(grep -o '\"name\":\"AdamW chunk [0-9]*\"' %s/t.json | wc -l)", tidal, tmp, model,
+                tmp, tmp);
+    assert_int_equal(rc, 0);
+    int chunks = 0, spans = -1;
+    const char *c = strstr(out, "chunks "), *sp = strstr(out, "spans ");
+    assert_non_null(c);
+    assert_non_null(sp);
+    chunks = atoi(c + 7);
+    spans = atoi(sp + 6);
+    assert_true(chunks > 1);
+    assert_int_equal(spans, 3 * chunks);
 }
 
 /* tidal plan --json: the recomputed blocks --ckpt asks for, and the AdamW
