@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Every option of train/plan/eval that describes the model and the run. */
@@ -39,7 +40,8 @@ static const char usage[] =
 #define OPTS(o)                                                                                             \
     {"model", TD_OPT_STRING, &(o)->model, "PRESET", "GPT-2: tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt-2.7b, gpt-4b,\n"      \
      "gpt-6.7b, gpt-13b; LLaMA: tiny-llama, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, smollm2-135m,\n"          \
-     "smollm2-360m, smollm2-1.7b; Qwen2: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (docs/model.md)", 0},           \
+     "smollm2-360m, smollm2-1.7b; Qwen2: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (docs/model.md);\n"             \
+     "or a Hugging Face config.json (or a folder holding one): its architecture, fresh weights", 0},          \
     {"layers", TD_OPT_INT, &(o)->layers, "L", "layers (overrides the preset)", 0},                            \
     {"width", TD_OPT_INT, &(o)->width, "C", "embedding width", 0},                                           \
     {"heads", TD_OPT_INT, &(o)->heads, "H", "attention heads (must divide the width)", 0},                   \
@@ -143,12 +145,38 @@ static td_status shape_agrees(const train_opts *o, td_opt *table, const td_gpt_r
     return TD_OK;
 }
 
+/* --model: a preset's name, or a Hugging Face config.json (a path, or a
+ * folder holding one) whose architecture is trained from fresh weights. */
+static td_status model_of(const char *name, td_gpt_ref_config *out)
+{
+    size_t n = strlen(name);
+    struct stat sb;
+    if (!strchr(name, '/') && !(n >= 5 && !strcmp(name + n - 5, ".json"))) {
+        if (td_model_preset(name, out) == TD_OK) return TD_OK;
+        if (stat(name, &sb) != 0) { /* neither a preset nor a file here: the presets' list, and the other way */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", td_error_msg());
+            return td_error_set(TD_ERR_INVALID, "%s; or a Hugging Face config.json, or a folder holding one", msg);
+        }
+    }
+    if (stat(name, &sb) != 0)
+        return td_error_set(TD_ERR_IO, "--model %s: %s (a preset's name, or a Hugging Face config.json or a folder "
+                            "holding one)", name, strerror(errno));
+    char file[4096];
+    snprintf(file, sizeof file, "%s%s", name, S_ISDIR(sb.st_mode) ? "/config.json" : "");
+    td_status st = td_ckpt_config_read(file, out);
+    if (st) return td_error_prefix(st, "--model: ");
+    out->padded_vocab_size = out->padded_vocab_size > out->vocab_size ? out->padded_vocab_size
+                                                                     : td_model_pad_vocab(out->vocab_size);
+    return TD_OK;
+}
+
 /* The run's configuration from the options (vocab: the data's unless given). */
 static td_status build_config(const train_opts *o, td_opt *table, int data_vocab, td_train_config *c)
 {
     td_status st;
     *c = td_train_default_config();
-    if ((st = td_model_preset(o->model, &c->model))) return st;
+    if ((st = model_of(o->model, &c->model))) return st;
     const char *from = o->resume ? o->resume : o->init;
     if (from) { /* the checkpoint decides the model's shape; the flags of the first run may stay */
         td_gpt_ref_config asked = c->model;

@@ -643,6 +643,39 @@ static void test_llama_models(void **state)
     assert_non_null(strstr(out, "494032768 params: qwen2: 24 layers, 896 wide, 14 heads (2 key/value), MLP 4864"));
     assert_int_equal(sh(out, sizeof out, "%s train --model llama-9b --data %s/ok.tok", tidal, tmp), 2);
     assert_non_null(strstr(out, "smollm2-135m"));
+    assert_non_null(strstr(out, "config.json"));
+    /* --model with a config.json (or its folder): that architecture from
+     * fresh weights, the same as the preset's shape spelt out, step for step;
+     * flags still override it. */
+    double first[3];
+    const char *how[3] = {"--model %s/ll/config.json", "--model %s/ll", "--model tiny-llama --layers 1 --kv-heads 1 "
+                          "--mlp-width 96 --vocab %s"};
+    char vocab[32] = "";
+    rc = sh(out, sizeof out, "sed -n 's/.*\"vocab_size\":[[:space:]]*\\([0-9]*\\).*/\\1/p' %s/ll/config.json", tmp);
+    assert_int_equal(rc, 0);
+    snprintf(vocab, sizeof vocab, "%d", atoi(out));
+    for (int k = 0; k < 3; k++) {
+        char model[512];
+        snprintf(model, sizeof model, how[k], k < 2 ? tmp : vocab);
+        rc = sh(out, sizeof out, "%s train --data %s/ok.tok %s --seq 32 --micro-batch 2 --steps 2 --backend cpu "
+                "--decay-all --log %s/m%d.log >/dev/null 2>&1 && head -n 1 %s/m%d.log", tidal, tmp, model, tmp, k, tmp, k);
+        if (rc) fail_msg("%s", out);
+        cJSON *j = cJSON_Parse(strchr(out, '{'));
+        assert_non_null(j);
+        first[k] = td_test_json_num(j, "loss", NULL);
+        cJSON_Delete(j);
+    }
+    assert_true(first[0] == first[2] && first[1] == first[2]);
+    rc = sh(out, sizeof out, "%s plan --model %s/ll/config.json --layers 3 --seq 32 --backend cpu", tidal, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "llama: 3 layers"));
+    rc = sh(out, sizeof out, "%s train --model %s/none/config.json --data %s/ok.tok", tidal, tmp, tmp);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "No such file"));
+    rc = sh(out, sizeof out, "printf '{\"model_type\": \"mistral\"}' > %s/m.json && %s train --model %s/m.json "
+            "--data %s/ok.tok", tmp, tidal, tmp, tmp);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "model_type \"mistral\""));
 }
 
 int main(void)
