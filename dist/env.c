@@ -1,5 +1,5 @@
 /* The job from the launcher's environment variables (torchrun, mpirun,
- * Slurm), and Slurm's compressed host lists.  Pure functions of the strings
+ * Slurm, MPICH's mpiexec), and Slurm's compressed host lists.  Pure functions of the strings
  * they are given, so the tests feed them made-up environments. */
 #include "tidal/dist.h"
 
@@ -46,6 +46,8 @@ static const launcher_vars launchers[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
     {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
+    /* MPICH and Intel MPI (Hydra's mpiexec); after Slurm, whose srun can set PMI_RANK too */
+    {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
 };
 
 /* Rank, size, local rank and local size of launcher L, checked against each other. */

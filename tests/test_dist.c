@@ -97,6 +97,28 @@ static void test_env_mpirun_slurm(void **state)
     TD_ASSERT_OK(parse(&e, slurm_addr));
     assert_string_equal(e.master_addr, "10.0.0.9");
     assert_int_equal(e.master_port, 777);
+
+    /* MPICH / Intel MPI (Hydra); under srun, which may set PMI_RANK too, Slurm's variables decide. */
+    const char *hydra[] = {"PMI_RANK=3", "PMI_SIZE=4", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2",
+                           "MASTER_ADDR=node7", NULL};
+    TD_ASSERT_OK(parse(&e, hydra));
+    assert_int_equal(e.rank, 3);
+    assert_int_equal(e.size, 4);
+    assert_int_equal(e.local_rank, 1);
+    assert_int_equal(e.local_size, 2);
+    assert_string_equal(e.master_addr, "node7");
+    assert_string_equal(e.launcher, "mpiexec");
+    const char *hydra_hosts[] = {"PMI_RANK=3", "PMI_SIZE=4", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", NULL};
+    assert_int_equal(parse(&e, hydra_hosts), TD_ERR_INVALID); /* two hosts, no MASTER_ADDR */
+    const char *hydra_local[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", NULL};
+    TD_ASSERT_OK(parse(&e, hydra_local));
+    assert_int_equal(e.local_rank, 1);
+    assert_string_equal(e.master_addr, "127.0.0.1"); /* all local */
+    const char *srun_pmi[] = {"SLURM_PROCID=1", "SLURM_NTASKS=2", "PMI_RANK=0", "PMI_SIZE=2",
+                              "SLURM_STEP_NODELIST=n1", NULL};
+    TD_ASSERT_OK(parse(&e, srun_pmi));
+    assert_string_equal(e.launcher, "slurm");
+    assert_int_equal(e.rank, 1);
 }
 
 /* Each bad environment fails with a message holding `needle`. */
