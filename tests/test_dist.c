@@ -33,6 +33,20 @@ static td_status parse(td_dist_env *e, const char *const *vars)
     return td_dist_env_parse((char *const *)vars, e);
 }
 
+/* The job vars make: parsed, and each field as expected. */
+static void expect_job(const char *const *vars, int rank, int size, int local_rank, int local_size,
+                       const char *addr, const char *launcher)
+{
+    td_dist_env e;
+    TD_ASSERT_OK(parse(&e, vars));
+    assert_int_equal(e.rank, rank);
+    assert_int_equal(e.size, size);
+    assert_int_equal(e.local_rank, local_rank);
+    assert_int_equal(e.local_size, local_size);
+    assert_string_equal(e.master_addr, addr);
+    assert_string_equal(e.launcher, launcher);
+}
+
 static void test_env_torchrun(void **state)
 {
     td_dist_env e;
@@ -44,14 +58,9 @@ static void test_env_torchrun(void **state)
 
     const char *tr[] = {"RANK=3", "WORLD_SIZE=8", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=node7",
                         "MASTER_PORT=29400", NULL};
+    expect_job(tr, 3, 8, 1, 2, "node7", "torchrun");
     TD_ASSERT_OK(parse(&e, tr));
-    assert_int_equal(e.rank, 3);
-    assert_int_equal(e.size, 8);
-    assert_int_equal(e.local_rank, 1);
-    assert_int_equal(e.local_size, 2);
-    assert_string_equal(e.master_addr, "node7");
     assert_int_equal(e.master_port, 29400);
-    assert_string_equal(e.launcher, "torchrun");
 
     /* torchrun's agent serves its store on MASTER_PORT: the rendezvous takes the next port */
     const char *agent[] = {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500",
@@ -101,19 +110,11 @@ static void test_env_mpirun_slurm(void **state)
     /* MPICH / Intel MPI (Hydra); under srun, which may set PMI_RANK too, Slurm's variables decide. */
     const char *hydra[] = {"PMI_RANK=3", "PMI_SIZE=4", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2",
                            "MASTER_ADDR=node7", NULL};
-    TD_ASSERT_OK(parse(&e, hydra));
-    assert_int_equal(e.rank, 3);
-    assert_int_equal(e.size, 4);
-    assert_int_equal(e.local_rank, 1);
-    assert_int_equal(e.local_size, 2);
-    assert_string_equal(e.master_addr, "node7");
-    assert_string_equal(e.launcher, "mpiexec");
+    expect_job(hydra, 3, 4, 1, 2, "node7", "mpiexec");
     const char *hydra_hosts[] = {"PMI_RANK=3", "PMI_SIZE=4", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", NULL};
     assert_int_equal(parse(&e, hydra_hosts), TD_ERR_INVALID); /* two hosts, no MASTER_ADDR */
     const char *hydra_local[] = {"PMI_RANK=1", "PMI_SIZE=2", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", NULL};
-    TD_ASSERT_OK(parse(&e, hydra_local));
-    assert_int_equal(e.local_rank, 1);
-    assert_string_equal(e.master_addr, "127.0.0.1"); /* all local */
+    expect_job(hydra_local, 1, 2, 1, 2, "127.0.0.1", "mpiexec"); /* all local */
     const char *srun_pmi[] = {"SLURM_PROCID=1", "SLURM_NTASKS=2", "PMI_RANK=0", "PMI_SIZE=2",
                               "SLURM_STEP_NODELIST=n1", NULL};
     TD_ASSERT_OK(parse(&e, srun_pmi));
