@@ -691,6 +691,10 @@ static void test_hf_layouts(void **state)
     snprintf(cfg_text, sizeof cfg_text, "%.*srelu%s", (int)(act - hf_config_json), hf_config_json, act + 8);
     write_hf_dir(tpath("e7"), &plain, 9, cfg_text);
     expect_open_fail(tpath("e7"), NULL, "activation_function \"relu\" is not supported", NULL);
+    /* 4 * n_embd past INT_MAX in the message (UBSan found it in fuzz_hf_config) */
+    write_hf_dir(tpath("e7b"), &plain, 9, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_head\": 1, "
+                 "\"n_embd\": 898249966, \"n_positions\": 4, \"vocab_size\": 8, \"n_inner\": 5}");
+    expect_open_fail(tpath("e7b"), NULL, "n_inner must be null or 4 * n_embd = 3592999864", NULL);
     write_hf_dir(tpath("e8"), &plain, 9, "{\"model_type\": \"mistral\", \"n_layer\": 2}");
     expect_open_fail(tpath("e8"), NULL, "model_type \"mistral\" is not supported; tidal loads gpt2, llama and qwen2", NULL);
     write_hf_dir(tpath("e9"), &plain, 9, "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 16, \"vocab_size\": 21}");
