@@ -979,19 +979,29 @@ static td_status make_parents(const char *dir)
     return st;
 }
 
+/* DIR (normalized) as a save's target: an existing one a writable directory
+ * of checkpoint files only, else its folders made.  Shared by the up-front
+ * check and the writer. */
+static td_status check_target_dir(const char *d)
+{
+    td_status st = TD_OK;
+    if (exists(d)) {
+        if (!is_dir(d))
+            return td_error_set(TD_ERR_INVALID, "checkpoint: %s exists and is not a directory; choose another "
+                                "checkpoint path", d);
+        if ((st = check_ckpt_dir(d))) return st;
+        if (access(d, W_OK | X_OK) != 0)
+            return td_error_set(TD_ERR_IO, "checkpoint: cannot write into %s: %s", d, strerror(errno));
+    }
+    return make_parents(d);
+}
+
 td_status td_ckpt_check_target(const char *dir)
 {
     char *d = NULL;
     td_status st = normalize_dir(dir, &d);
     if (st) return st;
-    if (exists(d)) {
-        if (!is_dir(d))
-            st = td_error_set(TD_ERR_INVALID, "checkpoint: %s exists and is not a directory; choose another "
-                              "checkpoint path", d);
-        else if (!(st = check_ckpt_dir(d)) && access(d, W_OK | X_OK) != 0)
-            st = td_error_set(TD_ERR_IO, "checkpoint: cannot write into %s: %s", d, strerror(errno));
-    }
-    if (!st) st = make_parents(d);
+    st = check_target_dir(d);
     td_free(d);
     return st;
 }
@@ -1008,13 +1018,7 @@ static td_status start_dir(td_ckpt_writer *w, long pid)
     if (!w->tmp_dir || !cfg_path) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
     if (w->group.rank != 0) goto cleanup;
     TD_TRY(td_ckpt_recover(w->dir));
-    if (exists(w->dir)) {
-        if (!is_dir(w->dir))
-            TD_FAIL(TD_ERR_INVALID, "checkpoint: %s exists and is not a directory; choose another "
-                    "checkpoint path", w->dir);
-        TD_TRY(check_ckpt_dir(w->dir));
-    }
-    TD_TRY(make_parents(w->dir));
+    TD_TRY(check_target_dir(w->dir));
     if (mkdir(w->tmp_dir, 0755) != 0) {
         char *gone = w->tmp_dir;
         w->tmp_dir = NULL; /* not ours: abort must not remove it */
