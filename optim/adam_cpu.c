@@ -196,8 +196,9 @@ void td_adam_cpu_partition(const td_adam_cpu *cpu, size_t numel, int thread, siz
  * a caller that later runs regions of all the cores would have pinned every
  * thread it starts there too (a thread inherits its creator's binding): two
  * threads on core 0, one spinning in OpenMP's wait beside the serial code
- * between regions.  So W8S's weights, drawn after the first touch, took
- * 252 s instead of 22 s (tidal train's set-up line, docs/performance.md).
+ * between regions.  W8S's weights, drawn after the first touch, took 252 s
+ * before this and the init's parallel draws, 22 s after (tidal train's
+ * set-up line, docs/performance.md).
  * Best effort: a machine that refuses binding still runs, with the OS
  * placing threads. */
 static void bind_team(td_adam_cpu *cpu)
