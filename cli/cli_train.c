@@ -23,7 +23,7 @@ typedef struct train_opts {
     const char *log, *trace_out, *timeline, *save, *resume, *init, *optim_state, *adam_thread;
     long save_every, stop_after, max_bad_steps;
     double heldout;
-    int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, threads, log_every, decay_all;
+    int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, grad_slots, threads, log_every, decay_all;
     long steps;
     uint64_t seed, chunk_numel;
     size_t gpu_budget, host_pin_limit, host_ram, shard_size;
@@ -64,6 +64,7 @@ static const char usage[] =
     {"chunk-numel", TD_OPT_U64, &(o)->chunk_numel, "N", "elements a chunk holds (default: searched around one block's params)", 0}, \
     {"eviction", TD_OPT_STRING, &(o)->eviction, "E", "belady (default) or lru", 0},                          \
     {"prefetch", TD_OPT_INT, &(o)->prefetch, "N", "look-ahead in accesses; -1 auto (default), 0 off", 0},     \
+    {"grad-slots", TD_OPT_INT, &(o)->grad_slots, "N", "pinned staging slots for the grads the CPU AdamW consumes as they land (no\nclipping, no accumulation); -1 auto (default), 0: a host copy per grad chunk", 0}, \
     {"precision", TD_OPT_STRING, &(o)->precision, "P", "fp32 (cpu backend), bf16 or fp16 (cuda)", 0},         \
     {"ckpt", TD_OPT_STRING, &(o)->ckpt, "M", "activation checkpointing: on, off, auto (default) or N: recompute the first N blocks", 0},      \
     {"lr", TD_OPT_DOUBLE, &(o)->lr, "X", "peak learning rate (default 1e-3)", 0},                             \
@@ -99,6 +100,7 @@ static void opts_defaults(train_opts *o)
     o->grad_accum = 1;
     o->seq = 64;
     o->prefetch = -1;
+    o->grad_slots = -1;
     o->lr = 1e-3;
     o->min_lr = -1;
     o->warmup = -1;
@@ -249,6 +251,8 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->mm.offload_param_frac = o->param_frac;
     c->mm.offload_optim_frac = o->optim_frac;
     c->mm.prefetch = o->prefetch;
+    if (o->grad_slots < -1) return td_error_set(TD_ERR_INVALID, "--grad-slots %d: use -1 (auto), 0 or a count", o->grad_slots);
+    c->mm.grad_slots = o->grad_slots;
     c->mm.trace_out = o->trace_out;
     c->optim.lr.lr = o->lr;
     c->optim.lr.min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10;

@@ -14,6 +14,7 @@ td_memmgr_params td_memmgr_default_params(void)
         .placement = TD_PLACEMENT_AUTO,
         .eviction = TD_EVICT_BELADY,
         .prefetch = -1,
+        .grad_slots = -1,
     };
 }
 
@@ -172,7 +173,9 @@ static td_status host_of(td_memmgr *m, mm_chunk *ch, int take)
             pthread_mutex_unlock(&m->gslot_lock);
             return td_error_set(TD_ERR_STATE, "memmgr: grad chunk %d needs a staging slot and all %d are held by "
                                 "chunks no consumer has peeked at (transient grads need each chunk's grads to be "
-                                "consumed as they arrive: no gradient accumulation, no global norm first)",
+                                "consumed as they arrive: no gradient accumulation, no global norm first; a budget that evicts "
+                                "grads before they are whole may need more slots: `tidal train --grad-slots`, "
+                                "0 for a host copy each)",
                                 c, m->n_gslots);
         }
         if (!t0) t0 = td_now_ms();

@@ -190,16 +190,26 @@ static void test_host_plan_and_limits(void **state)
 
 /* --adam-thread: a bad value is refused naming the flag; `on` with nothing
  * between the grads and the update (no clipping, no accumulation) makes the
- * grads transient (`tidal plan --json`: host.grad_slots, fewer pinned bytes
- * a param), the banner says so, and the run trains through a --config file
- * too, with the losses of the run without it. */
+ * grads transient under --grad-slots N (`tidal plan --json`:
+ * host.grad_slots, fewer pinned bytes a param; --grad-slots 0 keeps a copy
+ * each, a count below -1 is refused), the banner says so, and the run
+ * trains through a --config file too, with the losses of the run without
+ * it. */
 static void test_adam_thread_flag(void **state)
 {
     char out[16384];
     const char *model = "--layers 6 --width 64 --heads 2 --seq 32 --micro-batch 2 --backend cpu --gpu-budget 8MiB "
-                        "--policy cpu --clip-grad-norm 0";
+                        "--policy cpu --clip-grad-norm 0 --grad-slots 8";
     assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok %s --adam-thread sometimes", tidal, tmp, model), 2);
     assert_non_null(strstr(out, "--adam-thread 'sometimes': use on, off or auto"));
+    assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --grad-slots -2", tidal, tmp, model), 2);
+    assert_non_null(strstr(out, "--grad-slots -2: use -1 (auto), 0 or a count"));
+    assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --adam-thread on --grad-slots 0 --json", tidal,
+                        tmp, model), 0);
+    cJSON *j0 = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j0);
+    assert_int_equal((int)td_test_json_num(j0, "host", "grad_slots"), 0);
+    cJSON_Delete(j0);
     double pp[2];
     for (int on = 0; on < 2; on++) {
         assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --adam-thread %s --json", tidal, tmp, model,

@@ -248,6 +248,7 @@ static void test_transient_grads_pin_less(void **state)
     c.mm.placement = TD_PLACEMENT_CPU;
     c.optim.max_grad_norm = 0;
     c.adam_thread = 1;
+    c.mm.grad_slots = 8; /* slots, whatever this host's RAM (auto: test_grad_slots_auto) */
     td_train_plan on, off;
     TD_ASSERT_OK(td_train_plan_make(&c, 0, &on));
     assert_true(on.host_grad_slots >= 3 && on.host_grad_slots < on.optim_chunks);
@@ -280,6 +281,72 @@ static void test_transient_grads_pin_less(void **state)
     td_test_train(&tight, STEPS, 7, a, NULL);
     tight.adam_thread = -1;
     td_test_train(&tight, STEPS, 7, b, NULL);
+    assert_memory_equal(a, b, sizeof a);
+}
+
+/* --grad-slots auto (-1): a host copy per grad chunk when the host's RAM
+ * and pin limit hold them, else 8 staging slots; the plan and the trainer
+ * choose alike, a count given is kept, and every choice trains the same
+ * losses. */
+static void test_grad_slots_auto(void **state)
+{
+    td_train_config c = small_config();
+    c.model.n_layer = 8; /* grads of some MiB: copies pin more than the slots, slabs rounded */
+    c.model.n_embd = 128;
+    c.mm.placement = TD_PLACEMENT_CPU;
+    c.optim.max_grad_norm = 0;
+    c.adam_thread = 1;
+    c.gpu_budget = 32 * TD_MiB; /* the cpu backend's "device" region is host memory: planned at the run's budget */
+    assert_int_equal(td_memmgr_default_params().grad_slots, -1);
+    td_train_plan slots, copies, p;
+    c.mm.grad_slots = 8;
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &slots));
+    assert_int_equal(slots.host_grad_slots, 8);
+    c.mm.grad_slots = 0;
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &copies));
+    assert_int_equal(copies.host_grad_slots, 0);
+    assert_true(copies.host_bytes > slots.host_bytes && copies.host_pinned_bytes > slots.host_pinned_bytes);
+    c.mm.grad_slots = -1;
+    c.host_ram = 64 * TD_GiB; /* room: copies */
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+    assert_int_equal(p.host_grad_slots, 0);
+    assert_int_equal(p.host_bytes, copies.host_bytes);
+    td_train_config r = c;
+    TD_ASSERT_OK(td_train_resolve_grad_slots(&r, r.gpu_budget));
+    assert_int_equal(r.mm.grad_slots, 0);
+    c.host_ram = copies.host_bytes - 1; /* the copies do not fit, the slots do */
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+    assert_int_equal(p.host_grad_slots, 8);
+    assert_int_equal(p.host_bytes, slots.host_bytes);
+    c.host_ram = copies.host_bytes; /* exactly room */
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+    assert_int_equal(p.host_grad_slots, 0);
+    c.host_pin_limit = copies.host_pinned_bytes - 1; /* the pin limit binds too */
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+    assert_int_equal(p.host_grad_slots, 8);
+    c.host_pin_limit = 0;
+    td_train_config k = c; /* not transient (clipping): no slots, whatever the room */
+    k.optim.max_grad_norm = 1.0;
+    k.host_ram = copies.host_bytes - 1;
+    TD_ASSERT_OK(td_train_plan_make(&k, k.gpu_budget, &p));
+    assert_int_equal(p.host_grad_slots, 0);
+    /* The trainer lays out what the plan chose, and the losses agree. */
+    enum { STEPS = 3 };
+    double a[STEPS], b[STEPS];
+    c.host_ram = copies.host_bytes - 1;
+    td_trainer *t = NULL;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    int gs = -1;
+    td_trainer_adam_threads(t, NULL, &gs);
+    assert_int_equal(gs, 8);
+    td_trainer_destroy(t);
+    td_test_train(&c, STEPS, 7, a, NULL);
+    c.host_ram = 64 * TD_GiB;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    td_trainer_adam_threads(t, NULL, &gs);
+    assert_int_equal(gs, 0);
+    td_trainer_destroy(t);
+    td_test_train(&c, STEPS, 7, b, NULL);
     assert_memory_equal(a, b, sizeof a);
 }
 
@@ -459,6 +526,7 @@ static void sweep(td_fault_kind kind, long min_reached, int adam_thread)
         c.model.n_layer = 3; /* more grad chunks than staging slots */
         c.adam_thread = 1;
         c.optim.max_grad_norm = 0;
+        c.mm.grad_slots = 8;
         td_train_plan p;
         TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
         assert_true(p.host_grad_slots > 0);
@@ -507,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_host_ram_reads_cgroup_limits),
         cmocka_unit_test(test_pinned_plan_is_exact),
         cmocka_unit_test(test_transient_grads_pin_less),
+        cmocka_unit_test(test_grad_slots_auto),
         cmocka_unit_test(test_bytes_a_param),
         cmocka_unit_test(test_compact_state_trains),
         cmocka_unit_test(test_checkpoint_keeps_state_type),

@@ -80,7 +80,9 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg)
     mp.shard_ranks = cfg->ranks > 1 ? cfg->ranks : 0;
     mp.shard_rank = cfg->ranks > 1 ? cfg->rank : 0;
     mp.shard_align = td_train_shard_align(cfg);
-    mp.grad_slots = td_train_grads_transient(cfg) ? TD_TRAIN_GRAD_SLOTS : 0;
+    /* auto (-1) is resolved before a layout (td_train_resolve_grad_slots);
+     * unresolved here, the host's least */
+    mp.grad_slots = !td_train_grads_transient(cfg) ? 0 : cfg->mm.grad_slots < 0 ? TD_TRAIN_GRAD_SLOTS : cfg->mm.grad_slots;
     return mp;
 }
 

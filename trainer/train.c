@@ -238,6 +238,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         if (asked == 0) TD_TRY(td_train_default_budget(cfg, t->budget_cap, &t->cfg.gpu_budget));
         else t->cfg.gpu_budget = t->budget_cap;
     }
+    TD_TRY(td_train_resolve_grad_slots(&t->cfg, cfg->gpu_budget)); /* the plan's choice, for the layout */
     td_train_plan plan;
     TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
     /* Refuse up front what cannot work, saying what would. */

@@ -130,7 +130,8 @@ typedef struct td_memmgr_params {
      * consumer, and fails if none holds one (nothing would ever free it).
      * For a schedule whose grads are written once a step and read once:
      * no gradient accumulation, no global norm before the update.  Off
-     * when there are no more such chunks than slots. */
+     * when there are no more such chunks than slots, or <= 0 (default -1:
+     * the trainer reads it as auto, td_train_resolve_grad_slots). */
     int grad_slots;
     /* ZeRO-3 (shard.h): with shard_ranks > 1, every param, grad (and
      * other) chunk's device slot is padded to a multiple of shard_ranks x

@@ -230,6 +230,13 @@ double td_train_adam_bytes_per_param(const td_train_config *cfg);
  * every block's activations if they take at most a quarter of the budget,
  * else recompute every block. */
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out);
+/* cfg->mm.grad_slots (memmgr.h's transient grads; -1, the default, is
+ * auto) resolved for a budget as the plan and the trainer resolve it: 0
+ * (a host copy per grad chunk) when the grads are not transient, or when
+ * the plan with copies fits the host's RAM and pin limit
+ * (td_train_host_limits); else 8 staging slots, the host's least.  A count
+ * given (>= 0) is kept. */
+td_status td_train_resolve_grad_slots(td_train_config *cfg, size_t budget);
 /* The least device bytes any plan of cfg needs, whatever its budget: the
  * non-model buffers (under --ckpt auto with every block recomputed), plus
  * every param and grad under --policy cuda, else the params and grads of
