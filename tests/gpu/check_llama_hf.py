@@ -21,9 +21,9 @@ save_pretrained (one file, and sharded with an index):
 3. transformers loads what tidal saves (`--save`): from_pretrained gives the
    weights tidal wrote, and its loss equals `tidal eval` of that directory;
 4. on a CUDA machine, `tidal eval --backend cuda` (fp32) equals
-   transformers' loss on the GPU within 1e-4 (cuBLAS's fp32 GEMMs sum in
-   another order than the CPU's), and 12 bf16 steps on cuda follow the fp32
-   torch steps within bf16 noise (2%).
+   transformers' loss on the GPU within 1e-5, as issue 14 asks (both sum
+   fp32 GEMMs on cuBLAS without TF32; the |diff| is printed), and 12 bf16
+   steps on cuda follow the fp32 torch steps within bf16 noise (2%).
 
 The token file is written here in tidal's format (docs/data.md).  The data
 holds exactly one batch of sequences, so every training step sees all of
@@ -216,8 +216,8 @@ def one_case(binary, work, name, family, over, shard, devices, k):
         with torch.no_grad():
             want_cuda = float(hf_loss(model, seqs, device="cuda"))
         if check(got is not None, f"{tag} cuda: tidal eval runs {err[-200:]}"):
-            check(abs(got - want_cuda) <= 1e-4, f"{tag} cuda eval: tidal {got:.7f} vs transformers {want_cuda:.7f} "
-                                                f"(|diff| {abs(got - want_cuda):.2e} <= 1e-4)")
+            check(abs(got - want_cuda) <= TOL, f"{tag} cuda eval: tidal {got:.7f} vs transformers {want_cuda:.7f} "
+                                               f"(|diff| {abs(got - want_cuda):.2e} <= {TOL:g})")
         log = os.path.join(work, f"logcuda{k}.jsonl")
         rc, _, err = run([binary, "train", "--init", d, "--data", data, "--steps", str(STEPS), "--micro-batch", str(B),
                           "--seq", str(T), "--lr", "2e-3", "--schedule", "constant", "--warmup", "0",
