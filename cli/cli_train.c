@@ -265,6 +265,10 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->save_shard_bytes = o->shard_size;
     c->optim.max_grad_norm = o->clip;
     if (o->steps < 1) return td_error_set(TD_ERR_INVALID, "--steps must be at least 1");
+    if (o->grad_slots > 0 && (o->clip > 0 || o->grad_accum > 1))
+        return td_error_set(TD_ERR_INVALID, "--grad-slots %d: staging slots need grads that are read once as they "
+                            "land: --clip-grad-norm 0 and --grad-accum 1 (the global norm and accumulation need a "
+                            "host copy of every grad)", o->grad_slots);
     return td_train_config_check(c);
 }
 

@@ -204,6 +204,8 @@ static void test_adam_thread_flag(void **state)
     assert_non_null(strstr(out, "--adam-thread 'sometimes': use on, off or auto"));
     assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --grad-slots -2", tidal, tmp, model), 2);
     assert_non_null(strstr(out, "--grad-slots -2: use -1 (auto), 0 or a count"));
+    assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --clip-grad-norm 1", tidal, tmp, model), 2);
+    assert_non_null(strstr(out, "--grad-slots 8: staging slots need grads that are read once as they land"));
     assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --adam-thread on --grad-slots 0 --json", tidal,
                         tmp, model), 0);
     cJSON *j0 = cJSON_Parse(strchr(out, '{'));
