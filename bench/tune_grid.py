@@ -13,7 +13,10 @@ shape (default W6: GPT-2 1.5B, 8 GiB, 16 sequences of 1024 a step, bf16).
    --policy auto: 0 lets the plan put what fits on the GPU, 1 keeps it all on
    the host, --prefetch, --chunk-numel: 0 is the default search) that
    `tidal plan` says fits is trained for --steps; the median tokens/s of the
-   steps after --warmup counts.  The tune winner's flags are trained the
+   steps after --warmup counts.  A point whose plan places everything as a
+   measured point's does (the same split, prefetch, checkpointed blocks,
+   chunks and optimizer chunks on the GPU: --offload-optim-frac 0 and 1
+   when the budget leaves the optimizer no room) takes that measurement.  The tune winner's flags are trained the
    same way, so that both sides are measured alike, in one call.
 3. A table, best first, and the pick against the grid's best.
 
@@ -138,7 +141,21 @@ def main():
             return res["runs"][key]
         if plan.returncode != 0:
             sys.exit(f"tune_grid: tidal plan {key}: exit {plan.returncode}: {plan.stderr[-400:]}")
-        bound = json.loads(plan.stdout.strip().splitlines()[-1])["estimate"]["step_lower_bound_ms"]
+        pj = json.loads(plan.stdout.strip().splitlines()[-1])
+        bound = pj["estimate"]["step_lower_bound_ms"]
+        # Two flag sets whose plans place everything alike (e.g. --offload-optim-frac 0
+        # and 1 when the budget leaves no optimizer chunk room on the GPU) are one run.
+        def flag(name, default):
+            words = shape + flags  # the last one given counts, as in tidal's own parsing
+            return words[len(words) - 1 - words[::-1].index(name) + 1] if name in words else default
+        same = json.dumps([flag("--micro-batch", "4"), flag("--grad-accum", "1"), flag("--prefetch", "-1"),
+                           pj.get("ckpt_blocks"), pj.get("chunks"), pj.get("chunk_numel"), pj.get("optimizer"),
+                           pj.get("device", {}).get("min_bytes")], sort_keys=True)
+        for other, r in res["runs"].items():
+            if r.get("same") == same and "tokens_per_s" in r:
+                res["runs"][key] = dict(r, same_as=other)
+                save()
+                return res["runs"][key]
         log = os.path.join(work, "run.jsonl")
         if os.path.exists(log):
             os.remove(log)
@@ -150,7 +167,7 @@ def main():
             rc = 124
         steps = [json.loads(l) for l in open(log)] if os.path.exists(log) else []
         timed = [s for s in steps if s["step"] > a.warmup]
-        r = {"fits": True, "rc": rc, "bound_ms": bound, "seconds": round(time.monotonic() - t0, 1)}
+        r = {"fits": True, "rc": rc, "bound_ms": bound, "seconds": round(time.monotonic() - t0, 1), "same": same}
         if rc == 0 and timed:
             r.update(tokens_per_s=statistics.median(s["tokens_per_s"] for s in timed),
                      step_ms=statistics.median(s["step_ms"] for s in timed),
@@ -168,6 +185,9 @@ def main():
         if p.returncode != 0:
             sys.exit(f"tune_grid: tidal tune: exit {p.returncode}: {p.stderr[-600:]}")
         win = json.loads(p.stdout)["budgets"][0]["winner"]
+        if not win:
+            last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "(it said nothing)"
+            sys.exit(f"tune_grid: tidal tune found no candidate that fits the shape's budget: {last}")
         flags = shlex.split(win["flags"])
         # its --gpu-budget is the shape's; the rest are the knobs
         knobs, i = [], 0
@@ -201,7 +221,8 @@ def main():
         r = train(flags)
         done += 1
         state = ("does not fit" if not r["fits"] else f"{r['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in r
-                 else f"exit {r['rc']}")
+                 else f"exit {r['rc']}") + (f" (the same plan as {r['same_as']}: not run again)" if "same_as" in r
+                                            else "")
         print(f"[{done}/{len(grid)}] {' '.join(flags)}: {state}", flush=True)
 
     # 3. the table
@@ -209,7 +230,8 @@ def main():
     ran.sort(reverse=True)
     print(f"\nmachine: {res['machine']}\n{'tok/s':>8} {'step ms':>8} {'bound/step':>10} {'peak GiB':>8}  flags")
     for tps, key, r in ran:
-        mark = "  <- tune's pick" if key == " ".join(pick_flags) else ""
+        mark = ("  <- tune's pick" if key == " ".join(pick_flags) else "") + \
+            ("  (its plan is that of another row: not run again)" if "same_as" in r else "")
         print(f"{tps:8.0f} {r['step_ms']:8.1f} {r['bound_ms'] / r['step_ms']:10.1%} {r['peak'] / 2**30:8.2f}  "
               f"{key}{mark}")
     missing = sum(1 for key in grid_keys if key not in res["runs"])
