@@ -91,6 +91,7 @@ static int plan_gslots_now(const td_memmgr *m, size_t *slot_bytes)
 {
     int n = 0, S = m->params.grad_slots;
     if (slot_bytes) *slot_bytes = 0;
+    if (S <= 0) return 0; /* off (-1, the default, is the trainer's auto: it gives a count or 0) */
     for (int c = 0; c < m->n_chunks; c++) n += wants_transient(m, &m->chunks[c]);
     if (n <= S) return 0;
     size_t *b = td_malloc((size_t)n * sizeof *b, TD_ROLE_META);

@@ -339,11 +339,16 @@ static td_status write_grad(rig *r, int id, float v, size_t n)
  * it and td_memmgr_grad_consumed frees it; a write-back with every slot
  * lent waits for a consumer on another thread; with every slot merely held
  * (no consumer) it fails, saying why; a consumed chunk's host copy is gone;
- * FREE grads give their slot back; fewer such chunks than slots: off. */
+ * FREE grads give their slot back; fewer such chunks than slots: off, and
+ * so are 0 and the default -1 (the trainer's auto, which it resolves to a
+ * count or 0 before a layout). */
 static void test_transient_grads(void **state)
 {
     enum { N = 4, NUMEL = 1024 };
-    for (int slots = 2; slots <= 4; slots += 2) {
+    assert_int_equal(td_memmgr_default_params().grad_slots, -1);
+    static const int cases[] = {-1, 0, 2, 4};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int slots = cases[ci];
         rig r;
         td_memmgr_params mp = td_memmgr_default_params();
         mp.chunk_numel = NUMEL;
@@ -361,9 +366,13 @@ static void test_transient_grads(void **state)
             }
         TD_ASSERT_OK(td_memmgr_plan_layout(r.m));
         size_t slot_bytes = 0;
-        if (slots == 4) { /* no more such chunks than slots: a copy each */
+        if (slots != 2) { /* off, or no more such chunks than slots: a copy each */
             assert_int_equal(td_memmgr_grad_slots(r.m, &slot_bytes), 0);
-            assert_false(td_memmgr_chunk_transient(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_GRAD, 0)));
+            for (int i = 0; i < N; i++)
+                assert_false(td_memmgr_chunk_transient(r.m, td_memmgr_role_chunk(r.m, TD_TENSOR_GRAD, i)));
+            TD_ASSERT_OK(td_memmgr_layout(r.m));
+            assert_int_equal(td_memmgr_grad_slots(r.m, &slot_bytes), 0);
+            assert_int_equal(slot_bytes, 0);
             rig_close(&r);
             continue;
         }
