@@ -26,9 +26,11 @@ static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
  * write-back never waits for the CPU AdamW to free a slot; with slots the
  * thread driving the GPU waits whenever the AdamW is more than the slots
  * behind the backward (W4's step on an H200: 1240 ms with 8 slots, 1135 ms
- * with copies). */
-td_status td_train_resolve_grad_slots(td_train_config *cfg, size_t budget)
+ * with copies).  *copies holds the plan with copies when *planned: the
+ * auto plan reuses it rather than planning the same twice. */
+static td_status resolve_grad_slots(td_train_config *cfg, size_t budget, td_train_plan *copies, int *planned)
 {
+    *planned = 0;
     if (cfg->mm.grad_slots >= 0) return TD_OK;
     if (!td_train_grads_transient(cfg)) {
         cfg->mm.grad_slots = 0;
@@ -41,13 +43,20 @@ td_status td_train_resolve_grad_slots(td_train_config *cfg, size_t budget)
         td_error_clear();
         return TD_OK;
     }
-    td_train_config copies = *cfg;
-    copies.mm.grad_slots = 0;
-    td_train_plan p;
-    td_status st = td_train_plan_make(&copies, budget, &p);
+    td_train_config c = *cfg;
+    c.mm.grad_slots = 0;
+    td_status st = td_train_plan_make(&c, budget, copies);
     if (st) return st;
-    if (p.host_pinned_bytes <= pin_limit && p.host_bytes <= ram) cfg->mm.grad_slots = 0;
+    *planned = 1;
+    if (copies->host_pinned_bytes <= pin_limit && copies->host_bytes <= ram) cfg->mm.grad_slots = 0;
     return TD_OK;
+}
+
+td_status td_train_resolve_grad_slots(td_train_config *cfg, size_t budget)
+{
+    td_train_plan p;
+    int planned;
+    return resolve_grad_slots(cfg, budget, &p, &planned);
 }
 
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out)
@@ -59,8 +68,9 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     if ((st = td_train_config_check(cfg))) return st;
     if (cfg->mm.grad_slots < 0) { /* auto: planned as the trainer resolves it */
         td_train_config c = *cfg;
-        if ((st = td_train_resolve_grad_slots(&c, budget))) return st;
-        return td_train_plan_make(&c, budget, out);
+        int planned;
+        if ((st = resolve_grad_slots(&c, budget, out, &planned))) return st;
+        return planned && c.mm.grad_slots == 0 ? TD_OK : td_train_plan_make(&c, budget, out);
     }
     if ((st = td_train_plan_memmgr(cfg, &mm, &ids))) goto cleanup;
     const td_gpt_ref_config *mc = &cfg->model;
