@@ -153,17 +153,17 @@ static td_status model_of(const char *name, td_gpt_ref_config *out)
 {
     size_t n = strlen(name);
     struct stat sb;
-    if (!strchr(name, '/') && !(n >= 5 && !strcmp(name + n - 5, ".json"))) {
-        if (td_model_preset(name, out) == TD_OK) return TD_OK;
-        if (stat(name, &sb) != 0) { /* neither a preset nor a file here: the presets' list, and the other way */
+    int path = strchr(name, '/') || (n >= 5 && !strcmp(name + n - 5, ".json"));
+    if (!path && td_model_preset(name, out) == TD_OK) return TD_OK;
+    if (stat(name, &sb) != 0) {
+        if (!path) { /* neither a preset nor a file here: the presets' list, and the other way */
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", td_error_msg());
             return td_error_set(TD_ERR_INVALID, "%s; or a Hugging Face config.json, or a folder holding one", msg);
         }
-    }
-    if (stat(name, &sb) != 0)
         return td_error_set(TD_ERR_IO, "--model %s: %s (a preset's name, or a Hugging Face config.json or a folder "
                             "holding one)", name, strerror(errno));
+    }
     char file[4096];
     snprintf(file, sizeof file, "%s%s", name, S_ISDIR(sb.st_mode) ? "/config.json" : "");
     td_status st = td_ckpt_config_read(file, out);
@@ -251,7 +251,6 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->mm.offload_param_frac = o->param_frac;
     c->mm.offload_optim_frac = o->optim_frac;
     c->mm.prefetch = o->prefetch;
-    if (o->grad_slots < -1) return td_error_set(TD_ERR_INVALID, "--grad-slots %d: use -1 (auto), 0 or a count", o->grad_slots);
     c->mm.grad_slots = o->grad_slots;
     c->mm.trace_out = o->trace_out;
     c->optim.lr.lr = o->lr;
@@ -265,6 +264,7 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     c->save_shard_bytes = o->shard_size;
     c->optim.max_grad_norm = o->clip;
     if (o->steps < 1) return td_error_set(TD_ERR_INVALID, "--steps must be at least 1");
+    if (o->grad_slots < -1) return td_error_set(TD_ERR_INVALID, "--grad-slots %d: use -1 (auto), 0 or a count", o->grad_slots);
     if (o->grad_slots > 0 && (o->clip > 0 || o->grad_accum > 1))
         return td_error_set(TD_ERR_INVALID, "--grad-slots %d: staging slots need grads that are read once as they "
                             "land: --clip-grad-norm 0 and --grad-accum 1 (the global norm and accumulation need a "
