@@ -1033,8 +1033,15 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
         td_copy_done(m->engine, &ch->load, &done);
         if (!done) m->stats.stalls++;
         if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &ch->load))) goto out;
-        /* Also for reads: the fence left at release must imply the write-back is over. */
-        if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &ch->writeback))) goto out;
+        /* A write waits for the write-back still reading the slot.  A read
+         * runs beside it (both only read): the grads' sums of squares, say,
+         * while their write-back goes to the host, where waiting held up
+         * the next block's backward.  The fence left at release must still
+         * imply the write-back is over; release sees to it. */
+        int wb_done = 1;
+        if (!(flags & TD_ACCESS_WRITE) && (st = td_copy_done(m->engine, &ch->writeback, &wb_done))) goto out;
+        if (!wb_done) ch->read_beside_wb = 1;
+        else if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &ch->writeback))) goto out;
         if (m->in_step) {
             if (!m->warmed_up && (st = trace_record(m, cs[i], (flags & TD_ACCESS_WRITE) != 0, pinned_bytes))) goto out;
             ch->last_use = m->pos;
@@ -1098,7 +1105,17 @@ td_status td_memmgr_release(td_memmgr *m, const int *ids, int n, td_tensor_state
     if (unpinned && (st = td_copy_mark(m->engine, TD_QUEUE_COMPUTE, &mark))) return st;
     for (int i = 0; i < n; i++) {
         mm_chunk *ch = &m->chunks[m->tensors[ids[i]].chunk];
-        if (ch->pins == 0 && ch->dev && mark.seq) ch->fence = mark;
+        if (ch->pins == 0 && ch->dev && mark.seq) {
+            ch->fence = mark;
+            /* Read beside its write-back (td_memmgr_access): the D2H queue,
+             * which holds that write-back, marks the fence after these
+             * kernels too, so the slot's next owner waits for both. */
+            if (ch->read_beside_wb) {
+                if ((st = td_copy_order(m->engine, TD_QUEUE_D2H, &mark))) return st;
+                if ((st = td_copy_mark(m->engine, TD_QUEUE_D2H, &ch->fence))) return st;
+                ch->read_beside_wb = 0;
+            }
+        }
         offer(m, (int)(ch - m->chunks));
     }
     return TD_OK;

@@ -55,6 +55,8 @@ typedef struct mm_chunk {
     td_copy_ticket fence;       /* after this, dev is no longer read or written */
     uint64_t last_use;          /* access position */
     uint64_t accesses;          /* in the warm-up step */
+    int read_beside_wb;         /* in use by a read while its write-back ran: the fence at release goes
+                                   on the D2H queue, after both */
 } mm_chunk;
 
 /* The timeline (Chrome / Perfetto JSON): copies and compute ranges timed by

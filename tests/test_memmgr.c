@@ -930,6 +930,80 @@ static void test_step_json_and_timeline(void **state)
     unlink(path);
 }
 
+
+/* A read of a chunk whose write-back is in flight runs beside it: the
+ * compute queue does not wait for the D2H (the grads' sums of squares at a
+ * block's end once held up the next block's backward that way).  The slot's
+ * next owner still waits for both: with room for one chunk, a write to
+ * another chunk reuses the slot only after the write-back has read it, so
+ * the host gets the old values, never the new ones or poison.  A write
+ * access, by contrast, waits for the write-back. */
+static void test_read_beside_writeback(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = N;
+    rig r;
+    rig_open(&r, 1, 20000, &mp); /* one 16 KiB slot */
+    td_memmgr *m = r.m;
+    int a, b;
+    TD_ASSERT_OK(td_memmgr_register(m, "a", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &a));
+    TD_ASSERT_OK(td_memmgr_register(m, "b", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &b));
+    TD_ASSERT_OK(td_memmgr_layout(m));
+    size_t slow_bytes = 4 * TD_MiB;
+    void *slow = NULL, *slow_host = td_malloc(slow_bytes, TD_ROLE_META);
+    float *seen = NULL;
+    TD_ASSERT_OK(td_backend_dev_reserve(r.b, slow_bytes, &slow));
+    TD_ASSERT_OK(td_backend_dev_reserve(r.b, N * sizeof(float), (void **)&seen));
+    float *src = td_malloc(N * sizeof(float), TD_ROLE_META), *back = td_malloc(N * sizeof(float), TD_ROLE_META);
+    assert_true(src && back && slow_host);
+    for (int round = 0; round < 2; round++) {
+        int write = round == 1;
+        void *d;
+        float *h;
+        for (int i = 0; i < N; i++) src[i] = (float)(round * N + i);
+        TD_ASSERT_OK(td_memmgr_access(m, &a, 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d));
+        dev_write(&r, d, src, N * sizeof(float));
+        TD_ASSERT_OK(td_memmgr_release(m, &a, 1, TD_TENSOR_HOLD));
+        /* the write-back queued behind slow work on the D2H queue */
+        for (int k = 0; k < 10; k++)
+            TD_ASSERT_OK(td_backend_copy_async(r.b, TD_QUEUE_D2H, slow_host, slow, slow_bytes));
+        TD_ASSERT_OK(td_memmgr_writeback_async(m, &a, 1));
+        td_copy_ticket landed;
+        TD_ASSERT_OK(td_memmgr_chunk_host_peek(m, td_memmgr_tensor_chunk(m, a), (void **)&h, &landed));
+        TD_ASSERT_OK(td_memmgr_access(m, &a, 1, TD_TENSOR_COMPUTE, write ? TD_ACCESS_WRITE : 0, &d));
+        TD_ASSERT_OK(td_backend_copy_async(r.b, TD_QUEUE_COMPUTE, seen, d, N * sizeof(float)));
+        TD_ASSERT_OK(td_queue_sync(r.b, TD_QUEUE_COMPUTE));
+        int done = 0;
+        TD_ASSERT_OK(td_copy_done(r.eng, &landed, &done));
+        if (!write && done) fail_msg("the read waited for the write-back (10 slow copies ahead of it on D2H)");
+        if (write && !done) fail_msg("the write ran before the write-back had read the slot");
+        TD_ASSERT_OK(td_memmgr_release(m, &a, 1, TD_TENSOR_HOLD));
+        if (write) TD_ASSERT_OK(td_memmgr_host_access(m, &a, 1, TD_ACCESS_READ, (void **)&h)); /* a's newest up */
+        /* b takes a's slot (room for one): written only after the write-back read it */
+        for (int i = 0; i < N; i++) back[i] = -1.0f - (float)i;
+        TD_ASSERT_OK(td_memmgr_access(m, &b, 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d));
+        dev_write(&r, d, back, N * sizeof(float));
+        TD_ASSERT_OK(td_memmgr_release(m, &b, 1, TD_TENSOR_HOLD));
+        TD_ASSERT_OK(td_copy_wait(r.eng, &landed));
+        TD_ASSERT_OK(td_backend_sync(r.b));
+        for (int i = 0; i < N; i++)
+            if (h[i] != (float)(round * N + i))
+                fail_msg("round %d: a's host copy holds %g at %d, not %g", round, h[i], i, (float)(round * N + i));
+        dev_read(&r, back, seen, N * sizeof(float));
+        for (int i = 0; i < N; i++)
+            if (back[i] != (float)(round * N + i)) fail_msg("round %d: the read saw %g at %d", round, back[i], i);
+        TD_ASSERT_OK(td_memmgr_host_access(m, &b, 1, TD_ACCESS_READ, (void **)&h)); /* b back home */
+    }
+    td_free(src);
+    td_free(back);
+    td_free(slow_host);
+    td_backend_dev_release(r.b, seen);
+    td_backend_dev_release(r.b, slow);
+    rig_close(&r);
+}
+
 /* td_memmgr_order_after_use: work on another queue that overwrites a
  * chunk in place (ZeRO-3's all-gather, on the H2D queue) waits for what
  * still uses its device copy, and for nothing queued since.
@@ -1026,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_optim_homes),
         cmocka_unit_test(test_optim_order_by_slack),
         cmocka_unit_test(test_order_after_use),
+        cmocka_unit_test(test_read_beside_writeback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
