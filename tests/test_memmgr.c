@@ -951,9 +951,13 @@ static void test_read_beside_writeback(void **state)
     TD_ASSERT_OK(td_memmgr_register(m, "a", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &a));
     TD_ASSERT_OK(td_memmgr_register(m, "b", N, TD_DTYPE_F32, TD_TENSOR_PARAM, &b));
     TD_ASSERT_OK(td_memmgr_layout(m));
-    size_t slow_bytes = 4 * TD_MiB;
+    /* 16 x 16 MiB ahead of the write-back on D2H: milliseconds on cuda (page-locked, so
+     * truly queued), and each delayed in the cpu backend's debug mode */
+    size_t slow_bytes = 16 * TD_MiB;
     void *slow = NULL, *slow_host = td_malloc(slow_bytes, TD_ROLE_META);
     float *seen = NULL;
+    assert_non_null(slow_host);
+    TD_ASSERT_OK(td_backend_host_register(r.b, slow_host, slow_bytes));
     TD_ASSERT_OK(td_backend_dev_reserve(r.b, slow_bytes, &slow));
     TD_ASSERT_OK(td_backend_dev_reserve(r.b, N * sizeof(float), (void **)&seen));
     float *src = td_malloc(N * sizeof(float), TD_ROLE_META), *back = td_malloc(N * sizeof(float), TD_ROLE_META);
@@ -967,7 +971,7 @@ static void test_read_beside_writeback(void **state)
         dev_write(&r, d, src, N * sizeof(float));
         TD_ASSERT_OK(td_memmgr_release(m, &a, 1, TD_TENSOR_HOLD));
         /* the write-back queued behind slow work on the D2H queue */
-        for (int k = 0; k < 10; k++)
+        for (int k = 0; k < 16; k++)
             TD_ASSERT_OK(td_backend_copy_async(r.b, TD_QUEUE_D2H, slow_host, slow, slow_bytes));
         TD_ASSERT_OK(td_memmgr_writeback_async(m, &a, 1));
         td_copy_ticket landed;
@@ -977,7 +981,7 @@ static void test_read_beside_writeback(void **state)
         TD_ASSERT_OK(td_queue_sync(r.b, TD_QUEUE_COMPUTE));
         int done = 0;
         TD_ASSERT_OK(td_copy_done(r.eng, &landed, &done));
-        if (!write && done) fail_msg("the read waited for the write-back (10 slow copies ahead of it on D2H)");
+        if (!write && done) fail_msg("the read waited for the write-back (16 slow copies ahead of it on D2H)");
         if (write && !done) fail_msg("the write ran before the write-back had read the slot");
         TD_ASSERT_OK(td_memmgr_release(m, &a, 1, TD_TENSOR_HOLD));
         if (write) TD_ASSERT_OK(td_memmgr_host_access(m, &a, 1, TD_ACCESS_READ, (void **)&h)); /* a's newest up */
@@ -998,9 +1002,10 @@ static void test_read_beside_writeback(void **state)
     }
     td_free(src);
     td_free(back);
-    td_free(slow_host);
     td_backend_dev_release(r.b, seen);
     td_backend_dev_release(r.b, slow);
+    td_backend_host_unregister(r.b, slow_host);
+    td_free(slow_host);
     rig_close(&r);
 }
 
