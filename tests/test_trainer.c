@@ -513,6 +513,47 @@ static void test_auto_optimizer_share_follows_the_budget(void **state)
     assert_non_null(strstr(td_error_msg(), "--gpu-budget"));
 }
 
+/* Auto, where the params and grads do not all fit but the params do (with
+ * the streaming minimum beside them): the GPU optimizer takes only the room
+ * left after every param, so no param is loaded twice in a step: each host
+ * -updated param chunk once (its update), the GPU's chunks never.  Filling
+ * the budget with optimizer state instead evicted params the backward
+ * reads again. */
+static void test_auto_share_keeps_params_resident(void **state)
+{
+    td_train_config c = small_config();
+    c.model.n_layer = 6;
+    c.grad_accum = 1;
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+    size_t base = p.nonmodel_bytes + p.working_set_bytes + 2 * p.largest_chunk_bytes;
+    size_t keep = base + p.role_bytes[TD_TENSOR_PARAM];
+    size_t resident = p.nonmodel_bytes + p.role_bytes[TD_TENSOR_PARAM] + p.role_bytes[TD_TENSOR_GRAD] +
+                      2 * p.largest_chunk_bytes;
+    assert_true(resident > keep);
+    for (int q = 0; q < 3; q++) { /* budgets between the two */
+        c.gpu_budget = keep + keep / 16 + (resident - keep) * (size_t)(q + 1) / 4;
+        TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+        int n = p.optim_chunks, gpu = p.optim_gpu_chunks;
+        if (!(gpu > 0 && gpu < n)) fail_msg("auto put %d of %d optimizer chunks on the GPU", gpu, n);
+        td_trainer *t = NULL;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        assert_int_equal(td_trainer_optim_gpu_chunks(t, NULL), gpu); /* the trainer takes the plan's count */
+        td_test_batches b = td_test_batches_of(&c, 5);
+        td_step_result r;
+        uint64_t before = 0;
+        for (int s = 0; s < 4; s++) { /* the last step's loads (the stats count from the start) */
+            before = s ? r.mm.loads : 0;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        }
+        td_trainer_destroy(t);
+        if (r.mm.loads - before != (uint64_t)(n - gpu))
+            fail_msg("budget %zu: %d host-updated param chunks, %llu loads in a step (%d of %d chunks on the GPU)",
+                     c.gpu_budget, n - gpu, (unsigned long long)(r.mm.loads - before), gpu, n);
+        assert_true(r.mm.device_peak_bytes <= c.gpu_budget);
+    }
+}
+
 /* --gpu-budget's default: all of the run resident plus an eighth, at most
  * the cap; a run at it keeps everything on the device (no eviction). */
 static void test_default_budget_keeps_the_run_resident(void **state)
@@ -930,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_optimizer_share_is_bit_identical),
         cmocka_unit_test(test_compact_state_decay_by_tensor),
         cmocka_unit_test(test_auto_optimizer_share_follows_the_budget),
+        cmocka_unit_test(test_auto_share_keeps_params_resident),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_adam_thread_is_bit_identical),

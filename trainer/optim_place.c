@@ -11,7 +11,8 @@
  * the next forward; the last blocks' grads are ready early in backward and
  * their params are needed late, so the CPU hides their update.
  * How many: --policy cuda all, cpu none, static the (1 - F) share, auto as
- * many as the budget leaves room for after the activations. */
+ * many as the budget leaves room for after the activations and, where they
+ * fit, every param (optim_fit). */
 #include "train_impl.h"
 #include "tidal/util.h"
 
@@ -108,11 +109,12 @@ static int optim_fit(td_memmgr *mm, const int *order, int n, size_t nonmodel, si
      * streaming minimum), then optimizer chunks in slack order while the
      * whole keeps a sixteenth of the budget to spare.  A chunk on the GPU
      * brings its param and grad chunk when those stream. */
-    size_t pg = 0, largest = 0;
+    size_t pg = 0, params = 0, largest = 0;
     for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
         size_t b = td_memmgr_chunk_slot_bytes(mm, c);
         td_tensor_role r = td_memmgr_chunk_role(mm, c);
         if (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD) pg += b;
+        if (r == TD_TENSOR_PARAM) params += b;
         if (b > largest) largest = b;
     }
     size_t all = nonmodel;
@@ -120,12 +122,22 @@ static int optim_fit(td_memmgr *mm, const int *order, int n, size_t nonmodel, si
     if (all + all / 16 <= budget) return n; /* everything stays: nothing streams, no slot to prefetch into */
     size_t resident = nonmodel + pg + 2 * largest;
     int pg_fit = resident + resident / 16 <= budget;
-    size_t used = pg_fit ? resident : min_device;
+    /* Else, where every param fits beside the streaming minimum (which holds
+     * a block's params and grads and the spare slots), the optimizer chunks
+     * take only the room left after the params: state past it would evict
+     * params that the backward reads again, and those reloads, each waiting
+     * for a slot the block before frees, hold up every block (W4 on an
+     * H100: 6 chunks on the GPU and no param reloaded, 990 ms a step; 19,
+     * filling the budget, 1067 ms with 14 blocks' params reloaded). */
+    size_t keep_params = min_device + params;
+    int p_fit = !pg_fit && keep_params + keep_params / 16 <= budget;
+    size_t used = pg_fit ? resident : p_fit ? keep_params : min_device;
     int k = 0;
     for (; k < n; k++) {
         int c = order[k];
         size_t cost = optim_state_bytes(mm, c);
-        if (!pg_fit) cost += role_chunk_bytes(mm, TD_TENSOR_PARAM, c) + role_chunk_bytes(mm, TD_TENSOR_GRAD, c);
+        if (!pg_fit) cost += role_chunk_bytes(mm, TD_TENSOR_GRAD, c);
+        if (!pg_fit && !p_fit) cost += role_chunk_bytes(mm, TD_TENSOR_PARAM, c);
         if (used + cost + (used + cost) / 16 > budget) break;
         used += cost;
     }
