@@ -1006,7 +1006,7 @@ int td_cli_plan_main(int argc, char **argv)
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
         if (layout) {
             printf("\n");
-            if ((st = td_train_plan_print_layout(&cfg, stdout))) goto cleanup;
+            if ((st = td_train_plan_print_layout(&cfg, &p, stdout))) goto cleanup;
         }
     }
     rc = fits_device && fits_host ? 0 : 3;

@@ -188,6 +188,33 @@ static void test_host_plan_and_limits(void **state)
     cJSON_Delete(j);
 }
 
+/* `tidal plan --layout` prints the layout the run lays out: the grads
+ * staged (no host copy) where the plan made them transient, and the
+ * optimizer chunks homed as the plan places them (the GPU AdamW's on the
+ * device, pinned; the CPU AdamW's on the host, pageable). */
+static void test_plan_layout_as_the_run(void **state)
+{
+    char out[16384];
+    const char *model = "--layers 6 --width 64 --heads 2 --seq 32 --micro-batch 2 --backend cpu --gpu-budget 8MiB "
+                        "--clip-grad-norm 0 --grad-slots 8";
+    const char *grep = "grep -cE '^ *chunk +[0-9]+ +%s .* %s +home %s '";
+    char g[128];
+    for (int on = 0; on < 2; on++) {
+        snprintf(g, sizeof g, grep, "grad", "staged", "host");
+        assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --policy cpu --adam-thread %s --layout | %s",
+                            tidal, tmp, model, on ? "on" : "off", g), on ? 0 : 1); /* grep's status: found or not */
+        if (on && atoi(out) < 1) fail_msg("no staged grad chunk in the layout: %s", out);
+    }
+    /* all of the optimizer on the GPU (a budget with room), then none */
+    for (int cpu = 0; cpu < 2; cpu++) {
+        snprintf(g, sizeof g, grep, "adam_m", cpu ? "pageable" : "pinned  ", cpu ? "host" : "device");
+        int rc = sh(out, sizeof out, "%s plan --data %s/ok.tok --layers 2 --width 64 --heads 2 --seq 32 "
+                    "--micro-batch 2 --backend cpu --gpu-budget 512MiB --policy %s --layout | %s", tidal, tmp,
+                    cpu ? "cpu" : "cuda", g);
+        if (rc || atoi(out) < 1) fail_msg("policy %s: no adam_m chunk homed as placed: %s", cpu ? "cpu" : "cuda", out);
+    }
+}
+
 /* --adam-thread: a bad value is refused naming the flag; `on` with nothing
  * between the grads and the update (no clipping, no accumulation) makes the
  * grads transient under --grad-slots N (`tidal plan --json`:
@@ -698,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_json),
         cmocka_unit_test(test_adam_thread_flag),
+        cmocka_unit_test(test_plan_layout_as_the_run),
         cmocka_unit_test(test_host_plan_and_limits),
         cmocka_unit_test(test_checkpoint_survives_bad_resume_and_corruption),
         cmocka_unit_test(test_default_budget),

@@ -239,14 +239,23 @@ td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *
     return TD_OK;
 }
 
-td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f)
+td_status td_train_plan_print_layout(const td_train_config *cfg, const td_train_plan *p, FILE *f)
 {
+    td_status st = TD_OK;
     td_memmgr *mm = NULL;
-    int *ids = NULL;
-    td_status st = td_train_plan_memmgr(cfg, &mm, &ids);
-    if (st == TD_OK) td_memmgr_print_layout(mm, f);
+    int *ids = NULL, *order = NULL;
+    td_train_config c = *cfg;
+    if (c.mm.grad_slots < 0) c.mm.grad_slots = p->host_grad_slots; /* auto, as the plan resolved it (0: copies) */
+    TD_TRY(td_train_plan_memmgr(&c, &mm, &ids));
+    order = td_malloc(((size_t)td_memmgr_chunk_count(mm) + 1) * sizeof *order, TD_ROLE_META);
+    if (!order) TD_FAIL(TD_ERR_NOMEM, "the layout's optimizer order");
+    td_train_optim_order(&c, mm, ids, order);
+    TD_TRY(td_train_host_homes(mm, order, p->optim_gpu_chunks)); /* the optimizer homes the trainer gives */
+    td_memmgr_print_layout(mm, f);
+cleanup:
     td_memmgr_destroy(mm);
     td_free(ids);
+    td_free(order);
     return st;
 }
 

@@ -314,8 +314,10 @@ typedef struct td_train_bound {
 void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
                        td_train_bound *out);
 
-/* The layout as td_memmgr_print_layout prints it. */
-td_status td_train_plan_print_layout(const td_train_config *cfg, FILE *f);
+/* The layout as td_memmgr_print_layout prints it, as the run lays it out
+ * under plan p (td_train_plan_make of cfg): its grad staging (auto's
+ * choice) and its optimizer chunks' homes (the GPU AdamW's on the device). */
+td_status td_train_plan_print_layout(const td_train_config *cfg, const td_train_plan *p, FILE *f);
 
 /* Checkpoints (docs/checkpoints.md): model.safetensors with Hugging Face
  * GPT-2 names plus config.json (transformers loads the directory), and with
