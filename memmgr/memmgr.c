@@ -1038,10 +1038,13 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
          * while their write-back goes to the host, where waiting held up
          * the next block's backward.  The fence left at release must still
          * imply the write-back is over; release sees to it. */
-        int wb_done = 1;
-        if (!(flags & TD_ACCESS_WRITE) && (st = td_copy_done(m->engine, &ch->writeback, &wb_done))) goto out;
-        if (!wb_done) ch->read_beside_wb = 1;
-        else if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &ch->writeback))) goto out;
+        if (flags & TD_ACCESS_WRITE) {
+            if ((st = td_copy_order(m->engine, TD_QUEUE_COMPUTE, &ch->writeback))) goto out;
+        } else {
+            int wb_done;
+            if ((st = td_copy_done(m->engine, &ch->writeback, &wb_done))) goto out;
+            if (!wb_done) ch->read_beside_wb = 1; /* a finished one needs no order */
+        }
         if (m->in_step) {
             if (!m->warmed_up && (st = trace_record(m, cs[i], (flags & TD_ACCESS_WRITE) != 0, pinned_bytes))) goto out;
             ch->last_use = m->pos;
