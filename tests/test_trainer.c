@@ -553,6 +553,51 @@ static void test_auto_share_keeps_params_resident(void **state)
     }
 }
 
+/* Auto, where every param and grad stays on the device: the first
+ * optimizer chunks join them with a sixty-fourth of the budget to spare
+ * (nothing streams), not the sixteenth a streaming run keeps; and the run
+ * at that budget stays in it and loads no param twice. */
+static void test_auto_share_beside_resident_model(void **state)
+{
+    td_train_config c = small_config();
+    c.model.n_layer = 6;
+    c.grad_accum = 1;
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+    size_t resident = p.nonmodel_bytes + p.role_bytes[TD_TENSOR_PARAM] + p.role_bytes[TD_TENSOR_GRAD] +
+                      2 * p.largest_chunk_bytes;
+    size_t step = resident / 4096, budget = resident + resident / 16; /* where params and grads stay */
+    for (;; budget += step) { /* the smallest budget with an optimizer chunk on the GPU */
+        TD_ASSERT_OK(td_train_plan_make(&c, budget, &p));
+        if (p.optim_gpu_chunks > 0) break;
+        assert_true(budget < 2 * resident);
+    }
+    assert_int_equal(p.nonmodel_bytes + p.role_bytes[TD_TENSOR_PARAM] + p.role_bytes[TD_TENSOR_GRAD] +
+                         2 * p.largest_chunk_bytes,
+                     resident); /* the same activations: the model's state alone changed */
+    size_t with_one = resident + p.optim_gpu_state_bytes;
+    if (budget >= with_one + with_one / 16)
+        fail_msg("the first optimizer chunk joined at %zu, past %zu with a sixteenth to spare", budget,
+                 with_one + with_one / 16);
+    assert_true(budget >= with_one + with_one / 64);
+    int n = p.optim_chunks, gpu = p.optim_gpu_chunks;
+    c.gpu_budget = budget;
+    td_trainer *t = NULL;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    assert_int_equal(td_trainer_optim_gpu_chunks(t, NULL), gpu);
+    td_test_batches b = td_test_batches_of(&c, 5);
+    td_step_result r;
+    uint64_t before = 0;
+    for (int s = 0; s < 4; s++) {
+        before = s ? r.mm.loads : 0;
+        TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+    }
+    td_trainer_destroy(t);
+    if (r.mm.loads - before != (uint64_t)(n - gpu))
+        fail_msg("%d host-updated param chunks, %llu loads in a step", n - gpu, (unsigned long long)(r.mm.loads - before));
+    assert_true(r.mm.device_peak_bytes <= budget);
+}
+
 /* --gpu-budget's default: all of the run resident plus an eighth, at most
  * the cap; a run at it keeps everything on the device (no eviction). */
 static void test_default_budget_keeps_the_run_resident(void **state)
@@ -971,6 +1016,7 @@ int main(void)
         cmocka_unit_test(test_compact_state_decay_by_tensor),
         cmocka_unit_test(test_auto_optimizer_share_follows_the_budget),
         cmocka_unit_test(test_auto_share_keeps_params_resident),
+        cmocka_unit_test(test_auto_share_beside_resident_model),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_adam_thread_is_bit_identical),
