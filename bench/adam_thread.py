@@ -72,12 +72,12 @@ for mode in a.modes.split(","):
                       pinned=p["host"]["pinned_bytes"], grad_slots=p["host"].get("grad_slots", 0),
                       losses=[s["loss"] for s in steps])
 
-print(f"\n{'adam-thread':>11} {'step ms':>8} {'tok/s':>8} {'bound ms (compute/pcie/adam)':>30} {'bound/step':>10} "
+print(f"\n{'adam-thread':>11} {'step ms':>8} {'tok/s':>8} {'bound ms (compute/pcie/adam/dram)':>35} {'bound/step':>10} "
       f"{'device peak':>12} {'pinned':>10} {'grad slots':>10}")
 for mode, r in rows.items():
     e = r["est"]
     print(f"{mode:>11} {r['ms']:8.1f} {r['tps']:8.0f} "
-          f"{r['bound']:8.1f} ({e['compute_ms']:.0f}/{e['pcie_ms']:.0f}/{e['adam_ms']:.0f}){'':>6} "
+          f"{r['bound']:8.1f} ({e['compute_ms']:.0f}/{e['pcie_ms']:.0f}/{e['adam_ms']:.0f}/{e.get('dram_ms', 0):.0f}){'':>6} "
           f"{r['bound'] / r['ms']:10.1%} {r['peak'] / 2**30:10.2f}Gi {r['pinned'] / 2**30:8.2f}Gi {r['grad_slots']:>10}")
 if "on" in rows and "off" in rows:
     print(f"\non/off: {rows['off']['ms'] / rows['on']['ms']:.2f}x faster step")

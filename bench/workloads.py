@@ -43,8 +43,9 @@ beside the allocator's own peak.
 
 Then a table: tokens/s of each system, tidal/peer, the acceptance target of
 issue 6, tidal's peak device bytes against the budget, and tidal's lower bound
-(max of compute, PCIe bytes / bandwidth, CPU AdamW, as `tidal plan` measures
-them) with how close the step comes to it.  A system that fails is reported
+(max of compute, PCIe bytes / bandwidth, CPU AdamW, and host DRAM: the CPU
+AdamW's bytes and the copies' at the rate the two reach together, as `tidal
+plan` measures them) with how close the step comes to it.  A system that fails is reported
 ("not available: <its message>") and the run goes on.  Exit status 0 unless
 the flags are bad or the data file cannot be written.
 
@@ -632,7 +633,8 @@ def fmt_tok(x):
 
 def bound_over_step(t):
     """How close tidal's median step comes to its lower bound (`tidal plan`'s, whose CPU AdamW
-    term is the measured DRAM bandwidth over the path's bytes a param)."""
+    term is the measured DRAM bandwidth over the path's bytes a param, and whose host DRAM term adds the
+    copies' bytes at the rate AdamW and copies reach together)."""
     if t.get("error") or not t.get("plan") or not t.get("step_ms_median"):
         return "n/a"
     b = t["plan"]["estimate"]["step_lower_bound_ms"]
@@ -664,7 +666,8 @@ def print_table(results):
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | >= {w.target:g}x | {met} | {bound_over_step(t)} |")
     say("\n## tidal: memory and lower bound\n")
     say("| id | tidal peak (arena) / budget | nvidia-smi peak, context incl. | step ms | lower bound ms "
-        "(compute / PCIe / AdamW) | optimizer chunks on the GPU | CPU AdamW rate (DRAM) | bound/step |")
+        "(compute / PCIe / AdamW / host DRAM) | optimizer chunks on the GPU | CPU AdamW rate (DRAM; with copies) | "
+        "bound/step |")
     say("|---|---|---|---|---|---|---|---|")
     for r in results:
         w, t = r["w"], r["tidal"]
@@ -677,12 +680,13 @@ def print_table(results):
         if t["plan"]:
             e, pl = t["plan"]["estimate"], t["plan"]
             bound = (f"{e['step_lower_bound_ms']:.1f} ({e['compute_ms']:.1f} / {e['pcie_ms']:.1f} / "
-                     f"{e['adam_ms']:.1f})")
+                     f"{e['adam_ms']:.1f} / {e.get('dram_ms', 0):.1f})")
             o, m = pl.get("optimizer", {}), pl.get("measured", {})
             if o:
                 optim = f"{o['gpu_chunks']}/{o['chunks']}"
             if m.get("dram_gbytes_per_s"):
-                rate = f"{m['adam_gparams_per_s']:.2f} G params/s ({m['dram_gbytes_per_s']:.0f} GB/s)"
+                rate = f"{m['adam_gparams_per_s']:.2f} G params/s ({m['dram_gbytes_per_s']:.0f} GB/s"
+                rate += f"; {m['dram_loaded_gbytes_per_s']:.0f} GB/s)" if m.get("dram_loaded_gbytes_per_s") else ")"
         say(f"| {w.id} | {gib(t['peak_bytes'])} / {budget}{flag} | {gib(t['smi_bytes'])} | "
             f"{t['step_ms_median']:.1f} | {bound} | {optim} | {rate} | {bound_over_step(t)} |")
     notes = []

@@ -887,7 +887,8 @@ int td_cli_plan_main(int argc, char **argv)
                          : (p.full_device_bytes < budget ? p.full_device_bytes : budget);
     if (cfg.mm.placement == TD_PLACEMENT_CUDA) fits_device = budget >= p.full_device_bytes && budget <= free_b;
     if (no_device) free_b = 0;
-    double compute_ms = bd.compute_ms, pcie_ms = bd.pcie_ms, adam_ms = bd.adam_ms, bound_ms = bd.bound_ms;
+    double compute_ms = bd.compute_ms, pcie_ms = bd.pcie_ms, adam_ms = bd.adam_ms, dram_ms = bd.dram_ms,
+           bound_ms = bd.bound_ms;
     double tokens = (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum;
     char a[32], c2[32], d[32], e[32], f2[32], g[32], h2[32], i2[32], j[32], k[32];
     if (json) {
@@ -904,7 +905,8 @@ int td_cli_plan_main(int argc, char **argv)
                "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,"
                "\"optimizer\":{\"chunks\":%d,\"gpu_chunks\":%d,\"gpu_state_bytes\":%zu,\"cpu_params\":%.0f,"
                "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
-               "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},\"estimate\":{\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,"
+               "\"dram_loaded_gbytes_per_s\":%.2f,\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},"
+               "\"estimate\":{\"h2d_bytes\":%.0f,\"d2h_bytes\":%.0f,\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,\"dram_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                cfg.ranks > 1 ? cfg.ranks : 1, cfg.rank, p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
@@ -916,7 +918,8 @@ int td_cli_plan_main(int argc, char **argv)
                td_host_heap_source(), ram, ram_src, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
                p.ckpt_blocks, p.gpu_optimizer ? "true" : "false", p.optim_chunks, p.optim_gpu_chunks,
                p.optim_gpu_state_bytes, p.adam_cpu_params, p.adam_bytes_per_param,
-               r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops, r.block_fwd_ms, r.block_bwd_ms, compute_ms, pcie_ms, adam_ms, bound_ms,
+               r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.dram_loaded_gbs, r.gflops, r.block_fwd_ms, r.block_bwd_ms,
+               p.h2d_bytes_per_step, p.d2h_bytes_per_step, compute_ms, pcie_ms, adam_ms, dram_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
         char desc[256];
@@ -989,9 +992,11 @@ int td_cli_plan_main(int argc, char **argv)
         if (no_device)
             printf("\nmeasured here: nothing (no CUDA device on this machine; run the plan there for rates)\n");
         else
-            printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW over 1 GiB: %.2f G params/s), matmul %.1f GFLOP/s (%s)\n",
+            printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW over 1 GiB: %.2f G params/s), matmul %.1f GFLOP/s (%s)\n"
+                   "               DRAM %.1f GB/s with copies up and down beside the CPU AdamW (both together)\n",
                    r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops,
-                   td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul");
+                   td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul",
+                   r.dram_loaded_gbs);
         if (r.block_fwd_ms > 0)
             printf("               one block at this batch: forward %.2f ms, backward %.2f ms\n", r.block_fwd_ms,
                    r.block_bwd_ms);
@@ -1002,6 +1007,7 @@ int td_cli_plan_main(int argc, char **argv)
                pcie_ms, td_format_bytes((size_t)p.h2d_bytes_per_step, h2, sizeof h2),
                td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
                p.gpu_optimizer ? "CPU AdamW (none: all on the GPU)" : "CPU AdamW", adam_ms);
+        printf("               host DRAM %.1f ms (the CPU AdamW's bytes and the copies')\n", dram_ms);
         printf("               lower bound %.1f ms a step (all overlapped), at most %.0f tokens/s\n", bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
         if (layout) {

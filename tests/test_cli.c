@@ -312,6 +312,19 @@ static void test_plan_json(void **state)
     assert_true(fabs(td_test_json_num(j, "measured", "dram_gbytes_per_s") / 28.0 - rate) <= 0.002 + 0.01 * rate);
     double want = params / (rate * 1e9) * 1e3, got = td_test_json_num(j, "estimate", "adam_ms");
     assert_true(fabs(got - want) <= 0.01 * want + 0.006); /* printed to 0.01 ms, the rate to 0.001 */
+    /* Host DRAM: the AdamW's bytes and the step's copies' at the rate the
+     * AdamW and the copies reached together; the bound is the largest term. */
+    double loaded = td_test_json_num(j, "measured", "dram_loaded_gbytes_per_s");
+    assert_true(loaded > 0);
+    double moved = params * 28.0 + td_test_json_num(j, "estimate", "h2d_bytes") + td_test_json_num(j, "estimate", "d2h_bytes");
+    assert_true(td_test_json_num(j, "estimate", "h2d_bytes") > 0 && td_test_json_num(j, "estimate", "d2h_bytes") > 0);
+    want = moved / (loaded * 1e9) * 1e3;
+    got = td_test_json_num(j, "estimate", "dram_ms");
+    assert_true(fabs(got - want) <= 0.01 * want + 0.006);
+    double bound = td_test_json_num(j, "estimate", "step_lower_bound_ms"), most = 0;
+    const char *terms[] = {"compute_ms", "pcie_ms", "adam_ms", "dram_ms"};
+    for (int i = 0; i < 4; i++) most = fmax(most, td_test_json_num(j, "estimate", terms[i]));
+    assert_true(fabs(bound - most) <= 0.006);
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "%s plan %s --ckpt 4 --json", tidal, model);
     assert_int_equal(rc, 2);

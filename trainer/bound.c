@@ -27,6 +27,8 @@
 #include "tidal/util.h"
 
 #include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,8 +101,47 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, double *gparams_per_s,
-                                double *dram_gbytes_per_s)
+/* Copies both ways through the copy engine, on a thread of their own, two
+ * pairs in flight: the load a step's loads and write-backs put on host DRAM
+ * (the DMA reads what goes up and writes what comes down) beside the CPU
+ * AdamW.  `bytes` counts the copies finished. */
+typedef struct copy_load {
+    td_copy_engine *eng;
+    void *up_dst, *down_dst;
+    const void *up_src, *down_src;
+    size_t piece;
+    atomic_int stop;
+    _Atomic uint64_t bytes;
+    td_status st;
+} copy_load;
+
+static void *copy_load_main(void *arg)
+{
+    copy_load *L = arg;
+    td_copy_ticket t[2][2];
+    memset(t, 0, sizeof t);
+    td_status st = TD_OK;
+    for (uint64_t i = 0; !st; i++) {
+        td_copy_ticket *slot = t[i & 1];
+        if (i >= 2) { /* the pair submitted two rounds ago */
+            if (!(st = td_copy_wait(L->eng, &slot[0])) && !(st = td_copy_wait(L->eng, &slot[1])))
+                atomic_fetch_add(&L->bytes, 2 * (uint64_t)L->piece);
+        }
+        if (st || atomic_load(&L->stop)) break;
+        if (!(st = td_copy_submit(L->eng, TD_COPY_H2D, L->up_dst, L->up_src, L->piece, NULL, &slot[0])))
+            st = td_copy_submit(L->eng, TD_COPY_D2H, L->down_dst, L->down_src, L->piece, NULL, &slot[1]);
+    }
+    if (!st) st = td_copy_drain(L->eng);
+    L->st = st;
+    return NULL;
+}
+
+/* The CPU AdamW probe (td_train_measure_adam); with `load`, also the host
+ * DRAM bytes a second that it and the copies move together while both run:
+ * *loaded_gbytes_per_s, the best of three spans of two passes (the
+ * AdamW's bytes and the copies' finished in the span, over its time). */
+static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load *load, double *gparams_per_s,
+                            double *dram_gbytes_per_s, double *loaded_gbytes_per_s)
 {
     td_status st = TD_OK;
     td_topo *topo = NULL;
@@ -160,12 +201,39 @@ td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, doubl
     *gparams_per_s = (double)n / (best * 1e-3) / 1e9;
     /* The kernel's bytes a param: fp32 master, m, v read and written, the
      * grad read, a 16-bit param written. */
-    *dram_gbytes_per_s = *gparams_per_s * (24.0 + (double)E + (dt == TD_OPTIM_DTYPE_F32 ? 0.0 : (double)E));
+    double bpp = 24.0 + (double)E + (dt == TD_OPTIM_DTYPE_F32 ? 0.0 : (double)E);
+    *dram_gbytes_per_s = *gparams_per_s * bpp;
+    if (load) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, copy_load_main, load)) TD_FAIL(TD_ERR_STATE, "the DRAM probe could not start its copy thread");
+        td_status ast = td_adam_cpu_update(cpu, &c, &ch, 1); /* warm, under the load */
+        double best_gbs = 0;
+        for (int span = 0; span < 3 && !ast; span++) {
+            uint64_t b0 = atomic_load(&load->bytes);
+            double t0 = td_now_ms();
+            for (int i = 0; i < 2 && !ast; i++) ast = td_adam_cpu_update(cpu, &c, &ch, 1);
+            double dt_ms = td_now_ms() - t0;
+            uint64_t moved = atomic_load(&load->bytes) - b0;
+            double gbs = dt_ms > 0 ? (2.0 * (double)n * bpp + (double)moved) / (dt_ms * 1e-3) / 1e9 : 0;
+            if (gbs > best_gbs) best_gbs = gbs;
+        }
+        atomic_store(&load->stop, 1);
+        pthread_join(th, NULL);
+        TD_TRY(ast);
+        TD_TRY(load->st);
+        *loaded_gbytes_per_s = best_gbs;
+    }
 cleanup:
     td_adam_cpu_destroy(cpu);
     td_hostmem_destroy(hm); /* unmaps the probe's buffers */
     td_topo_destroy(topo);
     return st;
+}
+
+td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, double *gparams_per_s,
+                                double *dram_gbytes_per_s)
+{
+    return adam_probe(b, cfg, NULL, gparams_per_s, dram_gbytes_per_s, NULL);
 }
 
 /* One block's forward and backward with the CPU reference ops (the cpu
@@ -244,15 +312,18 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
     td_hostpool *pool = NULL;
     td_arena *arena = NULL;
     td_copy_engine *eng = NULL;
-    void *h = NULL, *d = NULL;
+    void *h = NULL, *d = NULL, *h_down = NULL, *d_down = NULL;
     float *x = NULL, *w = NULL, *y = NULL;
     size_t bytes = 64 * TD_MiB;
     memset(r, 0, sizeof *r);
     TD_TRY(td_hostpool_create(b, NULL, NULL, &pool));
     TD_TRY(td_hostpool_alloc(pool, bytes, TD_ROLE_STAGING, &h));
+    TD_TRY(td_hostpool_alloc(pool, bytes, TD_ROLE_STAGING, &h_down));
     memset(h, 1, bytes);
-    TD_TRY(td_arena_create(b, bytes, &arena));
+    memset(h_down, 0, bytes);
+    TD_TRY(td_arena_create(b, 2 * bytes + TD_ARENA_ALIGN, &arena));
     TD_TRY(td_arena_alloc(arena, bytes, TD_ROLE_STAGING, &d));
+    TD_TRY(td_arena_alloc(arena, bytes, TD_ROLE_STAGING, &d_down));
     TD_TRY(td_copy_engine_create(b, NULL, &eng));
     double best = 1e30;
     for (int i = 0; i < 4; i++) {
@@ -264,7 +335,10 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
         if (ms < best) best = ms;
     }
     r->copy_gbs = (double)bytes / (best * 1e-3) / 1e9;
-    TD_TRY(td_train_measure_adam(b, cfg, &r->adam_gps, &r->dram_gbs));
+    TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, d_down, 0, bytes));
+    TD_TRY(td_queue_sync(b, TD_QUEUE_COMPUTE));
+    copy_load load = { .eng = eng, .up_dst = d, .up_src = h, .down_dst = h_down, .down_src = d_down, .piece = bytes };
+    TD_TRY(adam_probe(b, cfg, &load, &r->adam_gps, &r->dram_gbs, &r->dram_loaded_gbs));
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
         TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
@@ -297,8 +371,10 @@ cleanup:
     td_free(y);
     td_copy_engine_destroy(eng);
     if (d) td_arena_release(arena, d);
+    if (d_down) td_arena_release(arena, d_down);
     td_arena_destroy(arena);
     if (h) td_hostpool_release(pool, h);
+    if (h_down) td_hostpool_release(pool, h_down);
     td_hostpool_destroy(pool);
     return st;
 }
@@ -322,9 +398,20 @@ void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const
     out->adam_gparams_per_s = r->dram_gbs > 0 && p->adam_bytes_per_param > 0 ? r->dram_gbs / p->adam_bytes_per_param
                                                                             : r->adam_gps;
     out->adam_ms = out->adam_gparams_per_s > 0 ? p->adam_cpu_params / (out->adam_gparams_per_s * 1e9) * 1e3 : 0;
+    /* Host DRAM: every byte that crosses it in a step, the CPU AdamW's
+     * streams and the copies' (the DMA reads each load from it and writes
+     * each write-back to it), at the rate the two reached together.  Where
+     * the AdamW alone leaves DRAM idle this is below the AdamW term; where
+     * the copies take bandwidth from it (W4: 17 GB of copies beside 115 GB
+     * of AdamW traffic a step) it is the larger. */
+    double adam_bytes = out->adam_gparams_per_s > 0 ? p->adam_cpu_params * p->adam_bytes_per_param : 0;
+    out->dram_ms = r->dram_loaded_gbs > 0 ? (adam_bytes + p->h2d_bytes_per_step + p->d2h_bytes_per_step) /
+                                                (r->dram_loaded_gbs * 1e9) * 1e3
+                                          : 0;
     out->bound_ms = out->compute_ms;
     if (out->pcie_ms > out->bound_ms) out->bound_ms = out->pcie_ms;
     if (out->adam_ms > out->bound_ms) out->bound_ms = out->adam_ms;
+    if (out->dram_ms > out->bound_ms) out->bound_ms = out->dram_ms;
     double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
     out->tokens_per_s = out->bound_ms > 0 ? tokens / (out->bound_ms * 1e-3) : 0;
 }

@@ -289,6 +289,10 @@ td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t
  * at the run's shape (ms; 0 when not measured).  Takes a second or two. */
 typedef struct td_train_rates {
     double copy_gbs, adam_gps, dram_gbs, gflops, block_fwd_ms, block_bwd_ms;
+    /* Host DRAM GB/s the CPU AdamW and the copy engine (both directions at
+     * once) moved together while both ran: the AdamW's bytes plus the
+     * copies'.  0: not measured. */
+    double dram_loaded_gbs;
 } td_train_rates;
 #define TD_TRAIN_ADAM_PROBE_PARAMS ((size_t)64 << 20)
 td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *out);
@@ -302,12 +306,14 @@ td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, doubl
                                 double *dram_gbytes_per_s);
 
 /* The lower bound of a step (docs/performance.md): max(compute with
- * everything resident, PCIe bytes / copy rate, CPU AdamW time), each
- * overlapping the others at best.  The CPU AdamW term is the params the
- * host's optimizer chunks hold, at the measured DRAM bandwidth over the
- * path's bytes a param (td_train_adam_bytes_per_param). */
+ * everything resident, PCIe bytes / copy rate, CPU AdamW time, host DRAM
+ * time), each overlapping the others at best.  The CPU AdamW term is the
+ * params the host's optimizer chunks hold, at the measured DRAM bandwidth
+ * over the path's bytes a param (td_train_adam_bytes_per_param); the host
+ * DRAM term is those bytes plus the step's copies' (up and down), at the
+ * rate the AdamW and the copies reached together (dram_loaded_gbs). */
 typedef struct td_train_bound {
-    double compute_ms, pcie_ms, adam_ms, bound_ms;
+    double compute_ms, pcie_ms, adam_ms, dram_ms, bound_ms;
     double adam_gparams_per_s;   /* the rate adam_ms assumes */
     double tokens_per_s;         /* at bound_ms */
 } td_train_bound;
