@@ -60,12 +60,15 @@ def main():
         m, e = j["measured"], j["estimate"]
         rows.append({"adam_gparams_per_s": m["adam_gparams_per_s"], "dram_gbytes_per_s": m["dram_gbytes_per_s"],
                      "dram_loaded_gbytes_per_s": m.get("dram_loaded_gbytes_per_s", 0),
+                     "dram_loaded_adam_gbytes_per_s": m.get("dram_loaded_adam_gbytes_per_s", 0),
+                     "dram_loaded_copy_gbytes_per_s": m.get("dram_loaded_copy_gbytes_per_s", 0),
                      "copy_gbytes_per_s": m["copy_gbytes_per_s"], "compute_ms": e["compute_ms"],
                      "pcie_ms": e["pcie_ms"], "adam_ms": e["adam_ms"], "dram_ms": e.get("dram_ms", 0),
                      "bound_ms": e["step_lower_bound_ms"]})
         r = rows[-1]
         print(f"plan {i + 1}/{a.runs}: AdamW {r['adam_gparams_per_s']:.3f} G params/s ({r['dram_gbytes_per_s']:.1f} "
-              f"GB/s), with copies {r['dram_loaded_gbytes_per_s']:.1f} GB/s, copy {r['copy_gbytes_per_s']:.1f} GB/s; "
+              f"GB/s), with copies {r['dram_loaded_gbytes_per_s']:.1f} GB/s (AdamW {r['dram_loaded_adam_gbytes_per_s']:.1f} + "
+              f"copies {r['dram_loaded_copy_gbytes_per_s']:.1f}), copy {r['copy_gbytes_per_s']:.1f} GB/s; "
               f"bound {r['bound_ms']:.1f} ms (compute {r['compute_ms']:.1f} / PCIe {r['pcie_ms']:.1f} / AdamW "
               f"{r['adam_ms']:.1f} / host DRAM {r['dram_ms']:.1f})", flush=True)
     spread = {}

@@ -113,6 +113,7 @@ typedef struct copy_load {
     atomic_int stop;
     _Atomic uint64_t bytes;
     td_status st;
+    double adam_gbs, copy_gbs; /* the two shares of the best span */
 } copy_load;
 
 static void *copy_load_main(void *arg)
@@ -215,7 +216,11 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
             double dt_ms = td_now_ms() - t0;
             uint64_t moved = atomic_load(&load->bytes) - b0;
             double gbs = dt_ms > 0 ? (2.0 * (double)n * bpp + (double)moved) / (dt_ms * 1e-3) / 1e9 : 0;
-            if (gbs > best_gbs) best_gbs = gbs;
+            if (gbs > best_gbs) {
+                best_gbs = gbs;
+                load->adam_gbs = 2.0 * (double)n * bpp / (dt_ms * 1e-3) / 1e9;
+                load->copy_gbs = (double)moved / (dt_ms * 1e-3) / 1e9;
+            }
         }
         atomic_store(&load->stop, 1);
         pthread_join(th, NULL);
@@ -339,6 +344,8 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
     TD_TRY(td_queue_sync(b, TD_QUEUE_COMPUTE));
     copy_load load = { .eng = eng, .up_dst = d, .up_src = h, .down_dst = h_down, .down_src = d_down, .piece = bytes };
     TD_TRY(adam_probe(b, cfg, &load, &r->adam_gps, &r->dram_gbs, &r->dram_loaded_gbs));
+    r->dram_loaded_adam_gbs = load.adam_gbs;
+    r->dram_loaded_copy_gbs = load.copy_gbs;
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
         TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));

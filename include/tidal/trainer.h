@@ -293,6 +293,7 @@ typedef struct td_train_rates {
      * once) moved together while both ran: the AdamW's bytes plus the
      * copies'.  0: not measured. */
     double dram_loaded_gbs;
+    double dram_loaded_adam_gbs, dram_loaded_copy_gbs; /* its two shares: the AdamW's, the copies' */
 } td_train_rates;
 #define TD_TRAIN_ADAM_PROBE_PARAMS ((size_t)64 << 20)
 td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *out);
