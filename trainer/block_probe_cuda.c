@@ -148,6 +148,19 @@ td_status td_block_probe_time(td_block_probe *p, int repeat, double *fwd_ms, dou
     td_event *e[3] = {0};
     for (int i = 0; i < 3; i++) TD_TRY(td_event_create(b, &e[i]));
     double best_f = 1e30, best_b = 1e30;
+    /* Heat: the block at full load for TD_BLOCK_PROBE_HEAT_MS first, so the
+     * GPU's clocks settle where its power limit holds them through a step.
+     * An H200 at W3's shape (1.5B, B32) reaches its 700 W cap within about
+     * 70 ms of a step's forward and drops from 1980 MHz to 1320-1635 MHz:
+     * its blocks then take 4.4 ms where a cold probe timed 3.5 (a compute
+     * term no step-long run can reach). */
+    double heat_from = td_now_ms();
+    while (td_now_ms() - heat_from < TD_BLOCK_PROBE_HEAT_MS) {
+        TD_TRY(td_block_probe_forward(p));
+        TD_TRY(td_block_probe_backward(p));
+        TD_TRY(td_event_record(b, e[0], TD_QUEUE_COMPUTE));
+        TD_TRY(td_event_sync(b, e[0]));
+    }
     for (int it = 0; it <= repeat; it++) { /* run 0 is the warm-up */
         TD_TRY(td_event_record(b, e[0], TD_QUEUE_COMPUTE));
         TD_TRY(td_block_probe_forward(p));
