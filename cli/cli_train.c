@@ -907,7 +907,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
                "\"dram_loaded_gbytes_per_s\":%.2f,\"dram_loaded_adam_gbytes_per_s\":%.2f,\"dram_loaded_copy_gbytes_per_s\":%.2f,"
                "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},"
-               "\"estimate\":{\"h2d_bytes\":%.0f,\"d2h_bytes\":%.0f,\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,\"dram_ms\":%.2f,"
+               "\"estimate\":{\"h2d_bytes\":%.0f,\"d2h_bytes\":%.0f,\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,\"exposed_adam_ms\":%.2f,\"dram_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                cfg.ranks > 1 ? cfg.ranks : 1, cfg.rank, p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
@@ -921,7 +921,7 @@ int td_cli_plan_main(int argc, char **argv)
                p.optim_gpu_state_bytes, p.adam_cpu_params, p.adam_bytes_per_param,
                r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.dram_loaded_gbs, r.dram_loaded_adam_gbs,
                r.dram_loaded_copy_gbs, r.gflops, r.block_fwd_ms, r.block_bwd_ms,
-               p.h2d_bytes_per_step, p.d2h_bytes_per_step, compute_ms, pcie_ms, adam_ms, dram_ms, bound_ms,
+               p.h2d_bytes_per_step, p.d2h_bytes_per_step, compute_ms, pcie_ms, adam_ms, bd.exposed_adam_ms, dram_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
         char desc[256];
@@ -1011,6 +1011,10 @@ int td_cli_plan_main(int argc, char **argv)
                td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
                p.gpu_optimizer ? "CPU AdamW (none: all on the GPU)" : "CPU AdamW", adam_ms);
         printf("               host DRAM %.1f ms (the CPU AdamW's bytes and the copies')\n", dram_ms);
+        if (bd.exposed_adam_ms > 0)
+            printf("               CPU AdamW beyond one micro-batch's compute %.1f ms (it hides only there: the\n"
+                   "               grads are whole in the last backward, the params needed in the first forward)\n",
+                   bd.exposed_adam_ms);
         printf("               lower bound %.1f ms a step (all overlapped), at most %.0f tokens/s\n", bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
         if (layout) {

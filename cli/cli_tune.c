@@ -243,6 +243,7 @@ static cJSON *candidate_json(const td_tune_candidate *c)
     cJSON_AddNumberToObject(o, "pcie_ms", c->bound.pcie_ms);
     cJSON_AddNumberToObject(o, "adam_ms", c->bound.adam_ms);
     cJSON_AddNumberToObject(o, "dram_ms", c->bound.dram_ms);
+    cJSON_AddNumberToObject(o, "exposed_adam_ms", c->bound.exposed_adam_ms);
     cJSON_AddBoolToObject(o, "ran", c->ran == 1);
     if (c->ran == 1) {
         cJSON_AddNumberToObject(o, "tokens_per_s", c->tokens_per_s);

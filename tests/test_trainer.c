@@ -598,6 +598,45 @@ static void test_auto_share_beside_resident_model(void **state)
     assert_true(r.mm.device_peak_bytes <= budget);
 }
 
+/* The step's bound from given rates: with one micro-batch the largest
+ * term; with grad accumulation the CPU AdamW hides only within one
+ * micro-batch's compute, and the rest adds to the compute; the host DRAM
+ * term is the AdamW's bytes and the copies' at the loaded rate. */
+static void test_bound_terms(void **state)
+{
+    td_train_config c = small_config();
+    c.mm.placement = TD_PLACEMENT_CPU; /* every param through the CPU AdamW */
+    for (int K = 1; K <= 4; K *= 2) {
+        c.grad_accum = K;
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+        assert_true(p.adam_cpu_params > 0 && p.h2d_bytes_per_step > 0);
+        td_train_rates r = {.copy_gbs = 1e3, .gflops = 1.0, .dram_gbs = 0, .dram_loaded_gbs = 0};
+        td_train_bound b;
+        td_train_bound_of(&c, &p, &r, &b);
+        double compute = b.compute_ms;
+        assert_true(compute > 0);
+        for (double share = 0.1; share < 3; share += 0.2) { /* AdamW from a tenth of the compute to 3 times it */
+            double adam = share * compute;
+            r.adam_gps = p.adam_cpu_params / (adam * 1e-3) / 1e9;
+            td_train_bound_of(&c, &p, &r, &b);
+            assert_true(fabs(b.adam_ms - adam) <= 1e-9 * adam);
+            double exposed = adam > compute / K ? adam - compute / K : 0;
+            double want = fmax(compute + exposed, fmax(b.pcie_ms, adam));
+            if (fabs(b.bound_ms - want) > 1e-9 * want)
+                fail_msg("K %d, AdamW %.3f of compute: bound %.6f, want %.6f", K, share, b.bound_ms, want);
+            if (K == 1) assert_true(fabs(b.bound_ms - fmax(fmax(compute, adam), b.pcie_ms)) <= 1e-9 * want);
+        }
+        /* host DRAM: the AdamW's bytes plus the copies', at the loaded rate;
+         * it sets the bound when the loaded rate is low */
+        r.dram_loaded_gbs = 1e-3;
+        td_train_bound_of(&c, &p, &r, &b);
+        double bytes = p.adam_cpu_params * p.adam_bytes_per_param + p.h2d_bytes_per_step + p.d2h_bytes_per_step;
+        assert_true(fabs(b.dram_ms - bytes / 1e6 * 1e3) <= 1e-9 * b.dram_ms);
+        assert_true(b.bound_ms == b.dram_ms);
+    }
+}
+
 /* --gpu-budget's default: all of the run resident plus an eighth, at most
  * the cap; a run at it keeps everything on the device (no eviction). */
 static void test_default_budget_keeps_the_run_resident(void **state)
@@ -1017,6 +1056,7 @@ int main(void)
         cmocka_unit_test(test_auto_optimizer_share_follows_the_budget),
         cmocka_unit_test(test_auto_share_keeps_params_resident),
         cmocka_unit_test(test_auto_share_beside_resident_model),
+        cmocka_unit_test(test_bound_terms),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_adam_thread_is_bit_identical),

@@ -307,14 +307,20 @@ td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, doubl
                                 double *dram_gbytes_per_s);
 
 /* The lower bound of a step (docs/performance.md): max(compute with
- * everything resident, PCIe bytes / copy rate, CPU AdamW time, host DRAM
- * time), each overlapping the others at best.  The CPU AdamW term is the
+ * everything resident plus the CPU AdamW time it cannot hide, PCIe bytes /
+ * copy rate, CPU AdamW time, host DRAM time), each overlapping the others
+ * at best.  The CPU AdamW hides only within one micro-batch's compute (the
+ * last backward and the next step's first forward: before, the grads are
+ * not whole; after, the params are needed), so with grad accumulation the
+ * rest of it is exposed_adam_ms; with one micro-batch that is 0 whenever
+ * the AdamW term does not exceed the compute.  The CPU AdamW term is the
  * params the host's optimizer chunks hold, at the measured DRAM bandwidth
  * over the path's bytes a param (td_train_adam_bytes_per_param); the host
  * DRAM term is those bytes plus the step's copies' (up and down), at the
  * rate the AdamW and the copies reached together (dram_loaded_gbs). */
 typedef struct td_train_bound {
     double compute_ms, pcie_ms, adam_ms, dram_ms, bound_ms;
+    double exposed_adam_ms;      /* the CPU AdamW beyond one micro-batch's compute */
     double adam_gparams_per_s;   /* the rate adam_ms assumes */
     double tokens_per_s;         /* at bound_ms */
 } td_train_bound;
