@@ -32,6 +32,27 @@ cleanup:
     return st;
 }
 
+td_status td_train_ordered_make(const td_train_config *cfg, td_train_ordered *out)
+{
+    td_status st = TD_OK;
+    memset(out, 0, sizeof *out);
+    TD_TRY(td_train_plan_memmgr(cfg, &out->mm, &out->ids));
+    out->order = td_malloc(((size_t)td_memmgr_chunk_count(out->mm) + 1) * sizeof *out->order, TD_ROLE_META);
+    if (!out->order) TD_FAIL(TD_ERR_NOMEM, "the optimizer's order of %d chunks", td_memmgr_chunk_count(out->mm));
+    out->optim_chunks = td_train_optim_order(cfg, out->mm, out->ids, out->order);
+cleanup:
+    if (st) td_train_ordered_free(out);
+    return st;
+}
+
+void td_train_ordered_free(td_train_ordered *o)
+{
+    td_memmgr_destroy(o->mm);
+    td_free(o->ids);
+    td_free(o->order);
+    memset(o, 0, sizeof *o);
+}
+
 /* Positions in one step of 2L + 4 accesses (forward: embedding 0, block l
  * at 1 + l, head L + 1; backward: head L + 2, block l at L + 3 + (L-1-l),
  * embedding 2L + 3): when the next forward first needs gpt_ref tensor i,
@@ -167,22 +188,17 @@ void td_train_optim_gpu_bytes(td_memmgr *mm, td_dtype param_dtype, const int *or
 td_status td_train_optim_homes(const td_train_config *cfg, int gpu, uint8_t **on_gpu, int *n_out)
 {
     td_status st = TD_OK;
-    td_memmgr *mm = NULL;
-    int *ids = NULL, *order = NULL;
+    td_train_ordered o;
     *on_gpu = NULL;
     *n_out = 0;
-    TD_TRY(td_train_plan_memmgr(cfg, &mm, &ids));
-    int n = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
-    order = td_malloc(((size_t)n + 1) * sizeof *order, TD_ROLE_META);
+    TD_TRY(td_train_ordered_make(cfg, &o));
+    int n = o.optim_chunks;
     *on_gpu = td_calloc((size_t)n + 1, 1, TD_ROLE_META);
-    if (!order || !*on_gpu) TD_FAIL(TD_ERR_NOMEM, "optimizer placement of %d chunks", n);
-    td_train_optim_order(cfg, mm, ids, order);
-    for (int j = 0; j < gpu && j < n; j++) (*on_gpu)[order[j]] = 1;
+    if (!*on_gpu) TD_FAIL(TD_ERR_NOMEM, "optimizer placement of %d chunks", n);
+    for (int j = 0; j < gpu && j < n; j++) (*on_gpu)[o.order[j]] = 1;
     *n_out = n;
 cleanup:
-    td_memmgr_destroy(mm);
-    td_free(ids);
-    td_free(order);
+    td_train_ordered_free(&o);
     if (st) {
         td_free(*on_gpu);
         *on_gpu = NULL;

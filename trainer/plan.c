@@ -62,8 +62,7 @@ td_status td_train_resolve_grad_slots(td_train_config *cfg, size_t budget)
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out)
 {
     td_status st;
-    td_memmgr *mm = NULL;
-    int *ids = NULL, *order = NULL;
+    td_train_ordered o = {0};
     memset(out, 0, sizeof *out);
     if ((st = td_train_config_check(cfg))) return st;
     if (cfg->mm.grad_slots < 0) { /* auto: planned as the trainer resolves it */
@@ -72,10 +71,12 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
         if ((st = resolve_grad_slots(&c, budget, out, &planned))) return st;
         return planned && c.mm.grad_slots == 0 ? TD_OK : td_train_plan_make(&c, budget, out);
     }
-    if ((st = td_train_plan_memmgr(cfg, &mm, &ids))) goto cleanup;
+    if ((st = td_train_ordered_make(cfg, &o))) goto cleanup;
+    td_memmgr *mm = o.mm;
+    const int *order = o.order;
     const td_gpt_ref_config *mc = &cfg->model;
     int n = td_gpt_ref_tensor_count(mc), L = mc->n_layer;
-    const int *pid = ids, *gid = ids + n;
+    const int *pid = o.ids, *gid = o.ids + n;
     out->params = td_gpt_ref_params_numel(mc);
     out->chunks = td_memmgr_chunk_count(mm);
     out->chunk_numel = td_memmgr_chunk_numel(mm);
@@ -138,9 +139,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
     /* Optimizer chunks on the GPU (optim_place.c): their params and grads
      * stay on the device, their state takes room beside them. */
-    order = td_malloc(((size_t)out->chunks + 1) * sizeof *order, TD_ROLE_META);
-    if (!order) { st = TD_ERR_NOMEM; goto cleanup; }
-    out->optim_chunks = td_train_optim_order(cfg, mm, pid, order);
+    out->optim_chunks = o.optim_chunks;
     out->optim_gpu_chunks = td_train_optim_gpu_count(cfg, mm, order, ap.total, out->min_device_bytes, budget);
     size_t gpu_pg = 0, gpu_numel = 0;
     td_train_optim_gpu_bytes(mm, cfg->precision, order, out->optim_gpu_chunks, &out->optim_gpu_state_bytes, &gpu_pg,
@@ -175,9 +174,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     if ((st = td_train_host_homes(mm, order, out->optim_gpu_chunks))) goto cleanup;
     if ((st = td_train_host_plan(mm, cfg, budget, out))) goto cleanup;
 cleanup:
-    td_memmgr_destroy(mm);
-    td_free(ids);
-    td_free(order);
+    td_train_ordered_free(&o);
     return st;
 }
 
@@ -242,20 +239,14 @@ td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *
 td_status td_train_plan_print_layout(const td_train_config *cfg, const td_train_plan *p, FILE *f)
 {
     td_status st = TD_OK;
-    td_memmgr *mm = NULL;
-    int *ids = NULL, *order = NULL;
+    td_train_ordered o;
     td_train_config c = *cfg;
     if (c.mm.grad_slots < 0) c.mm.grad_slots = p->host_grad_slots; /* auto, as the plan resolved it (0: copies) */
-    TD_TRY(td_train_plan_memmgr(&c, &mm, &ids));
-    order = td_malloc(((size_t)td_memmgr_chunk_count(mm) + 1) * sizeof *order, TD_ROLE_META);
-    if (!order) TD_FAIL(TD_ERR_NOMEM, "the layout's optimizer order");
-    td_train_optim_order(&c, mm, ids, order);
-    TD_TRY(td_train_host_homes(mm, order, p->optim_gpu_chunks)); /* the optimizer homes the trainer gives */
-    td_memmgr_print_layout(mm, f);
+    TD_TRY(td_train_ordered_make(&c, &o));
+    TD_TRY(td_train_host_homes(o.mm, o.order, p->optim_gpu_chunks)); /* the optimizer homes the trainer gives */
+    td_memmgr_print_layout(o.mm, f);
 cleanup:
-    td_memmgr_destroy(mm);
-    td_free(ids);
-    td_free(order);
+    td_train_ordered_free(&o);
     return st;
 }
 

@@ -187,6 +187,18 @@ void td_train_plan_activations(const td_train_config *cfg, size_t budget, const 
 /* Per-chunk optimizer placement (optim_place.c). */
 /* A planning memmgr with the model registered and laid out (ids: 5 * count). */
 td_status td_train_plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int **ids);
+/* That memmgr with the optimizer's slack order over its param chunks (order:
+ * chunk count + 1 entries, the first `optim_chunks` of them set): what the
+ * plan, `tidal plan --layout` and the trainer's placement each start from.
+ * td_train_ordered_free frees what it holds (the struct itself is the
+ * caller's). */
+typedef struct td_train_ordered {
+    td_memmgr *mm;
+    int *ids, *order;
+    int optim_chunks;
+} td_train_ordered;
+td_status td_train_ordered_make(const td_train_config *cfg, td_train_ordered *out);
+void td_train_ordered_free(td_train_ordered *o);
 /* Param (= optimizer) chunk indices, the one to keep on the GPU first (the
  * least CPU slack) first; returns the count. */
 int td_train_optim_order(const td_train_config *cfg, td_memmgr *mm, const int *pid, int *order);
