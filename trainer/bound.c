@@ -206,7 +206,8 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
     *dram_gbytes_per_s = *gparams_per_s * bpp;
     if (load) {
         pthread_t th;
-        if (pthread_create(&th, NULL, copy_load_main, load)) TD_FAIL(TD_ERR_STATE, "the DRAM probe could not start its copy thread");
+        if (pthread_create(&th, NULL, copy_load_main, load))
+            TD_FAIL(TD_ERR_STATE, "the DRAM probe could not start its copy thread");
         td_status ast = td_adam_cpu_update(cpu, &c, &ch, 1); /* warm, under the load */
         double best_gbs = 0;
         for (int span = 0; span < 3 && !ast; span++) {
