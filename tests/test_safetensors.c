@@ -58,21 +58,9 @@ static int count_entries(const char *dir)
     return n;
 }
 
-static size_t file_size(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 ? (size_t)sb.st_size : 0;
-}
-
 static unsigned char *slurp(const char *path, size_t *n)
 {
-    *n = file_size(path);
-    unsigned char *b = malloc(*n + 1);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
+    return (unsigned char *)td_test_slurp(path, n);
 }
 
 static void spit(const char *path, const void *bytes, size_t n)

@@ -42,35 +42,10 @@ static char *fixture_path(const char *name)
     return p;
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open fixture %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return buf;
-}
-
 /* Calls fn on every JSON line of a fixture; returns the count. */
 static int for_each_jsonl(const char *name, void (*fn)(cJSON *obj, void *ctx), void *ctx)
 {
-    char *text = slurp(fixture_path(name), NULL);
-    int n = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *o = cJSON_Parse(line);
-        if (!o) fail_msg("%s: bad JSON line %d", name, n + 1);
-        fn(o, ctx);
-        cJSON_Delete(o);
-        n++;
-    }
-    free(text);
-    return n;
+    return td_test_for_each_jsonl(fixture_path(name), fn, ctx);
 }
 
 static td_tokenizer *byte_tok(void)
@@ -657,8 +632,8 @@ static void test_gpt2_load_errors(void **state)
 static void test_gpt2_mutated_files(void **state)
 {
     size_t vlen, mlen;
-    char *v = slurp(fixture_path("gpt2_prefix/vocab.json"), &vlen);
-    char *m = slurp(fixture_path("gpt2_prefix/merges.txt"), &mlen);
+    char *v = td_test_slurp(fixture_path("gpt2_prefix/vocab.json"), &vlen);
+    char *m = td_test_slurp(fixture_path("gpt2_prefix/merges.txt"), &mlen);
     size_t base = td_host_live_allocs();
     int ok = 0, failed = 0;
     for (int seed = 0; seed < td_test_seeds(60); seed++) {
@@ -696,8 +671,8 @@ static void test_gpt2_mutated_files(void **state)
 static void test_alloc_faults(void **state)
 {
     size_t vlen, mlen;
-    char *v = slurp(fixture_path("gpt2_prefix/vocab.json"), &vlen);
-    char *m = slurp(fixture_path("gpt2_prefix/merges.txt"), &mlen);
+    char *v = td_test_slurp(fixture_path("gpt2_prefix/vocab.json"), &vlen);
+    char *m = td_test_slurp(fixture_path("gpt2_prefix/merges.txt"), &mlen);
     const char *text = "Fault injection: it's the test's job, 12345 times.";
     size_t want = 0;
     {

@@ -47,34 +47,10 @@ static const char *fixture_path(const char *name)
     return p;
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open fixture %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return buf;
-}
-
+/* Calls fn on every JSON line of a fixture; returns the count. */
 static int for_each_jsonl(const char *name, void (*fn)(cJSON *obj, void *ctx), void *ctx)
 {
-    char *text = slurp(fixture_path(name), NULL);
-    int n = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *o = cJSON_Parse(line);
-        if (!o) fail_msg("%s: bad JSON line %d", name, n + 1);
-        fn(o, ctx);
-        cJSON_Delete(o);
-        n++;
-    }
-    free(text);
-    return n;
+    return td_test_for_each_jsonl(fixture_path(name), fn, ctx);
 }
 
 /* GPT-2's byte-to-unicode alphabet, written out independently of the library. */
@@ -258,8 +234,8 @@ static cJSON *gpt2_prefix_doc(const char *pattern, int pairs, const char *added)
 {
     spec s = {.pattern = pattern, .pairs = pairs};
     cJSON *doc = make_doc(&s), *model = cJSON_GetObjectItem(doc, "model");
-    char *v = slurp(fixture_path("gpt2_prefix/vocab.json"), NULL);
-    char *m = slurp(fixture_path("gpt2_prefix/merges.txt"), NULL);
+    char *v = td_test_slurp(fixture_path("gpt2_prefix/vocab.json"), NULL);
+    char *m = td_test_slurp(fixture_path("gpt2_prefix/merges.txt"), NULL);
     cJSON_ReplaceItemInObject(model, "vocab", cJSON_Parse(v));
     cJSON *merges = cJSON_CreateArray();
     for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n")) {
@@ -987,7 +963,7 @@ static void test_prepare_documents(void **state)
     /* the file is kept beside the tokens, as it was */
     TD_ASSERT_OK(td_tokfile_tokenizer_path(out, "tokenizer.json", kept, sizeof kept));
     size_t kept_len;
-    char *copy = slurp(kept, &kept_len);
+    char *copy = td_test_slurp(kept, &kept_len);
     assert_int_equal(kept_len, strlen(json));
     assert_memory_equal(copy, json, kept_len);
     free(copy);

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,4 +48,36 @@ double td_test_json_num(const struct cJSON *o, const char *a, const char *b)
     if (x && b) x = cJSON_GetObjectItem(x, b);
     if (!x || !cJSON_IsNumber(x)) fail_msg("JSON: no number at %s%s%s", a, b ? "." : "", b ? b : "");
     return x->valuedouble;
+}
+
+char *td_test_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) fail_msg("%s: %ld bytes", path, n);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+int td_test_for_each_jsonl(const char *path, void (*fn)(struct cJSON *obj, void *ctx), void *ctx)
+{
+    char *text = td_test_slurp(path, NULL);
+    int n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        if (!o) fail_msg("%s: bad JSON line %d", path, n + 1);
+        fn(o, ctx);
+        cJSON_Delete(o);
+        n++;
+    }
+    free(text);
+    return n;
 }

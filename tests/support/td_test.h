@@ -34,5 +34,11 @@ const char *td_test_tidal(void);
  * key's name when it is missing or not a number. */
 struct cJSON;
 double td_test_json_num(const struct cJSON *o, const char *a, const char *b);
+/* A file's bytes with a NUL after them (free() them); *len (may be NULL)
+ * gets their count.  Fails the test when the file cannot be read. */
+char *td_test_slurp(const char *path, size_t *len);
+/* Calls fn on every line of a JSON-lines file, failing the test on a line
+ * that is not JSON; returns the count. */
+int td_test_for_each_jsonl(const char *path, void (*fn)(struct cJSON *obj, void *ctx), void *ctx);
 
 #endif
