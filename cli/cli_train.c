@@ -781,13 +781,15 @@ int td_cli_plan_main(int argc, char **argv)
 {
     train_opts o;
     opts_defaults(&o);
-    int json = 0, layout = 0, largest = 0, nproc = 1;
+    int json = 0, layout = 0, largest = 0, nproc = 1, no_measure = 0;
     td_opt table[] = { OPTS(&o),
                        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
                        {"nproc", TD_OPT_INT, &nproc, "N", "plan one rank of N (ZeRO-3, as `tidal train --nproc N`): its "
                         "share of the optimizer\nstate, the device chunks padded to N shards (under a launcher: the "
                         "job's size)", 0},
                        {"layout", TD_OPT_FLAG, &layout, NULL, "also print the chunk layout", 0},
+                       {"no-measure", TD_OPT_FLAG, &no_measure, NULL, "the footprint only: time nothing on this machine "
+                        "(no step estimate;\nsaves the second or two the rates take)", 0},
                        {"largest", TD_OPT_FLAG, &largest, NULL, "the largest model that fits the host and the budget, "
                         "for each --optim-state:\nlayers growing at the given width and heads, and each preset", 0},
                        {NULL, 0, NULL, NULL, NULL, 0} };
@@ -873,7 +875,7 @@ int td_cli_plan_main(int argc, char **argv)
     if ((st = td_train_plan_make(&cfg, budget, &p))) goto cleanup;
     td_train_rates r;
     memset(&r, 0, sizeof r);
-    if (!no_device && (st = td_train_measure_rates(b, &cfg, &r))) goto cleanup;
+    if (!no_device && !no_measure && (st = td_train_measure_rates(b, &cfg, &r))) goto cleanup;
     td_train_bound bd;
     td_train_bound_of(&cfg, &p, &r, &bd);
     if (no_device) free_b = SIZE_MAX; /* unknown: the budget is taken as given */
@@ -993,6 +995,8 @@ int td_cli_plan_main(int argc, char **argv)
                p.adam_cpu_params, p.adam_bytes_per_param);
         if (no_device)
             printf("\nmeasured here: nothing (no CUDA device on this machine; run the plan there for rates)\n");
+        else if (no_measure)
+            printf("\nmeasured here: nothing (--no-measure)\n");
         else
             printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW over 1 GiB: %.2f G params/s), matmul %.1f GFLOP/s (%s)\n"
                    "               DRAM %.1f GB/s with copies up and down beside the CPU AdamW (both together: the AdamW\n"

@@ -95,11 +95,11 @@ static void test_budget_too_small_names_minimum(void **state)
     assert_int_not_equal(rc, 0);
     assert_non_null(strstr(out, "is below the minimum of"));
     /* tidal plan says the same before a run, exit 3. */
-    rc = sh(out, sizeof out, "%s plan --data %s/ok.tok " MODEL " --gpu-budget 64KiB", tidal, tmp);
+    rc = sh(out, sizeof out, "%s plan --no-measure --data %s/ok.tok " MODEL " --gpu-budget 64KiB", tidal, tmp);
     assert_int_equal(rc, 3);
     assert_non_null(strstr(out, "DOES NOT FIT"));
     assert_non_null(strstr(out, "needs --gpu-budget of at least"));
-    rc = sh(out, sizeof out, "%s plan --data %s/ok.tok " MODEL " --host-pin-limit 10KiB", tidal, tmp);
+    rc = sh(out, sizeof out, "%s plan --no-measure --data %s/ok.tok " MODEL " --host-pin-limit 10KiB", tidal, tmp);
     assert_int_equal(rc, 3);
 }
 
@@ -140,9 +140,9 @@ static void test_host_plan_and_limits(void **state)
     assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok %s --optim-state int8 --steps 2", tidal, tmp, model), 0);
     assert_non_null(strstr(out, "--optim-state int8"));
     /* A host too small for the plan: the plan says so (exit 3) and names the RAM figure. */
-    assert_int_equal(sh(out, sizeof out, "%s plan %s --host-ram 8MiB", tidal, model), 3);
+    assert_int_equal(sh(out, sizeof out, "%s plan --no-measure %s --host-ram 8MiB", tidal, model), 3);
     assert_non_null(strstr(out, "--host-ram 8.00 MiB"));
-    assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --json", tidal, tmp, model), 0);
+    assert_int_equal(sh(out, sizeof out, "%s plan --no-measure --data %s/ok.tok %s --json", tidal, tmp, model), 0);
     cJSON *j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
     size_t pinned = (size_t)td_test_json_num(j, "host", "pinned_bytes"), pageable = (size_t)td_test_json_num(j, "host", "pageable_bytes");
@@ -175,7 +175,7 @@ static void test_host_plan_and_limits(void **state)
     assert_true(td_test_json_num(j, "host", "peak_bytes") <= (double)total);
     cJSON_Delete(j);
     /* --largest: a line per state type, the compact ones fitting more layers. */
-    rc = sh(out, sizeof out, "%s plan --layers 2 --width 64 --heads 2 --seq 32 --micro-batch 2 --backend cpu "
+    rc = sh(out, sizeof out, "%s plan --no-measure --layers 2 --width 64 --heads 2 --seq 32 --micro-batch 2 --backend cpu "
             "--gpu-budget 64MiB --host-ram 1GiB --largest --json", tidal);
     assert_int_equal(rc, 0);
     j = cJSON_Parse(strchr(out, '{'));
@@ -201,14 +201,14 @@ static void test_plan_layout_as_the_run(void **state)
     char g[128];
     for (int on = 0; on < 2; on++) {
         snprintf(g, sizeof g, grep, "grad", "staged", "host");
-        assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --policy cpu --adam-thread %s --layout | %s",
+        assert_int_equal(sh(out, sizeof out, "%s plan --no-measure --data %s/ok.tok %s --policy cpu --adam-thread %s --layout | %s",
                             tidal, tmp, model, on ? "on" : "off", g), on ? 0 : 1); /* grep's status: found or not */
         if (on && atoi(out) < 1) fail_msg("no staged grad chunk in the layout: %s", out);
     }
     /* all of the optimizer on the GPU (a budget with room), then none */
     for (int cpu = 0; cpu < 2; cpu++) {
         snprintf(g, sizeof g, grep, "adam_m", cpu ? "pageable" : "pinned  ", cpu ? "host" : "device");
-        int rc = sh(out, sizeof out, "%s plan --data %s/ok.tok --layers 2 --width 64 --heads 2 --seq 32 "
+        int rc = sh(out, sizeof out, "%s plan --no-measure --data %s/ok.tok --layers 2 --width 64 --heads 2 --seq 32 "
                     "--micro-batch 2 --backend cpu --gpu-budget 512MiB --policy %s --layout | %s", tidal, tmp,
                     cpu ? "cpu" : "cuda", g);
         if (rc || atoi(out) < 1) fail_msg("policy %s: no adam_m chunk homed as placed: %s", cpu ? "cpu" : "cuda", out);
@@ -233,7 +233,7 @@ static void test_adam_thread_flag(void **state)
     assert_non_null(strstr(out, "--grad-slots -2: use -1 (auto), 0 or a count"));
     assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --clip-grad-norm 1", tidal, tmp, model), 2);
     assert_non_null(strstr(out, "--grad-slots 8: staging slots need grads that are read once as they land"));
-    assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --adam-thread on --grad-slots 0 --json", tidal,
+    assert_int_equal(sh(out, sizeof out, "%s plan --no-measure --data %s/ok.tok %s --adam-thread on --grad-slots 0 --json", tidal,
                         tmp, model), 0);
     cJSON *j0 = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j0);
@@ -241,7 +241,7 @@ static void test_adam_thread_flag(void **state)
     cJSON_Delete(j0);
     double pp[2];
     for (int on = 0; on < 2; on++) {
-        assert_int_equal(sh(out, sizeof out, "%s plan --data %s/ok.tok %s --adam-thread %s --json", tidal, tmp, model,
+        assert_int_equal(sh(out, sizeof out, "%s plan --no-measure --data %s/ok.tok %s --adam-thread %s --json", tidal, tmp, model,
                             on ? "on" : "off"), 0);
         cJSON *j = cJSON_Parse(strchr(out, '{'));
         assert_non_null(j);
@@ -325,11 +325,22 @@ static void test_plan_json(void **state)
     const char *terms[] = {"compute_ms", "pcie_ms", "adam_ms", "dram_ms"};
     for (int i = 0; i < 4; i++) most = fmax(most, td_test_json_num(j, "estimate", terms[i]));
     assert_true(fabs(bound - most) <= 0.006);
+    double min_bytes = td_test_json_num(j, "device", "min_bytes");
+    cJSON_Delete(j);
+    /* --no-measure: the same footprint, nothing timed, no estimate */
+    rc = sh(out, sizeof out, "%s plan %s --ckpt 2 --gpu-budget 64MiB --policy cpu --json --no-measure", tidal, model);
+    assert_int_equal(rc, 0);
+    j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    assert_true(td_test_json_num(j, "device", "min_bytes") == min_bytes);
+    assert_true(td_test_json_num(j, "measured", "adam_gparams_per_s") == 0 &&
+                td_test_json_num(j, "measured", "dram_loaded_gbytes_per_s") == 0);
+    assert_true(td_test_json_num(j, "estimate", "step_lower_bound_ms") == 0);
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "%s plan %s --ckpt 4 --json", tidal, model);
     assert_int_equal(rc, 2);
     assert_non_null(strstr(out, "a block count in [0, 3]"));
-    rc = sh(out, sizeof out, "%s plan %s --ckpt 0", tidal, model);
+    rc = sh(out, sizeof out, "%s plan --no-measure %s --ckpt 0", tidal, model);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "checkpointing off"));
 }
@@ -513,14 +524,14 @@ static void test_default_budget(void **state)
 {
     char out[8192];
     const char *model = "--layers 3 --width 32 --heads 2 --seq 32 --micro-batch 2 --backend cpu --vocab 64";
-    assert_int_equal(sh(out, sizeof out, "%s plan %s --json", tidal, model), 0);
+    assert_int_equal(sh(out, sizeof out, "%s plan --no-measure %s --json", tidal, model), 0);
     cJSON *j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
     double budget = td_test_json_num(j, "device", "budget_bytes"), all = td_test_json_num(j, "device", "all_resident_bytes");
     double min = td_test_json_num(j, "device", "min_bytes");
     assert_true(budget >= all + all / 8 && budget >= min && budget < td_test_json_num(j, "device", "free_bytes"));
     cJSON_Delete(j);
-    assert_int_equal(sh(out, sizeof out, "%s plan %s --json --gpu-budget max", tidal, model), 0);
+    assert_int_equal(sh(out, sizeof out, "%s plan --no-measure %s --json --gpu-budget max", tidal, model), 0);
     j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
     assert_true(td_test_json_num(j, "device", "budget_bytes") == floor(td_test_json_num(j, "device", "free_bytes") / 256) * 256);
@@ -690,7 +701,7 @@ static void test_llama_models(void **state)
             tidal, tmp, tmp);
     assert_int_not_equal(rc, 0);
     assert_non_null(strstr(out, "--kv-heads 2 differs from the checkpoint"));
-    rc = sh(out, sizeof out, "%s plan --model qwen2.5-0.5b --seq 512 --micro-batch 1 --backend cpu --gpu-budget 2GiB",
+    rc = sh(out, sizeof out, "%s plan --no-measure --model qwen2.5-0.5b --seq 512 --micro-batch 1 --backend cpu --gpu-budget 2GiB",
             tidal);
     assert_non_null(strstr(out, "494032768 params: qwen2: 24 layers, 896 wide, 14 heads (2 key/value), MLP 4864"));
     assert_int_equal(sh(out, sizeof out, "%s train --model llama-9b --data %s/ok.tok", tidal, tmp), 2);
@@ -718,7 +729,7 @@ static void test_llama_models(void **state)
         cJSON_Delete(j);
     }
     assert_true(first[0] == first[2] && first[1] == first[2]);
-    rc = sh(out, sizeof out, "%s plan --model %s/ll/config.json --layers 3 --seq 32 --backend cpu", tidal, tmp);
+    rc = sh(out, sizeof out, "%s plan --no-measure --model %s/ll/config.json --layers 3 --seq 32 --backend cpu", tidal, tmp);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "llama: 3 layers"));
     rc = sh(out, sizeof out, "%s train --model %s/none/config.json --data %s/ok.tok", tidal, tmp, tmp);
