@@ -150,10 +150,10 @@ td_status td_block_probe_time(td_block_probe *p, int repeat, double *fwd_ms, dou
     double best_f = 1e30, best_b = 1e30;
     /* Heat: the block at full load for TD_BLOCK_PROBE_HEAT_MS first, so the
      * GPU's clocks settle where its power limit holds them through a step.
-     * An H200 at W3's shape (1.5B, B32) reaches its 700 W cap within about
-     * 70 ms of a step's forward and drops from 1980 MHz to 1320-1635 MHz:
-     * its blocks then take 4.4 ms where a cold probe timed 3.5 (a compute
-     * term no step-long run can reach). */
+     * On an H200 at W3's shape (1.5B, B32) a step's forward blocks slowed
+     * from 3.9 to 4.4 ms over its first 17 blocks, nvidia-smi reading
+     * 1320-1635 MHz at 679-695 W (1980 MHz idle); the cold probe's compute
+     * term read 772-779 ms against an 895-908 ms step, after the heat 861. */
     double heat_from = td_now_ms();
     while (td_now_ms() - heat_from < TD_BLOCK_PROBE_HEAT_MS) {
         TD_TRY(td_block_probe_forward(p));

@@ -137,7 +137,8 @@ static void *copy_load_main(void *arg)
     return NULL;
 }
 
-/* The CPU AdamW probe (td_train_measure_adam); with `load`, also the host
+/* The CPU AdamW probe: G params/s and the DRAM GB/s it reached, its team
+ * bound to b's local cores as the trainer's (b NULL: unbound); with `load`, also the host
  * DRAM bytes a second that it and the copies move together while both run:
  * *loaded_gbytes_per_s, the best of three spans of two passes (the
  * AdamW's bytes and the copies' finished in the span, over its time). */
@@ -234,12 +235,6 @@ cleanup:
     td_hostmem_destroy(hm); /* unmaps the probe's buffers */
     td_topo_destroy(topo);
     return st;
-}
-
-td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, double *gparams_per_s,
-                                double *dram_gbytes_per_s)
-{
-    return adam_probe(b, cfg, NULL, gparams_per_s, dram_gbytes_per_s, NULL);
 }
 
 /* One block's forward and backward with the CPU reference ops (the cpu

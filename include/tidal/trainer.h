@@ -301,10 +301,6 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
  * the device (the cuda backend; a no-op on the cpu backend): the part of
  * the rates that depends on the shape. */
 td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_train_rates *r);
-/* The AdamW part alone: G params/s and the DRAM GB/s it reached; its team
- * bound to b's local cores as the trainer's (b NULL: unbound). */
-td_status td_train_measure_adam(td_backend *b, const td_train_config *cfg, double *gparams_per_s,
-                                double *dram_gbytes_per_s);
 
 /* The lower bound of a step (docs/performance.md): max(compute with
  * everything resident plus the CPU AdamW time it cannot hide, PCIe bytes /
