@@ -112,13 +112,9 @@ static td_status fcproj_fwd(td_block_probe *b)
 }
 static td_status fcproj_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_matmul_backward(b->ops, b->big, b->g.fcproj_w, b->g.fcproj_b, b->dy, b->a.fch_gelu,
-                                       b->w.fcproj_w, b->N, 4 * b->mc.n_embd, b->mc.n_embd, TD_OPS_CUDA_SET, b->dt, b->dt,
-                                       b->scratch, b->scratch_bytes, b->stream);
-}
-static td_status gelu_bwd(td_block_probe *b)
-{
-    return td_ops_cuda_gelu_backward(b->big, b->a.fch, b->big, (size_t)b->N * 4 * b->mc.n_embd, TD_OPS_CUDA_SET, b->dt, b->stream);
+    return td_ops_cuda_matmul_backward_gelu(b->ops, b->big, b->g.fcproj_w, b->g.fcproj_b, b->dy, b->a.fch_gelu,
+                                            b->w.fcproj_w, b->a.fch, b->N, 4 * b->mc.n_embd, b->mc.n_embd, b->dt, b->dt,
+                                            b->scratch, b->scratch_bytes, b->stream);
 }
 static td_status fc_bwd(td_block_probe *b)
 {
@@ -127,9 +123,9 @@ static td_status fc_bwd(td_block_probe *b)
 }
 static td_status ln2_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_layernorm_backward(b->dx, b->g.ln2_w, b->g.ln2_b, b->dy, b->a.res2, b->w.ln2_w, b->a.ln2_mean,
-                                          b->a.ln2_rstd, b->N, b->mc.n_embd, b->dt, b->dt, b->scratch, b->scratch_bytes,
-                                          b->stream);
+    return td_ops_cuda_layernorm_backward_res(b->dx, b->dres, b->g.ln2_w, b->g.ln2_b, b->dy, b->a.res2, b->w.ln2_w,
+                                              b->a.ln2_mean, b->a.ln2_rstd, b->N, b->mc.n_embd, b->dt, b->dt,
+                                              b->scratch, b->scratch_bytes, b->stream);
 }
 static td_status attproj_bwd(td_block_probe *b)
 {
@@ -150,8 +146,9 @@ static td_status qkv_bwd(td_block_probe *b)
 }
 static td_status ln1_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_layernorm_backward(b->dx, b->g.ln1_w, b->g.ln1_b, b->dy, b->x, b->w.ln1_w, b->a.ln1_mean,
-                                          b->a.ln1_rstd, b->N, b->mc.n_embd, b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
+    return td_ops_cuda_layernorm_backward_res(b->dx, b->dres, b->g.ln1_w, b->g.ln1_b, b->dy, b->x, b->w.ln1_w,
+                                              b->a.ln1_mean, b->a.ln1_rstd, b->N, b->mc.n_embd, b->dt, b->dt,
+                                              b->scratch, b->scratch_bytes, b->stream);
 }
 static td_status block_fwd(td_block_probe *b) { return td_block_probe_forward(b); }
 static td_status block_bwd(td_block_probe *b) { return td_block_probe_backward(b); }
@@ -237,11 +234,8 @@ static td_status l_gu_bwd(td_block_probe *b)
 }
 static td_status l_rms2_bwd(td_block_probe *b)
 {
-    if (cudaMemcpyAsync(b->dres, b->dy, (size_t)b->N * L_C(b) * td_dtype_bytes(b->dt), cudaMemcpyDeviceToDevice,
-                        (cudaStream_t)b->stream) != cudaSuccess)
-        return td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpyAsync failed");
-    return td_ops_cuda_rmsnorm_backward(b->dres, b->g.ln2_w, b->dc, b->a.res2, b->w.ln2_w, b->a.ln2_rstd, b->N, L_C(b),
-                                        b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
+    return td_ops_cuda_rmsnorm_backward_res(b->dres, b->dy, b->g.ln2_w, b->dc, b->a.res2, b->w.ln2_w, b->a.ln2_rstd,
+                                            b->N, L_C(b), b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
 static td_status l_o_bwd(td_block_probe *b)
 {
@@ -268,11 +262,8 @@ static td_status l_qkv_bwd(td_block_probe *b)
 }
 static td_status l_rms1_bwd(td_block_probe *b)
 {
-    if (cudaMemcpyAsync(b->dx, b->dres, (size_t)b->N * L_C(b) * td_dtype_bytes(b->dt), cudaMemcpyDeviceToDevice,
-                        (cudaStream_t)b->stream) != cudaSuccess)
-        return td_error_set(TD_ERR_BACKEND, "bench ops: cudaMemcpyAsync failed");
-    return td_ops_cuda_rmsnorm_backward(b->dx, b->g.ln1_w, b->dc, b->x, b->w.ln1_w, b->a.ln1_rstd, b->N, L_C(b), b->dt,
-                                        b->dt, b->scratch, b->scratch_bytes, b->stream);
+    return td_ops_cuda_rmsnorm_backward_res(b->dx, b->dres, b->g.ln1_w, b->dc, b->x, b->w.ln1_w, b->a.ln1_rstd, b->N,
+                                            L_C(b), b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
 
 static const op_fn l_fwd_ops[] = {l_rms1_fwd, l_qkv_fwd,    l_rope_fwd, l_att_fwd, l_o_fwd,
@@ -382,19 +373,17 @@ int td_bench_ops_main(int argc, char **argv)
         {"ln2 forward", 0, 0, 2 * nc},
         {"fc matmul + gelu forward", 0, mm * 4 * C, 0},
         {"fcproj matmul + residual fwd", 0, mm * 4 * C, 0},
-        {"fcproj matmul backward", 0, 2 * mm * 4 * C, 0},
-        {"gelu backward", 0, 0, 3 * 4 * nc},
+        {"fcproj matmul + gelu backward", 0, 2 * mm * 4 * C, 0},
         {"fc matmul backward", 0, 2 * mm * 4 * C, 0},
-        {"ln2 backward", 0, 0, 3 * nc},
+        {"ln2 backward (+ residual)", 0, 0, 4 * nc},
         {"attproj matmul backward", 0, 2 * mm * C, 0},
         {"attention backward", 0, 2.5 * att, 0},
         {"qkv matmul backward", 0, 2 * mm * 3 * C, 0},
-        {"ln1 backward", 0, 0, 3 * nc},
+        {"ln1 backward (+ residual)", 0, 0, 4 * nc},
         {"block forward", 0, 0, 0},
         {"block backward", 0, 0, 0},
     };
-    op_fn fns[] = {ln1_fwd, qkv_fwd, att_fwd, attproj_fwd, ln2_fwd, fc_fwd, fcproj_fwd, fcproj_bwd, gelu_bwd,
-                   fc_bwd, ln2_bwd, attproj_bwd, att_bwd, qkv_bwd, ln1_bwd, block_fwd, block_bwd};
+    op_fn fns[] = {ln1_fwd, qkv_fwd, att_fwd, attproj_fwd, ln2_fwd, fc_fwd, fcproj_fwd, fcproj_bwd, fc_bwd, ln2_bwd, attproj_bwd, att_bwd, qkv_bwd, ln1_bwd, block_fwd, block_bwd};
     int nrows = (int)(sizeof rows / sizeof rows[0]);
     for (int i = 0; i < nrows; i++) {
         if (i < 7 && (st = block_fwd(b))) goto done; /* forward ops read what the previous one wrote */
@@ -450,12 +439,12 @@ int td_bench_ops_main(int argc, char **argv)
             {"down matmul backward", 0, 2 * lmm * F * C, 0},
             {"swiglu backward", 0, 0, 5.0 * N * F * E},
             {"gate|up matmul backward", 0, 2 * lmm * C * 2 * F, 0},
-            {"rmsnorm 2 backward (+ copy)", 0, 0, 5 * natt},
+            {"rmsnorm 2 backward (+ residual)", 0, 0, 4 * natt},
             {"o matmul backward", 0, 2 * lmm * C * C, 0},
             {"attention gqa backward", 0, 2.5 * att, 0},
             {"rope q, k backward", 0, 0, 2.0 * N * (o.heads + NKV) * hs * E},
             {"qkv matmul backward", 0, 2 * lmm * C * QKV, 0},
-            {"rmsnorm 1 backward (+ copy)", 0, 0, 5 * natt},
+            {"rmsnorm 1 backward (+ residual)", 0, 0, 4 * natt},
             {"block forward", 0, 0, 0},
             {"block backward", 0, 0, 0},
         };

@@ -908,7 +908,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"optimizer\":{\"chunks\":%d,\"gpu_chunks\":%d,\"gpu_state_bytes\":%zu,\"cpu_params\":%.0f,"
                "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
                "\"dram_loaded_gbytes_per_s\":%.2f,\"dram_loaded_adam_gbytes_per_s\":%.2f,\"dram_loaded_copy_gbytes_per_s\":%.2f,"
-               "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f},"
+               "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f,\"block_recompute_ms\":%.3f},"
                "\"estimate\":{\"h2d_bytes\":%.0f,\"d2h_bytes\":%.0f,\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,\"exposed_adam_ms\":%.2f,\"dram_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
                cfg.ranks > 1 ? cfg.ranks : 1, cfg.rank, p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
@@ -922,7 +922,7 @@ int td_cli_plan_main(int argc, char **argv)
                p.ckpt_blocks, p.gpu_optimizer ? "true" : "false", p.optim_chunks, p.optim_gpu_chunks,
                p.optim_gpu_state_bytes, p.adam_cpu_params, p.adam_bytes_per_param,
                r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.dram_loaded_gbs, r.dram_loaded_adam_gbs,
-               r.dram_loaded_copy_gbs, r.gflops, r.block_fwd_ms, r.block_bwd_ms,
+               r.dram_loaded_copy_gbs, r.gflops, r.block_fwd_ms, r.block_bwd_ms, r.block_recompute_ms,
                p.h2d_bytes_per_step, p.d2h_bytes_per_step, compute_ms, pcie_ms, adam_ms, bd.exposed_adam_ms, dram_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
     } else {
@@ -1005,8 +1005,8 @@ int td_cli_plan_main(int argc, char **argv)
                    td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul",
                    r.dram_loaded_gbs, r.dram_loaded_adam_gbs, r.dram_loaded_copy_gbs);
         if (r.block_fwd_ms > 0)
-            printf("               one block at this batch: forward %.2f ms, backward %.2f ms\n", r.block_fwd_ms,
-                   r.block_bwd_ms);
+            printf("               one block at this batch: forward %.2f ms, backward %.2f ms, recompute %.2f ms\n",
+                   r.block_fwd_ms, r.block_bwd_ms, r.block_recompute_ms);
         else if (!no_device && td_backend_get_kind(b) == TD_BACKEND_CUDA)
             printf("               one block at this batch: not measured (its buffers exceed the free device "
                    "memory); compute from the matmul rate\n");

@@ -407,6 +407,7 @@ static void llama_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_b
     td_ops_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, N, C, eps);
     td_ops_matmul_forward(a->fch, a->ln2, w->fc_w, NULL, N, C, 2 * H);                // (N,2H) gate|up
     td_ops_swiglu_forward(a->fch_gelu, a->fch, N, H);                                 // (N,H)
+    if (!y) return; /* a recompute: the acts only */
     td_ops_matmul_forward(y, a->fch_gelu, w->fcproj_w, NULL, N, H, C);                // mlp branch
     td_ops_residual_forward(y, y, a->res2, (size_t)N * C);                            // res2 + branch
 }
@@ -459,6 +460,7 @@ void td_gpt_ref_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_blo
     td_ops_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N, C);
     td_ops_matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, 4 * C);          // (N,4C)
     td_ops_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    if (!y) return; /* a recompute: the acts only */
     td_ops_matmul_forward(y, a->fch_gelu, w->fcproj_w, w->fcproj_b, N, 4 * C, C);  // mlp branch
     td_ops_residual_forward(y, y, a->res2, (size_t)N * C);                         // res2 + branch
 }

@@ -112,20 +112,13 @@ td_status td_ops_cuda_rope_table(const td_gpt_ref_config *cfg, float *dev, void 
         if (st_ != TD_OK) return td_error_prefix(st_, "%s: ", what);             \
     } while (0)
 
-static td_status copy_d2d(void *dst, const void *src, size_t bytes, void *stream, const char *what)
-{
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
-    return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "%s: cudaMemcpyAsync: %s", what,
-                                                   cudaGetErrorString(e));
-}
-
 td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, const td_ops_cuda_block *w,
                                           const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
                                           void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
                                           void *stream)
 {
     const char *what = "llama block forward";
-    if (!cfg || !w || !a || !inv_freq || !x || !y) return td_error_set(TD_ERR_INVALID, "%s: NULL argument", what);
+    if (!cfg || !w || !a || !inv_freq || !x) return td_error_set(TD_ERR_INVALID, "%s: NULL argument", what);
     if (x == y) return td_error_set(TD_ERR_INVALID, "%s: y must not alias x (backward needs x)", what);
     const sizes s = sizes_of(cfg, B, T, dt);
     const int N = (int)s.N, C = (int)s.C, NH = (int)s.NH, NKV = (int)s.NKV, hs = (int)s.hs;
@@ -141,6 +134,7 @@ td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_con
     TRY(td_ops_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->fch, NULL, a->ln2, w->fc_w, NULL, NULL, N, C, 2 * H, dt, stream));
     TRY(td_ops_cuda_swiglu_forward(a->fch_gelu, a->fch, N, H, dt, stream));
+    if (!y) return TD_OK; /* a recompute: backward reads the acts, not y */
     TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, a->fch_gelu, w->fcproj_w, NULL, a->res2, N, H, C, dt,
                                    stream)); /* y = res2 + mlp branch */
     return TD_OK;
@@ -176,11 +170,9 @@ td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_gpt_ref_co
     TRY(td_ops_cuda_swiglu_backward(dA, dB, a->fch, N, H, TD_OPS_CUDA_SET, dt, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->fc_w, NULL, dA, a->ln2, w->fc_w, N, C, 2 * H, TD_OPS_CUDA_SET, dt,
                                     gdt, ops, ops_bytes, stream));
-    TRY(copy_d2d(dres2, dy, NC * s.e, stream, "copy of dy"));
-    TRY(td_ops_cuda_rmsnorm_backward(dres2, g->ln2_w, dc, a->res2, w->ln2_w, a->ln2_rstd, N, C, dt, gdt, ops,
-                                     ops_bytes, stream));
+    TRY(td_ops_cuda_rmsnorm_backward_res(dres2, dy, g->ln2_w, dc, a->res2, w->ln2_w, a->ln2_rstd, N, C, dt, gdt,
+                                         ops, ops_bytes, stream));
     /* res2 = x + o_proj(gqa(rope(qkv(rmsnorm_1(x))))) */
-    TRY(copy_d2d(dx, dres2, NC * s.e, stream, "copy to dx"));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->attproj_w, NULL, dres2, a->atty, w->attproj_w, N, C, C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
     void *dqkv = dA;
@@ -189,8 +181,9 @@ td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_gpt_ref_co
     TRY(td_ops_cuda_rope_backward(dqkv, inv_freq, B, T, NH + NKV, hs, (size_t)QKV, dt, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, QKV,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
-    TRY(td_ops_cuda_rmsnorm_backward(dx, g->ln1_w, dc, x, w->ln1_w, a->ln1_rstd, N, C, dt, gdt, ops, ops_bytes,
-                                     stream));
+    /* dx = dres2 + RMSNorm 1's part */
+    TRY(td_ops_cuda_rmsnorm_backward_res(dx, dres2, g->ln1_w, dc, x, w->ln1_w, a->ln1_rstd, N, C, dt, gdt, ops,
+                                         ops_bytes, stream));
     return TD_OK;
 }
 

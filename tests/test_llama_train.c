@@ -158,6 +158,7 @@ static void test_block_probe_times_the_family_block(void **state)
         TD_ASSERT_OK(td_train_measure_block(b, &c, &r));
         assert_true(r.block_fwd_ms > 0 && r.block_fwd_ms < 1e3);
         assert_true(r.block_bwd_ms > 0 && r.block_bwd_ms < 1e3);
+        assert_true(r.block_recompute_ms > 0 && r.block_recompute_ms < 1e3);
     }
     td_backend_free(b);
 }

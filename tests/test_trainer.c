@@ -635,6 +635,24 @@ static void test_bound_terms(void **state)
         assert_true(fabs(b.dram_ms - bytes / 1e6 * 1e3) <= 1e-9 * b.dram_ms);
         assert_true(b.bound_ms == b.dram_ms);
     }
+    /* From block times: every block's forward and backward, and a recompute
+     * (a forward without its last projection) for each checkpointed block;
+     * the forward's time stands in where the recompute was not measured. */
+    c.grad_accum = 2;
+    c.ckpt = TD_CKPT_ON;
+    c.ckpt_blocks = 0; /* all */
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+    assert_int_equal(p.ckpt_blocks, c.model.n_layer);
+    td_train_rates r = {.copy_gbs = 1e3, .gflops = 1e3, .block_fwd_ms = 2.0, .block_bwd_ms = 5.0};
+    td_train_bound b0, b1;
+    td_train_bound_of(&c, &p, &r, &b0);
+    r.block_recompute_ms = 1.5;
+    td_train_bound_of(&c, &p, &r, &b1);
+    double L = c.model.n_layer;
+    assert_true(fabs(b0.compute_ms - b1.compute_ms - 2 * L * 0.5) <= 1e-9 * b0.compute_ms);
+    double head = 6.0 * c.micro_batch * c.seq_len * c.model.n_embd * (double)c.model.padded_vocab_size / 1e12 * 1e3;
+    assert_true(fabs(b1.compute_ms - 2 * (L * 7.0 + L * 1.5 + head)) <= 1e-9 * b1.compute_ms);
 }
 
 /* --gpu-budget's default: all of the run resident plus an eighth, at most

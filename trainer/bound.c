@@ -80,16 +80,17 @@ cleanup:
 /* One block's forward and backward at the run's shape (B, T, dtype) with
  * the trainer's ops, best of 3 after a warm-up.  A shape whose buffers do
  * not fit the device's free memory is left unmeasured (0). */
-static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
+static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, td_train_rates *r)
 {
     size_t free_b = 0, total_b = 0, need = td_block_probe_bytes(&cfg->model, cfg->micro_batch, cfg->seq_len,
                                                                  cfg->precision);
-    *fwd_ms = *bwd_ms = 0; /* the probe composes the model's own block: GPT-2's or a LLaMA-family one */
+    r->block_fwd_ms = r->block_bwd_ms = r->block_recompute_ms = 0; /* the probe composes the model's own
+                                                                     * block: GPT-2's or a LLaMA-family one */
     td_status st = td_backend_mem_info(b, &free_b, &total_b);
     if (st || need + need / 8 > free_b) return st;
     td_block_probe *p = NULL;
     if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, &p))) return st;
-    st = td_block_probe_time(p, 3, fwd_ms, bwd_ms);
+    st = td_block_probe_time(p, 3, &r->block_fwd_ms, &r->block_bwd_ms, &r->block_recompute_ms);
     td_block_probe_destroy(p);
     return st;
 }
@@ -240,13 +241,13 @@ cleanup:
 /* One block's forward and backward with the CPU reference ops (the cpu
  * backend's compute); left unmeasured (0) when the block's work would take
  * more than a few seconds to time. */
-static td_status measure_cpu_block(const td_train_config *cfg, double *fwd_ms, double *bwd_ms)
+static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r)
 {
     td_status st = TD_OK;
     const td_gpt_ref_config *mc = &cfg->model;
     int B = cfg->micro_batch, T = cfg->seq_len;
     size_t N = (size_t)B * T, C = (size_t)mc->n_embd, off, span;
-    *fwd_ms = *bwd_ms = 0;
+    r->block_fwd_ms = r->block_bwd_ms = r->block_recompute_ms = 0;
     td_gpt_ref_block_span(mc, 0, &off, &span);
     if (2.0 * (double)N * (double)span * 3 * 3 > 20e9) return TD_OK; /* three passes of forward + backward */
     size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
@@ -270,7 +271,7 @@ static td_status measure_cpu_block(const td_train_config *cfg, double *fwd_ms, d
     td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
     /* The best of up to seven after a warm-up, within about two seconds:
      * the fastest pass is the one other work on the host disturbed least. */
-    double best_f = 1e30, best_b = 1e30, start = td_now_ms();
+    double best_f = 1e30, best_b = 1e30, best_r = 1e30, start = td_now_ms();
     for (int i = 0; i < 8 && (i < 3 || td_now_ms() - start < 2000); i++) {
         double t0 = td_now_ms();
         td_gpt_ref_block_forward(mc, &wb, &a, x, y, B, T);
@@ -278,11 +279,15 @@ static td_status measure_cpu_block(const td_train_config *cfg, double *fwd_ms, d
         memset(dx, 0, N * C * sizeof(float));
         td_gpt_ref_block_backward(mc, &wb, &gb, &a, x, y, dx, scr, B, T);
         double t2 = td_now_ms();
+        td_gpt_ref_block_forward(mc, &wb, &a, x, NULL, B, T); /* a recompute: no output */
+        double t3 = td_now_ms();
         if (i && t1 - t0 < best_f) best_f = t1 - t0;
         if (i && t2 - t1 < best_b) best_b = t2 - t1;
+        if (i && t3 - t2 < best_r) best_r = t3 - t2;
     }
-    *fwd_ms = best_f;
-    *bwd_ms = best_b;
+    r->block_fwd_ms = best_f;
+    r->block_bwd_ms = best_b;
+    r->block_recompute_ms = best_r;
 cleanup:
     td_free(w);
     td_free(g);
@@ -298,9 +303,9 @@ td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_t
 {
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
 #ifdef TD_HAVE_CUDA
-    if (td_backend_get_kind(b) == TD_BACKEND_CUDA) return measure_cuda_block(b, cfg, &r->block_fwd_ms, &r->block_bwd_ms);
+    if (td_backend_get_kind(b) == TD_BACKEND_CUDA) return measure_cuda_block(b, cfg, r);
 #endif
-    return measure_cpu_block(cfg, &r->block_fwd_ms, &r->block_bwd_ms);
+    return measure_cpu_block(cfg, r);
 }
 
 td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *r)
@@ -345,7 +350,7 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
         TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
-        TD_TRY(measure_cuda_block(b, cfg, &r->block_fwd_ms, &r->block_bwd_ms));
+        TD_TRY(measure_cuda_block(b, cfg, r));
         goto cleanup;
     }
 #endif
@@ -367,7 +372,7 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
         }
         r->gflops = 2.0 * N * C * OC / (best * 1e-3) / 1e9;
     }
-    TD_TRY(measure_cpu_block(cfg, &r->block_fwd_ms, &r->block_bwd_ms));
+    TD_TRY(measure_cpu_block(cfg, r));
 cleanup:
     td_free(x);
     td_free(w);
@@ -387,12 +392,15 @@ void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const
     memset(out, 0, sizeof *out);
     /* Compute: the measured block times (forward, recompute, backward of
      * every block) plus the head's matmuls at the matmul rate, per
-     * micro-batch; without block times, every flop at the matmul rate. */
+     * micro-batch; without block times, every flop at the matmul rate.  A
+     * recompute skips the block's last projection (its output is not
+     * needed): its own time, the forward's where not measured. */
     out->compute_ms = r->gflops > 0 ? p->flops_per_step / (r->gflops * 1e9) * 1e3 : 0;
     if (r->block_fwd_ms > 0 && r->gflops > 0) {
         double L = cfg->model.n_layer, head = 6.0 * cfg->micro_batch * cfg->seq_len * cfg->model.n_embd *
                                               (double)cfg->model.padded_vocab_size;
-        out->compute_ms = cfg->grad_accum * (L * (r->block_fwd_ms + r->block_bwd_ms) + p->ckpt_blocks * r->block_fwd_ms +
+        double rec = r->block_recompute_ms > 0 ? r->block_recompute_ms : r->block_fwd_ms;
+        out->compute_ms = cfg->grad_accum * (L * (r->block_fwd_ms + r->block_bwd_ms) + p->ckpt_blocks * rec +
                                              head / (r->gflops * 1e9) * 1e3);
     }
     out->pcie_ms = r->copy_gbs > 0 ? (p->h2d_bytes_per_step + p->d2h_bytes_per_step) / (r->copy_gbs * 1e9) * 1e3 : 0;

@@ -132,10 +132,12 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->min_device_bytes = ap.total + ws + 2 * largest;
     out->full_device_bytes = ap.total + out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD];
     /* Work: 6 flops per param per token (2 forward, 4 backward) plus
-     * attention's 12 L T C per token; recompute adds one more forward. */
+     * attention's 12 L T C per token; a recomputed block adds its forward
+     * but the last projection (H x C: nothing of backward reads its output). */
     double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
     double fwd = 2.0 * (double)out->params + 4.0 * L * (double)cfg->seq_len * mc->n_embd;
-    out->flops_per_step = tokens * fwd * (3.0 + (double)out->ckpt_blocks / L);
+    double rec = fwd / L - 2.0 * (double)td_model_mlp_width(mc) * mc->n_embd;
+    out->flops_per_step = tokens * (3.0 * fwd + (double)out->ckpt_blocks * rec);
     double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
     /* Optimizer chunks on the GPU (optim_place.c): their params and grads
      * stay on the device, their state takes room beside them. */

@@ -827,8 +827,8 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         const void *x = resid_at(t, l);
         void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
         /* Checkpointing: recompute this block's activations from its kept
-         * input (its output lands in dx's buffer, overwritten right after). */
-        if (l < t->ckpt_blocks) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, dxl));
+         * input; its output is not needed (the last projection is skipped). */
+        if (l < t->ckpt_blocks) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, NULL));
         /* The grads after the recompute is queued: where their slot is the
          * one the next block's grads are leaving (a write-back in flight),
          * the compute queue waits for it behind the recompute, not before. */

@@ -39,14 +39,17 @@ size_t td_block_probe_bytes(const td_gpt_ref_config *model, int B, int T, td_dty
 td_status td_block_probe_create(td_backend *b, const td_gpt_ref_config *model, int B, int T, td_dtype dt,
                                 td_block_probe **out);
 void td_block_probe_destroy(td_block_probe *p); /* NULL is a no-op */
-/* Forward (filling the acts) and backward of the block, each the best of
- * `repeat` runs after one warm-up, in ms, timed with events on the stream;
+/* Forward (filling the acts), backward and recompute (the forward without
+ * its last projection, as backward reruns a checkpointed block; rec_ms may
+ * be NULL) of the block, each the best of `repeat` runs after one warm-up,
+ * in ms, timed with events on the stream;
  * first the block runs at full load for TD_BLOCK_PROBE_HEAT_MS, so the
  * times are the ones a step-long run sustains under the GPU's power limit,
  * not a cold GPU's burst. */
 #define TD_BLOCK_PROBE_HEAT_MS 500.0
-td_status td_block_probe_time(td_block_probe *p, int repeat, double *fwd_ms, double *bwd_ms);
+td_status td_block_probe_time(td_block_probe *p, int repeat, double *fwd_ms, double *bwd_ms, double *rec_ms);
 td_status td_block_probe_forward(td_block_probe *p);
+td_status td_block_probe_recompute(td_block_probe *p); /* the forward, y not written */
 td_status td_block_probe_backward(td_block_probe *p);
 
 #endif

@@ -208,7 +208,9 @@ void td_gpt_ref_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, floa
  * max(2H, QKV) + H + 2 C. */
 size_t td_gpt_ref_block_scratch_numel(const td_gpt_ref_config *cfg, int B, int T);
 
-/* y (B,T,C) = block(x (B,T,C)), filling acts.  y must not alias x: backward needs x. */
+/* y (B,T,C) = block(x (B,T,C)), filling acts.  y must not alias x: backward needs x.
+ * y NULL: the acts only, as a checkpointed block's recompute needs them (the
+ * last projection, whose output nothing of backward reads, is skipped). */
 void td_gpt_ref_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_block *w,
                               const td_gpt_ref_block_acts *acts, const float *x, float *y,
                               int B, int T);

@@ -113,6 +113,13 @@ td_status td_ops_cuda_layernorm_backward(void *dinp, void *dweight, void *dbias,
                                          const void *inp, const void *weight, const float *mean,
                                          const float *rstd, int N, int C, td_dtype dt, td_dtype gdt,
                                          void *scratch, size_t scratch_bytes, void *stream);
+/* The same with the input gradient beside a residual one: dinp (N,C) = dres
+ * + (dt).  dres may be dinp (the call above) or NULL (dinp is set); it must
+ * not overlap dinp otherwise. */
+td_status td_ops_cuda_layernorm_backward_res(void *dinp, const void *dres, void *dweight, void *dbias,
+                                             const void *dout, const void *inp, const void *weight,
+                                             const float *mean, const float *rstd, int N, int C, td_dtype dt,
+                                             td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream);
 
 /* --- RMSNorm (LLaMA, Qwen2) ------------------------------------------------ */
 
@@ -125,6 +132,12 @@ size_t td_ops_cuda_rmsnorm_scratch_bytes(int N, int C);
 td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, const void *dout, const void *inp,
                                        const void *weight, const float *rstd, int N, int C, td_dtype dt,
                                        td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream);
+/* The same beside a residual gradient: dinp = dres + (dt); dres may be dinp
+ * (the call above) or NULL (dinp set), else must not overlap it. */
+td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dres, void *dweight, const void *dout,
+                                           const void *inp, const void *weight, const float *rstd, int N, int C,
+                                           td_dtype dt, td_dtype gdt, void *scratch, size_t scratch_bytes,
+                                           void *stream);
 
 /* --- matmul (cuBLASLt) ---------------------------------------------------- */
 
@@ -144,6 +157,14 @@ td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweigh
                                       int C, int OC, td_ops_cuda_write dinp_mode, td_dtype dt,
                                       td_dtype gdt, void *scratch, size_t scratch_bytes,
                                       void *stream);
+/* The backward of a matmul whose input was gelu(pre_gelu) (GPT-2's fc_proj):
+ * dinp (N,C) = (dout @ weight) * gelu'(pre_gelu), set (one cuBLASLt epilogue
+ * when fusable, as the forward's GELU, else the GELU backward kernel after
+ * the GEMM); dweight and dbias as above.  dinp must not alias pre_gelu. */
+td_status td_ops_cuda_matmul_backward_gelu(td_ops_cuda *ctx, void *dinp, void *dweight, void *dbias,
+                                           const void *dout, const void *inp, const void *weight,
+                                           const void *pre_gelu, int N, int C, int OC, td_dtype dt, td_dtype gdt,
+                                           void *scratch, size_t scratch_bytes, void *stream);
 
 /* --- attention ------------------------------------------------------------ */
 
@@ -301,7 +322,8 @@ void td_ops_cuda_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_
  * same).  Pass the bytes you give to the calls below. */
 size_t td_ops_cuda_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
                                        int att_seqs);
-/* y (B,T,C) = block(x), filling acts, as td_gpt_ref_block_forward. */
+/* y (B,T,C) = block(x), filling acts, as td_gpt_ref_block_forward; y NULL:
+ * the acts only (a recompute: the fc_proj GEMM is skipped). */
 td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
                                     const td_ops_cuda_block *w, const td_ops_cuda_block_acts *acts,
                                     const void *x, void *y, int B, int T, td_dtype dt,
@@ -329,6 +351,7 @@ void td_ops_cuda_llama_block_acts_view(const td_gpt_ref_config *cfg, int B, int 
 size_t td_ops_cuda_llama_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs);
 /* Uploads td_ops_rope_inv_freq's table (hs/2 fp32) of the model to dev; waits for it. */
 td_status td_ops_cuda_rope_table(const td_gpt_ref_config *cfg, float *dev, void *stream);
+/* y NULL: the acts only (a recompute: the down projection is skipped). */
 td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, const td_ops_cuda_block *w,
                                           const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
                                           void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,

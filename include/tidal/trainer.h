@@ -289,6 +289,7 @@ td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t
  * at the run's shape (ms; 0 when not measured).  Takes a second or two. */
 typedef struct td_train_rates {
     double copy_gbs, adam_gps, dram_gbs, gflops, block_fwd_ms, block_bwd_ms;
+    double block_recompute_ms; /* the forward of a checkpointed block in backward: no last projection */
     /* Host DRAM GB/s the CPU AdamW and the copy engine (both directions at
      * once) moved together while both ran: the AdamW's bytes plus the
      * copies'.  0: not measured. */

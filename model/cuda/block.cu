@@ -3,9 +3,12 @@
  * activations kept, with the fusions the GPU ops offer:
  *   forward   the residual adds ride in the projections' GEMMs (beta = 1 on
  *             the residual input), GELU in the fc GEMM's epilogue (16-bit);
- *   backward  input gradients are written (SET), not zeroed and added, and
- *             the GELU backward runs in place over the fc_proj input gradient.
- * Backward scratch: d4 (N,4C) for dfch_gelu -> dfch, later dqkv (N,3C);
+ *   backward  input gradients are written (SET), not zeroed and added; the
+ *             LayerNorms' input gradients land beside the residual gradient
+ *             (no copy of it first), and GELU's derivative rides in the
+ *             fc_proj input-gradient GEMM's epilogue (16-bit; else a kernel
+ *             in place over that gradient).
+ * Backward scratch: d4 (N,4C) for dfch, later dqkv (N,3C);
  * dres2 (N,C); dc (N,C) for dln2, datty, dln1; then the op scratch
  * (matmul / LayerNorm partial sums, or attention's buffers). */
 #include "kernels.cuh"
@@ -111,7 +114,7 @@ extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_gpt_re
                                                size_t scratch_bytes, void *stream)
 {
     const char *what = "block forward";
-    if (!cfg || !w || !a || !x || !y) return td_error_set(TD_ERR_INVALID, "%s: NULL argument", what);
+    if (!cfg || !w || !a || !x) return td_error_set(TD_ERR_INVALID, "%s: NULL argument", what);
     if (x == y) return td_error_set(TD_ERR_INVALID, "%s: y must not alias x (backward needs x)", what);
     const int C = cfg->n_embd, NH = cfg->n_head, N = B * T;
     TRY(td_ops_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N, C, dt,
@@ -126,6 +129,7 @@ extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_gpt_re
                                       dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->fch_gelu, a->fch, a->ln2, w->fc_w, w->fc_b, nullptr, N, C,
                                    4 * C, dt, stream));
+    if (!y) return TD_OK; /* a recompute: backward reads the acts, not y */
     TRY(td_ops_cuda_matmul_forward(ctx, y, nullptr, a->fch_gelu, w->fcproj_w, w->fcproj_b, a->res2, N,
                                    4 * C, C, dt, stream)); /* y = res2 + mlp branch */
     return TD_OK;
@@ -158,19 +162,14 @@ extern "C" td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_gpt_r
     cudaStream_t s = (cudaStream_t)stream;
 
     /* y = res2 + fc_proj(gelu(fc(ln2(res2)))) */
-    TRY(td_ops_cuda_matmul_backward(ctx, d4, g->fcproj_w, g->fcproj_b, dy, a->fch_gelu, w->fcproj_w, N,
-                                    4 * C, C, TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
-    TRY(td_ops_cuda_gelu_backward(d4, a->fch, d4, 4 * NC, TD_OPS_CUDA_SET, dt, stream));
+    TRY(td_ops_cuda_matmul_backward_gelu(ctx, d4, g->fcproj_w, g->fcproj_b, dy, a->fch_gelu, w->fcproj_w, a->fch,
+                                         N, 4 * C, C, dt, gdt, ops, ops_bytes, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->fc_w, g->fc_b, d4, a->ln2, w->fc_w, N, C, 4 * C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
-    TRY(check_cuda(cudaMemcpyAsync(dres2, dy, NC * e, cudaMemcpyDeviceToDevice, s), "copy of dy"));
-    TRY(td_ops_cuda_layernorm_backward(dres2, g->ln2_w, g->ln2_b, dc, a->res2, w->ln2_w, a->ln2_mean,
-                                       a->ln2_rstd, N, C, dt, gdt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_layernorm_backward_res(dres2, dy, g->ln2_w, g->ln2_b, dc, a->res2, w->ln2_w, a->ln2_mean,
+                                           a->ln2_rstd, N, C, dt, gdt, ops, ops_bytes, stream));
     /* res2 = x + attn_proj(attention(qkv(ln1(x)))) */
-    if (dx_mode == TD_OPS_CUDA_SET)
-        TRY(check_cuda(cudaMemcpyAsync(dx, dres2, NC * e, cudaMemcpyDeviceToDevice, s), "copy to dx"));
-    else
-        TRY(add(dt, dx, dx, dres2, NC, s));
+    if (dx_mode == TD_OPS_CUDA_ADD) TRY(add(dt, dx, dx, dres2, NC, s));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->attproj_w, g->attproj_b, dres2, a->atty, w->attproj_w, N,
                                     C, C, TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
     void *dqkv = d4;
@@ -178,7 +177,9 @@ extern "C" td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_gpt_r
                                        TD_OPS_CUDA_SET, dt, ops, ops_bytes, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, 3 * C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
-    TRY(td_ops_cuda_layernorm_backward(dx, g->ln1_w, g->ln1_b, dc, x, w->ln1_w, a->ln1_mean, a->ln1_rstd,
-                                       N, C, dt, gdt, ops, ops_bytes, stream));
+    /* dx = dres2 + LayerNorm 1's part (SET), or dx += it (ADD, dres2 added above) */
+    TRY(td_ops_cuda_layernorm_backward_res(dx, dx_mode == TD_OPS_CUDA_SET ? dres2 : dx, g->ln1_w, g->ln1_b, dc,
+                                           x, w->ln1_w, a->ln1_mean, a->ln1_rstd, N, C, dt, gdt, ops,
+                                           ops_bytes, stream));
     return TD_OK;
 }

@@ -108,7 +108,7 @@ static bool uses_bias(cublasLtEpilogue_t e)
 
 static bool uses_aux(cublasLtEpilogue_t e)
 {
-    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
 
 static void plan_release(td_ops_cuda_plan *p)

@@ -11,7 +11,9 @@
  * the aux matrix in the same pass; when cuBLASLt has no fused kernel for a
  * shape (aux rows must be a multiple of 8 elements) the forward runs the
  * GEMM with BIAS into pre_gelu and a GELU kernel after it.  fp32 never fuses:
- * its GELU is then exactly the CPU's formula.
+ * its GELU is then exactly the CPU's formula.  The backward of the layer that
+ * reads gelu(pre) fuses GELU's derivative the same way (DGELU, pre as aux),
+ * else runs the GELU backward kernel over the GEMM's output.
  *
  * The bias gradient is a column sum of dout without atomics: P row partitions
  * (a function of N only) summed by blocks of 32 columns x 8 row lanes into
@@ -139,11 +141,12 @@ extern "C" td_status td_ops_cuda_matmul_forward(td_ops_cuda *ctx, void *out, voi
 
 extern "C" size_t td_ops_cuda_matmul_scratch_bytes(int N, int OC) { return colsum_scratch_bytes(N, OC); }
 
-extern "C" td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweight,
-                                                 void *dbias, const void *dout, const void *inp,
-                                                 const void *weight, int N, int C, int OC,
-                                                 td_ops_cuda_write dinp_mode, td_dtype dt, td_dtype gdt,
-                                                 void *scratch, size_t scratch_bytes, void *stream)
+/* Both backward entry points: with pre_gelu, the layer's input was
+ * gelu(pre_gelu) and dinp is set to (dout @ weight) * gelu'(pre_gelu). */
+static td_status matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweight, void *dbias, const void *dout,
+                                 const void *inp, const void *weight, const void *pre_gelu, int N, int C, int OC,
+                                 td_ops_cuda_write dinp_mode, td_dtype dt, td_dtype gdt, void *scratch,
+                                 size_t scratch_bytes, void *stream)
 {
     td_status st = check_dtypes("matmul backward", dt, gdt);
     if (st != TD_OK) return st;
@@ -171,8 +174,27 @@ extern "C" td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, v
         g.ldd = C;
         g.ab_type = g.d_type = type;
         g.beta = dinp_mode == TD_OPS_CUDA_ADD ? 1.0f : 0.0f;
-        st = gemm(ctx, g, s, "matmul backward (dinp)");
-        if (st != TD_OK) return st;
+        bool done = false;
+        /* GELU's derivative in the GEMM's epilogue (DGELU, the pre-activation
+         * as its aux input), as the forward fuses GELU: same conditions */
+        if (pre_gelu && ctx->fuse_gelu && dt != TD_DTYPE_F32 && C % 8 == 0 && aligned16(pre_gelu)) {
+            g.aux = (void *)pre_gelu;
+            g.aux_ld = C;
+            g.epilogue = CUBLASLT_EPILOGUE_DGELU;
+            st = gemm(ctx, g, s, "matmul backward (dinp, fused GELU backward)");
+            if (st != TD_ERR_UNSUPPORTED && st != TD_OK) return st;
+            done = st == TD_OK;
+            if (!done) td_error_clear(); /* no fused kernel for this shape: unfused below */
+            g.aux = nullptr;
+            g.aux_ld = 0;
+            g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+        }
+        if (!done) {
+            st = gemm(ctx, g, s, "matmul backward (dinp)");
+            if (st == TD_OK && pre_gelu)
+                st = td_ops_cuda_gelu_backward(dinp, pre_gelu, dinp, (size_t)N * C, TD_OPS_CUDA_SET, dt, stream);
+            if (st != TD_OK) return st;
+        }
     }
     Gemm g;
     g.ta = CUBLAS_OP_N;
@@ -192,4 +214,28 @@ extern "C" td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, v
     st = gemm(ctx, g, s, "matmul backward (dweight)");
     if (st != TD_OK || !dbias) return st;
     return colsum(dt, gdt, dbias, dout, N, OC, scratch, s);
+}
+
+extern "C" td_status td_ops_cuda_matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweight,
+                                                 void *dbias, const void *dout, const void *inp,
+                                                 const void *weight, int N, int C, int OC,
+                                                 td_ops_cuda_write dinp_mode, td_dtype dt, td_dtype gdt,
+                                                 void *scratch, size_t scratch_bytes, void *stream)
+{
+    return matmul_backward(ctx, dinp, dweight, dbias, dout, inp, weight, nullptr, N, C, OC, dinp_mode, dt, gdt,
+                           scratch, scratch_bytes, stream);
+}
+
+extern "C" td_status td_ops_cuda_matmul_backward_gelu(td_ops_cuda *ctx, void *dinp, void *dweight, void *dbias,
+                                                      const void *dout, const void *inp, const void *weight,
+                                                      const void *pre_gelu, int N, int C, int OC, td_dtype dt,
+                                                      td_dtype gdt, void *scratch, size_t scratch_bytes,
+                                                      void *stream)
+{
+    if (!dinp || !pre_gelu)
+        return td_error_set(TD_ERR_INVALID, "matmul backward through GELU: NULL dinp or pre-activation");
+    if (dinp == pre_gelu)
+        return td_error_set(TD_ERR_INVALID, "matmul backward through GELU: dinp must not alias the pre-activation");
+    return matmul_backward(ctx, dinp, dweight, dbias, dout, inp, weight, pre_gelu, N, C, OC, TD_OPS_CUDA_SET, dt,
+                           gdt, scratch, scratch_bytes, stream);
 }

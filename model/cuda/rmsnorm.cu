@@ -45,11 +45,11 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     if (lane == 0) rstd[row] = r;
 }
 
-/* dinp += r w g - x r^3 / C * sum_j g_j w_j x_j,  g = dout. */
+/* dinp = dres + r w g - x r^3 / C * sum_j g_j w_j x_j,  g = dout (dres NULL: 0). */
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    rmsnorm_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight, const float *rstd, int N, int C,
-                        bool vec)
+    rmsnorm_dinp_kernel(T *dinp, const T *dres, const T *dout, const T *inp, const T *weight, const float *rstd,
+                        int N, int C, bool vec)
 {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kRowWarps + threadIdx.x / 32;
     if (row >= N) return;
@@ -66,11 +66,15 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     }
     const float k = warp_sum(dot) * r * r * r / (float)C;
     T *dx = dinp + (size_t)row * C;
+    const T *dr = dres ? dres + (size_t)row * C : nullptr;
     for (int c = lane * VN; c < C; c += 32 * VN) {
         load8(fx, x, c, C, vec);
         load8(fd, d, c, C, vec);
         load8(fw, weight, c, C, vec);
-        load8(acc, dx, c, C, vec);
+        if (dr) load8(acc, dr, c, C, vec);
+        else
+#pragma unroll
+            for (int j = 0; j < VN; j++) acc[j] = 0.0f;
 #pragma unroll
         for (int j = 0; j < VN; j++) acc[j] += r * fw[j] * fd[j] - fx[j] * k;
         store8(dx, c, C, vec, acc);
@@ -142,6 +146,15 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, con
                                                   const void *weight, const float *rstd, int N, int C, td_dtype dt,
                                                   td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream)
 {
+    return td_ops_cuda_rmsnorm_backward_res(dinp, dinp, dweight, dout, inp, weight, rstd, N, C, dt, gdt, scratch,
+                                            scratch_bytes, stream);
+}
+
+extern "C" td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dres, void *dweight, const void *dout,
+                                                      const void *inp, const void *weight, const float *rstd, int N,
+                                                      int C, td_dtype dt, td_dtype gdt, void *scratch,
+                                                      size_t scratch_bytes, void *stream)
+{
     td_status st = check_dtypes("rmsnorm backward", dt, gdt);
     if (st != TD_OK || N <= 0 || C <= 0) return st;
     if (!dinp || !dweight || !dout || !inp || !weight || !rstd)
@@ -151,7 +164,8 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, con
                                             "written)");
     st = check_scratch("rmsnorm backward", scratch, scratch_bytes, td_ops_cuda_rmsnorm_scratch_bytes(N, C));
     if (st != TD_OK) return st;
-    const bool vec = C % VN == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
+    const bool vec = C % VN == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight) &&
+                     (!dres || aligned16(dres));
     const int P = colsum_parts(N), rows_per_part = (N + P - 1) / P;
     float *part = (float *)scratch;
     cudaStream_t s = (cudaStream_t)stream;
@@ -159,7 +173,7 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, con
         using X = decltype(tt);
         using G = decltype(gt);
         rmsnorm_dinp_kernel<X><<<(N + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
-            (X *)dinp, (const X *)dout, (const X *)inp, (const X *)weight, rstd, N, C, vec);
+            (X *)dinp, (const X *)dres, (const X *)dout, (const X *)inp, (const X *)weight, rstd, N, C, vec);
         td_status st2 = check_launch("rmsnorm backward (dinp)");
         if (st2 != TD_OK) return st2;
         rmsnorm_dweight_partial_kernel<X><<<dim3((C + 31) / 32, P), dim3(32, 8), 0, s>>>(

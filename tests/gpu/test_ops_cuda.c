@@ -390,7 +390,11 @@ static void test_encoder(void **state)
 static void test_layernorm(void **state)
 {
     (void)state;
-    static const int cases[][2] = {{1, 8}, {37, 72}, {64, 768}, {13, 100}, {5, 1600}, {3, 2050}, {300, 64}};
+    /* {300, 64} and {700, 1600}: several rows a warp and several partitions
+     * of the one-pass backward; {3, 16384}: wider than the shared sums of two
+     * warps on an H100 or H200 (the two-pass backward) */
+    static const int cases[][2] = {{1, 8},    {37, 72},   {64, 768},  {13, 100},  {5, 1600},
+                                   {3, 2050}, {300, 64}, {700, 1600}, {3, 16384}};
     td_rng_seed(&F.rng, 102);
     worst_begin();
     for (int di = 0; di < N_DTS; di++) {
@@ -435,6 +439,24 @@ static void test_layernorm(void **state)
                           tol_of(gdt, TOL_LN, N));
                 check_dev(LABEL("layernorm dbias N%d C%d grads %s", N, C, td_dtype_name(gdt)), gdt, d_db, db, C,
                           tol_of(gdt, TOL_LN, N));
+                /* beside a residual gradient in another buffer (dinp = dres + ...),
+                 * and with none (dinp set): dx0, dw0, db0 hold the bare gradients */
+                float *dres = hrand(dt, NC, 1), *want = hmalloc(NC * 4);
+                for (size_t i = 0; i < NC; i++) want[i] = dres[i] + dx0[i];
+                void *d_dres = up(dt, dres, NC), *d_out = up(dt, dout, NC);
+                for (int with_res = 0; with_res < 2; with_res++) {
+                    void *d_dx2 = dnan(dt, NC), *d_dw2 = up(gdt, hzero(C), C), *d_db2 = up(gdt, hzero(C), C);
+                    TD_ASSERT_OK(td_ops_cuda_layernorm_backward_res(d_dx2, with_res ? d_dres : NULL, d_dw2, d_db2, d_out,
+                                                                    d_x, d_w, d_mean, d_rstd, N, C, dt, gdt,
+                                                                    scratch_for(sb), sb, F.s));
+                    check_dev(LABEL("layernorm dinp res %d N%d C%d", with_res, N, C), dt, d_dx2, with_res ? want : dx0,
+                              NC, tol_of(dt, TOL_LN, C));
+                    check_dev(LABEL("layernorm dweight res %d N%d C%d", with_res, N, C), gdt, d_dw2, dw0, C,
+                              tol_of(gdt, TOL_LN, N));
+                    check_dev(LABEL("layernorm dbias res %d N%d C%d", with_res, N, C), gdt, d_db2, db0, C,
+                              tol_of(gdt, TOL_LN, N));
+                }
+                check_dev(LABEL("layernorm dres unchanged N%d C%d", N, C), dt, d_dres, dres, NC, 1e-30);
             }
         }
     }
@@ -518,6 +540,37 @@ static void matmul_case(td_ops_cuda *ctx, td_ops_cuda *ctx_unfused, const char *
                       d_db, mode ? db_before : db, OC, tol_of(gdt, TOL_MATMUL, N));
         }
     }
+
+    /* backward of a layer reading gelu(x) (fc_proj): dinp = (dout W) * gelu'(x),
+     * the derivative in the GEMM's epilogue (16-bit, when cuBLASLt has it) and
+     * as a kernel after it */
+    float *gx = hmalloc(NC * 4);
+    td_ops_gelu_forward(gx, x, NC);
+    for (size_t i = 0; i < NC; i++) gx[i] = rnd(dt, gx[i]);
+    void *d_gx = up(dt, gx, NC);
+    float *dmm = hzero(NC), *dwg = hzero(WC), *dbg = hzero(OC), *dxg = hzero(NC);
+    td_ops_matmul_backward(dmm, dwg, dbg, dout, gx, w, N, C, OC);
+    td_ops_gelu_backward(dxg, x, dmm, NC);
+    for (int gi = 0; gi < ng; gi++) {
+        const td_dtype gdt = gdts[gi];
+        for (int fused = 0; fused < 2; fused++) {
+            void *d_dx = dnan(dt, NC), *d_dw = up(gdt, hzero(WC), WC), *d_db = up(gdt, hzero(OC), OC);
+            size_t sb = td_ops_cuda_matmul_scratch_bytes(N, OC);
+            TD_ASSERT_OK(td_ops_cuda_matmul_backward_gelu(fused ? ctx : ctx_unfused, d_dx, d_dw, d_db, d_dout, d_gx,
+                                                          d_w, d_x, N, C, OC, dt, gdt, scratch_for(sb), sb, F.s));
+            check_dev(LABEL("matmul dinp through gelu N%d C%d OC%d fused %d %s", N, C, OC, fused, path), dt, d_dx, dxg,
+                      NC, tol_of(dt, TOL_GELU_MM, OC));
+            check_dev(LABEL("matmul dweight through gelu N%d C%d OC%d grads %s %s", N, C, OC, td_dtype_name(gdt),
+                            path),
+                      gdt, d_dw, dwg, WC, tol_of(gdt, TOL_MATMUL, N));
+            check_dev(LABEL("matmul dbias through gelu N%d C%d OC%d grads %s %s", N, C, OC, td_dtype_name(gdt), path),
+                      gdt, d_db, dbg, OC, tol_of(gdt, TOL_MATMUL, N));
+        }
+    }
+    assert_int_equal(td_ops_cuda_matmul_backward_gelu(ctx, d_x, d_w, NULL, d_dout, d_gx, d_w, d_x, N, C, OC, dt, dt,
+                                                      NULL, 0, F.s),
+                     TD_ERR_INVALID); /* dinp aliasing the pre-activation */
+    td_error_clear();
 }
 
 /* cuBLASLt, and the fallback GEMM that serves the shapes cuBLASLt refuses. */
@@ -777,6 +830,21 @@ static void test_rmsnorm(void **state)
                 check_dev(LABEL("rmsnorm dinp N%d C%d", N, C), dt, d_dx, dx, NC, tol_of(dt, TOL_LN, C));
                 check_dev(LABEL("rmsnorm dweight N%d C%d grads %s", N, C, td_dtype_name(gdt)), gdt, d_dw, dw, C,
                           tol_of(gdt, TOL_LN, N));
+                /* beside a residual gradient in another buffer, and with none (set) */
+                float *dres = hrand(dt, NC, 1), *want = hmalloc(NC * 4);
+                for (size_t i = 0; i < NC; i++) want[i] = dres[i] + dx0[i];
+                void *d_dres = up(dt, dres, NC), *d_out = up(dt, dout, NC);
+                for (int with_res = 0; with_res < 2; with_res++) {
+                    void *d_dx2 = dnan(dt, NC), *d_dw2 = up(gdt, hzero(C), C);
+                    TD_ASSERT_OK(td_ops_cuda_rmsnorm_backward_res(d_dx2, with_res ? d_dres : NULL, d_dw2, d_out, d_x,
+                                                                  d_w, d_rstd, N, C, dt, gdt, scratch_for(sb), sb,
+                                                                  F.s));
+                    check_dev(LABEL("rmsnorm dinp res %d N%d C%d", with_res, N, C), dt, d_dx2,
+                              with_res ? want : dx0, NC, tol_of(dt, TOL_LN, C));
+                    check_dev(LABEL("rmsnorm dweight res %d N%d C%d", with_res, N, C), gdt, d_dw2, dw0, C,
+                              tol_of(gdt, TOL_LN, N));
+                }
+                check_dev(LABEL("rmsnorm dres unchanged N%d C%d", N, C), dt, d_dres, dres, NC, 1e-30);
             }
         }
     }

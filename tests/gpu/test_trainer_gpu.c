@@ -192,6 +192,22 @@ static void test_block_probe_llama_family(void **state)
         td_gpt_ref_block_view(&p->mc, w, &wb);
         td_gpt_ref_block_acts_view(&p->mc, B, T, acts, &a);
         td_gpt_ref_block_forward(&p->mc, &wb, &a, x, y, B, T);
+        /* a recompute (y NULL) refills the acts bit for bit and writes no output */
+        const size_t NH_ = (size_t)N * shapes[k].H * sizeof(float);
+        float *g0 = malloc(NH_), *g1 = malloc(NH_), *y_after = malloc(N * C * sizeof(float));
+        assert_non_null(g0 && g1 && y_after);
+        assert_int_equal(cudaMemcpy(g0, p->a.fch_gelu, NH_, cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_int_equal(cudaMemset(p->a.fch_gelu, 0, NH_), cudaSuccess);
+        assert_int_equal(cudaMemset(p->y, 0x7f, N * C * sizeof(float)), cudaSuccess);
+        TD_ASSERT_OK(td_block_probe_recompute(p));
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(cudaMemcpy(g1, p->a.fch_gelu, NH_, cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_int_equal(cudaMemcpy(y_after, p->y, N * C * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_memory_equal(g0, g1, NH_);
+        for (size_t i = 0; i < N * C * sizeof(float); i++) assert_int_equal(((unsigned char *)y_after)[i], 0x7f);
+        free(g0);
+        free(g1);
+        free(y_after);
         double branch = 0, err = 0;
         for (size_t i = 0; i < N * C; i++) {
             branch = fmax(branch, fabs(y[i] - x[i]));
@@ -207,11 +223,11 @@ static void test_block_probe_llama_family(void **state)
         free(y);
         free(acts);
         td_block_probe_destroy(p);
-        double fwd = 0, bwd = 0;
+        double fwd = 0, bwd = 0, rec = 0;
         TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_BF16, &p));
-        TD_ASSERT_OK(td_block_probe_time(p, 2, &fwd, &bwd));
+        TD_ASSERT_OK(td_block_probe_time(p, 2, &fwd, &bwd, &rec));
         td_block_probe_destroy(p);
-        assert_true(fwd > 0 && bwd > 0);
+        assert_true(fwd > 0 && bwd > 0 && rec > 0);
     }
     td_backend_free(be);
 }
