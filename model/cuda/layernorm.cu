@@ -7,19 +7,16 @@
  * mean, biased variance, rstd = 1 / sqrt(var + 1e-5) (IEEE sqrt and division).
  *
  * The weight and bias gradients are sums over rows.  Without atomics: the rows
- * are cut into P partitions (P a function of N only) whose fp32 partials go to
- * scratch, in an order fixed by the shape, and a second kernel adds the P
- * partials of each channel in ascending order into dweight and dbias.  The
- * partials come from the input-gradient kernel itself, one pass over dout and
- * inp: a block of W warps takes a partition, warp w its rows w, w + W, ...,
- * each warp summing into its own fp32 row of shared memory (8 W C bytes for
- * weight and bias), then the W rows added in order.  W is the most of 8 the
- * device's shared memory holds (a function of C and the device); where not
- * even 2 fit (C beyond ~14k on an H100), a block of 32 channels x 8 row lanes
- * re-reads dout and inp instead.  The input gradient lands beside a residual
- * gradient: dinp = dres + the LayerNorm's part (dres may be dinp itself, or
- * NULL for none), so a block's backward needs no copy of its incoming
- * gradient first. */
+ * are cut into P partitions (P a function of N only); a block of 32 channels x
+ * 8 row lanes sums its partition into fp32 partials in scratch, in an order
+ * fixed by the shape, and a second kernel adds the P partials of each channel
+ * in ascending order into dweight and dbias.  (Taking the partials in the
+ * input-gradient kernel's pass instead, per-warp sums in shared memory over a
+ * block's share of rows, ran slower on an H200 at GPT-2 1.5B's B32: 0.51
+ * against 0.28 ms; its few resident warps could not hide the rows' latency.)
+ * The input gradient lands beside a residual gradient: dinp = dres + the
+ * LayerNorm's part (dres may be dinp itself, or NULL for none), so a block's
+ * backward needs no copy of its incoming gradient first. */
 #include "kernels.cuh"
 #include "tidal/ops.h"
 
@@ -27,7 +24,6 @@ namespace tdc {
 namespace {
 
 constexpr int kRowWarps = 8; /* rows per block of the row-wise kernels */
-constexpr int kFusedWarps = 8; /* at most, in a block of the one-pass backward */
 
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32)
@@ -112,77 +108,6 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     }
 }
 
-/* The input gradient as layernorm_dinp_kernel, and the partials of dweight
- * and dbias over partition blockIdx.x (rows_per_part rows) in the same pass:
- * dynamic shared memory holds blockDim.x / 32 warps x (dweight, dbias) x C
- * fp32.  Each lane owns the same channels in every row, so a warp's sums
- * have one writer per element and a fixed order. */
-template <typename T>
-__global__ void __launch_bounds__(kFusedWarps * 32)
-    layernorm_backward_fused_kernel(T *dinp, const T *dres, float *part_w, float *part_b, const T *dout,
-                                    const T *inp, const T *weight, const float *mean, const float *rstd,
-                                    int N, int C, int rows_per_part, bool vec)
-{
-    extern __shared__ float sums[];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, W = blockDim.x / 32;
-    float *sw = sums + (size_t)warp * 2 * C, *sb = sw + C;
-    for (int c = lane; c < C; c += 32) {
-        sw[c] = 0.0f;
-        sb[c] = 0.0f;
-    }
-    __syncwarp();
-    const int r0 = blockIdx.x * rows_per_part, r1 = min(N, r0 + rows_per_part);
-    float fx[VN], fd[VN], fw[VN], acc[VN];
-    for (int row = r0 + warp; row < r1; row += W) {
-        const T *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
-        const float m = mean[row], s = rstd[row];
-        float g_sum = 0.0f, gx_sum = 0.0f;
-        for (int c = lane * VN; c < C; c += 32 * VN) {
-            load8(fx, x, c, C, vec);
-            load8(fd, d, c, C, vec);
-            load8(fw, weight, c, C, vec);
-#pragma unroll
-            for (int j = 0; j < VN; j++) {
-                const float g = fd[j] * fw[j];
-                g_sum += g;
-                gx_sum += g * ((fx[j] - m) * s);
-            }
-        }
-        const float g_mean = warp_sum(g_sum) / (float)C, gx_mean = warp_sum(gx_sum) / (float)C;
-        T *dx = dinp + (size_t)row * C;
-        const T *dr = dres ? dres + (size_t)row * C : nullptr;
-        for (int c = lane * VN; c < C; c += 32 * VN) {
-            load8(fx, x, c, C, vec);
-            load8(fd, d, c, C, vec);
-            load8(fw, weight, c, C, vec);
-            if (dr) load8(acc, dr, c, C, vec);
-            else
-#pragma unroll
-                for (int j = 0; j < VN; j++) acc[j] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < VN; j++) {
-                const float xhat = (fx[j] - m) * s;
-                acc[j] += s * (fd[j] * fw[j] - g_mean - xhat * gx_mean);
-                if (c + j < C) {
-                    sw[c + j] += fd[j] * xhat;
-                    sb[c + j] += fd[j];
-                }
-            }
-            store8(dx, c, C, vec, acc);
-        }
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float tw = 0.0f, tb = 0.0f;
-        for (int w = 0; w < W; w++) {
-            tw += sums[(size_t)w * 2 * C + c];
-            tb += sums[(size_t)w * 2 * C + C + c];
-        }
-        part_w[(size_t)blockIdx.x * C + c] = tw;
-        part_b[(size_t)blockIdx.x * C + c] = tb;
-    }
-}
-
 /* Partial sums over partition blockIdx.y of dout * xhat and dout, per channel. */
 template <typename T>
 __global__ void __launch_bounds__(256)
@@ -253,38 +178,10 @@ extern "C" td_status td_ops_cuda_layernorm_forward(void *out, float *mean, float
     });
 }
 
-namespace {
-
-/* Row partitions of the weight and bias sums: a function of N only (the
- * summation order is fixed by the shape), twice colsum_parts' count at most
- * for more blocks in flight. */
-int ln_parts(int N)
-{
-    const int p = (N + 63) / 64;
-    return p < 1 ? 1 : p > 512 ? 512 : p;
-}
-
-/* Warps of a one-pass backward block: the most of kFusedWarps whose shared
- * sums (8 C bytes a warp) the device holds; 0 (two passes) under 2. */
-int fused_warps(int C)
-{
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    int w = (int)((size_t)optin / (8 * (size_t)C));
-    if (w > kFusedWarps) w = kFusedWarps;
-    return w < 2 ? 0 : w;
-}
-
-} // namespace
-
 extern "C" size_t td_ops_cuda_layernorm_scratch_bytes(int N, int C)
 {
     if (N <= 0 || C <= 0) return 0;
-    return 2 * align_up((size_t)ln_parts(N) * C * sizeof(float));
+    return 2 * align_up((size_t)colsum_parts(N) * C * sizeof(float));
 }
 
 extern "C" td_status td_ops_cuda_layernorm_backward(void *dinp, void *dweight, void *dbias,
@@ -314,7 +211,7 @@ extern "C" td_status td_ops_cuda_layernorm_backward_res(void *dinp, const void *
     if (st != TD_OK) return st;
     const bool vec = C % VN == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
                      aligned16(weight) && (!dres || aligned16(dres));
-    const int P = ln_parts(N), rows_per_part = (N + P - 1) / P, W = fused_warps(C);
+    const int P = colsum_parts(N), rows_per_part = (N + P - 1) / P;
     Carve cv{(char *)scratch, scratch_bytes};
     float *part_w = (float *)cv.take((size_t)P * C * sizeof(float));
     float *part_b = (float *)cv.take((size_t)P * C * sizeof(float));
@@ -322,27 +219,13 @@ extern "C" td_status td_ops_cuda_layernorm_backward_res(void *dinp, const void *
     return dispatch2(dt, gdt, [&](auto tt, auto gt) {
         using X = decltype(tt);
         using G = decltype(gt);
-        td_status st2;
-        if (W) {
-            const size_t smem = (size_t)W * 8 * C;
-            auto kernel = layernorm_backward_fused_kernel<X>;
-            if (smem > 48 * 1024 &&
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-                return check_launch("layernorm backward (shared memory of the one-pass kernel)");
-            kernel<<<P, W * 32, smem, s>>>((X *)dinp, (const X *)dres, part_w, part_b, (const X *)dout,
-                                           (const X *)inp, (const X *)weight, mean, rstd, N, C, rows_per_part,
-                                           vec);
-            st2 = check_launch("layernorm backward (dinp, partial dweight, dbias)");
-        } else {
-            layernorm_dinp_kernel<X><<<(N + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
-                (X *)dinp, (const X *)dres, (const X *)dout, (const X *)inp, (const X *)weight, mean, rstd, N,
-                C, vec);
-            st2 = check_launch("layernorm backward (dinp)");
-            if (st2 != TD_OK) return st2;
-            layernorm_dparams_partial_kernel<X><<<dim3((C + 31) / 32, P), dim3(32, 8), 0, s>>>(
-                part_w, part_b, (const X *)dout, (const X *)inp, mean, rstd, N, C, rows_per_part);
-            st2 = check_launch("layernorm backward (partial dweight, dbias)");
-        }
+        layernorm_dinp_kernel<X><<<(N + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
+            (X *)dinp, (const X *)dres, (const X *)dout, (const X *)inp, (const X *)weight, mean, rstd, N, C, vec);
+        td_status st2 = check_launch("layernorm backward (dinp)");
+        if (st2 != TD_OK) return st2;
+        layernorm_dparams_partial_kernel<X><<<dim3((C + 31) / 32, P), dim3(32, 8), 0, s>>>(
+            part_w, part_b, (const X *)dout, (const X *)inp, mean, rstd, N, C, rows_per_part);
+        st2 = check_launch("layernorm backward (partial dweight, dbias)");
         if (st2 != TD_OK) return st2;
         layernorm_dparams_final_kernel<G><<<(C + 255) / 256, 256, 0, s>>>((G *)dweight, (G *)dbias,
                                                                           part_w, part_b, P, C);

@@ -390,9 +390,8 @@ static void test_encoder(void **state)
 static void test_layernorm(void **state)
 {
     (void)state;
-    /* {300, 64} and {700, 1600}: several rows a warp and several partitions
-     * of the one-pass backward; {3, 16384}: wider than the shared sums of two
-     * warps on an H100 or H200 (the two-pass backward) */
+    /* {300, 64} and {700, 1600}: several row partitions of the weight and
+     * bias sums; {3, 16384}: rows of many steps a lane */
     static const int cases[][2] = {{1, 8},    {37, 72},   {64, 768},  {13, 100},  {5, 1600},
                                    {3, 2050}, {300, 64}, {700, 1600}, {3, 16384}};
     td_rng_seed(&F.rng, 102);
