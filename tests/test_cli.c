@@ -325,6 +325,10 @@ static void test_plan_json(void **state)
     const char *terms[] = {"compute_ms", "pcie_ms", "adam_ms", "dram_ms"};
     for (int i = 0; i < 4; i++) most = fmax(most, td_test_json_num(j, "estimate", terms[i]));
     assert_true(fabs(bound - most) <= 0.006);
+    /* The block's times are reported, the recompute's (the forward without
+     * its last projection) beside them (at this size they may print 0.000) */
+    const char *times[] = {"block_forward_ms", "block_backward_ms", "block_recompute_ms"};
+    for (int i = 0; i < 3; i++) assert_true(td_test_json_num(j, "measured", times[i]) >= 0);
     double min_bytes = td_test_json_num(j, "device", "min_bytes");
     cJSON_Delete(j);
     /* --no-measure: the same footprint, nothing timed, no estimate */
