@@ -603,7 +603,8 @@ static void test_config_numbers_for_string_flags(void **state)
 {
     char out[8192];
     int rc = sh(out, sizeof out, "printf '{\"ckpt\": 1, \"layers\": 3, \"width\": 32, \"heads\": 2, "
-                "\"seq\": 32, \"micro-batch\": 2, \"backend\": \"cpu\", \"vocab\": 64, \"json\": true}' "
+                "\"seq\": 32, \"micro-batch\": 2, \"backend\": \"cpu\", \"vocab\": 64, \"json\": true, "
+                "\"no-measure\": true}' "
                 "> %s/c.json && %s plan --config %s/c.json", tmp, tidal, tmp);
     assert_int_equal(rc, 0);
     cJSON *j = cJSON_Parse(strchr(out, '{'));

@@ -90,7 +90,7 @@ static void test_ranks_match_one_rank(void **state)
     /* the budget that evicts: the plan's minimum for one rank of 2, and a little */
     char tight[96], pout[256], pargs[1024];
     snprintf(pout, sizeof pout, "%s/tight.out", tmp);
-    snprintf(pargs, sizeof pargs, "--data %s/ok.tok " MODEL " --micro-batch 3 --nproc 2 --policy cpu --ckpt off --json",
+    snprintf(pargs, sizeof pargs, "--data %s/ok.tok " MODEL " --micro-batch 3 --nproc 2 --policy cpu --ckpt off --json --no-measure",
              tmp);
     assert_int_equal(run(pout, "%s plan %s", pargs), 0);
     const char *mb = strstr(td_proc_slurp(pout), "\"min_bytes\":");
@@ -455,7 +455,7 @@ static void test_plan_per_rank(void **state)
     for (int n = 1; n <= 4; n *= 2) {
         snprintf(out, sizeof out, "%s/plan%d.out", tmp, n);
         snprintf(args, sizeof args, "--layers 4 --width 256 --heads 4 --seq 64 --vocab 512 --backend cpu "
-                 "--gpu-budget 256MiB --policy cpu --json --nproc %d", n);
+                 "--gpu-budget 256MiB --policy cpu --json --no-measure --nproc %d", n);
         assert_int_equal(run(out, "%s plan %s", args), 0);
         const char *o = td_proc_slurp(out), *k = strstr(o, "\"pageable_optimizer_bytes\":");
         assert_non_null(k);
