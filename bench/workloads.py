@@ -58,6 +58,7 @@ Usage (on the GPU machine, from the repository root, after `make`):
 import argparse
 import array
 import datetime
+import glob
 import json
 import os
 import platform
@@ -730,8 +731,33 @@ def say_tidal(t, where):
         f"{gib(t['peak_bytes'])}, nvidia-smi {gib(t['smi_bytes'])}")
 
 
+def cpu_topology():
+    """Physical cores, NUMA nodes and the CPU model from Linux's /sys and /proc (empty where absent): two
+    machines of one kind may differ here (hyperthreads, nodes), and the CPU AdamW's rate with them."""
+    topo = {}
+    try:
+        cores = set()
+        for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):
+            with open(os.path.join(d, "core_id")) as f, open(os.path.join(d, "physical_package_id")) as g:
+                cores.add((g.read().strip(), f.read().strip()))
+        if cores:
+            topo["cores"] = len(cores)
+        nodes = glob.glob("/sys/devices/system/node/node[0-9]*")
+        if nodes:
+            topo["numa_nodes"] = len(nodes)
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    topo["model"] = ln.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return topo
+
+
 def machine_info():
     info = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    info.update(cpu_topology())
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
@@ -835,7 +861,10 @@ def main(argv=None):
         f"{'off' if a.tidal_only else a.python + ' ' + ', '.join(peers)}; data "
         f"{', '.join(sorted({w.data for w in chosen}))}; logs in {a.workdir}")
     info = machine_info()
-    say(f"machine: {info.get('host')}, {info.get('cpus')} CPUs, GPU {', '.join(info.get('gpus', ['none found']))}")
+    cores = f" ({info['cores']} cores, {info.get('numa_nodes', '?')} NUMA nodes)" if "cores" in info else ""
+    cpu = f", {info['model']}" if "model" in info else ""
+    say(f"machine: {info.get('host')}, {info.get('cpus')} CPUs{cores}{cpu}, "
+        f"GPU {', '.join(info.get('gpus', ['none found']))}")
 
     results = []
     for w in chosen:
