@@ -590,6 +590,19 @@ int td_cli_train_main(int argc, char **argv)
             td_format_bytes(hplan.host_pinned_bytes, hx, sizeof hx), td_format_bytes(hplan.host_pageable_bytes, hy, sizeof hy),
             td_optim_state_name(cfg.optim.state), td_format_bytes(host_ram, hz, sizeof hz), ram_src,
             td_host_heap_source());
+    if (lead && optim_gpu < optim_total) { /* the CPU AdamW's cores: machines of one kind differ here */
+        int driver = -1;
+        const char *where = td_trainer_host_cores(t, &driver);
+        char drv[128];
+        if (!own_thread)
+            snprintf(drv, sizeof drv, "thread i > 0 on core i; thread 0 is the one that drives the GPU, between its launches");
+        else if (driver >= 0)
+            snprintf(drv, sizeof drv, "thread i on core i (0: the AdamW thread); the GPU driven from core %d", driver);
+        else
+            snprintf(drv, sizeof drv, "thread i on core i (0: the AdamW thread); no core left to drive the GPU from");
+        fprintf(stderr, "tidal train: CPU AdamW: %d thread%s on %s, %s\n", adam_threads, adam_threads == 1 ? "" : "s",
+                where, drv);
+    }
     td_setup_times su;
     td_trainer_setup_times(t, &su);
     if (lead) fprintf(stderr, "tidal train: set up in %.1f s (backend and plan %.1f s, pinning host slabs %.1f s, "

@@ -139,6 +139,10 @@ static void test_host_plan_and_limits(void **state)
     assert_non_null(strstr(out, "fp8"));
     assert_int_equal(sh(out, sizeof out, "%s train --data %s/ok.tok %s --optim-state int8 --steps 2", tidal, tmp, model), 0);
     assert_non_null(strstr(out, "--optim-state int8"));
+    /* where the CPU AdamW runs: its threads, the NUMA node and cores they are bound to */
+    const char *cores = strstr(out, "tidal train: CPU AdamW: ");
+    assert_non_null(cores);
+    assert_non_null(strstr(cores, "NUMA node"));
     /* A host too small for the plan: the plan says so (exit 3) and names the RAM figure. */
     assert_int_equal(sh(out, sizeof out, "%s plan --no-measure %s --host-ram 8MiB", tidal, model), 3);
     assert_non_null(strstr(out, "--host-ram 8.00 MiB"));

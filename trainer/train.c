@@ -1528,6 +1528,11 @@ int td_trainer_adam_threads(const td_trainer *t, int *own_thread, int *grad_slot
     if (grad_slots) *grad_slots = td_memmgr_grad_slots(t->mm, NULL);
     return td_adam_cpu_threads(t->adam);
 }
+const char *td_trainer_host_cores(const td_trainer *t, int *driver_core)
+{
+    if (driver_core) *driver_core = t->main_core;
+    return td_topo_describe(t->topo);
+}
 td_comm *td_trainer_comm(td_trainer *t) { return t->comm; }
 td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
 td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }

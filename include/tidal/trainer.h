@@ -140,6 +140,11 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out);
  * (cfg.adam_thread), and the transient grads' staging slots (0: a host
  * copy each). */
 int td_trainer_adam_threads(const td_trainer *t, int *own_thread, int *grad_slots);
+/* Where the host side runs: the GPU-local NUMA node(s) and cores the AdamW
+ * team is bound to, thread i to core i of them (td_topo_describe), and the
+ * core kept for the thread that drives the GPU beside the AdamW thread (-1:
+ * none is kept, the OS places it). */
+const char *td_trainer_host_cores(const td_trainer *t, int *driver_core);
 /* The trainer's communicator (cfg.ranks > 1), else NULL. */
 td_comm *td_trainer_comm(td_trainer *t);
 void td_trainer_destroy(td_trainer *t);
