@@ -77,7 +77,7 @@ cleanup:
     return st;
 }
 
-/* One block's forward and backward at the run's shape (B, T, dtype) with
+/* One block's forward, backward and recompute at the run's shape (B, T, dtype) with
  * the trainer's ops, best of 3 after a warm-up.  A shape whose buffers do
  * not fit the device's free memory is left unmeasured (0). */
 static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, td_train_rates *r)
@@ -238,7 +238,7 @@ cleanup:
     return st;
 }
 
-/* One block's forward and backward with the CPU reference ops (the cpu
+/* One block's forward, backward and recompute with the CPU reference ops (the cpu
  * backend's compute); left unmeasured (0) when the block's work would take
  * more than a few seconds to time. */
 static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r)
@@ -249,7 +249,7 @@ static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r
     size_t N = (size_t)B * T, C = (size_t)mc->n_embd, off, span;
     r->block_fwd_ms = r->block_bwd_ms = r->block_recompute_ms = 0;
     td_gpt_ref_block_span(mc, 0, &off, &span);
-    if (2.0 * (double)N * (double)span * 3 * 3 > 20e9) return TD_OK; /* three passes of forward + backward */
+    if (2.0 * (double)N * (double)span * 3 * 3 > 20e9) return TD_OK; /* three passes of forward + backward (+ recompute) */
     size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
     float *w = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE), *g = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE);
     float *acts = td_calloc(td_gpt_ref_block_acts_numel(mc, B, T), sizeof(float), TD_ROLE_WORKSPACE);
