@@ -59,6 +59,7 @@ def main():
             sys.exit(f"tidal plan failed (exit {p.returncode}): {p.stderr.strip()[-400:]}")
         m, e = j["measured"], j["estimate"]
         rows.append({"adam_gparams_per_s": m["adam_gparams_per_s"], "dram_gbytes_per_s": m["dram_gbytes_per_s"],
+                     "dram_fastest_gbytes_per_s": m.get("dram_fastest_gbytes_per_s", 0),
                      "dram_loaded_gbytes_per_s": m.get("dram_loaded_gbytes_per_s", 0),
                      "dram_loaded_adam_gbytes_per_s": m.get("dram_loaded_adam_gbytes_per_s", 0),
                      "dram_loaded_copy_gbytes_per_s": m.get("dram_loaded_copy_gbytes_per_s", 0),
@@ -67,7 +68,7 @@ def main():
                      "bound_ms": e["step_lower_bound_ms"]})
         r = rows[-1]
         print(f"plan {i + 1}/{a.runs}: AdamW {r['adam_gparams_per_s']:.3f} G params/s ({r['dram_gbytes_per_s']:.1f} "
-              f"GB/s), with copies {r['dram_loaded_gbytes_per_s']:.1f} GB/s (AdamW {r['dram_loaded_adam_gbytes_per_s']:.1f} + "
+              f"GB/s, fastest pass {r['dram_fastest_gbytes_per_s']:.1f}; at {m.get('adam_probe_params', 0) / 2**20:.0f} Mi params), with copies {r['dram_loaded_gbytes_per_s']:.1f} GB/s (AdamW {r['dram_loaded_adam_gbytes_per_s']:.1f} + "
               f"copies {r['dram_loaded_copy_gbytes_per_s']:.1f}), copy {r['copy_gbytes_per_s']:.1f} GB/s; "
               f"bound {r['bound_ms']:.1f} ms (compute {r['compute_ms']:.1f} / PCIe {r['pcie_ms']:.1f} / AdamW "
               f"{r['adam_ms']:.1f} / host DRAM {r['dram_ms']:.1f})", flush=True)

@@ -920,7 +920,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"checkpointing\":%s,\"ckpt_blocks\":%d,\"gpu_optimizer\":%s,"
                "\"optimizer\":{\"chunks\":%d,\"gpu_chunks\":%d,\"gpu_state_bytes\":%zu,\"cpu_params\":%.0f,"
                "\"cpu_bytes_per_param\":%.1f},\"measured\":{\"copy_gbytes_per_s\":%.2f,\"dram_gbytes_per_s\":%.2f,\"adam_gparams_per_s\":%.3f,"
-               "\"dram_loaded_gbytes_per_s\":%.2f,\"dram_loaded_adam_gbytes_per_s\":%.2f,\"dram_loaded_copy_gbytes_per_s\":%.2f,"
+               "\"dram_fastest_gbytes_per_s\":%.2f,\"adam_probe_params\":%zu,\"dram_loaded_gbytes_per_s\":%.2f,\"dram_loaded_adam_gbytes_per_s\":%.2f,\"dram_loaded_copy_gbytes_per_s\":%.2f,"
                "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f,\"block_recompute_ms\":%.3f},"
                "\"estimate\":{\"h2d_bytes\":%.0f,\"d2h_bytes\":%.0f,\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,\"exposed_adam_ms\":%.2f,\"dram_ms\":%.2f,"
                "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
@@ -934,7 +934,8 @@ int td_cli_plan_main(int argc, char **argv)
                td_host_heap_source(), ram, ram_src, pin_limit, fits_host ? "true" : "false", p.ckpt ? "true" : "false",
                p.ckpt_blocks, p.gpu_optimizer ? "true" : "false", p.optim_chunks, p.optim_gpu_chunks,
                p.optim_gpu_state_bytes, p.adam_cpu_params, p.adam_bytes_per_param,
-               r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.dram_loaded_gbs, r.dram_loaded_adam_gbs,
+               r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.dram_fastest_gbs, r.adam_probe_params,
+               r.dram_loaded_gbs, r.dram_loaded_adam_gbs,
                r.dram_loaded_copy_gbs, r.gflops, r.block_fwd_ms, r.block_bwd_ms, r.block_recompute_ms,
                p.h2d_bytes_per_step, p.d2h_bytes_per_step, compute_ms, pcie_ms, adam_ms, bd.exposed_adam_ms, dram_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
@@ -1011,10 +1012,11 @@ int td_cli_plan_main(int argc, char **argv)
         else if (no_measure)
             printf("\nmeasured here: nothing (--no-measure)\n");
         else
-            printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW over 1 GiB: %.2f G params/s), matmul %.1f GFLOP/s (%s)\n"
+            printf("\nmeasured here: copy %.1f GB/s, DRAM %.1f GB/s (CPU AdamW at %zuM params, the median pass: %.2f G\n"
+                   "               params/s; the fastest pass %.1f GB/s), matmul %.1f GFLOP/s (%s)\n"
                    "               DRAM %.1f GB/s with copies up and down beside the CPU AdamW (both together: the AdamW\n"
                    "               %.1f GB/s of it, the copies %.1f GB/s)\n",
-                   r.copy_gbs, r.dram_gbs, bd.adam_gparams_per_s, r.gflops,
+                   r.copy_gbs, r.dram_gbs, r.adam_probe_params >> 20, bd.adam_gparams_per_s, r.dram_fastest_gbs, r.gflops,
                    td_backend_get_kind(b) == TD_BACKEND_CUDA ? "bf16 MLP matmul on the device" : "cpu reference matmul",
                    r.dram_loaded_gbs, r.dram_loaded_adam_gbs, r.dram_loaded_copy_gbs);
         if (r.block_fwd_ms > 0)

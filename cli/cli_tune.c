@@ -445,6 +445,8 @@ int td_cli_tune_main(int argc, char **argv)
     cJSON *mr = cJSON_AddObjectToObject(report, "measured");
     cJSON_AddNumberToObject(mr, "copy_gbytes_per_s", rates.copy_gbs);
     cJSON_AddNumberToObject(mr, "dram_gbytes_per_s", rates.dram_gbs);
+    cJSON_AddNumberToObject(mr, "dram_fastest_gbytes_per_s", rates.dram_fastest_gbs);
+    cJSON_AddNumberToObject(mr, "adam_probe_params", (double)rates.adam_probe_params);
     cJSON_AddNumberToObject(mr, "dram_loaded_gbytes_per_s", rates.dram_loaded_gbs);
     cJSON_AddNumberToObject(mr, "compute_gflops", rates.gflops);
     cJSON *jb = cJSON_AddArrayToObject(report, "budgets");

@@ -314,6 +314,11 @@ static void test_plan_json(void **state)
     assert_int_equal((int)td_test_json_num(j, "optimizer", "gpu_chunks"), 0);
     assert_true(td_test_json_num(j, "optimizer", "cpu_params") == params);
     assert_true(fabs(td_test_json_num(j, "measured", "dram_gbytes_per_s") / 28.0 - rate) <= 0.002 + 0.01 * rate);
+    /* the rate is the probe's median pass, at the run's scale (this model's
+     * params are below the probe's 64 Mi floor) */
+    assert_true(td_test_json_num(j, "measured", "dram_fastest_gbytes_per_s") >=
+                td_test_json_num(j, "measured", "dram_gbytes_per_s") - 0.01);
+    assert_true(td_test_json_num(j, "measured", "adam_probe_params") == 67108864.0); /* 64 Mi: TD_TRAIN_ADAM_PROBE_PARAMS */
     double want = params / (rate * 1e9) * 1e3, got = td_test_json_num(j, "estimate", "adam_ms");
     assert_true(fabs(got - want) <= 0.01 * want + 0.006); /* printed to 0.01 ms, the rate to 0.001 */
     /* Host DRAM: the AdamW's bytes and the step's copies' at the rate the

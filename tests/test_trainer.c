@@ -655,6 +655,31 @@ static void test_bound_terms(void **state)
     assert_true(fabs(b1.compute_ms - 2 * (L * 7.0 + L * 1.5 + head)) <= 1e-9 * b1.compute_ms);
 }
 
+/* The CPU AdamW probe runs at the run's scale: the model's params, from
+ * 64 Mi (beyond the last-level cache) to 256 Mi. */
+static void test_adam_probe_params(void **state)
+{
+    (void)state;
+    td_train_config c = small_config();
+    assert_true(td_gpt_ref_params_numel(&c.model) < TD_TRAIN_ADAM_PROBE_PARAMS);
+    assert_true(td_train_adam_probe_params(&c) == TD_TRAIN_ADAM_PROBE_PARAMS);
+    const char *names[] = {"gpt2-350m", "gpt2-1.5b"};
+    for (int i = 0; i < 2; i++) {
+        TD_ASSERT_OK(td_model_preset(names[i], &c.model));
+        size_t n = td_gpt_ref_params_numel(&c.model), want = n;
+        if (want < TD_TRAIN_ADAM_PROBE_PARAMS) want = TD_TRAIN_ADAM_PROBE_PARAMS;
+        if (want > TD_TRAIN_ADAM_PROBE_MAX_PARAMS) want = TD_TRAIN_ADAM_PROBE_MAX_PARAMS;
+        if (td_train_adam_probe_params(&c) != want) fail_msg("%s: %zu params, probe %zu, want %zu", names[i], n,
+                                                             td_train_adam_probe_params(&c), want);
+    }
+    assert_true(td_train_adam_probe_params(&c) == TD_TRAIN_ADAM_PROBE_MAX_PARAMS); /* 1.5B */
+    TD_ASSERT_OK(td_model_preset("gpt2-350m", &c.model)); /* 354M params... */
+    c.model.n_layer = 8; /* ...with 8 blocks ~152M: between the two */
+    size_t n = td_gpt_ref_params_numel(&c.model);
+    assert_true(n > TD_TRAIN_ADAM_PROBE_PARAMS && n < TD_TRAIN_ADAM_PROBE_MAX_PARAMS);
+    assert_true(td_train_adam_probe_params(&c) == n);
+}
+
 /* --gpu-budget's default: all of the run resident plus an eighth, at most
  * the cap; a run at it keeps everything on the device (no eviction). */
 static void test_default_budget_keeps_the_run_resident(void **state)
@@ -1075,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_auto_share_keeps_params_resident),
         cmocka_unit_test(test_auto_share_beside_resident_model),
         cmocka_unit_test(test_bound_terms),
+        cmocka_unit_test(test_adam_probe_params),
         cmocka_unit_test(test_fortunes_loss_falls),
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_adam_thread_is_bit_identical),

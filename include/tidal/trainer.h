@@ -287,21 +287,29 @@ td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *
 td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t *budget);
 /* The rates of this machine the step's bound is made of: host<->device
  * copy (GB/s, pinned), the CPU AdamW (G params/s on the run's threads and
- * dtypes, measured over 1 GiB of state: DRAM, not cache; the median of five
- * passes after a warm one) and the DRAM bandwidth it reached (GB/s: the
- * rate times the kernel's bytes a param), matmul compute (GFLOP/s, the
- * model's MLP matmul) and, on the device, one block's forward and backward
- * at the run's shape (ms; 0 when not measured).  Takes a second or two. */
+ * dtypes, measured at the run's scale: td_train_adam_probe_params params,
+ * 1 to 4 GiB of state, DRAM, not cache; the median of the passes of a
+ * second or more after a warm one) and the DRAM bandwidth it reached (GB/s:
+ * the rate times the kernel's bytes a param; the fastest pass's too), matmul
+ * compute (GFLOP/s, the model's MLP matmul) and, on the device, one block's
+ * forward and backward at the run's shape (ms; 0 when not measured).  Takes
+ * two or three seconds. */
 typedef struct td_train_rates {
     double copy_gbs, adam_gps, dram_gbs, gflops, block_fwd_ms, block_bwd_ms;
     double block_recompute_ms; /* the forward of a checkpointed block in backward: no last projection */
     /* Host DRAM GB/s the CPU AdamW and the copy engine (both directions at
      * once) moved together while both ran: the AdamW's bytes plus the
-     * copies'.  0: not measured. */
+     * copies' (the median of spans of two passes).  0: not measured. */
     double dram_loaded_gbs;
     double dram_loaded_adam_gbs, dram_loaded_copy_gbs; /* its two shares: the AdamW's, the copies' */
+    double dram_fastest_gbs;  /* the fastest AdamW pass's DRAM GB/s: how far the host's bursts reach */
+    size_t adam_probe_params; /* the AdamW probe's size (params) */
 } td_train_rates;
+/* The AdamW probe's size: the model's params, from 64 Mi to 256 Mi (less
+ * where the host's memory refuses it). */
 #define TD_TRAIN_ADAM_PROBE_PARAMS ((size_t)64 << 20)
+#define TD_TRAIN_ADAM_PROBE_MAX_PARAMS ((size_t)256 << 20)
+size_t td_train_adam_probe_params(const td_train_config *cfg);
 td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *out);
 /* One block's forward and backward at cfg's micro-batch and sequence, on
  * the device (the cuda backend; a no-op on the cpu backend): the part of
