@@ -1,5 +1,5 @@
 /* The CPU AdamW engine: picks the kernel for this CPU, and runs it on one
- * OpenMP team with a static partition.
+ * OpenMP team with a static partition whose tail is shared.
  *
  * Why a static partition: the state of a 4B-param model is 48 GiB that is
  * streamed once per step; the bound is DRAM bandwidth.  Each page must be
@@ -10,12 +10,22 @@
  * between parallel regions (one persistent team per calling thread), so a
  * region per call costs a few microseconds, and thread i is the same OS
  * thread on every call, which keeps the hwloc binding and the partition
- * consistent. */
+ * consistent.
+ *
+ * Why the tail is shared: a team waits for its slowest thread, and in a
+ * training step one thread is often slowed by something else on its core
+ * or memory channel (an interrupt, the hypervisor taking its vCPU, the copy
+ * engine's DMA).  So an update walks its own range in pieces, claimed from
+ * a counter per range; a thread done with its own claims the pieces left in
+ * the others' ranges.  Almost every piece is still updated by the thread
+ * that first touched it; the update is elementwise, so which thread runs a
+ * piece changes no bit. */
 #include "adam_impl.h"
 #include "tidal/alloc.h"
 
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "tidal/convert.h"
@@ -23,6 +33,14 @@
 #define TD_PART_ELEMS 1024 /* 4 KiB of fp32: partition bounds fall on page bounds */
 _Static_assert(TD_PART_ELEMS % TD_ADAM_INT8_BLOCK == 0, "a thread range must hold whole int8 scale blocks");
 #define TD_PARTIAL_STRIDE 8 /* doubles: one cache line per thread's partial sum */
+#define TD_PIECE_ELEMS (16 * TD_PART_ELEMS) /* the unit a thread claims: 64 KiB of each fp32 stream */
+
+/* The next unclaimed piece of one thread's range of one chunk, alone on its
+ * cache line. */
+typedef struct claim {
+    _Atomic size_t next;
+    char pad[64 - sizeof(size_t)];
+} claim;
 
 struct td_adam_cpu {
     int threads;
@@ -32,6 +50,8 @@ struct td_adam_cpu {
     int bound;            /* the team of `bound_for` is bound to cores */
     pthread_t bound_for;
     double *partials;     /* threads * TD_PARTIAL_STRIDE */
+    claim *claims;        /* claim_chunks * threads: td_adam_cpu_update's counters */
+    int claim_chunks;
 };
 
 /* ---- instruction sets ------------------------------------------------------ */
@@ -175,6 +195,7 @@ void td_adam_cpu_destroy(td_adam_cpu *cpu)
 {
     if (!cpu) return;
     td_free(cpu->partials);
+    td_free(cpu->claims);
     td_free(cpu);
 }
 
@@ -262,16 +283,34 @@ td_status td_adam_cpu_update(td_adam_cpu *cpu, const td_adam_coeffs *c, const td
         td_status st = check_chunk(&chunks[j], 1, "td_adam_cpu_update");
         if (st) return td_error_prefix(st, "chunk %d: ", j);
     }
+    if (n > cpu->claim_chunks) {
+        claim *c2 = td_calloc((size_t)n * (size_t)cpu->threads, sizeof *c2, TD_ROLE_META);
+        if (!c2) return td_error_set(TD_ERR_NOMEM, "td_adam_cpu_update: out of memory for %d chunks' counters", n);
+        td_free(cpu->claims);
+        cpu->claims = c2;
+        cpu->claim_chunks = n;
+    }
     bind_team(cpu);
     const td_adam_kernels *k = cpu->k;
     int threads = cpu->threads;
+    claim *claims = cpu->claims;
+    for (size_t i = 0; i < (size_t)n * (size_t)threads; i++) atomic_store_explicit(&claims[i].next, 0, memory_order_relaxed);
 #pragma omp parallel num_threads(threads)
     {
-        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads())
-            for (int j = 0; j < n; j++) {
-                size_t b, e;
+        /* Its own range first, then what the others have left, in turn
+         * (a team smaller than asked for covers every range too). */
+        int me = omp_get_thread_num();
+        for (int j = 0; j < n; j++)
+            for (int s = 0; s < threads; s++) {
+                int t = (me + s) % threads;
+                size_t b, e, q;
                 td_adam_cpu_partition(cpu, chunks[j].numel, t, &b, &e);
-                if (b < e) k->update(c, &chunks[j], b, e);
+                size_t pieces = (e - b + TD_PIECE_ELEMS - 1) / TD_PIECE_ELEMS;
+                claim *cl = &claims[(size_t)j * (size_t)threads + (size_t)t];
+                while (b < e && (q = atomic_fetch_add_explicit(&cl->next, 1, memory_order_relaxed)) < pieces) {
+                    size_t pb = b + q * TD_PIECE_ELEMS, pe = pb + TD_PIECE_ELEMS < e ? pb + TD_PIECE_ELEMS : e;
+                    k->update(c, &chunks[j], pb, pe);
+                }
             }
     }
     return TD_OK;

@@ -11,6 +11,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,12 +52,14 @@ typedef struct problem {
     void *out;
 } problem;
 
-static void problem_make(problem *pb, uint64_t seed)
+/* n 0: a random size up to 5000 elements */
+static void problem_make_n(problem *pb, uint64_t seed, size_t n)
 {
     td_rng r;
     td_rng_seed(&r, seed);
     memset(pb, 0, sizeof *pb);
     pb->n = 1 + td_rng_below(&r, 5000);
+    if (n) pb->n = n;
     pb->n_chunks = 1 + (int)td_rng_below(&r, 3);
     size_t left = pb->n;
     for (int j = 0; j < pb->n_chunks; j++) {
@@ -101,6 +104,8 @@ static void problem_make(problem *pb, uint64_t seed)
     float *out = (float *)pb->out_mem + (td_rng_below(&r, 2) ? 0 : 1 + td_rng_below(&r, 15));
     pb->out = pb->out_is_master ? (void *)pb->master : (void *)out;
 }
+
+static void problem_make(problem *pb, uint64_t seed) { problem_make_n(pb, seed, 0); }
 
 static void problem_free(problem *pb)
 {
@@ -247,6 +252,69 @@ static void test_variants_and_teams_bit_identical(void **state)
                 if (memcmp(pb.master, want_p, bytes) || memcmp(pb.m, want_m, bytes) || memcmp(pb.v, want_v, bytes) ||
                     (pb.has_out && memcmp(pb.out, want_o, obytes)))
                     fail_msg("seed %d: %s with %d threads differs from scalar", seed, td_optim_isa_name(isa), threads);
+            }
+        }
+        free(want_p), free(want_m), free(want_v), free(want_o);
+        problem_free(&pb);
+    }
+}
+
+/* Chunks of many pieces (a thread's range is claimed in pieces of 16 Ki
+ * elements, and a thread done with its own claims the others' leftovers),
+ * teams of several sizes, and a team the runtime cuts to one thread (a
+ * call from inside a parallel region): the same bits as one scalar thread. */
+static void run_nested(problem *pb, int threads)
+{
+    td_adam_cpu_params cp = td_adam_cpu_default_params();
+    cp.threads = threads;
+    td_adam_cpu *cpu;
+    TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
+    td_adam_chunk ch[3];
+    int nc = problem_chunks(pb, 0, ch);
+    for (int j = 0; j < nc; j++)
+        TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[j], pb->p0 + (ch[j].master - pb->master), TD_OPTIM_DTYPE_F32));
+    td_optim opt;
+    TD_ASSERT_OK(td_optim_init(&opt, &pb->op));
+    int nested = omp_get_max_active_levels();
+    omp_set_max_active_levels(1); /* the inner region gets one thread */
+    for (int s = 0; s < STEPS; s++) {
+        problem_chunks(pb, s, ch);
+        td_grad_stats stats = {0};
+        for (int j = 0; j < nc; j++) TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, ch[j].grad, pb->gdt, ch[j].numel, &stats));
+        td_optim_step step;
+        TD_ASSERT_OK(td_optim_begin_step(&opt, &stats, &step));
+        td_status st = TD_OK;
+#pragma omp parallel num_threads(2)
+        {
+            if (omp_get_thread_num() == 0) st = td_adam_cpu_update(cpu, &step.coeffs, ch, nc);
+        }
+        TD_ASSERT_OK(st);
+    }
+    omp_set_max_active_levels(nested);
+    td_adam_cpu_destroy(cpu);
+}
+
+static void test_pieces_and_teams_bit_identical(void **state)
+{
+    (void)state;
+    for (int seed = 1; seed <= 3; seed++) {
+        problem pb;
+        /* 3 to 5 pieces a thread at 4 threads, and a ragged end */
+        problem_make_n(&pb, (uint64_t)seed * 7919, (size_t)(3 + seed) * 4 * 16384 + 777 * (size_t)seed);
+        size_t bytes = pb.n * 4, obytes = pb.n * td_optim_dtype_bytes(pb.pdt);
+        float *want_p = malloc(bytes), *want_m = malloc(bytes), *want_v = malloc(bytes);
+        void *want_o = malloc(bytes);
+        run_tidal(&pb, TD_OPTIM_ISA_SCALAR, 1);
+        memcpy(want_p, pb.master, bytes), memcpy(want_m, pb.m, bytes), memcpy(want_v, pb.v, bytes);
+        if (pb.has_out) memcpy(want_o, pb.out, obytes);
+        for (int threads = 2; threads <= 7; threads += 5 - seed) {
+            for (int nested = 0; nested < 2; nested++) {
+                if (nested) run_nested(&pb, threads);
+                else run_tidal(&pb, TD_OPTIM_ISA_AUTO, threads);
+                if (memcmp(pb.master, want_p, bytes) || memcmp(pb.m, want_m, bytes) || memcmp(pb.v, want_v, bytes) ||
+                    (pb.has_out && memcmp(pb.out, want_o, obytes)))
+                    fail_msg("seed %d, %zu elements in %d chunks: %d threads%s differ from one scalar thread", seed,
+                             pb.n, pb.n_chunks, threads, nested ? " (cut to one by the runtime)" : "");
             }
         }
         free(want_p), free(want_m), free(want_v), free(want_o);
@@ -551,6 +619,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_isa_matches_double_reference),
         cmocka_unit_test(test_variants_and_teams_bit_identical),
+        cmocka_unit_test(test_pieces_and_teams_bit_identical),
         cmocka_unit_test(test_partition_tiles_chunks),
         cmocka_unit_test(test_init_first_touch),
         cmocka_unit_test(test_grad_stats),
