@@ -606,6 +606,8 @@ static void test_bound_terms(void **state)
 {
     td_train_config c = small_config();
     c.mm.placement = TD_PLACEMENT_CPU; /* every param through the CPU AdamW */
+    c.optim.max_grad_norm = 0; /* no clipping: the AdamW may start in the backward */
+    c.optim.scaler.kind = TD_LOSS_SCALE_NONE;
     for (int K = 1; K <= 4; K *= 2) {
         c.grad_accum = K;
         td_train_plan p;
@@ -653,6 +655,31 @@ static void test_bound_terms(void **state)
     assert_true(fabs(b0.compute_ms - b1.compute_ms - 2 * L * 0.5) <= 1e-9 * b0.compute_ms);
     double head = 6.0 * c.micro_batch * c.seq_len * c.model.n_embd * (double)c.model.padded_vocab_size / 1e12 * 1e3;
     assert_true(fabs(b1.compute_ms - 2 * (L * 7.0 + L * 1.5 + head)) <= 1e-9 * b1.compute_ms);
+    /* Clipping (or a loss scale): the AdamW waits for every grad's norm and
+     * hides only in the next step's first forward (the blocks' forwards and
+     * the head's third; without block times a third of a micro-batch's
+     * compute), whatever the accumulation. */
+    for (int clip = 0; clip < 2; clip++) {
+        c.optim.max_grad_norm = clip ? 1.0 : 0;
+        c.optim.scaler.kind = clip ? TD_LOSS_SCALE_NONE : TD_LOSS_SCALE_DYNAMIC;
+        for (int timed = 0; timed < 2; timed++) {
+            td_train_rates rr = {.copy_gbs = 1e3, .gflops = 1e3, .block_fwd_ms = timed ? 2.0 : 0,
+                                 .block_bwd_ms = timed ? 5.0 : 0, .block_recompute_ms = timed ? 1.5 : 0};
+            td_train_bound_of(&c, &p, &rr, &b0);
+            double fwd = timed ? L * 2.0 + head / 3 : b0.compute_ms / c.grad_accum / 3;
+            for (double share = 0.1; share < 3; share += 0.2) {
+                double adam = share * b0.compute_ms;
+                rr.adam_gps = p.adam_cpu_params / (adam * 1e-3) / 1e9;
+                td_train_bound_of(&c, &p, &rr, &b1);
+                double exposed = adam > fwd ? adam - fwd : 0;
+                if (fabs(b1.exposed_adam_ms - exposed) > 1e-9 * adam + 1e-12 ||
+                    fabs(b1.bound_ms - fmax(b1.compute_ms + exposed, fmax(b1.pcie_ms, adam))) > 1e-9 * b1.bound_ms)
+                    fail_msg("%s, %s: AdamW %.3f of compute: exposed %.6f (want %.6f), bound %.6f",
+                             clip ? "clipping" : "loss scale", timed ? "block times" : "matmul rate", share,
+                             b1.exposed_adam_ms, exposed, b1.bound_ms);
+            }
+        }
+    }
 }
 
 /* The CPU AdamW probe runs at the run's scale: the model's params, from

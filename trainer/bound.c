@@ -454,6 +454,20 @@ void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const
      * With one micro-batch this is max(compute, AdamW), as before. */
     int K = cfg->grad_accum > 1 ? cfg->grad_accum : 1;
     double window = out->compute_ms / K;
+    /* Clipping (or a loss scale's overflow check) needs every grad before
+     * the first update: the CPU AdamW starts when the backward is done and
+     * hides only within the next step's first forward.  That forward: the
+     * blocks' measured forwards plus the head's third of its flops, else a
+     * third of a micro-batch's compute (more than its forward, which keeps
+     * the bound below the step). */
+    if (cfg->optim.max_grad_norm > 0 || cfg->optim.scaler.kind != TD_LOSS_SCALE_NONE) {
+        double fwd = out->compute_ms / K / 3;
+        if (r->block_fwd_ms > 0 && r->gflops > 0)
+            fwd = cfg->model.n_layer * r->block_fwd_ms +
+                  2.0 * cfg->micro_batch * cfg->seq_len * cfg->model.n_embd * (double)cfg->model.padded_vocab_size /
+                      (r->gflops * 1e9) * 1e3;
+        if (fwd < window) window = fwd;
+    }
     out->exposed_adam_ms = out->adam_ms > window ? out->adam_ms - window : 0;
     out->bound_ms = out->compute_ms + out->exposed_adam_ms;
     if (out->pcie_ms > out->bound_ms) out->bound_ms = out->pcie_ms;

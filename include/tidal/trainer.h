@@ -323,14 +323,17 @@ td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_t
  * last backward and the next step's first forward: before, the grads are
  * not whole; after, the params are needed), so with grad accumulation the
  * rest of it is exposed_adam_ms; with one micro-batch that is 0 whenever
- * the AdamW term does not exceed the compute.  The CPU AdamW term is the
+ * the AdamW term does not exceed the compute.  With clipping or a loss
+ * scale the update waits for every grad (the global norm, the overflow
+ * check), so the AdamW hides only within the next step's first forward.
+ * The CPU AdamW term is the
  * params the host's optimizer chunks hold, at the measured DRAM bandwidth
  * over the path's bytes a param (td_train_adam_bytes_per_param); the host
  * DRAM term is those bytes plus the step's copies' (up and down), at the
  * rate the AdamW and the copies reached together (dram_loaded_gbs). */
 typedef struct td_train_bound {
     double compute_ms, pcie_ms, adam_ms, dram_ms, bound_ms;
-    double exposed_adam_ms;      /* the CPU AdamW beyond one micro-batch's compute */
+    double exposed_adam_ms;      /* the CPU AdamW beyond what it can hide in (see above) */
     double adam_gparams_per_s;   /* the rate adam_ms assumes */
     double tokens_per_s;         /* at bound_ms */
 } td_train_bound;
