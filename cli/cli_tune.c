@@ -29,7 +29,9 @@ static const char usage[] =
     "device peak, pinned host, bound/step) and the winner's flags.\n\n"
     "tune's own options:\n"
     "  --sweep-budget LIST  device budgets to tune for, e.g. 8GiB,16GiB,24GiB: tokens/s against\n"
-    "                       the budget (what more GPU memory is worth); instead of --gpu-budget\n"
+    "                       the budget (what more GPU memory is worth); instead of --gpu-budget;\n"
+    "                       each budget also runs the smaller budgets' fastest winner if its\n"
+    "                       ranking leaves that out\n"
     "  --top K              candidates to run at each budget (default 3)\n"
     "  --write-config FILE  the winner as a --config JSON for `tidal train --config FILE`\n"
     "                       (one budget only)\n"
@@ -298,10 +300,15 @@ static const int tune_depths[] = {2, 8, 16};
 enum { TUNE_DEPTHS = sizeof tune_depths / sizeof tune_depths[0] };
 
 /* Ranks, runs the best `top` that fit, and for the winner tries the
- * prefetch depths (refine).  runs: the run candidates, best first. */
+ * prefetch depths (refine).  `carry`: the fastest run of the smaller
+ * budgets of a sweep (NULL: none); its knobs fit here too, and when the
+ * ranking leaves them out of the best `top` they run as well, so that a
+ * budget's winner is never a configuration the smaller budget beat (the
+ * ranking is a model; more memory is not worth less).  runs: the run
+ * candidates, best first. */
 static td_status tune_budget(const td_train_config *cfg, size_t budget, td_backend *b, const td_train_rates *rates,
-                             int top, int steps, int refine, run_ctx *rc, td_tune_candidate **runs, int *n_runs,
-                             int *ranked)
+                             int top, int steps, int refine, const td_tune_candidate *carry, run_ctx *rc,
+                             td_tune_candidate **runs, int *n_runs, int *ranked)
 {
     td_status st = TD_OK;
     td_tune_candidate *cs = NULL, *out = NULL;
@@ -313,13 +320,23 @@ static td_status tune_budget(const td_train_config *cfg, size_t budget, td_backe
     *ranked = n;
     int fit = 0;
     while (fit < n && cs[fit].fits) fit++;
-    int k = fit < top ? fit : top;
-    fprintf(stderr, "tidal tune: %s: %d candidates, %d fit; running the best %d for %d steps each\n",
-            td_format_bytes(budget, bs, sizeof bs), n, fit, k, steps);
-    out = td_calloc((size_t)k + TUNE_DEPTHS, sizeof *out, TD_ROLE_META);
+    int k = fit < top ? fit : top, extra = -1;
+    if (carry) { /* the smaller budget's winner, planned at this one: the candidate making its choices */
+        td_tune_candidate here = *carry;
+        here.cfg.gpu_budget = budget;
+        if (td_train_plan_make(&here.cfg, budget, &here.plan) == TD_OK)
+            for (int i = k; i < fit && extra < 0; i++)
+                if (td_tune_same_choice(&cs[i], &here)) extra = i;
+        td_error_clear();
+    }
+    fprintf(stderr, "tidal tune: %s: %d candidates, %d fit; running the best %d%s for %d steps each\n",
+            td_format_bytes(budget, bs, sizeof bs), n, fit, k,
+            extra >= 0 ? " and the smaller budget's winner" : "", steps);
+    out = td_calloc((size_t)k + 1 + TUNE_DEPTHS, sizeof *out, TD_ROLE_META);
     if (!out) TD_FAIL(TD_ERR_NOMEM, "tune: %d runs", k);
     td_tune_data data = { open_batches, close_batches, rc, progress };
     rc->budget = budget;
+    if (extra >= 0) cs[k++] = cs[extra]; /* run after the ranked ones */
     rc->count = k + (refine && k ? TUNE_DEPTHS : 0);
     for (int i = 0; i < k; i++) {
         out[i] = cs[i];
@@ -452,7 +469,10 @@ int td_cli_tune_main(int argc, char **argv)
     cJSON *jb = cJSON_AddArrayToObject(report, "budgets");
     for (int i = 0; i < n_budgets; i++) {
         int ranked = 0;
-        if ((st = tune_budget(&cfg, budgets[i], b, &rates, o.top, (int)steps, n_budgets == 1, &ctx, &runs[i],
+        const td_tune_candidate *carry = NULL; /* the fastest run of the smaller budgets */
+        for (int j = 0; j < i; j++)
+            if (best_tps[j] > 0 && (!carry || runs[j][0].tokens_per_s > carry->tokens_per_s)) carry = &runs[j][0];
+        if ((st = tune_budget(&cfg, budgets[i], b, &rates, o.top, (int)steps, n_budgets == 1, carry, &ctx, &runs[i],
                               &n_runs[i], &ranked)))
             goto fail;
         best_tps[i] = n_runs[i] && runs[i][0].ran == 1 ? runs[i][0].tokens_per_s : 0;

@@ -483,6 +483,40 @@ static void test_tune_sweep_plot(void **state)
     assert_true(td_test_json_num(cJSON_GetArrayItem(bs, 0), "budget_bytes", NULL) == 1536.0 * 1024);
     assert_true(td_test_json_num(cJSON_GetArrayItem(bs, 2), "budget_bytes", NULL) == 4.0 * 1024 * 1024);
     cJSON_Delete(j);
+    /* Each larger budget also runs the fastest of the smaller ones' winners
+     * (planned at its budget) when its ranking leaves it out: one run more
+     * at most, and among its runs one with that winner's micro-batch,
+     * accumulation and recomputed blocks.  At 6 MiB a few recomputing
+     * splits fit; at 48 MiB the ranking's best keeps everything on the
+     * device, so the carried winner runs beside it there at least. */
+    rc = sh(out, sizeof out, "%s tune --data %s/ok.tok --layers 4 --width 128 --heads 4 --seq 64 --micro-batch 8 "
+            "--backend cpu --sweep-budget 6MiB,12MiB,48MiB --steps 2 --top 1 --json 2>/dev/null", tidal, tmp);
+    assert_int_equal(rc, 0);
+    j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    bs = cJSON_GetObjectItem(j, "budgets");
+    cJSON *carry = NULL;
+    int carried = 0;
+    for (int i = 0; i < 3; i++) {
+        cJSON *e = cJSON_GetArrayItem(bs, i), *runs = cJSON_GetObjectItem(e, "runs");
+        int n = cJSON_GetArraySize(runs), found = carry == NULL;
+        assert_true(n >= 1 && n <= 2);
+        for (int k = 0; k < n && !found; k++) {
+            cJSON *r = cJSON_GetArrayItem(runs, k);
+            found = td_test_json_num(r, "micro_batch", NULL) == td_test_json_num(carry, "micro_batch", NULL) &&
+                    td_test_json_num(r, "grad_accum", NULL) == td_test_json_num(carry, "grad_accum", NULL) &&
+                    td_test_json_num(r, "ckpt_blocks", NULL) == td_test_json_num(carry, "ckpt_blocks", NULL);
+        }
+        if (!found) fail_msg("budget %d of 3: no run of the smaller budgets' winner", i + 1);
+        assert_true(n == 1 || carry != NULL); /* the smallest budget: the best --top 1 alone */
+        carried += n == 2;
+        cJSON *w = cJSON_GetObjectItem(e, "winner");
+        if (w && cJSON_IsObject(w) && (!carry || td_test_json_num(w, "tokens_per_s", NULL) >
+                                                     td_test_json_num(carry, "tokens_per_s", NULL)))
+            carry = w;
+    }
+    assert_true(carried >= 1);
+    cJSON_Delete(j);
     rc = sh(out, sizeof out, "cat %s/p.svg", tmp);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "<svg"));

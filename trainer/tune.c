@@ -22,7 +22,7 @@ static size_t pin_limit_of(const td_train_config *c)
 /* The same knobs once: a candidate whose plan makes the same choices as an
  * earlier one (micro-batch, recomputed blocks, optimizer chunks on the GPU,
  * chunk size) adds nothing. */
-static int same_choice(const td_tune_candidate *a, const td_tune_candidate *b)
+int td_tune_same_choice(const td_tune_candidate *a, const td_tune_candidate *b)
 {
     return a->cfg.micro_batch == b->cfg.micro_batch && a->plan.ckpt_blocks == b->plan.ckpt_blocks &&
            a->plan.optim_gpu_chunks == b->plan.optim_gpu_chunks && a->plan.chunk_numel == b->plan.chunk_numel &&
@@ -89,7 +89,7 @@ td_status td_tune_candidates(const td_train_config *base, size_t budget, td_back
                     td_train_bound_of(&c->cfg, &c->plan, &r, &c->bound);
                     c->fits = c->plan.min_device_bytes <= budget && c->plan.host_pinned_bytes <= pin_limit;
                     int dup = 0;
-                    for (int j = 0; j < n && !dup; j++) dup = same_choice(&cs[j], c);
+                    for (int j = 0; j < n && !dup; j++) dup = td_tune_same_choice(&cs[j], c);
                     if (!dup) n++;
                 }
     }

@@ -52,6 +52,11 @@ typedef struct td_tune_candidate {
 td_status td_tune_candidates(const td_train_config *base, size_t budget, td_backend *b, const td_train_rates *rates,
                              td_tune_candidate **out, int *n);
 
+/* Whether two candidates' plans make the same choices (micro-batch,
+ * recomputed blocks, optimizer chunks on the GPU, chunk size, prefetch):
+ * such candidates train alike. */
+int td_tune_same_choice(const td_tune_candidate *a, const td_tune_candidate *b);
+
 /* A batch source for a candidate's run: opened for its micro-batch and
  * sequence, closed after. */
 typedef struct td_tune_data {
