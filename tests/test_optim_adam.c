@@ -130,8 +130,10 @@ static int problem_chunks(problem *pb, int s, td_adam_chunk *ch)
 }
 
 /* Runs the whole library path: engine init (first touch), per step the grad
- * stats of every chunk, the controller's decision, the fused update. */
-static void run_tidal(problem *pb, td_optim_isa isa, int threads)
+ * stats of every chunk, the controller's decision, the fused update;
+ * `nested`: each update called from inside a parallel region, where the
+ * runtime gives the engine's team one thread. */
+static void run_tidal_nested(problem *pb, td_optim_isa isa, int threads, int nested)
 {
     td_adam_cpu_params cp = td_adam_cpu_default_params();
     cp.isa = isa;
@@ -144,6 +146,8 @@ static void run_tidal(problem *pb, td_optim_isa isa, int threads)
         TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[j], pb->p0 + (ch[j].master - pb->master), TD_OPTIM_DTYPE_F32));
     td_optim opt;
     TD_ASSERT_OK(td_optim_init(&opt, &pb->op));
+    int levels = omp_get_max_active_levels();
+    if (nested) omp_set_max_active_levels(1); /* the inner region gets one thread */
     for (int s = 0; s < STEPS; s++) {
         problem_chunks(pb, s, ch);
         td_grad_stats stats = {0};
@@ -152,10 +156,18 @@ static void run_tidal(problem *pb, td_optim_isa isa, int threads)
         TD_ASSERT_OK(td_optim_begin_step(&opt, &stats, &step));
         assert_false(step.skip);
         assert_int_equal(step.step, s + 1);
-        TD_ASSERT_OK(td_adam_cpu_update(cpu, &step.coeffs, ch, nc));
+        td_status st = TD_OK;
+#pragma omp parallel num_threads(2) if (nested)
+        {
+            if (omp_get_thread_num() == 0) st = td_adam_cpu_update(cpu, &step.coeffs, ch, nc);
+        }
+        TD_ASSERT_OK(st);
     }
+    omp_set_max_active_levels(levels);
     td_adam_cpu_destroy(cpu);
 }
+
+static void run_tidal(problem *pb, td_optim_isa isa, int threads) { run_tidal_nested(pb, isa, threads, 0); }
 
 /* torch.optim.AdamW / Adam(weight_decay) in double, after unscale and
  * clip_grad_norm_ (coefficient min(1, max_norm / (norm + 1e-6))). */
@@ -263,37 +275,6 @@ static void test_variants_and_teams_bit_identical(void **state)
  * elements, and a thread done with its own claims the others' leftovers),
  * teams of several sizes, and a team the runtime cuts to one thread (a
  * call from inside a parallel region): the same bits as one scalar thread. */
-static void run_nested(problem *pb, int threads)
-{
-    td_adam_cpu_params cp = td_adam_cpu_default_params();
-    cp.threads = threads;
-    td_adam_cpu *cpu;
-    TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
-    td_adam_chunk ch[3];
-    int nc = problem_chunks(pb, 0, ch);
-    for (int j = 0; j < nc; j++)
-        TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[j], pb->p0 + (ch[j].master - pb->master), TD_OPTIM_DTYPE_F32));
-    td_optim opt;
-    TD_ASSERT_OK(td_optim_init(&opt, &pb->op));
-    int nested = omp_get_max_active_levels();
-    omp_set_max_active_levels(1); /* the inner region gets one thread */
-    for (int s = 0; s < STEPS; s++) {
-        problem_chunks(pb, s, ch);
-        td_grad_stats stats = {0};
-        for (int j = 0; j < nc; j++) TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, ch[j].grad, pb->gdt, ch[j].numel, &stats));
-        td_optim_step step;
-        TD_ASSERT_OK(td_optim_begin_step(&opt, &stats, &step));
-        td_status st = TD_OK;
-#pragma omp parallel num_threads(2)
-        {
-            if (omp_get_thread_num() == 0) st = td_adam_cpu_update(cpu, &step.coeffs, ch, nc);
-        }
-        TD_ASSERT_OK(st);
-    }
-    omp_set_max_active_levels(nested);
-    td_adam_cpu_destroy(cpu);
-}
-
 static void test_pieces_and_teams_bit_identical(void **state)
 {
     (void)state;
@@ -309,8 +290,7 @@ static void test_pieces_and_teams_bit_identical(void **state)
         if (pb.has_out) memcpy(want_o, pb.out, obytes);
         for (int threads = 2; threads <= 7; threads += 5 - seed) {
             for (int nested = 0; nested < 2; nested++) {
-                if (nested) run_nested(&pb, threads);
-                else run_tidal(&pb, TD_OPTIM_ISA_AUTO, threads);
+                run_tidal_nested(&pb, TD_OPTIM_ISA_AUTO, threads, nested);
                 if (memcmp(pb.master, want_p, bytes) || memcmp(pb.m, want_m, bytes) || memcmp(pb.v, want_v, bytes) ||
                     (pb.has_out && memcmp(pb.out, want_o, obytes)))
                     fail_msg("seed %d, %zu elements in %d chunks: %d threads%s differ from one scalar thread", seed,
