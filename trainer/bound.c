@@ -33,7 +33,6 @@
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,19 +159,6 @@ size_t td_train_adam_probe_params(const td_train_config *cfg)
     return n;
 }
 
-/* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
-static size_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (size_t)kb * 1024;
-}
-
 static int cmp_span(const void *a, const void *b)
 {
     double x = ((const double *)a)[0], y = ((const double *)b)[0];
@@ -197,10 +183,14 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
     r->adam_gps = r->dram_gbs = r->dram_fastest_gbs = 0;
     r->adam_probe_params = 0;
     TD_TRY(td_hostmem_create(topo, &hm));
-    /* At most a quarter of the memory available now (down to the 64 Mi
-     * floor): a plan must not push a busy host into swap. */
-    size_t avail = mem_available();
-    while (avail && n > TD_TRAIN_ADAM_PROBE_PARAMS && n * (12 + 2 * E) > avail / 4) n /= 2;
+    /* At most a quarter of the host memory the run may use (--host-ram, the
+     * cgroup's limit or MemTotal: td_train_host_limits), down to the 64 Mi
+     * floor: a plan must not push a small host into swap. */
+    size_t ram = 0, pin = 0;
+    char ram_src[128];
+    if (td_train_host_limits(cfg, &ram, &pin, ram_src, sizeof ram_src) != TD_OK) ram = 0;
+    td_error_clear();
+    while (ram && n > TD_TRAIN_ADAM_PROBE_PARAMS && n * (12 + 2 * E) > ram / 4) n /= 2;
     /* A host short of memory gets a smaller probe, which may run partly
      * from the cache and read high. */
     for (;; n /= 2) {

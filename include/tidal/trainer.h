@@ -306,8 +306,8 @@ typedef struct td_train_rates {
     size_t adam_probe_params; /* the AdamW probe's size (params) */
 } td_train_rates;
 /* The AdamW probe's size: the model's params, from 64 Mi to 256 Mi (the
- * probe takes less where that would be over a quarter of the host's
- * available memory, or where the host refuses it). */
+ * probe takes less where that would be over a quarter of the host memory
+ * the run may use, td_train_host_limits, or where the host refuses it). */
 #define TD_TRAIN_ADAM_PROBE_PARAMS ((size_t)64 << 20)
 #define TD_TRAIN_ADAM_PROBE_MAX_PARAMS ((size_t)256 << 20)
 size_t td_train_adam_probe_params(const td_train_config *cfg);
