@@ -20,7 +20,7 @@ For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W8S, W9 of
           device_peak_bytes; its lower bound is `tidal plan --json`'s
           estimate.step_lower_bound_ms for the same flags, the lower of
           two plans, one before the run and one after (a shared host's
-          DRAM rate moves over seconds; the notes give both).  At a budget tidal
+          DRAM rate moves from minute to minute; the notes give both).  At a budget tidal
           is given what the peer is: every candidate micro-batch the plan
           fits is run and the fastest is its figure (without a budget, or
           with --quick, the first the plan fits).  --ckpt stays auto: tidal
@@ -447,10 +447,12 @@ def run_tidal_once(a, w, B, K, plan):
         res["error"] = f"{killed(rc) or f'exit {rc}'}, {len(steps)} steps logged: {why}"
         return res
     # The bound again, from a plan after the run: a shared host's DRAM rate
-    # moves over seconds (the CPU AdamW probe read 3.21 and 4.30 G params/s
-    # on one H200 VM minutes apart), and a lower bound takes the faster.
+    # moves from minute to minute (the CPU AdamW probe read 3.21 and 4.30 G
+    # params/s on one H200 VM minutes apart), and a lower bound takes the faster.
     after, err = tidal_plan(a, w, B, K, "-after")
-    if plan and after and not err:
+    if err:
+        res["plan_after_error"] = err
+    elif plan and after:
         res["plan_before"], res["plan_after"] = plan, after
         if after["estimate"]["step_lower_bound_ms"] < plan["estimate"]["step_lower_bound_ms"]:
             res["plan"], res["lower_bound_ms"], res["bound_from"] = after, after["estimate"]["step_lower_bound_ms"], "after"
@@ -709,6 +711,9 @@ def print_table(results):
             notes.append(f"{w.id} tidal: not available ({t['error']})")
         elif t.get("plan_error"):
             notes.append(f"{w.id} tidal: no lower bound ({t['plan_error']})")
+        elif t.get("plan_after_error"):
+            notes.append(f"{w.id} tidal: bound from the plan before the run only; the plan after it failed "
+                         f"({t['plan_after_error']})")
         elif t.get("plan_before") and t.get("plan_after"):
             nb, na = (t[k]["estimate"]["step_lower_bound_ms"] for k in ("plan_before", "plan_after"))
             rb, ra = (t[k]["measured"].get("adam_gparams_per_s", 0) for k in ("plan_before", "plan_after"))
