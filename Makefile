@@ -73,7 +73,7 @@ endif
 
 # Library sources: every .c in the module folders (docs/architecture.md draws
 # them and their direction); *_cuda.c and *.cu only with CUDA, *_nccl.c only with NCCL.
-MODULES  := core offload dist memmgr optim model model/cuda data checkpoint trainer cli
+MODULES  := core offload parallel memmgr optim model model/cuda data checkpoint trainer cli
 ALL_C    := $(filter-out cli/main.c $(if $(filter 1,$(NCCL)),,%_nccl.c),$(wildcard $(addsuffix /*.c,$(MODULES))))
 ifeq ($(CUDA),1)
 LIB_C    := $(ALL_C)

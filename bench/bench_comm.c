@@ -21,7 +21,7 @@
 #include "tidal/alloc.h"
 #include "tidal/arena.h"
 #include "tidal/convert.h"
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 #include "tidal/util.h"
 
 #include <math.h>

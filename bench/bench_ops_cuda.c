@@ -353,7 +353,7 @@ int td_bench_ops_main(int argc, char **argv)
                           o.kv_heads, o.heads, o.mlp, o.width / o.heads);
         goto done;
     }
-    td_gpt_ref_config mc = { .n_layer = 1, .n_head = o.heads, .n_embd = o.width, .n_positions = o.seq,
+    td_model_desc mc = { .n_layer = 1, .n_head = o.heads, .n_embd = o.width, .n_positions = o.seq,
                              .vocab_size = 64, .padded_vocab_size = 64 };
     td_backend_params bp = td_backend_default_params();
     bp.kind = TD_BACKEND_CUDA;
@@ -415,7 +415,7 @@ int td_bench_ops_main(int argc, char **argv)
     td_block_probe_destroy(pr);
     pr = NULL;
     /* Llama 3.1's block at this width: RMSNorm, theta 500000 with llama3 scaling */
-    td_gpt_ref_config lc = mc;
+    td_model_desc lc = mc;
     td_model_desc_set_family(&lc, TD_MODEL_LLAMA);
     lc.n_kv_head = NKV;
     lc.n_inner = F;

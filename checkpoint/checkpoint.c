@@ -24,16 +24,16 @@
 
 /* --- configuration and parameter table ------------------------------------ */
 
-static int is_gpt2(const td_ckpt_config *cfg) { return cfg->family == TD_MODEL_GPT2; }
+static int is_gpt2(const td_model_desc *cfg) { return cfg->family == TD_MODEL_GPT2; }
 
-td_status td_ckpt_config_check(const td_ckpt_config *cfg)
+td_status td_ckpt_config_check(const td_model_desc *cfg)
 {
     if (!cfg) return td_error_set(TD_ERR_INVALID, "checkpoint: no model configuration given");
     if (cfg->n_head > 0 && cfg->n_embd % cfg->n_head) /* in config.json's words */
         return td_error_set(TD_ERR_INVALID, "checkpoint: %s %d is not a multiple of %s %d",
                             is_gpt2(cfg) ? "n_embd" : "hidden_size", cfg->n_embd,
                             is_gpt2(cfg) ? "n_head" : "num_attention_heads", cfg->n_head);
-    td_status st = td_gpt_ref_config_check(cfg);
+    td_status st = td_model_desc_check(cfg);
     if (st) return td_error_prefix(st, "checkpoint: ");
     if (cfg->n_layer > 100000 || (int64_t)cfg->n_embd * 4 > INT32_MAX)
         return td_error_set(TD_ERR_INVALID, "checkpoint: n_layer %d / n_embd %d are out of range",
@@ -45,42 +45,42 @@ td_status td_ckpt_config_check(const td_ckpt_config *cfg)
  * in its block (or the layout index outside blocks), and which part. */
 typedef enum part { WHOLE, PART_Q, PART_K, PART_V, PART_GATE, PART_UP } part;
 
-typedef struct hf_part { td_gpt_ref_param kind; part part; const char *suffix; } hf_part;
+typedef struct hf_part { td_model_param kind; part part; const char *suffix; } hf_part;
 
 /* A LLaMA-family block's Hugging Face tensors, in save_pretrained's order. */
-static int llama_block_parts(const td_ckpt_config *cfg, hf_part out[12])
+static int llama_block_parts(const td_model_desc *cfg, hf_part out[12])
 {
     int n = 0;
-    out[n++] = (hf_part){TD_GPT_REF_LN1_W, WHOLE, "input_layernorm.weight"};
-    out[n++] = (hf_part){TD_GPT_REF_QKV_W, PART_Q, "self_attn.q_proj.weight"};
-    if (cfg->qkv_bias) out[n++] = (hf_part){TD_GPT_REF_QKV_B, PART_Q, "self_attn.q_proj.bias"};
-    out[n++] = (hf_part){TD_GPT_REF_QKV_W, PART_K, "self_attn.k_proj.weight"};
-    if (cfg->qkv_bias) out[n++] = (hf_part){TD_GPT_REF_QKV_B, PART_K, "self_attn.k_proj.bias"};
-    out[n++] = (hf_part){TD_GPT_REF_QKV_W, PART_V, "self_attn.v_proj.weight"};
-    if (cfg->qkv_bias) out[n++] = (hf_part){TD_GPT_REF_QKV_B, PART_V, "self_attn.v_proj.bias"};
-    out[n++] = (hf_part){TD_GPT_REF_ATTPROJ_W, WHOLE, "self_attn.o_proj.weight"};
-    out[n++] = (hf_part){TD_GPT_REF_LN2_W, WHOLE, "post_attention_layernorm.weight"};
-    out[n++] = (hf_part){TD_GPT_REF_FC_W, PART_GATE, "mlp.gate_proj.weight"};
-    out[n++] = (hf_part){TD_GPT_REF_FC_W, PART_UP, "mlp.up_proj.weight"};
-    out[n++] = (hf_part){TD_GPT_REF_FCPROJ_W, WHOLE, "mlp.down_proj.weight"};
+    out[n++] = (hf_part){TD_MODEL_LN1_W, WHOLE, "input_layernorm.weight"};
+    out[n++] = (hf_part){TD_MODEL_QKV_W, PART_Q, "self_attn.q_proj.weight"};
+    if (cfg->qkv_bias) out[n++] = (hf_part){TD_MODEL_QKV_B, PART_Q, "self_attn.q_proj.bias"};
+    out[n++] = (hf_part){TD_MODEL_QKV_W, PART_K, "self_attn.k_proj.weight"};
+    if (cfg->qkv_bias) out[n++] = (hf_part){TD_MODEL_QKV_B, PART_K, "self_attn.k_proj.bias"};
+    out[n++] = (hf_part){TD_MODEL_QKV_W, PART_V, "self_attn.v_proj.weight"};
+    if (cfg->qkv_bias) out[n++] = (hf_part){TD_MODEL_QKV_B, PART_V, "self_attn.v_proj.bias"};
+    out[n++] = (hf_part){TD_MODEL_ATTPROJ_W, WHOLE, "self_attn.o_proj.weight"};
+    out[n++] = (hf_part){TD_MODEL_LN2_W, WHOLE, "post_attention_layernorm.weight"};
+    out[n++] = (hf_part){TD_MODEL_FC_W, PART_GATE, "mlp.gate_proj.weight"};
+    out[n++] = (hf_part){TD_MODEL_FC_W, PART_UP, "mlp.up_proj.weight"};
+    out[n++] = (hf_part){TD_MODEL_FCPROJ_W, WHOLE, "mlp.down_proj.weight"};
     return n;
 }
 
 /* Hugging Face tensors per block, and the tidal tensors outside blocks. */
-static int hf_block_count(const td_ckpt_config *cfg)
+static int hf_block_count(const td_model_desc *cfg)
 {
     hf_part parts[12];
-    return is_gpt2(cfg) ? TD_GPT_REF_BLOCK_TENSORS : llama_block_parts(cfg, parts);
+    return is_gpt2(cfg) ? TD_MODEL_BLOCK_TENSORS : llama_block_parts(cfg, parts);
 }
 
-int td_ckpt_param_count(const td_ckpt_config *cfg)
+int td_ckpt_param_count(const td_model_desc *cfg)
 {
-    return td_gpt_ref_tensor_count(cfg) - td_model_block_tensor_count(cfg) * cfg->n_layer +
+    return td_model_tensor_count(cfg) - td_model_block_tensor_count(cfg) * cfg->n_layer +
            hf_block_count(cfg) * cfg->n_layer;
 }
 
 /* The rows of a part of a fused (rows, ...) tensor: first row and count. */
-static void part_rows(const td_ckpt_config *cfg, part pt, int64_t *row0, int64_t *rows)
+static void part_rows(const td_model_desc *cfg, part pt, int64_t *row0, int64_t *rows)
 {
     const int64_t hs = td_model_head_size(cfg), q = (int64_t)cfg->n_head * hs;
     const int64_t kv = (int64_t)td_model_kv_heads(cfg) * hs, H = td_model_mlp_width(cfg);
@@ -94,7 +94,7 @@ static void part_rows(const td_ckpt_config *cfg, part pt, int64_t *row0, int64_t
     }
 }
 
-td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param *out)
+td_status td_ckpt_param_get(const td_model_desc *cfg, int index, td_ckpt_param *out)
 {
     const int count = td_ckpt_param_count(cfg);
     memset(out, 0, sizeof *out);
@@ -116,16 +116,16 @@ td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param 
             part = parts[k];
             out->tensor = -1;
             for (int j = 0; j < nb && out->tensor < 0; j++) { /* the block tensor of this kind */
-                td_gpt_ref_tensor t;
-                td_gpt_ref_tensor_get(cfg, ne + layer * nb + j, &t);
+                td_model_tensor t;
+                td_model_tensor_get(cfg, ne + layer * nb + j, &t);
                 if (t.kind == part.kind) out->tensor = ne + layer * nb + j;
             }
         }
     } else {
         out->tensor = index - ne - hb * L + ne + nb * L;
     }
-    td_gpt_ref_tensor t;
-    td_gpt_ref_tensor_get(cfg, out->tensor, &t);
+    td_model_tensor t;
+    td_model_tensor_get(cfg, out->tensor, &t);
     out->layer = t.layer;
     out->ndim = t.ndim;
     out->shape[0] = t.shape[0];
@@ -144,7 +144,7 @@ td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param 
     out->transposed = t.hf_transposed;
     out->hf_shape[0] = out->transposed ? out->shape[1] : out->shape[0];
     out->hf_shape[1] = out->transposed ? out->shape[0] : out->shape[1];
-    if (t.kind == TD_GPT_REF_WTE || t.kind == TD_GPT_REF_LM_HEAD) out->hf_shape[0] = cfg->vocab_size;
+    if (t.kind == TD_MODEL_WTE || t.kind == TD_MODEL_LM_HEAD) out->hf_shape[0] = cfg->vocab_size;
     out->numel = (uint64_t)out->shape[0] * (uint64_t)(out->ndim == 2 ? out->shape[1] : 1);
     out->hf_numel = (uint64_t)out->hf_shape[0] * (uint64_t)(out->ndim == 2 ? out->hf_shape[1] : 1);
     return TD_OK;
@@ -165,7 +165,7 @@ static int parse_layer(const char *s, const char **rest)
 }
 
 /* GPT-2 files may carry "transformer." in front of every name. */
-static const char *strip_prefix(const td_ckpt_config *cfg, const char *name)
+static const char *strip_prefix(const td_model_desc *cfg, const char *name)
 {
     static const char prefix[] = "transformer.";
     if (!is_gpt2(cfg)) return name;
@@ -173,17 +173,17 @@ static const char *strip_prefix(const td_ckpt_config *cfg, const char *name)
 }
 
 /* The block prefix of the family's names: "h." or "model.layers.". */
-static const char *block_prefix(const td_ckpt_config *cfg) { return is_gpt2(cfg) ? "h." : "model.layers."; }
+static const char *block_prefix(const td_model_desc *cfg) { return is_gpt2(cfg) ? "h." : "model.layers."; }
 
 /* The layer of a block tensor's name and the rest after "<prefix><layer>.", or -1. */
-static int name_layer(const td_ckpt_config *cfg, const char *name, const char **rest)
+static int name_layer(const td_model_desc *cfg, const char *name, const char **rest)
 {
     const char *pre = block_prefix(cfg);
     if (strncmp(name, pre, strlen(pre))) return -1;
     return parse_layer(name + strlen(pre), rest);
 }
 
-int td_ckpt_param_find(const td_ckpt_config *cfg, const char *name)
+int td_ckpt_param_find(const td_model_desc *cfg, const char *name)
 {
     name = strip_prefix(cfg, name);
     const int count = td_ckpt_param_count(cfg), ne = td_model_embed_tensor_count(cfg);
@@ -246,7 +246,7 @@ static double short_float(float f)
     return strtod(buf, NULL);
 }
 
-static void add_gpt2_config(cJSON *o, const td_ckpt_config *cfg)
+static void add_gpt2_config(cJSON *o, const td_model_desc *cfg)
 {
     cJSON_AddItemToArray(cJSON_GetObjectItem(o, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
     cJSON_AddStringToObject(o, "model_type", "gpt2");
@@ -273,7 +273,7 @@ static void add_gpt2_config(cJSON *o, const td_ckpt_config *cfg)
 }
 
 /* LlamaConfig / Qwen2Config: what transformers needs to build the same model. */
-static void add_llama_config(cJSON *o, const td_ckpt_config *cfg)
+static void add_llama_config(cJSON *o, const td_model_desc *cfg)
 {
     const int qwen = cfg->family == TD_MODEL_QWEN2;
     cJSON_AddItemToArray(cJSON_GetObjectItem(o, "architectures"),
@@ -315,7 +315,7 @@ static void add_llama_config(cJSON *o, const td_ckpt_config *cfg)
     cJSON_AddTrueToObject(o, "use_cache");
 }
 
-static td_status write_config_json(const char *path, const td_ckpt_config *cfg, td_dtype weight_dtype)
+static td_status write_config_json(const char *path, const td_model_desc *cfg, td_dtype weight_dtype)
 {
     td_status st = TD_OK;
     char *text = NULL;
@@ -409,7 +409,7 @@ static td_status json_bool(const char *path, const cJSON *o, const char *key, in
 }
 
 /* Hugging Face GPT2Config, refusing variants tidal would compute differently. */
-static td_status parse_gpt2_json(const char *path, const cJSON *o, td_ckpt_config *cfg)
+static td_status parse_gpt2_json(const char *path, const cJSON *o, td_model_desc *cfg)
 {
     td_status st = TD_OK;
     TD_TRY(json_int(path, o, "n_layer", 1, &cfg->n_layer));
@@ -448,7 +448,7 @@ cleanup:
 /* The RoPE object `key` (transformers 4's "rope_scaling", or 5's
  * "rope_parameters", which also carries rope_theta): null, type "default",
  * or type "llama3" with its four fields. */
-static td_status parse_rope_scaling(const char *path, const cJSON *o, const char *key, td_ckpt_config *cfg)
+static td_status parse_rope_scaling(const char *path, const cJSON *o, const char *key, td_model_desc *cfg)
 {
     td_status st = TD_OK;
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -486,7 +486,7 @@ static td_status json_must_be(const char *path, const cJSON *o, const char *key,
 }
 
 /* LlamaConfig / Qwen2Config (transformers' defaults for what is absent). */
-static td_status parse_llama_json(const char *path, const cJSON *o, td_model_family family, td_ckpt_config *cfg)
+static td_status parse_llama_json(const char *path, const cJSON *o, td_model_family family, td_model_desc *cfg)
 {
     td_status st = TD_OK;
     td_model_desc_set_family(cfg, family);
@@ -534,7 +534,7 @@ cleanup:
     return st;
 }
 
-static td_status parse_config_json(const char *path, td_ckpt_config *cfg)
+static td_status parse_config_json(const char *path, td_model_desc *cfg)
 {
     td_status st = TD_OK;
     char *text = NULL;
@@ -561,7 +561,7 @@ cleanup:
     return st;
 }
 
-td_status td_ckpt_config_read(const char *path, td_ckpt_config *out)
+td_status td_ckpt_config_read(const char *path, td_model_desc *out)
 {
     td_status st = parse_config_json(path, out);
     if (st) return st;
@@ -738,7 +738,7 @@ cleanup:
 #define SCRATCH_BYTES ((size_t)4 << 20)
 
 struct td_ckpt_writer {
-    td_ckpt_config cfg;
+    td_model_desc cfg;
     td_ckpt_write_options opt;
     char *dir, *tmp_dir, *old_dir;
     int n_params;
@@ -1033,7 +1033,7 @@ cleanup:
     return st;
 }
 
-td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
+td_status td_ckpt_writer_begin(const char *dir, const td_model_desc *cfg,
                                const td_ckpt_write_options *opts, td_ckpt_writer **out)
 {
     td_status st = TD_OK;
@@ -1551,7 +1551,7 @@ typedef struct weight_ref {
 
 struct td_ckpt_reader {
     char *dir;
-    td_ckpt_config cfg;
+    td_model_desc cfg;
     td_st_reader **shards;
     int n_shards;
     weight_ref *weights;         /* [n_params] */
@@ -1559,7 +1559,7 @@ struct td_ckpt_reader {
     const td_st_tensor **state_t; /* [n_params * 3] */
 };
 
-const td_ckpt_config *td_ckpt_reader_config(const td_ckpt_reader *r) { return &r->cfg; }
+const td_model_desc *td_ckpt_reader_config(const td_ckpt_reader *r) { return &r->cfg; }
 const char *td_ckpt_reader_dir(const td_ckpt_reader *r) { return r->dir; }
 int td_ckpt_reader_has_state(const td_ckpt_reader *r) { return r->state != NULL; }
 const td_st_reader *td_ckpt_reader_state_file(const td_ckpt_reader *r) { return r->state; }
@@ -1616,7 +1616,7 @@ cleanup:
 /* Tensors a Hugging Face file may carry that tidal does not need: a tied
  * head saved anyway, GPT-2's attention-mask buffers and LLaMA's rotary
  * frequencies of older versions. */
-static int ignorable(const td_ckpt_config *cfg, const char *name)
+static int ignorable(const td_model_desc *cfg, const char *name)
 {
     name = strip_prefix(cfg, name);
     if (!strcmp(name, "lm_head.weight") && !cfg->untied_head) return 1;
@@ -1629,7 +1629,7 @@ static int ignorable(const td_ckpt_config *cfg, const char *name)
 
 static td_status check_model_tensors(td_ckpt_reader *r)
 {
-    const td_ckpt_config *cfg = &r->cfg;
+    const td_model_desc *cfg = &r->cfg;
     const int n = td_ckpt_param_count(cfg);
     char want[64], got[64];
     for (int i = 0; i < n; i++) {
@@ -1728,12 +1728,12 @@ static td_status check_state_tensors(td_ckpt_reader *r)
 }
 
 /* The merged configuration: config.json (if any) checked against `expect`. */
-static td_status resolve_config(td_ckpt_reader *r, const td_ckpt_config *expect)
+static td_status resolve_config(td_ckpt_reader *r, const td_model_desc *expect)
 {
     td_status st = TD_OK;
     char *path = cat3(r->dir, "/", TD_CKPT_CONFIG_FILE);
     if (!path) return td_error_set(TD_ERR_NOMEM, "checkpoint: out of memory");
-    td_ckpt_config file;
+    td_model_desc file;
     if (exists(path)) {
         TD_TRY(parse_config_json(path, &file));
         if (expect) {
@@ -1779,7 +1779,7 @@ cleanup:
     return st;
 }
 
-td_status td_ckpt_reader_open(const char *dir_in, const td_ckpt_config *expect, td_ckpt_reader **out)
+td_status td_ckpt_reader_open(const char *dir_in, const td_model_desc *expect, td_ckpt_reader **out)
 {
     td_status st = TD_OK;
     char *path = NULL, *norm = NULL;

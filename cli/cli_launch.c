@@ -1,8 +1,8 @@
-/* `--nproc N`: the running command again as N local ranks (dist's launcher),
+/* `--nproc N`: the running command again as N local ranks (parallel/'s launcher),
  * the way torchrun --nproc-per-node would start it. */
 #include "cli.h"
 #include "tidal/alloc.h"
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
 #include <cjson/cJSON.h>
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 #include "tidal/trainer.h"
 #include "tidal/util.h"
 
@@ -121,8 +121,8 @@ static void opts_defaults(train_opts *o)
 /* With --resume or --init, the shape flags of the original command may stay
  * on the command line: each must agree with the checkpoint (a preset's
  * layers, width and heads; --vocab the checkpoint's vocabulary). */
-static td_status shape_agrees(const train_opts *o, td_opt *table, const td_gpt_ref_config *preset,
-                              const td_gpt_ref_config *ck, const char *how, const char *from)
+static td_status shape_agrees(const train_opts *o, td_opt *table, const td_model_desc *preset,
+                              const td_model_desc *ck, const char *how, const char *from)
 {
     struct { const char *flag; int seen, asked, have; } f[] = {
         {"model", td_args_find(table, "model")->seen, 0, 0},
@@ -149,7 +149,7 @@ static td_status shape_agrees(const train_opts *o, td_opt *table, const td_gpt_r
 
 /* --model: a preset's name, or a Hugging Face config.json (a path, or a
  * folder holding one) whose architecture is trained from fresh weights. */
-static td_status model_of(const char *name, td_gpt_ref_config *out)
+static td_status model_of(const char *name, td_model_desc *out)
 {
     size_t n = strlen(name);
     struct stat sb;
@@ -181,7 +181,7 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
     if ((st = model_of(o->model, &c->model))) return st;
     const char *from = o->resume ? o->resume : o->init;
     if (from) { /* the checkpoint decides the model's shape; the flags of the first run may stay */
-        td_gpt_ref_config asked = c->model;
+        td_model_desc asked = c->model;
         if ((st = td_trainer_checkpoint_model(from, &c->model))) return st;
         if ((st = shape_agrees(o, table, &asked, &c->model, o->resume ? "resume" : "init", from))) return st;
         if (data_vocab > c->model.vocab_size)
@@ -547,7 +547,7 @@ int td_cli_train_main(int argc, char **argv)
         if (lead) fprintf(stderr, "tidal train: weights from %s\n", o.init);
     }
     if (o.timeline && (st = td_memmgr_timeline_open(td_trainer_memmgr(t), o.timeline))) goto cleanup;
-    size_t params = td_gpt_ref_params_numel(&cfg.model);
+    size_t params = td_model_params_numel(&cfg.model);
     char budget[32];
     td_arena_stats as;
     td_arena_get_stats(td_trainer_arena(t), &as);

@@ -457,7 +457,7 @@ int td_cli_tune_main(int argc, char **argv)
     if (!best_tps || !runs || !n_runs) { st = TD_ERR_NOMEM; goto fail; }
     run_ctx ctx = { .data = data, .seed = cfg.seed, .tty = isatty(fileno(stderr)) };
     report = cJSON_CreateObject();
-    cJSON_AddNumberToObject(report, "params", (double)td_gpt_ref_params_numel(&cfg.model));
+    cJSON_AddNumberToObject(report, "params", (double)td_model_params_numel(&cfg.model));
     cJSON_AddNumberToObject(report, "tokens_per_step", (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);
     cJSON *mr = cJSON_AddObjectToObject(report, "measured");
     cJSON_AddNumberToObject(mr, "copy_gbytes_per_s", rates.copy_gbs);
@@ -491,7 +491,7 @@ int td_cli_tune_main(int argc, char **argv)
         cJSON_free(text);
     } else {
         printf("tidal tune: %zu params, %.0f tokens a step; measured copy %.1f GB/s, DRAM %.1f GB/s (%.1f with copies "
-               "beside the CPU AdamW), compute %.1f GFLOP/s\n", td_gpt_ref_params_numel(&cfg.model),
+               "beside the CPU AdamW), compute %.1f GFLOP/s\n", td_model_params_numel(&cfg.model),
                (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum, rates.copy_gbs, rates.dram_gbs,
                rates.dram_loaded_gbs, rates.gflops);
         for (int i = 0; i < n_budgets; i++) {
@@ -524,7 +524,7 @@ int td_cli_tune_main(int argc, char **argv)
     if (o.plot) {
         FILE *f = fopen(o.plot, "w");
         char title[160];
-        double params = (double)td_gpt_ref_params_numel(&cfg.model);
+        double params = (double)td_model_params_numel(&cfg.model);
         snprintf(title, sizeof title, "tidal tune on %s: %.3g%s params, %.0f tokens a step, best of each budget",
                  td_backend_describe(b), params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
                  (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);

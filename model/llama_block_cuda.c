@@ -1,8 +1,8 @@
 /* One LLaMA-family block (LLaMA, Qwen2) and its head composed from the CUDA
- * ops: the GPU counterpart of the LLaMA path of td_gpt_ref_block_forward /
- * backward and td_gpt_ref_head_forward / backward (gpt_ref.c), the same
+ * ops: the GPU counterpart of the LLaMA path of td_model_block_forward /
+ * backward and td_model_head_forward / backward (model_ref.c), the same
  * order and the same activations kept (td_ops_cuda_block_acts's fields as
- * td_gpt_ref_block_acts maps them for LLaMA: no means, qkv after RoPE, fch
+ * td_model_block_acts maps them for LLaMA: no means, qkv after RoPE, fch
  * the gate|up product, fch_gelu silu(gate) * up), with the fusions the GPU
  * ops offer:
  *   forward   the residual adds ride in o_proj's and down_proj's GEMMs
@@ -20,14 +20,14 @@
 #include <cuda_runtime.h>
 #include <string.h>
 
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 
 #define ALIGN 256
 static size_t up(size_t b) { return (b + ALIGN - 1) / ALIGN * ALIGN; }
 
 typedef struct sizes { size_t N, C, NH, NKV, hs, QKV, H, e; } sizes;
 
-static sizes sizes_of(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+static sizes sizes_of(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     sizes s = { (size_t)B * T, (size_t)cfg->n_embd, (size_t)cfg->n_head, (size_t)td_model_kv_heads(cfg),
                 (size_t)td_model_head_size(cfg), (size_t)td_model_qkv_width(cfg), (size_t)td_model_mlp_width(cfg),
@@ -36,7 +36,7 @@ static sizes sizes_of(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
 }
 
 /* Bytes of each acts field in td_ops_cuda_block_acts order (the means absent). */
-static void acts_fields(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, size_t b[12])
+static void acts_fields(const td_model_desc *cfg, int B, int T, td_dtype dt, size_t b[12])
 {
     const sizes s = sizes_of(cfg, B, T, dt);
     const size_t f = sizeof(float);
@@ -46,7 +46,7 @@ static void acts_fields(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
     memcpy(b, t, sizeof t);
 }
 
-size_t td_ops_cuda_llama_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+size_t td_ops_cuda_llama_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     size_t b[12], total = 0;
     acts_fields(cfg, B, T, dt, b);
@@ -54,7 +54,7 @@ size_t td_ops_cuda_llama_block_acts_bytes(const td_gpt_ref_config *cfg, int B, i
     return total;
 }
 
-void td_ops_cuda_llama_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, void *base,
+void td_ops_cuda_llama_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
                                        td_ops_cuda_block_acts *out)
 {
     size_t b[12];
@@ -71,7 +71,7 @@ void td_ops_cuda_llama_block_acts_view(const td_gpt_ref_config *cfg, int B, int 
 
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
-static size_t op_scratch(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs)
+static size_t op_scratch(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
 {
     const sizes s = sizes_of(cfg, B, T, dt);
     size_t need = td_ops_cuda_attention_gqa_scratch_bytes(att_seqs, T, (int)s.NH, (int)s.NKV, (int)s.hs, dt);
@@ -81,20 +81,20 @@ static size_t op_scratch(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt
     return max2(need, td_ops_cuda_rmsnorm_scratch_bytes((int)s.N, (int)s.C));
 }
 
-static size_t fixed_scratch(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+static size_t fixed_scratch(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     const sizes s = sizes_of(cfg, B, T, dt);
     return up(s.N * max2(2 * s.H, s.QKV) * s.e) + up(s.N * s.H * s.e) + 2 * up(s.N * s.C * s.e);
 }
 
-size_t td_ops_cuda_llama_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs)
+size_t td_ops_cuda_llama_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
 {
     if (!cfg || B <= 0 || T <= 0) return 0;
     if (att_seqs < 1 || att_seqs > B) att_seqs = B;
     return fixed_scratch(cfg, B, T, dt) + op_scratch(cfg, B, T, dt, att_seqs);
 }
 
-td_status td_ops_cuda_rope_table(const td_gpt_ref_config *cfg, float *dev, void *stream)
+td_status td_ops_cuda_rope_table(const td_model_desc *cfg, float *dev, void *stream)
 {
     float inv[TD_MODEL_MAX_HEAD_SIZE / 2];
     const int hs = td_model_head_size(cfg);
@@ -112,7 +112,7 @@ td_status td_ops_cuda_rope_table(const td_gpt_ref_config *cfg, float *dev, void 
         if (st_ != TD_OK) return td_error_prefix(st_, "%s: ", what);             \
     } while (0)
 
-td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, const td_ops_cuda_block *w,
+td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                           const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
                                           void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
                                           void *stream)
@@ -140,7 +140,7 @@ td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_con
     return TD_OK;
 }
 
-td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                            const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                            const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
                                            const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
@@ -193,7 +193,7 @@ size_t td_ops_cuda_llama_head_scratch_bytes(int N, int C, int Vp)
     return m > r ? m : r;
 }
 
-td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *logits, void *lnf,
+td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
                                          float *lnf_rstd, const void *x, const void *norm_w, const void *out_w, int N,
                                          td_dtype dt, void *stream)
 {
@@ -204,7 +204,7 @@ td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_gpt_ref_conf
     return TD_OK;
 }
 
-td_status td_ops_cuda_llama_head_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *dx, void *dnorm_w,
+td_status td_ops_cuda_llama_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
                                           void *dout_w, void *dlnf, const void *dlogits, const void *x,
                                           const void *lnf, const float *lnf_rstd, const void *norm_w,
                                           const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,

@@ -48,7 +48,7 @@ const char *const *td_model_preset_names(void)
     return names;
 }
 
-void td_model_desc_set_family(td_gpt_ref_config *cfg, td_model_family family)
+void td_model_desc_set_family(td_model_desc *cfg, td_model_family family)
 {
     cfg->family = family;
     int gpt2 = family == TD_MODEL_GPT2;
@@ -58,13 +58,13 @@ void td_model_desc_set_family(td_gpt_ref_config *cfg, td_model_family family)
     cfg->qkv_bias = family == TD_MODEL_QWEN2;
 }
 
-td_status td_model_preset(const char *name, td_gpt_ref_config *out)
+td_status td_model_preset(const char *name, td_model_desc *out)
 {
     for (size_t i = 0; i < N_PRESETS; i++) {
         const preset *p = &presets[i];
         if (!name || strcmp(name, p->name)) continue;
         memset(out, 0, sizeof *out);
-        *out = (td_gpt_ref_config){ .n_layer = p->layers, .n_head = p->heads, .n_embd = p->width,
+        *out = (td_model_desc){ .n_layer = p->layers, .n_head = p->heads, .n_embd = p->width,
                                     .n_positions = p->positions, .vocab_size = p->vocab,
                                     .padded_vocab_size = td_model_pad_vocab(p->vocab) };
         if (p->family == TD_MODEL_GPT2) return TD_OK;
@@ -87,7 +87,7 @@ td_status td_model_preset(const char *name, td_gpt_ref_config *out)
     return td_error_set(TD_ERR_INVALID, "unknown model preset '%s'; use one of %s", name ? name : "", list);
 }
 
-int td_model_desc_describe(const td_gpt_ref_config *cfg, char *buf, size_t n)
+int td_model_desc_describe(const td_model_desc *cfg, char *buf, size_t n)
 {
     if (cfg->family == TD_MODEL_GPT2)
         return snprintf(buf, n, "gpt2: %d layers, %d wide, %d heads, vocab %d", cfg->n_layer, cfg->n_embd,

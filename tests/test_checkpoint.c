@@ -1,6 +1,6 @@
 /* Checkpoint directories (include/tidal/checkpoint.h).
  *
- * The parameter table against gpt_ref's; round trips of weights (fp32 and
+ * The parameter table against the reference model's; round trips of weights (fp32 and
  * bf16, transposed Conv1D weights, padded wte), training state, metadata and
  * extras, bit for bit; Hugging Face layouts (with and without "transformer.",
  * extra buffers, sharded files) loading; each bad input with its message;
@@ -16,7 +16,7 @@
  * writes tidal's loss on the given tokens. */
 #include "td_test.h"
 #include "tidal/checkpoint.h"
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 #include "tidal/convert.h"
 
 #include <cjson/cJSON.h>
@@ -110,7 +110,7 @@ static void fill(float *dst, uint64_t n, uint64_t gen, int kind, int p)
     for (uint64_t j = 0; j < n; j++) dst[j] = val(gen, kind, p, j);
 }
 
-static uint64_t max_numel(const td_ckpt_config *cfg)
+static uint64_t max_numel(const td_model_desc *cfg)
 {
     uint64_t m = 0;
     for (int i = 0; i < td_ckpt_param_count(cfg); i++) {
@@ -124,7 +124,7 @@ static uint64_t max_numel(const td_ckpt_config *cfg)
 /* A whole checkpoint of generation `gen`: weights put whole, state appended in
  * three pieces per tensor, interleaved per parameter (as the step loop does,
  * chunk by chunk), metadata and an extra tensor. */
-static td_status write_ckpt(const char *dir, const td_ckpt_config *cfg, uint64_t gen,
+static td_status write_ckpt(const char *dir, const td_model_desc *cfg, uint64_t gen,
                             const td_ckpt_write_options *opts)
 {
     td_status st = TD_OK;
@@ -172,7 +172,7 @@ out:
 
 /* Checks that `dir` holds generation `gen` bit for bit; returns a reason on
  * mismatch (NULL if it matches).  *gen_found receives the generation stored. */
-static const char *verify_ckpt(const char *dir, const td_ckpt_config *cfg, td_dtype wdt, int with_state,
+static const char *verify_ckpt(const char *dir, const td_model_desc *cfg, td_dtype wdt, int with_state,
                                uint64_t *gen_found)
 {
     static char why[1024];
@@ -187,7 +187,7 @@ static const char *verify_ckpt(const char *dir, const td_ckpt_config *cfg, td_dt
         goto out;                                                                                  \
     } while (0)
     if (td_ckpt_reader_open(dir, cfg, &r) != TD_OK) BAD("open: %s", td_error_msg());
-    const td_ckpt_config *c = td_ckpt_reader_config(r);
+    const td_model_desc *c = td_ckpt_reader_config(r);
     if (memcmp(c, cfg, sizeof *c)) BAD("config differs");
     if (td_ckpt_reader_has_state(r) != with_state) BAD("has_state %d", td_ckpt_reader_has_state(r));
     if (with_state) {
@@ -232,7 +232,7 @@ out:
     return bad;
 }
 
-static const td_ckpt_config tiny = {
+static const td_model_desc tiny = {
     .n_layer = 2, .n_head = 4, .n_embd = 16, .n_positions = 8, .vocab_size = 21, .padded_vocab_size = 32,
 };
 
@@ -240,7 +240,7 @@ static const td_ckpt_config tiny = {
 
 static void test_param_table(void **state)
 {
-    td_ckpt_config g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50304};
+    td_model_desc g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50304};
     TD_ASSERT_OK(td_ckpt_config_check(&g));
     assert_int_equal(td_ckpt_param_count(&g), 148);
     /* Hugging Face's GPT-2 124M holds 124,439,808 parameters. */
@@ -277,11 +277,11 @@ static void test_param_table(void **state)
     assert_int_equal(td_ckpt_param_find(&g, "h.-1.ln_1.weight"), -1);
 
     /* The same order, names, shapes and orientation as the reference model's table. */
-    td_gpt_ref_config rc = {.n_layer = tiny.n_layer, .n_head = tiny.n_head, .n_embd = tiny.n_embd, .n_positions = tiny.n_positions, .vocab_size = tiny.vocab_size, .padded_vocab_size = tiny.padded_vocab_size};
-    assert_int_equal(td_gpt_ref_tensor_count(&rc), td_ckpt_param_count(&tiny));
+    td_model_desc rc = {.n_layer = tiny.n_layer, .n_head = tiny.n_head, .n_embd = tiny.n_embd, .n_positions = tiny.n_positions, .vocab_size = tiny.vocab_size, .padded_vocab_size = tiny.padded_vocab_size};
+    assert_int_equal(td_model_tensor_count(&rc), td_ckpt_param_count(&tiny));
     for (int i = 0; i < td_ckpt_param_count(&tiny); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&rc, i, &t);
+        td_model_tensor t;
+        td_model_tensor_get(&rc, i, &t);
         TD_ASSERT_OK(td_ckpt_param_get(&tiny, i, &p));
         assert_string_equal(p.name, t.name);
         assert_int_equal(p.ndim, t.ndim);
@@ -291,7 +291,7 @@ static void test_param_table(void **state)
         assert_int_equal(p.numel, t.numel);
         assert_int_equal(p.layer, t.layer);
     }
-    td_ckpt_config bad = tiny;
+    td_model_desc bad = tiny;
     bad.n_embd = 18;
     assert_int_equal(td_ckpt_config_check(&bad), TD_ERR_INVALID);
     bad = tiny;
@@ -424,7 +424,7 @@ static void test_writer_misuse(void **state)
     td_ckpt_writer_abort(w);
     assert_string_equal(root_entries(), "ck");
     /* Bad configurations and paths. */
-    td_ckpt_config bad = tiny;
+    td_model_desc bad = tiny;
     bad.n_head = 5;
     assert_int_equal(td_ckpt_writer_begin(dir, &bad, NULL, &w), TD_ERR_INVALID);
     expect_msg("not a multiple of n_head 5");
@@ -593,7 +593,7 @@ static void write_hf_dir(const char *dir, const hf_variant *v, uint64_t gen, con
     cJSON_Delete(index);
 }
 
-static void expect_open_fail(const char *dir, const td_ckpt_config *expect, const char *p1, const char *p2)
+static void expect_open_fail(const char *dir, const td_model_desc *expect, const char *p1, const char *p2)
 {
     td_ckpt_reader *r = NULL;
     td_status st = td_ckpt_reader_open(dir, expect, &r);
@@ -609,9 +609,9 @@ static void expect_open_fail(const char *dir, const td_ckpt_config *expect, cons
 static void test_hf_layouts(void **state)
 {
     const size_t live = td_host_live_allocs();
-    td_ckpt_config hf_cfg = tiny;
+    td_model_desc hf_cfg = tiny;
     hf_cfg.padded_vocab_size = 21; /* no tidal key: padded = vocab */
-    td_ckpt_config want_padded = {.padded_vocab_size = 32};
+    td_model_desc want_padded = {.padded_vocab_size = 32};
     uint64_t gen = 9;
     const char *why;
 
@@ -666,7 +666,7 @@ static void test_hf_layouts(void **state)
     v.as_i32 = 27;
     write_hf_dir(tpath("e3"), &v, 9, hf_config_json);
     expect_open_fail(tpath("e3"), NULL, "tensor 'ln_f.bias' is I32; weights must be F32, BF16 or F16", NULL);
-    td_ckpt_config other = tiny;
+    td_model_desc other = tiny;
     other.n_layer = 3;
     expect_open_fail(tpath("bare"), &other, "n_layer is 2 but the model being trained has 3", NULL);
     other = tiny;
@@ -714,7 +714,7 @@ static void test_hf_layouts(void **state)
 
     /* A train state written for another padded vocabulary. */
     TD_ASSERT_OK(write_ckpt(tpath("ck"), &tiny, 3, NULL));
-    td_ckpt_config repad = tiny;
+    td_model_desc repad = tiny;
     repad.padded_vocab_size = 64;
     expect_open_fail(tpath("ck"), &repad, "tensor 'master.wte.weight' is F32 [32, 16], expected F32 [64, 16]", NULL);
     assert_int_equal(td_host_live_allocs(), live);
@@ -831,7 +831,7 @@ static void test_kill_at_each_stage(void **state)
  * new checkpoint, bit for bit. */
 static void test_kill9_random_moments(void **state)
 {
-    const td_ckpt_config big = {.n_layer = 4, .n_head = 4, .n_embd = 128, .n_positions = 128, .vocab_size = 2000, .padded_vocab_size = 2048}; /* ~1.1M params: 17 MB per save */
+    const td_model_desc big = {.n_layer = 4, .n_head = 4, .n_embd = 128, .n_positions = 128, .vocab_size = 2000, .padded_vocab_size = 2048}; /* ~1.1M params: 17 MB per save */
     const char *dir = tpath("ck");
     td_ckpt_write_options o = td_ckpt_write_default_options();
     uint64_t gen = 1;
@@ -885,21 +885,21 @@ static void test_kill9_random_moments(void **state)
 
 /* --- export and import for tests/gpu/check_hf_load.py ------------------------------ */
 
-static const td_ckpt_config export_cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
+static const td_model_desc export_cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
 
 /* tidal's reference loss of a flat parameter buffer on tokens (B, T+1). */
-static float ref_loss(const td_ckpt_config *c, const float *params, const int *seq, int B, int T)
+static float ref_loss(const td_model_desc *c, const float *params, const int *seq, int B, int T)
 {
-    td_gpt_ref_config rc = {.n_layer = c->n_layer, .n_head = c->n_head, .n_embd = c->n_embd, .n_positions = c->n_positions, .vocab_size = c->vocab_size, .padded_vocab_size = c->padded_vocab_size};
+    td_model_desc rc = {.n_layer = c->n_layer, .n_head = c->n_head, .n_embd = c->n_embd, .n_positions = c->n_positions, .vocab_size = c->vocab_size, .padded_vocab_size = c->padded_vocab_size};
     int *tokens = malloc(sizeof(int) * (size_t)(B * T)), *targets = malloc(sizeof(int) * (size_t)(B * T));
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             tokens[b * T + t] = seq[b * (T + 1) + t];
             targets[b * T + t] = seq[b * (T + 1) + t + 1];
         }
-    float *acts = calloc(td_gpt_ref_acts_numel(&rc, B, T), sizeof(float));
+    float *acts = calloc(td_model_acts_numel(&rc, B, T), sizeof(float));
     float loss = 0;
-    TD_ASSERT_OK(td_gpt_ref_forward(&rc, params, tokens, targets, B, T, acts, &loss, NULL));
+    TD_ASSERT_OK(td_model_forward(&rc, params, tokens, targets, B, T, acts, &loss, NULL));
     free(acts);
     free(tokens);
     free(targets);
@@ -925,15 +925,15 @@ static void test_export(void **state)
     char dir[1024], path[1100];
     mkdir(root, 0755);
     snprintf(dir, sizeof dir, "%s/ckpt", root);
-    td_gpt_ref_config rc = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
-    float *params = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
+    td_model_desc rc = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
+    float *params = calloc(td_model_params_numel(&rc), sizeof(float));
     td_ckpt_writer *w;
     TD_ASSERT_OK(td_ckpt_writer_begin(dir, &export_cfg, NULL, &w));
     TD_ASSERT_OK(td_ckpt_writer_set_meta_u64(w, "step", 0));
-    for (int i = 0; i < td_gpt_ref_tensor_count(&rc); i++) {
-        td_gpt_ref_tensor t;
+    for (int i = 0; i < td_model_tensor_count(&rc); i++) {
+        td_model_tensor t;
         td_ckpt_param p;
-        td_gpt_ref_tensor_get(&rc, i, &t);
+        td_model_tensor_get(&rc, i, &t);
         TD_ASSERT_OK(td_ckpt_param_get(&export_cfg, i, &p));
         for (size_t j = 0; j < t.numel; j++) params[t.offset + j] = export_val(&p, i, j);
         TD_ASSERT_OK(td_ckpt_writer_put_weight(w, i, TD_DTYPE_F32, params + t.offset));
@@ -942,12 +942,12 @@ static void test_export(void **state)
     }
     TD_ASSERT_OK(td_ckpt_writer_commit(w));
     /* The reference model runs on what the reader gives back (wte's padding rows zero). */
-    float *loaded = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
+    float *loaded = calloc(td_model_params_numel(&rc), sizeof(float));
     td_ckpt_reader *r;
     TD_ASSERT_OK(td_ckpt_reader_open(dir, &export_cfg, &r));
-    for (int i = 0; i < td_gpt_ref_tensor_count(&rc); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&rc, i, &t);
+    for (int i = 0; i < td_model_tensor_count(&rc); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&rc, i, &t);
         TD_ASSERT_OK(td_ckpt_reader_get_weight(r, i, TD_DTYPE_F32, loaded + t.offset));
         for (size_t j = 0; j < t.numel; j++)
             if (loaded[t.offset + j] != (i == 0 && j >= 100 * 64 ? 0.0f : params[t.offset + j]))
@@ -960,8 +960,8 @@ static void test_export(void **state)
         for (int t = 0; t <= T; t++) seq[b * (T + 1) + t] = (b * 131 + t * t * 7 + t * 3 + 5) % 100;
     float loss = ref_loss(&export_cfg, loaded, seq, B, T);
     /* The check is not vacuous: a transposed c_attn weight changes the loss a lot. */
-    td_gpt_ref_tensor qkv;
-    td_gpt_ref_tensor_get(&rc, 2 + 2, &qkv);
+    td_model_tensor qkv;
+    td_model_tensor_get(&rc, 2 + 2, &qkv);
     float *wrong = malloc(qkv.numel * sizeof(float));
     for (int o = 0; o < 192; o++)
         for (int i = 0; i < 64; i++) wrong[i * 192 + o] = loaded[qkv.offset + (size_t)o * 64 + (size_t)i];
@@ -994,15 +994,15 @@ static void test_import(void **state)
     if (!dir || !tok_path || !out) skip();
     td_ckpt_reader *r;
     TD_ASSERT_OK(td_ckpt_reader_open(dir, NULL, &r));
-    td_ckpt_config c = *td_ckpt_reader_config(r);
+    td_model_desc c = *td_ckpt_reader_config(r);
     td_ckpt_reader_close(r);
     c.padded_vocab_size = (c.vocab_size + 63) / 64 * 64; /* load into a padded layout, as training does */
     TD_ASSERT_OK(td_ckpt_reader_open(dir, &c, &r));
-    td_gpt_ref_config rc = {.n_layer = c.n_layer, .n_head = c.n_head, .n_embd = c.n_embd, .n_positions = c.n_positions, .vocab_size = c.vocab_size, .padded_vocab_size = c.padded_vocab_size};
-    float *params = calloc(td_gpt_ref_params_numel(&rc), sizeof(float));
-    for (int i = 0; i < td_gpt_ref_tensor_count(&rc); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&rc, i, &t);
+    td_model_desc rc = {.n_layer = c.n_layer, .n_head = c.n_head, .n_embd = c.n_embd, .n_positions = c.n_positions, .vocab_size = c.vocab_size, .padded_vocab_size = c.padded_vocab_size};
+    float *params = calloc(td_model_params_numel(&rc), sizeof(float));
+    for (int i = 0; i < td_model_tensor_count(&rc); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&rc, i, &t);
         TD_ASSERT_OK(td_ckpt_reader_get_weight(r, i, TD_DTYPE_F32, params + t.offset));
     }
     td_ckpt_reader_close(r);

@@ -19,7 +19,7 @@
 static td_train_config small_config(void)
 {
     td_train_config c = td_train_default_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 2, .n_embd = 32, .n_positions = 32,
+    c.model = (td_model_desc){ .n_layer = 3, .n_head = 2, .n_embd = 32, .n_positions = 32,
                                    .vocab_size = 61, .padded_vocab_size = 64 };
     c.micro_batch = 2;
     c.seq_len = 16;
@@ -218,7 +218,7 @@ static void test_pinned_plan_is_exact(void **state)
     }
     /* The shape: 4 layers of 256 under a 24 MiB budget. */
     td_train_config w = small_config();
-    w.model = (td_gpt_ref_config){ .n_layer = 4, .n_head = 4, .n_embd = 256, .n_positions = 64, .vocab_size = 257,
+    w.model = (td_model_desc){ .n_layer = 4, .n_head = 4, .n_embd = 256, .n_positions = 64, .vocab_size = 257,
                                    .padded_vocab_size = td_model_pad_vocab(257) };
     w.seq_len = 64;
     w.micro_batch = 4;
@@ -356,7 +356,7 @@ static void test_grad_slots_auto(void **state)
 static void test_bytes_a_param(void **state)
 {
     td_train_config c = small_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 4, .n_head = 4, .n_embd = 128, .n_positions = 64, .vocab_size = 256,
+    c.model = (td_model_desc){ .n_layer = 4, .n_head = 4, .n_embd = 128, .n_positions = 64, .vocab_size = 256,
                                    .padded_vocab_size = 256 };
     c.mm = td_memmgr_default_params();
     c.mm.placement = TD_PLACEMENT_CPU; /* every optimizer chunk the CPU AdamW's */

@@ -48,7 +48,7 @@ static void expect_msg(const char *piece)
 static td_train_config config_of(td_model_family family, int untied, int scaled)
 {
     td_train_config c = td_train_default_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 2, .n_head = 4, .n_embd = 32, .n_positions = 64, .vocab_size = 50,
+    c.model = (td_model_desc){ .n_layer = 2, .n_head = 4, .n_embd = 32, .n_positions = 64, .vocab_size = 50,
                                    .padded_vocab_size = 64 };
     td_model_desc_set_family(&c.model, family);
     c.model.n_kv_head = 2;
@@ -89,7 +89,7 @@ static const float *host_param(td_trainer *t, int i)
 static void check_layout(td_model_family family, int untied, int scaled, const char *dir)
 {
     td_train_config c = config_of(family, untied, scaled);
-    const td_gpt_ref_config *mc = &c.model;
+    const td_model_desc *mc = &c.model;
     td_trainer *t;
     TD_ASSERT_OK(td_trainer_create(&c, &t));
     td_test_batches b = { .vocab = mc->vocab_size, .n = 16 };
@@ -171,10 +171,10 @@ static void check_layout(td_model_family family, int untied, int scaled, const c
         assert_true(cJSON_IsNull(rs));
     }
     cJSON_Delete(j);
-    td_ckpt_config back;
+    td_model_desc back;
     TD_ASSERT_OK(td_ckpt_config_read(path, &back));
     assert_memory_equal(&back, mc, sizeof back);
-    td_gpt_ref_config from_dir;
+    td_model_desc from_dir;
     TD_ASSERT_OK(td_trainer_checkpoint_model(dir, &from_dir));
     assert_memory_equal(&from_dir, mc, sizeof from_dir);
     td_trainer_destroy(t);
@@ -239,7 +239,7 @@ static void test_round_trip(void **state)
  * takes them (and save_pretrained's own shards) back. */
 static void test_shards(void **state)
 {
-    td_ckpt_config c = config_of(TD_MODEL_QWEN2, 1, 0).model;
+    td_model_desc c = config_of(TD_MODEL_QWEN2, 1, 0).model;
     const char *dir = tpath("sharded");
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = 0;
@@ -313,7 +313,7 @@ static void expect_config_error(const char *json, const char *piece)
 {
     const char *path = tpath("config.json");
     write_text(path, json);
-    td_ckpt_config c;
+    td_model_desc c;
     assert_int_equal(td_ckpt_config_read(path, &c), TD_ERR_INVALID);
     expect_msg(piece);
 }
@@ -321,7 +321,7 @@ static void expect_config_error(const char *json, const char *piece)
 static void test_config_json(void **state)
 {
     const char *path = tpath("config.json");
-    td_ckpt_config c;
+    td_model_desc c;
     /* transformers' defaults for what a minimal LlamaConfig leaves out */
     write_text(path, "{" LLAMA_BASE "}");
     TD_ASSERT_OK(td_ckpt_config_read(path, &c));
@@ -334,7 +334,7 @@ static void test_config_json(void **state)
                      "\"rope_theta\": 1000000.0, \"tie_word_embeddings\": true, \"use_sliding_window\": false, "
                      "\"sliding_window\": 32768, \"hidden_act\": \"silu\", \"rope_scaling\": null}");
     TD_ASSERT_OK(td_ckpt_config_read(path, &c));
-    td_gpt_ref_config preset;
+    td_model_desc preset;
     TD_ASSERT_OK(td_model_preset("qwen2.5-0.5b", &preset));
     c.padded_vocab_size = preset.padded_vocab_size;
     assert_memory_equal(&c, &preset, sizeof c); /* Qwen2.5-0.5B's own config.json is the preset */
@@ -400,7 +400,7 @@ static void test_config_json(void **state)
  * anyway is fine. */
 static void test_malformed_weights(void **state)
 {
-    td_ckpt_config c = config_of(TD_MODEL_LLAMA, 0, 0).model; /* tied */
+    td_model_desc c = config_of(TD_MODEL_LLAMA, 0, 0).model; /* tied */
     const char *dir = tpath("tied");
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = 0;
@@ -412,9 +412,9 @@ static void test_malformed_weights(void **state)
     /* claim untied: lm_head.weight is missing */
     char path[600];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    td_ckpt_config file;
+    td_model_desc file;
     TD_ASSERT_OK(td_ckpt_config_read(path, &file));
-    td_ckpt_config untied = c;
+    td_model_desc untied = c;
     untied.untied_head = 1;
     TD_ASSERT_OK(td_ckpt_writer_begin(tpath("untied"), &untied, &wo, &w));
     for (int i = 0; i < td_ckpt_param_count(&untied); i++)
@@ -435,7 +435,7 @@ static void test_malformed_weights(void **state)
     assert_int_equal(td_ckpt_reader_open(tpath("untied"), NULL, &r), TD_ERR_INVALID);
     expect_msg("has no tensor 'lm_head.weight'");
     /* a Qwen2 config over LLaMA weights: the q/k/v biases are missing */
-    td_ckpt_config q = c;
+    td_model_desc q = c;
     q.family = TD_MODEL_QWEN2;
     q.qkv_bias = 1;
     assert_int_equal(td_ckpt_reader_open(dir, &q, &r), TD_ERR_INVALID);

@@ -14,7 +14,7 @@
 static td_train_config llama_config(td_model_family family, int nkv, int untied, int scaled)
 {
     td_train_config c = td_train_default_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 4, .n_embd = 32, .n_positions = 32,
+    c.model = (td_model_desc){ .n_layer = 3, .n_head = 4, .n_embd = 32, .n_positions = 32,
                                    .vocab_size = 61, .padded_vocab_size = 64 };
     td_model_desc_set_family(&c.model, family);
     c.model.n_kv_head = nkv;
@@ -39,17 +39,17 @@ static const struct { td_model_family f; int nkv, untied, scaled; } cases[] = {
     {TD_MODEL_LLAMA, 2, 0, 1}, {TD_MODEL_LLAMA, 1, 1, 0}, {TD_MODEL_QWEN2, 4, 1, 0}, {TD_MODEL_QWEN2, 2, 0, 1},
 };
 
-/* The reference: td_gpt_ref_forward/backward over the whole model and AdamW
+/* The reference: td_model_forward/backward over the whole model and AdamW
  * over one flat chunk, with the trainer's coefficients and decay rule. */
 static void reference_losses(const td_train_config *c, int steps, double *losses)
 {
-    const td_gpt_ref_config *mc = &c->model;
+    const td_model_desc *mc = &c->model;
     const int B = c->micro_batch, T = c->seq_len, N = B * T;
-    const size_t np = td_gpt_ref_params_numel(mc);
+    const size_t np = td_model_params_numel(mc);
     float *p = calloc(np, 4), *g = calloc(np, 4), *m = calloc(np, 4), *v = calloc(np, 4);
-    float *acts = calloc(td_gpt_ref_acts_numel(mc, B, T), 4), *scratch = calloc(td_gpt_ref_scratch_numel(mc, B, T), 4);
+    float *acts = calloc(td_model_acts_numel(mc, B, T), 4), *scratch = calloc(td_model_scratch_numel(mc, B, T), 4);
     int32_t *tok = calloc((size_t)N, 4), *tgt = calloc((size_t)N, 4);
-    td_gpt_ref_init(mc, p, c->seed);
+    td_model_init(mc, p, c->seed);
     td_test_batches b = { .vocab = mc->vocab_size, .n = (size_t)N };
     td_rng_seed(&b.rng, 99);
     td_adam_cpu *adam;
@@ -60,8 +60,8 @@ static void reference_losses(const td_train_config *c, int steps, double *losses
         float loss;
         int n;
         memset(g, 0, np * 4);
-        TD_ASSERT_OK(td_gpt_ref_forward(mc, p, tok, tgt, B, T, acts, &loss, &n));
-        TD_ASSERT_OK(td_gpt_ref_backward(mc, p, g, tok, tgt, (float)(1.0 / N), B, T, acts, scratch));
+        TD_ASSERT_OK(td_model_forward(mc, p, tok, tgt, B, T, acts, &loss, &n));
+        TD_ASSERT_OK(td_model_backward(mc, p, g, tok, tgt, (float)(1.0 / N), B, T, acts, scratch));
         losses[s] = loss;
         td_adam_coeffs cd, cn;
         td_adam_hparams nodecay = c->optim.adam;
@@ -71,9 +71,9 @@ static void reference_losses(const td_train_config *c, int steps, double *losses
         double clip = c->optim.max_grad_norm > 0 ? td_clip_coef(sqrt(sumsq), c->optim.max_grad_norm) : 1.0;
         TD_ASSERT_OK(td_adam_coeffs_make(&c->optim.adam, lr, s + 1, clip, &cd));
         TD_ASSERT_OK(td_adam_coeffs_make(&nodecay, lr, s + 1, clip, &cn));
-        for (int i = 0; i < td_gpt_ref_tensor_count(mc); i++) {
-            td_gpt_ref_tensor t;
-            td_gpt_ref_tensor_get(mc, i, &t);
+        for (int i = 0; i < td_model_tensor_count(mc); i++) {
+            td_model_tensor t;
+            td_model_tensor_get(mc, i, &t);
             td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
                                  .grad_dtype = TD_OPTIM_DTYPE_F32, .param_out = NULL, .param_dtype = TD_OPTIM_DTYPE_F32,
                                  .numel = t.numel };

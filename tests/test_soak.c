@@ -113,7 +113,7 @@ static void leak_step(td_trainer *t, soak_leak *lk)
 static td_train_config soak_config(void)
 {
     td_train_config c = td_train_default_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 2, .n_head = 2, .n_embd = 32, .n_positions = 16,
+    c.model = (td_model_desc){ .n_layer = 2, .n_head = 2, .n_embd = 32, .n_positions = 16,
                                    .vocab_size = 61, .padded_vocab_size = 64 };
     c.micro_batch = 2;
     c.seq_len = 16;

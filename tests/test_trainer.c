@@ -16,7 +16,7 @@ typedef td_test_batches batches;
 static td_train_config small_config(void)
 {
     td_train_config c = td_train_default_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 2, .n_embd = 32, .n_positions = 32,
+    c.model = (td_model_desc){ .n_layer = 3, .n_head = 2, .n_embd = 32, .n_positions = 32,
                                    .vocab_size = 61, .padded_vocab_size = 64 };
     c.micro_batch = 2;
     c.seq_len = 16;
@@ -209,7 +209,7 @@ static void test_updates_wait_for_next_forward(void **state)
     td_trainer *t;
     TD_ASSERT_OK(td_trainer_create(&c, &t));
     td_memmgr *mm = td_trainer_memmgr(t);
-    int last = td_gpt_ref_tensor_count(&c.model) - 1, ids[2];
+    int last = td_model_tensor_count(&c.model) - 1, ids[2];
     td_trainer_tensor_ids(t, 0, &ids[0], NULL, NULL, NULL);    /* wte: the first chunk */
     td_trainer_tensor_ids(t, last, &ids[1], NULL, NULL, NULL); /* ln_f bias: the last */
     float before[2], after[2];
@@ -239,18 +239,18 @@ static void test_first_loss_matches_reference(void **state)
     c.grad_accum = 1;
     double loss;
     run(&c, 1, &loss, NULL);
-    const td_gpt_ref_config *mc = &c.model;
-    size_t np = td_gpt_ref_params_numel(mc);
+    const td_model_desc *mc = &c.model;
+    size_t np = td_model_params_numel(mc);
     float *params = malloc(np * sizeof(float));
-    td_gpt_ref_init(mc, params, c.seed);
+    td_model_init(mc, params, c.seed);
     batches b = { .vocab = mc->vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
     td_rng_seed(&b.rng, 99);
     int32_t tok[32], tgt[32];
     next_batch(&b, tok, tgt);
-    size_t na = td_gpt_ref_acts_numel(mc, c.micro_batch, c.seq_len);
+    size_t na = td_model_acts_numel(mc, c.micro_batch, c.seq_len);
     float *acts = malloc(na * sizeof(float));
     float ref;
-    TD_ASSERT_OK(td_gpt_ref_forward(mc, params, tok, tgt, c.micro_batch, c.seq_len, acts, &ref, NULL));
+    TD_ASSERT_OK(td_model_forward(mc, params, tok, tgt, c.micro_batch, c.seq_len, acts, &ref, NULL));
     assert_true(fabs(loss - ref) <= 1e-5 * fabs(ref));
     free(params);
     free(acts);
@@ -325,7 +325,7 @@ static void test_plan_minimum_is_enough(void **state)
     c.ckpt = TD_CKPT_ON;
     td_train_plan p;
     TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
-    assert_int_equal(p.params, td_gpt_ref_params_numel(&c.model));
+    assert_int_equal(p.params, td_model_params_numel(&c.model));
     assert_true(p.role_bytes[TD_TENSOR_PARAM] >= p.params * 4);
     assert_int_equal(p.role_bytes[TD_TENSOR_PARAM], p.role_bytes[TD_TENSOR_ADAM_V]); /* mirrored layout */
     assert_true(p.min_device_bytes < p.full_device_bytes);
@@ -688,12 +688,12 @@ static void test_adam_probe_params(void **state)
 {
     (void)state;
     td_train_config c = small_config();
-    assert_true(td_gpt_ref_params_numel(&c.model) < TD_TRAIN_ADAM_PROBE_PARAMS);
+    assert_true(td_model_params_numel(&c.model) < TD_TRAIN_ADAM_PROBE_PARAMS);
     assert_true(td_train_adam_probe_params(&c) == TD_TRAIN_ADAM_PROBE_PARAMS);
     const char *names[] = {"gpt2-350m", "gpt2-1.5b"};
     for (int i = 0; i < 2; i++) {
         TD_ASSERT_OK(td_model_preset(names[i], &c.model));
-        size_t n = td_gpt_ref_params_numel(&c.model), want = n;
+        size_t n = td_model_params_numel(&c.model), want = n;
         if (want < TD_TRAIN_ADAM_PROBE_PARAMS) want = TD_TRAIN_ADAM_PROBE_PARAMS;
         if (want > TD_TRAIN_ADAM_PROBE_MAX_PARAMS) want = TD_TRAIN_ADAM_PROBE_MAX_PARAMS;
         if (td_train_adam_probe_params(&c) != want) fail_msg("%s: %zu params, probe %zu, want %zu", names[i], n,
@@ -702,7 +702,7 @@ static void test_adam_probe_params(void **state)
     assert_true(td_train_adam_probe_params(&c) == TD_TRAIN_ADAM_PROBE_MAX_PARAMS); /* 1.5B */
     TD_ASSERT_OK(td_model_preset("gpt2-350m", &c.model)); /* 354M params... */
     c.model.n_layer = 8; /* ...with 8 blocks ~152M: between the two */
-    size_t n = td_gpt_ref_params_numel(&c.model);
+    size_t n = td_model_params_numel(&c.model);
     assert_true(n > TD_TRAIN_ADAM_PROBE_PARAMS && n < TD_TRAIN_ADAM_PROBE_MAX_PARAMS);
     assert_true(td_train_adam_probe_params(&c) == n);
 }
@@ -802,7 +802,7 @@ static void test_fortunes_loss_falls(void **state)
     td_loader *l;
     TD_ASSERT_OK(td_loader_open(path, &lp, &l));
     td_train_config c = td_train_default_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 64,
+    c.model = (td_model_desc){ .n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 64,
                                    .vocab_size = 257, .padded_vocab_size = 320 };
     c.micro_batch = 8;
     c.seq_len = 64;
@@ -892,7 +892,7 @@ static void test_resume_is_bit_exact(void **state)
     td_trainer_destroy(t);
 
     /* Weights only (--init): the same model, a fresh optimizer. */
-    td_gpt_ref_config mc;
+    td_model_desc mc;
     TD_ASSERT_OK(td_trainer_checkpoint_model(ckpt, &mc));
     assert_memory_equal(&mc, &c.model, sizeof mc);
     TD_ASSERT_OK(td_trainer_create(&c, &t));
@@ -929,7 +929,7 @@ static void run_with_params(const td_train_config *c, int steps, double *losses,
     }
     TD_ASSERT_OK(td_trainer_finish_update(t));
     td_memmgr *mm = td_trainer_memmgr(t);
-    int n = td_gpt_ref_tensor_count(&c->model);
+    int n = td_model_tensor_count(&c->model);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         int id;

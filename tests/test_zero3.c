@@ -10,11 +10,11 @@
  * a rank that dies leaves the old checkpoint in place). */
 #include "td_test.h"
 #include "td_ranks.h"
-#include "../dist/dist_impl.h"
+#include "../parallel/parallel_impl.h"
 
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 #include "tidal/shard.h"
 #include "tidal/memmgr.h"
 #include "tidal/arena.h"
@@ -320,7 +320,7 @@ static void test_dead_peers(void **state)
 
 /* ---- checkpoints written by a group ------------------------------------------------ */
 
-static const td_ckpt_config cfg = {
+static const td_model_desc cfg = {
     .n_layer = 2, .n_head = 2, .n_embd = 12, .n_positions = 8, .vocab_size = 21, .padded_vocab_size = 24,
 };
 

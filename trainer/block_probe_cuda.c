@@ -13,18 +13,18 @@
 
 enum { PARAMS, GRADS, ACTS, X, Y, DY, DX, BIG, MID, DRES, DC, ROPE, SCRATCH, WORKSPACE, NBUF };
 
-static int is_llama(const td_gpt_ref_config *mc) { return mc->family != TD_MODEL_GPT2; }
+static int is_llama(const td_model_desc *mc) { return mc->family != TD_MODEL_GPT2; }
 
 /* Each buffer's bytes; 0: the family has no use for it. */
-static void sizes_of(const td_gpt_ref_config *model, int B, int T, td_dtype dt, size_t s[NBUF])
+static void sizes_of(const td_model_desc *model, int B, int T, td_dtype dt, size_t s[NBUF])
 {
-    td_gpt_ref_config mc = *model;
+    td_model_desc mc = *model;
     mc.n_layer = 1;
     const int llama = is_llama(&mc);
     size_t off, span, E = td_dtype_bytes(dt), N = (size_t)B * (size_t)T, C = (size_t)mc.n_embd;
     size_t H = (size_t)td_model_mlp_width(&mc), QKV = (size_t)td_model_qkv_width(&mc);
     size_t fc_out = llama ? 2 * H : H; /* gate|up, or GPT-2's 4C */
-    td_gpt_ref_block_span(&mc, 0, &off, &span);
+    td_model_block_span(&mc, 0, &off, &span);
     s[PARAMS] = s[GRADS] = span * E;
     s[ACTS] = llama ? td_ops_cuda_llama_block_acts_bytes(&mc, B, T, dt) : td_ops_cuda_block_acts_bytes(&mc, B, T, dt);
     s[X] = s[Y] = s[DY] = s[DX] = N * C * E;
@@ -58,7 +58,7 @@ static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, fl
     return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "block probe: cudaMemcpy: %s", cudaGetErrorString(e));
 }
 
-size_t td_block_probe_bytes(const td_gpt_ref_config *model, int B, int T, td_dtype dt)
+size_t td_block_probe_bytes(const td_model_desc *model, int B, int T, td_dtype dt)
 {
     size_t s[NBUF], total = 0;
     sizes_of(model, B, T, dt, s);
@@ -66,7 +66,7 @@ size_t td_block_probe_bytes(const td_gpt_ref_config *model, int B, int T, td_dty
     return total;
 }
 
-td_status td_block_probe_create(td_backend *b, const td_gpt_ref_config *model, int B, int T, td_dtype dt,
+td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B, int T, td_dtype dt,
                                 td_block_probe **out)
 {
     td_status st = TD_OK;

@@ -40,7 +40,7 @@
 #include "tidal/block_probe.h"
 #include "tidal/ops_cuda.h"
 /* The model's MLP matmul in bf16 on the device (2048 rows), timed with events. */
-static td_status measure_cuda_gflops(td_backend *b, const td_gpt_ref_config *mc, double *gflops)
+static td_status measure_cuda_gflops(td_backend *b, const td_model_desc *mc, double *gflops)
 {
     td_status st = TD_OK;
     int N = 2048, C = mc->n_embd, OC = 4 * mc->n_embd;
@@ -153,7 +153,7 @@ enum { PROBE_MIN_PASSES = 9, PROBE_MAX_PASSES = 256, LOAD_MIN_SPANS = 3, LOAD_MA
 
 size_t td_train_adam_probe_params(const td_train_config *cfg)
 {
-    size_t n = td_gpt_ref_params_numel(&cfg->model);
+    size_t n = td_model_params_numel(&cfg->model);
     if (n < TD_TRAIN_ADAM_PROBE_PARAMS) n = TD_TRAIN_ADAM_PROBE_PARAMS;
     if (n > TD_TRAIN_ADAM_PROBE_MAX_PARAMS) n = TD_TRAIN_ADAM_PROBE_MAX_PARAMS;
     return n;
@@ -281,42 +281,42 @@ cleanup:
 static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r)
 {
     td_status st = TD_OK;
-    const td_gpt_ref_config *mc = &cfg->model;
+    const td_model_desc *mc = &cfg->model;
     int B = cfg->micro_batch, T = cfg->seq_len;
     size_t N = (size_t)B * T, C = (size_t)mc->n_embd, off, span;
     r->block_fwd_ms = r->block_bwd_ms = r->block_recompute_ms = 0;
-    td_gpt_ref_block_span(mc, 0, &off, &span);
+    td_model_block_span(mc, 0, &off, &span);
     if (2.0 * (double)N * (double)span * 3 * 3 > 20e9) return TD_OK; /* three passes of forward + backward (+ recompute) */
-    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T);
+    size_t scratch = td_model_block_scratch_numel(mc, B, T);
     float *w = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE), *g = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE);
-    float *acts = td_calloc(td_gpt_ref_block_acts_numel(mc, B, T), sizeof(float), TD_ROLE_WORKSPACE);
+    float *acts = td_calloc(td_model_block_acts_numel(mc, B, T), sizeof(float), TD_ROLE_WORKSPACE);
     float *scr = td_calloc(scratch, sizeof(float), TD_ROLE_WORKSPACE), *x = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
     float *y = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE), *dx = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
     if (!w || !g || !acts || !scr || !x || !y || !dx) TD_FAIL(TD_ERR_NOMEM, "the block probe");
     /* Block 0's tensors, after the embeddings: 12 for GPT-2, 6 or 7 for the
      * LLaMA family (indexing GPT-2's 2 + 12 wrote past the block there). */
     for (int k = 0, first = td_model_embed_tensor_count(mc); k < td_model_block_tensor_count(mc); k++) {
-        td_gpt_ref_tensor tt;
-        td_gpt_ref_tensor_get(mc, first + k, &tt);
-        td_gpt_ref_init_tensor(mc, first + k, w + (tt.offset - off), cfg->seed);
+        td_model_tensor tt;
+        td_model_tensor_get(mc, first + k, &tt);
+        td_model_init_tensor(mc, first + k, w + (tt.offset - off), cfg->seed);
     }
     for (size_t i = 0; i < N * C; i++) x[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
-    td_gpt_ref_block wb, gb;
-    td_gpt_ref_block_view(mc, w, &wb);
-    td_gpt_ref_block_view(mc, g, &gb);
-    td_gpt_ref_block_acts a;
-    td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
+    td_model_block wb, gb;
+    td_model_block_view(mc, w, &wb);
+    td_model_block_view(mc, g, &gb);
+    td_model_block_acts a;
+    td_model_block_acts_view(mc, B, T, acts, &a);
     /* The best of up to seven after a warm-up, within about two seconds:
      * the fastest pass is the one other work on the host disturbed least. */
     double best_f = 1e30, best_b = 1e30, best_r = 1e30, start = td_now_ms();
     for (int i = 0; i < 8 && (i < 3 || td_now_ms() - start < 2000); i++) {
         double t0 = td_now_ms();
-        td_gpt_ref_block_forward(mc, &wb, &a, x, y, B, T);
+        td_model_block_forward(mc, &wb, &a, x, y, B, T);
         double t1 = td_now_ms();
         memset(dx, 0, N * C * sizeof(float));
-        td_gpt_ref_block_backward(mc, &wb, &gb, &a, x, y, dx, scr, B, T);
+        td_model_block_backward(mc, &wb, &gb, &a, x, y, dx, scr, B, T);
         double t2 = td_now_ms();
-        td_gpt_ref_block_forward(mc, &wb, &a, x, NULL, B, T); /* a recompute: no output */
+        td_model_block_forward(mc, &wb, &a, x, NULL, B, T); /* a recompute: no output */
         double t3 = td_now_ms();
         if (i && t1 - t0 < best_f) best_f = t1 - t0;
         if (i && t2 - t1 < best_b) best_b = t2 - t1;
@@ -350,7 +350,7 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
     /* The run's threads, as td_trainer_create sets them: an oversubscribed
      * OpenMP team times far slower than the run it stands for. */
     if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
-    const td_gpt_ref_config *mc = &cfg->model;
+    const td_model_desc *mc = &cfg->model;
     td_status st = TD_OK;
     td_hostpool *pool = NULL;
     td_arena *arena = NULL;

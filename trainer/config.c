@@ -20,7 +20,7 @@ td_train_config td_train_default_config(void)
 
 td_status td_train_config_check(const td_train_config *c)
 {
-    td_status st = td_gpt_ref_config_check(&c->model);
+    td_status st = td_model_desc_check(&c->model);
     if (st) return st;
     if (c->micro_batch < 1) return td_error_set(TD_ERR_INVALID, "--micro-batch must be at least 1 (got %d)", c->micro_batch);
     if (c->seq_len < 1 || c->seq_len > c->model.n_positions)

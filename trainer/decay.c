@@ -75,8 +75,8 @@ td_status td_train_decay_setup(td_trainer *t)
     }
     int m = 0;
     for (int i = 0; i < n; i++) {
-        td_gpt_ref_tensor tt;
-        td_gpt_ref_tensor_get(&t->cfg.model, i, &tt);
+        td_model_tensor tt;
+        td_model_tensor_get(&t->cfg.model, i, &tt);
         if (tt.matrix || !tt.numel) continue;
         size_t off = td_memmgr_tensor_offset(mm, t->pid[i]);
         cr[m++] = (chunk_range){td_memmgr_tensor_chunk(mm, t->pid[i]) - first, {off, off + tt.numel}};

@@ -29,8 +29,8 @@ static size_t int8_moment_bytes(size_t numel, void *ctx)
 td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int *ids)
 {
     td_status st = TD_OK;
-    const td_gpt_ref_config *mc = &cfg->model;
-    int n = td_gpt_ref_tensor_count(mc);
+    const td_model_desc *mc = &cfg->model;
+    int n = td_model_tensor_count(mc);
     td_dtype dt = cfg->precision;
     static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
                                             TD_TENSOR_ADAM_V};
@@ -46,8 +46,8 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
         for (int i = 0; i < n; i++) {
             ids[r * n + i] = -1;
             if (roles[r] == TD_TENSOR_MASTER && dt == TD_DTYPE_F32) continue;
-            td_gpt_ref_tensor tt;
-            td_gpt_ref_tensor_get(mc, i, &tt);
+            td_model_tensor tt;
+            td_model_tensor_get(mc, i, &tt);
             TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, dts[r], roles[r], &ids[r * n + i]));
         }
 cleanup:
@@ -73,7 +73,7 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg)
          * chunk of its own: few distinct chunk sizes, little fragmentation;
          * at most one block's worth. */
         size_t off, span, big = td_model_block_largest_numel(&cfg->model);
-        td_gpt_ref_block_span(&cfg->model, 0, &off, &span);
+        td_model_block_span(&cfg->model, 0, &off, &span);
         mp.min_chunk_numel = big > 4096 ? big : 4096;
         mp.max_chunk_numel = span > mp.min_chunk_numel ? span : mp.min_chunk_numel;
     }
@@ -102,13 +102,13 @@ td_state_bytes td_train_state_of(td_memmgr *mm)
 /* The buffers when blocks [0, nck) are recomputed. */
 static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
 {
-    const td_gpt_ref_config *mc = &cfg->model;
+    const td_model_desc *mc = &cfg->model;
     int B = cfg->micro_batch, T = cfg->seq_len, L = mc->n_layer;
     size_t N = (size_t)B * (size_t)T, C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
     size_t E = td_dtype_bytes(cfg->precision);
     int cuda = cfg->backend == TD_BACKEND_CUDA;
-    size_t acts = td_gpt_ref_block_acts_numel(mc, B, T) * F;
-    size_t scratch = td_gpt_ref_block_scratch_numel(mc, B, T) * F, workspace = 0;
+    size_t acts = td_model_block_acts_numel(mc, B, T) * F;
+    size_t scratch = td_model_block_scratch_numel(mc, B, T) * F, workspace = 0;
     if (scratch < 2 * N * C * F) scratch = 2 * N * C * F;
 #ifdef TD_HAVE_CUDA
     if (cuda && mc->family == TD_MODEL_GPT2) {

@@ -23,9 +23,9 @@ td_status td_train_llama_cuda_setup(td_trainer *t)
 /* The block's tensors (layout order) as td_ops_cuda_block's fields. */
 static void view(const td_trainer *t, void *const *p, td_ops_cuda_block *w)
 {
-    td_gpt_ref_block b;
-    td_gpt_ref_block_from(&t->cfg.model, p, &b);
-    /* td_gpt_ref_block and td_ops_cuda_block list the same twelve roles in one order */
+    td_model_block b;
+    td_model_block_from(&t->cfg.model, p, &b);
+    /* td_model_block and td_ops_cuda_block list the same twelve roles in one order */
     void **dst = (void **)w;
     float **src = (float **)&b;
     for (size_t i = 0; i < sizeof *w / sizeof(void *); i++) dst[i] = src[i];
@@ -33,7 +33,7 @@ static void view(const td_trainer *t, void *const *p, td_ops_cuda_block *w)
 
 td_status td_train_llama_cuda_block_forward(td_trainer *t, void *const *p, void *acts, const void *x, void *y)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
     td_ops_cuda_block w;
     td_ops_cuda_block_acts a;
@@ -46,7 +46,7 @@ td_status td_train_llama_cuda_block_forward(td_trainer *t, void *const *p, void 
 td_status td_train_llama_cuda_block_backward(td_trainer *t, void *const *p, void *const *g, void *acts,
                                              const void *x, const void *dy, void *dx)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
     td_ops_cuda_block w, gw;
     td_ops_cuda_block_acts a;
@@ -60,7 +60,7 @@ td_status td_train_llama_cuda_block_backward(td_trainer *t, void *const *p, void
 /* p: the final norm's weight and the output matrix (td_model_head_tensors). */
 td_status td_train_llama_cuda_head_forward(td_trainer *t, void *const *p, const void *x, double dloss, int train)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int N = t->cfg.micro_batch * t->cfg.seq_len, V = mc->vocab_size, Vp = mc->padded_vocab_size;
     td_status st = td_ops_cuda_llama_head_forward(t->ops_cuda, mc, t->logits, t->lnf, t->lnf_rstd, x, p[0], p[1], N,
                                                   t->dt, stream_of(t));
@@ -74,7 +74,7 @@ td_status td_train_llama_cuda_head_forward(td_trainer *t, void *const *p, const 
 /* dx (zeroed by the caller) and g += from the dlogits over t->logits. */
 td_status td_train_llama_cuda_head_backward(td_trainer *t, void *const *p, void *const *g, const void *x, void *dx)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int N = t->cfg.micro_batch * t->cfg.seq_len;
     size_t dlnf = td_align_up((size_t)N * (size_t)mc->n_embd * td_dtype_bytes(t->dt), TD_ARENA_ALIGN);
     return td_ops_cuda_llama_head_backward(t->ops_cuda, mc, dx, g[0], g[1], t->scratch, t->logits, x, t->lnf,

@@ -23,7 +23,7 @@ td_status td_train_plan_memmgr(const td_train_config *cfg, td_memmgr **mm, int *
     td_status st = TD_OK;
     td_memmgr_params mp = td_train_chunk_params(cfg);
     *mm = NULL;
-    *ids = td_malloc(5 * (size_t)td_gpt_ref_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
+    *ids = td_malloc(5 * (size_t)td_model_tensor_count(&cfg->model) * sizeof(int), TD_ROLE_META);
     if (!*ids) return TD_ERR_NOMEM;
     TD_TRY(td_memmgr_create(NULL, NULL, NULL, &mp, mm));
     TD_TRY(td_train_register_model(*mm, cfg, *ids));
@@ -55,9 +55,9 @@ void td_train_ordered_free(td_train_ordered *o)
 
 /* Positions in one step of 2L + 4 accesses (forward: embedding 0, block l
  * at 1 + l, head L + 1; backward: head L + 2, block l at L + 3 + (L-1-l),
- * embedding 2L + 3): when the next forward first needs gpt_ref tensor i,
+ * embedding 2L + 3): when the next forward first needs model tensor i,
  * and when its grad is complete. */
-static void tensor_positions(const td_gpt_ref_config *mc, int i, uint64_t *need, uint64_t *ready)
+static void tensor_positions(const td_model_desc *mc, int i, uint64_t *need, uint64_t *ready)
 {
     uint64_t L = (uint64_t)mc->n_layer;
     int ne = td_model_embed_tensor_count(mc), nb = td_model_block_tensor_count(mc);
@@ -71,7 +71,7 @@ static void tensor_positions(const td_gpt_ref_config *mc, int i, uint64_t *need,
 
 int td_train_optim_order(const td_train_config *cfg, td_memmgr *mm, const int *pid, int *order)
 {
-    const td_gpt_ref_config *mc = &cfg->model;
+    const td_model_desc *mc = &cfg->model;
     int n = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM), first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
     uint64_t *need = td_malloc(2 * ((size_t)n + 1) * sizeof *need, TD_ROLE_META), *ready = need + n + 1;
     if (!need) { /* the model order: correct, only without the slack ranking */
@@ -79,7 +79,7 @@ int td_train_optim_order(const td_train_config *cfg, td_memmgr *mm, const int *p
         return n;
     }
     for (int k = 0; k < n; k++) { need[k] = UINT64_MAX; ready[k] = 0; }
-    for (int i = 0; i < td_gpt_ref_tensor_count(mc); i++) {
+    for (int i = 0; i < td_model_tensor_count(mc); i++) {
         int k = td_memmgr_tensor_chunk(mm, pid[i]) - first;
         uint64_t nd, rd;
         tensor_positions(mc, i, &nd, &rd);

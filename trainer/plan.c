@@ -74,10 +74,10 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     if ((st = td_train_ordered_make(cfg, &o))) goto cleanup;
     td_memmgr *mm = o.mm;
     const int *order = o.order;
-    const td_gpt_ref_config *mc = &cfg->model;
-    int n = td_gpt_ref_tensor_count(mc), L = mc->n_layer;
+    const td_model_desc *mc = &cfg->model;
+    int n = td_model_tensor_count(mc), L = mc->n_layer;
     const int *pid = o.ids, *gid = o.ids + n;
-    out->params = td_gpt_ref_params_numel(mc);
+    out->params = td_model_params_numel(mc);
     out->chunks = td_memmgr_chunk_count(mm);
     out->chunk_numel = td_memmgr_chunk_numel(mm);
     out->padding_bytes = td_memmgr_padding_bytes(mm);
@@ -107,7 +107,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     /* The step's accesses, as micro_batch() makes them; each pins the union. */
     int nb = td_model_block_tensor_count(mc), ne = td_model_embed_tensor_count(mc), hi[3];
     int nh = td_model_head_tensors(mc, hi);
-    int set[2 * TD_GPT_REF_BLOCK_TENSORS];
+    int set[2 * TD_MODEL_BLOCK_TENSORS];
     int emb[2] = {pid[0], pid[1]}, gemb[2] = {gid[0], gid[1]}, head[6];
     for (int k = 0; k < nh; k++) {
         head[k] = pid[hi[k]];
@@ -180,10 +180,10 @@ cleanup:
     return st;
 }
 
-static size_t tensor_numel(const td_gpt_ref_config *mc, int i)
+static size_t tensor_numel(const td_model_desc *mc, int i)
 {
-    td_gpt_ref_tensor t;
-    td_gpt_ref_tensor_get(mc, i, &t);
+    td_model_tensor t;
+    td_model_tensor_get(mc, i, &t);
     return t.numel;
 }
 
@@ -198,7 +198,7 @@ static size_t tensor_numel(const td_gpt_ref_config *mc, int i)
  * blocks added are alike. */
 size_t td_train_device_floor_bytes(const td_train_config *cfg)
 {
-    const td_gpt_ref_config *mc = &cfg->model;
+    const td_model_desc *mc = &cfg->model;
     td_train_config least = *cfg;
     if (least.ckpt == TD_CKPT_AUTO) { /* its fewest: every block recomputed */
         least.ckpt = TD_CKPT_ON;
@@ -207,10 +207,10 @@ size_t td_train_device_floor_bytes(const td_train_config *cfg)
     td_act_plan fewest;
     td_train_plan_activations(&least, 0, NULL, &fewest); /* on and off ask nothing of the state */
     size_t E = td_dtype_bytes(cfg->precision);
-    if (cfg->mm.placement == TD_PLACEMENT_CUDA) return fewest.total + 2 * E * td_gpt_ref_params_numel(mc);
+    if (cfg->mm.placement == TD_PLACEMENT_CUDA) return fewest.total + 2 * E * td_model_params_numel(mc);
     int hi[3], nh = td_model_head_tensors(mc, hi);
     size_t off, block, embed = 0, head = 0, big = td_model_block_largest_numel(mc);
-    td_gpt_ref_block_span(mc, 0, &off, &block);
+    td_model_block_span(mc, 0, &off, &block);
     for (int i = 0; i < td_model_embed_tensor_count(mc); i++) {
         size_t n = tensor_numel(mc, i);
         embed += n;

@@ -48,7 +48,7 @@ static td_status moment_load(td_trainer *t, const td_ckpt_reader *r, int k, td_c
 }
 
 /* Checkpoint parameter k: the tidal tensor it is (a part of), and the part's first element. */
-static td_status ckpt_part(const td_ckpt_config *cc, int k, int *index, size_t *offset, size_t *numel)
+static td_status ckpt_part(const td_model_desc *cc, int k, int *index, size_t *offset, size_t *numel)
 {
     td_ckpt_param cp;
     td_status st = td_ckpt_param_get(cc, k, &cp);
@@ -142,7 +142,7 @@ static td_status int8_moment_save(td_trainer *t, td_ckpt_writer *w, int k, td_ck
 /* Loads every int8 moment: chunk by chunk, window by window, each window
  * assembled from the checkpoint parts that fall in it (zeros between
  * tensors) and quantized whole. */
-static td_status int8_moments_load(td_trainer *t, const td_ckpt_reader *r, const td_ckpt_config *cc, float *tmp,
+static td_status int8_moments_load(td_trainer *t, const td_ckpt_reader *r, const td_model_desc *cc, float *tmp,
                                    unsigned char *win)
 {
     td_status st = TD_OK;
@@ -252,7 +252,7 @@ static td_status moment_at(td_trainer *t, const int *ids, int i, unsigned flags,
 static td_status save_shards(td_trainer *t, td_ckpt_writer *w, int state)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = t->cfg.model;
+    td_model_desc cc = t->cfg.model;
     float *tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META);
     unsigned char *win = td_malloc(INT8_WINDOW_BYTES, TD_ROLE_META);
     if (!tmp || !win) { st = TD_ERR_NOMEM; goto cleanup; }
@@ -299,7 +299,7 @@ cleanup:
 static td_status load_shards(td_trainer *t, const td_ckpt_reader *r, int state, float *tmp)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = t->cfg.model;
+    td_model_desc cc = t->cfg.model;
     float *whole = NULL;
     size_t whole_n = 0;
     int n = td_ckpt_param_count(&cc);
@@ -365,7 +365,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
                                 const char *const *files)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = t->cfg.model;
+    td_model_desc cc = t->cfg.model;
     td_ckpt_write_options wo = td_ckpt_write_default_options();
     wo.train_state = state;
     wo.shard_bytes = t->cfg.save_shard_bytes;
@@ -437,12 +437,12 @@ cleanup:
     return td_error_prefix(st, "saving checkpoint %s: ", dir);
 }
 
-td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out)
+td_status td_trainer_checkpoint_model(const char *dir, td_model_desc *out)
 {
     td_ckpt_reader *r = NULL;
     td_status st = td_ckpt_reader_open(dir, NULL, &r);
     if (st) return st;
-    const td_ckpt_config *c = td_ckpt_reader_config(r);
+    const td_model_desc *c = td_ckpt_reader_config(r);
     *out = *c;
     out->padded_vocab_size = c->padded_vocab_size > c->vocab_size ? c->padded_vocab_size : td_model_pad_vocab(c->vocab_size);
     td_ckpt_reader_close(r);
@@ -452,7 +452,7 @@ td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out)
 td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_reader **reader_out)
 {
     td_status st = TD_OK;
-    td_ckpt_config cc = t->cfg.model;
+    td_model_desc cc = t->cfg.model;
     td_ckpt_reader *r = NULL;
     float *tmp = NULL; /* moments not stored as fp32 go through it */
     if (reader_out) *reader_out = NULL;

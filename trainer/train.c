@@ -3,7 +3,7 @@
  * Letters: B micro-batch, T sequence, C width, L layers, NH heads, Vp
  * padded vocabulary, N = B*T rows.  The model ops work on the device
  * pointers the chunk manager hands out: on the cpu backend the CPU
- * reference ops (ops.h / gpt_ref.h, fp32; "device" memory is a host
+ * reference ops (ops.h / model_ref.h, fp32; "device" memory is a host
  * region), on the cuda backend the CUDA ops (ops_cuda.h, bf16/fp16/fp32
  * storage with fp32 accumulation) on the compute stream.  Everything else —
  * the access order, the states, the optimizer — is the same code. */
@@ -36,7 +36,7 @@ static void adam_drop(void *ctx, int k);
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
 /* The host waits for the compute queue: through the communicator when there
  * is one, so that a collective a dead peer never finishes ends in an error
- * within --comm-timeout instead of a hang (dist.h). */
+ * within --comm-timeout instead of a hang (parallel.h). */
 static td_status compute_sync(td_trainer *t)
 {
     return t->comm ? td_comm_wait(t->comm, TD_QUEUE_COMPUTE) : td_queue_sync(t->backend, TD_QUEUE_COMPUTE);
@@ -52,7 +52,7 @@ static size_t N_of(const td_trainer *t) { return (size_t)t->cfg.micro_batch * (s
 
 static td_status register_tensors(td_trainer *t)
 {
-    int n = td_gpt_ref_tensor_count(&t->cfg.model);
+    int n = td_model_tensor_count(&t->cfg.model);
     t->n_tensors = n;
     t->pid = td_malloc(5 * (size_t)n * sizeof(int), TD_ROLE_META);
     if (!t->pid) return TD_ERR_NOMEM;
@@ -73,7 +73,7 @@ static td_status init_master_shard(td_trainer *t, int i, void *host, size_t nume
     size_t off = td_memmgr_tensor_offset(mm, t->sid[i]), b, e, from, to;
     float *whole = td_malloc(numel * sizeof(float), TD_ROLE_META), *shard;
     if (!whole) return td_error_set(TD_ERR_NOMEM, "initialising tensor %d (%zu elements)", i, numel);
-    td_gpt_ref_init_tensor(&t->cfg.model, i, whole, t->cfg.seed);
+    td_model_init_tensor(&t->cfg.model, i, whole, t->cfg.seed);
     td_train_from_f32(host, t->dt, whole, numel);
     td_memmgr_chunk_host_range(mm, sc, &b, &e);
     td_status st = TD_OK;
@@ -100,7 +100,7 @@ static td_status init_state(td_trainer *t)
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
         if (t->sid[i] < 0) {
-            td_gpt_ref_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
+            td_model_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
             continue;
         }
         if (t->ranks > 1) {
@@ -109,7 +109,7 @@ static td_status init_state(td_trainer *t)
         }
         void *master;
         TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
-        td_gpt_ref_init_tensor(&t->cfg.model, i, master, t->cfg.seed);
+        td_model_init_tensor(&t->cfg.model, i, master, t->cfg.seed);
         td_train_from_f32(host, t->dt, master, numel);
     }
 cleanup:
@@ -372,10 +372,10 @@ void td_trainer_destroy(td_trainer *t)
 
 /* ---- one micro-batch -------------------------------------------------------- */
 
-/* Block l's tensors of one role, in gpt_ref order (the model's family
+/* Block l's tensors of one role, in model order (the model's family
  * decides how many: nb_of). */
 static int nb_of(const td_trainer *t) { return td_model_block_tensor_count(&t->cfg.model); }
-static void block_ids(const td_trainer *t, const int *role_ids, int l, int out[TD_GPT_REF_BLOCK_TENSORS])
+static void block_ids(const td_trainer *t, const int *role_ids, int l, int out[TD_MODEL_BLOCK_TENSORS])
 {
     int nb = nb_of(t), ne = td_model_embed_tensor_count(&t->cfg.model);
     for (int k = 0; k < nb; k++) out[k] = role_ids[ne + l * nb + k];
@@ -500,36 +500,36 @@ static td_status op_encoder_forward(td_trainer *t, void *out, void *wte, void *w
     return TD_OK;
 }
 
-static td_status op_block_forward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_TENSORS], void *acts,
+static td_status op_block_forward(td_trainer *t, void *const p[TD_MODEL_BLOCK_TENSORS], void *acts,
                                   const void *x, void *y)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
         if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_forward(t, p, acts, x, y);
         td_ops_cuda_block w;
-        memcpy(&w, p, sizeof w); /* twelve pointers in gpt_ref order */
+        memcpy(&w, p, sizeof w); /* twelve pointers in model order */
         td_ops_cuda_block_acts a;
         td_ops_cuda_block_acts_view(mc, B, T, t->dt, acts, &a);
         return td_ops_cuda_block_forward(t->ops_cuda, mc, &w, &a, x, y, B, T, t->dt, t->scratch, t->scratch_bytes,
                                          stream_of(t));
     }
 #endif
-    td_gpt_ref_block w;
-    td_gpt_ref_block_from(mc, p, &w);
-    td_gpt_ref_block_acts a;
-    td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
-    td_gpt_ref_block_forward(mc, &w, &a, x, y, B, T);
+    td_model_block w;
+    td_model_block_from(mc, p, &w);
+    td_model_block_acts a;
+    td_model_block_acts_view(mc, B, T, acts, &a);
+    td_model_block_forward(mc, &w, &a, x, y, B, T);
     return TD_OK;
 }
 
 /* dx = d/dx (overwritten), g += d/dparams. */
-static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK_TENSORS],
-                                   void *const g[TD_GPT_REF_BLOCK_TENSORS], void *acts, const void *x, const void *dy,
+static td_status op_block_backward(td_trainer *t, void *const p[TD_MODEL_BLOCK_TENSORS],
+                                   void *const g[TD_MODEL_BLOCK_TENSORS], void *acts, const void *x, const void *dy,
                                    void *dx)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int B = t->cfg.micro_batch, T = t->cfg.seq_len;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
@@ -543,13 +543,13 @@ static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK
                                           t->gdt, t->scratch, t->scratch_bytes, stream_of(t));
     }
 #endif
-    td_gpt_ref_block w, gw;
-    td_gpt_ref_block_from(mc, p, &w);
-    td_gpt_ref_block_from(mc, g, &gw);
-    td_gpt_ref_block_acts a;
-    td_gpt_ref_block_acts_view(mc, B, T, acts, &a);
+    td_model_block w, gw;
+    td_model_block_from(mc, p, &w);
+    td_model_block_from(mc, g, &gw);
+    td_model_block_acts a;
+    td_model_block_acts_view(mc, B, T, acts, &a);
     memset(dx, 0, N_of(t) * (size_t)mc->n_embd * sizeof(float));
-    td_gpt_ref_block_backward(mc, &w, &gw, &a, x, dy, dx, (float *)t->scratch, B, T);
+    td_model_block_backward(mc, &w, &gw, &a, x, dy, dx, (float *)t->scratch, B, T);
     return TD_OK;
 }
 
@@ -557,7 +557,7 @@ static td_status op_block_backward(td_trainer *t, void *const p[TD_GPT_REF_BLOCK
  * become dlogits (scaled by dloss). */
 static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x, double dloss, int train)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int N = (int)N_of(t), C = mc->n_embd, V = mc->vocab_size, Vp = mc->padded_vocab_size;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
@@ -572,7 +572,7 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
                                                 stream_of(t));
     }
 #endif
-    td_gpt_ref_head_forward(mc, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, (const float *const *)p, N);
+    td_model_head_forward(mc, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, (const float *const *)p, N);
     (void)C;
     td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp);
     if (train) td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, N, V, Vp);
@@ -582,7 +582,7 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
 /* From dlogits: dx (zeroed first) and g (ln_f weight, bias, wte) +=. */
 static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g[3], const void *x, void *dx)
 {
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int N = (int)N_of(t), C = mc->n_embd, Vp = mc->padded_vocab_size;
     td_status st = zero(t, dx, (size_t)N * (size_t)C * E_of(t));
     if (st) return st;
@@ -595,7 +595,7 @@ static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g
                                          t->scratch + dlnf, t->scratch_bytes - dlnf, stream_of(t));
     }
 #endif
-    td_gpt_ref_head_backward(mc, dx, (float *const *)g, (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean,
+    td_model_head_backward(mc, dx, (float *const *)g, (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean,
                              t->lnf_rstd, (const float *const *)p, N);
     (void)Vp;
     return TD_OK;
@@ -615,9 +615,9 @@ static td_status op_encoder_backward(td_trainer *t, void *dwte, void *dwpe, cons
  * chunks' grads stay on the device). */
 static td_status writeback_host_grads(td_trainer *t, const int *gids, int n)
 {
-    int keep[TD_GPT_REF_BLOCK_TENSORS], m = 0;
+    int keep[TD_MODEL_BLOCK_TENSORS], m = 0;
     int first = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, 0);
-    for (int i = 0; i < n && m < TD_GPT_REF_BLOCK_TENSORS; i++)
+    for (int i = 0; i < n && m < TD_MODEL_BLOCK_TENSORS; i++)
         if (!chunk_on_gpu(t, td_memmgr_tensor_chunk(t->mm, gids[i]) - first)) keep[m++] = gids[i];
     return m ? td_memmgr_writeback_async(t->mm, keep, m) : TD_OK;
 }
@@ -739,12 +739,12 @@ static td_status sum_over_ranks(td_trainer *t, double *v, int n)
 static td_status micro_batch(td_trainer *t, double dloss, int last, int train, double *loss_sum)
 {
     td_status st = TD_OK;
-    const td_gpt_ref_config *mc = &t->cfg.model;
+    const td_model_desc *mc = &t->cfg.model;
     int L = mc->n_layer, nb = nb_of(t), ne = td_model_embed_tensor_count(mc);
     size_t N = N_of(t);
     td_memmgr *mm = t->mm;
-    void *p[TD_GPT_REF_BLOCK_TENSORS], *g[TD_GPT_REF_BLOCK_TENSORS];
-    int ids[TD_GPT_REF_BLOCK_TENSORS], gids[TD_GPT_REF_BLOCK_TENSORS];
+    void *p[TD_MODEL_BLOCK_TENSORS], *g[TD_MODEL_BLOCK_TENSORS];
+    int ids[TD_MODEL_BLOCK_TENSORS], gids[TD_MODEL_BLOCK_TENSORS];
     td_tensor_state grad_done = last ? TD_TENSOR_READY_FOR_REDUCE : TD_TENSOR_HOLD_AFTER_BWD;
     if (last && train) reduce_begin(t);
     if (last && train) TD_TRY(hand_over_begin(t));

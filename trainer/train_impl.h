@@ -37,7 +37,7 @@ struct td_trainer {
     size_t budget_cap;                 /* free device memory minus a margin, when the budget was not given */
 
     int n_tensors;                     /* 4 + 12 L */
-    int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per gpt_ref tensor: param, grad, fp32 master
+    int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per model tensor: param, grad, fp32 master
                                           (-1 when the params are fp32 themselves), adam m, v */
     size_t nonmodel_bytes;
     td_dtype dt, gdt;                  /* params and activations; grads */
@@ -67,7 +67,7 @@ struct td_trainer {
     int gpu_opt;
     uint8_t *optim_on_gpu;
     double *h_sumsq;                   /* per chunk grad sumsq: [0, chunks) host, [chunks, 2 chunks) device */
-    int *group, *group_start;          /* gpt_ref tensors of each param chunk: group[group_start[k] ..) */
+    int *group, *group_start;          /* model tensors of each param chunk: group[group_start[k] ..) */
     void **ptrs;                       /* scratch for access pointers */
     int *gids_scratch;
     double *dev_acc, *dev_sumsq_scratch;

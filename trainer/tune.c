@@ -48,7 +48,7 @@ td_status td_tune_candidates(const td_train_config *base, size_t budget, td_back
                              td_tune_candidate **out, int *n_out)
 {
     td_status st = TD_OK;
-    const td_gpt_ref_config *mc = &base->model;
+    const td_model_desc *mc = &base->model;
     int L = mc->n_layer, seqs = base->micro_batch * base->grad_accum;
     *out = NULL;
     *n_out = 0;
@@ -58,7 +58,7 @@ td_status td_tune_candidates(const td_train_config *base, size_t budget, td_back
     int ckpts[5] = {0, L / 4, L / 2, 3 * L / 4, L}, n_ck = 5;
     static const double fracs[5] = {0.0, 0.25, 0.5, 0.75, 1.0};
     size_t off, span;
-    td_gpt_ref_block_span(mc, 0, &off, &span);
+    td_model_block_span(mc, 0, &off, &span);
     size_t chunks[3] = {0, span / 2 > 4096 ? span / 2 : 4096, 2 * span};
     int cap = n_mb * n_ck * 5 * 3, n = 0;
     td_tune_candidate *cs = td_calloc((size_t)cap, sizeof *cs, TD_ROLE_META);

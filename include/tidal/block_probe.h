@@ -15,7 +15,7 @@
 #include "tidal/ops_cuda.h"
 
 typedef struct td_block_probe {
-    td_gpt_ref_config mc;      /* the model's description, one layer */
+    td_model_desc mc;      /* the model's description, one layer */
     int B, T, N;
     td_dtype dt;
     td_arena *arena;
@@ -34,9 +34,9 @@ typedef struct td_block_probe {
 } td_block_probe;
 
 /* The bytes td_block_probe_create reserves on the device. */
-size_t td_block_probe_bytes(const td_gpt_ref_config *model, int B, int T, td_dtype dt);
+size_t td_block_probe_bytes(const td_model_desc *model, int B, int T, td_dtype dt);
 /* TD_ERR_BUDGET (from the arena) when the device cannot hold it. */
-td_status td_block_probe_create(td_backend *b, const td_gpt_ref_config *model, int B, int T, td_dtype dt,
+td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B, int T, td_dtype dt,
                                 td_block_probe **out);
 void td_block_probe_destroy(td_block_probe *p); /* NULL is a no-op */
 /* Forward (filling the acts), backward and recompute (the forward without

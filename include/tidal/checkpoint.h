@@ -34,7 +34,7 @@
  *
  * Parameter order and shapes: td_ckpt_param_get lists the GPT-2 parameters
  * for a configuration in tidal's layout order (wte, wpe, 12 per block, ln_f
- * weight and bias; the same order as gpt_ref.h's table) with tidal's shape
+ * weight and bias; the same order as model_ref.h's table) with tidal's shape
  * (weights (out, in), wte (padded_vocab_size, C)) and the shape stored in
  * model.safetensors.
  *
@@ -49,7 +49,7 @@
 #include <stdint.h>
 
 #include "tidal/dtype.h"
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 #include "tidal/safetensors.h"
 #include "tidal/status.h"
 
@@ -65,25 +65,24 @@ extern "C" {
  * (GPT-2 BPE: vocab.json and merges.txt; or tokenizer.json). */
 #define TD_CKPT_TOKENIZER_FILES {"vocab.json", "merges.txt", "tokenizer.json"}
 
-/* The model's description (gpt_ref.h): vocab_size V rows of wte stored in
+/* The model's description (model_ref.h): vocab_size V rows of wte stored in
  * model.safetensors, padded_vocab_size Vp >= V rows in tidal's layout. */
-typedef td_gpt_ref_config td_ckpt_config;
 
 /* TD_OK, or TD_ERR_INVALID naming the bad field. */
-td_status td_ckpt_config_check(const td_ckpt_config *cfg);
+td_status td_ckpt_config_check(const td_model_desc *cfg);
 /* Reads a Hugging Face config.json (model_type gpt2, llama or qwen2; a
  * missing model_type is gpt2) into a model description.  Errors name the
  * file and the field: missing or wrong-typed fields, heads that do not
  * divide the width, key/value heads that do not divide the heads, an
  * unknown model_type or rope_scaling type, variants tidal would compute
  * differently. */
-td_status td_ckpt_config_read(const char *path, td_ckpt_config *out);
+td_status td_ckpt_config_read(const char *path, td_model_desc *out);
 
 /* --- the parameter table -------------------------------------------------- */
 
 typedef struct td_ckpt_param {
     char name[80];        /* Hugging Face name without "transformer.", e.g. "h.3.mlp.c_fc.weight" */
-    int tensor;           /* the tidal tensor it is part of (gpt_ref.h's layout index) */
+    int tensor;           /* the tidal tensor it is part of (model_ref.h's layout index) */
     uint64_t offset;      /* its first element in that tensor (q, k, v of qkv; gate, up of gate_up) */
     int layer;            /* block index, -1 for wte, wpe, ln_f */
     int ndim;             /* 1 or 2 */
@@ -95,12 +94,12 @@ typedef struct td_ckpt_param {
 } td_ckpt_param;
 
 /* GPT-2: 4 + 12 n_layer; LLaMA 2 + 9 n_layer (+1 untied); Qwen2 2 + 12 n_layer (+1). */
-int td_ckpt_param_count(const td_ckpt_config *cfg);
+int td_ckpt_param_count(const td_model_desc *cfg);
 /* The index-th parameter (0 <= index < count). */
-td_status td_ckpt_param_get(const td_ckpt_config *cfg, int index, td_ckpt_param *out);
+td_status td_ckpt_param_get(const td_model_desc *cfg, int index, td_ckpt_param *out);
 /* Index of the parameter with this Hugging Face name ("transformer." prefix
  * allowed), or -1. */
-int td_ckpt_param_find(const td_ckpt_config *cfg, const char *name);
+int td_ckpt_param_find(const td_model_desc *cfg, const char *name);
 
 /* Training-state tensors kept per parameter. */
 typedef enum td_ckpt_state {
@@ -173,7 +172,7 @@ td_status td_ckpt_check_target(const char *dir);
  * missing, creates DIR.tmp.<pid> with config.json,
  * and declares every weight (and, with train_state, every master/m/v tensor).
  * opts may be NULL for the defaults. */
-td_status td_ckpt_writer_begin(const char *dir, const td_ckpt_config *cfg,
+td_status td_ckpt_writer_begin(const char *dir, const td_model_desc *cfg,
                                const td_ckpt_write_options *opts, td_ckpt_writer **out);
 
 /* train_state.safetensors only, before its first data write: a __metadata__
@@ -261,10 +260,10 @@ typedef struct td_ckpt_reader td_ckpt_reader;
  * shape and a float dtype; train-state tensors must be F32 with tidal's
  * shapes.  Errors name the file, the tensor, the expected and found shape
  * or dtype. */
-td_status td_ckpt_reader_open(const char *dir, const td_ckpt_config *expect, td_ckpt_reader **out);
+td_status td_ckpt_reader_open(const char *dir, const td_model_desc *expect, td_ckpt_reader **out);
 void td_ckpt_reader_close(td_ckpt_reader *r); /* NULL is a no-op */
 
-const td_ckpt_config *td_ckpt_reader_config(const td_ckpt_reader *r);
+const td_model_desc *td_ckpt_reader_config(const td_ckpt_reader *r);
 /* The directory actually read (DIR, or DIR.old after an interrupted save). */
 const char *td_ckpt_reader_dir(const td_ckpt_reader *r);
 

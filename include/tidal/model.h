@@ -1,5 +1,5 @@
 /* The model's description: the presets by name and the padded vocabulary.
- * A model is a td_model_desc (= td_gpt_ref_config, gpt_ref.h): its family
+ * A model is a td_model_desc (= td_model_desc, model_ref.h): its family
  * (gpt2, llama, qwen2), layers, heads and key/value heads, width, MLP width,
  * norm, activation, positions (learned or RoPE with theta and llama3
  * scaling), biases, tied or untied head, positions and vocabulary.
@@ -8,7 +8,7 @@
 #ifndef TIDAL_MODEL_H
 #define TIDAL_MODEL_H
 
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 #include "tidal/status.h"
 
 #include <stddef.h>
@@ -24,11 +24,11 @@ extern "C" {
  * MLP 352, vocab 256), llama-3.2-1b, llama-3.2-3b, llama-3.1-8b,
  * qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, smollm2-135m, smollm2-360m,
  * smollm2-1.7b with their published shapes (docs/model.md lists them). */
-td_status td_model_preset(const char *name, td_gpt_ref_config *out);
+td_status td_model_preset(const char *name, td_model_desc *out);
 /* Sets the family and the norm, activation, positions and q/k/v biases it implies. */
-void td_model_desc_set_family(td_gpt_ref_config *cfg, td_model_family family);
+void td_model_desc_set_family(td_model_desc *cfg, td_model_family family);
 /* One line describing the model (snprintf's return). */
-int td_model_desc_describe(const td_gpt_ref_config *cfg, char *buf, size_t n);
+int td_model_desc_describe(const td_model_desc *cfg, char *buf, size_t n);
 /* Names of the presets, NULL-terminated. */
 const char *const *td_model_preset_names(void);
 /* The vocabulary rounded up to a multiple of 64 (the logits' width). */

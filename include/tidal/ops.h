@@ -27,7 +27,7 @@
  *     same summation order).  docs/model.md describes each op's order.
  *   - Preconditions (token ids in [0, Vp), targets in [0, V) or negative,
  *     T <= maxT, C % NH == 0) are the caller's to check; the whole-model
- *     functions of gpt_ref.h check them and return errors.
+ *     functions of model_ref.h check them and return errors.
  * Thread-safety: every function is reentrant and runs its own OpenMP
  * parallel loop (called from inside a parallel region, the matmul runs
  * serially).  Nothing allocates: the matmul and attention use at most about

@@ -52,7 +52,7 @@
 #include <stddef.h>
 
 #include "tidal/dtype.h"
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 #include "tidal/status.h"
 
 #ifdef __cplusplus
@@ -286,20 +286,20 @@ td_status td_ops_cuda_head_backward(td_ops_cuda *ctx, void *dx, void *dlnf_w, vo
 
 /* --- one transformer block ------------------------------------------------ */
 
-/* A block's 12 tensors on the device, in td_gpt_ref_block's order and shapes
+/* A block's 12 tensors on the device, in td_model_block's order and shapes
  * (params in dt, or their gradients in gdt). */
 typedef struct td_ops_cuda_block {
     void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     void *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
 } td_ops_cuda_block;
 
-/* Points `out` into a block's span laid out as gpt_ref's (td_gpt_ref_block_span),
+/* Points `out` into a block's span laid out as the reference model's (td_model_block_span),
  * with elements of type dt: a block's chunk.  Any family: a LLaMA-family
  * block's fields as the LLaMA block below takes them, the others NULL. */
-void td_ops_cuda_block_view(const td_gpt_ref_config *cfg, void *block_base, td_dtype dt,
+void td_ops_cuda_block_view(const td_model_desc *cfg, void *block_base, td_dtype dt,
                             td_ops_cuda_block *out);
 
-/* What a block's forward keeps for its backward (td_gpt_ref_block_acts's
+/* What a block's forward keeps for its backward (td_model_block_acts's
  * fields; the statistics in fp32, the rest in dt). */
 typedef struct td_ops_cuda_block_acts {
     void *ln1;                  /* (N,C) */
@@ -314,22 +314,22 @@ typedef struct td_ops_cuda_block_acts {
 } td_ops_cuda_block_acts;
 
 /* Bytes of one block's acts, each field 256-byte aligned. */
-size_t td_ops_cuda_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt);
-void td_ops_cuda_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
+size_t td_ops_cuda_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
+void td_ops_cuda_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt,
                                  void *base, td_ops_cuda_block_acts *out);
 /* Scratch of block forward and backward with attention run `att_seqs`
  * sequences at a time (1 .. B; fewer need less memory, the results are the
  * same).  Pass the bytes you give to the calls below. */
-size_t td_ops_cuda_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
+size_t td_ops_cuda_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt,
                                        int att_seqs);
-/* y (B,T,C) = block(x), filling acts, as td_gpt_ref_block_forward; y NULL:
+/* y (B,T,C) = block(x), filling acts, as td_model_block_forward; y NULL:
  * the acts only (a recompute: the fc_proj GEMM is skipped). */
-td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                     const td_ops_cuda_block *w, const td_ops_cuda_block_acts *acts,
                                     const void *x, void *y, int B, int T, td_dtype dt,
                                     void *scratch, size_t scratch_bytes, void *stream);
-/* From dy: dx (mode) and every tensor of g += (gdt), as td_gpt_ref_block_backward. */
-td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+/* From dy: dx (mode) and every tensor of g += (gdt), as td_model_block_backward. */
+td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                      const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                      const td_ops_cuda_block_acts *acts, const void *x,
                                      const void *dy, void *dx, int B, int T,
@@ -338,25 +338,25 @@ td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *
 
 /* --- one LLaMA-family block and head (model/llama_block_cuda.c) --------------- */
 
-/* The block of td_gpt_ref_block_forward/backward's LLaMA path (gpt_ref.h):
- * w and g hold the block's tensors in td_gpt_ref_block's fields (ln1_w,
+/* The block of td_model_block_forward/backward's LLaMA path (model_ref.h):
+ * w and g hold the block's tensors in td_model_block's fields (ln1_w,
  * qkv_w, qkv_b (Qwen2, else NULL), attproj_w = o_proj, ln2_w, fc_w =
  * gate|up (2H,C), fcproj_w = down (C,H); the others NULL); acts as
  * td_ops_cuda_llama_block_acts_view carves them (qkv (N,QKV) after RoPE, fch
  * gate|up (N,2H), fch_gelu (N,H), no means).  inv_freq: the RoPE table on the
  * device (td_ops_cuda_rope_table).  dx is written (SET). */
-size_t td_ops_cuda_llama_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt);
-void td_ops_cuda_llama_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, void *base,
+size_t td_ops_cuda_llama_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
+void td_ops_cuda_llama_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
                                        td_ops_cuda_block_acts *out);
-size_t td_ops_cuda_llama_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs);
+size_t td_ops_cuda_llama_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs);
 /* Uploads td_ops_rope_inv_freq's table (hs/2 fp32) of the model to dev; waits for it. */
-td_status td_ops_cuda_rope_table(const td_gpt_ref_config *cfg, float *dev, void *stream);
+td_status td_ops_cuda_rope_table(const td_model_desc *cfg, float *dev, void *stream);
 /* y NULL: the acts only (a recompute: the down projection is skipped). */
-td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, const td_ops_cuda_block *w,
+td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                           const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
                                           void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
                                           void *stream);
-td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                            const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                            const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
                                            const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
@@ -365,10 +365,10 @@ td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_gpt_ref_co
  * (out_w: lm_head, or the embedding when tied).  Backward from dlogits: dx +=
  * (dt), dnorm_w, dout_w += (gdt); dlnf (N,C) is overwritten. */
 size_t td_ops_cuda_llama_head_scratch_bytes(int N, int C, int Vp);
-td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *logits, void *lnf,
+td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
                                          float *lnf_rstd, const void *x, const void *norm_w, const void *out_w, int N,
                                          td_dtype dt, void *stream);
-td_status td_ops_cuda_llama_head_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg, void *dx, void *dnorm_w,
+td_status td_ops_cuda_llama_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
                                           void *dout_w, void *dlnf, const void *dlogits, const void *x,
                                           const void *lnf, const float *lnf_rstd, const void *norm_w,
                                           const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,

@@ -46,9 +46,9 @@
 #include <stdio.h>
 
 #include "tidal/backend.h"
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 #include "tidal/dtype.h"
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 #include "tidal/memmgr.h"
 #include "tidal/model.h"
 #include "tidal/optim.h"
@@ -65,7 +65,7 @@ typedef enum td_ckpt_mode { TD_CKPT_AUTO, TD_CKPT_ON, TD_CKPT_OFF } td_ckpt_mode
 #define TD_GPU_BUDGET_MAX SIZE_MAX
 
 typedef struct td_train_config {
-    td_gpt_ref_config model;
+    td_model_desc model;
     int micro_batch, seq_len, grad_accum;
     uint64_t seed;
     td_dtype precision;           /* the cpu backend computes in fp32 */
@@ -366,7 +366,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
 struct td_ckpt_reader;
 td_status td_trainer_load(td_trainer *t, const char *dir, int state, struct td_ckpt_reader **reader_out);
 /* The model config.json of a checkpoint directory describes. */
-td_status td_trainer_checkpoint_model(const char *dir, td_gpt_ref_config *out);
+td_status td_trainer_checkpoint_model(const char *dir, td_model_desc *out);
 
 /* Logits of the last position of tokens[0, n) (n <= seq_len, batch row 0)
  * into logits (vocab_size floats), for sampling. */
@@ -385,7 +385,7 @@ int td_trainer_checkpointing(const td_trainer *t);
 /* Optimizer chunks updated on the GPU (the rest by the CPU AdamW); *total:
  * all of them (may be NULL). */
 int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total);
-/* Memmgr ids of gpt_ref tensor `index`: param, grad, adam m, adam v. */
+/* Memmgr ids of model tensor `index`: param, grad, adam m, adam v. */
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);
 /* The optimizer's state (step, scaler) for checkpoints. */
 td_optim *td_trainer_optim(td_trainer *t);

@@ -1,5 +1,5 @@
 /* One GPT-2 block composed from the CUDA ops: the GPU counterpart of
- * td_gpt_ref_block_forward/backward (gpt_ref.c), same order and the same
+ * td_model_block_forward/backward (model_ref.c), same order and the same
  * activations kept, with the fusions the GPU ops offer:
  *   forward   the residual adds ride in the projections' GEMMs (beta = 1 on
  *             the residual input), GELU in the fc GEMM's epilogue (16-bit);
@@ -22,7 +22,7 @@ struct ActsSizes {
 };
 
 /* Bytes of each acts field in td_ops_cuda_block_acts order. */
-ActsSizes acts_sizes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+ActsSizes acts_sizes(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     const size_t N = (size_t)B * T, C = (size_t)cfg->n_embd, e = dtype_bytes(dt), f = sizeof(float);
     ActsSizes s = {{N * C * e, N * f, N * f, N * 3 * C * e, N * C * e, N * cfg->n_head * f, N * C * e,
@@ -30,7 +30,7 @@ ActsSizes acts_sizes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
     return s;
 }
 
-size_t op_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt, int att_seqs)
+size_t op_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
 {
     const int N = B * T, C = cfg->n_embd;
     size_t need = td_ops_cuda_attention_scratch_bytes(att_seqs, T, C, cfg->n_head, dt);
@@ -41,7 +41,7 @@ size_t op_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
     return need;
 }
 
-size_t fixed_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+size_t fixed_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     const size_t NC = (size_t)B * T * cfg->n_embd, e = dtype_bytes(dt);
     return align_up(4 * NC * e) + 2 * align_up(NC * e);
@@ -55,29 +55,29 @@ size_t fixed_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype 
 
 } // namespace
 
-extern "C" void td_ops_cuda_block_view(const td_gpt_ref_config *cfg, void *block_base, td_dtype dt,
+extern "C" void td_ops_cuda_block_view(const td_model_desc *cfg, void *block_base, td_dtype dt,
                                        td_ops_cuda_block *out)
 {
     /* Block 0's tensors of the layout, at their offsets inside the span in
      * elements of dt: any family (a LLaMA-family block has 6 or 7). */
     size_t span_off, span;
-    td_gpt_ref_block_span(cfg, 0, &span_off, &span);
+    td_model_block_span(cfg, 0, &span_off, &span);
     const int first = td_model_embed_tensor_count(cfg), nb = td_model_block_tensor_count(cfg);
-    void *p[TD_GPT_REF_BLOCK_TENSORS] = {};
+    void *p[TD_MODEL_BLOCK_TENSORS] = {};
     for (int k = 0; k < nb; k++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(cfg, first + k, &t);
+        td_model_tensor t;
+        td_model_tensor_get(cfg, first + k, &t);
         p[k] = (char *)block_base + (t.offset - span_off) * dtype_bytes(dt);
     }
-    td_gpt_ref_block b;
-    td_gpt_ref_block_from(cfg, p, &b);
-    /* td_gpt_ref_block and td_ops_cuda_block list the same twelve roles in one order */
+    td_model_block b;
+    td_model_block_from(cfg, p, &b);
+    /* td_model_block and td_ops_cuda_block list the same twelve roles in one order */
     void **dst = (void **)out;
     float **src = (float **)&b;
-    for (int i = 0; i < TD_GPT_REF_BLOCK_TENSORS; i++) dst[i] = src[i];
+    for (int i = 0; i < TD_MODEL_BLOCK_TENSORS; i++) dst[i] = src[i];
 }
 
-extern "C" size_t td_ops_cuda_block_acts_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt)
+extern "C" size_t td_ops_cuda_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     const ActsSizes s = acts_sizes(cfg, B, T, dt);
     size_t total = 0;
@@ -85,7 +85,7 @@ extern "C" size_t td_ops_cuda_block_acts_bytes(const td_gpt_ref_config *cfg, int
     return total;
 }
 
-extern "C" void td_ops_cuda_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
+extern "C" void td_ops_cuda_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt,
                                             void *base, td_ops_cuda_block_acts *out)
 {
     const ActsSizes s = acts_sizes(cfg, B, T, dt);
@@ -99,7 +99,7 @@ extern "C" void td_ops_cuda_block_acts_view(const td_gpt_ref_config *cfg, int B,
     }
 }
 
-extern "C" size_t td_ops_cuda_block_scratch_bytes(const td_gpt_ref_config *cfg, int B, int T, td_dtype dt,
+extern "C" size_t td_ops_cuda_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt,
                                                   int att_seqs)
 {
     if (!cfg || B <= 0 || T <= 0) return 0;
@@ -107,7 +107,7 @@ extern "C" size_t td_ops_cuda_block_scratch_bytes(const td_gpt_ref_config *cfg, 
     return fixed_scratch_bytes(cfg, B, T, dt) + op_scratch_bytes(cfg, B, T, dt, att_seqs);
 }
 
-extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                                const td_ops_cuda_block *w,
                                                const td_ops_cuda_block_acts *a, const void *x, void *y,
                                                int B, int T, td_dtype dt, void *scratch,
@@ -135,7 +135,7 @@ extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_gpt_re
     return TD_OK;
 }
 
-extern "C" td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_gpt_ref_config *cfg,
+extern "C" td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                                 const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                                 const td_ops_cuda_block_acts *a, const void *x,
                                                 const void *dy, void *dx, int B, int T,

@@ -23,7 +23,7 @@
 
 static void read_all(const td_ckpt_reader *r)
 {
-    const td_ckpt_config *cfg = td_ckpt_reader_config(r);
+    const td_model_desc *cfg = td_ckpt_reader_config(r);
     FUZZ_CHECK(td_ckpt_config_check(cfg) == TD_OK);
     const int n = td_ckpt_param_count(cfg);
     for (int i = 0; i < n; i++) {
@@ -38,7 +38,7 @@ static void read_all(const td_ckpt_reader *r)
     FUZZ_CHECK(td_ckpt_reader_get_weight(r, n, TD_DTYPE_F32, NULL) != TD_OK);
 }
 
-static void try_open(const char *dir, const td_ckpt_config *expect)
+static void try_open(const char *dir, const td_model_desc *expect)
 {
     td_ckpt_reader *r = NULL;
     if (td_ckpt_reader_open(dir, expect, &r) == TD_OK) {
@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (weights_len) fuzz_write(path, sizeof path, index_len ? files[3] : files[2], weights, weights_len);
 
     try_open(dir, NULL);
-    const td_ckpt_config expect = {.n_layer = 1, .n_head = 1, .n_embd = 4, .n_positions = 4, .vocab_size = 8,
+    const td_model_desc expect = {.n_layer = 1, .n_head = 1, .n_embd = 4, .n_positions = 4, .vocab_size = 8,
                                    .padded_vocab_size = 16};
     try_open(dir, &expect);
     FUZZ_CHECK(td_host_live_allocs() == live);

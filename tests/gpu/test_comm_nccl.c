@@ -7,7 +7,7 @@
 #include "td_proc.h"
 #include "td_test.h"
 
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* The CUDA ops (ops_cuda.h) against the CPU reference ops (ops.h, gpt_ref.h).
+/* The CUDA ops (ops_cuda.h) against the CPU reference ops (ops.h, model_ref.h).
  *
  * Every op, forward and backward, on fresh random inputs of several shapes
  * (odd sizes, T not a multiple of anything, C not a multiple of 8, padded
@@ -19,13 +19,13 @@
  * tolerance.  The LLaMA-family ops (RMSNorm, SwiGLU, RoPE, grouped-query
  * attention with 1, 2 and 4 query heads a key/value head, q/k/v biases
  * through the qkv matmul) the same way.  Also: a block composed of the CUDA ops against
- * td_gpt_ref_block_forward/backward, bit-identical repeats, argument errors,
+ * td_model_block_forward/backward, bit-identical repeats, argument errors,
  * and the speed of one GPT-2 124M block (printed).
  *
  * Device memory comes from an arena on the cuda backend, as in the trainer. */
 #include "td_test.h"
 #include "tidal/arena.h"
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 #include "tidal/ops.h"
 #include "tidal/ops_cuda.h"
 #include "tidal/convert.h"
@@ -1183,16 +1183,16 @@ static void test_head(void **state)
 
 /* --- one block ----------------------------------------------------------------------- */
 
-/* Random block parameters (a flat span of gpt_ref's layout) whose branches
+/* Random block parameters (a flat span of the reference model's layout) whose branches
  * matter next to the residual stream: weights ~ 1/sqrt(fan-in), LayerNorm
  * weights around 1, biases +-0.1. */
-static float *block_params(const td_gpt_ref_config *cfg, td_dtype dt, size_t *numel)
+static float *block_params(const td_model_desc *cfg, td_dtype dt, size_t *numel)
 {
     size_t off;
-    td_gpt_ref_block_span(cfg, 0, &off, numel);
+    td_model_block_span(cfg, 0, &off, numel);
     float *p = hmalloc(*numel * sizeof(float));
-    td_gpt_ref_block w;
-    td_gpt_ref_block_view(cfg, p, &w);
+    td_model_block w;
+    td_model_block_view(cfg, p, &w);
     const int C = cfg->n_embd;
     float *const tensors[12] = {w.ln1_w, w.ln1_b, w.qkv_w, w.qkv_b, w.attproj_w, w.attproj_b,
                                 w.ln2_w, w.ln2_b, w.fc_w, w.fc_b, w.fcproj_w, w.fcproj_b};
@@ -1212,24 +1212,24 @@ static float *block_params(const td_gpt_ref_config *cfg, td_dtype dt, size_t *nu
 typedef struct cpu_acts {
     float *base;
     size_t numel;
-    td_gpt_ref_block_acts a;
+    td_model_block_acts a;
 } cpu_acts;
 
 static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, int do_forward)
 {
-    td_gpt_ref_config cfg = {1, NH, C, T, 64, 64};
+    td_model_desc cfg = {1, NH, C, T, 64, 64};
     const size_t N = (size_t)B * T, NC = N * C;
     reset();
     size_t pn;
     float *params = block_params(&cfg, dt, &pn);
-    td_gpt_ref_block w;
-    td_gpt_ref_block_view(&cfg, params, &w);
+    td_model_block w;
+    td_model_block_view(&cfg, params, &w);
     float *x = hrand(dt, NC, 1), *dy = hrand(dt, NC, 1), *y = hmalloc(NC * 4);
     cpu_acts ca;
-    ca.numel = td_gpt_ref_block_acts_numel(&cfg, B, T);
+    ca.numel = td_model_block_acts_numel(&cfg, B, T);
     ca.base = hmalloc(ca.numel * 4);
-    td_gpt_ref_block_acts_view(&cfg, B, T, ca.base, &ca.a);
-    td_gpt_ref_block_forward(&cfg, &w, &ca.a, x, y, B, T);
+    td_model_block_acts_view(&cfg, B, T, ca.base, &ca.a);
+    td_model_block_forward(&cfg, &w, &ca.a, x, y, B, T);
 
     void *d_params = up(dt, params, pn), *d_x = up(dt, x, NC);
     td_ops_cuda_block dw;
@@ -1276,10 +1276,10 @@ static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, i
         void *src = up(acts[i].fp32 ? TD_DTYPE_F32 : dt, acts[i].cpu, acts[i].n);
         copy_sync(acts[i].gpu, src, acts[i].n * esize(acts[i].fp32 ? TD_DTYPE_F32 : dt), cudaMemcpyDeviceToDevice);
     }
-    float *g0 = hzero(pn), *dx0 = hzero(NC), *cpu_scratch = hmalloc(td_gpt_ref_block_scratch_numel(&cfg, B, T) * 4);
-    td_gpt_ref_block gv;
-    td_gpt_ref_block_view(&cfg, g0, &gv);
-    td_gpt_ref_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx0, cpu_scratch, B, T);
+    float *g0 = hzero(pn), *dx0 = hzero(NC), *cpu_scratch = hmalloc(td_model_block_scratch_numel(&cfg, B, T) * 4);
+    td_model_block gv;
+    td_model_block_view(&cfg, g0, &gv);
+    td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx0, cpu_scratch, B, T);
     /* grads start at random values of each tensor's own gradient size */
     float *g = hmalloc(pn * 4);
     {
@@ -1295,16 +1295,16 @@ static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, i
     void *d_g = up(gdt, g, pn);
     td_ops_cuda_block dg;
     td_ops_cuda_block_view(&cfg, d_g, gdt, &dg);
-    td_gpt_ref_block_view(&cfg, g, &gv);
+    td_model_block_view(&cfg, g, &gv);
     void *d_dy = up(dt, dy, NC);
     for (int mode = 0; mode < 2; mode++) {
         float *dx = mode ? hcopy(dx0, NC) : acc_like(dt, dx0, NC);
         void *d_dx = mode ? dnan(dt, NC) : up(dt, dx, NC);
         if (mode == 0) {
-            td_gpt_ref_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx, cpu_scratch, B, T);
+            td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx, cpu_scratch, B, T);
         } else { /* the grads are added a second time on both sides */
             float *dx_unused = hzero(NC);
-            td_gpt_ref_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx_unused, cpu_scratch, B, T);
+            td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx_unused, cpu_scratch, B, T);
         }
         TD_ASSERT_OK(td_ops_cuda_block_backward(F.ctx, &cfg, &dw, &dg, &da, d_x, d_dy, d_dx, B, T,
                                                 mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD, dt, gdt, scratch, sb, F.s));
@@ -1351,7 +1351,7 @@ static void repeats_case(int C, int NH)
 {
     const int B = 2, T = 96;
     const td_dtype dt = TD_DTYPE_BF16, gdt = TD_DTYPE_F32;
-    td_gpt_ref_config cfg = {1, NH, C, T, 64, 64};
+    td_model_desc cfg = {1, NH, C, T, 64, 64};
     const size_t NC = (size_t)B * T * C;
     td_rng_seed(&F.rng, 109);
     reset();
@@ -1446,7 +1446,7 @@ static void block_speed(int path)
 {
     const int B = 8, T = 1024, C = 768, NH = 12;
     const td_dtype dt = TD_DTYPE_BF16, gdt = TD_DTYPE_BF16;
-    td_gpt_ref_config cfg = {1, NH, C, T, 64, 64};
+    td_model_desc cfg = {1, NH, C, T, 64, 64};
     const size_t N = (size_t)B * T, NC = N * C;
     td_rng_seed(&F.rng, 110);
     reset();

@@ -14,7 +14,7 @@
 static td_train_config config(td_backend_kind kind, td_dtype dt)
 {
     td_train_config c = td_train_default_config();
-    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 4, .n_embd = 128, .n_positions = 128,
+    c.model = (td_model_desc){ .n_layer = 3, .n_head = 4, .n_embd = 128, .n_positions = 128,
                                    .vocab_size = 250, .padded_vocab_size = 256 };
     c.micro_batch = 4;
     c.seq_len = 128;
@@ -103,7 +103,7 @@ static void test_offloading_changes_nothing(void **state)
 static td_train_config llama(td_backend_kind kind, td_dtype dt, td_model_family family, int untied)
 {
     td_train_config c = config(kind, dt);
-    c.model = (td_gpt_ref_config){ .n_layer = 3, .n_head = 4, .n_embd = 256, .n_positions = 128,
+    c.model = (td_model_desc){ .n_layer = 3, .n_head = 4, .n_embd = 256, .n_positions = 128,
                                    .vocab_size = 250, .padded_vocab_size = 256 };
     td_model_desc_set_family(&c.model, family);
     c.model.n_kv_head = 2;   /* hs 64: the flash path in bf16 */
@@ -165,7 +165,7 @@ static void test_block_probe_llama_family(void **state)
     td_backend *be;
     TD_ASSERT_OK(td_backend_create(&bp, &be));
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        td_gpt_ref_config mc = { .n_layer = 2, .n_head = shapes[k].NH, .n_embd = shapes[k].C, .n_positions = T,
+        td_model_desc mc = { .n_layer = 2, .n_head = shapes[k].NH, .n_embd = shapes[k].C, .n_positions = T,
                                  .vocab_size = 64, .padded_vocab_size = 64 };
         td_model_desc_set_family(&mc, shapes[k].f);
         mc.n_kv_head = shapes[k].NKV;
@@ -178,20 +178,20 @@ static void test_block_probe_llama_family(void **state)
         TD_ASSERT_OK(td_block_probe_forward(p));
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         size_t off, span;
-        td_gpt_ref_block_span(&p->mc, 0, &off, &span);
+        td_model_block_span(&p->mc, 0, &off, &span);
         float *w = malloc(span * sizeof(float)), *x = malloc(N * C * sizeof(float));
         float *y_gpu = malloc(N * C * sizeof(float)), *y = malloc(N * C * sizeof(float));
-        float *acts = calloc(td_gpt_ref_block_acts_numel(&p->mc, B, T), sizeof(float));
+        float *acts = calloc(td_model_block_acts_numel(&p->mc, B, T), sizeof(float));
         assert_non_null(w && x && y_gpu && y && acts);
         /* the span starts with ln1_w in every family */
         assert_int_equal(cudaMemcpy(w, p->w.ln1_w, span * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
         assert_int_equal(cudaMemcpy(x, p->x, N * C * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
         assert_int_equal(cudaMemcpy(y_gpu, p->y, N * C * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-        td_gpt_ref_block wb;
-        td_gpt_ref_block_acts a;
-        td_gpt_ref_block_view(&p->mc, w, &wb);
-        td_gpt_ref_block_acts_view(&p->mc, B, T, acts, &a);
-        td_gpt_ref_block_forward(&p->mc, &wb, &a, x, y, B, T);
+        td_model_block wb;
+        td_model_block_acts a;
+        td_model_block_view(&p->mc, w, &wb);
+        td_model_block_acts_view(&p->mc, B, T, acts, &a);
+        td_model_block_forward(&p->mc, &wb, &a, x, y, B, T);
         /* a recompute (y NULL) refills the acts bit for bit and writes no output */
         const size_t NH_ = (size_t)N * shapes[k].H * sizeof(float);
         float *g0 = malloc(NH_), *g1 = malloc(NH_), *y_after = malloc(N * C * sizeof(float));

@@ -12,7 +12,7 @@
 #include "td_ranks.h"
 #include "td_test.h"
 
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 
 #include <signal.h>
 #include <stdio.h>

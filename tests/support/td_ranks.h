@@ -1,10 +1,10 @@
-/* Forked ranks for the tests of several processes (dist/, checkpoints
+/* Forked ranks for the tests of several processes (parallel/, checkpoints
  * written by a group, ZeRO-3): each rank is a child running a body under
  * alarm(); the parent collects exit codes and kills all at a deadline. */
 #ifndef TD_RANKS_H
 #define TD_RANKS_H
 
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 
 enum { TD_RANKS_DEADLINE_S = 60 };
 

@@ -1,7 +1,7 @@
 /* The job from the launcher's environment variables (torchrun, mpirun,
  * Slurm, MPICH's mpiexec), and Slurm's compressed host lists.  Pure functions of the strings
  * they are given, so the tests feed them made-up environments. */
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 
 #include <ctype.h>
 #include <errno.h>

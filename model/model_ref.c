@@ -1,13 +1,13 @@
-/* GPT-2 composed from the CPU reference ops (see include/tidal/gpt_ref.h).
+/* GPT-2 composed from the CPU reference ops (see include/tidal/model_ref.h).
  *
  * Everything lives in caller-owned flat buffers carved by size tables: the
  * parameters by the tensor table, the activations by acts_layout() below.
  * The forward keeps every activation a block's backward needs (no
  * recomputation here; the step loop checkpoints by re-running
- * td_gpt_ref_block_forward from a kept block input).  The backward runs the
+ * td_model_block_forward from a kept block input).  The backward runs the
  * residual-stream gradient through two ping-pong buffers, block by block in
  * reverse. */
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 
 #include <math.h>
 #include <omp.h>
@@ -26,19 +26,19 @@ const char *td_model_family_name(td_model_family f)
     return (unsigned)f < TD_MODEL_FAMILY_COUNT ? names[f] : "unknown";
 }
 
-static int is_gpt2(const td_gpt_ref_config *cfg) { return cfg->family == TD_MODEL_GPT2; }
+static int is_gpt2(const td_model_desc *cfg) { return cfg->family == TD_MODEL_GPT2; }
 
-int td_model_kv_heads(const td_gpt_ref_config *cfg) { return cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head; }
-int td_model_head_size(const td_gpt_ref_config *cfg) { return cfg->n_embd / cfg->n_head; }
-int td_model_mlp_width(const td_gpt_ref_config *cfg) { return cfg->n_inner > 0 ? cfg->n_inner : 4 * cfg->n_embd; }
-int td_model_qkv_width(const td_gpt_ref_config *cfg)
+int td_model_kv_heads(const td_model_desc *cfg) { return cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head; }
+int td_model_head_size(const td_model_desc *cfg) { return cfg->n_embd / cfg->n_head; }
+int td_model_mlp_width(const td_model_desc *cfg) { return cfg->n_inner > 0 ? cfg->n_inner : 4 * cfg->n_embd; }
+int td_model_qkv_width(const td_model_desc *cfg)
 {
     return (cfg->n_head + 2 * td_model_kv_heads(cfg)) * td_model_head_size(cfg);
 }
-float td_model_norm_eps(const td_gpt_ref_config *cfg) { return cfg->norm_eps > 0 ? cfg->norm_eps : TD_OPS_LN_EPS; }
-float td_model_rope_theta(const td_gpt_ref_config *cfg) { return cfg->rope_theta > 0 ? cfg->rope_theta : 10000.0f; }
+float td_model_norm_eps(const td_model_desc *cfg) { return cfg->norm_eps > 0 ? cfg->norm_eps : TD_OPS_LN_EPS; }
+float td_model_rope_theta(const td_model_desc *cfg) { return cfg->rope_theta > 0 ? cfg->rope_theta : 10000.0f; }
 
-td_status td_gpt_ref_config_check(const td_gpt_ref_config *cfg)
+td_status td_model_desc_check(const td_model_desc *cfg)
 {
     if (!cfg) return td_error_set(TD_ERR_INVALID, "no model configuration given");
     if ((unsigned)cfg->family >= TD_MODEL_FAMILY_COUNT)
@@ -95,48 +95,48 @@ td_status td_gpt_ref_config_check(const td_gpt_ref_config *cfg)
     return TD_OK;
 }
 
-int td_model_embed_tensor_count(const td_gpt_ref_config *cfg) { return is_gpt2(cfg) ? 2 : 1; }
+int td_model_embed_tensor_count(const td_model_desc *cfg) { return is_gpt2(cfg) ? 2 : 1; }
 
 /* A block's kinds in layout order. */
-static int block_kinds(const td_gpt_ref_config *cfg, td_gpt_ref_param out[TD_GPT_REF_BLOCK_TENSORS])
+static int block_kinds(const td_model_desc *cfg, td_model_param out[TD_MODEL_BLOCK_TENSORS])
 {
     int n = 0;
     if (is_gpt2(cfg)) {
-        for (int k = TD_GPT_REF_LN1_W; k <= TD_GPT_REF_FCPROJ_B; k++) out[n++] = (td_gpt_ref_param)k;
+        for (int k = TD_MODEL_LN1_W; k <= TD_MODEL_FCPROJ_B; k++) out[n++] = (td_model_param)k;
         return n;
     }
-    out[n++] = TD_GPT_REF_LN1_W;
-    out[n++] = TD_GPT_REF_QKV_W;
-    if (cfg->qkv_bias) out[n++] = TD_GPT_REF_QKV_B;
-    out[n++] = TD_GPT_REF_ATTPROJ_W;
-    out[n++] = TD_GPT_REF_LN2_W;
-    out[n++] = TD_GPT_REF_FC_W;
-    out[n++] = TD_GPT_REF_FCPROJ_W;
+    out[n++] = TD_MODEL_LN1_W;
+    out[n++] = TD_MODEL_QKV_W;
+    if (cfg->qkv_bias) out[n++] = TD_MODEL_QKV_B;
+    out[n++] = TD_MODEL_ATTPROJ_W;
+    out[n++] = TD_MODEL_LN2_W;
+    out[n++] = TD_MODEL_FC_W;
+    out[n++] = TD_MODEL_FCPROJ_W;
     return n;
 }
 
-int td_model_block_tensor_count(const td_gpt_ref_config *cfg)
+int td_model_block_tensor_count(const td_model_desc *cfg)
 {
-    td_gpt_ref_param k[TD_GPT_REF_BLOCK_TENSORS];
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
     return block_kinds(cfg, k);
 }
 
 /* The kinds after the blocks. */
-static int final_kinds(const td_gpt_ref_config *cfg, td_gpt_ref_param out[2])
+static int final_kinds(const td_model_desc *cfg, td_model_param out[2])
 {
-    out[0] = TD_GPT_REF_LNF_W;
-    if (is_gpt2(cfg)) { out[1] = TD_GPT_REF_LNF_B; return 2; }
-    if (cfg->untied_head) { out[1] = TD_GPT_REF_LM_HEAD; return 2; }
+    out[0] = TD_MODEL_LNF_W;
+    if (is_gpt2(cfg)) { out[1] = TD_MODEL_LNF_B; return 2; }
+    if (cfg->untied_head) { out[1] = TD_MODEL_LM_HEAD; return 2; }
     return 1;
 }
 
-int td_gpt_ref_tensor_count(const td_gpt_ref_config *cfg)
+int td_model_tensor_count(const td_model_desc *cfg)
 {
-    td_gpt_ref_param f[2];
+    td_model_param f[2];
     return td_model_embed_tensor_count(cfg) + td_model_block_tensor_count(cfg) * cfg->n_layer + final_kinds(cfg, f);
 }
 
-int td_model_head_tensors(const td_gpt_ref_config *cfg, int idx[3])
+int td_model_head_tensors(const td_model_desc *cfg, int idx[3])
 {
     const int first = td_model_embed_tensor_count(cfg) + td_model_block_tensor_count(cfg) * cfg->n_layer;
     if (is_gpt2(cfg)) { idx[0] = first; idx[1] = first + 1; idx[2] = 0; return 3; }
@@ -146,53 +146,53 @@ int td_model_head_tensors(const td_gpt_ref_config *cfg, int idx[3])
 }
 
 /* Shape of one kind, tidal's (out, in) convention. */
-static int kind_shape(const td_gpt_ref_config *cfg, td_gpt_ref_param kind, int shape[2])
+static int kind_shape(const td_model_desc *cfg, td_model_param kind, int shape[2])
 {
     const int C = cfg->n_embd, H = td_model_mlp_width(cfg), QKV = td_model_qkv_width(cfg);
     const int gpt2 = is_gpt2(cfg);
     switch (kind) {
-    case TD_GPT_REF_WTE: case TD_GPT_REF_LM_HEAD: shape[0] = cfg->padded_vocab_size; shape[1] = C; return 2;
-    case TD_GPT_REF_WPE: shape[0] = cfg->n_positions; shape[1] = C; return 2;
-    case TD_GPT_REF_QKV_W: shape[0] = QKV; shape[1] = C; return 2;
-    case TD_GPT_REF_QKV_B: shape[0] = QKV; return 1;
-    case TD_GPT_REF_ATTPROJ_W: shape[0] = C; shape[1] = C; return 2;
-    case TD_GPT_REF_FC_W: shape[0] = gpt2 ? H : 2 * H; shape[1] = C; return 2;
-    case TD_GPT_REF_FC_B: shape[0] = H; return 1;
-    case TD_GPT_REF_FCPROJ_W: shape[0] = C; shape[1] = H; return 2;
+    case TD_MODEL_WTE: case TD_MODEL_LM_HEAD: shape[0] = cfg->padded_vocab_size; shape[1] = C; return 2;
+    case TD_MODEL_WPE: shape[0] = cfg->n_positions; shape[1] = C; return 2;
+    case TD_MODEL_QKV_W: shape[0] = QKV; shape[1] = C; return 2;
+    case TD_MODEL_QKV_B: shape[0] = QKV; return 1;
+    case TD_MODEL_ATTPROJ_W: shape[0] = C; shape[1] = C; return 2;
+    case TD_MODEL_FC_W: shape[0] = gpt2 ? H : 2 * H; shape[1] = C; return 2;
+    case TD_MODEL_FC_B: shape[0] = H; return 1;
+    case TD_MODEL_FCPROJ_W: shape[0] = C; shape[1] = H; return 2;
     default: shape[0] = C; return 1; /* norm weights and biases, C-wide biases */
     }
 }
 
-static size_t kind_numel(const td_gpt_ref_config *cfg, td_gpt_ref_param kind)
+static size_t kind_numel(const td_model_desc *cfg, td_model_param kind)
 {
     int shape[2] = {1, 1};
     const int ndim = kind_shape(cfg, kind, shape);
     return ndim == 2 ? (size_t)shape[0] * shape[1] : (size_t)shape[0];
 }
 
-static size_t block_numel(const td_gpt_ref_config *cfg)
+static size_t block_numel(const td_model_desc *cfg)
 {
-    td_gpt_ref_param k[TD_GPT_REF_BLOCK_TENSORS];
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
     size_t n = 0;
     for (int i = 0, nk = block_kinds(cfg, k); i < nk; i++) n += kind_numel(cfg, k[i]);
     return n;
 }
 
-size_t td_model_block_largest_numel(const td_gpt_ref_config *cfg)
+size_t td_model_block_largest_numel(const td_model_desc *cfg)
 {
-    td_gpt_ref_param k[TD_GPT_REF_BLOCK_TENSORS];
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
     size_t m = 0;
     for (int i = 0, nk = block_kinds(cfg, k); i < nk; i++)
         if (kind_numel(cfg, k[i]) > m) m = kind_numel(cfg, k[i]);
     return m;
 }
 
-static size_t embed_numel(const td_gpt_ref_config *cfg)
+static size_t embed_numel(const td_model_desc *cfg)
 {
-    return kind_numel(cfg, TD_GPT_REF_WTE) + (is_gpt2(cfg) ? kind_numel(cfg, TD_GPT_REF_WPE) : 0);
+    return kind_numel(cfg, TD_MODEL_WTE) + (is_gpt2(cfg) ? kind_numel(cfg, TD_MODEL_WPE) : 0);
 }
 
-static const char *const gpt2_names[TD_GPT_REF_PARAM_COUNT] = {
+static const char *const gpt2_names[TD_MODEL_PARAM_COUNT] = {
     "wte.weight", "wpe.weight",
     "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
     "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
@@ -202,30 +202,30 @@ static const char *const gpt2_names[TD_GPT_REF_PARAM_COUNT] = {
 
 /* LLaMA-family names (transformers' LlamaForCausalLM / Qwen2ForCausalLM);
  * the fused tensors have tidal's own names, split on save (td_model_hf_get). */
-static const char *const llama_names[TD_GPT_REF_PARAM_COUNT] = {
-    [TD_GPT_REF_WTE] = "model.embed_tokens.weight",
-    [TD_GPT_REF_LN1_W] = "input_layernorm.weight",
-    [TD_GPT_REF_QKV_W] = "self_attn.qkv_proj.weight",
-    [TD_GPT_REF_QKV_B] = "self_attn.qkv_proj.bias",
-    [TD_GPT_REF_ATTPROJ_W] = "self_attn.o_proj.weight",
-    [TD_GPT_REF_LN2_W] = "post_attention_layernorm.weight",
-    [TD_GPT_REF_FC_W] = "mlp.gate_up_proj.weight",
-    [TD_GPT_REF_FCPROJ_W] = "mlp.down_proj.weight",
-    [TD_GPT_REF_LNF_W] = "model.norm.weight",
-    [TD_GPT_REF_LM_HEAD] = "lm_head.weight",
+static const char *const llama_names[TD_MODEL_PARAM_COUNT] = {
+    [TD_MODEL_WTE] = "model.embed_tokens.weight",
+    [TD_MODEL_LN1_W] = "input_layernorm.weight",
+    [TD_MODEL_QKV_W] = "self_attn.qkv_proj.weight",
+    [TD_MODEL_QKV_B] = "self_attn.qkv_proj.bias",
+    [TD_MODEL_ATTPROJ_W] = "self_attn.o_proj.weight",
+    [TD_MODEL_LN2_W] = "post_attention_layernorm.weight",
+    [TD_MODEL_FC_W] = "mlp.gate_up_proj.weight",
+    [TD_MODEL_FCPROJ_W] = "mlp.down_proj.weight",
+    [TD_MODEL_LNF_W] = "model.norm.weight",
+    [TD_MODEL_LM_HEAD] = "lm_head.weight",
 };
 
-void td_gpt_ref_tensor_get(const td_gpt_ref_config *cfg, int index, td_gpt_ref_tensor *out)
+void td_model_tensor_get(const td_model_desc *cfg, int index, td_model_tensor *out)
 {
     memset(out, 0, sizeof *out);
     const int L = cfg->n_layer, ne = td_model_embed_tensor_count(cfg);
-    td_gpt_ref_param bk[TD_GPT_REF_BLOCK_TENSORS], fk[2];
+    td_model_param bk[TD_MODEL_BLOCK_TENSORS], fk[2];
     const int nb = block_kinds(cfg, bk);
     final_kinds(cfg, fk);
     out->layer = -1;
     if (index < ne) {
-        out->kind = (td_gpt_ref_param)index;
-        out->offset = index == 0 ? 0 : kind_numel(cfg, TD_GPT_REF_WTE);
+        out->kind = (td_model_param)index;
+        out->offset = index == 0 ? 0 : kind_numel(cfg, TD_MODEL_WTE);
     } else if (index < ne + nb * L) {
         const int layer = (index - ne) / nb, k = (index - ne) % nb;
         out->kind = bk[k];
@@ -241,8 +241,8 @@ void td_gpt_ref_tensor_get(const td_gpt_ref_config *cfg, int index, td_gpt_ref_t
     out->ndim = kind_shape(cfg, out->kind, out->shape);
     out->numel = kind_numel(cfg, out->kind);
     out->matrix = out->ndim == 2;
-    out->hf_transposed = is_gpt2(cfg) && (out->kind == TD_GPT_REF_QKV_W || out->kind == TD_GPT_REF_ATTPROJ_W ||
-                                          out->kind == TD_GPT_REF_FC_W || out->kind == TD_GPT_REF_FCPROJ_W);
+    out->hf_transposed = is_gpt2(cfg) && (out->kind == TD_MODEL_QKV_W || out->kind == TD_MODEL_ATTPROJ_W ||
+                                          out->kind == TD_MODEL_FC_W || out->kind == TD_MODEL_FCPROJ_W);
     const char *name = (is_gpt2(cfg) ? gpt2_names : llama_names)[out->kind];
     if (out->layer >= 0)
         snprintf(out->name, sizeof out->name, is_gpt2(cfg) ? "h.%d.%s" : "model.layers.%d.%s", out->layer, name);
@@ -250,61 +250,61 @@ void td_gpt_ref_tensor_get(const td_gpt_ref_config *cfg, int index, td_gpt_ref_t
         snprintf(out->name, sizeof out->name, "%s", name);
 }
 
-size_t td_gpt_ref_params_numel(const td_gpt_ref_config *cfg)
+size_t td_model_params_numel(const td_model_desc *cfg)
 {
-    td_gpt_ref_param fk[2];
+    td_model_param fk[2];
     size_t n = embed_numel(cfg) + (size_t)cfg->n_layer * block_numel(cfg);
     for (int k = 0, nf = final_kinds(cfg, fk); k < nf; k++) n += kind_numel(cfg, fk[k]);
     return n;
 }
 
-void td_gpt_ref_block_span(const td_gpt_ref_config *cfg, int layer, size_t *offset, size_t *numel)
+void td_model_block_span(const td_model_desc *cfg, int layer, size_t *offset, size_t *numel)
 {
     *offset = embed_numel(cfg) + (size_t)layer * block_numel(cfg);
     *numel = block_numel(cfg);
 }
 
-void td_gpt_ref_block_from(const td_gpt_ref_config *cfg, void *const *p, td_gpt_ref_block *out)
+void td_model_block_from(const td_model_desc *cfg, void *const *p, td_model_block *out)
 {
-    td_gpt_ref_param bk[TD_GPT_REF_BLOCK_TENSORS];
-    float **slot = (float **)out; /* the struct's pointers follow td_gpt_ref_param from LN1_W */
+    td_model_param bk[TD_MODEL_BLOCK_TENSORS];
+    float **slot = (float **)out; /* the struct's pointers follow td_model_param from LN1_W */
     memset(out, 0, sizeof *out);
-    for (int k = 0, nb = block_kinds(cfg, bk); k < nb; k++) slot[bk[k] - TD_GPT_REF_LN1_W] = p[k];
+    for (int k = 0, nb = block_kinds(cfg, bk); k < nb; k++) slot[bk[k] - TD_MODEL_LN1_W] = p[k];
 }
 
-void td_gpt_ref_block_view(const td_gpt_ref_config *cfg, float *block_base, td_gpt_ref_block *out)
+void td_model_block_view(const td_model_desc *cfg, float *block_base, td_model_block *out)
 {
-    td_gpt_ref_param bk[TD_GPT_REF_BLOCK_TENSORS];
-    void *p[TD_GPT_REF_BLOCK_TENSORS];
+    td_model_param bk[TD_MODEL_BLOCK_TENSORS];
+    void *p[TD_MODEL_BLOCK_TENSORS];
     float *q = block_base;
     for (int k = 0, nb = block_kinds(cfg, bk); k < nb; k++) {
         p[k] = q;
         q += kind_numel(cfg, bk[k]);
     }
-    td_gpt_ref_block_from(cfg, p, out);
+    td_model_block_from(cfg, p, out);
 }
 
 /* --- initialisation ------------------------------------------------------- */
 
-void td_gpt_ref_init_tensor(const td_gpt_ref_config *cfg, int index, float *dst, uint64_t seed)
+void td_model_init_tensor(const td_model_desc *cfg, int index, float *dst, uint64_t seed)
 {
-    td_gpt_ref_tensor t;
-    td_gpt_ref_tensor_get(cfg, index, &t);
+    td_model_tensor t;
+    td_model_tensor_get(cfg, index, &t);
     switch (t.kind) {
-    case TD_GPT_REF_LN1_W: case TD_GPT_REF_LN2_W: case TD_GPT_REF_LNF_W:
+    case TD_MODEL_LN1_W: case TD_MODEL_LN2_W: case TD_MODEL_LNF_W:
         for (size_t i = 0; i < t.numel; i++) dst[i] = 1.0f;
         return;
-    case TD_GPT_REF_LN1_B: case TD_GPT_REF_LN2_B: case TD_GPT_REF_LNF_B: case TD_GPT_REF_QKV_B:
-    case TD_GPT_REF_ATTPROJ_B: case TD_GPT_REF_FC_B: case TD_GPT_REF_FCPROJ_B:
+    case TD_MODEL_LN1_B: case TD_MODEL_LN2_B: case TD_MODEL_LNF_B: case TD_MODEL_QKV_B:
+    case TD_MODEL_ATTPROJ_B: case TD_MODEL_FC_B: case TD_MODEL_FCPROJ_B:
         memset(dst, 0, t.numel * sizeof(float));
         return;
     default: break;
     }
-    const double std = is_gpt2(cfg) && (t.kind == TD_GPT_REF_ATTPROJ_W || t.kind == TD_GPT_REF_FCPROJ_W)
+    const double std = is_gpt2(cfg) && (t.kind == TD_MODEL_ATTPROJ_W || t.kind == TD_MODEL_FCPROJ_W)
                            ? 0.02 / sqrt(2.0 * cfg->n_layer)
                            : 0.02;
     size_t n = t.numel;
-    if (t.kind == TD_GPT_REF_WTE || t.kind == TD_GPT_REF_LM_HEAD) { /* padding rows stay zero */
+    if (t.kind == TD_MODEL_WTE || t.kind == TD_MODEL_LM_HEAD) { /* padding rows stay zero */
         n = (size_t)cfg->vocab_size * cfg->n_embd;
         memset(dst + n, 0, (t.numel - n) * sizeof(float));
     }
@@ -332,20 +332,20 @@ void td_gpt_ref_init_tensor(const td_gpt_ref_config *cfg, int index, float *dst,
     }
 }
 
-void td_gpt_ref_init(const td_gpt_ref_config *cfg, float *params, uint64_t seed)
+void td_model_init(const td_model_desc *cfg, float *params, uint64_t seed)
 {
-    const int count = td_gpt_ref_tensor_count(cfg);
+    const int count = td_model_tensor_count(cfg);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < count; i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(cfg, i, &t);
-        td_gpt_ref_init_tensor(cfg, i, params + t.offset, seed);
+        td_model_tensor t;
+        td_model_tensor_get(cfg, i, &t);
+        td_model_init_tensor(cfg, i, params + t.offset, seed);
     }
 }
 
 /* --- one block ------------------------------------------------------------ */
 
-size_t td_gpt_ref_block_acts_numel(const td_gpt_ref_config *cfg, int B, int T)
+size_t td_model_block_acts_numel(const td_model_desc *cfg, int B, int T)
 {
     const size_t C = (size_t)cfg->n_embd, NH = (size_t)cfg->n_head;
     if (is_gpt2(cfg)) return (size_t)B * T * (15 * C + 4 + NH);
@@ -353,8 +353,8 @@ size_t td_gpt_ref_block_acts_numel(const td_gpt_ref_config *cfg, int B, int T)
     return (size_t)B * T * (4 * C + QKV + 3 * H + NH + 2);
 }
 
-void td_gpt_ref_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, float *base,
-                                td_gpt_ref_block_acts *out)
+void td_model_block_acts_view(const td_model_desc *cfg, int B, int T, float *base,
+                                td_model_block_acts *out)
 {
     const size_t N = (size_t)B * T, C = (size_t)cfg->n_embd;
     const int gpt2 = is_gpt2(cfg);
@@ -376,7 +376,7 @@ void td_gpt_ref_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, floa
     out->fch_gelu = p;
 }
 
-size_t td_gpt_ref_block_scratch_numel(const td_gpt_ref_config *cfg, int B, int T)
+size_t td_model_block_scratch_numel(const td_model_desc *cfg, int B, int T)
 {
     const size_t C = (size_t)cfg->n_embd;
     if (is_gpt2(cfg)) return (size_t)B * T * 10 * C;
@@ -386,11 +386,11 @@ size_t td_gpt_ref_block_scratch_numel(const td_gpt_ref_config *cfg, int B, int T
 
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
-/* The LLaMA-family block (see gpt_ref.h): RMSNorm, q|k|v in one matmul, RoPE
+/* The LLaMA-family block (see model_ref.h): RMSNorm, q|k|v in one matmul, RoPE
  * on q and k in place, grouped-query attention, o_proj, RMSNorm, gate|up in
  * one matmul, SwiGLU, down_proj; no biases but Qwen2's q/k/v ones. */
-static void llama_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_block *w,
-                                const td_gpt_ref_block_acts *a, const float *x, float *y, int B, int T)
+static void llama_block_forward(const td_model_desc *cfg, const td_model_block *w,
+                                const td_model_block_acts *a, const float *x, float *y, int B, int T)
 {
     const int C = cfg->n_embd, NH = cfg->n_head, NKV = td_model_kv_heads(cfg), hs = td_model_head_size(cfg);
     const int N = B * T, H = td_model_mlp_width(cfg), QKV = td_model_qkv_width(cfg);
@@ -412,8 +412,8 @@ static void llama_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_b
     td_ops_residual_forward(y, y, a->res2, (size_t)N * C);                            // res2 + branch
 }
 
-static void llama_block_backward(const td_gpt_ref_config *cfg, const td_gpt_ref_block *w,
-                                 const td_gpt_ref_block *g, const td_gpt_ref_block_acts *a,
+static void llama_block_backward(const td_model_desc *cfg, const td_model_block *w,
+                                 const td_model_block *g, const td_model_block_acts *a,
                                  const float *x, const float *dy, float *dx, float *scratch, int B, int T)
 {
     const int C = cfg->n_embd, NH = cfg->n_head, NKV = td_model_kv_heads(cfg), hs = td_model_head_size(cfg);
@@ -447,8 +447,8 @@ static void llama_block_backward(const td_gpt_ref_config *cfg, const td_gpt_ref_
     td_ops_rmsnorm_backward(dx, g->ln1_w, dc, x, w->ln1_w, a->ln1_rstd, N, C);
 }
 
-void td_gpt_ref_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_block *w,
-                              const td_gpt_ref_block_acts *a, const float *x, float *y, int B, int T)
+void td_model_block_forward(const td_model_desc *cfg, const td_model_block *w,
+                              const td_model_block_acts *a, const float *x, float *y, int B, int T)
 {
     if (!is_gpt2(cfg)) { llama_block_forward(cfg, w, a, x, y, B, T); return; }
     const int C = cfg->n_embd, NH = cfg->n_head, N = B * T;
@@ -465,8 +465,8 @@ void td_gpt_ref_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_blo
     td_ops_residual_forward(y, y, a->res2, (size_t)N * C);                         // res2 + branch
 }
 
-void td_gpt_ref_block_backward(const td_gpt_ref_config *cfg, const td_gpt_ref_block *w,
-                               const td_gpt_ref_block *g, const td_gpt_ref_block_acts *a,
+void td_model_block_backward(const td_model_desc *cfg, const td_model_block *w,
+                               const td_model_block *g, const td_model_block_acts *a,
                                const float *x, const float *dy, float *dx, float *scratch,
                                int B, int T)
 {
@@ -504,7 +504,7 @@ void td_gpt_ref_block_backward(const td_gpt_ref_config *cfg, const td_gpt_ref_bl
 
 /* --- the head -------------------------------------------------------------- */
 
-void td_gpt_ref_head_forward(const td_gpt_ref_config *cfg, float *logits, float *lnf, float *lnf_mean,
+void td_model_head_forward(const td_model_desc *cfg, float *logits, float *lnf, float *lnf_mean,
                              float *lnf_rstd, const float *x, const float *const *head, int N)
 {
     const int C = cfg->n_embd, Vp = cfg->padded_vocab_size;
@@ -516,7 +516,7 @@ void td_gpt_ref_head_forward(const td_gpt_ref_config *cfg, float *logits, float 
     td_ops_matmul_forward(logits, lnf, head[1], NULL, N, C, Vp);                       // (N,Vp)
 }
 
-void td_gpt_ref_head_backward(const td_gpt_ref_config *cfg, float *dx, float *const *ghead, float *dlnf,
+void td_model_head_backward(const td_model_desc *cfg, float *dx, float *const *ghead, float *dlnf,
                               const float *dlogits, const float *x, const float *lnf, const float *lnf_mean,
                               const float *lnf_rstd, const float *const *head, int N)
 {
@@ -541,12 +541,12 @@ typedef struct acts_layout {
     size_t lnf, lnf_mean, lnf_rstd, logits, losses, lse, total;
 } acts_layout;
 
-static acts_layout layout_of(const td_gpt_ref_config *cfg, int B, int T)
+static acts_layout layout_of(const td_model_desc *cfg, int B, int T)
 {
     const size_t N = (size_t)B * T;
     acts_layout l;
     l.stream = N * cfg->n_embd;
-    l.block = td_gpt_ref_block_acts_numel(cfg, B, T);
+    l.block = td_model_block_acts_numel(cfg, B, T);
     l.x0 = 0;
     l.lnf = (size_t)cfg->n_layer * (l.stream + l.block) + l.stream; /* after x_L */
     l.lnf_mean = l.lnf + l.stream;
@@ -563,31 +563,31 @@ static float *stream_at(const acts_layout *l, float *acts, int layer)
     return acts + l->x0 + (size_t)layer * (l->stream + l->block);
 }
 
-size_t td_gpt_ref_acts_numel(const td_gpt_ref_config *cfg, int B, int T)
+size_t td_model_acts_numel(const td_model_desc *cfg, int B, int T)
 {
     return layout_of(cfg, B, T).total;
 }
 
-size_t td_gpt_ref_scratch_numel(const td_gpt_ref_config *cfg, int B, int T)
+size_t td_model_scratch_numel(const td_model_desc *cfg, int B, int T)
 {
     /* the head's dlnf (N,C) fits in the block scratch (at least 2 C per token) */
-    return 2 * (size_t)B * T * cfg->n_embd + td_gpt_ref_block_scratch_numel(cfg, B, T);
+    return 2 * (size_t)B * T * cfg->n_embd + td_model_block_scratch_numel(cfg, B, T);
 }
 
-float *td_gpt_ref_logits(const td_gpt_ref_config *cfg, int B, int T, float *acts)
+float *td_model_logits(const td_model_desc *cfg, int B, int T, float *acts)
 {
     return acts + layout_of(cfg, B, T).logits;
 }
 
-float *td_gpt_ref_losses(const td_gpt_ref_config *cfg, int B, int T, float *acts)
+float *td_model_losses(const td_model_desc *cfg, int B, int T, float *acts)
 {
     return acts + layout_of(cfg, B, T).losses;
 }
 
-td_status td_gpt_ref_check_batch(const td_gpt_ref_config *cfg, const int *tokens,
+td_status td_model_check_batch(const td_model_desc *cfg, const int *tokens,
                                  const int *targets, int B, int T)
 {
-    td_status st = td_gpt_ref_config_check(cfg);
+    td_status st = td_model_desc_check(cfg);
     if (st != TD_OK) return st;
     if (B < 1 || T < 1 || T > cfg->n_positions)
         return td_error_set(TD_ERR_INVALID,
@@ -608,26 +608,26 @@ td_status td_gpt_ref_check_batch(const td_gpt_ref_config *cfg, const int *tokens
     return TD_OK;
 }
 
-static size_t offset_of(const td_gpt_ref_config *cfg, int index)
+static size_t offset_of(const td_model_desc *cfg, int index)
 {
-    td_gpt_ref_tensor t;
-    td_gpt_ref_tensor_get(cfg, index, &t);
+    td_model_tensor t;
+    td_model_tensor_get(cfg, index, &t);
     return t.offset;
 }
 
-static void block_views(const td_gpt_ref_config *cfg, const float *flat, int layer,
-                        td_gpt_ref_block *out)
+static void block_views(const td_model_desc *cfg, const float *flat, int layer,
+                        td_model_block *out)
 {
     size_t offset, numel;
-    td_gpt_ref_block_span(cfg, layer, &offset, &numel);
-    td_gpt_ref_block_view(cfg, (float *)flat + offset, out); /* const again at the call sites */
+    td_model_block_span(cfg, layer, &offset, &numel);
+    td_model_block_view(cfg, (float *)flat + offset, out); /* const again at the call sites */
 }
 
-td_status td_gpt_ref_forward(const td_gpt_ref_config *cfg, const float *params, const int *tokens,
+td_status td_model_forward(const td_model_desc *cfg, const float *params, const int *tokens,
                              const int *targets, int B, int T, float *acts, float *loss,
                              int *n_targets)
 {
-    td_status st = td_gpt_ref_check_batch(cfg, tokens, targets, B, T);
+    td_status st = td_model_check_batch(cfg, tokens, targets, B, T);
     if (st != TD_OK) return st;
     const int L = cfg->n_layer, C = cfg->n_embd, N = B * T;
     const acts_layout l = layout_of(cfg, B, T);
@@ -638,14 +638,14 @@ td_status td_gpt_ref_forward(const td_gpt_ref_config *cfg, const float *params, 
     td_ops_encoder_forward(stream_at(&l, acts, 0), tokens, params + offset_of(cfg, 0),
                            is_gpt2(cfg) ? params + offset_of(cfg, 1) : NULL, B, T, C);
     for (int layer = 0; layer < L; layer++) {
-        td_gpt_ref_block w;
-        td_gpt_ref_block_acts a;
+        td_model_block w;
+        td_model_block_acts a;
         block_views(cfg, params, layer, &w);
-        td_gpt_ref_block_acts_view(cfg, B, T, stream_at(&l, acts, layer) + l.stream, &a);
-        td_gpt_ref_block_forward(cfg, &w, &a, stream_at(&l, acts, layer),
+        td_model_block_acts_view(cfg, B, T, stream_at(&l, acts, layer) + l.stream, &a);
+        td_model_block_forward(cfg, &w, &a, stream_at(&l, acts, layer),
                                  stream_at(&l, acts, layer + 1), B, T);
     }
-    td_gpt_ref_head_forward(cfg, acts + l.logits, acts + l.lnf, acts + l.lnf_mean, acts + l.lnf_rstd,
+    td_model_head_forward(cfg, acts + l.logits, acts + l.lnf, acts + l.lnf_mean, acts + l.lnf_rstd,
                             stream_at(&l, acts, L), head, N);
     double sum = 0.0;
     int count = 0;
@@ -663,13 +663,13 @@ td_status td_gpt_ref_forward(const td_gpt_ref_config *cfg, const float *params, 
     return TD_OK;
 }
 
-td_status td_gpt_ref_backward(const td_gpt_ref_config *cfg, const float *params, float *grads,
+td_status td_model_backward(const td_model_desc *cfg, const float *params, float *grads,
                               const int *tokens, const int *targets, float dloss, int B, int T,
                               float *acts, float *scratch)
 {
     if (!targets)
         return td_error_set(TD_ERR_INVALID, "backward needs the targets the forward used");
-    td_status st = td_gpt_ref_check_batch(cfg, tokens, targets, B, T);
+    td_status st = td_model_check_batch(cfg, tokens, targets, B, T);
     if (st != TD_OK) return st;
     const int L = cfg->n_layer, C = cfg->n_embd, N = B * T;
     const acts_layout l = layout_of(cfg, B, T);
@@ -687,16 +687,16 @@ td_status td_gpt_ref_backward(const td_gpt_ref_config *cfg, const float *params,
     td_ops_crossentropy_backward(logits, logits, acts + l.lse, targets, dloss, N, cfg->vocab_size,
                                  cfg->padded_vocab_size); /* in place: logits -> dlogits */
     zero(dcur, NC);
-    td_gpt_ref_head_backward(cfg, dcur, ghead, block_scratch, logits, stream_at(&l, acts, L), acts + l.lnf,
+    td_model_head_backward(cfg, dcur, ghead, block_scratch, logits, stream_at(&l, acts, L), acts + l.lnf,
                              acts + l.lnf_mean, acts + l.lnf_rstd, head, N);
     for (int layer = L - 1; layer >= 0; layer--) {
-        td_gpt_ref_block w, g;
-        td_gpt_ref_block_acts a;
+        td_model_block w, g;
+        td_model_block_acts a;
         block_views(cfg, params, layer, &w);
         block_views(cfg, grads, layer, &g);
-        td_gpt_ref_block_acts_view(cfg, B, T, stream_at(&l, acts, layer) + l.stream, &a);
+        td_model_block_acts_view(cfg, B, T, stream_at(&l, acts, layer) + l.stream, &a);
         zero(dnext, NC);
-        td_gpt_ref_block_backward(cfg, &w, &g, &a, stream_at(&l, acts, layer), dcur, dnext,
+        td_model_block_backward(cfg, &w, &g, &a, stream_at(&l, acts, layer), dcur, dnext,
                                   block_scratch, B, T);
         float *tmp = dcur;
         dcur = dnext;

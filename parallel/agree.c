@@ -4,7 +4,7 @@
  * they differ do the ranks exchange per-setting hashes, find the first
  * setting that differs, and then its values, so the message names it.  In
  * the common case this costs one all-gather of 8 bytes a rank. */
-#include "dist_impl.h"
+#include "parallel_impl.h"
 #include "tidal/alloc.h"
 
 #include <stdint.h>

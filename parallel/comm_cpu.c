@@ -21,7 +21,7 @@
  * Queues: the collective runs on the calling thread once the queue's
  * earlier work has finished (cpu backend copies run on worker threads), so
  * it is complete when the call returns. */
-#include "dist_impl.h"
+#include "parallel_impl.h"
 #include "net.h"
 #include "tidal/alloc.h"
 #include "tidal/convert.h"

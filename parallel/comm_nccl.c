@@ -13,7 +13,7 @@
  *
  * NCCL's own buffers are cudaMalloc'd by NCCL outside the arena; the
  * arena's default budget leaves a margin for them (docs/distributed.md). */
-#include "dist_impl.h"
+#include "parallel_impl.h"
 #include "tidal/alloc.h"
 
 #include <cuda_runtime.h>

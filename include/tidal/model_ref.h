@@ -1,5 +1,5 @@
 /* The model composed from the CPU reference ops (ops.h): the description of
- * a model (td_gpt_ref_config, also spelt td_model_desc: GPT-2, LLaMA or
+ * a model (td_model_desc, also spelt td_model_desc: GPT-2, LLaMA or
  * Qwen2), its parameter layout (a size table over one flat fp32 buffer),
  * initialisation, and forward/backward per block and for the whole model.
  * The name is historical: GPT-2 came first and is the case of the
@@ -24,9 +24,9 @@
  * Face tensors (td_model_hf_get).
  *
  * Layout: wte (Vp,C), [wpe (maxT,C)], then block 0 .. L-1 each as its
- * tensors in the order of td_gpt_ref_param (GPT-2: 12; LLaMA 6, Qwen2 7),
+ * tensors in the order of td_model_param (GPT-2: 12; LLaMA 6, Qwen2 7),
  * then the final norm's weight [and bias] [and lm_head (Vp,C)].  A block's
- * tensors are contiguous (td_gpt_ref_block_span), so a block can be one chunk.
+ * tensors are contiguous (td_model_block_span), so a block can be one chunk.
  * Weights are (out, in), as in PyTorch nn.Linear; Hugging Face's GPT-2 keeps
  * c_attn / c_proj / c_fc as Conv1D, (in, out): the table says which to
  * transpose.  wte (and lm_head) has Vp rows here, HF's has V: rows >= V are
@@ -34,18 +34,18 @@
  *
  * Two levels of use:
  *   - whole model over flat buffers (tests, simple trainers):
- *       td_gpt_ref_forward / td_gpt_ref_backward with params, grads, acts and
+ *       td_model_forward / td_model_backward with params, grads, acts and
  *       scratch buffers sized by the *_numel functions;
  *   - one block at a time (the offloading step loop, which holds a block's
  *     params wherever its chunk lives and may recompute a block's activations
  *     from its input, i.e. activation checkpointing):
- *       td_gpt_ref_block_forward / td_gpt_ref_block_backward over views.
+ *       td_model_block_forward / td_model_block_backward over views.
  *
  * Ownership: the caller owns every buffer; nothing here allocates.
  * Thread-safety: reentrant; each op runs its own OpenMP region.
  * Determinism: bit-identical results for any thread count (see ops.h). */
-#ifndef TIDAL_GPT_REF_H
-#define TIDAL_GPT_REF_H
+#ifndef TIDAL_MODEL_REF_H
+#define TIDAL_MODEL_REF_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -67,7 +67,7 @@ typedef enum td_model_pos { TD_MODEL_POS_LEARNED, TD_MODEL_POS_ROPE } td_model_p
 
 /* The model's description.  All-zero family fields describe GPT-2, so a
  * GPT-2 configuration needs only the first six. */
-typedef struct td_gpt_ref_config {
+typedef struct td_model_desc {
     int n_layer;           /* L */
     int n_head;            /* NH; n_embd must be a multiple of it */
     int n_embd;            /* C */
@@ -76,7 +76,7 @@ typedef struct td_gpt_ref_config {
     int padded_vocab_size; /* Vp >= V: rows of wte, columns of the logits */
     /* The block's make-up.  GPT-2 is LayerNorm, GELU, learned positions,
      * biases everywhere, tied head; LLaMA and Qwen2 are RMSNorm, SwiGLU, RoPE
-     * (td_gpt_ref_config_check refuses other combinations). */
+     * (td_model_desc_check refuses other combinations). */
     td_model_family family;
     td_model_norm norm;
     td_model_act act;
@@ -88,29 +88,28 @@ typedef struct td_gpt_ref_config {
     td_rope_scaling rope_scaling; /* factor 0: none; else llama3 scaling */
     int qkv_bias;          /* LLaMA-family: q, k, v projections have biases (Qwen2) */
     int untied_head;       /* 1: its own lm_head (Vp, C); 0: logits against wte */
-} td_gpt_ref_config;
-typedef td_gpt_ref_config td_model_desc;
+} td_model_desc;
 
 /* "gpt2", "llama", "qwen2" (the Hugging Face model_type). */
 const char *td_model_family_name(td_model_family f);
 /* The derived sizes, defaults applied. */
-int td_model_kv_heads(const td_gpt_ref_config *cfg);      /* NKV */
-int td_model_head_size(const td_gpt_ref_config *cfg);     /* hs = C / NH */
-int td_model_mlp_width(const td_gpt_ref_config *cfg);     /* H */
-int td_model_qkv_width(const td_gpt_ref_config *cfg);     /* (NH + 2 NKV) hs */
-float td_model_norm_eps(const td_gpt_ref_config *cfg);
-float td_model_rope_theta(const td_gpt_ref_config *cfg);
+int td_model_kv_heads(const td_model_desc *cfg);      /* NKV */
+int td_model_head_size(const td_model_desc *cfg);     /* hs = C / NH */
+int td_model_mlp_width(const td_model_desc *cfg);     /* H */
+int td_model_qkv_width(const td_model_desc *cfg);     /* (NH + 2 NKV) hs */
+float td_model_norm_eps(const td_model_desc *cfg);
+float td_model_rope_theta(const td_model_desc *cfg);
 /* The block tensors' count (12, 6 or 7) and the tensors before block 0 (2 or 1). */
-int td_model_block_tensor_count(const td_gpt_ref_config *cfg);
-int td_model_embed_tensor_count(const td_gpt_ref_config *cfg);
+int td_model_block_tensor_count(const td_model_desc *cfg);
+int td_model_embed_tensor_count(const td_model_desc *cfg);
 /* The tensors the head reads, as layout indices in the order head_forward
  * takes them: norm weight, [norm bias,] output matrix (wte when tied). */
-int td_model_head_tensors(const td_gpt_ref_config *cfg, int idx[3]);
+int td_model_head_tensors(const td_model_desc *cfg, int idx[3]);
 /* The largest single tensor inside a block (elements). */
-size_t td_model_block_largest_numel(const td_gpt_ref_config *cfg);
+size_t td_model_block_largest_numel(const td_model_desc *cfg);
 
 /* TD_OK, or TD_ERR_INVALID naming the bad field. */
-td_status td_gpt_ref_config_check(const td_gpt_ref_config *cfg);
+td_status td_model_desc_check(const td_model_desc *cfg);
 
 /* --- parameters ----------------------------------------------------------- */
 
@@ -118,32 +117,32 @@ td_status td_gpt_ref_config_check(const td_gpt_ref_config *cfg);
  * LN1_W, LN2_W, LNF_W are the RMSNorm weights, QKV_W/QKV_B the fused q|k|v
  * projection, ATTPROJ_W o_proj, FC_W the fused gate|up (2H, C), FCPROJ_W
  * down_proj (C, H). */
-typedef enum td_gpt_ref_param {
-    TD_GPT_REF_WTE,       /* (Vp, C)   wte.weight / model.embed_tokens.weight */
-    TD_GPT_REF_WPE,       /* (maxT, C) wpe.weight (GPT-2 only) */
-    TD_GPT_REF_LN1_W,     /* (C)       h.l.ln_1.weight        -- per block from here */
-    TD_GPT_REF_LN1_B,     /* (C)       h.l.ln_1.bias */
-    TD_GPT_REF_QKV_W,     /* (3C, C)   h.l.attn.c_attn.weight (HF: transposed); LLaMA (QKV, C) */
-    TD_GPT_REF_QKV_B,     /* (3C)      h.l.attn.c_attn.bias; Qwen2 (QKV) */
-    TD_GPT_REF_ATTPROJ_W, /* (C, C)    h.l.attn.c_proj.weight (HF: transposed) */
-    TD_GPT_REF_ATTPROJ_B, /* (C)       h.l.attn.c_proj.bias */
-    TD_GPT_REF_LN2_W,     /* (C)       h.l.ln_2.weight */
-    TD_GPT_REF_LN2_B,     /* (C)       h.l.ln_2.bias */
-    TD_GPT_REF_FC_W,      /* (4C, C)   h.l.mlp.c_fc.weight (HF: transposed); LLaMA (2H, C) */
-    TD_GPT_REF_FC_B,      /* (4C)      h.l.mlp.c_fc.bias */
-    TD_GPT_REF_FCPROJ_W,  /* (C, 4C)   h.l.mlp.c_proj.weight (HF: transposed); LLaMA (C, H) */
-    TD_GPT_REF_FCPROJ_B,  /* (C)       h.l.mlp.c_proj.bias    -- per block to here */
-    TD_GPT_REF_LNF_W,     /* (C)       ln_f.weight / model.norm.weight */
-    TD_GPT_REF_LNF_B,     /* (C)       ln_f.bias */
-    TD_GPT_REF_LM_HEAD,   /* (Vp, C)   lm_head.weight (untied heads only) */
-    TD_GPT_REF_PARAM_COUNT
-} td_gpt_ref_param;
+typedef enum td_model_param {
+    TD_MODEL_WTE,       /* (Vp, C)   wte.weight / model.embed_tokens.weight */
+    TD_MODEL_WPE,       /* (maxT, C) wpe.weight (GPT-2 only) */
+    TD_MODEL_LN1_W,     /* (C)       h.l.ln_1.weight        -- per block from here */
+    TD_MODEL_LN1_B,     /* (C)       h.l.ln_1.bias */
+    TD_MODEL_QKV_W,     /* (3C, C)   h.l.attn.c_attn.weight (HF: transposed); LLaMA (QKV, C) */
+    TD_MODEL_QKV_B,     /* (3C)      h.l.attn.c_attn.bias; Qwen2 (QKV) */
+    TD_MODEL_ATTPROJ_W, /* (C, C)    h.l.attn.c_proj.weight (HF: transposed) */
+    TD_MODEL_ATTPROJ_B, /* (C)       h.l.attn.c_proj.bias */
+    TD_MODEL_LN2_W,     /* (C)       h.l.ln_2.weight */
+    TD_MODEL_LN2_B,     /* (C)       h.l.ln_2.bias */
+    TD_MODEL_FC_W,      /* (4C, C)   h.l.mlp.c_fc.weight (HF: transposed); LLaMA (2H, C) */
+    TD_MODEL_FC_B,      /* (4C)      h.l.mlp.c_fc.bias */
+    TD_MODEL_FCPROJ_W,  /* (C, 4C)   h.l.mlp.c_proj.weight (HF: transposed); LLaMA (C, H) */
+    TD_MODEL_FCPROJ_B,  /* (C)       h.l.mlp.c_proj.bias    -- per block to here */
+    TD_MODEL_LNF_W,     /* (C)       ln_f.weight / model.norm.weight */
+    TD_MODEL_LNF_B,     /* (C)       ln_f.bias */
+    TD_MODEL_LM_HEAD,   /* (Vp, C)   lm_head.weight (untied heads only) */
+    TD_MODEL_PARAM_COUNT
+} td_model_param;
 
 /* The most tensors a block has (GPT-2's). */
-#define TD_GPT_REF_BLOCK_TENSORS 12
+#define TD_MODEL_BLOCK_TENSORS 12
 
-typedef struct td_gpt_ref_tensor {
-    td_gpt_ref_param kind;
+typedef struct td_model_tensor {
+    td_model_param kind;
     int layer;          /* block index, -1 for the tensors outside the blocks */
     size_t offset;      /* in floats from the start of the flat buffer */
     size_t numel;
@@ -154,43 +153,43 @@ typedef struct td_gpt_ref_tensor {
     char name[64];      /* Hugging Face name without "transformer.", e.g. "h.3.attn.c_attn.weight";
                            LLaMA's fused tensors: "model.layers.3.self_attn.qkv_proj.weight",
                            "model.layers.3.mlp.gate_up_proj.weight" */
-} td_gpt_ref_tensor;
+} td_model_tensor;
 
 /* GPT-2: 4 + 12 L tensors; LLaMA 2 + 6 L (+1 untied); Qwen2 2 + 7 L (+1), in layout order. */
-int td_gpt_ref_tensor_count(const td_gpt_ref_config *cfg);
+int td_model_tensor_count(const td_model_desc *cfg);
 /* The index-th tensor of the layout (0 <= index < count). */
-void td_gpt_ref_tensor_get(const td_gpt_ref_config *cfg, int index, td_gpt_ref_tensor *out);
-size_t td_gpt_ref_params_numel(const td_gpt_ref_config *cfg);
+void td_model_tensor_get(const td_model_desc *cfg, int index, td_model_tensor *out);
+size_t td_model_params_numel(const td_model_desc *cfg);
 /* Block `layer`'s 12 tensors span floats [offset, offset + numel). */
-void td_gpt_ref_block_span(const td_gpt_ref_config *cfg, int layer, size_t *offset, size_t *numel);
+void td_model_block_span(const td_model_desc *cfg, int layer, size_t *offset, size_t *numel);
 
 /* Initialisation of tensor `index` into dst (its numel floats): weights
  * N(0, 0.02) (GPT-2: the two residual projections N(0, 0.02 / sqrt(2 L))),
  * norm weights 1, biases 0, wte and lm_head rows >= V zero.  Each tensor draws from its own
  * stream seeded by (seed, index), so tensors can be initialised in any order,
  * wherever they live, with the same result. */
-void td_gpt_ref_init_tensor(const td_gpt_ref_config *cfg, int index, float *dst, uint64_t seed);
-/* All tensors into a flat buffer of td_gpt_ref_params_numel floats. */
-void td_gpt_ref_init(const td_gpt_ref_config *cfg, float *params, uint64_t seed);
+void td_model_init_tensor(const td_model_desc *cfg, int index, float *dst, uint64_t seed);
+/* All tensors into a flat buffer of td_model_params_numel floats. */
+void td_model_init(const td_model_desc *cfg, float *params, uint64_t seed);
 
-/* One block's tensors (params or their gradients), in td_gpt_ref_param
+/* One block's tensors (params or their gradients), in td_model_param
  * order; a LLaMA-family block leaves the ones it lacks NULL. */
-typedef struct td_gpt_ref_block {
+typedef struct td_model_block {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
-} td_gpt_ref_block;
+} td_model_block;
 
 /* Points `out` into a block's span (block_base = flat + the span's offset). */
-void td_gpt_ref_block_view(const td_gpt_ref_config *cfg, float *block_base, td_gpt_ref_block *out);
+void td_model_block_view(const td_model_desc *cfg, float *block_base, td_model_block *out);
 /* The same from the block's tensors one by one (p[k]: its k-th tensor in layout order). */
-void td_gpt_ref_block_from(const td_gpt_ref_config *cfg, void *const *p, td_gpt_ref_block *out);
+void td_model_block_from(const td_model_desc *cfg, void *const *p, td_model_block *out);
 
 /* --- one block ------------------------------------------------------------ */
 
 /* What a block's forward keeps for its backward (N = B*T rows).  LLaMA:
  * no means (RMSNorm), qkv (N,QKV) after RoPE, fch the gate|up (N,2H),
  * fch_gelu silu(gate) * up (N,H). */
-typedef struct td_gpt_ref_block_acts {
+typedef struct td_model_block_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (N,C), (N), (N) */
     float *qkv;                       /* (N,3C) */
     float *atty;                      /* (N,C) attention output, heads side by side */
@@ -198,26 +197,26 @@ typedef struct td_gpt_ref_block_acts {
     float *res2;                      /* (N,C) x + attention branch */
     float *ln2, *ln2_mean, *ln2_rstd; /* (N,C), (N), (N) */
     float *fch, *fch_gelu;            /* (N,4C), (N,4C) */
-} td_gpt_ref_block_acts;
+} td_model_block_acts;
 
 /* GPT-2: 15 C + 4 + NH floats per token; LLaMA: 4 C + QKV + 3 H + NH + 2. */
-size_t td_gpt_ref_block_acts_numel(const td_gpt_ref_config *cfg, int B, int T);
-void td_gpt_ref_block_acts_view(const td_gpt_ref_config *cfg, int B, int T, float *base,
-                                td_gpt_ref_block_acts *out);
+size_t td_model_block_acts_numel(const td_model_desc *cfg, int B, int T);
+void td_model_block_acts_view(const td_model_desc *cfg, int B, int T, float *base,
+                                td_model_block_acts *out);
 /* Scratch for one block's backward: GPT-2 10 C floats per token; LLaMA
  * max(2H, QKV) + H + 2 C. */
-size_t td_gpt_ref_block_scratch_numel(const td_gpt_ref_config *cfg, int B, int T);
+size_t td_model_block_scratch_numel(const td_model_desc *cfg, int B, int T);
 
 /* y (B,T,C) = block(x (B,T,C)), filling acts.  y must not alias x: backward needs x.
  * y NULL: the acts only, as a checkpointed block's recompute needs them (the
  * last projection, whose output nothing of backward reads, is skipped). */
-void td_gpt_ref_block_forward(const td_gpt_ref_config *cfg, const td_gpt_ref_block *w,
-                              const td_gpt_ref_block_acts *acts, const float *x, float *y,
+void td_model_block_forward(const td_model_desc *cfg, const td_model_block *w,
+                              const td_model_block_acts *acts, const float *x, float *y,
                               int B, int T);
 /* From dy (B,T,C): dx (B,T,C) += d/dx, and every tensor of g +=.  Needs the x
- * and acts of the matching forward; scratch of td_gpt_ref_block_scratch_numel. */
-void td_gpt_ref_block_backward(const td_gpt_ref_config *cfg, const td_gpt_ref_block *w,
-                               const td_gpt_ref_block *g, const td_gpt_ref_block_acts *acts,
+ * and acts of the matching forward; scratch of td_model_block_scratch_numel. */
+void td_model_block_backward(const td_model_desc *cfg, const td_model_block *w,
+                               const td_model_block *g, const td_model_block_acts *acts,
                                const float *x, const float *dy, float *dx, float *scratch,
                                int B, int T);
 
@@ -225,10 +224,10 @@ void td_gpt_ref_block_backward(const td_gpt_ref_config *cfg, const td_gpt_ref_bl
 
 /* lnf (N,C) = the final norm of x (saving lnf_mean (GPT-2) and lnf_rstd (N));
  * logits (N,Vp) = lnf @ out^T.  head: the tensors of td_model_head_tensors. */
-void td_gpt_ref_head_forward(const td_gpt_ref_config *cfg, float *logits, float *lnf, float *lnf_mean,
+void td_model_head_forward(const td_model_desc *cfg, float *logits, float *lnf, float *lnf_mean,
                              float *lnf_rstd, const float *x, const float *const *head, int N);
 /* From dlogits (N,Vp): dx (N,C) and ghead +=; dlnf (N,C) scratch. */
-void td_gpt_ref_head_backward(const td_gpt_ref_config *cfg, float *dx, float *const *ghead, float *dlnf,
+void td_model_head_backward(const td_model_desc *cfg, float *dx, float *const *ghead, float *dlnf,
                               const float *dlogits, const float *x, const float *lnf, const float *lnf_mean,
                               const float *lnf_rstd, const float *const *head, int N);
 
@@ -237,29 +236,29 @@ void td_gpt_ref_head_backward(const td_gpt_ref_config *cfg, float *dx, float *co
 /* TD_OK, or TD_ERR_INVALID naming the bad size, token or target: needs
  * B >= 1, 1 <= T <= maxT, tokens in [0, V), targets (if not NULL) in [0, V)
  * or negative (ignored). */
-td_status td_gpt_ref_check_batch(const td_gpt_ref_config *cfg, const int *tokens,
+td_status td_model_check_batch(const td_model_desc *cfg, const int *tokens,
                                  const int *targets, int B, int T);
 
 /* Everything forward keeps: the L+1 residual streams, every block's acts, the
  * head's LayerNorm, logits (B,T,Vp), per-token losses and log-sum-exps. */
-size_t td_gpt_ref_acts_numel(const td_gpt_ref_config *cfg, int B, int T);
+size_t td_model_acts_numel(const td_model_desc *cfg, int B, int T);
 /* Scratch for backward: two residual-gradient buffers and one block's scratch. */
-size_t td_gpt_ref_scratch_numel(const td_gpt_ref_config *cfg, int B, int T);
+size_t td_model_scratch_numel(const td_model_desc *cfg, int B, int T);
 /* The logits (B,T,Vp) and per-token losses (B,T) inside acts. */
-float *td_gpt_ref_logits(const td_gpt_ref_config *cfg, int B, int T, float *acts);
-float *td_gpt_ref_losses(const td_gpt_ref_config *cfg, int B, int T, float *acts);
+float *td_model_logits(const td_model_desc *cfg, int B, int T, float *acts);
+float *td_model_losses(const td_model_desc *cfg, int B, int T, float *acts);
 
 /* Forward over tokens (B,T).  With targets (B,T): *loss = mean cross-entropy
  * over the non-negative targets (0 if none) and *n_targets their count
  * (either pointer may be NULL).  With targets NULL: logits only. */
-td_status td_gpt_ref_forward(const td_gpt_ref_config *cfg, const float *params, const int *tokens,
+td_status td_model_forward(const td_model_desc *cfg, const float *params, const int *tokens,
                              const int *targets, int B, int T, float *acts, float *loss,
                              int *n_targets);
 /* grads (flat, like params) += the gradient of dloss * sum of the per-token
  * losses; dloss = 1 / n_targets gives the gradient of forward's mean loss.
  * Needs the acts of the forward just run with the same tokens and targets;
  * overwrites the logits in acts with their gradient. */
-td_status td_gpt_ref_backward(const td_gpt_ref_config *cfg, const float *params, float *grads,
+td_status td_model_backward(const td_model_desc *cfg, const float *params, float *grads,
                               const int *tokens, const int *targets, float dloss, int B, int T,
                               float *acts, float *scratch);
 

@@ -27,8 +27,8 @@
  * time, and every rank must call the same collectives in the same order with
  * the same counts and types (the CPU communicator checks this and names the
  * rank that differs). */
-#ifndef TIDAL_DIST_H
-#define TIDAL_DIST_H
+#ifndef TIDAL_PARALLEL_H
+#define TIDAL_PARALLEL_H
 
 #include <stddef.h>
 

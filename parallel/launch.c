@@ -5,7 +5,7 @@
  * no rank outlives a launcher killed with SIGKILL).  The environments are
  * built before fork: a forked child of a threaded process may only exec. */
 #include "tidal/alloc.h"
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 #include "tidal/util.h"
 
 #include <errno.h>

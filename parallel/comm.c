@@ -1,7 +1,7 @@
 /* Communicator dispatch: the choice of implementation, argument checks and
  * the host barrier in one place, so NCCL and the CPU communicator behave the
  * same at the interface. */
-#include "dist_impl.h"
+#include "parallel_impl.h"
 #include "tidal/alloc.h"
 
 #include <stdlib.h>

@@ -1,9 +1,9 @@
-/* Private to dist/: the rendezvous's connections (the CPU communicator runs
+/* Private to parallel/: the rendezvous's connections (the CPU communicator runs
  * over them) and the communicator's vtable (as offload/backend_impl.h). */
 #ifndef TIDAL_DIST_IMPL_H
 #define TIDAL_DIST_IMPL_H
 
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 
 /* A star: rank 0 holds a connection to every other rank, which holds one to
  * rank 0.  Messages between two ranks arrive in the order sent. */

@@ -7,7 +7,7 @@
  * fails on every rank with the same message.  The connections stay open:
  * they carry the small host collectives below and the CPU communicator, and
  * a rank that dies closes its end, which the others see at once. */
-#include "dist_impl.h"
+#include "parallel_impl.h"
 #include "net.h"
 #include "tidal/alloc.h"
 #include "tidal/util.h"

@@ -1,4 +1,4 @@
-/* dist/: the launchers' environments (torchrun, mpirun, Slurm and its host
+/* parallel/: the launchers' environments (torchrun, mpirun, Slurm and its host
  * lists, bad values), the rendezvous between forked processes (its errors:
  * a busy port, a missing rank, a world size that differs), every collective
  * of the CPU communicator on 2, 3 and 4 processes against a serial
@@ -12,7 +12,7 @@
 #include "td_ranks.h"
 
 #include "tidal/convert.h"
-#include "tidal/dist.h"
+#include "tidal/parallel.h"
 
 #include <errno.h>
 #include <math.h>

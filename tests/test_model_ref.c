@@ -1,9 +1,9 @@
-/* The GPT-2 reference model (include/tidal/gpt_ref.h): the parameter table,
+/* The GPT-2 reference model (include/tidal/model_ref.h): the parameter table,
  * initialisation, input checks, a finite-difference check of the whole model
  * (embedding, 2 blocks, head, loss) and bit-identical results for any thread
  * count. */
 #include "td_test.h"
-#include "tidal/gpt_ref.h"
+#include "tidal/model_ref.h"
 #include "tidal/model.h"
 #include "tidal/ops.h"
 
@@ -15,7 +15,7 @@
 
 static float *fvec(size_t n) { float *p = calloc(n ? n : 1, sizeof(float)); assert_non_null(p); return p; }
 
-static const td_gpt_ref_config tiny = {
+static const td_model_desc tiny = {
     .n_layer = 2, .n_head = 2, .n_embd = 16, .n_positions = 8, .vocab_size = 20, .padded_vocab_size = 24,
 };
 
@@ -25,94 +25,94 @@ static void test_layout_table(void **state)
 {
     /* GPT-2 124M: Hugging Face counts 124,439,808 parameters (V = 50257);
      * padded to 50304 as in llm.c: 124,475,904. */
-    td_gpt_ref_config g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50257};
-    TD_ASSERT_OK(td_gpt_ref_config_check(&g));
-    assert_int_equal(td_gpt_ref_params_numel(&g), 124439808);
+    td_model_desc g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50257};
+    TD_ASSERT_OK(td_model_desc_check(&g));
+    assert_int_equal(td_model_params_numel(&g), 124439808);
     g.padded_vocab_size = 50304;
-    assert_int_equal(td_gpt_ref_params_numel(&g), 124475904);
-    assert_int_equal(td_gpt_ref_tensor_count(&g), 4 + 12 * 12);
+    assert_int_equal(td_model_params_numel(&g), 124475904);
+    assert_int_equal(td_model_tensor_count(&g), 4 + 12 * 12);
 
     /* tensors tile the buffer in order; each block is one contiguous span */
     size_t next = 0;
-    for (int i = 0; i < td_gpt_ref_tensor_count(&g); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&g, i, &t);
+    for (int i = 0; i < td_model_tensor_count(&g); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&g, i, &t);
         assert_int_equal(t.offset, next);
         assert_int_equal(t.numel, t.ndim == 2 ? (size_t)t.shape[0] * t.shape[1] : (size_t)t.shape[0]);
         next += t.numel;
         if (t.layer >= 0) {
             size_t off, n;
-            td_gpt_ref_block_span(&g, t.layer, &off, &n);
+            td_model_block_span(&g, t.layer, &off, &n);
             assert_true(t.offset >= off && t.offset + t.numel <= off + n);
-            if (t.kind == TD_GPT_REF_LN1_W) assert_int_equal(t.offset, off);
-            if (t.kind == TD_GPT_REF_FCPROJ_B) assert_int_equal(t.offset + t.numel, off + n);
+            if (t.kind == TD_MODEL_LN1_W) assert_int_equal(t.offset, off);
+            if (t.kind == TD_MODEL_FCPROJ_B) assert_int_equal(t.offset + t.numel, off + n);
         }
     }
-    assert_int_equal(next, td_gpt_ref_params_numel(&g));
+    assert_int_equal(next, td_model_params_numel(&g));
 
     /* names, shapes and HF orientation of a few */
-    td_gpt_ref_tensor t;
-    td_gpt_ref_tensor_get(&g, 0, &t);
+    td_model_tensor t;
+    td_model_tensor_get(&g, 0, &t);
     assert_string_equal(t.name, "wte.weight");
     assert_int_equal(t.shape[0], 50304);
-    td_gpt_ref_tensor_get(&g, 2 + 12 * 3 + 2, &t);
+    td_model_tensor_get(&g, 2 + 12 * 3 + 2, &t);
     assert_string_equal(t.name, "h.3.attn.c_attn.weight");
-    assert_int_equal(t.kind, TD_GPT_REF_QKV_W);
+    assert_int_equal(t.kind, TD_MODEL_QKV_W);
     assert_int_equal(t.shape[0], 3 * 768);
     assert_int_equal(t.shape[1], 768);
     assert_true(t.hf_transposed);
-    td_gpt_ref_tensor_get(&g, 2 + 12 * 11 + 11, &t);
+    td_model_tensor_get(&g, 2 + 12 * 11 + 11, &t);
     assert_string_equal(t.name, "h.11.mlp.c_proj.bias");
     assert_false(t.hf_transposed);
-    td_gpt_ref_tensor_get(&g, 2 + 12 * 11 + 10, &t);
+    td_model_tensor_get(&g, 2 + 12 * 11 + 10, &t);
     assert_string_equal(t.name, "h.11.mlp.c_proj.weight");
     assert_int_equal(t.shape[0], 768);
     assert_int_equal(t.shape[1], 4 * 768);
-    td_gpt_ref_tensor_get(&g, td_gpt_ref_tensor_count(&g) - 1, &t);
+    td_model_tensor_get(&g, td_model_tensor_count(&g) - 1, &t);
     assert_string_equal(t.name, "ln_f.bias");
     assert_int_equal(t.layer, -1);
 
     /* the block view points at the table's offsets */
     float *base = (float *)(uintptr_t)4096; /* never dereferenced */
-    td_gpt_ref_block v;
+    td_model_block v;
     size_t off, n;
-    td_gpt_ref_block_span(&g, 5, &off, &n);
-    td_gpt_ref_block_view(&g, base, &v);
-    td_gpt_ref_tensor_get(&g, 2 + 12 * 5 + 6, &t);
+    td_model_block_span(&g, 5, &off, &n);
+    td_model_block_view(&g, base, &v);
+    td_model_tensor_get(&g, 2 + 12 * 5 + 6, &t);
     assert_string_equal(t.name, "h.5.ln_2.weight");
     assert_ptr_equal(v.ln2_w, base + (t.offset - off));
-    td_gpt_ref_tensor_get(&g, 2 + 12 * 5 + 11, &t);
+    td_model_tensor_get(&g, 2 + 12 * 5 + 11, &t);
     assert_ptr_equal(v.fcproj_b, base + (t.offset - off));
 }
 
 static void test_config_and_batch_errors(void **state)
 {
-    td_gpt_ref_config c = tiny;
+    td_model_desc c = tiny;
     c.n_embd = 15;
-    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "not a multiple of the 2 heads"));
     c = tiny;
     c.padded_vocab_size = 19;
-    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "padded vocabulary 19 is smaller than the vocabulary 20"));
     c = tiny;
     c.n_layer = 0;
-    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
 
     int tok[6] = {1, 2, 3, 4, 5, 6}, tgt[6] = {2, 3, 4, 5, 6, -1};
-    TD_ASSERT_OK(td_gpt_ref_check_batch(&tiny, tok, tgt, 2, 3));
-    assert_int_equal(td_gpt_ref_check_batch(&tiny, tok, tgt, 1, 9), TD_ERR_INVALID);
+    TD_ASSERT_OK(td_model_check_batch(&tiny, tok, tgt, 2, 3));
+    assert_int_equal(td_model_check_batch(&tiny, tok, tgt, 1, 9), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "sequence <= 8"));
     tok[4] = 20;
-    assert_int_equal(td_gpt_ref_check_batch(&tiny, tok, tgt, 2, 3), TD_ERR_INVALID);
+    assert_int_equal(td_model_check_batch(&tiny, tok, tgt, 2, 3), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "token 20 at batch 1, position 1 is outside the vocabulary [0, 20)"));
     tok[4] = 5;
     tgt[0] = 21;
-    assert_int_equal(td_gpt_ref_check_batch(&tiny, tok, tgt, 2, 3), TD_ERR_INVALID);
+    assert_int_equal(td_model_check_batch(&tiny, tok, tgt, 2, 3), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "target 21 at batch 0, position 0"));
     /* forward refuses too, before touching anything */
     float loss = -1;
-    assert_int_equal(td_gpt_ref_forward(&tiny, NULL, tok, tgt, 2, 3, NULL, &loss, NULL), TD_ERR_INVALID);
+    assert_int_equal(td_model_forward(&tiny, NULL, tok, tgt, 2, 3, NULL, &loss, NULL), TD_ERR_INVALID);
     assert_true(loss == -1);
 }
 
@@ -120,40 +120,40 @@ static void test_config_and_batch_errors(void **state)
 
 static void test_init(void **state)
 {
-    const td_gpt_ref_config c = {.n_layer = 4, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 500, .padded_vocab_size = 512};
-    const size_t n = td_gpt_ref_params_numel(&c);
+    const td_model_desc c = {.n_layer = 4, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 500, .padded_vocab_size = 512};
+    const size_t n = td_model_params_numel(&c);
     float *p = fvec(n), *q = fvec(n);
-    td_gpt_ref_init(&c, p, 7);
-    for (int i = 0; i < td_gpt_ref_tensor_count(&c); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&c, i, &t);
+    td_model_init(&c, p, 7);
+    for (int i = 0; i < td_model_tensor_count(&c); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&c, i, &t);
         /* tensor by tensor, into another buffer: the same bits */
-        td_gpt_ref_init_tensor(&c, i, q + t.offset, 7);
+        td_model_init_tensor(&c, i, q + t.offset, 7);
         const float *x = p + t.offset;
-        size_t used = t.kind == TD_GPT_REF_WTE ? (size_t)c.vocab_size * c.n_embd : t.numel;
+        size_t used = t.kind == TD_MODEL_WTE ? (size_t)c.vocab_size * c.n_embd : t.numel;
         double s = 0, s2 = 0;
         for (size_t k = 0; k < used; k++) { s += x[k]; s2 += (double)x[k] * x[k]; }
         const double mean = s / used, std = sqrt(s2 / used - mean * mean);
         switch (t.kind) {
-        case TD_GPT_REF_LN1_W: case TD_GPT_REF_LN2_W: case TD_GPT_REF_LNF_W:
+        case TD_MODEL_LN1_W: case TD_MODEL_LN2_W: case TD_MODEL_LNF_W:
             assert_true(mean == 1.0 && std == 0.0);
             break;
-        case TD_GPT_REF_LN1_B: case TD_GPT_REF_LN2_B: case TD_GPT_REF_LNF_B: case TD_GPT_REF_QKV_B:
-        case TD_GPT_REF_ATTPROJ_B: case TD_GPT_REF_FC_B: case TD_GPT_REF_FCPROJ_B:
+        case TD_MODEL_LN1_B: case TD_MODEL_LN2_B: case TD_MODEL_LNF_B: case TD_MODEL_QKV_B:
+        case TD_MODEL_ATTPROJ_B: case TD_MODEL_FC_B: case TD_MODEL_FCPROJ_B:
             assert_true(mean == 0.0 && std == 0.0);
             break;
         default: {
-            const double want = t.kind == TD_GPT_REF_ATTPROJ_W || t.kind == TD_GPT_REF_FCPROJ_W
+            const double want = t.kind == TD_MODEL_ATTPROJ_W || t.kind == TD_MODEL_FCPROJ_W
                                     ? 0.02 / sqrt(2.0 * c.n_layer) : 0.02;
             if (fabs(std - want) > 0.05 * want || fabs(mean) > 0.1 * want)
                 fail_msg("%s: mean %g std %g, want std %g", t.name, mean, std, want);
         }
         }
-        if (t.kind == TD_GPT_REF_WTE)
+        if (t.kind == TD_MODEL_WTE)
             for (size_t k = used; k < t.numel; k++) assert_true(x[k] == 0.0f);
     }
     assert_memory_equal(p, q, n * sizeof(float));
-    td_gpt_ref_init(&c, q, 8);
+    td_model_init(&c, q, 8);
     assert_memory_not_equal(p, q, n * sizeof(float));
     free(p);
     free(q);
@@ -162,24 +162,24 @@ static void test_init(void **state)
 /* --- the whole model ------------------------------------------------------ */
 
 typedef struct model {
-    td_gpt_ref_config cfg;
+    td_model_desc cfg;
     int B, T;
     int *tok, *tgt;
     float *params, *grads, *acts, *scratch;
     size_t n_params;
 } model;
 
-static void model_make(model *m, const td_gpt_ref_config *cfg, int B, int T, uint64_t seed,
+static void model_make(model *m, const td_model_desc *cfg, int B, int T, uint64_t seed,
                        float noise)
 {
     m->cfg = *cfg;
     m->B = B;
     m->T = T;
-    m->n_params = td_gpt_ref_params_numel(cfg);
+    m->n_params = td_model_params_numel(cfg);
     m->params = fvec(m->n_params);
     m->grads = fvec(m->n_params);
-    m->acts = fvec(td_gpt_ref_acts_numel(cfg, B, T));
-    m->scratch = fvec(td_gpt_ref_scratch_numel(cfg, B, T));
+    m->acts = fvec(td_model_acts_numel(cfg, B, T));
+    m->scratch = fvec(td_model_scratch_numel(cfg, B, T));
     m->tok = malloc((size_t)B * T * sizeof(int));
     m->tgt = malloc((size_t)B * T * sizeof(int));
     td_rng rng;
@@ -189,7 +189,7 @@ static void model_make(model *m, const td_gpt_ref_config *cfg, int B, int T, uin
         m->tgt[i] = (int)td_rng_below(&rng, (uint64_t)cfg->vocab_size);
     }
     m->tgt[1] = TD_OPS_IGNORE_INDEX; /* one masked target */
-    td_gpt_ref_init(cfg, m->params, seed);
+    td_model_init(cfg, m->params, seed);
     /* Noise on every parameter (padding rows of wte included) so that
      * LayerNorm weights, biases and activations are generic, not 1 and 0. */
     for (size_t i = 0; i < m->n_params; i++)
@@ -204,9 +204,9 @@ static void model_free(model *m)
 static double model_loss(model *m)
 {
     float loss;
-    TD_ASSERT_OK(td_gpt_ref_forward(&m->cfg, m->params, m->tok, m->tgt, m->B, m->T, m->acts, &loss, NULL));
+    TD_ASSERT_OK(td_model_forward(&m->cfg, m->params, m->tok, m->tgt, m->B, m->T, m->acts, &loss, NULL));
     /* in double, from the per-token losses, for the finite differences */
-    const float *l = td_gpt_ref_losses(&m->cfg, m->B, m->T, m->acts);
+    const float *l = td_model_losses(&m->cfg, m->B, m->T, m->acts);
     double s = 0;
     int n = 0;
     for (int i = 0; i < m->B * m->T; i++)
@@ -220,15 +220,15 @@ static void model_grads(model *m)
     int n;
     float loss;
     memset(m->grads, 0, m->n_params * sizeof(float));
-    TD_ASSERT_OK(td_gpt_ref_forward(&m->cfg, m->params, m->tok, m->tgt, m->B, m->T, m->acts, &loss, &n));
+    TD_ASSERT_OK(td_model_forward(&m->cfg, m->params, m->tok, m->tgt, m->B, m->T, m->acts, &loss, &n));
     assert_int_equal(n, m->B * m->T - 1);
-    TD_ASSERT_OK(td_gpt_ref_backward(&m->cfg, m->params, m->grads, m->tok, m->tgt, 1.0f / (float)n,
+    TD_ASSERT_OK(td_model_backward(&m->cfg, m->params, m->grads, m->tok, m->tgt, 1.0f / (float)n,
                                      m->B, m->T, m->acts, m->scratch));
 }
 
 static void test_loss_at_init_is_log_vocab(void **state)
 {
-    const td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 300, .padded_vocab_size = 320};
+    const td_model_desc c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 300, .padded_vocab_size = 320};
     model m;
     model_make(&m, &c, 2, 32, 3, 0.0f);
     const double loss = model_loss(&m);
@@ -240,7 +240,7 @@ static void test_loss_at_init_is_log_vocab(void **state)
 /* Central differences of the mean loss against the backward, at a few
  * coordinates of every tensor, plus one directional derivative along a
  * random direction over all parameters at once. */
-static void fd_whole_model(const td_gpt_ref_config *cfg)
+static void fd_whole_model(const td_model_desc *cfg)
 {
     model m;
     model_make(&m, cfg, 2, 5, 5, 0.25f);
@@ -251,9 +251,9 @@ static void fd_whole_model(const td_gpt_ref_config *cfg)
     const double atol = 3e-4, rtol = 1e-2;
     double worst = 0;
     int checked = 0;
-    for (int i = 0; i < td_gpt_ref_tensor_count(&m.cfg); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&m.cfg, i, &t);
+    for (int i = 0; i < td_model_tensor_count(&m.cfg); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&m.cfg, i, &t);
         for (int s = 0; s < 6; s++) {
             const size_t k = t.offset + td_rng_below(&rng, t.numel);
             const float saved = m.params[k], up = saved + h, down = saved - h;
@@ -290,11 +290,11 @@ static void fd_whole_model(const td_gpt_ref_config *cfg)
     assert_true(fabs(num - gu) < 2e-3 * fabs(gu) + 1e-4);
 
     /* no gradient reaches the padding rows of wte (and lm_head) or the unused positions */
-    for (int i = 0; i < td_gpt_ref_tensor_count(&m.cfg); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&m.cfg, i, &t);
-        size_t used = t.kind == TD_GPT_REF_WTE || t.kind == TD_GPT_REF_LM_HEAD ? (size_t)m.cfg.vocab_size * m.cfg.n_embd
-                      : t.kind == TD_GPT_REF_WPE ? (size_t)m.T * m.cfg.n_embd : t.numel;
+    for (int i = 0; i < td_model_tensor_count(&m.cfg); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&m.cfg, i, &t);
+        size_t used = t.kind == TD_MODEL_WTE || t.kind == TD_MODEL_LM_HEAD ? (size_t)m.cfg.vocab_size * m.cfg.n_embd
+                      : t.kind == TD_MODEL_WPE ? (size_t)m.T * m.cfg.n_embd : t.numel;
         for (size_t k = used; k < t.numel; k++) assert_true(m.grads[t.offset + k] == 0.0f);
     }
     free(u);
@@ -307,9 +307,9 @@ static void test_whole_model_finite_differences(void **state) { fd_whole_model(&
 /* --- LLaMA and Qwen2 --------------------------------------------------------- */
 
 /* A small LLaMA-family model: 4 heads of 8, NKV key/value heads. */
-static td_gpt_ref_config small_llama(td_model_family family, int nkv, int untied, int scaled)
+static td_model_desc small_llama(td_model_family family, int nkv, int untied, int scaled)
 {
-    td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .n_positions = 16, .vocab_size = 20,
+    td_model_desc c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .n_positions = 16, .vocab_size = 20,
                            .padded_vocab_size = 24};
     td_model_desc_set_family(&c, family);
     c.n_kv_head = nkv;
@@ -321,7 +321,7 @@ static td_gpt_ref_config small_llama(td_model_family family, int nkv, int untied
      * original 512, high 4, low 1: one kept, one blended, two divided. */
     if (scaled) c.rope_scaling = (td_rope_scaling){.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
                                                    .original_max_positions = 512};
-    TD_ASSERT_OK(td_gpt_ref_config_check(&c));
+    TD_ASSERT_OK(td_model_desc_check(&c));
     return c;
 }
 
@@ -336,54 +336,54 @@ static void test_llama_layout_and_presets(void **state)
         {"smollm2-360m", 361821120u, 2 + 6 * 32}, {"smollm2-1.7b", 1711376384u, 2 + 6 * 24},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        td_gpt_ref_config c;
+        td_model_desc c;
         TD_ASSERT_OK(td_model_preset(want[i].name, &c));
-        TD_ASSERT_OK(td_gpt_ref_config_check(&c));
-        if (td_gpt_ref_params_numel(&c) != want[i].params)
-            fail_msg("%s: %zu params, want %zu", want[i].name, td_gpt_ref_params_numel(&c), want[i].params);
-        assert_int_equal(td_gpt_ref_tensor_count(&c), want[i].tensors);
+        TD_ASSERT_OK(td_model_desc_check(&c));
+        if (td_model_params_numel(&c) != want[i].params)
+            fail_msg("%s: %zu params, want %zu", want[i].name, td_model_params_numel(&c), want[i].params);
+        assert_int_equal(td_model_tensor_count(&c), want[i].tensors);
     }
     for (const char *const *n = td_model_preset_names(); *n; n++) {
-        td_gpt_ref_config c;
+        td_model_desc c;
         TD_ASSERT_OK(td_model_preset(*n, &c));
-        TD_ASSERT_OK(td_gpt_ref_config_check(&c));
+        TD_ASSERT_OK(td_model_desc_check(&c));
     }
     /* tensors tile the buffer; names and shapes of a Qwen2 block */
-    td_gpt_ref_config q = small_llama(TD_MODEL_QWEN2, 2, 1, 0);
+    td_model_desc q = small_llama(TD_MODEL_QWEN2, 2, 1, 0);
     size_t next = 0;
-    for (int i = 0; i < td_gpt_ref_tensor_count(&q); i++) {
-        td_gpt_ref_tensor t;
-        td_gpt_ref_tensor_get(&q, i, &t);
+    for (int i = 0; i < td_model_tensor_count(&q); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&q, i, &t);
         assert_int_equal(t.offset, next);
         next += t.numel;
     }
-    assert_int_equal(next, td_gpt_ref_params_numel(&q));
-    td_gpt_ref_tensor t;
-    td_gpt_ref_tensor_get(&q, 1 + 7 + 1, &t);
+    assert_int_equal(next, td_model_params_numel(&q));
+    td_model_tensor t;
+    td_model_tensor_get(&q, 1 + 7 + 1, &t);
     assert_string_equal(t.name, "model.layers.1.self_attn.qkv_proj.weight");
     assert_int_equal(t.shape[0], (4 + 2 * 2) * 8);
     assert_int_equal(t.shape[1], 32);
-    td_gpt_ref_tensor_get(&q, 1 + 7 + 2, &t);
+    td_model_tensor_get(&q, 1 + 7 + 2, &t);
     assert_string_equal(t.name, "model.layers.1.self_attn.qkv_proj.bias");
-    td_gpt_ref_tensor_get(&q, 1 + 7 + 5, &t);
+    td_model_tensor_get(&q, 1 + 7 + 5, &t);
     assert_string_equal(t.name, "model.layers.1.mlp.gate_up_proj.weight");
     assert_int_equal(t.shape[0], 48);
-    td_gpt_ref_tensor_get(&q, td_gpt_ref_tensor_count(&q) - 1, &t);
+    td_model_tensor_get(&q, td_model_tensor_count(&q) - 1, &t);
     assert_string_equal(t.name, "lm_head.weight");
     int hi[3];
     assert_int_equal(td_model_head_tensors(&q, hi), 2);
-    assert_int_equal(hi[1], td_gpt_ref_tensor_count(&q) - 1);
+    assert_int_equal(hi[1], td_model_tensor_count(&q) - 1);
     /* errors name what is wrong */
-    td_gpt_ref_config c = q;
+    td_model_desc c = q;
     c.n_kv_head = 3;
-    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "num_key_value_heads must divide"));
     c = q;
     c.norm = TD_MODEL_NORM_LAYER;
-    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
     c = tiny;
     c.untied_head = 1;
-    assert_int_equal(td_gpt_ref_config_check(&c), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
     assert_int_equal(td_model_preset("llama-9", &c), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "qwen2.5-0.5b"));
 }
@@ -392,7 +392,7 @@ static void test_llama_layout_and_presets(void **state)
  * key/value head, llama3 rope scaling, tied and untied heads, Qwen2 biases. */
 static void test_llama_finite_differences(void **state)
 {
-    const td_gpt_ref_config cases[] = {
+    const td_model_desc cases[] = {
         small_llama(TD_MODEL_LLAMA, 4, 0, 0), /* 1 query head a key/value head, tied */
         small_llama(TD_MODEL_LLAMA, 2, 1, 1), /* 2, untied, llama3 scaling */
         small_llama(TD_MODEL_LLAMA, 1, 0, 1), /* 4 (multi-query), tied, scaling */
@@ -415,17 +415,17 @@ static void test_block_recompute_matches(void **state)
     model_make(&m, &tiny, 2, 6, 13, 0.25f);
     model_grads(&m);
     const int B = m.B, T = m.T, C = m.cfg.n_embd;
-    const size_t NC = (size_t)B * T * C, nacts = td_gpt_ref_block_acts_numel(&m.cfg, B, T);
+    const size_t NC = (size_t)B * T * C, nacts = td_model_block_acts_numel(&m.cfg, B, T);
     /* layout: x_0, acts_0, x_1, acts_1, x_2, ... */
     const float *x1 = m.acts + NC + nacts, *x2 = x1 + NC + nacts;
     float *acts = fvec(nacts), *y = fvec(NC);
-    td_gpt_ref_block w;
-    td_gpt_ref_block_acts a;
+    td_model_block w;
+    td_model_block_acts a;
     size_t off, n;
-    td_gpt_ref_block_span(&m.cfg, 1, &off, &n);
-    td_gpt_ref_block_view(&m.cfg, m.params + off, &w);
-    td_gpt_ref_block_acts_view(&m.cfg, B, T, acts, &a);
-    td_gpt_ref_block_forward(&m.cfg, &w, &a, x1, y, B, T);
+    td_model_block_span(&m.cfg, 1, &off, &n);
+    td_model_block_view(&m.cfg, m.params + off, &w);
+    td_model_block_acts_view(&m.cfg, B, T, acts, &a);
+    td_model_block_forward(&m.cfg, &w, &a, x1, y, B, T);
     assert_memory_equal(y, x2, NC * sizeof(float));
     assert_memory_equal(acts, x1 + NC, nacts * sizeof(float));
 
@@ -435,18 +435,18 @@ static void test_block_recompute_matches(void **state)
     float *logits = fvec((size_t)N * Vp), *lnf = fvec(NC), *mean = fvec(N), *rstd = fvec(N);
     float *losses = fvec(N), *lse = fvec(N), *dx2 = fvec(NC), *dlnf = fvec(NC);
     float *wte_grad = fvec((size_t)Vp * C), *lnf_grad = fvec(2 * (size_t)C);
-    td_gpt_ref_tensor lnfw;
-    td_gpt_ref_tensor_get(&m.cfg, td_gpt_ref_tensor_count(&m.cfg) - 2, &lnfw);
+    td_model_tensor lnfw;
+    td_model_tensor_get(&m.cfg, td_model_tensor_count(&m.cfg) - 2, &lnfw);
     td_ops_head_forward(logits, lnf, mean, rstd, x2, m.params + lnfw.offset, m.params + lnfw.offset + C,
                         m.params, N, C, Vp);
     td_ops_crossentropy_forward(losses, lse, logits, m.tgt, N, V, Vp);
     td_ops_crossentropy_backward(logits, logits, lse, m.tgt, 1.0f / (float)(N - 1), N, V, Vp);
     td_ops_head_backward(dx2, lnf_grad, lnf_grad + C, wte_grad, dlnf, logits, x2, lnf, mean, rstd,
                          m.params + lnfw.offset, m.params, N, C, Vp);
-    float *g = fvec(n), *dx1 = fvec(NC), *scratch = fvec(td_gpt_ref_block_scratch_numel(&m.cfg, B, T));
-    td_gpt_ref_block gv;
-    td_gpt_ref_block_view(&m.cfg, g, &gv);
-    td_gpt_ref_block_backward(&m.cfg, &w, &gv, &a, x1, dx2, dx1, scratch, B, T);
+    float *g = fvec(n), *dx1 = fvec(NC), *scratch = fvec(td_model_block_scratch_numel(&m.cfg, B, T));
+    td_model_block gv;
+    td_model_block_view(&m.cfg, g, &gv);
+    td_model_block_backward(&m.cfg, &w, &gv, &a, x1, dx2, dx1, scratch, B, T);
     assert_memory_equal(g, m.grads + off, n * sizeof(float));
     assert_memory_equal(lnf_grad, m.grads + lnfw.offset, 2 * (size_t)C * sizeof(float));
     free(logits); free(lnf); free(mean); free(rstd); free(losses); free(lse); free(dx2); free(dlnf);
@@ -466,21 +466,21 @@ static void test_targets_masks_and_micro_batches(void **state)
     const size_t nl = (size_t)N * Vp;
     float loss;
     int n = -1;
-    TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, m.tgt, m.B, m.T, m.acts, &loss, &n));
+    TD_ASSERT_OK(td_model_forward(&m.cfg, m.params, m.tok, m.tgt, m.B, m.T, m.acts, &loss, &n));
     float *logits = malloc(nl * sizeof(float));
-    memcpy(logits, td_gpt_ref_logits(&m.cfg, m.B, m.T, m.acts), nl * sizeof(float));
-    TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, NULL, m.B, m.T, m.acts, &loss, &n));
-    assert_memory_equal(logits, td_gpt_ref_logits(&m.cfg, m.B, m.T, m.acts), nl * sizeof(float));
+    memcpy(logits, td_model_logits(&m.cfg, m.B, m.T, m.acts), nl * sizeof(float));
+    TD_ASSERT_OK(td_model_forward(&m.cfg, m.params, m.tok, NULL, m.B, m.T, m.acts, &loss, &n));
+    assert_memory_equal(logits, td_model_logits(&m.cfg, m.B, m.T, m.acts), nl * sizeof(float));
     assert_true(loss == 0.0f && n == 0);
-    assert_int_equal(td_gpt_ref_backward(&m.cfg, m.params, m.grads, m.tok, NULL, 1.0f, m.B, m.T,
+    assert_int_equal(td_model_backward(&m.cfg, m.params, m.grads, m.tok, NULL, 1.0f, m.B, m.T,
                                          m.acts, m.scratch), TD_ERR_INVALID);
 
     int *masked = malloc((size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) masked[i] = TD_OPS_IGNORE_INDEX;
     memset(m.grads, 0, m.n_params * sizeof(float));
-    TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, masked, m.B, m.T, m.acts, &loss, &n));
+    TD_ASSERT_OK(td_model_forward(&m.cfg, m.params, m.tok, masked, m.B, m.T, m.acts, &loss, &n));
     assert_true(loss == 0.0f && n == 0);
-    TD_ASSERT_OK(td_gpt_ref_backward(&m.cfg, m.params, m.grads, m.tok, masked, 1.0f, m.B, m.T, m.acts, m.scratch));
+    TD_ASSERT_OK(td_model_backward(&m.cfg, m.params, m.grads, m.tok, masked, 1.0f, m.B, m.T, m.acts, m.scratch));
     for (size_t k = 0; k < m.n_params; k++) assert_true(m.grads[k] == 0.0f);
 
     /* whole batch vs its two halves, each with dloss = 1 / (targets in the batch) */
@@ -491,8 +491,8 @@ static void test_targets_masks_and_micro_batches(void **state)
     memset(m.grads, 0, m.n_params * sizeof(float));
     for (int half = 0; half < 2; half++) {
         const int *tok = m.tok + half * m.T, *tgt = m.tgt + half * m.T;
-        TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, tok, tgt, 1, m.T, m.acts, &loss, &n));
-        TD_ASSERT_OK(td_gpt_ref_backward(&m.cfg, m.params, m.grads, tok, tgt, 1.0f / (float)n_all, 1,
+        TD_ASSERT_OK(td_model_forward(&m.cfg, m.params, tok, tgt, 1, m.T, m.acts, &loss, &n));
+        TD_ASSERT_OK(td_model_backward(&m.cfg, m.params, m.grads, tok, tgt, 1.0f / (float)n_all, 1,
                                          m.T, m.acts, m.scratch));
     }
     double worst = 0;
@@ -531,16 +531,16 @@ static void test_rng_jump(void **state)
 }
 
 /* A tensor's init is its own stream, Box-Muller pair by pair, whatever the
- * threads: td_gpt_ref_init_tensor jumps each thread's share of the stream
+ * threads: td_model_init_tensor jumps each thread's share of the stream
  * to its first pair; a large tensor of odd size (the last pair cut) gets the
  * bits of the one-pair-at-a-time loop with 1, 3 and 8 threads. */
 static void test_init_is_the_serial_stream(void **state)
 {
-    const td_gpt_ref_config c = {.n_layer = 1, .n_head = 1, .n_embd = 127, .n_positions = 16, .vocab_size = 4099,
+    const td_model_desc c = {.n_layer = 1, .n_head = 1, .n_embd = 127, .n_positions = 16, .vocab_size = 4099,
                                  .padded_vocab_size = 4160};
-    td_gpt_ref_tensor t;
-    td_gpt_ref_tensor_get(&c, 0, &t);
-    assert_int_equal(t.kind, TD_GPT_REF_WTE);
+    td_model_tensor t;
+    td_model_tensor_get(&c, 0, &t);
+    assert_int_equal(t.kind, TD_MODEL_WTE);
     const size_t n = (size_t)c.vocab_size * c.n_embd; /* 520573: odd */
     float *want = fvec(t.numel), *got = fvec(t.numel);
     td_rng rng;
@@ -556,7 +556,7 @@ static void test_init_is_the_serial_stream(void **state)
     for (int k = 0; k < 3; k++) {
         omp_set_num_threads(team[k]);
         memset(got, 0xff, t.numel * sizeof(float));
-        td_gpt_ref_init_tensor(&c, 0, got, 11);
+        td_model_init_tensor(&c, 0, got, 11);
         assert_memory_equal(got, want, t.numel * sizeof(float)); /* padding rows zero in both */
     }
     omp_set_num_threads(saved);
@@ -566,7 +566,7 @@ static void test_init_is_the_serial_stream(void **state)
 
 static void test_bit_identical_across_threads(void **state)
 {
-    const td_gpt_ref_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
+    const td_model_desc c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
     model m;
     model_make(&m, &c, 3, 32, 21, 0.05f);
     const int saved = omp_get_max_threads();
@@ -575,7 +575,7 @@ static void test_bit_identical_across_threads(void **state)
         omp_set_num_threads(threads);
         model_grads(&m);
         float loss;
-        TD_ASSERT_OK(td_gpt_ref_forward(&m.cfg, m.params, m.tok, m.tgt, m.B, m.T, m.acts, &loss, NULL));
+        TD_ASSERT_OK(td_model_forward(&m.cfg, m.params, m.tok, m.tgt, m.B, m.T, m.acts, &loss, NULL));
         if (!first) {
             first = malloc(m.n_params * sizeof(float));
             memcpy(first, m.grads, m.n_params * sizeof(float));
