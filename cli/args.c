@@ -59,7 +59,13 @@ static td_status set_value(td_opt *o, const char *v, const char *origin)
             *(size_t *)o->dst = SIZE_MAX;
             break;
         }
-        /* fall through */
+        if (td_parse_bytes(v, (size_t *)o->dst) != TD_OK)
+            return td_error_prefix(TD_ERR_INVALID, "%s --%s: ", origin, o->name);
+        if (*(size_t *)o->dst == 0) /* 0 is not "the default": that is leaving the flag out */
+            return td_error_set(TD_ERR_INVALID, "%s --%s: '%s' is no budget; give a size such as 512MiB or 24GiB, "
+                                "max for all the free device memory, or leave --%s out for the default", origin,
+                                o->name, v, o->name);
+        break;
     case TD_OPT_SIZE:
         if (td_parse_bytes(v, (size_t *)o->dst) != TD_OK)
             return td_error_prefix(TD_ERR_INVALID, "%s --%s: ", origin, o->name);

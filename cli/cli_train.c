@@ -556,11 +556,12 @@ int td_cli_train_main(int argc, char **argv)
     if (nck == 0 || nck == cfg.model.n_layer) snprintf(ckpt, sizeof ckpt, "%s", nck ? "on" : "off");
     else snprintf(ckpt, sizeof ckpt, "%d of %d blocks", nck, cfg.model.n_layer);
     char origin[128] = "", cap[32];
-    if (td_trainer_budget_cap(t))
-        snprintf(origin, sizeof origin, cfg.gpu_budget ? " (max: the %s free less a margin)"
+    const td_train_budget *tb = td_trainer_budget(t);
+    if (tb->origin != TD_BUDGET_GIVEN)
+        snprintf(origin, sizeof origin, tb->origin == TD_BUDGET_CAP ? " (max: the %s free less a margin)"
                                                        : " (default: the run resident + 1/8; --gpu-budget max takes "
                                                          "the %s free less a margin)",
-                 td_format_bytes(td_trainer_budget_cap(t), cap, sizeof cap));
+                 td_format_bytes(tb->cap_bytes, cap, sizeof cap));
     int optim_total = 0, optim_gpu = td_trainer_optim_gpu_chunks(t, &optim_total);
     if (lead && env.size > 1)
         fprintf(stderr, "tidal train: %d ranks (%s), ZeRO-3: each rank holds 1/%d of every chunk's optimizer state; "
@@ -846,7 +847,6 @@ int td_cli_plan_main(int argc, char **argv)
     }
     td_backend_params bp = td_backend_default_params();
     bp.kind = cfg.backend;
-    size_t budget = cfg.gpu_budget, margin = 0, free_b = 0, total_b = 0;
     /* --backend cuda on a machine without a GPU: the footprint still plans
      * (the sizes are the CUDA ops' own), with a budget given and nothing measured. */
     int no_device = 0;
@@ -854,35 +854,25 @@ int td_cli_plan_main(int argc, char **argv)
     if (cfg.backend == TD_BACKEND_CUDA && td_backend_create(&bp, &b) != TD_OK) {
         td_error_clear();
         no_device = 1;
-        if (!budget || budget == TD_GPU_BUDGET_MAX) {
-            st = td_error_set(TD_ERR_UNSUPPORTED, "no CUDA device here to size the budget from; give --gpu-budget SIZE "
-                              "to plan a cuda run on this machine");
-            goto cleanup;
-        }
     }
 #endif
     if (!no_device) {
         if (!b && (st = td_backend_create(&bp, &b))) goto cleanup;
         cfg.backend = td_backend_get_kind(b); /* size activations for the backend that will run */
-        if ((st = td_backend_mem_info(b, &free_b, &total_b))) goto cleanup;
     }
+    td_train_budget tb;
+    if ((st = td_train_budget_resolve(&cfg, b, largest ? TD_BUDGET_USE_SEARCH : TD_BUDGET_USE_RUN, &tb)))
+        goto cleanup;
+    size_t budget = tb.budget_bytes, free_b = tb.free_bytes;
     size_t ram = 0, pin_limit = 0;
     char ram_src[160];
     if ((st = td_train_host_limits(&cfg, &ram, &pin_limit, ram_src, sizeof ram_src))) goto cleanup;
     if (largest) {
-        if (!no_device && (!budget || budget == TD_GPU_BUDGET_MAX) && (st = td_arena_default_budget(b, &budget, &margin)))
-            goto cleanup;
         td_train_limits lim = { .budget_bytes = budget, .device_free_bytes = no_device ? SIZE_MAX : free_b,
                                 .ram_bytes = ram, .pin_limit_bytes = pin_limit };
         if ((st = print_largest(&cfg, &lim, ram_src, json))) goto cleanup;
         rc = 0;
         goto cleanup;
-    }
-    if (!budget || budget == TD_GPU_BUDGET_MAX) {
-        size_t cap = 0;
-        if ((st = td_arena_default_budget(b, &cap, &margin))) goto cleanup;
-        if (!budget && (st = td_train_default_budget(&cfg, cap, &budget))) goto cleanup;
-        if (budget == TD_GPU_BUDGET_MAX) budget = cap;
     }
     td_train_plan p;
     if ((st = td_train_plan_make(&cfg, budget, &p))) goto cleanup;

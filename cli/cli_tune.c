@@ -4,7 +4,6 @@
  * rest are `tidal train`'s. */
 #include "args.h"
 #include "cli.h"
-#include "tidal/arena.h"
 #include "tidal/data.h"
 #include "tidal/tune.h"
 #include "tidal/util.h"
@@ -444,9 +443,9 @@ int td_cli_tune_main(int argc, char **argv)
         budgets = td_malloc(sizeof *budgets, TD_ROLE_META);
         if (!budgets) { st = TD_ERR_NOMEM; goto fail; }
         n_budgets = 1;
-        budgets[0] = cfg.gpu_budget;
-        if (!budgets[0] || budgets[0] == TD_GPU_BUDGET_MAX)
-            if ((st = td_arena_default_budget(b, &budgets[0], NULL))) goto fail;
+        td_train_budget tb;
+        if ((st = td_train_budget_resolve(&cfg, b, TD_BUDGET_USE_SEARCH, &tb))) goto fail;
+        budgets[0] = tb.budget_bytes;
     }
     fprintf(stderr, "tidal tune: measuring this machine's rates (copy, DRAM, compute)\n");
     td_train_rates rates;

@@ -26,35 +26,17 @@ struct td_slot_pool {
     int in_use;
 };
 
-td_status td_arena_default_budget(td_backend *b, size_t *budget_out, size_t *margin_out)
-{
-    size_t free_b = 0, total_b = 0, margin = 0;
-    td_status st = td_backend_mem_info(b, &free_b, &total_b);
-    if (st) return st;
-    if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
-        margin = total_b / 50;
-        if (margin < 512 * TD_MiB) margin = 512 * TD_MiB;
-    }
-    if (free_b <= margin) {
-        char f[32], m[32];
-        return td_error_set(TD_ERR_DEVICE_MEM, "only %s of device memory is free, less than the %s margin; "
-                            "free the GPU or give --gpu-budget explicitly",
-                            td_format_bytes(free_b, f, sizeof f), td_format_bytes(margin, m, sizeof m));
-    }
-    *budget_out = (free_b - margin) / TD_ARENA_ALIGN * TD_ARENA_ALIGN;
-    if (margin_out) *margin_out = margin;
-    return TD_OK;
-}
-
 td_status td_arena_create(td_backend *b, size_t budget_bytes, td_arena **out)
 {
     td_status st = TD_OK;
     td_arena *a = NULL;
     int range_ok = 0;
     *out = NULL;
-    if (budget_bytes == 0) TD_TRY(td_arena_default_budget(b, &budget_bytes, NULL));
+    if (budget_bytes == 0)
+        TD_FAIL(TD_ERR_INVALID, "arena: a budget of 0 bytes: give the device bytes to reserve (at least %d; "
+                "td_train_budget_resolve sizes a default)", TD_ARENA_ALIGN);
     if (budget_bytes < TD_ARENA_ALIGN)
-        TD_FAIL(TD_ERR_INVALID, "a budget of %zu bytes is too small (minimum %d)", budget_bytes, TD_ARENA_ALIGN);
+        TD_FAIL(TD_ERR_INVALID, "arena: a budget of %zu bytes is too small (minimum %d)", budget_bytes, TD_ARENA_ALIGN);
     a = td_calloc(1, sizeof *a, TD_ROLE_META);
     if (!a) { st = TD_ERR_NOMEM; goto cleanup; } /* td_malloc set the message */
     a->backend = b;

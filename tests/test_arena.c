@@ -228,15 +228,27 @@ static void test_slot_pool_reuse(void **state)
     td_backend_free(b);
 }
 
-static void test_arena_default_budget_and_overcommit(void **state)
+/* The arena has no default budget: 0 and sizes below its alignment are
+ * refused with a message naming the budget (the trainer sizes defaults,
+ * td_train_budget_resolve); so is a budget beyond what the device has. */
+static void test_arena_budget_zero_and_overcommit(void **state)
 {
     td_backend *b = td_test_backend(0);
-    size_t free_b, total_b, budget, margin;
+    size_t free_b, total_b;
     TD_ASSERT_OK(td_backend_mem_info(b, &free_b, &total_b));
-    TD_ASSERT_OK(td_arena_default_budget(b, &budget, &margin));
-    assert_int_equal(budget, (free_b - margin) / TD_ARENA_ALIGN * TD_ARENA_ALIGN);
-    /* A budget beyond what the device has fails at creation, naming the budget. */
-    td_arena *a = NULL;
+    td_arena *a = (td_arena *)b; /* anything but NULL: a failure must clear it */
+    assert_int_equal(td_arena_create(b, 0, &a), TD_ERR_INVALID);
+    assert_null(a);
+    assert_non_null(strstr(td_error_msg(), "a budget of 0 bytes"));
+    assert_int_equal(td_arena_create(b, TD_ARENA_ALIGN - 1, &a), TD_ERR_INVALID);
+    assert_null(a);
+    assert_non_null(strstr(td_error_msg(), "too small"));
+    TD_ASSERT_OK(td_arena_create(b, TD_ARENA_ALIGN, &a)); /* the least */
+    td_arena_stats as;
+    td_arena_get_stats(a, &as);
+    assert_int_equal(as.budget_bytes, TD_ARENA_ALIGN);
+    td_arena_destroy(a);
+    a = NULL;
     td_status st = td_arena_create(b, total_b + TD_GiB, &a);
     assert_int_equal(st, TD_ERR_DEVICE_MEM);
     assert_null(a);
@@ -253,7 +265,7 @@ int main(void)
         cmocka_unit_test(test_arena_error_names_holders),
         cmocka_unit_test(test_arena_reset_peak),
         cmocka_unit_test(test_slot_pool_reuse),
-        cmocka_unit_test(test_arena_default_budget_and_overcommit),
+        cmocka_unit_test(test_arena_budget_zero_and_overcommit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

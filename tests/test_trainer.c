@@ -757,6 +757,97 @@ static void test_default_budget_keeps_the_run_resident(void **state)
 #endif
 }
 
+/* td_train_budget_resolve, the one decision of the device budget, on the
+ * cpu backend (no margin) with a "device" of 64 MiB: the default, max, a
+ * search's default, a given budget, sizes too small to reserve, a device
+ * with nothing free, and no device at all.  The trainer takes what it says. */
+static void test_budget_resolve(void **state)
+{
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = TD_BACKEND_CPU;
+    bp.cpu_device_bytes = 64 * TD_MiB + 100; /* not a multiple of the alignment: the cap rounds down */
+    td_backend *b;
+    TD_ASSERT_OK(td_backend_create(&bp, &b));
+    td_train_config c = small_config();
+    td_train_budget tb;
+    size_t cap = 64 * TD_MiB, want;
+    /* default: the run resident plus an eighth, at most the cap */
+    c.gpu_budget = TD_GPU_BUDGET_DEFAULT;
+    TD_ASSERT_OK(td_train_budget_resolve(&c, b, TD_BUDGET_USE_RUN, &tb));
+    assert_int_equal(tb.origin, TD_BUDGET_DEFAULT);
+    assert_int_equal(tb.margin_bytes, 0);
+    assert_int_equal(tb.free_bytes, bp.cpu_device_bytes);
+    assert_int_equal(tb.total_bytes, bp.cpu_device_bytes);
+    assert_int_equal(tb.cap_bytes, cap);
+    TD_ASSERT_OK(td_train_default_budget(&c, cap, &want));
+    assert_int_equal(tb.budget_bytes, want);
+    assert_true(want < cap && want % TD_ARENA_ALIGN == 0);
+    /* a search (tune, plan --largest) takes the cap by default */
+    TD_ASSERT_OK(td_train_budget_resolve(&c, b, TD_BUDGET_USE_SEARCH, &tb));
+    assert_int_equal(tb.origin, TD_BUDGET_CAP);
+    assert_int_equal(tb.budget_bytes, cap);
+    /* max: the cap, for a run too */
+    c.gpu_budget = TD_GPU_BUDGET_MAX;
+    TD_ASSERT_OK(td_train_budget_resolve(&c, b, TD_BUDGET_USE_RUN, &tb));
+    assert_int_equal(tb.origin, TD_BUDGET_CAP);
+    assert_int_equal(tb.budget_bytes, cap);
+    /* given: as it is, beyond the free memory too (whether it fits is the plan's question) */
+    size_t given[] = {TD_ARENA_ALIGN, 3 * TD_MiB + 7, 128 * TD_MiB};
+    for (int i = 0; i < 3; i++) {
+        c.gpu_budget = given[i];
+        for (int use = 0; use < 2; use++) {
+            TD_ASSERT_OK(td_train_budget_resolve(&c, b, (td_budget_use)use, &tb));
+            assert_int_equal(tb.origin, TD_BUDGET_GIVEN);
+            assert_int_equal(tb.budget_bytes, given[i]);
+            assert_int_equal(tb.cap_bytes, 0);
+            assert_int_equal(tb.free_bytes, bp.cpu_device_bytes);
+        }
+    }
+    /* too small to reserve */
+    c.gpu_budget = TD_ARENA_ALIGN - 1;
+    assert_int_equal(td_train_budget_resolve(&c, b, TD_BUDGET_USE_RUN, &tb), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "--gpu-budget 255 bytes is below"));
+    /* a device with nothing free: the default and max cannot be sized, a given budget still resolves */
+    void *all;
+    TD_ASSERT_OK(td_backend_dev_reserve(b, bp.cpu_device_bytes - 100, &all));
+    for (int k = 0; k < 2; k++) {
+        c.gpu_budget = k ? TD_GPU_BUDGET_MAX : TD_GPU_BUDGET_DEFAULT;
+        assert_int_equal(td_train_budget_resolve(&c, b, TD_BUDGET_USE_RUN, &tb), TD_ERR_DEVICE_MEM);
+        assert_non_null(strstr(td_error_msg(), "of device memory is free"));
+        assert_non_null(strstr(td_error_msg(), "give --gpu-budget SIZE"));
+    }
+    c.gpu_budget = TD_MiB;
+    TD_ASSERT_OK(td_train_budget_resolve(&c, b, TD_BUDGET_USE_RUN, &tb));
+    assert_int_equal(tb.free_bytes, 100);
+    td_backend_dev_release(b, all);
+    td_backend_free(b);
+    /* no device (planning for one this machine lacks): only a given budget */
+    TD_ASSERT_OK(td_train_budget_resolve(&c, NULL, TD_BUDGET_USE_RUN, &tb));
+    assert_int_equal(tb.budget_bytes, TD_MiB);
+    assert_int_equal(tb.free_bytes, 0);
+    c.gpu_budget = TD_GPU_BUDGET_DEFAULT;
+    assert_int_equal(td_train_budget_resolve(&c, NULL, TD_BUDGET_USE_RUN, &tb), TD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(td_error_msg(), "no device here"));
+    assert_int_equal(td_train_budget_resolve(NULL, NULL, TD_BUDGET_USE_RUN, &tb), TD_ERR_INVALID);
+    /* The trainer reserves what the resolution says, and reports how it was decided. */
+    td_trainer *t;
+    setenv("TD_CPU_DEVICE_BYTES", "64MiB", 1); /* the trainer's own backend: max takes all of it */
+    for (int k = 0; k < 3; k++) {
+        c.gpu_budget = k == 0 ? TD_GPU_BUDGET_DEFAULT : k == 1 ? TD_GPU_BUDGET_MAX : 48 * TD_MiB;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        const td_train_budget *r = td_trainer_budget(t);
+        td_arena_stats as;
+        td_arena_get_stats(td_trainer_arena(t), &as);
+        assert_int_equal(as.budget_bytes, r->budget_bytes);
+        assert_int_equal(r->origin, k == 0 ? TD_BUDGET_DEFAULT : k == 1 ? TD_BUDGET_CAP : TD_BUDGET_GIVEN);
+        assert_int_equal(td_trainer_config(t)->gpu_budget, r->budget_bytes);
+        if (k == 2) assert_int_equal(r->budget_bytes, 48 * TD_MiB);
+        else assert_true(r->cap_bytes == cap && r->budget_bytes <= cap);
+        td_trainer_destroy(t);
+    }
+    unsetenv("TD_CPU_DEVICE_BYTES");
+}
+
 /* The demo corpus is learnt: a small model on Debian's fortunes (byte
  * tokens) gets below 3.0 nats within 200 steps (it starts near log 257 = 5.55). */
 #include "tidal/data.h"
@@ -1121,6 +1212,7 @@ int main(void)
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_minimum_is_enough),
         cmocka_unit_test(test_default_budget_keeps_the_run_resident),
+        cmocka_unit_test(test_budget_resolve),
         cmocka_unit_test(test_optimizer_share_is_bit_identical),
         cmocka_unit_test(test_compact_state_decay_by_tensor),
         cmocka_unit_test(test_auto_optimizer_share_follows_the_budget),

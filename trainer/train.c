@@ -232,12 +232,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_hostmem_create(t->topo, &t->hostmem)); /* on the AdamW team's node(s) */
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
-    size_t asked = cfg->gpu_budget;
-    if (asked == 0 || asked == TD_GPU_BUDGET_MAX) { /* the default, or all the free memory */
-        TD_TRY(td_arena_default_budget(t->backend, &t->budget_cap, NULL));
-        if (asked == 0) TD_TRY(td_train_default_budget(cfg, t->budget_cap, &t->cfg.gpu_budget));
-        else t->cfg.gpu_budget = t->budget_cap;
-    }
+    TD_TRY(td_train_budget_resolve(cfg, t->backend, TD_BUDGET_USE_RUN, &t->budget));
+    t->cfg.gpu_budget = t->budget.budget_bytes;
     TD_TRY(td_train_resolve_grad_slots(&t->cfg, cfg->gpu_budget)); /* the plan's choice, for the layout */
     td_train_plan plan;
     TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
@@ -262,11 +258,14 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                     td_format_bytes(plan.host_pinned_bytes, lim, sizeof lim),
                     td_format_bytes(plan.host_pageable_bytes, r, sizeof r), td_format_bytes(ram, rb, sizeof rb), src);
         size_t min = cfg->mm.placement == TD_PLACEMENT_CUDA ? plan.full_device_bytes : plan.min_device_bytes;
-        if (cfg->gpu_budget && cfg->gpu_budget < min)
-            TD_FAIL(TD_ERR_BUDGET, "--gpu-budget %s is below the minimum of %s for this model, batch and --policy %s "
-                    "(`tidal plan` shows the breakdown); raise the budget or lower --micro-batch or --seq%s",
-                    td_format_bytes(cfg->gpu_budget, need, sizeof need), td_format_bytes(min, lim, sizeof lim),
-                    td_placement_name(cfg->mm.placement), plan.ckpt ? "" : ", or use --ckpt on");
+        if (cfg->gpu_budget < min)
+            TD_FAIL(TD_ERR_BUDGET, "--gpu-budget %s%s is below the minimum of %s for this model, batch and --policy %s "
+                    "(`tidal plan` shows the breakdown); %s or lower --micro-batch or --seq%s",
+                    td_format_bytes(cfg->gpu_budget, need, sizeof need),
+                    t->budget.origin == TD_BUDGET_GIVEN ? "" : " (all the free device memory less the margin)",
+                    td_format_bytes(min, lim, sizeof lim), td_placement_name(cfg->mm.placement),
+                    t->budget.origin == TD_BUDGET_GIVEN ? "raise the budget" : "free the device",
+                    plan.ckpt ? "" : ", or use --ckpt on");
     }
     hp.slab_bytes = plan.host_slab_bytes; /* as planned: the plan's pinned bytes are exact */
     TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
@@ -1544,7 +1543,7 @@ int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total)
     if (total) *total = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
     return t->gpu_opt;
 }
-size_t td_trainer_budget_cap(const td_trainer *t) { return t->budget_cap; }
+const td_train_budget *td_trainer_budget(const td_trainer *t) { return &t->budget; }
 void td_trainer_setup_times(const td_trainer *t, td_setup_times *out) { *out = t->setup; }
 td_optim *td_trainer_optim(td_trainer *t) { return &t->optim; }
 

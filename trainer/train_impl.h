@@ -34,7 +34,7 @@ struct td_trainer {
     int pending_update;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
     td_setup_times setup;              /* td_trainer_create's phases */
-    size_t budget_cap;                 /* free device memory minus a margin, when the budget was not given */
+    td_train_budget budget;            /* as td_train_budget_resolve decided it */
 
     int n_tensors;                     /* 4 + 12 L */
     int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per model tensor: param, grad, fp32 master

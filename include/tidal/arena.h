@@ -41,12 +41,9 @@ typedef struct td_arena_stats {
     int free_blocks, live_blocks;
 } td_arena_stats;
 
-/* The default budget: free device memory minus a margin left for what the
- * driver and libraries take outside the arena (CUDA context growth, cuBLAS
- * and NCCL internals): max(512 MiB, 2% of total) on cuda, 0 on cpu. */
-td_status td_arena_default_budget(td_backend *b, size_t *budget_out, size_t *margin_out);
-
-/* budget_bytes = 0 takes the default budget. */
+/* Reserves exactly budget_bytes (at least TD_ARENA_ALIGN; 0 is refused:
+ * the arena has no default, the trainer decides one with
+ * td_train_budget_resolve). */
 td_status td_arena_create(td_backend *b, size_t budget_bytes, td_arena **out);
 /* Releases the reservation and with it every buffer still carved from it
  * (their pointers die too); slot pools must be destroyed first. */

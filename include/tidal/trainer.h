@@ -62,6 +62,9 @@ typedef struct td_trainer td_trainer;
 
 typedef enum td_ckpt_mode { TD_CKPT_AUTO, TD_CKPT_ON, TD_CKPT_OFF } td_ckpt_mode;
 
+/* td_train_config.gpu_budget's two sizes that are not byte counts (see
+ * td_train_budget_resolve). */
+#define TD_GPU_BUDGET_DEFAULT 0
 #define TD_GPU_BUDGET_MAX SIZE_MAX
 
 typedef struct td_train_config {
@@ -73,9 +76,9 @@ typedef struct td_train_config {
     int ckpt_blocks;              /* TD_CKPT_ON: recompute the first ckpt_blocks blocks and keep the
                                      others' activations (0: all of them) */
     td_backend_kind backend;
-    size_t gpu_budget;            /* 0: what the run needs with all of it resident, plus an eighth, capped by
-                                     free device memory minus a margin (td_train_default_budget);
-                                     TD_GPU_BUDGET_MAX: all of that free memory */
+    size_t gpu_budget;            /* device bytes; TD_GPU_BUDGET_DEFAULT (0): what the run needs with all of it
+                                     resident, plus an eighth, capped by free device memory minus a margin;
+                                     TD_GPU_BUDGET_MAX: all of that free memory (td_train_budget_resolve) */
     size_t host_pin_limit;        /* 0: 80% of the host RAM */
     size_t host_ram;              /* host memory the run may use; 0: MemTotal, or the cgroup's limit when
                                      lower (td_host_ram) */
@@ -279,11 +282,49 @@ td_status td_train_largest_layers(const td_train_config *cfg, const td_train_lim
 td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *pin_limit, char *source,
                                size_t source_bytes);
 
-/* --gpu-budget's default: the device bytes the run needs with all of it
+/* ---- the device budget ----------------------------------------------------
+ * One decision for every command and caller: td_trainer_create, `tidal
+ * plan`, `tune`, `eval` and `generate` all resolve cfg->gpu_budget here.
+ *   given    (any other byte count) taken as it is; it must be at least
+ *            TD_ARENA_ALIGN bytes (whether the run fits it is the plan's
+ *            and the trainer's question: td_train_plan_fits)
+ *   max      the cap: the device's free memory less the margin, rounded
+ *            down to TD_ARENA_ALIGN
+ *   default  for a run, td_train_default_budget at the cap; for a search
+ *            (tune, plan --largest: the model or layout varies), the cap
+ * The margin is what the CUDA context, cuBLAS and NCCL take outside the
+ * arena: max(512 MiB, 2% of the total) on cuda, 0 on the cpu backend.
+ * `b` is the backend the run will use; NULL (a device this machine lacks:
+ * `tidal plan --backend cuda` without a GPU) resolves only a given budget.
+ * A default or max budget fails with TD_ERR_DEVICE_MEM when the free memory
+ * is not above the margin. */
+typedef enum td_budget_use {
+    TD_BUDGET_USE_RUN,      /* the default sizes the run resident plus an eighth */
+    TD_BUDGET_USE_SEARCH,   /* the default is the cap */
+} td_budget_use;
+
+typedef enum td_budget_origin {
+    TD_BUDGET_GIVEN,        /* cfg->gpu_budget bytes */
+    TD_BUDGET_DEFAULT,      /* the run resident plus an eighth, at most the cap */
+    TD_BUDGET_CAP,          /* the free memory less the margin (max, or a search's default) */
+} td_budget_origin;
+
+typedef struct td_train_budget {
+    size_t budget_bytes;          /* what the arena reserves */
+    td_budget_origin origin;
+    size_t free_bytes, total_bytes; /* the device's when resolved (0 without a backend) */
+    size_t margin_bytes;          /* left outside the arena (0 without a backend) */
+    size_t cap_bytes;             /* free less margin, aligned (0 for a given budget) */
+} td_train_budget;
+
+td_status td_train_budget_resolve(const td_train_config *cfg, td_backend *b, td_budget_use use, td_train_budget *out);
+const char *td_budget_origin_name(td_budget_origin o);  /* "given", "default", "max" */
+
+/* The default's size: the device bytes the run needs with all of it
  * resident (the non-model buffers --ckpt auto keeps, every param and grad
  * chunk, and the optimizer state too when AdamW then runs on the GPU) plus
- * an eighth, so other work can share the device; `cap` (free memory minus a
- * margin) when that is more than the device has. */
+ * an eighth, so other work can share the device; `cap` when that is more.
+ * No device is asked: td_train_budget_resolve gives it the cap. */
 td_status td_train_default_budget(const td_train_config *cfg, size_t cap, size_t *budget);
 /* The rates of this machine the step's bound is made of: host<->device
  * copy (GB/s, pinned), the CPU AdamW (G params/s on the run's threads and
@@ -377,9 +418,9 @@ td_memmgr *td_trainer_memmgr(td_trainer *t);
 td_backend *td_trainer_backend(td_trainer *t);
 td_arena *td_trainer_arena(td_trainer *t);
 td_hostpool *td_trainer_hostpool(td_trainer *t);
-/* The free device memory minus a margin, measured when the trainer was
- * created with a default or "max" budget (0 when the budget was given). */
-size_t td_trainer_budget_cap(const td_trainer *t);
+/* The budget the trainer was created with, as td_train_budget_resolve
+ * decided it (td_arena_get_stats gives what it holds). */
+const td_train_budget *td_trainer_budget(const td_trainer *t);
 /* Blocks whose activations backward recomputes (0: none). */
 int td_trainer_checkpointing(const td_trainer *t);
 /* Optimizer chunks updated on the GPU (the rest by the CPU AdamW); *total:
