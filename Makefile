@@ -4,6 +4,7 @@
 #   CUDA=0        build without the CUDA backend and kernels (default: on when nvcc is found)
 #   NCCL=0        build without the NCCL communicator (default: on with CUDA when nccl.h is found)
 #   JEMALLOC=0    build without jemalloc (default: on when jemalloc.h is found, off with SANITIZE)
+#   URING=0       disk I/O without io_uring, with pread/pwrite threads only (default: on when liburing is found)
 #   CUDA_ARCH=... nvcc -gencode flags (default: sm_90 code plus compute_80 PTX, portable to sm_80+)
 #   SANITIZE=address,undefined   build into build-san/ with ASan/UBSan (CPU tests)
 #   OPT=-O2       optimisation flags
@@ -71,10 +72,18 @@ CFLAGS   += -DTD_HAVE_JEMALLOC
 LDLIBS   := $(LDLIBS) -ljemalloc
 endif
 
+# io_uring for the disk tier's I/O (offload/diskio_uring.c), when liburing
+# is found; without it the engine runs pread/pwrite threads (the same results).
+URING ?= $(if $(shell pkg-config --exists liburing 2>/dev/null && echo 1),1,$(if $(wildcard /usr/include/liburing.h),1,0))
+ifeq ($(URING),1)
+CFLAGS   += -DTD_HAVE_URING
+LDLIBS   := $(LDLIBS) $(or $(shell pkg-config --libs liburing 2>/dev/null),-luring)
+endif
+
 # Library sources: every .c in the module folders (docs/architecture.md draws
 # them and their direction); *_cuda.c and *.cu only with CUDA, *_nccl.c only with NCCL.
 MODULES  := core offload parallel memmgr optim model model/cuda data checkpoint trainer cli
-ALL_C    := $(filter-out cli/main.c $(if $(filter 1,$(NCCL)),,%_nccl.c),$(wildcard $(addsuffix /*.c,$(MODULES))))
+ALL_C    := $(filter-out cli/main.c $(if $(filter 1,$(NCCL)),,%_nccl.c) $(if $(filter 1,$(URING)),,%_uring.c),$(wildcard $(addsuffix /*.c,$(MODULES))))
 ifeq ($(CUDA),1)
 LIB_C    := $(ALL_C)
 LIB_CU   := $(wildcard $(addsuffix /*.cu,$(MODULES)))
@@ -113,7 +122,7 @@ help:
 	@echo "make bench-gpu  GPU benchmarks"
 	@echo "make fuzz       each libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (60) under ASan/UBSan"
 	@echo "make deps       install missing system packages with apt-get"
-	@echo "switches: CUDA=0  NCCL=0  JEMALLOC=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
+	@echo "switches: CUDA=0  NCCL=0  JEMALLOC=0  URING=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
 
 # --- dependencies -----------------------------------------------------------
 deps:

@@ -73,6 +73,15 @@ static td_status set_value(td_opt *o, const char *v, const char *origin)
     case TD_OPT_STRING:
         *(const char **)o->dst = v;
         break;
+    case TD_OPT_LIST: {
+        td_opt_list *l = o->dst;
+        if (o->seen == 2 && strcmp(origin, "option") == 0) l->n = 0; /* the command line replaces the config's */
+        if (l->n >= TD_OPT_LIST_MAX)
+            return td_error_set(TD_ERR_INVALID, "%s --%s: at most %d given", origin, o->name, TD_OPT_LIST_MAX);
+        l->v[l->n++] = v;
+        o->seen = strcmp(origin, "option") == 0 ? 1 : 2;
+        return TD_OK;
+    }
     }
     o->seen = 1;
     return TD_OK;
@@ -111,6 +120,18 @@ static td_status read_config(td_opt *opts, const char *path)
             return td_error_set(TD_ERR_INVALID, "--config %s: unknown key '%s'", path, item->string);
         char num[64];
         const char *v = NULL;
+        if (o->kind == TD_OPT_LIST && cJSON_IsArray(item)) { /* each string of the array */
+            char origin[300];
+            snprintf(origin, sizeof origin, "config %s:", path);
+            cJSON *e;
+            cJSON_ArrayForEach(e, item) {
+                if (!cJSON_IsString(e))
+                    return td_error_set(TD_ERR_INVALID, "--config %s: key '%s' must hold strings", path, item->string);
+                td_status st = set_value(o, e->valuestring, origin);
+                if (st) return st;
+            }
+            continue;
+        }
         if (cJSON_IsString(item)) v = item->valuestring;
         else if (cJSON_IsBool(item)) v = cJSON_IsTrue(item) ? "1" : "0";
         else if (cJSON_IsNumber(item)) {

@@ -18,7 +18,15 @@ typedef enum td_opt_kind {
     TD_OPT_SIZE,    /* size_t, with units (512MiB) */
     TD_OPT_BUDGET,  /* size_t, with units, or "max": TD_GPU_BUDGET_MAX (trainer.h) */
     TD_OPT_STRING,  /* const char * (points into argv or the config) */
+    TD_OPT_LIST,    /* td_opt_list: each occurrence adds one (a config gives a string or an array of them);
+                       the command line's replace the config's */
 } td_opt_kind;
+
+#define TD_OPT_LIST_MAX 16
+typedef struct td_opt_list {
+    const char *v[TD_OPT_LIST_MAX];  /* point into argv or the config */
+    int n;
+} td_opt_list;
 
 typedef struct td_opt {
     const char *name;  /* without "--" */

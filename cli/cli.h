@@ -5,6 +5,8 @@
 
 #include "tidal/trainer.h"
 
+#include <stdio.h>
+
 struct cJSON;
 
 int td_cli_memsim_main(int argc, char **argv);
@@ -25,11 +27,23 @@ int td_cli_tune_main(int argc, char **argv);
 int td_cli_train_options(int argc, char **argv, const char *cmd, const char *usage_text, td_train_config *cfg,
                          const char **data, struct cJSON *given);
 
+/* `tidal plan`'s disk tier (cli_disk.c): the "disk" member of --json (no
+ * separator around it), the table's disk section and its lines of the step
+ * estimate.  hide_accum: td_train_disk_hiding_accum's answer at
+ * TD_CLI_DISK_HIDE_WITHIN, with the bound there (hide; may be NULL). */
+#define TD_CLI_DISK_HIDE_WITHIN 0.10
+void td_cli_plan_disk_json(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
+                           const td_train_bound *bd, int hide_accum, const td_train_bound *hide);
+void td_cli_plan_disk_text(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r);
+void td_cli_plan_disk_estimate(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_bound *bd,
+                               int hide_accum, const td_train_bound *hide);
+
 /* The benchmarks, run as `tidal bench <name>` (their code is in bench/). */
 int td_bench_copy_main(int argc, char **argv);
 int td_bench_adam_main(int argc, char **argv);
 int td_bench_comm_main(int argc, char **argv);
 int td_bench_scaling_main(int argc, char **argv);
+int td_bench_disk_main(int argc, char **argv);
 #ifdef TD_HAVE_CUDA
 int td_bench_ops_main(int argc, char **argv); /* bench_ops_cuda.c */
 #endif

@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
+#include "tidal/diskio.h"
 #include "tidal/parallel.h"
 #include "tidal/trainer.h"
 #include "tidal/util.h"
@@ -28,6 +29,7 @@ typedef struct train_opts {
     uint64_t seed, chunk_numel;
     size_t gpu_budget, host_pin_limit, host_ram, shard_size;
     double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
+    td_opt_list offload_dirs;
 } train_opts;
 
 static const char usage[] =
@@ -56,7 +58,8 @@ static const char usage[] =
     {"grad-accum", TD_OPT_INT, &(o)->grad_accum, "K", "micro-batches per optimizer step (default 1)", 0},    \
     {"gpu-budget", TD_OPT_BUDGET, &(o)->gpu_budget, "SIZE", "device bytes tidal may use, e.g. 512MiB, 24GiB; default: what the run needs\nwith all of it resident plus an eighth, at most the free memory less a margin;\nmax: all of that free memory", 0}, \
     {"host-pin-limit", TD_OPT_SIZE, &(o)->host_pin_limit, "SIZE", "most host memory to pin (default 80% of the host RAM); `tidal plan`'s\nhost.pinned_bytes is what the run pins, to the byte", 0}, \
-    {"host-ram", TD_OPT_SIZE, &(o)->host_ram, "SIZE", "host memory the run may use (default: MemTotal, or the cgroup's memory\nlimit when one is set: memory.max or memory.limit_in_bytes)", 0}, \
+    {"host-ram", TD_OPT_SIZE, &(o)->host_ram, "SIZE", "host memory the run may use (default: MemTotal, or the cgroup's memory\nlimit when one is set: memory.max or memory.limit_in_bytes); with --offload-dir, the\noptimizer state beyond it goes to disk", 0}, \
+    {"offload-dir", TD_OPT_LIST, &(o)->offload_dirs, "DIR", "a directory on a local disk (NVMe) for the optimizer state the host's RAM\ncannot hold: read and written with O_DIRECT beside the CPU AdamW; repeat it\nto stripe over several drives (docs/training.md, \"The disk tier\")", 0}, \
     {"optim-state", TD_OPT_STRING, &(o)->optim_state, "S", "how AdamW stores m and v: fp32 (default, exact), bf16 or int8 (block-wise\nquantized, 8-bit Optimizers); the fp32 master stays fp32", 0}, \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},   \
     {"offload-param-frac", TD_OPT_DOUBLE, &(o)->param_frac, "F", "static: share of param/grad chunks on the host", 0}, \
@@ -215,6 +218,8 @@ static td_status build_config(const train_opts *o, td_opt *table, int data_vocab
         return td_error_set(TD_ERR_INVALID, "--host-ram %zu bytes is too small to run anything; give the host's "
                             "memory, e.g. --host-ram 125GiB", o->host_ram);
     c->host_ram = o->host_ram;
+    c->mm.disk_dirs = o->offload_dirs.v;
+    c->mm.n_disk_dirs = o->offload_dirs.n;
     if ((st = td_optim_state_parse(o->optim_state, &c->optim.state))) return td_error_prefix(st, "--optim-state: ");
     c->threads = o->threads;
     if (!strcmp(o->adam_thread, "on")) c->adam_thread = 1;
@@ -302,13 +307,20 @@ static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
 
 /* SIGINT / SIGTERM: the run stops at the next step boundary, saves when
  * --save is given and exits 130 / 143, as a shell reports those signals.
- * A second signal acts at once (the default action). */
+ * A second signal acts at once: the disk tier's lock files removed (its
+ * scratch files have no names: their space goes back as the process
+ * ends), then the default action. */
 static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int sig)
 {
+    if (stop_signal) {
+        td_dio_signal_cleanup();
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
     stop_signal = sig;
-    signal(sig, SIG_DFL);
 }
 
 /* TD_FAULT_NONFINITE_STEP=N[,K]: steps N .. N+K-1 read non-finite grads
@@ -370,6 +382,13 @@ static void opt_value(const td_opt *t, char *v, size_t n)
         else snprintf(v, n, "%zu", *(size_t *)t->dst);
         return;
     case TD_OPT_STRING: snprintf(v, n, "%s", *(const char **)t->dst ? *(const char **)t->dst : "(unset)"); return;
+    case TD_OPT_LIST: {
+        const td_opt_list *l = t->dst;
+        size_t at = 0;
+        v[0] = 0;
+        for (int i = 0; i < l->n && at < n; i++) at += (size_t)snprintf(v + at, n - at, "%s%s", i ? "," : "", l->v[i]);
+        return;
+    }
     }
     snprintf(v, n, "?");
 }
@@ -397,6 +416,7 @@ static void agree_add(agree_list *a, const char *key, const char *value)
 static void agree_build(agree_list *a, const td_opt *table, const td_train_config *cfg, const td_loader *loader)
 {
     static const char *const local[] = {"log", "log-every", "trace-out", "trace-timeline", "threads", "adam-thread", "host-ram",
+                                        "offload-dir",
                                         "host-pin-limit", "config", "nproc", "comm-timeout", "data", NULL};
     a->n = 0;
     for (const td_opt *t = table; t->name; t++) {
@@ -528,6 +548,14 @@ int td_cli_train_main(int argc, char **argv)
         cfg.agree = agree.s;
         cfg.n_agree = agree.n;
     }
+    /* From here a first SIGINT / SIGTERM stops the run at a step's end, a
+     * second at once (on_stop_signal). */
+    stop_signal = 0;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     if ((st = td_trainer_create(&cfg, &t))) goto cleanup;
     if (o.resume) {
         td_ckpt_reader *rd = NULL;
@@ -591,6 +619,17 @@ int td_cli_train_main(int argc, char **argv)
             td_format_bytes(hplan.host_pinned_bytes, hx, sizeof hx), td_format_bytes(hplan.host_pageable_bytes, hy, sizeof hy),
             td_optim_state_name(cfg.optim.state), td_format_bytes(host_ram, hz, sizeof hz), ram_src,
             td_host_heap_source());
+    if (hplan.disk_chunks) { /* every rank: each has its own directories' files */
+        char db[32], sb[32], rw[32];
+        fprintf(stderr, "tidal train: disk tier: %d of %d optimizer chunks (%s) on disk, %d bounce sets of %s pinned, %s read "
+                "and written a step; %s\n", hplan.disk_chunks, hplan.optim_chunks,
+                td_format_bytes(hplan.disk_bytes, db, sizeof db), hplan.disk_sets,
+                td_format_bytes(hplan.disk_set_bytes, sb, sizeof sb),
+                td_format_bytes((size_t)hplan.disk_read_bytes_per_step, rw, sizeof rw),
+                td_memmgr_disk_describe(td_trainer_memmgr(t)));
+    } else if (cfg.mm.n_disk_dirs && lead) {
+        fprintf(stderr, "tidal train: --offload-dir: nothing goes to disk (the host's RAM holds the whole state)\n");
+    }
     if (lead && optim_gpu < optim_total) { /* the CPU AdamW's cores: machines of one kind differ here */
         int driver = -1;
         const char *where = td_trainer_host_cores(t, &driver);
@@ -618,13 +657,17 @@ int td_cli_train_main(int argc, char **argv)
         st = td_error_set(TD_ERR_INVALID, "--max-bad-steps must be at least 1");
         goto cleanup;
     }
-    stop_signal = 0;
-    struct sigaction sa = {0};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     long bad = 0;
+    {   /* a signal while the run was set up: stop before the first step */
+        int stopping = 0;
+        if ((st = any_rank_stopping(t, stop_signal, &stopping))) goto cleanup;
+        if (stopping) {
+            if (lead) fprintf(stderr, "tidal train: %s: stopped before the first step\n",
+                              stopping == SIGINT ? "SIGINT" : "SIGTERM");
+            rc = 128 + stopping;
+            goto out;
+        }
+    }
     int scaled = cfg.optim.scaler.kind != TD_LOSS_SCALE_NONE;
     for (long s = first; s <= last; s++) {
         td_step_result r;
@@ -703,10 +746,10 @@ cleanup:
     if (st && env.size > 1) fprintf(stderr, "\ntidal train: rank %d: %s\n", env.rank, td_error_msg());
     else if (st) fprintf(stderr, "\ntidal train: %s\n", td_error_msg());
 out:
+    if (log) fclose(log);
+    td_trainer_destroy(t); /* its scratch files closed, their locks removed, before the handlers go */
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    if (log) fclose(log);
-    td_trainer_destroy(t);
     td_loader_destroy(loader);
     td_args_free();
     return rc;
@@ -726,11 +769,23 @@ static const char plan_usage[] =
 static td_status print_largest(const td_train_config *base, const td_train_limits *lim, const char *ram_src, int json)
 {
     char a[32], b2[32], c[32], d[32];
-    if (json) printf("{\"budget_bytes\":%zu,\"ram_bytes\":%zu,\"ram_source\":\"%s\",\"pin_limit_bytes\":%zu,\"largest\":[",
-                     lim->budget_bytes, lim->ram_bytes, ram_src, lim->pin_limit_bytes);
-    else printf("largest models for --gpu-budget %s, host RAM %s (%s), pin limit %s; %d x %d tokens, %s\n\n",
+    size_t disk_room = 0;
+    if (td_train_disk_tier(base)) { /* the disk the plans count: --disk-bytes, or the directories' free space */
+        td_train_plan dp;
+        td_train_config one = *base;
+        one.model.n_layer = 1;
+        td_status st = td_train_plan_make(&one, lim->budget_bytes, &dp);
+        if (st) return st;
+        disk_room = dp.disk_free_bytes;
+    }
+    if (json) printf("{\"budget_bytes\":%zu,\"ram_bytes\":%zu,\"ram_source\":\"%s\",\"pin_limit_bytes\":%zu,"
+                     "\"disk_bytes\":%zu,\"largest\":[", lim->budget_bytes, lim->ram_bytes, ram_src, lim->pin_limit_bytes,
+                     disk_room);
+    else printf("largest models for --gpu-budget %s, host RAM %s (%s), pin limit %s%s%s%s; %d x %d tokens, %s\n\n",
                 td_format_bytes(lim->budget_bytes, a, sizeof a), td_format_bytes(lim->ram_bytes, b2, sizeof b2), ram_src,
-                td_format_bytes(lim->pin_limit_bytes, c, sizeof c), base->micro_batch, base->seq_len,
+                td_format_bytes(lim->pin_limit_bytes, c, sizeof c), disk_room ? ", disk " : "",
+                disk_room ? td_format_bytes(disk_room, d, sizeof d) : "",
+                disk_room ? " for the optimizer state the RAM cannot hold" : "", base->micro_batch, base->seq_len,
                 td_dtype_name(base->precision));
     for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++) {
         td_train_config cfg = *base;
@@ -740,6 +795,7 @@ static td_status print_largest(const td_train_config *base, const td_train_limit
         td_status st = td_train_largest_layers(&cfg, lim, &layers, &p);
         if (st) return st;
         size_t layers_params = p.params, layers_host = p.host_bytes, layers_pinned = p.host_pinned_bytes;
+        size_t layers_disk = p.disk_bytes;
         /* Presets, in the order listed (growing): the largest that fits. */
         const char *best = NULL;
         size_t best_params = 0, best_host = 0;
@@ -768,15 +824,16 @@ static td_status print_largest(const td_train_config *base, const td_train_limit
         const char *name = td_optim_state_name((td_optim_state)s);
         if (json) {
             printf("%s{\"optim_state\":\"%s\",\"width\":%d,\"heads\":%d,\"layers\":%d,\"params\":%zu,"
-                   "\"host_bytes\":%zu,\"pinned_bytes\":%zu,\"preset\":%s%s%s,\"preset_params\":%zu,"
+                   "\"host_bytes\":%zu,\"pinned_bytes\":%zu,\"disk_bytes\":%zu,\"preset\":%s%s%s,\"preset_params\":%zu,"
                    "\"preset_host_bytes\":%zu,\"presets_that_fit\":[%s]}", s ? "," : "", name, base->model.n_embd,
-                   base->model.n_head, layers, layers_params, layers_host, layers_pinned, best ? "\"" : "",
+                   base->model.n_head, layers, layers_params, layers_host, layers_pinned, layers_disk, best ? "\"" : "",
                    best ? best : "null", best ? "\"" : "", best_params, best_host, fit_json);
         } else {
             if (layers > 0)
-                printf("--optim-state %-5s  %4d layers x %d wide, %d heads: %.2fB params, host %s (%s pinned)\n", name,
+                printf("--optim-state %-5s  %4d layers x %d wide, %d heads: %.2fB params, host %s (%s pinned)%s%s\n", name,
                        layers, base->model.n_embd, base->model.n_head, (double)layers_params / 1e9,
-                       td_format_bytes(layers_host, a, sizeof a), td_format_bytes(layers_pinned, b2, sizeof b2));
+                       td_format_bytes(layers_host, a, sizeof a), td_format_bytes(layers_pinned, b2, sizeof b2),
+                       layers_disk ? ", disk " : "", layers_disk ? td_format_bytes(layers_disk, c, sizeof c) : "");
             else
                 printf("--optim-state %-5s  no layer count fits at %d wide, %d heads\n", name, base->model.n_embd,
                        base->model.n_head);
@@ -796,7 +853,11 @@ int td_cli_plan_main(int argc, char **argv)
     train_opts o;
     opts_defaults(&o);
     int json = 0, layout = 0, largest = 0, nproc = 1, no_measure = 0;
+    size_t disk_bytes = 0;
     td_opt table[] = { OPTS(&o),
+                       {"disk-bytes", TD_OPT_SIZE, &disk_bytes, "SIZE", "plan the disk tier for this much disk (a drive you "
+                        "do not have here, or less\nthan --offload-dir's free space); without --offload-dir nothing "
+                        "is measured", 0},
                        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
                        {"nproc", TD_OPT_INT, &nproc, "N", "plan one rank of N (ZeRO-3, as `tidal train --nproc N`): its "
                         "share of the optimizer\nstate, the device chunks padded to N shards (under a launcher: the "
@@ -827,6 +888,7 @@ int td_cli_plan_main(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    cfg.disk_bytes = disk_bytes;
     {   /* one rank's share: --nproc, or the job this process is a rank of */
         td_dist_env env;
         if (nproc < 1 || nproc > 65536) {
@@ -881,9 +943,14 @@ int td_cli_plan_main(int argc, char **argv)
     if (!no_device && !no_measure && (st = td_train_measure_rates(b, &cfg, &r))) goto cleanup;
     td_train_bound bd;
     td_train_bound_of(&cfg, &p, &r, &bd);
+    td_train_bound hide;
+    int hide_accum = 0;
+    if (p.disk_chunks && bd.disk_ms > 0 &&
+        (st = td_train_disk_hiding_accum(&cfg, budget, &r, TD_CLI_DISK_HIDE_WITHIN, &hide_accum, &hide)))
+        goto cleanup;
     if (no_device) free_b = SIZE_MAX; /* unknown: the budget is taken as given */
     int fits_device = budget >= p.min_device_bytes && budget <= free_b;
-    int fits_host = p.host_pinned_bytes <= pin_limit && p.host_bytes <= ram;
+    int fits_host = p.host_pinned_bytes <= pin_limit && p.host_bytes <= ram && p.disk_fits;
     double host_pp = (double)(p.host_pinned_chunk_bytes + p.host_pageable_state_bytes) / (double)p.params;
     double pinned_pp = (double)p.host_pinned_chunk_bytes / (double)p.params;
     size_t pinned_optim = p.host_pinned_optimizer_bytes;
@@ -913,7 +980,7 @@ int td_cli_plan_main(int argc, char **argv)
                "\"dram_fastest_gbytes_per_s\":%.2f,\"adam_probe_params\":%zu,\"dram_loaded_gbytes_per_s\":%.2f,\"dram_loaded_adam_gbytes_per_s\":%.2f,\"dram_loaded_copy_gbytes_per_s\":%.2f,"
                "\"compute_gflops\":%.2f,\"block_forward_ms\":%.3f,\"block_backward_ms\":%.3f,\"block_recompute_ms\":%.3f},"
                "\"estimate\":{\"h2d_bytes\":%.0f,\"d2h_bytes\":%.0f,\"compute_ms\":%.2f,\"pcie_ms\":%.2f,\"adam_ms\":%.2f,\"exposed_adam_ms\":%.2f,\"dram_ms\":%.2f,"
-               "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f}}\n",
+               "\"step_lower_bound_ms\":%.2f,\"tokens_per_s_upper_bound\":%.1f},",
                cfg.ranks > 1 ? cfg.ranks : 1, cfg.rank, p.params, p.chunks, p.chunk_numel, p.padding_bytes, budget, free_b, p.activation_bytes,
                p.workspace_bytes, p.staging_bytes, p.working_set_bytes, p.min_device_bytes, p.full_device_bytes,
                device_peak, fits_device ? "true" : "false", p.host_role_bytes[TD_TENSOR_PARAM],
@@ -929,6 +996,8 @@ int td_cli_plan_main(int argc, char **argv)
                r.dram_loaded_copy_gbs, r.gflops, r.block_fwd_ms, r.block_bwd_ms, r.block_recompute_ms,
                p.h2d_bytes_per_step, p.d2h_bytes_per_step, compute_ms, pcie_ms, adam_ms, bd.exposed_adam_ms, dram_ms, bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
+        td_cli_plan_disk_json(stdout, &cfg, &p, &r, &bd, hide_accum, hide_accum ? &hide : NULL);
+        printf("}\n");
     } else {
         char desc[256];
         td_model_desc_describe(&cfg.model, desc, sizeof desc);
@@ -993,6 +1062,7 @@ int td_cli_plan_main(int argc, char **argv)
         printf("  total              %12s  of %s RAM -> %s\n", td_format_bytes(p.host_bytes, e, sizeof e),
                td_format_bytes(ram, f2, sizeof f2), fits_host ? "FITS" : "DOES NOT FIT");
         printf("  bytes a param      %.2f on the host, %.2f of them pinned (model state)\n", host_pp, pinned_pp);
+        if (td_train_disk_tier(&cfg)) td_cli_plan_disk_text(stdout, &cfg, &p, &r);
         printf("\noptimizer    %d of %d chunks on the GPU (%s of master, m, v there; their grads stay, their params\n"
                "             are not uploaded), the CPU AdamW updates %.0f params at %.0f bytes a param\n",
                p.optim_gpu_chunks, p.optim_chunks, td_format_bytes(p.optim_gpu_state_bytes, a, sizeof a),
@@ -1020,10 +1090,11 @@ int td_cli_plan_main(int argc, char **argv)
                td_format_bytes((size_t)p.d2h_bytes_per_step, i2, sizeof i2),
                p.gpu_optimizer ? "CPU AdamW (none: all on the GPU)" : "CPU AdamW", adam_ms);
         printf("               host DRAM %.1f ms (the CPU AdamW's bytes and the copies')\n", dram_ms);
+        td_cli_plan_disk_estimate(stdout, &cfg, &p, &bd, hide_accum, hide_accum ? &hide : NULL);
         if (bd.exposed_adam_ms > 0)
-            printf("               CPU AdamW beyond one micro-batch's compute %.1f ms (it hides only there: the\n"
+            printf("               CPU AdamW%s beyond one micro-batch's compute %.1f ms (it hides only there: the\n"
                    "               grads are whole in the last backward, the params needed in the first forward)\n",
-                   bd.exposed_adam_ms);
+                   bd.disk_ms > bd.adam_ms ? " (its disk reads and writes)" : "", bd.exposed_adam_ms);
         printf("               lower bound %.1f ms a step (all overlapped), at most %.0f tokens/s\n", bound_ms,
                bound_ms > 0 ? tokens / (bound_ms * 1e-3) : 0);
         if (layout) {

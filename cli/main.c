@@ -27,6 +27,7 @@ static const command benches[] = {
     {"adam", td_bench_adam_main, "CPU AdamW throughput against the memory-bandwidth bound"},
     {"comm", td_bench_comm_main, "the communicator's collectives across ranks: checked, then timed (--nproc N)"},
     {"scaling", td_bench_scaling_main, "a training run on N ranks against one rank at the same global batch"},
+    {"disk", td_bench_disk_main, "direct read/write rates of the drives under --offload-dir DIR ..."},
 #ifdef TD_HAVE_CUDA
     {"ops", td_bench_ops_main, "time of each CUDA op of a transformer block at a training shape"},
 #endif

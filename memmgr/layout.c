@@ -254,7 +254,8 @@ void td_memmgr_print_layout(td_memmgr *m, FILE *f)
         fprintf(f, "  chunk %3d  %-6s #%-3d %-4s %10s  %5.1f%% full  %-8s  home %-6s  %d tensor%s: ", k,
                 td_tensor_role_name(ch->role), ch->index, td_dtype_name(ch->dtype),
                 td_format_bytes(ch->bytes, b, sizeof b), 100.0 * (double)used / (double)cap,
-                td_memmgr_chunk_transient(m, k) ? "staged" : td_memmgr_chunk_pageable(m, k) ? "pageable" : "pinned", ch->home == TD_HOME_DEVICE ? "device" : "host", ch->n_tensors, ch->n_tensors == 1 ? "" : "s");
+                td_memmgr_chunk_transient(m, k) ? "staged" : td_memmgr_chunk_on_disk(m, k) ? "disk" : td_memmgr_chunk_pageable(m, k) ? "pageable" : "pinned",
+                ch->home == TD_HOME_DEVICE ? "device" : ch->home == TD_HOME_DISK ? "disk" : "host", ch->n_tensors, ch->n_tensors == 1 ? "" : "s");
         for (int j = 0; j < ch->n_tensors && j < 4; j++)
             fprintf(f, "%s%s", j ? ", " : "", m->tensors[ch->tensors[j]].name);
         if (ch->n_tensors > 4) fprintf(f, ", ... (%d more)", ch->n_tensors - 4);

@@ -50,8 +50,11 @@ td_status td_memmgr_set_chunk_home(td_memmgr *m, int chunk, td_chunk_home home)
     if (chunk < 0 || chunk >= m->n_chunks)
         return td_error_set(TD_ERR_INVALID, "memmgr: no chunk %d (%d chunks; td_memmgr_plan_layout first)", chunk,
                             m->n_chunks);
-    if (home != TD_HOME_HOST && home != TD_HOME_DEVICE)
+    if (home != TD_HOME_HOST && home != TD_HOME_DEVICE && home != TD_HOME_DISK)
         return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d: bad home %d", chunk, (int)home);
+    if (home == TD_HOME_DISK && !mm_is_optim_role(m->chunks[chunk].role))
+        return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d (%s): only optimizer state (master, m, v) is homed on "
+                            "disk", chunk, td_tensor_role_name(m->chunks[chunk].role));
     m->chunks[chunk].home = home;
     m->gplan_valid = 0; /* the transient grads follow the optimizer's homes */
     return TD_OK;
@@ -73,7 +76,7 @@ static int wants_transient(const td_memmgr *m, const mm_chunk *ch)
 {
     if (ch->role != TD_TENSOR_GRAD || m->params.grad_slots <= 0 || m->params.shard_ranks > 1) return 0;
     if (ch->index >= m->role_count[TD_TENSOR_ADAM_M]) return 0;
-    return m->chunks[m->role_first[TD_TENSOR_ADAM_M] + ch->index].home == TD_HOME_HOST;
+    return m->chunks[m->role_first[TD_TENSOR_ADAM_M] + ch->index].home != TD_HOME_DEVICE; /* the CPU AdamW's */
 }
 
 static size_t host_bytes_of(const td_memmgr *m, int c);
@@ -279,12 +282,25 @@ td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *e
     m->backend = engine ? td_copy_backend(engine) : NULL;
     m->params = p;
     m->params.trace_out = NULL;
+    m->params.disk_dirs = NULL;
     if (p.trace_out && !(m->params.trace_out = td_strdup(p.trace_out, TD_ROLE_META))) {
         td_free(m);
         return TD_ERR_NOMEM;
     }
     *out = m;
+    if (p.n_disk_dirs < 0 || (p.n_disk_dirs && !p.disk_dirs))
+        return td_error_set(TD_ERR_INVALID, "memmgr: %d disk directories", p.n_disk_dirs);
+    if (p.n_disk_dirs) {
+        if (!(m->disk_dirs = td_calloc((size_t)p.n_disk_dirs, sizeof *m->disk_dirs, TD_ROLE_META))) goto nomem;
+        for (int i = 0; i < p.n_disk_dirs; i++)
+            if (!(m->disk_dirs[i] = td_strdup(p.disk_dirs[i] ? p.disk_dirs[i] : "", TD_ROLE_META))) goto nomem;
+        m->params.disk_dirs = (const char *const *)m->disk_dirs;
+    }
     return TD_OK;
+nomem:
+    td_memmgr_destroy(m);
+    *out = NULL;
+    return TD_ERR_NOMEM;
 }
 
 static void release_spares(td_memmgr *m, mm_pool *pool);
@@ -294,6 +310,7 @@ void td_memmgr_destroy(td_memmgr *m)
 {
     if (!m) return;
     mm_tl_close(m);
+    mm_disk_free(m); /* its I/O ended before the sets' buffers go back */
     if (m->engine) {
         td_copy_drain(m->engine);
         td_queue_sync(m->backend, TD_QUEUE_COMPUTE);
@@ -332,6 +349,8 @@ void td_memmgr_destroy(td_memmgr *m)
     td_nextuse_destroy(m->nextuse);
     td_evictor_destroy(m->evictor);
     td_free((char *)m->params.trace_out);
+    for (int i = 0; m->disk_dirs && i < m->params.n_disk_dirs; i++) td_free(m->disk_dirs[i]);
+    td_free(m->disk_dirs);
     td_free(m->optim_homes);
     td_free(m);
 }
@@ -379,9 +398,11 @@ static td_status place_initial(td_memmgr *m)
         }
         }
         if (m->optim_homes && ch->index < n_optim) {
-            int on_dev = m->optim_homes[ch->index];
-            if (mm_is_optim_role(ch->role)) home = on_dev ? TD_HOME_DEVICE : TD_HOME_HOST;
-            else if (on_dev && (ch->role == TD_TENSOR_PARAM || ch->role == TD_TENSOR_GRAD)) home = TD_HOME_DEVICE;
+            int h = m->optim_homes[ch->index];
+            if (mm_is_optim_role(ch->role)) home = h == TD_HOME_DEVICE ? TD_HOME_DEVICE : h == TD_HOME_DISK ? TD_HOME_DISK
+                                                                                                       : TD_HOME_HOST;
+            else if (h == TD_HOME_DEVICE && (ch->role == TD_TENSOR_PARAM || ch->role == TD_TENSOR_GRAD))
+                home = TD_HOME_DEVICE;
         }
         ch->home = home;
     }
@@ -418,6 +439,8 @@ td_status td_memmgr_layout(td_memmgr *m)
         ch->gslot = -1;
         if (m->n_gslots && wants_transient(m, ch) && td_align_up(ch->host_bytes, TD_HOSTPOOL_ALIGN) <= m->gslot_bytes) {
             ch->transient = 1; /* its host copy: a staging slot, lent at its write-back */
+        } else if (ch->home == TD_HOME_DISK) {
+            /* no host copy: a place in the scratch file and a bounce set when used (mm_disk_setup) */
         } else if (wants_pageable(ch)) {
             /* Zero pages, untouched: the AdamW thread that updates a page
              * touches it first (NUMA first touch inside the local nodes). */
@@ -443,6 +466,7 @@ td_status td_memmgr_layout(td_memmgr *m)
             memset(m->gslots[i].buf, 0, m->gslot_bytes);
         }
     }
+    TD_TRY(mm_disk_setup(m));
     m->laid_out = 1;
     return TD_OK;
 cleanup:
@@ -752,6 +776,7 @@ td_status td_memmgr_step_begin(td_memmgr *m)
     if (m->in_step) return td_error_set(TD_ERR_STATE, "memmgr: step %llu begun twice", (unsigned long long)m->step);
     m->in_step = 1;
     m->off_trace = 0;
+    if (m->disk) mm_disk_release_held(m); /* the sets a host access kept go back to the AdamW */
     /* Step k covers positions [k * len, (k + 1) * len); step 0 is the warm-up. */
     m->pos = m->warmed_up ? m->step * m->trace_len : 0;
     td_memmgr_get_stats(m, &m->step_start); /* also folds the arena's peak into the run's */
@@ -891,6 +916,9 @@ td_status td_memmgr_step_end(td_memmgr *m)
     m->last_step.stall_ms -= m->step_start.stall_ms;
     m->last_step.slot_wait_ms -= m->step_start.slot_wait_ms;
     m->last_step.accesses -= m->step_start.accesses;
+    m->last_step.disk_read_bytes -= m->step_start.disk_read_bytes;
+    m->last_step.disk_write_bytes -= m->step_start.disk_write_bytes;
+    m->last_step.disk_wait_ms -= m->step_start.disk_wait_ms;
     td_arena_stats as;
     td_arena_get_stats(m->arena, &as);
     memcpy(m->last_step_peak, as.peak, sizeof as.peak);
@@ -994,6 +1022,7 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
     td_status st;
     /* With a timeline: the host's time in here (waits, the loads it issues) */
     double entered = m->tl ? td_now_ms() : 0;
+    if (m->disk) mm_disk_pump(m); /* the disk tier reads ahead while the GPU works */
     uint64_t loads_before = m->stats.loads;
     int local[64], *cs = n <= 64 ? local : td_malloc((size_t)n * sizeof *cs, TD_ROLE_META);
     if (!cs) return TD_ERR_NOMEM;
@@ -1001,6 +1030,11 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
     for (int i = 0; i < n; i++) {
         const mm_tensor *t = &m->tensors[ids[i]];
         const mm_chunk *ch = &m->chunks[t->chunk];
+        if (ch->on_disk) {
+            st = td_error_set(TD_ERR_STATE, "memmgr: device access to '%s' (%s chunk %d): it is homed on disk (the "
+                              "CPU AdamW's alone)", t->name, td_tensor_role_name(ch->role), ch->index);
+            goto out;
+        }
         if (ch->pageable) {
             st = td_error_set(TD_ERR_STATE, "memmgr: device access to '%s' (%s chunk %d): its host copy is pageable "
                               "(optimizer state homed on the host is the CPU AdamW's alone); home the chunk on the "
@@ -1213,8 +1247,11 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
     for (int i = 0; i < n; i++) {
         mm_tensor *t = &m->tensors[ids[i]];
         mm_chunk *ch = &m->chunks[t->chunk];
-        if ((st = host_sync(m, ch, flags))) return st;
-        host_ptrs[i] = (char *)ch->host + mm_tensor_byte_offset(m, t);
+        void *base = ch->host;
+        if (ch->on_disk) st = mm_disk_host_access(m, ch, flags, &base);
+        else st = host_sync(m, ch, flags);
+        if (st) return st;
+        host_ptrs[i] = (char *)base + mm_tensor_byte_offset(m, t);
     }
     return TD_OK;
 }
@@ -1227,6 +1264,7 @@ td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, v
     mm_chunk *ch = &m->chunks[chunk];
     for (int j = 0; (flags & TD_ACCESS_WRITE) && j < ch->n_tensors; j++)
         if ((st = check_host_write(m, ch->tensors[j]))) return st;
+    if (ch->on_disk) return mm_disk_host_access(m, ch, flags, host);
     if ((st = host_sync(m, ch, flags))) return st;
     *host = ch->host;
     return TD_OK;
@@ -1238,6 +1276,9 @@ td_status td_memmgr_chunk_host_peek(td_memmgr *m, int chunk, void **host, td_cop
     if (!m->laid_out || chunk < 0 || chunk >= m->n_chunks)
         return td_error_set(TD_ERR_INVALID, "memmgr: host peek at chunk %d (%d chunks)", chunk, m->n_chunks);
     mm_chunk *ch = &m->chunks[chunk];
+    if (ch->on_disk)
+        return td_error_set(TD_ERR_STATE, "memmgr: host peek at chunk %d ('%s', ...): it is homed on disk; "
+                            "td_memmgr_disk_acquire gives it", chunk, m->tensors[ch->tensors[0]].name);
     if (ch->pins)
         return td_error_set(TD_ERR_STATE, "memmgr: host peek at chunk %d ('%s', ...) while it is in COMPUTE on the "
                             "device", chunk, m->tensors[ch->tensors[0]].name);
@@ -1301,6 +1342,13 @@ void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out)
     size_t peak = s.peak_bytes > m->peak_total ? s.peak_bytes : m->peak_total;
     ((td_memmgr *)m)->peak_total = peak;
     out->device_peak_bytes = peak;
+    if (m->disk) {
+        pthread_mutex_lock(&m->disk->lock);
+        out->disk_read_bytes = m->disk->read_bytes;
+        out->disk_write_bytes = m->disk->write_bytes;
+        out->disk_wait_ms = m->disk->wait_ms;
+        pthread_mutex_unlock(&m->disk->lock);
+    }
 }
 
 size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes)
@@ -1309,13 +1357,15 @@ size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes)
     int n = snprintf(buf, buf_bytes,
                      "{\"step\":%llu,\"accesses\":%llu,\"loads\":%llu,\"evictions\":%llu,\"writebacks\":%llu,"
                      "\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"prefetches\":%llu,\"demand_loads\":%llu,"
-                     "\"stalls\":%llu,\"stall_ms\":%.3f,\"slot_wait_ms\":%.3f,\"prefetch_window\":%d,\"device_peak_bytes\":%zu,\"peak_bytes\":{",
+                     "\"stalls\":%llu,\"stall_ms\":%.3f,\"slot_wait_ms\":%.3f,\"prefetch_window\":%d,\"device_peak_bytes\":%zu,"
+                     "\"disk_read_bytes\":%llu,\"disk_write_bytes\":%llu,\"disk_wait_ms\":%.3f,\"peak_bytes\":{",
                      (unsigned long long)(m->step ? m->step - 1 : 0), (unsigned long long)s->accesses,
                      (unsigned long long)s->loads, (unsigned long long)s->evictions, (unsigned long long)s->writebacks,
                      (unsigned long long)s->bytes_h2d, (unsigned long long)s->bytes_d2h,
                      (unsigned long long)s->prefetches, (unsigned long long)s->demand_loads,
                      (unsigned long long)s->stalls, s->stall_ms, s->slot_wait_ms, m->prefetch_window,
-                     m->last_step_peak_total);
+                     m->last_step_peak_total, (unsigned long long)s->disk_read_bytes,
+                     (unsigned long long)s->disk_write_bytes, s->disk_wait_ms);
     for (int r = 0; r < TD_ROLE_COUNT && n > 0 && (size_t)n < buf_bytes; r++)
         n += snprintf(buf + n, buf_bytes - (size_t)n, "%s\"%s\":%zu", r ? "," : "", td_role_name((td_role)r),
                       m->last_step_peak[r]);

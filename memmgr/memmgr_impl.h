@@ -2,6 +2,7 @@
 #ifndef TIDAL_MEMMGR_IMPL_H
 #define TIDAL_MEMMGR_IMPL_H
 
+#include "tidal/diskio.h"
 #include "tidal/memmgr.h"
 #include "tidal/trace.h"
 
@@ -57,7 +58,40 @@ typedef struct mm_chunk {
     uint64_t accesses;          /* in the warm-up step */
     int read_beside_wb;         /* in use by a read while its write-back ran: the fence at release goes
                                    on the D2H queue, after both */
+    /* Homed on disk (optimizer state only, disk.c): no host copy of its own;
+     * its bytes live at disk_off of the scratch file, and in a bounce set
+     * while used.  disk_written: the file holds its bytes (else they are zeros). */
+    int on_disk, disk_written;
+    size_t disk_off;
 } mm_chunk;
+
+/* The disk tier (disk.c).  Optimizer chunk k's master, m and v (those homed
+ * on disk) move together between the scratch file and a bounce set: pinned
+ * buffers, one per role, each the size of that role's largest disk chunk.
+ * Role masks: bit 0 master, 1 m, 2 v. */
+typedef struct mm_dset {
+    int k;                      /* optimizer chunk index held (its bytes or a read of them), -1 none */
+    int pins;                   /* users: the CPU AdamW, a host access */
+    unsigned valid, reading;    /* roles whose bytes are here / being read */
+    unsigned dirty, writing;    /* roles newer than the file / being written */
+    void *buf[3];
+    td_dio_ticket rd[3], wr[3];
+} mm_dset;
+
+typedef struct mm_disk {
+    td_dio *io;
+    td_dio_file *file;
+    size_t file_bytes, role_bytes[3];   /* the file; each set's buffer per role (aligned) */
+    mm_dset *sets;
+    int n_sets;
+    int *order, n_order, *order_pos;    /* the optimizer chunks in the order the AdamW takes them; per k its place */
+    int pos;                            /* the place of the last chunk acquired */
+    int held[2], n_held;                /* sets a host access keeps (the driving thread's), oldest first */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;                /* an I/O ended, or a set came free */
+    uint64_t read_bytes, write_bytes;
+    double wait_ms;                     /* time acquires waited for reads, writes or a set */
+} mm_disk;
 
 /* The timeline (Chrome / Perfetto JSON): copies and compute ranges timed by
  * events from a fixed pool, written out at each step's end. */
@@ -157,6 +191,8 @@ struct td_memmgr {
     pthread_mutex_t gslot_lock;
     pthread_cond_t gslot_freed;
     int gslot_sync;             /* lock and condition made */
+    mm_disk *disk;              /* the disk tier, when a chunk is homed on disk */
+    char **disk_dirs;           /* params.disk_dirs, copied */
 };
 enum { MM_GSLOT_FREE, MM_GSLOT_HELD, MM_GSLOT_LENT };
 
@@ -168,6 +204,19 @@ static inline int mm_is_optim_role(td_tensor_role r)
 {
     return r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
 }
+
+/* disk.c */
+/* The disk chunks' place in the scratch file, the file, the engine and the
+ * bounce sets (at td_memmgr_layout, when a chunk is homed on disk). */
+td_status mm_disk_setup(td_memmgr *m);
+void mm_disk_free(td_memmgr *m);
+/* A host access to disk chunk ch (the driving thread): its bounce set,
+ * kept until two later host accesses of other chunks go to disk. */
+td_status mm_disk_host_access(td_memmgr *m, mm_chunk *ch, unsigned flags, void **host);
+/* Reads ahead while the driving thread works (td_memmgr_access calls it). */
+void mm_disk_pump(td_memmgr *m);
+/* The sets host accesses kept let go (their writes start): at a step's start. */
+void mm_disk_release_held(td_memmgr *m);
 
 /* timeline.c: all no-ops when no timeline is open. */
 void mm_tl_copy_events(td_memmgr *m, td_event **start, td_event **end, int *index);

@@ -9,7 +9,7 @@
 #            and sanitizer runtimes (compiler-rt) and its OpenMP runtime.
 # Called by `make deps`, and by `make test` / `make demo` / `make fuzz` when something is missing.
 set -e
-LIBS="hwloc libcjson cmocka jemalloc"
+LIBS="hwloc libcjson cmocka jemalloc liburing"
 need_pkgs() {
     pkgs=""
     command -v pkg-config >/dev/null 2>&1 || pkgs="pkg-config"
@@ -18,6 +18,10 @@ need_pkgs() {
     pkg-config --exists cmocka 2>/dev/null || pkgs="$pkgs libcmocka-dev"
     # The process's allocator, whose statistics measure the host footprint.
     pkg-config --exists jemalloc 2>/dev/null || [ -f /usr/include/jemalloc/jemalloc.h ] || pkgs="$pkgs libjemalloc-dev"
+    # io_uring for the disk tier (--offload-dir); without it the build runs
+    # pread/pwrite threads (URING=0), so `libs` (the GPU machine, which may
+    # have no registry) does without it.
+    [ "$1" = libs ] || pkg-config --exists liburing 2>/dev/null || [ -f /usr/include/liburing.h ] || pkgs="$pkgs liburing-dev"
     if [ "$1" = fuzz ]; then
         # Probe a link rather than trust package names: the runtimes ship in
         # versioned packages (libclang-rt-14-dev, libomp-14-dev, ...).

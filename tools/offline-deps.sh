@@ -2,7 +2,7 @@
 # tools/offline-deps.sh [DIR] — the route to a machine without a package
 # registry (such as the GPU machine): run it where Debian's registry is
 # reachable; it downloads the packages tidal builds against (hwloc, cJSON,
-# cmocka, and fortunes for the demo) as .deb files into DIR (default
+# cmocka, liburing, and fortunes for the demo) as .deb files into DIR (default
 # .devdeps, which git ignores) and writes DIR/env.sh.  Copy DIR along with the
 # checkout; on the other machine
 #
@@ -13,7 +13,7 @@
 # compiler, linker and pkg-config at them.  EXTRA_DEBS adds packages.
 set -euo pipefail
 dir=${1:-.devdeps}
-pkgs="libhwloc15 libhwloc-dev libcjson1 libcjson-dev libcmocka0 libcmocka-dev fortunes ${EXTRA_DEBS:-}"
+pkgs="libhwloc15 libhwloc-dev libcjson1 libcjson-dev libcmocka0 libcmocka-dev liburing2 liburing-dev fortunes ${EXTRA_DEBS:-}"
 mkdir -p "$dir"
 cd "$dir"
 rm -f ./*.deb

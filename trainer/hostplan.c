@@ -47,7 +47,7 @@ static td_status replay(td_memmgr *mm, const td_train_config *cfg, size_t slab_b
     TD_TRY(td_hostpool_create(NULL, NULL, &hp, &pool));
     void *ignored;
     for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
-        if (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c)) continue;
+        if (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c) || td_memmgr_chunk_on_disk(mm, c)) continue;
         td_tensor_role r = td_memmgr_chunk_role(mm, c);
         int optim = r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
         TD_TRY(td_hostpool_alloc(pool, td_memmgr_chunk_bytes(mm, c), optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
@@ -55,6 +55,11 @@ static td_status replay(td_memmgr *mm, const td_train_config *cfg, size_t slab_b
     size_t slot_bytes;
     int slots = td_memmgr_grad_slots(mm, &slot_bytes); /* the transient grads' staging, after the chunks */
     for (int i = 0; i < slots; i++) TD_TRY(td_hostpool_alloc(pool, slot_bytes, TD_ROLE_STAGING, &ignored));
+    size_t role[3];
+    int sets = td_memmgr_disk_plan(mm, role, NULL); /* the disk tier's bounce sets, after them */
+    for (int i = 0; i < sets; i++)
+        for (int r = 0; r < 3; r++)
+            if (role[r]) TD_TRY(td_hostpool_alloc(pool, role[r], TD_ROLE_STAGING, &ignored));
     size_t staging[TD_TRAIN_STAGING];
     td_train_staging_sizes(cfg, staging);
     for (int i = 0; i < TD_TRAIN_STAGING; i++) TD_TRY(td_hostpool_alloc(pool, staging[i], TD_ROLE_STAGING, &ignored));
@@ -74,11 +79,20 @@ size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
     enum { SIZES = 4 };
     size_t total = 0, sizes[SIZES] = {0};
     int n = td_memmgr_chunk_count(mm), n_sizes = 0;
-    size_t slot_bytes;
-    int slots = td_memmgr_grad_slots(mm, &slot_bytes);
-    for (int c = -slots; c < n; c++) { /* the transient grads' slots, then every pinned chunk copy */
-        if (c >= 0 && (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c))) continue;
-        size_t b = td_align_up(c < 0 ? slot_bytes : td_memmgr_chunk_bytes(mm, c), TD_HOSTPOOL_ALIGN);
+    size_t slot_bytes, role[3];
+    int slots = td_memmgr_grad_slots(mm, &slot_bytes), sets = td_memmgr_disk_plan(mm, role, NULL);
+    /* Every pinned chunk copy, the transient grads' slots, the disk tier's bounce buffers. */
+    for (int c = 0; c < n + slots + 3 * sets; c++) {
+        size_t b;
+        if (c < n) {
+            if (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c) || td_memmgr_chunk_on_disk(mm, c))
+                continue;
+            b = td_memmgr_chunk_bytes(mm, c);
+        } else {
+            b = c < n + slots ? slot_bytes : role[(c - n - slots) % 3];
+        }
+        if (!b) continue;
+        b = td_align_up(b, TD_HOSTPOOL_ALIGN);
         total += b;
         int seen = 0;
         for (int i = 0; i < n_sizes; i++) seen |= sizes[i] == b;
@@ -114,7 +128,7 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
     sizes[3] = (size_t)cfg->model.padded_vocab_size * sizeof(float); /* h_row */
 }
 
-td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks)
+td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, const uint8_t *on_disk)
 {
     /* As td_train_place_optimizer gives them to the trainer's layout: the
      * GPU AdamW's chunks (master, m, v) on the device, pinned; the CPU
@@ -129,6 +143,8 @@ td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks)
             if (order[j] >= n) continue;  /* a role of no chunks: fp32 params are their own master */
             TD_TRY(td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], order[j]), TD_HOME_DEVICE));
         }
+        for (int k = 0; on_disk && k < n; k++) /* the disk tier's (diskplan.c) */
+            if (on_disk[k]) TD_TRY(td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], k), TD_HOME_DISK));
     }
 cleanup:
     return st;

@@ -206,11 +206,29 @@ cleanup:
     return st;
 }
 
-td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks)
+td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks, int disk_chunks)
 {
     int n = 0;
     td_status st = td_train_optim_homes(&t->cfg, gpu_chunks, &t->optim_on_gpu, &n);
     if (st) return st;
     t->gpu_opt = gpu_chunks < n ? gpu_chunks : n;
-    return td_memmgr_set_optim_homes(t->mm, t->optim_on_gpu, n);
+    if (disk_chunks <= 0) return td_memmgr_set_optim_homes(t->mm, t->optim_on_gpu, n);
+    /* The disk tier's chunks, picked as the plan picked them, on a planned
+     * layout of the same registrations. */
+    td_train_ordered o;
+    uint8_t *homes = td_malloc((size_t)n + 1, TD_ROLE_META);
+    t->optim_on_disk = td_calloc((size_t)n + 1, 1, TD_ROLE_META);
+    if (!homes || !t->optim_on_disk) {
+        td_free(homes);
+        return td_error_set(TD_ERR_NOMEM, "optimizer placement of %d chunks", n);
+    }
+    if (!(st = td_train_ordered_make(&t->cfg, &o))) {
+        st = td_train_disk_pick(o.mm, t->optim_on_gpu, n, disk_chunks, t->optim_on_disk);
+        td_train_ordered_free(&o);
+    }
+    for (int k = 0; k < n; k++)
+        homes[k] = t->optim_on_gpu[k] ? TD_HOME_DEVICE : t->optim_on_disk[k] ? TD_HOME_DISK : TD_HOME_HOST;
+    if (!st) st = td_memmgr_set_optim_homes(t->mm, homes, n);
+    td_free(homes);
+    return st;
 }

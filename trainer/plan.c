@@ -48,7 +48,8 @@ static td_status resolve_grad_slots(td_train_config *cfg, size_t budget, td_trai
     td_status st = td_train_plan_make(&c, budget, copies);
     if (st) return st;
     *planned = 1;
-    if (copies->host_pinned_bytes <= pin_limit && copies->host_bytes <= ram) cfg->mm.grad_slots = 0;
+    /* (with a disk tier, copies that send state to disk cost more than slots do) */
+    if (copies->host_pinned_bytes <= pin_limit && copies->host_bytes <= ram && !copies->disk_chunks) cfg->mm.grad_slots = 0;
     return TD_OK;
 }
 
@@ -64,6 +65,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     td_status st;
     td_train_ordered o = {0};
     memset(out, 0, sizeof *out);
+    out->disk_fits = 1; /* no disk tier: nothing to fit there */
     if ((st = td_train_config_check(cfg))) return st;
     if (cfg->mm.grad_slots < 0) { /* auto: planned as the trainer resolves it */
         td_train_config c = *cfg;
@@ -173,8 +175,11 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     /* The host: the optimizer homes the trainer gives (optim_place.c; the
      * host-homed state is pageable), then every pinned and pageable byte by
      * the trainer's own sequence. */
-    if ((st = td_train_host_homes(mm, order, out->optim_gpu_chunks))) goto cleanup;
+    if ((st = td_train_host_homes(mm, order, out->optim_gpu_chunks, NULL))) goto cleanup;
     if ((st = td_train_host_plan(mm, cfg, budget, out))) goto cleanup;
+    /* The disk tier: what the host cannot hold of the CPU AdamW's state. */
+    if (td_train_disk_tier(cfg) && (st = td_train_plan_disk(cfg, mm, order, out->optim_gpu_chunks, budget, out)))
+        goto cleanup;
 cleanup:
     td_train_ordered_free(&o);
     return st;
@@ -229,10 +234,16 @@ size_t td_train_device_floor_bytes(const td_train_config *cfg)
 td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *lim, td_train_plan *p, int *fits,
                              int *host_fits)
 {
-    td_status st = td_train_plan_make(cfg, lim->budget_bytes, p);
+    td_train_config c = *cfg;
+    if (td_train_disk_tier(cfg)) { /* the disk tier takes what lim's RAM cannot hold (as td_train_host_limits reads it) */
+        size_t k = cfg->ranks > 1 && cfg->local_ranks > 1 ? (size_t)cfg->local_ranks : 1;
+        c.host_ram = lim->ram_bytes * k;
+        c.host_pin_limit = lim->pin_limit_bytes * k;
+    }
+    td_status st = td_train_plan_make(&c, lim->budget_bytes, p);
     if (st) return st;
     size_t dev = cfg->mm.placement == TD_PLACEMENT_CUDA ? p->full_device_bytes : p->min_device_bytes;
-    int host = p->host_pinned_bytes <= lim->pin_limit_bytes && p->host_bytes <= lim->ram_bytes;
+    int host = p->host_pinned_bytes <= lim->pin_limit_bytes && p->host_bytes <= lim->ram_bytes && p->disk_fits;
     *fits = host && lim->budget_bytes >= dev && lim->budget_bytes <= lim->device_free_bytes;
     if (host_fits) *host_fits = host;
     return TD_OK;
@@ -245,7 +256,16 @@ td_status td_train_plan_print_layout(const td_train_config *cfg, const td_train_
     td_train_config c = *cfg;
     if (c.mm.grad_slots < 0) c.mm.grad_slots = p->host_grad_slots; /* auto, as the plan resolved it (0: copies) */
     TD_TRY(td_train_ordered_make(&c, &o));
-    TD_TRY(td_train_host_homes(o.mm, o.order, p->optim_gpu_chunks)); /* the optimizer homes the trainer gives */
+    {
+        int n = td_memmgr_role_chunk_count(o.mm, TD_TENSOR_PARAM);
+        uint8_t *marks = td_calloc(2 * ((size_t)n + 1), 1, TD_ROLE_META);
+        if (!marks) TD_FAIL(TD_ERR_NOMEM, "the layout of %d chunks", n);
+        for (int j = 0; j < p->optim_gpu_chunks && j < n; j++) marks[o.order[j]] = 1;
+        st = td_train_disk_pick(o.mm, marks, n, p->disk_chunks, marks + n + 1);
+        if (!st) st = td_train_host_homes(o.mm, o.order, p->optim_gpu_chunks, marks + n + 1); /* the trainer's homes */
+        td_free(marks);
+        if (st) goto cleanup;
+    }
     td_memmgr_print_layout(o.mm, f);
 cleanup:
     td_train_ordered_free(&o);

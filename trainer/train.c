@@ -29,6 +29,7 @@
 
 
 static td_status setup_optimizer(td_trainer *t);
+static td_status set_disk_order(td_trainer *t);
 static td_status adam_job(void *ctx, int k);
 static int adam_ready(void *ctx, int k);
 static void adam_drop(void *ctx, int k);
@@ -251,12 +252,20 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                     plan.host_slabs == 1 ? "" : "s", td_format_bytes(limit, lim, sizeof lim), limit,
                     td_format_bytes(ram, r, sizeof r), plan.host_pinned_bytes);
         if (plan.host_bytes > ram)
-            TD_FAIL(TD_ERR_NOMEM, "the run needs %s of host memory (%s pinned, %s pageable; `tidal plan` shows the "
-                    "breakdown) and the host has %s (%s); use --optim-state bf16 or int8, a smaller model or batch, "
+            TD_FAIL(TD_ERR_NOMEM, "the run needs %s of host memory (%s pinned, %s pageable%s; `tidal plan` shows the "
+                    "breakdown) and the host has %s (%s); %suse --optim-state bf16 or int8, a smaller model or batch, "
                     "or give --host-ram if the figure is wrong",
                     td_format_bytes(plan.host_bytes, need, sizeof need),
                     td_format_bytes(plan.host_pinned_bytes, lim, sizeof lim),
-                    td_format_bytes(plan.host_pageable_bytes, r, sizeof r), td_format_bytes(ram, rb, sizeof rb), src);
+                    td_format_bytes(plan.host_pageable_bytes, r, sizeof r),
+                    plan.disk_chunks ? ", with the CPU AdamW's whole optimizer state on disk" : "",
+                    td_format_bytes(ram, rb, sizeof rb), src,
+                    cfg->mm.n_disk_dirs ? "" : "give --offload-dir DIR to keep optimizer state on a local disk, or ");
+        if (plan.disk_chunks && !plan.disk_fits)
+            TD_FAIL(TD_ERR_IO, "the disk tier needs %s of disk for %d optimizer chunks and --offload-dir has %s free; "
+                    "free space there, add another --offload-dir on a second drive, or keep more in RAM (--host-ram, "
+                    "--optim-state bf16 or int8)", td_format_bytes(plan.disk_bytes, need, sizeof need), plan.disk_chunks,
+                    td_format_bytes(plan.disk_free_bytes, lim, sizeof lim));
         size_t min = cfg->mm.placement == TD_PLACEMENT_CUDA ? plan.full_device_bytes : plan.min_device_bytes;
         if (cfg->gpu_budget < min)
             TD_FAIL(TD_ERR_BUDGET, "--gpu-budget %s%s is below the minimum of %s for this model, batch and --policy %s "
@@ -276,7 +285,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     t->setup.backend_ms = lap(&mark);
     TD_TRY(register_tensors(t));
-    TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks)); /* host-homed state: pageable (memmgr.h) */
+    /* host-homed state: pageable (memmgr.h); the disk tier's on disk */
+    TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks, plan.disk_chunks));
     TD_TRY(td_memmgr_layout(t->mm));
     t->setup.pin_ms = lap(&mark);
     TD_TRY(td_train_first_touch(t->mm, cfg, t->topo));
@@ -315,6 +325,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     }
     TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
+    TD_TRY(set_disk_order(t));
     if (t->ranks > 1) { /* the first step gathers too (the same params on every rank): see pending_update */
         t->pending_next = 0;
         t->pending_end = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
@@ -361,6 +372,7 @@ void td_trainer_destroy(td_trainer *t)
     td_free(t->gids_scratch);
     td_free(t->ptrs);
     td_free(t->optim_on_gpu);
+    td_free(t->optim_on_disk);
     td_free(t->rs_left);
     td_free(t->sumsq_all);
     td_free(t->jobs);
@@ -874,6 +886,28 @@ static td_status begin_step(td_trainer *t, td_grad_stats *global, td_optim_step 
 
 /* Whether param chunk k's optimizer lives on the GPU (optim_place.c). */
 static int chunk_on_gpu(const td_trainer *t, int k) { return t->optim_on_gpu && t->optim_on_gpu[k]; }
+/* Whether its state lives on disk (the disk tier: diskplan.c). */
+static int chunk_on_disk(const td_trainer *t, int k) { return t->optim_on_disk && t->optim_on_disk[k]; }
+
+/* The disk tier reads ahead in the order the CPU AdamW takes the chunks:
+ * as their grads land in the backward (the last chunk first) when nothing
+ * waits for the global norm, else in the next forward's order. */
+static int updates_early(const td_trainer *t);
+static td_status set_disk_order(td_trainer *t)
+{
+    if (!t->optim_on_disk) return TD_OK;
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM), n = 0;
+    int *order = td_malloc(((size_t)chunks + 1) * sizeof *order, TD_ROLE_META);
+    if (!order) return TD_ERR_NOMEM;
+    int early = updates_early(t) && (t->worker || t->ranks == 1);
+    for (int i = 0; i < chunks; i++) {
+        int k = early ? chunks - 1 - i : i;
+        if (chunk_on_disk(t, k)) order[n++] = k;
+    }
+    td_status st = td_memmgr_disk_set_order(t->mm, order, n);
+    td_free(order);
+    return st;
+}
 
 /* Whether this step's host chunks went to the AdamW thread in the backward
  * with their grad sums taken on the device as they went (one rank; ZeRO-3
@@ -1064,13 +1098,15 @@ static td_status job_make(td_trainer *t, int k, const td_adam_coeffs *c, int sta
     *has = !(t->ranks > 1 && !(n = td_memmgr_chunk_host_range(mm, mc, &b, &e)));
     if (!*has) return TD_OK; /* a rank past the end of a small chunk */
     char *p, *g;
-    void *m, *v, *master;
+    void *m = NULL, *v = NULL, *master;
+    j->disk = chunk_on_disk(t, k); /* master, m, v: read from disk when the job runs (job_run) */
     TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads));
     TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
-    TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
+    if (!j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
+    if (!j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
     master = p + b * sizeof(float); /* fp32 params are the master (whole on every rank) */
-    if (sc >= 0) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
+    if (sc >= 0) master = NULL;
+    if (sc >= 0 && !j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
     /* The new params go straight into the param chunk's pinned host copy,
      * which the next step uploads. */
     j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
@@ -1089,8 +1125,17 @@ cleanup:
 static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
 {
     td_status st = TD_OK;
+    int acquired = 0;
     TD_TRY(td_copy_wait(t->engine, &j->grads));
     TD_TRY(td_copy_wait(t->engine, &j->params));
+    if (j->disk) { /* the state streams in (read ahead in the AdamW's order), and out after the update */
+        void *h[3];
+        TD_TRY(td_memmgr_disk_acquire(t->mm, k, h));
+        acquired = 1;
+        if (h[0]) j->ch.master = h[0];
+        j->ch.m = h[1];
+        j->ch.v = h[2];
+    }
     j->landed_ms = td_now_ms();
     if (j->stats) {
         td_grad_stats s = {0};
@@ -1098,7 +1143,10 @@ static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
         t->h_sumsq[k] = s.sumsq;
     }
     TD_TRY(td_train_adam_chunk_cpu(t, cpu, k, j->c, &j->ch));
+    if (acquired) st = td_memmgr_disk_release(t->mm, k, 1); /* its write starts beside the next update */
+    acquired = 0;
 cleanup:
+    if (acquired) (void)td_memmgr_disk_release(t->mm, k, 0); /* the update did not run: nothing to write */
     return st;
 }
 
@@ -1113,7 +1161,8 @@ static td_status job_record(td_trainer *t, int k)
     for (int r = 0; r < 4; r++) {
         int ch = td_memmgr_role_chunk(mm, written[r], k);
         void *x;
-        if (ch >= 0) TD_TRY(td_memmgr_chunk_host_access(mm, ch, TD_ACCESS_WRITE, &x)); /* no MASTER: fp32 params */
+        if (ch < 0 || td_memmgr_chunk_on_disk(mm, ch)) continue; /* no MASTER: fp32 params; on disk: written there */
+        TD_TRY(td_memmgr_chunk_host_access(mm, ch, TD_ACCESS_WRITE, &x));
     }
 cleanup:
     return st;
@@ -1161,7 +1210,8 @@ static int adam_ready(void *ctx, int k)
     td_trainer *t = ctx;
     int grads = 0, params = 0;
     return td_copy_done(t->engine, &t->jobs[k].grads, &grads) == TD_OK && grads &&
-           td_copy_done(t->engine, &t->jobs[k].params, &params) == TD_OK && params;
+           td_copy_done(t->engine, &t->jobs[k].params, &params) == TD_OK && params &&
+           (!t->jobs[k].disk || td_memmgr_disk_ready(t->mm, k)); /* and its state read from disk */
 }
 
 /* On the AdamW thread: job k done with (run, failed or not run): a
@@ -1477,6 +1527,7 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
     }
     td_optim_step os;
     TD_TRY(optimizer_step(t, &os));
+    TD_TRY(td_memmgr_disk_status(t->mm)); /* a write that failed behind the updates fails this step */
     TD_TRY(td_memmgr_step_end(t->mm));
     {   /* the step's loss over the global batch: every rank's sums, in rank order */
         double sums[2] = {loss_sum, (double)targets};

@@ -66,6 +66,7 @@ struct td_trainer {
      * (optim_place.c): optim_on_gpu[k] for param chunk k; gpu_opt: how many. */
     int gpu_opt;
     uint8_t *optim_on_gpu;
+    uint8_t *optim_on_disk;            /* optim_on_disk[k]: param chunk k's optimizer state on disk (NULL: none) */
     double *h_sumsq;                   /* per chunk grad sumsq: [0, chunks) host, [chunks, 2 chunks) device */
     int *group, *group_start;          /* model tensors of each param chunk: group[group_start[k] ..) */
     void **ptrs;                       /* scratch for access pointers */
@@ -118,6 +119,7 @@ typedef struct td_adam_job {
     const td_adam_coeffs *c;
     int stats;
     int consumes;     /* the grads are transient: their staging slot is freed after */
+    int disk;         /* its master, m and v live on disk: acquired from the disk tier when it runs */
     double landed_ms; /* when its run found the grads and params landed (td_now_ms) */
 } td_adam_job;
 
@@ -214,9 +216,10 @@ void td_train_optim_gpu_bytes(td_memmgr *mm, td_dtype param_dtype, const int *or
 /* on_gpu[k] for each param chunk k (n_out of them; td_free it): the first
  * `gpu` chunks of the slack order. */
 td_status td_train_optim_homes(const td_train_config *cfg, int gpu, uint8_t **on_gpu, int *n_out);
-/* The trainer's placement, before its layout: t->optim_on_gpu, t->gpu_opt
- * and the memmgr's optimizer homes. */
-td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks);
+/* The trainer's placement, before its layout: t->optim_on_gpu, t->gpu_opt,
+ * t->optim_on_disk (disk_chunks of them, td_train_disk_pick) and the
+ * memmgr's optimizer homes. */
+td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks, int disk_chunks);
 /* ---- the host side (hostplan.c) ---- */
 #define TD_TRAIN_STAGING 4
 /* The pinned staging buffers the trainer takes, in order (alloc_activations). */
@@ -224,10 +227,20 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
 /* The pinned pool's slab size for the pinned chunk copies of a planned layout. */
 size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
 /* The optimizer homes td_train_place_optimizer gives the trainer's layout
- * (the first gpu_chunks of the slack order on the device, the rest on the
- * host: pageable), set on a planned layout for the host plan (order: its
- * td_train_optim_order). */
-td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks);
+ * (the first gpu_chunks of the slack order on the device, those marked in
+ * on_disk (NULL: none) on disk, the rest on the host: pageable), set on a
+ * planned layout for the host plan (order: its td_train_optim_order). */
+td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, const uint8_t *on_disk);
+/* ---- the disk tier (diskplan.c) ---- */
+/* on_disk[k] (n param chunks) for the `count` optimizer chunks the disk
+ * tier takes, of those not on_gpu (NULL: none): spread evenly over the
+ * chunks of the common size, then the larger ones. */
+td_status td_train_disk_pick(td_memmgr *mm, const uint8_t *on_gpu, int n, int count, uint8_t *on_disk);
+/* The plan's disk_* fields, and its host_* fields with the chunks on disk
+ * that make the host fit (its homes set on mm: gpu chunks of the slack
+ * order on the device); after td_train_host_plan without any. */
+td_status td_train_plan_disk(const td_train_config *cfg, td_memmgr *mm, const int *order, int gpu, size_t budget,
+                             td_train_plan *p);
 /* The pageable optimizer state's pages first touched (zeroed) by the
  * threads of an AdamW team like the trainer's, each the pages it will
  * update: NUMA placement inside the local nodes, and no page faults in the

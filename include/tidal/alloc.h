@@ -49,6 +49,13 @@ typedef enum td_fault_kind {
     TD_FAULT_PIN,          /* pinning host memory (slab creation) */
     TD_FAULT_DEV_RESERVE,  /* device reservation (arena creation) */
     TD_FAULT_NONFINITE_GRAD, /* an optimizer step's grads read as non-finite (trainer) */
+    /* Disk I/O (diskio.h): each counts the transfers the I/O engine makes
+     * (a read or write of at most a piece), or, for NODIRECT, the files it
+     * opens. */
+    TD_FAULT_DISK_NOSPC,     /* a transfer fails with ENOSPC (also a file's preallocation) */
+    TD_FAULT_DISK_EIO,       /* a transfer fails with EIO */
+    TD_FAULT_DISK_SHORT,     /* a transfer moves half its bytes, and its continuation none */
+    TD_FAULT_DISK_NODIRECT,  /* opening a file with O_DIRECT fails with EINVAL (a filesystem without it) */
     TD_FAULT_KIND_COUNT
 } td_fault_kind;
 

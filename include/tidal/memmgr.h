@@ -61,6 +61,7 @@
 
 #include "tidal/arena.h"
 #include "tidal/copy.h"
+#include "tidal/diskio.h"
 #include "tidal/dtype.h"
 #include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
@@ -101,6 +102,8 @@ td_status td_placement_parse(const char *name, td_placement *out);
 typedef enum td_chunk_home {
     TD_HOME_HOST,    /* loaded for use, evictable */
     TD_HOME_DEVICE,  /* resident from first use on, never evicted */
+    TD_HOME_DISK,    /* optimizer state only: in a scratch file under params.disk_dirs, read into a bounce set
+                        while the CPU AdamW (or a host access) uses it (see "The disk tier" below) */
 } td_chunk_home;
 
 #define TD_ACCESS_READ  0u
@@ -146,6 +149,14 @@ typedef struct td_memmgr_params {
      * its tensors.  0 or 1: no sharding. */
     int shard_ranks, shard_rank;
     size_t shard_align;                      /* elements; 0 means 1 */
+    /* The disk tier (chunks homed on TD_HOME_DISK): their scratch file is
+     * striped over these directories (copied at create; diskio.h). */
+    const char *const *disk_dirs;
+    int n_disk_dirs;
+    int disk_sets;                           /* bounce sets (default 4, at least 3) */
+    int disk_buffered;                       /* 1: through the page cache (default: O_DIRECT where the filesystem
+                                                has it, else the page cache, said in td_memmgr_disk_describe) */
+    td_dio_method disk_method;               /* io_uring or threads (default auto) */
 } td_memmgr_params;
 
 td_memmgr_params td_memmgr_default_params(void);
@@ -162,6 +173,8 @@ typedef struct td_memmgr_stats {
     size_t device_chunk_bytes, device_peak_bytes; /* chunk slots held now; arena peak */
     size_t host_chunk_bytes;                      /* pinned host copies */
     size_t host_pageable_bytes;                   /* pageable host copies (page-rounded) */
+    uint64_t disk_read_bytes, disk_write_bytes;   /* the disk tier's reads and writes (whole 4 KiB blocks) */
+    double disk_wait_ms;                          /* time its users waited for a read, a write or a free set */
 } td_memmgr_stats;
 
 td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
@@ -176,9 +189,10 @@ td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dt
 /* Per-chunk optimizer placement, decided before the layout and fixed for the
  * run: optimizer chunk i (chunk i of MASTER, ADAM_M and ADAM_V, which hold
  * the same tensors as param chunk i) is homed on the device when
- * on_device[i] (then param and grad chunk i are too: a GPU optimizer updates
- * them there, so its grads never go down and its params never come up), else
- * on the host, under every placement policy; AUTO's after-warm-up placement
+ * on_device[i] is TD_HOME_DEVICE (1; then param and grad chunk i are too: a
+ * GPU optimizer updates them there, so its grads never go down and its
+ * params never come up), on disk when it is TD_HOME_DISK (2), else (0) on
+ * the host, under every placement policy; AUTO's after-warm-up placement
  * leaves optimizer chunks alone.  n: each optimizer role's chunk count as
  * the layout makes it (a planning manager with the same registrations gives
  * it); the layout fails otherwise.  Copied. */
@@ -315,6 +329,54 @@ td_status td_memmgr_timeline_range(td_memmgr *m, const char *name, int begin);
 enum { TD_TIMELINE_HOST_TRACKS = 4 };
 td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, double t0_ms, double t1_ms, const char *name, ...)
     __attribute__((format(printf, 5, 6)));
+/* ---- the disk tier ----------------------------------------------------------------
+ * Optimizer chunks homed on TD_HOME_DISK (td_memmgr_set_chunk_home between
+ * td_memmgr_plan_layout and td_memmgr_layout; chunk i of MASTER, ADAM_M and
+ * ADAM_V together) have no host copy of their own: td_memmgr_layout places
+ * them in one scratch file striped over params.disk_dirs (diskio.h:
+ * O_DIRECT, preallocated, unnamed, a lock file beside it) and takes
+ * params.disk_sets bounce sets of pinned buffers.  A user acquires
+ * optimizer chunk i: its disk chunks are read into a set (a chunk never
+ * written reads as zeros without I/O), and after the update released,
+ * which starts the write of what it changed.  The manager reads ahead, into
+ * the sets no one uses, the next chunks in the order td_memmgr_disk_set_order
+ * gives (the AdamW's), taking first the set whose chunk comes back last; it
+ * does so on every acquire, release and device access, so the drive keeps
+ * reading while the AdamW and the GPU work.  td_memmgr_host_access and
+ * td_memmgr_chunk_host_access work on disk chunks too: the chunk's set is
+ * kept until two later host accesses have gone to other disk chunks, so a
+ * caller may hold the pointers of two chunks at once (a checkpoint streams
+ * through them).  An I/O error fails the call that meets it with the
+ * engine's message (the directory, the file, the error); it stays failed.
+ * acquire, release, ready and flush are thread-safe. */
+int td_memmgr_chunk_on_disk(const td_memmgr *m, int chunk);
+/* The disk tier as laid out (or, on a planning manager, as it would be):
+ * its bounce sets (the count returned; 0: no chunk on disk), each set's
+ * pinned buffers by role (master, m, v: the role's largest disk chunk, 0
+ * for a role with none; each set allocates them in that order after the
+ * staging slots of the transient grads), and the scratch file's bytes
+ * (each disk chunk rounded up to 4 KiB).  Either pointer may be NULL. */
+int td_memmgr_disk_plan(const td_memmgr *m, size_t role_bytes[3], size_t *file_bytes);
+/* The optimizer chunk indices in the order their users take them, for the
+ * read-ahead (default: ascending). */
+td_status td_memmgr_disk_set_order(td_memmgr *m, const int *index, int n);
+/* Optimizer chunk `index`'s disk chunks in a bounce set (waits for their
+ * reads): host[0] master, host[1] m, host[2] v; NULL for a role of the
+ * index not on disk.  Held until td_memmgr_disk_release. */
+td_status td_memmgr_disk_acquire(td_memmgr *m, int index, void *host[3]);
+/* written: the user changed them (their write starts now). */
+td_status td_memmgr_disk_release(td_memmgr *m, int index, int written);
+/* Whether td_memmgr_disk_acquire(index) would find its bytes already read
+ * (1 too for an index with nothing on disk). */
+int td_memmgr_disk_ready(td_memmgr *m, int index);
+/* Every changed chunk written, every I/O ended; the engine's first failure. */
+td_status td_memmgr_disk_flush(td_memmgr *m);
+/* The engine's first failure, without waiting (TD_OK when none). */
+td_status td_memmgr_disk_status(td_memmgr *m);
+/* The engine and the scratch file: one line each, then what making the
+ * file found (lock files of ended runs removed); "" without a disk tier. */
+const char *td_memmgr_disk_describe(const td_memmgr *m);
+
 /* Device bytes the chunks need at the least: the largest set pinned at once
  * in the warm-up step plus its non-model bytes (0 before warm-up). */
 size_t td_memmgr_min_budget(const td_memmgr *m);

@@ -82,7 +82,11 @@ typedef struct td_train_config {
     size_t host_pin_limit;        /* 0: 80% of the host RAM */
     size_t host_ram;              /* host memory the run may use; 0: MemTotal, or the cgroup's limit when
                                      lower (td_host_ram) */
-    td_memmgr_params mm;          /* placement, fractions, eviction, prefetch, trace_out */
+    td_memmgr_params mm;          /* placement, fractions, eviction, prefetch, trace_out; disk_dirs (--offload-dir):
+                                     the disk tier, where the optimizer state the host's RAM cannot hold lives */
+    size_t disk_bytes;            /* the disk space the plan may use for the disk tier (--disk-bytes): 0, the
+                                     free space of mm.disk_dirs; given without directories, the plan places
+                                     state on a disk it does not have (tidal plan only) */
     td_optim_params optim;        /* optim.state: how AdamW's m and v are stored (--optim-state) */
     size_t save_shard_bytes;      /* checkpoints: weights above this go to Hugging Face shards (0: 5 GB) */
     int decay_all;                /* 1: weight decay on every tensor; 0: on the matrices only (2-D weights,
@@ -223,7 +227,24 @@ typedef struct td_train_plan {
                                                    those with the least CPU slack (the first the next forward needs) */
     size_t optim_gpu_state_bytes;               /* their master, m and v on the device */
     int gpu_optimizer;                          /* every optimizer chunk on the GPU */
+    /* The disk tier (docs/training.md, "The disk tier"): with directories
+     * (cfg.mm.disk_dirs) or cfg.disk_bytes, the CPU AdamW's optimizer chunks
+     * the host's RAM (td_train_host_limits) cannot hold, the fewest that
+     * make the run fit, spread over the AdamW's order (a chunk larger than
+     * the common size last: its bounce buffers would pin the most). */
+    int disk_chunks;                            /* optimizer chunks homed on disk (0: no disk tier) */
+    size_t disk_bytes;                          /* their scratch file (4 KiB blocks) */
+    int disk_sets;                              /* bounce sets (pinned, in host_staging_bytes) */
+    size_t disk_set_bytes;                      /* each: a master, m and v buffer */
+    double disk_read_bytes_per_step, disk_write_bytes_per_step; /* every disk chunk read and written once */
+    size_t disk_free_bytes;                     /* the space there: cfg.disk_bytes, or the directories' free space
+                                                   (the least of them times their count: the file is striped evenly) */
+    int disk_fits;                              /* disk_bytes within disk_free_bytes */
 } td_train_plan;
+
+/* Whether cfg plans a disk tier: directories (cfg.mm.disk_dirs) or
+ * cfg.disk_bytes given. */
+int td_train_disk_tier(const td_train_config *cfg);
 
 /* DRAM bytes the CPU AdamW moves for one param: the state read and written
  * (fp32 master + m + v: 12 bytes each way for fp32 state), the grad read and,
@@ -262,7 +283,8 @@ typedef struct td_train_limits {
 } td_train_limits;
 /* Plans cfg for lim->budget_bytes (into *p) and says whether it fits:
  * *host_fits when its pinned bytes are within the pin limit and all its
- * host bytes within the RAM; *fits when the host fits and the device's need
+ * host bytes within the RAM (planned against lim's RAM and pin limit), and
+ * a disk tier's file within its disk; *fits when the host fits and the device's need
  * (min_device_bytes, full_device_bytes under --policy cuda) is within the
  * budget, the budget within the free memory.  host_fits may be NULL. */
 td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *lim, td_train_plan *p, int *fits,
@@ -345,6 +367,11 @@ typedef struct td_train_rates {
     double dram_loaded_adam_gbs, dram_loaded_copy_gbs; /* its two shares: the AdamW's, the copies' */
     double dram_fastest_gbs;  /* the fastest AdamW pass's DRAM GB/s: how far the host's bursts reach */
     size_t adam_probe_params; /* the AdamW probe's size (params) */
+    /* The disk tier's directories (cfg.mm.disk_dirs), direct I/O through its
+     * own engine (td_dio_measure): write, read and both at once, GB/s; 0 when
+     * there are none. */
+    double disk_write_gbs, disk_read_gbs, disk_mixed_gbs;
+    int disk_direct;          /* measured with O_DIRECT (else through the page cache) */
 } td_train_rates;
 /* The AdamW probe's size: the model's params, from 64 Mi to 256 Mi (the
  * probe takes less where that would be over a quarter of the host memory
@@ -353,6 +380,10 @@ typedef struct td_train_rates {
 #define TD_TRAIN_ADAM_PROBE_MAX_PARAMS ((size_t)256 << 20)
 size_t td_train_adam_probe_params(const td_train_config *cfg);
 td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_train_rates *out);
+/* The disk tier's part of the rates (disk_*: td_dio_measure over
+ * cfg->mm.disk_dirs; nothing without directories).  td_train_measure_rates
+ * calls it. */
+td_status td_train_measure_disk(const td_train_config *cfg, td_train_rates *r);
 /* One block's forward and backward at cfg's micro-batch and sequence, on
  * the device (the cuda backend; a no-op on the cpu backend): the part of
  * the rates that depends on the shape. */
@@ -375,12 +406,26 @@ td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_t
  * rate the AdamW and the copies reached together (dram_loaded_gbs). */
 typedef struct td_train_bound {
     double compute_ms, pcie_ms, adam_ms, dram_ms, bound_ms;
-    double exposed_adam_ms;      /* the CPU AdamW beyond what it can hide in (see above) */
+    /* The disk tier's reads and writes of a step at the measured rates (both
+     * at once: the mixed rate); they run beside the CPU AdamW, which waits
+     * for each chunk's read, so the AdamW's stretch is the larger of the two
+     * and what of it exceeds its window is exposed. */
+    double disk_ms;
+    double exposed_adam_ms;      /* the CPU AdamW (or the disk beside it) beyond what it can hide in (see above) */
     double adam_gparams_per_s;   /* the rate adam_ms assumes */
     double tokens_per_s;         /* at bound_ms */
 } td_train_bound;
 void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
                        td_train_bound *out);
+/* The disk tier's traffic is the same in every step, the compute grows
+ * with the micro-batches: the least --grad-accum at which the step's bound
+ * is within `within` (0.10: 10%) of the same step's with the disk term
+ * left out (the state in RAM), searched up to 65536 (0: not within then,
+ * or no disk term); *at: the bound there.  cfg's plan at that accumulation
+ * is made for it (more micro-batches keep a host copy of every grad, which
+ * may move more state to disk). */
+td_status td_train_disk_hiding_accum(const td_train_config *cfg, size_t budget, const td_train_rates *r,
+                                     double within, int *accum, td_train_bound *at);
 
 /* The layout as td_memmgr_print_layout prints it, as the run lays it out
  * under plan p (td_train_plan_make of cfg): its grad staging (auto's

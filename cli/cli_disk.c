@@ -1,0 +1,84 @@
+/* `tidal plan`'s disk tier: the disk object of --json and the lines of the
+ * table (the plan's disk_* fields, the rates measured in --offload-dir, the
+ * disk term of the step bound and the gradient accumulation that hides it). */
+#include "cli.h"
+#include "tidal/util.h"
+
+#include <stdio.h>
+
+static void dirs_json(FILE *f, const td_train_config *cfg)
+{
+    fprintf(f, "[");
+    for (int i = 0; i < cfg->mm.n_disk_dirs; i++) {
+        fprintf(f, "%s\"", i ? "," : "");
+        for (const char *c = cfg->mm.disk_dirs[i]; *c; c++) {
+            if (*c == '"' || *c == '\\') fputc('\\', f);
+            if ((unsigned char)*c >= 0x20) fputc(*c, f);
+        }
+        fprintf(f, "\"");
+    }
+    fprintf(f, "]");
+}
+
+void td_cli_plan_disk_json(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
+                           const td_train_bound *bd, int hide_accum, const td_train_bound *hide)
+{
+    fprintf(f, "\"disk\":{\"dirs\":");
+    dirs_json(f, cfg);
+    fprintf(f, ",\"chunks\":%d,\"bytes\":%zu,\"free_bytes\":%zu,\"fits\":%s,\"sets\":%d,\"set_bytes\":%zu,"
+               "\"read_bytes_per_step\":%.0f,\"write_bytes_per_step\":%.0f,"
+               "\"measured\":{\"write_gbytes_per_s\":%.3f,\"read_gbytes_per_s\":%.3f,\"mixed_gbytes_per_s\":%.3f,"
+               "\"direct\":%s},\"disk_ms\":%.2f,\"hide_grad_accum\":%d,\"hide_within\":%.2f,"
+               "\"hide_step_lower_bound_ms\":%.2f}",
+            p->disk_chunks, p->disk_bytes, p->disk_free_bytes, p->disk_fits ? "true" : "false", p->disk_sets,
+            p->disk_set_bytes, p->disk_read_bytes_per_step, p->disk_write_bytes_per_step, r->disk_write_gbs,
+            r->disk_read_gbs, r->disk_mixed_gbs, r->disk_direct ? "true" : "false", bd->disk_ms, hide_accum,
+            TD_CLI_DISK_HIDE_WITHIN, hide ? hide->bound_ms : 0.0);
+}
+
+void td_cli_plan_disk_text(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r)
+{
+    char a[32], b[32], c[32];
+    fprintf(f, "\ndisk (");
+    for (int i = 0; i < cfg->mm.n_disk_dirs; i++) fprintf(f, "%s%s", i ? ", " : "--offload-dir ", cfg->mm.disk_dirs[i]);
+    if (cfg->disk_bytes) fprintf(f, "%s--disk-bytes %s", cfg->mm.n_disk_dirs ? "; " : "", td_format_bytes(cfg->disk_bytes, a, sizeof a));
+    else fprintf(f, ": %s free", td_format_bytes(p->disk_free_bytes, a, sizeof a));
+    fprintf(f, ")\n");
+    if (!p->disk_chunks) {
+        fprintf(f, "  nothing on disk: the host's RAM holds the whole optimizer state\n");
+    } else {
+        fprintf(f, "  optimizer chunks   %d of %d on disk: %s (the CPU AdamW's state the host's RAM cannot hold)\n",
+                p->disk_chunks, p->optim_chunks, td_format_bytes(p->disk_bytes, a, sizeof a));
+        fprintf(f, "  bounce sets        %d of %s pinned (in staging above): a chunk's master, m and v while it is updated\n",
+                p->disk_sets, td_format_bytes(p->disk_set_bytes, b, sizeof b));
+        fprintf(f, "  a step             reads %s and writes %s -> %s\n",
+                td_format_bytes((size_t)p->disk_read_bytes_per_step, a, sizeof a),
+                td_format_bytes((size_t)p->disk_write_bytes_per_step, b, sizeof b),
+                p->disk_fits ? "FITS" : "DOES NOT FIT (free space there, or add --offload-dir on another drive)");
+    }
+    if (r->disk_mixed_gbs > 0)
+        fprintf(f, "  measured           write %.2f GB/s, read %.2f GB/s, both at once %.2f GB/s%s\n", r->disk_write_gbs,
+                r->disk_read_gbs, r->disk_mixed_gbs, r->disk_direct ? " (O_DIRECT)" : " (through the page cache)");
+    (void)c;
+}
+
+void td_cli_plan_disk_estimate(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_bound *bd,
+                               int hide_accum, const td_train_bound *hide)
+{
+    if (!p->disk_chunks) return;
+    if (bd->disk_ms <= 0) {
+        fprintf(f, "               disk: not timed (no --offload-dir measured here)\n");
+        return;
+    }
+    fprintf(f, "               disk %.1f ms (reads and writes at once, beside the CPU AdamW: it waits for each read)\n",
+            bd->disk_ms);
+    if (hide_accum == cfg->grad_accum)
+        fprintf(f, "               the disk costs at most %.0f%% of the step at this --grad-accum\n",
+                TD_CLI_DISK_HIDE_WITHIN * 100);
+    else if (hide_accum > 0)
+        fprintf(f, "               from --grad-accum %d the disk costs at most %.0f%% of the step (bound %.1f ms, %.0f "
+                   "tokens/s)\n", hide_accum, TD_CLI_DISK_HIDE_WITHIN * 100, hide->bound_ms, hide->tokens_per_s);
+    else
+        fprintf(f, "               no --grad-accum up to 65536 brings the disk under %.0f%% of the step\n",
+                TD_CLI_DISK_HIDE_WITHIN * 100);
+}
