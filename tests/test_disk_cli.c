@@ -68,11 +68,12 @@ static int teardown(void **state) { return td_proc_rmdir(tmp); }
 #define MODEL "--layers 4 --width 32 --heads 2 --seq 32 --micro-batch 2 --backend cpu --policy cpu --gpu-budget 64MiB " \
               "--chunk-numel 4096 --lr 3e-3 --seed 5"
 
-/* The host bytes `tidal plan` gives MODEL, and its pageable optimizer state. */
-static void host_figures(size_t *host, size_t *state)
+/* The host bytes `tidal plan` gives MODEL (one rank of `ranks`), and its
+ * pageable optimizer state. */
+static void host_figures_ranks(int ranks, size_t *host, size_t *state)
 {
     char out[1 << 16];
-    int rc = sh(out, sizeof out, "%s plan --data %s/ok.tok " MODEL " --no-measure --json", tidal, tmp);
+    int rc = sh(out, sizeof out, "%s plan --data %s/ok.tok " MODEL " --no-measure --json --nproc %d", tidal, tmp, ranks);
     assert_int_equal(rc, 0);
     cJSON *j = cJSON_Parse(out);
     assert_non_null(j);
@@ -80,6 +81,8 @@ static void host_figures(size_t *host, size_t *state)
     *state = (size_t)td_test_json_num(j, "host", "pageable_optimizer_bytes");
     cJSON_Delete(j);
 }
+
+static void host_figures(size_t *host, size_t *state) { host_figures_ranks(1, host, state); }
 
 static void test_bench_disk(void **state)
 {
@@ -218,6 +221,33 @@ static void test_train_equal_and_clean(void **state)
     assert_int_equal(count_files(disk), 0);
 }
 
+/* ZeRO-3 on 2 ranks: each rank's disk holds its shard of the state; the
+ * losses are those of the 2 ranks without the disk tier, bit for bit. */
+static void test_train_two_ranks(void **state)
+{
+    size_t host, pstate;
+    host_figures_ranks(2, &host, &pstate);
+    size_t ram = 2 * (host - pstate / 2); /* the host's: each of its 2 ranks plans against half */
+    char out[1 << 15];
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 3 --nproc 2 --log %s/r2.jsonl", tidal, tmp,
+                tmp);
+    if (rc) fail_msg("%s", out);
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 3 --nproc 2 --log %s/r2d.jsonl "
+            "--offload-dir %s --host-ram %zu", tidal, tmp, tmp, disk, ram);
+    if (rc) fail_msg("%s", out);
+    assert_non_null(strstr(out, "disk tier:"));
+    char path[400];
+    double ref[3], got[3];
+    snprintf(path, sizeof path, "%s/r2.jsonl", tmp);
+    read_losses(path, ref, 3);
+    snprintf(path, sizeof path, "%s/r2d.jsonl", tmp);
+    read_losses(path, got, 3);
+    for (int s = 0; s < 3; s++)
+        if (memcmp(&ref[s], &got[s], sizeof(double)))
+            fail_msg("2 ranks, step %d: loss %.17g with --offload-dir, %.17g without", s + 1, got[s], ref[s]);
+    assert_int_equal(count_files(disk), 0);
+}
+
 /* Starts a long run in the background with its --log; waits until it has
  * logged a step. */
 static pid_t start_long_run(const char *out_file, const char *log, size_t ram)
@@ -289,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_plan_disk),
         cmocka_unit_test(test_plan_largest_counts_disk),
         cmocka_unit_test(test_train_equal_and_clean),
+        cmocka_unit_test(test_train_two_ranks),
         cmocka_unit_test(test_train_signals_and_leftovers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -44,7 +44,7 @@ static const owner owners[] = {
     {"status.h", "core"}, {"util.h", "core"}, {"alloc.h", "core"}, {"dtype.h", "core"},
     {"convert.h", "core"}, {"range.h", "core"},
     {"backend.h", "offload"}, {"arena.h", "offload"}, {"copy.h", "offload"}, {"hostpool.h", "offload"},
-    {"hostmem.h", "offload"},
+    {"hostmem.h", "offload"}, {"diskio.h", "offload"},
     {"topo.h", "offload"},
     {"parallel.h", "parallel"},
     {"memmgr.h", "memmgr"}, {"memsim.h", "memmgr"}, {"policy.h", "memmgr"}, {"tensor_state.h", "memmgr"},
@@ -178,6 +178,8 @@ static void check_file(const char *root, const char *rel_dir, const char *name, 
             if (is_gpu_header(inc) && (!gpu_file || !strcmp(folder, "core") || !strcmp(folder, "memmgr")))
                 note(r, "%s/%s includes <%s>: CUDA and NCCL headers belong in *_cuda.c, *_nccl.c or .cu files "
                         "(never in core/ or memmgr/)\n", rel_dir, name, inc);
+            if (!strncmp(inc, "liburing", 8) && !ends_with(name, "_uring.c")) /* built only with URING=1 */
+                note(r, "%s/%s includes <%s>: liburing belongs in *_uring.c files\n", rel_dir, name, inc);
             continue;
         }
         char buf[256];
