@@ -103,11 +103,14 @@ td_status td_train_plan_disk(const td_train_config *cfg, td_memmgr *mm, const in
     if (!on_gpu || !cand) TD_FAIL(TD_ERR_NOMEM, "the disk tier's plan of %d chunks", n);
     for (int j = 0; j < gpu && j < n; j++) on_gpu[order[j]] = 1;
     int total = disk_candidates(mm, on_gpu, n, cand, &regular);
-    /* The fewest that fit (the host's bytes fall as chunks go; the sets'
-     * size may step up once the larger chunks join). */
-    int lo = 1, hi = total;
+    /* The fewest that fit: among the chunks of the common size the host's
+     * bytes fall as more go (a bisection); a larger chunk sets the size of
+     * every bounce set, so it joins only when those do not suffice, and the
+     * fewer of them that fit is taken (or, when nothing fits, the plan that
+     * asks the least of the host). */
+    int lo = 1, hi = regular > 0 ? regular : total;
     td_train_plan q = *p;
-    TD_TRY(plan_with(cfg, mm, order, gpu, budget, total, on_gpu, on_disk, n, &q));
+    TD_TRY(plan_with(cfg, mm, order, gpu, budget, hi, on_gpu, on_disk, n, &q));
     if (host_fits(&q, ram, pin)) {
         while (lo < hi) {
             int mid = lo + (hi - lo) / 2;
@@ -117,7 +120,14 @@ td_status td_train_plan_disk(const td_train_config *cfg, td_memmgr *mm, const in
             else lo = mid + 1;
         }
     } else {
-        lo = total; /* does not fit even so: the plan says how far off */
+        size_t least = q.host_bytes;
+        lo = hi;
+        for (int d = hi + 1; d <= total; d++) { /* the larger chunks, one more at a time */
+            q = *p;
+            TD_TRY(plan_with(cfg, mm, order, gpu, budget, d, on_gpu, on_disk, n, &q));
+            if (host_fits(&q, ram, pin)) { lo = d; break; }
+            if (q.host_bytes < least) least = q.host_bytes, lo = d;
+        }
     }
     TD_TRY(plan_with(cfg, mm, order, gpu, budget, lo, on_gpu, on_disk, n, p));
     size_t role[3], file;
