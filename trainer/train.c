@@ -35,6 +35,8 @@ static int adam_ready(void *ctx, int k);
 static void adam_drop(void *ctx, int k);
 
 static int on_cuda(const td_trainer *t) { return t->ops_cuda != NULL; }
+/* A wait shorter than this is not drawn on the timeline. */
+#define SLICE_MIN_MS 0.05
 /* The host waits for the compute queue: through the communicator when there
  * is one, so that a collective a dead peer never finishes ends in an error
  * within --comm-timeout instead of a hang (parallel.h). */
@@ -1128,6 +1130,7 @@ static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
     int acquired = 0;
     TD_TRY(td_copy_wait(t->engine, &j->grads));
     TD_TRY(td_copy_wait(t->engine, &j->params));
+    j->landed_ms = j->state_ms = td_now_ms();
     if (j->disk) { /* the state streams in (read ahead in the AdamW's order), and out after the update */
         void *h[3];
         TD_TRY(td_memmgr_disk_acquire(t->mm, k, h));
@@ -1135,8 +1138,8 @@ static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
         if (h[0]) j->ch.master = h[0];
         j->ch.m = h[1];
         j->ch.v = h[2];
+        j->state_ms = td_now_ms();
     }
-    j->landed_ms = td_now_ms();
     if (j->stats) {
         td_grad_stats s = {0};
         TD_TRY(td_adam_cpu_grad_stats(cpu, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
@@ -1179,8 +1182,11 @@ static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int 
     if (!st && has) st = job_run(t, k, &j, t->adam_main);
     if (!st && has) { /* from its grads' landing, as the AdamW thread's */
         double t1 = td_now_ms();
-        t->adam_cpu_ms += t1 - j.landed_ms;
-        st = td_memmgr_timeline_host(t->mm, "CPU AdamW (driving thread)", j.landed_ms, t1, "AdamW chunk %d", k);
+        t->adam_cpu_ms += t1 - j.state_ms;
+        if (j.state_ms > j.landed_ms + SLICE_MIN_MS)
+            st = td_memmgr_timeline_host(t->mm, "CPU AdamW (driving thread)", j.landed_ms, j.state_ms,
+                                         "chunk %d's state from disk", k);
+        if (!st) st = td_memmgr_timeline_host(t->mm, "CPU AdamW (driving thread)", j.state_ms, t1, "AdamW chunk %d", k);
     }
     if (!st && has) st = job_record(t, k);
     return st;
@@ -1242,11 +1248,14 @@ static td_status take_back(td_trainer *t, int k)
     td_status st = td_adam_worker_wait_timed(t->worker, k, &tm);
     if (st || !handed) return st; /* not handed: nothing of it is this rank's */
     /* the run, from its grads' landing (before: the job waited for their write-back) */
-    double ran_from = t->jobs[k].landed_ms > tm.started_ms ? t->jobs[k].landed_ms : tm.started_ms;
+    double landed = t->jobs[k].landed_ms > tm.started_ms ? t->jobs[k].landed_ms : tm.started_ms;
+    double ran_from = t->jobs[k].state_ms > landed ? t->jobs[k].state_ms : landed; /* its state read from disk */
     t->adam_cpu_ms += tm.ended_ms - ran_from;
     t->adam_wait_ms += tm.waited_ms;
-    if (ran_from > tm.started_ms)
-        TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", tm.started_ms, ran_from, "chunk %d's grads landing", k));
+    if (landed > tm.started_ms)
+        TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", tm.started_ms, landed, "chunk %d's grads landing", k));
+    if (ran_from > landed + SLICE_MIN_MS)
+        TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", landed, ran_from, "chunk %d's state from disk", k));
     TD_TRY(td_memmgr_timeline_host(t->mm, "CPU AdamW", ran_from, tm.ended_ms, "AdamW chunk %d", k));
     if (tm.waited_ms > 0)
         TD_TRY(td_memmgr_timeline_host(t->mm, "driving thread", tm.ended_ms - tm.waited_ms, tm.ended_ms,

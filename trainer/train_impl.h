@@ -121,6 +121,7 @@ typedef struct td_adam_job {
     int consumes;     /* the grads are transient: their staging slot is freed after */
     int disk;         /* its master, m and v live on disk: acquired from the disk tier when it runs */
     double landed_ms; /* when its run found the grads and params landed (td_now_ms) */
+    double state_ms;  /* and its state read from disk (landed_ms when none of it is there) */
 } td_adam_job;
 
 /* Whether the host's AdamW runs on a thread of its own: cfg.adam_thread on,
