@@ -477,6 +477,19 @@ static td_status open_direct(const char *dir, const char *path, int plain, int m
     return TD_OK;
 }
 
+td_status td_dio_dir_free(const char *dir, size_t *free_bytes)
+{
+    struct statvfs vs;
+    struct stat sb;
+    *free_bytes = 0;
+    if (stat(dir, &sb) != 0)
+        return td_error_set(TD_ERR_IO, "%s: %s (the offload directory must exist)", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return td_error_set(TD_ERR_INVALID, "%s is not a directory", dir);
+    if (statvfs(dir, &vs) != 0) return td_error_set(TD_ERR_IO, "%s: cannot read its free space: %s", dir, strerror(errno));
+    *free_bytes = (size_t)vs.f_bavail * vs.f_frsize;
+    return TD_OK;
+}
+
 td_status td_dio_dir_info_get(const char *dir, td_dio_dir_info *out)
 {
     memset(out, 0, sizeof *out);

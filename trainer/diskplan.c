@@ -88,9 +88,10 @@ td_status td_train_plan_disk(const td_train_config *cfg, td_memmgr *mm, const in
     if (!cfg->disk_bytes && cfg->mm.n_disk_dirs) { /* striped evenly: the fullest directory sets the room */
         size_t least = SIZE_MAX;
         for (int i = 0; i < cfg->mm.n_disk_dirs; i++) {
-            td_dio_dir_info info;
-            if (td_dio_dir_info_get(cfg->mm.disk_dirs[i], &info)) return td_error_prefix(TD_ERR_IO, "--offload-dir: ");
-            if (info.free_bytes < least) least = info.free_bytes;
+            size_t f;
+            td_status st = td_dio_dir_free(cfg->mm.disk_dirs[i], &f);
+            if (st) return td_error_prefix(st, "--offload-dir: ");
+            if (f < least) least = f;
         }
         p->disk_free_bytes = least * (size_t)cfg->mm.n_disk_dirs;
     }

@@ -153,6 +153,8 @@ typedef struct td_dio_dir_info {
 /* Free space, filesystem and O_DIRECT support of a directory (a probe file
  * is made and removed).  Errors name the directory. */
 td_status td_dio_dir_info_get(const char *dir, td_dio_dir_info *out);
+/* Its free space alone (statvfs: no probe file), for plans that ask often. */
+td_status td_dio_dir_free(const char *dir, size_t *free_bytes);
 
 /* ---- measuring a drive ------------------------------------------------------------- */
 
