@@ -274,9 +274,17 @@ static void test_train_signals_and_leftovers(void **state)
     char out_file[400], log[400], out[1 << 15];
     snprintf(out_file, sizeof out_file, "%s/run.out", tmp);
     snprintf(log, sizeof log, "%s/run.jsonl", tmp);
-    /* SIGTERM: stops at the step's end, exits 143, nothing left. */
+    /* SIGTERM: stops at the step's end, exits 143, nothing left.  Before
+     * that, a second run in the same directory beside it: it trains, and
+     * leaves the first run's lock (and run) alone. */
     pid_t pid = start_long_run(out_file, log, ram);
-    assert_true(count_files(disk) >= 1); /* its lock file while it runs */
+    assert_int_equal(count_files(disk), 1); /* its lock file while it runs */
+    int rc0 = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 2 --offload-dir %s --host-ram %zu", tidal,
+                 tmp, disk, ram);
+    if (rc0) fail_msg("a second run in the same directory: %s", out);
+    assert_null(strstr(out, "removed"));
+    assert_int_equal(count_files(disk), 1);
+    assert_int_equal(kill(pid, 0), 0); /* the first still runs */
     kill(pid, SIGTERM);
     assert_int_equal(td_proc_finish(pid, 60, "a run stopped by SIGTERM"), 143);
     assert_int_equal(count_files(disk), 0);
