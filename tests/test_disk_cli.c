@@ -53,6 +53,7 @@ static int count_files(const char *dir)
 
 static int setup(void **state)
 {
+    setenv("TD_DISK_PROBE_BYTES", "16MiB", 1); /* the plans' disk probe: a few MiB, not a GiB */
     snprintf(tidal, sizeof tidal, "%s", td_test_tidal());
     if (td_proc_tmpdir(tmp, sizeof tmp, "tidal-disk-cli")) return -1;
     snprintf(disk, sizeof disk, "%s/nvme", tmp);
