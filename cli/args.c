@@ -256,3 +256,13 @@ void td_args_free(void)
     cJSON_Delete(config_doc);
     config_doc = NULL;
 }
+
+td_status td_cli_print_json(cJSON *doc)
+{
+    char *text = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!text) return td_error_set(TD_ERR_NOMEM, "out of memory while writing JSON");
+    printf("%s\n", text);
+    cJSON_free(text);
+    return TD_OK;
+}

@@ -53,6 +53,10 @@ int td_args_main(td_opt *opts, int argc, char **argv, const char *cmd, const cha
 td_status td_args_require(const td_opt *opts, ...);
 /* The option of that name, NULL if none (to ask whether it was given). */
 td_opt *td_args_find(td_opt *opts, const char *name);
+/* Prints a JSON document on one line of stdout and frees it (NULL: out of
+ * memory while it was built).  Every JSON tidal prints goes through cJSON. */
+struct cJSON;
+td_status td_cli_print_json(struct cJSON *doc);
 /* Frees the config file text that string options may point into. */
 void td_args_free(void);
 

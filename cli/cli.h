@@ -18,22 +18,13 @@ int td_cli_prepare_main(int argc, char **argv);
 
 int td_cli_tune_main(int argc, char **argv);
 
-/* `tidal train`'s options for another command (cli_train.c): parses argv as
- * tidal train does into cfg (the token file's vocabulary when --data names
- * one: *data), and adds the options given to `given` (a cJSON object, or
- * NULL) as a --config file has them.  Returns -1 to go on, else the exit
- * code (0 after --help, which prints usage_text and the options).  String
- * options stay valid until td_args_free. */
-int td_cli_train_options(int argc, char **argv, const char *cmd, const char *usage_text, td_train_config *cfg,
-                         const char **data, struct cJSON *given);
-
-/* `tidal plan`'s disk tier (cli_disk.c): the "disk" member of --json (no
- * separator around it), the table's disk section and its lines of the step
- * estimate.  hide_accum: td_train_disk_hiding_accum's answer at
- * TD_CLI_DISK_HIDE_WITHIN, with the bound there (hide; may be NULL). */
+/* `tidal plan`'s disk tier (cli_disk.c): the "disk" member of --json, the
+ * table's disk section and its lines of the step estimate.  hide_accum:
+ * td_train_disk_hiding_accum's answer at TD_CLI_DISK_HIDE_WITHIN, with the
+ * bound there (hide; may be NULL). */
 #define TD_CLI_DISK_HIDE_WITHIN 0.10
-void td_cli_plan_disk_json(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
-                           const td_train_bound *bd, int hide_accum, const td_train_bound *hide);
+struct cJSON *td_cli_plan_disk_json(const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
+                                    const td_train_bound *bd, int hide_accum, const td_train_bound *hide);
 void td_cli_plan_disk_text(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r);
 void td_cli_plan_disk_estimate(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_bound *bd,
                                int hide_accum, const td_train_bound *hide);

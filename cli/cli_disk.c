@@ -2,38 +2,34 @@
  * table (the plan's disk_* fields, the rates measured in --offload-dir, the
  * disk term of the step bound and the gradient accumulation that hides it). */
 #include "cli.h"
+#include <cjson/cJSON.h>
 #include "tidal/util.h"
 
 #include <stdio.h>
 
-static void dirs_json(FILE *f, const td_train_config *cfg)
+cJSON *td_cli_plan_disk_json(const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
+                             const td_train_bound *bd, int hide_accum, const td_train_bound *hide)
 {
-    fprintf(f, "[");
-    for (int i = 0; i < cfg->mm.n_disk_dirs; i++) {
-        fprintf(f, "%s\"", i ? "," : "");
-        for (const char *c = cfg->mm.disk_dirs[i]; *c; c++) {
-            if (*c == '"' || *c == '\\') fputc('\\', f);
-            if ((unsigned char)*c >= 0x20) fputc(*c, f);
-        }
-        fprintf(f, "\"");
-    }
-    fprintf(f, "]");
-}
-
-void td_cli_plan_disk_json(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r,
-                           const td_train_bound *bd, int hide_accum, const td_train_bound *hide)
-{
-    fprintf(f, "\"disk\":{\"dirs\":");
-    dirs_json(f, cfg);
-    fprintf(f, ",\"chunks\":%d,\"bytes\":%zu,\"free_bytes\":%zu,\"fits\":%s,\"sets\":%d,\"set_bytes\":%zu,"
-               "\"read_bytes_per_step\":%.0f,\"write_bytes_per_step\":%.0f,"
-               "\"measured\":{\"write_gbytes_per_s\":%.3f,\"read_gbytes_per_s\":%.3f,\"mixed_gbytes_per_s\":%.3f,"
-               "\"direct\":%s},\"disk_ms\":%.2f,\"hide_grad_accum\":%d,\"hide_within\":%.2f,"
-               "\"hide_step_lower_bound_ms\":%.2f}",
-            p->disk_chunks, p->disk_bytes, p->disk_free_bytes, p->disk_fits ? "true" : "false", p->disk_sets,
-            p->disk_set_bytes, p->disk_read_bytes_per_step, p->disk_write_bytes_per_step, r->disk_write_gbs,
-            r->disk_read_gbs, r->disk_mixed_gbs, r->disk_direct ? "true" : "false", bd->disk_ms, hide_accum,
-            TD_CLI_DISK_HIDE_WITHIN, hide ? hide->bound_ms : 0.0);
+    cJSON *d = cJSON_CreateObject(), *dirs = cJSON_AddArrayToObject(d, "dirs");
+    for (int i = 0; i < cfg->mm.n_disk_dirs; i++) cJSON_AddItemToArray(dirs, cJSON_CreateString(cfg->mm.disk_dirs[i]));
+    cJSON_AddNumberToObject(d, "chunks", p->disk_chunks);
+    cJSON_AddNumberToObject(d, "bytes", (double)p->disk_bytes);
+    cJSON_AddNumberToObject(d, "free_bytes", (double)p->disk_free_bytes);
+    cJSON_AddBoolToObject(d, "fits", p->disk_fits);
+    cJSON_AddNumberToObject(d, "sets", p->disk_sets);
+    cJSON_AddNumberToObject(d, "set_bytes", (double)p->disk_set_bytes);
+    cJSON_AddNumberToObject(d, "read_bytes_per_step", p->disk_read_bytes_per_step);
+    cJSON_AddNumberToObject(d, "write_bytes_per_step", p->disk_write_bytes_per_step);
+    cJSON *m = cJSON_AddObjectToObject(d, "measured");
+    cJSON_AddNumberToObject(m, "write_gbytes_per_s", r->disk_write_gbs);
+    cJSON_AddNumberToObject(m, "read_gbytes_per_s", r->disk_read_gbs);
+    cJSON_AddNumberToObject(m, "mixed_gbytes_per_s", r->disk_mixed_gbs);
+    cJSON_AddBoolToObject(m, "direct", r->disk_direct);
+    cJSON_AddNumberToObject(d, "disk_ms", bd->disk_ms);
+    cJSON_AddNumberToObject(d, "hide_grad_accum", hide_accum);
+    cJSON_AddNumberToObject(d, "hide_within", TD_CLI_DISK_HIDE_WITHIN);
+    cJSON_AddNumberToObject(d, "hide_step_lower_bound_ms", hide ? hide->bound_ms : 0.0);
+    return d;
 }
 
 void td_cli_plan_disk_text(FILE *f, const td_train_config *cfg, const td_train_plan *p, const td_train_rates *r)

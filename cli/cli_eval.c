@@ -18,12 +18,15 @@
 typedef struct model_opts {
     const char *checkpoint, *backend;
     size_t gpu_budget;
+    int threads;
 } model_opts;
 
 #define MODEL_OPTS(m)                                                                                              \
     {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face GPT-2, LLaMA or Qwen2 one)", 0}, \
     {"backend", TD_OPT_STRING, &(m)->backend, "B", "auto (default: cuda when a GPU answers), cpu or cuda", 0},                             \
-    {"gpu-budget", TD_OPT_BUDGET, &(m)->gpu_budget, "SIZE", "device budget (default: what the model needs, at most the free memory;\nmax: all free memory)", 0}
+    {"gpu-budget", TD_OPT_BUDGET, &(m)->gpu_budget, "SIZE", "device budget (default: what the model needs, at most the free memory;\nmax: all free memory)", 0}, \
+    {"threads", TD_OPT_INT, &(m)->threads, "N", "CPU threads (default: the cores this process may run on, at most the\n" \
+     "physical ones, less those other processes keep busy)", 0}
 
 /* Parses a checkpoint command's options: -1 to go on, else its exit code. */
 static int parse_model_command(td_opt *table, int argc, char **argv, const char *cmd, const char *usage)
@@ -31,6 +34,9 @@ static int parse_model_command(td_opt *table, int argc, char **argv, const char 
     int rc = td_args_main(table, argc, argv, cmd, usage);
     if (rc >= 0) return rc;
     td_status st = td_args_require(table, "checkpoint", NULL);
+    const td_opt *threads = td_args_find(table, "threads");
+    if (!st && *(int *)threads->dst < 0)
+        st = td_error_set(TD_ERR_INVALID, "--threads %d: give a count of threads, or leave it out", *(int *)threads->dst);
     if (!st) return -1;
     fprintf(stderr, "tidal %s: %s\n(tidal %s --help lists the options)\n", cmd, td_error_msg(), cmd);
     td_args_free();
@@ -51,6 +57,7 @@ static td_status open_model(const model_opts *m, int batch, int seq, td_trainer 
     if (c.seq_len > c.model.n_positions)
         return td_error_set(TD_ERR_INVALID, "--seq %d is longer than the model's %d positions", seq, c.model.n_positions);
     c.gpu_budget = m->gpu_budget;
+    c.threads = m->threads;
     c.ckpt = TD_CKPT_OFF;
     if ((st = td_backend_kind_parse(m->backend, &c.backend))) return td_error_prefix(st, "--backend: ");
     if ((st = td_trainer_create(&c, out))) return st;
@@ -181,8 +188,9 @@ int td_cli_generate_main(int argc, char **argv)
     int32_t *ctx = NULL;
     float *logits = NULL;
     td_status st = TD_OK;
-    if (tokens < 1 || temperature < 0) {
-        fprintf(stderr, "tidal generate: --tokens must be positive, --temperature >= 0\n");
+    if (tokens < 1 || !(temperature >= 0 && temperature <= 1e6)) {
+        fprintf(stderr, "tidal generate: --tokens %d, --temperature %g: give a positive count of tokens and a "
+                "temperature from 0 (greedy) to 1e6\n", tokens, temperature);
         td_args_free();
         return 2;
     }

@@ -370,6 +370,11 @@ static int prepare(const char *in_path, const char *out_path, const char *kind_t
                 fprintf(stderr, "tidal prepare: no text files under '%s'\n", in_path);
                 goto done;
             }
+        } else if (S_ISREG(sb.st_mode) && looks_binary(in_path)) {
+            fprintf(stderr, "tidal prepare: --input '%s' is not text (a NUL byte in its first %d bytes, as in a "
+                    "program or an image); give a text file, or a folder (whose binary files are skipped)\n",
+                    in_path, SNIFF_BYTES);
+            goto done;
         } else if (push_input(&L, in_path, &sb) != 0) {
             fprintf(stderr, "tidal prepare: out of memory\n");
             goto done;

@@ -2,8 +2,8 @@
  * (or several), runs the best few, and reports the fastest (see
  * include/tidal/tune.h).  Its own options are taken out of argv here; the
  * rest are `tidal train`'s. */
-#include "args.h"
 #include "cli.h"
+#include "train_opts.h"
 #include "tidal/data.h"
 #include "tidal/tune.h"
 #include "tidal/util.h"
@@ -37,7 +37,7 @@ static const char usage[] =
     "  --plot FILE.svg      tokens/s against the budget as an SVG plot\n"
     "  --json               everything as one JSON object on stdout\n\n"
     "Without --gpu-budget or --sweep-budget, the budget is the free device memory less a margin.\n"
-    "Every `tidal train` option below is taken too (--steps: steps per candidate).";
+    "The model, run and optimizer options of `tidal train` below are taken too.";
 
 typedef struct tune_opts {
     int top, json, help;
@@ -292,6 +292,40 @@ static td_status write_config(const char *path, cJSON *given, const td_tune_cand
 
 /* ---- the command ------------------------------------------------------------- */
 
+/* `tidal train`'s model, run and optimizer options into cfg (the token
+ * file's vocabulary when --data names one: *data), and the options given
+ * into `given` as a --config file has them.  -1 to go on, else the exit
+ * code (0 after --help).  String options stay valid until td_args_free. */
+static int train_options(int argc, char **argv, td_train_config *cfg, const char **data, cJSON *given)
+{
+    static td_cli_train_opts o; /* string options point into it until td_args_free */
+    td_cli_train_opts_defaults(&o);
+    td_opt table[] = { TD_CLI_MODEL_OPTS(&o), TD_CLI_RUN_OPTS(&o), TD_CLI_OPTIM_OPTS(&o), {NULL, 0, NULL, NULL, NULL, 0} };
+    td_args_find(table, "steps")->help = "steps each candidate trains (default 5: the warm-up, then the median of the "
+                                         "rest counts)";
+    int rc = td_args_main(table, argc, argv, "tune", usage);
+    if (rc >= 0) return rc;
+    int data_vocab = 0;
+    char note[512];
+    td_status st = TD_OK;
+    *data = o.data;
+    if ((o.data && (st = td_cli_data_vocab(o.data, &data_vocab))) ||
+        (st = td_cli_train_config(&o, table, data_vocab, cfg, note))) {
+        fprintf(stderr, "tidal tune: %s\n", td_error_msg());
+        return o.data && !data_vocab ? 1 : td_cli_config_exit(st);
+    }
+    if (*note) fprintf(stderr, "tidal tune: %s\n", note);
+    for (td_opt *t = table; given && t->name; t++) {
+        if (!t->seen || !strcmp(t->name, "config")) continue;
+        char v[200];
+        if (t->kind == TD_OPT_FLAG) { cJSON_AddBoolToObject(given, t->name, *(int *)t->dst); continue; }
+        if (t->kind == TD_OPT_STRING) { cJSON_AddStringToObject(given, t->name, *(const char **)t->dst); continue; }
+        td_cli_opt_value(t, v, sizeof v);
+        cJSON_AddStringToObject(given, t->name, v);
+    }
+    return -1;
+}
+
 /* The prefetch depths the winner is tried again at: the plan's model does
  * not rank them, and the auto depth can come out short (W6: auto gave 2,
  * 16 ran its step 2.6% faster; docs/performance.md). */
@@ -403,7 +437,7 @@ int td_cli_tune_main(int argc, char **argv)
     given = cJSON_CreateObject();
     td_train_config cfg;
     const char *data = NULL;
-    rc = td_cli_train_options(n_rest, rest, "tune", usage, &cfg, &data, given);
+    rc = train_options(n_rest, rest, &cfg, &data, given);
     if (rc >= 0) goto out;
     rc = 2;
     if (!data) {
@@ -435,8 +469,11 @@ int td_cli_tune_main(int argc, char **argv)
         goto out;
     }
     rc = 1;
-    td_backend_params bp = td_backend_default_params();
-    bp.kind = cfg.backend;
+    /* The cpu backend's device region holds the largest budget swept
+     * (unless --cpu-device-bytes sizes it). */
+    if (!cfg.cpu_device_bytes && budgets && budgets[n_budgets - 1] > td_backend_default_params().cpu_device_bytes)
+        cfg.cpu_device_bytes = budgets[n_budgets - 1];
+    td_backend_params bp = td_train_backend_params(&cfg);
     if ((st = td_backend_create(&bp, &b))) goto fail;
     cfg.backend = td_backend_get_kind(b);
     if (!budgets) {

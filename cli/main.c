@@ -13,13 +13,13 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"train", td_cli_train_main, "train a GPT on a token file under a device budget"},
+    {"train", td_cli_train_main, "train a GPT-2, LLaMA or Qwen2 model on a token file under a device budget"},
     {"eval", td_cli_eval_main, "mean cross-entropy of a checkpoint on a token file"},
     {"generate", td_cli_generate_main, "sample text from a checkpoint"},
     {"plan", td_cli_plan_main, "print a run's footprint and whether it fits, before starting it"},
     {"tune", td_cli_tune_main, "find the fastest micro-batch, checkpointing and offload for a budget (or several)"},
     {"memsim", td_cli_memsim_main, "simulate a chunk access trace under a budget and policy"},
-    {"prepare", td_cli_prepare_main, "tokenize text (byte or GPT-2 BPE) into a token file for training"},
+    {"prepare", td_cli_prepare_main, "tokenize text (byte, GPT-2 BPE or a tokenizer.json) into a token file"},
 };
 
 static const command benches[] = {
@@ -39,7 +39,9 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: tidal <command> [options]   (tidal <command> --help for its options)\n\n"
                "tidal trains transformer models larger than GPU memory by moving chunks of\n"
-               "parameters and optimizer state between pinned host memory and the GPU.\n\ncommands:\n");
+               "parameters and optimizer state between pinned host memory and the GPU.\n\n"
+               "exit status: 0 success, 1 a failure (named on stderr), 2 a usage error\n"
+               "(a bad option or value; nothing was run), 3 `tidal plan`: the run does not fit\n\ncommands:\n");
     for (size_t i = 0; i < COUNT(commands); i++)
         fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "  %-14s %s\n", "bench <name>", "benchmarks:");
@@ -68,6 +70,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "bench")) {
+        if (argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            usage(stdout);
+            return 0;
+        }
         if (argc < 3) {
             fprintf(stderr, "tidal bench: name a benchmark\n\n");
             usage(stderr);

@@ -135,7 +135,7 @@ static td_status cpu_dev_reserve(td_backend *b, size_t bytes, void **ptr)
     pthread_mutex_unlock(&c->dev_lock);
     if (!fits)
         return td_error_set(TD_ERR_DEVICE_MEM, "cannot reserve %s of device memory on the cpu backend: its device "
-                            "region holds %s and %s is already reserved; raise TD_CPU_DEVICE_BYTES or lower "
+                            "region holds %s and %s is already reserved; raise --cpu-device-bytes (or TD_CPU_DEVICE_BYTES) or lower "
                             "--gpu-budget", td_format_bytes(bytes, s, sizeof s),
                             td_format_bytes(c->capacity_bytes, cap, sizeof cap),
                             td_format_bytes(reserved, held, sizeof held));
@@ -159,7 +159,7 @@ static td_status cpu_dev_reserve(td_backend *b, size_t bytes, void **ptr)
         c->reserved_bytes -= bytes;
         pthread_mutex_unlock(&c->dev_lock);
         return td_error_set(TD_ERR_DEVICE_MEM, "the host could not back %s of the cpu backend's device region "
-                            "(%s already reserved): out of host memory; lower TD_CPU_DEVICE_BYTES or --gpu-budget",
+                            "(%s already reserved): out of host memory; lower --cpu-device-bytes (or TD_CPU_DEVICE_BYTES) or --gpu-budget",
                             td_format_bytes(bytes, s, sizeof s), td_format_bytes(reserved, held, sizeof held));
     }
     dev_header *h = (dev_header *)base;
@@ -471,7 +471,7 @@ td_status td_backend_cpu_create(const td_backend_params *params, td_backend **ou
     *out = NULL;
     if (params->cpu_device_bytes == 0)
         return td_error_set(TD_ERR_INVALID, "the cpu backend's device region cannot be 0 bytes; "
-                            "set TD_CPU_DEVICE_BYTES (e.g. 4GiB)");
+                            "give --cpu-device-bytes or TD_CPU_DEVICE_BYTES (e.g. 4GiB)");
     if (params->cpu_debug && params->cpu_debug_delay_us < 0)
         return td_error_set(TD_ERR_INVALID, "cpu debug delay of %ld us is negative; set TD_CPU_DEBUG_DELAY_US >= 0",
                             params->cpu_debug_delay_us);

@@ -272,7 +272,7 @@ static void test_adam_thread_flag(void **state)
     /* The run ends with every step's updates done: the timeline holds an
      * AdamW span per chunk and step, the last step's included. */
     int rc = sh(out, sizeof out, "%s train --data %s/ok.tok %s --adam-thread on --steps 3 --trace-timeline %s/t.json "
-                "2>&1 | sed -n 's/.*for 0 of \\([0-9]*\\) param chunks.*/chunks \\1/p'; "
+                "2>&1 | sed -n 's/.*AdamW on the host for all \\([0-9]*\\) param chunks.*/chunks \\1/p'; "
                 "echo spans $(grep -o '\"name\":\"AdamW chunk [0-9]*\"' %s/t.json | wc -l)", tidal, tmp, model,
                 tmp, tmp);
     assert_int_equal(rc, 0);
@@ -346,9 +346,7 @@ static void test_plan_json(void **state)
     j = cJSON_Parse(strchr(out, '{'));
     assert_non_null(j);
     assert_true(td_test_json_num(j, "device", "min_bytes") == min_bytes);
-    assert_true(td_test_json_num(j, "measured", "adam_gparams_per_s") == 0 &&
-                td_test_json_num(j, "measured", "dram_loaded_gbytes_per_s") == 0);
-    assert_true(td_test_json_num(j, "estimate", "step_lower_bound_ms") == 0);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "measured")) && cJSON_IsNull(cJSON_GetObjectItem(j, "estimate")));
     cJSON_Delete(j);
     rc = sh(out, sizeof out, "%s plan %s --ckpt 4 --json", tidal, model);
     assert_int_equal(rc, 2);
@@ -716,7 +714,7 @@ static void test_stop_signals(void **state)
     const char *sig[2] = {"TERM", "INT"};
     int want[2] = {143, 130};
     for (int i = 0; i < 2; i++) {
-        int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1000000 --log-every 1 --save %s/sig "
+        int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1000000 --log-every 1 --save %s/sig --overwrite "
                     "> %s/sig.log 2>&1 & p=$!; for i in $(seq 600); do grep -q 'step 3/' %s/sig.log && break; "
                     "sleep 0.1; done; kill -%s $p; wait $p; rc=$?; tail -n 20 %s/sig.log; exit $rc",
                     tidal, tmp, tmp, tmp, tmp, sig[i], tmp);

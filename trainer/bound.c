@@ -339,7 +339,7 @@ cleanup:
 
 td_status td_train_measure_block(td_backend *b, const td_train_config *cfg, td_train_rates *r)
 {
-    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+    omp_set_num_threads(cfg->threads > 0 ? cfg->threads : td_train_default_threads(NULL, NULL, 0));
 #ifdef TD_HAVE_CUDA
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) return measure_cuda_block(b, cfg, r);
 #endif
@@ -350,7 +350,7 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
 {
     /* The run's threads, as td_trainer_create sets them: an oversubscribed
      * OpenMP team times far slower than the run it stands for. */
-    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
+    omp_set_num_threads(cfg->threads > 0 ? cfg->threads : td_train_default_threads(NULL, NULL, 0));
     const td_model_desc *mc = &cfg->model;
     td_status st = TD_OK;
     td_hostpool *pool = NULL;

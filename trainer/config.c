@@ -18,6 +18,16 @@ td_train_config td_train_default_config(void)
     return c;
 }
 
+td_backend_params td_train_backend_params(const td_train_config *cfg)
+{
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = cfg->backend;
+    if (cfg->cpu_device_bytes) bp.cpu_device_bytes = cfg->cpu_device_bytes;
+    else if (cfg->gpu_budget != TD_GPU_BUDGET_MAX && cfg->gpu_budget > bp.cpu_device_bytes)
+        bp.cpu_device_bytes = cfg->gpu_budget;
+    return bp;
+}
+
 td_status td_train_config_check(const td_train_config *c)
 {
     td_status st = td_model_desc_check(&c->model);

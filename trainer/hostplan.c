@@ -289,7 +289,7 @@ int td_train_grads_transient(const td_train_config *cfg)
 int td_train_adam_threads(const td_train_config *cfg, td_topo *topo)
 {
     if (cfg->threads > 0) return cfg->threads;
-    int cores = topo ? td_topo_local_cores(topo) : omp_get_max_threads();
+    int cores = cfg->ranks > 1 && topo ? td_topo_local_cores(topo) : td_train_default_threads(topo, NULL, 0);
     if (cores < 1) cores = 1;
     return td_train_adam_overlap(cfg) && cores > 1 ? cores - 1 : cores;
 }

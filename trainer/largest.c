@@ -88,3 +88,41 @@ td_status td_train_largest_layers(const td_train_config *cfg, const td_train_lim
     *layers = c.model.n_layer;
     return TD_OK;
 }
+
+/* The presets of cfg's family, growing as td_model_preset_names lists them,
+ * at cfg's vocabulary and sequence: which fit, and the largest. */
+static td_status largest_preset(const td_train_config *cfg, const td_train_limits *lim, td_train_largest *out)
+{
+    size_t best_params = 0;
+    for (const char *const *n = td_model_preset_names(); *n; n++) {
+        td_train_config pc = *cfg;
+        td_status st = td_model_preset(*n, &pc.model);
+        if (st) return st;
+        if (pc.model.family != cfg->model.family) continue;
+        pc.model.vocab_size = cfg->model.vocab_size;
+        pc.model.padded_vocab_size = cfg->model.padded_vocab_size;
+        if (pc.model.n_positions < pc.seq_len) pc.model.n_positions = pc.seq_len;
+        if (td_train_config_check(&pc) != TD_OK) { /* a shape this run cannot take (--ckpt N past its layers) */
+            td_error_clear();
+            continue;
+        }
+        td_train_plan pp;
+        int ok = 0;
+        if ((st = td_train_plan_fits(&pc, lim, &pp, &ok, NULL))) return st;
+        if (!ok) continue;
+        if (out->n_presets_fit < TD_TRAIN_LARGEST_PRESETS) out->presets_fit[out->n_presets_fit++] = *n;
+        if (pp.params > best_params) {
+            best_params = pp.params;
+            out->preset = *n;
+            out->preset_plan = pp;
+        }
+    }
+    return TD_OK;
+}
+
+td_status td_train_largest_model(const td_train_config *cfg, const td_train_limits *lim, td_train_largest *out)
+{
+    memset(out, 0, sizeof *out);
+    td_status st = td_train_largest_layers(cfg, lim, &out->layers, &out->plan);
+    return st ? st : largest_preset(cfg, lim, out);
+}

@@ -153,6 +153,11 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
         out->min_device_bytes += stay - ws + out->optim_gpu_state_bytes;
         out->full_device_bytes += out->optim_gpu_state_bytes;
     }
+    /* --policy auto keeps every chunk that fits: a budget that holds them
+     * all needs no slot to prefetch into and leaves no holes (nothing is
+     * evicted), so the minimum is never above the all-resident footprint. */
+    if (cfg->mm.placement == TD_PLACEMENT_AUTO && out->min_device_bytes > out->full_device_bytes)
+        out->min_device_bytes = out->full_device_bytes;
     out->gpu_optimizer = out->optim_chunks > 0 && out->optim_gpu_chunks == out->optim_chunks;
     double room = budget > out->min_device_bytes ? (double)(budget - out->min_device_bytes) : 0;
     double resident = cfg->mm.placement == TD_PLACEMENT_CPU ? 0
@@ -228,7 +233,9 @@ size_t td_train_device_floor_bytes(const td_train_config *cfg)
     }
     size_t access = embed > 2 * head ? embed : 2 * head;
     if (2 * block > access) access = 2 * block;
-    return fewest.total + E * access + 2 * E * big;
+    size_t streamed = fewest.total + E * access + 2 * E * big, resident = fewest.total + 2 * E * td_model_params_numel(mc);
+    /* --policy auto's minimum is at most the all-resident footprint (td_train_plan_make) */
+    return cfg->mm.placement == TD_PLACEMENT_AUTO && resident < streamed ? resident : streamed;
 }
 
 td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *lim, td_train_plan *p, int *fits,

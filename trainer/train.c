@@ -197,7 +197,6 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     if (!t) return TD_ERR_NOMEM;
     const double t0 = td_now_ms();
     double mark = t0;
-    if (cfg->threads > 0) omp_set_num_threads(cfg->threads);
     t->cfg = *cfg;
     *out = t; /* destroy frees whatever was taken if a later step fails */
     t->ranks = cfg->ranks > 1 ? cfg->ranks : 1;
@@ -205,8 +204,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     if (t->ranks > 1 && (!cfg->dist || cfg->dist->size != cfg->ranks || cfg->dist->rank != cfg->rank))
         TD_FAIL(TD_ERR_INVALID, "rank %d of %d ranks: td_train_config.dist must describe that job", cfg->rank,
                 cfg->ranks);
-    td_backend_params bp = td_backend_default_params();
-    bp.kind = cfg->backend;
+    td_backend_params bp = td_train_backend_params(cfg);
     if (t->ranks > 1) bp.cuda_device = cfg->dist->local_rank; /* rank r: GPU LOCAL_RANK */
     TD_TRY(td_backend_create(&bp, &t->backend));
     if (t->ranks > 1) { /* join the job, and refuse disagreeing ranks before anything is allocated */
@@ -230,8 +228,9 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         /* Unless --threads says otherwise, a rank's ops run on its share of
          * the cores; its AdamW team takes them all but one when the AdamW
          * thread runs, and the one left drives the GPU (td_train_adam_threads). */
-        if (cfg->threads <= 0) omp_set_num_threads(td_topo_local_cores(t->topo));
     }
+    omp_set_num_threads(cfg->threads > 0 ? cfg->threads : t->ranks > 1 ? td_topo_local_cores(t->topo)
+                                                                     : td_train_default_threads(t->topo, NULL, 0));
     TD_TRY(td_hostmem_create(t->topo, &t->hostmem)); /* on the AdamW team's node(s) */
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;

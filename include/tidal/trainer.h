@@ -82,6 +82,9 @@ typedef struct td_train_config {
     size_t host_pin_limit;        /* 0: 80% of the host RAM */
     size_t host_ram;              /* host memory the run may use; 0: MemTotal, or the cgroup's limit when
                                      lower (td_host_ram) */
+    size_t cpu_device_bytes;      /* the cpu backend's "device" region (a host region standing for a GPU's
+                                     memory); 0: td_backend_default_params' (4 GiB, or TD_CPU_DEVICE_BYTES),
+                                     raised to gpu_budget when that is larger (td_train_backend_params) */
     td_memmgr_params mm;          /* placement, fractions, eviction, prefetch, trace_out; disk_dirs (--offload-dir):
                                      the disk tier, where the optimizer state the host's RAM cannot hold lives */
     size_t disk_bytes;            /* the disk space the plan may use for the disk tier (--disk-bytes): 0, the
@@ -122,6 +125,19 @@ typedef struct td_train_config {
 } td_train_config;
 
 td_train_config td_train_default_config(void);
+/* The CPU threads a run takes when cfg->threads is 0: the cores this
+ * process may run on (its affinity mask, at most topo's physical cores near
+ * the device; topo may be NULL), less those other processes keep busy
+ * (their share of the last 100 ms, measured once a process), at least one:
+ * on a busy host a team larger than the idle cores waits at every barrier.
+ * `why` (may be NULL) says how the count was chosen. */
+struct td_topo;
+int td_train_default_threads(const struct td_topo *topo, char *why, size_t why_bytes);
+/* The backend a run of cfg creates: its kind, and on the cpu backend a
+ * device region of cfg->cpu_device_bytes (or the default, raised to a
+ * --gpu-budget that is larger), so that a budget given is a budget the
+ * region holds. */
+td_backend_params td_train_backend_params(const td_train_config *cfg);
 /* TD_OK or TD_ERR_INVALID naming the bad value. */
 td_status td_train_config_check(const td_train_config *c);
 
@@ -298,6 +314,20 @@ td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *
 #define TD_TRAIN_LARGEST_LAYERS 4096
 td_status td_train_largest_layers(const td_train_config *cfg, const td_train_limits *lim, int *layers,
                                   td_train_plan *p);
+/* The largest model of cfg's kind that fits lim, at cfg's optimizer state
+ * type, batch and run options: the most layers of cfg's width and heads
+ * (td_train_largest_layers), and of the presets of cfg's family (with cfg's
+ * vocabulary and sequence) the largest that fits and every one that does. */
+#define TD_TRAIN_LARGEST_PRESETS 64
+typedef struct td_train_largest {
+    int layers;                                  /* 0: no layer count fits */
+    td_train_plan plan;                          /* of that count (zero when none) */
+    const char *preset;                          /* the largest preset that fits; NULL: none */
+    td_train_plan preset_plan;                   /* its plan */
+    const char *presets_fit[TD_TRAIN_LARGEST_PRESETS]; /* every preset that fits, smallest first */
+    int n_presets_fit;
+} td_train_largest;
+td_status td_train_largest_model(const td_train_config *cfg, const td_train_limits *lim, td_train_largest *out);
 /* The host bytes a run may take (cfg->host_ram, else td_host_ram) and the
  * pin limit (cfg->host_pin_limit, else 80% of that); `source` (96+ bytes)
  * says where the RAM figure came from. */
