@@ -48,6 +48,7 @@ td_status td_range_alloc(td_range *r, size_t bytes, int from_top, uint32_t tag, 
     if (bytes == 0) bytes = 1;
     if (bytes > r->size) return TD_ERR_BUDGET;
     size_t need = (bytes + r->align - 1) & ~(r->align - 1);
+    if (need > r->free_bytes) return TD_ERR_BUDGET; /* at once: a pool's full slabs are passed over in O(1) */
     td_range_node *best = NULL;
     for (td_range_node *n = r->head; n; n = n->next) {
         if (!n->free || n->bytes < need) continue;

@@ -131,15 +131,38 @@ static void pack_cost(const td_memmgr *m, const mm_by_role *br, size_t cap, size
     pack((td_memmgr *)m, br, cap, 0, chunks_out, waste_out);
 }
 
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The distinct aligned tensor sizes (a model repeats a dozen of them over
+ * its layers; pricing each tensor's once made the search quadratic in the
+ * layers: minutes at 4096 layers), sorted; NULL when out of memory. */
+static size_t *tensor_sizes(const td_memmgr *m, size_t *n_out)
+{
+    size_t *v = td_malloc(((size_t)m->n_tensors + 1) * sizeof *v, TD_ROLE_META), n = 0;
+    if (!v) return NULL;
+    for (int i = 0; i < m->n_tensors; i++) v[i] = td_align_up(m->tensors[i].numel, MM_ALIGN_NUMEL);
+    qsort(v, (size_t)m->n_tensors, sizeof *v, cmp_size);
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!n || v[i] != v[n - 1]) v[n++] = v[i];
+    *n_out = n;
+    return v;
+}
+
 /* Candidates: every aligned size in the range when there are at most 8192
- * of them (exact), else a geometric ladder of 256 rungs plus every tensor
- * size in range (a chunk exactly one tensor wide wastes nothing).  The
- * fewest padding bytes win; at equal waste, fewer chunks, then the larger. */
+ * of them (exact), else a geometric ladder of 256 rungs plus every distinct
+ * tensor size in range (a chunk exactly one tensor wide wastes nothing).
+ * The fewest padding bytes win; at equal waste, fewer chunks, then the
+ * larger. */
 static size_t search_chunk_numel(const td_memmgr *m, const mm_by_role *br)
 {
     size_t lo = td_align_up(m->params.min_chunk_numel, MM_ALIGN_NUMEL), hi = m->params.max_chunk_numel;
     size_t best = lo, best_waste = SIZE_MAX, best_chunks = SIZE_MAX;
     int exhaustive = hi >= lo && (hi - lo) / MM_ALIGN_NUMEL < 8192;
+    size_t n_sizes = 0, *sizes = exhaustive ? NULL : tensor_sizes(m, &n_sizes);
     for (size_t k = 0;; k++) {
         size_t cap;
         if (exhaustive) {
@@ -148,8 +171,8 @@ static size_t search_chunk_numel(const td_memmgr *m, const mm_by_role *br)
         } else if (k < 256) {
             cap = td_align_up((size_t)((double)lo * pow((double)hi / (double)lo, (double)k / 255.0)), MM_ALIGN_NUMEL);
         } else {
-            if (k - 256 >= (size_t)m->n_tensors) break;
-            cap = td_align_up(m->tensors[k - 256].numel, MM_ALIGN_NUMEL);
+            if (k - 256 >= n_sizes) break;
+            cap = sizes[k - 256];
         }
         if (cap < lo || cap > hi) continue;
         size_t chunks, waste;
@@ -160,6 +183,7 @@ static size_t search_chunk_numel(const td_memmgr *m, const mm_by_role *br)
             best_chunks = chunks;
         }
     }
+    td_free(sizes);
     return best;
 }
 

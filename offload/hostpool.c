@@ -26,7 +26,17 @@ struct td_hostpool {
     td_topo *topo;
     td_hostpool_params params;
     pthread_mutex_t lock;
-    slab *slabs;
+    slab *slabs;                   /* newest first */
+    /* What the last slab made for want of room says: no slab from
+     * `full_from` on (the older ones) holds a free range of `full_bytes` or
+     * more.  Allocations only shrink their free space, so it stays true
+     * until a release or a trim (which forget it).  An allocation of at
+     * least full_bytes stops its walk there: a pool of thousands of slabs
+     * (a planning pool for thousands of layers) is not walked whole for
+     * every chunk. */
+    slab *full_from;
+    size_t full_bytes;
+    uintptr_t plan_next;           /* a planning pool's next slab address */
     int slab_count;
     size_t pinned_bytes;
     size_t used[TD_ROLE_COUNT], peak[TD_ROLE_COUNT];
@@ -65,10 +75,8 @@ static void *map_slab(td_hostpool *p, size_t bytes)
     void *m;
     if (!p->backend) { /* a planning pool: disjoint addresses that are never used */
         static const uintptr_t span = (uintptr_t)1 << 44;
-        uintptr_t next = span;
-        for (slab *s = p->slabs; s; s = s->next)
-            if ((uintptr_t)s->base + span > next) next = (uintptr_t)s->base + span;
-        return (void *)next;
+        p->plan_next += span;
+        return (void *)p->plan_next;
     }
     if (p->topo) {
         m = td_topo_alloc(p->topo, bytes);
@@ -108,13 +116,13 @@ static td_status slab_new(td_hostpool *p, size_t bytes, slab **out)
 {
     td_status st = TD_OK;
     size_t size = td_align_up(bytes > p->params.slab_bytes ? bytes : p->params.slab_bytes, SLAB_GRAIN);
-    char need[32], pinned[32], limit[32];
-    td_format_bytes(size, need, sizeof need);
-    td_format_bytes(p->pinned_bytes, pinned, sizeof pinned);
-    td_format_bytes(p->params.pin_limit_bytes, limit, sizeof limit);
+    char need[32], pinned[32], limit[32]; /* for the messages, made when one is */
+#define SLAB_SIZES()                                                    \
+    (td_format_bytes(size, need, sizeof need), td_format_bytes(p->pinned_bytes, pinned, sizeof pinned), \
+     td_format_bytes(p->params.pin_limit_bytes, limit, sizeof limit))
     slab *s = NULL;
     int range_ok = 0, registered = 0;
-    if (p->pinned_bytes + size > p->params.pin_limit_bytes)
+    if (p->pinned_bytes + size > p->params.pin_limit_bytes && SLAB_SIZES())
         TD_FAIL(TD_ERR_PIN, "cannot pin %s more host memory: %s already pinned in %d slab%s and the pin limit is %s "
                 "(--host-pin-limit, default 80%% of RAM); lower the model or batch size, or raise the limit",
                 need, pinned, p->slab_count, p->slab_count == 1 ? "" : "s", limit);
@@ -125,10 +133,11 @@ static td_status slab_new(td_hostpool *p, size_t bytes, slab **out)
     s->bytes = size;
     s->base = map_slab(p, size);
     if (!s->base) { st = TD_ERR_NOMEM; goto cleanup; }
-    if (p->backend && td_fault_hit(TD_FAULT_PIN))
+    if (p->backend && td_fault_hit(TD_FAULT_PIN) && SLAB_SIZES())
         TD_FAIL(TD_ERR_FAULT, "injected failure pinning %s (%s already pinned)", need, pinned);
     st = p->backend ? td_backend_host_register(p->backend, s->base, size) : TD_OK;
     if (st) {
+        SLAB_SIZES();
         struct rlimit rl;
         char lock[48] = "unlimited";
         if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
@@ -153,6 +162,7 @@ cleanup:
     }
     return st;
 }
+#undef SLAB_SIZES
 
 static void count(td_hostpool *p, td_role role, size_t bytes, int sign)
 {
@@ -175,14 +185,20 @@ td_status td_hostpool_alloc(td_hostpool *p, size_t bytes, td_role role, void **p
     *ptr = NULL;
     if ((unsigned)role >= TD_ROLE_COUNT) return td_error_set(TD_ERR_INVALID, "pinned pool: no role %d", (int)role);
     pthread_mutex_lock(&p->lock);
-    for (s = p->slabs; s; s = s->next) {
+    slab *stop = p->full_from && bytes >= p->full_bytes ? p->full_from : NULL;
+    for (s = p->slabs; s != stop; s = s->next) {
         st = td_range_alloc(&s->range, bytes, 0, (uint32_t)role, &off);
         if (st == TD_OK) break;
         if (st != TD_ERR_BUDGET) goto out;
     }
-    if (!s) {
+    if (s == stop) {
+        slab *older = p->slabs;
         st = slab_new(p, bytes, &s);
         if (st) goto out;
+        if (older) { /* none of them holds `bytes` */
+            p->full_bytes = bytes;
+            p->full_from = older;
+        }
         st = td_range_alloc(&s->range, bytes, 0, (uint32_t)role, &off);
         if (st) goto out; /* only TD_ERR_NOMEM of a range node; the slab stays for later */
     }
@@ -208,6 +224,7 @@ td_status td_hostpool_release(td_hostpool *p, void *ptr)
         uint32_t role;
         st = td_range_free(&s->range, (size_t)(c - s->base), &bytes, &role);
         if (st == TD_OK) count(p, (td_role)role, bytes, -1);
+        if (st == TD_OK) p->full_from = NULL; /* a slab has room again */
         else td_error_prefix(st, "pinned pool: releasing %p: ", ptr);
     }
     pthread_mutex_unlock(&p->lock);
@@ -218,6 +235,7 @@ size_t td_hostpool_trim(td_hostpool *p)
 {
     size_t given = 0;
     pthread_mutex_lock(&p->lock);
+    p->full_from = NULL; /* it may be one of those freed */
     for (slab **link = &p->slabs; *link;) {
         slab *s = *link;
         if (s->range.live_blocks == 0) {

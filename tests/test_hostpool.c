@@ -2,8 +2,11 @@
  * the pin limit as a clear error, NUMA topology. */
 #include "td_test.h"
 #include "tidal/hostpool.h"
+#include "tidal/range.h"
 #include "tidal/topo.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void test_hostpool_suballocates_slabs(void **state)
@@ -54,6 +57,69 @@ static void test_hostpool_suballocates_slabs(void **state)
     td_backend_free(b);
 }
 
+/* A planning pool places every block where the plain first fit does (the
+ * newest slab first, each slab's best fit, a new slab when none holds it),
+ * whatever slabs it passes over without looking: a reference pool of
+ * td_ranges walked whole, over random allocations and releases of a few
+ * sizes (a planning pool's k-th slab starts at k << 44). */
+static void test_hostpool_places_as_first_fit(void **state)
+{
+    enum { OPS = 3000, MAXS = 4096 };
+    td_hostpool_params prm = td_hostpool_default_params();
+    prm.slab_bytes = 2 * TD_MiB;
+    prm.pin_limit_bytes = SIZE_MAX;
+    td_hostpool *p;
+    TD_ASSERT_OK(td_hostpool_create(NULL, NULL, &prm, &p));
+    static td_range ref[MAXS];                  /* by creation order */
+    int n_ref = 0;
+    static void *live[OPS];
+    static int live_slab[OPS];
+    static size_t live_off[OPS];
+    int n_live = 0;
+    const size_t sizes[] = {700 * TD_KiB, 700 * TD_KiB, 700 * TD_KiB, 64 * TD_KiB, 4 * TD_KiB, 3 * TD_MiB};
+    srand(7);
+    for (int op = 0; op < OPS; op++) {
+        if (n_live && rand() % 4 == 0) { /* release one */
+            int i = rand() % n_live;
+            TD_ASSERT_OK(td_hostpool_release(p, live[i]));
+            size_t bytes;
+            uint32_t tag;
+            TD_ASSERT_OK(td_range_free(&ref[live_slab[i]], live_off[i], &bytes, &tag));
+            live[i] = live[--n_live];
+            live_slab[i] = live_slab[n_live];
+            live_off[i] = live_off[n_live];
+            continue;
+        }
+        size_t bytes = sizes[rand() % (int)(sizeof sizes / sizeof sizes[0])];
+        void *x;
+        TD_ASSERT_OK(td_hostpool_alloc(p, bytes, TD_ROLE_CHUNK, &x));
+        int k = -1;
+        size_t off = 0;
+        for (int j = n_ref - 1; j >= 0 && k < 0; j--) /* newest first */
+            if (td_range_alloc(&ref[j], bytes, 0, 0, &off) == TD_OK) k = j;
+        if (k < 0) {
+            size_t size = td_align_up(bytes > prm.slab_bytes ? bytes : prm.slab_bytes, TD_HOSTPOOL_SLAB_GRAIN);
+            assert_true(n_ref < MAXS);
+            TD_ASSERT_OK(td_range_init(&ref[n_ref], size, TD_HOSTPOOL_ALIGN));
+            TD_ASSERT_OK(td_range_alloc(&ref[n_ref], bytes, 0, 0, &off));
+            k = n_ref++;
+        }
+        uintptr_t a = (uintptr_t)x;
+        if ((int)(a >> 44) != k + 1 || (a & (((uintptr_t)1 << 44) - 1)) != off)
+            fail_msg("op %d: %zu bytes at slab %d offset %zu, first fit: slab %d offset %zu", op, bytes,
+                     (int)(a >> 44) - 1, (size_t)(a & (((uintptr_t)1 << 44) - 1)), k, off);
+        live[n_live] = x;
+        live_slab[n_live] = k;
+        live_off[n_live++] = off;
+    }
+    td_hostpool_stats s;
+    td_hostpool_get_stats(p, &s);
+    assert_int_equal(s.slabs, n_ref);
+    assert_true(n_ref > 100); /* enough slabs that passing over them matters */
+    for (int j = 0; j < n_ref; j++) td_range_destroy(&ref[j]);
+    td_hostpool_destroy(p);
+}
+
 static void test_hostpool_pin_limit_error(void **state)
 {
     td_backend *b = td_test_backend(0);
@@ -101,6 +167,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hostpool_suballocates_slabs),
+        cmocka_unit_test(test_hostpool_places_as_first_fit),
         cmocka_unit_test(test_hostpool_pin_limit_error),
         cmocka_unit_test(test_topo_describes_and_binds),
     };

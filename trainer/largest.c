@@ -73,20 +73,68 @@ static td_status host_bound(const td_train_config *cfg, const td_train_limits *l
     return TD_OK;
 }
 
+/* A count near the device's edge fits or not by a layer's parity as well as
+ * by its size (the layout packs narrow blocks two a chunk at an even
+ * count), so the counts this far above a boundary the bisection finds are
+ * tried too before it is the answer. */
+#define EDGE_LAYERS 4
+
+/* Whether `layers` of cfg fit lim (its plan into *p). */
+static td_status fits_at(const td_train_config *cfg, const td_train_limits *lim, int layers, td_train_plan *p, int *fits)
+{
+    td_train_config c = *cfg;
+    c.model.n_layer = layers;
+    return td_train_plan_fits(&c, lim, p, fits, NULL);
+}
+
+/* The most layers at or below `start` that fit: from the top down in
+ * doubling steps to the first count that fits, then bisection between it
+ * and the count above it that did not, then the EDGE_LAYERS counts above
+ * the boundary found (a fit there starts the bisection again above it).
+ * A few dozen plans, where the plain scan from the top planned every count
+ * (hours at thousands of narrow layers, a few seconds a plan). */
+static td_status descend(const td_train_config *cfg, const td_train_limits *lim, int start, int *layers)
+{
+    td_train_plan p;
+    int lo = 0, hi = start + 1, fits = 0, step = 1;
+    td_status st;
+    for (int n = start; n > 0 && !lo; step *= 2) {
+        if ((st = fits_at(cfg, lim, n, &p, &fits))) return st;
+        if (fits) lo = n;
+        else hi = n, n = n - step > 0 ? n - step : n > 1 ? 1 : 0;
+    }
+    if (!lo) {
+        *layers = 0;
+        return TD_OK;
+    }
+    for (;;) {
+        while (hi - lo > 1) {
+            int mid = lo + (hi - lo) / 2;
+            if ((st = fits_at(cfg, lim, mid, &p, &fits))) return st;
+            if (fits) lo = mid;
+            else hi = mid;
+        }
+        int above = 0;
+        for (int n = lo + 2; n <= lo + EDGE_LAYERS && n <= start && !above; n++) {
+            if ((st = fits_at(cfg, lim, n, &p, &fits))) return st;
+            if (fits) above = n;
+        }
+        if (!above) break;
+        lo = above;
+        hi = start + 1;
+    }
+    *layers = lo;
+    return TD_OK;
+}
+
 td_status td_train_largest_layers(const td_train_config *cfg, const td_train_limits *lim, int *layers,
                                   td_train_plan *p)
 {
     int start = 0, fits = 0;
     td_status st = host_bound(cfg, lim, device_cap(cfg, lim), &start);
-    if (st) return st;
-    td_train_config c = *cfg;
-    for (c.model.n_layer = start; c.model.n_layer > 0; c.model.n_layer--) {
-        if ((st = td_train_plan_fits(&c, lim, p, &fits, NULL))) return st;
-        if (fits) break;
-    }
-    if (!fits) memset(p, 0, sizeof *p);
-    *layers = c.model.n_layer;
-    return TD_OK;
+    if (st || (st = descend(cfg, lim, start, layers))) return st;
+    memset(p, 0, sizeof *p);
+    return *layers ? fits_at(cfg, lim, *layers, p, &fits) : TD_OK;
 }
 
 /* The presets of cfg's family, growing as td_model_preset_names lists them,
