@@ -175,67 +175,135 @@ static void print_tail(const char *path)
     fprintf(stderr, "%s", buf);
 }
 
-int td_bench_scaling_main(int argc, char **argv)
+/* The figures, as a table or one JSON object.  An efficiency above 100%
+ * is never printed bare: the one-rank run then took longer per sequence
+ * than each rank, which says more about the host than about the ranks. */
+static td_status report(const run_figures *fig, int nproc, int steps, int warmup, long accum, int json)
 {
-    int nproc = 0, steps = 8, warmup = 3, json = 0, rc;
-    const char *keep = NULL;
+    double worst = 0;
+    for (int s = 0; s < steps; s++) {
+        double d = fabs(fig[0].loss[s] - fig[1].loss[s]) / fmax(fabs(fig[1].loss[s]), 1e-30);
+        if (d > worst || isnan(d)) worst = d;
+    }
+    double speedup = fig[0].tokens_per_s / fig[1].tokens_per_s, efficiency = speedup / nproc;
+    char cores[160], why[400] = "";
+    td_train_default_threads(NULL, cores, sizeof cores);
+    if (efficiency > 1)
+        snprintf(why, sizeof why, "above 100%%: the one-rank run took longer per sequence than each of the %d ranks; "
+                 "it is no fair baseline here (this host: %s); on a shared or oversubscribed host compare runs "
+                 "with --threads fixed", nproc, cores);
+    if (json) {
+        cJSON *j = cJSON_CreateObject(), *ranks, *one;
+        cJSON_AddNumberToObject(j, "nproc", nproc);
+        cJSON_AddNumberToObject(j, "steps", steps);
+        cJSON_AddNumberToObject(j, "warmup", warmup);
+        cJSON_AddNumberToObject(j, "grad_accum", (double)accum);
+        ranks = cJSON_AddObjectToObject(j, "ranks");
+        one = cJSON_AddObjectToObject(j, "one");
+        for (int r = 0; r < 2; r++) {
+            cJSON *o = r ? one : ranks;
+            cJSON_AddNumberToObject(o, "step_ms", fig[r].step_ms);
+            cJSON_AddNumberToObject(o, "tokens_per_s", fig[r].tokens_per_s);
+            cJSON_AddNumberToObject(o, "device_peak_bytes", fig[r].peak_bytes);
+        }
+        cJSON_AddNumberToObject(one, "grad_accum", (double)(accum * nproc));
+        cJSON_AddNumberToObject(j, "speedup", speedup);
+        cJSON_AddNumberToObject(j, "efficiency", efficiency);
+        if (*why) cJSON_AddStringToObject(j, "efficiency_note", why);
+        cJSON_AddNumberToObject(j, "loss_max_rel_diff", worst);
+        return td_cli_print_json(j);
+    }
+    printf("tidal bench scaling: %d ranks against 1 at the same global batch; medians of steps %d-%d\n\n", nproc,
+           warmup + 1, steps);
+    printf("%-8s %-12s %10s %12s %14s\n", "ranks", "grad-accum", "step ms", "tokens/s", "device peak");
+    for (int r = 0; r < 2; r++) {
+        char peak[32];
+        td_format_bytes((size_t)fig[r].peak_bytes, peak, sizeof peak);
+        printf("%-8d %-12ld %10.1f %12.0f %14s\n", r ? 1 : nproc, r ? accum * nproc : accum, fig[r].step_ms,
+               fig[r].tokens_per_s, peak);
+    }
+    printf("\nspeed-up %.2fx on %d ranks (efficiency %.0f%%%s%s); losses within %.2g relative of each other over %d "
+           "steps\n", speedup, nproc, 100 * efficiency, *why ? ": " : "", why, worst, steps);
+    return TD_OK;
+}
+
+/* The options before the --, and the train flags after it: -1 to go on,
+ * else the exit code. */
+static int scaling_args(int argc, char **argv, int *nproc, int *steps, int *warmup, int *json, const char **keep,
+                        int *targc, char ***targv, long *accum)
+{
     td_opt table[] = {
-        {"nproc", TD_OPT_INT, &nproc, "N", "ranks of the first run (one GPU a rank on cuda); required, at least 2", 0},
-        {"steps", TD_OPT_INT, &steps, "S", "optimizer steps of each run (default 8)", 0},
-        {"warmup", TD_OPT_INT, &warmup, "W", "untimed first steps (default 3)", 0},
-        {"json", TD_OPT_FLAG, &json, NULL, "print the figures as one JSON object", 0},
-        {"keep", TD_OPT_STRING, &keep, "DIR", "keep the runs' logs and output in DIR (created; default: a temporary "
+        {"nproc", TD_OPT_INT, nproc, "N", "ranks of the first run (one GPU a rank on cuda); required, at least 2", 0},
+        {"steps", TD_OPT_INT, steps, "S", "optimizer steps of each run (default 8)", 0},
+        {"warmup", TD_OPT_INT, warmup, "W", "untimed first steps (default 3)", 0},
+        {"json", TD_OPT_FLAG, json, NULL, "print the figures as one JSON object", 0},
+        {"keep", TD_OPT_STRING, keep, "DIR", "keep the runs' logs and output in DIR (created; default: a temporary "
          "directory, removed)", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int sep = 0;
     while (sep < argc && strcmp(argv[sep], "--")) sep++;
-    rc = td_args_main(table, sep, argv, "bench scaling", usage);
+    int rc = td_args_main(table, sep, argv, "bench scaling", usage);
     if (rc >= 0) return rc;
     td_args_free();
-    int targc = sep < argc ? argc - sep - 1 : 0;
-    char **targv = argv + sep + 1;
-    if (nproc < 2 || steps <= warmup || warmup < 0 || steps > MAX_STEPS) {
-        fprintf(stderr, "tidal bench scaling: %s\n", nproc < 2 ? "--nproc N: give at least 2 ranks"
-                : steps > MAX_STEPS ? "--steps: at most 10000" : "--steps must exceed --warmup (>= 0)");
+    *targc = sep < argc ? argc - sep - 1 : 0;
+    *targv = argv + sep + 1;
+    if (*nproc < 2 || *steps <= *warmup || *warmup < 0 || *steps > MAX_STEPS) {
+        fprintf(stderr, "tidal bench scaling: %s\n", *nproc < 2 ? "--nproc N: give at least 2 ranks"
+                : *steps > MAX_STEPS ? "--steps: at most 10000" : "--steps must exceed --warmup (>= 0)");
         return 2;
     }
-    if (!targc || !flag_value(targc, targv, "data")) {
+    if (!*targc || !flag_value(*targc, *targv, "data")) {
         fprintf(stderr, "tidal bench scaling: give the run's `tidal train` flags after --, --data among them "
                 "(tidal bench scaling --help)\n");
         return 2;
     }
     static const char *const ours[] = {"nproc", "steps", "log"};
     for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
-        if (flag_value(targc, targv, ours[i]) || (i == 0 && getenv("WORLD_SIZE"))) {
+        if (flag_value(*targc, *targv, ours[i]) || (i == 0 && getenv("WORLD_SIZE"))) {
             fprintf(stderr, "tidal bench scaling: --%s is this benchmark's%s; drop it from the train flags\n", ours[i],
                     i == 0 ? " (before the --), and it runs as one process, not under a launcher" : "");
             return 2;
         }
-    long accum = grad_accum_of(targc, targv);
-    if (!accum) return 2;
-    char exe[4096];
+    *accum = grad_accum_of(*targc, *targv);
+    return *accum ? -1 : 2;
+}
+
+/* The directory for the runs' logs: --keep DIR, or a temporary one.  -1,
+ * else the exit code. */
+static int scaling_dir(const char *keep, char *dir, size_t n)
+{
+    if (keep) {
+        snprintf(dir, n, "%s", keep);
+        if (mkdir(dir, 0777) && errno != EEXIST) {
+            fprintf(stderr, "tidal bench scaling: cannot create --keep %s: %s\n", dir, strerror(errno));
+            return 2;
+        }
+        return -1;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, n, "%s/tidal-scaling-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "tidal bench scaling: cannot create a temporary directory: %s\n", strerror(errno));
+        return 1;
+    }
+    return -1;
+}
+
+int td_bench_scaling_main(int argc, char **argv)
+{
+    int nproc = 0, steps = 8, warmup = 3, json = 0, targc = 0, rc;
+    const char *keep = NULL;
+    char **targv = NULL, exe[4096], dir[4096];
+    long accum = 0;
+    if ((rc = scaling_args(argc, argv, &nproc, &steps, &warmup, &json, &keep, &targc, &targv, &accum)) >= 0) return rc;
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) {
         fprintf(stderr, "tidal bench scaling: cannot find this program (/proc/self/exe) to run `tidal train`\n");
         return 1;
     }
     exe[len] = '\0';
-    char dir[4096];
-    if (keep) {
-        snprintf(dir, sizeof dir, "%s", keep);
-        if (mkdir(dir, 0777) && errno != EEXIST) {
-            fprintf(stderr, "tidal bench scaling: cannot create --keep %s: %s\n", dir, strerror(errno));
-            return 2;
-        }
-    } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/tidal-scaling-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "tidal bench scaling: cannot create a temporary directory: %s\n", strerror(errno));
-            return 1;
-        }
-    }
+    if ((rc = scaling_dir(keep, dir, sizeof dir)) >= 0) return rc;
     static run_figures fig[2];
     char nproc_s[16], steps_s[16], accum_s[32], log[2][4200], out[2][4200];
     snprintf(nproc_s, sizeof nproc_s, "%d", nproc);
@@ -248,8 +316,7 @@ int td_bench_scaling_main(int argc, char **argv)
         snprintf(out[r], sizeof out[r], "%s/%s.out", dir, name[r]);
         char *many[] = {"--steps", steps_s, "--log", log[r], "--nproc", nproc_s, NULL};
         char *one[] = {"--steps", steps_s, "--log", log[r], "--grad-accum", accum_s, NULL};
-        fprintf(stderr, "tidal bench scaling: %s, %d steps ...\n",
-                r ? "1 rank, grad-accum x N" : "N ranks", steps);
+        fprintf(stderr, "tidal bench scaling: %s, %d steps ...\n", r ? "1 rank, grad-accum x N" : "N ranks", steps);
         int code = train(exe, targc, targv, r ? one : many, out[r]);
         if (code) {
             fprintf(stderr, "tidal bench scaling: the run on %s failed (exit %d); its output (%s) ends:\n",
@@ -261,38 +328,14 @@ int td_bench_scaling_main(int argc, char **argv)
             rc = 1;
         }
     }
-    if (!rc) {
-        double worst = 0;
-        for (int s = 0; s < steps; s++) {
-            double d = fabs(fig[0].loss[s] - fig[1].loss[s]) / fmax(fabs(fig[1].loss[s]), 1e-30);
-            if (d > worst || isnan(d)) worst = d;
-        }
-        double speedup = fig[0].tokens_per_s / fig[1].tokens_per_s;
-        if (json) {
-            printf("{\"nproc\":%d,\"steps\":%d,\"warmup\":%d,\"grad_accum\":%ld,"
-                   "\"ranks\":{\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"device_peak_bytes\":%.0f},"
-                   "\"one\":{\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"device_peak_bytes\":%.0f,\"grad_accum\":%ld},"
-                   "\"speedup\":%.4f,\"efficiency\":%.4f,\"loss_max_rel_diff\":%.3g}\n",
-                   nproc, steps, warmup, accum, fig[0].step_ms, fig[0].tokens_per_s, fig[0].peak_bytes, fig[1].step_ms,
-                   fig[1].tokens_per_s, fig[1].peak_bytes, accum * nproc, speedup, speedup / nproc, worst);
-        } else {
-            printf("tidal bench scaling: %d ranks against 1 at the same global batch; medians of steps %d-%d\n\n",
-                   nproc, warmup + 1, steps);
-            printf("%-8s %-12s %10s %12s %14s\n", "ranks", "grad-accum", "step ms", "tokens/s", "device peak");
-            for (int r = 0; r < 2; r++) {
-                char peak[32];
-                td_format_bytes((size_t)fig[r].peak_bytes, peak, sizeof peak);
-                printf("%-8d %-12ld %10.1f %12.0f %14s\n", r ? 1 : nproc, r ? accum * nproc : accum, fig[r].step_ms,
-                       fig[r].tokens_per_s, peak);
-            }
-            printf("\nspeed-up %.2fx on %d ranks (efficiency %.0f%%); losses within %.2g relative of each other "
-                   "over %d steps\n", speedup, nproc, 100 * speedup / nproc, worst, steps);
-        }
+    if (!rc && report(fig, nproc, steps, warmup, accum, json)) {
+        fprintf(stderr, "tidal bench scaling: %s\n", td_error_msg());
+        rc = 1;
     }
     if (!keep && !rc) { /* a failed run's output stays where the message said */
         for (int r = 0; r < 2; r++) {
-            if (log[r][0]) unlink(log[r]);
-            if (out[r][0]) unlink(out[r]);
+            unlink(log[r]);
+            unlink(out[r]);
         }
         rmdir(dir);
     }

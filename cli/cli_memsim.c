@@ -6,32 +6,24 @@
 #include <string.h>
 
 #include "args.h"
+#include <cjson/cJSON.h>
 #include "cli.h"
 #include "tidal/memsim.h"
 #include "tidal/util.h"
 
-static void json_string(FILE *f, const char *s)
+static void json_counts(cJSON *o, const td_memsim_counts *c)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
-static void json_counts(FILE *f, const td_memsim_counts *c)
-{
-    fprintf(f, "\"accesses\": %llu, \"loads\": %llu, \"demand_loads\": %llu, \"stalls\": %llu, "
-               "\"prefetch_loads\": %llu, \"prefetch_hits\": %llu, \"prefetch_wasted\": %llu, "
-               "\"evictions\": %llu, \"writebacks\": %llu, \"bytes_h2d\": %llu, \"bytes_d2h\": %llu",
-            (unsigned long long)c->accesses, (unsigned long long)c->loads, (unsigned long long)c->demand_loads,
-            (unsigned long long)c->demand_loads, (unsigned long long)c->prefetch_loads,
-            (unsigned long long)c->prefetch_hits, (unsigned long long)c->prefetch_wasted,
-            (unsigned long long)c->evictions, (unsigned long long)c->writebacks,
-            (unsigned long long)c->bytes_h2d, (unsigned long long)c->bytes_d2h);
+    cJSON_AddNumberToObject(o, "accesses", (double)c->accesses);
+    cJSON_AddNumberToObject(o, "loads", (double)c->loads);
+    cJSON_AddNumberToObject(o, "demand_loads", (double)c->demand_loads);
+    cJSON_AddNumberToObject(o, "stalls", (double)c->demand_loads);
+    cJSON_AddNumberToObject(o, "prefetch_loads", (double)c->prefetch_loads);
+    cJSON_AddNumberToObject(o, "prefetch_hits", (double)c->prefetch_hits);
+    cJSON_AddNumberToObject(o, "prefetch_wasted", (double)c->prefetch_wasted);
+    cJSON_AddNumberToObject(o, "evictions", (double)c->evictions);
+    cJSON_AddNumberToObject(o, "writebacks", (double)c->writebacks);
+    cJSON_AddNumberToObject(o, "bytes_h2d", (double)c->bytes_h2d);
+    cJSON_AddNumberToObject(o, "bytes_d2h", (double)c->bytes_d2h);
 }
 
 static unsigned long long chunk_bytes_total(const td_trace *t)
@@ -41,25 +33,30 @@ static unsigned long long chunk_bytes_total(const td_trace *t)
     return sum;
 }
 
-static void print_json(FILE *f, const char *path, const td_trace *t, const td_memsim_params *p,
-                       const td_memsim_result *r, double parse_ms, double sim_ms)
+static td_status print_json(const char *path, const td_trace *t, const td_memsim_params *p,
+                            const td_memsim_result *r, double parse_ms, double sim_ms)
 {
-    fputs("{\"trace\": ", f);
-    json_string(f, path);
-    fprintf(f, ", \"budget_bytes\": %llu, \"policy\": \"%s\", \"prefetch\": %u, \"chunks\": %llu, "
-               "\"chunk_bytes_total\": %llu, \"steps\": %llu, ",
-            (unsigned long long)p->budget_bytes, td_evict_policy_name(p->policy), p->prefetch,
-            (unsigned long long)r->chunks, chunk_bytes_total(t), (unsigned long long)r->steps);
-    json_counts(f, &r->total);
-    fprintf(f, ", \"peak_device_bytes\": %llu, \"peak_chunk_bytes\": %llu, \"peak_nonmodel_bytes\": %llu, "
-               "\"compulsory_loads\": %llu, \"dirtyings\": %llu, \"dirty_end\": %llu, \"resident_end\": %llu, "
-               "\"resident_bytes_end\": %llu, \"last_step\": {",
-            (unsigned long long)r->peak_device_bytes, (unsigned long long)r->peak_chunk_bytes,
-            (unsigned long long)r->peak_nonmodel_bytes, (unsigned long long)r->compulsory_loads,
-            (unsigned long long)r->dirtyings, (unsigned long long)r->dirty_end,
-            (unsigned long long)r->resident_end, (unsigned long long)r->resident_bytes_end);
-    json_counts(f, &r->last_step);
-    fprintf(f, "}, \"parse_ms\": %.3f, \"simulate_ms\": %.3f}\n", parse_ms, sim_ms);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "trace", path);
+    cJSON_AddNumberToObject(j, "budget_bytes", (double)p->budget_bytes);
+    cJSON_AddStringToObject(j, "policy", td_evict_policy_name(p->policy));
+    cJSON_AddNumberToObject(j, "prefetch", p->prefetch);
+    cJSON_AddNumberToObject(j, "chunks", (double)r->chunks);
+    cJSON_AddNumberToObject(j, "chunk_bytes_total", (double)chunk_bytes_total(t));
+    cJSON_AddNumberToObject(j, "steps", (double)r->steps);
+    json_counts(j, &r->total);
+    cJSON_AddNumberToObject(j, "peak_device_bytes", (double)r->peak_device_bytes);
+    cJSON_AddNumberToObject(j, "peak_chunk_bytes", (double)r->peak_chunk_bytes);
+    cJSON_AddNumberToObject(j, "peak_nonmodel_bytes", (double)r->peak_nonmodel_bytes);
+    cJSON_AddNumberToObject(j, "compulsory_loads", (double)r->compulsory_loads);
+    cJSON_AddNumberToObject(j, "dirtyings", (double)r->dirtyings);
+    cJSON_AddNumberToObject(j, "dirty_end", (double)r->dirty_end);
+    cJSON_AddNumberToObject(j, "resident_end", (double)r->resident_end);
+    cJSON_AddNumberToObject(j, "resident_bytes_end", (double)r->resident_bytes_end);
+    json_counts(cJSON_AddObjectToObject(j, "last_step"), &r->last_step);
+    cJSON_AddNumberToObject(j, "parse_ms", parse_ms);
+    cJSON_AddNumberToObject(j, "simulate_ms", sim_ms);
+    return td_cli_print_json(j);
 }
 
 static void print_table(FILE *f, const char *path, const td_trace *t, const td_memsim_params *p,
@@ -183,8 +180,11 @@ int td_cli_memsim_main(int argc, char **argv)
         goto done;
     }
     double t2 = td_now_ms();
-    if (json) print_json(stdout, trace_path, t, &p, &r, t1 - t0, t2 - t1);
-    else print_table(stdout, trace_path, t, &p, &r, t1 - t0, t2 - t1);
+    if (json && print_json(trace_path, t, &p, &r, t1 - t0, t2 - t1)) {
+        fprintf(stderr, "tidal memsim: %s\n", td_error_msg());
+        goto done;
+    }
+    if (!json) print_table(stdout, trace_path, t, &p, &r, t1 - t0, t2 - t1);
     rc = 0;
 done:
     if (log && log != stdout && fclose(log) != 0 && rc == 0) {

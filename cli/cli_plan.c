@@ -17,9 +17,9 @@ static const char usage[] =
     "Prints a run's footprint before it starts: bytes per role on the device and the host, the\n"
     "chunk layout (--layout), whether it fits the budget and the host's RAM, and the step time\n"
     "estimated from bandwidths and compute rates measured here in a second or two.  Nothing of\n"
-    "the model is allocated.  Takes the model and run options of `tidal train` (--data only for\n"
-    "its vocabulary).  Exit status: 0 when the run fits, 3 when it does not, 2 for a usage\n"
-    "error, 1 for a failure.";
+    "the model is allocated.  Takes the model, run and optimizer options of `tidal train` (--data\n"
+    "only for its vocabulary; the optimizer's schedule changes nothing here).\n"
+    "Exit status: 0 when the run fits, 3 when it does not, 2 for a usage error, 1 for a failure.";
 
 #define CHECK(expr)                  \
     do {                             \
@@ -489,7 +489,7 @@ int td_cli_plan_main(int argc, char **argv)
     td_cli_train_opts_defaults(&o);
     int json = 0, layout = 0, largest = 0, nproc = 1, no_measure = 0;
     size_t disk_bytes = 0;
-    td_opt table[] = { TD_CLI_MODEL_OPTS(&o), TD_CLI_RUN_OPTS(&o),
+    td_opt table[] = { TD_CLI_MODEL_OPTS(&o), TD_CLI_RUN_OPTS(&o), TD_CLI_OPTIM_OPTS(&o),
                        {"disk-bytes", TD_OPT_SIZE, &disk_bytes, "SIZE", "plan the disk tier for this much disk (a drive you "
                         "do not have here, or less\nthan --offload-dir's free space); without --offload-dir nothing "
                         "is measured", 0},

@@ -411,182 +411,212 @@ cleanup:
     return st;
 }
 
-int td_cli_tune_main(int argc, char **argv)
+/* One `tidal tune`: its options, the budgets and what each budget's runs gave. */
+typedef struct tune_state {
+    tune_opts o;
+    char **rest;
+    int n_rest;
+    td_train_config cfg;
+    const char *data;
+    long steps;
+    cJSON *given, *report;
+    td_backend *b;
+    td_train_rates rates;
+    size_t *budgets;
+    double *best_tps;
+    td_tune_candidate **runs;
+    int *n_runs, n_budgets;
+} tune_state;
+
+/* The options: tune's own, then `tidal train`'s, checked.  -1 to go on,
+ * else the exit code. */
+static int tune_options(tune_state *ts, int argc, char **argv)
 {
-    tune_opts o = { .top = 3 };
-    char **rest = td_malloc(((size_t)argc + 3) * sizeof *rest, TD_ROLE_META);
-    if (!rest) return 1;
-    int n_rest = 0, rc = split_args(argc, argv, &o, rest, &n_rest);
-    td_backend *b = NULL;
-    cJSON *given = NULL, *report = NULL;
-    size_t *budgets = NULL;
-    double *best_tps = NULL;
-    td_tune_candidate **runs = NULL;
-    int *n_runs = NULL, n_budgets = 0;
-    td_status st = TD_OK;
-    if (rc >= 0) goto out;
-    int steps_given = 0, budget_given = 0;
-    for (int i = 0; i < n_rest; i++) {
-        steps_given |= !strcmp(rest[i], "--steps");
-        budget_given |= !strcmp(rest[i], "--gpu-budget");
+    int rc = split_args(argc, argv, &ts->o, ts->rest, &ts->n_rest), steps_given = 0, budget_given = 0;
+    if (rc >= 0) return rc;
+    for (int i = 0; i < ts->n_rest; i++) {
+        steps_given |= !strcmp(ts->rest[i], "--steps");
+        budget_given |= !strcmp(ts->rest[i], "--gpu-budget");
     }
     if (!steps_given) { /* a tune run is short; train's default (100) is not */
-        rest[n_rest++] = "--steps";
-        rest[n_rest++] = "5";
+        ts->rest[ts->n_rest++] = "--steps";
+        ts->rest[ts->n_rest++] = "5";
     }
-    given = cJSON_CreateObject();
-    td_train_config cfg;
-    const char *data = NULL;
-    rc = train_options(n_rest, rest, &cfg, &data, given);
-    if (rc >= 0) goto out;
-    rc = 2;
-    if (!data) {
-        fprintf(stderr, "tidal tune: --data FILE is required: the candidates train on it (make one with "
-                        "`tidal prepare`)\n");
-        goto out;
-    }
-    if (o.sweep && budget_given) {
-        fprintf(stderr, "tidal tune: give --gpu-budget or --sweep-budget, not both\n");
-        goto out;
-    }
-    if (o.sweep && o.write_config) {
-        fprintf(stderr, "tidal tune: --write-config saves the winner of one budget; use --gpu-budget with it "
-                        "(--json reports every budget's winner)\n");
-        goto out;
-    }
-    if (o.sweep && (st = parse_sweep(o.sweep, &budgets, &n_budgets))) {
-        fprintf(stderr, "tidal tune: %s\n", td_error_msg());
-        goto out;
-    }
-    if ((o.write_config && (st = check_writable("--write-config", o.write_config))) ||
-        (o.plot && (st = check_writable("--plot", o.plot)))) {
-        fprintf(stderr, "tidal tune: %s\n", td_error_msg());
-        goto out;
-    }
-    long steps = cJSON_GetObjectItem(given, "steps") ? atol(cJSON_GetObjectItem(given, "steps")->valuestring) : 5;
-    if (steps < 2) {
-        fprintf(stderr, "tidal tune: --steps %ld: give at least 2 (the first step is the warm-up)\n", steps);
-        goto out;
-    }
-    rc = 1;
-    /* The cpu backend's device region holds the largest budget swept
-     * (unless --cpu-device-bytes sizes it). */
-    if (!cfg.cpu_device_bytes && budgets && budgets[n_budgets - 1] > td_backend_default_params().cpu_device_bytes)
-        cfg.cpu_device_bytes = budgets[n_budgets - 1];
-    td_backend_params bp = td_train_backend_params(&cfg);
-    if ((st = td_backend_create(&bp, &b))) goto fail;
-    cfg.backend = td_backend_get_kind(b);
-    if (!budgets) {
-        budgets = td_malloc(sizeof *budgets, TD_ROLE_META);
-        if (!budgets) { st = TD_ERR_NOMEM; goto fail; }
-        n_budgets = 1;
+    if ((rc = train_options(ts->n_rest, ts->rest, &ts->cfg, &ts->data, ts->given)) >= 0) return rc;
+    const tune_opts *o = &ts->o;
+    td_status st = TD_OK;
+    if (!ts->data)
+        st = td_error_set(TD_ERR_INVALID, "--data FILE is required: the candidates train on it (make one with "
+                          "`tidal prepare`)");
+    else if (o->sweep && budget_given)
+        st = td_error_set(TD_ERR_INVALID, "give --gpu-budget or --sweep-budget, not both");
+    else if (o->sweep && o->write_config)
+        st = td_error_set(TD_ERR_INVALID, "--write-config saves the winner of one budget; use --gpu-budget with it "
+                          "(--json reports every budget's winner)");
+    else if (o->sweep) st = parse_sweep(o->sweep, &ts->budgets, &ts->n_budgets);
+    if (!st && o->write_config) st = check_writable("--write-config", o->write_config);
+    if (!st && o->plot) st = check_writable("--plot", o->plot);
+    cJSON *steps = cJSON_GetObjectItem(ts->given, "steps");
+    ts->steps = steps ? atol(steps->valuestring) : 5;
+    if (!st && ts->steps < 2)
+        st = td_error_set(TD_ERR_INVALID, "--steps %ld: give at least 2 (the first step is the warm-up)", ts->steps);
+    if (!st) return -1;
+    fprintf(stderr, "tidal tune: %s\n", td_error_msg());
+    return 2;
+}
+
+/* The backend (the cpu backend's device region holding the largest budget
+ * swept, unless --cpu-device-bytes sizes it), the budget when none was
+ * swept, and this machine's rates. */
+static td_status tune_setup(tune_state *ts)
+{
+    td_train_config *cfg = &ts->cfg;
+    td_status st;
+    if (!cfg->cpu_device_bytes && ts->budgets &&
+        ts->budgets[ts->n_budgets - 1] > td_backend_default_params().cpu_device_bytes)
+        cfg->cpu_device_bytes = ts->budgets[ts->n_budgets - 1];
+    td_backend_params bp = td_train_backend_params(cfg);
+    if ((st = td_backend_create(&bp, &ts->b))) return st;
+    cfg->backend = td_backend_get_kind(ts->b);
+    if (!ts->budgets) {
         td_train_budget tb;
-        if ((st = td_train_budget_resolve(&cfg, b, TD_BUDGET_USE_SEARCH, &tb))) goto fail;
-        budgets[0] = tb.budget_bytes;
+        if ((st = td_train_budget_resolve(cfg, ts->b, TD_BUDGET_USE_SEARCH, &tb))) return st;
+        if (!(ts->budgets = td_malloc(sizeof *ts->budgets, TD_ROLE_META))) return TD_ERR_NOMEM;
+        ts->n_budgets = 1;
+        ts->budgets[0] = tb.budget_bytes;
     }
     fprintf(stderr, "tidal tune: measuring this machine's rates (copy, DRAM, compute)\n");
-    td_train_rates rates;
-    if ((st = td_train_measure_rates(b, &cfg, &rates))) goto fail;
-    best_tps = td_calloc((size_t)n_budgets, sizeof *best_tps, TD_ROLE_META);
-    runs = td_calloc((size_t)n_budgets, sizeof *runs, TD_ROLE_META);
-    n_runs = td_calloc((size_t)n_budgets, sizeof *n_runs, TD_ROLE_META);
-    if (!best_tps || !runs || !n_runs) { st = TD_ERR_NOMEM; goto fail; }
-    run_ctx ctx = { .data = data, .seed = cfg.seed, .tty = isatty(fileno(stderr)) };
-    report = cJSON_CreateObject();
-    cJSON_AddNumberToObject(report, "params", (double)td_model_params_numel(&cfg.model));
-    cJSON_AddNumberToObject(report, "tokens_per_step", (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);
+    if ((st = td_train_measure_rates(ts->b, cfg, &ts->rates))) return st;
+    ts->best_tps = td_calloc((size_t)ts->n_budgets, sizeof *ts->best_tps, TD_ROLE_META);
+    ts->runs = td_calloc((size_t)ts->n_budgets, sizeof *ts->runs, TD_ROLE_META);
+    ts->n_runs = td_calloc((size_t)ts->n_budgets, sizeof *ts->n_runs, TD_ROLE_META);
+    return ts->best_tps && ts->runs && ts->n_runs ? TD_OK : TD_ERR_NOMEM;
+}
+
+/* Every budget tuned, smallest first, into the report. */
+static td_status tune_budgets(tune_state *ts)
+{
+    const td_train_config *cfg = &ts->cfg;
+    run_ctx ctx = { .data = ts->data, .seed = cfg->seed, .tty = isatty(fileno(stderr)) };
+    cJSON *report = ts->report = cJSON_CreateObject();
+    cJSON_AddNumberToObject(report, "params", (double)td_model_params_numel(&cfg->model));
+    cJSON_AddNumberToObject(report, "tokens_per_step", (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum);
     cJSON *mr = cJSON_AddObjectToObject(report, "measured");
-    cJSON_AddNumberToObject(mr, "copy_gbytes_per_s", rates.copy_gbs);
-    cJSON_AddNumberToObject(mr, "dram_gbytes_per_s", rates.dram_gbs);
-    cJSON_AddNumberToObject(mr, "dram_fastest_gbytes_per_s", rates.dram_fastest_gbs);
-    cJSON_AddNumberToObject(mr, "adam_probe_params", (double)rates.adam_probe_params);
-    cJSON_AddNumberToObject(mr, "dram_loaded_gbytes_per_s", rates.dram_loaded_gbs);
-    cJSON_AddNumberToObject(mr, "compute_gflops", rates.gflops);
+    cJSON_AddNumberToObject(mr, "copy_gbytes_per_s", ts->rates.copy_gbs);
+    cJSON_AddNumberToObject(mr, "dram_gbytes_per_s", ts->rates.dram_gbs);
+    cJSON_AddNumberToObject(mr, "dram_fastest_gbytes_per_s", ts->rates.dram_fastest_gbs);
+    cJSON_AddNumberToObject(mr, "adam_probe_params", (double)ts->rates.adam_probe_params);
+    cJSON_AddNumberToObject(mr, "dram_loaded_gbytes_per_s", ts->rates.dram_loaded_gbs);
+    cJSON_AddNumberToObject(mr, "compute_gflops", ts->rates.gflops);
     cJSON *jb = cJSON_AddArrayToObject(report, "budgets");
-    for (int i = 0; i < n_budgets; i++) {
+    for (int i = 0; i < ts->n_budgets; i++) {
         int ranked = 0;
         const td_tune_candidate *carry = NULL; /* the fastest run of the smaller budgets */
         for (int j = 0; j < i; j++)
-            if (best_tps[j] > 0 && (!carry || runs[j][0].tokens_per_s > carry->tokens_per_s)) carry = &runs[j][0];
-        if ((st = tune_budget(&cfg, budgets[i], b, &rates, o.top, (int)steps, n_budgets == 1, carry, &ctx, &runs[i],
-                              &n_runs[i], &ranked)))
-            goto fail;
-        best_tps[i] = n_runs[i] && runs[i][0].ran == 1 ? runs[i][0].tokens_per_s : 0;
+            if (ts->best_tps[j] > 0 && (!carry || ts->runs[j][0].tokens_per_s > carry->tokens_per_s))
+                carry = &ts->runs[j][0];
+        td_status st = tune_budget(cfg, ts->budgets[i], ts->b, &ts->rates, ts->o.top, (int)ts->steps,
+                                   ts->n_budgets == 1, carry, &ctx, &ts->runs[i], &ts->n_runs[i], &ranked);
+        if (st) return st;
+        ts->best_tps[i] = ts->n_runs[i] && ts->runs[i][0].ran == 1 ? ts->runs[i][0].tokens_per_s : 0;
         cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "budget_bytes", (double)budgets[i]);
+        cJSON_AddNumberToObject(e, "budget_bytes", (double)ts->budgets[i]);
         cJSON_AddNumberToObject(e, "candidates", ranked);
         cJSON *jr = cJSON_AddArrayToObject(e, "runs");
-        for (int k = 0; k < n_runs[i]; k++) cJSON_AddItemToArray(jr, candidate_json(&runs[i][k]));
-        if (best_tps[i] > 0) cJSON_AddItemToObject(e, "winner", candidate_json(&runs[i][0]));
+        for (int k = 0; k < ts->n_runs[i]; k++) cJSON_AddItemToArray(jr, candidate_json(&ts->runs[i][k]));
+        if (ts->best_tps[i] > 0) cJSON_AddItemToObject(e, "winner", candidate_json(&ts->runs[i][0]));
         else cJSON_AddNullToObject(e, "winner");
         cJSON_AddItemToArray(jb, e);
     }
-    if (o.json) {
-        char *text = cJSON_PrintUnformatted(report);
-        if (text) printf("%s\n", text);
-        cJSON_free(text);
-    } else {
-        printf("tidal tune: %zu params, %.0f tokens a step; measured copy %.1f GB/s, DRAM %.1f GB/s (%.1f with copies "
-               "beside the CPU AdamW), compute %.1f GFLOP/s\n", td_model_params_numel(&cfg.model),
-               (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum, rates.copy_gbs, rates.dram_gbs,
-               rates.dram_loaded_gbs, rates.gflops);
-        for (int i = 0; i < n_budgets; i++) {
-            print_table(runs[i], n_runs[i], budgets[i]);
-            char flags[512];
-            if (best_tps[i] > 0) {
-                td_tune_flags(&runs[i][0], flags, sizeof flags);
-                printf("  winner: %.0f tokens/s with %s\n", best_tps[i], flags);
-            } else {
-                printf("  no candidate trained at this budget\n");
-            }
-        }
-        if (n_budgets > 1) {
-            printf("\ntokens/s against the device budget:\n");
-            for (int i = 0; i < n_budgets; i++) {
-                char bs[32];
-                printf("  %12s  %10.0f\n", td_format_bytes(budgets[i], bs, sizeof bs), best_tps[i]);
-            }
+    return TD_OK;
+}
+
+static void print_results(const tune_state *ts)
+{
+    const td_train_config *cfg = &ts->cfg;
+    printf("tidal tune: %zu params, %.0f tokens a step; measured copy %.1f GB/s, DRAM %.1f GB/s (%.1f with copies "
+           "beside the CPU AdamW), compute %.1f GFLOP/s\n", td_model_params_numel(&cfg->model),
+           (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum, ts->rates.copy_gbs, ts->rates.dram_gbs,
+           ts->rates.dram_loaded_gbs, ts->rates.gflops);
+    for (int i = 0; i < ts->n_budgets; i++) {
+        print_table(ts->runs[i], ts->n_runs[i], ts->budgets[i]);
+        char flags[512];
+        if (ts->best_tps[i] > 0) {
+            td_tune_flags(&ts->runs[i][0], flags, sizeof flags);
+            printf("  winner: %.0f tokens/s with %s\n", ts->best_tps[i], flags);
+        } else {
+            printf("  no candidate trained at this budget\n");
         }
     }
-    if (o.write_config) {
-        if (best_tps[0] <= 0) {
-            st = td_error_set(TD_ERR_BUDGET, "--write-config %s: no candidate trained under the budget; raise it",
-                              o.write_config);
-            goto fail;
+    if (ts->n_budgets > 1) {
+        printf("\ntokens/s against the device budget:\n");
+        for (int i = 0; i < ts->n_budgets; i++) {
+            char bs[32];
+            printf("  %12s  %10.0f\n", td_format_bytes(ts->budgets[i], bs, sizeof bs), ts->best_tps[i]);
         }
-        if ((st = write_config(o.write_config, given, &runs[0][0]))) goto fail;
-        fprintf(stderr, "tidal tune: wrote %s (tidal train --config %s)\n", o.write_config, o.write_config);
     }
-    if (o.plot) {
-        FILE *f = fopen(o.plot, "w");
-        char title[160];
-        double params = (double)td_model_params_numel(&cfg.model);
-        snprintf(title, sizeof title, "tidal tune on %s: %.3g%s params, %.0f tokens a step, best of each budget",
-                 td_backend_describe(b), params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
-                 (double)cfg.micro_batch * cfg.seq_len * cfg.grad_accum);
-        if (!f) {
-            st = td_error_set(TD_ERR_IO, "--plot %s: %s", o.plot, strerror(errno));
-            goto fail;
+}
+
+/* --write-config and --plot. */
+static td_status write_outputs(const tune_state *ts)
+{
+    const tune_opts *o = &ts->o;
+    td_status st = TD_OK;
+    if (o->write_config) {
+        if (ts->best_tps[0] <= 0)
+            return td_error_set(TD_ERR_BUDGET, "--write-config %s: no candidate trained under the budget; raise it",
+                                o->write_config);
+        if ((st = write_config(o->write_config, ts->given, &ts->runs[0][0]))) return st;
+        fprintf(stderr, "tidal tune: wrote %s (tidal train --config %s)\n", o->write_config, o->write_config);
+    }
+    if (!o->plot) return TD_OK;
+    char title[160];
+    double params = (double)td_model_params_numel(&ts->cfg.model);
+    snprintf(title, sizeof title, "tidal tune on %s: %.3g%s params, %.0f tokens a step, best of each budget",
+             td_backend_describe(ts->b), params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
+             (double)ts->cfg.micro_batch * ts->cfg.seq_len * ts->cfg.grad_accum);
+    FILE *f = fopen(o->plot, "w");
+    if (!f) return td_error_set(TD_ERR_IO, "--plot %s: %s", o->plot, strerror(errno));
+    st = td_tune_plot_svg(f, title, ts->budgets, ts->best_tps, ts->n_budgets);
+    if (fclose(f) != 0 && !st) st = td_error_set(TD_ERR_IO, "--plot %s: %s", o->plot, strerror(errno));
+    if (!st) fprintf(stderr, "tidal tune: wrote %s\n", o->plot);
+    return st;
+}
+
+int td_cli_tune_main(int argc, char **argv)
+{
+    tune_state ts;
+    memset(&ts, 0, sizeof ts);
+    ts.o.top = 3;
+    ts.rest = td_malloc(((size_t)argc + 3) * sizeof *ts.rest, TD_ROLE_META);
+    ts.given = cJSON_CreateObject();
+    if (!ts.rest || !ts.given) {
+        fprintf(stderr, "tidal tune: out of memory\n");
+        td_free(ts.rest);
+        cJSON_Delete(ts.given);
+        return 1;
+    }
+    int rc = tune_options(&ts, argc, argv);
+    if (rc < 0) {
+        td_status st;
+        rc = 1;
+        if (!(st = tune_setup(&ts)) && !(st = tune_budgets(&ts))) {
+            if (ts.o.json) st = td_cli_print_json(cJSON_Duplicate(ts.report, 1));
+            else print_results(&ts);
         }
-        st = td_tune_plot_svg(f, title, budgets, best_tps, n_budgets);
-        if (fclose(f) != 0 && !st) st = td_error_set(TD_ERR_IO, "--plot %s: %s", o.plot, strerror(errno));
-        if (st) goto fail;
-        fprintf(stderr, "tidal tune: wrote %s\n", o.plot);
+        if (!st) st = write_outputs(&ts);
+        if (st) fprintf(stderr, "tidal tune: %s\n", td_error_msg());
+        else rc = 0;
     }
-    rc = 0;
-    goto out;
-fail:
-    fprintf(stderr, "tidal tune: %s\n", td_error_msg());
-out:
-    for (int i = 0; runs && i < n_budgets; i++) td_free(runs[i]);
-    td_free(runs);
-    td_free(n_runs);
-    td_free(best_tps);
-    td_free(budgets);
-    cJSON_Delete(given);
-    cJSON_Delete(report);
-    td_backend_free(b);
-    td_free(rest);
+    for (int i = 0; ts.runs && i < ts.n_budgets; i++) td_free(ts.runs[i]);
+    td_free(ts.runs);
+    td_free(ts.n_runs);
+    td_free(ts.best_tps);
+    td_free(ts.budgets);
+    cJSON_Delete(ts.given);
+    cJSON_Delete(ts.report);
+    td_backend_free(ts.b);
+    td_free(ts.rest);
     td_args_free();
     return rc;
 }

@@ -242,7 +242,7 @@ static void test_help(void **state)
 {
     char out[32768];
     assert_int_equal(sh(out, sizeof out, "%s plan --help", tidal), 0);
-    const char *none[] = {"--save ", "--resume ", "--log ", "--steps ", "--trace-timeline "};
+    const char *none[] = {"--save ", "--resume ", "--log ", "--trace-timeline ", "--stop-after "};
     for (size_t i = 0; i < sizeof none / sizeof none[0]; i++)
         if (strstr(out, none[i])) fail_msg("tidal plan --help lists %s", none[i]);
     assert_int_equal(sh(out, sizeof out, "%s tune --help", tidal), 0);

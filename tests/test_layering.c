@@ -50,7 +50,7 @@ static const owner owners[] = {
     {"memmgr.h", "memmgr"}, {"memsim.h", "memmgr"}, {"policy.h", "memmgr"}, {"tensor_state.h", "memmgr"},
     {"trace.h", "memmgr"}, {"shard.h", "memmgr"},
     {"optim.h", "optim"}, {"optim_cuda.h", "optim"},
-    {"model.h", "model"}, {"model_ref.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
+    {"model.h", "model"}, {"model_ref.h", "model"}, {"decode.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
     {"data.h", "data"}, {"tokenizer.h", "data"},
     {"checkpoint.h", "checkpoint"}, {"safetensors.h", "checkpoint"},
     {"trainer.h", "trainer"}, {"block_probe.h", "trainer"}, {"tune.h", "trainer"},

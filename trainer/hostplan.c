@@ -13,6 +13,8 @@
  * tests), and on the cpu backend the "device" region, which is host memory.
  * One set of rules for the trainer (train.c) and `tidal plan` (plan.c). */
 #include "train_impl.h"
+
+#include <cjson/cJSON.h>
 #include "tidal/hostpool.h"
 #include "tidal/util.h"
 
@@ -264,12 +266,19 @@ td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out)
 
 size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
 {
-    int n = snprintf(buf, buf_bytes,
-                     "{\"pinned_bytes\":%zu,\"pageable_bytes\":%zu,\"heap_allocated_bytes\":%zu,"
-                     "\"heap_resident_bytes\":%zu,\"device_region_bytes\":%zu,\"total_bytes\":%zu,\"peak_bytes\":%zu,"
-                     "\"heap_source\":\"%s\"}",
-                     u->pinned_bytes, u->pageable_bytes, u->heap_allocated_bytes, u->heap_resident_bytes,
-                     u->device_region_bytes, u->total_bytes, u->peak_bytes, u->heap_source ? u->heap_source : "");
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "pinned_bytes", (double)u->pinned_bytes);
+    cJSON_AddNumberToObject(j, "pageable_bytes", (double)u->pageable_bytes);
+    cJSON_AddNumberToObject(j, "heap_allocated_bytes", (double)u->heap_allocated_bytes);
+    cJSON_AddNumberToObject(j, "heap_resident_bytes", (double)u->heap_resident_bytes);
+    cJSON_AddNumberToObject(j, "device_region_bytes", (double)u->device_region_bytes);
+    cJSON_AddNumberToObject(j, "total_bytes", (double)u->total_bytes);
+    cJSON_AddNumberToObject(j, "peak_bytes", (double)u->peak_bytes);
+    cJSON_AddStringToObject(j, "heap_source", u->heap_source ? u->heap_source : "");
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    int n = snprintf(buf, buf_bytes, "%s", text ? text : "{}");
+    cJSON_free(text);
     if (n < 0) n = 0;
     return (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
 }
