@@ -60,6 +60,12 @@ static int check_file(const char *path, const char *tidal, int *bad)
             snprintf(cmd, sizeof cmd, "%.*s", (int)(cmd_end - (eol + 3)), eol + 3); /* after "$ " */
             char *body = cmd_end + 1, *close = strstr(body, "\n```");
             if (!close) break;
+            size_t cl = strlen(cmd);
+            if (cl < 7 || strcmp(cmd + cl - 7, " --help")) { /* a block of another command's output: not run */
+                p = eol + 1;
+                line++;
+                continue;
+            }
             char *want = strndup(body, (size_t)(close - body) + 1); /* with the last newline */
             char full[1200];
             snprintf(full, sizeof full, "%s%s 2>/dev/null", tidal, cmd + strlen("tidal"));
