@@ -166,6 +166,7 @@ static td_status generate(const gen_opts *o, td_tokenizer *tk, td_decoder *d, in
         TD_TRY(td_decoder_step(d, next, logits));
     }
     printf("\n");
+    fflush(stdout); /* before the speed on stderr */
 cleanup:
     td_free(ids);
     td_free(ctx);

@@ -227,6 +227,16 @@ static void test_cpu_device_size(void **state)
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "device"), "fits")));
     assert_true(td_test_json_num(j, "device", "free_bytes") >= 6.0 * (1 << 30));
     cJSON_Delete(j);
+    /* tune sweeps budgets above the region's default there too */
+    rc = sh(out, sizeof out, "%s tune --data %s/ok.tok " MODEL " --sweep-budget 4GiB,5GiB --top 1 --steps 2 "
+            "--host-ram 64GiB --json 2>/dev/null", tidal, tmp);
+    if (rc) fail_msg("%s", out);
+    j = cJSON_Parse(strchr(out, '{'));
+    assert_non_null(j);
+    cJSON *b, *budgets = cJSON_GetObjectItem(j, "budgets");
+    assert_int_equal(cJSON_GetArraySize(budgets), 2);
+    cJSON_ArrayForEach(b, budgets) assert_true(cJSON_IsObject(cJSON_GetObjectItem(b, "winner")));
+    cJSON_Delete(j);
     rc = sh(out, sizeof out, "%s plan --no-measure " MODEL " --gpu-budget 8MiB --cpu-device-bytes 4MiB", tidal);
     assert_int_equal(rc, 3);
     assert_non_null(strstr(out, "that much free device memory"));
