@@ -302,24 +302,36 @@ static td_status parse_states(const char *text, int *states, int *n)
     return TD_OK;
 }
 
-int td_bench_adam_main(int argc, char **argv)
+/* One run of the benchmark: its options and what it measured. */
+typedef struct adam_bench {
+    double max_params, min_s;
+    int json, threads, no_bind, n_states, states[TD_OPTIM_STATE_COUNT];
+    const char *check_dir;
+    td_optim_isa isa;
+    td_adam_cpu *cpu;
+    td_backend *be;
+    td_topo *topo;
+    size_t sizes[16], avail;
+    int n_sizes, fit, n_res;
+    result *res;
+    double triad, stream;
+} adam_bench;
+
+/* -1 to go on, else the exit code. */
+static int adam_options(adam_bench *ab, int argc, char **argv)
 {
-    double max_params = 1e9, min_s = 1.0;
-    int json = 0, threads = 0, no_bind = 0;
-    const char *check_dir = NULL, *max_text = NULL, *isa_text = "auto", *states_text = "all";
-    int states[TD_OPTIM_STATE_COUNT], n_states = 0;
-    td_optim_isa isa = TD_OPTIM_ISA_AUTO;
+    const char *max_text = NULL, *isa_text = "auto", *states_text = "all";
     td_opt table[] = {
         {"max-params", TD_OPT_STRING, &max_text, "N", "largest size (default 1G; k/M/G are powers of 1000); sizes that do\n"
                                                       "not fit in available memory (16 bytes/param) are skipped and reported", 0},
-        {"threads", TD_OPT_INT, &threads, "T", "optimizer threads (default: all cores)", 0},
-        {"no-bind", TD_OPT_FLAG, &no_bind, NULL, "do not bind thread i to core i (hwloc), as training does", 0},
+        {"threads", TD_OPT_INT, &ab->threads, "T", "optimizer threads (default: all cores)", 0},
+        {"no-bind", TD_OPT_FLAG, &ab->no_bind, NULL, "do not bind thread i to core i (hwloc), as training does", 0},
         {"isa", TD_OPT_STRING, &isa_text, "ISA", "auto (default), scalar, avx2, avx512", 0},
         {"optim-state", TD_OPT_STRING, &states_text, "LIST", "AdamW state types to time: all (default) or a comma list of\n"
                                                               "fp32, bf16, int8", 0},
-        {"min-seconds", TD_OPT_DOUBLE, &min_s, "S", "time per figure (default 1.0; at least 5 steps, median reported)", 0},
-        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object on stdout", 0},
-        {"check-dir", TD_OPT_STRING, &check_dir, "DIR", "run the torch-oracle replay in DIR (tests/gpu/adam_torch_check.py)", 0},
+        {"min-seconds", TD_OPT_DOUBLE, &ab->min_s, "S", "time per figure (default 1.0; at least 5 steps, median reported)", 0},
+        {"json", TD_OPT_FLAG, &ab->json, NULL, "one JSON object on stdout", 0},
+        {"check-dir", TD_OPT_STRING, &ab->check_dir, "DIR", "run the torch-oracle replay in DIR (tests/gpu/adam_torch_check.py)", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "bench adam",
@@ -333,131 +345,136 @@ int td_bench_adam_main(int argc, char **argv)
                           "fraction_of_bound = those GB/s / a reference pass's GB/s over the same buffers in\n"
                           "the same run (4 fp32 arrays read, 3 written: the DRAM bound).");
     if (rc >= 0) return rc;
-    rc = 1;
-    int bind = !no_bind;
     td_status st = TD_OK;
-    if (max_text && parse_count(max_text, &max_params))
+    if (max_text && parse_count(max_text, &ab->max_params))
         st = td_error_set(TD_ERR_INVALID, "--max-params '%s': a count such as 200M or 1e9", max_text);
-    else if (td_args_find(table, "threads")->seen && (threads < 1 || threads > 4096))
-        st = td_error_set(TD_ERR_INVALID, "--threads %d: use 1 to 4096", threads);
-    else if (td_optim_isa_parse(isa_text, &isa))
+    else if (td_args_find(table, "threads")->seen && (ab->threads < 1 || ab->threads > 4096))
+        st = td_error_set(TD_ERR_INVALID, "--threads %d: use 1 to 4096", ab->threads);
+    else if (td_optim_isa_parse(isa_text, &ab->isa))
         st = td_error_prefix(TD_ERR_INVALID, "--isa: ");
-    else if (parse_states(states_text, states, &n_states))
+    else if (parse_states(states_text, ab->states, &ab->n_states))
         st = TD_ERR_INVALID;
-    else if (!(min_s >= 0 && min_s < 3600))
-        st = td_error_set(TD_ERR_INVALID, "--min-seconds %g: use 0 to 3600", min_s);
-    if (st) {
-        fprintf(stderr, "tidal bench adam: %s\n(tidal bench adam --help lists the options)\n", td_error_msg());
-        td_args_free();
-        return 2;
-    }
+    else if (!(ab->min_s >= 0 && ab->min_s < 3600))
+        st = td_error_set(TD_ERR_INVALID, "--min-seconds %g: use 0 to 3600", ab->min_s);
+    if (!st) return -1;
+    fprintf(stderr, "tidal bench adam: %s\n(tidal bench adam --help lists the options)\n", td_error_msg());
+    td_args_free();
+    return 2;
+}
 
-    td_adam_cpu *cpu = NULL;
-    td_backend *be = NULL;
-    td_topo *topo = NULL;
-    cJSON *out = NULL;
-    result *res = NULL;
-    int n_res = 0;
+/* The AdamW team, bound to the cores unless --no-bind (the cpu backend's
+ * placement over the whole machine: no GPU touched). */
+static td_status adam_setup(adam_bench *ab)
+{
+    td_status st = TD_OK;
     td_adam_cpu_params cp = td_adam_cpu_default_params();
-    cp.threads = threads;
-    cp.isa = isa;
-    if (bind) { /* the cpu backend: placement over the whole machine, no GPU touched */
+    cp.threads = ab->threads;
+    cp.isa = ab->isa;
+    if (!ab->no_bind) {
         td_backend_params bp = td_backend_default_params();
         bp.kind = TD_BACKEND_CPU;
-        TD_TRY(td_backend_create(&bp, &be));
-        TD_TRY(td_topo_create(be, &topo));
-        cp.topo = topo;
+        TD_TRY(td_backend_create(&bp, &ab->be));
+        TD_TRY(td_topo_create(ab->be, &ab->topo));
+        cp.topo = ab->topo;
     }
-    TD_TRY(td_adam_cpu_create(&cp, &cpu));
-    if (check_dir) {
-        TD_TRY(td_adam_check_run(cpu, check_dir));
-        rc = 0;
-        goto cleanup;
-    }
+    TD_TRY(td_adam_cpu_create(&cp, &ab->cpu));
+cleanup:
+    return st;
+}
 
-    size_t sizes[16];
-    int n_sizes = 0;
+/* Every size that fits 16 bytes a param in nine tenths of the available
+ * memory, each path and state type; the stream triad first. */
+static td_status adam_measure(adam_bench *ab)
+{
+    td_status st = TD_OK;
     for (size_t i = 0; i < sizeof default_sizes / sizeof *default_sizes; i++)
-        if (default_sizes[i] <= max_params) sizes[n_sizes++] = (size_t)default_sizes[i];
-    if (n_sizes == 0 || (double)sizes[n_sizes - 1] < max_params) sizes[n_sizes++] = (size_t)max_params;
-    size_t avail = mem_available_bytes(), fit = 0;
-    /* 16 bytes/param of buffers; leave a tenth of what is free to the rest of the machine. */
-    while (fit < (size_t)n_sizes && (avail == 0 || 16.0 * (double)sizes[fit] <= 0.9 * (double)avail)) fit++;
-
-    fprintf(stderr, "bench adam: %d threads%s, %s kernels, %zu MiB available; %s\n", td_adam_cpu_threads(cpu),
-            topo ? " bound to cores" : "", td_optim_isa_name(td_adam_cpu_isa(cpu)), avail >> 20,
-            topo ? td_topo_describe(topo) : "no binding");
-    double triad = 0;
-    TD_TRY(stream_triad(cpu, &triad));
-    fprintf(stderr, "  stream triad %.2f GB/s (3 arrays counted)\n", triad);
-    res = calloc((size_t)n_sizes * 2 * (size_t)n_states, sizeof *res);
-    if (!res) TD_FAIL(TD_ERR_NOMEM, "out of memory");
-    for (size_t s = 0; s < fit; s++) {
-        TD_TRY(bench_size(cpu, sizes[s], min_s, states, n_states, res + n_res));
-        for (int k = 0; k < 2 * n_states; k++, n_res++)
-            fprintf(stderr,
-                    "  %-5s %-4s %10zu params  %5.2f B/param  %6.3f Gparams/s  %7.2f GB/s  stream %7.2f GB/s  "
-                    "%.3f of bound\n",
-                    res[n_res].path, td_optim_state_name(res[n_res].state), sizes[s], res[n_res].bytes_per_param,
-                    res[n_res].gparams_per_s, res[n_res].gbytes_per_s, res[n_res].stream_gbytes_per_s,
-                    res[n_res].fraction);
-    }
-    for (size_t s = fit; s < (size_t)n_sizes; s++)
-        fprintf(stderr, "  skipped %zu params: needs %.1f GiB, %.1f GiB available\n", sizes[s],
-                16.0 * (double)sizes[s] / (double)TD_GiB, (double)avail / (double)TD_GiB);
-
-    /* The headline bandwidth: the reference pass at the largest size (DRAM). */
-    double stream = n_res ? res[n_res - 1].stream_gbytes_per_s : 0;
-    if (json) {
-        out = cJSON_CreateObject();
-        cJSON_AddNumberToObject(out, "stream_gbytes_per_s", stream);
-        cJSON_AddStringToObject(out, "stream_kernel",
-                                "a+=0*d, b+=0*d, c+=0*d over the fp32 path's buffers at the largest size: "
-                                "4 arrays read, 3 written, 28 bytes/elem, median, interleaved with the AdamW steps");
-        cJSON_AddNumberToObject(out, "stream_triad_gbytes_per_s", triad);
-        cJSON_AddStringToObject(out, "isa", td_optim_isa_name(td_adam_cpu_isa(cpu)));
-        cJSON_AddBoolToObject(out, "threads_bound_to_cores", topo != NULL);
-        cJSON_AddStringToObject(out, "host_memory", topo ? td_topo_describe(topo) : "");
-        cJSON_AddNumberToObject(out, "bytes_per_param_fp32", 28.0); /* with fp32 state; per row: bytes_per_param */
-        cJSON_AddNumberToObject(out, "bytes_per_param_mixed", 28.0);
-        cJSON *arr = cJSON_AddArrayToObject(out, "results");
-        for (int i = 0; i < n_res; i++) {
-            cJSON *r = cJSON_CreateObject();
-            cJSON_AddStringToObject(r, "path", res[i].path);
-            cJSON_AddStringToObject(r, "state", td_optim_state_name(res[i].state));
-            cJSON_AddNumberToObject(r, "bytes_per_param", res[i].bytes_per_param);
-            cJSON_AddNumberToObject(r, "params", res[i].params);
-            cJSON_AddNumberToObject(r, "threads", res[i].threads);
-            cJSON_AddNumberToObject(r, "gparams_per_s", res[i].gparams_per_s);
-            cJSON_AddNumberToObject(r, "gbytes_per_s", res[i].gbytes_per_s);
-            cJSON_AddNumberToObject(r, "stream_gbytes_per_s", res[i].stream_gbytes_per_s);
-            cJSON_AddNumberToObject(r, "fraction_of_bound", res[i].fraction);
-            cJSON_AddItemToArray(arr, r);
+        if (default_sizes[i] <= ab->max_params) ab->sizes[ab->n_sizes++] = (size_t)default_sizes[i];
+    if (ab->n_sizes == 0 || (double)ab->sizes[ab->n_sizes - 1] < ab->max_params) ab->sizes[ab->n_sizes++] = (size_t)ab->max_params;
+    ab->avail = mem_available_bytes();
+    while (ab->fit < ab->n_sizes && (ab->avail == 0 || 16.0 * (double)ab->sizes[ab->fit] <= 0.9 * (double)ab->avail))
+        ab->fit++;
+    fprintf(stderr, "bench adam: %d threads%s, %s kernels, %zu MiB available; %s\n", td_adam_cpu_threads(ab->cpu),
+            ab->topo ? " bound to cores" : "", td_optim_isa_name(td_adam_cpu_isa(ab->cpu)), ab->avail >> 20,
+            ab->topo ? td_topo_describe(ab->topo) : "no binding");
+    TD_TRY(stream_triad(ab->cpu, &ab->triad));
+    fprintf(stderr, "  stream triad %.2f GB/s (3 arrays counted)\n", ab->triad);
+    ab->res = calloc((size_t)ab->n_sizes * 2 * (size_t)ab->n_states, sizeof *ab->res);
+    if (!ab->res) TD_FAIL(TD_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < ab->fit; s++) {
+        TD_TRY(bench_size(ab->cpu, ab->sizes[s], ab->min_s, ab->states, ab->n_states, ab->res + ab->n_res));
+        for (int k = 0; k < 2 * ab->n_states; k++, ab->n_res++) {
+            const result *r = &ab->res[ab->n_res];
+            fprintf(stderr, "  %-5s %-4s %10zu params  %5.2f B/param  %6.3f Gparams/s  %7.2f GB/s  stream %7.2f GB/s  "
+                    "%.3f of bound\n", r->path, td_optim_state_name(r->state), ab->sizes[s], r->bytes_per_param,
+                    r->gparams_per_s, r->gbytes_per_s, r->stream_gbytes_per_s, r->fraction);
         }
-        cJSON *skipped = cJSON_AddArrayToObject(out, "skipped_params");
-        for (size_t s = fit; s < (size_t)n_sizes; s++) cJSON_AddItemToArray(skipped, cJSON_CreateNumber((double)sizes[s]));
-        char *text = cJSON_Print(out);
-        if (!text) TD_FAIL(TD_ERR_NOMEM, "out of memory printing JSON");
-        printf("%s\n", text);
-        cJSON_free(text);
-    } else {
-        printf("stream: %.2f GB/s (AdamW's access pattern, largest size); triad %.2f GB/s; %d threads, %s\n", stream,
-               triad, td_adam_cpu_threads(cpu), td_optim_isa_name(td_adam_cpu_isa(cpu)));
+    }
+    for (int s = ab->fit; s < ab->n_sizes; s++)
+        fprintf(stderr, "  skipped %zu params: needs %.1f GiB, %.1f GiB available\n", ab->sizes[s],
+                16.0 * (double)ab->sizes[s] / (double)TD_GiB, (double)ab->avail / (double)TD_GiB);
+    /* The headline bandwidth: the reference pass at the largest size (DRAM). */
+    ab->stream = ab->n_res ? ab->res[ab->n_res - 1].stream_gbytes_per_s : 0;
+cleanup:
+    return st;
+}
+
+static td_status adam_report(const adam_bench *ab)
+{
+    const result *res = ab->res;
+    if (!ab->json) {
+        printf("stream: %.2f GB/s (AdamW's access pattern, largest size); triad %.2f GB/s; %d threads, %s\n", ab->stream,
+               ab->triad, td_adam_cpu_threads(ab->cpu), td_optim_isa_name(td_adam_cpu_isa(ab->cpu)));
         printf("%-6s %-5s %12s %8s %12s %10s %12s %10s\n", "path", "state", "params", "B/param", "Gparams/s", "GB/s",
                "stream GB/s", "of bound");
-        for (int i = 0; i < n_res; i++)
+        for (int i = 0; i < ab->n_res; i++)
             printf("%-6s %-5s %12.0f %8.2f %12.3f %10.2f %12.2f %10.3f\n", res[i].path, td_optim_state_name(res[i].state),
                    res[i].params, res[i].bytes_per_param, res[i].gparams_per_s, res[i].gbytes_per_s,
                    res[i].stream_gbytes_per_s, res[i].fraction);
+        return TD_OK;
     }
-    rc = 0;
-cleanup:
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "stream_gbytes_per_s", ab->stream);
+    cJSON_AddStringToObject(out, "stream_kernel",
+                            "a+=0*d, b+=0*d, c+=0*d over the fp32 path's buffers at the largest size: "
+                            "4 arrays read, 3 written, 28 bytes/elem, median, interleaved with the AdamW steps");
+    cJSON_AddNumberToObject(out, "stream_triad_gbytes_per_s", ab->triad);
+    cJSON_AddStringToObject(out, "isa", td_optim_isa_name(td_adam_cpu_isa(ab->cpu)));
+    cJSON_AddBoolToObject(out, "threads_bound_to_cores", ab->topo != NULL);
+    cJSON_AddStringToObject(out, "host_memory", ab->topo ? td_topo_describe(ab->topo) : "");
+    cJSON_AddNumberToObject(out, "bytes_per_param_fp32", 28.0); /* with fp32 state; per row: bytes_per_param */
+    cJSON_AddNumberToObject(out, "bytes_per_param_mixed", 28.0);
+    cJSON *arr = cJSON_AddArrayToObject(out, "results");
+    for (int i = 0; i < ab->n_res; i++) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "path", res[i].path);
+        cJSON_AddStringToObject(r, "state", td_optim_state_name(res[i].state));
+        cJSON_AddNumberToObject(r, "bytes_per_param", res[i].bytes_per_param);
+        cJSON_AddNumberToObject(r, "params", res[i].params);
+        cJSON_AddNumberToObject(r, "threads", res[i].threads);
+        cJSON_AddNumberToObject(r, "gparams_per_s", res[i].gparams_per_s);
+        cJSON_AddNumberToObject(r, "gbytes_per_s", res[i].gbytes_per_s);
+        cJSON_AddNumberToObject(r, "stream_gbytes_per_s", res[i].stream_gbytes_per_s);
+        cJSON_AddNumberToObject(r, "fraction_of_bound", res[i].fraction);
+        cJSON_AddItemToArray(arr, r);
+    }
+    cJSON *skipped = cJSON_AddArrayToObject(out, "skipped_params");
+    for (int s = ab->fit; s < ab->n_sizes; s++) cJSON_AddItemToArray(skipped, cJSON_CreateNumber((double)ab->sizes[s]));
+    return td_cli_print_json(out);
+}
+
+int td_bench_adam_main(int argc, char **argv)
+{
+    adam_bench ab = { .max_params = 1e9, .min_s = 1.0, .isa = TD_OPTIM_ISA_AUTO };
+    int rc = adam_options(&ab, argc, argv);
+    if (rc >= 0) return rc;
+    td_status st = adam_setup(&ab);
+    if (!st && ab.check_dir) st = td_adam_check_run(ab.cpu, ab.check_dir);
+    else if (!st && !(st = adam_measure(&ab))) st = adam_report(&ab);
     if (st) fprintf(stderr, "tidal bench adam: %s\n", td_error_msg());
-    cJSON_Delete(out);
-    free(res);
-    td_adam_cpu_destroy(cpu);
-    td_topo_destroy(topo);
-    td_backend_free(be);
+    free(ab.res);
+    td_adam_cpu_destroy(ab.cpu);
+    td_topo_destroy(ab.topo);
+    td_backend_free(ab.be);
     td_args_free();
-    return rc;
+    return st ? 1 : 0;
 }

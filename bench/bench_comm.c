@@ -192,6 +192,85 @@ static const char usage[] =
     "times all_reduce, all_gather and reduce_scatter in bf16.  Run it under a launcher\n"
     "(torchrun --no-python --nproc-per-node 2 tidal bench comm; mpirun; srun) or with --nproc.";
 
+/* The job joined: the backend, the communicator (its settings agreed by
+ * every rank: ranks timing different sizes would call different
+ * collectives), the device and host buffers. */
+static td_status comm_setup(bench *B, td_dist_env *env, const char *backend, const char *comm_kind,
+                            td_comm_params *cp, size_t *max_bytes, int max_given)
+{
+    td_status st;
+    td_backend_params bp = td_backend_default_params();
+    if ((st = td_dist_env_read(env)) || (st = td_backend_kind_parse(backend, &bp.kind)) ||
+        (st = td_comm_kind_parse(comm_kind, &cp->kind)))
+        return st;
+    bp.cuda_device = env->local_rank;
+    if ((st = td_backend_create(&bp, &B->b)) || (st = td_comm_create(env, B->b, cp, &B->comm))) return st;
+    B->rank = env->rank;
+    B->size = env->size;
+    B->nccl = !strcmp(td_comm_name(B->comm), "nccl");
+    if (!max_given) *max_bytes = td_backend_get_kind(B->b) == TD_BACKEND_CUDA ? 256 * TD_MiB : 16 * TD_MiB;
+    char mb[32];
+    snprintf(mb, sizeof mb, "%zu", *max_bytes);
+    td_dist_setting agree[] = {{"--backend", td_backend_name(B->b)}, {"--comm", td_comm_name(B->comm)},
+                               {"--max-bytes", mb}};
+    if ((st = td_comm_agree(B->comm, agree, sizeof agree / sizeof agree[0]))) return st;
+    size_t check_bytes = (size_t)B->size * ((1 << 18) + 3) * 4; /* the largest check's buffer */
+    size_t dev_bytes = (*max_bytes > check_bytes ? *max_bytes : check_bytes) + (size_t)B->size * 4;
+    dev_bytes = td_align_up(dev_bytes, TD_ARENA_ALIGN);
+    if ((st = td_arena_create(B->b, 2 * dev_bytes + 2 * TD_ARENA_ALIGN + td_align_up(16 * (size_t)B->size, TD_ARENA_ALIGN),
+                              &B->arena)) ||
+        (st = td_arena_alloc(B->arena, dev_bytes, TD_ROLE_COMM, &B->dsend)) ||
+        (st = td_arena_alloc(B->arena, dev_bytes, TD_ROLE_COMM, &B->drecv)) ||
+        (st = td_arena_alloc(B->arena, 16 * (size_t)B->size, TD_ROLE_COMM, &B->dhash)))
+        return st;
+    B->hsend = td_malloc(check_bytes, TD_ROLE_STAGING);
+    B->hrecv = td_malloc(check_bytes, TD_ROLE_STAGING);
+    B->hashes = td_malloc(8 * (size_t)B->size, TD_ROLE_STAGING);
+    return B->hsend && B->hrecv && B->hashes ? TD_OK : TD_ERR_NOMEM;
+}
+
+/* Every collective checked against the serial reference; *failed when any
+ * rank saw a mismatch (every rank learns it). */
+static td_status comm_checks(bench *B, int *failed)
+{
+    td_status st;
+    if ((st = run_checks(B))) return st;
+    float mine = (float)B->failures, worst = 0;
+    memcpy(B->hsend, &mine, 4);
+    if ((st = copy_sync(B, B->dhash, B->hsend, 4)) ||
+        (st = td_comm_all_reduce(B->comm, B->dhash, B->dhash, 1, TD_DTYPE_F32, TD_REDUCE_MAX, TD_QUEUE_COMPUTE)) ||
+        (st = copy_sync(B, &worst, B->dhash, 4)))
+        return st;
+    if (B->rank == 0)
+        printf("checks: %ld collectives x counts x dtypes against the serial reference: %s\n", B->checks,
+               worst == 0 ? "all match, the same bits on every rank" : "MISMATCH (see above)");
+    *failed = worst != 0;
+    return TD_OK;
+}
+
+/* all_reduce, all_gather and reduce_scatter timed from 1 MiB up to max_bytes. */
+static td_status comm_timings(bench *B, size_t max_bytes)
+{
+    if (max_bytes < 2 * (size_t)B->size) return TD_OK;
+    if (B->rank == 0)
+        printf("%12s  %22s  %22s  %22s\n%12s  %10s %11s  %10s %11s  %10s %11s\n", "bytes", "all_reduce (bf16)",
+               "all_gather", "reduce_scatter", "", "algbw GB/s", "busbw GB/s", "algbw GB/s", "busbw GB/s",
+               "algbw GB/s", "busbw GB/s");
+    for (size_t bytes = TD_MiB < max_bytes ? TD_MiB : max_bytes; bytes <= max_bytes; bytes *= 2) {
+        size_t aligned = bytes / (2 * (size_t)B->size) * (2 * (size_t)B->size);
+        double alg[3], bus[3];
+        for (int w = 0; w < 3; w++) {
+            td_status st = time_one(B, w, aligned, &alg[w], &bus[w]);
+            if (st) return st;
+        }
+        char s[32];
+        if (B->rank == 0)
+            printf("%12s  %10.2f %11.2f  %10.2f %11.2f  %10.2f %11.2f\n", td_format_bytes(aligned, s, sizeof s), alg[0],
+                   bus[0], alg[1], bus[1], alg[2], bus[2]);
+    }
+    return TD_OK;
+}
+
 int td_bench_comm_main(int argc, char **argv)
 {
     int nproc = 0, rc;
@@ -210,8 +289,6 @@ int td_bench_comm_main(int argc, char **argv)
     };
     rc = td_args_main(table, argc, argv, "bench comm", usage);
     if (rc >= 0) return rc;
-    rc = 1;
-    td_status st = TD_OK;
     if (table[0].seen && getenv("WORLD_SIZE")) {
         fprintf(stderr, "tidal bench comm: --nproc starts its own ranks, but this process already is rank %s of a "
                 "job of %s (torchrun, or --nproc in a --config); drop --nproc\n", getenv("RANK") ? getenv("RANK") : "?",
@@ -225,9 +302,6 @@ int td_bench_comm_main(int argc, char **argv)
         td_args_free();
         return rc;
     }
-    bench B = {0};
-    td_dist_env env = {0};
-    td_backend_params bp = td_backend_default_params();
     if (!(timeout_s > 0 && timeout_s <= 86400)) {
         fprintf(stderr, "tidal bench comm: --comm-timeout %g: give seconds in (0, 86400]\n", timeout_s);
         td_args_free();
@@ -235,66 +309,16 @@ int td_bench_comm_main(int argc, char **argv)
     }
     cp.timeout_ms = (int)(timeout_s * 1000.0 + 0.5);
     if (cp.timeout_ms < 1) cp.timeout_ms = 1;
-    if ((st = td_dist_env_read(&env))) goto cleanup;
-    if ((st = td_backend_kind_parse(backend, &bp.kind))) goto cleanup;
-    if ((st = td_comm_kind_parse(comm_kind, &cp.kind))) goto cleanup;
-    bp.cuda_device = env.local_rank;
-    if ((st = td_backend_create(&bp, &B.b))) goto cleanup;
-    if ((st = td_comm_create(&env, B.b, &cp, &B.comm))) goto cleanup;
-    B.rank = env.rank;
-    B.size = env.size;
-    B.nccl = !strcmp(td_comm_name(B.comm), "nccl");
-    int cuda = td_backend_get_kind(B.b) == TD_BACKEND_CUDA;
-    if (!td_args_find(table, "max-bytes")->seen) max_bytes = cuda ? 256 * TD_MiB : 16 * TD_MiB;
-    {
-        /* ranks timing different sizes would call different collectives: refuse at start, naming the flag */
-        char mb[32];
-        snprintf(mb, sizeof mb, "%zu", max_bytes);
-        td_dist_setting agree[] = {{"--backend", td_backend_name(B.b)}, {"--comm", td_comm_name(B.comm)},
-                                   {"--max-bytes", mb}};
-        if ((st = td_comm_agree(B.comm, agree, sizeof agree / sizeof agree[0]))) goto cleanup;
-    }
-    size_t check_bytes = (size_t)B.size * ((1 << 18) + 3) * 4; /* the largest check's buffer */
-    size_t dev_bytes = (max_bytes > check_bytes ? max_bytes : check_bytes) + (size_t)B.size * 4;
-    dev_bytes = td_align_up(dev_bytes, TD_ARENA_ALIGN);
-    if ((st = td_arena_create(B.b, 2 * dev_bytes + 2 * TD_ARENA_ALIGN + td_align_up(16 * (size_t)B.size, TD_ARENA_ALIGN), &B.arena))) goto cleanup;
-    if ((st = td_arena_alloc(B.arena, dev_bytes, TD_ROLE_COMM, &B.dsend))) goto cleanup;
-    if ((st = td_arena_alloc(B.arena, dev_bytes, TD_ROLE_COMM, &B.drecv))) goto cleanup;
-    if ((st = td_arena_alloc(B.arena, 16 * (size_t)B.size, TD_ROLE_COMM, &B.dhash))) goto cleanup;
-    B.hsend = td_malloc(check_bytes, TD_ROLE_STAGING);
-    B.hrecv = td_malloc(check_bytes, TD_ROLE_STAGING);
-    B.hashes = td_malloc(8 * (size_t)B.size, TD_ROLE_STAGING);
-    if (!B.hsend || !B.hrecv || !B.hashes) { st = TD_ERR_NOMEM; goto cleanup; }
-    if (B.rank == 0)
+    bench B = {0};
+    td_dist_env env = {0};
+    int failed = 0;
+    td_status st = comm_setup(&B, &env, backend, comm_kind, &cp, &max_bytes, td_args_find(table, "max-bytes")->seen);
+    if (!st && B.rank == 0)
         printf("tidal bench comm: %d ranks (%s), %s communicator, %s\n", B.size, env.launcher, td_comm_name(B.comm),
                td_backend_describe(B.b));
-    if ((st = run_checks(&B))) goto cleanup;
-    /* every rank learns whether any rank saw a mismatch */
-    float mine = (float)B.failures, worst = 0;
-    memcpy(B.hsend, &mine, 4);
-    if ((st = copy_sync(&B, B.dhash, B.hsend, 4))) goto cleanup;
-    if ((st = td_comm_all_reduce(B.comm, B.dhash, B.dhash, 1, TD_DTYPE_F32, TD_REDUCE_MAX, TD_QUEUE_COMPUTE))) goto cleanup;
-    if ((st = copy_sync(&B, &worst, B.dhash, 4))) goto cleanup;
-    if (B.rank == 0)
-        printf("checks: %ld collectives x counts x dtypes against the serial reference: %s\n", B.checks,
-               worst == 0 ? "all match, the same bits on every rank" : "MISMATCH (see above)");
-    if (max_bytes >= 2 * (size_t)B.size && B.rank == 0)
-        printf("%12s  %22s  %22s  %22s\n%12s  %10s %11s  %10s %11s  %10s %11s\n", "bytes", "all_reduce (bf16)",
-               "all_gather", "reduce_scatter", "", "algbw GB/s", "busbw GB/s", "algbw GB/s", "busbw GB/s",
-               "algbw GB/s", "busbw GB/s");
-    for (size_t bytes = TD_MiB < max_bytes ? TD_MiB : max_bytes; max_bytes >= 2 * (size_t)B.size && bytes <= max_bytes; bytes *= 2) {
-        size_t aligned = bytes / (2 * (size_t)B.size) * (2 * (size_t)B.size);
-        double alg[3], bus[3];
-        for (int w = 0; w < 3; w++)
-            if ((st = time_one(&B, w, aligned, &alg[w], &bus[w]))) goto cleanup;
-        char s[32];
-        if (B.rank == 0)
-            printf("%12s  %10.2f %11.2f  %10.2f %11.2f  %10.2f %11.2f\n", td_format_bytes(aligned, s, sizeof s), alg[0],
-                   bus[0], alg[1], bus[1], alg[2], bus[2]);
-    }
+    if (!st) st = comm_checks(&B, &failed);
+    if (!st) st = comm_timings(&B, max_bytes);
     fflush(stdout);
-    rc = worst == 0 ? 0 : 1;
-cleanup:
     if (st) fprintf(stderr, "tidal bench comm (rank %d): %s\n", env.rank, td_error_msg());
     td_free(B.hsend);
     td_free(B.hrecv);
@@ -303,5 +327,5 @@ cleanup:
     td_arena_destroy(B.arena);
     td_backend_free(B.b);
     td_args_free();
-    return rc;
+    return st || failed ? 1 : 0;
 }

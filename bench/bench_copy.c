@@ -32,18 +32,32 @@ static td_status engine_ms(td_copy_engine *eng, raw_mode mode, const buffers *b,
     return TD_OK;
 }
 
-int td_bench_copy_main(int argc, char **argv)
+/* One run of the benchmark: its options, what it set up, what it measured. */
+typedef struct copy_bench {
+    size_t bytes, chunk;
+    int iters, json, cuda;
+    td_backend_params bp;
+    td_backend *be;
+    td_topo *topo;
+    td_hostpool *pool;
+    td_arena *arena;
+    td_copy_engine *eng;
+    buffers buf;
+    double raw_gbs[3], eng_gbs[3];
+} copy_bench;
+
+static const char *const direction_names[] = {"h2d", "d2h", "both"};
+
+/* -1 to go on, else the exit code. */
+static int copy_options(copy_bench *cb, int argc, char **argv)
 {
-    size_t bytes = 0, chunk = 64 * TD_MiB;
-    int iters = 10, json = 0;
     const char *backend = "auto";
-    td_backend_params bp = td_backend_default_params();
     td_opt table[] = {
-        {"bytes", TD_OPT_SIZE, &bytes, "SIZE", "bytes per transfer (default 1GiB on cuda, 256MiB on cpu)", 0},
-        {"chunk", TD_OPT_SIZE, &chunk, "SIZE", "the engine's piece size (default 64MiB)", 0},
-        {"iters", TD_OPT_INT, &iters, "N", "timed transfers per figure, median reported (default 10)", 0},
+        {"bytes", TD_OPT_SIZE, &cb->bytes, "SIZE", "bytes per transfer (default 1GiB on cuda, 256MiB on cpu)", 0},
+        {"chunk", TD_OPT_SIZE, &cb->chunk, "SIZE", "the engine's piece size (default 64MiB)", 0},
+        {"iters", TD_OPT_INT, &cb->iters, "N", "timed transfers per figure, median reported (default 10)", 0},
         {"backend", TD_OPT_STRING, &backend, "B", "auto (default), cpu or cuda", 0},
-        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object on stdout instead of the table", 0},
+        {"json", TD_OPT_FLAG, &cb->json, NULL, "one JSON object on stdout instead of the table", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "bench copy",
@@ -51,124 +65,135 @@ int td_bench_copy_main(int argc, char **argv)
                           "Measures H2D, D2H and both directions at once through tidal's copy engine and\n"
                           "through raw copies on the same pinned buffers, and prints GB/s (1e9 bytes/s).");
     if (rc >= 0) return rc;
-    rc = 1;
     td_status st = TD_OK;
-    if (td_args_find(table, "bytes")->seen && !bytes) st = td_error_set(TD_ERR_INVALID, "--bytes must be positive");
-    else if (!chunk) st = td_error_set(TD_ERR_INVALID, "--chunk must be positive");
-    else if (iters < 1 || iters > 100000) st = td_error_set(TD_ERR_INVALID, "--iters %d: use 1 to 100000", iters);
-    else if (td_backend_kind_parse(backend, &bp.kind)) st = td_error_prefix(TD_ERR_INVALID, "--backend: ");
+    if (td_args_find(table, "bytes")->seen && !cb->bytes) st = td_error_set(TD_ERR_INVALID, "--bytes must be positive");
+    else if (!cb->chunk) st = td_error_set(TD_ERR_INVALID, "--chunk must be positive");
+    else if (cb->iters < 1 || cb->iters > 100000) st = td_error_set(TD_ERR_INVALID, "--iters %d: use 1 to 100000", cb->iters);
+    else if (td_backend_kind_parse(backend, &cb->bp.kind)) st = td_error_prefix(TD_ERR_INVALID, "--backend: ");
     td_args_free();
-    if (st) {
-        fprintf(stderr, "tidal bench copy: %s\n(tidal bench copy --help lists the options)\n", td_error_msg());
-        return 2;
-    }
+    if (!st) return -1;
+    fprintf(stderr, "tidal bench copy: %s\n(tidal bench copy --help lists the options)\n", td_error_msg());
+    return 2;
+}
 
-    td_backend *be = NULL;
-    td_topo *topo = NULL;
-    td_hostpool *pool = NULL;
-    td_arena *arena = NULL;
-    td_copy_engine *eng = NULL;
-    buffers buf = {0};
-    double *samples = NULL;
-    cJSON *out = NULL;
-
-    if (!bytes && bp.kind != TD_BACKEND_CPU) bytes = TD_GiB;
-    if (bp.kind == TD_BACKEND_CPU || !td_backend_cuda_compiled()) {
-        if (!bytes) bytes = 256 * TD_MiB;
-        if (bp.cpu_device_bytes < 2 * bytes + TD_MiB) bp.cpu_device_bytes = 2 * bytes + TD_MiB;
+/* The backend, the pinned and device buffers (twice the transfer each side)
+ * and the engine. */
+static td_status copy_setup(copy_bench *cb)
+{
+    td_status st = TD_OK;
+    td_backend_params *bp = &cb->bp;
+    if (!cb->bytes && bp->kind != TD_BACKEND_CPU) cb->bytes = TD_GiB;
+    if (bp->kind == TD_BACKEND_CPU || !td_backend_cuda_compiled()) {
+        if (!cb->bytes) cb->bytes = 256 * TD_MiB;
+        if (bp->cpu_device_bytes < 2 * cb->bytes + TD_MiB) bp->cpu_device_bytes = 2 * cb->bytes + TD_MiB;
     }
-    TD_TRY(td_backend_create(&bp, &be));
-    int cuda = td_backend_get_kind(be) == TD_BACKEND_CUDA;
-    if (!bytes) bytes = cuda ? TD_GiB : 256 * TD_MiB;
-    buf.bytes = bytes;
-    TD_TRY(td_topo_create(be, &topo));
-    TD_TRY(td_hostpool_create(be, topo, NULL, &pool));
-    TD_TRY(td_hostpool_alloc(pool, bytes, TD_ROLE_STAGING, &buf.host_src));
-    TD_TRY(td_hostpool_alloc(pool, bytes, TD_ROLE_STAGING, &buf.host_dst));
-    TD_TRY(td_arena_create(be, 2 * td_align_up(bytes, TD_ARENA_ALIGN), &arena));
-    TD_TRY(td_arena_alloc(arena, bytes, TD_ROLE_CHUNK, &buf.dev_a));
-    TD_TRY(td_arena_alloc(arena, bytes, TD_ROLE_CHUNK, &buf.dev_b));
+    TD_TRY(td_backend_create(bp, &cb->be));
+    cb->cuda = td_backend_get_kind(cb->be) == TD_BACKEND_CUDA;
+    if (!cb->bytes) cb->bytes = cb->cuda ? TD_GiB : 256 * TD_MiB;
+    size_t bytes = cb->buf.bytes = cb->bytes;
+    TD_TRY(td_topo_create(cb->be, &cb->topo));
+    TD_TRY(td_hostpool_create(cb->be, cb->topo, NULL, &cb->pool));
+    TD_TRY(td_hostpool_alloc(cb->pool, bytes, TD_ROLE_STAGING, &cb->buf.host_src));
+    TD_TRY(td_hostpool_alloc(cb->pool, bytes, TD_ROLE_STAGING, &cb->buf.host_dst));
+    TD_TRY(td_arena_create(cb->be, 2 * td_align_up(bytes, TD_ARENA_ALIGN), &cb->arena));
+    TD_TRY(td_arena_alloc(cb->arena, bytes, TD_ROLE_CHUNK, &cb->buf.dev_a));
+    TD_TRY(td_arena_alloc(cb->arena, bytes, TD_ROLE_CHUNK, &cb->buf.dev_b));
     td_copy_params cp = td_copy_default_params();
-    cp.chunk_bytes = chunk;
-    TD_TRY(td_copy_engine_create(be, &cp, &eng));
-    for (size_t i = 0; i < bytes; i += 4096) ((unsigned char *)buf.host_src)[i] = (unsigned char)(i / 4096 * 131);
-    memset(buf.host_dst, 0, bytes);
+    cp.chunk_bytes = cb->chunk;
+    TD_TRY(td_copy_engine_create(cb->be, &cp, &cb->eng));
+    for (size_t i = 0; i < bytes; i += 4096) ((unsigned char *)cb->buf.host_src)[i] = (unsigned char)(i / 4096 * 131);
+    memset(cb->buf.host_dst, 0, bytes);
+cleanup:
+    return st;
+}
 
-    char sz[32], ck[32];
-    td_format_bytes(bytes, sz, sizeof sz);
-    td_format_bytes(chunk, ck, sizeof ck);
+/* Each direction: raw and engine transfers interleaved (so both see the same
+ * machine), after two of each untimed; then the data checked. */
+static td_status copy_measure(copy_bench *cb)
+{
+    td_status st = TD_OK;
+    size_t bytes = cb->bytes;
+    char err[256], sz[32], ck[32];
     fprintf(stderr, "bench copy: %s; host memory %s; %s per transfer, %s pieces, median of %d\n",
-            td_backend_describe(be), td_topo_describe(topo), sz, ck, iters);
-
-    samples = malloc(sizeof(double) * 2 * (size_t)iters);
+            td_backend_describe(cb->be), td_topo_describe(cb->topo), td_format_bytes(bytes, sz, sizeof sz),
+            td_format_bytes(cb->chunk, ck, sizeof ck), cb->iters);
+    double *samples = malloc(sizeof(double) * 2 * (size_t)cb->iters);
     if (!samples) TD_FAIL(TD_ERR_NOMEM, "out of memory");
-    static const char *names[] = {"h2d", "d2h", "both"};
-    double raw_gbs[3], eng_gbs[3];
-    char err[256];
     for (int m = 0; m < 3; m++) {
-        double *raw = samples, *engs = samples + iters, ms;
+        double *raw = samples, *engs = samples + cb->iters, ms;
         double moved = (double)bytes * (m == RAW_BOTH ? 2 : 1);
-        for (int w = 0; w < 2; w++) { /* warm-up: first-touch, TLBs, clocks */
-            if (raw_copy_ms(cuda, (raw_mode)m, buf.dev_a, buf.host_src, buf.host_dst, buf.dev_b, bytes, &ms, err, sizeof err))
+        for (int it = -2; it < cb->iters; it++) { /* two warm-ups: first-touch, TLBs, clocks */
+            if (raw_copy_ms(cb->cuda, (raw_mode)m, cb->buf.dev_a, cb->buf.host_src, cb->buf.host_dst, cb->buf.dev_b,
+                            bytes, it < 0 ? &ms : &raw[it], err, sizeof err))
                 TD_FAIL(TD_ERR_BACKEND, "raw copy: %s", err);
-            TD_TRY(engine_ms(eng, (raw_mode)m, &buf, &ms));
+            TD_TRY(engine_ms(cb->eng, (raw_mode)m, &cb->buf, it < 0 ? &ms : &engs[it]));
         }
-        for (int it = 0; it < iters; it++) { /* interleaved, so both see the same machine */
-            if (raw_copy_ms(cuda, (raw_mode)m, buf.dev_a, buf.host_src, buf.host_dst, buf.dev_b, bytes, &raw[it], err, sizeof err))
-                TD_FAIL(TD_ERR_BACKEND, "raw copy: %s", err);
-            TD_TRY(engine_ms(eng, (raw_mode)m, &buf, &engs[it]));
-        }
-        raw_gbs[m] = moved / (td_median(raw, iters) * 1e-3) / 1e9;
-        eng_gbs[m] = moved / (td_median(engs, iters) * 1e-3) / 1e9;
-        fprintf(stderr, "  %-4s done\n", names[m]);
+        cb->raw_gbs[m] = moved / (td_median(raw, cb->iters) * 1e-3) / 1e9;
+        cb->eng_gbs[m] = moved / (td_median(engs, cb->iters) * 1e-3) / 1e9;
+        fprintf(stderr, "  %-4s done\n", direction_names[m]);
     }
     /* The data must have arrived: bring dev_a (last written by an H2D) back. */
     td_copy_ticket t;
-    TD_TRY(td_copy_submit(eng, TD_COPY_D2H, buf.host_dst, buf.dev_a, bytes, NULL, &t));
-    TD_TRY(td_copy_wait(eng, &t));
-    if (memcmp(buf.host_dst, buf.host_src, bytes) != 0) TD_FAIL(TD_ERR_STATE, "data check failed after the copies");
+    TD_TRY(td_copy_submit(cb->eng, TD_COPY_D2H, cb->buf.host_dst, cb->buf.dev_a, bytes, NULL, &t));
+    TD_TRY(td_copy_wait(cb->eng, &t));
+    if (memcmp(cb->buf.host_dst, cb->buf.host_src, bytes) != 0) TD_FAIL(TD_ERR_STATE, "data check failed after the copies");
+cleanup:
+    free(samples);
+    return st;
+}
 
-    double one = eng_gbs[0] > eng_gbs[1] ? eng_gbs[0] : eng_gbs[1];
-    double both_over_one = eng_gbs[2] / one;
-    if (json) {
-        out = cJSON_CreateObject();
-        cJSON_AddStringToObject(out, "backend", td_backend_describe(be));
-        cJSON_AddStringToObject(out, "host_memory", td_topo_describe(topo));
-        cJSON_AddNumberToObject(out, "bytes", (double)bytes);
-        cJSON_AddNumberToObject(out, "chunk_bytes", (double)chunk);
-        cJSON_AddNumberToObject(out, "iters", iters);
-        cJSON *arr = cJSON_AddArrayToObject(out, "results");
-        for (int m = 0; m < 3; m++) {
-            cJSON *r = cJSON_CreateObject();
-            cJSON_AddStringToObject(r, "direction", names[m]);
-            cJSON_AddNumberToObject(r, "raw_gbytes_per_s", raw_gbs[m]);
-            cJSON_AddNumberToObject(r, "engine_gbytes_per_s", eng_gbs[m]);
-            cJSON_AddNumberToObject(r, "engine_over_raw", eng_gbs[m] / raw_gbs[m]);
-            cJSON_AddItemToArray(arr, r);
-        }
-        cJSON_AddNumberToObject(out, "engine_both_over_one", both_over_one);
-        char *text = cJSON_Print(out);
-        if (!text) TD_FAIL(TD_ERR_NOMEM, "out of memory printing JSON");
-        printf("%s\n", text);
-        cJSON_free(text);
-    } else {
+static td_status copy_report(const copy_bench *cb)
+{
+    double one = cb->eng_gbs[0] > cb->eng_gbs[1] ? cb->eng_gbs[0] : cb->eng_gbs[1], both_over_one = cb->eng_gbs[2] / one;
+    if (!cb->json) {
         printf("%-10s %12s %14s %11s\n", "direction", "raw GB/s", "engine GB/s", "engine/raw");
         for (int m = 0; m < 3; m++)
-            printf("%-10s %12.2f %14.2f %11.3f\n", names[m], raw_gbs[m], eng_gbs[m], eng_gbs[m] / raw_gbs[m]);
+            printf("%-10s %12.2f %14.2f %11.3f\n", direction_names[m], cb->raw_gbs[m], cb->eng_gbs[m],
+                   cb->eng_gbs[m] / cb->raw_gbs[m]);
         printf("engine, both directions over the faster single one: %.2fx\n", both_over_one);
+        return TD_OK;
     }
-    rc = 0;
-cleanup:
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "backend", td_backend_describe(cb->be));
+    cJSON_AddStringToObject(out, "host_memory", td_topo_describe(cb->topo));
+    cJSON_AddNumberToObject(out, "bytes", (double)cb->bytes);
+    cJSON_AddNumberToObject(out, "chunk_bytes", (double)cb->chunk);
+    cJSON_AddNumberToObject(out, "iters", cb->iters);
+    cJSON *arr = cJSON_AddArrayToObject(out, "results");
+    for (int m = 0; m < 3; m++) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "direction", direction_names[m]);
+        cJSON_AddNumberToObject(r, "raw_gbytes_per_s", cb->raw_gbs[m]);
+        cJSON_AddNumberToObject(r, "engine_gbytes_per_s", cb->eng_gbs[m]);
+        cJSON_AddNumberToObject(r, "engine_over_raw", cb->eng_gbs[m] / cb->raw_gbs[m]);
+        cJSON_AddItemToArray(arr, r);
+    }
+    cJSON_AddNumberToObject(out, "engine_both_over_one", both_over_one);
+    return td_cli_print_json(out);
+}
+
+int td_bench_copy_main(int argc, char **argv)
+{
+    copy_bench cb = { .chunk = 64 * TD_MiB, .iters = 10, .bp = td_backend_default_params() };
+    int rc = copy_options(&cb, argc, argv);
+    if (rc >= 0) return rc;
+    td_status st = copy_setup(&cb);
+    if (!st) st = copy_measure(&cb);
+    if (!st) st = copy_report(&cb);
     if (st) fprintf(stderr, "tidal bench copy: %s\n", td_error_msg());
-    cJSON_Delete(out);
-    free(samples);
-    td_copy_engine_destroy(eng);
-    if (arena) { td_arena_release(arena, buf.dev_a); td_arena_release(arena, buf.dev_b); }
-    td_arena_destroy(arena);
-    if (pool) { td_hostpool_release(pool, buf.host_src); td_hostpool_release(pool, buf.host_dst); }
-    td_hostpool_destroy(pool);
-    td_topo_destroy(topo);
+    td_copy_engine_destroy(cb.eng);
+    if (cb.arena) {
+        td_arena_release(cb.arena, cb.buf.dev_a);
+        td_arena_release(cb.arena, cb.buf.dev_b);
+    }
+    td_arena_destroy(cb.arena);
+    if (cb.pool) {
+        td_hostpool_release(cb.pool, cb.buf.host_src);
+        td_hostpool_release(cb.pool, cb.buf.host_dst);
+    }
+    td_hostpool_destroy(cb.pool);
+    td_topo_destroy(cb.topo);
     raw_copy_shutdown();
-    td_backend_free(be);
-    return rc;
+    td_backend_free(cb.be);
+    return st ? 1 : 0;
 }

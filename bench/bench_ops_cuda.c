@@ -14,6 +14,7 @@
  * The buffers are tidal/block_probe.h's (the same `tidal plan` times the
  * whole block on), random as in training. */
 #include "../cli/cli.h"
+#include <cjson/cJSON.h>
 #include "../cli/args.h"
 #include "tidal/arena.h"
 #include "tidal/block_probe.h"
@@ -281,17 +282,10 @@ static int default_kv_heads(int NH)
     return 1;
 }
 
-/* Prints (or, json, emits) a table of rows whose last two are the block's
- * forward and backward; the first nfwd rows are forward ops. */
-static void print_rows(const char *title, const row *rows, int nrows, int nfwd, int json)
+/* A table of rows whose last two are the block's forward and backward;
+ * the first nfwd rows are forward ops. */
+static void print_rows(const char *title, const row *rows, int nrows, int nfwd)
 {
-    if (json) {
-        for (int i = 0; i < nrows; i++)
-            printf("%s{\"op\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f,\"gbytes_per_s\":%.1f}", i ? "," : "", rows[i].name,
-                   rows[i].ms, rows[i].flops > 0 ? rows[i].flops / rows[i].ms * 1e-9 : 0,
-                   rows[i].bytes > 0 ? rows[i].bytes / rows[i].ms * 1e-6 : 0);
-        return;
-    }
     printf("%s\n\n%-32s %10s %10s %10s %8s\n", title, "op", "ms", "TFLOP/s", "GB/s", "share");
     double fsum = 0, bsum = 0;
     for (int i = 0; i < nrows - 2; i++) *(i < nfwd ? &fsum : &bsum) += rows[i].ms;
@@ -307,6 +301,196 @@ static void print_rows(const char *title, const row *rows, int nrows, int nfwd, 
         else printf("%8s\n", "-");
     }
     printf("\nsum of the ops: forward %.3f ms, backward %.3f ms (the block runs add their own glue)\n", fsum, bsum);
+}
+
+/* The rows as a JSON array of {op, ms, tflops, gbytes_per_s}. */
+static cJSON *rows_json(const row *rows, int nrows)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < nrows; i++) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "op", rows[i].name);
+        cJSON_AddNumberToObject(r, "ms", rows[i].ms);
+        cJSON_AddNumberToObject(r, "tflops", rows[i].flops > 0 ? rows[i].flops / rows[i].ms * 1e-9 : 0);
+        cJSON_AddNumberToObject(r, "gbytes_per_s", rows[i].bytes > 0 ? rows[i].bytes / rows[i].ms * 1e-6 : 0);
+        cJSON_AddItemToArray(a, r);
+    }
+    return a;
+}
+
+/* Times each row's op (fns[i]; the forward ops after a block forward, as
+ * they read what the one before wrote), adding the ops' flops to the two
+ * block rows at the end. */
+static td_status time_rows(td_block_probe *b, row *rows, int nrows, int nfwd, op_fn const *fns, const opts *o)
+{
+    td_status st;
+    if ((st = block_fwd(b))) return st; /* acts for the backward ops */
+    for (int i = 0; i < nrows; i++) {
+        if (i < nfwd && (st = block_fwd(b))) return st;
+        if ((st = time_op(b, fns[i], o->repeat, &rows[i].ms))) return st;
+        if (i < nrows - 2) rows[i < nfwd ? nrows - 2 : nrows - 1].flops += rows[i].flops;
+        if (!o->json) fprintf(stderr, "\r%d/%d", i + 1, nrows);
+    }
+    if (!o->json) fprintf(stderr, "\r");
+    return TD_OK;
+}
+
+/* TFLOP/s of the block rows: forward, backward, both. */
+static void block_tflops(const row *rows, int nrows, double tf[3])
+{
+    const row *f = &rows[nrows - 2], *b = &rows[nrows - 1];
+    tf[0] = f->flops / f->ms * 1e-9;
+    tf[1] = b->flops / b->ms * 1e-9;
+    tf[2] = (f->flops + b->flops) / (f->ms + b->ms) * 1e-9;
+}
+
+/* GPT-2's block: its ops timed, into the table or doc. */
+static td_status time_gpt2(td_backend *be, const opts *o, td_dtype dt, const td_model_desc *mc, cJSON *doc, double tf[3])
+{
+    td_block_probe *b = NULL;
+    td_status st = td_block_probe_create(be, mc, o->batch, o->seq, dt, &b);
+    if (st) return st;
+    size_t N = (size_t)b->N, C = (size_t)o->width, E = td_dtype_bytes(dt);
+    double mm = 2.0 * (double)N * C, att = 2.0 * (double)b->B * b->T * b->T * C; /* causal: half of 4 B T^2 C */
+    double nc = (double)N * C * (double)E;
+    row rows[] = {
+        {"ln1 forward", 0, 0, 2 * nc},
+        {"qkv matmul forward", 0, mm * 3 * C, 0},
+        {"attention forward", 0, att, 0},
+        {"attproj matmul + residual fwd", 0, mm * C, 0},
+        {"ln2 forward", 0, 0, 2 * nc},
+        {"fc matmul + gelu forward", 0, mm * 4 * C, 0},
+        {"fcproj matmul + residual fwd", 0, mm * 4 * C, 0},
+        {"fcproj matmul + gelu backward", 0, 2 * mm * 4 * C, 0},
+        {"fc matmul backward", 0, 2 * mm * 4 * C, 0},
+        {"ln2 backward (+ residual)", 0, 0, 4 * nc},
+        {"attproj matmul backward", 0, 2 * mm * C, 0},
+        {"attention backward", 0, 2.5 * att, 0},
+        {"qkv matmul backward", 0, 2 * mm * 3 * C, 0},
+        {"ln1 backward (+ residual)", 0, 0, 4 * nc},
+        {"block forward", 0, 0, 0},
+        {"block backward", 0, 0, 0},
+    };
+    static op_fn const fns[] = {ln1_fwd, qkv_fwd, att_fwd, attproj_fwd, ln2_fwd, fc_fwd, fcproj_fwd, fcproj_bwd, fc_bwd,
+                                ln2_bwd, attproj_bwd, att_bwd, qkv_bwd, ln1_bwd, block_fwd, block_bwd};
+    const int nrows = (int)(sizeof rows / sizeof rows[0]);
+    if (!(st = time_rows(b, rows, nrows, 7, fns, o))) {
+        block_tflops(rows, nrows, tf);
+        if (doc) {
+            cJSON *shape = cJSON_AddObjectToObject(doc, "shape");
+            cJSON_AddNumberToObject(shape, "B", b->B);
+            cJSON_AddNumberToObject(shape, "T", b->T);
+            cJSON_AddNumberToObject(shape, "C", o->width);
+            cJSON_AddNumberToObject(shape, "NH", o->heads);
+            cJSON_AddStringToObject(shape, "precision", td_dtype_name(dt));
+            cJSON_AddItemToObject(doc, "ops", rows_json(rows, nrows));
+        } else {
+            char title[160];
+            snprintf(title, sizeof title, "GPT-2 block, B %d x T %d, C %d, %d heads, MLP %d, %s; median of %d runs",
+                     b->B, b->T, o->width, o->heads, 4 * o->width, td_dtype_name(dt), o->repeat);
+            print_rows(title, rows, nrows, 7);
+        }
+    }
+    td_block_probe_destroy(b);
+    return st;
+}
+
+/* Llama 3.1's block at the same width (RMSNorm, theta 500000 with llama3
+ * scaling), timed after GPT-2's buffers are gone; then both blocks'
+ * TFLOP/s side by side. */
+static td_status time_llama(td_backend *be, const opts *o, td_dtype dt, const td_model_desc *mc, cJSON *doc,
+                            const double gpt_tf[3])
+{
+    const int NKV = o->kv_heads, F = o->mlp, hs = o->width / o->heads, QKV = (o->heads + 2 * NKV) * hs;
+    td_model_desc lc = *mc;
+    td_model_desc_set_family(&lc, TD_MODEL_LLAMA);
+    lc.n_kv_head = NKV;
+    lc.n_inner = F;
+    lc.rope_theta = 500000.0f;
+    lc.rope_scaling = (td_rope_scaling){ .factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                                         .original_max_positions = 8192 };
+    td_block_probe *l = NULL;
+    td_status st = td_block_probe_create(be, &lc, o->batch, o->seq, dt, &l);
+    if (st) return st;
+    const size_t N = (size_t)l->N, C = (size_t)o->width, E = td_dtype_bytes(dt);
+    const double att = 2.0 * (double)l->B * l->T * l->T * C;
+    const double lmm = 2.0 * (double)N, natt = (double)o->width * E * N;
+    row lrows[] = {
+        {"rmsnorm 1 forward", 0, 0, 2 * natt},
+        {"qkv matmul forward", 0, lmm * C * QKV, 0},
+        {"rope q, k forward", 0, 0, 2.0 * N * (o->heads + NKV) * hs * E},
+        {"attention gqa forward", 0, att, 0},
+        {"o matmul + residual fwd", 0, lmm * C * C, 0},
+        {"rmsnorm 2 forward", 0, 0, 2 * natt},
+        {"gate|up matmul forward", 0, lmm * C * 2 * F, 0},
+        {"swiglu forward", 0, 0, 3.0 * N * F * E},
+        {"down matmul + residual fwd", 0, lmm * F * C, 0},
+        {"down matmul backward", 0, 2 * lmm * F * C, 0},
+        {"swiglu backward", 0, 0, 5.0 * N * F * E},
+        {"gate|up matmul backward", 0, 2 * lmm * C * 2 * F, 0},
+        {"rmsnorm 2 backward (+ residual)", 0, 0, 4 * natt},
+        {"o matmul backward", 0, 2 * lmm * C * C, 0},
+        {"attention gqa backward", 0, 2.5 * att, 0},
+        {"rope q, k backward", 0, 0, 2.0 * N * (o->heads + NKV) * hs * E},
+        {"qkv matmul backward", 0, 2 * lmm * C * QKV, 0},
+        {"rmsnorm 1 backward (+ residual)", 0, 0, 4 * natt},
+        {"block forward", 0, 0, 0},
+        {"block backward", 0, 0, 0},
+    };
+    const int nl = (int)(sizeof lrows / sizeof lrows[0]);
+    op_fn fns[L_FWD + L_BWD + 2];
+    for (int i = 0; i < L_FWD; i++) fns[i] = l_fwd_ops[i];
+    for (int i = 0; i < L_BWD; i++) fns[L_FWD + i] = l_bwd_ops[i];
+    fns[nl - 2] = block_fwd;
+    fns[nl - 1] = block_bwd;
+    double tf[3];
+    if (!(st = time_rows(l, lrows, nl, L_FWD, fns, o))) {
+        block_tflops(lrows, nl, tf);
+        if (doc) {
+            cJSON *ll = cJSON_AddObjectToObject(doc, "llama"), *shape = cJSON_AddObjectToObject(ll, "shape");
+            cJSON_AddNumberToObject(shape, "B", l->B);
+            cJSON_AddNumberToObject(shape, "T", l->T);
+            cJSON_AddNumberToObject(shape, "C", o->width);
+            cJSON_AddNumberToObject(shape, "NH", o->heads);
+            cJSON_AddNumberToObject(shape, "NKV", NKV);
+            cJSON_AddNumberToObject(shape, "F", F);
+            cJSON_AddItemToObject(ll, "ops", rows_json(lrows, nl));
+            cJSON *per = cJSON_AddObjectToObject(doc, "tflops_per_block"), *g = cJSON_AddObjectToObject(per, "gpt2"),
+                  *lt = cJSON_AddObjectToObject(per, "llama");
+            static const char *const names[3] = {"forward", "backward", "both"};
+            for (int k = 0; k < 3; k++) {
+                cJSON_AddNumberToObject(g, names[k], gpt_tf[k]);
+                cJSON_AddNumberToObject(lt, names[k], tf[k]);
+            }
+        } else {
+            char title[200];
+            snprintf(title, sizeof title,
+                     "\nLLaMA block, B %d x T %d, C %d, %d query heads, %d key/value heads, MLP %d (SwiGLU), %s",
+                     l->B, l->T, o->width, o->heads, NKV, F, td_dtype_name(dt));
+            print_rows(title, lrows, nl, L_FWD);
+            printf("\nTFLOP/s per block: GPT-2 forward %.1f, backward %.1f, both %.1f; LLaMA forward %.1f, "
+                   "backward %.1f, both %.1f\n(LLaMA / GPT-2: %.2fx forward, %.2fx backward, %.2fx both)\n",
+                   gpt_tf[0], gpt_tf[1], gpt_tf[2], tf[0], tf[1], tf[2], tf[0] / gpt_tf[0], tf[1] / gpt_tf[1],
+                   tf[2] / gpt_tf[2]);
+        }
+    }
+    td_block_probe_destroy(l);
+    return st;
+}
+
+/* The options' checks and the LLaMA block's defaults. */
+static td_status check_opts(opts *o, td_dtype *dt)
+{
+    td_status st = td_dtype_parse(o->precision, dt);
+    if (st) return st;
+    if (o->repeat < 1 || o->batch < 1 || o->seq < 1 || o->heads < 1 || o->width % o->heads)
+        return td_error_set(TD_ERR_INVALID, "--repeat, --micro-batch, --seq must be positive and --heads divide --width");
+    if (!o->kv_heads) o->kv_heads = default_kv_heads(o->heads);
+    if (!o->mlp) o->mlp = (8 * o->width / 3 + 255) / 256 * 256;
+    if (o->kv_heads < 1 || o->heads % o->kv_heads || o->mlp < 1 || (o->width / o->heads) % 2)
+        return td_error_set(TD_ERR_INVALID, "--kv-heads %d must divide --heads %d, --mlp %d be positive and the head "
+                            "size %d even", o->kv_heads, o->heads, o->mlp, o->width / o->heads);
+    return TD_OK;
 }
 
 int td_bench_ops_main(int argc, char **argv)
@@ -334,159 +518,28 @@ int td_bench_ops_main(int argc, char **argv)
                           "LLaMA-family one\n(RMSNorm, grouped-query attention with RoPE, SwiGLU MLP of --mlp); the "
                           "last\nline compares their TFLOP/s per block.");
     if (rc >= 0) return rc;
-    rc = 1;
-    td_status st = TD_OK;
-    td_backend *be = NULL;
-    td_block_probe *pr = NULL;
-    td_block_probe *lp = NULL;
     td_dtype dt;
-    if ((st = td_dtype_parse(o.precision, &dt))) goto done;
-    if (o.repeat < 1 || o.batch < 1 || o.seq < 1 || o.heads < 1 || o.width % o.heads) {
-        st = td_error_set(TD_ERR_INVALID, "--repeat, --micro-batch, --seq must be positive and --heads divide --width");
-        goto done;
+    td_status st = check_opts(&o, &dt);
+    if (st) {
+        fprintf(stderr, "tidal bench ops: %s\n", td_error_msg());
+        td_args_free();
+        return 2;
     }
-    if (!o.kv_heads) o.kv_heads = default_kv_heads(o.heads);
-    if (!o.mlp) o.mlp = (8 * o.width / 3 + 255) / 256 * 256;
-    if (o.kv_heads < 1 || o.heads % o.kv_heads || o.mlp < 1 || (o.width / o.heads) % 2) {
-        st = td_error_set(TD_ERR_INVALID,
-                          "--kv-heads %d must divide --heads %d, --mlp %d be positive and the head size %d even",
-                          o.kv_heads, o.heads, o.mlp, o.width / o.heads);
-        goto done;
-    }
+    td_backend *be = NULL;
     td_model_desc mc = { .n_layer = 1, .n_head = o.heads, .n_embd = o.width, .n_positions = o.seq,
-                             .vocab_size = 64, .padded_vocab_size = 64 };
+                         .vocab_size = 64, .padded_vocab_size = 64 };
     td_backend_params bp = td_backend_default_params();
     bp.kind = TD_BACKEND_CUDA;
-    if ((st = td_backend_create(&bp, &be))) goto done;
-    if ((st = td_block_probe_create(be, &mc, o.batch, o.seq, dt, &pr))) goto done;
-    td_block_probe *b = pr;
-    if ((st = block_fwd(b))) goto done; /* acts for the backward ops */
-    size_t N = (size_t)b->N, C = (size_t)o.width, E = td_dtype_bytes(dt);
-
-    double mm = 2.0 * (double)N * C, att = 2.0 * (double)b->B * b->T * b->T * C; /* causal: half of 4 B T^2 C */
-    double nc = (double)N * C * (double)E;
-    row rows[] = {
-        {"ln1 forward", 0, 0, 2 * nc},
-        {"qkv matmul forward", 0, mm * 3 * C, 0},
-        {"attention forward", 0, att, 0},
-        {"attproj matmul + residual fwd", 0, mm * C, 0},
-        {"ln2 forward", 0, 0, 2 * nc},
-        {"fc matmul + gelu forward", 0, mm * 4 * C, 0},
-        {"fcproj matmul + residual fwd", 0, mm * 4 * C, 0},
-        {"fcproj matmul + gelu backward", 0, 2 * mm * 4 * C, 0},
-        {"fc matmul backward", 0, 2 * mm * 4 * C, 0},
-        {"ln2 backward (+ residual)", 0, 0, 4 * nc},
-        {"attproj matmul backward", 0, 2 * mm * C, 0},
-        {"attention backward", 0, 2.5 * att, 0},
-        {"qkv matmul backward", 0, 2 * mm * 3 * C, 0},
-        {"ln1 backward (+ residual)", 0, 0, 4 * nc},
-        {"block forward", 0, 0, 0},
-        {"block backward", 0, 0, 0},
-    };
-    op_fn fns[] = {ln1_fwd, qkv_fwd, att_fwd, attproj_fwd, ln2_fwd, fc_fwd, fcproj_fwd, fcproj_bwd, fc_bwd, ln2_bwd, attproj_bwd, att_bwd, qkv_bwd, ln1_bwd, block_fwd, block_bwd};
-    int nrows = (int)(sizeof rows / sizeof rows[0]);
-    for (int i = 0; i < nrows; i++) {
-        if (i < 7 && (st = block_fwd(b))) goto done; /* forward ops read what the previous one wrote */
-        if ((st = time_op(b, fns[i], o.repeat, &rows[i].ms))) goto done;
-        if (i < nrows - 2) {
-            double *f = i < 7 ? &rows[nrows - 2].flops : &rows[nrows - 1].flops;
-            *f += rows[i].flops;
-        }
-        if (!o.json) fprintf(stderr, "\r%d/%d", i + 1, nrows);
+    cJSON *doc = o.json ? cJSON_CreateObject() : NULL;
+    double gpt_tf[3];
+    if (!(st = td_backend_create(&bp, &be)) && !(st = time_gpt2(be, &o, dt, &mc, doc, gpt_tf)) &&
+        !(st = time_llama(be, &o, dt, &mc, doc, gpt_tf)) && doc) {
+        st = td_cli_print_json(doc);
+        doc = NULL;
     }
-    /* the LLaMA block at the same width, timed after the GPT-2 one's buffers are gone */
-    const int NKV = o.kv_heads, F = o.mlp, hs = o.width / o.heads, QKV = (o.heads + 2 * NKV) * hs;
-    double gpt_fwd_tf = rows[nrows - 2].flops / rows[nrows - 2].ms * 1e-9,
-           gpt_bwd_tf = rows[nrows - 1].flops / rows[nrows - 1].ms * 1e-9,
-           gpt_tf = (rows[nrows - 2].flops + rows[nrows - 1].flops) / (rows[nrows - 2].ms + rows[nrows - 1].ms) * 1e-9;
-    int gB = b->B, gT = b->T;
-    if (o.json) {
-        printf("{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"precision\":\"%s\"},\"ops\":[", gB, gT, o.width,
-               o.heads, td_dtype_name(dt));
-        print_rows(NULL, rows, nrows, 7, 1);
-        printf("]");
-    } else {
-        fprintf(stderr, "\r");
-        char title[160];
-        snprintf(title, sizeof title, "GPT-2 block, B %d x T %d, C %d, %d heads, MLP %d, %s; median of %d runs", gB, gT,
-                 o.width, o.heads, 4 * o.width, td_dtype_name(dt), o.repeat);
-        print_rows(title, rows, nrows, 7, 0);
-    }
-    td_block_probe_destroy(pr);
-    pr = NULL;
-    /* Llama 3.1's block at this width: RMSNorm, theta 500000 with llama3 scaling */
-    td_model_desc lc = mc;
-    td_model_desc_set_family(&lc, TD_MODEL_LLAMA);
-    lc.n_kv_head = NKV;
-    lc.n_inner = F;
-    lc.rope_theta = 500000.0f;
-    lc.rope_scaling = (td_rope_scaling){ .factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
-                                         .original_max_positions = 8192 };
-    if ((st = td_block_probe_create(be, &lc, o.batch, o.seq, dt, &lp))) goto done;
-    {
-        td_block_probe *l = lp;
-        const double lmm = 2.0 * (double)N, natt = (double)o.width * E * N;
-        row lrows[] = {
-            {"rmsnorm 1 forward", 0, 0, 2 * natt},
-            {"qkv matmul forward", 0, lmm * C * QKV, 0},
-            {"rope q, k forward", 0, 0, 2.0 * N * (o.heads + NKV) * hs * E},
-            {"attention gqa forward", 0, att, 0},
-            {"o matmul + residual fwd", 0, lmm * C * C, 0},
-            {"rmsnorm 2 forward", 0, 0, 2 * natt},
-            {"gate|up matmul forward", 0, lmm * C * 2 * F, 0},
-            {"swiglu forward", 0, 0, 3.0 * N * F * E},
-            {"down matmul + residual fwd", 0, lmm * F * C, 0},
-            {"down matmul backward", 0, 2 * lmm * F * C, 0},
-            {"swiglu backward", 0, 0, 5.0 * N * F * E},
-            {"gate|up matmul backward", 0, 2 * lmm * C * 2 * F, 0},
-            {"rmsnorm 2 backward (+ residual)", 0, 0, 4 * natt},
-            {"o matmul backward", 0, 2 * lmm * C * C, 0},
-            {"attention gqa backward", 0, 2.5 * att, 0},
-            {"rope q, k backward", 0, 0, 2.0 * N * (o.heads + NKV) * hs * E},
-            {"qkv matmul backward", 0, 2 * lmm * C * QKV, 0},
-            {"rmsnorm 1 backward (+ residual)", 0, 0, 4 * natt},
-            {"block forward", 0, 0, 0},
-            {"block backward", 0, 0, 0},
-        };
-        const int nl = (int)(sizeof lrows / sizeof lrows[0]);
-        if ((st = block_fwd(l))) goto done;
-        for (int i = 0; i < nl; i++) {
-            op_fn fn = i < L_FWD ? l_fwd_ops[i] : i < L_FWD + L_BWD ? l_bwd_ops[i - L_FWD]
-                                                : i == nl - 2 ? block_fwd : block_bwd;
-            if (i < L_FWD && (st = block_fwd(l))) goto done; /* forward ops read what the previous one wrote */
-            if ((st = time_op(l, fn, o.repeat, &lrows[i].ms))) goto done;
-            if (i < nl - 2) lrows[i < L_FWD ? nl - 2 : nl - 1].flops += lrows[i].flops;
-            if (!o.json) fprintf(stderr, "\r%d/%d", i + 1, nl);
-        }
-        const double l_fwd_tf = lrows[nl - 2].flops / lrows[nl - 2].ms * 1e-9,
-                     l_bwd_tf = lrows[nl - 1].flops / lrows[nl - 1].ms * 1e-9,
-                     l_tf = (lrows[nl - 2].flops + lrows[nl - 1].flops) / (lrows[nl - 2].ms + lrows[nl - 1].ms) * 1e-9;
-        if (o.json) {
-            printf(",\"llama\":{\"shape\":{\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"F\":%d},\"ops\":[", l->B,
-                   l->T, o.width, o.heads, NKV, F);
-            print_rows(NULL, lrows, nl, L_FWD, 1);
-            printf("]},\"tflops_per_block\":{\"gpt2\":{\"forward\":%.1f,\"backward\":%.1f,\"both\":%.1f},"
-                   "\"llama\":{\"forward\":%.1f,\"backward\":%.1f,\"both\":%.1f}}}\n",
-                   gpt_fwd_tf, gpt_bwd_tf, gpt_tf, l_fwd_tf, l_bwd_tf, l_tf);
-        } else {
-            fprintf(stderr, "\r");
-            char title[200];
-            snprintf(title, sizeof title,
-                     "\nLLaMA block, B %d x T %d, C %d, %d query heads, %d key/value heads, MLP %d (SwiGLU), %s",
-                     l->B, l->T, o.width, o.heads, NKV, F, td_dtype_name(dt));
-            print_rows(title, lrows, nl, L_FWD, 0);
-            printf("\nTFLOP/s per block: GPT-2 forward %.1f, backward %.1f, both %.1f; LLaMA forward %.1f, "
-                   "backward %.1f, both %.1f\n(LLaMA / GPT-2: %.2fx forward, %.2fx backward, %.2fx both)\n",
-                   gpt_fwd_tf, gpt_bwd_tf, gpt_tf, l_fwd_tf, l_bwd_tf, l_tf, l_fwd_tf / gpt_fwd_tf,
-                   l_bwd_tf / gpt_bwd_tf, l_tf / gpt_tf);
-        }
-    }
-    rc = 0;
-done:
     if (st) fprintf(stderr, "tidal bench ops: %s\n", td_error_msg());
-    td_block_probe_destroy(pr);
-    td_block_probe_destroy(lp);
+    cJSON_Delete(doc);
     td_backend_free(be);
     td_args_free();
-    return rc;
+    return st ? 1 : 0;
 }
