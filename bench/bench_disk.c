@@ -38,6 +38,66 @@ static int split_dirs(td_opt *table, int argc, char **argv, char **opts, const c
     return n;
 }
 
+/* The JSON document's head (the directories, the request shape), or the
+ * table's for the text form (NULL). */
+static cJSON *disk_header(int json, const char *const *dirs, int n_dirs, size_t bytes, size_t block, int depth)
+{
+    if (!json) {
+        char b[32], bl[32];
+        printf("disk       %d director%s, %s a pass in requests of %s, %d in flight\n", n_dirs, n_dirs == 1 ? "y" : "ies",
+               td_format_bytes(bytes, b, sizeof b), td_format_bytes(block, bl, sizeof bl), depth);
+        printf("%-10s %12s %12s %12s\n", "method", "write GB/s", "read GB/s", "mixed GB/s");
+        return NULL;
+    }
+    cJSON *out = cJSON_CreateObject(), *ds = cJSON_AddArrayToObject(out, "dirs");
+    for (int i = 0; i < n_dirs; i++) {
+        td_dio_dir_info info;
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "path", dirs[i]);
+        if (td_dio_dir_info_get(dirs[i], &info) == TD_OK) {
+            cJSON_AddStringToObject(d, "fs", info.fs);
+            cJSON_AddNumberToObject(d, "free_bytes", (double)info.free_bytes);
+            cJSON_AddNumberToObject(d, "total_bytes", (double)info.total_bytes);
+            cJSON_AddBoolToObject(d, "direct", info.direct);
+        }
+        cJSON_AddItemToArray(ds, d);
+    }
+    cJSON_AddNumberToObject(out, "block_bytes", (double)block);
+    cJSON_AddNumberToObject(out, "depth", depth);
+    cJSON_AddArrayToObject(out, "results");
+    return out;
+}
+
+/* One I/O method's rates, into out's results or a table row. */
+static td_status disk_method(td_dio_method method, const char *const *dirs, int n_dirs, size_t bytes, size_t block,
+                             int depth, cJSON *out)
+{
+    td_dio_params p = td_dio_default_params();
+    p.method = method;
+    p.queue_depth = depth;
+    p.piece_bytes = block < TD_MiB ? block : TD_MiB;
+    td_dio *io = NULL;
+    td_dio_rates r;
+    td_status st = td_dio_create(&p, &io);
+    if (!st) st = td_dio_measure(io, (const char **)dirs, n_dirs, bytes, block, depth, &r);
+    td_dio_destroy(io);
+    if (st) return td_error_prefix(st, "%s: ", td_dio_method_name(method));
+    if (out) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "method", r.method);
+        cJSON_AddNumberToObject(o, "bytes", (double)r.bytes);
+        cJSON_AddBoolToObject(o, "direct", r.direct);
+        cJSON_AddNumberToObject(o, "write_gbytes_per_s", r.write_gbs);
+        cJSON_AddNumberToObject(o, "read_gbytes_per_s", r.read_gbs);
+        cJSON_AddNumberToObject(o, "mixed_gbytes_per_s", r.mixed_gbs);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(out, "results"), o);
+    } else {
+        printf("%-10s %12.3f %12.3f %12.3f%s\n", r.method, r.write_gbs, r.read_gbs, r.mixed_gbs,
+               r.direct ? "" : "   (through the page cache: the filesystem refuses O_DIRECT)");
+    }
+    return TD_OK;
+}
+
 int td_bench_disk_main(int argc, char **argv)
 {
     size_t bytes = TD_GiB, block = 4 * TD_MiB;
@@ -77,65 +137,13 @@ int td_bench_disk_main(int argc, char **argv)
         fprintf(stderr, "tidal bench disk: %s\n(tidal bench disk --help lists the options)\n", td_error_msg());
         return 2;
     }
-    cJSON *out = json ? cJSON_CreateObject() : NULL, *results = NULL;
-    if (out) {
-        cJSON *ds = cJSON_AddArrayToObject(out, "dirs");
-        for (int i = 0; i < n_dirs; i++) {
-            td_dio_dir_info info;
-            cJSON *d = cJSON_CreateObject();
-            cJSON_AddStringToObject(d, "path", dirs[i]);
-            if (td_dio_dir_info_get(dirs[i], &info) == TD_OK) {
-                cJSON_AddStringToObject(d, "fs", info.fs);
-                cJSON_AddNumberToObject(d, "free_bytes", (double)info.free_bytes);
-                cJSON_AddNumberToObject(d, "total_bytes", (double)info.total_bytes);
-                cJSON_AddBoolToObject(d, "direct", info.direct);
-            }
-            cJSON_AddItemToArray(ds, d);
-        }
-        cJSON_AddNumberToObject(out, "block_bytes", (double)block);
-        cJSON_AddNumberToObject(out, "depth", depth);
-        results = cJSON_AddArrayToObject(out, "results");
-    } else {
-        char b[32], bl[32];
-        printf("disk       %d director%s, %s a pass in requests of %s, %d in flight\n", n_dirs, n_dirs == 1 ? "y" : "ies",
-               td_format_bytes(bytes, b, sizeof b), td_format_bytes(block, bl, sizeof bl), depth);
-        printf("%-10s %12s %12s %12s\n", "method", "write GB/s", "read GB/s", "mixed GB/s");
-    }
-    rc = 0;
-    for (int m = 0; m < n_methods; m++) {
-        td_dio_params p = td_dio_default_params();
-        p.method = methods[m];
-        p.queue_depth = depth;
-        p.piece_bytes = block < TD_MiB ? block : TD_MiB;
-        td_dio *io = NULL;
-        td_dio_rates r;
-        st = td_dio_create(&p, &io);
-        if (!st) st = td_dio_measure(io, dirs, n_dirs, bytes, block, depth, &r);
-        td_dio_destroy(io);
-        if (st) {
-            fprintf(stderr, "tidal bench disk: %s: %s\n", td_dio_method_name(methods[m]), td_error_msg());
+    cJSON *out = disk_header(json, dirs, n_dirs, bytes, block, depth);
+    for (int m = 0; m < n_methods; m++)
+        if ((st = disk_method(methods[m], dirs, n_dirs, bytes, block, depth, out))) {
+            fprintf(stderr, "tidal bench disk: %s\n", td_error_msg());
             rc = 1;
-            continue;
         }
-        if (out) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "method", r.method);
-            cJSON_AddNumberToObject(o, "bytes", (double)r.bytes);
-            cJSON_AddBoolToObject(o, "direct", r.direct);
-            cJSON_AddNumberToObject(o, "write_gbytes_per_s", r.write_gbs);
-            cJSON_AddNumberToObject(o, "read_gbytes_per_s", r.read_gbs);
-            cJSON_AddNumberToObject(o, "mixed_gbytes_per_s", r.mixed_gbs);
-            cJSON_AddItemToArray(results, o);
-        } else {
-            printf("%-10s %12.3f %12.3f %12.3f%s\n", r.method, r.write_gbs, r.read_gbs, r.mixed_gbs,
-                   r.direct ? "" : "   (through the page cache: the filesystem refuses O_DIRECT)");
-        }
-    }
-    if (out) {
-        char *text = cJSON_PrintUnformatted(out);
-        if (text) printf("%s\n", text);
-        cJSON_free(text);
-        cJSON_Delete(out);
-    }
+    if (rc < 0) rc = 0;
+    if (out && td_cli_print_json(out)) rc = 1;
     return rc;
 }

@@ -204,6 +204,10 @@ static void test_plan_figures(void **state)
     assert_int_equal(rc, 3);
     assert_null(strstr(out, "raise --host-pin-limit"));
     assert_non_null(strstr(out, "more than the host's RAM"));
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 1 --host-ram 1MiB", tidal, tmp);
+    assert_int_equal(rc, 1);
+    assert_null(strstr(out, "raise --host-pin-limit"));
+    assert_non_null(strstr(out, "the host has"));
     rc = sh(out, sizeof out, "%s plan --no-measure " MODEL " --host-pin-limit 4KiB", tidal);
     assert_int_equal(rc, 3);
     assert_non_null(strstr(out, "raise --host-pin-limit"));

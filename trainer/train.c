@@ -245,7 +245,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         char need[32], lim[32], r[32], rb[32], src[160];
         TD_TRY(td_train_host_limits(cfg, &ram, &limit, src, sizeof src));
         hp.pin_limit_bytes = limit;
-        if (plan.host_pinned_bytes > limit)
+        if (plan.host_pinned_bytes > limit && plan.host_pinned_bytes <= ram) /* more than the RAM: the check below */
             TD_FAIL(TD_ERR_PIN, "the run pins %s of host memory (params, grads and staging in %d slab%s; `tidal plan` "
                     "shows host.pinned_bytes) and the pin limit is %s = %zu bytes (--host-pin-limit; default 80%% of the %s "
                     "RAM); raise --host-pin-limit to at least %zu bytes or use a smaller model or batch",
