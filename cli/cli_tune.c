@@ -182,7 +182,7 @@ static void describe(const td_tune_candidate *c, char *buf, size_t n)
     else snprintf(ck, sizeof ck, "off");
     if (c->cfg.mm.prefetch < 0) snprintf(pf, sizeof pf, "auto");
     else snprintf(pf, sizeof pf, "%d", c->cfg.mm.prefetch);
-    snprintf(buf, n, "B %d x %d, ckpt %s, optimizer %d/%d on GPU, chunk %zu, prefetch %s", c->cfg.micro_batch,
+    snprintf(buf, n, "B %d x %d, ckpt %s, optimizer %d/%d on the device, chunk %zu, prefetch %s", c->cfg.micro_batch,
              c->cfg.grad_accum, ck, c->plan.optim_gpu_chunks, c->plan.optim_chunks, c->plan.chunk_numel, pf);
 }
 
@@ -203,7 +203,7 @@ static void print_table(const td_tune_candidate *runs, int n, size_t budget)
 {
     char b[32];
     printf("\nbudget %s\n", td_format_bytes(budget, b, sizeof b));
-    printf("  %-3s %-6s %-10s %-10s %-9s %-8s %11s %11s %10s %10s %10s\n", "#", "B x K", "ckpt", "optim GPU", "chunk",
+    printf("  %-3s %-6s %-10s %-10s %-9s %-8s %11s %11s %10s %10s %10s\n", "#", "B x K", "ckpt", "optim dev", "chunk",
            "prefetch", "bound tok/s", "tokens/s", "device", "pinned", "bound/step");
     for (int i = 0; i < n; i++) {
         const td_tune_candidate *c = &runs[i];
