@@ -216,6 +216,9 @@ static void test_bench_scaling(void **state)
     double speedup = td_test_json_num(root, "speedup", NULL);
     assert_true(fabs(speedup - r_tps / o_tps) <= 1e-3 * speedup);
     assert_true(fabs(td_test_json_num(root, "efficiency", NULL) - speedup / 2) <= 1e-3 * speedup);
+    /* never above 100% without the reason beside it */
+    const cJSON *note = cJSON_GetObjectItem(root, "efficiency_note");
+    assert_true(speedup / 2 <= 1 ? note == NULL : cJSON_IsString(note) && strstr(note->valuestring, "above 100%"));
     assert_true(td_test_json_num(root, "ranks", "device_peak_bytes") > 0);
     cJSON_Delete(root);
     snprintf(args, sizeof args, "--nproc 2 -- --data %s/ok.tok " MODEL " --steps 3", tmp);
