@@ -4,8 +4,8 @@
 # the time; shows the loss falling and the offload figures, saves a
 # checkpoint, evaluates it on held-out text and prints a sample.
 #
-#   on a GPU:  25M params (8 layers, 512 wide), 2000 steps of 32 x 256
-#              bytes (16M tokens, six passes over the corpus) under a
+#   on a GPU:  25M params (8 layers, 512 wide), 1800 steps of 32 x 256
+#              bytes (15M tokens, six passes over the corpus) under a
 #              300 MiB budget, and a sample of English words
 #   on a CPU:  3.3M params (4 layers, 256 wide), 300 steps of 8 x 64
 #              bytes under a 32 MiB budget on the cpu backend; the sample
@@ -22,7 +22,7 @@ if [ ! -f data/fortunes.tok ]; then
 fi
 if "$tidal" version | grep -q cuda && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     model="--layers 8 --width 512 --heads 8 --seq 256 --micro-batch 32"
-    steps=${DEMO_STEPS:-2000}
+    steps=${DEMO_STEPS:-1800}
     run="--backend cuda --precision bf16 --gpu-budget 300MiB --ckpt on --policy auto"
     what="25M params (params, grads, fp32 master and AdamW state: 402 MiB) under a 300 MiB device budget, on the GPU"
     lr=1e-3 warmup=100 seq=256 budget=300 backend=cuda
