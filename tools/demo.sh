@@ -5,7 +5,7 @@
 # checkpoint, evaluates it on held-out text and prints a sample.
 #
 #   on a GPU:  25M params (8 layers, 512 wide), 1800 steps of 32 x 256
-#              bytes (15M tokens, six passes over the corpus) under a
+#              bytes (15M tokens, about six passes over the corpus) under a
 #              300 MiB budget, and a sample of English words
 #   on a CPU:  3.3M params (4 layers, 256 wide), 300 steps of 8 x 64
 #              bytes under a 32 MiB budget on the cpu backend; the sample
