@@ -1,26 +1,112 @@
 #!/bin/bash
 # tests/run.sh BIN... — runs cmocka test binaries and sums their results.
-# A binary that crashes or exits non-zero without a cmocka summary counts as
-# one failed test.  The last line is always "N passed, M failed".
+#
+# The last line is always "N passed, M failed, K skipped", counted in test
+# cases.  A case that skipped is never counted as passed, and a binary whose
+# cases all skipped shows as "skip".  A binary that crashes or exits non-zero
+# without a cmocka failure counts one failed case; one that exits 0 without a
+# cmocka summary also fails (it ran nothing that was counted).
+#
+# Skips are listed with their reason: the line "skipped: REASON" that the
+# test prints before skip() (tests/support/td_test.h's td_test_skip).  A skip
+# without a reason fails.  A reason that names hardware this machine has
+# fails too, so nothing skips on the machine that should run it:
+#   "needs N GPUs" / "needs a GPU"  fails when the machine has that many GPUs
+#   "needs NCCL"                     fails when the machine has 2 GPUs or more
+#   "needs CPU flag F"               fails when /proc/cpuinfo lists flag F
+# GPUs are counted with `nvidia-smi -L` (within CUDA_VISIBLE_DEVICES when it
+# is set); TD_TEST_GPUS=N overrides the count.
+#
 # TD_TEST_WRAP: a command each binary runs under (e.g. compute-sanitizer);
 # its non-zero exit fails the binary.
-passed=0; failed=0; failures=()
+passed=0; failed=0; skipped=0
+failures=(); skip_lines=(); hw_lines=()
+
+gpu_count() {
+    if [ -n "${TD_TEST_GPUS:-}" ]; then echo "$TD_TEST_GPUS"; return; fi
+    local n
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') || n=0
+    if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+        local v
+        v=$(printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .) || v=0
+        [ "$v" -lt "$n" ] && n=$v
+    fi
+    echo "$n"
+}
+gpus=$(gpu_count)
+
+# Why a skip should not have happened here, or nothing.
+hardware_present() {
+    local why=$1 n flag
+    if [[ $why =~ needs\ ([0-9]+)\ GPUs? ]]; then
+        n=${BASH_REMATCH[1]}
+        [ "$gpus" -ge "$n" ] && echo "this machine has $gpus GPU(s)"
+    elif [[ $why =~ needs\ a\ GPU ]]; then
+        [ "$gpus" -ge 1 ] && echo "this machine has $gpus GPU(s)"
+    elif [[ $why =~ needs\ NCCL ]]; then
+        [ "$gpus" -ge 2 ] && echo "this machine has $gpus GPUs: build with NCCL so its multi-rank cases run"
+    elif [[ $why =~ needs\ CPU\ flag\ ([a-z0-9_]+) ]]; then
+        flag=${BASH_REMATCH[1]}
+        grep -qw "$flag" /proc/cpuinfo 2>/dev/null && echo "this CPU has $flag"
+    fi
+}
+
 for bin in "$@"; do
     name=${bin##*/}
+    t0=$(date +%s.%N)
     out=$(${TD_TEST_WRAP:-} "$bin" 2>&1); rc=$?
-    p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
-    f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
-    p=${p:-0}; f=${f:-0}
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p)); failed=$((failed + f))
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    sum() { printf '%s\n' "$out" | sed -n "s/^\[$1\] \([0-9]*\) test.*/\1/p" | awk '{ s += $1 } END { print s + 0 }'; }
+    p=$(sum '  PASSED  '); f=$(sum '  FAILED  '); s=$(sum '  SKIPPED ')
+    has_summary=$(printf '%s\n' "$out" | grep -c '^\[==========\] [0-9]* test(s) run\.')
+    note=""
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; note="exit $rc without a cmocka failure"; fi
+    if [ "$rc" -eq 0 ] && [ "$has_summary" -eq 0 ]; then f=1; note="no cmocka summary: nothing was counted"; fi
+
+    # Each skipped case with the reason it printed between its RUN and SKIPPED lines.
+    mapfile -t reasons < <(printf '%s\n' "$out" | awk '
+        /^\[ RUN      \] / { cur = substr($0, 14); why = ""; next }
+        /^skipped: /       { why = substr($0, 10); next }
+        /^\[  SKIPPED \] / { t = substr($0, 14)
+                             if (t == cur && !(t in seen)) { seen[t] = 1; print t "\t" why } }')
+    for r in "${reasons[@]}"; do
+        case_name=${r%%$'\t'*}; why=${r#*$'\t'}
+        if [ -z "$why" ]; then
+            hw_lines+=("$name: $case_name skipped without a reason (skip with td_test_skip(\"needs ...\"))")
+            s=$((s - 1)); f=$((f + 1))
+            continue
+        fi
+        present=$(hardware_present "$why")
+        if [ -n "$present" ]; then
+            hw_lines+=("$name: $case_name skipped ($why) but $present")
+            s=$((s - 1)); f=$((f + 1))
+        else
+            skip_lines+=("$name: $case_name: $why")
+        fi
+    done
+    [ "$s" -lt 0 ] && s=0
+
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    counts="$(printf '%3d passed' "$p")"
+    [ "$s" -ne 0 ] && counts="$counts, $s skipped"
     if [ "$f" -ne 0 ]; then
         failures+=("$name")
         printf '%s\n' "$out" | tail -40
-        printf 'FAIL %-28s %3d passed, %d failed (exit %d)\n' "$name" "$p" "$f" "$rc"
+        printf 'FAIL %-28s %s, %d failed%s %6s s\n' "$name" "$counts" "$f" "${note:+ ($note)}" "$secs"
+    elif [ "$p" -eq 0 ] && [ "$s" -ne 0 ]; then
+        printf 'skip %-28s %s %6s s\n' "$name" "$counts" "$secs"
     else
-        printf 'ok   %-28s %3d passed\n' "$name" "$p"
+        printf 'ok   %-28s %s %6s s\n' "$name" "$counts" "$secs"
     fi
 done
+if [ ${#skip_lines[@]} -ne 0 ]; then
+    echo "skipped:"
+    printf '  %s\n' "${skip_lines[@]}"
+fi
+if [ ${#hw_lines[@]} -ne 0 ]; then
+    echo "skips that count as failures:"
+    printf '  %s\n' "${hw_lines[@]}"
+fi
 [ ${#failures[@]} -eq 0 ] || echo "failed: ${failures[*]}"
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

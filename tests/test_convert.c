@@ -161,7 +161,7 @@ static void check_hw(uint32_t bits, void *ctx)
 
 static void test_f16_matches_f16c(void **state)
 {
-    if (!td_optim_isa_supported(TD_OPTIM_ISA_AVX2)) skip();
+    if (!td_optim_isa_supported(TD_OPTIM_ISA_AVX2)) td_test_skip("needs CPU flag f16c (with avx2 and fma)");
     long bad = 0;
     visit_patterns(check_hw, &bad);
     assert_int_equal(bad, 0);

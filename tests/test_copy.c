@@ -78,7 +78,7 @@ static void test_copy_round_trip_split(void **state)
 /* Reading a destination before its ticket completes shows the poison. */
 static void test_copy_forgotten_wait_is_caught(void **state)
 {
-    if (td_test_backend_kind() != TD_BACKEND_CPU) skip();
+    if (td_test_backend_kind() != TD_BACKEND_CPU) td_test_skip("the cpu backend's poison mode only (TD_BACKEND=cpu)");
     rig r = rig_open(1, 0, 0);
     size_t n = 65536;
     unsigned char *src, *dst;
@@ -160,7 +160,7 @@ static void test_copy_random_traffic(void **state)
  * the time of one: the directions run on separate queues. */
 static void test_copy_directions_overlap(void **state)
 {
-    if (td_test_backend_kind() != TD_BACKEND_CPU) skip();
+    if (td_test_backend_kind() != TD_BACKEND_CPU) td_test_skip("the cpu backend's delay mode only (TD_BACKEND=cpu)");
     rig r = rig_open(1, 0, 0);
     size_t n = 4096;
     void *h1, *h2, *d1, *d2;

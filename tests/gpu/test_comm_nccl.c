@@ -33,19 +33,27 @@ static int sh(char *out, size_t out_bytes, const char *cmd)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
-static void test_nccl_ranks(void **state)
+static void test_nccl_one_rank(void **state)
 {
-    if (!td_comm_nccl_compiled()) skip();
+    if (!td_comm_nccl_compiled()) td_test_skip("needs NCCL (this build has none: NCCL=1)");
     int gpus = td_proc_gpu_count();
-    assert_true(gpus >= 1);
+    if (gpus < 1) td_test_skip("needs a GPU (nvidia-smi -L lists none)");
     char cmd[1024], out[16384];
     snprintf(cmd, sizeof cmd, "%s bench comm --backend cuda --comm nccl --max-bytes 64MiB", tidal_path());
     int rc = sh(out, sizeof out, cmd);
     printf("%s", out);
     if (rc != 0 || !strstr(out, "nccl communicator") || !strstr(out, "all match")) fail_msg("1 rank: rc %d", rc);
-    if (gpus < 2) return;
+}
+
+/* Every GPU a rank under --nproc, then 2 ranks launched as torchrun would. */
+static void test_nccl_ranks(void **state)
+{
+    int gpus = td_proc_gpu_count();
+    if (gpus < 2) td_test_skip("needs 2 GPUs (found %d): NCCL takes one a rank", gpus);
+    if (!td_comm_nccl_compiled()) td_test_skip("needs NCCL (this build has none: NCCL=1)");
+    char cmd[1024], out[16384];
     snprintf(cmd, sizeof cmd, "%s bench comm --nproc %d --backend cuda --comm nccl --max-bytes 256MiB", tidal_path(), gpus);
-    rc = sh(out, sizeof out, cmd);
+    int rc = sh(out, sizeof out, cmd);
     printf("%s", out);
     if (rc != 0 || !strstr(out, "all match")) fail_msg("%d ranks under --nproc: rc %d", gpus, rc);
     /* as torchrun would launch it, the variables by hand (2 ranks) */
@@ -62,6 +70,7 @@ static void test_nccl_ranks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nccl_one_rank),
         cmocka_unit_test(test_nccl_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -331,10 +331,8 @@ static void test_gpu_sumsq(void **state)
  * copy of the same footprint (bytes read + written). */
 static void test_gpu_bandwidth(void **state)
 {
-    if (getenv("TD_TEST_NO_TIMING")) { /* under compute-sanitizer: instrumented kernels, times mean nothing */
-        print_message("skipped: TD_TEST_NO_TIMING is set\n");
-        skip();
-    }
+    if (getenv("TD_TEST_NO_TIMING")) /* under compute-sanitizer: instrumented kernels, times mean nothing */
+        td_test_skip("TD_TEST_NO_TIMING is set (timings under compute-sanitizer mean nothing)");
     const size_t n = 200000000;
     float *d_master = dev_alloc(n * 4), *d_g = dev_alloc(n * 4);
     void *d_m = dev_alloc(n * 4), *d_v = dev_alloc(n * 4);

@@ -21,6 +21,17 @@
                                    td_status_name(st_), td_error_msg(), td_error_where()); \
     } while (0)
 
+/* Skips the running test case, printing "skipped: REASON" first: tests/run.sh
+ * lists the reason, fails a skip that gives none, and fails one whose reason
+ * names hardware the machine has ("needs 2 GPUs", "needs a GPU", "needs NCCL",
+ * "needs CPU flag avx2"), so a machine that can run a case never skips it. */
+#define td_test_skip(...)                  \
+    do {                                   \
+        print_message("skipped: " __VA_ARGS__); \
+        print_message("\n");               \
+        skip();                            \
+    } while (0)
+
 /* The backend tests run on: env TD_BACKEND (cpu|cuda|auto), default cpu. */
 td_backend_kind td_test_backend_kind(void);
 /* Creates that backend; `debug` turns on the cpu backend's delay+poison mode. */
