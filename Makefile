@@ -1,22 +1,42 @@
-# tidal — build, test, demo.  `make help` lists the targets.
+# tidal — build, test, demo, install.  `make help` lists the targets.
 #
 # Switches (few, named for what they change):
-#   CUDA=0        build without the CUDA backend and kernels (default: on when nvcc is found)
+#   CUDA=1        build the CUDA backend and kernels (default: on when a GPU answers `nvidia-smi -L`
+#                 and nvcc is found; nvcc alone does not turn it on)
 #   NCCL=0        build without the NCCL communicator (default: on with CUDA when nccl.h is found)
 #   JEMALLOC=0    build without jemalloc (default: on when jemalloc.h is found, off with SANITIZE)
 #   URING=0       disk I/O without io_uring, with pread/pwrite threads only (default: on when liburing is found)
 #   CUDA_ARCH=... nvcc -gencode flags (default: sm_90 code plus compute_80 PTX, portable to sm_80+)
 #   SANITIZE=address,undefined   build into build-san/ with ASan/UBSan (CPU tests)
 #   OPT=-O2       optimisation flags
+#   WERROR=1      warnings are errors (CI sets it)
+#   PREFIX=/usr/local  where `make install` puts the library, headers, tidal.pc and the command
 #   FUZZ_SECONDS=60  how long `make fuzz` runs each libFuzzer target
+#
+# Builds use every core unless -j is given.  Objects of a CUDA and a CPU
+# build live apart (build/obj-cuda/, build/obj-cpu/), and a change of flags
+# rebuilds them, so switching CUDA=0 / CUDA=1 never mixes the two.
 
 CC       ?= gcc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# CUDA kernels take most of a build's time: compile them when a GPU is there
+# to run them (the driver answers), or when CUDA=1 asks.
+ifeq ($(origin CUDA),undefined)
+CUDA := $(if $(strip $(NVCC)),$(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU '),1,0),0)
+endif
+ifeq ($(CUDA),1)
 ifeq ($(strip $(NVCC)),)
-CUDA ?= 0
-else
-CUDA ?= 1
+$(error CUDA=1 but nvcc was not found on PATH or in /usr/local/cuda/bin: install the CUDA Toolkit or set NVCC=/path/to/nvcc)
+endif
+endif
+NPROC    := $(shell nproc 2>/dev/null || echo 2)
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+ifeq ($(filter-out 0 1,$(words $(MAKECMDGOALS))),)
+# One goal (or none) and no -j: build on every core.  Several goals (`make
+# clean all`) keep their order.
+MAKEFLAGS += -j$(NPROC)
+endif
 endif
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80
 
@@ -26,6 +46,8 @@ ifneq ($(strip $(SANITIZE)),)
 BUILD    := build-san
 OPT      := -O1 -g -fno-omit-frame-pointer -fsanitize=$(SANITIZE) -fno-sanitize-recover=all
 endif
+# Objects of each configuration in a folder of their own.
+OBJ      := $(BUILD)/obj-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
 PKGS     := hwloc libcjson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -33,10 +55,15 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 TEST_CFLAGS := $(shell pkg-config --cflags cmocka 2>/dev/null)
 TEST_LIBS   := $(shell pkg-config --libs cmocka 2>/dev/null)
 
-CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -fopenmp -pthread \
+# -fPIC: the same objects make libtidal.a and libtidal.so.
+CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -fPIC -fopenmp -pthread \
             -Iinclude -MMD -MP $(PKG_CFLAGS)
 LDLIBS   := $(PKG_LIBS) -fopenmp -pthread -lm
 NVFLAGS  := -std=c++17 -O3 $(CUDA_ARCH) -Iinclude -Xcompiler -fPIC,-Wall -MMD -MP
+ifeq ($(WERROR),1)
+CFLAGS   += -Werror
+NVFLAGS  += -Werror all-warnings -Xcompiler -Werror
+endif
 
 ifeq ($(CUDA),1)
 CFLAGS   += -DTD_HAVE_CUDA -I$(CUDA_HOME)/include
@@ -91,7 +118,7 @@ else
 LIB_C    := $(filter-out %_cuda.c,$(ALL_C))
 LIB_CU   :=
 endif
-LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ  := $(LIB_C:%.c=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o)
 # ar keeps members by file name: two sources of one name in two folders would
 # silently replace each other in libtidal.a.
 DUP_OBJ  := $(shell printf '%s\n' $(notdir $(LIB_OBJ)) | sort | uniq -d)
@@ -99,30 +126,47 @@ ifneq ($(strip $(DUP_OBJ)),)
 $(error two library sources share an object name ($(DUP_OBJ)); rename one)
 endif
 BENCH_C  := $(if $(filter 1,$(CUDA)),$(wildcard bench/*.c),$(filter-out %_cuda.c,$(wildcard bench/*.c)))
-CLI_OBJ  := $(BUILD)/cli/main.o $(BENCH_C:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(OBJ)/cli/main.o $(BENCH_C:%.c=$(OBJ)/%.o)
 
 TESTS      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 GPU_TESTS  := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
+TEST_OBJ   := $(patsubst %.c,$(OBJ)/%.o,$(wildcard tests/test_*.c tests/gpu/test_*.c tests/fuzz/fuzz_*.c))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
-TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/%.o)
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(OBJ)/%.o)
 
 # Per-ISA flags: one definition, compiled once per instruction set.
-$(BUILD)/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2
-$(BUILD)/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
+$(OBJ)/%_avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2
+$(OBJ)/%_avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
 
-.PHONY: all lib cli test gpu-test gpu-memcheck bench-gpu demo deps clean help check-deps fuzz fuzz-build
+# What the objects were compiled with, and what the programs were linked
+# from: each file is rewritten only when it changes, so a change of flags
+# recompiles and a switch of configuration relinks.
+FLAGS_FILE := $(OBJ)/flags
+LINK_FILE  := $(BUILD)/linked-from
+ifeq ($(filter clean help,$(MAKECMDGOALS)),)
+$(shell mkdir -p $(OBJ) && f='$(CC) $(CFLAGS) $(TEST_CFLAGS) $(NVCC) $(NVFLAGS)' && \
+        [ "$$(cat $(FLAGS_FILE) 2>/dev/null)" = "$$f" ] || printf '%s\n' "$$f" > $(FLAGS_FILE))
+$(shell l='$(OBJ) $(CC) $(LDLIBS) $(TEST_LIBS)' && \
+        [ "$$(cat $(LINK_FILE) 2>/dev/null)" = "$$l" ] || printf '%s\n' "$$l" > $(LINK_FILE))
+endif
+
+.PHONY: all test gpu-test gpu-test-build gpu-memcheck bench-gpu demo deps clean help check-deps fuzz fuzz-build \
+        install shared
 all: $(BUILD)/tidal
 
 help:
 	@echo "make            build libtidal.a and the tidal command into $(BUILD)/"
 	@echo "make demo       train a small GPT on the fortunes corpus (GPU if present, else CPU)"
 	@echo "make test       all CPU tests (SANITIZE=address,undefined for ASan/UBSan)"
-	@echo "make gpu-test   GPU tests (needs a CUDA device)"
+	@echo "make gpu-test   GPU tests (needs a CUDA device); fails when a test skips for hardware the machine has"
+	@echo "make gpu-test-build  compile and link every GPU test without running it (CUDA=1 where no GPU is)"
 	@echo "make gpu-memcheck  the GPU tests under compute-sanitizer memcheck"
 	@echo "make bench-gpu  GPU benchmarks"
 	@echo "make fuzz       each libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (60) under ASan/UBSan"
+	@echo "make install PREFIX=DIR  libtidal.so and .a, include/tidal, lib/pkgconfig/tidal.pc, bin/tidal"
 	@echo "make deps       install missing system packages with apt-get"
-	@echo "switches: CUDA=0  NCCL=0  JEMALLOC=0  URING=0  CUDA_ARCH=...  SANITIZE=...  OPT=..."
+	@echo "switches: CUDA=1  NCCL=0  JEMALLOC=0  URING=0  CUDA_ARCH=...  SANITIZE=...  OPT=...  WERROR=1  PREFIX=..."
+	@echo "this machine: CUDA=$(CUDA) (objects in $(OBJ)/), -j$(NPROC)"
 
 # --- dependencies -----------------------------------------------------------
 deps:
@@ -132,48 +176,77 @@ check-deps:
 	@./tools/deps.sh check || ./tools/deps.sh install
 
 # --- build -------------------------------------------------------------------
-$(BUILD)/libtidal.a: $(LIB_OBJ)
+$(LIB_OBJ) $(CLI_OBJ) $(TEST_SUPPORT_OBJ) $(TEST_OBJ): $(FLAGS_FILE)
+
+$(BUILD)/libtidal.a: $(LIB_OBJ) $(LINK_FILE)
 	@mkdir -p $(@D)
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(LIB_OBJ)
 
 $(BUILD)/tidal: $(CLI_OBJ) $(BUILD)/libtidal.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libtidal.a $(LDLIBS)
 
-$(BUILD)/%.o: %.c
+$(OBJ)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(if $(filter tests/%,$<),$(TEST_CFLAGS) -Itests/support) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(OBJ)/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(BUILD)/libtidal.a
+$(BUILD)/tests/%: $(OBJ)/tests/%.o $(TEST_SUPPORT_OBJ) $(BUILD)/libtidal.a
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libtidal.a $(TEST_LIBS) $(LDLIBS)
+
+# --- the shared library and `make install` -----------------------------------
+# libtidal.so.$(SOVERSION): SOVERSION changes when the public API breaks.
+SOVERSION := 0
+VERSION   := 0.1.0
+SONAME    := libtidal.so.$(SOVERSION)
+PREFIX    ?= /usr/local
+shared: $(BUILD)/$(SONAME)
+$(BUILD)/$(SONAME): $(LIB_OBJ) $(LINK_FILE)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined -o $@ $(LIB_OBJ) $(LDLIBS)
+
+# The pkg-config file: Libs for the shared library (jemalloc beside it when
+# it is the process's allocator, so that it replaces malloc and its
+# statistics measure the heap), Libs.private for a static link.
+install: $(BUILD)/tidal $(BUILD)/libtidal.a $(BUILD)/$(SONAME)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/tidal
+	install -m 755 $(BUILD)/tidal $(DESTDIR)$(PREFIX)/bin/tidal
+	install -m 644 $(BUILD)/libtidal.a $(DESTDIR)$(PREFIX)/lib/libtidal.a
+	install -m 755 $(BUILD)/$(SONAME) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libtidal.so
+	install -m 644 include/tidal/*.h $(DESTDIR)$(PREFIX)/include/tidal/
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include' '' \
+	  'Name: tidal' 'Description: trains transformer models larger than GPU memory' 'Version: $(VERSION)' \
+	  'Cflags: -I$${includedir}' \
+	  'Libs: -L$${libdir} -ltidal$(if $(filter 1,$(JEMALLOC)), -ljemalloc)' \
+	  'Libs.private: $(LDLIBS)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tidal.pc
 
 # --- test --------------------------------------------------------------------
 # ASan needs the shadow gap unprotected for the CUDA runtime to initialise.
 test: check-deps
-	@$(MAKE) --no-print-directory $(BUILD)/tidal $(TESTS)
+	@$(MAKE) --no-print-directory CUDA=$(CUDA) $(BUILD)/tidal $(TESTS)
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TD_BACKEND=cpu ./tests/run.sh $(TESTS)
 
 # The backend-generic CPU tests run again on the cuda backend, beside tests/gpu/.
 GENERIC_TESTS := $(filter $(addprefix $(BUILD)/tests/,test_arena test_copy test_fault test_hostpool test_memmgr),$(TESTS))
-# Built on every core unless -j was given: a fresh GPU machine builds the
-# whole tree here, which took over 4 minutes of gpu-test's 5 on one job.
-gpu-test:
-	@./tools/deps.sh check libs || ./tools/deps.sh install libs
-	@case "$(MAKEFLAGS)" in *-j*|*jobserver*) j= ;; *) j=-j$$(nproc 2>/dev/null || echo 2) ;; esac; \
-	  $(MAKE) --no-print-directory $$j $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
+# tests/run.sh fails a test that skips for want of GPUs the machine has.
+gpu-test: gpu-test-build
 	@TD_BACKEND=cuda ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
+
+# Every GPU test compiled and linked, none run (CI does this without a GPU).
+gpu-test-build:
+	@[ "$(CUDA)" = 1 ] || { echo "make $@: needs the CUDA build: no GPU answered nvidia-smi -L; give CUDA=1 to compile for one anyway" >&2; exit 2; }
+	@./tools/deps.sh check libs || ./tools/deps.sh install libs
+	@$(MAKE) --no-print-directory CUDA=1 $(BUILD)/tidal $(GPU_TESTS) $(GENERIC_TESTS)
 
 # The GPU tests under compute-sanitizer's memcheck: an error fails the binary.
 # The tests provoke CUDA API errors on purpose (out of memory, bad handles),
 # so only memory errors count; timing assertions are skipped.
-gpu-memcheck:
-	@./tools/deps.sh check libs || ./tools/deps.sh install libs
-	@$(MAKE) --no-print-directory $(BUILD)/tidal $(GPU_TESTS) $(TESTS)
+gpu-memcheck: gpu-test-build
 	@TD_BACKEND=cuda TD_TEST_NO_TIMING=1 \
 	    TD_TEST_WRAP="compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 97 --print-limit 20" \
 	    ./tests/run.sh $(GENERIC_TESTS) $(GPU_TESTS)
@@ -207,12 +280,12 @@ fuzz:
 
 # Only meaningful inside `make fuzz` (which sets CC, BUILD and OPT).
 fuzz-build: $(patsubst tests/fuzz/%.c,$(BUILD)/tests/fuzz/%,$(FUZZ_SRC))
-.SECONDARY: $(patsubst tests/fuzz/%.c,$(BUILD)/tests/fuzz/%.o,$(FUZZ_SRC))
+.SECONDARY: $(patsubst tests/fuzz/%.c,$(OBJ)/tests/fuzz/%.o,$(FUZZ_SRC))
 
-$(BUILD)/tests/fuzz/%: $(BUILD)/tests/fuzz/%.o $(BUILD)/libtidal.a
+$(BUILD)/tests/fuzz/%: $(OBJ)/tests/fuzz/%.o $(BUILD)/libtidal.a
 	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(BUILD)/libtidal.a $(LDLIBS)
 
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
