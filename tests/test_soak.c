@@ -16,6 +16,7 @@
  * TD_SOAK_STEPS overrides the step count (default 300; 60 under ASan,
  * which is several times slower). */
 #include <malloc.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +144,8 @@ static uint64_t soak(int steps, soak_leak *lk, soak_sample *warm, soak_sample *e
     td_step_result r;
     for (int s = 1; s <= steps; s++) {
         TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
-        assert_true(r.loss == r.loss); /* finite: the run trains, it does not just spin */
+        /* finite (neither NaN nor infinite): the run trains, it does not just spin */
+        if (!isfinite(r.loss)) fail_msg("step %d: loss %g is not finite", s, r.loss);
         if (s == WARM) {
             *warm = sample(t);
             evictions_at_warm = r.mm.evictions;

@@ -1,8 +1,9 @@
 #!/bin/bash
-# The GPU path under faults (issue: hardening), run on the GPU machine after
-# `make`:  tests/gpu/check_faults.sh [build/tidal]
+# The GPU path under faults, run on the GPU machine after `make`:
+#   tests/gpu/check_faults.sh [build/tidal]
 #  1. kill -9 at random moments of --save-every saves on CUDA: the directory
-#     always loads (the old or the new checkpoint);
+#     always loads (the old or the new checkpoint); each kill comes after the
+#     run's first save, and a run that saved nothing fails the check;
 #  2. SIGINT and SIGTERM stop at a step boundary, save, exit 130 / 143, and
 #     the run resumes;
 #  3. non-finite grads (injected) are skipped; --max-bad-steps in a row stop
@@ -22,10 +23,10 @@ corpus=${FORTUNES_DIR:-/usr/share/games/fortunes}
 backend=${FAULTS_BACKEND:-cuda}
 if [ "$backend" = cuda ]; then
     model="--layers 12 --width 768 --heads 12 --seq 256 --micro-batch 8 --backend cuda --precision bf16"
-    small="--layers 4 --width 256 --heads 4 --seq 128 --micro-batch 8 --backend cuda"; precs="bf16 fp32"; kill_s="4 9"
+    small="--layers 4 --width 256 --heads 4 --seq 128 --micro-batch 8 --backend cuda"; precs="bf16 fp32"; kill_s="0 3"
 else
     model="--layers 2 --width 64 --heads 2 --seq 64 --micro-batch 2 --backend cpu"
-    small="$model"; precs="fp32"; kill_s="1 3"
+    small="$model"; precs="fp32"; kill_s="0 1"
 fi
 
 # 1. kill -9 during saves.
@@ -35,10 +36,15 @@ for i in 1 2 3 4 5 6; do
     "$tidal" train --data "$work/f.tok" $model --steps 1000 --save-every 1 --save "$ck" --resume "$ck" \
         >"$work/k$i.log" 2>&1 &
     p=$!
+    # Kill only once this run has saved (a kill before its first save would
+    # test nothing), at a random moment of the saves that follow.
+    for _ in $(seq 1200); do grep -q '^saved\|saved ' "$work/k$i.log" && break; kill -0 $p 2>/dev/null || break; sleep 0.1; done
     sleep "$(python3 -c "import random; print(round(random.uniform(*map(float, '$kill_s'.split())), 2))")"
-    kill -9 $p; wait $p 2>/dev/null
+    kill -9 $p 2>/dev/null; wait $p 2>/dev/null
     saved=$(grep -c '^saved\|saved ' "$work/k$i.log")
-    if "$tidal" eval --checkpoint "$ck" --data "$work/f.tok" --batches 1 --backend "$backend" $(echo "$model" | grep -o -- "--seq [0-9]*") >"$work/e$i.log" 2>&1 &&
+    if [ "$saved" -eq 0 ]; then
+        bad "kill -9 #$i: the run saved nothing before it was killed, so nothing was tested: $(tail -2 "$work/k$i.log")"
+    elif "$tidal" eval --checkpoint "$ck" --data "$work/f.tok" --batches 1 --backend "$backend" $(echo "$model" | grep -o -- "--seq [0-9]*") >"$work/e$i.log" 2>&1 &&
        "$tidal" train --data "$work/f.tok" $model --steps 1000 --stop-after 1 --resume "$ck" >"$work/r$i.log" 2>&1; then
         pass "kill -9 #$i after $saved saves: the checkpoint loads and resumes ($(grep -o 'resumed.*' "$work/r$i.log"))"
     else

@@ -3,13 +3,13 @@
 log checked for growth after the warm-up.  Device peak (the arena), pinned
 host bytes (pinned and pageable) must stay exactly flat from step --warmup to
 the end, the heap (jemalloc's allocated bytes) within 1 MiB of its value there
-(its thread caches move a little).
+(its thread caches move a little), and every logged loss must be finite.
 
   python3 tests/gpu/soak.py [--steps 2000] [--tidal build/tidal] [-- extra train flags]
 
 Default shape: W6 (GPT-2 1.5B, 8 GiB budget, B16 x T1024, bf16), on random
 tokens.  Prints the figures and PASS/FAIL; exits 1 on growth."""
-import argparse, json, os, subprocess, sys, tempfile, time
+import argparse, json, math, os, subprocess, sys, tempfile, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=2000)
@@ -59,6 +59,10 @@ for k in keys:
     grew = hi - first > slack
     ok &= not grew
     print(f"{'FAIL' if grew else 'ok  '} {k:18s} step {a.warmup}: {first}  min {lo}  max {hi}  end {vals[-1]}")
+bad = [r["step"] for r in rows if not math.isfinite(r["loss"])]
+if bad:
+    ok = False
+    print(f"FAIL loss not finite (NaN or infinite) at step(s) {bad[:10]}")
 tps = sorted(r["tokens_per_s"] for r in after)
 print(f"tokens/s median {tps[len(tps) // 2]:.0f}; loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
 print("PASS: flat after warm-up" if ok else "FAIL: grew after warm-up")

@@ -1,5 +1,6 @@
 /* The step loop on the cuda backend against the cpu backend (the oracle):
- * fp32 losses agree closely, bf16 losses follow within bf16 tolerance,
+ * fp32 losses agree within 1e-5 relative over the training steps, bf16
+ * losses follow within what bf16's rounding explains (BF16_LOSS_TOL),
  * offloading changes nothing (same losses under every policy and budget),
  * and the device never holds more than the budget. */
 #include "td_train_test.h"
@@ -31,6 +32,33 @@ static void run(const td_train_config *c, int steps, double *losses, td_memmgr_s
     td_test_train(c, steps, 42, losses, stats);
 }
 
+/* fp32 on both sides: the two backends differ only in the order of their
+ * sums (cuBLASLt with CUBLAS_COMPUTE_32F, no TF32), a few 2^-24 relative
+ * each; transformers agrees with the cpu backend to 6e-7. */
+#define FP32_LOSS_TOL 1e-5
+
+/* bf16 against fp32: the relative difference of a step's loss that bf16's
+ * rounding explains.  u = 2^-8 is bf16's rounding unit (8 significant bits:
+ * a rounding moves a value by at most u/2 of it).  On the way from the
+ * tokens to the logits the CUDA step rounds, at each of n_layer + 2 stages
+ * (the embedding, every block, the head), the stage's weights and its
+ * output to bf16; inside an op sums run in fp32 (test_ops_cuda checks each
+ * op's own roundings).  Two roundings of at most u/2 a stage compound to a
+ * relative change of at most eps = (n_layer + 2) * u of the logits, to
+ * first order.  A relative change eps of the logits z changes the
+ * cross-entropy by eps * (CE - H(p)) (as logsumexp(z) = E_p[z] + H(p), with
+ * p = softmax(z) and H its entropy), and 0 <= H(p) <= 2 CE in these runs (at
+ * the start H = CE = log V; a calibrated model keeps H near CE), so by at
+ * most eps * CE: the bound is eps relative, 5/256 = 2.0% for 3 layers.
+ * Training keeps the runs in that band: AdamW moves each weight by about lr
+ * a step whatever its gradient's rounding.  A wrong kernel (a missing term,
+ * a scale, a transposed operand) moves the loss by far more. */
+static double bf16_loss_tol(const td_train_config *c)
+{
+    const double u = 1.0 / 256; /* 2^-8 */
+    return (c->model.n_layer + 2) * u;
+}
+
 static void test_fp32_matches_cpu(void **state)
 {
     enum { S = 5 };
@@ -40,8 +68,10 @@ static void test_fp32_matches_cpu(void **state)
     c = config(TD_BACKEND_CUDA, TD_DTYPE_F32);
     run(&c, S, gpu, NULL);
     for (int s = 0; s < S; s++) {
-        print_message("step %d: cpu %.6f  cuda fp32 %.6f\n", s + 1, cpu[s], gpu[s]);
-        assert_true(fabs(gpu[s] - cpu[s]) <= 2e-3 * fabs(cpu[s]));
+        print_message("step %d: cpu %.7f  cuda fp32 %.7f  relative difference %.2g\n", s + 1, cpu[s], gpu[s],
+                      fabs(gpu[s] - cpu[s]) / fabs(cpu[s]));
+        if (!(fabs(gpu[s] - cpu[s]) <= FP32_LOSS_TOL * fabs(cpu[s])))
+            fail_msg("step %d: cuda fp32 loss %.9g, cpu %.9g: more than %g apart", s + 1, gpu[s], cpu[s], FP32_LOSS_TOL);
     }
 }
 
@@ -57,9 +87,9 @@ static void test_bf16_follows_cpu(void **state)
         double d = fabs(gpu[s] - cpu[s]) / cpu[s];
         if (d > worst) worst = d;
     }
-    print_message("bf16 vs cpu fp32 over %d steps: worst relative loss difference %.4f (loss %.3f -> %.3f)\n", S, worst,
-                  cpu[0], cpu[S - 1]);
-    assert_true(worst < 0.03);
+    print_message("bf16 vs cpu fp32 over %d steps: worst relative loss difference %.4f, bound %.4f (loss %.3f -> %.3f)\n",
+                  S, worst, bf16_loss_tol(&c), cpu[0], cpu[S - 1]);
+    assert_true(worst <= bf16_loss_tol(&c));
     assert_true(gpu[S - 1] < 0.8 * gpu[0]); /* it learns */
 }
 
@@ -126,14 +156,18 @@ static void test_llama_family(void **state)
         c = llama(TD_BACKEND_CUDA, TD_DTYPE_F32, f, k);
         run(&c, S, gpu, NULL);
         for (int s = 0; s < S; s++) {
-            print_message("%s step %d: cpu %.6f  cuda fp32 %.6f\n", td_model_family_name(f), s + 1, cpu[s], gpu[s]);
-            assert_true(fabs(gpu[s] - cpu[s]) <= 2e-3 * fabs(cpu[s]));
+            print_message("%s step %d: cpu %.7f  cuda fp32 %.7f  relative difference %.2g\n", td_model_family_name(f),
+                          s + 1, cpu[s], gpu[s], fabs(gpu[s] - cpu[s]) / fabs(cpu[s]));
+            if (!(fabs(gpu[s] - cpu[s]) <= FP32_LOSS_TOL * fabs(cpu[s])))
+                fail_msg("%s step %d: cuda fp32 loss %.9g, cpu %.9g: more than %g apart", td_model_family_name(f), s + 1,
+                         gpu[s], cpu[s], FP32_LOSS_TOL);
         }
         c = llama(TD_BACKEND_CUDA, TD_DTYPE_BF16, f, k);
         run(&c, SB, gpu, NULL);
         for (int s = 0; s < SB; s++) worst = fmax(worst, fabs(gpu[s] - cpu[s]) / cpu[s]);
-        print_message("%s bf16 vs cpu fp32: worst relative loss difference %.4f\n", td_model_family_name(f), worst);
-        assert_true(worst < 0.03);
+        print_message("%s bf16 vs cpu fp32: worst relative loss difference %.4f, bound %.4f\n", td_model_family_name(f),
+                      worst, bf16_loss_tol(&c));
+        assert_true(worst <= bf16_loss_tol(&c));
         /* offloaded at the plan's minimum budget: the same bits as resident */
         double ref[4], got[4];
         c.mm.placement = TD_PLACEMENT_CUDA;
