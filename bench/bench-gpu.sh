@@ -1,6 +1,8 @@
 #!/bin/bash
 # make bench-gpu: the benchmarks of the GPU machine, each beside its peer in
 # the same run.  Usage: bench/bench-gpu.sh path/to/tidal
+# Each part records its figures in bench/results/ (bench/results.py):
+# copy.json, adam.json and adam-torch.json, and one file per workload.
 #
 # Environment:
 #   TD_BENCH_PARTS  which parts, in order (default "copy adam workloads", and
@@ -27,14 +29,17 @@ for part in $parts; do
     case $part in
     copy)
         echo "== tidal bench copy (copy engine vs raw cudaMemcpyAsync on pinned memory)"
-        "$tidal" bench copy --backend cuda
+        python3 bench/results.py wrap copy "the copy engine against raw cudaMemcpyAsync on pinned memory" -- \
+            "$tidal" bench copy --backend cuda --json
         echo
         ;;
     adam)
         echo "== tidal bench adam vs torch.optim.AdamW(fused=True) on CPU, $threads threads"
-        "$tidal" bench adam --threads "$threads" --max-params 256M
+        python3 bench/results.py wrap adam "tidal's CPU AdamW, $threads threads, against the DRAM bound" -- \
+            "$tidal" bench adam --threads "$threads" --max-params 256M --json
         if [ "$have_torch" = 1 ]; then
-            python3 bench/peers/adam_torch.py --threads "$threads" --max-params 256M >/dev/null
+            python3 bench/results.py wrap adam-torch "torch.optim.AdamW(fused=True) on the CPU, $threads threads" -- \
+                python3 bench/peers/adam_torch.py --threads "$threads" --max-params 256M
         else
             echo "(PyTorch not found: no peer figures)"
         fi
@@ -46,7 +51,7 @@ for part in $parts; do
         echo
         ;;
     workloads)
-        echo "== GPT training workloads of BENCH.md: tidal vs PyTorch eager / FSDP2 CPU offload"
+        echo "== the training workloads of docs/benchmarks.md: tidal vs PyTorch eager / FSDP2 CPU offload"
         [ "$have_torch" = 1 ] || echo "(PyTorch not found: the peers will report themselves not available)"
         # shellcheck disable=SC2086 # TD_BENCH_ARGS is a list of flags
         python3 bench/workloads.py --tidal "$tidal" --workloads "$workloads" ${TD_BENCH_ARGS:-}

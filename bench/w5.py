@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""W5 of BENCH.md: the largest model that trains on the host, at a 24 GiB GPU budget.
+"""W5 of docs/benchmarks.md: the largest model that trains on the host, at a 24 GiB GPU budget.
 
 Rows, each a bench/workloads.py run of its own (tidal and peer one process
 after the other on the same GPU, the same random-token file, 16k tokens a
@@ -9,8 +9,8 @@ step, bf16 compute, lr 1e-4):
                 host with exact fp32 AdamW state (or --fp32-shape)
   tidal-int8    the same with --optim-state int8 (or --int8-shape)
   at-peer-max   tidal beside FSDP2 CPU offload at FSDP2's largest shape
-                (--peer-shape, default 32L/4096/32H = 6.65B, which trains on a
-                125 GiB host per BENCH.md; FSDP2 keeps fp32 params, grads, m
+                (--peer-shape, default 32L/4096/32H = 6.65B, the largest that
+                trains on a 125 GiB host; FSDP2 keeps fp32 params, grads, m
                 and v on the host, 16 bytes a parameter, so the next size up
                 does not fit): the tokens/s ratio of one run
 
@@ -24,6 +24,9 @@ Usage (GPU machine, repository root, after `make`):
     python3 bench/w5.py                         # all rows
     python3 bench/w5.py --rows at-peer-max      # the ratio only
     python3 bench/w5.py --smoke --tidal-backend cpu   # plumbing, no GPU
+
+Each row's figures go to bench/results/W5-<row>.json (bench/results.py);
+--smoke and --tidal-backend cpu write none unless --results names a folder.
 """
 import argparse
 import copy
@@ -123,6 +126,8 @@ def main(argv=None):
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--workdir", default="out/bench-w5")
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--results", metavar="DIR", help="results files here (default bench/results/, not with --smoke)")
+    ap.add_argument("--no-results", action="store_true", help="write no results file")
     ap.add_argument("--run-timeout", type=int, default=900)
     a = ap.parse_args(argv)
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
@@ -130,6 +135,11 @@ def main(argv=None):
     if bad or not rows:
         ap.error(f"unknown row(s) {', '.join(bad) or '(none)'}: choose from {', '.join(ROWS)}")
     a.seq, a.quick, a.tidal_batch, a.peer_batch = 1024, True, "", ""
+    if a.no_results:
+        a.results = None
+    elif a.results is None and not a.smoke and a.tidal_backend == "cuda":
+        a.results = wl.res.RESULTS_DIR
+    peak = wl.peak_flops()
     if a.smoke:
         a.seq, a.batch, a.budget_gib = 64, 2, 0.0625
         a.width, a.heads, a.int8_width, a.int8_heads = 64, 2, 64, 2
@@ -164,6 +174,8 @@ def main(argv=None):
             wl.say(f"  tidal: {t['tokens_per_s']:.0f} tok/s, step {t['step_ms_median']:.1f} ms, peak "
                    f"{wl.gib(t['peak_bytes'])}")
         results.append(res)
+        if a.results:
+            wl.record(a, res, peak)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(wl.to_json(results, a), f, indent=1)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""tidal beside its peers on BENCH.md's GPU workloads, in one run: the table of issue 6.
+"""tidal beside its peers on the GPU workloads of docs/benchmarks.md, in one run.
 
-For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W8S, W9 of
-../shared/BENCH.md) this runs, one process after the other on the same GPU:
+For each workload (W1, W2, W3, W4, W6, W7, and the LLaMA-family W8, W8S, W9
+of docs/benchmarks.md) this runs, one process after the other on the same GPU:
 
   tidal   `tidal train --backend cuda --precision bf16` on a random-token file
           this script writes (tidal's token-file format, docs/data.md: uint16
@@ -14,7 +14,7 @@ For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W8S, W9 of
           needs 120 GiB; W8S: the same shape with as many layers as the
           FSDP2 peer's host check passes in 0.9 of this machine's
           available memory, fp32 state on
-          both sides, the fallback issue 14 asks for); tokens/s is
+          both sides, W8's fallback); tokens/s is
           the median of its log's tokens_per_s over the steps after the
           warm-up (4..8 of 8); its peak device bytes are the log's
           device_peak_bytes; its lower bound is `tidal plan --json`'s
@@ -37,14 +37,14 @@ For each workload (W1, W2, W3, W4, W6, and the LLaMA-family W8, W8S, W9 of
           runs out of memory or peaks over the budget is skipped (and listed),
           and the fastest of the rest is the peer's figure.  Without a budget
           the first candidate that runs is taken (the next ones are only
-          fallbacks for a GPU too small for BENCH.md's batch).
+          fallbacks for a GPU too small for the workload's batch).
 
 While each process runs, nvidia-smi samples the GPU's used memory every 100
 ms: its peak minus the use before the start (CUDA context included) is printed
 beside the allocator's own peak.
 
-Then a table: tokens/s of each system, tidal/peer, the acceptance target of
-issue 6, tidal's peak device bytes against the budget, and tidal's lower bound
+Then a table: tokens/s of each system, tidal/peer, the workload's target
+ratio, tidal's peak device bytes against the budget, and tidal's lower bound
 (max of compute, PCIe bytes / bandwidth, CPU AdamW, and host DRAM: the CPU
 AdamW's bytes and the copies' at the rate the two reach together, as `tidal
 plan` measures them) with how close the step comes to it.  A system that fails is reported
@@ -56,6 +56,10 @@ Usage (on the GPU machine, from the repository root, after `make`):
     python3 bench/workloads.py --workloads W9,W8 --quick --run-timeout 360
     python3 bench/workloads.py --workloads W1 --json out/bench-gpu/w1.json
     python3 bench/workloads.py --smoke               # tiny shapes: plumbing check in ~1 minute
+
+Each workload's figures go to bench/results/<id>.json (bench/results.py), from
+which bench/report.py makes docs/performance.md's tables; --smoke and
+--tidal-backend cpu write none unless --results names a folder.
 """
 import argparse
 import array
@@ -76,9 +80,12 @@ import threading
 import time
 import zlib
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results as res  # noqa: E402
+
 GIB = 1 << 30
 MIB = 1 << 20
-VOCAB = 50304          # padded vocabulary (BENCH.md)
+VOCAB = 50304          # padded vocabulary (docs/benchmarks.md)
 TOKEN_RANGE = 50257    # ids drawn from GPT-2's real vocabulary
 EOT = 50256
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,7 +110,7 @@ class LlamaShape:
 
 
 class Workload:
-    def __init__(self, wid, name, shape, budget_gib, tokens, tidal, peer_mode, peer_cands, target, refs=(),
+    def __init__(self, wid, name, shape, budget_gib, tokens, tidal, peer_mode, peer_cands, target,
                  llama=None, ranks=1):
         self.id = wid
         self.name = name                  # "1.5B (48L/1600/25H)"
@@ -113,8 +120,7 @@ class Workload:
         self.tidal = tidal                # [(B, K)]: largest micro-batch first; the first the plan fits runs
         self.peer_mode = peer_mode        # torch_gpt.py --mode
         self.peer_cands = peer_cands      # [(B, K, ckpt)]
-        self.target = target              # tidal/peer ratio issue 6 asks for
-        self.refs = refs                  # reference figures quoted from BENCH.md
+        self.target = target              # the tidal/peer ratio the workload aims at
         self.llama = llama                # LlamaShape, or None: GPT-2
         self.ranks = ranks                # GPUs (tidal --nproc, torchrun for the peer); B is per rank
         self.data = None                  # its token file (main writes it; None: the caller's a.data)
@@ -132,29 +138,25 @@ M124, M1_5, M4_1 = (12, 768, 12), (48, 1600, 25), (32, 3200, 25)
 L8B, Q05B = (32, 4096, 32), (24, 896, 14)
 WORKLOADS = [
     Workload("W1", "124M (12L/768/12H)", M124, None, 16 * 1024, [(16, 1)],
-             "eager", [(16, 1, False), (8, 2, False), (4, 4, False)], 1.0,
-             [("llm.c", 346e3), ("PyTorch eager", 196e3)]),
+             "eager", [(16, 1, False), (8, 2, False), (4, 4, False)], 1.0),
     Workload("W2", "1.5B (48L/1600/25H)", M1_5, None, 8 * 1024, [(8, 1)],
-             "eager", [(8, 1, False), (4, 2, False), (8, 1, True)], 1.0,
-             [("llm.c", 33.8e3), ("PyTorch eager", 23.3e3)]),
+             "eager", [(8, 1, False), (4, 2, False), (8, 1, True)], 1.0),
     Workload("W3", "1.5B (48L/1600/25H)", M1_5, 24, 32 * 1024, [(32, 1), (16, 2), (8, 4), (4, 8)],
-             "fsdp2-offload", [(32, 1, True), (16, 2, True), (8, 4, True)], 1.3,
-             [("FSDP2 offload B32 ckpt", 19.5e3)]),
+             "fsdp2-offload", [(32, 1, True), (16, 2, True), (8, 4, True)], 1.3),
     Workload("W4", "4.1B (32L/3200/25H)", M4_1, 24, 16 * 1024, [(16, 1), (8, 2), (4, 4)],
-             "fsdp2-offload", [(16, 1, True), (8, 2, True)], 1.3,
-             [("FSDP2 offload B16 ckpt", 6.4e3)]),
+             "fsdp2-offload", [(16, 1, True), (8, 2, True)], 1.3),
     Workload("W6", "1.5B (48L/1600/25H)", M1_5, 8, 16 * 1024, [(16, 1), (8, 2), (4, 4), (2, 8)],
              "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)], 1.0),
-    # issue 14's targets: W8 >= 1.5x FSDP2, W9 >= 1.5x eager.  W8's tidal keeps bf16 AdamW state (fp32 needs
+    # Targets: W8 >= 1.5x FSDP2, W9 >= 1.5x eager.  W8's tidal keeps bf16 AdamW state (fp32 needs
     # 120 of the host's 125 GiB by `tidal plan`); FSDP2's fp32 state needs ~16 bytes a param, 128 GB.
-    # issue 11: tidal on 2 GPUs (ZeRO-3, --nproc 2) beside FSDP2 CPU offload on 2 (torchrun) and beside tidal on
+    # W7: tidal on 2 GPUs (ZeRO-3, --nproc 2) beside FSDP2 CPU offload on 2 (torchrun) and beside tidal on
     # one GPU at the same global batch (main runs that too); B is per rank, 64k tokens a step in all.
     Workload("W7", "1.5B (48L/1600/25H) on 2 GPUs", M1_5, 24, 64 * 1024, [(32, 1), (16, 2), (8, 4)],
              "fsdp2-offload", [(32, 1, True), (16, 2, True), (8, 4, True)], 1.5, ranks=2),
     Workload("W8", "llama-3.1-8b (32L/4096/32H, 8 KV heads, MLP 14336, vocab 128256)", L8B, 24, 16 * 1024,
              [(16, 1), (8, 2), (4, 4)], "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)],
              1.5, llama=LlamaShape("llama-3.1-8b", 8, 14336, 128256, 128001, "bf16")),
-    # W8's fallback (issue 14): FSDP2's fp32 state does not fit the host at 8.03B, so the same LLaMA shape with
+    # W8's fallback: FSDP2's fp32 state does not fit the host at 8.03B, so the same LLaMA shape with
     # the most layers the peer's host check passes on this machine (main sets them), both with fp32 AdamW state.
     Workload("W8S", "llama-3.1-8b shape, as many layers as FSDP2 offload fits the host", L8B, 24, 16 * 1024,
              [(16, 1), (8, 2), (4, 4)], "fsdp2-offload", [(16, 1, True), (8, 2, True), (4, 4, True), (2, 8, True)],
@@ -727,15 +729,13 @@ def print_table(results):
         skipped = [describe_peer_run(x) for x in p["tried"] if x is not p.get("best")]
         if skipped and p.get("best") is not None:
             notes.append(f"{w.id} {p['system']} also tried: " + "; ".join(skipped))
-        for name, v in w.refs:
-            notes.append(f"{w.id} reference (BENCH.md, nvidia-h200): {name} {fmt_tok(v)} tok/s")
         one = t.get("one_gpu")
         if one is not None:
             if one.get("error"):
                 notes.append(f"{w.id} tidal on 1 GPU: not available ({one['error']})")
             elif not t.get("error"):
                 notes.append(f"{w.id} tidal on {w.ranks} GPUs / tidal on 1 GPU, same {tok_step(w.tokens)} tokens a "
-                             f"step: {t['tokens_per_s'] / one['tokens_per_s']:.2f}x (issue 11's target: >= 1.9x); "
+                             f"step: {t['tokens_per_s'] / one['tokens_per_s']:.2f}x (target: >= 1.9x); "
                              f"1 GPU: {fmt_tok(one['tokens_per_s'])} tok/s at B{one['batch']}x{one['grad_accum']}")
     if notes:
         say("\nNotes:")
@@ -806,6 +806,56 @@ def to_json(results, a):
     }
 
 
+# Dense bf16 peak of each card, FLOP/s, for MFU (H100 and H200 SXM: docs/benchmarks.md).
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
+
+
+def peak_flops():
+    """The first GPU's dense bf16 peak, or None for a card not in PEAK_BF16_FLOPS (then no MFU is recorded)."""
+    gpu = res.machine().get("gpu", "")
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in gpu), None)
+
+
+def flops_per_token(params, w, seq):
+    """The model's FLOPs a token, recomputation not counted: 6 x parameters + 12 x layers x sequence x width."""
+    L, C, _ = w.shape
+    return 6 * params + 12 * L * seq * C
+
+
+def record(a, r, peak):
+    """Writes the workload's results file (bench/results/<id>.json): tokens/s of each system, the ratio, how close
+    tidal's step comes to its lower bound, MFU, and on several GPUs the ratio to tidal on one."""
+    w, t, p = r["w"], r["tidal"], r["peer"]
+    figs = []
+    ok_t = not t.get("error") and t.get("tokens_per_s")
+    best = p.get("best")
+    params = (t.get("plan") or {}).get("params")
+    if ok_t:
+        figs.append(res.figure("tidal tokens/s", t["tokens_per_s"], "tok/s"))
+    if best:
+        figs.append(res.figure(f"{p['system']} tokens/s", best["tokens_per_s"], "tok/s"))
+    ratio, _ = verdict(w, t, p)
+    if ratio is not None:
+        figs.append(res.figure(f"tidal / {p['system']}", ratio, "x"))
+    if ok_t and t.get("plan") and t.get("step_ms_median"):
+        figs.append(res.figure("tidal's lower bound / its step", 100 * t["plan"]["estimate"]["step_lower_bound_ms"]
+                               / t["step_ms_median"], "%"))
+    if peak and params:
+        fpt = flops_per_token(params, w, a.seq)
+        if ok_t:
+            figs.append(res.figure("tidal MFU", 100 * fpt * t["tokens_per_s"] / (peak * w.ranks), "%"))
+        if best:
+            figs.append(res.figure(f"{p['system']} MFU", 100 * fpt * best["tokens_per_s"] / (peak * w.ranks), "%"))
+    one = t.get("one_gpu")
+    if ok_t and one and not one.get("error") and one.get("tokens_per_s"):
+        figs.append(res.figure("tidal on 1 GPU tokens/s", one["tokens_per_s"], "tok/s"))
+        figs.append(res.figure(f"tidal on {w.ranks} GPUs / tidal on 1 GPU", t["tokens_per_s"] / one["tokens_per_s"], "x"))
+    budget = "unlimited" if w.budget_gib is None else f"{w.budget_gib:g} GiB"
+    title = (f"{w.name}, GPU budget {budget}{' a GPU' if w.ranks > 1 else ''}, {tok_step(w.tokens)} tokens a step: "
+             + (f"tidal beside {p['system']}" if p.get("tried") else "tidal alone"))
+    res.write_result(w.id, title, figs, details=to_json([r], a)["workloads"][0], out_dir=a.results)
+
+
 def guarded(fn, a, w, empty):
     """fn(a, w), or `empty` with the error when the driver itself trips (a changed log or plan format): one
     workload's row says so and the others still run."""
@@ -826,6 +876,10 @@ def main(argv=None):
     ap.add_argument("--peers-only", action="store_true")
     ap.add_argument("--tidal-only", action="store_true")
     ap.add_argument("--json", metavar="OUT", help="write every figure as JSON here (rewritten after each workload)")
+    ap.add_argument("--results", metavar="DIR",
+                    help="write each workload's results file (<id>.json) here (default bench/results/; not with "
+                         "--smoke or --tidal-backend cpu unless given)")
+    ap.add_argument("--no-results", action="store_true", help="write no results file")
     ap.add_argument("--workdir", default="out/bench-gpu", help="data file, logs (default out/bench-gpu)")
     ap.add_argument("--steps", type=int, default=8, help="optimizer steps per run (default 8)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (default 3)")
@@ -850,6 +904,10 @@ def main(argv=None):
         ap.error("--peers-only and --tidal-only exclude each other")
     if a.steps <= a.warmup:
         ap.error("--steps must exceed --warmup")
+    if a.no_results:
+        a.results = None
+    elif a.results is None and not a.smoke and a.tidal_backend == "cuda":
+        a.results = res.RESULTS_DIR
     by_id = {w.id: w for w in WORKLOADS}
     ids = [s.strip().upper() for s in a.workloads.split(",") if s.strip()]
     bad = [i for i in ids if i not in by_id]
@@ -889,6 +947,7 @@ def main(argv=None):
         f"GPU {', '.join(info.get('gpus', ['none found']))}")
 
     results = []
+    peak = peak_flops()
     for w in chosen:
         budget = "unlimited" if w.budget_gib is None else f"{w.budget_gib:g} GiB"
         say(f"\n== {w.id}: {w.name}, GPU budget {budget}, {w.tokens} tokens/step")
@@ -907,6 +966,8 @@ def main(argv=None):
         else:
             p = guarded(run_peer, a, w, {"system": PEER_NAMES[w.peer_mode], "tried": [], "best": None})
         results.append({"w": w, "tidal": t, "peer": p})
+        if a.results:
+            record(a, results[-1], peak)
         if a.json:
             os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
             with open(a.json, "w") as f:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CPU AdamW peer of `tidal bench adam` (../shared/BENCH.md).
+"""The CPU AdamW peer of `tidal bench adam` (docs/benchmarks.md).
 
 torch.optim.AdamW([one flat fp32 param], fused=True) on the CPU, with
 torch.set_num_threads(threads), on the sizes tidal's bench uses (1M, 4M,
@@ -12,7 +12,7 @@ Run beside tidal with the same threads, e.g. on a 16-core machine:
     build/tidal bench adam --json --threads 16 --max-params 1G > tidal_adam.json
     python3 bench/peers/adam_torch.py --threads 16 --max-params 1G > torch_adam.json
 and compare gparams_per_s at the same "params".  --impl foreach gives the
-other torch implementation (BENCH.md's 1.13 G params/s line).
+other torch implementation (docs/benchmarks.md, the CPU AdamW peer).
 
 Prints one JSON object:
     {"peer": "torch.optim.AdamW(fused=True)", "torch": VERSION, "threads": T,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch peers of tidal's GPT training benchmarks (../shared/BENCH.md).
+"""The PyTorch peers of tidal's GPT training benchmarks (docs/benchmarks.md).
 
 Two systems, one GPT-2 model (transformers.GPT2LMHeadModel, sdpa attention,
 vocabulary 50304, no dropout, random tokens, AdamW lr 1e-4):
@@ -12,7 +12,7 @@ vocabulary 50304, no dropout, random tokens, AdamW lr 1e-4):
                         are fully_shard()ed (MixedPrecisionPolicy bf16 params,
                         fp32 reduce), materialised on the CPU, and
                         AdamW(fused=True) runs on the CPU copies.  Gradient
-                        checkpointing with --ckpt (BENCH.md's configuration).
+                        checkpointing with --ckpt (docs/benchmarks.md's configuration).
 
 A step is --grad-accum micro-batches of --batch sequences of --seq tokens and
 one optimizer step; each is timed with torch.cuda.synchronize() on both sides
@@ -69,7 +69,7 @@ MODELS = {  # name: (layers, width, heads)
     "1.5b": (48, 1600, 25),
     "4.1b": (32, 3200, 25),
 }
-VOCAB = 50304      # GPT-2's 50257 padded to a multiple of 64 (BENCH.md)
+VOCAB = 50304      # GPT-2's 50257 padded to a multiple of 64 (docs/benchmarks.md)
 TOKEN_RANGE = 50257  # random ids are real GPT-2 ids, as in tidal's data file
 GIB = 1 << 30
 

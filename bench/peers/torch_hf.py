@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch peers of tidal's LLaMA-family benchmarks (W8, W9 of ../shared/BENCH.md).
+"""The PyTorch peers of tidal's LLaMA-family benchmarks (W8, W9 of docs/benchmarks.md).
 
 transformers' LlamaForCausalLM or Qwen2ForCausalLM built from a config of
 the --model preset's published shape (random init: matrices N(0, 0.02),
