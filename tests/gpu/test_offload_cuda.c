@@ -100,7 +100,9 @@ static void test_engine_full_duplex(void **state)
     }
     double gbs_one = n / (one * 1e-3) / 1e9, gbs_both = 2.0 * n / (both * 1e-3) / 1e9;
     print_message("engine: one direction %.1f GB/s, both %.1f GB/s\n", gbs_one, gbs_both);
-    assert_true(gbs_both > 1.5 * gbs_one);
+    /* sane rates first: a pinned copy below 1 GB/s is broken, above 1 TB/s the timing is */
+    assert_true(gbs_one > 1.0 && gbs_one < 1000.0);
+    assert_true(gbs_both > 1.5 * gbs_one && gbs_both < 2000.0);
     /* And the data arrived. */
     td_copy_ticket t;
     TD_ASSERT_OK(td_copy_submit(e, TD_COPY_D2H, hd, d1, n, NULL, &t));
