@@ -96,8 +96,10 @@ def machine():
 
 
 def describe_machine(m):
-    """One line: "1x NVIDIA H200 (139.8 GiB), 16 cores (Intel ...), 125.6 GiB RAM"."""
-    gpu = f"{m['gpu_count']}x {m['gpu']} ({m.get('gpu_memory_gib', '?')} GiB)" if m.get("gpu") else "no GPU"
+    """One line: "NVIDIA H200 (1 GPU, 139.8 GiB), 16 cores (Intel ...), 125.6 GiB RAM"."""
+    n = m.get("gpu_count", 1)
+    gpu = (f"{m['gpu']} ({n} GPU{'s' if n != 1 else ''}, {m.get('gpu_memory_gib', '?')} GiB{' each' if n > 1 else ''})"
+           if m.get("gpu") else "no GPU")
     cores = f"{m['cores']} cores" if "cores" in m else f"{m.get('cpus', '?')} CPUs"
     cpu = f" ({m['cpu']})" if m.get("cpu") else ""
     ram = f", {m['ram_gib']} GiB RAM" if "ram_gib" in m else ""

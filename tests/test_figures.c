@@ -56,6 +56,13 @@ static int report(const char *args)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
+/* report(args) must exit `want`; else the test fails with its output. */
+#define EXPECT_REPORT(args, want)                                                                       \
+    do {                                                                                                \
+        int rc_ = report(args);                                                                         \
+        if (rc_ != (want)) fail_msg("bench/report.py %s: exit %d, want %d: %s", args, rc_, want, td_proc_slurp(out)); \
+    } while (0)
+
 static void put_result(const char *id, const char *figures)
 {
     char rel[128], text[2048];
@@ -83,12 +90,12 @@ static void test_unbacked_figure_fails_and_backed_passes(void **state)
 {
     (void)state;
     put("docs/performance.md", "# Performance\n\n" BEGIN "\n" END "\n");
-    assert_int_equal(report(""), 0); /* fills the tables: every group without results */
+    EXPECT_REPORT("", 0); /* fills the tables: every group without results */
     assert_non_null(strstr(td_proc_slurp(out), "rewrote"));
     put("README.md", "tidal ran 2.01x its peer at 196k tok/s.\n"
                      "Not figures: `3.5x in code`, B16x2, 0x7f, 24 GiB, 16k tokens a step.\n"
                      "```\n9.99x in a block, 88%\n```\n");
-    assert_int_equal(report("--check"), 1);
+    EXPECT_REPORT("--check", 1);
     const char *o = td_proc_slurp(out);
     assert_non_null(strstr(o, "README.md:1: \"2.01x\""));
     assert_non_null(strstr(o, "README.md:1: \"196k tok/s\""));
@@ -99,21 +106,21 @@ static void test_unbacked_figure_fails_and_backed_passes(void **state)
     /* a results file backs them at the precision shown: 2.0087 -> "2.01x", 196312 -> "196k" */
     put_result("W3", "{\"name\": \"tidal / FSDP2\", \"value\": 2.0087, \"unit\": \"x\"}, "
                      "{\"name\": \"tidal tokens/s\", \"value\": 196312, \"unit\": \"tok/s\"}");
-    assert_int_equal(report("--check"), 1); /* the table is stale now */
+    EXPECT_REPORT("--check", 1); /* the table is stale now */
     assert_non_null(strstr(td_proc_slurp(out), "run `python3 bench/report.py`"));
-    assert_int_equal(report(""), 0);
-    assert_int_equal(report("--check"), 0);
+    EXPECT_REPORT("", 0);
+    EXPECT_REPORT("--check", 0);
     /* the table shows the figure, the machine, the date and the command */
     char path[512];
     snprintf(path, sizeof path, "%s/docs/performance.md", tmp);
     const char *perf = td_proc_slurp(path);
     assert_non_null(strstr(perf, "| tidal / FSDP2 | 2.01x |"));
-    assert_non_null(strstr(perf, "1x NVIDIA H200"));
+    assert_non_null(strstr(perf, "NVIDIA H200 (1 GPU, 139.8 GiB), 16 cores, 125.0 GiB RAM"));
     assert_non_null(strstr(perf, "2030-01-02"));
     assert_non_null(strstr(perf, "python3 bench/workloads.py --workloads W3"));
     /* a figure one digit off is not backed */
     put("README.md", "tidal ran 2.02x its peer.\n");
-    assert_int_equal(report("--check"), 1);
+    EXPECT_REPORT("--check", 1);
     assert_non_null(strstr(td_proc_slurp(out), "\"2.02x\""));
 }
 
@@ -123,18 +130,18 @@ static void test_malformed_results_fail(void **state)
     put("docs/performance.md", "# Performance\n\n" BEGIN "\n" END "\n");
     put("README.md", "no figures\n");
     put_result("W1", "{\"name\": \"tidal tokens/s\", \"value\": \"fast\", \"unit\": \"tok/s\"}");
-    assert_int_equal(report("--check"), 1);
+    EXPECT_REPORT("--check", 1);
     assert_non_null(strstr(td_proc_slurp(out), "numeric value"));
     put_result("W1", "{\"name\": \"tidal tokens/s\", \"value\": 1, \"unit\": \"furlongs\"}");
-    assert_int_equal(report("--check"), 1);
+    EXPECT_REPORT("--check", 1);
     put("results/W1.json", "{\"id\": \"W2\"");
-    assert_int_equal(report("--check"), 1);
+    EXPECT_REPORT("--check", 1);
     assert_non_null(strstr(td_proc_slurp(out), "not JSON"));
     char path[512];
     snprintf(path, sizeof path, "%s/results/W1.json", tmp);
     remove(path);
     put("docs/performance.md", "# Performance without the markers\n");
-    assert_int_equal(report("--check"), 1);
+    EXPECT_REPORT("--check", 1);
     assert_non_null(strstr(td_proc_slurp(out), "markers are missing"));
 }
 
