@@ -1217,7 +1217,7 @@ typedef struct cpu_acts {
 
 static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, int do_forward)
 {
-    td_model_desc cfg = {1, NH, C, T, 64, 64};
+    td_model_desc cfg = {.n_layer = 1, .n_head = NH, .n_embd = C, .n_positions = T, .vocab_size = 64, .padded_vocab_size = 64};
     const size_t N = (size_t)B * T, NC = N * C;
     reset();
     size_t pn;
@@ -1351,7 +1351,7 @@ static void repeats_case(int C, int NH)
 {
     const int B = 2, T = 96;
     const td_dtype dt = TD_DTYPE_BF16, gdt = TD_DTYPE_F32;
-    td_model_desc cfg = {1, NH, C, T, 64, 64};
+    td_model_desc cfg = {.n_layer = 1, .n_head = NH, .n_embd = C, .n_positions = T, .vocab_size = 64, .padded_vocab_size = 64};
     const size_t NC = (size_t)B * T * C;
     td_rng_seed(&F.rng, 109);
     reset();
@@ -1446,7 +1446,7 @@ static void block_speed(int path)
 {
     const int B = 8, T = 1024, C = 768, NH = 12;
     const td_dtype dt = TD_DTYPE_BF16, gdt = TD_DTYPE_BF16;
-    td_model_desc cfg = {1, NH, C, T, 64, 64};
+    td_model_desc cfg = {.n_layer = 1, .n_head = NH, .n_embd = C, .n_positions = T, .vocab_size = 64, .padded_vocab_size = 64};
     const size_t N = (size_t)B * T, NC = N * C;
     td_rng_seed(&F.rng, 110);
     reset();
