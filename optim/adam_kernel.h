@@ -469,14 +469,41 @@ TD_KINLINE void adam_run(const kcoeffs *k, const kcoeffs *knd, int l2, const td_
     }
 }
 
+/* One specialisation of the loops per combination of streaming stores (n),
+ * decay (l), grad dtype (g) and param output dtype (p), each a function of
+ * its own: in one function the 42 x 3 inlined loops cost GCC's inliner
+ * minutes a file.  The coefficients are copied to locals first: the loops'
+ * stores (vector types may alias anything) cannot reach them, so they stay
+ * in registers. */
+enum { AK_F32 = TD_OPTIM_DTYPE_F32, AK_BF16 = TD_OPTIM_DTYPE_BF16, AK_F16 = TD_OPTIM_DTYPE_F16, AK_NONE = TD_PDT_NONE };
+#define TD_ADAM_CASE_FN(n, l, g, p)                                                                            \
+    static __attribute__((noinline)) void adam_case_##n##_##l##_##g##_##p(const kcoeffs *kp, const kcoeffs *kndp, \
+                                                                         const td_adam_chunk *ch, size_t begin, \
+                                                                         size_t end)                            \
+    {                                                                                                           \
+        const kcoeffs kl = *kp, kndl = *kndp;                                                                   \
+        adam_run(&kl, &kndl, (l), ch, AK_##g, AK_##p, (n), begin, end);                                         \
+    }
+#define TD_ADAM_CASE_FNS(n, l)                                                                                 \
+    TD_ADAM_CASE_FN(n, l, F32, F32) TD_ADAM_CASE_FN(n, l, F32, BF16) TD_ADAM_CASE_FN(n, l, F32, F16)           \
+    TD_ADAM_CASE_FN(n, l, BF16, F32) TD_ADAM_CASE_FN(n, l, BF16, BF16) TD_ADAM_CASE_FN(n, l, BF16, F16)        \
+    TD_ADAM_CASE_FN(n, l, F16, F32) TD_ADAM_CASE_FN(n, l, F16, BF16) TD_ADAM_CASE_FN(n, l, F16, F16)
+TD_ADAM_CASE_FNS(0, 0)
+TD_ADAM_CASE_FNS(0, 1)
+#if TD_NT_BYTES
+TD_ADAM_CASE_FNS(1, 0)
+TD_ADAM_CASE_FNS(1, 1)
+#endif
+TD_ADAM_CASE_FN(0, 0, F32, NONE) TD_ADAM_CASE_FN(0, 0, BF16, NONE) TD_ADAM_CASE_FN(0, 0, F16, NONE)
+TD_ADAM_CASE_FN(0, 1, F32, NONE) TD_ADAM_CASE_FN(0, 1, BF16, NONE) TD_ADAM_CASE_FN(0, 1, F16, NONE)
+#undef TD_ADAM_CASE_FNS
+#undef TD_ADAM_CASE_FN
+
 /* Elements [begin, end) with coefficients k (knd: without decay, for the
  * int8 blocks that straddle a no-decay boundary). */
-static void update_segment(const kcoeffs *kp, const kcoeffs *kndp, int l2, const td_adam_chunk *ch, size_t begin,
+static void update_segment(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_chunk *ch, size_t begin,
                            size_t end)
 {
-    /* Local copies: the loops' stores (vector types may alias anything)
-     * cannot reach them, so the coefficients stay in registers. */
-    const kcoeffs kl = *kp, kndl = *kndp, *k = &kl, *knd = &kndl;
     int pdt = ch->param_out ? (int)ch->param_dtype : TD_PDT_NONE;
 #if TD_NT_BYTES
     /* Streaming stores where the segment's first output is aligned: every
@@ -488,9 +515,8 @@ static void update_segment(const kcoeffs *kp, const kcoeffs *kndp, int l2, const
 #else
     int nt = 0;
 #endif
-    enum { F32 = TD_OPTIM_DTYPE_F32, BF16 = TD_OPTIM_DTYPE_BF16, F16 = TD_OPTIM_DTYPE_F16, NONE = TD_PDT_NONE };
 #define TD_ADAM_CASE(n, l, g, p) \
-    case (((n) * 2 + (l)) * 4 + (g)) * 4 + (p): adam_run(k, knd, (l), ch, (g), (p), (n), begin, end); break;
+    case (((n) * 2 + (l)) * 4 + AK_##g) * 4 + AK_##p: adam_case_##n##_##l##_##g##_##p(k, knd, ch, begin, end); break;
 #define TD_ADAM_CASES(n, l)                                                                                   \
     TD_ADAM_CASE(n, l, F32, F32) TD_ADAM_CASE(n, l, F32, BF16) TD_ADAM_CASE(n, l, F32, F16)                  \
     TD_ADAM_CASE(n, l, BF16, F32) TD_ADAM_CASE(n, l, BF16, BF16) TD_ADAM_CASE(n, l, BF16, F16)               \
@@ -498,8 +524,10 @@ static void update_segment(const kcoeffs *kp, const kcoeffs *kndp, int l2, const
     switch (((nt * 2 + l2) * 4 + (int)ch->grad_dtype) * 4 + pdt) {
         TD_ADAM_CASES(0, 0)
         TD_ADAM_CASES(0, 1)
+#if TD_NT_BYTES
         TD_ADAM_CASES(1, 0)
         TD_ADAM_CASES(1, 1)
+#endif
         TD_ADAM_CASE(0, 0, F32, NONE) TD_ADAM_CASE(0, 0, BF16, NONE) TD_ADAM_CASE(0, 0, F16, NONE)
         TD_ADAM_CASE(0, 1, F32, NONE) TD_ADAM_CASE(0, 1, BF16, NONE) TD_ADAM_CASE(0, 1, F16, NONE)
     default: break; /* dtypes are checked by the callers */
