@@ -4,6 +4,7 @@
 #include "tidal/util.h"
 
 #include <hwloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -27,6 +28,25 @@ static void describe(td_topo *t, const char *gpu)
              gpu ? " nearest GPU " : "", gpu ? gpu : "", t->membind_refused ? "; memory binding refused" : "");
 }
 
+/* The machine's topology, read once per process (PCI devices included, to
+ * find a GPU's node) and copied for each td_topo: a discovery loads and
+ * unloads hwloc's plugins (libxml2, OpenCL, GL, PCI) each time, which cost
+ * more than a small trainer's whole set-up.  Kept until the process ends. */
+static hwloc_topology_t machine_topology;
+static pthread_once_t machine_once = PTHREAD_ONCE_INIT;
+
+static void machine_load(void)
+{
+    hwloc_topology_t m;
+    if (hwloc_topology_init(&m) != 0) return;
+    hwloc_topology_set_io_types_filter(m, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (hwloc_topology_load(m) != 0) {
+        hwloc_topology_destroy(m);
+        return;
+    }
+    machine_topology = m;
+}
+
 td_status td_topo_create(td_backend *b, td_topo **out)
 {
     td_status st = TD_OK;
@@ -35,16 +55,13 @@ td_status td_topo_create(td_backend *b, td_topo **out)
     *out = NULL;
     td_topo *t = td_calloc(1, sizeof *t, TD_ROLE_META);
     if (!t) return TD_ERR_NOMEM;
-    if (hwloc_topology_init(&t->topology) != 0) {
+    pthread_once(&machine_once, machine_load);
+    if (!machine_topology || hwloc_topology_dup(&t->topology, machine_topology) != 0) {
         td_free(t);
-        return td_error_set(TD_ERR_BACKEND, "hwloc_topology_init failed");
+        return td_error_set(TD_ERR_BACKEND, "hwloc could not read the machine's topology");
     }
-    if (b && td_backend_get_kind(b) == TD_BACKEND_CUDA && td_backend_pci_bus_id(b, busid, sizeof busid) == TD_OK) {
+    if (b && td_backend_get_kind(b) == TD_BACKEND_CUDA && td_backend_pci_bus_id(b, busid, sizeof busid) == TD_OK)
         have_gpu = 1;
-        hwloc_topology_set_io_types_filter(t->topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-    }
-    if (hwloc_topology_load(t->topology) != 0)
-        TD_FAIL(TD_ERR_BACKEND, "hwloc could not read the machine's topology");
     hwloc_obj_t local = hwloc_get_root_obj(t->topology);
     if (have_gpu) {
         hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(t->topology, busid);
