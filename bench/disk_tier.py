@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""The disk tier on the GPU machine: W11a, W11b and the paper plans of BENCH.md, and a
-scaled-down check of minutes.  Each part writes its figures into one JSON file.
+"""The disk tier on the GPU machine: W11a, W11b and the paper plans of docs/benchmarks.md, and a
+scaled-down check of minutes.  Each part writes its figures into one JSON file, and each
+part's results file bench/results/disk-tier-<part>.json (bench/results.py: the rates, the
+tokens/s and the step's share of its bound, with the machine, the commit and the command;
+not with --smoke or --tidal-backend cpu unless --results names a folder).
 
 Parts (--parts, comma-separated, in this order):
 
@@ -33,7 +36,7 @@ Usage (GPU machine, repository root, after `make`; DIR on the local disk):
     python3 bench/disk_tier.py --dir /mnt/scratch/tidal --parts w11a --w11a-accum 1
     python3 bench/disk_tier.py --dir /mnt/scratch/tidal --parts w11b,paper
     python3 bench/disk_tier.py --smoke --tidal-backend cpu --dir /tmp/x   # plumbing, no GPU
-Results: --json (default bench/results/disk_tier-<parts>-<date>.json).
+Results: --json (default out/bench-disk/disk_tier-<parts>.json), and bench/results/disk-tier-<part>.json.
 """
 import argparse
 import datetime
@@ -50,6 +53,35 @@ import workloads as wl  # noqa: E402
 
 GIB = 1 << 30
 PARTS = ["bench", "check", "w11a", "w11b", "paper"]
+
+
+PART_TITLES = {
+    "bench": "the drive's direct write, read and mixed rates through the disk tier's engine",
+    "check": "the disk tier's scaled-down check: state in RAM against state partly on disk",
+    "w11a": "W11a: the 8.27B GPT, fp32 state, --host-ram 64GiB, the rest on local disk",
+    "w11b": "W11b: the largest model on the host's RAM and free disk, int8 state",
+    "paper": "the largest models `tidal plan` fits with 2 TiB of disk, on paper",
+}
+
+
+def part_figures(part, r):
+    """The figures of one part's record for its results file (none where it failed)."""
+    figs = []
+    if not isinstance(r, dict) or r.get("error"):
+        return figs
+    if part == "bench":
+        return wl.res.bench_figures(r.get("result") or {})
+    for key, name in (("timed_disk", "tokens/s, state partly on disk"), ("timed_ram", "tokens/s, state in RAM"),
+                      ("timed", "tokens/s")):
+        t = r.get(key)
+        if isinstance(t, dict) and t.get("tokens_per_s_median"):
+            figs.append(wl.res.figure(name, t["tokens_per_s_median"], "tok/s"))
+    if r.get("bound_fraction"):
+        figs.append(wl.res.figure("the lower bound / the step", 100 * r["bound_fraction"], "%"))
+    if part == "w11b" and len(r.get("tokens_per_s") or []) > 1:
+        figs.append(wl.res.figure("tokens/s (median after the first step)",
+                                  statistics.median(r["tokens_per_s"][1:]), "tok/s"))
+    return figs
 
 
 def shape_flags(shape, vocab):
@@ -308,6 +340,8 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the given backend: the plumbing")
     ap.add_argument("--workdir", default="out/bench-disk")
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--results", metavar="DIR", help="results files here (default bench/results/, not with --smoke)")
+    ap.add_argument("--no-results", action="store_true", help="write no results file")
     ap.add_argument("--run-timeout", type=int, default=1800)
     a = ap.parse_args(argv)
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
@@ -336,11 +370,19 @@ def main(argv=None):
         except (RuntimeError, KeyError, TypeError) as e:
             out[p] = {"error": f"{type(e).__name__}: {e}"}
             wl.say(f"{p}: {out[p]['error']}")
-    path = a.json or os.path.join(HERE, "results", f"disk_tier-{'-'.join(parts)}-{datetime.date.today()}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    path = a.json or os.path.join(a.workdir, f"disk_tier-{'-'.join(parts)}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1, default=str)
-    wl.say(f"results: {path}")
+    wl.say(f"all of it: {path}")
+    if a.no_results:
+        a.results = None
+    elif a.results is None and not a.smoke and a.tidal_backend == "cuda":
+        a.results = wl.res.RESULTS_DIR
+    if a.results:
+        for p in parts:
+            wl.res.write_result(f"disk-tier-{p}", PART_TITLES[p], part_figures(p, out[p]),
+                                details=json.loads(json.dumps(out[p], default=str)), out_dir=a.results)
     return 0
 
 

@@ -49,6 +49,9 @@ GROUPS = [
     ("The LLaMA family (W8, W8S, W9)", "python3 bench/workloads.py --workloads W9,W8,W8S", ["W9", "W8", "W8S"]),
     ("The copy engine and the CPU AdamW", "make bench-gpu TD_BENCH_PARTS='copy adam'", ["copy", "adam", "adam-torch"]),
     ("`tidal tune`'s pick against a measured grid (W6's shape)", "python3 bench/tune_grid.py", ["tune-grid-W6"]),
+    ("The disk tier (W11a, W11b; DIR on a local disk)",
+     "python3 bench/disk_tier.py --dir DIR --parts bench,check,w11a,w11b,paper",
+     ["disk-tier-bench", "disk-tier-check", "disk-tier-w11a", "disk-tier-w11b", "disk-tier-paper"]),
 ]
 
 RATE = r"(?P<rate>tok/s|tokens/s|params/s|(?:[GT])?FLOP/s|(?:Gi|[KMGT])?B/s)"
