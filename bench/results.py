@@ -176,7 +176,7 @@ def load_results(d=None):
 
 # ---- `tidal bench ... --json`, recorded -------------------------------------------------------------
 
-LABEL_KEYS = ("direction", "path", "state", "name", "op", "collective")
+LABEL_KEYS = ("direction", "path", "state", "method", "name", "op", "collective")
 
 
 def _walk(o, prefix=""):
