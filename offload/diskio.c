@@ -690,11 +690,13 @@ td_status td_dio_file_create(td_dio *io, const char *const *dirs, int n_dirs, si
     size_t at = 0;
     for (int i = 0; i < n_dirs; i++) {
         struct dio_dir *d = &f->d[i];
-        snprintf(d->dir, sizeof d->dir, "%s", dirs[i]);
-        size_t dl = strlen(d->dir);
-        while (dl > 1 && d->dir[dl - 1] == '/') d->dir[--dl] = 0;
-        snprintf(d->lock, sizeof d->lock, "%s/%s.lock", d->dir, stem);
-        snprintf(d->data, sizeof d->data, "%s/%s.data", d->dir, stem);
+        char dir[sizeof d->dir];
+        snprintf(dir, sizeof dir, "%s", dirs[i]);
+        size_t dl = strlen(dir);
+        while (dl > 1 && dir[dl - 1] == '/') dir[--dl] = 0;
+        memcpy(d->dir, dir, dl + 1);
+        snprintf(d->lock, sizeof d->lock, "%s/%s.lock", dir, stem);
+        snprintf(d->data, sizeof d->data, "%s/%s.data", dir, stem);
         struct statfs fs;
         if (statfs(d->dir, &fs) == 0) fs_name((long)fs.f_type, d->fs, sizeof d->fs);
         TD_TRY(reclaim(d->dir, host, f->notes, sizeof f->notes));
