@@ -124,7 +124,7 @@ static td_status fc_bwd(td_block_probe *b)
 }
 static td_status ln2_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_layernorm_backward_res(b->dx, b->dres, b->g.ln2_w, b->g.ln2_b, b->dy, b->a.res2, b->w.ln2_w,
+    return td_ops_cuda_layernorm_backward_res(b->dx, NULL, b->g.ln2_w, b->g.ln2_b, b->dy, b->a.res2, b->w.ln2_w,
                                               b->a.ln2_mean, b->a.ln2_rstd, b->N, b->mc.n_embd, b->dt, b->dt,
                                               b->scratch, b->scratch_bytes, b->stream);
 }
@@ -147,7 +147,7 @@ static td_status qkv_bwd(td_block_probe *b)
 }
 static td_status ln1_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_layernorm_backward_res(b->dx, b->dres, b->g.ln1_w, b->g.ln1_b, b->dy, b->x, b->w.ln1_w,
+    return td_ops_cuda_layernorm_backward_res(b->dx, NULL, b->g.ln1_w, b->g.ln1_b, b->dy, b->x, b->w.ln1_w,
                                               b->a.ln1_mean, b->a.ln1_rstd, b->N, b->mc.n_embd, b->dt, b->dt,
                                               b->scratch, b->scratch_bytes, b->stream);
 }
@@ -174,7 +174,7 @@ static td_status block_bwd(td_block_probe *b) { return td_block_probe_backward(b
 /* forward: rms1 -> qkv -> rope(q, k) -> GQA -> o + x -> rms2 -> gate|up -> SwiGLU -> down + res2 */
 static td_status l_rms1_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_rmsnorm_forward(b->a.ln1, b->a.ln1_rstd, b->x, b->w.ln1_w, b->N, L_C(b), L_EPS(b), b->dt,
+    return td_ops_cuda_rmsnorm_forward(b->a.ln1, b->a.ln1_rstd, b->x, b->w.ln1_w, 0.0f, b->N, L_C(b), L_EPS(b), b->dt,
                                        b->stream);
 }
 static td_status l_qkv_fwd(td_block_probe *b)
@@ -184,7 +184,7 @@ static td_status l_qkv_fwd(td_block_probe *b)
 }
 static td_status l_rope_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_rope_forward(b->a.qkv, b->inv_freq, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
+    return td_ops_cuda_rope_forward(b->a.qkv, (const float *)b->consts, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
                                     (size_t)L_QKV(b), b->dt, b->stream);
 }
 static td_status l_att_fwd(td_block_probe *b)
@@ -199,7 +199,7 @@ static td_status l_o_fwd(td_block_probe *b)
 }
 static td_status l_rms2_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_rmsnorm_forward(b->a.ln2, b->a.ln2_rstd, b->a.res2, b->w.ln2_w, b->N, L_C(b), L_EPS(b), b->dt,
+    return td_ops_cuda_rmsnorm_forward(b->a.ln2, b->a.ln2_rstd, b->a.res2, b->w.ln2_w, 0.0f, b->N, L_C(b), L_EPS(b), b->dt,
                                        b->stream);
 }
 static td_status l_gu_fwd(td_block_probe *b)
@@ -209,7 +209,7 @@ static td_status l_gu_fwd(td_block_probe *b)
 }
 static td_status l_swiglu_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_swiglu_forward(b->a.fch_gelu, b->a.fch, b->N, L_F(b), b->dt, b->stream);
+    return td_ops_cuda_glu_forward(b->a.fch_gelu, b->a.fch, b->N, L_F(b), TD_OPS_GLU_SILU, b->dt, b->stream);
 }
 static td_status l_down_fwd(td_block_probe *b)
 {
@@ -225,7 +225,7 @@ static td_status l_down_bwd(td_block_probe *b)
 }
 static td_status l_swiglu_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_swiglu_backward(b->big, b->mid, b->a.fch, b->N, L_F(b), TD_OPS_CUDA_SET, b->dt, b->stream);
+    return td_ops_cuda_glu_backward(b->big, b->mid, b->a.fch, b->N, L_F(b), TD_OPS_GLU_SILU, TD_OPS_CUDA_SET, b->dt, b->stream);
 }
 static td_status l_gu_bwd(td_block_probe *b)
 {
@@ -235,7 +235,7 @@ static td_status l_gu_bwd(td_block_probe *b)
 }
 static td_status l_rms2_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_rmsnorm_backward_res(b->dres, b->dy, b->g.ln2_w, b->dc, b->a.res2, b->w.ln2_w, b->a.ln2_rstd,
+    return td_ops_cuda_rmsnorm_backward_res(b->dres, b->dy, b->g.ln2_w, b->dc, b->a.res2, b->w.ln2_w, 0.0f, b->a.ln2_rstd,
                                             b->N, L_C(b), b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
 static td_status l_o_bwd(td_block_probe *b)
@@ -252,7 +252,7 @@ static td_status l_att_bwd(td_block_probe *b)
 }
 static td_status l_rope_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_rope_backward(b->big, b->inv_freq, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
+    return td_ops_cuda_rope_backward(b->big, (const float *)b->consts, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
                                      (size_t)L_QKV(b), b->dt, b->stream);
 }
 static td_status l_qkv_bwd(td_block_probe *b)
@@ -263,7 +263,7 @@ static td_status l_qkv_bwd(td_block_probe *b)
 }
 static td_status l_rms1_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_rmsnorm_backward_res(b->dx, b->dres, b->g.ln1_w, b->dc, b->x, b->w.ln1_w, b->a.ln1_rstd, b->N,
+    return td_ops_cuda_rmsnorm_backward_res(b->dx, b->dres, b->g.ln1_w, b->dc, b->x, b->w.ln1_w, 0.0f, b->a.ln1_rstd, b->N,
                                             L_C(b), b->dt, b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
 
@@ -348,8 +348,9 @@ static void block_tflops(const row *rows, int nrows, double tf[3])
 static td_status time_gpt2(td_backend *be, const opts *o, td_dtype dt, const td_model_desc *mc, cJSON *doc, double tf[3])
 {
     td_block_probe *b = NULL;
-    td_status st = td_block_probe_create(be, mc, o->batch, o->seq, dt, &b);
+    td_status st = td_block_probe_create(be, mc, o->batch, o->seq, dt, 1, &b);
     if (st) return st;
+    td_ops_cuda_block_acts_view(&b->mc, b->B, b->T, dt, b->acts, &b->a); /* GPT-2's block keeps these */
     size_t N = (size_t)b->N, C = (size_t)o->width, E = td_dtype_bytes(dt);
     double mm = 2.0 * (double)N * C, att = 2.0 * (double)b->B * b->T * b->T * C; /* causal: half of 4 B T^2 C */
     double nc = (double)N * C * (double)E;
@@ -402,16 +403,14 @@ static td_status time_llama(td_backend *be, const opts *o, td_dtype dt, const td
                             const double gpt_tf[3])
 {
     const int NKV = o->kv_heads, F = o->mlp, hs = o->width / o->heads, QKV = (o->heads + 2 * NKV) * hs;
-    td_model_desc lc = *mc;
-    td_model_desc_set_family(&lc, TD_MODEL_LLAMA);
-    lc.n_kv_head = NKV;
-    lc.n_inner = F;
-    lc.rope_theta = 500000.0f;
-    lc.rope_scaling = (td_rope_scaling){ .factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
-                                         .original_max_positions = 8192 };
-    td_block_probe *l = NULL;
-    td_status st = td_block_probe_create(be, &lc, o->batch, o->seq, dt, &l);
+    td_model_desc lc; /* Llama 3.1 8B's settings, this width and these heads */
+    td_status st = td_model_preset("llama-3.1-8b", &lc);
     if (st) return st;
+    lc.n_layer = 1, lc.n_embd = mc->n_embd, lc.n_head = mc->n_head, lc.n_kv_head = NKV, lc.n_inner = F;
+    lc.n_positions = mc->n_positions, lc.vocab_size = mc->vocab_size, lc.padded_vocab_size = mc->padded_vocab_size;
+    td_block_probe *l = NULL;
+    if ((st = td_block_probe_create(be, &lc, o->batch, o->seq, dt, 1, &l))) return st;
+    td_ops_cuda_rotary_block_acts_view(&l->mc, l->B, l->T, dt, l->acts, &l->a); /* the rotary decoder's fields */
     const size_t N = (size_t)l->N, C = (size_t)o->width, E = td_dtype_bytes(dt);
     const double att = 2.0 * (double)l->B * l->T * l->T * C;
     const double lmm = 2.0 * (double)N, natt = (double)o->width * E * N;

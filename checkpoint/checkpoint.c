@@ -1,9 +1,11 @@
 /* Checkpoint directories (see include/tidal/checkpoint.h, docs/checkpoints.md).
  *
- * Three parts: the GPT-2 parameter table and config.json (what is stored
- * under which name and shape), the directory protocol (temporary directory,
- * exchange or aside, recovery, deleting only files tidal writes), and the
- * writer and reader on top of the safetensors streams. */
+ * The file formats and the directory protocol: config.json with the
+ * checkpoint's keys, the directory protocol (temporary directory, exchange
+ * or aside, recovery, deleting only files tidal writes), and the writer and
+ * reader on top of the safetensors streams.  What is stored under which
+ * name and shape, and what config.json says of the model, is the model
+ * family's (model.h: td_model_hf_*, td_model_config_*). */
 #include "tidal/checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -19,193 +21,8 @@
 #include <unistd.h>
 
 #include "tidal/alloc.h"
-#include "tidal/model.h"
+#include "tidal/family.h"
 #include "tidal/util.h"
-
-/* --- configuration and parameter table ------------------------------------ */
-
-static int is_gpt2(const td_model_desc *cfg) { return cfg->family == TD_MODEL_GPT2; }
-
-td_status td_ckpt_config_check(const td_model_desc *cfg)
-{
-    if (!cfg) return td_error_set(TD_ERR_INVALID, "checkpoint: no model configuration given");
-    if (cfg->n_head > 0 && cfg->n_embd % cfg->n_head) /* in config.json's words */
-        return td_error_set(TD_ERR_INVALID, "checkpoint: %s %d is not a multiple of %s %d",
-                            is_gpt2(cfg) ? "n_embd" : "hidden_size", cfg->n_embd,
-                            is_gpt2(cfg) ? "n_head" : "num_attention_heads", cfg->n_head);
-    td_status st = td_model_desc_check(cfg);
-    if (st) return td_error_prefix(st, "checkpoint: ");
-    if (cfg->n_layer > 100000 || (int64_t)cfg->n_embd * 4 > INT32_MAX)
-        return td_error_set(TD_ERR_INVALID, "checkpoint: n_layer %d / n_embd %d are out of range",
-                            cfg->n_layer, cfg->n_embd);
-    return TD_OK;
-}
-
-/* A Hugging Face tensor as a part of a tidal tensor: the tensor's position
- * in its block (or the layout index outside blocks), and which part. */
-typedef enum part { WHOLE, PART_Q, PART_K, PART_V, PART_GATE, PART_UP } part;
-
-typedef struct hf_part { td_model_param kind; part part; const char *suffix; } hf_part;
-
-/* A LLaMA-family block's Hugging Face tensors, in save_pretrained's order. */
-static int llama_block_parts(const td_model_desc *cfg, hf_part out[12])
-{
-    int n = 0;
-    out[n++] = (hf_part){TD_MODEL_LN1_W, WHOLE, "input_layernorm.weight"};
-    out[n++] = (hf_part){TD_MODEL_QKV_W, PART_Q, "self_attn.q_proj.weight"};
-    if (cfg->qkv_bias) out[n++] = (hf_part){TD_MODEL_QKV_B, PART_Q, "self_attn.q_proj.bias"};
-    out[n++] = (hf_part){TD_MODEL_QKV_W, PART_K, "self_attn.k_proj.weight"};
-    if (cfg->qkv_bias) out[n++] = (hf_part){TD_MODEL_QKV_B, PART_K, "self_attn.k_proj.bias"};
-    out[n++] = (hf_part){TD_MODEL_QKV_W, PART_V, "self_attn.v_proj.weight"};
-    if (cfg->qkv_bias) out[n++] = (hf_part){TD_MODEL_QKV_B, PART_V, "self_attn.v_proj.bias"};
-    out[n++] = (hf_part){TD_MODEL_ATTPROJ_W, WHOLE, "self_attn.o_proj.weight"};
-    out[n++] = (hf_part){TD_MODEL_LN2_W, WHOLE, "post_attention_layernorm.weight"};
-    out[n++] = (hf_part){TD_MODEL_FC_W, PART_GATE, "mlp.gate_proj.weight"};
-    out[n++] = (hf_part){TD_MODEL_FC_W, PART_UP, "mlp.up_proj.weight"};
-    out[n++] = (hf_part){TD_MODEL_FCPROJ_W, WHOLE, "mlp.down_proj.weight"};
-    return n;
-}
-
-/* Hugging Face tensors per block, and the tidal tensors outside blocks. */
-static int hf_block_count(const td_model_desc *cfg)
-{
-    hf_part parts[12];
-    return is_gpt2(cfg) ? TD_MODEL_BLOCK_TENSORS : llama_block_parts(cfg, parts);
-}
-
-int td_ckpt_param_count(const td_model_desc *cfg)
-{
-    return td_model_tensor_count(cfg) - td_model_block_tensor_count(cfg) * cfg->n_layer +
-           hf_block_count(cfg) * cfg->n_layer;
-}
-
-/* The rows of a part of a fused (rows, ...) tensor: first row and count. */
-static void part_rows(const td_model_desc *cfg, part pt, int64_t *row0, int64_t *rows)
-{
-    const int64_t hs = td_model_head_size(cfg), q = (int64_t)cfg->n_head * hs;
-    const int64_t kv = (int64_t)td_model_kv_heads(cfg) * hs, H = td_model_mlp_width(cfg);
-    switch (pt) {
-    case PART_Q: *row0 = 0; *rows = q; return;
-    case PART_K: *row0 = q; *rows = kv; return;
-    case PART_V: *row0 = q + kv; *rows = kv; return;
-    case PART_GATE: *row0 = 0; *rows = H; return;
-    case PART_UP: *row0 = H; *rows = H; return;
-    default: *row0 = 0; *rows = -1; return;
-    }
-}
-
-td_status td_ckpt_param_get(const td_model_desc *cfg, int index, td_ckpt_param *out)
-{
-    const int count = td_ckpt_param_count(cfg);
-    memset(out, 0, sizeof *out);
-    if (index < 0 || index >= count)
-        return td_error_set(TD_ERR_INVALID, "checkpoint: parameter index %d out of range (0..%d)",
-                            index, count - 1);
-    const int ne = td_model_embed_tensor_count(cfg), nb = td_model_block_tensor_count(cfg);
-    const int hb = hf_block_count(cfg), L = cfg->n_layer;
-    hf_part part = {0, WHOLE, NULL};
-    if (index < ne) {
-        out->tensor = index;
-    } else if (index < ne + hb * L) {
-        const int layer = (index - ne) / hb, k = (index - ne) % hb;
-        if (is_gpt2(cfg)) {
-            out->tensor = ne + layer * nb + k;
-        } else {
-            hf_part parts[12];
-            llama_block_parts(cfg, parts);
-            part = parts[k];
-            out->tensor = -1;
-            for (int j = 0; j < nb && out->tensor < 0; j++) { /* the block tensor of this kind */
-                td_model_tensor t;
-                td_model_tensor_get(cfg, ne + layer * nb + j, &t);
-                if (t.kind == part.kind) out->tensor = ne + layer * nb + j;
-            }
-        }
-    } else {
-        out->tensor = index - ne - hb * L + ne + nb * L;
-    }
-    td_model_tensor t;
-    td_model_tensor_get(cfg, out->tensor, &t);
-    out->layer = t.layer;
-    out->ndim = t.ndim;
-    out->shape[0] = t.shape[0];
-    out->shape[1] = t.ndim == 2 ? t.shape[1] : 0;
-    if (part.suffix) {
-        snprintf(out->name, sizeof out->name, "model.layers.%d.%s", t.layer, part.suffix);
-        int64_t row0, rows;
-        part_rows(cfg, part.part, &row0, &rows);
-        if (rows >= 0) {
-            out->shape[0] = rows;
-            out->offset = (uint64_t)row0 * (uint64_t)(t.ndim == 2 ? t.shape[1] : 1);
-        }
-    } else {
-        snprintf(out->name, sizeof out->name, "%s", t.name);
-    }
-    out->transposed = t.hf_transposed;
-    out->hf_shape[0] = out->transposed ? out->shape[1] : out->shape[0];
-    out->hf_shape[1] = out->transposed ? out->shape[0] : out->shape[1];
-    if (t.kind == TD_MODEL_WTE || t.kind == TD_MODEL_LM_HEAD) out->hf_shape[0] = cfg->vocab_size;
-    out->numel = (uint64_t)out->shape[0] * (uint64_t)(out->ndim == 2 ? out->shape[1] : 1);
-    out->hf_numel = (uint64_t)out->hf_shape[0] * (uint64_t)(out->ndim == 2 ? out->hf_shape[1] : 1);
-    return TD_OK;
-}
-
-/* "123." -> 123 and the rest after the dot; no sign, no leading zeros. */
-static int parse_layer(const char *s, const char **rest)
-{
-    if (s[0] < '0' || s[0] > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9')) return -1;
-    long v = 0;
-    while (*s >= '0' && *s <= '9') {
-        v = v * 10 + (*s++ - '0');
-        if (v > 1000000) return -1;
-    }
-    if (*s != '.') return -1;
-    *rest = s + 1;
-    return (int)v;
-}
-
-/* GPT-2 files may carry "transformer." in front of every name. */
-static const char *strip_prefix(const td_model_desc *cfg, const char *name)
-{
-    static const char prefix[] = "transformer.";
-    if (!is_gpt2(cfg)) return name;
-    return strncmp(name, prefix, sizeof prefix - 1) ? name : name + sizeof prefix - 1;
-}
-
-/* The block prefix of the family's names: "h." or "model.layers.". */
-static const char *block_prefix(const td_model_desc *cfg) { return is_gpt2(cfg) ? "h." : "model.layers."; }
-
-/* The layer of a block tensor's name and the rest after "<prefix><layer>.", or -1. */
-static int name_layer(const td_model_desc *cfg, const char *name, const char **rest)
-{
-    const char *pre = block_prefix(cfg);
-    if (strncmp(name, pre, strlen(pre))) return -1;
-    return parse_layer(name + strlen(pre), rest);
-}
-
-int td_ckpt_param_find(const td_model_desc *cfg, const char *name)
-{
-    name = strip_prefix(cfg, name);
-    const int count = td_ckpt_param_count(cfg), ne = td_model_embed_tensor_count(cfg);
-    const int hb = hf_block_count(cfg), L = cfg->n_layer;
-    const char *rest;
-    int layer = name_layer(cfg, name, &rest);
-    if (layer >= 0) {
-        if (layer >= L) return -1;
-        for (int k = 0; k < hb; k++) {
-            td_ckpt_param p;
-            td_ckpt_param_get(cfg, ne + layer * hb + k, &p);
-            if (!strcmp(name, p.name)) return ne + layer * hb + k;
-        }
-        return -1;
-    }
-    for (int i = 0; i < count; i = i == ne - 1 ? ne + hb * L : i + 1) { /* outside the blocks */
-        td_ckpt_param p;
-        td_ckpt_param_get(cfg, i, &p);
-        if (!strcmp(name, p.name)) return i;
-    }
-    return -1;
-}
 
 const char *td_ckpt_state_name(td_ckpt_state kind)
 {
@@ -233,109 +50,22 @@ static const char *torch_dtype_name(td_dtype dt)
     return dt == TD_DTYPE_BF16 ? "bfloat16" : dt == TD_DTYPE_F16 ? "float16" : "float32";
 }
 
-/* A float as the shortest decimal that reads back as the same float
- * (1e-05, not 9.99999974738e-06), as a double for cJSON. */
-static double short_float(float f)
-{
-    char buf[32];
-    snprintf(buf, sizeof buf, "%.9g", f);
-    for (int prec = 1; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, f);
-        if ((float)strtod(buf, NULL) == f) break;
-    }
-    return strtod(buf, NULL);
-}
-
-static void add_gpt2_config(cJSON *o, const td_model_desc *cfg)
-{
-    cJSON_AddItemToArray(cJSON_GetObjectItem(o, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddStringToObject(o, "model_type", "gpt2");
-    cJSON_AddNumberToObject(o, "n_layer", cfg->n_layer);
-    cJSON_AddNumberToObject(o, "n_head", cfg->n_head);
-    cJSON_AddNumberToObject(o, "n_embd", cfg->n_embd);
-    cJSON_AddNumberToObject(o, "n_positions", cfg->n_positions);
-    cJSON_AddNumberToObject(o, "n_ctx", cfg->n_positions);
-    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
-    cJSON_AddNullToObject(o, "n_inner");
-    cJSON_AddStringToObject(o, "activation_function", "gelu_new");
-    cJSON_AddNumberToObject(o, "layer_norm_epsilon", 1e-5);
-    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
-    /* tidal trains without dropout; say so, so a model loaded for training matches. */
-    cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
-    cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
-    cJSON_AddNumberToObject(o, "attn_pdrop", 0.0);
-    cJSON_AddTrueToObject(o, "scale_attn_weights");
-    cJSON_AddFalseToObject(o, "scale_attn_by_inverse_layer_idx");
-    cJSON_AddFalseToObject(o, "reorder_and_upcast_attn");
-    cJSON_AddTrueToObject(o, "tie_word_embeddings");
-    cJSON_AddNumberToObject(o, "bos_token_id", cfg->vocab_size - 1);
-    cJSON_AddNumberToObject(o, "eos_token_id", cfg->vocab_size - 1);
-}
-
-/* LlamaConfig / Qwen2Config: what transformers needs to build the same model. */
-static void add_llama_config(cJSON *o, const td_model_desc *cfg)
-{
-    const int qwen = cfg->family == TD_MODEL_QWEN2;
-    cJSON_AddItemToArray(cJSON_GetObjectItem(o, "architectures"),
-                         cJSON_CreateString(qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
-    cJSON_AddStringToObject(o, "model_type", qwen ? "qwen2" : "llama");
-    cJSON_AddNumberToObject(o, "hidden_size", cfg->n_embd);
-    cJSON_AddNumberToObject(o, "intermediate_size", td_model_mlp_width(cfg));
-    cJSON_AddNumberToObject(o, "num_hidden_layers", cfg->n_layer);
-    cJSON_AddNumberToObject(o, "num_attention_heads", cfg->n_head);
-    cJSON_AddNumberToObject(o, "num_key_value_heads", td_model_kv_heads(cfg));
-    if (!qwen) cJSON_AddNumberToObject(o, "head_dim", td_model_head_size(cfg));
-    cJSON_AddNumberToObject(o, "max_position_embeddings", cfg->n_positions);
-    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
-    cJSON_AddNumberToObject(o, "rms_norm_eps", short_float(td_model_norm_eps(cfg)));
-    cJSON_AddNumberToObject(o, "rope_theta", short_float(td_model_rope_theta(cfg)));
-    if (cfg->rope_scaling.factor > 0) {
-        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
-        cJSON_AddStringToObject(rs, "rope_type", "llama3");
-        cJSON_AddNumberToObject(rs, "factor", short_float(cfg->rope_scaling.factor));
-        cJSON_AddNumberToObject(rs, "low_freq_factor", short_float(cfg->rope_scaling.low_freq_factor));
-        cJSON_AddNumberToObject(rs, "high_freq_factor", short_float(cfg->rope_scaling.high_freq_factor));
-        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", cfg->rope_scaling.original_max_positions);
-    } else {
-        cJSON_AddNullToObject(o, "rope_scaling");
-    }
-    cJSON_AddBoolToObject(o, "tie_word_embeddings", !cfg->untied_head);
-    cJSON_AddStringToObject(o, "hidden_act", "silu");
-    if (!qwen) {
-        cJSON_AddFalseToObject(o, "attention_bias");
-        cJSON_AddFalseToObject(o, "mlp_bias");
-        cJSON_AddNumberToObject(o, "pretraining_tp", 1);
-    } else {
-        cJSON_AddFalseToObject(o, "use_sliding_window");
-        cJSON_AddNumberToObject(o, "sliding_window", cfg->n_positions);
-        cJSON_AddNumberToObject(o, "max_window_layers", cfg->n_layer);
-    }
-    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
-    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
-    cJSON_AddTrueToObject(o, "use_cache");
-}
-
+/* The model's config.json (model.h) with the checkpoint's keys: the weights'
+ * dtype and tidal's format version. */
 static td_status write_config_json(const char *path, const td_model_desc *cfg, td_dtype weight_dtype)
 {
     td_status st = TD_OK;
     char *text = NULL;
-    cJSON *o = cJSON_CreateObject(), *arch = cJSON_CreateArray();
-    if (!o || !arch) {
-        cJSON_Delete(arch);
-        TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory for %s", path);
-    }
-    cJSON_AddItemToObject(o, "architectures", arch);
-    if (is_gpt2(cfg)) add_gpt2_config(o, cfg);
-    else add_llama_config(o, cfg);
-    cJSON_AddStringToObject(o, "torch_dtype", torch_dtype_name(weight_dtype));
-    cJSON_AddNumberToObject(o, "tidal_format_version", TD_CKPT_FORMAT_VERSION);
-    cJSON_AddNumberToObject(o, "tidal_padded_vocab_size", cfg->padded_vocab_size);
-    text = cJSON_Print(o);
-    if (!text) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory for %s", path);
+    td_hf_config *c = NULL;
+    TD_TRY(td_hf_config_create(path, &c));
+    TD_TRY(td_model_config_put(cfg, c));
+    TD_TRY(td_hf_config_set_string(c, "torch_dtype", torch_dtype_name(weight_dtype)));
+    TD_TRY(td_hf_config_set_int(c, "tidal_format_version", TD_CKPT_FORMAT_VERSION));
+    TD_TRY(td_hf_config_print(c, &text));
     TD_TRY(td_write_file_atomic(path, text, strlen(text)));
 cleanup:
-    if (text) cJSON_free(text);
-    cJSON_Delete(o);
+    td_free(text);
+    td_hf_config_free(c);
     return st;
 }
 
@@ -369,204 +99,22 @@ cleanup:
     return st;
 }
 
-static td_status json_int(const char *path, const cJSON *o, const char *key, int required, int *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required)
-            return td_error_set(TD_ERR_INVALID, "%s: no \"%s\"; this config.json needs it", path, key);
-        return TD_OK;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
-        v->valuedouble > INT32_MAX)
-        return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be a positive integer", path, key);
-    *out = (int)v->valuedouble;
-    return TD_OK;
-}
-
-/* A positive number (left as is when absent and not required). */
-static td_status json_float(const char *path, const cJSON *o, const char *key, int required, float *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required) return td_error_set(TD_ERR_INVALID, "%s: no \"%s\"; this config.json needs it", path, key);
-        return TD_OK;
-    }
-    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite((float)v->valuedouble))
-        return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be a positive number", path, key);
-    *out = (float)v->valuedouble;
-    return TD_OK;
-}
-
-/* A boolean (left as is when absent). */
-static td_status json_bool(const char *path, const cJSON *o, const char *key, int *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) return TD_OK;
-    if (!cJSON_IsBool(v)) return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be true or false", path, key);
-    *out = cJSON_IsTrue(v);
-    return TD_OK;
-}
-
-/* Hugging Face GPT2Config, refusing variants tidal would compute differently. */
-static td_status parse_gpt2_json(const char *path, const cJSON *o, td_model_desc *cfg)
-{
-    td_status st = TD_OK;
-    TD_TRY(json_int(path, o, "n_layer", 1, &cfg->n_layer));
-    TD_TRY(json_int(path, o, "n_head", 1, &cfg->n_head));
-    TD_TRY(json_int(path, o, "n_embd", 1, &cfg->n_embd));
-    TD_TRY(json_int(path, o, "n_positions", 1, &cfg->n_positions));
-    TD_TRY(json_int(path, o, "vocab_size", 1, &cfg->vocab_size));
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
-    if (v && (!cJSON_IsString(v) ||
-              (strcmp(v->valuestring, "gelu_new") && strcmp(v->valuestring, "gelu_pytorch_tanh"))))
-        TD_FAIL(TD_ERR_INVALID, "%s: activation_function \"%s\" is not supported; tidal computes GELU "
-                "with the tanh approximation (gelu_new)", path, cJSON_IsString(v) ? v->valuestring : "?");
-    v = cJSON_GetObjectItemCaseSensitive(o, "layer_norm_epsilon");
-    if (v && (!cJSON_IsNumber(v) || fabs(v->valuedouble - 1e-5) > 1e-12))
-        TD_FAIL(TD_ERR_INVALID, "%s: layer_norm_epsilon %g is not supported; tidal's LayerNorm uses 1e-5",
-                path, cJSON_IsNumber(v) ? v->valuedouble : NAN);
-    v = cJSON_GetObjectItemCaseSensitive(o, "n_inner");
-    if (v && !cJSON_IsNull(v) && (!cJSON_IsNumber(v) || v->valuedouble != 4.0 * cfg->n_embd))
-        TD_FAIL(TD_ERR_INVALID, "%s: n_inner must be null or 4 * n_embd = %lld; tidal's MLP is 4x wide",
-                path, 4LL * cfg->n_embd); /* n_embd is not yet checked: 4x can pass INT_MAX */
-    v = cJSON_GetObjectItemCaseSensitive(o, "scale_attn_weights");
-    if (v && !cJSON_IsTrue(v))
-        TD_FAIL(TD_ERR_INVALID, "%s: scale_attn_weights must be true (tidal scales by 1/sqrt(head_dim))", path);
-    v = cJSON_GetObjectItemCaseSensitive(o, "scale_attn_by_inverse_layer_idx");
-    if (v && !cJSON_IsFalse(v))
-        TD_FAIL(TD_ERR_INVALID, "%s: scale_attn_by_inverse_layer_idx must be false", path);
-    v = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
-    if (v && !cJSON_IsTrue(v))
-        TD_FAIL(TD_ERR_INVALID, "%s: tie_word_embeddings must be true (tidal's head is tied to wte)", path);
-    if (cfg->n_embd % cfg->n_head)
-        TD_FAIL(TD_ERR_INVALID, "%s: n_embd %d is not a multiple of n_head %d", path, cfg->n_embd, cfg->n_head);
-cleanup:
-    return st;
-}
-
-/* The RoPE object `key` (transformers 4's "rope_scaling", or 5's
- * "rope_parameters", which also carries rope_theta): null, type "default",
- * or type "llama3" with its four fields. */
-static td_status parse_rope_scaling(const char *path, const cJSON *o, const char *key, td_model_desc *cfg)
-{
-    td_status st = TD_OK;
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!rs || cJSON_IsNull(rs)) return TD_OK;
-    if (!cJSON_IsObject(rs)) return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be null or an object", path, key);
-    char where[600];
-    snprintf(where, sizeof where, "%s (%s)", path, key);
-    TD_TRY(json_float(where, rs, "rope_theta", 0, &cfg->rope_theta));
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type"); /* older transformers */
-    if (!cJSON_IsString(type))
-        return td_error_set(TD_ERR_INVALID, "%s: \"%s\" has no string \"rope_type\"", path, key);
-    if (!strcmp(type->valuestring, "default")) return TD_OK;
-    if (strcmp(type->valuestring, "llama3"))
-        return td_error_set(TD_ERR_INVALID, "%s: %s type \"%s\" is not supported; tidal computes "
-                            "\"llama3\" scaling (or none)", path, key, type->valuestring);
-    td_rope_scaling *r = &cfg->rope_scaling;
-    TD_TRY(json_float(where, rs, "factor", 1, &r->factor));
-    TD_TRY(json_float(where, rs, "low_freq_factor", 1, &r->low_freq_factor));
-    TD_TRY(json_float(where, rs, "high_freq_factor", 1, &r->high_freq_factor));
-    TD_TRY(json_int(where, rs, "original_max_position_embeddings", 1, &r->original_max_positions));
-    if (!(r->high_freq_factor > r->low_freq_factor))
-        TD_FAIL(TD_ERR_INVALID, "%s: \"high_freq_factor\" %g must exceed \"low_freq_factor\" %g", where,
-                r->high_freq_factor, r->low_freq_factor);
-cleanup:
-    return st;
-}
-
-/* A field tidal does not implement must be absent or have this value. */
-static td_status json_must_be(const char *path, const cJSON *o, const char *key, int want_true, const char *why)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v) || (want_true ? cJSON_IsTrue(v) : cJSON_IsFalse(v))) return TD_OK;
-    return td_error_set(TD_ERR_INVALID, "%s: \"%s\" must be %s; %s", path, key, want_true ? "true" : "false", why);
-}
-
-/* LlamaConfig / Qwen2Config (transformers' defaults for what is absent). */
-static td_status parse_llama_json(const char *path, const cJSON *o, td_model_family family, td_model_desc *cfg)
-{
-    td_status st = TD_OK;
-    td_model_desc_set_family(cfg, family);
-    TD_TRY(json_int(path, o, "hidden_size", 1, &cfg->n_embd));
-    TD_TRY(json_int(path, o, "intermediate_size", 1, &cfg->n_inner));
-    TD_TRY(json_int(path, o, "num_hidden_layers", 1, &cfg->n_layer));
-    TD_TRY(json_int(path, o, "num_attention_heads", 1, &cfg->n_head));
-    cfg->n_kv_head = cfg->n_head;
-    TD_TRY(json_int(path, o, "num_key_value_heads", 0, &cfg->n_kv_head));
-    TD_TRY(json_int(path, o, "max_position_embeddings", 1, &cfg->n_positions));
-    TD_TRY(json_int(path, o, "vocab_size", 1, &cfg->vocab_size));
-    cfg->norm_eps = 1e-6f;
-    TD_TRY(json_float(path, o, "rms_norm_eps", 0, &cfg->norm_eps));
-    cfg->rope_theta = 10000.0f;
-    TD_TRY(json_float(path, o, "rope_theta", 0, &cfg->rope_theta));
-    int tied = 0;
-    TD_TRY(json_bool(path, o, "tie_word_embeddings", &tied));
-    cfg->untied_head = !tied;
-    TD_TRY(parse_rope_scaling(path, o, "rope_scaling", cfg));
-    TD_TRY(parse_rope_scaling(path, o, "rope_parameters", cfg)); /* transformers >= 5 */
-    if (cfg->n_embd % cfg->n_head)
-        TD_FAIL(TD_ERR_INVALID, "%s: \"hidden_size\" %d is not a multiple of \"num_attention_heads\" %d", path,
-                cfg->n_embd, cfg->n_head);
-    if (cfg->n_head % cfg->n_kv_head)
-        TD_FAIL(TD_ERR_INVALID, "%s: \"num_key_value_heads\" %d does not divide \"num_attention_heads\" %d", path,
-                cfg->n_kv_head, cfg->n_head);
-    int head_dim = td_model_head_size(cfg);
-    TD_TRY(json_int(path, o, "head_dim", 0, &head_dim));
-    if (head_dim != td_model_head_size(cfg))
-        TD_FAIL(TD_ERR_INVALID, "%s: \"head_dim\" %d is not hidden_size / num_attention_heads = %d; tidal's heads "
-                "split the width", path, head_dim, td_model_head_size(cfg));
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
-    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu")))
-        TD_FAIL(TD_ERR_INVALID, "%s: \"hidden_act\" %s%s%s is not supported; tidal's SwiGLU uses \"silu\"", path,
-                cJSON_IsString(v) ? "\"" : "", cJSON_IsString(v) ? v->valuestring : "(not a string)",
-                cJSON_IsString(v) ? "\"" : "");
-    TD_TRY(json_must_be(path, o, "attention_bias", 0, "tidal's LLaMA has no attention biases (Qwen2 has q/k/v ones)"));
-    TD_TRY(json_must_be(path, o, "mlp_bias", 0, "tidal's MLP has no biases"));
-    TD_TRY(json_must_be(path, o, "use_sliding_window", 0, "tidal attends over the whole sequence"));
-    TD_TRY(json_must_be(path, o, "rope_interleaved", 0, "tidal rotates in transformers' rotate-half layout"));
-    v = cJSON_GetObjectItemCaseSensitive(o, "pretraining_tp");
-    if (v && !cJSON_IsNull(v) && (!cJSON_IsNumber(v) || v->valuedouble != 1))
-        TD_FAIL(TD_ERR_INVALID, "%s: \"pretraining_tp\" must be 1", path);
-cleanup:
-    return st;
-}
-
 static td_status parse_config_json(const char *path, td_model_desc *cfg)
 {
     td_status st = TD_OK;
-    char *text = NULL;
-    size_t len = 0;
-    cJSON *o = NULL;
-    memset(cfg, 0, sizeof *cfg);
-    TD_TRY(read_small_file(path, &text, &len));
-    o = cJSON_ParseWithLength(text, len);
-    if (!cJSON_IsObject(o)) TD_FAIL(TD_ERR_INVALID, "%s is not a JSON object", path);
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "model_type");
-    if (v && !cJSON_IsString(v)) TD_FAIL(TD_ERR_INVALID, "%s: \"model_type\" must be a string", path);
-    const char *type = v ? v->valuestring : "gpt2";
-    if (!strcmp(type, "gpt2")) TD_TRY(parse_gpt2_json(path, o, cfg));
-    else if (!strcmp(type, "llama")) TD_TRY(parse_llama_json(path, o, TD_MODEL_LLAMA, cfg));
-    else if (!strcmp(type, "qwen2")) TD_TRY(parse_llama_json(path, o, TD_MODEL_QWEN2, cfg));
-    else
-        TD_FAIL(TD_ERR_INVALID, "%s: model_type \"%s\" is not supported; tidal loads gpt2, llama and qwen2 models",
-                path, type);
-    cfg->padded_vocab_size = cfg->vocab_size;
-    TD_TRY(json_int(path, o, "tidal_padded_vocab_size", 0, &cfg->padded_vocab_size));
+    td_hf_config *c = NULL;
+    TD_TRY(td_hf_config_load(path, &c));
+    TD_TRY(td_model_config_get(c, cfg));
 cleanup:
-    cJSON_Delete(o);
-    td_free(text);
+    td_hf_config_free(c);
     return st;
 }
 
-td_status td_ckpt_config_read(const char *path, td_model_desc *out)
+static td_status config_check(const td_model_desc *cfg)
 {
-    td_status st = parse_config_json(path, out);
-    if (st) return st;
-    st = td_ckpt_config_check(out);
-    return st ? td_error_prefix(st, "%s: ", path) : TD_OK;
+    if (!cfg) return td_error_set(TD_ERR_INVALID, "checkpoint: no model configuration given");
+    td_status st = td_model_desc_check(cfg);
+    return st ? td_error_prefix(st, "checkpoint: ") : TD_OK;
 }
 
 /* --- paths and the directory protocol ------------------------------------- */
@@ -806,8 +354,8 @@ static td_status write_index(const td_ckpt_writer *w, uint64_t total, char **nam
     if (!path || !o || !meta || !map) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
     cJSON_AddNumberToObject(meta, "total_size", (double)total);
     for (int i = 0; i < w->n_params; i++) {
-        td_ckpt_param p;
-        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        td_model_hf_tensor p;
+        TD_TRY(td_model_hf_get(&w->cfg, i, &p));
         cJSON_AddStringToObject(map, p.name, names[w->shard_of[i]]);
     }
     if (!(text = cJSON_Print(o))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
@@ -834,8 +382,8 @@ static td_status declare_files(td_ckpt_writer *w)
     int shards = 1;
     size_t local = 0;
     for (int i = 0; i < w->n_params; i++) {
-        td_ckpt_param p;
-        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        td_model_hf_tensor p;
+        TD_TRY(td_model_hf_get(&w->cfg, i, &p));
         uint64_t bytes = p.hf_numel * es;
         if (in_shard && in_shard + bytes > limit) {
             shards++;
@@ -862,8 +410,8 @@ static td_status declare_files(td_ckpt_writer *w)
         TD_TRY(td_st_writer_add_metadata(w->model[k], "format", "pt")); /* transformers requires it */
     }
     for (int i = 0; i < w->n_params; i++) {
-        td_ckpt_param p;
-        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        td_model_hf_tensor p;
+        TD_TRY(td_model_hf_get(&w->cfg, i, &p));
         uint64_t shape[2] = {(uint64_t)p.hf_shape[0], (uint64_t)p.hf_shape[1]};
         TD_TRY(td_st_writer_declare(w->model[w->shard_of[i]], p.name, st_dtype_of(w->opt.weight_dtype), p.ndim,
                                     shape, NULL));
@@ -875,8 +423,8 @@ static td_status declare_files(td_ckpt_writer *w)
     TD_TRY(td_st_writer_create(path, &w->state));
     TD_TRY(td_st_writer_add_metadata(w->state, "format", "tidal-train-state"));
     for (int i = 0; i < w->n_params; i++) {
-        td_ckpt_param p;
-        TD_TRY(td_ckpt_param_get(&w->cfg, i, &p));
+        td_model_hf_tensor p;
+        TD_TRY(td_model_hf_get(&w->cfg, i, &p));
         uint64_t shape[2] = {(uint64_t)p.shape[0], (uint64_t)p.shape[1]};
         for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
             char name[96];
@@ -1041,7 +589,7 @@ td_status td_ckpt_writer_begin(const char *dir, const td_model_desc *cfg,
     *out = NULL;
     td_ckpt_writer *w = td_calloc(1, sizeof *w, TD_ROLE_META);
     if (!w) return td_error_prefix(TD_ERR_NOMEM, "checkpoint: ");
-    TD_TRY(td_ckpt_config_check(cfg));
+    TD_TRY(config_check(cfg));
     w->cfg = *cfg;
     w->opt = opts ? *opts : td_ckpt_write_default_options();
     if (w->opt.group) {
@@ -1051,7 +599,7 @@ td_status td_ckpt_writer_begin(const char *dir, const td_model_desc *cfg,
     }
     if ((unsigned)w->opt.weight_dtype >= TD_DTYPE_COUNT)
         TD_FAIL(TD_ERR_INVALID, "checkpoint: unknown weight dtype %d", w->opt.weight_dtype);
-    w->n_params = td_ckpt_param_count(cfg);
+    w->n_params = td_model_hf_count(cfg);
     TD_TRY(normalize_dir(dir, &w->dir));
     w->old_dir = cat3(w->dir, ".old", NULL);
     if (!w->old_dir) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
@@ -1158,12 +706,12 @@ td_status td_ckpt_writer_declare_extra(td_ckpt_writer *w, const char *name, td_s
     return TD_OK;
 }
 
-static td_status check_param(const td_ckpt_writer *w, int param, td_ckpt_param *p)
+static td_status check_param(const td_ckpt_writer *w, int param, td_model_hf_tensor *p)
 {
     if (param < 0 || param >= w->n_params)
         return td_error_set(TD_ERR_INVALID, "checkpoint %s: parameter index %d out of range (0..%d)",
                             w->dir, param, w->n_params - 1);
-    return td_ckpt_param_get(&w->cfg, param, p);
+    return td_model_hf_get(&w->cfg, param, p);
 }
 
 /* The streaming calls of a lone writer; a group writes ranges. */
@@ -1178,7 +726,7 @@ static td_status need_stream(const td_ckpt_writer *w)
 td_status td_ckpt_writer_append_weight(td_ckpt_writer *w, int param, td_dtype src_dtype,
                                        const void *src, size_t n_elems)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = need_stream(w);
     if (st == TD_OK) st = check_param(w, param, &p);
     if (st != TD_OK) return st;
@@ -1203,7 +751,7 @@ static void gather_columns(unsigned char *dst, const unsigned char *src, size_t 
 
 td_status td_ckpt_writer_put_weight(td_ckpt_writer *w, int param, td_dtype src_dtype, const void *src)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = check_param(w, param, &p);
     if (st != TD_OK) return st;
     if (w->group.size) return td_ckpt_writer_write_weight(w, param, 0, src_dtype, src, p.numel);
@@ -1231,7 +779,7 @@ td_status td_ckpt_writer_put_weight(td_ckpt_writer *w, int param, td_dtype src_d
 td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_state kind,
                                       const float *src, size_t n_elems)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = need_state(w, "training state");
     if (st == TD_OK) st = need_stream(w);
     if (st == TD_OK) st = check_param(w, param, &p);
@@ -1344,7 +892,7 @@ static td_status check_elems(const char *dir, const char *name, uint64_t off, si
 td_status td_ckpt_writer_write_weight(td_ckpt_writer *w, int param, uint64_t elem_offset, td_dtype src_dtype,
                                       const void *src, size_t n_elems)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = need_ranges(w);
     if (st == TD_OK) st = check_param(w, param, &p);
     if (st == TD_OK) st = check_elems(w->dir, p.name, elem_offset, n_elems, p.numel);
@@ -1369,7 +917,7 @@ td_status td_ckpt_writer_write_weight(td_ckpt_writer *w, int param, uint64_t ele
 td_status td_ckpt_writer_write_state(td_ckpt_writer *w, int param, td_ckpt_state kind, uint64_t elem_offset,
                                      const float *src, size_t n_elems)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = need_state(w, "training state");
     if (st == TD_OK) st = need_ranges(w);
     if (st == TD_OK) st = check_param(w, param, &p);
@@ -1581,7 +1129,7 @@ static td_status open_index(td_ckpt_reader *r, const char *index_path)
 {
     td_status st = TD_OK;
     char *text = NULL, *path = NULL;
-    size_t len;
+    size_t len = 0;
     cJSON *o = NULL;
     TD_TRY(read_small_file(index_path, &text, &len));
     o = cJSON_ParseWithLength(text, len);
@@ -1613,34 +1161,22 @@ cleanup:
     return st;
 }
 
-/* Tensors a Hugging Face file may carry that tidal does not need: a tied
- * head saved anyway, GPT-2's attention-mask buffers and LLaMA's rotary
- * frequencies of older versions. */
-static int ignorable(const td_model_desc *cfg, const char *name)
-{
-    name = strip_prefix(cfg, name);
-    if (!strcmp(name, "lm_head.weight") && !cfg->untied_head) return 1;
-    const char *rest;
-    int layer = name_layer(cfg, name, &rest);
-    if (layer < 0 || layer >= cfg->n_layer) return 0;
-    if (is_gpt2(cfg)) return !strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias");
-    return !strcmp(rest, "self_attn.rotary_emb.inv_freq");
-}
-
 static td_status check_model_tensors(td_ckpt_reader *r)
 {
     const td_model_desc *cfg = &r->cfg;
-    const int n = td_ckpt_param_count(cfg);
+    const td_model_family *fam = td_model_family_of(cfg);
+    const char *opt = fam->hf_optional_prefix; /* files may carry it before every name */
+    const int n = td_model_hf_count(cfg);
     char want[64], got[64];
     for (int i = 0; i < n; i++) {
-        td_ckpt_param p;
-        td_status st = td_ckpt_param_get(cfg, i, &p);
+        td_model_hf_tensor p;
+        td_status st = td_model_hf_get(cfg, i, &p);
         if (st != TD_OK) return st;
-        char prefixed[96];
-        snprintf(prefixed, sizeof prefixed, "transformer.%s", p.name);
+        char prefixed[128];
+        snprintf(prefixed, sizeof prefixed, "%s%s", opt ? opt : "", p.name);
         for (int s = 0; s < r->n_shards; s++) {
             const td_st_tensor *a = td_st_find(r->shards[s], p.name);
-            const td_st_tensor *b = is_gpt2(cfg) ? td_st_find(r->shards[s], prefixed) : NULL;
+            const td_st_tensor *b = opt ? td_st_find(r->shards[s], prefixed) : NULL;
             if (a && b)
                 return td_error_set(TD_ERR_INVALID, "%s: holds both '%s' and '%s'; keep one",
                                     td_st_path(r->shards[s]), p.name, prefixed);
@@ -1655,9 +1191,8 @@ static td_status check_model_tensors(td_ckpt_reader *r)
             return td_error_set(TD_ERR_INVALID, "%s: has no tensor '%s'%s%s%s, shape %s "
                                 "for n_layer %d, n_embd %d, n_positions %d, vocab_size %d",
                                 r->n_shards == 1 ? td_st_path(r->shards[0]) : r->dir, p.name,
-                                is_gpt2(cfg) ? " (nor 'transformer." : "", is_gpt2(cfg) ? p.name : "",
-                                is_gpt2(cfg) ? "')" : "", want, cfg->n_layer, cfg->n_embd, cfg->n_positions,
-                                cfg->vocab_size);
+                                opt ? " (nor '" : "", opt ? prefixed : "", opt ? "')" : "", want, cfg->n_layer,
+                                cfg->n_embd, cfg->n_positions, cfg->vocab_size);
         int64_t found[TD_ST_MAX_DIMS];
         for (int d = 0; d < t->ndim; d++) found[d] = (int64_t)t->shape[d];
         shape_str(got, sizeof got, t->ndim, found);
@@ -1669,8 +1204,9 @@ static td_status check_model_tensors(td_ckpt_reader *r)
                                 "%d, n_embd %d, n_positions %d, vocab_size %d%s",
                                 td_st_path(r->weights[i].file), t->name, got, want, cfg->n_layer,
                                 cfg->n_embd, cfg->n_positions, cfg->vocab_size,
-                                swapped ? " (it is transposed: GPT-2 stores Conv1D weights as (in, out))"
-                                        : "; check the model configuration");
+                                !swapped ? "; check the model configuration"
+                                : p.transposed ? " (it is transposed: the files keep this weight as (in, out))"
+                                               : " (it is transposed: the files keep this weight as (out, in))");
         }
         if (t->dtype != TD_ST_F32 && t->dtype != TD_ST_BF16 && t->dtype != TD_ST_F16)
             return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is %s; weights must be F32, BF16 or F16",
@@ -1680,29 +1216,27 @@ static td_status check_model_tensors(td_ckpt_reader *r)
     for (int s = 0; s < r->n_shards; s++)
         for (size_t k = 0; k < td_st_tensor_count(r->shards[s]); k++) {
             const char *name = td_st_tensor_at(r->shards[s], k)->name;
-            if (td_ckpt_param_find(cfg, name) >= 0 || ignorable(cfg, name)) continue;
-            const char *rest, *bare = strip_prefix(cfg, name);
-            int layer = name_layer(cfg, bare, &rest);
+            if (td_model_hf_find(cfg, name) >= 0 || td_model_hf_ignorable(cfg, name)) continue;
+            const char *rest;
+            int layer = td_model_hf_layer(cfg, name, &rest);
             if (layer >= cfg->n_layer)
                 return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' belongs to block %d, but the model "
                                     "has n_layer %d", td_st_path(r->shards[s]), name, layer, cfg->n_layer);
-            if (is_gpt2(cfg))
-                return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is not a GPT-2 parameter; tidal loads "
-                                    "GPT-2 (GPT2LMHeadModel) weights only", td_st_path(r->shards[s]), name);
-            return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is not a parameter of this %s model (%s head%s)",
-                                td_st_path(r->shards[s]), name, td_model_family_name(cfg->family),
-                                cfg->untied_head ? "untied" : "tied", cfg->qkv_bias ? ", q/k/v biases" : "");
+            char what[256];
+            td_model_desc_describe(cfg, what, sizeof what);
+            return td_error_set(TD_ERR_INVALID, "%s: tensor '%s' is not a parameter of this %s model (%s)",
+                                td_st_path(r->shards[s]), name, fam->architecture, what);
         }
     return TD_OK;
 }
 
 static td_status check_state_tensors(td_ckpt_reader *r)
 {
-    const int n = td_ckpt_param_count(&r->cfg);
+    const int n = td_model_hf_count(&r->cfg);
     char want[64], got[64];
     for (int i = 0; i < n; i++) {
-        td_ckpt_param p;
-        td_status st = td_ckpt_param_get(&r->cfg, i, &p);
+        td_model_hf_tensor p;
+        td_status st = td_model_hf_get(&r->cfg, i, &p);
         if (st != TD_OK) return st;
         for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
             char name[96];
@@ -1727,6 +1261,18 @@ static td_status check_state_tensors(td_ckpt_reader *r)
     return TD_OK;
 }
 
+/* The size td_model_desc_differs names, when it is one of the five a
+ * partial description may give. */
+static int size_of(const td_model_desc *d, const char *field, int *v)
+{
+    const struct { const char *name; int value; } sizes[] = {
+        {"n_layer", d->n_layer}, {"n_head", d->n_head}, {"n_embd", d->n_embd}, {"n_positions", d->n_positions},
+        {"vocab_size", d->vocab_size}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (!strcmp(field, sizes[i].name)) return *v = sizes[i].value, 1;
+    return 0;
+}
+
 /* The merged configuration: config.json (if any) checked against `expect`. */
 static td_status resolve_config(td_ckpt_reader *r, const td_model_desc *expect)
 {
@@ -1737,30 +1283,19 @@ static td_status resolve_config(td_ckpt_reader *r, const td_model_desc *expect)
     if (exists(path)) {
         TD_TRY(parse_config_json(path, &file));
         if (expect) {
-#define AGREE(field)                                                                               \
-    if (expect->field > 0 && expect->field != file.field)                                          \
-        TD_FAIL(TD_ERR_INVALID, "%s: " #field " is %d but the model being trained has %d; use a "     \
-                "checkpoint of this model, or change the model flags to match", path, file.field,   \
-                expect->field);
-            AGREE(n_layer) AGREE(n_head) AGREE(n_embd) AGREE(n_positions) AGREE(vocab_size)
-#undef AGREE
-            if (expect->n_layer > 0 && expect->family != file.family)
+            const char *field = td_model_desc_differs(expect, &file);
+            if (field && !strcmp(field, "model_type"))
                 TD_FAIL(TD_ERR_INVALID, "%s: model_type is %s but the model being trained is %s; use a checkpoint "
                         "of this model, or change the model flags to match", path,
-                        td_model_family_name(file.family), td_model_family_name(expect->family));
-            if (expect->n_layer > 0 && !is_gpt2(expect)) {
-                const char *field = td_model_kv_heads(expect) != td_model_kv_heads(&file) ? "num_key_value_heads"
-                                    : td_model_mlp_width(expect) != td_model_mlp_width(&file) ? "intermediate_size"
-                                    : expect->untied_head != file.untied_head ? "tie_word_embeddings"
-                                    : expect->qkv_bias != file.qkv_bias ? "q/k/v biases"
-                                    : td_model_norm_eps(expect) != td_model_norm_eps(&file) ? "rms_norm_eps"
-                                    : td_model_rope_theta(expect) != td_model_rope_theta(&file) ? "rope_theta"
-                                    : memcmp(&expect->rope_scaling, &file.rope_scaling, sizeof file.rope_scaling)
-                                        ? "rope_scaling" : NULL;
-                if (field)
-                    TD_FAIL(TD_ERR_INVALID, "%s: %s differs from the model being trained; use a checkpoint of "
-                            "this model, or change the model flags to match", path, field);
-            }
+                        td_model_family_name(td_model_family_of(&file)),
+                        td_model_family_name(td_model_family_of(expect)));
+            int fv, ev;
+            if (field && size_of(&file, field, &fv) && size_of(expect, field, &ev))
+                TD_FAIL(TD_ERR_INVALID, "%s: %s is %d but the model being trained has %d; use a checkpoint of this "
+                        "model, or change the model flags to match", path, field, fv, ev);
+            if (field)
+                TD_FAIL(TD_ERR_INVALID, "%s: %s differs from the model being trained; use a checkpoint of "
+                        "this model, or change the model flags to match", path, field);
             if (expect->padded_vocab_size > 0) file.padded_vocab_size = expect->padded_vocab_size;
         }
         r->cfg = file;
@@ -1772,7 +1307,7 @@ static td_status resolve_config(td_ckpt_reader *r, const td_model_desc *expect)
         r->cfg = *expect;
         if (r->cfg.padded_vocab_size < 1) r->cfg.padded_vocab_size = r->cfg.vocab_size;
     }
-    st = td_ckpt_config_check(&r->cfg);
+    st = config_check(&r->cfg);
     if (st != TD_OK) td_error_prefix(st, "%s: ", exists(path) ? path : r->dir);
 cleanup:
     td_free(path);
@@ -1803,7 +1338,7 @@ td_status td_ckpt_reader_open(const char *dir_in, const td_model_desc *expect, t
         norm = NULL;
     }
     TD_TRY(resolve_config(r, expect));
-    const int n = td_ckpt_param_count(&r->cfg);
+    const int n = td_model_hf_count(&r->cfg);
     r->weights = td_calloc((size_t)n, sizeof *r->weights, TD_ROLE_META);
     r->state_t = td_calloc((size_t)n * TD_CKPT_STATE_COUNT, sizeof *r->state_t, TD_ROLE_META);
     if (!r->weights || !r->state_t) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
@@ -1838,23 +1373,23 @@ cleanup:
     return st;
 }
 
-static td_status reader_param(const td_ckpt_reader *r, int param, td_ckpt_param *p)
+static td_status reader_param(const td_ckpt_reader *r, int param, td_model_hf_tensor *p)
 {
-    if (param < 0 || param >= td_ckpt_param_count(&r->cfg))
+    if (param < 0 || param >= td_model_hf_count(&r->cfg))
         return td_error_set(TD_ERR_INVALID, "checkpoint %s: parameter index %d out of range (0..%d)",
-                            r->dir, param, td_ckpt_param_count(&r->cfg) - 1);
-    return td_ckpt_param_get(&r->cfg, param, p);
+                            r->dir, param, td_model_hf_count(&r->cfg) - 1);
+    return td_model_hf_get(&r->cfg, param, p);
 }
 
 td_st_dtype td_ckpt_reader_weight_dtype(const td_ckpt_reader *r, int param)
 {
-    return param >= 0 && param < td_ckpt_param_count(&r->cfg) ? r->weights[param].t->dtype : TD_ST_F32;
+    return param >= 0 && param < td_model_hf_count(&r->cfg) ? r->weights[param].t->dtype : TD_ST_F32;
 }
 
 td_status td_ckpt_reader_read_weight(const td_ckpt_reader *r, int param, uint64_t elem_offset,
                                      size_t n_elems, td_dtype dst_dtype, void *dst)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = reader_param(r, param, &p);
     if (st != TD_OK) return st;
     const weight_ref *ref = &r->weights[param];
@@ -1863,7 +1398,7 @@ td_status td_ckpt_reader_read_weight(const td_ckpt_reader *r, int param, uint64_
 
 td_status td_ckpt_reader_get_weight(const td_ckpt_reader *r, int param, td_dtype dst_dtype, void *dst)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = reader_param(r, param, &p);
     if (st != TD_OK) return st;
     const size_t es = td_dtype_bytes(dst_dtype);
@@ -1912,7 +1447,7 @@ static td_status read_rect(void *ctx, const rect *r, size_t at)
 td_status td_ckpt_reader_get_weight_range(const td_ckpt_reader *r, int param, uint64_t elem_offset,
                                           size_t n_elems, td_dtype dst_dtype, void *dst)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = reader_param(r, param, &p);
     if (st == TD_OK) st = check_elems(r->dir, p.name, elem_offset, n_elems, p.numel);
     if (st == TD_OK && (unsigned)dst_dtype >= TD_DTYPE_COUNT)
@@ -1941,7 +1476,7 @@ td_status td_ckpt_reader_get_weight_range(const td_ckpt_reader *r, int param, ui
 td_status td_ckpt_reader_read_state(const td_ckpt_reader *r, int param, td_ckpt_state kind,
                                     uint64_t elem_offset, size_t n_elems, float *dst)
 {
-    td_ckpt_param p;
+    td_model_hf_tensor p;
     td_status st = reader_param(r, param, &p);
     if (st != TD_OK) return st;
     if (!r->state)

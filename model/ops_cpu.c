@@ -12,6 +12,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "ops_internal.h"
+
 /* Channels per block of the channel-split reductions: wide enough for the
  * inner loop to vectorise, small enough to give every thread work at C = 128. */
 enum { CH_BLOCK = 32 };
@@ -121,34 +123,22 @@ void td_ops_layernorm_backward(float *dinp, float *dweight, float *dbias, const 
 
 /* --- pointwise ------------------------------------------------------------ */
 
-#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_A 0.044715f
-
-/* 0.5 (1 + tanh u) is the logistic sigmoid of 2u: the same function, written
- * with expf, which is several times faster than tanhf in glibc. */
-static inline float sigmoid2(float u) { return 1.0f / (1.0f + expf(-2.0f * u)); }
-
 void td_ops_gelu_forward(float *out, const float *inp, size_t n)
 {
-    // 0.5 x (1 + tanh u) = x sigmoid(2u),  u = K (x + A x^3)
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        const float x = inp[i];
-        out[i] = x * sigmoid2(GELU_K * (x + GELU_A * x * x * x));
-    }
+    for (size_t i = 0; i < n; i++) out[i] = td_ops_gelu(inp[i]);
 }
 
 void td_ops_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    // d/dx x sig(2u) = sig + x * 2 sig (1 - sig) * du/dx,  du/dx = K (1 + 3 A x^2)
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        const float x = inp[i];
-        const float sig = sigmoid2(GELU_K * (x + GELU_A * x * x * x));
-        const float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-        const float grad = sig + x * 2.0f * sig * (1.0f - sig) * du;
-        dinp[i] += grad * dout[i];
-    }
+    for (size_t i = 0; i < n; i++) dinp[i] += td_ops_gelu_grad(inp[i]) * dout[i];
+}
+
+void td_ops_scale(float *out, const float *inp, float s, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] * s;
 }
 
 void td_ops_residual_forward(float *out, const float *a, const float *b, size_t n)

@@ -13,6 +13,7 @@
 #ifndef TIDAL_OPS_INTERNAL_H
 #define TIDAL_OPS_INTERNAL_H
 
+#include <math.h>
 #include <stddef.h>
 
 typedef enum td_ops_isa {
@@ -30,6 +31,24 @@ td_ops_gemm_fn td_ops_gemm_generic;
 #if defined(__x86_64__)
 td_ops_gemm_fn td_ops_gemm_avx2;
 td_ops_gemm_fn td_ops_gemm_avx512;
+/* GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh u) = x sigmoid(2u),
+ * u = K (x + A x^3); written with expf, several times faster than tanhf in
+ * glibc.  The GELU op and the GeGLU MLP share these. */
+#define TD_OPS_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define TD_OPS_GELU_A 0.044715f
+static inline float td_ops_sigmoid2(float u) { return 1.0f / (1.0f + expf(-2.0f * u)); }
+static inline float td_ops_gelu(float x)
+{
+    return x * td_ops_sigmoid2(TD_OPS_GELU_K * (x + TD_OPS_GELU_A * x * x * x));
+}
+/* d/dx x sig(2u) = sig + x * 2 sig (1 - sig) * du/dx,  du/dx = K (1 + 3 A x^2) */
+static inline float td_ops_gelu_grad(float x)
+{
+    const float sig = td_ops_sigmoid2(TD_OPS_GELU_K * (x + TD_OPS_GELU_A * x * x * x));
+    const float du = TD_OPS_GELU_K * (1.0f + 3.0f * TD_OPS_GELU_A * x * x);
+    return sig + x * 2.0f * sig * (1.0f - sig) * du;
+}
+
 #endif
 
 /* The best variant this CPU runs, or the one forced by the environment

@@ -1,5 +1,6 @@
-/* The ops of LLaMA-family blocks on the CPU (see include/tidal/ops.h): RMSNorm,
- * SwiGLU and rotary position embeddings.  Grouped-query attention is
+/* The ops of the rotary decoder blocks on the CPU (see include/tidal/ops.h):
+ * RMSNorm (with an optional offset on its gain, Gemma's 1 + w), the gated
+ * MLP's activation (SwiGLU, GeGLU) and rotary position embeddings.  Grouped-query attention is
  * td_ops_attention_gqa_* (ops_attention.c).
  *
  * Order and determinism follow the GPT-2 ops: every output element, and every
@@ -13,8 +14,8 @@
 
 #include "ops_internal.h"
 
-void td_ops_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
-                            float eps)
+void td_ops_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float w_offset, int N,
+                            int C, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -22,23 +23,23 @@ void td_ops_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
         float *y = out + (size_t)n * C;
         float r = 1.0f / sqrtf(td_ops_dot(x, x, C) / (float)C + eps);
         rstd[n] = r;
-        for (int i = 0; i < C; i++) y[i] = weight[i] * (x[i] * r);
+        for (int i = 0; i < C; i++) y[i] = (w_offset + weight[i]) * (x[i] * r);
     }
 }
 
-/* y = w * x * r with r = (mean(x^2) + eps)^-1/2:
- *   dx_i = r w_i g_i - x_i r^3 / C * sum_j g_j w_j x_j,   dw_i = sum_n g_i x_i r. */
+/* y = w * x * r with r = (mean(x^2) + eps)^-1/2 (w: the gain, offset + weight):
+ *   dx_i = r w_i g_i - x_i r^3 / C * sum_j g_j w_j x_j,   dweight_i = sum_n g_i x_i r. */
 void td_ops_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, const float *rstd, int N, int C)
+                             const float *weight, float w_offset, const float *rstd, int N, int C)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
         float *dx = dinp + (size_t)n * C;
         float r = rstd[n], dot = 0.0f;
-        for (int i = 0; i < C; i++) dot += g[i] * weight[i] * x[i];
+        for (int i = 0; i < C; i++) dot += g[i] * (w_offset + weight[i]) * x[i];
         float k = dot * r * r * r / (float)C;
-        for (int i = 0; i < C; i++) dx[i] += r * weight[i] * g[i] - x[i] * k;
+        for (int i = 0; i < C; i++) dx[i] += r * (w_offset + weight[i]) * g[i] - x[i] * k;
     }
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < C; i++) { /* one thread per column, rows in order */
@@ -50,27 +51,36 @@ void td_ops_rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-void td_ops_swiglu_forward(float *out, const float *gate_up, int N, int H)
+/* The gate's activation. */
+static inline float act(float g, td_ops_glu a) { return a == TD_OPS_GLU_GELU_TANH ? td_ops_gelu(g) : g * sigmoidf(g); }
+
+void td_ops_glu_forward(float *out, const float *gate_up, int N, int H, td_ops_glu a)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *g = gate_up + (size_t)n * 2 * H, *u = g + H;
         float *o = out + (size_t)n * H;
-        for (int i = 0; i < H; i++) o[i] = g[i] * sigmoidf(g[i]) * u[i];
+        for (int i = 0; i < H; i++) o[i] = act(g[i], a) * u[i];
     }
 }
 
-/* d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g). */
-void td_ops_swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int H)
+void td_ops_glu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int H, td_ops_glu a)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *g = gate_up + (size_t)n * 2 * H, *u = g + H, *d = dout + (size_t)n * H;
         float *dg = dgate_up + (size_t)n * 2 * H, *du = dg + H;
-        for (int i = 0; i < H; i++) {
-            float s = sigmoidf(g[i]);
-            dg[i] += d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-            du[i] += d[i] * g[i] * s;
+        if (a == TD_OPS_GLU_GELU_TANH) {
+            for (int i = 0; i < H; i++) {
+                dg[i] += d[i] * u[i] * td_ops_gelu_grad(g[i]);
+                du[i] += d[i] * td_ops_gelu(g[i]);
+            }
+            continue;
+        }
+        for (int i = 0; i < H; i++) { /* d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g) */
+            const float sg = sigmoidf(g[i]);
+            dg[i] += d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+            du[i] += d[i] * g[i] * sg;
         }
     }
 }

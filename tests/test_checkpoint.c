@@ -113,9 +113,9 @@ static void fill(float *dst, uint64_t n, uint64_t gen, int kind, int p)
 static uint64_t max_numel(const td_model_desc *cfg)
 {
     uint64_t m = 0;
-    for (int i = 0; i < td_ckpt_param_count(cfg); i++) {
-        td_ckpt_param p;
-        td_ckpt_param_get(cfg, i, &p);
+    for (int i = 0; i < td_model_hf_count(cfg); i++) {
+        td_model_hf_tensor p;
+        td_model_hf_get(cfg, i, &p);
         if (p.numel > m) m = p.numel;
     }
     return m;
@@ -142,9 +142,9 @@ static td_status write_ckpt(const char *dir, const td_model_desc *cfg, uint64_t 
             (st = td_ckpt_writer_declare_extra(w, "rng", TD_ST_U64, 1, shape, &rng_idx)) != TD_OK)
             goto out;
     }
-    for (int i = 0; i < td_ckpt_param_count(cfg) && st == TD_OK; i++) {
-        td_ckpt_param p;
-        td_ckpt_param_get(cfg, i, &p);
+    for (int i = 0; i < td_model_hf_count(cfg) && st == TD_OK; i++) {
+        td_model_hf_tensor p;
+        td_model_hf_get(cfg, i, &p);
         fill(buf, p.numel, gen, 0, i);
         if ((st = td_ckpt_writer_put_weight(w, i, TD_DTYPE_F32, buf)) != TD_OK) break;
         for (int k = 0; with_state && k < TD_CKPT_STATE_COUNT && st == TD_OK; k++) {
@@ -205,9 +205,9 @@ static const char *verify_ckpt(const char *dir, const td_model_desc *cfg, td_dty
     } else if (gen_found) {
         gen = *gen_found;
     }
-    for (int i = 0; i < td_ckpt_param_count(cfg); i++) {
-        td_ckpt_param p;
-        td_ckpt_param_get(cfg, i, &p);
+    for (int i = 0; i < td_model_hf_count(cfg); i++) {
+        td_model_hf_tensor p;
+        td_model_hf_get(cfg, i, &p);
         fill(want, p.numel, gen, 0, i);
         for (uint64_t j = p.hf_numel; j < p.numel; j++) want[j] = 0; /* wte padding rows */
         if (wdt == TD_DTYPE_BF16)
@@ -241,24 +241,24 @@ static const td_model_desc tiny = {
 static void test_param_table(void **state)
 {
     td_model_desc g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .n_positions = 1024, .vocab_size = 50257, .padded_vocab_size = 50304};
-    TD_ASSERT_OK(td_ckpt_config_check(&g));
-    assert_int_equal(td_ckpt_param_count(&g), 148);
+    TD_ASSERT_OK(td_model_desc_check(&g));
+    assert_int_equal(td_model_hf_count(&g), 148);
     /* Hugging Face's GPT-2 124M holds 124,439,808 parameters. */
     uint64_t hf = 0, tidal = 0;
     for (int i = 0; i < 148; i++) {
-        td_ckpt_param p;
-        TD_ASSERT_OK(td_ckpt_param_get(&g, i, &p));
+        td_model_hf_tensor p;
+        TD_ASSERT_OK(td_model_hf_get(&g, i, &p));
         hf += p.hf_numel;
         tidal += p.numel;
-        assert_int_equal(td_ckpt_param_find(&g, p.name), i);
+        assert_int_equal(td_model_hf_find(&g, p.name), i);
         char prefixed[96];
         snprintf(prefixed, sizeof prefixed, "transformer.%s", p.name);
-        assert_int_equal(td_ckpt_param_find(&g, prefixed), i);
+        assert_int_equal(td_model_hf_find(&g, prefixed), i);
     }
     assert_int_equal(hf, 124439808);
     assert_int_equal(tidal, 124475904);
-    td_ckpt_param p;
-    TD_ASSERT_OK(td_ckpt_param_get(&g, 2 + 12 * 5 + 2, &p));
+    td_model_hf_tensor p;
+    TD_ASSERT_OK(td_model_hf_get(&g, 2 + 12 * 5 + 2, &p));
     assert_string_equal(p.name, "h.5.attn.c_attn.weight");
     assert_int_equal(p.layer, 5);
     assert_true(p.transposed);
@@ -266,23 +266,23 @@ static void test_param_table(void **state)
     assert_int_equal(p.shape[1], 768);
     assert_int_equal(p.hf_shape[0], 768);
     assert_int_equal(p.hf_shape[1], 2304);
-    TD_ASSERT_OK(td_ckpt_param_get(&g, 0, &p));
+    TD_ASSERT_OK(td_model_hf_get(&g, 0, &p));
     assert_int_equal(p.hf_shape[0], 50257);
     assert_int_equal(p.shape[0], 50304);
-    assert_int_equal(td_ckpt_param_get(&g, 148, &p), TD_ERR_INVALID);
-    assert_int_equal(td_ckpt_param_find(&g, "h.12.ln_1.weight"), -1);
-    assert_int_equal(td_ckpt_param_find(&g, "h.01.ln_1.weight"), -1);
-    assert_int_equal(td_ckpt_param_find(&g, "h.1.ln_3.weight"), -1);
-    assert_int_equal(td_ckpt_param_find(&g, "lm_head.weight"), -1);
-    assert_int_equal(td_ckpt_param_find(&g, "h.-1.ln_1.weight"), -1);
+    assert_int_equal(td_model_hf_get(&g, 148, &p), TD_ERR_INVALID);
+    assert_int_equal(td_model_hf_find(&g, "h.12.ln_1.weight"), -1);
+    assert_int_equal(td_model_hf_find(&g, "h.01.ln_1.weight"), -1);
+    assert_int_equal(td_model_hf_find(&g, "h.1.ln_3.weight"), -1);
+    assert_int_equal(td_model_hf_find(&g, "lm_head.weight"), -1);
+    assert_int_equal(td_model_hf_find(&g, "h.-1.ln_1.weight"), -1);
 
     /* The same order, names, shapes and orientation as the reference model's table. */
     td_model_desc rc = {.n_layer = tiny.n_layer, .n_head = tiny.n_head, .n_embd = tiny.n_embd, .n_positions = tiny.n_positions, .vocab_size = tiny.vocab_size, .padded_vocab_size = tiny.padded_vocab_size};
-    assert_int_equal(td_model_tensor_count(&rc), td_ckpt_param_count(&tiny));
-    for (int i = 0; i < td_ckpt_param_count(&tiny); i++) {
+    assert_int_equal(td_model_tensor_count(&rc), td_model_hf_count(&tiny));
+    for (int i = 0; i < td_model_hf_count(&tiny); i++) {
         td_model_tensor t;
         td_model_tensor_get(&rc, i, &t);
-        TD_ASSERT_OK(td_ckpt_param_get(&tiny, i, &p));
+        TD_ASSERT_OK(td_model_hf_get(&tiny, i, &p));
         assert_string_equal(p.name, t.name);
         assert_int_equal(p.ndim, t.ndim);
         assert_int_equal(p.shape[0], t.shape[0]);
@@ -293,10 +293,10 @@ static void test_param_table(void **state)
     }
     td_model_desc bad = tiny;
     bad.n_embd = 18;
-    assert_int_equal(td_ckpt_config_check(&bad), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&bad), TD_ERR_INVALID);
     bad = tiny;
     bad.padded_vocab_size = 20;
-    assert_int_equal(td_ckpt_config_check(&bad), TD_ERR_INVALID);
+    assert_int_equal(td_model_desc_check(&bad), TD_ERR_INVALID);
 }
 
 /* --- round trips ------------------------------------------------------------- */
@@ -359,7 +359,7 @@ static void test_round_trip(void **state)
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     td_st_reader *m;
     TD_ASSERT_OK(td_st_open(path, &m));
-    assert_int_equal(td_st_tensor_count(m), td_ckpt_param_count(&tiny));
+    assert_int_equal(td_st_tensor_count(m), td_model_hf_count(&tiny));
     assert_string_equal(td_st_metadata(m, "format"), "pt");
     assert_non_null(td_st_find(m, "h.1.mlp.c_proj.weight"));
     assert_int_equal(td_st_find(m, "h.1.mlp.c_proj.weight")->shape[0], 64);
@@ -427,7 +427,7 @@ static void test_writer_misuse(void **state)
     td_model_desc bad = tiny;
     bad.n_head = 5;
     assert_int_equal(td_ckpt_writer_begin(dir, &bad, NULL, &w), TD_ERR_INVALID);
-    expect_msg("not a multiple of n_head 5");
+    expect_msg("width 16 is not a multiple of the 5 heads");
     assert_int_equal(td_ckpt_writer_begin("/", &tiny, NULL, &w), TD_ERR_INVALID);
     /* Missing folders above are made (test_save_target); a file among them is refused. */
     assert_int_equal(td_ckpt_writer_begin(tpath("ck/config.json/ck2"), &tiny, NULL, &w), TD_ERR_INVALID);
@@ -524,7 +524,7 @@ static void write_hf_dir(const char *dir, const hf_variant *v, uint64_t gen, con
     char path[600];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (config) spit(path, config);
-    const int n = td_ckpt_param_count(&tiny);
+    const int n = td_model_hf_count(&tiny);
     td_st_writer *w[2] = {NULL, NULL};
     for (int s = 0; s <= v->split; s++) {
         snprintf(path, sizeof path, v->split ? "%s/model-%05d-of-00002.safetensors" : "%s/model.safetensors",
@@ -535,8 +535,8 @@ static void write_hf_dir(const char *dir, const hf_variant *v, uint64_t gen, con
     cJSON *index = cJSON_CreateObject(), *map = cJSON_AddObjectToObject(index, "weight_map");
     for (int i = 0; i < n; i++) {
         if (i == v->skip) continue;
-        td_ckpt_param p;
-        td_ckpt_param_get(&tiny, i, &p);
+        td_model_hf_tensor p;
+        td_model_hf_get(&tiny, i, &p);
         int s = v->split ? i % 2 : 0;
         uint64_t shape[2] = {(uint64_t)p.hf_shape[0], (uint64_t)p.hf_shape[1]};
         if (i == v->linear) {
@@ -562,8 +562,8 @@ static void write_hf_dir(const char *dir, const hf_variant *v, uint64_t gen, con
     /* Data, in declaration order per file. */
     for (int i = 0, idx[2] = {0, 0}; i < n; i++) {
         if (i == v->skip) continue;
-        td_ckpt_param p;
-        td_ckpt_param_get(&tiny, i, &p);
+        td_model_hf_tensor p;
+        td_model_hf_get(&tiny, i, &p);
         int s = v->split ? i % 2 : 0;
         float tid[4096], hf[4096];
         fill(tid, p.numel, gen, 0, i);
@@ -680,7 +680,7 @@ static void test_hf_layouts(void **state)
     v = plain;
     v.extra = "score.weight";
     write_hf_dir(tpath("e5"), &v, 9, hf_config_json);
-    expect_open_fail(tpath("e5"), NULL, "tensor 'score.weight' is not a GPT-2 parameter", NULL);
+    expect_open_fail(tpath("e5"), NULL, "tensor 'score.weight' is not a parameter of this GPT2LMHeadModel model", NULL);
     v = plain;
     v.dup = 5;
     write_hf_dir(tpath("e6"), &v, 9, hf_config_json);
@@ -696,7 +696,7 @@ static void test_hf_layouts(void **state)
                  "\"n_embd\": 898249966, \"n_positions\": 4, \"vocab_size\": 8, \"n_inner\": 5}");
     expect_open_fail(tpath("e7b"), NULL, "n_inner must be null or 4 * n_embd = 3592999864", NULL);
     write_hf_dir(tpath("e8"), &plain, 9, "{\"model_type\": \"mistral\", \"n_layer\": 2}");
-    expect_open_fail(tpath("e8"), NULL, "model_type \"mistral\" is not supported; tidal loads gpt2, llama and qwen2", NULL);
+    expect_open_fail(tpath("e8"), NULL, "model_type \"mistral\" is not supported; tidal loads gemma, gpt2, llama and qwen2", NULL);
     write_hf_dir(tpath("e9"), &plain, 9, "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 16, \"vocab_size\": 21}");
     expect_open_fail(tpath("e9"), NULL, "no \"n_positions\"", NULL);
     write_hf_dir(tpath("e10"), &plain, 9, "not json");
@@ -910,7 +910,7 @@ static float ref_loss(const td_model_desc *c, const float *params, const int *se
  * base + ((p*7919 + j*104729) % 2001 - 1000) * 2.5e-4, base 1 for LayerNorm
  * weights and 0 otherwise, so that activations and logits are far from
  * trivial and a layout mistake moves the loss well past the tolerance. */
-static float export_val(const td_ckpt_param *p, int index, uint64_t j)
+static float export_val(const td_model_hf_tensor *p, int index, uint64_t j)
 {
     const size_t n = strlen(p->name);
     const int is_ln_w = strstr(p->name, "ln_") && !strcmp(p->name + n - 6, "weight");
@@ -932,9 +932,9 @@ static void test_export(void **state)
     TD_ASSERT_OK(td_ckpt_writer_set_meta_u64(w, "step", 0));
     for (int i = 0; i < td_model_tensor_count(&rc); i++) {
         td_model_tensor t;
-        td_ckpt_param p;
+        td_model_hf_tensor p;
         td_model_tensor_get(&rc, i, &t);
-        TD_ASSERT_OK(td_ckpt_param_get(&export_cfg, i, &p));
+        TD_ASSERT_OK(td_model_hf_get(&export_cfg, i, &p));
         for (size_t j = 0; j < t.numel; j++) params[t.offset + j] = export_val(&p, i, j);
         TD_ASSERT_OK(td_ckpt_writer_put_weight(w, i, TD_DTYPE_F32, params + t.offset));
         for (int k = 0; k < TD_CKPT_STATE_COUNT; k++)

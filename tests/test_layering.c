@@ -7,12 +7,19 @@
  *   a new header cannot slip past the rule;
  * - CUDA and NCCL headers only in *_cuda.c, *_nccl.c, .cu and .cuh files,
  *   never in core/ or memmgr/; kernels (.cu) only in model/cuda/ and optim/;
- * - no folder holds more than 30% of the C/CUDA lines of the layered folders.
+ * - no folder holds more than 30% of the C/CUDA lines of the layered folders;
+ * - nothing outside model/ branches on the model's family: the sources of
+ *   trainer/, cli/, checkpoint/, bench/ and memmgr/ name no family (no
+ *   TD_MODEL_<FAMILY> value, no string compare with a family's name, no
+ *   family looked up or set by a literal name): they work through the
+ *   family's table (include/tidal/family.h).  The families are the
+ *   registry's (td_model_family_at), so a new one is covered by being there.
  *
  * The checker also runs on small trees made here, with a violation of each
  * kind, to show it reports them.  Runs from the repository root (as `make
  * test` does) or from TD_SOURCE_DIR. */
 #include "td_test.h"
+#include "tidal/model.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -50,7 +57,8 @@ static const owner owners[] = {
     {"memmgr.h", "memmgr"}, {"memsim.h", "memmgr"}, {"policy.h", "memmgr"}, {"tensor_state.h", "memmgr"},
     {"trace.h", "memmgr"}, {"shard.h", "memmgr"},
     {"optim.h", "optim"}, {"optim_cuda.h", "optim"},
-    {"model.h", "model"}, {"model_ref.h", "model"}, {"decode.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
+    {"model.h", "model"}, {"model_ref.h", "model"}, {"decode.h", "model"}, {"family.h", "model"},
+    {"hf_config.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
     {"data.h", "data"}, {"tokenizer.h", "data"},
     {"checkpoint.h", "checkpoint"}, {"safetensors.h", "checkpoint"},
     {"trainer.h", "trainer"}, {"block_probe.h", "trainer"}, {"tune.h", "trainer"},
@@ -86,7 +94,7 @@ static void closure(void)
 }
 
 typedef struct report {
-    char text[8192];
+    char text[16384];
     int violations;
     long lines[N_LAYERS];
 } report;
@@ -198,6 +206,56 @@ static void check_file(const char *root, const char *rel_dir, const char *name, 
     fclose(f);
 }
 
+/* Folders that must not branch on the family. */
+static const char *const family_blind[] = {"trainer", "cli", "checkpoint", "bench", "memmgr", NULL};
+
+static int is_blind(const char *folder)
+{
+    for (int i = 0; family_blind[i]; i++)
+        if (!strcmp(family_blind[i], folder)) return 1;
+    return 0;
+}
+
+/* The first family named on a line as a branch would name it, or NULL:
+ * TD_MODEL_<NAME> (a family enum value), "<name>" on a line that compares
+ * strings, or a literal name given to td_model_family_find /
+ * td_model_desc_set_family. */
+static const char *family_named(const char *line)
+{
+    int compares = (strstr(line, "strcmp(") || strstr(line, "strncmp(") || strstr(line, "strcasecmp(")) &&
+                   !strstr(line, "tok"); /* the tokenizer kinds (byte, gpt2, json) are no family */
+    int looks_up = strstr(line, "td_model_family_find(\"") || strstr(line, "td_model_desc_set_family(") ;
+    for (int i = 0; i < td_model_family_count(); i++) {
+        const char *name = td_model_family_name(td_model_family_at(i));
+        char upper[64] = "TD_MODEL_", quoted[64];
+        size_t k = strlen(upper);
+        for (const char *c = name; *c && k + 1 < sizeof upper; c++)
+            upper[k++] = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+        upper[k] = '\0';
+        snprintf(quoted, sizeof quoted, "\"%s\"", name);
+        const char *u = strstr(line, upper);
+        if (u && !((u[k] >= 'A' && u[k] <= 'Z') || (u[k] >= '0' && u[k] <= '9') || u[k] == '_')) return name;
+        if ((compares || looks_up) && strstr(line, quoted)) return name;
+    }
+    return NULL;
+}
+
+static void check_family_blind(const char *root, const char *rel_dir, const char *name, report *r)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/%s", root, rel_dir, name);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[2048];
+    for (int no = 1; fgets(line, sizeof line, f); no++) {
+        const char *fam = family_named(line);
+        if (fam)
+            note(r, "%s/%s:%d branches on the %s family; ask its table (tidal/family.h) instead\n", rel_dir, name, no,
+                 fam);
+    }
+    fclose(f);
+}
+
 static void walk(const char *root, const char *rel_dir, const char *folder, report *r)
 {
     char path[1024];
@@ -213,7 +271,10 @@ static void walk(const char *root, const char *rel_dir, const char *folder, repo
         struct stat sb;
         if (stat(full, &sb)) continue;
         if (S_ISDIR(sb.st_mode)) walk(root, child, folder, r);
-        else if (is_source(e->d_name)) check_file(root, rel_dir, e->d_name, folder, r);
+        else if (is_source(e->d_name)) {
+            check_file(root, rel_dir, e->d_name, folder, r);
+            if (is_blind(folder)) check_family_blind(root, rel_dir, e->d_name, r);
+        }
     }
     closedir(d);
 }
@@ -376,6 +437,28 @@ static void test_checker_reports_cuda_outside_its_files(void **state)
     assert_non_null(strstr(r.text, "trainer/step.cu: kernels live in model/cuda/ or optim/"));
 }
 
+static void test_checker_reports_family_branches(void **state)
+{
+    (void)state;
+    make_tree();
+    put("trainer/step.c", "if (d->family == TD_MODEL_LLAMA) run_llama();\n"
+                          "if (!strcmp(type, \"gpt2\")) x = 1;\n"
+                          "const td_model_family *f = td_model_family_find(\"qwen2\");\n"
+                          "int n = TD_MODEL_GPT2_LIKE; /* another token */\n"
+                          "printf(\"gpt2\\n\"); /* a name in a message is no branch */\n"
+                          "if (!strcmp(tok_kind, \"gpt2\")) load_bpe(); /* nor the tokenizer's kind */\n");
+    put("model/family_x.c", "if (d->family == TD_MODEL_LLAMA) return;\n"); /* model/ owns the families */
+    put("checkpoint/ck.c", "td_model_desc_set_family(&d, \"gemma\");\n");
+    report r;
+    check_tree(tmp_root, &r);
+    remove_tree();
+    assert_int_equal(r.violations, 4);
+    assert_non_null(strstr(r.text, "trainer/step.c:1 branches on the llama family"));
+    assert_non_null(strstr(r.text, "trainer/step.c:2 branches on the gpt2 family"));
+    assert_non_null(strstr(r.text, "trainer/step.c:3 branches on the qwen2 family"));
+    assert_non_null(strstr(r.text, "checkpoint/ck.c:1 branches on the gemma family"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -385,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_checker_reports_an_upward_include),
         cmocka_unit_test(test_checker_reports_a_header_without_owner),
         cmocka_unit_test(test_checker_reports_cuda_outside_its_files),
+        cmocka_unit_test(test_checker_reports_family_branches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -307,15 +307,15 @@ static void test_whole_model_finite_differences(void **state) { fd_whole_model(&
 /* --- LLaMA and Qwen2 --------------------------------------------------------- */
 
 /* A small LLaMA-family model: 4 heads of 8, NKV key/value heads. */
-static td_model_desc small_llama(td_model_family family, int nkv, int untied, int scaled)
+static td_model_desc small_llama(const char *family, int nkv, int untied, int scaled)
 {
     td_model_desc c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .n_positions = 16, .vocab_size = 20,
                            .padded_vocab_size = 24};
     td_model_desc_set_family(&c, family);
     c.n_kv_head = nkv;
     c.n_inner = 24;
-    c.norm_eps = family == TD_MODEL_QWEN2 ? 1e-6f : 1e-5f;
-    c.rope_theta = family == TD_MODEL_QWEN2 ? 1e6f : 500000.0f;
+    c.norm_eps = !strcmp(family, "qwen2") ? 1e-6f : 1e-5f;
+    c.rope_theta = !strcmp(family, "qwen2") ? 1e6f : 500000.0f;
     c.untied_head = untied;
     /* inv_freq of hs 8 at theta 5e5: wavelengths 6.3, 168, 4.5e3, 1.2e5; with
      * original 512, high 4, low 1: one kept, one blended, two divided. */
@@ -349,7 +349,7 @@ static void test_llama_layout_and_presets(void **state)
         TD_ASSERT_OK(td_model_desc_check(&c));
     }
     /* tensors tile the buffer; names and shapes of a Qwen2 block */
-    td_model_desc q = small_llama(TD_MODEL_QWEN2, 2, 1, 0);
+    td_model_desc q = small_llama("qwen2", 2, 1, 0);
     size_t next = 0;
     for (int i = 0; i < td_model_tensor_count(&q); i++) {
         td_model_tensor t;
@@ -379,8 +379,9 @@ static void test_llama_layout_and_presets(void **state)
     assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "num_key_value_heads must divide"));
     c = q;
-    c.norm = TD_MODEL_NORM_LAYER;
+    c.qkv_bias = 0; /* a Qwen2 without its biases is a LLaMA */
     assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "describe one without as llama"));
     c = tiny;
     c.untied_head = 1;
     assert_int_equal(td_model_desc_check(&c), TD_ERR_INVALID);
@@ -393,14 +394,14 @@ static void test_llama_layout_and_presets(void **state)
 static void test_llama_finite_differences(void **state)
 {
     const td_model_desc cases[] = {
-        small_llama(TD_MODEL_LLAMA, 4, 0, 0), /* 1 query head a key/value head, tied */
-        small_llama(TD_MODEL_LLAMA, 2, 1, 1), /* 2, untied, llama3 scaling */
-        small_llama(TD_MODEL_LLAMA, 1, 0, 1), /* 4 (multi-query), tied, scaling */
-        small_llama(TD_MODEL_QWEN2, 2, 1, 0), /* Qwen2: q/k/v biases, untied */
-        small_llama(TD_MODEL_QWEN2, 1, 0, 0), /* Qwen2 tied */
+        small_llama("llama", 4, 0, 0), /* 1 query head a key/value head, tied */
+        small_llama("llama", 2, 1, 1), /* 2, untied, llama3 scaling */
+        small_llama("llama", 1, 0, 1), /* 4 (multi-query), tied, scaling */
+        small_llama("qwen2", 2, 1, 0), /* Qwen2: q/k/v biases, untied */
+        small_llama("qwen2", 1, 0, 0), /* Qwen2 tied */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        printf("  %s, %d key/value heads, %s head%s\n", td_model_family_name(cases[i].family), cases[i].n_kv_head,
+        printf("  %s, %d key/value heads, %s head%s\n", td_model_family_name(td_model_family_of(&cases[i])), cases[i].n_kv_head,
                cases[i].untied_head ? "untied" : "tied", cases[i].rope_scaling.factor > 0 ? ", llama3 rope scaling" : "");
         fd_whole_model(&cases[i]);
     }

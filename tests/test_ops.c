@@ -771,71 +771,90 @@ static void test_gqa_attention(void **state)
     free(qkv); free(dout); free(out); free(lse); free(dqkv); free(full); free(ref); free(ref_full);
 }
 
-typedef struct rms_ctx { float *x, *w, *out, *rstd, *wt; int N, C; } rms_ctx;
+typedef struct rms_ctx { float *x, *w, *out, *rstd, *wt; float off; int N, C; } rms_ctx;
 
 static double rms_loss(void *p)
 {
     rms_ctx *c = p;
-    td_ops_rmsnorm_forward(c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+    td_ops_rmsnorm_forward(c->out, c->rstd, c->x, c->w, c->off, c->N, c->C, 1e-5f);
     return wsum(c->out, c->wt, (size_t)c->N * c->C);
 }
 
+/* RMSNorm with the gain w (LLaMA) and 1 + w (Gemma): values against the
+ * definition in double, gradients against finite differences. */
 static void test_rmsnorm(void **state)
 {
-    td_rng rng;
-    td_rng_seed(&rng, 45);
-    rms_ctx c = {.N = 5, .C = 37};
-    size_t n = (size_t)c.N * c.C;
-    c.x = frand(&rng, n, 2);
-    c.w = frand(&rng, c.C, 1);
-    c.out = fvec(n);
-    c.rstd = fvec(c.N);
-    c.wt = frand(&rng, n, 1);
-    rms_loss(&c);
-    for (int r = 0; r < c.N; r++) { /* against the definition in double */
-        double ss = 0;
-        for (int i = 0; i < c.C; i++) ss += (double)c.x[r * c.C + i] * c.x[r * c.C + i];
-        double rs = 1 / sqrt(ss / c.C + 1e-5);
-        assert_true(fabs(c.rstd[r] - rs) <= 1e-6 * rs);
-        for (int i = 0; i < c.C; i++)
-            assert_true(fabs(c.out[r * c.C + i] - c.w[i] * c.x[r * c.C + i] * rs) <= 1e-5);
+    for (int k = 0; k < 2; k++) {
+        td_rng rng;
+        td_rng_seed(&rng, 45);
+        rms_ctx c = {.N = 5, .C = 37, .off = (float)k};
+        size_t n = (size_t)c.N * c.C;
+        c.x = frand(&rng, n, 2);
+        c.w = frand(&rng, c.C, 1);
+        c.out = fvec(n);
+        c.rstd = fvec(c.N);
+        c.wt = frand(&rng, n, 1);
+        rms_loss(&c);
+        for (int r = 0; r < c.N; r++) { /* against the definition in double */
+            double ss = 0;
+            for (int i = 0; i < c.C; i++) ss += (double)c.x[r * c.C + i] * c.x[r * c.C + i];
+            double rs = 1 / sqrt(ss / c.C + 1e-5);
+            assert_true(fabs(c.rstd[r] - rs) <= 1e-6 * rs);
+            for (int i = 0; i < c.C; i++)
+                assert_true(fabs(c.out[r * c.C + i] - (k + c.w[i]) * c.x[r * c.C + i] * rs) <= 1e-5);
+        }
+        float *dx = fvec(n), *dw = fvec(c.C);
+        td_ops_rmsnorm_backward(dx, dw, c.wt, c.x, c.w, c.off, c.rstd, c.N, c.C);
+        const fd_tol tol = {1e-2f, 3e-4, 3e-3, 200};
+        fd_check(k ? "rmsnorm (1 + w) dinp" : "rmsnorm dinp", c.x, dx, n, rms_loss, &c, tol, &rng);
+        fd_check(k ? "rmsnorm (1 + w) dweight" : "rmsnorm dweight", c.w, dw, c.C, rms_loss, &c, tol, &rng);
+        free(c.x); free(c.w); free(c.out); free(c.rstd); free(c.wt); free(dx); free(dw);
     }
-    float *dx = fvec(n), *dw = fvec(c.C);
-    td_ops_rmsnorm_backward(dx, dw, c.wt, c.x, c.w, c.rstd, c.N, c.C);
-    const fd_tol tol = {1e-2f, 3e-4, 3e-3, 200};
-    fd_check("rmsnorm dinp", c.x, dx, n, rms_loss, &c, tol, &rng);
-    fd_check("rmsnorm dweight", c.w, dw, c.C, rms_loss, &c, tol, &rng);
-    free(c.x); free(c.w); free(c.out); free(c.rstd); free(c.wt); free(dx); free(dw);
 }
 
-typedef struct swiglu_ctx { float *gu, *out, *wt; int N, H; } swiglu_ctx;
+typedef struct glu_ctx { float *gu, *out, *wt; int N, H; td_ops_glu act; } glu_ctx;
 
-static double swiglu_loss(void *p)
+static double glu_loss(void *p)
 {
-    swiglu_ctx *c = p;
-    td_ops_swiglu_forward(c->out, c->gu, c->N, c->H);
+    glu_ctx *c = p;
+    td_ops_glu_forward(c->out, c->gu, c->N, c->H, c->act);
     return wsum(c->out, c->wt, (size_t)c->N * c->H);
 }
 
-static void test_swiglu(void **state)
+/* SwiGLU and GeGLU (tanh GELU): values against the definitions in double,
+ * gradients against finite differences. */
+static void test_glu(void **state)
 {
-    td_rng rng;
-    td_rng_seed(&rng, 46);
-    swiglu_ctx c = {.N = 4, .H = 19};
-    size_t n2 = (size_t)c.N * 2 * c.H, n = (size_t)c.N * c.H;
-    c.gu = frand(&rng, n2, 4);
-    c.out = fvec(n);
-    c.wt = frand(&rng, n, 1);
-    swiglu_loss(&c);
-    for (int r = 0; r < c.N; r++)
-        for (int i = 0; i < c.H; i++) {
-            double g = c.gu[r * 2 * c.H + i], u = c.gu[r * 2 * c.H + c.H + i];
-            assert_true(fabs(c.out[r * c.H + i] - g / (1 + exp(-g)) * u) <= 1e-5 * (1 + fabs(g * u)));
-        }
-    float *d = fvec(n2);
-    td_ops_swiglu_backward(d, c.wt, c.gu, c.N, c.H);
-    fd_check("swiglu dgate_up", c.gu, d, n2, swiglu_loss, &c, (fd_tol){1e-2f, 3e-4, 3e-3, 200}, &rng);
-    free(c.gu); free(c.out); free(c.wt); free(d);
+    for (int k = 0; k < 2; k++) {
+        td_rng rng;
+        td_rng_seed(&rng, 46);
+        glu_ctx c = {.N = 4, .H = 19, .act = k ? TD_OPS_GLU_GELU_TANH : TD_OPS_GLU_SILU};
+        size_t n2 = (size_t)c.N * 2 * c.H, n = (size_t)c.N * c.H;
+        c.gu = frand(&rng, n2, 4);
+        c.out = fvec(n);
+        c.wt = frand(&rng, n, 1);
+        glu_loss(&c);
+        for (int r = 0; r < c.N; r++)
+            for (int i = 0; i < c.H; i++) {
+                double g = c.gu[r * 2 * c.H + i], u = c.gu[r * 2 * c.H + c.H + i];
+                double a = k ? 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) : g / (1 + exp(-g));
+                assert_true(fabs(c.out[r * c.H + i] - a * u) <= 1e-5 * (1 + fabs(g * u)));
+            }
+        float *d = fvec(n2);
+        td_ops_glu_backward(d, c.wt, c.gu, c.N, c.H, c.act);
+        fd_check(k ? "geglu dgate_up" : "swiglu dgate_up", c.gu, d, n2, glu_loss, &c, (fd_tol){1e-2f, 3e-4, 3e-3, 200},
+                 &rng);
+        free(c.gu); free(c.out); free(c.wt); free(d);
+    }
+}
+
+static void test_scale(void **state)
+{
+    float x[5] = {1.5f, -2.0f, 0.0f, 3.25f, -0.5f}, y[5];
+    td_ops_scale(y, x, 45.25f, 5);
+    for (int i = 0; i < 5; i++) assert_true(y[i] == x[i] * 45.25f);
+    td_ops_scale(x, x, 2.0f, 5); /* in place */
+    assert_true(x[0] == 3.0f && x[3] == 6.5f);
 }
 
 typedef struct rope_ctx { float *x, *y, *inv, *wt; int B, T, heads, hs; size_t stride; } rope_ctx;
@@ -924,7 +943,8 @@ int main(void)
         cmocka_unit_test(test_backward_bit_identical_across_threads),
         cmocka_unit_test(test_gqa_attention),
         cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_glu),
+        cmocka_unit_test(test_scale),
         cmocka_unit_test(test_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

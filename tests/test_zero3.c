@@ -334,9 +334,9 @@ static float val(int gen, int kind, int p, uint64_t j)
 static uint64_t total_numel(void)
 {
     uint64_t t = 0;
-    for (int i = 0; i < td_ckpt_param_count(&cfg); i++) {
-        td_ckpt_param p;
-        td_ckpt_param_get(&cfg, i, &p);
+    for (int i = 0; i < td_model_hf_count(&cfg); i++) {
+        td_model_hf_tensor p;
+        td_model_hf_get(&cfg, i, &p);
         t += p.numel;
     }
     return t;
@@ -361,9 +361,9 @@ static void save_stream_sharded(const char *path, int gen, td_dtype wdt, uint64_
     TD_ASSERT_OK(td_ckpt_writer_begin(path, &cfg, &o, &w));
     save_meta(w, gen, "same", &rng);
     float *buf = malloc(1 << 16);
-    for (int i = 0; i < td_ckpt_param_count(&cfg); i++) {
-        td_ckpt_param p;
-        td_ckpt_param_get(&cfg, i, &p);
+    for (int i = 0; i < td_model_hf_count(&cfg); i++) {
+        td_model_hf_tensor p;
+        td_model_hf_get(&cfg, i, &p);
         for (uint64_t j = 0; j < p.numel; j++) buf[j] = val(gen, 0, i, j);
         TD_ASSERT_OK(td_ckpt_writer_put_weight(w, i, TD_DTYPE_F32, buf));
         for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
@@ -417,9 +417,9 @@ static int group_body(int rank, int size, int port, void *vctx)
     if ((st = td_ckpt_writer_begin_ranges(w))) goto fail;
     uint64_t at = 0;
     int skip = g->fault == 2 && rank == 1; /* its first range */
-    for (int i = 0; i < td_ckpt_param_count(&cfg); i++) {
-        td_ckpt_param p;
-        td_ckpt_param_get(&cfg, i, &p);
+    for (int i = 0; i < td_model_hf_count(&cfg); i++) {
+        td_model_hf_tensor p;
+        td_model_hf_get(&cfg, i, &p);
         size_t b, end;
         if (td_shard_intersect(&l, rank, at, p.numel, &b, &end) && !(skip && !(skip = 0))) {
             const uint64_t off = b - at, n = end - b;
@@ -536,8 +536,8 @@ static void test_group_save_shards(void **state)
     td_ckpt_reader *r = NULL;
     TD_ASSERT_OK(td_ckpt_reader_open(path, &cfg, &r));
     float x[8];
-    TD_ASSERT_OK(td_ckpt_reader_get_weight_range(r, td_ckpt_param_count(&cfg) - 1, 0, 8, TD_DTYPE_F32, x));
-    for (int j = 0; j < 8; j++) assert_true(x[j] == val(2, 0, td_ckpt_param_count(&cfg) - 1, (uint64_t)j));
+    TD_ASSERT_OK(td_ckpt_reader_get_weight_range(r, td_model_hf_count(&cfg) - 1, 0, 8, TD_DTYPE_F32, x));
+    for (int j = 0; j < 8; j++) assert_true(x[j] == val(2, 0, td_model_hf_count(&cfg) - 1, (uint64_t)j));
     td_ckpt_reader_close(r);
 }
 
@@ -589,9 +589,9 @@ static void test_read_ranges(void **state)
         TD_ASSERT_OK(td_shard_layout_make(total_numel(), n, 1, &l));
         for (int rank = 0; rank < n; rank++) {
             uint64_t at = 0;
-            for (int i = 0; i < td_ckpt_param_count(&cfg); i++) {
-                td_ckpt_param p;
-                td_ckpt_param_get(&cfg, i, &p);
+            for (int i = 0; i < td_model_hf_count(&cfg); i++) {
+                td_model_hf_tensor p;
+                td_model_hf_get(&cfg, i, &p);
                 TD_ASSERT_OK(td_ckpt_reader_get_weight(r, i, TD_DTYPE_F32, whole));
                 size_t b, e;
                 if (td_shard_intersect(&l, rank, at, p.numel, &b, &e)) {
@@ -611,9 +611,9 @@ static void test_read_ranges(void **state)
     }
     /* random ranges of every tensor */
     uint64_t seed = 9;
-    for (int i = 0; i < td_ckpt_param_count(&cfg); i++) {
-        td_ckpt_param p;
-        td_ckpt_param_get(&cfg, i, &p);
+    for (int i = 0; i < td_model_hf_count(&cfg); i++) {
+        td_model_hf_tensor p;
+        td_model_hf_get(&cfg, i, &p);
         TD_ASSERT_OK(td_ckpt_reader_get_weight(r, i, TD_DTYPE_F32, whole));
         for (int k = 0; k < 20; k++) {
             uint64_t off = rng_next(&seed) % p.numel, n = rng_next(&seed) % (p.numel - off + 1);
@@ -666,9 +666,9 @@ static int comm_body(int rank, int size, int port, void *ctx)
     float *buf = malloc(1 << 16);
     td_status st = td_ckpt_writer_begin(path, &cfg, &o, &w);
     if (!st) save_meta(w, 6, "same", &rng), st = td_ckpt_writer_begin_ranges(w);
-    for (int i = rank; !st && i < td_ckpt_param_count(&cfg); i += size) {
-        td_ckpt_param p;
-        td_ckpt_param_get(&cfg, i, &p);
+    for (int i = rank; !st && i < td_model_hf_count(&cfg); i += size) {
+        td_model_hf_tensor p;
+        td_model_hf_get(&cfg, i, &p);
         for (uint64_t j = 0; j < p.numel; j++) buf[j] = val(6, 0, i, j);
         st = td_ckpt_writer_put_weight(w, i, TD_DTYPE_F32, buf);
         for (int k = 0; !st && k < TD_CKPT_STATE_COUNT; k++) {
@@ -724,17 +724,17 @@ static void test_ranged_one_process(void **state)
     assert_int_equal(td_ckpt_writer_begin_ranges(w), TD_ERR_STATE);
     assert_int_equal(td_ckpt_writer_append_state(w, 0, TD_CKPT_STATE_MASTER, &x, 1), TD_ERR_STATE); /* streaming */
     assert_int_equal(td_ckpt_writer_append_weight(w, 0, TD_DTYPE_F32, &x, 1), TD_ERR_STATE);
-    td_ckpt_param p0;
-    td_ckpt_param_get(&cfg, 0, &p0);
+    td_model_hf_tensor p0;
+    td_model_hf_get(&cfg, 0, &p0);
     assert_int_equal(td_ckpt_writer_write_weight(w, 0, p0.numel, TD_DTYPE_F32, &x, 1), TD_ERR_INVALID);
     assert_int_equal(td_ckpt_writer_write_state(w, 0, TD_CKPT_STATE_ADAM_M, p0.numel, &x, 1), TD_ERR_INVALID);
     assert_int_equal(td_ckpt_writer_write_extra(w, rng, 20, &x, 8), TD_ERR_INVALID);
     /* every tensor in random pieces, tensors in reverse order */
     uint64_t seed = 17;
     float *buf = malloc(1 << 16);
-    for (int i = td_ckpt_param_count(&cfg) - 1; i >= 0; i--) {
-        td_ckpt_param p;
-        td_ckpt_param_get(&cfg, i, &p);
+    for (int i = td_model_hf_count(&cfg) - 1; i >= 0; i--) {
+        td_model_hf_tensor p;
+        td_model_hf_get(&cfg, i, &p);
         for (int kind = 0; kind <= TD_CKPT_STATE_COUNT; kind++) {
             for (uint64_t j = 0; j < p.numel; j++) buf[j] = val(3, kind, i, j);
             uint64_t cuts[6] = {0, 0, 0, 0, 0, p.numel};

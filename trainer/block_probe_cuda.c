@@ -10,31 +10,42 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-enum { PARAMS, GRADS, ACTS, X, Y, DY, DX, BIG, MID, DRES, DC, ROPE, SCRATCH, WORKSPACE, NBUF };
+enum { PARAMS, GRADS, ACTS, X, Y, DY, DX, CONSTS, SCRATCH, WORKSPACE, BIG, MID, DRES, DC, NBUF };
 
-static int is_llama(const td_model_desc *mc) { return mc->family != TD_MODEL_GPT2; }
+/* The widest output of the block's matmuls (rows of its largest 2-D weight). */
+static size_t widest_rows(const td_model_desc *mc)
+{
+    size_t rows = 0;
+    for (int k = 0, first = td_model_embed_tensor_count(mc); k < td_model_block_tensor_count(mc); k++) {
+        td_model_tensor t;
+        td_model_tensor_get(mc, first + k, &t);
+        if (t.ndim == 2 && (size_t)t.shape[0] > rows) rows = (size_t)t.shape[0];
+    }
+    return rows;
+}
 
-/* Each buffer's bytes; 0: the family has no use for it. */
-static void sizes_of(const td_model_desc *model, int B, int T, td_dtype dt, size_t s[NBUF])
+/* Each buffer's bytes; 0: not needed. */
+static void sizes_of(const td_model_desc *model, int B, int T, td_dtype dt, int op_buffers, size_t s[NBUF])
 {
     td_model_desc mc = *model;
     mc.n_layer = 1;
-    const int llama = is_llama(&mc);
+    const td_model_exec *ex = td_model_exec_of(&mc, 1);
     size_t off, span, E = td_dtype_bytes(dt), N = (size_t)B * (size_t)T, C = (size_t)mc.n_embd;
-    size_t H = (size_t)td_model_mlp_width(&mc), QKV = (size_t)td_model_qkv_width(&mc);
-    size_t fc_out = llama ? 2 * H : H; /* gate|up, or GPT-2's 4C */
+    size_t A = (size_t)td_model_attn_width(&mc), wide = C > A ? C : A;
+    memset(s, 0, NBUF * sizeof *s);
     td_model_block_span(&mc, 0, &off, &span);
     s[PARAMS] = s[GRADS] = span * E;
-    s[ACTS] = llama ? td_ops_cuda_llama_block_acts_bytes(&mc, B, T, dt) : td_ops_cuda_block_acts_bytes(&mc, B, T, dt);
+    s[ACTS] = ex ? ex->block_acts_bytes(&mc, B, T, dt) : 0;
     s[X] = s[Y] = s[DY] = s[DX] = N * C * E;
-    s[BIG] = N * (fc_out > QKV ? fc_out : QKV) * E;
-    s[MID] = llama ? N * H * E : 0;
-    s[DRES] = s[DC] = llama ? N * C * E : 0;
-    s[ROPE] = llama ? (size_t)td_model_head_size(&mc) / 2 * sizeof(float) : 0;
-    s[SCRATCH] = llama ? td_ops_cuda_llama_block_scratch_bytes(&mc, B, T, dt, B)
-                       : td_ops_cuda_block_scratch_bytes(&mc, B, T, dt, B);
+    s[CONSTS] = ex ? ex->consts_bytes(&mc) : 0;
+    s[SCRATCH] = ex ? ex->scratch_bytes(&mc, B, T, dt, B) : 0;
     s[WORKSPACE] = TD_OPS_CUDA_WORKSPACE_BYTES;
+    if (!op_buffers) return;
+    s[BIG] = N * widest_rows(&mc) * E;
+    s[MID] = N * (size_t)td_model_mlp_width(&mc) * E;
+    s[DRES] = s[DC] = N * wide * E;
 }
 
 /* n values center + uniform [-scale, scale) of type dt into device memory: the
@@ -58,59 +69,78 @@ static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, fl
     return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "block probe: cudaMemcpy: %s", cudaGetErrorString(e));
 }
 
-size_t td_block_probe_bytes(const td_model_desc *model, int B, int T, td_dtype dt)
+size_t td_block_probe_bytes(const td_model_desc *model, int B, int T, td_dtype dt, int op_buffers)
 {
     size_t s[NBUF], total = 0;
-    sizes_of(model, B, T, dt, s);
+    sizes_of(model, B, T, dt, op_buffers, s);
     for (int i = 0; i < NBUF; i++) total += td_align_up(s[i], TD_ARENA_ALIGN);
     return total;
 }
 
-td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B, int T, td_dtype dt,
+td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B, int T, td_dtype dt, int op_buffers,
                                 td_block_probe **out)
 {
     td_status st = TD_OK;
     *out = NULL;
+    void *host = NULL;
     td_block_probe *p = td_calloc(1, sizeof *p, TD_ROLE_META);
     if (!p) return TD_ERR_NOMEM;
     p->mc = *model;
     p->mc.n_layer = 1;
     p->B = B, p->T = T, p->N = B * T, p->dt = dt;
+    if (!(p->exec = td_model_exec_of(&p->mc, 1)))
+        TD_FAIL(TD_ERR_UNSUPPORTED, "block probe: the %s family has no CUDA compute",
+                td_model_family_name(td_model_family_of(&p->mc)));
     size_t s[NBUF];
     void *buf[NBUF] = {0};
-    sizes_of(model, B, T, dt, s);
-    TD_TRY(td_arena_create(b, td_block_probe_bytes(model, B, T, dt), &p->arena));
+    sizes_of(model, B, T, dt, op_buffers, s);
+    TD_TRY(td_arena_create(b, td_block_probe_bytes(model, B, T, dt, op_buffers), &p->arena));
     for (int i = 0; i < NBUF; i++)
         if (s[i]) TD_TRY(td_arena_alloc(p->arena, s[i], TD_ROLE_WORKSPACE, &buf[i]));
     p->stream = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
     /* Params, the input and the output gradient as in training (random, of
      * GPT-2's init scale; the norms' gains 1); the rest is written before it is read. */
     size_t E = td_dtype_bytes(dt), C = (size_t)p->mc.n_embd;
-    for (int i = 0; i < WORKSPACE; i++)
-        if (buf[i]) TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, buf[i], 0, s[i]));
+    for (int i = 0; i < NBUF; i++)
+        if (buf[i] && i != WORKSPACE) TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, buf[i], 0, s[i]));
     TD_TRY(td_queue_sync(b, TD_QUEUE_COMPUTE));
     td_ops_cuda_block_view(&p->mc, buf[PARAMS], dt, &p->w);
     td_ops_cuda_block_view(&p->mc, buf[GRADS], dt, &p->g);
+    size_t span_off, span;
+    td_model_block_span(&p->mc, 0, &span_off, &span);
+    for (int k = 0, first = td_model_embed_tensor_count(&p->mc); k < td_model_block_tensor_count(&p->mc); k++) {
+        td_model_tensor t;
+        td_model_tensor_get(&p->mc, first + k, &t);
+        p->p[k] = (char *)buf[PARAMS] + (t.offset - span_off) * E;
+        p->gp[k] = (char *)buf[GRADS] + (t.offset - span_off) * E;
+    }
     TD_TRY(fill_random(buf[PARAMS], s[PARAMS] / E, dt, 1, 0.0f, 0.02f));
     TD_TRY(fill_random(p->w.ln1_w, C, dt, 4, 1.0f, 0.0f));
     TD_TRY(fill_random(p->w.ln2_w, C, dt, 5, 1.0f, 0.0f));
     TD_TRY(fill_random(buf[X], s[X] / E, dt, 2, 0.0f, 1.0f));
     TD_TRY(fill_random(buf[DY], s[DY] / E, dt, 3, 0.0f, 1e-3f));
-    if (is_llama(&p->mc)) TD_TRY(td_ops_cuda_rope_table(&p->mc, buf[ROPE], p->stream));
+    if (s[CONSTS]) {
+        if (!(host = td_malloc(s[CONSTS], TD_ROLE_META))) TD_FAIL(TD_ERR_NOMEM, "block probe: the model's constants");
+        p->exec->consts_fill(&p->mc, host);
+        TD_TRY(td_backend_copy_async(b, TD_QUEUE_COMPUTE, buf[CONSTS], host, s[CONSTS]));
+        TD_TRY(td_queue_sync(b, TD_QUEUE_COMPUTE));
+    }
     td_ops_cuda_params op = td_ops_cuda_default_params();
     op.workspace = buf[WORKSPACE];
     op.workspace_bytes = s[WORKSPACE];
     TD_TRY(td_ops_cuda_create(&op, &p->ops));
-    if (is_llama(&p->mc)) td_ops_cuda_llama_block_acts_view(&p->mc, B, T, dt, buf[ACTS], &p->a);
-    else td_ops_cuda_block_acts_view(&p->mc, B, T, dt, buf[ACTS], &p->a);
-    p->inv_freq = buf[ROPE];
-    p->x = buf[X], p->y = buf[Y], p->dy = buf[DY], p->dx = buf[DX], p->big = buf[BIG];
-    p->mid = buf[MID], p->dres = buf[DRES], p->dc = buf[DC];
+    p->acts = buf[ACTS], p->consts = buf[CONSTS];
+    p->x = buf[X], p->y = buf[Y], p->dy = buf[DY], p->dx = buf[DX];
+    p->big = buf[BIG], p->mid = buf[MID], p->dres = buf[DRES], p->dc = buf[DC];
     p->scratch = buf[SCRATCH];
     p->scratch_bytes = s[SCRATCH];
+    p->run = (td_model_run){.desc = &p->mc, .B = B, .T = T, .dt = dt, .gdt = dt, .ops = p->ops, .stream = p->stream,
+                            .consts = p->consts, .scratch = p->scratch, .scratch_bytes = p->scratch_bytes};
     *out = p;
+    td_free(host);
     return TD_OK;
 cleanup:
+    td_free(host);
     td_block_probe_destroy(p);
     return st;
 }
@@ -125,29 +155,17 @@ void td_block_probe_destroy(td_block_probe *p)
 
 td_status td_block_probe_forward(td_block_probe *p)
 {
-    if (is_llama(&p->mc))
-        return td_ops_cuda_llama_block_forward(p->ops, &p->mc, &p->w, &p->a, p->inv_freq, p->x, p->y, p->B, p->T,
-                                               p->dt, p->scratch, p->scratch_bytes, p->stream);
-    return td_ops_cuda_block_forward(p->ops, &p->mc, &p->w, &p->a, p->x, p->y, p->B, p->T, p->dt, p->scratch,
-                                     p->scratch_bytes, p->stream);
+    return p->exec->block_forward(&p->run, p->p, p->acts, p->x, p->y);
 }
 
 td_status td_block_probe_recompute(td_block_probe *p)
 {
-    if (is_llama(&p->mc))
-        return td_ops_cuda_llama_block_forward(p->ops, &p->mc, &p->w, &p->a, p->inv_freq, p->x, NULL, p->B, p->T,
-                                               p->dt, p->scratch, p->scratch_bytes, p->stream);
-    return td_ops_cuda_block_forward(p->ops, &p->mc, &p->w, &p->a, p->x, NULL, p->B, p->T, p->dt, p->scratch,
-                                     p->scratch_bytes, p->stream);
+    return p->exec->block_forward(&p->run, p->p, p->acts, p->x, NULL);
 }
 
 td_status td_block_probe_backward(td_block_probe *p)
 {
-    if (is_llama(&p->mc))
-        return td_ops_cuda_llama_block_backward(p->ops, &p->mc, &p->w, &p->g, &p->a, p->inv_freq, p->x, p->dy, p->dx,
-                                                p->B, p->T, p->dt, p->dt, p->scratch, p->scratch_bytes, p->stream);
-    return td_ops_cuda_block_backward(p->ops, &p->mc, &p->w, &p->g, &p->a, p->x, p->dy, p->dx, p->B, p->T,
-                                      TD_OPS_CUDA_SET, p->dt, p->dt, p->scratch, p->scratch_bytes, p->stream);
+    return p->exec->block_backward(&p->run, p->p, p->gp, p->acts, p->x, p->dy, p->dx);
 }
 
 td_status td_block_probe_time(td_block_probe *p, int repeat, double *fwd_ms, double *bwd_ms, double *rec_ms)

@@ -88,13 +88,13 @@ cleanup:
 static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, td_train_rates *r)
 {
     size_t free_b = 0, total_b = 0, need = td_block_probe_bytes(&cfg->model, cfg->micro_batch, cfg->seq_len,
-                                                                 cfg->precision);
-    r->block_fwd_ms = r->block_bwd_ms = r->block_recompute_ms = 0; /* the probe composes the model's own
-                                                                     * block: GPT-2's or a LLaMA-family one */
+                                                                 cfg->precision, 0);
+    r->block_fwd_ms = r->block_bwd_ms = r->block_recompute_ms = 0; /* the probe runs the model's own
+                                                                     * block, its family's */
     td_status st = td_backend_mem_info(b, &free_b, &total_b);
     if (st || need + need / 8 > free_b) return st;
     td_block_probe *p = NULL;
-    if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, &p))) return st;
+    if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, 0, &p))) return st;
     st = td_block_probe_time(p, 3, &r->block_fwd_ms, &r->block_bwd_ms, &r->block_recompute_ms);
     td_block_probe_destroy(p);
     return st;
@@ -294,8 +294,7 @@ static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r
     float *scr = td_calloc(scratch, sizeof(float), TD_ROLE_WORKSPACE), *x = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
     float *y = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE), *dx = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
     if (!w || !g || !acts || !scr || !x || !y || !dx) TD_FAIL(TD_ERR_NOMEM, "the block probe");
-    /* Block 0's tensors, after the embeddings: 12 for GPT-2, 6 or 7 for the
-     * LLaMA family (indexing GPT-2's 2 + 12 wrote past the block there). */
+    /* Block 0's tensors, after the embeddings (the family says how many). */
     for (int k = 0, first = td_model_embed_tensor_count(mc); k < td_model_block_tensor_count(mc); k++) {
         td_model_tensor tt;
         td_model_tensor_get(mc, first + k, &tt);

@@ -99,6 +99,15 @@ td_state_bytes td_train_state_of(td_memmgr *mm)
     return s;
 }
 
+size_t td_train_cublas_workspace_bytes(const td_train_config *cfg)
+{
+#ifdef TD_HAVE_CUDA
+    if (cfg->backend == TD_BACKEND_CUDA) return TD_OPS_CUDA_WORKSPACE_BYTES;
+#endif
+    (void)cfg;
+    return 0;
+}
+
 /* The buffers when blocks [0, nck) are recomputed. */
 static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
 {
@@ -106,31 +115,13 @@ static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
     int B = cfg->micro_batch, T = cfg->seq_len, L = mc->n_layer;
     size_t N = (size_t)B * (size_t)T, C = (size_t)mc->n_embd, Vp = (size_t)mc->padded_vocab_size, F = sizeof(float);
     size_t E = td_dtype_bytes(cfg->precision);
-    int cuda = cfg->backend == TD_BACKEND_CUDA;
-    size_t acts = td_model_block_acts_numel(mc, B, T) * F;
-    size_t scratch = td_model_block_scratch_numel(mc, B, T) * F, workspace = 0;
-    if (scratch < 2 * N * C * F) scratch = 2 * N * C * F;
-#ifdef TD_HAVE_CUDA
-    if (cuda && mc->family == TD_MODEL_GPT2) {
-        acts = td_ops_cuda_block_acts_bytes(mc, B, T, cfg->precision);
-        scratch = td_ops_cuda_block_scratch_bytes(mc, B, T, cfg->precision, B);
-        size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_head_scratch_bytes((int)N, (int)C);
-        size_t enc = td_ops_cuda_encoder_scratch_bytes(B, T, (int)Vp);
-        if (head > scratch) scratch = head;
-        if (enc > scratch) scratch = enc;
-        workspace = TD_OPS_CUDA_WORKSPACE_BYTES;
-    } else if (cuda) { /* the LLaMA family: its block and head (model/llama_block_cuda.c) */
-        acts = td_ops_cuda_llama_block_acts_bytes(mc, B, T, cfg->precision);
-        scratch = td_ops_cuda_llama_block_scratch_bytes(mc, B, T, cfg->precision, B);
-        size_t head = td_align_up(N * C * E, TD_ARENA_ALIGN) + td_ops_cuda_llama_head_scratch_bytes((int)N, (int)C, (int)Vp);
-        size_t enc = td_ops_cuda_encoder_scratch_bytes(B, T, (int)Vp);
-        if (head > scratch) scratch = head;
-        if (enc > scratch) scratch = enc;
-        /* cuBLASLt's workspace, then RoPE's frequency table */
-        workspace = TD_OPS_CUDA_WORKSPACE_BYTES + td_align_up((size_t)td_model_head_size(mc) / 2 * F, TD_ARENA_ALIGN);
-    }
-#endif
-    (void)cuda;
+    /* The family's compute on this backend (family.h): its block's acts,
+     * the scratch of its calls, its constants after cuBLASLt's workspace. */
+    const td_model_exec *ex = td_model_exec_of(mc, cfg->backend == TD_BACKEND_CUDA);
+    if (!ex) ex = td_model_exec_of(mc, 0); /* no CUDA in this build: the reference's sizes (the run says so) */
+    size_t acts = ex->block_acts_bytes(mc, B, T, cfg->precision);
+    size_t scratch = ex->scratch_bytes(mc, B, T, cfg->precision, B), consts = ex->consts_bytes(mc);
+    size_t workspace = td_train_cublas_workspace_bytes(cfg) + (consts ? td_align_up(consts, TD_ARENA_ALIGN) : 0);
     size_t blocks = (size_t)(nck > 0) + (size_t)(L - nck);
     size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, blocks * acts, N * C * E, N * F,
                                  N * F, N * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,

@@ -50,8 +50,8 @@ static td_status moment_load(td_trainer *t, const td_ckpt_reader *r, int k, td_c
 /* Checkpoint parameter k: the tidal tensor it is (a part of), and the part's first element. */
 static td_status ckpt_part(const td_model_desc *cc, int k, int *index, size_t *offset, size_t *numel)
 {
-    td_ckpt_param cp;
-    td_status st = td_ckpt_param_get(cc, k, &cp);
+    td_model_hf_tensor cp;
+    td_status st = td_model_hf_get(cc, k, &cp);
     if (st) return st;
     *index = cp.tensor;
     *offset = (size_t)cp.offset;
@@ -147,7 +147,7 @@ static td_status int8_moments_load(td_trainer *t, const td_ckpt_reader *r, const
 {
     td_status st = TD_OK;
     td_memmgr *mm = t->mm;
-    int np = td_ckpt_param_count(cc), chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
+    int np = td_model_hf_count(cc), chunks = td_memmgr_role_chunk_count(mm, TD_TENSOR_PARAM);
     int first_chunk = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0);
     for (int kind = 0; kind < 2; kind++) {
         td_ckpt_state ks = kind ? TD_CKPT_STATE_ADAM_V : TD_CKPT_STATE_ADAM_M;
@@ -256,7 +256,7 @@ static td_status save_shards(td_trainer *t, td_ckpt_writer *w, int state)
     float *tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META);
     unsigned char *win = td_malloc(INT8_WINDOW_BYTES, TD_ROLE_META);
     if (!tmp || !win) { st = TD_ERR_NOMEM; goto cleanup; }
-    int n = td_ckpt_param_count(&cc);
+    int n = td_model_hf_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
         size_t off, numel, p0, from, to, base;
@@ -302,7 +302,7 @@ static td_status load_shards(td_trainer *t, const td_ckpt_reader *r, int state, 
     td_model_desc cc = t->cfg.model;
     float *whole = NULL;
     size_t whole_n = 0;
-    int n = td_ckpt_param_count(&cc);
+    int n = td_model_hf_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
         size_t off, numel, p0, from, to, base;
@@ -386,7 +386,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
     if (state) TD_TRY(set_state_meta(t, w, meta));
     /* Tensor by tensor from the host copies: never the whole model at once. */
-    int n = td_ckpt_param_count(&cc);
+    int n = td_model_hf_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
         size_t off, numel;
@@ -471,7 +471,7 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
                     "with --optim-state %s (the AdamW moments continue in the type they were kept in)", dir,
                     td_optim_state_name(ss), td_optim_state_name(t->cfg.optim.state), td_optim_state_name(ss));
     }
-    int n = td_ckpt_param_count(&cc);
+    int n = td_model_hf_count(&cc);
     if (t->ranks > 1) {
         if (!(tmp = td_malloc(MOMENT_PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
         TD_TRY(load_shards(t, r, state, tmp));

@@ -158,6 +158,35 @@ cleanup:
     return st;
 }
 
+/* The model family's compute on this backend and what its calls share:
+ * the shape, the scratch, the stream, and its constants, uploaded once to
+ * the workspace after cuBLASLt's (footprint.c sized it). */
+static td_status setup_model_exec(td_trainer *t)
+{
+    td_status st = TD_OK;
+    void *host = NULL;
+    const td_model_desc *mc = &t->cfg.model;
+    t->exec = td_model_exec_of(mc, on_cuda(t));
+    if (!t->exec)
+        return td_error_set(TD_ERR_UNSUPPORTED, "the %s model family has no CUDA compute in this build; use "
+                            "--backend cpu", td_model_family_name(td_model_family_of(mc)));
+    t->run = (td_model_run){.desc = &t->cfg.model, .B = t->cfg.micro_batch, .T = t->cfg.seq_len, .dt = t->dt,
+                            .gdt = t->gdt, .ops = t->ops_cuda,
+                            .stream = td_backend_native_queue(t->backend, TD_QUEUE_COMPUTE),
+                            .scratch = t->scratch, .scratch_bytes = t->scratch_bytes};
+    size_t bytes = t->exec->consts_bytes(mc);
+    if (!bytes) return TD_OK;
+    char *consts = (char *)t->workspace + td_train_cublas_workspace_bytes(&t->cfg);
+    if (!(host = td_malloc(bytes, TD_ROLE_META))) return td_error_set(TD_ERR_NOMEM, "the model's constants");
+    t->exec->consts_fill(mc, host);
+    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, consts, host, bytes));
+    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE)); /* host is freed below */
+    t->run.consts = consts;
+cleanup:
+    td_free(host);
+    return st;
+}
+
 /* Ranks on one host near the same NUMA node(s) (every rank on the cpu
  * backend, GPUs behind one socket) split those nodes' cores: each AdamW
  * team gets its own share (topo.h), its memory stays on the nodes. */
@@ -304,9 +333,9 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         td_ops_cuda *ctx = NULL;
         TD_TRY(td_ops_cuda_create(&op, &ctx));
         t->ops_cuda = ctx;
-        if (cfg->model.family != TD_MODEL_GPT2) TD_TRY(td_train_llama_cuda_setup(t));
     }
 #endif
+    TD_TRY(setup_model_exec(t));
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     ap.threads = td_train_adam_threads(cfg, t->topo);
     ap.topo = t->topo;
@@ -493,90 +522,23 @@ td_status td_trainer_finish_update(td_trainer *t)
 
 /* ---- the model ops, on whichever backend runs them ---------------------------- */
 
-#ifdef TD_HAVE_CUDA
-#define CUDA_OP(call) do { if (on_cuda(t)) return (call); } while (0)
-#else
-#define CUDA_OP(call) do { } while (0)
-#endif
+/* The model's block, head and embedding run through its family's exec
+ * (family.h): the CPU reference on the cpu backend, the CUDA ops on cuda.
+ * The loss is the trainer's, the same for every family. */
 
 static td_status zero(td_trainer *t, void *dev, size_t bytes)
 {
     return td_backend_memset_async(t->backend, TD_QUEUE_COMPUTE, dev, 0, bytes);
 }
 
-static td_status op_encoder_forward(td_trainer *t, void *out, void *wte, void *wpe)
-{
-    int B = t->cfg.micro_batch, T = t->cfg.seq_len, C = t->cfg.model.n_embd;
-    CUDA_OP(td_ops_cuda_encoder_forward(out, t->tokens, wte, wpe, B, T, C, t->dt, stream_of(t)));
-    td_ops_encoder_forward(out, t->tokens, wte, wpe, B, T, C);
-    return TD_OK;
-}
-
-static td_status op_block_forward(td_trainer *t, void *const p[TD_MODEL_BLOCK_TENSORS], void *acts,
-                                  const void *x, void *y)
+/* The per-row losses from the logits; with train, the logits become
+ * dlogits (scaled by dloss). */
+static td_status op_loss(td_trainer *t, double dloss, int train)
 {
     const td_model_desc *mc = &t->cfg.model;
-    int B = t->cfg.micro_batch, T = t->cfg.seq_len;
+    int N = (int)N_of(t), V = mc->vocab_size, Vp = mc->padded_vocab_size;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
-        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_forward(t, p, acts, x, y);
-        td_ops_cuda_block w;
-        memcpy(&w, p, sizeof w); /* twelve pointers in model order */
-        td_ops_cuda_block_acts a;
-        td_ops_cuda_block_acts_view(mc, B, T, t->dt, acts, &a);
-        return td_ops_cuda_block_forward(t->ops_cuda, mc, &w, &a, x, y, B, T, t->dt, t->scratch, t->scratch_bytes,
-                                         stream_of(t));
-    }
-#endif
-    td_model_block w;
-    td_model_block_from(mc, p, &w);
-    td_model_block_acts a;
-    td_model_block_acts_view(mc, B, T, acts, &a);
-    td_model_block_forward(mc, &w, &a, x, y, B, T);
-    return TD_OK;
-}
-
-/* dx = d/dx (overwritten), g += d/dparams. */
-static td_status op_block_backward(td_trainer *t, void *const p[TD_MODEL_BLOCK_TENSORS],
-                                   void *const g[TD_MODEL_BLOCK_TENSORS], void *acts, const void *x, const void *dy,
-                                   void *dx)
-{
-    const td_model_desc *mc = &t->cfg.model;
-    int B = t->cfg.micro_batch, T = t->cfg.seq_len;
-#ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) {
-        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_block_backward(t, p, g, acts, x, dy, dx);
-        td_ops_cuda_block w, gw;
-        memcpy(&w, p, sizeof w);
-        memcpy(&gw, g, sizeof gw);
-        td_ops_cuda_block_acts a;
-        td_ops_cuda_block_acts_view(mc, B, T, t->dt, acts, &a);
-        return td_ops_cuda_block_backward(t->ops_cuda, mc, &w, &gw, &a, x, dy, dx, B, T, TD_OPS_CUDA_SET, t->dt,
-                                          t->gdt, t->scratch, t->scratch_bytes, stream_of(t));
-    }
-#endif
-    td_model_block w, gw;
-    td_model_block_from(mc, p, &w);
-    td_model_block_from(mc, g, &gw);
-    td_model_block_acts a;
-    td_model_block_acts_view(mc, B, T, acts, &a);
-    memset(dx, 0, N_of(t) * (size_t)mc->n_embd * sizeof(float));
-    td_model_block_backward(mc, &w, &gw, &a, x, dy, dx, (float *)t->scratch, B, T);
-    return TD_OK;
-}
-
-/* ln_f, logits against wte and the per-row losses; with train, the logits
- * become dlogits (scaled by dloss). */
-static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x, double dloss, int train)
-{
-    const td_model_desc *mc = &t->cfg.model;
-    int N = (int)N_of(t), C = mc->n_embd, V = mc->vocab_size, Vp = mc->padded_vocab_size;
-#ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) {
-        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_forward(t, p, x, dloss, train);
-        td_status st = td_ops_cuda_head_forward(t->ops_cuda, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, p[0],
-                                                p[1], p[2], N, C, Vp, t->dt, stream_of(t));
-        if (st) return st;
         if (train)
             return td_ops_cuda_crossentropy_fused(t->losses, t->lse, t->logits, t->targets, (float)dloss, N, V, Vp,
                                                   t->dt, stream_of(t));
@@ -584,43 +546,25 @@ static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x,
                                                 stream_of(t));
     }
 #endif
-    td_model_head_forward(mc, t->logits, t->lnf, t->lnf_mean, t->lnf_rstd, x, (const float *const *)p, N);
-    (void)C;
     td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp);
     if (train) td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, N, V, Vp);
     return TD_OK;
 }
 
-/* From dlogits: dx (zeroed first) and g (ln_f weight, bias, wte) +=. */
-static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g[3], const void *x, void *dx)
+/* The final norm, the logits and the losses (dlogits with train). */
+static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x, double dloss, int train)
 {
-    const td_model_desc *mc = &t->cfg.model;
-    int N = (int)N_of(t), C = mc->n_embd, Vp = mc->padded_vocab_size;
-    td_status st = zero(t, dx, (size_t)N * (size_t)C * E_of(t));
-    if (st) return st;
-#ifdef TD_HAVE_CUDA
-    if (on_cuda(t)) {
-        if (mc->family != TD_MODEL_GPT2) return td_train_llama_cuda_head_backward(t, p, g, x, dx);
-        size_t dlnf = td_align_up((size_t)N * (size_t)C * E_of(t), TD_ARENA_ALIGN);
-        return td_ops_cuda_head_backward(t->ops_cuda, dx, g[0], g[1], g[2], t->scratch, t->logits, x, t->lnf,
-                                         t->lnf_mean, t->lnf_rstd, p[0], p[2], N, C, Vp, t->dt, t->gdt,
-                                         t->scratch + dlnf, t->scratch_bytes - dlnf, stream_of(t));
-    }
-#endif
-    td_model_head_backward(mc, dx, (float *const *)g, (float *)t->scratch, t->logits, x, t->lnf, t->lnf_mean,
-                             t->lnf_rstd, (const float *const *)p, N);
-    (void)Vp;
-    return TD_OK;
+    td_model_head_acts h = {t->lnf, t->lnf_mean, t->lnf_rstd};
+    td_status st = t->exec->head_forward(&t->run, p, x, t->logits, &h);
+    return st ? st : op_loss(t, dloss, train);
 }
 
-static td_status op_encoder_backward(td_trainer *t, void *dwte, void *dwpe, const void *dout)
+/* From dlogits: dx (zeroed first) and g +=. */
+static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g[3], const void *x, void *dx)
 {
-    int B = t->cfg.micro_batch, T = t->cfg.seq_len, C = t->cfg.model.n_embd, Vp = t->cfg.model.padded_vocab_size;
-    CUDA_OP(td_ops_cuda_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C, Vp, t->dt, t->gdt, t->scratch,
-                                         t->scratch_bytes, stream_of(t)));
-    (void)Vp;
-    td_ops_encoder_backward(dwte, dwpe, dout, t->tokens, B, T, C); /* dwpe NULL: rotary positions */
-    return TD_OK;
+    td_model_head_acts h = {t->lnf, t->lnf_mean, t->lnf_rstd};
+    td_status st = zero(t, dx, N_of(t) * (size_t)t->cfg.model.n_embd * E_of(t));
+    return st ? st : t->exec->head_backward(&t->run, p, g, x, t->logits, &h, dx);
 }
 
 /* Start the grads of the host's optimizer chunks for the host (the GPU
@@ -765,12 +709,12 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
 
     /* Embedding: x0 (N,C); wte and (GPT-2) wpe. */
-    int emb[2] = {t->pid[0], t->pid[1]};
-    p[1] = NULL;
+    int emb[TD_MODEL_BLOCK_TENSORS];
+    for (int k = 0; k < ne; k++) emb[k] = t->pid[k];
     TD_TRY(td_memmgr_timeline_range(mm, "embedding", 1));
     TD_TRY(catch_up_ids(t, emb, ne));
     TD_TRY(td_memmgr_access(mm, emb, ne, TD_TENSOR_COMPUTE, 0, p));
-    TD_TRY(op_encoder_forward(t, resid_at(t, 0), p[0], p[1]));
+    TD_TRY(t->exec->embed_forward(&t->run, p, t->tokens, resid_at(t, 0)));
     TD_TRY(td_memmgr_release(mm, emb, ne, TD_TENSOR_HOLD_AFTER_FWD));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
@@ -781,7 +725,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         block_ids(t, t->pid, l, ids);
         TD_TRY(catch_up_ids(t, ids, nb));
         TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
-        TD_TRY(op_block_forward(t, p, block_acts(t, l), resid_at(t, l), resid_at(t, l + 1)));
+        TD_TRY(t->exec->block_forward(&t->run, p, block_acts(t, l), resid_at(t, l), resid_at(t, l + 1)));
         TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_FWD));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
     }
@@ -840,12 +784,12 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
         /* Checkpointing: recompute this block's activations from its kept
          * input; its output is not needed (the last projection is skipped). */
-        if (l < t->ckpt_blocks) TD_TRY(op_block_forward(t, p, block_acts(t, l), x, NULL));
+        if (l < t->ckpt_blocks) TD_TRY(t->exec->block_forward(&t->run, p, block_acts(t, l), x, NULL));
         /* The grads after the recompute is queued: where their slot is the
          * one the next block's grads are leaving (a write-back in flight),
          * the compute queue waits for it behind the recompute, not before. */
         TD_TRY(td_memmgr_access(mm, gids, nb, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
-        TD_TRY(op_block_backward(t, p, g, block_acts(t, l), x, dy, dxl));
+        TD_TRY(t->exec->block_backward(&t->run, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_BWD));
         TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));
         if (last) TD_TRY(reduce_finished_grads(t, gids, nb));
@@ -856,11 +800,11 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     }
 
     /* Embedding backward: into the grads of wte and (GPT-2) wpe. */
-    int gemb[2] = {t->gid[0], t->gid[1]};
-    g[1] = NULL;
+    int gemb[TD_MODEL_BLOCK_TENSORS];
+    for (int k = 0; k < ne; k++) gemb[k] = t->gid[k];
     TD_TRY(td_memmgr_timeline_range(mm, "embedding backward", 1));
     TD_TRY(td_memmgr_access(mm, gemb, ne, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
-    TD_TRY(op_encoder_backward(t, g[0], g[1], t->dres[cur]));
+    TD_TRY(t->exec->embed_backward(&t->run, g, t->tokens, t->dres[cur]));
     TD_TRY(td_memmgr_release(mm, gemb, ne, grad_done));
     if (last) TD_TRY(reduce_finished_grads(t, gemb, ne));
     if (last) TD_TRY(writeback_host_grads(t, gemb, ne));

@@ -4,6 +4,7 @@
 #ifndef TIDAL_TRAIN_IMPL_H
 #define TIDAL_TRAIN_IMPL_H
 
+#include "tidal/family.h"
 #include "tidal/trainer.h"
 
 struct td_trainer {
@@ -42,6 +43,8 @@ struct td_trainer {
     size_t nonmodel_bytes;
     td_dtype dt, gdt;                  /* params and activations; grads */
     void *ops_cuda;                    /* td_ops_cuda on the cuda backend, else NULL */
+    const td_model_exec *exec;         /* the model family's compute on this backend (family.h) */
+    td_model_run run;                  /* its shape and buffers: scratch, constants, stream */
 
     /* Activations (device, from the arena); dt unless marked fp32. */
     char *resid;                       /* (L+1, N, C): every block's input, then the last output */
@@ -53,11 +56,10 @@ struct td_trainer {
     void *logits;                      /* (N,Vp), overwritten by dlogits */
     float *losses, *lse;               /* (N), (N) fp32 */
     void *dres[2];                     /* (N,C) gradient of the residual stream */
-    char *scratch;                     /* the ops' scratch; the head's dlnf at its start */
+    char *scratch;                     /* the model's scratch (its exec's scratch_bytes) */
     size_t scratch_bytes;
     int32_t *tokens, *targets;         /* (N) */
-    void *workspace;                   /* cuBLASLt's (cuda), then (LLaMA family) RoPE's table */
-    float *rope_inv;                   /* cuda, LLaMA family: inv_freq (hs/2) on the device */
+    void *workspace;                   /* cuBLASLt's (cuda), then the model's constants (consts_bytes) */
     /* Host (pinned, for async copies). */
     int32_t *h_tokens, *h_targets;
     float *h_losses;
@@ -149,16 +151,12 @@ void td_train_decay_free(td_trainer *t);
 td_status td_train_adam_chunk_cpu(td_trainer *t, td_adam_cpu *cpu, int k, const td_adam_coeffs *c,
                                   const td_adam_chunk *ch);
 #ifdef TD_HAVE_CUDA
-/* The LLaMA family on cuda (model_exec_cuda.c): RoPE's table, then the block
- * and head calls train.c makes for it. */
-td_status td_train_llama_cuda_setup(td_trainer *t);
-td_status td_train_llama_cuda_block_forward(td_trainer *t, void *const *p, void *acts, const void *x, void *y);
-td_status td_train_llama_cuda_block_backward(td_trainer *t, void *const *p, void *const *g, void *acts,
-                                             const void *x, const void *dy, void *dx);
-td_status td_train_llama_cuda_head_forward(td_trainer *t, void *const *p, const void *x, double dloss, int train);
-td_status td_train_llama_cuda_head_backward(td_trainer *t, void *const *p, void *const *g, const void *x, void *dx);
 td_status td_train_adam_chunk_cuda(td_trainer *t, int k, const td_adam_coeffs *c, const td_adam_chunk *ch, void *stream);
 #endif
+
+/* cuBLASLt's workspace on the cuda backend (0 elsewhere): the start of the
+ * workspace buffer; the model's constants follow it. */
+size_t td_train_cublas_workspace_bytes(const td_train_config *cfg);
 
 /* The non-model buffers of a run, in allocation order (one list for the
  * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA

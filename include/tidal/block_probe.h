@@ -2,41 +2,46 @@
  * grads, its activations and the buffers its forward and backward read and
  * write, all from one arena of exactly their size, with random params,
  * input and output gradient, and an ops context.  The block is the model's
- * own: GPT-2's (LayerNorm, multi-head attention, GELU MLP) or a LLaMA-family
- * one (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, Qwen2's q/k/v
- * biases), at the description's widths, heads and key/value heads, composed
- * from the same CUDA ops the trainer runs.  `tidal plan` times the whole
- * block; `tidal bench ops` times each op on the same buffers.  CUDA builds only. */
+ * own, run through its family's CUDA compute (family.h, td_model_exec) at
+ * the description's widths and heads: what the trainer runs.  `tidal plan`
+ * times the whole block; `tidal bench ops` times each op on the same
+ * buffers.  CUDA builds only. */
 #ifndef TIDAL_BLOCK_PROBE_H
 #define TIDAL_BLOCK_PROBE_H
 
 #include "tidal/arena.h"
 #include "tidal/backend.h"
+#include "tidal/family.h"
 #include "tidal/ops_cuda.h"
 
 typedef struct td_block_probe {
-    td_model_desc mc;      /* the model's description, one layer */
+    td_model_desc mc;          /* the model's description, one layer */
     int B, T, N;
     td_dtype dt;
     td_arena *arena;
     td_ops_cuda *ops;
     void *stream;              /* the backend's compute queue */
-    td_ops_cuda_block w, g;    /* params, grads (td_ops_cuda_block_view of the family) */
-    td_ops_cuda_block_acts a;
-    float *inv_freq;           /* LLaMA family: RoPE's table (hs/2) on the device; GPT-2: NULL */
+    const td_model_exec *exec; /* the family's CUDA compute */
+    td_model_run run;          /* its shape and buffers */
+    void *p[TD_MODEL_BLOCK_TENSORS], *gp[TD_MODEL_BLOCK_TENSORS]; /* the block's params, grads (layout order) */
+    td_ops_cuda_block w, g;    /* the same by role (td_ops_cuda_block_view) */
+    void *acts;                /* the block's activations (the exec's block_acts_bytes) */
     void *x, *y, *dy, *dx;     /* (N,C) each */
-    void *big;                 /* (N, max(fc out, QKV)): the MLP's widest gradient (4C; gate|up 2H), or dqkv */
-    /* LLaMA family, for timing its ops one by one (GPT-2: NULL): */
-    void *mid;                 /* (N,H): the gradient of silu(gate) * up */
-    void *dres, *dc;           /* (N,C): the residual's gradient and a norm's input gradient */
+    void *consts;              /* the family's constants (RoPE's table), or NULL */
     void *scratch;
     size_t scratch_bytes;
+    /* With op_buffers, for timing the ops one by one (else NULL): */
+    td_ops_cuda_block_acts a;  /* the acts by field: the caller views `acts` as its block keeps them */
+    void *big;                 /* (N, the widest matmul output of the block): dfch, dgate_up, dqkv */
+    void *mid;                 /* (N,H): the gradient of an MLP's activation */
+    void *dres, *dc;           /* (N, max(C, NH hs)): the residual's gradient and a norm's input gradient */
 } td_block_probe;
 
 /* The bytes td_block_probe_create reserves on the device. */
-size_t td_block_probe_bytes(const td_model_desc *model, int B, int T, td_dtype dt);
-/* TD_ERR_BUDGET (from the arena) when the device cannot hold it. */
-td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B, int T, td_dtype dt,
+size_t td_block_probe_bytes(const td_model_desc *model, int B, int T, td_dtype dt, int op_buffers);
+/* TD_ERR_BUDGET (from the arena) when the device cannot hold it;
+ * TD_ERR_UNSUPPORTED when the family has no CUDA compute. */
+td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B, int T, td_dtype dt, int op_buffers,
                                 td_block_probe **out);
 void td_block_probe_destroy(td_block_probe *p); /* NULL is a no-op */
 /* Forward (filling the acts), backward and recompute (the forward without

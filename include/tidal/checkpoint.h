@@ -1,19 +1,22 @@
-/* Checkpoint directories: Hugging Face weights (GPT-2, LLaMA, Qwen2) plus
- * tidal's training state, written chunk by chunk and replaced atomically.
+/* Checkpoint directories: Hugging Face weights (of any model family,
+ * family.h) plus tidal's training state, written chunk by chunk and
+ * replaced atomically.  This module knows file formats and the directory
+ * protocol; what a model's tensors and config.json hold is its family's
+ * (model.h: td_model_hf_*, td_model_config_*).
  *
  * A checkpoint is a directory DIR holding
- *   config.json               Hugging Face GPT2Config / LlamaConfig / Qwen2Config
- *                             (model_type gpt2, llama, qwen2, ...) plus tidal_*
+ *   config.json               the model's Hugging Face config (GPT2Config,
+ *                             LlamaConfig, Qwen2Config, GemmaConfig, ...: the
+ *                             family's model_type and keys) plus tidal_*
  *                             keys (format version, padded vocabulary)
- *   model.safetensors         the weights under Hugging Face names: GPT-2's
- *                             ("wte.weight", "h.0.attn.c_attn.weight", ...; no
- *                             "transformer." prefix, no lm_head: it is tied to wte),
- *                             Conv1D weights stored (in, out), wte with the real
- *                             vocabulary's rows only; LlamaForCausalLM's and
- *                             Qwen2ForCausalLM's ("model.embed_tokens.weight",
+ *   model.safetensors         the weights under the family's Hugging Face names
+ *                             (GPT-2: "wte.weight", "h.0.attn.c_attn.weight",
+ *                             ..., no "transformer." prefix, Conv1D weights
+ *                             stored (in, out); LLaMA-style: "model.embed_tokens.weight",
  *                             "model.layers.0.self_attn.q_proj.weight", ...,
- *                             "lm_head.weight" unless tied): tidal's fused q|k|v
- *                             and gate|up weights are split into their parts.
+ *                             "lm_head.weight" unless tied: tidal's fused q|k|v
+ *                             and gate|up weights split into their parts), the
+ *                             embedding with the real vocabulary's rows only.
  *                             Above write_options.shard_bytes: shards
  *                             model-00001-of-0000N.safetensors and
  *                             model.safetensors.index.json, as save_pretrained
@@ -21,7 +24,7 @@
  *                             "adam_m.<name>", "adam_v.<name>" as F32 in tidal's
  *                             layout, caller-declared extra tensors (RNG words,
  *                             ...) and scalars as __metadata__ strings
- * so `transformers.GPT2LMHeadModel.from_pretrained(DIR)` loads it as is.
+ * so `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it as is.
  *
  * Atomicity (docs/checkpoints.md): everything is written into DIR.tmp.<pid>
  * and fsync'd; then DIR.tmp.<pid> and DIR are swapped with one
@@ -32,11 +35,10 @@
  * any moment leaves DIR (or DIR.old) holding the old or the new checkpoint,
  * complete.  One writer per DIR at a time.
  *
- * Parameter order and shapes: td_ckpt_param_get lists the GPT-2 parameters
- * for a configuration in tidal's layout order (wte, wpe, 12 per block, ln_f
- * weight and bias; the same order as model_ref.h's table) with tidal's shape
- * (weights (out, in), wte (padded_vocab_size, C)) and the shape stored in
- * model.safetensors.
+ * Parameters: a `param` below is an index of td_model_hf_get (model.h), the
+ * model's tensors of the files in the family's order, each with tidal's
+ * shape (weights (out, in), the embedding (padded_vocab_size, C)), the shape
+ * stored in model.safetensors and, for a part of a fused tensor, its offset.
  *
  * Ownership: a writer owns its temporary directory until commit or abort
  * (both free it); a reader owns its files until close.
@@ -49,7 +51,7 @@
 #include <stdint.h>
 
 #include "tidal/dtype.h"
-#include "tidal/model_ref.h"
+#include "tidal/model.h"
 #include "tidal/safetensors.h"
 #include "tidal/status.h"
 
@@ -65,41 +67,11 @@ extern "C" {
  * (GPT-2 BPE: vocab.json and merges.txt; or tokenizer.json). */
 #define TD_CKPT_TOKENIZER_FILES {"vocab.json", "merges.txt", "tokenizer.json"}
 
-/* The model's description (model_ref.h): vocab_size V rows of wte stored in
- * model.safetensors, padded_vocab_size Vp >= V rows in tidal's layout. */
-
-/* TD_OK, or TD_ERR_INVALID naming the bad field. */
-td_status td_ckpt_config_check(const td_model_desc *cfg);
-/* Reads a Hugging Face config.json (model_type gpt2, llama or qwen2; a
- * missing model_type is gpt2) into a model description.  Errors name the
- * file and the field: missing or wrong-typed fields, heads that do not
- * divide the width, key/value heads that do not divide the heads, an
- * unknown model_type or rope_scaling type, variants tidal would compute
- * differently. */
-td_status td_ckpt_config_read(const char *path, td_model_desc *out);
-
-/* --- the parameter table -------------------------------------------------- */
-
-typedef struct td_ckpt_param {
-    char name[80];        /* Hugging Face name without "transformer.", e.g. "h.3.mlp.c_fc.weight" */
-    int tensor;           /* the tidal tensor it is part of (model_ref.h's layout index) */
-    uint64_t offset;      /* its first element in that tensor (q, k, v of qkv; gate, up of gate_up) */
-    int layer;            /* block index, -1 for wte, wpe, ln_f */
-    int ndim;             /* 1 or 2 */
-    int64_t shape[2];     /* tidal's layout: Linear weights (out, in); wte (Vp, C) */
-    int64_t hf_shape[2];  /* as stored in model.safetensors: Conv1D (in, out); wte (V, C) */
-    int transposed;       /* 1: hf_shape is shape reversed (c_attn, c_proj, c_fc weights) */
-    uint64_t numel;       /* elements of shape */
-    uint64_t hf_numel;    /* elements of hf_shape (less than numel only for a padded wte) */
-} td_ckpt_param;
-
-/* GPT-2: 4 + 12 n_layer; LLaMA 2 + 9 n_layer (+1 untied); Qwen2 2 + 12 n_layer (+1). */
-int td_ckpt_param_count(const td_model_desc *cfg);
-/* The index-th parameter (0 <= index < count). */
-td_status td_ckpt_param_get(const td_model_desc *cfg, int index, td_ckpt_param *out);
-/* Index of the parameter with this Hugging Face name ("transformer." prefix
- * allowed), or -1. */
-int td_ckpt_param_find(const td_model_desc *cfg, const char *name);
+/* The model's description (model.h): vocab_size V rows of the embedding
+ * stored in model.safetensors, padded_vocab_size Vp >= V rows in tidal's
+ * layout.  Parameters are numbered as the model's Hugging Face tensors
+ * (td_model_hf_get: names, tidal's and the files' shapes, the part of a
+ * fused tensor each is); config.json is read with td_model_config_read. */
 
 /* Training-state tensors kept per parameter. */
 typedef enum td_ckpt_state {
@@ -185,7 +157,7 @@ td_status td_ckpt_writer_set_meta_f64(td_ckpt_writer *w, const char *key, double
 td_status td_ckpt_writer_declare_extra(td_ckpt_writer *w, const char *name, td_st_dtype dtype,
                                        int ndim, const uint64_t *shape, int *index_out);
 
-/* Weights, parameters in td_ckpt_param order (each file is a stream: see
+/* Weights, parameters in td_model_hf_get's order (each file is a stream: see
  * safetensors.h).  put_weight takes one whole tensor in tidal's layout (it
  * transposes Conv1D weights through a bounded buffer and keeps only wte's
  * first V rows); append_weight takes the next n_elems elements of the stored

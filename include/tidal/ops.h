@@ -112,23 +112,32 @@ void td_ops_residual_forward(float *out, const float *a, const float *b, size_t 
 /* da += dout; db += dout. */
 void td_ops_residual_backward(float *da, float *db, const float *dout, size_t n);
 
-/* --- LLaMA-family ops (RMSNorm, SwiGLU, RoPE) ------------------------------ */
+/* out = s * inp, n elements; out may be inp (Gemma's embedding scale). */
+void td_ops_scale(float *out, const float *inp, float s, size_t n);
 
-/* Per row of inp (N,C): out = inp * rstd * weight (C), rstd = 1 / sqrt(mean(inp^2)
- * + eps), the mean and the product in fp32 as transformers' LlamaRMSNorm does
- * (in the input's dtype, fp32 here).  Saves rstd (N). */
-void td_ops_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
-                            float eps);
+/* --- the rotary decoder's ops (RMSNorm, gated MLP, RoPE) -------------------- */
+
+/* Per row of inp (N,C): out = inp * rstd * (w_offset + weight) (C), rstd = 1 /
+ * sqrt(mean(inp^2) + eps), the mean and the product in fp32 as transformers'
+ * LlamaRMSNorm (w_offset 0) and GemmaRMSNorm (w_offset 1: the gain 1 + w)
+ * do (in the input's dtype, fp32 here).  Saves rstd (N). */
+void td_ops_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float w_offset, int N,
+                            int C, float eps);
 /* dinp (N,C), dweight (C) += from dout (N,C). */
 void td_ops_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, const float *rstd, int N, int C);
+                             const float *weight, float w_offset, const float *rstd, int N, int C);
+
+/* The gated MLP's activation of the gate. */
+typedef enum td_ops_glu {
+    TD_OPS_GLU_SILU,      /* SwiGLU: silu(x) = x / (1 + exp(-x)) (LLaMA, Qwen2) */
+    TD_OPS_GLU_GELU_TANH, /* GeGLU: GELU's tanh approximation, as td_ops_gelu_forward (Gemma) */
+} td_ops_glu;
 
 /* gate_up (N,2H): the gate projection in columns [0,H), the up projection in
- * [H,2H) (one matmul computes both); out (N,H) = silu(gate) * up, silu(x) =
- * x / (1 + exp(-x)). */
-void td_ops_swiglu_forward(float *out, const float *gate_up, int N, int H);
+ * [H,2H) (one matmul computes both); out (N,H) = act(gate) * up. */
+void td_ops_glu_forward(float *out, const float *gate_up, int N, int H, td_ops_glu act);
 /* dgate_up (N,2H) += from dout (N,H). */
-void td_ops_swiglu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int H);
+void td_ops_glu_backward(float *dgate_up, const float *dout, const float *gate_up, int N, int H, td_ops_glu act);
 
 /* Rotary position embedding's frequencies, transformers' layout: inv_freq[i]
  * = theta^(-2i/hs) for i < hs/2, then rope_scaling of type llama3 when factor

@@ -1,4 +1,4 @@
-/* Transformer ops on the GPU (GPT-2 and the LLaMA family): CUDA kernels and
+/* Transformer ops on the GPU (GPT-2's block and the rotary decoder's): CUDA kernels and
  * cuBLASLt, forward and backward.
  *
  * Each op computes the same function as its CPU reference in ops.h, with the
@@ -52,7 +52,7 @@
 #include <stddef.h>
 
 #include "tidal/dtype.h"
-#include "tidal/model_ref.h"
+#include "tidal/model.h"
 #include "tidal/status.h"
 
 #ifdef __cplusplus
@@ -121,23 +121,24 @@ td_status td_ops_cuda_layernorm_backward_res(void *dinp, const void *dres, void 
                                              const float *mean, const float *rstd, int N, int C, td_dtype dt,
                                              td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream);
 
-/* --- RMSNorm (LLaMA, Qwen2) ------------------------------------------------ */
+/* --- RMSNorm (the rotary decoder) ------------------------------------------- */
 
-/* Per row of inp (N,C): out = weight * (inp * rstd), rstd = 1 / sqrt(mean(inp^2)
- * + eps) in fp32 (td_ops_rmsnorm_forward); saves rstd (N, fp32). */
-td_status td_ops_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *weight, int N, int C,
-                                      float eps, td_dtype dt, void *stream);
+/* Per row of inp (N,C): out = (w_offset + weight) * (inp * rstd), rstd = 1 /
+ * sqrt(mean(inp^2) + eps) in fp32 (td_ops_rmsnorm_forward: w_offset 0 for
+ * LLaMA's gain, 1 for Gemma's 1 + w); saves rstd (N, fp32). */
+td_status td_ops_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *weight, float w_offset,
+                                      int N, int C, float eps, td_dtype dt, void *stream);
 /* dinp (N,C) += (dt); dweight (C) += (gdt), summed over rows without atomics. */
 size_t td_ops_cuda_rmsnorm_scratch_bytes(int N, int C);
 td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, const void *dout, const void *inp,
-                                       const void *weight, const float *rstd, int N, int C, td_dtype dt,
-                                       td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream);
+                                       const void *weight, float w_offset, const float *rstd, int N, int C,
+                                       td_dtype dt, td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream);
 /* The same beside a residual gradient: dinp = dres + (dt); dres may be dinp
  * (the call above) or NULL (dinp set), else must not overlap it. */
 td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dres, void *dweight, const void *dout,
-                                           const void *inp, const void *weight, const float *rstd, int N, int C,
-                                           td_dtype dt, td_dtype gdt, void *scratch, size_t scratch_bytes,
-                                           void *stream);
+                                           const void *inp, const void *weight, float w_offset, const float *rstd,
+                                           int N, int C, td_dtype dt, td_dtype gdt, void *scratch,
+                                           size_t scratch_bytes, void *stream);
 
 /* --- matmul (cuBLASLt) ---------------------------------------------------- */
 
@@ -224,13 +225,18 @@ td_status td_ops_cuda_residual_forward(void *out, const void *a, const void *b, 
 td_status td_ops_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, td_dtype dt,
                                         void *stream);
 
-/* out (N,H) = silu(gate) * up from gate_up (N,2H): the gate in columns [0,H)
- * of a row, up in [H,2H) (one matmul with a (2H,C) weight computes both). */
-td_status td_ops_cuda_swiglu_forward(void *out, const void *gate_up, int N, int H, td_dtype dt, void *stream);
+/* out = s * inp, n elements; out may be inp. */
+td_status td_ops_cuda_scale(void *out, const void *inp, float s, size_t n, td_dtype dt, void *stream);
+
+/* out (N,H) = act(gate) * up from gate_up (N,2H): the gate in columns [0,H)
+ * of a row, up in [H,2H) (one matmul with a (2H,C) weight computes both);
+ * act as td_ops_glu_forward (SiLU: SwiGLU; tanh GELU: GeGLU). */
+td_status td_ops_cuda_glu_forward(void *out, const void *gate_up, int N, int H, td_ops_glu act, td_dtype dt,
+                                  void *stream);
 /* dgate_up (N,2H) (mode) from dout (N,H).  With SET, dgate_up may be gate_up
  * (in place). */
-td_status td_ops_cuda_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int N, int H,
-                                      td_ops_cuda_write mode, td_dtype dt, void *stream);
+td_status td_ops_cuda_glu_backward(void *dgate_up, const void *dout, const void *gate_up, int N, int H,
+                                   td_ops_glu act, td_ops_cuda_write mode, td_dtype dt, void *stream);
 
 /* Rotary position embedding in place, as td_ops_rope_forward: `heads` heads
  * of hs channels (hs even) at x (B,T,...), rows `stride` elements apart,
@@ -336,43 +342,42 @@ td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                      td_ops_cuda_write dx_mode, td_dtype dt, td_dtype gdt,
                                      void *scratch, size_t scratch_bytes, void *stream);
 
-/* --- one LLaMA-family block and head (model/llama_block_cuda.c) --------------- */
+/* --- one rotary decoder block and head (model/decoder_cuda.c) ---------------- */
 
-/* The block of td_model_block_forward/backward's LLaMA path (model_ref.h):
- * w and g hold the block's tensors in td_model_block's fields (ln1_w,
- * qkv_w, qkv_b (Qwen2, else NULL), attproj_w = o_proj, ln2_w, fc_w =
- * gate|up (2H,C), fcproj_w = down (C,H); the others NULL); acts as
- * td_ops_cuda_llama_block_acts_view carves them (qkv (N,QKV) after RoPE, fch
- * gate|up (N,2H), fch_gelu (N,H), no means).  inv_freq: the RoPE table on the
- * device (td_ops_cuda_rope_table).  dx is written (SET). */
-size_t td_ops_cuda_llama_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
-void td_ops_cuda_llama_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
-                                       td_ops_cuda_block_acts *out);
-size_t td_ops_cuda_llama_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs);
-/* Uploads td_ops_rope_inv_freq's table (hs/2 fp32) of the model to dev; waits for it. */
-td_status td_ops_cuda_rope_table(const td_model_desc *cfg, float *dev, void *stream);
+/* The block of the LLaMA-style families (LLaMA, Qwen2; model/decoder.h),
+ * as its CPU reference: w and g hold the block's tensors in
+ * td_model_block's fields (ln1_w, qkv_w, qkv_b (Qwen2, else NULL),
+ * attproj_w = o_proj (C, NH hs), ln2_w, fc_w = gate|up (2H,C), fcproj_w =
+ * down (C,H); the others NULL); acts as td_ops_cuda_decoder_block_acts_view
+ * carves them (qkv (N,QKV) after RoPE, atty (N, NH hs), fch gate|up (N,2H),
+ * fch_gelu (N,H), no means).  inv_freq: td_ops_rope_inv_freq's table (hs/2
+ * fp32) on the device.  dx is written (SET). */
+size_t td_ops_cuda_decoder_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
+void td_ops_cuda_decoder_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
+                                         td_ops_cuda_block_acts *out);
+size_t td_ops_cuda_decoder_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs);
 /* y NULL: the acts only (a recompute: the down projection is skipped). */
-td_status td_ops_cuda_llama_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
-                                          const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
-                                          void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
-                                          void *stream);
-td_status td_ops_cuda_llama_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
-                                           const td_ops_cuda_block *w, const td_ops_cuda_block *g,
-                                           const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
-                                           const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
-                                           void *scratch, size_t scratch_bytes, void *stream);
+td_status td_ops_cuda_decoder_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
+                                            const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
+                                            void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
+                                            void *stream);
+td_status td_ops_cuda_decoder_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
+                                             const td_ops_cuda_block *w, const td_ops_cuda_block *g,
+                                             const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
+                                             const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
+                                             void *scratch, size_t scratch_bytes, void *stream);
 /* The head: lnf = RMSNorm(x; norm_w) saving lnf_rstd; logits (N,Vp) = lnf @ out_w^T
  * (out_w: lm_head, or the embedding when tied).  Backward from dlogits: dx +=
  * (dt), dnorm_w, dout_w += (gdt); dlnf (N,C) is overwritten. */
-size_t td_ops_cuda_llama_head_scratch_bytes(int N, int C, int Vp);
-td_status td_ops_cuda_llama_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
-                                         float *lnf_rstd, const void *x, const void *norm_w, const void *out_w, int N,
-                                         td_dtype dt, void *stream);
-td_status td_ops_cuda_llama_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
-                                          void *dout_w, void *dlnf, const void *dlogits, const void *x,
-                                          const void *lnf, const float *lnf_rstd, const void *norm_w,
-                                          const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,
-                                          size_t scratch_bytes, void *stream);
+size_t td_ops_cuda_decoder_head_scratch_bytes(int N, int C, int Vp);
+td_status td_ops_cuda_decoder_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
+                                           float *lnf_rstd, const void *x, const void *norm_w, const void *out_w,
+                                           int N, td_dtype dt, void *stream);
+td_status td_ops_cuda_decoder_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
+                                            void *dout_w, void *dlnf, const void *dlogits, const void *x,
+                                            const void *lnf, const float *lnf_rstd, const void *norm_w,
+                                            const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,
+                                            size_t scratch_bytes, void *stream);
 
 #ifdef __cplusplus
 }

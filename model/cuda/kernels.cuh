@@ -122,6 +122,21 @@ __device__ __forceinline__ void store8(T *p, size_t i, size_t n, bool vec, const
     }
 }
 
+/* --- GELU, tanh approximation (the CPU's td_ops_gelu, ops_internal.h) ------- */
+
+/* gelu(x) = x sigmoid(2u), u = K (x + A x^3): the GELU op and the GeGLU MLP. */
+constexpr float kGeluK = 0.7978845608028654f; /* sqrt(2 / pi) */
+constexpr float kGeluA = 0.044715f;
+__device__ __forceinline__ float sigmoid2(float u) { return 1.0f / (1.0f + expf(-2.0f * u)); }
+__device__ __forceinline__ float gelu_tanh(float x) { return x * sigmoid2(kGeluK * (x + kGeluA * x * x * x)); }
+/* d/dx x sig(2u) = sig + x * 2 sig (1 - sig) * du/dx,  du/dx = K (1 + 3 A x^2) */
+__device__ __forceinline__ float gelu_tanh_grad(float x)
+{
+    const float sig = sigmoid2(kGeluK * (x + kGeluA * x * x * x));
+    const float du = kGeluK * (1.0f + 3.0f * kGeluA * x * x);
+    return sig + x * 2.0f * sig * (1.0f - sig) * du;
+}
+
 /* --- warp reductions (butterfly: every lane gets the result) --------------- */
 
 __device__ __forceinline__ float warp_sum(float x)

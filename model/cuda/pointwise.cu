@@ -112,11 +112,6 @@ size_t sort_temp_bytes(int N, int Vp)
 
 /* --- GELU ------------------------------------------------------------------------ */
 
-constexpr float kGeluK = 0.7978845608028654f; /* sqrt(2 / pi) */
-constexpr float kGeluA = 0.044715f;
-
-__device__ __forceinline__ float sigmoid2(float u) { return 1.0f / (1.0f + expf(-2.0f * u)); }
-
 template <typename T>
 __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool vec)
 {
@@ -125,7 +120,7 @@ __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool vec)
         float x[VN];
         load8(x, inp, i, n, vec);
 #pragma unroll
-        for (int j = 0; j < VN; j++) x[j] = x[j] * sigmoid2(kGeluK * (x[j] + kGeluA * x[j] * x[j] * x[j]));
+        for (int j = 0; j < VN; j++) x[j] = gelu_tanh(x[j]);
         store8(out, i, n, vec, x);
     }
 }
@@ -141,12 +136,25 @@ __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_
         if (ADD) load8(acc, dinp, i, n, vec);
 #pragma unroll
         for (int j = 0; j < VN; j++) {
-            const float sig = sigmoid2(kGeluK * (x[j] + kGeluA * x[j] * x[j] * x[j]));
-            const float du = kGeluK * (1.0f + 3.0f * kGeluA * x[j] * x[j]);
-            const float grad = sig + x[j] * 2.0f * sig * (1.0f - sig) * du;
+            const float grad = gelu_tanh_grad(x[j]);
             d[j] = ADD ? acc[j] + grad * d[j] : grad * d[j];
         }
         store8(dinp, i, n, vec, d);
+    }
+}
+
+/* --- scale ------------------------------------------------------------------------ */
+
+template <typename T>
+__global__ void scale_kernel(T *out, const T *inp, float sc, size_t n, bool vec)
+{
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VN; i < n;
+         i += (size_t)gridDim.x * blockDim.x * VN) {
+        float x[VN];
+        load8(x, inp, i, n, vec);
+#pragma unroll
+        for (int j = 0; j < VN; j++) x[j] *= sc;
+        store8(out, i, n, vec, x);
     }
 }
 
@@ -259,6 +267,20 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
         encoder_dwte_kernel<X, G><<<grid, threads, 0, s>>>((G *)dwte, (const X *)dout, keys, rows, N, C,
                                                            vec);
         return check_launch("encoder backward (dwte)");
+    });
+}
+
+extern "C" td_status td_ops_cuda_scale(void *out, const void *inp, float sc, size_t n, td_dtype dt, void *stream)
+{
+    td_status st = check_dtype("scale", dt);
+    if (st != TD_OK || n == 0) return st;
+    if (!out || !inp) return td_error_set(TD_ERR_INVALID, "scale: NULL tensor");
+    const bool vec = aligned16(out) && aligned16(inp);
+    cudaStream_t s = (cudaStream_t)stream;
+    return dispatch(dt, [&](auto tag) {
+        using X = decltype(tag);
+        scale_kernel<X><<<pack_grid(n), kThreads, 0, s>>>((X *)out, (const X *)inp, sc, n, vec);
+        return check_launch("scale");
     });
 }
 

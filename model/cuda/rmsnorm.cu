@@ -5,7 +5,8 @@
  * per row, 8 channels per lane per step (16-byte accesses when C % 8 == 0
  * and the tensors are aligned), the row's sums reduced with warp shuffles in
  * fp32.  The statistics are the CPU's: rstd = 1 / sqrt(mean(x^2) + eps) (IEEE
- * sqrt and division), out = weight * (x * rstd).
+ * sqrt and division), out = (w_offset + weight) * (x * rstd): the gain is
+ * weight (LLaMA) or 1 + weight (Gemma), added in fp32.
  *
  * The weight gradient, dw_i = sum_n dout_ni x_ni rstd_n, is a sum over rows
  * and takes no atomics: the rows are cut into P partitions (P a function of N
@@ -21,7 +22,8 @@ constexpr int kRowWarps = 8; /* rows per block of the row-wise kernels */
 
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *weight, int N, int C, float eps, bool vec)
+    rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *weight, float woff, int N, int C, float eps,
+                           bool vec)
 {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kRowWarps + threadIdx.x / 32;
     if (row >= N) return;
@@ -39,7 +41,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         load8(f, x, c, C, vec);
         load8(w, weight, c, C, vec);
 #pragma unroll
-        for (int j = 0; j < VN; j++) f[j] = w[j] * (f[j] * r);
+        for (int j = 0; j < VN; j++) f[j] = (woff + w[j]) * (f[j] * r);
         store8(o, c, C, vec, f);
     }
     if (lane == 0) rstd[row] = r;
@@ -48,8 +50,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 /* dinp = dres + r w g - x r^3 / C * sum_j g_j w_j x_j,  g = dout (dres NULL: 0). */
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    rmsnorm_dinp_kernel(T *dinp, const T *dres, const T *dout, const T *inp, const T *weight, const float *rstd,
-                        int N, int C, bool vec)
+    rmsnorm_dinp_kernel(T *dinp, const T *dres, const T *dout, const T *inp, const T *weight, float woff,
+                        const float *rstd, int N, int C, bool vec)
 {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kRowWarps + threadIdx.x / 32;
     if (row >= N) return;
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         load8(fd, d, c, C, vec);
         load8(fw, weight, c, C, vec);
 #pragma unroll
-        for (int j = 0; j < VN; j++) dot += fd[j] * fw[j] * fx[j]; /* out-of-row elements load as 0 */
+        for (int j = 0; j < VN; j++) dot += fd[j] * (woff + fw[j]) * fx[j]; /* out-of-row elements load as 0 */
     }
     const float k = warp_sum(dot) * r * r * r / (float)C;
     T *dx = dinp + (size_t)row * C;
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
             for (int j = 0; j < VN; j++) acc[j] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < VN; j++) acc[j] += r * fw[j] * fd[j] - fx[j] * k;
+        for (int j = 0; j < VN; j++) acc[j] += r * (woff + fw[j]) * fd[j] - fx[j] * k;
         store8(dx, c, C, vec, acc);
     }
 }
@@ -118,8 +120,8 @@ __global__ void rmsnorm_dweight_final_kernel(G *dweight, const float *part, int 
 
 using namespace tdc;
 
-extern "C" td_status td_ops_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *weight, int N,
-                                                 int C, float eps, td_dtype dt, void *stream)
+extern "C" td_status td_ops_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *weight,
+                                                 float w_offset, int N, int C, float eps, td_dtype dt, void *stream)
 {
     td_status st = check_dtype("rmsnorm forward", dt);
     if (st != TD_OK || N <= 0 || C <= 0) return st;
@@ -131,7 +133,7 @@ extern "C" td_status td_ops_cuda_rmsnorm_forward(void *out, float *rstd, const v
     return dispatch(dt, [&](auto tag) {
         using X = decltype(tag);
         rmsnorm_forward_kernel<X><<<(N + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
-            (X *)out, rstd, (const X *)inp, (const X *)weight, N, C, eps, vec);
+            (X *)out, rstd, (const X *)inp, (const X *)weight, w_offset, N, C, eps, vec);
         return check_launch("rmsnorm forward");
     });
 }
@@ -143,17 +145,18 @@ extern "C" size_t td_ops_cuda_rmsnorm_scratch_bytes(int N, int C)
 }
 
 extern "C" td_status td_ops_cuda_rmsnorm_backward(void *dinp, void *dweight, const void *dout, const void *inp,
-                                                  const void *weight, const float *rstd, int N, int C, td_dtype dt,
-                                                  td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream)
+                                                  const void *weight, float w_offset, const float *rstd, int N, int C,
+                                                  td_dtype dt, td_dtype gdt, void *scratch, size_t scratch_bytes,
+                                                  void *stream)
 {
-    return td_ops_cuda_rmsnorm_backward_res(dinp, dinp, dweight, dout, inp, weight, rstd, N, C, dt, gdt, scratch,
-                                            scratch_bytes, stream);
+    return td_ops_cuda_rmsnorm_backward_res(dinp, dinp, dweight, dout, inp, weight, w_offset, rstd, N, C, dt, gdt,
+                                            scratch, scratch_bytes, stream);
 }
 
 extern "C" td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dres, void *dweight, const void *dout,
-                                                      const void *inp, const void *weight, const float *rstd, int N,
-                                                      int C, td_dtype dt, td_dtype gdt, void *scratch,
-                                                      size_t scratch_bytes, void *stream)
+                                                      const void *inp, const void *weight, float w_offset,
+                                                      const float *rstd, int N, int C, td_dtype dt, td_dtype gdt,
+                                                      void *scratch, size_t scratch_bytes, void *stream)
 {
     td_status st = check_dtypes("rmsnorm backward", dt, gdt);
     if (st != TD_OK || N <= 0 || C <= 0) return st;
@@ -173,7 +176,7 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dr
         using X = decltype(tt);
         using G = decltype(gt);
         rmsnorm_dinp_kernel<X><<<(N + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
-            (X *)dinp, (const X *)dres, (const X *)dout, (const X *)inp, (const X *)weight, rstd, N, C, vec);
+            (X *)dinp, (const X *)dres, (const X *)dout, (const X *)inp, (const X *)weight, w_offset, rstd, N, C, vec);
         td_status st2 = check_launch("rmsnorm backward (dinp)");
         if (st2 != TD_OK) return st2;
         rmsnorm_dweight_partial_kernel<X><<<dim3((C + 31) / 32, P), dim3(32, 8), 0, s>>>(

@@ -24,11 +24,11 @@
 static void read_all(const td_ckpt_reader *r)
 {
     const td_model_desc *cfg = td_ckpt_reader_config(r);
-    FUZZ_CHECK(td_ckpt_config_check(cfg) == TD_OK);
-    const int n = td_ckpt_param_count(cfg);
+    FUZZ_CHECK(td_model_desc_check(cfg) == TD_OK);
+    const int n = td_model_hf_count(cfg);
     for (int i = 0; i < n; i++) {
-        td_ckpt_param p;
-        FUZZ_CHECK(td_ckpt_param_get(cfg, i, &p) == TD_OK);
+        td_model_hf_tensor p;
+        FUZZ_CHECK(td_model_hf_get(cfg, i, &p) == TD_OK);
         if (p.numel > READ_MAX_NUMEL) continue;
         float *w = malloc((size_t)p.numel * sizeof *w + 1);
         FUZZ_CHECK(w);

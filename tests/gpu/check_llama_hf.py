@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Checks tidal's LLaMA and Qwen2 models against Hugging Face transformers.
+"""Checks tidal's LLaMA, Qwen2 and Gemma models against Hugging Face transformers.
 
 Run on a machine with PyTorch and transformers (the GPU machine; no internet
 needed), from the repository root:
 
-    make build/tidal && python3 tests/gpu/check_llama_hf.py build/tidal
+    make build/tidal && python3 tests/gpu/check_llama_hf.py build/tidal [--family gemma]
 
-For random small LlamaForCausalLM and Qwen2ForCausalLM models (tied and
-untied heads, grouped-query attention with 1, 2 and 4 query heads a
-key/value head, llama3 rope scaling, Qwen2's q/k/v biases; every parameter
-perturbed so that norm gains and biases are not 1 and 0), written with
-save_pretrained (one file, and sharded with an index):
+For random small LlamaForCausalLM, Qwen2ForCausalLM and GemmaForCausalLM
+models (tied and untied heads, grouped-query attention with 1, 2 and 4
+query heads a key/value head, llama3 rope scaling, Qwen2's q/k/v biases,
+Gemma's heads that do not split the width, its 1 + w norms, GeGLU and
+embedding scaled by sqrt(width); every parameter perturbed so that norm
+gains and biases are not 1 and 0), written with save_pretrained (one file,
+and sharded with an index):
 
 1. `tidal eval --checkpoint DIR` (fp32, cpu backend) equals transformers'
    mean cross-entropy on the same sequences within 1e-5;
@@ -81,6 +83,11 @@ CASES = [
     ("llama untied, 1 q/kv (MHA)", "llama", dict(num_key_value_heads=8, tie_word_embeddings=False), None),
     ("qwen2 untied, biases, 2 q/kv", "qwen2", dict(num_key_value_heads=4, tie_word_embeddings=False), None),
     ("qwen2 tied, biases, 4 q/kv", "qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True), None),
+    ("gemma tied, MQA, 4 heads of 16 over 48", "gemma",
+     dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True), None),
+    ("gemma untied, 2 q/kv, heads of 24, sharded", "gemma",
+     dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=False),
+     "60KB"),
 ]
 
 
@@ -94,6 +101,10 @@ def build(family, over, seed):
     torch.manual_seed(seed)
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(**base))
+    elif family == "gemma":
+        from transformers import GemmaConfig, GemmaForCausalLM
+        base.update(rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
+        model = GemmaForCausalLM(GemmaConfig(**base))
     else:
         base.update(use_sliding_window=False, rope_theta=1000000.0, rms_norm_eps=1e-6)
         model = Qwen2ForCausalLM(Qwen2Config(**base))
@@ -235,6 +246,7 @@ def main():
     ap.add_argument("binary", nargs="?", default="build/tidal")
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    ap.add_argument("--family", default=None, help="only the cases of this family (llama, qwen2, gemma)")
     args = ap.parse_args()
     import torch
     import transformers
@@ -247,6 +259,8 @@ def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, devices {devices}, work {work}")
     try:
         for k, (name, family, over, shard) in enumerate(CASES):
+            if args.family and family != args.family:
+                continue
             try:
                 one_case(args.binary, work, name, family, over, shard, devices, k)
             except Exception as e:  # a crash is a failed check, reported like the others

@@ -796,7 +796,7 @@ static void test_rmsnorm(void **state)
         const td_dtype dt = DTS[di];
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const int N = cases[ci][0], C = cases[ci][1];
-            const float eps = ci % 2 ? 1e-6f : 1e-5f;
+            const float eps = ci % 2 ? 1e-6f : 1e-5f, wo = ci % 2 ? 1.0f : 0.0f; /* LLaMA's w, Gemma's 1 + w */
             const size_t NC = (size_t)N * C;
             td_dtype gdts[2];
             const int ng = grad_types(dt, gdts);
@@ -805,12 +805,12 @@ static void test_rmsnorm(void **state)
                 reset();
                 float *x = hrand(dt, NC, 2), *w = hrand(dt, C, 1);
                 float *out = hmalloc(NC * 4), *rstd = hmalloc(N * 4);
-                td_ops_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+                td_ops_rmsnorm_forward(out, rstd, x, w, wo, N, C, eps);
                 void *d_x = up(dt, x, NC), *d_w = up(dt, w, C);
                 float *d_rstd = dnan(TD_DTYPE_F32, N);
                 if (gi == 0) {
                     void *d_out = dnan(dt, NC);
-                    TD_ASSERT_OK(td_ops_cuda_rmsnorm_forward(d_out, d_rstd, d_x, d_w, N, C, eps, dt, F.s));
+                    TD_ASSERT_OK(td_ops_cuda_rmsnorm_forward(d_out, d_rstd, d_x, d_w, wo, N, C, eps, dt, F.s));
                     check_dev(LABEL("rmsnorm out N%d C%d", N, C), dt, d_out, out, NC, tol_of(dt, TOL_LN, C));
                     check_dev(LABEL("rmsnorm rstd N%d C%d", N, C), TD_DTYPE_F32, d_rstd, rstd, N,
                               tol_of(TD_DTYPE_F32, TOL_LN, C));
@@ -818,13 +818,13 @@ static void test_rmsnorm(void **state)
                 /* backward from the CPU's rstd (both sides use the same) */
                 float *dout = hrand(dt, NC, 1);
                 float *dx0 = hzero(NC), *dw0 = hzero(C);
-                td_ops_rmsnorm_backward(dx0, dw0, dout, x, w, rstd, N, C);
+                td_ops_rmsnorm_backward(dx0, dw0, dout, x, w, wo, rstd, N, C);
                 float *dx = acc_like(dt, dx0, NC), *dw = acc_like(gdt, dw0, C);
                 void *d_dx = up(dt, dx, NC), *d_dw = up(gdt, dw, C);
-                td_ops_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+                td_ops_rmsnorm_backward(dx, dw, dout, x, w, wo, rstd, N, C);
                 copy_sync(d_rstd, rstd, N * 4, cudaMemcpyHostToDevice);
                 size_t sb = td_ops_cuda_rmsnorm_scratch_bytes(N, C);
-                TD_ASSERT_OK(td_ops_cuda_rmsnorm_backward(d_dx, d_dw, up(dt, dout, NC), d_x, d_w, d_rstd, N, C, dt, gdt,
+                TD_ASSERT_OK(td_ops_cuda_rmsnorm_backward(d_dx, d_dw, up(dt, dout, NC), d_x, d_w, wo, d_rstd, N, C, dt, gdt,
                                                           scratch_for(sb), sb, F.s));
                 check_dev(LABEL("rmsnorm dinp N%d C%d", N, C), dt, d_dx, dx, NC, tol_of(dt, TOL_LN, C));
                 check_dev(LABEL("rmsnorm dweight N%d C%d grads %s", N, C, td_dtype_name(gdt)), gdt, d_dw, dw, C,
@@ -836,7 +836,7 @@ static void test_rmsnorm(void **state)
                 for (int with_res = 0; with_res < 2; with_res++) {
                     void *d_dx2 = dnan(dt, NC), *d_dw2 = up(gdt, hzero(C), C);
                     TD_ASSERT_OK(td_ops_cuda_rmsnorm_backward_res(d_dx2, with_res ? d_dres : NULL, d_dw2, d_out, d_x,
-                                                                  d_w, d_rstd, N, C, dt, gdt, scratch_for(sb), sb,
+                                                                  d_w, wo, d_rstd, N, C, dt, gdt, scratch_for(sb), sb,
                                                                   F.s));
                     check_dev(LABEL("rmsnorm dinp res %d N%d C%d", with_res, N, C), dt, d_dx2,
                               with_res ? want : dx0, NC, tol_of(dt, TOL_LN, C));
@@ -851,7 +851,8 @@ static void test_rmsnorm(void **state)
     worst_print("rmsnorm");
 }
 
-static void test_swiglu(void **state)
+/* SwiGLU and GeGLU (tanh GELU) against the CPU's. */
+static void test_glu(void **state)
 {
     (void)state;
     static const int cases[][2] = {{1, 1}, {3, 7}, {37, 72}, {64, 768}, {5, 1001}, {16, 2816}};
@@ -860,38 +861,53 @@ static void test_swiglu(void **state)
     for (int di = 0; di < N_DTS; di++) {
         const td_dtype dt = DTS[di];
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-            for (size_t off = 0; off < 2; off++) { /* off 1: views that are not 16-byte aligned */
-                const int N = cases[ci][0], H = cases[ci][1];
-                const size_t NH2 = (size_t)N * 2 * H, NH1 = (size_t)N * H;
-                reset();
-                float *gu = hrand(dt, NH2, 4), *dout = hrand(dt, NH1, 1);
-                float *out = hmalloc(NH1 * 4);
-                td_ops_swiglu_forward(out, gu, N, H);
-                void *d_gu = up_at(dt, gu, NH2, off), *d_dout = up_at(dt, dout, NH1, off);
-                void *d_out = dnan_at(dt, NH1, off);
-                TD_ASSERT_OK(td_ops_cuda_swiglu_forward(d_out, d_gu, N, H, dt, F.s));
-                check_dev(LABEL("swiglu N%d H%d off %zu", N, H, off), dt, d_out, out, NH1, tol_of(dt, TOL_POINT, 1));
-                /* backward: added, set, set in place over gate_up */
-                float *g0 = hzero(NH2);
-                td_ops_swiglu_backward(g0, dout, gu, N, H);
-                float *acc = acc_like(dt, g0, NH2);
-                void *d_acc = up_at(dt, acc, NH2, off);
-                td_ops_swiglu_backward(acc, dout, gu, N, H);
-                TD_ASSERT_OK(td_ops_cuda_swiglu_backward(d_acc, d_dout, d_gu, N, H, TD_OPS_CUDA_ADD, dt, F.s));
-                check_dev(LABEL("swiglu backward add N%d H%d off %zu", N, H, off), dt, d_acc, acc, NH2,
-                          tol_of(dt, TOL_POINT, 1));
-                void *d_set = dnan_at(dt, NH2, off);
-                TD_ASSERT_OK(td_ops_cuda_swiglu_backward(d_set, d_dout, d_gu, N, H, TD_OPS_CUDA_SET, dt, F.s));
-                check_dev(LABEL("swiglu backward set N%d H%d off %zu", N, H, off), dt, d_set, g0, NH2,
-                          tol_of(dt, TOL_POINT, 1));
-                void *d_inpl = up_at(dt, gu, NH2, off);
-                TD_ASSERT_OK(td_ops_cuda_swiglu_backward(d_inpl, d_dout, d_inpl, N, H, TD_OPS_CUDA_SET, dt, F.s));
-                check_dev(LABEL("swiglu backward in place N%d H%d off %zu", N, H, off), dt, d_inpl, g0, NH2,
-                          tol_of(dt, TOL_POINT, 1));
-            }
+            for (size_t off = 0; off < 2; off++) /* off 1: views that are not 16-byte aligned */
+                for (int k = 0; k < 2; k++) {
+                    const td_ops_glu a = k ? TD_OPS_GLU_GELU_TANH : TD_OPS_GLU_SILU;
+                    const char *name = k ? "geglu" : "swiglu";
+                    const int N = cases[ci][0], H = cases[ci][1];
+                    const size_t NH2 = (size_t)N * 2 * H, NH1 = (size_t)N * H;
+                    reset();
+                    float *gu = hrand(dt, NH2, 4), *dout = hrand(dt, NH1, 1);
+                    float *out = hmalloc(NH1 * 4);
+                    td_ops_glu_forward(out, gu, N, H, a);
+                    void *d_gu = up_at(dt, gu, NH2, off), *d_dout = up_at(dt, dout, NH1, off);
+                    void *d_out = dnan_at(dt, NH1, off);
+                    TD_ASSERT_OK(td_ops_cuda_glu_forward(d_out, d_gu, N, H, a, dt, F.s));
+                    check_dev(LABEL("%s N%d H%d off %zu", name, N, H, off), dt, d_out, out, NH1, tol_of(dt, TOL_POINT, 1));
+                    /* backward: added, set, set in place over gate_up */
+                    float *g0 = hzero(NH2);
+                    td_ops_glu_backward(g0, dout, gu, N, H, a);
+                    float *acc = acc_like(dt, g0, NH2);
+                    void *d_acc = up_at(dt, acc, NH2, off);
+                    td_ops_glu_backward(acc, dout, gu, N, H, a);
+                    TD_ASSERT_OK(td_ops_cuda_glu_backward(d_acc, d_dout, d_gu, N, H, a, TD_OPS_CUDA_ADD, dt, F.s));
+                    check_dev(LABEL("%s backward add N%d H%d off %zu", name, N, H, off), dt, d_acc, acc, NH2,
+                              tol_of(dt, TOL_POINT, 1));
+                    void *d_set = dnan_at(dt, NH2, off);
+                    TD_ASSERT_OK(td_ops_cuda_glu_backward(d_set, d_dout, d_gu, N, H, a, TD_OPS_CUDA_SET, dt, F.s));
+                    check_dev(LABEL("%s backward set N%d H%d off %zu", name, N, H, off), dt, d_set, g0, NH2,
+                              tol_of(dt, TOL_POINT, 1));
+                    void *d_inpl = up_at(dt, gu, NH2, off);
+                    TD_ASSERT_OK(td_ops_cuda_glu_backward(d_inpl, d_dout, d_inpl, N, H, a, TD_OPS_CUDA_SET, dt, F.s));
+                    check_dev(LABEL("%s backward in place N%d H%d off %zu", name, N, H, off), dt, d_inpl, g0, NH2,
+                              tol_of(dt, TOL_POINT, 1));
+                }
+        /* the scale op (Gemma's embedding), in place and not */
+        for (size_t off = 0; off < 2; off++) {
+            const size_t n = 1001;
+            reset();
+            float *x = hrand(dt, n, 3), *want = hmalloc(n * 4);
+            for (size_t i = 0; i < n; i++) want[i] = x[i] * 45.25f;
+            void *d_x = up_at(dt, x, n, off), *d_y = dnan_at(dt, n, off);
+            TD_ASSERT_OK(td_ops_cuda_scale(d_y, d_x, 45.25f, n, dt, F.s));
+            check_dev(LABEL("scale off %zu", off), dt, d_y, want, n, tol_of(dt, TOL_POINT, 1));
+            TD_ASSERT_OK(td_ops_cuda_scale(d_x, d_x, 45.25f, n, dt, F.s));
+            check_dev(LABEL("scale in place off %zu", off), dt, d_x, want, n, tol_of(dt, TOL_POINT, 1));
+        }
     }
     reset();
-    worst_print("swiglu");
+    worst_print("glu");
 }
 
 /* Llama 3.1's rope_scaling (theta 500000), or none (theta 10000). */
@@ -1025,18 +1041,18 @@ static void test_llama_argument_errors(void **state)
     assert_int_equal(td_ops_cuda_rope_forward(d, d, 1, 4, 2, 63, 126, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
     assert_int_equal(td_ops_cuda_rope_backward(d, d, 1, 4, 2, 64, 127, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
     /* in place only when written */
-    assert_int_equal(td_ops_cuda_swiglu_backward(d, d, d, 4, 8, TD_OPS_CUDA_ADD, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
-    assert_int_equal(td_ops_cuda_swiglu_backward(d, d, (char *)d + 4096, 4, 8, TD_OPS_CUDA_SET, TD_DTYPE_F32, F.s),
+    assert_int_equal(td_ops_cuda_glu_backward(d, d, d, 4, 8, TD_OPS_GLU_SILU, TD_OPS_CUDA_ADD, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_glu_backward(d, d, (char *)d + 4096, 4, 8, TD_OPS_GLU_SILU, TD_OPS_CUDA_SET, TD_DTYPE_F32, F.s),
                      TD_ERR_INVALID); /* dgate_up over dout */
-    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, (char *)d + 4096, d, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_F32,
+    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, (char *)d + 4096, d, 0.0f, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_F32,
                                                   scratch, 1 << 20, F.s),
                      TD_ERR_INVALID); /* dinp over dout */
     /* a negative epsilon, a gradient type that is neither dt nor fp32, small scratch */
-    assert_int_equal(td_ops_cuda_rmsnorm_forward(d, d, d, d, 4, 8, -1.0f, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
-    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, d, d, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_BF16, scratch, 1 << 20,
+    assert_int_equal(td_ops_cuda_rmsnorm_forward(d, d, d, d, 0.0f, 4, 8, -1.0f, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, d, d, 0.0f, d, 4, 8, TD_DTYPE_F32, TD_DTYPE_BF16, scratch, 1 << 20,
                                                   F.s),
                      TD_ERR_INVALID);
-    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, d, d, d, 300, 8, TD_DTYPE_F32, TD_DTYPE_F32, scratch,
+    assert_int_equal(td_ops_cuda_rmsnorm_backward(d, d, d, d, d, 0.0f, d, 300, 8, TD_DTYPE_F32, TD_DTYPE_F32, scratch,
                                                   td_ops_cuda_rmsnorm_scratch_bytes(300, 8) - 1, F.s),
                      TD_ERR_INVALID);
     CUDA_OK(cudaStreamSynchronize((cudaStream_t)F.s));
@@ -1526,7 +1542,7 @@ int main(void)
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_glu),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_llama_attention),
         cmocka_unit_test(test_llama_argument_errors),

@@ -127,10 +127,12 @@ static void test_offloading_changes_nothing(void **state)
             fail_msg("step %d: 3 of 8 blocks recomputed %.17g != %.17g", s + 1, got[s], ref[s]);
 }
 
-/* LLaMA and Qwen2 (GQA, RoPE with llama3 scaling, tied and untied heads,
- * q/k/v biases): the CUDA block and head (model/llama_block_cuda.c) against
- * the cpu backend in fp32, bf16 following it, and offloading changing no bit. */
-static td_train_config llama(td_backend_kind kind, td_dtype dt, td_model_family family, int untied)
+/* The rotary decoder's families: LLaMA and Qwen2 (GQA, RoPE with llama3
+ * scaling, tied and untied heads, q/k/v biases) and Gemma (heads of 128 over
+ * a width of 256, RMSNorm's 1 + w, GeGLU, the embedding scaled by sqrt(C)):
+ * their CUDA compute (model/decoder_cuda.c) against the cpu backend in fp32,
+ * bf16 following it, and offloading changing no bit. */
+static td_train_config llama(td_backend_kind kind, td_dtype dt, const char *family, int untied)
 {
     td_train_config c = config(kind, dt);
     c.model = (td_model_desc){ .n_layer = 3, .n_head = 4, .n_embd = 256, .n_positions = 128,
@@ -141,31 +143,33 @@ static td_train_config llama(td_backend_kind kind, td_dtype dt, td_model_family 
     c.model.norm_eps = 1e-5f;
     c.model.rope_theta = 500000.0f;
     c.model.untied_head = untied;
-    if (family == TD_MODEL_LLAMA) c.model.rope_scaling = (td_rope_scaling){ 8.0f, 1.0f, 4.0f, 64 };
+    if (!strcmp(family, "llama")) c.model.rope_scaling = (td_rope_scaling){ 8.0f, 1.0f, 4.0f, 64 };
+    if (!strcmp(family, "gemma")) c.model.head_dim = 128; /* the flash path, o_proj (256, 512) */
     return c;
 }
 
 static void test_llama_family(void **state)
 {
-    for (int k = 0; k < 2; k++) {
-        td_model_family f = k ? TD_MODEL_QWEN2 : TD_MODEL_LLAMA;
+    static const char *const families[] = {"llama", "qwen2", "gemma"};
+    for (int k = 0; k < 3; k++) {
+        const char *f = families[k];
         enum { S = 5, SB = 20 };
         double cpu[SB], gpu[SB], worst = 0;
-        td_train_config c = llama(TD_BACKEND_CPU, TD_DTYPE_F32, f, k);
+        td_train_config c = llama(TD_BACKEND_CPU, TD_DTYPE_F32, f, k == 1);
         run(&c, SB, cpu, NULL);
-        c = llama(TD_BACKEND_CUDA, TD_DTYPE_F32, f, k);
+        c = llama(TD_BACKEND_CUDA, TD_DTYPE_F32, f, k == 1);
         run(&c, S, gpu, NULL);
         for (int s = 0; s < S; s++) {
-            print_message("%s step %d: cpu %.7f  cuda fp32 %.7f  relative difference %.2g\n", td_model_family_name(f),
+            print_message("%s step %d: cpu %.7f  cuda fp32 %.7f  relative difference %.2g\n", f,
                           s + 1, cpu[s], gpu[s], fabs(gpu[s] - cpu[s]) / fabs(cpu[s]));
             if (!(fabs(gpu[s] - cpu[s]) <= FP32_LOSS_TOL * fabs(cpu[s])))
-                fail_msg("%s step %d: cuda fp32 loss %.9g, cpu %.9g: more than %g apart", td_model_family_name(f), s + 1,
+                fail_msg("%s step %d: cuda fp32 loss %.9g, cpu %.9g: more than %g apart", f, s + 1,
                          gpu[s], cpu[s], FP32_LOSS_TOL);
         }
-        c = llama(TD_BACKEND_CUDA, TD_DTYPE_BF16, f, k);
+        c = llama(TD_BACKEND_CUDA, TD_DTYPE_BF16, f, k == 1);
         run(&c, SB, gpu, NULL);
         for (int s = 0; s < SB; s++) worst = fmax(worst, fabs(gpu[s] - cpu[s]) / cpu[s]);
-        print_message("%s bf16 vs cpu fp32: worst relative loss difference %.4f, bound %.4f\n", td_model_family_name(f),
+        print_message("%s bf16 vs cpu fp32: worst relative loss difference %.4f, bound %.4f\n", f,
                       worst, bf16_loss_tol(&c));
         assert_true(worst <= bf16_loss_tol(&c));
         /* offloaded at the plan's minimum budget: the same bits as resident */
@@ -190,8 +194,9 @@ static void test_llama_family(void **state)
  * bf16 probe (the flash path) times forward and backward. */
 static void test_block_probe_llama_family(void **state)
 {
-    static const struct { td_model_family f; int C, NH, NKV, H; } shapes[] = {
-        {TD_MODEL_LLAMA, 256, 4, 2, 512}, {TD_MODEL_LLAMA, 256, 2, 1, 384}, {TD_MODEL_QWEN2, 256, 4, 1, 448},
+    static const struct { const char *f; int C, NH, NKV, H, hd; } shapes[] = {
+        {"llama", 256, 4, 2, 512, 0}, {"llama", 256, 2, 1, 384, 0}, {"qwen2", 256, 4, 1, 448, 0},
+        {"gemma", 256, 2, 1, 512, 96}, /* heads of 96 over 256: not C / NH */
     };
     enum { B = 2, T = 64, N = B * T };
     td_backend_params bp = td_backend_default_params();
@@ -204,11 +209,13 @@ static void test_block_probe_llama_family(void **state)
         td_model_desc_set_family(&mc, shapes[k].f);
         mc.n_kv_head = shapes[k].NKV;
         mc.n_inner = shapes[k].H;
+        mc.head_dim = shapes[k].hd;
         mc.rope_theta = 500000.0f;
-        if (shapes[k].f == TD_MODEL_LLAMA) mc.rope_scaling = (td_rope_scaling){ 8.0f, 1.0f, 4.0f, 32 };
+        if (!strcmp(shapes[k].f, "llama")) mc.rope_scaling = (td_rope_scaling){ 8.0f, 1.0f, 4.0f, 32 };
         const size_t C = (size_t)mc.n_embd;
         td_block_probe *p;
-        TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_F32, &p));
+        TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_F32, 0, &p));
+        td_ops_cuda_decoder_block_acts_view(&p->mc, B, T, TD_DTYPE_F32, p->acts, &p->a); /* the decoder's fields */
         TD_ASSERT_OK(td_block_probe_forward(p));
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         size_t off, span;
@@ -248,7 +255,7 @@ static void test_block_probe_llama_family(void **state)
             err = fmax(err, fabs(y_gpu[i] - y[i]));
         }
         print_message("probe %s C %zu NH %d NKV %d: largest branch %.3g, largest difference %.3g\n",
-                      td_model_family_name(mc.family), C, mc.n_head, mc.n_kv_head, branch, err);
+                      td_model_family_name(td_model_family_of(&mc)), C, mc.n_head, mc.n_kv_head, branch, err);
         assert_true(branch > 1e-3);
         assert_true(err <= 1e-2 * branch);
         free(w);
@@ -258,7 +265,7 @@ static void test_block_probe_llama_family(void **state)
         free(acts);
         td_block_probe_destroy(p);
         double fwd = 0, bwd = 0, rec = 0;
-        TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_BF16, &p));
+        TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_BF16, 0, &p));
         TD_ASSERT_OK(td_block_probe_time(p, 2, &fwd, &bwd, &rec));
         td_block_probe_destroy(p);
         /* positive, and sane for a block of 256 wide at B2 x T64: well under a second */

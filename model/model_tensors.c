@@ -1,0 +1,202 @@
+/* tidal's parameter table (see include/tidal/model.h): every tensor's
+ * kind, offset, shape and name in the flat layout, from the family's kinds
+ * and shapes, and the seeded initialisation.
+ *
+ * Layout: the embedding's tensors, then block 0 .. L-1 each as its tensors
+ * in the family's order (contiguous: td_model_block_span), then the final
+ * ones.  A lookup recomputes sizes from the description (no cache): the
+ * tables are small and the callers few outside the set-up. */
+#include "tidal/family.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tidal/util.h"
+
+static const td_model_family *fam(const td_model_desc *d) { return td_model_family_of(d); }
+
+static int kinds(const td_model_desc *d, td_model_section s, td_model_param out[TD_MODEL_BLOCK_TENSORS])
+{
+    return fam(d)->kinds(d, s, out);
+}
+
+static size_t kind_numel(const td_model_desc *d, td_model_param kind)
+{
+    int shape[2] = {1, 1};
+    const int ndim = fam(d)->shape(d, kind, shape);
+    return ndim == 2 ? (size_t)shape[0] * (size_t)shape[1] : (size_t)shape[0];
+}
+
+static size_t section_numel(const td_model_desc *d, td_model_section s)
+{
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
+    size_t n = 0;
+    for (int i = 0, nk = kinds(d, s, k); i < nk; i++) n += kind_numel(d, k[i]);
+    return n;
+}
+
+int td_model_embed_tensor_count(const td_model_desc *d)
+{
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
+    return kinds(d, TD_MODEL_SECTION_EMBED, k);
+}
+
+int td_model_block_tensor_count(const td_model_desc *d)
+{
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
+    return kinds(d, TD_MODEL_SECTION_BLOCK, k);
+}
+
+int td_model_tensor_count(const td_model_desc *d)
+{
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
+    return td_model_embed_tensor_count(d) + td_model_block_tensor_count(d) * d->n_layer +
+           kinds(d, TD_MODEL_SECTION_FINAL, k);
+}
+
+int td_model_head_tensors(const td_model_desc *d, int idx[3])
+{
+    td_model_param fk[TD_MODEL_BLOCK_TENSORS];
+    const int first = td_model_embed_tensor_count(d) + td_model_block_tensor_count(d) * d->n_layer;
+    int n = 0, head = 0; /* the output matrix: lm_head, else the embedding (index 0) */
+    for (int k = 0, nf = kinds(d, TD_MODEL_SECTION_FINAL, fk); k < nf; k++) {
+        if (fk[k] == TD_MODEL_LM_HEAD) head = first + k;
+        else if (n < 2) idx[n++] = first + k; /* the final norm's weight [and bias] */
+    }
+    idx[n++] = head;
+    return n;
+}
+
+size_t td_model_block_largest_numel(const td_model_desc *d)
+{
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
+    size_t m = 0;
+    for (int i = 0, nk = kinds(d, TD_MODEL_SECTION_BLOCK, k); i < nk; i++)
+        if (kind_numel(d, k[i]) > m) m = kind_numel(d, k[i]);
+    return m;
+}
+
+void td_model_tensor_get(const td_model_desc *d, int index, td_model_tensor *out)
+{
+    const td_model_family *f = fam(d);
+    memset(out, 0, sizeof *out);
+    td_model_param ek[TD_MODEL_BLOCK_TENSORS], bk[TD_MODEL_BLOCK_TENSORS], fk[TD_MODEL_BLOCK_TENSORS];
+    const int ne = kinds(d, TD_MODEL_SECTION_EMBED, ek), nb = kinds(d, TD_MODEL_SECTION_BLOCK, bk);
+    kinds(d, TD_MODEL_SECTION_FINAL, fk);
+    const int L = d->n_layer;
+    const size_t embed = section_numel(d, TD_MODEL_SECTION_EMBED), block = section_numel(d, TD_MODEL_SECTION_BLOCK);
+    const td_model_param *k;
+    int j;
+    out->layer = -1;
+    if (index < ne) {
+        k = ek, j = index;
+    } else if (index < ne + nb * L) {
+        k = bk, j = (index - ne) % nb;
+        out->layer = (index - ne) / nb;
+        out->offset = embed + (size_t)out->layer * block;
+    } else {
+        k = fk, j = index - ne - nb * L;
+        out->offset = embed + (size_t)L * block;
+    }
+    for (int i = 0; i < j; i++) out->offset += kind_numel(d, k[i]);
+    out->kind = k[j];
+    out->ndim = f->shape(d, out->kind, out->shape);
+    if (out->ndim == 1) out->shape[1] = 0;
+    out->numel = kind_numel(d, out->kind);
+    out->matrix = out->ndim == 2;
+    /* transposed in the files when its one whole part is (GPT-2's Conv1D) */
+    td_model_hf_part parts[TD_MODEL_HF_PARTS_MAX];
+    td_model_section s = out->layer >= 0 ? TD_MODEL_SECTION_BLOCK : index < ne ? TD_MODEL_SECTION_EMBED
+                                                                              : TD_MODEL_SECTION_FINAL;
+    for (int i = 0, np = f->hf_parts(d, s, parts); i < np; i++)
+        if (parts[i].kind == out->kind && parts[i].transposed) out->hf_transposed = 1;
+    const char *name = f->names[out->kind] ? f->names[out->kind] : "?";
+    if (out->layer >= 0) snprintf(out->name, sizeof out->name, "%s%d.%s", f->hf_block_prefix, out->layer, name);
+    else snprintf(out->name, sizeof out->name, "%s", name);
+}
+
+size_t td_model_params_numel(const td_model_desc *d)
+{
+    return section_numel(d, TD_MODEL_SECTION_EMBED) + (size_t)d->n_layer * section_numel(d, TD_MODEL_SECTION_BLOCK) +
+           section_numel(d, TD_MODEL_SECTION_FINAL);
+}
+
+void td_model_block_span(const td_model_desc *d, int layer, size_t *offset, size_t *numel)
+{
+    *numel = section_numel(d, TD_MODEL_SECTION_BLOCK);
+    *offset = section_numel(d, TD_MODEL_SECTION_EMBED) + (size_t)layer * *numel;
+}
+
+void td_model_block_from(const td_model_desc *d, void *const *p, td_model_block *out)
+{
+    td_model_param bk[TD_MODEL_BLOCK_TENSORS];
+    float **slot = (float **)out; /* the struct's pointers follow td_model_param from LN1_W */
+    memset(out, 0, sizeof *out);
+    for (int k = 0, nb = kinds(d, TD_MODEL_SECTION_BLOCK, bk); k < nb; k++) slot[bk[k] - TD_MODEL_LN1_W] = p[k];
+}
+
+void td_model_block_view(const td_model_desc *d, float *block_base, td_model_block *out)
+{
+    td_model_param bk[TD_MODEL_BLOCK_TENSORS];
+    void *p[TD_MODEL_BLOCK_TENSORS];
+    float *q = block_base;
+    for (int k = 0, nb = kinds(d, TD_MODEL_SECTION_BLOCK, bk); k < nb; k++) {
+        p[k] = q;
+        q += kind_numel(d, bk[k]);
+    }
+    td_model_block_from(d, p, out);
+}
+
+/* --- initialisation ------------------------------------------------------- */
+
+void td_model_init_tensor(const td_model_desc *d, int index, float *dst, uint64_t seed)
+{
+    td_model_tensor t;
+    td_model_tensor_get(d, index, &t);
+    const td_model_init_rule rule = fam(d)->init(d, t.kind);
+    if (!(rule.std > 0)) {
+        for (size_t i = 0; i < t.numel; i++) dst[i] = rule.value;
+        return;
+    }
+    const double std = rule.std;
+    size_t n = t.numel;
+    if (t.kind == TD_MODEL_WTE || t.kind == TD_MODEL_LM_HEAD) { /* padding rows stay zero */
+        n = (size_t)d->vocab_size * (size_t)d->n_embd;
+        memset(dst + n, 0, (t.numel - n) * sizeof(float));
+    }
+    td_rng rng;
+    td_rng_seed(&rng, seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(index + 1)));
+    /* Box-Muller: pair j turns draws 2j and 2j + 1 of the tensor's stream
+     * (u1 in (0, 1], u2 in [0, 1)) into elements 2j and 2j + 1.  Each thread
+     * jumps the stream to its first pair (td_rng_jump) and draws its share
+     * in order: the serial loop's values whatever the threads, and an 8B
+     * model initialises in seconds, the draws parallel as the transform. */
+    const size_t pairs = (n + 1) / 2;
+#pragma omp parallel if (pairs >= 4096)
+    {
+        const size_t nt = (size_t)omp_get_num_threads(), me = (size_t)omp_get_thread_num();
+        const size_t begin = pairs / nt * me + (me < pairs % nt ? me : pairs % nt);
+        const size_t end = begin + pairs / nt + (me < pairs % nt);
+        td_rng r = rng;
+        td_rng_jump(&r, 2 * begin);
+        for (size_t j = begin; j < end; j++) {
+            const double u1 = 1.0 - td_rng_uniform(&r), u2 = td_rng_uniform(&r);
+            const double rad = std * sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+            dst[2 * j] = (float)(rad * cos(a));
+            if (2 * j + 1 < n) dst[2 * j + 1] = (float)(rad * sin(a));
+        }
+    }
+}
+
+void td_model_init(const td_model_desc *d, float *params, uint64_t seed)
+{
+    const int count = td_model_tensor_count(d);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < count; i++) {
+        td_model_tensor t;
+        td_model_tensor_get(d, i, &t);
+        td_model_init_tensor(d, i, params + t.offset, seed);
+    }
+}

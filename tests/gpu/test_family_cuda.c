@@ -1,0 +1,207 @@
+/* Every registered model family's CUDA compute (family.h, td_model_exec)
+ * against its CPU reference, call by call, in fp32: the embedding forward
+ * and backward, the block forward (output and activations' effect through
+ * the backward), its recompute (y NULL) and backward (dx and every
+ * parameter gradient), the head forward (logits) and backward.  The
+ * family's smallest preset with one block and a vocabulary of 256, its
+ * params perturbed away from init so that gains and biases matter.  A new
+ * family is tested by being in the registry. */
+#include "td_test.h"
+#include "tidal/family.h"
+#include "tidal/ops_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { B = 2, T = 16, N = B * T };
+
+static float *fvec(size_t n) { float *p = calloc(n ? n : 1, sizeof(float)); assert_non_null(p); return p; }
+
+static void *dev(size_t bytes)
+{
+    void *p = NULL;
+    assert_int_equal(cudaMalloc(&p, bytes ? bytes : 1), cudaSuccess);
+    assert_int_equal(cudaMemset(p, 0, bytes ? bytes : 1), cudaSuccess);
+    return p;
+}
+
+static void *dev_copy(const float *h, size_t n)
+{
+    void *p = dev(n * 4);
+    assert_int_equal(cudaMemcpy(p, h, n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    return p;
+}
+
+/* The largest |gpu - cpu| against the largest |cpu|, which must be within rel. */
+static void compare(const char *fam, const char *what, const void *d_got, const float *want, size_t n, double rel)
+{
+    float *got = fvec(n);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemcpy(got, d_got, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)got[i] - want[i]));
+        scale = fmax(scale, fabs((double)want[i]));
+    }
+    print_message("%-6s %-26s max |diff| %.3g of %.3g\n", fam, what, err, scale);
+    if (!(err <= rel * scale + 1e-6)) fail_msg("%s %s: max |diff| %g of %g", fam, what, err, scale);
+    free(got);
+}
+
+static td_model_desc smallest(const td_model_family *f)
+{
+    td_model_desc best = {0};
+    size_t least = (size_t)-1;
+    for (int k = 0; k < f->n_presets; k++) {
+        td_model_desc d;
+        TD_ASSERT_OK(td_model_preset(f->presets[k].name, &d));
+        if (td_model_params_numel(&d) < least) least = td_model_params_numel(&d), best = d;
+    }
+    best.n_layer = 1;
+    best.vocab_size = 256;
+    best.padded_vocab_size = 256;
+    if (best.n_positions < T) best.n_positions = T;
+    return best;
+}
+
+/* Tensor pointers in layout order for a section starting at layout index first. */
+static void ptrs(const td_model_desc *d, void *base, int first, int count, void **out)
+{
+    for (int k = 0; k < count; k++) {
+        td_model_tensor t;
+        td_model_tensor_get(d, first + k, &t);
+        out[k] = (float *)base + t.offset;
+    }
+}
+
+static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream)
+{
+    const td_model_desc d = smallest(f);
+    const td_model_exec *cpu = td_model_exec_of(&d, 0), *gpu = td_model_exec_of(&d, 1);
+    assert_non_null(gpu);
+    const int C = d.n_embd, Vp = d.padded_vocab_size, ne = td_model_embed_tensor_count(&d);
+    const int nb = td_model_block_tensor_count(&d);
+    const size_t np = td_model_params_numel(&d), NC = (size_t)N * C;
+    td_rng rng;
+    td_rng_seed(&rng, 5);
+    float *p = fvec(np), *x = fvec(NC), *dy = fvec(NC), *dlogits = fvec((size_t)N * Vp);
+    td_model_init(&d, p, 1);
+    for (size_t k = 0; k < np; k++) p[k] += (float)(td_rng_uniform(&rng) - 0.5) * 0.05f;
+    for (size_t k = 0; k < NC; k++) x[k] = (float)(td_rng_uniform(&rng) - 0.5) * 2;
+    for (size_t k = 0; k < NC; k++) dy[k] = (float)(td_rng_uniform(&rng) - 0.5) * 1e-2f;
+    for (size_t k = 0; k < (size_t)N * Vp; k++) dlogits[k] = (float)(td_rng_uniform(&rng) - 0.5) * 1e-2f;
+    int tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int)td_rng_below(&rng, (uint64_t)d.vocab_size);
+
+    /* the CPU side: host buffers */
+    float *g = fvec(np), *acts = fvec(cpu->block_acts_bytes(&d, B, T, TD_DTYPE_F32) / 4), *y = fvec(NC), *dx = fvec(NC);
+    float *scr = fvec(cpu->scratch_bytes(&d, B, T, TD_DTYPE_F32, B) / 4), *emb = fvec(NC), *logits = fvec((size_t)N * Vp);
+    float *lnf = fvec(NC), *mean = fvec(N), *rstd = fvec(N), *hdx = fvec(NC);
+    td_model_run rc = {.desc = &d, .B = B, .T = T, .dt = TD_DTYPE_F32, .gdt = TD_DTYPE_F32, .scratch = scr,
+                       .scratch_bytes = cpu->scratch_bytes(&d, B, T, TD_DTYPE_F32, B)};
+    /* the GPU side */
+    void *d_p = dev_copy(p, np), *d_g = dev(np * 4), *d_x = dev_copy(x, NC), *d_dy = dev_copy(dy, NC);
+    void *d_acts = dev(gpu->block_acts_bytes(&d, B, T, TD_DTYPE_F32)), *d_y = dev(NC * 4), *d_dx = dev(NC * 4);
+    size_t sb = gpu->scratch_bytes(&d, B, T, TD_DTYPE_F32, B), cb = gpu->consts_bytes(&d);
+    void *d_scr = dev(sb), *d_emb = dev(NC * 4), *d_logits = dev((size_t)N * Vp * 4), *d_lnf = dev(NC * 4);
+    void *d_mean = dev(N * 4), *d_rstd = dev(N * 4), *d_hdx = dev(NC * 4), *d_tok = dev(sizeof tok), *d_consts = NULL;
+    assert_int_equal(cudaMemcpy(d_tok, tok, sizeof tok, cudaMemcpyHostToDevice), cudaSuccess);
+    if (cb) {
+        void *h = malloc(cb);
+        assert_non_null(h);
+        gpu->consts_fill(&d, h);
+        d_consts = dev(cb);
+        assert_int_equal(cudaMemcpy(d_consts, h, cb, cudaMemcpyHostToDevice), cudaSuccess);
+        free(h);
+    }
+    td_model_run rg = {.desc = &d, .B = B, .T = T, .dt = TD_DTYPE_F32, .gdt = TD_DTYPE_F32, .ops = ops,
+                       .stream = stream, .consts = d_consts, .scratch = d_scr, .scratch_bytes = sb};
+    void *cp[TD_MODEL_BLOCK_TENSORS], *cg[TD_MODEL_BLOCK_TENSORS], *gp[TD_MODEL_BLOCK_TENSORS], *gg[TD_MODEL_BLOCK_TENSORS];
+
+    /* embedding */
+    ptrs(&d, p, 0, ne, cp), ptrs(&d, d_p, 0, ne, gp);
+    TD_ASSERT_OK(cpu->embed_forward(&rc, cp, tok, emb));
+    TD_ASSERT_OK(gpu->embed_forward(&rg, gp, d_tok, d_emb));
+    compare(f->name, "embedding forward", d_emb, emb, NC, 1e-6);
+    ptrs(&d, g, 0, ne, cg), ptrs(&d, d_g, 0, ne, gg);
+    TD_ASSERT_OK(cpu->embed_backward(&rc, cg, tok, dy));
+    TD_ASSERT_OK(gpu->embed_backward(&rg, gg, d_tok, d_dy));
+    for (int k = 0; k < ne; k++) {
+        td_model_tensor t;
+        td_model_tensor_get(&d, k, &t);
+        compare(f->name, t.name, gg[k], cg[k], t.numel, 1e-5);
+    }
+
+    /* the block: forward, recompute, backward */
+    ptrs(&d, p, ne, nb, cp), ptrs(&d, d_p, ne, nb, gp), ptrs(&d, g, ne, nb, cg), ptrs(&d, d_g, ne, nb, gg);
+    TD_ASSERT_OK(cpu->block_forward(&rc, cp, acts, x, y));
+    TD_ASSERT_OK(gpu->block_forward(&rg, gp, d_acts, d_x, d_y));
+    compare(f->name, "block forward", d_y, y, NC, 2e-4);
+    TD_ASSERT_OK(gpu->block_forward(&rg, gp, d_acts, d_x, NULL)); /* a recompute refills the same acts */
+    TD_ASSERT_OK(cpu->block_backward(&rc, cp, cg, acts, x, dy, dx));
+    TD_ASSERT_OK(gpu->block_backward(&rg, gp, gg, d_acts, d_x, d_dy, d_dx));
+    compare(f->name, "block backward dx", d_dx, dx, NC, 2e-4);
+    for (int k = 0; k < nb; k++) {
+        td_model_tensor t;
+        td_model_tensor_get(&d, ne + k, &t);
+        compare(f->name, t.name + strlen(f->hf_block_prefix) + 2, gg[k], cg[k], t.numel, 1e-3);
+    }
+
+    /* the head */
+    int hi[3], nh = td_model_head_tensors(&d, hi);
+    for (int k = 0; k < nh; k++) {
+        td_model_tensor t;
+        td_model_tensor_get(&d, hi[k], &t);
+        cp[k] = p + t.offset, gp[k] = (float *)d_p + t.offset;
+        cg[k] = g + t.offset, gg[k] = (float *)d_g + t.offset;
+    }
+    td_model_head_acts hc = {lnf, mean, rstd}, hg = {d_lnf, d_mean, d_rstd};
+    TD_ASSERT_OK(cpu->head_forward(&rc, cp, x, logits, &hc));
+    TD_ASSERT_OK(gpu->head_forward(&rg, gp, d_x, d_logits, &hg));
+    compare(f->name, "head logits", d_logits, logits, (size_t)N * Vp, 2e-4);
+    assert_int_equal(cudaMemcpy(d_logits, dlogits, (size_t)N * Vp * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    TD_ASSERT_OK(cpu->head_backward(&rc, cp, cg, x, dlogits, &hc, hdx));
+    TD_ASSERT_OK(gpu->head_backward(&rg, gp, gg, d_x, d_logits, &hg, d_hdx));
+    compare(f->name, "head backward dx", d_hdx, hdx, NC, 2e-4);
+    for (int k = 0; k < nh; k++) {
+        td_model_tensor t;
+        td_model_tensor_get(&d, hi[k], &t);
+        compare(f->name, t.name, gg[k], cg[k], t.numel, 1e-3);
+    }
+
+    void *devs[] = {d_p, d_g, d_x, d_dy, d_acts, d_y, d_dx, d_scr, d_emb, d_logits, d_lnf, d_mean, d_rstd, d_hdx,
+                    d_tok, d_consts};
+    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) cudaFree(devs[i]);
+    free(p); free(x); free(dy); free(dlogits); free(g); free(acts); free(y); free(dx); free(scr); free(emb);
+    free(logits); free(lnf); free(mean); free(rstd); free(hdx);
+}
+
+static void test_every_family_against_cpu(void **state)
+{
+    (void)state;
+    void *ws = dev(TD_OPS_CUDA_WORKSPACE_BYTES);
+    td_ops_cuda_params op = td_ops_cuda_default_params();
+    op.workspace = ws;
+    op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
+    td_ops_cuda *ops;
+    TD_ASSERT_OK(td_ops_cuda_create(&op, &ops));
+    for (int i = 0; i < td_model_family_count(); i++) run_family(td_model_family_at(i), ops, NULL);
+    td_ops_cuda_free(ops);
+    cudaFree(ws);
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        fprintf(stderr, "test_family_cuda: no CUDA device\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_family_against_cpu),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
