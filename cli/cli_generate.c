@@ -87,10 +87,10 @@ static td_status load_weights(const char *dir, td_model_desc *cfg, float **param
         return td_error_set(TD_ERR_NOMEM, "the %zu weights of %s need %s of host memory in fp32", n, dir,
                             td_format_bytes(n * sizeof(float), need, sizeof need));
     }
-    for (int k = 0; k < td_ckpt_param_count(cfg) && !st; k++) {
-        td_ckpt_param p;
+    for (int k = 0; k < td_model_hf_count(cfg) && !st; k++) {
+        td_model_hf_tensor p;
         td_model_tensor t;
-        if ((st = td_ckpt_param_get(cfg, k, &p))) break;
+        if ((st = td_model_hf_get(cfg, k, &p))) break;
         td_model_tensor_get(cfg, p.tensor, &t);
         st = td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, *params + t.offset + p.offset);
     }

@@ -388,7 +388,7 @@ static void print_model_line(const train_run *r)
                   optim_dev, optim_total, rest);
     fprintf(stderr, "tidal train: %zu params (%s %d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
             "checkpointing %s, %d chunks, %s\n", td_model_params_numel(&cfg->model),
-            td_model_family_name(cfg->model.family), cfg->model.n_layer, cfg->model.n_embd, cfg->model.n_head,
+            td_model_family_name(td_model_family_of(&cfg->model)), cfg->model.n_layer, cfg->model.n_embd, cfg->model.n_head,
             cfg->model.vocab_size, td_backend_describe(td_trainer_backend(t)),
             td_format_bytes(as.budget_bytes, budget, sizeof budget), origin, r->o.policy, ckpt,
             td_memmgr_chunk_count(td_trainer_memmgr(t)), where);

@@ -110,7 +110,7 @@ static td_status model_of(const char *name, td_model_desc *out)
     }
     char file[4096];
     snprintf(file, sizeof file, "%s%s", name, S_ISDIR(sb.st_mode) ? "/config.json" : "");
-    td_status st = td_ckpt_config_read(file, out);
+    td_status st = td_model_config_read(file, out);
     if (st) return td_error_prefix(st, "--model: ");
     out->padded_vocab_size = out->padded_vocab_size > out->vocab_size ? out->padded_vocab_size
                                                                      : td_model_pad_vocab(out->vocab_size);
@@ -142,12 +142,11 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
     if (!from && td_cli_seen(table, "layers")) c->model.n_layer = o->layers;
     if (!from && td_cli_seen(table, "width")) c->model.n_embd = o->width;
     if (!from && td_cli_seen(table, "heads")) c->model.n_head = o->heads;
-    int llama_flag = td_cli_seen(table, "kv-heads") || td_cli_seen(table, "mlp-width");
-    if (!from && llama_flag && c->model.family == TD_MODEL_GPT2)
-        return td_error_set(TD_ERR_INVALID, "--kv-heads and --mlp-width shape LLaMA-family models; pick one with "
-                            "--model (e.g. tiny-llama)");
     if (!from && td_cli_seen(table, "kv-heads")) c->model.n_kv_head = o->kv_heads;
     if (!from && td_cli_seen(table, "mlp-width")) c->model.n_inner = o->mlp_width;
+    if (!from && (td_cli_seen(table, "kv-heads") || td_cli_seen(table, "mlp-width")) &&
+        (st = td_model_desc_check(&c->model))) /* the family says whether its blocks take them */
+        return td_error_prefix(st, "--kv-heads / --mlp-width: ");
     int vocab = !from && td_cli_seen(table, "vocab") ? o->vocab : data_vocab > 0 ? data_vocab : c->model.vocab_size;
     if (vocab < 1) return td_error_set(TD_ERR_INVALID, "--vocab must be positive");
     if (note && !from && vocab != c->model.vocab_size && td_cli_seen(table, "model") && !td_cli_seen(table, "vocab"))

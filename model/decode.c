@@ -1,13 +1,15 @@
 /* Generation with a key/value cache (see include/tidal/decode.h): one
  * position's forward through every block, the reference ops at one row
  * (N = 1), attention over the cached keys and values of the positions
- * before it.  The block's make-up comes from the description's features
- * (its norm, activation and position encoding), as in model_ref.c.
+ * before it.  The block's make-up comes from the family's traits (its norm,
+ * MLP, positions and embedding scale; family.h).
  *
  * Letters: C width, NH query heads, NKV key/value heads, hs head size,
- * QKV = (NH + 2 NKV) hs, F the MLP's hidden width (4C for GELU; H for
- * SwiGLU, whose fused gate|up is 2H wide), P the cache's positions. */
+ * A = NH hs the attention's width, QKV = (NH + 2 NKV) hs, F the MLP's
+ * hidden width (4C for GPT-2's GELU; H for a gated MLP, whose fused gate|up
+ * is 2H wide), P the cache's positions. */
 #include "tidal/decode.h"
+#include "tidal/family.h"
 
 #include <math.h>
 #include <string.h>
@@ -20,7 +22,8 @@ struct td_decoder {
     td_model_desc cfg;
     const float *params;
     int max_pos, pos;
-    int C, NH, NKV, hs, QKV, F, F_in;        /* F_in: the MLP's first projection's width (4C or 2H) */
+    const td_model_traits *tr;               /* the family's block make-up */
+    int C, NH, NKV, hs, A, QKV, F, F_in;     /* F_in: the MLP's first projection's width (4C or 2H) */
     float *cache;                             /* (L, P, 2, NKV hs): keys then values of each position */
     float *x, *ln, *qkv, *att, *res, *fc, *act, *stats, *logits; /* one row each */
     float inv_freq[TD_MODEL_MAX_HEAD_SIZE / 2];
@@ -28,13 +31,14 @@ struct td_decoder {
 
 static size_t kv_floats(const td_model_desc *cfg) { return 2 * (size_t)td_model_kv_heads(cfg) * td_model_head_size(cfg); }
 
-/* One row's scratch, in floats: x, ln, att, res, qkv, fc, act, stats, logits (Vp). */
+/* One row's scratch, in floats: x, ln, att (A), res, qkv, fc, act, stats, logits (Vp). */
 static size_t scratch_floats(const td_model_desc *cfg, int P)
 {
     size_t C = (size_t)cfg->n_embd, F = (size_t)td_model_mlp_width(cfg);
-    size_t F_in = cfg->act == TD_MODEL_ACT_SWIGLU ? 2 * F : F;
+    size_t F_in = td_model_family_of(cfg)->traits.gated ? 2 * F : F;
     (void)P;
-    return 4 * C + (size_t)td_model_qkv_width(cfg) + F_in + F + 4 + (size_t)cfg->padded_vocab_size;
+    return 3 * C + (size_t)td_model_attn_width(cfg) + (size_t)td_model_qkv_width(cfg) + F_in + F + 4 +
+           (size_t)cfg->padded_vocab_size;
 }
 
 size_t td_decoder_bytes(const td_model_desc *cfg, int max_positions)
@@ -51,21 +55,24 @@ td_status td_decoder_create(const td_model_desc *cfg, const float *params, int m
     if (max_positions < 1 || max_positions > cfg->n_positions)
         return td_error_set(TD_ERR_INVALID, "decoder of %d positions: give 1 to the model's %d", max_positions,
                             cfg->n_positions);
-    if (cfg->pos == TD_MODEL_POS_ROPE && td_model_head_size(cfg) > TD_MODEL_MAX_HEAD_SIZE)
+    const td_model_traits *tr = &td_model_family_of(cfg)->traits;
+    if (tr->rope && td_model_head_size(cfg) > TD_MODEL_MAX_HEAD_SIZE)
         return td_error_set(TD_ERR_INVALID, "head size %d: rotary positions take at most %d", td_model_head_size(cfg),
                             TD_MODEL_MAX_HEAD_SIZE);
     td_decoder *d = td_calloc(1, sizeof *d, TD_ROLE_META);
     if (!d) return TD_ERR_NOMEM;
     d->cfg = *cfg;
     d->params = params;
+    d->tr = tr;
     d->max_pos = max_positions;
     d->C = cfg->n_embd;
     d->NH = cfg->n_head;
     d->NKV = td_model_kv_heads(cfg);
     d->hs = td_model_head_size(cfg);
+    d->A = td_model_attn_width(cfg);
     d->QKV = td_model_qkv_width(cfg);
     d->F = td_model_mlp_width(cfg);
-    d->F_in = cfg->act == TD_MODEL_ACT_SWIGLU ? 2 * d->F : d->F;
+    d->F_in = tr->gated ? 2 * d->F : d->F;
     size_t cache = (size_t)cfg->n_layer * (size_t)max_positions * kv_floats(cfg);
     d->cache = td_malloc(sizeof(float) * (cache + scratch_floats(cfg, max_positions)), TD_ROLE_META);
     if (!d->cache) {
@@ -78,14 +85,14 @@ td_status td_decoder_create(const td_model_desc *cfg, const float *params, int m
     float *s = d->cache + cache;
     d->x = s, s += d->C;
     d->ln = s, s += d->C;
-    d->att = s, s += d->C;
+    d->att = s, s += d->A;
     d->res = s, s += d->C;
     d->qkv = s, s += d->QKV;
     d->fc = s, s += d->F_in;
     d->act = s, s += d->F;
     d->stats = s, s += 4;
     d->logits = s;
-    if (cfg->pos == TD_MODEL_POS_ROPE) td_ops_rope_inv_freq(d->inv_freq, d->hs, td_model_rope_theta(cfg), &cfg->rope_scaling);
+    if (tr->rope) td_ops_rope_inv_freq(d->inv_freq, d->hs, td_model_rope_theta(cfg), &cfg->rope_scaling);
     *out = d;
     return TD_OK;
 }
@@ -109,7 +116,8 @@ static const float *tensor(const td_decoder *d, int index)
 
 static void norm(const td_decoder *d, float *out, const float *in, const float *w, const float *b)
 {
-    if (d->cfg.norm == TD_MODEL_NORM_RMS) td_ops_rmsnorm_forward(out, d->stats, in, w, 1, d->C, td_model_norm_eps(&d->cfg));
+    if (d->tr->norm == TD_MODEL_NORM_RMS)
+        td_ops_rmsnorm_forward(out, d->stats, in, w, d->tr->norm_offset, 1, d->C, td_model_norm_eps(&d->cfg));
     else td_ops_layernorm_forward(out, d->stats, d->stats + 1, in, w, b, 1, d->C);
 }
 
@@ -176,17 +184,17 @@ static void block(td_decoder *d, int layer, int pos)
     float *kv_layer = d->cache + (size_t)layer * (size_t)d->max_pos * row;
     norm(d, d->ln, d->x, w.ln1_w, w.ln1_b);
     td_ops_matmul_forward(d->qkv, d->ln, w.qkv_w, w.qkv_b, 1, C, d->QKV);          // (QKV): q | k | v
-    if (d->cfg.pos == TD_MODEL_POS_ROPE) {
+    if (d->tr->rope) {
         rope_row(d, d->qkv, d->NH, pos);                                           // q
         rope_row(d, d->qkv + (size_t)d->NH * d->hs, d->NKV, pos);                  // k
     }
     memcpy(kv_layer + (size_t)pos * row, d->qkv + (size_t)d->NH * d->hs, 2 * KV * sizeof(float)); // keep k, v
-    attend(d, kv_layer, pos);                                                      // (C)
-    td_ops_matmul_forward(d->res, d->att, w.attproj_w, w.attproj_b, 1, C, C);      // attn branch
+    attend(d, kv_layer, pos);                                                      // (A)
+    td_ops_matmul_forward(d->res, d->att, w.attproj_w, w.attproj_b, 1, d->A, C);   // attn branch
     td_ops_residual_forward(d->res, d->res, d->x, (size_t)C);                      // x + branch
     norm(d, d->ln, d->res, w.ln2_w, w.ln2_b);
     td_ops_matmul_forward(d->fc, d->ln, w.fc_w, w.fc_b, 1, C, d->F_in);            // (F_in)
-    if (d->cfg.act == TD_MODEL_ACT_SWIGLU) td_ops_swiglu_forward(d->act, d->fc, 1, d->F);
+    if (d->tr->gated) td_ops_glu_forward(d->act, d->fc, 1, d->F, d->tr->act);
     else td_ops_gelu_forward(d->act, d->fc, (size_t)d->F);
     td_ops_matmul_forward(d->x, d->act, w.fcproj_w, w.fcproj_b, 1, d->F, C);       // mlp branch
     td_ops_residual_forward(d->x, d->x, d->res, (size_t)C);                        // res + branch
@@ -202,7 +210,9 @@ td_status td_decoder_step(td_decoder *d, int token, float *logits)
     const int C = d->C, pos = d->pos;
     const float *wte = tensor(d, 0);
     memcpy(d->x, wte + (size_t)token * C, (size_t)C * sizeof(float));
-    if (d->cfg.pos == TD_MODEL_POS_LEARNED) {
+    const float scale = td_model_embed_scale(&d->cfg, TD_DTYPE_F32);
+    if (scale != 1.0f) td_ops_scale(d->x, d->x, scale, (size_t)C);
+    if (!d->tr->rope) {
         const float *wpe = tensor(d, 1);
         for (int c = 0; c < C; c++) d->x[c] += wpe[(size_t)pos * C + c];
     }

@@ -6,7 +6,10 @@
  * registered by being there; each defines td_family_<name>. */
 #include "tidal/family.h"
 
+#include <math.h>
 #include <string.h>
+
+#include "tidal/convert.h"
 
 #ifndef TD_FAMILY_LIST
 #error "TD_FAMILY_LIST is not defined: build with the Makefile, which lists model/family_*.c"
@@ -84,4 +87,12 @@ td_model_init_rule td_model_init_common(const td_model_desc *d, td_model_param k
     default:
         return (td_model_init_rule){.std = 0.02};
     }
+}
+
+float td_model_embed_scale(const td_model_desc *d, td_dtype dt)
+{
+    if (!td_model_family_of(d)->traits.embed_scaled) return 1.0f;
+    const float s = (float)sqrt((double)d->n_embd);
+    return dt == TD_DTYPE_BF16 ? td_f32_from_bf16(td_bf16_from_f32(s))
+         : dt == TD_DTYPE_F16  ? td_f32_from_f16(td_f16_from_f32(s)) : s;
 }

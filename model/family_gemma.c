@@ -1,5 +1,5 @@
 /* Gemma (GemmaForCausalLM: Gemma 1, 2B and 7B) as a model family (see
- * include/tidal/family.h): the rotary decoder (model/decoder.h) with
+ * include/tidal/family.h): the rotary decoder (model/rotary.h) with
  *   - the embedding multiplied by sqrt(C), rounded to the compute dtype as
  *     transformers rounds it (torch.tensor(hidden_size ** 0.5, dtype));
  *   - RMSNorm with the gain 1 + w (GemmaRMSNorm: its weights start at 0);
@@ -10,7 +10,7 @@
  *     o_proj (C, NH hs);
  *   - multi-query or grouped-query attention, no biases, a tied head by default.
  * Everything else is the decoder's: its Hugging Face names are LLaMA's. */
-#include "decoder.h"
+#include "rotary.h"
 
 #include <string.h>
 
@@ -25,14 +25,12 @@ static const td_family_preset presets[] = {
                   .n_positions = 8192, .vocab_size = 256000, .norm_eps = 1e-6f, .rope_theta = 10000.0f}},
 };
 
-static const td_decoder_style style = {.norm_offset = 1.0f, .glu = TD_OPS_GLU_GELU_TANH, .embed_scaled = 1};
-
 static void defaults(td_model_desc *d) { d->qkv_bias = 0; }
 
 static td_status check(const td_model_desc *d)
 {
     if (d->qkv_bias) return td_error_set(TD_ERR_INVALID, "a gemma model has no q/k/v biases");
-    return td_decoder_check(d);
+    return td_rotary_check(d);
 }
 
 /* The gains start at 0: GemmaRMSNorm scales by 1 + w. */
@@ -49,7 +47,7 @@ static td_model_init_rule init(const td_model_desc *d, td_model_param kind)
 static td_status config_read(const td_hf_config *c, td_model_desc *d)
 {
     td_status st = TD_OK;
-    TD_TRY(td_decoder_config_read(c, d, 1e-6f, 256));
+    TD_TRY(td_rotary_config_read(c, d, 1e-6f, 256));
     if (!td_hf_config_has(c, "tie_word_embeddings")) d->untied_head = 0;
     static const char *const gelu_tanh[] = {"gelu_pytorch_tanh", "gelu_new", NULL};
     TD_TRY(td_hf_config_one_of(c, "hidden_activation", gelu_tanh,
@@ -63,7 +61,7 @@ cleanup:
 static td_status config_write(const td_model_desc *d, td_hf_config *c)
 {
     td_status st = TD_OK;
-    TD_TRY(td_decoder_config_write(d, c));
+    TD_TRY(td_rotary_config_write(d, c));
     TD_TRY(td_hf_config_set_int(c, "head_dim", td_model_head_size(d)));
     TD_TRY(td_hf_config_set_string(c, "hidden_act", "gelu_pytorch_tanh"));
     TD_TRY(td_hf_config_set_string(c, "hidden_activation", "gelu_pytorch_tanh"));
@@ -77,23 +75,24 @@ const td_model_family td_family_gemma = {
     .architecture = "GemmaForCausalLM",
     .summary = "RMSNorm with gain 1 + w, embedding times sqrt(width), RoPE, multi- or grouped-query attention with "
                "free head size, GeGLU MLP (tanh GELU), no biases, tied head",
+    .traits = {.norm = TD_MODEL_NORM_RMS, .norm_offset = 1.0f, .gated = 1, .act = TD_OPS_GLU_GELU_TANH, .rope = 1,
+               .embed_scaled = 1},
     .presets = presets,
     .n_presets = (int)(sizeof presets / sizeof presets[0]),
     .defaults = defaults,
     .check = check,
-    .describe = td_decoder_describe,
-    .kinds = td_decoder_kinds,
-    .shape = td_decoder_shape,
+    .describe = td_rotary_describe,
+    .kinds = td_rotary_kinds,
+    .shape = td_rotary_shape,
     .init = init,
-    .names = td_decoder_names,
+    .names = td_rotary_names,
     .hf_block_prefix = "model.layers.",
-    .hf_parts = td_decoder_hf_parts,
-    .hf_ignored = td_decoder_hf_ignored,
+    .hf_parts = td_rotary_hf_parts,
+    .hf_ignored = td_rotary_hf_ignored,
     .config_read = config_read,
     .config_write = config_write,
-    .cpu = &td_decoder_cpu,
+    .cpu = &td_rotary_cpu,
 #ifdef TD_HAVE_CUDA
-    .cuda = &td_decoder_cuda,
+    .cuda = &td_rotary_cuda,
 #endif
-    .impl = &style,
 };

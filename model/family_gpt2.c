@@ -363,6 +363,7 @@ const td_model_family td_family_gpt2 = {
     .name = "gpt2",
     .architecture = "GPT2LMHeadModel",
     .summary = "LayerNorm, learned positions, multi-head attention, GELU MLP 4 x width, biases, tied head",
+    .traits = {.norm = TD_MODEL_NORM_LAYER, .gated = 0, .act = TD_OPS_GLU_GELU_TANH, .rope = 0},
     .presets = presets,
     .n_presets = (int)(sizeof presets / sizeof presets[0]),
     .defaults = defaults,

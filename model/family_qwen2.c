@@ -1,9 +1,9 @@
 /* Qwen2 (Qwen2ForCausalLM: Qwen2, Qwen2.5) as a model family (see
- * include/tidal/family.h): the rotary decoder (model/decoder.h) with
+ * include/tidal/family.h): the rotary decoder (model/rotary.h) with
  * biases on the q, k and v projections and none elsewhere, SwiGLU, RMSNorm
  * (eps 1e-6), a tied or untied head; attention over the whole sequence
  * (use_sliding_window false). */
-#include "decoder.h"
+#include "rotary.h"
 
 static const td_family_preset presets[] = {
     {"qwen2.5-0.5b", {.n_layer = 24, .n_embd = 896, .n_head = 14, .n_kv_head = 2, .n_inner = 4864,
@@ -30,14 +30,14 @@ static td_status check(const td_model_desc *d)
     if (td_model_head_size(d) * d->n_head != d->n_embd)
         return td_error_set(TD_ERR_INVALID, "a qwen2 model's heads split its width: head size %d x %d heads is not "
                             "%d", td_model_head_size(d), d->n_head, d->n_embd);
-    return td_decoder_check(d);
+    return td_rotary_check(d);
 }
 
 /* Qwen2Config (transformers' defaults for what is absent). */
 static td_status config_read(const td_hf_config *c, td_model_desc *d)
 {
     td_status st = TD_OK;
-    TD_TRY(td_decoder_config_read(c, d, 1e-6f, 0));
+    TD_TRY(td_rotary_config_read(c, d, 1e-6f, 0));
     static const char *const silu[] = {"silu", NULL};
     TD_TRY(td_hf_config_one_of(c, "hidden_act", silu, "tidal's SwiGLU uses \"silu\""));
     TD_TRY(td_hf_config_must_be(c, "use_sliding_window", 0, "tidal attends over the whole sequence"));
@@ -48,7 +48,7 @@ cleanup:
 static td_status config_write(const td_model_desc *d, td_hf_config *c)
 {
     td_status st = TD_OK;
-    TD_TRY(td_decoder_config_write(d, c));
+    TD_TRY(td_rotary_config_write(d, c));
     TD_TRY(td_hf_config_set_string(c, "hidden_act", "silu"));
     TD_TRY(td_hf_config_set_bool(c, "use_sliding_window", 0));
     TD_TRY(td_hf_config_set_int(c, "sliding_window", d->n_positions));
@@ -61,22 +61,23 @@ const td_model_family td_family_qwen2 = {
     .name = "qwen2",
     .architecture = "Qwen2ForCausalLM",
     .summary = "RMSNorm, RoPE, grouped-query attention with q/k/v biases, SwiGLU MLP, tied or untied head",
+    .traits = {.norm = TD_MODEL_NORM_RMS, .gated = 1, .act = TD_OPS_GLU_SILU, .rope = 1},
     .presets = presets,
     .n_presets = (int)(sizeof presets / sizeof presets[0]),
     .defaults = defaults,
     .check = check,
-    .describe = td_decoder_describe,
-    .kinds = td_decoder_kinds,
-    .shape = td_decoder_shape,
+    .describe = td_rotary_describe,
+    .kinds = td_rotary_kinds,
+    .shape = td_rotary_shape,
     .init = td_model_init_common,
-    .names = td_decoder_names,
+    .names = td_rotary_names,
     .hf_block_prefix = "model.layers.",
-    .hf_parts = td_decoder_hf_parts,
-    .hf_ignored = td_decoder_hf_ignored,
+    .hf_parts = td_rotary_hf_parts,
+    .hf_ignored = td_rotary_hf_ignored,
     .config_read = config_read,
     .config_write = config_write,
-    .cpu = &td_decoder_cpu,
+    .cpu = &td_rotary_cpu,
 #ifdef TD_HAVE_CUDA
-    .cuda = &td_decoder_cuda,
+    .cuda = &td_rotary_cuda,
 #endif
 };

@@ -1,8 +1,9 @@
 /* The key/value-cache decoder (decode.h) against the reference model's
  * forward over the whole sequence: at every position, its logits equal the
  * forward's logits there (to float summation order), for GPT-2 and for the
- * LLaMA-family block (RMSNorm, SwiGLU, rotary positions, grouped key/value
- * heads, Qwen2's q/k/v biases, an untied head); a reset starts over; bad
+ * rotary decoder's families (RMSNorm, SwiGLU, rotary positions, grouped
+ * key/value heads, Qwen2's q/k/v biases, an untied head, Gemma's 1 + w
+ * gains, GeGLU, scaled embedding and heads that do not split the width); a reset starts over; bad
  * tokens and a full cache are refused by name. */
 #include "td_test.h"
 #include "tidal/decode.h"
@@ -92,12 +93,19 @@ static void test_decode_llama_family(void **state)
     double err = decode_against_forward(&c, 45, 12);
     print_message("llama: largest difference %.2e\n", err);
     assert_true(err < 1e-5);
-    c.family = TD_MODEL_QWEN2; /* q, k, v biases, and its own head */
+    TD_ASSERT_OK(td_model_desc_set_family(&c, "qwen2")); /* q, k, v biases, and its own head */
     c.qkv_bias = 1;
     c.untied_head = 1;
     c.rope_theta = 1e6f;
     err = decode_against_forward(&c, 33, 13);
     print_message("qwen2 (biases, untied head): largest difference %.2e\n", err);
+    assert_true(err < 1e-5);
+    /* Gemma: 1 + w gains, GeGLU, the embedding times sqrt(C), heads of 12 over a width of 64 */
+    TD_ASSERT_OK(td_model_desc_set_family(&c, "gemma"));
+    c.head_dim = 12;
+    c.untied_head = 0;
+    err = decode_against_forward(&c, 21, 14);
+    print_message("gemma (heads of 12 over 64): largest difference %.2e\n", err);
     assert_true(err < 1e-5);
 }
 

@@ -55,11 +55,11 @@ static void expect_same_state(const char *a, const char *b, const td_model_desc 
     td_ckpt_reader *ra, *rb;
     TD_ASSERT_OK(td_ckpt_reader_open(a, mc, &ra));
     TD_ASSERT_OK(td_ckpt_reader_open(b, mc, &rb));
-    int n = td_ckpt_param_count(mc);
+    int n = td_model_hf_count(mc);
     size_t total = 0;
     for (int k = 0; k < n; k++) {
-        td_ckpt_param cp;
-        TD_ASSERT_OK(td_ckpt_param_get(mc, k, &cp));
+        td_model_hf_tensor cp;
+        TD_ASSERT_OK(td_model_hf_get(mc, k, &cp));
         size_t numel = (size_t)cp.numel;
         float *x = malloc(numel * sizeof *x), *y = malloc(numel * sizeof *y);
         assert_true(x && y);
@@ -89,9 +89,9 @@ static void expect_format_values(const char *dir, const td_model_desc *mc, td_op
     td_ckpt_reader *r;
     TD_ASSERT_OK(td_ckpt_reader_open(dir, mc, &r));
     size_t nonzero = 0, bf16 = 0, all = 0;
-    for (int k = 0; k < td_ckpt_param_count(mc); k++) {
-        td_ckpt_param cp;
-        TD_ASSERT_OK(td_ckpt_param_get(mc, k, &cp));
+    for (int k = 0; k < td_model_hf_count(mc); k++) {
+        td_model_hf_tensor cp;
+        TD_ASSERT_OK(td_model_hf_get(mc, k, &cp));
         float *x = malloc((size_t)cp.numel * sizeof *x);
         assert_non_null(x);
         TD_ASSERT_OK(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_ADAM_M, 0, (size_t)cp.numel, x));

@@ -146,7 +146,7 @@ static td_status largest_preset(const td_train_config *cfg, const td_train_limit
         td_train_config pc = *cfg;
         td_status st = td_model_preset(*n, &pc.model);
         if (st) return st;
-        if (pc.model.family != cfg->model.family) continue;
+        if (td_model_family_of(&pc.model) != td_model_family_of(&cfg->model)) continue;
         pc.model.vocab_size = cfg->model.vocab_size;
         pc.model.padded_vocab_size = cfg->model.padded_vocab_size;
         if (pc.model.n_positions < pc.seq_len) pc.model.n_positions = pc.seq_len;

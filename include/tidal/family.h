@@ -29,7 +29,7 @@
  *     the oracle) and, in CUDA builds, the GPU one (td_model_exec), each with
  *     the buffers it needs (its footprint).
  * Families with one block structure share implementations: LLaMA, Qwen2
- * and Gemma run model/decoder.c's rotary decoder, told apart by `impl`.
+ * and Gemma run model/rotary.c's rotary decoder, told apart by `traits`.
  *
  * Ownership: tables are static, immutable and live for the process.
  * Thread-safety: every function here is reentrant. */
@@ -48,6 +48,18 @@ extern "C" {
 #endif
 
 typedef struct td_ops_cuda td_ops_cuda; /* ops_cuda.h */
+
+/* The make-up of a family's block, as data: what model/'s shared code reads
+ * (the rotary decoder, rotary.h; the key/value-cache decoder, decode.h). */
+typedef enum td_model_norm { TD_MODEL_NORM_LAYER, TD_MODEL_NORM_RMS } td_model_norm;
+typedef struct td_model_traits {
+    td_model_norm norm; /* LayerNorm (weight and bias) or RMSNorm (weight) */
+    float norm_offset;  /* RMSNorm's gain is norm_offset + weight: 0, Gemma's 1 */
+    int gated;          /* the MLP: down(act(gate) * up) from a fused gate|up (1), or proj(act(fc)) (0) */
+    td_ops_glu act;     /* its activation: SiLU or the tanh GELU */
+    int rope;           /* rotary positions on q and k (1), or a learned table wpe (0) */
+    int embed_scaled;   /* the embedding is multiplied by sqrt(C), rounded to the compute dtype (Gemma) */
+} td_model_traits;
 
 /* A preset: a name and the description it stands for (its family and
  * padded vocabulary are filled in by td_model_preset). */
@@ -169,6 +181,7 @@ struct td_model_family {
     const char *name;         /* config.json's model_type: "gpt2", "llama", "qwen2", "gemma" */
     const char *architecture; /* config.json's architectures[0]: "GPT2LMHeadModel", ... */
     const char *summary;      /* what its block is, one line */
+    td_model_traits traits;   /* its block's make-up */
     const td_family_preset *presets;
     int n_presets;
 
@@ -204,7 +217,6 @@ struct td_model_family {
     /* --- compute --- */
     const td_model_cpu *cpu;
     const td_model_exec *cuda; /* NULL in builds without CUDA */
-    const void *impl;          /* the family's own data, for implementations shared between families */
 };
 
 /* The compute that runs d on the cuda backend (cuda 1: the family's CUDA
@@ -215,6 +227,10 @@ const td_model_exec *td_model_exec_of(const td_model_desc *d, int cuda);
 /* What a description stores for f: NULL for the zero description's family
  * (GPT-2), so that one model has one description (memcmp-equal). */
 const td_model_family *td_model_family_stored(const td_model_family *f);
+
+/* The embedding's scale: sqrt(C) rounded to dt as transformers rounds it
+ * (torch.tensor(C ** 0.5, dtype)) when the traits say so, else 1. */
+float td_model_embed_scale(const td_model_desc *d, td_dtype dt);
 
 /* --- helpers for family implementations (model/family.c) --- */
 

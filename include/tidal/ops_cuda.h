@@ -342,26 +342,26 @@ td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                      td_ops_cuda_write dx_mode, td_dtype dt, td_dtype gdt,
                                      void *scratch, size_t scratch_bytes, void *stream);
 
-/* --- one rotary decoder block and head (model/decoder_cuda.c) ---------------- */
+/* --- one rotary decoder block and head (model/rotary_cuda.c) ---------------- */
 
-/* The block of the LLaMA-style families (LLaMA, Qwen2; model/decoder.h),
+/* The block of the LLaMA-style families (LLaMA, Qwen2; model/rotary.h),
  * as its CPU reference: w and g hold the block's tensors in
  * td_model_block's fields (ln1_w, qkv_w, qkv_b (Qwen2, else NULL),
  * attproj_w = o_proj (C, NH hs), ln2_w, fc_w = gate|up (2H,C), fcproj_w =
- * down (C,H); the others NULL); acts as td_ops_cuda_decoder_block_acts_view
+ * down (C,H); the others NULL); acts as td_ops_cuda_rotary_block_acts_view
  * carves them (qkv (N,QKV) after RoPE, atty (N, NH hs), fch gate|up (N,2H),
  * fch_gelu (N,H), no means).  inv_freq: td_ops_rope_inv_freq's table (hs/2
  * fp32) on the device.  dx is written (SET). */
-size_t td_ops_cuda_decoder_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
-void td_ops_cuda_decoder_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
+size_t td_ops_cuda_rotary_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
+void td_ops_cuda_rotary_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
                                          td_ops_cuda_block_acts *out);
-size_t td_ops_cuda_decoder_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs);
+size_t td_ops_cuda_rotary_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs);
 /* y NULL: the acts only (a recompute: the down projection is skipped). */
-td_status td_ops_cuda_decoder_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
+td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                             const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
                                             void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
                                             void *stream);
-td_status td_ops_cuda_decoder_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
+td_status td_ops_cuda_rotary_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                              const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                              const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
                                              const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
@@ -369,11 +369,11 @@ td_status td_ops_cuda_decoder_block_backward(td_ops_cuda *ctx, const td_model_de
 /* The head: lnf = RMSNorm(x; norm_w) saving lnf_rstd; logits (N,Vp) = lnf @ out_w^T
  * (out_w: lm_head, or the embedding when tied).  Backward from dlogits: dx +=
  * (dt), dnorm_w, dout_w += (gdt); dlnf (N,C) is overwritten. */
-size_t td_ops_cuda_decoder_head_scratch_bytes(int N, int C, int Vp);
-td_status td_ops_cuda_decoder_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
+size_t td_ops_cuda_rotary_head_scratch_bytes(int N, int C, int Vp);
+td_status td_ops_cuda_rotary_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
                                            float *lnf_rstd, const void *x, const void *norm_w, const void *out_w,
                                            int N, td_dtype dt, void *stream);
-td_status td_ops_cuda_decoder_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
+td_status td_ops_cuda_rotary_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
                                             void *dout_w, void *dlnf, const void *dlogits, const void *x,
                                             const void *lnf, const float *lnf_rstd, const void *norm_w,
                                             const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,

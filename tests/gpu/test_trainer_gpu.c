@@ -130,7 +130,7 @@ static void test_offloading_changes_nothing(void **state)
 /* The rotary decoder's families: LLaMA and Qwen2 (GQA, RoPE with llama3
  * scaling, tied and untied heads, q/k/v biases) and Gemma (heads of 128 over
  * a width of 256, RMSNorm's 1 + w, GeGLU, the embedding scaled by sqrt(C)):
- * their CUDA compute (model/decoder_cuda.c) against the cpu backend in fp32,
+ * their CUDA compute (model/rotary_cuda.c) against the cpu backend in fp32,
  * bf16 following it, and offloading changing no bit. */
 static td_train_config llama(td_backend_kind kind, td_dtype dt, const char *family, int untied)
 {
@@ -215,7 +215,7 @@ static void test_block_probe_llama_family(void **state)
         const size_t C = (size_t)mc.n_embd;
         td_block_probe *p;
         TD_ASSERT_OK(td_block_probe_create(be, &mc, B, T, TD_DTYPE_F32, 0, &p));
-        td_ops_cuda_decoder_block_acts_view(&p->mc, B, T, TD_DTYPE_F32, p->acts, &p->a); /* the decoder's fields */
+        td_ops_cuda_rotary_block_acts_view(&p->mc, B, T, TD_DTYPE_F32, p->acts, &p->a); /* the decoder's fields */
         TD_ASSERT_OK(td_block_probe_forward(p));
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         size_t off, span;

@@ -1,33 +1,20 @@
-/* The rotary decoder shared by the LLaMA-style families (see decoder.h):
+/* The rotary decoder shared by the LLaMA-style families (see rotary.h):
  * its parameters and Hugging Face names, its config.json keys, and its CPU
- * reference block, head and embedding.  The GPU's is decoder_cuda.c. */
-#include "decoder.h"
+ * reference block, head and embedding.  The GPU's is rotary_cuda.c. */
+#include "rotary.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "tidal/convert.h"
 #include "tidal/ops.h"
 
-const td_decoder_style *td_decoder_style_of(const td_model_desc *d)
-{
-    static const td_decoder_style plain = {0.0f, TD_OPS_GLU_SILU, 0};
-    const td_decoder_style *s = td_model_family_of(d)->impl;
-    return s ? s : &plain;
-}
+const td_model_traits *td_rotary_traits(const td_model_desc *d) { return &td_model_family_of(d)->traits; }
 
-float td_decoder_embed_scale(const td_model_desc *d, td_dtype dt)
-{
-    if (!td_decoder_style_of(d)->embed_scaled) return 1.0f;
-    const float s = (float)sqrt((double)d->n_embd);
-    return dt == TD_DTYPE_BF16 ? td_f32_from_bf16(td_bf16_from_f32(s))
-         : dt == TD_DTYPE_F16  ? td_f32_from_f16(td_f16_from_f32(s)) : s;
-}
 
 /* --- the description --------------------------------------------------------- */
 
-td_status td_decoder_check(const td_model_desc *d)
+td_status td_rotary_check(const td_model_desc *d)
 {
     const int hs = td_model_head_size(d);
     if (hs % 2 || hs > TD_MODEL_MAX_HEAD_SIZE || hs < 2)
@@ -43,7 +30,7 @@ td_status td_decoder_check(const td_model_desc *d)
     return TD_OK;
 }
 
-int td_decoder_describe(const td_model_desc *d, char *buf, size_t n)
+int td_rotary_describe(const td_model_desc *d, char *buf, size_t n)
 {
     char hd[32] = "";
     if (td_model_head_size(d) * d->n_head != d->n_embd) snprintf(hd, sizeof hd, " of %d", td_model_head_size(d));
@@ -56,7 +43,7 @@ int td_decoder_describe(const td_model_desc *d, char *buf, size_t n)
 
 /* --- the parameters ---------------------------------------------------------- */
 
-int td_decoder_kinds(const td_model_desc *d, td_model_section s, td_model_param *out)
+int td_rotary_kinds(const td_model_desc *d, td_model_section s, td_model_param *out)
 {
     int n = 0;
     switch (s) {
@@ -77,13 +64,13 @@ int td_decoder_kinds(const td_model_desc *d, td_model_section s, td_model_param 
     return n;
 }
 
-int td_decoder_shape(const td_model_desc *d, td_model_param kind, int shape[2])
+int td_rotary_shape(const td_model_desc *d, td_model_param kind, int shape[2])
 {
     return td_model_shape_common(d, kind, 2 * td_model_mlp_width(d), shape);
 }
 
 /* tidal's names; the fused tensors' are tidal's own. */
-const char *const td_decoder_names[TD_MODEL_PARAM_COUNT] = {
+const char *const td_rotary_names[TD_MODEL_PARAM_COUNT] = {
     [TD_MODEL_WTE] = "model.embed_tokens.weight",
     [TD_MODEL_LN1_W] = "input_layernorm.weight",
     [TD_MODEL_QKV_W] = "self_attn.qkv_proj.weight",
@@ -97,7 +84,7 @@ const char *const td_decoder_names[TD_MODEL_PARAM_COUNT] = {
 };
 
 /* The Hugging Face tensors, in save_pretrained's order. */
-int td_decoder_hf_parts(const td_model_desc *d, td_model_section s, td_model_hf_part out[TD_MODEL_HF_PARTS_MAX])
+int td_rotary_hf_parts(const td_model_desc *d, td_model_section s, td_model_hf_part out[TD_MODEL_HF_PARTS_MAX])
 {
     int n = 0;
     switch (s) {
@@ -126,7 +113,7 @@ int td_decoder_hf_parts(const td_model_desc *d, td_model_section s, td_model_hf_
 }
 
 /* Older transformers saved the rotary frequencies with the weights. */
-const char *const td_decoder_hf_ignored[] = {"self_attn.rotary_emb.inv_freq", NULL};
+const char *const td_rotary_hf_ignored[] = {"self_attn.rotary_emb.inv_freq", NULL};
 
 /* --- config.json ----------------------------------------------------------------- */
 
@@ -160,7 +147,7 @@ cleanup:
     return st;
 }
 
-td_status td_decoder_config_read(const td_hf_config *c, td_model_desc *d, float eps, int head_dim_default)
+td_status td_rotary_config_read(const td_hf_config *c, td_model_desc *d, float eps, int head_dim_default)
 {
     td_status st = TD_OK;
     const char *w = td_hf_config_where(c);
@@ -200,7 +187,7 @@ cleanup:
     return st;
 }
 
-td_status td_decoder_config_write(const td_model_desc *d, td_hf_config *c)
+td_status td_rotary_config_write(const td_model_desc *d, td_hf_config *c)
 {
     td_status st = TD_OK;
     TD_TRY(td_hf_config_set_int(c, "hidden_size", d->n_embd));
@@ -283,7 +270,7 @@ static void block_forward(const td_model_desc *d, const td_model_block *w, const
     const int N = (int)s.N, C = (int)s.C, NH = (int)s.NH, NKV = (int)s.NKV, hs = (int)s.hs;
     const int A = (int)s.A, QKV = (int)s.QKV, H = (int)s.H;
     const float eps = td_model_norm_eps(d);
-    const td_decoder_style *st = td_decoder_style_of(d);
+    const td_model_traits *st = td_rotary_traits(d);
     float inv_freq[TD_MODEL_MAX_HEAD_SIZE / 2];
     td_ops_rope_inv_freq(inv_freq, hs, td_model_rope_theta(d), &d->rope_scaling);
     td_ops_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, st->norm_offset, N, C, eps);
@@ -295,7 +282,7 @@ static void block_forward(const td_model_desc *d, const td_model_block *w, const
     td_ops_residual_forward(a->res2, a->res2, x, s.N * s.C);                             // x + branch
     td_ops_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, st->norm_offset, N, C, eps);
     td_ops_matmul_forward(a->fch, a->ln2, w->fc_w, NULL, N, C, 2 * H);                   // (N,2H) gate|up
-    td_ops_glu_forward(a->fch_gelu, a->fch, N, H, st->glu);                              // (N,H)
+    td_ops_glu_forward(a->fch_gelu, a->fch, N, H, st->act);                              // (N,H)
     if (!y) return; /* a recompute: the acts only */
     td_ops_matmul_forward(y, a->fch_gelu, w->fcproj_w, NULL, N, H, C);                   // mlp branch
     td_ops_residual_forward(y, y, a->res2, s.N * s.C);                                   // res2 + branch
@@ -313,14 +300,14 @@ static void block_backward(const td_model_desc *d, const td_model_block *w, cons
     float *dB = dA + s.N * max2(2 * s.H, s.QKV); // (N,H) d(act(gate) * up)
     float *dres2 = dB + s.N * s.H;             // (N,C)
     float *dc = dres2 + NC;                    // (N,C) dln2, (N,A) datty, (N,C) dln1
-    const td_decoder_style *st = td_decoder_style_of(d);
+    const td_model_traits *st = td_rotary_traits(d);
     float inv_freq[TD_MODEL_MAX_HEAD_SIZE / 2];
     td_ops_rope_inv_freq(inv_freq, hs, td_model_rope_theta(d), &d->rope_scaling);
 
     zero(dB, s.N * s.H);
     td_ops_matmul_backward(dB, g->fcproj_w, NULL, dy, a->fch_gelu, w->fcproj_w, N, H, C);
     zero(dA, s.N * 2 * s.H);
-    td_ops_glu_backward(dA, dB, a->fch, N, H, st->glu);
+    td_ops_glu_backward(dA, dB, a->fch, N, H, st->act);
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->fc_w, NULL, dA, a->ln2, w->fc_w, N, C, 2 * H);
     memcpy(dres2, dy, NC * sizeof(float));
@@ -341,7 +328,7 @@ static void block_backward(const td_model_desc *d, const td_model_block *w, cons
 static void embed_forward(const td_model_desc *d, const float *const *p, const int *tokens, float *out, int B, int T)
 {
     td_ops_encoder_forward(out, tokens, p[0], NULL, B, T, d->n_embd);
-    const float s = td_decoder_embed_scale(d, TD_DTYPE_F32);
+    const float s = td_model_embed_scale(d, TD_DTYPE_F32);
     if (s != 1.0f) td_ops_scale(out, out, s, (size_t)B * T * (size_t)d->n_embd);
 }
 
@@ -349,7 +336,7 @@ static void embed_forward(const td_model_desc *d, const float *const *p, const i
  * encoder's backward sums (bit-identical for any thread count). */
 static void embed_backward(const td_model_desc *d, float *const *g, const float *dout, const int *tokens, int B, int T)
 {
-    const float s = td_decoder_embed_scale(d, TD_DTYPE_F32);
+    const float s = td_model_embed_scale(d, TD_DTYPE_F32);
     if (s == 1.0f) {
         td_ops_encoder_backward(g[0], NULL, dout, tokens, B, T, d->n_embd);
         return;
@@ -372,7 +359,7 @@ static void head_forward(const td_model_desc *d, float *logits, float *lnf, floa
                          const float *x, const float *const *p, int N)
 {
     (void)lnf_mean;
-    td_ops_rmsnorm_forward(lnf, lnf_rstd, x, p[0], td_decoder_style_of(d)->norm_offset, N, d->n_embd,
+    td_ops_rmsnorm_forward(lnf, lnf_rstd, x, p[0], td_rotary_traits(d)->norm_offset, N, d->n_embd,
                            td_model_norm_eps(d));                                              // (N,C)
     td_ops_matmul_forward(logits, lnf, p[1], NULL, N, d->n_embd, d->padded_vocab_size);   // (N,Vp)
 }
@@ -385,8 +372,8 @@ static void head_backward(const td_model_desc *d, float *dx, float *const *g, fl
     const int C = d->n_embd;
     zero(dlnf, (size_t)N * C);
     td_ops_matmul_backward(dlnf, g[1], NULL, dlogits, lnf, p[1], N, C, d->padded_vocab_size);
-    td_ops_rmsnorm_backward(dx, g[0], dlnf, x, p[0], td_decoder_style_of(d)->norm_offset, lnf_rstd, N, C);
+    td_ops_rmsnorm_backward(dx, g[0], dlnf, x, p[0], td_rotary_traits(d)->norm_offset, lnf_rstd, N, C);
 }
 
-const td_model_cpu td_decoder_cpu = {acts_numel, acts_view, scratch_numel, block_forward, block_backward,
+const td_model_cpu td_rotary_cpu = {acts_numel, acts_view, scratch_numel, block_forward, block_backward,
                                      embed_forward, embed_backward, head_forward, head_backward};

@@ -13,39 +13,30 @@
  * q|k|v into one (QKV, C) weight, QKV = (NH + 2 NKV) hs, and gate|up into
  * one (2H, C) weight; the Hugging Face files hold them split
  * (q_proj/k_proj/v_proj, gate_proj/up_proj). */
-#ifndef TIDAL_MODEL_DECODER_H
-#define TIDAL_MODEL_DECODER_H
+#ifndef TIDAL_MODEL_ROTARY_H
+#define TIDAL_MODEL_ROTARY_H
 
 #include "tidal/family.h"
 
-/* What tells the families apart in the compute: the family's `impl`. */
-typedef struct td_decoder_style {
-    float norm_offset; /* RMSNorm's gain is norm_offset + weight: 0, Gemma 1 */
-    td_ops_glu glu;    /* the gate's activation: SiLU (SwiGLU), tanh GELU (GeGLU, Gemma) */
-    int embed_scaled;  /* the embedding is multiplied by sqrt(C) (Gemma) */
-} td_decoder_style;
-
-/* d's style (its family's impl). */
-const td_decoder_style *td_decoder_style_of(const td_model_desc *d);
-/* The embedding's scale: sqrt(C) rounded to dt as transformers rounds it
- * (torch.tensor(C ** 0.5, dtype)), or 1. */
-float td_decoder_embed_scale(const td_model_desc *d, td_dtype dt);
+/* d's block make-up (its family's traits): the gain offset, the GLU's
+ * activation, the embedding's scale tell the families apart. */
+const td_model_traits *td_rotary_traits(const td_model_desc *d);
 
 /* The CPU reference and (CUDA builds) the GPU compute. */
-extern const td_model_cpu td_decoder_cpu;
+extern const td_model_cpu td_rotary_cpu;
 #ifdef TD_HAVE_CUDA
-extern const td_model_exec td_decoder_cuda;
+extern const td_model_exec td_rotary_cuda;
 #endif
 
 /* The checks every rotary decoder needs: an even head size up to
  * TD_MODEL_MAX_HEAD_SIZE, a valid llama3 rope scaling. */
-td_status td_decoder_check(const td_model_desc *d);
-int td_decoder_describe(const td_model_desc *d, char *buf, size_t n);
-int td_decoder_kinds(const td_model_desc *d, td_model_section s, td_model_param *out);
-int td_decoder_shape(const td_model_desc *d, td_model_param kind, int shape[2]);
-int td_decoder_hf_parts(const td_model_desc *d, td_model_section s, td_model_hf_part out[TD_MODEL_HF_PARTS_MAX]);
-extern const char *const td_decoder_names[TD_MODEL_PARAM_COUNT];
-extern const char *const td_decoder_hf_ignored[];
+td_status td_rotary_check(const td_model_desc *d);
+int td_rotary_describe(const td_model_desc *d, char *buf, size_t n);
+int td_rotary_kinds(const td_model_desc *d, td_model_section s, td_model_param *out);
+int td_rotary_shape(const td_model_desc *d, td_model_param kind, int shape[2]);
+int td_rotary_hf_parts(const td_model_desc *d, td_model_section s, td_model_hf_part out[TD_MODEL_HF_PARTS_MAX]);
+extern const char *const td_rotary_names[TD_MODEL_PARAM_COUNT];
+extern const char *const td_rotary_hf_ignored[];
 
 /* config.json: the keys LlamaConfig, Qwen2Config and their kin share
  * (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
@@ -55,7 +46,7 @@ extern const char *const td_decoder_hf_ignored[];
  * (rms_norm_eps `eps`, rope_theta 10000, untied).  head_dim_default 0: the
  * heads split the width (a head_dim must be hidden_size /
  * num_attention_heads); else any head_dim, this one when absent. */
-td_status td_decoder_config_read(const td_hf_config *c, td_model_desc *d, float eps, int head_dim_default);
-td_status td_decoder_config_write(const td_model_desc *d, td_hf_config *c);
+td_status td_rotary_config_read(const td_hf_config *c, td_model_desc *d, float eps, int head_dim_default);
+td_status td_rotary_config_write(const td_model_desc *d, td_hf_config *c);
 
 #endif

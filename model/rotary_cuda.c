@@ -1,4 +1,4 @@
-/* The rotary decoder's block, head and embedding on the GPU (decoder.h), composed from
+/* The rotary decoder's block, head and embedding on the GPU (rotary.h), composed from
  * the CUDA ops: the counterpart of decoder.c's CPU reference, the same
  * order and the same activations kept (td_ops_cuda_block_acts's fields as
  * td_model_block_acts maps them: no means, qkv after RoPE, atty (N, NH hs),
@@ -16,7 +16,7 @@
  * constants (consts_fill), uploaded once by the caller.
  *
  * Then the decoder's td_model_exec (family.h) over these. */
-#include "decoder.h"
+#include "rotary.h"
 
 #include <string.h>
 
@@ -49,7 +49,7 @@ static void acts_fields(const td_model_desc *cfg, int B, int T, td_dtype dt, siz
     memcpy(b, t, sizeof t);
 }
 
-size_t td_ops_cuda_decoder_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt)
+size_t td_ops_cuda_rotary_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     size_t b[12], total = 0;
     acts_fields(cfg, B, T, dt, b);
@@ -57,7 +57,7 @@ size_t td_ops_cuda_decoder_block_acts_bytes(const td_model_desc *cfg, int B, int
     return total;
 }
 
-void td_ops_cuda_decoder_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
+void td_ops_cuda_rotary_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
                                          td_ops_cuda_block_acts *out)
 {
     size_t b[12];
@@ -89,7 +89,7 @@ static size_t fixed_scratch(const td_model_desc *cfg, int B, int T, td_dtype dt)
            up(s.N * max2(s.C, s.A) * s.e);
 }
 
-size_t td_ops_cuda_decoder_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
+size_t td_ops_cuda_rotary_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
 {
     if (!cfg || B <= 0 || T <= 0) return 0;
     if (att_seqs < 1 || att_seqs > B) att_seqs = B;
@@ -102,7 +102,7 @@ size_t td_ops_cuda_decoder_block_scratch_bytes(const td_model_desc *cfg, int B, 
         if (st_ != TD_OK) return td_error_prefix(st_, "%s: ", what);             \
     } while (0)
 
-td_status td_ops_cuda_decoder_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
+td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                             const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
                                             void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
                                             void *stream)
@@ -114,7 +114,7 @@ td_status td_ops_cuda_decoder_block_forward(td_ops_cuda *ctx, const td_model_des
     const int N = (int)s.N, C = (int)s.C, NH = (int)s.NH, NKV = (int)s.NKV, hs = (int)s.hs;
     const int A = (int)s.A, QKV = (int)s.QKV, H = (int)s.H;
     const float eps = td_model_norm_eps(cfg);
-    const td_decoder_style *sty = td_decoder_style_of(cfg);
+    const td_model_traits *sty = td_rotary_traits(cfg);
     const float off = sty->norm_offset;
     TRY(td_ops_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, off, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->qkv, NULL, a->ln1, w->qkv_w, w->qkv_b, NULL, N, C, QKV, dt, stream));
@@ -125,14 +125,14 @@ td_status td_ops_cuda_decoder_block_forward(td_ops_cuda *ctx, const td_model_des
                                    stream)); /* res2 = x + attention branch */
     TRY(td_ops_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, off, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->fch, NULL, a->ln2, w->fc_w, NULL, NULL, N, C, 2 * H, dt, stream));
-    TRY(td_ops_cuda_glu_forward(a->fch_gelu, a->fch, N, H, sty->glu, dt, stream));
+    TRY(td_ops_cuda_glu_forward(a->fch_gelu, a->fch, N, H, sty->act, dt, stream));
     if (!y) return TD_OK; /* a recompute: backward reads the acts, not y */
     TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, a->fch_gelu, w->fcproj_w, NULL, a->res2, N, H, C, dt,
                                    stream)); /* y = res2 + mlp branch */
     return TD_OK;
 }
 
-td_status td_ops_cuda_decoder_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
+td_status td_ops_cuda_rotary_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                              const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                              const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
                                              const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
@@ -154,13 +154,13 @@ td_status td_ops_cuda_decoder_block_backward(td_ops_cuda *ctx, const td_model_de
     void *dc = p;      p += up(s.N * max2(s.C, s.A) * s.e);
     void *ops = p;
     const size_t ops_bytes = scratch_bytes - fixed;
-    const td_decoder_style *sty = td_decoder_style_of(cfg);
+    const td_model_traits *sty = td_rotary_traits(cfg);
     const float off = sty->norm_offset;
 
     /* y = res2 + down(act(gate) * up), (gate | up) = gate_up(rmsnorm_2(res2)) */
     TRY(td_ops_cuda_matmul_backward(ctx, dB, g->fcproj_w, NULL, dy, a->fch_gelu, w->fcproj_w, N, H, C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
-    TRY(td_ops_cuda_glu_backward(dA, dB, a->fch, N, H, sty->glu, TD_OPS_CUDA_SET, dt, stream));
+    TRY(td_ops_cuda_glu_backward(dA, dB, a->fch, N, H, sty->act, TD_OPS_CUDA_SET, dt, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->fc_w, NULL, dA, a->ln2, w->fc_w, N, C, 2 * H, TD_OPS_CUDA_SET, dt,
                                     gdt, ops, ops_bytes, stream));
     TRY(td_ops_cuda_rmsnorm_backward_res(dres2, dy, g->ln2_w, dc, a->res2, w->ln2_w, off, a->ln2_rstd, N, C, dt, gdt,
@@ -180,25 +180,25 @@ td_status td_ops_cuda_decoder_block_backward(td_ops_cuda *ctx, const td_model_de
     return TD_OK;
 }
 
-size_t td_ops_cuda_decoder_head_scratch_bytes(int N, int C, int Vp)
+size_t td_ops_cuda_rotary_head_scratch_bytes(int N, int C, int Vp)
 {
     size_t m = td_ops_cuda_matmul_scratch_bytes(N, Vp), r = td_ops_cuda_rmsnorm_scratch_bytes(N, C);
     return m > r ? m : r;
 }
 
-td_status td_ops_cuda_decoder_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
+td_status td_ops_cuda_rotary_head_forward(td_ops_cuda *ctx, const td_model_desc *cfg, void *logits, void *lnf,
                                            float *lnf_rstd, const void *x, const void *norm_w, const void *out_w,
                                            int N, td_dtype dt, void *stream)
 {
     const char *what = "decoder head forward";
     const int C = cfg->n_embd, Vp = cfg->padded_vocab_size;
-    TRY(td_ops_cuda_rmsnorm_forward(lnf, lnf_rstd, x, norm_w, td_decoder_style_of(cfg)->norm_offset, N, C,
+    TRY(td_ops_cuda_rmsnorm_forward(lnf, lnf_rstd, x, norm_w, td_rotary_traits(cfg)->norm_offset, N, C,
                                     td_model_norm_eps(cfg), dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, logits, NULL, lnf, out_w, NULL, NULL, N, C, Vp, dt, stream));
     return TD_OK;
 }
 
-td_status td_ops_cuda_decoder_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
+td_status td_ops_cuda_rotary_head_backward(td_ops_cuda *ctx, const td_model_desc *cfg, void *dx, void *dnorm_w,
                                             void *dout_w, void *dlnf, const void *dlogits, const void *x,
                                             const void *lnf, const float *lnf_rstd, const void *norm_w,
                                             const void *out_w, int N, td_dtype dt, td_dtype gdt, void *scratch,
@@ -208,7 +208,7 @@ td_status td_ops_cuda_decoder_head_backward(td_ops_cuda *ctx, const td_model_des
     const int C = cfg->n_embd, Vp = cfg->padded_vocab_size;
     TRY(td_ops_cuda_matmul_backward(ctx, dlnf, dout_w, NULL, dlogits, lnf, out_w, N, C, Vp, TD_OPS_CUDA_SET, dt, gdt,
                                     scratch, scratch_bytes, stream));
-    TRY(td_ops_cuda_rmsnorm_backward(dx, dnorm_w, dlnf, x, norm_w, td_decoder_style_of(cfg)->norm_offset, lnf_rstd, N,
+    TRY(td_ops_cuda_rmsnorm_backward(dx, dnorm_w, dlnf, x, norm_w, td_rotary_traits(cfg)->norm_offset, lnf_rstd, N,
                                      C, dt, gdt, scratch, scratch_bytes, stream));
     return TD_OK;
 }
@@ -217,7 +217,7 @@ td_status td_ops_cuda_decoder_head_backward(td_ops_cuda *ctx, const td_model_des
 
 static size_t exec_acts_bytes(const td_model_desc *d, int B, int T, td_dtype dt)
 {
-    return td_ops_cuda_decoder_block_acts_bytes(d, B, T, dt);
+    return td_ops_cuda_rotary_block_acts_bytes(d, B, T, dt);
 }
 
 /* The embedding's backward: the scaled gradient (N,C) when the embedding is
@@ -225,7 +225,7 @@ static size_t exec_acts_bytes(const td_model_desc *d, int B, int T, td_dtype dt)
 static size_t embed_scratch(const td_model_desc *d, int B, int T, td_dtype dt)
 {
     const size_t NC = (size_t)B * T * (size_t)d->n_embd;
-    const size_t scaled = td_decoder_style_of(d)->embed_scaled ? up(NC * td_dtype_bytes(dt)) : 0;
+    const size_t scaled = td_rotary_traits(d)->embed_scaled ? up(NC * td_dtype_bytes(dt)) : 0;
     return scaled + td_ops_cuda_encoder_scratch_bytes(B, T, d->padded_vocab_size);
 }
 
@@ -233,8 +233,8 @@ static size_t embed_scratch(const td_model_desc *d, int B, int T, td_dtype dt)
 static size_t exec_scratch_bytes(const td_model_desc *d, int B, int T, td_dtype dt, int att_seqs)
 {
     const size_t N = (size_t)B * T, C = (size_t)d->n_embd, Vp = (size_t)d->padded_vocab_size;
-    size_t s = td_ops_cuda_decoder_block_scratch_bytes(d, B, T, dt, att_seqs);
-    s = max2(s, up(N * C * td_dtype_bytes(dt)) + td_ops_cuda_decoder_head_scratch_bytes((int)N, (int)C, (int)Vp));
+    size_t s = td_ops_cuda_rotary_block_scratch_bytes(d, B, T, dt, att_seqs);
+    s = max2(s, up(N * C * td_dtype_bytes(dt)) + td_ops_cuda_rotary_head_scratch_bytes((int)N, (int)C, (int)Vp));
     return max2(s, embed_scratch(d, B, T, dt));
 }
 
@@ -260,7 +260,7 @@ static void view(const td_model_desc *d, void *const *p, td_ops_cuda_block *w)
 static td_status exec_embed_forward(const td_model_run *r, void *const *p, const int *tokens, void *out)
 {
     const size_t NC = (size_t)r->B * r->T * (size_t)r->desc->n_embd;
-    const float s = td_decoder_embed_scale(r->desc, r->dt);
+    const float s = td_model_embed_scale(r->desc, r->dt);
     td_status st = td_ops_cuda_encoder_forward(out, tokens, p[0], NULL, r->B, r->T, r->desc->n_embd, r->dt, r->stream);
     return st || s == 1.0f ? st : td_ops_cuda_scale(out, out, s, NC, r->dt, r->stream);
 }
@@ -270,7 +270,7 @@ static td_status exec_embed_forward(const td_model_run *r, void *const *p, const
 static td_status exec_embed_backward(const td_model_run *r, void *const *g, const int *tokens, const void *dout)
 {
     const size_t NC = (size_t)r->B * r->T * (size_t)r->desc->n_embd;
-    const float s = td_decoder_embed_scale(r->desc, r->dt);
+    const float s = td_model_embed_scale(r->desc, r->dt);
     char *scratch = r->scratch;
     size_t bytes = r->scratch_bytes;
     if (s != 1.0f) {
@@ -289,8 +289,8 @@ static td_status exec_block_forward(const td_model_run *r, void *const *p, void 
     td_ops_cuda_block w;
     td_ops_cuda_block_acts a;
     view(r->desc, p, &w);
-    td_ops_cuda_decoder_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
-    return td_ops_cuda_decoder_block_forward(r->ops, r->desc, &w, &a, r->consts, x, y, r->B, r->T, r->dt, r->scratch,
+    td_ops_cuda_rotary_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
+    return td_ops_cuda_rotary_block_forward(r->ops, r->desc, &w, &a, r->consts, x, y, r->B, r->T, r->dt, r->scratch,
                                              r->scratch_bytes, r->stream);
 }
 
@@ -301,8 +301,8 @@ static td_status exec_block_backward(const td_model_run *r, void *const *p, void
     td_ops_cuda_block_acts a;
     view(r->desc, p, &w);
     view(r->desc, g, &gw);
-    td_ops_cuda_decoder_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
-    return td_ops_cuda_decoder_block_backward(r->ops, r->desc, &w, &gw, &a, r->consts, x, dy, dx, r->B, r->T, r->dt,
+    td_ops_cuda_rotary_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
+    return td_ops_cuda_rotary_block_backward(r->ops, r->desc, &w, &gw, &a, r->consts, x, dy, dx, r->B, r->T, r->dt,
                                               r->gdt, r->scratch, r->scratch_bytes, r->stream);
 }
 
@@ -310,7 +310,7 @@ static td_status exec_block_backward(const td_model_run *r, void *const *p, void
 static td_status exec_head_forward(const td_model_run *r, void *const *p, const void *x, void *logits,
                                    const td_model_head_acts *h)
 {
-    return td_ops_cuda_decoder_head_forward(r->ops, r->desc, logits, h->lnf, h->rstd, x, p[0], p[1], r->B * r->T,
+    return td_ops_cuda_rotary_head_forward(r->ops, r->desc, logits, h->lnf, h->rstd, x, p[0], p[1], r->B * r->T,
                                             r->dt, r->stream);
 }
 
@@ -320,11 +320,11 @@ static td_status exec_head_backward(const td_model_run *r, void *const *p, void 
 {
     const int N = r->B * r->T;
     const size_t dlnf = up((size_t)N * (size_t)r->desc->n_embd * td_dtype_bytes(r->dt));
-    return td_ops_cuda_decoder_head_backward(r->ops, r->desc, dx, g[0], g[1], r->scratch, dlogits, x, h->lnf, h->rstd,
+    return td_ops_cuda_rotary_head_backward(r->ops, r->desc, dx, g[0], g[1], r->scratch, dlogits, x, h->lnf, h->rstd,
                                              p[0], p[1], N, r->dt, r->gdt, (char *)r->scratch + dlnf,
                                              r->scratch_bytes - dlnf, r->stream);
 }
 
-const td_model_exec td_decoder_cuda = {exec_acts_bytes, exec_scratch_bytes, exec_consts_bytes, exec_consts_fill,
+const td_model_exec td_rotary_cuda = {exec_acts_bytes, exec_scratch_bytes, exec_consts_bytes, exec_consts_fill,
                                        exec_embed_forward, exec_embed_backward, exec_block_forward,
                                        exec_block_backward, exec_head_forward, exec_head_backward};
