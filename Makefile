@@ -128,8 +128,8 @@ endif
 # The model families: every model/family_<name>.c defines td_family_<name>,
 # and the registry (model/family.c) lists them all (include/tidal/family.h).
 FAMILIES := $(patsubst model/family_%.c,%,$(wildcard model/family_*.c))
-$(BUILD)/model/family.o: CFLAGS += "-DTD_FAMILY_LIST=$(foreach f,$(FAMILIES),TD_FAMILY($(f)))"
-$(BUILD)/model/family.o: $(wildcard model/family_*.c)
+$(OBJ)/model/family.o: CFLAGS += "-DTD_FAMILY_LIST=$(foreach f,$(FAMILIES),TD_FAMILY($(f)))"
+$(OBJ)/model/family.o: $(wildcard model/family_*.c)
 BENCH_C  := $(if $(filter 1,$(CUDA)),$(wildcard bench/*.c),$(filter-out %_cuda.c,$(wildcard bench/*.c)))
 CLI_OBJ  := $(OBJ)/cli/main.o $(BENCH_C:%.c=$(OBJ)/%.o)
 
