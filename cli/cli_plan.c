@@ -212,6 +212,7 @@ static td_status print_json(const plan_run *pr)
     json_host(j, pr);
     cJSON_AddBoolToObject(j, "checkpointing", p->ckpt);
     NUM(j, "ckpt_blocks", p->ckpt_blocks);
+    NUM(j, "loss_chunk_rows", td_train_loss_rows(&pr->cfg));
     cJSON_AddBoolToObject(j, "gpu_optimizer", p->gpu_optimizer);
     cJSON *o = cJSON_AddObjectToObject(j, "optimizer");
     NUM(o, "chunks", p->optim_chunks);
@@ -240,6 +241,13 @@ static void text_model(const plan_run *pr)
     printf("batch        %d x %d tokens, %d micro-batch%s per step; checkpointing %s", cfg->micro_batch, cfg->seq_len,
            cfg->grad_accum, cfg->grad_accum == 1 ? "" : "es", p->ckpt ? "on" : "off");
     if (p->ckpt) printf(" (%d of %d blocks recomputed)", p->ckpt_blocks, cfg->model.n_layer);
+    {
+        size_t N = (size_t)cfg->micro_batch * (size_t)cfg->seq_len, R = (size_t)td_train_loss_rows(cfg);
+        char lg[32];
+        printf("\nloss         %zu chunk%s of %zu rows: %s of logits at a time (--loss-chunk)", (N + R - 1) / R,
+               (N + R - 1) / R == 1 ? "" : "s", R,
+               td_format_bytes(R * (size_t)cfg->model.padded_vocab_size * td_dtype_bytes(cfg->precision), lg, sizeof lg));
+    }
     printf("\nchunks       %d of %zu elements, %s padding\n", p->chunks, p->chunk_numel,
            td_format_bytes(p->padding_bytes, a, sizeof a));
     if (cfg->ranks > 1)

@@ -207,6 +207,7 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
     c->mm.offload_optim_frac = o->optim_frac;
     c->mm.prefetch = o->prefetch;
     c->mm.grad_slots = o->grad_slots;
+    c->loss_chunk = o->loss_chunk;
     c->mm.trace_out = o->trace_out;
     c->optim.lr.lr = o->lr;
     c->optim.lr.min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10;
@@ -219,6 +220,7 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
     c->save_shard_bytes = o->shard_size;
     c->optim.max_grad_norm = o->clip;
     if (o->steps < 1) return td_error_set(TD_ERR_INVALID, "--steps must be at least 1");
+    if (o->loss_chunk < 0) return td_error_set(TD_ERR_INVALID, "--loss-chunk %d: give the rows of a chunk, or 0 for auto", o->loss_chunk);
     if (o->grad_slots < -1) return td_error_set(TD_ERR_INVALID, "--grad-slots %d: use -1 (auto), 0 or a count", o->grad_slots);
     if (o->grad_slots > 0 && (o->clip > 0 || o->grad_accum > 1))
         return td_error_set(TD_ERR_INVALID, "--grad-slots %d: staging slots need grads that are read once as they "

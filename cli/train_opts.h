@@ -24,7 +24,7 @@ typedef struct td_cli_train_opts {
     long save_every, stop_after, max_bad_steps;
     double heldout;
     int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, grad_slots;
-    int threads, log_every, decay_all, overwrite;
+    int threads, log_every, decay_all, overwrite, loss_chunk;
     long steps;
     uint64_t seed, chunk_numel;
     size_t gpu_budget, host_pin_limit, host_ram, shard_size, cpu_device_bytes;
@@ -77,6 +77,8 @@ typedef struct td_cli_train_opts {
      "clipping, no accumulation); -1 auto (default), 0: a host copy per grad chunk", 0},                         \
     {"precision", TD_OPT_STRING, &(o)->precision, "P", "fp32 (cpu backend), bf16 or fp16 (cuda)", 0},              \
     {"ckpt", TD_OPT_STRING, &(o)->ckpt, "M", "activation checkpointing: on, off, auto (default) or N: recompute the first N blocks", 0}, \
+    {"loss-chunk", TD_OPT_INT, &(o)->loss_chunk, "ROWS", "the head and the loss run over chunks of ROWS of the B x T rows, so only\n" \
+     "one chunk's logits exist (default 0: auto, at most 256 MiB of logits but\nat least 2048 rows; B x T or more: one chunk); the same losses", 0}, \
     {"clip-grad-norm", TD_OPT_DOUBLE, &(o)->clip, "X", "global grad-norm clipping, 0 off (default 1.0)", 0},       \
     {"backend", TD_OPT_STRING, &(o)->backend, "B", "auto (default: cuda when a GPU answers), cpu or cuda", 0},    \
     {"threads", TD_OPT_INT, &(o)->threads, "N", "CPU threads (default: the cores this process may run on, at most the\n" \

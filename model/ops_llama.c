@@ -42,10 +42,11 @@ void td_ops_rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
         for (int i = 0; i < C; i++) dx[i] += r * (w_offset + weight[i]) * g[i] - x[i] * k;
     }
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < C; i++) { /* one thread per column, rows in order */
-        float s = 0.0f;
+    for (int i = 0; i < C; i++) { /* one thread per column, rows in order, added one by one (as the matmul's
+                                      c + a0 b0 + a1 b1 ...): rows split over calls give the same bits */
+        float s = dweight[i];
         for (int n = 0; n < N; n++) s += dout[(size_t)n * C + i] * (inp[(size_t)n * C + i] * rstd[n]);
-        dweight[i] += s;
+        dweight[i] = s;
     }
 }
 

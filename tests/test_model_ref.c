@@ -407,6 +407,63 @@ static void test_llama_finite_differences(void **state)
     }
 }
 
+
+/* The head and the loss over chunks of rows (the trainer's loss chunks)
+ * give the losses, dx and the head's parameter gradients of one call over
+ * all rows, bit for bit: rows are independent, and every gradient sum over
+ * rows (the output matrix's GEMM, the final norm's gain and bias) adds the
+ * rows one by one in ascending order, into random start values here. */
+static void test_head_chunks_are_bit_identical(void **state)
+{
+    const td_model_desc cases[] = {tiny, small_llama("llama", 2, 1, 1), small_llama("qwen2", 1, 0, 0)};
+    const int N = 37;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const td_model_desc *d = &cases[k];
+        const int C = d->n_embd, V = d->vocab_size, Vp = d->padded_vocab_size;
+        const size_t np = td_model_params_numel(d), NC = (size_t)N * C;
+        float *params = fvec(np), *x = fvec(NC), *g0 = fvec(np), *gw = fvec(np), *gc = fvec(np);
+        float *dxw = fvec(NC), *dxc = fvec(NC), *lw = fvec(N), *lc = fvec(N), *lse = fvec(N);
+        float *logits = fvec((size_t)N * Vp), *lnf = fvec(NC), *mean = fvec(N), *rstd = fvec(N), *dlnf = fvec(NC);
+        int32_t tgt[37];
+        td_model_init(d, params, 5);
+        td_rng r;
+        td_rng_seed(&r, 11 + k);
+        for (size_t i = 0; i < NC; i++) x[i] = (float)(td_rng_uniform(&r) * 4 - 2);
+        for (size_t i = 0; i < np; i++) g0[i] = (float)(td_rng_uniform(&r) - 0.5) * 0.2f;
+        for (int i = 0; i < N; i++) tgt[i] = i % 9 == 4 ? -1 : (int32_t)td_rng_below(&r, (uint64_t)V);
+        int hi[3], nh = td_model_head_tensors(d, hi);
+        const float *head[3];
+        float *gwh[3], *gch[3];
+        for (int j = 0; j < nh; j++) {
+            td_model_tensor t;
+            td_model_tensor_get(d, hi[j], &t);
+            head[j] = params + t.offset;
+            gwh[j] = gw + t.offset;
+            gch[j] = gc + t.offset;
+        }
+        const int rows[] = {37, 1, 5, 16};
+        for (size_t c = 0; c < sizeof rows / sizeof rows[0]; c++) {
+            float *g = c ? gc : gw, *dx = c ? dxc : dxw, *l = c ? lc : lw, **gh = c ? gch : gwh;
+            memcpy(g, g0, np * sizeof(float));
+            memset(dx, 0, NC * sizeof(float));
+            for (int r0 = 0; r0 < N; r0 += rows[c]) {
+                int n = N - r0 < rows[c] ? N - r0 : rows[c];
+                const float *xr = x + (size_t)r0 * C;
+                td_model_head_forward(d, logits, lnf, mean, rstd, xr, head, n);
+                td_ops_crossentropy_forward(l + r0, lse, logits, tgt + r0, n, V, Vp);
+                td_ops_crossentropy_backward(logits, logits, lse, tgt + r0, 1.0f / 33, n, V, Vp);
+                td_model_head_backward(d, dx + (size_t)r0 * C, gh, dlnf, logits, xr, lnf, mean, rstd, head, n);
+            }
+            if (!c) continue;
+            assert_memory_equal(lc, lw, N * sizeof(float));
+            assert_memory_equal(dxc, dxw, NC * sizeof(float));
+            assert_memory_equal(gc, gw, np * sizeof(float));
+        }
+        free(params); free(x); free(g0); free(gw); free(gc); free(dxw); free(dxc); free(lw); free(lc); free(lse);
+        free(logits); free(lnf); free(mean); free(rstd); free(dlnf);
+    }
+}
+
 /* The block API is what the whole model runs: re-running a block from its
  * kept input (activation checkpointing) reproduces its activations and output
  * bit for bit, and backward through it gives the model's gradients. */
@@ -602,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_llama_layout_and_presets),
         cmocka_unit_test(test_llama_finite_differences),
         cmocka_unit_test(test_block_recompute_matches),
+        cmocka_unit_test(test_head_chunks_are_bit_identical),
         cmocka_unit_test(test_targets_masks_and_micro_batches),
         cmocka_unit_test(test_bit_identical_across_threads),
         cmocka_unit_test(test_rng_jump),

@@ -3,6 +3,7 @@
  * numerically), the first loss matches the whole-model reference, and a
  * small model learns a fixed batch. */
 #include "td_train_test.h"
+#include "tidal/model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -1200,6 +1201,81 @@ static void test_resume_with_the_adam_thread(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+
+/* The head and the loss over chunks of rows give the losses of one chunk
+ * of all rows, bit for bit, over steps (so the head's gradients are the
+ * same bits too), for GPT-2 and the rotary families, chunks that divide the
+ * rows and a ragged last one; sampling's logits come out of whichever
+ * chunk holds their row; the plan holds one chunk's logits, not B*T rows'. */
+static void test_loss_chunks_are_bit_identical(void **state)
+{
+    enum { STEPS = 3 };
+    const char *families[] = {"gpt2", "llama", "gemma"};
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+        td_train_config c = small_config();
+        td_model_desc_set_family(&c.model, families[f]);
+        if (f) {
+            c.model.n_kv_head = 1;
+            c.model.n_inner = 40;
+            c.model.untied_head = f == 1;
+        }
+        TD_ASSERT_OK(td_model_desc_check(&c.model));
+        const int N = c.micro_batch * c.seq_len;
+        c.loss_chunk = N;
+        double ref[STEPS];
+        run(&c, STEPS, ref, NULL);
+        td_train_plan whole;
+        TD_ASSERT_OK(td_train_plan_make(&c, 0, &whole));
+        float want[64], got[64];
+        int32_t ctx[13];
+        for (int i = 0; i < 13; i++) ctx[i] = (i * 7 + 3) % c.model.vocab_size;
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        TD_ASSERT_OK(td_trainer_next_logits(t, ctx, 13, want));
+        td_trainer_destroy(t);
+        const int rows[] = {1, 7, 16, N - 1, N + 5};
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+            td_train_config v = c;
+            v.loss_chunk = rows[k];
+            assert_int_equal(td_train_loss_rows(&v), rows[k] < N ? rows[k] : N);
+            double got_loss[STEPS];
+            run(&v, STEPS, got_loss, NULL);
+            for (int s = 0; s < STEPS; s++)
+                if (memcmp(&got_loss[s], &ref[s], sizeof(double)) != 0)
+                    fail_msg("%s, chunks of %d rows, step %d: loss %.17g != %.17g", families[f], rows[k], s,
+                             got_loss[s], ref[s]);
+            TD_ASSERT_OK(td_trainer_create(&v, &t));
+            TD_ASSERT_OK(td_trainer_next_logits(t, ctx, 13, got));
+            td_trainer_destroy(t);
+            assert_memory_equal(got, want, (size_t)c.model.vocab_size * sizeof(float));
+            td_train_plan p;
+            TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
+            /* the logits, the final norm's rows and its statistics shrink to the chunk's rows */
+            size_t R = (size_t)td_train_loss_rows(&v), F = sizeof(float);
+            size_t fewer = (size_t)(N - (int)R) * ((size_t)c.model.padded_vocab_size + (size_t)c.model.n_embd + 2) * F;
+            if (whole.activation_bytes - p.activation_bytes + 3 * 256 < fewer || whole.activation_bytes < p.activation_bytes)
+                fail_msg("%s, chunks of %zu rows: activations %zu, one chunk %zu: %zu fewer bytes expected",
+                         families[f], R, p.activation_bytes, whole.activation_bytes, fewer);
+        }
+    }
+    /* auto: at most TD_TRAIN_LOSS_CHUNK_BYTES of logits but TD_TRAIN_LOSS_CHUNK_MIN_ROWS rows, split evenly */
+    td_train_config a = td_train_default_config();
+    a.precision = TD_DTYPE_BF16;
+    a.model.padded_vocab_size = 50304;
+    a.micro_batch = 16;
+    a.seq_len = 1024;
+    assert_int_equal(td_train_loss_rows(&a), 2368); /* 2668 at most: 7 chunks of 16384 / 7, to 64 */
+    a.model.padded_vocab_size = 128256;
+    a.micro_batch = 4;
+    a.seq_len = 4096;
+    assert_int_equal(td_train_loss_rows(&a), 2048);
+    a.micro_batch = 1;
+    a.seq_len = 1000;
+    assert_int_equal(td_train_loss_rows(&a), 1000);
+    a.loss_chunk = -1;
+    assert_int_equal(td_train_config_check(&a), TD_ERR_INVALID);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1208,6 +1284,7 @@ int main(void)
         cmocka_unit_test(test_early_updates_match_two_pass),
         cmocka_unit_test(test_updates_wait_for_next_forward),
         cmocka_unit_test(test_partial_checkpointing_is_bit_identical),
+        cmocka_unit_test(test_loss_chunks_are_bit_identical),
         cmocka_unit_test(test_auto_checkpointing_keeps_what_fits),
         cmocka_unit_test(test_learns_a_fixed_batch),
         cmocka_unit_test(test_budget_too_small_names_minimum),

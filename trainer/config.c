@@ -40,6 +40,8 @@ td_status td_train_config_check(const td_train_config *c)
     if ((size_t)c->micro_batch * (size_t)c->seq_len > (size_t)1 << 31)
         return td_error_set(TD_ERR_INVALID, "--micro-batch x --seq is too large");
     if ((unsigned)c->precision >= TD_DTYPE_COUNT) return td_error_set(TD_ERR_INVALID, "bad precision");
+    if (c->loss_chunk < 0)
+        return td_error_set(TD_ERR_INVALID, "--loss-chunk %d: give the rows of a chunk, or 0 for auto", c->loss_chunk);
     if (c->ckpt_blocks < 0 || c->ckpt_blocks > c->model.n_layer)
         return td_error_set(TD_ERR_INVALID, "--ckpt %d: the model has %d blocks; recompute between 0 and %d of them",
                             c->ckpt_blocks, c->model.n_layer, c->model.n_layer);

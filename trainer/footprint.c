@@ -108,7 +108,24 @@ size_t td_train_cublas_workspace_bytes(const td_train_config *cfg)
     return 0;
 }
 
-/* The buffers when blocks [0, nck) are recomputed. */
+int td_train_loss_rows(const td_train_config *cfg)
+{
+    size_t N = (size_t)cfg->micro_batch * (size_t)cfg->seq_len;
+    if (N == 0) return 0;
+    if (cfg->loss_chunk > 0) return (size_t)cfg->loss_chunk < N ? cfg->loss_chunk : (int)N;
+    size_t row = (size_t)cfg->model.padded_vocab_size * td_dtype_bytes(cfg->precision);
+    size_t most = row ? TD_TRAIN_LOSS_CHUNK_BYTES / row : N;
+    if (most < TD_TRAIN_LOSS_CHUNK_MIN_ROWS) most = TD_TRAIN_LOSS_CHUNK_MIN_ROWS;
+    if (most >= N) return (int)N;
+    /* as many chunks as that takes, the rows split evenly (the last chunk is
+     * no runt), rounded up to 64 rows */
+    size_t chunks = (N + most - 1) / most, rows = td_align_up((N + chunks - 1) / chunks, 64);
+    return (int)(rows < N ? rows : N);
+}
+
+/* The buffers when blocks [0, nck) are recomputed.  The head's final norm
+ * and logits hold one chunk of rows (td_train_loss_rows): never the whole
+ * (B*T, Vp) logits. */
 static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
 {
     const td_model_desc *mc = &cfg->model;
@@ -122,9 +139,9 @@ static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
     size_t acts = ex->block_acts_bytes(mc, B, T, cfg->precision);
     size_t scratch = ex->scratch_bytes(mc, B, T, cfg->precision, B), consts = ex->consts_bytes(mc);
     size_t workspace = td_train_cublas_workspace_bytes(cfg) + (consts ? td_align_up(consts, TD_ARENA_ALIGN) : 0);
-    size_t blocks = (size_t)(nck > 0) + (size_t)(L - nck);
-    size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, blocks * acts, N * C * E, N * F,
-                                 N * F, N * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,
+    size_t blocks = (size_t)(nck > 0) + (size_t)(L - nck), R = (size_t)td_train_loss_rows(cfg);
+    size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, blocks * acts, R * C * E, R * F,
+                                 R * F, R * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,
                                  workspace};
     td_role roles[ACT_BUFFERS] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
                                   TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,

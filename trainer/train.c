@@ -138,6 +138,8 @@ static td_status alloc_activations(td_trainer *t)
     t->ckpt_blocks = p.ckpt_blocks;
     t->acts_bytes = p.bytes[1] / (size_t)((p.ckpt_blocks > 0) + t->cfg.model.n_layer - p.ckpt_blocks);
     t->scratch_bytes = p.bytes[10];
+    t->loss_rows = td_train_loss_rows(&t->cfg);
+    t->want_row = -1;
     void *dst[ACT_BUFFERS] = {&t->resid, &t->acts, &t->lnf, &t->lnf_mean, &t->lnf_rstd, &t->logits, &t->losses,
                               &t->lse, &t->dres[0], &t->dres[1], &t->scratch, &t->tokens, &t->targets, &t->workspace};
     for (int i = 0; i < p.n; i++)
@@ -531,40 +533,59 @@ static td_status zero(td_trainer *t, void *dev, size_t bytes)
     return td_backend_memset_async(t->backend, TD_QUEUE_COMPUTE, dev, 0, bytes);
 }
 
-/* The per-row losses from the logits; with train, the logits become
- * dlogits (scaled by dloss). */
-static td_status op_loss(td_trainer *t, double dloss, int train)
+/* Rows [r0, r0 + n) of the losses from their logits (the chunk buffer);
+ * with train, the logits become dlogits (scaled by dloss). */
+static td_status op_loss(td_trainer *t, size_t r0, int n, double dloss, int train)
 {
     const td_model_desc *mc = &t->cfg.model;
-    int N = (int)N_of(t), V = mc->vocab_size, Vp = mc->padded_vocab_size;
+    int V = mc->vocab_size, Vp = mc->padded_vocab_size;
+    float *losses = t->losses + r0, *lse = t->lse + r0;
+    const int32_t *targets = t->targets + r0;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
         if (train)
-            return td_ops_cuda_crossentropy_fused(t->losses, t->lse, t->logits, t->targets, (float)dloss, N, V, Vp,
-                                                  t->dt, stream_of(t));
-        return td_ops_cuda_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp, t->dt,
-                                                stream_of(t));
+            return td_ops_cuda_crossentropy_fused(losses, lse, t->logits, targets, (float)dloss, n, V, Vp, t->dt,
+                                                  stream_of(t));
+        return td_ops_cuda_crossentropy_forward(losses, lse, t->logits, targets, n, V, Vp, t->dt, stream_of(t));
     }
 #endif
-    td_ops_crossentropy_forward(t->losses, t->lse, t->logits, t->targets, N, V, Vp);
-    if (train) td_ops_crossentropy_backward(t->logits, t->logits, t->lse, t->targets, (float)dloss, N, V, Vp);
+    td_ops_crossentropy_forward(losses, lse, t->logits, targets, n, V, Vp);
+    if (train) td_ops_crossentropy_backward(t->logits, t->logits, lse, targets, (float)dloss, n, V, Vp);
     return TD_OK;
 }
 
-/* The final norm, the logits and the losses (dlogits with train). */
-static td_status op_head_forward(td_trainer *t, void *const p[3], const void *x, double dloss, int train)
+/* The head and the loss over chunks of t->loss_rows rows: for each, the
+ * final norm and the logits (the family's head on those rows), the losses,
+ * and with train at once the backward from its dlogits: dx's rows (zeroed
+ * first) and g +=.  Only one chunk's logits exist at a time; every row's
+ * arithmetic is the whole batch's (rows are independent, and the gradients
+ * of the head's weights add chunk after chunk in row order).  The logits of
+ * row t->want_row (>= 0) go to h_row on the compute queue. */
+static td_status op_head(td_trainer *t, void *const p[3], void *const g[3], const void *x, void *dx, double dloss,
+                         int train)
 {
-    td_model_head_acts h = {t->lnf, t->lnf_mean, t->lnf_rstd};
-    td_status st = t->exec->head_forward(&t->run, p, x, t->logits, &h);
-    return st ? st : op_loss(t, dloss, train);
-}
-
-/* From dlogits: dx (zeroed first) and g +=. */
-static td_status op_head_backward(td_trainer *t, void *const p[3], void *const g[3], const void *x, void *dx)
-{
-    td_model_head_acts h = {t->lnf, t->lnf_mean, t->lnf_rstd};
-    td_status st = zero(t, dx, N_of(t) * (size_t)t->cfg.model.n_embd * E_of(t));
-    return st ? st : t->exec->head_backward(&t->run, p, g, x, t->logits, &h, dx);
+    const size_t N = N_of(t), C = (size_t)t->cfg.model.n_embd, E = E_of(t);
+    const size_t Vp = (size_t)t->cfg.model.padded_vocab_size, V = (size_t)t->cfg.model.vocab_size;
+    if (train) {
+        td_status st = zero(t, dx, N * C * E);
+        if (st) return st;
+    }
+    for (size_t r0 = 0; r0 < N; r0 += (size_t)t->loss_rows) {
+        int n = (int)(N - r0 < (size_t)t->loss_rows ? N - r0 : (size_t)t->loss_rows);
+        td_model_run run = t->run; /* the head's arithmetic is per row: one sequence of n rows */
+        run.B = 1;
+        run.T = n;
+        td_model_head_acts h = {t->lnf, t->lnf_mean, t->lnf_rstd};
+        const char *xr = (const char *)x + r0 * C * E;
+        td_status st = t->exec->head_forward(&run, p, xr, t->logits, &h);
+        if (!st) st = op_loss(t, r0, n, dloss, train);
+        if (!st && t->want_row >= 0 && (size_t)t->want_row >= r0 && (size_t)t->want_row < r0 + (size_t)n)
+            st = td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row,
+                                       (char *)t->logits + ((size_t)t->want_row - r0) * Vp * E, V * E);
+        if (!st && train) st = t->exec->head_backward(&run, p, g, xr, t->logits, &h, (char *)dx + r0 * C * E);
+        if (st) return st;
+    }
+    return TD_OK;
 }
 
 /* Start the grads of the host's optimizer chunks for the host (the GPU
@@ -730,8 +751,8 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
     }
 
-    /* Head: the final norm, logits against wte (or lm_head), loss; then at
-     * once its backward.  The head's tensors are ordered so that a tied wte
+    /* Head: the final norm, logits against wte (or lm_head), loss and at
+     * once its backward, chunk by chunk of rows (op_head).  The head's tensors are ordered so that a tied wte
      * comes last (td_model_head_tensors). */
     int hi[3], head[3], ghead[3];
     int nh = td_model_head_tensors(mc, hi), tied = hi[nh - 1] == 0;
@@ -742,8 +763,8 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
     TD_TRY(catch_up(t, INT_MAX)); /* ln_f is the last chunk: nothing stays pending into backward */
     TD_TRY(td_memmgr_access(mm, head, nh, TD_TENSOR_COMPUTE, 0, p));
-    const void *xL = resid_at(t, L);
-    TD_TRY(op_head_forward(t, p, xL, dloss, train));
+    if (train) TD_TRY(td_memmgr_access(mm, ghead, nh, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    TD_TRY(op_head(t, p, train ? g : NULL, resid_at(t, L), t->dres[0], dloss, train));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
     TD_TRY(compute_sync(t));
     double sum = 0;
@@ -760,8 +781,6 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         }
         return TD_OK;
     }
-    TD_TRY(td_memmgr_access(mm, ghead, nh, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
-    TD_TRY(op_head_backward(t, p, g, xL, t->dres[0]));
     TD_TRY(td_memmgr_release(mm, head, nh, TD_TENSOR_HOLD_AFTER_BWD));
     /* A tied wte's grad still takes the embedding's part below. */
     TD_TRY(td_memmgr_release(mm, ghead, nh - tied, grad_done));
@@ -1564,7 +1583,7 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
 {
     td_status st = TD_OK;
     size_t N = N_of(t);
-    int T = t->cfg.seq_len, V = t->cfg.model.vocab_size, Vp = t->cfg.model.padded_vocab_size;
+    int T = t->cfg.seq_len, V = t->cfg.model.vocab_size;
     if (n < 1 || n > T) return td_error_set(TD_ERR_INVALID, "context of %d tokens; 1 to %d fit", n, T);
     if ((st = td_trainer_finish_update(t))) return st;
     /* Row 0 holds the context, left-aligned; causal attention makes what
@@ -1574,10 +1593,10 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
         t->h_targets[i] = -1;
     }
     double ignored = 0;
-    TD_TRY(micro_batch(t, 0, 0, 0, &ignored));
-    size_t E = E_of(t);
-    TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_row,
-                                 (char *)t->logits + (size_t)(n - 1) * (size_t)Vp * E, (size_t)V * E));
+    t->want_row = n - 1; /* the head copies its logits out of their chunk (op_head) */
+    st = micro_batch(t, 0, 0, 0, &ignored);
+    t->want_row = -1;
+    if (st) goto cleanup;
     TD_TRY(compute_sync(t));
     td_train_to_f32(logits, t->h_row, t->dt, (size_t)V);
 cleanup:

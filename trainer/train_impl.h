@@ -51,9 +51,11 @@ struct td_trainer {
     char *acts;                        /* one block's acts shared by the recomputed blocks, then one
                                           each for the others (block_acts) */
     size_t acts_bytes;                 /* one block's */
-    void *lnf;                         /* (N,C) */
-    float *lnf_mean, *lnf_rstd;        /* (N), (N) fp32 */
-    void *logits;                      /* (N,Vp), overwritten by dlogits */
+    void *lnf;                         /* (loss_rows,C): one chunk's */
+    float *lnf_mean, *lnf_rstd;        /* (loss_rows), (loss_rows) fp32 */
+    void *logits;                      /* (loss_rows,Vp): one chunk's, overwritten by its dlogits */
+    int loss_rows;                     /* rows of a chunk of the head and loss (td_train_loss_rows) */
+    int want_row;                      /* >= 0: the head copies this row's logits to h_row (sampling) */
     float *losses, *lse;               /* (N), (N) fp32 */
     void *dres[2];                     /* (N,C) gradient of the residual stream */
     char *scratch;                     /* the model's scratch (its exec's scratch_bytes) */

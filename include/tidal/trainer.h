@@ -75,6 +75,10 @@ typedef struct td_train_config {
     td_ckpt_mode ckpt;
     int ckpt_blocks;              /* TD_CKPT_ON: recompute the first ckpt_blocks blocks and keep the
                                      others' activations (0: all of them) */
+    int loss_chunk;               /* rows of the B*T whose logits exist at once: the head and the loss run
+                                     over chunks of this many rows, forward and backward of one chunk
+                                     before the next, so the (rows, padded vocab) logits are the only ones
+                                     held (0: auto, td_train_loss_rows; at least B*T: one chunk) */
     td_backend_kind backend;
     size_t gpu_budget;            /* device bytes; TD_GPU_BUDGET_DEFAULT (0): what the run needs with all of it
                                      resident, plus an eighth, capped by free device memory minus a margin;
@@ -125,6 +129,14 @@ typedef struct td_train_config {
 } td_train_config;
 
 td_train_config td_train_default_config(void);
+/* Rows of one chunk of the head and loss (cfg->loss_chunk, or auto: the
+ * logits of a chunk at most TD_TRAIN_LOSS_CHUNK_BYTES, but at least
+ * TD_TRAIN_LOSS_CHUNK_MIN_ROWS rows, which keep the head's GEMMs efficient;
+ * the B*T rows split evenly, rounded up to 64): the same losses, bit for
+ * bit on the cpu backend, as one chunk of all rows. */
+#define TD_TRAIN_LOSS_CHUNK_BYTES ((size_t)256 << 20)
+#define TD_TRAIN_LOSS_CHUNK_MIN_ROWS 2048
+int td_train_loss_rows(const td_train_config *cfg);
 /* The CPU threads a run takes when cfg->threads is 0: the cores this
  * process may run on (its affinity mask, at most topo's physical cores near
  * the device; topo may be NULL), less those other processes keep busy
