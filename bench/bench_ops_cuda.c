@@ -16,6 +16,7 @@
 #include "../cli/cli.h"
 #include <cjson/cJSON.h>
 #include "../cli/args.h"
+#include "bench_cuda.h"
 #include "tidal/arena.h"
 #include "tidal/block_probe.h"
 #include "tidal/backend.h"
@@ -32,6 +33,8 @@
 typedef struct opts {
     int width, heads, kv_heads, mlp, seq, batch, repeat, json;
     const char *precision;
+    double peak_tflops, peak_gbs;
+    td_bench_peak peak; /* the device's (bench_cuda.h): each row's roofline */
 } opts;
 
 typedef struct row { const char *name; double ms, flops, bytes; } row;
@@ -283,36 +286,51 @@ static int default_kv_heads(int NH)
 }
 
 /* A table of rows whose last two are the block's forward and backward;
- * the first nfwd rows are forward ops. */
-static void print_rows(const char *title, const row *rows, int nrows, int nfwd)
+ * the first nfwd rows are forward ops.  Each row beside its roofline
+ * (bench_cuda.h): its FLOPs or its compulsory bytes over the device's peak. */
+static void print_rows(const char *title, const row *rows, int nrows, int nfwd, const td_bench_peak *pk)
 {
-    printf("%s\n\n%-32s %10s %10s %10s %8s\n", title, "op", "ms", "TFLOP/s", "GB/s", "share");
-    double fsum = 0, bsum = 0;
-    for (int i = 0; i < nrows - 2; i++) *(i < nfwd ? &fsum : &bsum) += rows[i].ms;
+    printf("%s\n%s: peaks %.1f TFLOP/s, %.0f GB/s (%s)\n\n%-32s %10s %10s %10s %8s %12s %9s\n", title, pk->device,
+           pk->tflops, pk->gbytes_s, pk->source, "op", "ms", "TFLOP/s", "GB/s", "share", "roofline ms", "of roof");
+    double fsum = 0, bsum = 0, froof = 0, broof = 0;
+    for (int i = 0; i < nrows - 2; i++) {
+        *(i < nfwd ? &fsum : &bsum) += rows[i].ms;
+        *(i < nfwd ? &froof : &broof) += td_bench_roofline_ms(pk, rows[i].flops, rows[i].bytes);
+    }
     for (int i = 0; i < nrows; i++) {
         double whole = i < nfwd ? fsum : i < nrows - 2 ? bsum : 0;
+        double roof = i == nrows - 2 ? froof : i == nrows - 1 ? broof : td_bench_roofline_ms(pk, rows[i].flops, rows[i].bytes);
         if (i == nrows - 2) printf("\n");
         printf("%-32s %10.3f ", rows[i].name, rows[i].ms);
         if (rows[i].flops > 0) printf("%10.1f ", rows[i].flops / rows[i].ms * 1e-9);
         else printf("%10s ", "-");
         if (rows[i].bytes > 0) printf("%10.1f ", rows[i].bytes / rows[i].ms * 1e-6);
         else printf("%10s ", "-");
-        if (whole > 0) printf("%7.1f%%\n", 100 * rows[i].ms / whole);
-        else printf("%8s\n", "-");
+        if (whole > 0) printf("%7.1f%% ", 100 * rows[i].ms / whole);
+        else printf("%8s ", "-");
+        printf("%12.3f %8.1f%%\n", roof, 100 * roof / rows[i].ms);
     }
-    printf("\nsum of the ops: forward %.3f ms, backward %.3f ms (the block runs add their own glue)\n", fsum, bsum);
+    printf("\nsum of the ops: forward %.3f ms, backward %.3f ms (the block runs add their own glue); "
+           "the sum of their rooflines: %.3f, %.3f ms\n", fsum, bsum, froof, broof);
 }
 
-/* The rows as a JSON array of {op, ms, tflops, gbytes_per_s}. */
-static cJSON *rows_json(const row *rows, int nrows)
+/* The rows as a JSON array of {op, ms, tflops, gbytes_per_s, roofline_ms,
+ * of_roofline}; the block rows' roofline is the sum of their ops'. */
+static cJSON *rows_json(const row *rows, int nrows, int nfwd, const td_bench_peak *pk)
 {
     cJSON *a = cJSON_CreateArray();
+    double froof = 0, broof = 0;
+    for (int i = 0; i < nrows - 2; i++)
+        *(i < nfwd ? &froof : &broof) += td_bench_roofline_ms(pk, rows[i].flops, rows[i].bytes);
     for (int i = 0; i < nrows; i++) {
         cJSON *r = cJSON_CreateObject();
+        double roof = i == nrows - 2 ? froof : i == nrows - 1 ? broof : td_bench_roofline_ms(pk, rows[i].flops, rows[i].bytes);
         cJSON_AddStringToObject(r, "op", rows[i].name);
         cJSON_AddNumberToObject(r, "ms", rows[i].ms);
         cJSON_AddNumberToObject(r, "tflops", rows[i].flops > 0 ? rows[i].flops / rows[i].ms * 1e-9 : 0);
         cJSON_AddNumberToObject(r, "gbytes_per_s", rows[i].bytes > 0 ? rows[i].bytes / rows[i].ms * 1e-6 : 0);
+        cJSON_AddNumberToObject(r, "roofline_ms", roof);
+        cJSON_AddNumberToObject(r, "of_roofline", roof > 0 ? roof / rows[i].ms : 0);
         cJSON_AddItemToArray(a, r);
     }
     return a;
@@ -344,6 +362,19 @@ static void block_tflops(const row *rows, int nrows, double tf[3])
     tf[2] = (f->flops + b->flops) / (f->ms + b->ms) * 1e-9;
 }
 
+/* Compulsory bytes of a matmul (N,K) @ (M,K)^T: its forward reads the input
+ * and the weight, writes the output (and reads a residual); its backward
+ * reads dout twice (two GEMMs), the input and the weight, writes dinp and
+ * reads and writes the weight's gradient. */
+static double mm_fwd_bytes(double N, double K, double M, double E, int residual)
+{
+    return (N * K + K * M + N * M * (residual ? 2 : 1)) * E;
+}
+static double mm_bwd_bytes(double N, double K, double M, double E)
+{
+    return (2 * N * M + 2 * N * K + 3 * K * M) * E;
+}
+
 /* GPT-2's block: its ops timed, into the table or doc. */
 static td_status time_gpt2(td_backend *be, const opts *o, td_dtype dt, const td_model_desc *mc, cJSON *doc, double tf[3])
 {
@@ -353,21 +384,21 @@ static td_status time_gpt2(td_backend *be, const opts *o, td_dtype dt, const td_
     td_ops_cuda_block_acts_view(&b->mc, b->B, b->T, dt, b->acts, &b->a); /* GPT-2's block keeps these */
     size_t N = (size_t)b->N, C = (size_t)o->width, E = td_dtype_bytes(dt);
     double mm = 2.0 * (double)N * C, att = 2.0 * (double)b->B * b->T * b->T * C; /* causal: half of 4 B T^2 C */
-    double nc = (double)N * C * (double)E;
+    double nc = (double)N * C * (double)E, n = (double)N, c = (double)C, e = (double)E;
     row rows[] = {
         {"ln1 forward", 0, 0, 2 * nc},
-        {"qkv matmul forward", 0, mm * 3 * C, 0},
-        {"attention forward", 0, att, 0},
-        {"attproj matmul + residual fwd", 0, mm * C, 0},
+        {"qkv matmul forward", 0, mm * 3 * C, mm_fwd_bytes(n, c, 3 * c, e, 0)},
+        {"attention forward", 0, att, 4 * nc},
+        {"attproj matmul + residual fwd", 0, mm * C, mm_fwd_bytes(n, c, c, e, 1)},
         {"ln2 forward", 0, 0, 2 * nc},
-        {"fc matmul + gelu forward", 0, mm * 4 * C, 0},
-        {"fcproj matmul + residual fwd", 0, mm * 4 * C, 0},
-        {"fcproj matmul + gelu backward", 0, 2 * mm * 4 * C, 0},
-        {"fc matmul backward", 0, 2 * mm * 4 * C, 0},
+        {"fc matmul + gelu forward", 0, mm * 4 * C, mm_fwd_bytes(n, c, 4 * c, e, 0) + 4 * nc},
+        {"fcproj matmul + residual fwd", 0, mm * 4 * C, mm_fwd_bytes(n, 4 * c, c, e, 1)},
+        {"fcproj matmul + gelu backward", 0, 2 * mm * 4 * C, mm_bwd_bytes(n, 4 * c, c, e) + 4 * nc},
+        {"fc matmul backward", 0, 2 * mm * 4 * C, mm_bwd_bytes(n, c, 4 * c, e)},
         {"ln2 backward (+ residual)", 0, 0, 4 * nc},
-        {"attproj matmul backward", 0, 2 * mm * C, 0},
-        {"attention backward", 0, 2.5 * att, 0},
-        {"qkv matmul backward", 0, 2 * mm * 3 * C, 0},
+        {"attproj matmul backward", 0, 2 * mm * C, mm_bwd_bytes(n, c, c, e)},
+        {"attention backward", 0, 2.5 * att, 10 * nc},
+        {"qkv matmul backward", 0, 2 * mm * 3 * C, mm_bwd_bytes(n, c, 3 * c, e)},
         {"ln1 backward (+ residual)", 0, 0, 4 * nc},
         {"block forward", 0, 0, 0},
         {"block backward", 0, 0, 0},
@@ -384,12 +415,12 @@ static td_status time_gpt2(td_backend *be, const opts *o, td_dtype dt, const td_
             cJSON_AddNumberToObject(shape, "C", o->width);
             cJSON_AddNumberToObject(shape, "NH", o->heads);
             cJSON_AddStringToObject(shape, "precision", td_dtype_name(dt));
-            cJSON_AddItemToObject(doc, "ops", rows_json(rows, nrows));
+            cJSON_AddItemToObject(doc, "ops", rows_json(rows, nrows, 7, &o->peak));
         } else {
             char title[160];
             snprintf(title, sizeof title, "GPT-2 block, B %d x T %d, C %d, %d heads, MLP %d, %s; median of %d runs",
                      b->B, b->T, o->width, o->heads, 4 * o->width, td_dtype_name(dt), o->repeat);
-            print_rows(title, rows, nrows, 7);
+            print_rows(title, rows, nrows, 7, &o->peak);
         }
     }
     td_block_probe_destroy(b);
@@ -413,25 +444,25 @@ static td_status time_llama(td_backend *be, const opts *o, td_dtype dt, const td
     td_ops_cuda_rotary_block_acts_view(&l->mc, l->B, l->T, dt, l->acts, &l->a); /* the rotary decoder's fields */
     const size_t N = (size_t)l->N, C = (size_t)o->width, E = td_dtype_bytes(dt);
     const double att = 2.0 * (double)l->B * l->T * l->T * C;
-    const double lmm = 2.0 * (double)N, natt = (double)o->width * E * N;
+    const double lmm = 2.0 * (double)N, natt = (double)o->width * E * N, n = (double)N, c = (double)C, e = (double)E;
     row lrows[] = {
         {"rmsnorm 1 forward", 0, 0, 2 * natt},
-        {"qkv matmul forward", 0, lmm * C * QKV, 0},
+        {"qkv matmul forward", 0, lmm * C * QKV, mm_fwd_bytes(n, c, QKV, e, 0)},
         {"rope q, k forward", 0, 0, 2.0 * N * (o->heads + NKV) * hs * E},
-        {"attention gqa forward", 0, att, 0},
-        {"o matmul + residual fwd", 0, lmm * C * C, 0},
+        {"attention gqa forward", 0, att, n * (QKV + C) * e},
+        {"o matmul + residual fwd", 0, lmm * C * C, mm_fwd_bytes(n, c, c, e, 1)},
         {"rmsnorm 2 forward", 0, 0, 2 * natt},
-        {"gate|up matmul forward", 0, lmm * C * 2 * F, 0},
+        {"gate|up matmul forward", 0, lmm * C * 2 * F, mm_fwd_bytes(n, c, 2.0 * F, e, 0)},
         {"swiglu forward", 0, 0, 3.0 * N * F * E},
-        {"down matmul + residual fwd", 0, lmm * F * C, 0},
-        {"down matmul backward", 0, 2 * lmm * F * C, 0},
+        {"down matmul + residual fwd", 0, lmm * F * C, mm_fwd_bytes(n, F, c, e, 1)},
+        {"down matmul backward", 0, 2 * lmm * F * C, mm_bwd_bytes(n, F, c, e)},
         {"swiglu backward", 0, 0, 5.0 * N * F * E},
-        {"gate|up matmul backward", 0, 2 * lmm * C * 2 * F, 0},
+        {"gate|up matmul backward", 0, 2 * lmm * C * 2 * F, mm_bwd_bytes(n, c, 2.0 * F, e)},
         {"rmsnorm 2 backward (+ residual)", 0, 0, 4 * natt},
-        {"o matmul backward", 0, 2 * lmm * C * C, 0},
-        {"attention gqa backward", 0, 2.5 * att, 0},
+        {"o matmul backward", 0, 2 * lmm * C * C, mm_bwd_bytes(n, c, c, e)},
+        {"attention gqa backward", 0, 2.5 * att, n * (2.0 * QKV + 2 * C) * e},
         {"rope q, k backward", 0, 0, 2.0 * N * (o->heads + NKV) * hs * E},
-        {"qkv matmul backward", 0, 2 * lmm * C * QKV, 0},
+        {"qkv matmul backward", 0, 2 * lmm * C * QKV, mm_bwd_bytes(n, c, QKV, e)},
         {"rmsnorm 1 backward (+ residual)", 0, 0, 4 * natt},
         {"block forward", 0, 0, 0},
         {"block backward", 0, 0, 0},
@@ -453,7 +484,7 @@ static td_status time_llama(td_backend *be, const opts *o, td_dtype dt, const td
             cJSON_AddNumberToObject(shape, "NH", o->heads);
             cJSON_AddNumberToObject(shape, "NKV", NKV);
             cJSON_AddNumberToObject(shape, "F", F);
-            cJSON_AddItemToObject(ll, "ops", rows_json(lrows, nl));
+            cJSON_AddItemToObject(ll, "ops", rows_json(lrows, nl, L_FWD, &o->peak));
             cJSON *per = cJSON_AddObjectToObject(doc, "tflops_per_block"), *g = cJSON_AddObjectToObject(per, "gpt2"),
                   *lt = cJSON_AddObjectToObject(per, "llama");
             static const char *const names[3] = {"forward", "backward", "both"};
@@ -466,7 +497,7 @@ static td_status time_llama(td_backend *be, const opts *o, td_dtype dt, const td
             snprintf(title, sizeof title,
                      "\nLLaMA block, B %d x T %d, C %d, %d query heads, %d key/value heads, MLP %d (SwiGLU), %s",
                      l->B, l->T, o->width, o->heads, NKV, F, td_dtype_name(dt));
-            print_rows(title, lrows, nl, L_FWD);
+            print_rows(title, lrows, nl, L_FWD, &o->peak);
             printf("\nTFLOP/s per block: GPT-2 forward %.1f, backward %.1f, both %.1f; LLaMA forward %.1f, "
                    "backward %.1f, both %.1f\n(LLaMA / GPT-2: %.2fx forward, %.2fx backward, %.2fx both)\n",
                    gpt_tf[0], gpt_tf[1], gpt_tf[2], tf[0], tf[1], tf[2], tf[0] / gpt_tf[0], tf[1] / gpt_tf[1],
@@ -507,6 +538,9 @@ int td_bench_ops_main(int argc, char **argv)
         {"micro-batch", TD_OPT_INT, &o.batch, "B", "sequences (default 32)", 0},
         {"precision", TD_OPT_STRING, &o.precision, "P", "bf16 (default), fp16 or fp32", 0},
         {"repeat", TD_OPT_INT, &o.repeat, "N", "timed runs per op, median reported (default 10)", 0},
+        {"peak-tflops", TD_OPT_DOUBLE, &o.peak_tflops, "X", "the device's dense tensor TFLOP/s of --precision (default: its data\n"
+         "sheet's, for H100, H200, GH200 and A100 parts)", 0},
+        {"peak-gbs", TD_OPT_DOUBLE, &o.peak_gbs, "X", "its memory GB/s (default: its data sheet's)", 0},
         {"json", TD_OPT_FLAG, &o.json, NULL, "one JSON object instead of the table", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
@@ -515,7 +549,8 @@ int td_bench_ops_main(int argc, char **argv)
                           "(and the whole block, forward and backward)\nat a training shape: ms, TFLOP/s, GB/s.  Two "
                           "blocks of the same width: GPT-2's\n(LayerNorm, multi-head attention, GELU MLP of 4C) and a "
                           "LLaMA-family one\n(RMSNorm, grouped-query attention with RoPE, SwiGLU MLP of --mlp); the "
-                          "last\nline compares their TFLOP/s per block.");
+                          "last\nline compares their TFLOP/s per block.  Each op beside its roofline: its FLOPs or\n"
+                          "its compulsory bytes over the device's peak (the larger).");
     if (rc >= 0) return rc;
     td_dtype dt;
     td_status st = check_opts(&o, &dt);
@@ -531,8 +566,10 @@ int td_bench_ops_main(int argc, char **argv)
     bp.kind = TD_BACKEND_CUDA;
     cJSON *doc = o.json ? cJSON_CreateObject() : NULL;
     double gpt_tf[3];
-    if (!(st = td_backend_create(&bp, &be)) && !(st = time_gpt2(be, &o, dt, &mc, doc, gpt_tf)) &&
+    if (!(st = td_backend_create(&bp, &be)) && !(st = td_bench_peak_get(dt, o.peak_tflops, o.peak_gbs, &o.peak)) &&
+        !(st = time_gpt2(be, &o, dt, &mc, doc, gpt_tf)) &&
         !(st = time_llama(be, &o, dt, &mc, doc, gpt_tf)) && doc) {
+        cJSON_AddItemToObject(doc, "device", td_bench_peak_json(&o.peak));
         st = td_cli_print_json(doc);
         doc = NULL;
     }

@@ -37,6 +37,8 @@ int td_bench_scaling_main(int argc, char **argv);
 int td_bench_disk_main(int argc, char **argv);
 #ifdef TD_HAVE_CUDA
 int td_bench_ops_main(int argc, char **argv); /* bench_ops_cuda.c */
+int td_bench_attention_main(int argc, char **argv); /* bench_kernels_cuda.c */
+int td_bench_head_main(int argc, char **argv);      /* bench_kernels_cuda.c */
 #endif
 
 /* `tidal <prefix...> <args without --nproc>` as nproc local ranks of one job

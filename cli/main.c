@@ -29,7 +29,9 @@ static const command benches[] = {
     {"scaling", td_bench_scaling_main, "a training run on N ranks against one rank at the same global batch"},
     {"disk", td_bench_disk_main, "direct read/write rates of the drives under --offload-dir DIR ..."},
 #ifdef TD_HAVE_CUDA
-    {"ops", td_bench_ops_main, "time of each CUDA op of a transformer block at a training shape"},
+    {"ops", td_bench_ops_main, "time of each CUDA op of a transformer block at a training shape, beside its roofline"},
+    {"attention", td_bench_attention_main, "causal flash attention forward and backward at T, beside its roofline"},
+    {"head", td_bench_head_main, "the head and the loss in chunks of rows and in one chunk, beside the roofline"},
 #endif
 };
 

@@ -187,6 +187,72 @@ static void test_llama_family(void **state)
     }
 }
 
+
+/* The head and the loss over chunks of rows on the GPU (100 rows: five
+ * chunks and a ragged sixth of the 512), GPT-2 and the rotary families:
+ * fp32 losses within FP32_LOSS_TOL of the cpu backend's single chunk, bf16
+ * within bf16's band, sampling's logits those of one chunk, and the plan
+ * (so the arena) holding one chunk's logits instead of all rows'. */
+static void test_loss_chunks(void **state)
+{
+    enum { S = 5 };
+    static const char *const families[] = {"gpt2", "llama", "gemma"};
+    for (int k = 0; k < 3; k++) {
+        td_train_config c = k ? llama(TD_BACKEND_CPU, TD_DTYPE_F32, families[k], k == 1)
+                              : config(TD_BACKEND_CPU, TD_DTYPE_F32);
+        const int N = c.micro_batch * c.seq_len;
+        double cpu[S], gpu[S];
+        run(&c, S, cpu, NULL);
+        c.backend = TD_BACKEND_CUDA;
+        c.loss_chunk = 100;
+        run(&c, S, gpu, NULL);
+        for (int s = 0; s < S; s++) {
+            print_message("%s, loss chunks of 100 rows, step %d: cpu %.7f  cuda fp32 %.7f  relative difference %.2g\n",
+                          families[k], s + 1, cpu[s], gpu[s], fabs(gpu[s] - cpu[s]) / fabs(cpu[s]));
+            if (!(fabs(gpu[s] - cpu[s]) <= FP32_LOSS_TOL * fabs(cpu[s])))
+                fail_msg("%s step %d: cuda fp32 loss in chunks %.9g, cpu %.9g: more than %g apart", families[k], s + 1,
+                         gpu[s], cpu[s], FP32_LOSS_TOL);
+        }
+        c.precision = TD_DTYPE_BF16;
+        run(&c, S, gpu, NULL);
+        for (int s = 0; s < S; s++)
+            if (!(fabs(gpu[s] - cpu[s]) <= bf16_loss_tol(&c) * cpu[s]))
+                fail_msg("%s step %d: cuda bf16 loss in chunks %.9g, cpu %.9g", families[k], s + 1, gpu[s], cpu[s]);
+        /* sampling: row 299 lies in the third chunk */
+        int32_t ctx[300];
+        for (int i = 0; i < 300; i++) ctx[i] = (i * 37 + 11) % c.model.vocab_size;
+        float *whole = malloc(sizeof(float) * (size_t)c.model.vocab_size);
+        float *chunked = malloc(sizeof(float) * (size_t)c.model.vocab_size);
+        assert_non_null(whole);
+        assert_non_null(chunked);
+        c.precision = TD_DTYPE_F32;
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        TD_ASSERT_OK(td_trainer_next_logits(t, ctx, 300, chunked));
+        td_trainer_destroy(t);
+        c.loss_chunk = 0;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        TD_ASSERT_OK(td_trainer_next_logits(t, ctx, 300, whole));
+        td_trainer_destroy(t);
+        double err = 0, scale = 0;
+        for (int v = 0; v < c.model.vocab_size; v++) {
+            err = fmax(err, fabs((double)chunked[v] - whole[v]));
+            scale = fmax(scale, fabs((double)whole[v]));
+        }
+        free(whole);
+        free(chunked);
+        assert_true(scale > 0 && err <= 1e-5 * scale);
+        /* the plan: one chunk's logits (bf16) */
+        c.precision = TD_DTYPE_BF16;
+        td_train_plan one, five;
+        c.loss_chunk = N;
+        TD_ASSERT_OK(td_train_plan_make(&c, 0, &one));
+        c.loss_chunk = 100;
+        TD_ASSERT_OK(td_train_plan_make(&c, 0, &five));
+        assert_true(one.activation_bytes - five.activation_bytes >= (size_t)(N - 100) * c.model.padded_vocab_size * 2);
+    }
+}
+
 /* `tidal plan`'s block probe composes the model's own block: for LLaMA and
  * Qwen2 (GQA with hs 64 and 128, RoPE with llama3 scaling, q/k/v biases) its
  * fp32 forward equals the CPU reference block on the probe's own params and
@@ -282,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_bf16_follows_cpu),
         cmocka_unit_test(test_offloading_changes_nothing),
         cmocka_unit_test(test_llama_family),
+        cmocka_unit_test(test_loss_chunks),
         cmocka_unit_test(test_block_probe_llama_family),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
