@@ -345,10 +345,13 @@ int td_bench_head_main(int argc, char **argv)
         goto done;
     }
     if ((st = td_backend_create(&bp, &be)) || (st = td_bench_peak_get(dt, peak_tf, peak_gbs, &pk))) goto done;
-    /* the logits, the final norm's rows and the op scratch of one chunk of all N rows (the chunked runs use a part) */
+    /* the logits, the final norm's rows and the scratch of one chunk of all N rows (the chunked runs use a part) */
     h.run = (td_model_run){.desc = mc, .B = 1, .T = N, .dt = dt, .gdt = dt,
                            .stream = td_backend_native_queue(be, TD_QUEUE_COMPUTE)};
-    h.run.scratch_bytes = h.ex->scratch_bytes(mc, 1, N, dt, 1);
+    { /* the head backward's: dlnf (N,C) at the start, its ops' scratch after (GPT-2's or the rotary head's) */
+        size_t g2 = td_ops_cuda_head_scratch_bytes(N, C), ro = td_ops_cuda_rotary_head_scratch_bytes(N, C, Vp);
+        h.run.scratch_bytes = td_align_up((size_t)N * C * E, TD_ARENA_ALIGN) + (g2 > ro ? g2 : ro);
+    }
     want(&b, &ws, TD_OPS_CUDA_WORKSPACE_BYTES);
     for (int k = 0; k < nh; k++) {
         td_model_tensor t;

@@ -47,6 +47,8 @@ GROUPS = [
     ("Two GPUs: ZeRO-3 beside FSDP2 on two and tidal on one (W7; a machine of 2 GPUs)",
      "python3 bench/workloads.py --workloads W7", ["W7"]),
     ("The LLaMA family (W8, W8S, W9)", "python3 bench/workloads.py --workloads W9,W8,W8S", ["W9", "W8", "W8S"]),
+    ("Kernels: each op beside its roofline, the head and loss in chunks, attention beside PyTorch SDPA (flash)",
+     "python3 bench/kernels.py", ["kernels-ops", "kernels-head", "kernels-attention"]),
     ("The copy engine and the CPU AdamW", "make bench-gpu TD_BENCH_PARTS='copy adam'", ["copy", "adam", "adam-torch"]),
     ("`tidal tune`'s pick against a measured grid (W6's shape)", "python3 bench/tune_grid.py", ["tune-grid-W6"]),
     ("The disk tier (W11a, W11b; DIR on a local disk)",
