@@ -1276,6 +1276,55 @@ static void test_loss_chunks_are_bit_identical(void **state)
     assert_int_equal(td_train_config_check(&a), TD_ERR_INVALID);
 }
 
+
+/* Long sequences: a run's device bytes beside the model (activations,
+ * workspace, staging) grow linearly with the sequence, never as T x T: at a
+ * fixed micro-batch doubling T at most doubles them, and at a fixed number
+ * of tokens (B x T) they stay the same, for a LLaMA-family model on the
+ * backends this build plans for (the CUDA plan needs no device). */
+static void test_memory_linear_in_sequence(void **state)
+{
+    td_backend_kind kinds[2] = {TD_BACKEND_CPU, TD_BACKEND_CUDA};
+    int nk = 1;
+#ifdef TD_HAVE_CUDA
+    nk = 2;
+#endif
+    for (int k = 0; k < nk; k++) {
+        td_train_config c = td_train_default_config();
+        c.model = (td_model_desc){.n_layer = 2, .n_head = 4, .n_embd = 256, .n_positions = 16384, .vocab_size = 1000,
+                                  .padded_vocab_size = 1024};
+        td_model_desc_set_family(&c.model, "llama");
+        c.model.n_kv_head = 2; /* head size 64: the flash kernels on CUDA */
+        c.model.n_inner = 512;
+        c.model.rope_theta = 500000.0f;
+        c.backend = kinds[k];
+        c.precision = k ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+        c.ckpt = TD_CKPT_OFF;
+        c.micro_batch = 1;
+        size_t prev = 0;
+        for (int T = 1024; T <= 8192; T *= 2) {
+            c.seq_len = T;
+            td_train_plan p;
+            TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+            if (prev && p.nonmodel_bytes > 2 * prev + TD_MiB)
+                fail_msg("%s backend, T %d: %zu bytes beside the model, T %d: %zu: more than linear", k ? "cuda" : "cpu",
+                         T, p.nonmodel_bytes, T / 2, prev);
+            prev = p.nonmodel_bytes;
+        }
+        size_t at_fixed_tokens[2];
+        for (int i = 0; i < 2; i++) {
+            c.seq_len = i ? 8192 : 1024;
+            c.micro_batch = 8192 / c.seq_len;
+            td_train_plan p;
+            TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+            at_fixed_tokens[i] = p.nonmodel_bytes;
+        }
+        if (at_fixed_tokens[1] > at_fixed_tokens[0] + at_fixed_tokens[0] / 64)
+            fail_msg("%s backend, 8192 tokens: %zu bytes at T 8192, %zu at 8 x 1024", k ? "cuda" : "cpu",
+                     at_fixed_tokens[1], at_fixed_tokens[0]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1285,6 +1334,7 @@ int main(void)
         cmocka_unit_test(test_updates_wait_for_next_forward),
         cmocka_unit_test(test_partial_checkpointing_is_bit_identical),
         cmocka_unit_test(test_loss_chunks_are_bit_identical),
+        cmocka_unit_test(test_memory_linear_in_sequence),
         cmocka_unit_test(test_auto_checkpointing_keeps_what_fits),
         cmocka_unit_test(test_learns_a_fixed_batch),
         cmocka_unit_test(test_budget_too_small_names_minimum),
