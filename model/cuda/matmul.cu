@@ -17,7 +17,9 @@
  *
  * The bias gradient is a column sum of dout without atomics: P row partitions
  * (a function of N only) summed by blocks of 32 columns x 8 row lanes into
- * fp32 partials, then the P partials of each column in ascending order. */
+ * fp32 partials (256 columns, 8 a thread with 16-byte loads, where rows are
+ * 16-byte aligned: the same sums in the same order), then the P partials of
+ * each column in ascending order. */
 #include "kernels.cuh"
 
 namespace tdc {
@@ -39,6 +41,38 @@ __global__ void __launch_bounds__(256)
         float t = 0.0f;
         for (int j = 0; j < 8; j++) t += sh[j][threadIdx.x];
         part[(size_t)p * M + c] = t;
+    }
+}
+
+/* The same partial sums, 8 columns a thread with 16-byte loads (x 16-byte
+ * aligned, M % 8 == 0): a warp reads 256 contiguous columns of a row where
+ * the kernel above reads 32.  Each column's order is the one above (lane ty
+ * sums rows r0 + ty, r0 + ty + 8, ...; the 8 lanes are added in order), so
+ * the bits are the same. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    colsum_partial_vec_kernel(float *part, const T *x, int N, int M, int rows_per_part)
+{
+    __shared__ float sh[8][32 * VN + 1];
+    const int c = (blockIdx.x * 32 + threadIdx.x) * VN, p = blockIdx.y;
+    const int r0 = p * rows_per_part, r1 = min(N, r0 + rows_per_part);
+    float acc[VN] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (c < M)
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            float f[VN];
+            load8(f, x + (size_t)r * M, (size_t)c, (size_t)M, true);
+#pragma unroll
+            for (int j = 0; j < VN; j++) acc[j] += f[j];
+        }
+#pragma unroll
+    for (int j = 0; j < VN; j++) sh[threadIdx.y][threadIdx.x * VN + j] = acc[j];
+    __syncthreads();
+    /* the 256 columns' lane sums by all 256 threads, one column each */
+    const int col = threadIdx.y * 32 + threadIdx.x, cc = blockIdx.x * 32 * VN + col;
+    if (cc < M) {
+        float t = 0.0f;
+        for (int j = 0; j < 8; j++) t += sh[j][col];
+        part[(size_t)p * M + cc] = t;
     }
 }
 
@@ -75,8 +109,12 @@ td_status colsum(td_dtype dt, td_dtype gdt, void *out, const void *x, int N, int
     return dispatch2(dt, gdt, [&](auto tt, auto gt) {
         using T = decltype(tt);
         using G = decltype(gt);
-        colsum_partial_kernel<T><<<dim3((M + 31) / 32, P), dim3(32, 8), 0, s>>>(part, (const T *)x, N, M,
-                                                                              rows_per_part);
+        if (M % VN == 0 && aligned16(x))
+            colsum_partial_vec_kernel<T><<<dim3((M + 32 * VN - 1) / (32 * VN), P), dim3(32, 8), 0, s>>>(
+                part, (const T *)x, N, M, rows_per_part);
+        else
+            colsum_partial_kernel<T><<<dim3((M + 31) / 32, P), dim3(32, 8), 0, s>>>(part, (const T *)x, N, M,
+                                                                                  rows_per_part);
         td_status st = check_launch("bias gradient (partial sums)");
         if (st != TD_OK) return st;
         colsum_final_kernel<G><<<(M + 255) / 256, 256, 0, s>>>((G *)out, part, P, M);

@@ -590,6 +590,41 @@ static void test_matmul(void **state)
     worst_print("matmul");
 }
 
+
+/* The bias gradient's two column-sum kernels (16-byte rows: 8 columns a
+ * thread; else one) sum in the same order: the same bits from dout in an
+ * aligned buffer and in one an element off, for every storage and gradient
+ * type, rows over several partitions and a partial last block of columns. */
+static void test_bias_grad_paths_bit_identical(void **state)
+{
+    (void)state;
+    const int N = 1000, C = 16, OC = 776;
+    td_rng_seed(&F.rng, 111);
+    for (int di = 0; di < N_DTS; di++) {
+        const td_dtype dt = DTS[di];
+        for (int gi = 0; gi < 2; gi++) {
+            const td_dtype gdt = gi ? TD_DTYPE_F32 : dt;
+            float *dout = hrand(dt, (size_t)N * OC, 1.0f), *x = hrand(dt, (size_t)N * C, 1.0f);
+            float *w = hrand(dt, (size_t)OC * C, 0.5f), *b0 = hrand(gdt, OC, 1.0f);
+            void *d_x = up(dt, x, (size_t)N * C), *d_w = up(dt, w, (size_t)OC * C);
+            void *d_dw = up(gdt, hzero((size_t)OC * C), (size_t)OC * C);
+            const size_t sb = td_ops_cuda_matmul_scratch_bytes(N, OC);
+            void *scratch = dmalloc(sb);
+            float *got[2];
+            for (int off = 0; off < 2; off++) {
+                void *d_dout = up_at(dt, dout, (size_t)N * OC, (size_t)off), *d_db = up(gdt, b0, OC);
+                TD_ASSERT_OK(td_ops_cuda_matmul_backward(F.ctx, NULL, d_dw, d_db, d_dout, d_x, d_w, N, C, OC,
+                                                         TD_OPS_CUDA_SET, dt, gdt, scratch, sb, F.s));
+                got[off] = down(gdt, d_db, OC);
+            }
+            if (memcmp(got[0], got[1], (size_t)OC * sizeof(float)) != 0)
+                fail_msg("bias gradient, %s storage, %s grads: the 16-byte and the element column sums differ",
+                         td_dtype_name(dt), td_dtype_name(gdt));
+            reset();
+        }
+    }
+}
+
 /* --- GELU and residual -------------------------------------------------------------- */
 
 static void test_pointwise(void **state)
@@ -1538,6 +1573,7 @@ int main(void)
         cmocka_unit_test(test_encoder),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_bias_grad_paths_bit_identical),
         cmocka_unit_test(test_pointwise),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_gqa),
