@@ -13,6 +13,8 @@ cJSON *td_cli_plan_disk_json(const td_train_config *cfg, const td_train_plan *p,
     cJSON *d = cJSON_CreateObject(), *dirs = cJSON_AddArrayToObject(d, "dirs");
     for (int i = 0; i < cfg->mm.n_disk_dirs; i++) cJSON_AddItemToArray(dirs, cJSON_CreateString(cfg->mm.disk_dirs[i]));
     cJSON_AddNumberToObject(d, "chunks", p->disk_chunks);
+    cJSON_AddNumberToObject(d, "grad_chunks", p->disk_grad_chunks);
+    cJSON_AddNumberToObject(d, "param_chunks", p->disk_param_chunks);
     cJSON_AddNumberToObject(d, "bytes", (double)p->disk_bytes);
     cJSON_AddNumberToObject(d, "free_bytes", (double)p->disk_free_bytes);
     cJSON_AddBoolToObject(d, "fits", p->disk_fits);
@@ -43,9 +45,13 @@ void td_cli_plan_disk_text(FILE *f, const td_train_config *cfg, const td_train_p
     if (!p->disk_chunks) {
         fprintf(f, "  nothing on disk: the host's RAM holds the whole optimizer state\n");
     } else {
-        fprintf(f, "  optimizer chunks   %d of %d on disk: %s (the CPU AdamW's state the host's RAM cannot hold)\n",
-                p->disk_chunks, p->optim_chunks, td_format_bytes(p->disk_bytes, a, sizeof a));
-        fprintf(f, "  bounce sets        %d of %s pinned (in staging above): a chunk's master, m and v while it is updated\n",
+        fprintf(f, "  optimizer chunks   %d of %d on disk (the CPU AdamW's state the host's RAM cannot hold)\n",
+                p->disk_chunks, p->optim_chunks);
+        if (p->disk_grad_chunks || p->disk_param_chunks)
+            fprintf(f, "  grads, params      %d and %d chunks on disk too (the state alone was not enough: each upload of\n"
+                       "                     a param there reads it first)\n", p->disk_grad_chunks, p->disk_param_chunks);
+        fprintf(f, "  scratch file       %s\n", td_format_bytes(p->disk_bytes, a, sizeof a));
+        fprintf(f, "  slots              %d a role, %s pinned for one of each (in staging above): a chunk while it is used\n",
                 p->disk_sets, td_format_bytes(p->disk_set_bytes, b, sizeof b));
         fprintf(f, "  a step             reads %s and writes %s -> %s\n",
                 td_format_bytes((size_t)p->disk_read_bytes_per_step, a, sizeof a),

@@ -429,11 +429,16 @@ static td_status print_start(train_run *r)
             td_format_bytes(r->hplan.host_pageable_bytes, b, sizeof b), td_optim_state_name(cfg->optim.state),
             td_format_bytes(ram, c, sizeof c), src, td_host_heap_source());
     if (r->hplan.disk_chunks) { /* every rank: each has its own directories' files */
-        fprintf(stderr, "tidal train: disk tier: %d of %d optimizer chunks (%s) on disk, %d bounce sets of %s pinned, %s "
-                "read and written a step; %s\n", r->hplan.disk_chunks, r->hplan.optim_chunks,
-                td_format_bytes(r->hplan.disk_bytes, a, sizeof a), r->hplan.disk_sets,
+        char wb[32], more[96] = "";
+        if (r->hplan.disk_grad_chunks || r->hplan.disk_param_chunks)
+            snprintf(more, sizeof more, ", and %d grad and %d param chunks", r->hplan.disk_grad_chunks,
+                     r->hplan.disk_param_chunks);
+        fprintf(stderr, "tidal train: disk tier: %d of %d optimizer chunks%s on disk (%s), %d slots a role (%s pinned "
+                "for one of each), %s read and %s written a step; %s\n", r->hplan.disk_chunks, r->hplan.optim_chunks,
+                more, td_format_bytes(r->hplan.disk_bytes, a, sizeof a), r->hplan.disk_sets,
                 td_format_bytes(r->hplan.disk_set_bytes, b, sizeof b),
                 td_format_bytes((size_t)r->hplan.disk_read_bytes_per_step, c, sizeof c),
+                td_format_bytes((size_t)r->hplan.disk_write_bytes_per_step, wb, sizeof wb),
                 td_memmgr_disk_describe(td_trainer_memmgr(r->t)));
     } else if (cfg->mm.n_disk_dirs && r->lead) {
         fprintf(stderr, "tidal train: --offload-dir: nothing goes to disk (the host's RAM holds the whole state)\n");

@@ -52,9 +52,12 @@ td_status td_memmgr_set_chunk_home(td_memmgr *m, int chunk, td_chunk_home home)
                             m->n_chunks);
     if (home != TD_HOME_HOST && home != TD_HOME_DEVICE && home != TD_HOME_DISK)
         return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d: bad home %d", chunk, (int)home);
-    if (home == TD_HOME_DISK && !mm_is_optim_role(m->chunks[chunk].role))
-        return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d (%s): only optimizer state (master, m, v) is homed on "
-                            "disk", chunk, td_tensor_role_name(m->chunks[chunk].role));
+    td_tensor_role role = m->chunks[chunk].role;
+    if (home == TD_HOME_DISK && !mm_is_optim_role(role) &&
+        ((role != TD_TENSOR_PARAM && role != TD_TENSOR_GRAD) || m->params.shard_ranks > 1))
+        return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d (%s): only optimizer state (master, m, v), params and "
+                            "grads are homed on disk, and with several ranks only optimizer state", chunk,
+                            td_tensor_role_name(role));
     m->chunks[chunk].home = home;
     m->gplan_valid = 0; /* the transient grads follow the optimizer's homes */
     return TD_OK;
@@ -75,6 +78,7 @@ int td_memmgr_chunk_pageable(const td_memmgr *m, int c)
 static int wants_transient(const td_memmgr *m, const mm_chunk *ch)
 {
     if (ch->role != TD_TENSOR_GRAD || m->params.grad_slots <= 0 || m->params.shard_ranks > 1) return 0;
+    if (ch->home == TD_HOME_DISK) return 0; /* its host side is the disk tier's slot */
     if (ch->index >= m->role_count[TD_TENSOR_ADAM_M]) return 0;
     return m->chunks[m->role_first[TD_TENSOR_ADAM_M] + ch->index].home != TD_HOME_DEVICE; /* the CPU AdamW's */
 }
@@ -398,11 +402,15 @@ static td_status place_initial(td_memmgr *m)
         }
         }
         if (m->optim_homes && ch->index < n_optim) {
-            int h = m->optim_homes[ch->index];
-            if (mm_is_optim_role(ch->role)) home = h == TD_HOME_DEVICE ? TD_HOME_DEVICE : h == TD_HOME_DISK ? TD_HOME_DISK
+            int h = m->optim_homes[ch->index], o = h & 3;
+            if (mm_is_optim_role(ch->role)) home = o == TD_HOME_DEVICE ? TD_HOME_DEVICE : o == TD_HOME_DISK ? TD_HOME_DISK
                                                                                                        : TD_HOME_HOST;
-            else if (h == TD_HOME_DEVICE && (ch->role == TD_TENSOR_PARAM || ch->role == TD_TENSOR_GRAD))
+            else if (o == TD_HOME_DEVICE && (ch->role == TD_TENSOR_PARAM || ch->role == TD_TENSOR_GRAD))
                 home = TD_HOME_DEVICE;
+            else if (o != TD_HOME_DEVICE && m->params.shard_ranks <= 1 &&
+                     ((ch->role == TD_TENSOR_PARAM && (h & TD_OPTIM_HOME_PARAM_DISK)) ||
+                      (ch->role == TD_TENSOR_GRAD && (h & TD_OPTIM_HOME_GRAD_DISK))))
+                home = TD_HOME_DISK;
         }
         ch->home = home;
     }
@@ -440,7 +448,7 @@ td_status td_memmgr_layout(td_memmgr *m)
         if (m->n_gslots && wants_transient(m, ch) && td_align_up(ch->host_bytes, TD_HOSTPOOL_ALIGN) <= m->gslot_bytes) {
             ch->transient = 1; /* its host copy: a staging slot, lent at its write-back */
         } else if (ch->home == TD_HOME_DISK) {
-            /* no host copy: a place in the scratch file and a bounce set when used (mm_disk_setup) */
+            /* no host copy: a place in the scratch file and a slot when used (mm_disk_setup) */
         } else if (wants_pageable(ch)) {
             /* Zero pages, untouched: the AdamW thread that updates a page
              * touches it first (NUMA first touch inside the local nodes). */
@@ -540,11 +548,14 @@ static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
 {
     td_event *e0, *e1;
     int tl_index;
-    td_status st = host_of(m, ch, 1);
+    void *host = ch->host;
+    td_status st = ch->on_disk ? mm_disk_copy_begin(m, ch, 1, &host) : host_of(m, ch, 1);
     if (st) return st;
+    if (!ch->on_disk) host = ch->host;
     mm_tl_copy_events(m, &e0, &e1, &tl_index);
-    st = td_copy_submit_timed(m->engine, TD_COPY_D2H, ch->host, ch->dev, ch->host_bytes, &ch->fence, e0, e1,
+    st = td_copy_submit_timed(m->engine, TD_COPY_D2H, host, ch->dev, ch->host_bytes, &ch->fence, e0, e1,
                                         &ch->writeback);
+    if (ch->on_disk) mm_disk_copy_end(m, ch, st ? NULL : &ch->writeback); /* its slot: written once this lands */
     if (st) return st;
     mm_tl_copy(m, MM_TL_WRITEBACK, (int)(ch - m->chunks), tl_index);
     ch->host_ver = ch->dev_ver;
@@ -678,9 +689,21 @@ static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, 
         ch->dev_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
         return TD_OK;
     }
-    if ((st = host_of(m, ch, 0))) return st;
+    void *host = ch->host;
+    if (ch->on_disk) { /* its bytes from disk into its slot (read ahead, or now) */
+        if (prefetch && !mm_disk_chunk_ready(m, ch))
+            return td_error_set(TD_ERR_STATE, "memmgr: chunk %d's read from disk has not landed", (int)(ch - m->chunks));
+        if ((st = mm_disk_copy_begin(m, ch, 0, &host))) return st;
+    } else if ((st = host_of(m, ch, 0))) {
+        return st;
+    } else {
+        host = ch->host;
+    }
     /* The host copy may still be arriving from this chunk's own write-back. */
-    if ((st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->writeback))) return st;
+    if ((st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->writeback))) {
+        if (ch->on_disk) mm_disk_copy_end(m, ch, NULL);
+        return st;
+    }
     td_event *e0 = NULL, *e1 = NULL;
     int tl_index = -1;
     mm_measure *ms = &m->measure;
@@ -691,8 +714,9 @@ static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, 
     } else {
         mm_tl_copy_events(m, &e0, &e1, &tl_index);
     }
-    if ((st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, ch->host, ch->host_bytes, &after, e0, e1, &ch->load)))
-        return st;
+    st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, host, ch->host_bytes, &after, e0, e1, &ch->load);
+    if (ch->on_disk) mm_disk_copy_end(m, ch, st ? NULL : &ch->load); /* its slot is kept until the upload lands */
+    if (st) return st;
     mm_tl_copy(m, MM_TL_LOAD, (int)(ch - m->chunks), tl_index);
     ch->fence = ch->load;
     ch->dev_ver = ch->host_ver;
@@ -983,6 +1007,7 @@ static void set_state(td_memmgr *m, int id, td_tensor_state to)
     ch->pins += (to == TD_TENSOR_COMPUTE) - (t->state == TD_TENSOR_COMPUTE);
     t->state = to;
     drop_spent_slot(m, ch);
+    if (ch->on_disk && ch->n_free == ch->n_tensors) mm_disk_discard(m, ch); /* spent: not worth a write */
 }
 
 /* Distinct chunks of ids, in first-mention order; returns how many. */
@@ -1030,7 +1055,7 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
     for (int i = 0; i < n; i++) {
         const mm_tensor *t = &m->tensors[ids[i]];
         const mm_chunk *ch = &m->chunks[t->chunk];
-        if (ch->on_disk) {
+        if (ch->on_disk && mm_is_optim_role(ch->role)) {
             st = td_error_set(TD_ERR_STATE, "memmgr: device access to '%s' (%s chunk %d): it is homed on disk (the "
                               "CPU AdamW's alone)", t->name, td_tensor_role_name(ch->role), ch->index);
             goto out;
@@ -1211,7 +1236,7 @@ static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
     if ((st = host_of(m, ch, 0))) return st;
     if ((st = td_copy_wait(m->engine, &ch->writeback))) return st;
     if (flags & TD_ACCESS_WRITE) {
-        /* The upload in flight reads this host copy: let it finish first. */
+        /* The upload in flight reads this host copy (or the disk slot): let it finish first. */
         if ((st = td_copy_wait(m->engine, &ch->load))) return st;
         ch->host_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
         offer(m, (int)(ch - m->chunks));
@@ -1248,9 +1273,8 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
         mm_tensor *t = &m->tensors[ids[i]];
         mm_chunk *ch = &m->chunks[t->chunk];
         void *base = ch->host;
-        if (ch->on_disk) st = mm_disk_host_access(m, ch, flags, &base);
-        else st = host_sync(m, ch, flags);
-        if (st) return st;
+        if ((st = host_sync(m, ch, flags))) return st;
+        if (ch->on_disk && (st = mm_disk_host_access(m, ch, flags, &base))) return st;
         host_ptrs[i] = (char *)base + mm_tensor_byte_offset(m, t);
     }
     return TD_OK;
@@ -1264,8 +1288,8 @@ td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, v
     mm_chunk *ch = &m->chunks[chunk];
     for (int j = 0; (flags & TD_ACCESS_WRITE) && j < ch->n_tensors; j++)
         if ((st = check_host_write(m, ch->tensors[j]))) return st;
-    if (ch->on_disk) return mm_disk_host_access(m, ch, flags, host);
     if ((st = host_sync(m, ch, flags))) return st;
+    if (ch->on_disk) return mm_disk_host_access(m, ch, flags, host);
     *host = ch->host;
     return TD_OK;
 }
@@ -1276,13 +1300,18 @@ td_status td_memmgr_chunk_host_peek(td_memmgr *m, int chunk, void **host, td_cop
     if (!m->laid_out || chunk < 0 || chunk >= m->n_chunks)
         return td_error_set(TD_ERR_INVALID, "memmgr: host peek at chunk %d (%d chunks)", chunk, m->n_chunks);
     mm_chunk *ch = &m->chunks[chunk];
-    if (ch->on_disk)
+    if (ch->on_disk && mm_is_optim_role(ch->role))
         return td_error_set(TD_ERR_STATE, "memmgr: host peek at chunk %d ('%s', ...): it is homed on disk; "
                             "td_memmgr_disk_acquire gives it", chunk, m->tensors[ch->tensors[0]].name);
     if (ch->pins)
         return td_error_set(TD_ERR_STATE, "memmgr: host peek at chunk %d ('%s', ...) while it is in COMPUTE on the "
                             "device", chunk, m->tensors[ch->tensors[0]].name);
     if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
+    if (ch->on_disk) { /* its bytes: the disk tier's (td_memmgr_disk_chunk_acquire, after `written`) */
+        *host = NULL;
+        if (written) *written = ch->writeback;
+        return TD_OK;
+    }
     if ((st = host_of(m, ch, 0))) return st;
     if (ch->transient) { /* lent: the reader frees the slot (td_memmgr_grad_consumed) */
         pthread_mutex_lock(&m->gslot_lock);
@@ -1291,6 +1320,19 @@ td_status td_memmgr_chunk_host_peek(td_memmgr *m, int chunk, void **host, td_cop
     }
     *host = ch->host;
     if (written) *written = ch->writeback;
+    return TD_OK;
+}
+
+td_status td_memmgr_chunk_host_written(td_memmgr *m, int chunk)
+{
+    if (!m->laid_out || chunk < 0 || chunk >= m->n_chunks)
+        return td_error_set(TD_ERR_INVALID, "memmgr: host write of chunk %d (%d chunks)", chunk, m->n_chunks);
+    mm_chunk *ch = &m->chunks[chunk];
+    if (ch->pins)
+        return td_error_set(TD_ERR_STATE, "memmgr: host write of chunk %d ('%s', ...) while it is in COMPUTE on the "
+                            "device", chunk, m->tensors[ch->tensors[0]].name);
+    ch->host_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
+    offer(m, chunk);
     return TD_OK;
 }
 

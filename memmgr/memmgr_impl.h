@@ -65,32 +65,46 @@ typedef struct mm_chunk {
     size_t disk_off;
 } mm_chunk;
 
-/* The disk tier (disk.c).  Optimizer chunk k's master, m and v (those homed
- * on disk) move together between the scratch file and a bounce set: pinned
- * buffers, one per role, each the size of that role's largest disk chunk.
- * Role masks: bit 0 master, 1 m, 2 v. */
-typedef struct mm_dset {
-    int k;                      /* optimizer chunk index held (its bytes or a read of them), -1 none */
-    int pins;                   /* users: the CPU AdamW, a host access */
-    unsigned valid, reading;    /* roles whose bytes are here / being read */
-    unsigned dirty, writing;    /* roles newer than the file / being written */
-    void *buf[3];
-    td_dio_ticket rd[3], wr[3];
-} mm_dset;
+/* The disk tier (disk.c).  A chunk homed on disk lives in the scratch file
+ * and, while it is used, in a slot of its role's pool: pinned buffers the
+ * size of the role's largest disk chunk.  A slot's bytes are valid, being
+ * read, dirty (newer than the file) or being written; a device copy may be
+ * reading it (an upload) or writing it (a write-back, which makes it dirty
+ * once it lands). */
+#define MM_DISK_HOLDS 4 /* slots a host access keeps (the driving thread's), oldest let go first */
+typedef struct mm_dslot {
+    int chunk;                  /* the chunk whose bytes it holds (or is reading); -1 none */
+    int pins;                   /* users: the CPU AdamW, a host access, a device copy being issued */
+    int valid, reading, dirty, writing;
+    int copy_busy, copy_dirty;  /* a device copy in flight reads it / writes it (dirty once it lands) */
+    td_copy_ticket copy;
+    td_dio_ticket rd, wr;
+    uint64_t stamp;             /* its last use (the tie-break among victims) */
+    void *buf;
+} mm_dslot;
+
+typedef struct mm_dpool {
+    size_t slot_bytes;          /* 0: no chunk of the role on disk */
+    mm_dslot *slots;
+    int n;
+} mm_dpool;
 
 typedef struct mm_disk {
     td_dio *io;
     td_dio_file *file;
-    size_t file_bytes, role_bytes[3];   /* the file; each set's buffer per role (aligned) */
-    mm_dset *sets;
-    int n_sets;
-    int *order, n_order, *order_pos;    /* the optimizer chunks in the order the AdamW takes them; per k its place */
-    int pos;                            /* the place of the last chunk acquired */
-    int held[2], n_held;                /* sets a host access keeps (the driving thread's), oldest first */
+    size_t file_bytes;
+    mm_dpool pools[TD_TENSOR_ROLE_COUNT];
+    int *order, n_order, *order_pos;    /* optimizer chunk indices in the order the AdamW takes them; per index its place */
+    int n_index;                        /* indices (order_pos's length) */
+    int pos;                            /* the place of the last index acquired */
+    const td_nextuse *nextuse;          /* the manager's, and its position, as the driving thread last saw them */
+    uint64_t mm_pos;
+    int held[MM_DISK_HOLDS], n_held;    /* chunks a host access keeps, oldest first */
+    uint64_t clock;
     pthread_mutex_t lock;
-    pthread_cond_t cond;                /* an I/O ended, or a set came free */
+    pthread_cond_t cond;                /* an I/O or a copy ended, or a slot came free */
     uint64_t read_bytes, write_bytes;
-    double wait_ms;                     /* time acquires waited for reads, writes or a set */
+    double wait_ms;                     /* time users waited for a read, a write or a free slot */
 } mm_disk;
 
 /* The timeline (Chrome / Perfetto JSON): copies and compute ranges timed by
@@ -207,16 +221,29 @@ static inline int mm_is_optim_role(td_tensor_role r)
 
 /* disk.c */
 /* The disk chunks' place in the scratch file, the file, the engine and the
- * bounce sets (at td_memmgr_layout, when a chunk is homed on disk). */
+ * slot pools (at td_memmgr_layout, when a chunk is homed on disk). */
 td_status mm_disk_setup(td_memmgr *m);
 void mm_disk_free(td_memmgr *m);
-/* A host access to disk chunk ch (the driving thread): its bounce set,
- * kept until two later host accesses of other chunks go to disk. */
+/* A host access to disk chunk ch (the driving thread): its slot (read if
+ * need be; for a write, made dirty), kept until MM_DISK_HOLDS later host
+ * accesses have gone to other disk chunks. */
 td_status mm_disk_host_access(td_memmgr *m, mm_chunk *ch, unsigned flags, void **host);
+/* A device copy of a disk chunk (param or grad), on the driving thread:
+ * begin gives the slot to copy from (into = 0: an upload, its bytes read
+ * first) or into (into = 1: a write-back, all of it overwritten); end says
+ * the copy was submitted (ticket), which keeps the slot until it lands (a
+ * write-back's slot then becomes dirty and is written), or not (NULL). */
+td_status mm_disk_copy_begin(td_memmgr *m, mm_chunk *ch, int into, void **host);
+void mm_disk_copy_end(td_memmgr *m, mm_chunk *ch, const td_copy_ticket *ticket);
+/* Whether an upload of disk chunk ch would find its bytes read (no wait). */
+int mm_disk_chunk_ready(td_memmgr *m, const mm_chunk *ch);
 /* Reads ahead while the driving thread works (td_memmgr_access calls it). */
 void mm_disk_pump(td_memmgr *m);
-/* The sets host accesses kept let go (their writes start): at a step's start. */
+/* The slots host accesses kept let go (their writes start). */
 void mm_disk_release_held(td_memmgr *m);
+/* Disk chunk ch holds no payload now (all its tensors FREE): a slot that
+ * nobody uses gives its bytes up unwritten. */
+void mm_disk_discard(td_memmgr *m, mm_chunk *ch);
 
 /* timeline.c: all no-ops when no timeline is open. */
 void mm_tl_copy_events(td_memmgr *m, td_event **start, td_event **end, int *index);

@@ -101,9 +101,10 @@ static void test_memmgr_disk_chunks(void **state)
     assert_true(td_memmgr_chunk_on_disk(m, td_memmgr_role_chunk(m, TD_TENSOR_ADAM_M, 0)));
     assert_false(td_memmgr_chunk_on_disk(m, td_memmgr_role_chunk(m, TD_TENSOR_ADAM_M, 3)));
     assert_false(td_memmgr_chunk_on_disk(m, td_memmgr_role_chunk(m, TD_TENSOR_PARAM, 0)));
-    size_t role[3], file;
-    assert_int_equal(td_memmgr_disk_plan(m, role, &file), 3);
-    assert_int_equal(role[0], td_align_up((2500 + 64 * 7) * 4, 4096));
+    size_t slot[TD_TENSOR_ROLE_COUNT], file;
+    assert_int_equal(td_memmgr_disk_plan(m, slot, &file), 3);
+    assert_int_equal(slot[TD_TENSOR_MASTER], td_align_up((2500 + 64 * 7) * 4, 4096));
+    assert_int_equal(slot[TD_TENSOR_PARAM], 0); /* the params stay on the host */
     assert_true(file >= 3 * 7 * (size_t)2500 * 4);
     assert_int_equal(count_files(dir_a), 1); /* the lock file: the data file has no name */
     assert_non_null(strstr(td_memmgr_disk_describe(m), dir_a));
@@ -272,6 +273,95 @@ static void test_disk_losses_bit_identical(void **state)
     assert_int_equal(td_host_live_allocs(), live);
 }
 
+static td_status steps(td_trainer *t, td_test_batches *b, int n, double *losses);
+
+/* A wider model, and a RAM figure so small that after the whole optimizer
+ * state, grads (`grads`) or params (`params`) go to disk too. */
+static td_train_config with_disk_pg(td_train_config c, int want_grads, int want_params, td_train_plan *out)
+{
+    td_train_plan all, p;
+    TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &all));
+    c.mm.disk_dirs = dirs;
+    c.mm.n_disk_dirs = 2;
+    c.mm.disk_sets = 3;
+    c.host_pin_limit = 2 * all.host_bytes;
+    size_t ram = all.host_bytes - all.host_pageable_state_bytes;
+    for (int i = 0; i < 200; i++, ram -= 256 * 1024) {
+        c.host_ram = ram;
+        TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
+        if (p.host_bytes > ram) continue;
+        if ((!want_grads || p.disk_grad_chunks > 0) && (!want_params || p.disk_param_chunks > 0)) break;
+    }
+    if (p.host_bytes > c.host_ram || (want_grads && !p.disk_grad_chunks) || (want_params && !p.disk_param_chunks))
+        fail_msg("no RAM figure puts %s on disk (optimizer %d, grads %d, params %d of %d chunks; host %zu of %zu)",
+                 want_params ? "params" : "grads", p.disk_chunks, p.disk_grad_chunks, p.disk_param_chunks,
+                 p.optim_chunks, p.host_bytes, c.host_ram);
+    assert_int_equal(p.disk_chunks, p.optim_chunks); /* the state went first, all of it */
+    *out = p;
+    return c;
+}
+
+/* Grads (clipping, two micro-batches: every grad keeps a copy) and then
+ * params on disk too: the same losses, bit for bit, with the AdamW on its
+ * thread and without; uploads read params from the disk, write-backs land
+ * in grad slots. */
+static void test_disk_params_and_grads(void **state)
+{
+    enum { STEPS = 3 };
+    td_train_config c = small_config();
+    c.model.n_embd = 192;
+    c.model.n_head = 4;
+    c.mm.min_chunk_numel = 16384;
+    c.mm.max_chunk_numel = 65536;
+    c.optim.max_grad_norm = 1.0;
+    c.grad_accum = 2;
+    struct { int grads, params, adam_thread; const char *what; } cases[] = {
+        {1, 0, -1, "grads on disk, driving thread"},
+        {0, 1, 1, "params on disk, AdamW thread"},
+        {0, 1, -1, "params on disk, driving thread"},
+    };
+    size_t live = td_host_live_allocs();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        td_train_config base = c;
+        base.adam_thread = cases[i].adam_thread;
+        double ref[STEPS], got[STEPS];
+        td_test_train(&base, STEPS, 11, ref, NULL);
+        td_train_plan p;
+        td_train_config d = with_disk_pg(base, cases[i].grads, cases[i].params, &p);
+        td_memmgr_stats st;
+        td_test_train(&d, STEPS, 11, got, &st);
+        expect_same(got, ref, STEPS, cases[i].what);
+        assert_true(st.disk_read_bytes > 0 && st.disk_write_bytes > 0);
+        print_message("%s: optimizer %d, grads %d, params %d of %d chunks on disk; %llu bytes read, %llu written\n",
+                      cases[i].what, p.disk_chunks, p.disk_grad_chunks, p.disk_param_chunks, p.optim_chunks,
+                      (unsigned long long)st.disk_read_bytes, (unsigned long long)st.disk_write_bytes);
+        if (cases[i].params) { /* a checkpoint of it (params loaded into their disk slots, state streamed
+                                  out) continues without the tier as the run without it */
+            char ck[400];
+            snprintf(ck, sizeof ck, "%s/ckpt_pg", tmp_root);
+            td_trainer *t;
+            td_test_batches b = td_test_batches_of(&d, 11);
+            TD_ASSERT_OK(td_trainer_create(&d, &t));
+            double two[2];
+            TD_ASSERT_OK(steps(t, &b, 2, two));
+            expect_same(two, ref, 2, "before the save");
+            TD_ASSERT_OK(td_trainer_save(t, ck, 1, NULL));
+            td_trainer_destroy(t);
+            for (int into = 0; into < 2; into++) { /* into a run without the tier, and one with it */
+                td_test_batches b2 = b;
+                TD_ASSERT_OK(td_trainer_create(into ? &d : &base, &t));
+                TD_ASSERT_OK(td_trainer_load(t, ck, 1, NULL));
+                double last;
+                TD_ASSERT_OK(steps(t, &b2, 1, &last));
+                expect_same(&last, ref + 2, 1, into ? "resumed with the tier" : "resumed without it");
+                td_trainer_destroy(t);
+            }
+        }
+        assert_int_equal(count_files(dir_a), 0);
+    }
+    assert_int_equal(td_host_live_allocs(), live);
+}
+
 static td_status steps(td_trainer *t, td_test_batches *b, int n, double *losses)
 {
     for (int s = 0; s < n; s++) {
@@ -417,6 +507,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memmgr_disk_chunks),
         cmocka_unit_test(test_disk_losses_bit_identical),
+        cmocka_unit_test(test_disk_params_and_grads),
         cmocka_unit_test(test_disk_checkpoint_round_trip),
         cmocka_unit_test(test_disk_faults_fail_cleanly),
         cmocka_unit_test(test_disk_room),

@@ -525,9 +525,13 @@ void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const
                       (r->gflops * 1e9) * 1e3;
         if (fwd < window) window = fwd;
     }
-    /* The disk's reads and writes run beside the CPU AdamW, which waits for
-     * each chunk's read: the AdamW's stretch is the longer of the two. */
-    double stretch = out->disk_ms > out->adam_ms ? out->disk_ms : out->adam_ms;
+    /* The disk's reads and writes of the state (and of the last grads, and
+     * the new params) run beside the CPU AdamW, which waits for each chunk's
+     * read: the AdamW's stretch is the longer of the two.  The rest (the
+     * params' reads for the uploads, the grads of the earlier micro-batches)
+     * spreads over the step: in the disk term alone. */
+    double beside = disk_bytes > 0 ? out->disk_ms * p->disk_stream_bytes_per_step / disk_bytes : 0;
+    double stretch = beside > out->adam_ms ? beside : out->adam_ms;
     out->exposed_adam_ms = stretch > window ? stretch - window : 0;
     out->bound_ms = out->compute_ms + out->exposed_adam_ms;
     if (out->disk_ms > out->bound_ms) out->bound_ms = out->disk_ms;

@@ -57,11 +57,11 @@ static td_status replay(td_memmgr *mm, const td_train_config *cfg, size_t slab_b
     size_t slot_bytes;
     int slots = td_memmgr_grad_slots(mm, &slot_bytes); /* the transient grads' staging, after the chunks */
     for (int i = 0; i < slots; i++) TD_TRY(td_hostpool_alloc(pool, slot_bytes, TD_ROLE_STAGING, &ignored));
-    size_t role[3];
-    int sets = td_memmgr_disk_plan(mm, role, NULL); /* the disk tier's bounce sets, after them */
-    for (int i = 0; i < sets; i++)
-        for (int r = 0; r < 3; r++)
-            if (role[r]) TD_TRY(td_hostpool_alloc(pool, role[r], TD_ROLE_STAGING, &ignored));
+    size_t disk_slot[TD_TENSOR_ROLE_COUNT];
+    int dslots = td_memmgr_disk_plan(mm, disk_slot, NULL); /* the disk tier's slot pools, after them */
+    for (int p = 0; p < TD_TRAIN_DISK_POOLS; p++)
+        for (int i = 0; disk_slot[td_train_disk_pool_roles[p]] && i < dslots; i++)
+            TD_TRY(td_hostpool_alloc(pool, disk_slot[td_train_disk_pool_roles[p]], TD_ROLE_STAGING, &ignored));
     size_t staging[TD_TRAIN_STAGING];
     td_train_staging_sizes(cfg, staging);
     for (int i = 0; i < TD_TRAIN_STAGING; i++) TD_TRY(td_hostpool_alloc(pool, staging[i], TD_ROLE_STAGING, &ignored));
@@ -81,17 +81,17 @@ size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
     enum { SIZES = 4 };
     size_t total = 0, sizes[SIZES] = {0};
     int n = td_memmgr_chunk_count(mm), n_sizes = 0;
-    size_t slot_bytes, role[3];
-    int slots = td_memmgr_grad_slots(mm, &slot_bytes), sets = td_memmgr_disk_plan(mm, role, NULL);
-    /* Every pinned chunk copy, the transient grads' slots, the disk tier's bounce buffers. */
-    for (int c = 0; c < n + slots + 3 * sets; c++) {
+    size_t slot_bytes, disk_slot[TD_TENSOR_ROLE_COUNT];
+    int slots = td_memmgr_grad_slots(mm, &slot_bytes), dslots = td_memmgr_disk_plan(mm, disk_slot, NULL);
+    /* Every pinned chunk copy, the transient grads' slots, the disk tier's slots. */
+    for (int c = 0; c < n + slots + TD_TRAIN_DISK_POOLS * dslots; c++) {
         size_t b;
         if (c < n) {
             if (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c) || td_memmgr_chunk_on_disk(mm, c))
                 continue;
             b = td_memmgr_chunk_bytes(mm, c);
         } else {
-            b = c < n + slots ? slot_bytes : role[(c - n - slots) % 3];
+            b = c < n + slots ? slot_bytes : disk_slot[td_train_disk_pool_roles[(c - n - slots) / dslots]];
         }
         if (!b) continue;
         b = td_align_up(b, TD_HOSTPOOL_ALIGN);
@@ -130,7 +130,7 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
     sizes[3] = (size_t)cfg->model.padded_vocab_size * sizeof(float); /* h_row */
 }
 
-td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, const uint8_t *on_disk)
+td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, const uint8_t *marks)
 {
     /* As td_train_place_optimizer gives them to the trainer's layout: the
      * GPU AdamW's chunks (master, m, v) on the device, pinned; the CPU
@@ -145,9 +145,21 @@ td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, c
             if (order[j] >= n) continue;  /* a role of no chunks: fp32 params are their own master */
             TD_TRY(td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], order[j]), TD_HOME_DEVICE));
         }
-        for (int k = 0; on_disk && k < n; k++) /* the disk tier's (diskplan.c) */
-            if (on_disk[k]) TD_TRY(td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], k), TD_HOME_DISK));
+        for (int k = 0; marks && k < n; k++) /* the disk tier's (diskplan.c) */
+            if (marks[k] & TD_TRAIN_DISK_OPTIM)
+                TD_TRY(td_memmgr_set_chunk_home(mm, td_memmgr_role_chunk(mm, roles[r], k), TD_HOME_DISK));
     }
+    /* Params and grads the disk tier takes; those a previous set of marks
+     * took come back to the host. */
+    static const struct { td_tensor_role role; uint8_t mark; } pg[2] = {{TD_TENSOR_GRAD, TD_TRAIN_DISK_GRAD},
+                                                                       {TD_TENSOR_PARAM, TD_TRAIN_DISK_PARAM}};
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < td_memmgr_role_chunk_count(mm, pg[i].role); k++) {
+            int c = td_memmgr_role_chunk(mm, pg[i].role, k);
+            int want = marks && (marks[k] & pg[i].mark);
+            if (want) TD_TRY(td_memmgr_set_chunk_home(mm, c, TD_HOME_DISK));
+            else if (td_memmgr_chunk_home(mm, c) == TD_HOME_DISK) TD_TRY(td_memmgr_set_chunk_home(mm, c, TD_HOME_HOST));
+        }
 cleanup:
     return st;
 }

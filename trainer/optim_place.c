@@ -206,13 +206,14 @@ cleanup:
     return st;
 }
 
-td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks, int disk_chunks)
+td_status td_train_place_optimizer(td_trainer *t, const td_train_plan *plan)
 {
-    int n = 0;
+    int n = 0, gpu_chunks = plan->optim_gpu_chunks;
     td_status st = td_train_optim_homes(&t->cfg, gpu_chunks, &t->optim_on_gpu, &n);
     if (st) return st;
     t->gpu_opt = gpu_chunks < n ? gpu_chunks : n;
-    if (disk_chunks <= 0) return td_memmgr_set_optim_homes(t->mm, t->optim_on_gpu, n);
+    int counts[3] = {plan->disk_chunks, plan->disk_grad_chunks, plan->disk_param_chunks};
+    if (counts[0] + counts[1] + counts[2] <= 0) return td_memmgr_set_optim_homes(t->mm, t->optim_on_gpu, n);
     /* The disk tier's chunks, picked as the plan picked them, on a planned
      * layout of the same registrations. */
     td_train_ordered o;
@@ -223,11 +224,15 @@ td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks, int disk_chunk
         return td_error_set(TD_ERR_NOMEM, "optimizer placement of %d chunks", n);
     }
     if (!(st = td_train_ordered_make(&t->cfg, &o))) {
-        st = td_train_disk_pick(o.mm, t->optim_on_gpu, n, disk_chunks, t->optim_on_disk);
+        st = td_train_disk_pick(&t->cfg, o.mm, t->optim_on_gpu, n, counts, t->optim_on_disk);
         td_train_ordered_free(&o);
     }
-    for (int k = 0; k < n; k++)
-        homes[k] = t->optim_on_gpu[k] ? TD_HOME_DEVICE : t->optim_on_disk[k] ? TD_HOME_DISK : TD_HOME_HOST;
+    for (int k = 0; k < n; k++) {
+        uint8_t d = t->optim_on_disk[k];
+        homes[k] = t->optim_on_gpu[k] ? TD_HOME_DEVICE : (d & TD_TRAIN_DISK_OPTIM) ? TD_HOME_DISK : TD_HOME_HOST;
+        if (d & TD_TRAIN_DISK_GRAD) homes[k] |= TD_OPTIM_HOME_GRAD_DISK;
+        if (d & TD_TRAIN_DISK_PARAM) homes[k] |= TD_OPTIM_HOME_PARAM_DISK;
+    }
     if (!st) st = td_memmgr_set_optim_homes(t->mm, homes, n);
     td_free(homes);
     return st;

@@ -265,10 +265,11 @@ td_status td_train_plan_print_layout(const td_train_config *cfg, const td_train_
     TD_TRY(td_train_ordered_make(&c, &o));
     {
         int n = td_memmgr_role_chunk_count(o.mm, TD_TENSOR_PARAM);
+        int counts[3] = {p->disk_chunks, p->disk_grad_chunks, p->disk_param_chunks};
         uint8_t *marks = td_calloc(2 * ((size_t)n + 1), 1, TD_ROLE_META);
         if (!marks) TD_FAIL(TD_ERR_NOMEM, "the layout of %d chunks", n);
         for (int j = 0; j < p->optim_gpu_chunks && j < n; j++) marks[o.order[j]] = 1;
-        st = td_train_disk_pick(o.mm, marks, n, p->disk_chunks, marks + n + 1);
+        st = td_train_disk_pick(&c, o.mm, marks, n, counts, marks + n + 1);
         if (!st) st = td_train_host_homes(o.mm, o.order, p->optim_gpu_chunks, marks + n + 1); /* the trainer's homes */
         td_free(marks);
         if (st) goto cleanup;

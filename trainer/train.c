@@ -318,7 +318,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     t->setup.backend_ms = lap(&mark);
     TD_TRY(register_tensors(t));
     /* host-homed state: pageable (memmgr.h); the disk tier's on disk */
-    TD_TRY(td_train_place_optimizer(t, plan.optim_gpu_chunks, plan.disk_chunks));
+    TD_TRY(td_train_place_optimizer(t, &plan));
     TD_TRY(td_memmgr_layout(t->mm));
     t->setup.pin_ms = lap(&mark);
     TD_TRY(td_train_first_touch(t->mm, cfg, t->topo));
@@ -851,7 +851,10 @@ static td_status begin_step(td_trainer *t, td_grad_stats *global, td_optim_step 
 /* Whether param chunk k's optimizer lives on the GPU (optim_place.c). */
 static int chunk_on_gpu(const td_trainer *t, int k) { return t->optim_on_gpu && t->optim_on_gpu[k]; }
 /* Whether its state lives on disk (the disk tier: diskplan.c). */
-static int chunk_on_disk(const td_trainer *t, int k) { return t->optim_on_disk && t->optim_on_disk[k]; }
+static int chunk_on_disk(const td_trainer *t, int k)
+{
+    return t->optim_on_disk && (t->optim_on_disk[k] & TD_TRAIN_DISK_OPTIM);
+}
 
 /* The disk tier reads ahead in the order the CPU AdamW takes the chunks:
  * as their grads land in the backward (the last chunk first) when nothing
@@ -1063,18 +1066,24 @@ static td_status job_make(td_trainer *t, int k, const td_adam_coeffs *c, int sta
     if (!*has) return TD_OK; /* a rank past the end of a small chunk */
     char *p, *g;
     void *m = NULL, *v = NULL, *master;
-    j->disk = chunk_on_disk(t, k); /* master, m, v: read from disk when the job runs (job_run) */
-    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads));
+    /* What lives on disk is read when the job runs (job_run): master, m, v;
+     * the grads (after their write-back lands in their slot); the params. */
+    j->disk = chunk_on_disk(t, k);
+    j->grads_disk = td_memmgr_chunk_on_disk(mm, gc) ? gc : -1;
+    j->params_disk = td_memmgr_chunk_on_disk(mm, pc) ? pc : -1;
+    j->offset = b;
+    TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads)); /* NULL on disk: its write-back's ticket */
     TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
     if (!j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
     if (!j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
-    master = p + b * sizeof(float); /* fp32 params are the master (whole on every rank) */
-    if (sc >= 0) master = NULL;
+    j->master_is_params = sc < 0;
+    master = p && sc < 0 ? p + b * sizeof(float) : NULL; /* fp32 params are the master (whole on every rank) */
     if (sc >= 0 && !j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
     /* The new params go straight into the param chunk's pinned host copy,
      * which the next step uploads. */
-    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g + b * td_dtype_bytes(t->gdt),
-                             .grad_dtype = (td_optim_dtype)t->gdt, .param_out = p + b * td_dtype_bytes(t->dt),
+    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g ? g + b * td_dtype_bytes(t->gdt) : NULL,
+                             .grad_dtype = (td_optim_dtype)t->gdt,
+                             .param_out = p ? p + b * td_dtype_bytes(t->dt) : NULL,
                              .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
     j->c = c;
     j->stats = stats;
@@ -1089,7 +1098,7 @@ cleanup:
 static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
 {
     td_status st = TD_OK;
-    int acquired = 0;
+    int acquired = 0, grads_held = 0, params_held = 0;
     TD_TRY(td_copy_wait(t->engine, &j->grads));
     TD_TRY(td_copy_wait(t->engine, &j->params));
     j->landed_ms = j->state_ms = td_now_ms();
@@ -1100,8 +1109,22 @@ static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
         if (h[0]) j->ch.master = h[0];
         j->ch.m = h[1];
         j->ch.v = h[2];
-        j->state_ms = td_now_ms();
     }
+    if (j->grads_disk >= 0) { /* in the slot their write-back landed in, or read back */
+        void *g;
+        TD_TRY(td_memmgr_disk_chunk_acquire(t->mm, j->grads_disk, TD_DISK_READ, &g));
+        grads_held = 1;
+        j->ch.grad = (char *)g + j->offset * td_dtype_bytes(t->gdt);
+    }
+    if (j->params_disk >= 0) { /* overwritten whole, unless they are the master too (read, then written) */
+        void *p;
+        TD_TRY(td_memmgr_disk_chunk_acquire(t->mm, j->params_disk,
+                                            j->master_is_params || t->ranks > 1 ? TD_DISK_MODIFY : TD_DISK_OVERWRITE, &p));
+        params_held = 1;
+        j->ch.param_out = (char *)p + j->offset * td_dtype_bytes(t->dt);
+        if (j->master_is_params) j->ch.master = (float *)p + j->offset;
+    }
+    if (j->disk || j->grads_disk >= 0 || j->params_disk >= 0) j->state_ms = td_now_ms();
     if (j->stats) {
         td_grad_stats s = {0};
         TD_TRY(td_adam_cpu_grad_stats(cpu, j->ch.grad, j->ch.grad_dtype, j->ch.numel, &s));
@@ -1109,9 +1132,14 @@ static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
     }
     TD_TRY(td_train_adam_chunk_cpu(t, cpu, k, j->c, &j->ch));
     if (acquired) st = td_memmgr_disk_release(t->mm, k, 1); /* its write starts beside the next update */
-    acquired = 0;
+    if (params_held && !st) st = td_memmgr_disk_chunk_release(t->mm, j->params_disk, 1);
+    if (grads_held && !st) st = td_memmgr_disk_chunk_release(t->mm, j->grads_disk, 0);
+    acquired = params_held = grads_held = 0;
 cleanup:
-    if (acquired) (void)td_memmgr_disk_release(t->mm, k, 0); /* the update did not run: nothing to write */
+    /* the update did not run: nothing to write */
+    if (acquired) (void)td_memmgr_disk_release(t->mm, k, 0);
+    if (params_held) (void)td_memmgr_disk_chunk_release(t->mm, j->params_disk, 0);
+    if (grads_held) (void)td_memmgr_disk_chunk_release(t->mm, j->grads_disk, 0);
     return st;
 }
 
@@ -1126,7 +1154,11 @@ static td_status job_record(td_trainer *t, int k)
     for (int r = 0; r < 4; r++) {
         int ch = td_memmgr_role_chunk(mm, written[r], k);
         void *x;
-        if (ch < 0 || td_memmgr_chunk_on_disk(mm, ch)) continue; /* no MASTER: fp32 params; on disk: written there */
+        if (ch < 0) continue; /* no MASTER: fp32 params */
+        if (td_memmgr_chunk_on_disk(mm, ch)) { /* written in its disk slot: the device copy of params goes stale */
+            if (written[r] == TD_TENSOR_PARAM) TD_TRY(td_memmgr_chunk_host_written(mm, ch));
+            continue;
+        }
         TD_TRY(td_memmgr_chunk_host_access(mm, ch, TD_ACCESS_WRITE, &x));
     }
 cleanup:
@@ -1428,6 +1460,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
                                           td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &part));
             t->h_sumsq[i] = part.sumsq;
         }
+        td_memmgr_disk_release_held(mm); /* grads on disk this loop kept: the AdamW takes them next */
         TD_TRY(gather_device_sumsq(t, chunks));
         global = merge_sumsq(t, chunks);
         TD_TRY(begin_step(t, &global, os));

@@ -70,7 +70,7 @@ struct td_trainer {
      * (optim_place.c): optim_on_gpu[k] for param chunk k; gpu_opt: how many. */
     int gpu_opt;
     uint8_t *optim_on_gpu;
-    uint8_t *optim_on_disk;            /* optim_on_disk[k]: param chunk k's optimizer state on disk (NULL: none) */
+    uint8_t *optim_on_disk;            /* optim_on_disk[k]: what of param chunk k is on disk, TD_TRAIN_DISK_* (NULL: none) */
     double *h_sumsq;                   /* per chunk grad sumsq: [0, chunks) host, [chunks, 2 chunks) device */
     int *group, *group_start;          /* model tensors of each param chunk: group[group_start[k] ..) */
     void **ptrs;                       /* scratch for access pointers */
@@ -124,6 +124,9 @@ typedef struct td_adam_job {
     int stats;
     int consumes;     /* the grads are transient: their staging slot is freed after */
     int disk;         /* its master, m and v live on disk: acquired from the disk tier when it runs */
+    int grads_disk, params_disk; /* its grad / param chunk when that lives on disk too (acquired then), else -1 */
+    int master_is_params;        /* fp32 params: the master is the param chunk */
+    size_t offset;               /* elements: where this rank's shard starts in the chunk (0 on one rank) */
     double landed_ms; /* when its run found the grads and params landed (td_now_ms) */
     double state_ms;  /* and its state read from disk (landed_ms when none of it is there) */
 } td_adam_job;
@@ -220,23 +223,33 @@ td_status td_train_optim_homes(const td_train_config *cfg, int gpu, uint8_t **on
 /* The trainer's placement, before its layout: t->optim_on_gpu, t->gpu_opt,
  * t->optim_on_disk (disk_chunks of them, td_train_disk_pick) and the
  * memmgr's optimizer homes. */
-td_status td_train_place_optimizer(td_trainer *t, int gpu_chunks, int disk_chunks);
+td_status td_train_place_optimizer(td_trainer *t, const td_train_plan *plan);
 /* ---- the host side (hostplan.c) ---- */
 #define TD_TRAIN_STAGING 4
 /* The pinned staging buffers the trainer takes, in order (alloc_activations). */
 void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING]);
 /* The pinned pool's slab size for the pinned chunk copies of a planned layout. */
 size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg);
-/* The optimizer homes td_train_place_optimizer gives the trainer's layout
- * (the first gpu_chunks of the slack order on the device, those marked in
- * on_disk (NULL: none) on disk, the rest on the host: pageable), set on a
- * planned layout for the host plan (order: its td_train_optim_order). */
-td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, const uint8_t *on_disk);
+/* The homes td_train_place_optimizer gives the trainer's layout (the first
+ * gpu_chunks of the slack order's optimizer state on the device, the
+ * chunks of td_train_disk_pick's marks (NULL: none) on disk, the rest of
+ * the optimizer state on the host: pageable), set on a planned layout for
+ * the host plan (order: its td_train_optim_order). */
+td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, const uint8_t *marks);
 /* ---- the disk tier (diskplan.c) ---- */
-/* on_disk[k] (n param chunks) for the `count` optimizer chunks the disk
- * tier takes, of those not on_gpu (NULL: none): spread evenly over the
- * chunks of the common size, then the larger ones. */
-td_status td_train_disk_pick(td_memmgr *mm, const uint8_t *on_gpu, int n, int count, uint8_t *on_disk);
+/* The roles of the disk tier's slot pools, in the order the layout takes
+ * them (memmgr.h, td_memmgr_disk_plan). */
+#define TD_TRAIN_DISK_POOLS 5
+extern const td_tensor_role td_train_disk_pool_roles[TD_TRAIN_DISK_POOLS];
+/* marks[k] (n param chunks) for the chunks the disk tier takes of each
+ * kind: counts[0] optimizer chunks (of those not on_gpu, NULL: none),
+ * counts[1] grad chunks, counts[2] param chunks, each spread evenly over
+ * the chunks of the common size, then the larger ones. */
+#define TD_TRAIN_DISK_OPTIM 1u
+#define TD_TRAIN_DISK_GRAD 2u
+#define TD_TRAIN_DISK_PARAM 4u
+td_status td_train_disk_pick(const td_train_config *cfg, td_memmgr *mm, const uint8_t *on_gpu, int n,
+                             const int counts[3], uint8_t *marks);
 /* The plan's disk_* fields, and its host_* fields with the chunks on disk
  * that make the host fit (its homes set on mm: gpu chunks of the slack
  * order on the device); after td_train_host_plan without any. */

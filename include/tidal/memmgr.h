@@ -102,8 +102,9 @@ td_status td_placement_parse(const char *name, td_placement *out);
 typedef enum td_chunk_home {
     TD_HOME_HOST,    /* loaded for use, evictable */
     TD_HOME_DEVICE,  /* resident from first use on, never evicted */
-    TD_HOME_DISK,    /* optimizer state only: in a scratch file under params.disk_dirs, read into a bounce set
-                        while the CPU AdamW (or a host access) uses it (see "The disk tier" below) */
+    TD_HOME_DISK,    /* in a scratch file under params.disk_dirs, read into a slot while it is used (the CPU AdamW,
+                        an upload, a host access): optimizer state, and params and grads when not sharded
+                        (see "The disk tier" below) */
 } td_chunk_home;
 
 #define TD_ACCESS_READ  0u
@@ -153,7 +154,7 @@ typedef struct td_memmgr_params {
      * striped over these directories (copied at create; diskio.h). */
     const char *const *disk_dirs;
     int n_disk_dirs;
-    int disk_sets;                           /* bounce sets (default 4, at least 3) */
+    int disk_sets;                           /* slots a role (pinned buffers; default 4, at least 3) */
     int disk_buffered;                       /* 1: through the page cache (default: O_DIRECT where the filesystem
                                                 has it, else the page cache, said in td_memmgr_disk_describe) */
     td_dio_method disk_method;               /* io_uring or threads (default auto) */
@@ -192,11 +193,14 @@ td_status td_memmgr_register(td_memmgr *m, const char *name, size_t numel, td_dt
  * on_device[i] is TD_HOME_DEVICE (1; then param and grad chunk i are too: a
  * GPU optimizer updates them there, so its grads never go down and its
  * params never come up), on disk when it is TD_HOME_DISK (2), else (0) on
- * the host, under every placement policy; AUTO's after-warm-up placement
+ * the host, under every placement policy; or'ed with
+ * TD_OPTIM_HOME_GRAD_DISK / _PARAM_DISK, grad / param chunk i on disk too; AUTO's after-warm-up placement
  * leaves optimizer chunks alone.  n: each optimizer role's chunk count as
  * the layout makes it (a planning manager with the same registrations gives
  * it); the layout fails otherwise.  Copied. */
 td_status td_memmgr_set_optim_homes(td_memmgr *m, const uint8_t *on_device, int n);
+#define TD_OPTIM_HOME_GRAD_DISK 4u
+#define TD_OPTIM_HOME_PARAM_DISK 8u
 /* A role whose chunks hold their elements in a format of their own (an
  * optimizer state quantized in blocks, say): a chunk of `numel` elements of
  * this role takes bytes_of(numel, ctx) bytes.  The packing is in elements as
@@ -330,45 +334,65 @@ enum { TD_TIMELINE_HOST_TRACKS = 4 };
 td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, double t0_ms, double t1_ms, const char *name, ...)
     __attribute__((format(printf, 5, 6)));
 /* ---- the disk tier ----------------------------------------------------------------
- * Optimizer chunks homed on TD_HOME_DISK (td_memmgr_set_chunk_home between
- * td_memmgr_plan_layout and td_memmgr_layout; chunk i of MASTER, ADAM_M and
- * ADAM_V together) have no host copy of their own: td_memmgr_layout places
- * them in one scratch file striped over params.disk_dirs (diskio.h:
- * O_DIRECT, preallocated, unnamed, a lock file beside it) and takes
- * params.disk_sets bounce sets of pinned buffers.  A user acquires
- * optimizer chunk i: its disk chunks are read into a set (a chunk never
- * written reads as zeros without I/O), and after the update released,
- * which starts the write of what it changed.  The manager reads ahead, into
- * the sets no one uses, the next chunks in the order td_memmgr_disk_set_order
- * gives (the AdamW's), taking first the set whose chunk comes back last; it
- * does so on every acquire, release and device access, so the drive keeps
- * reading while the AdamW and the GPU work.  td_memmgr_host_access and
- * td_memmgr_chunk_host_access work on disk chunks too: the chunk's set is
- * kept until two later host accesses have gone to other disk chunks, so a
- * caller may hold the pointers of two chunks at once (a checkpoint streams
- * through them).  An I/O error fails the call that meets it with the
- * engine's message (the directory, the file, the error); it stays failed.
- * acquire, release, ready and flush are thread-safe. */
+ * Chunks homed on TD_HOME_DISK (td_memmgr_set_chunk_home between
+ * td_memmgr_plan_layout and td_memmgr_layout, or td_memmgr_set_optim_homes)
+ * have no host copy of their own: td_memmgr_layout places them in one
+ * scratch file striped over params.disk_dirs (diskio.h: O_DIRECT,
+ * preallocated, unnamed, a lock file beside it) and takes, for each role
+ * with chunks there, a pool of params.disk_sets slots (pinned buffers the
+ * size of the role's largest disk chunk).  A chunk is read into a slot when
+ * it is used (a chunk never written reads as zeros without I/O) and
+ * written back from it when it changed.  Optimizer state (master, m, v) is
+ * the CPU AdamW's alone: it acquires optimizer chunk i (all three) and
+ * releases it after the update, which starts the writes.  Params and grads
+ * also cross PCIe: an upload reads the param chunk into its slot first (a
+ * prefetch waits for that read to land), a write-back lands in the grad
+ * chunk's slot and is written from there; the CPU AdamW acquires them per
+ * chunk (td_memmgr_disk_chunk_acquire).  Not with params.shard_ranks > 1
+ * (only optimizer state there).  The manager reads ahead, into the slots
+ * no one uses, the next optimizer chunks in the order
+ * td_memmgr_disk_set_order gives (the AdamW's) and the params of the next
+ * accesses by its next-use table, taking first the slot whose chunk comes
+ * back last; it does so on every acquire, release and device access, so
+ * the drive keeps reading while the AdamW and the GPU work.
+ * td_memmgr_host_access and td_memmgr_chunk_host_access work on disk chunks
+ * too: the slot is kept (or td_memmgr_disk_release_held, or the next
+ * step) until later host accesses to other disk chunks need it: a caller
+ * may use the pointers of up to four chunks at once, and of as many of one
+ * role as its pool has slots but one (a checkpoint streams through them).  An I/O error fails the call that
+ * meets it with the engine's message (the directory, the file, the error);
+ * it stays failed.  acquire, release, ready and flush are thread-safe. */
 int td_memmgr_chunk_on_disk(const td_memmgr *m, int chunk);
 /* The disk tier as laid out (or, on a planning manager, as it would be):
- * its bounce sets (the count returned; 0: no chunk on disk), each set's
- * pinned buffers by role (master, m, v: the role's largest disk chunk, 0
- * for a role with none; each set allocates them in that order after the
- * staging slots of the transient grads), and the scratch file's bytes
- * (each disk chunk rounded up to 4 KiB).  Either pointer may be NULL. */
-int td_memmgr_disk_plan(const td_memmgr *m, size_t role_bytes[3], size_t *file_bytes);
+ * the slots of each pool (the count returned; 0: no chunk on disk), each
+ * slot's pinned bytes by role (0 for a role with no disk chunk; the pools
+ * are allocated after the staging slots of the transient grads, roles
+ * PARAM, GRAD, MASTER, ADAM_M, ADAM_V in turn), and the scratch file's
+ * bytes (each disk chunk rounded up to 4 KiB).  Either pointer may be NULL. */
+int td_memmgr_disk_plan(const td_memmgr *m, size_t slot_bytes[TD_TENSOR_ROLE_COUNT], size_t *file_bytes);
 /* The optimizer chunk indices in the order their users take them, for the
  * read-ahead (default: ascending). */
 td_status td_memmgr_disk_set_order(td_memmgr *m, const int *index, int n);
-/* Optimizer chunk `index`'s disk chunks in a bounce set (waits for their
- * reads): host[0] master, host[1] m, host[2] v; NULL for a role of the
- * index not on disk.  Held until td_memmgr_disk_release. */
+/* Optimizer chunk `index`'s disk chunks in slots (waits for their reads):
+ * host[0] master, host[1] m, host[2] v; NULL for a role of the index not on
+ * disk.  Held until td_memmgr_disk_release. */
 td_status td_memmgr_disk_acquire(td_memmgr *m, int index, void *host[3]);
-/* written: the user changed them (their write starts now). */
+/* written: the user changed them (their writes start now). */
 td_status td_memmgr_disk_release(td_memmgr *m, int index, int written);
+/* One disk chunk of any role: READ its bytes; MODIFY them (no device copy
+ * may still read the slot); OVERWRITE every byte (nothing is read).  The
+ * bytes of a param or grad are the host copy's: a grad's write-back must
+ * have landed (td_memmgr_chunk_host_peek gives its ticket).  A release with
+ * `written` starts the write; a param's device copy is then stale only
+ * after td_memmgr_chunk_host_written. */
+typedef enum td_disk_access { TD_DISK_READ, TD_DISK_MODIFY, TD_DISK_OVERWRITE } td_disk_access;
+td_status td_memmgr_disk_chunk_acquire(td_memmgr *m, int chunk, td_disk_access how, void **host);
+td_status td_memmgr_disk_chunk_release(td_memmgr *m, int chunk, int written);
 /* Whether td_memmgr_disk_acquire(index) would find its bytes already read
  * (1 too for an index with nothing on disk). */
 int td_memmgr_disk_ready(td_memmgr *m, int index);
+/* The slots host accesses kept, let go (their writes start). */
+void td_memmgr_disk_release_held(td_memmgr *m);
 /* Every changed chunk written, every I/O ended; the engine's first failure. */
 td_status td_memmgr_disk_flush(td_memmgr *m);
 /* The engine's first failure, without waiting (TD_OK when none). */
@@ -376,6 +400,10 @@ td_status td_memmgr_disk_status(td_memmgr *m);
 /* The engine and the scratch file: one line each, then what making the
  * file found (lock files of ended runs removed); "" without a disk tier. */
 const char *td_memmgr_disk_describe(const td_memmgr *m);
+/* A write to the chunk's bytes made elsewhere (the disk tier's slot, by
+ * another thread): the host side is the newer from now on, the device copy
+ * stale (reloaded at its next access).  No load may be in flight from it. */
+td_status td_memmgr_chunk_host_written(td_memmgr *m, int chunk);
 
 /* Device bytes the chunks need at the least: the largest set pinned at once
  * in the warm-up step plus its non-model bytes (0 before warm-up). */

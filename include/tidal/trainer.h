@@ -259,12 +259,19 @@ typedef struct td_train_plan {
      * (cfg.mm.disk_dirs) or cfg.disk_bytes, the CPU AdamW's optimizer chunks
      * the host's RAM (td_train_host_limits) cannot hold, the fewest that
      * make the run fit, spread over the AdamW's order (a chunk larger than
-     * the common size last: its bounce buffers would pin the most). */
+     * the common size last: it sets the size of its pool's slots); then
+     * grads, then params (one rank), when the state alone is not enough. */
     int disk_chunks;                            /* optimizer chunks homed on disk (0: no disk tier) */
+    int disk_grad_chunks, disk_param_chunks;    /* grad and param chunks there too (when the state was not enough) */
     size_t disk_bytes;                          /* their scratch file (4 KiB blocks) */
-    int disk_sets;                              /* bounce sets (pinned, in host_staging_bytes) */
-    size_t disk_set_bytes;                      /* each: a master, m and v buffer */
-    double disk_read_bytes_per_step, disk_write_bytes_per_step; /* every disk chunk read and written once */
+    int disk_sets;                              /* slots in each pool (pinned, in host_staging_bytes) */
+    size_t disk_set_bytes;                      /* a slot of each pool, together */
+    /* A step's reads and writes: optimizer state once each way; grads each
+     * micro-batch (written back, and read back from the second on); params
+     * read at each upload (two a micro-batch), written once.  Of them,
+     * disk_stream_bytes_per_step run beside the CPU AdamW (the state both
+     * ways, the last grads' write and read, the params' write). */
+    double disk_read_bytes_per_step, disk_write_bytes_per_step, disk_stream_bytes_per_step;
     size_t disk_free_bytes;                     /* the space there: cfg.disk_bytes, or the directories' free space
                                                    (the least of them times their count: the file is striped evenly) */
     int disk_fits;                              /* disk_bytes within disk_free_bytes */
