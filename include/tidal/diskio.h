@@ -37,8 +37,7 @@
  * Fault injection (alloc.h): TD_FAULT_DISK_NOSPC, _EIO and _SHORT count
  * the transfers, _NODIRECT the files opened; _NOSPC also a preallocation.
  *
- * Memory: the caller's buffers (the chunk manager's pinned slots in the chunk
- * manager); the engine takes a fixed table at creation and allocates
+ * Memory: the caller's buffers (the chunk manager's pinned slots); the engine takes a fixed table at creation and allocates
  * nothing per request.  Thread-safety: every call is thread-safe; a file
  * is closed after the requests on it are waited for. */
 #ifndef TIDAL_DISKIO_H
