@@ -57,12 +57,12 @@ static const char *str(const cJSON *o, const char *key, const char *fallback)
     return cJSON_IsString(v) ? v->valuestring : fallback;
 }
 
-static td_status parse_meta(const cJSON *meta, td_optim_params *p, td_optim_dtype *gdt, td_optim_dtype *pdt)
+static td_status parse_meta(const cJSON *meta, td_optim_params *p, td_dtype *gdt, td_dtype *pdt)
 {
     td_status st = TD_OK;
     *p = td_optim_default_params();
-    TD_TRY(td_optim_dtype_parse(str(meta, "grad_dtype", "fp32"), gdt));
-    TD_TRY(td_optim_dtype_parse(str(meta, "param_dtype", "bf16"), pdt));
+    TD_TRY(td_dtype_parse(str(meta, "grad_dtype", "fp32"), gdt));
+    TD_TRY(td_dtype_parse(str(meta, "param_dtype", "bf16"), pdt));
     p->adam.beta1 = num(meta, "beta1", p->adam.beta1);
     p->adam.beta2 = num(meta, "beta2", p->adam.beta2);
     p->adam.eps = num(meta, "eps", p->adam.eps);
@@ -113,7 +113,7 @@ td_status td_adam_check_run(td_adam_cpu *cpu, const char *dir)
     int n_chunks = cJSON_IsArray(jchunks) ? cJSON_GetArraySize(jchunks) : 0;
     if (!n || steps < 1 || n_chunks < 1) TD_FAIL(TD_ERR_INVALID, "%s: needs numel, steps and chunks", path);
     td_optim_params op;
-    td_optim_dtype gdt, pdt;
+    td_dtype gdt, pdt;
     TD_TRY(parse_meta(meta, &op, &gdt, &pdt));
     td_optim opt;
     TD_TRY(td_optim_init(&opt, &op));
@@ -122,8 +122,8 @@ td_status td_adam_check_run(td_adam_cpu *cpu, const char *dir)
     m = td_malloc(n * 4, TD_ROLE_OPTIM);
     v = td_malloc(n * 4, TD_ROLE_OPTIM);
     g32 = td_malloc(n * 4, TD_ROLE_WORKSPACE);
-    grad = td_malloc(n * td_optim_dtype_bytes(gdt), TD_ROLE_CHUNK);
-    param = td_malloc(n * td_optim_dtype_bytes(pdt), TD_ROLE_CHUNK);
+    grad = td_malloc(n * td_dtype_bytes(gdt), TD_ROLE_CHUNK);
+    param = td_malloc(n * td_dtype_bytes(pdt), TD_ROLE_CHUNK);
     chunks = td_calloc((size_t)n_chunks, sizeof *chunks, TD_ROLE_META);
     if (!master || !m || !v || !g32 || !grad || !param || !chunks) TD_FAIL(TD_ERR_NOMEM, "out of memory for %zu params", n);
     size_t off = 0;
@@ -131,15 +131,15 @@ td_status td_adam_check_run(td_adam_cpu *cpu, const char *dir)
         size_t cn = (size_t)cJSON_GetArrayItem(jchunks, j)->valuedouble;
         if (off + cn > n) TD_FAIL(TD_ERR_INVALID, "%s: chunks add up to more than numel", path);
         chunks[j] = (td_adam_chunk){.master = master + off, .m = m + off, .v = v + off,
-                                    .grad = (char *)grad + off * td_optim_dtype_bytes(gdt), .grad_dtype = gdt,
-                                    .param_out = (char *)param + off * td_optim_dtype_bytes(pdt),
+                                    .grad = (char *)grad + off * td_dtype_bytes(gdt), .grad_dtype = gdt,
+                                    .param_out = (char *)param + off * td_dtype_bytes(pdt),
                                     .param_dtype = pdt, .numel = cn};
         off += cn;
     }
     if (off != n) TD_FAIL(TD_ERR_INVALID, "%s: chunks add up to %zu, not numel %zu", path, off, n);
     TD_TRY(read_file(dir, "param0.f32", g32, n * 4, 0));
     for (int j = 0; j < n_chunks; j++)
-        TD_TRY(td_adam_cpu_init(cpu, &chunks[j], g32 + (chunks[j].master - master), TD_OPTIM_DTYPE_F32));
+        TD_TRY(td_adam_cpu_init(cpu, &chunks[j], g32 + (chunks[j].master - master), TD_DTYPE_F32));
 
     out = cJSON_CreateObject();
     cJSON_AddStringToObject(out, "isa", td_optim_isa_name(td_adam_cpu_isa(cpu)));
@@ -150,8 +150,8 @@ td_status td_adam_check_run(td_adam_cpu *cpu, const char *dir)
         float scale = (float)td_optim_loss_scale(&opt);
         for (size_t i = 0; i < n; i++) {
             float x = g32[i] * scale;
-            if (gdt == TD_OPTIM_DTYPE_BF16) ((uint16_t *)grad)[i] = td_bf16_from_f32(x);
-            else if (gdt == TD_OPTIM_DTYPE_F16) ((uint16_t *)grad)[i] = td_f16_from_f32(x);
+            if (gdt == TD_DTYPE_BF16) ((uint16_t *)grad)[i] = td_bf16_from_f32(x);
+            else if (gdt == TD_DTYPE_F16) ((uint16_t *)grad)[i] = td_f16_from_f32(x);
             else ((float *)grad)[i] = x;
         }
         td_grad_stats stats = {0};
@@ -171,7 +171,7 @@ td_status td_adam_check_run(td_adam_cpu *cpu, const char *dir)
     cJSON_AddNumberToObject(out, "skipped", (double)opt.skipped_steps);
     cJSON_AddNumberToObject(out, "final_loss_scale", td_optim_loss_scale(&opt));
     TD_TRY(write_file(dir, "out_master.f32", master, n * 4));
-    TD_TRY(write_file(dir, "out_param.bin", param, n * td_optim_dtype_bytes(pdt)));
+    TD_TRY(write_file(dir, "out_param.bin", param, n * td_dtype_bytes(pdt)));
     char *json = cJSON_Print(out);
     if (!json) TD_FAIL(TD_ERR_NOMEM, "out of memory printing JSON");
     st = write_file(dir, "out.json", json, strlen(json));

@@ -212,7 +212,7 @@ cleanup:
 }
 
 /* Grads and params: deterministic values in [-1, 1), written in parallel. */
-static void fill(td_adam_cpu *cpu, void *p, td_optim_dtype dt, size_t n, uint32_t salt)
+static void fill(td_adam_cpu *cpu, void *p, td_dtype dt, size_t n, uint32_t salt)
 {
     int threads = td_adam_cpu_threads(cpu);
 #pragma omp parallel num_threads(threads)
@@ -225,7 +225,7 @@ static void fill(td_adam_cpu *cpu, void *p, td_optim_dtype dt, size_t n, uint32_
                 h ^= h >> 15;
                 h *= 2246822519u;
                 float x = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-                if (dt == TD_OPTIM_DTYPE_F32) ((float *)p)[i] = x;
+                if (dt == TD_DTYPE_F32) ((float *)p)[i] = x;
                 else ((uint16_t *)p)[i] = td_bf16_from_f32(x);
             }
         }
@@ -250,15 +250,15 @@ static td_status bench_size(td_adam_cpu *cpu, size_t n, double min_s, const int 
             td_adam_chunk ch = {.master = master.ptr, .m = m.ptr, .v = v.ptr, .numel = n, .state = os};
             if (path == 0) {
                 ch.grad = g.ptr;
-                ch.grad_dtype = TD_OPTIM_DTYPE_F32;
+                ch.grad_dtype = TD_DTYPE_F32;
             } else {
                 ch.grad = g.ptr;
-                ch.grad_dtype = TD_OPTIM_DTYPE_BF16;
+                ch.grad_dtype = TD_DTYPE_BF16;
                 ch.param_out = (uint16_t *)g.ptr + n;
-                ch.param_dtype = TD_OPTIM_DTYPE_BF16;
+                ch.param_dtype = TD_DTYPE_BF16;
             }
-            TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32)); /* first touch of master, m, v */
-            fill(cpu, master.ptr, TD_OPTIM_DTYPE_F32, n, 0x9e3779b9u);
+            TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_DTYPE_F32)); /* first touch of master, m, v */
+            fill(cpu, master.ptr, TD_DTYPE_F32, n, 0x9e3779b9u);
             fill(cpu, g.ptr, ch.grad_dtype, n, 0x85ebca6bu + (uint32_t)path);
             double ms = 0, ref_ms = 0;
             TD_TRY(time_path(cpu, &hp, &ch, g.ptr, min_s, &ms, &ref_ms));

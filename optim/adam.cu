@@ -109,13 +109,13 @@ __device__ __forceinline__ void store_n(T *__restrict__ p, const T (&x)[N])
 template <int GDT, int N>
 __device__ __forceinline__ void load_grads(const void *__restrict__ g, size_t i, float (&x)[N])
 {
-    if constexpr (GDT == TD_OPTIM_DTYPE_F32) {
+    if constexpr (GDT == TD_DTYPE_F32) {
         load_n<N>(static_cast<const float *>(g) + i, x);
     } else {
         uint16_t h[N];
         load_n<N>(static_cast<const uint16_t *>(g) + i, h);
 #pragma unroll
-        for (int k = 0; k < N; k++) x[k] = GDT == TD_OPTIM_DTYPE_BF16 ? td_f32_from_bf16(h[k]) : td_f32_from_f16(h[k]);
+        for (int k = 0; k < N; k++) x[k] = GDT == TD_DTYPE_BF16 ? td_f32_from_bf16(h[k]) : td_f32_from_f16(h[k]);
     }
 }
 
@@ -127,17 +127,17 @@ __device__ __forceinline__ float load_grad(const void *__restrict__ g, size_t i)
     return x[0];
 }
 
-/* Params [i, i + N) in the output dtype, RNE; PDT == TD_OPTIM_DTYPE_COUNT:
+/* Params [i, i + N) in the output dtype, RNE; PDT == TD_DTYPE_COUNT:
  * no param output. */
 template <int PDT, int N>
 __device__ __forceinline__ void store_params(void *__restrict__ p, size_t i, const float (&x)[N])
 {
-    if constexpr (PDT == TD_OPTIM_DTYPE_F32) {
+    if constexpr (PDT == TD_DTYPE_F32) {
         store_n<N>(static_cast<float *>(p) + i, x);
-    } else if constexpr (PDT == TD_OPTIM_DTYPE_BF16 || PDT == TD_OPTIM_DTYPE_F16) {
+    } else if constexpr (PDT == TD_DTYPE_BF16 || PDT == TD_DTYPE_F16) {
         uint16_t h[N];
 #pragma unroll
-        for (int k = 0; k < N; k++) h[k] = PDT == TD_OPTIM_DTYPE_BF16 ? td_bf16_from_f32(x[k]) : td_f16_from_f32(x[k]);
+        for (int k = 0; k < N; k++) h[k] = PDT == TD_DTYPE_BF16 ? td_bf16_from_f32(x[k]) : td_f16_from_f32(x[k]);
         store_n<N>(static_cast<uint16_t *>(p) + i, h);
     }
 }
@@ -489,8 +489,8 @@ bool wide_ok(const void *p, size_t elem_bytes, int n)
 bool chunk_wide_ok(const td_adam_chunk &ch, size_t moment_elem_bytes, int n)
 {
     return wide_ok(ch.master, 4, n) && wide_ok(ch.m, moment_elem_bytes, n) && wide_ok(ch.v, moment_elem_bytes, n) &&
-           wide_ok(ch.grad, td_optim_dtype_bytes(ch.grad_dtype), n) &&
-           (!ch.param_out || wide_ok(ch.param_out, td_optim_dtype_bytes(ch.param_dtype), n));
+           wide_ok(ch.grad, td_dtype_bytes(ch.grad_dtype), n) &&
+           (!ch.param_out || wide_ok(ch.param_out, td_dtype_bytes(ch.param_dtype), n));
 }
 
 int grid_for(size_t n, int max_blocks)
@@ -550,10 +550,10 @@ template <int L2, int GDT>
 cudaError_t launch_pdt(const td_adam_coeffs &c, const td_adam_chunk &ch, int pdt, cudaStream_t s)
 {
     switch (pdt) {
-    case TD_OPTIM_DTYPE_F32: return launch_adam<L2, GDT, TD_OPTIM_DTYPE_F32>(c, ch, s);
-    case TD_OPTIM_DTYPE_BF16: return launch_adam<L2, GDT, TD_OPTIM_DTYPE_BF16>(c, ch, s);
-    case TD_OPTIM_DTYPE_F16: return launch_adam<L2, GDT, TD_OPTIM_DTYPE_F16>(c, ch, s);
-    default: return launch_adam<L2, GDT, TD_OPTIM_DTYPE_COUNT>(c, ch, s);
+    case TD_DTYPE_F32: return launch_adam<L2, GDT, TD_DTYPE_F32>(c, ch, s);
+    case TD_DTYPE_BF16: return launch_adam<L2, GDT, TD_DTYPE_BF16>(c, ch, s);
+    case TD_DTYPE_F16: return launch_adam<L2, GDT, TD_DTYPE_F16>(c, ch, s);
+    default: return launch_adam<L2, GDT, TD_DTYPE_COUNT>(c, ch, s);
     }
 }
 
@@ -561,9 +561,9 @@ template <int L2>
 cudaError_t launch_gdt(const td_adam_coeffs &c, const td_adam_chunk &ch, int pdt, cudaStream_t s)
 {
     switch (ch.grad_dtype) {
-    case TD_OPTIM_DTYPE_BF16: return launch_pdt<L2, TD_OPTIM_DTYPE_BF16>(c, ch, pdt, s);
-    case TD_OPTIM_DTYPE_F16: return launch_pdt<L2, TD_OPTIM_DTYPE_F16>(c, ch, pdt, s);
-    default: return launch_pdt<L2, TD_OPTIM_DTYPE_F32>(c, ch, pdt, s);
+    case TD_DTYPE_BF16: return launch_pdt<L2, TD_DTYPE_BF16>(c, ch, pdt, s);
+    case TD_DTYPE_F16: return launch_pdt<L2, TD_DTYPE_F16>(c, ch, pdt, s);
+    default: return launch_pdt<L2, TD_DTYPE_F32>(c, ch, pdt, s);
     }
 }
 
@@ -610,8 +610,8 @@ extern "C" td_status td_adam_update_cuda(const td_adam_coeffs *c, const td_adam_
     if ((unsigned)ch->state >= TD_OPTIM_STATE_COUNT)
         return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: bad optimizer state %d (use fp32, bf16 or int8)",
                             (int)ch->state);
-    if ((unsigned)ch->grad_dtype >= TD_OPTIM_DTYPE_COUNT ||
-        (ch->param_out && (unsigned)ch->param_dtype >= TD_OPTIM_DTYPE_COUNT))
+    if ((unsigned)ch->grad_dtype >= TD_DTYPE_COUNT ||
+        (ch->param_out && (unsigned)ch->param_dtype >= TD_DTYPE_COUNT))
         return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: bad grad or param dtype (%d, %d)",
                             (int)ch->grad_dtype, (int)ch->param_dtype);
     if (ch->numel == 0) return TD_OK;
@@ -622,7 +622,7 @@ extern "C" td_status td_adam_update_cuda(const td_adam_coeffs *c, const td_adam_
     if (ch->n_no_decay < 0 || (ch->n_no_decay > 0 && !ch->no_decay))
         return td_error_set(TD_ERR_INVALID, "td_adam_update_cuda: %d no-decay ranges at %p (give a device list, or "
                             "NULL and 0)", ch->n_no_decay, (const void *)ch->no_decay);
-    int pdt = ch->param_out ? (int)ch->param_dtype : TD_OPTIM_DTYPE_COUNT;
+    int pdt = ch->param_out ? (int)ch->param_dtype : TD_DTYPE_COUNT;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     cudaError_t err = c->l2 != 0.0f ? launch_gdt<1>(*c, *ch, pdt, s) : launch_gdt<0>(*c, *ch, pdt, s);
     if (err != cudaSuccess)
@@ -631,22 +631,22 @@ extern "C" td_status td_adam_update_cuda(const td_adam_coeffs *c, const td_adam_
     return TD_OK;
 }
 
-extern "C" td_status td_grad_sumsq_cuda(const void *grad, td_optim_dtype dtype, size_t numel, double *dev_acc,
+extern "C" td_status td_grad_sumsq_cuda(const void *grad, td_dtype dtype, size_t numel, double *dev_acc,
                                         double *dev_scratch, void *stream)
 {
     if (!dev_acc || !dev_scratch || (numel && !grad))
         return td_error_set(TD_ERR_INVALID, "td_grad_sumsq_cuda: NULL grad, accumulator or scratch");
-    if ((unsigned)dtype >= TD_OPTIM_DTYPE_COUNT)
+    if ((unsigned)dtype >= TD_DTYPE_COUNT)
         return td_error_set(TD_ERR_INVALID, "td_grad_sumsq_cuda: bad grad dtype %d", (int)dtype);
     if (numel == 0) return TD_OK;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int blocks = grid_for(numel, TD_GRAD_SUMSQ_CUDA_SCRATCH);
-    if (dtype == TD_OPTIM_DTYPE_BF16)
-        sumsq_partial_kernel<TD_OPTIM_DTYPE_BF16><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
-    else if (dtype == TD_OPTIM_DTYPE_F16)
-        sumsq_partial_kernel<TD_OPTIM_DTYPE_F16><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
+    if (dtype == TD_DTYPE_BF16)
+        sumsq_partial_kernel<TD_DTYPE_BF16><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
+    else if (dtype == TD_DTYPE_F16)
+        sumsq_partial_kernel<TD_DTYPE_F16><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
     else
-        sumsq_partial_kernel<TD_OPTIM_DTYPE_F32><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
+        sumsq_partial_kernel<TD_DTYPE_F32><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) {
         sumsq_final_kernel<<<1, kThreads, 0, s>>>(dev_scratch, blocks, dev_acc);

@@ -120,36 +120,134 @@ void td_adam_update_range(td_optim_isa isa, const td_adam_coeffs *c, const td_ad
     td_adam_kernels_for(isa)->update(c, chunk, begin, end);
 }
 
-double td_grad_sumsq_range(td_optim_isa isa, const void *grad, td_optim_dtype dtype, size_t begin, size_t end)
+double td_grad_sumsq_range(td_optim_isa isa, const void *grad, td_dtype dtype, size_t begin, size_t end)
 {
     return td_adam_kernels_for(isa)->sumsq(grad, dtype, begin, end);
 }
 
-static td_status check_moment_args(td_optim_state s, td_adam_moment which, const void *a, const void *b,
-                                   size_t numel, const char *what)
+/* ---- moment formats: reading, writing and moving pieces ---------------------- */
+
+static td_status check_moment(td_optim_state s, td_adam_moment which, const void *buf, size_t numel, size_t begin,
+                              size_t end, const void *vals, const char *what)
 {
-    if ((unsigned)s >= TD_OPTIM_STATE_COUNT) return td_error_set(TD_ERR_INVALID, "%s: bad optimizer state %d", what, (int)s);
+    td_status st = td_optim_state_check(s);
+    if (st) return td_error_prefix(st, "%s: ", what);
     if (which != TD_ADAM_MOMENT_M && which != TD_ADAM_MOMENT_V)
         return td_error_set(TD_ERR_INVALID, "%s: bad moment %d (use TD_ADAM_MOMENT_M or _V)", what, (int)which);
-    if (numel && (!a || !b)) return td_error_set(TD_ERR_INVALID, "%s: NULL buffer for %zu elements", what, numel);
+    if (begin > end || end > numel)
+        return td_error_set(TD_ERR_INVALID, "%s: elements [%zu, %zu) are not inside the moment's %zu", what, begin,
+                            end, numel);
+    if (end > begin && (!buf || !vals))
+        return td_error_set(TD_ERR_INVALID, "%s: NULL buffer for %zu elements", what, end - begin);
     return TD_OK;
 }
 
-td_status td_adam_moment_store(td_optim_state s, td_adam_moment which, const float *x, size_t numel, void *buf)
+/* A piece [begin, end) of a moment of numel elements that can be stored on
+ * its own: both ends on the format's alignment, or the end at numel. */
+static td_status check_piece(td_optim_state s, size_t numel, size_t begin, size_t end, const char *what)
 {
-    td_status st = check_moment_args(s, which, x, buf, numel, "td_adam_moment_store");
+    size_t a = td_adam_moment_align(s);
+    if (begin % a || (end % a && end != numel))
+        return td_error_set(TD_ERR_INVALID, "%s: elements [%zu, %zu) of a %s moment of %zu: a piece must start on a "
+                            "multiple of %zu elements (its scale block) and end on one or at the end", what, begin,
+                            end, td_optim_state_name(s), numel, a);
+    return TD_OK;
+}
+
+td_status td_adam_moment_read(td_optim_state s, td_adam_moment which, const void *buf, size_t numel, size_t begin,
+                              size_t end, float *out)
+{
+    td_status st = check_moment(s, which, buf, numel, begin, end, out, "td_adam_moment_read");
     if (st) return st;
-    if (s == TD_OPTIM_STATE_INT8 && numel % 4) /* the zero padding before the scales */
+    const td_adam_kernels *k = td_adam_kernels_for(TD_OPTIM_ISA_AUTO);
+    int is_v = which == TD_ADAM_MOMENT_V;
+    size_t a = td_adam_moment_align(s);
+    float t[TD_ADAM_INT8_BLOCK];
+    /* the block begin falls inside, decoded whole, its part kept */
+    if (begin < end && begin % a) {
+        size_t b0 = begin / a * a, b1 = b0 + a < numel ? b0 + a : numel, e = b1 < end ? b1 : end;
+        k->moment_load(s, is_v, buf, numel, t, b0, b1);
+        memcpy(out, t + (begin - b0), (e - begin) * sizeof(float));
+        out += e - begin;
+        begin = e;
+    }
+    /* whole blocks */
+    size_t mid = end == numel ? end : end / a * a;
+    if (mid > begin) {
+        k->moment_load(s, is_v, buf, numel, out, begin, mid);
+        out += mid - begin;
+        begin = mid;
+    }
+    /* the block end falls inside */
+    if (begin < end) {
+        size_t b1 = begin + a < numel ? begin + a : numel;
+        k->moment_load(s, is_v, buf, numel, t, begin, b1);
+        memcpy(out, t, (end - begin) * sizeof(float));
+    }
+    return TD_OK;
+}
+
+td_status td_adam_moment_write(td_optim_state s, td_adam_moment which, void *buf, size_t numel, size_t begin,
+                               size_t end, const float *in)
+{
+    td_status st = check_moment(s, which, buf, numel, begin, end, in, "td_adam_moment_write");
+    if (!st) st = check_piece(s, numel, begin, end, "td_adam_moment_write");
+    if (st) return st;
+    if (s == TD_OPTIM_STATE_INT8 && end == numel && numel % 4) /* the zero padding before the scales */
         memset((unsigned char *)buf + numel, 0, 4 - numel % 4);
-    td_adam_kernels_for(TD_OPTIM_ISA_AUTO)->moment_store(s, which == TD_ADAM_MOMENT_V, x, buf, numel, 0, numel);
+    td_adam_kernels_for(TD_OPTIM_ISA_AUTO)->moment_store(s, which == TD_ADAM_MOMENT_V, in, buf, numel, begin, end);
     return TD_OK;
 }
 
-td_status td_adam_moment_load(td_optim_state s, td_adam_moment which, const void *buf, size_t numel, float *x)
+float *td_adam_moment_f32(td_optim_state s, void *buf, size_t begin)
 {
-    td_status st = check_moment_args(s, which, buf, x, numel, "td_adam_moment_load");
-    if (st) return st;
-    td_adam_kernels_for(TD_OPTIM_ISA_AUTO)->moment_load(s, which == TD_ADAM_MOMENT_V, buf, numel, x, 0, numel);
+    return s == TD_OPTIM_STATE_FP32 && buf ? (float *)buf + begin : NULL;
+}
+
+td_status td_adam_moment_spans(td_optim_state s, size_t numel, size_t begin, size_t end, td_adam_span spans[2],
+                               int *count)
+{
+    td_status st = td_optim_state_check(s);
+    if (st) return td_error_prefix(st, "td_adam_moment_spans: ");
+    if (!spans || !count) return td_error_set(TD_ERR_INVALID, "td_adam_moment_spans: NULL spans or count");
+    *count = 0;
+    if (begin > end || end > numel)
+        return td_error_set(TD_ERR_INVALID, "td_adam_moment_spans: elements [%zu, %zu) are not inside the moment's %zu",
+                            begin, end, numel);
+    if ((st = check_piece(s, numel, begin, end, "td_adam_moment_spans"))) return st;
+    if (s != TD_OPTIM_STATE_INT8) {
+        size_t e = td_dtype_bytes(td_adam_moment_dtype(s));
+        spans[0] = (td_adam_span){begin * e, (end - begin) * e};
+        *count = 1;
+        return TD_OK;
+    }
+    size_t codes = (numel + 3) & ~(size_t)3, qb = TD_ADAM_INT8_BLOCK;
+    spans[0] = (td_adam_span){begin, (end == numel ? codes : end) - begin};
+    spans[1] = (td_adam_span){codes + begin / qb * 4, ((end + qb - 1) / qb - begin / qb) * 4};
+    *count = 2;
+    return TD_OK;
+}
+
+td_status td_adam_moment_copy(td_optim_state s, void *dst, size_t dst_numel, size_t dst_begin, const void *src,
+                              size_t src_numel, size_t src_begin, size_t count)
+{
+    td_adam_span ds[2], ss[2];
+    int dn, sn;
+    if (dst_begin > dst_numel || count > dst_numel - dst_begin || src_begin > src_numel ||
+        count > src_numel - src_begin)
+        return td_error_set(TD_ERR_INVALID, "td_adam_moment_copy: %zu elements from %zu of %zu into %zu of %zu do "
+                            "not fit", count, src_begin, src_numel, dst_begin, dst_numel);
+    td_status st = td_adam_moment_spans(s, dst_numel, dst_begin, dst_begin + count, ds, &dn);
+    if (!st) st = td_adam_moment_spans(s, src_numel, src_begin, src_begin + count, ss, &sn);
+    if (st) return td_error_prefix(st, "td_adam_moment_copy: ");
+    if (count && (!dst || !src)) return td_error_set(TD_ERR_INVALID, "td_adam_moment_copy: NULL buffer");
+    for (int i = 0; i < dn; i++) {
+        /* The same elements take the same bytes, but for int8's padding,
+         * which only the piece that ends its buffer has: zeros. */
+        size_t n = ds[i].bytes < ss[i].bytes ? ds[i].bytes : ss[i].bytes;
+        memmove((char *)dst + ds[i].offset, (const char *)src + ss[i].offset, n);
+        memset((char *)dst + ds[i].offset + n, 0, ds[i].bytes - n);
+    }
     return TD_OK;
 }
 
@@ -255,23 +353,22 @@ td_status td_adam_ranges_check(const td_adam_range *r, int n, size_t numel, cons
 
 static td_status check_chunk(const td_adam_chunk *ch, int need_grad, const char *what)
 {
-    if ((unsigned)ch->state >= TD_OPTIM_STATE_COUNT)
-        return td_error_set(TD_ERR_INVALID, "%s: bad optimizer state %d (use fp32, bf16 or int8)", what,
-                            (int)ch->state);
-    if ((unsigned)ch->grad_dtype >= TD_OPTIM_DTYPE_COUNT)
+    td_status st = td_optim_state_check(ch->state);
+    if (st) return td_error_prefix(st, "%s: ", what);
+    if ((unsigned)ch->grad_dtype >= TD_DTYPE_COUNT)
         return td_error_set(TD_ERR_INVALID, "%s: bad grad dtype %d", what, (int)ch->grad_dtype);
-    if (ch->param_out && (unsigned)ch->param_dtype >= TD_OPTIM_DTYPE_COUNT)
+    if (ch->param_out && (unsigned)ch->param_dtype >= TD_DTYPE_COUNT)
         return td_error_set(TD_ERR_INVALID, "%s: bad param dtype %d", what, (int)ch->param_dtype);
     if (ch->numel && (!ch->master || !ch->m || !ch->v || (need_grad && !ch->grad)))
         return td_error_set(TD_ERR_INVALID, "%s: a chunk of %zu elements has a NULL master, m, v or grad", what,
                             ch->numel);
-    if (ch->param_out && ch->param_out == (void *)ch->master && ch->param_dtype != TD_OPTIM_DTYPE_F32)
+    if (ch->param_out && ch->param_out == (void *)ch->master && ch->param_dtype != TD_DTYPE_F32)
         return td_error_set(TD_ERR_INVALID, "%s: param_out aliases master but is %s, not fp32", what,
-                            td_optim_dtype_name(ch->param_dtype));
+                            td_dtype_name(ch->param_dtype));
     if (ch->param_out && ch->param_out == ch->grad && ch->param_dtype != ch->grad_dtype)
         return td_error_set(TD_ERR_INVALID, "%s: param_out aliases the grads but is %s and the grads are %s: each "
                             "element's param would overwrite grads not yet read; give them one dtype or separate "
-                            "buffers", what, td_optim_dtype_name(ch->param_dtype), td_optim_dtype_name(ch->grad_dtype));
+                            "buffers", what, td_dtype_name(ch->param_dtype), td_dtype_name(ch->grad_dtype));
     return td_adam_ranges_check(ch->no_decay, ch->n_no_decay, ch->numel, what);
 }
 
@@ -316,12 +413,12 @@ td_status td_adam_cpu_update(td_adam_cpu *cpu, const td_adam_coeffs *c, const td
     return TD_OK;
 }
 
-td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_optim_dtype dtype, size_t numel,
+td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_dtype dtype, size_t numel,
                                  td_grad_stats *acc)
 {
     if (!cpu || !acc || (numel && !grad))
         return td_error_set(TD_ERR_INVALID, "td_adam_cpu_grad_stats: NULL engine, grad or accumulator");
-    if ((unsigned)dtype >= TD_OPTIM_DTYPE_COUNT)
+    if ((unsigned)dtype >= TD_DTYPE_COUNT)
         return td_error_set(TD_ERR_INVALID, "td_adam_cpu_grad_stats: bad grad dtype %d", (int)dtype);
     bind_team(cpu);
     const td_adam_kernels *k = cpu->k;
@@ -341,17 +438,17 @@ td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_optim_dt
     return TD_OK;
 }
 
-static float load_elem(const void *p, td_optim_dtype dt, size_t i)
+static float load_elem(const void *p, td_dtype dt, size_t i)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)p)[i]);
-    if (dt == TD_OPTIM_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)p)[i]);
+    if (dt == TD_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)p)[i]);
+    if (dt == TD_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)p)[i]);
     return ((const float *)p)[i];
 }
 
-static void store_elem(void *p, td_optim_dtype dt, size_t i, float x)
+static void store_elem(void *p, td_dtype dt, size_t i, float x)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) ((uint16_t *)p)[i] = td_bf16_from_f32(x);
-    else if (dt == TD_OPTIM_DTYPE_F16) ((uint16_t *)p)[i] = td_f16_from_f32(x);
+    if (dt == TD_DTYPE_BF16) ((uint16_t *)p)[i] = td_bf16_from_f32(x);
+    else if (dt == TD_DTYPE_F16) ((uint16_t *)p)[i] = td_f16_from_f32(x);
     else ((float *)p)[i] = x;
 }
 
@@ -372,12 +469,12 @@ static void moment_zero(void *mom, td_optim_state st, size_t numel, size_t b, si
     memset(p + codes + b0 * 4, 0, (b1 - b0) * 4);
 }
 
-td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const void *init, td_optim_dtype init_dtype)
+td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const void *init, td_dtype init_dtype)
 {
     if (!cpu || !chunk) return td_error_set(TD_ERR_INVALID, "td_adam_cpu_init: NULL engine or chunk");
     td_status st = check_chunk(chunk, 0, "td_adam_cpu_init");
     if (st) return st;
-    if (init && (unsigned)init_dtype >= TD_OPTIM_DTYPE_COUNT)
+    if (init && (unsigned)init_dtype >= TD_DTYPE_COUNT)
         return td_error_set(TD_ERR_INVALID, "td_adam_cpu_init: bad init dtype %d", (int)init_dtype);
     bind_team(cpu);
     int threads = cpu->threads;

@@ -9,9 +9,10 @@ typedef struct td_adam_kernels {
     /* Elements [begin, end) of one chunk. */
     void (*update)(const td_adam_coeffs *c, const td_adam_chunk *chunk, size_t begin, size_t end);
     /* Sum of squares, in double, of grads [begin, end). */
-    double (*sumsq)(const void *grad, td_optim_dtype dtype, size_t begin, size_t end);
-    /* Elements [begin, end) of fp32 values into / out of a moment buffer of
-     * `numel` elements (is_v: v's code; int8: whole blocks). */
+    double (*sumsq)(const void *grad, td_dtype dtype, size_t begin, size_t end);
+    /* Elements [begin, end) of a moment buffer of `numel` elements from /
+     * into fp32 values x[0 .. end - begin) (is_v: v's code; int8: whole
+     * blocks). */
     void (*moment_store)(td_optim_state st, int is_v, const float *x, void *buf, size_t numel, size_t begin,
                          size_t end);
     void (*moment_load)(td_optim_state st, int is_v, const void *buf, size_t numel, float *x, size_t begin,

@@ -39,7 +39,7 @@
 #include <string.h>
 
 #define TD_KINLINE static inline __attribute__((always_inline))
-#define TD_PDT_NONE TD_OPTIM_DTYPE_COUNT /* no param output */
+#define TD_PDT_NONE TD_DTYPE_COUNT /* no param output */
 #define QB TD_ADAM_INT8_BLOCK
 
 typedef struct kcoeffs {
@@ -49,20 +49,20 @@ typedef struct kcoeffs {
 
 TD_KINLINE vf load_grad(const void *g, int dt, size_t i)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) return vf_load_bf16((const uint16_t *)g + i);
-    if (dt == TD_OPTIM_DTYPE_F16) return vf_load_f16((const uint16_t *)g + i);
+    if (dt == TD_DTYPE_BF16) return vf_load_bf16((const uint16_t *)g + i);
+    if (dt == TD_DTYPE_F16) return vf_load_f16((const uint16_t *)g + i);
     return vf_loadu((const float *)g + i);
 }
 
 TD_KINLINE void store_param(void *p, int dt, int nt, size_t i, vf x)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) {
+    if (dt == TD_DTYPE_BF16) {
         if (nt) vh_stream((uint16_t *)p + i, vf_to_bf16(x));
         else vh_storeu((uint16_t *)p + i, vf_to_bf16(x));
-    } else if (dt == TD_OPTIM_DTYPE_F16) {
+    } else if (dt == TD_DTYPE_F16) {
         if (nt) vh_stream((uint16_t *)p + i, vf_to_f16(x));
         else vh_storeu((uint16_t *)p + i, vf_to_f16(x));
-    } else if (dt == TD_OPTIM_DTYPE_F32) {
+    } else if (dt == TD_DTYPE_F32) {
         if (nt) vf_stream((float *)p + i, x);
         else vf_storeu((float *)p + i, x);
     }
@@ -281,7 +281,7 @@ TD_KINLINE void adam_loop(const kcoeffs *k, int l2, const td_adam_chunk *ch, int
     for (; i + VW <= end; i += VW) adam_block(k, l2, master, m, v, grad, gdt, out, pdt, nt, st, i, i);
     if (nt) stream_fence(); /* streamed lines are visible before the caller moves on */
     if (i == end) return;
-    size_t n = end - i, gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
+    size_t n = end - i, gsz = gdt == TD_DTYPE_F32 ? 4 : 2, psz = pdt == TD_DTYPE_F32 ? 4 : 2;
     size_t msz = st == TD_OPTIM_STATE_BF16 ? 2 : 4;
     float lp[VW] = {0}, lm[VW] = {0}, lv[VW] = {0}; /* moments as bytes of their type, zero-padded */
     unsigned char lg[VW * 4] = {0}, lo[VW * 4];
@@ -424,7 +424,7 @@ TD_KINLINE void q8_any_block(const kcoeffs *k, const kcoeffs *knd, int l2, const
 TD_KINLINE void q8_loop(const kcoeffs *k, const kcoeffs *knd, int l2, const td_adam_chunk *ch, int gdt, int pdt,
                         int nt, size_t begin, size_t end)
 {
-    size_t gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2, psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
+    size_t gsz = gdt == TD_DTYPE_F32 ? 4 : 2, psz = pdt == TD_DTYPE_F32 ? 4 : 2;
     uint8_t *mc = ch->m, *vc = ch->v;
     unsigned char *sm = q8_scales(ch->m, ch->numel), *sv = q8_scales(ch->v, ch->numel);
     const unsigned char *grad = ch->grad;
@@ -475,7 +475,7 @@ TD_KINLINE void adam_run(const kcoeffs *k, const kcoeffs *knd, int l2, const td_
  * minutes a file.  The coefficients are copied to locals first: the loops'
  * stores (vector types may alias anything) cannot reach them, so they stay
  * in registers. */
-enum { AK_F32 = TD_OPTIM_DTYPE_F32, AK_BF16 = TD_OPTIM_DTYPE_BF16, AK_F16 = TD_OPTIM_DTYPE_F16, AK_NONE = TD_PDT_NONE };
+enum { AK_F32 = TD_DTYPE_F32, AK_BF16 = TD_DTYPE_BF16, AK_F16 = TD_DTYPE_F16, AK_NONE = TD_PDT_NONE };
 #define TD_ADAM_CASE_FN(n, l, g, p)                                                                            \
     static __attribute__((noinline)) void adam_case_##n##_##l##_##g##_##p(const kcoeffs *kp, const kcoeffs *kndp, \
                                                                          const td_adam_chunk *ch, size_t begin, \
@@ -509,9 +509,9 @@ static void update_segment(const kcoeffs *k, const kcoeffs *knd, int l2, const t
     /* Streaming stores where the segment's first output is aligned: every
      * thread range of a chunk without no-decay ranges, since their bounds
      * are multiples of 1024 elements. */
-    size_t psz = pdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
+    size_t psz = pdt == TD_DTYPE_F32 ? 4 : 2;
     int nt = pdt != TD_PDT_NONE && ch->param_out != (void *)ch->master &&
-             ((uintptr_t)ch->param_out + begin * psz) % (TD_NT_BYTES * (pdt == TD_OPTIM_DTYPE_F32 ? 2 : 1)) == 0;
+             ((uintptr_t)ch->param_out + begin * psz) % (TD_NT_BYTES * (pdt == TD_DTYPE_F32 ? 2 : 1)) == 0;
 #else
     int nt = 0;
 #endif
@@ -561,11 +561,12 @@ static void kernel_update(const td_adam_coeffs *c, const td_adam_chunk *ch, size
     }
 }
 
-/* ---- moments to and from fp32 (td_adam_moment_store / _load) ---------------
+/* ---- moments to and from fp32 (td_adam_moment_write / _read) ---------------
  * The update's codes and scales, rounded to nearest: the same bits as an
  * update leaves for the same values, except v's, which an update rounds
- * stochastically (bf16 and int8).  [begin, end) as in the update (int8:
- * whole blocks, end may be numel). */
+ * stochastically (bf16 and int8).  Elements [begin, end) of the moment as
+ * in the update (int8: whole blocks, end may be numel); x holds their
+ * values from x[0] (element begin). */
 static void kernel_moment_store(td_optim_state st, int is_v, const float *x, void *buf, size_t numel, size_t begin,
                                 size_t end)
 {
@@ -575,7 +576,7 @@ static void kernel_moment_store(td_optim_state st, int is_v, const float *x, voi
             size_t n = end - b < QB ? end - b : QB;
             float t[QB] = {0};
             uint8_t codes[QB];
-            memcpy(t, x + b, n * 4);
+            memcpy(t, x + (b - begin), n * 4);
             vi a = vi_set1(0);
             for (size_t j = 0; j < QB; j += VW) a = vi_max(a, abs_bits(vf_loadu(t + j)));
             float scale, f;
@@ -591,9 +592,9 @@ static void kernel_moment_store(td_optim_state st, int is_v, const float *x, voi
         return;
     }
     size_t i = begin;
-    for (; i + VW <= end; i += VW) store_moment(buf, st, i, vf_loadu(x + i));
+    for (; i + VW <= end; i += VW) store_moment(buf, st, i, vf_loadu(x + (i - begin)));
     for (; i < end; i++) {
-        float t[VW] = {x[i]}, o[VW];
+        float t[VW] = {x[i - begin]}, o[VW];
         store_moment(o, st, 0, vf_loadu(t));
         if (st == TD_OPTIM_STATE_BF16) memcpy((uint16_t *)buf + i, o, 2);
         else ((float *)buf)[i] = o[0];
@@ -613,18 +614,18 @@ static void kernel_moment_load(td_optim_state st, int is_v, const void *buf, siz
             vf scale = vf_set1(load_f32(scales + b / QB * 4));
             for (size_t j = 0; j < QB; j += VW)
                 vf_storeu(t + j, is_v ? q8_load_v(codes + j, scale) : q8_load_m(codes + j, scale));
-            memcpy(x + b, t, n * 4);
+            memcpy(x + (b - begin), t, n * 4);
         }
         return;
     }
     size_t i = begin;
-    for (; i + VW <= end; i += VW) vf_storeu(x + i, load_moment(buf, st, i));
+    for (; i + VW <= end; i += VW) vf_storeu(x + (i - begin), load_moment(buf, st, i));
     for (; i < end; i++) {
         unsigned char t[VW * 4] = {0};
         float o[VW];
         memcpy(t, (const unsigned char *)buf + i * (st == TD_OPTIM_STATE_BF16 ? 2 : 4), st == TD_OPTIM_STATE_BF16 ? 2 : 4);
         vf_storeu(o, load_moment(t, st, 0));
-        x[i] = o[0];
+        x[i - begin] = o[0];
     }
 }
 
@@ -634,7 +635,7 @@ TD_KINLINE double sumsq_loop(const void *grad, int gdt, size_t begin, size_t end
     size_t i = begin;
     for (; i + VW <= end; i += VW) vs_add_sq(&s, load_grad(grad, gdt, i));
     if (i < end) {
-        size_t gsz = gdt == TD_OPTIM_DTYPE_F32 ? 4 : 2;
+        size_t gsz = gdt == TD_DTYPE_F32 ? 4 : 2;
         unsigned char lg[VW * 4] = {0};
         memcpy(lg, (const unsigned char *)grad + i * gsz, (end - i) * gsz);
         vs_add_sq(&s, load_grad(lg, gdt, 0));
@@ -642,12 +643,12 @@ TD_KINLINE double sumsq_loop(const void *grad, int gdt, size_t begin, size_t end
     return vs_total(&s);
 }
 
-static double kernel_sumsq(const void *grad, td_optim_dtype dt, size_t begin, size_t end)
+static double kernel_sumsq(const void *grad, td_dtype dt, size_t begin, size_t end)
 {
     switch (dt) {
-    case TD_OPTIM_DTYPE_BF16: return sumsq_loop(grad, TD_OPTIM_DTYPE_BF16, begin, end);
-    case TD_OPTIM_DTYPE_F16: return sumsq_loop(grad, TD_OPTIM_DTYPE_F16, begin, end);
-    default: return sumsq_loop(grad, TD_OPTIM_DTYPE_F32, begin, end);
+    case TD_DTYPE_BF16: return sumsq_loop(grad, TD_DTYPE_BF16, begin, end);
+    case TD_DTYPE_F16: return sumsq_loop(grad, TD_DTYPE_F16, begin, end);
+    default: return sumsq_loop(grad, TD_DTYPE_F32, begin, end);
     }
 }
 

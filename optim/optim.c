@@ -6,25 +6,6 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const dtype_names[TD_OPTIM_DTYPE_COUNT] = {"fp32", "bf16", "fp16"};
-
-size_t td_optim_dtype_bytes(td_optim_dtype dt) { return dt == TD_OPTIM_DTYPE_F32 ? 4 : 2; }
-
-const char *td_optim_dtype_name(td_optim_dtype dt)
-{
-    return (unsigned)dt < TD_OPTIM_DTYPE_COUNT ? dtype_names[dt] : "?";
-}
-
-td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out)
-{
-    for (int i = 0; i < TD_OPTIM_DTYPE_COUNT; i++)
-        if (name && !strcmp(name, dtype_names[i])) {
-            *out = (td_optim_dtype)i;
-            return TD_OK;
-        }
-    return td_error_set(TD_ERR_INVALID, "unknown dtype '%s': use fp32, bf16 or fp16", name ? name : "(null)");
-}
-
 static const char *const state_names[TD_OPTIM_STATE_COUNT] = {"fp32", "bf16", "int8"};
 
 const char *td_optim_state_name(td_optim_state s)
@@ -44,6 +25,24 @@ td_status td_optim_state_parse(const char *name, td_optim_state *out)
                         "(m and v block-wise quantized)",
                         name ? name : "(null)");
 }
+
+td_status td_optim_state_check(td_optim_state s)
+{
+    if ((unsigned)s < TD_OPTIM_STATE_COUNT) return TD_OK;
+    return td_error_set(TD_ERR_INVALID, "optimizer state type %d: use fp32 (exact), bf16 (m and v in bf16) or int8 "
+                        "(m and v block-wise quantized)", (int)s);
+}
+
+td_dtype td_adam_moment_dtype(td_optim_state s)
+{
+    switch (s) {
+    case TD_OPTIM_STATE_FP32: return TD_DTYPE_F32;
+    case TD_OPTIM_STATE_BF16: return TD_DTYPE_BF16;
+    default: return TD_DTYPE_COUNT;
+    }
+}
+
+size_t td_adam_moment_align(td_optim_state s) { return s == TD_OPTIM_STATE_INT8 ? TD_ADAM_INT8_BLOCK : 1; }
 
 size_t td_adam_moment_bytes(td_optim_state s, size_t numel)
 {
@@ -158,15 +157,25 @@ td_optim_params td_optim_default_params(void)
     };
 }
 
+td_status td_optim_params_check(const td_optim_params *p)
+{
+    td_status st;
+    if (!p) return td_error_set(TD_ERR_INVALID, "optimizer parameters are NULL");
+    if ((st = td_adam_hparams_check(&p->adam)) || (st = td_lr_schedule_check(&p->lr)) ||
+        (st = td_loss_scaler_params_check(&p->scaler)))
+        return st;
+    if (!isfinite(p->max_grad_norm))
+        return td_error_set(TD_ERR_INVALID, "max grad norm %g: use a finite value (<= 0 turns clipping off)",
+                            p->max_grad_norm);
+    return td_optim_state_check(p->state);
+}
+
 td_status td_optim_init(td_optim *o, const td_optim_params *p)
 {
     td_status st = TD_OK;
     if (!o || !p) return td_error_set(TD_ERR_INVALID, "td_optim_init: NULL optimizer or params");
     memset(o, 0, sizeof *o);
-    TD_TRY(td_adam_hparams_check(&p->adam));
-    TD_TRY(td_lr_schedule_check(&p->lr));
-    if (!isfinite(p->max_grad_norm))
-        TD_FAIL(TD_ERR_INVALID, "max grad norm %g: use a finite value (<= 0 turns clipping off)", p->max_grad_norm);
+    TD_TRY(td_optim_params_check(p));
     TD_TRY(td_loss_scaler_init(&o->scaler, &p->scaler));
     o->params = *p;
 cleanup:

@@ -27,10 +27,9 @@ td_loss_scaler_params td_loss_scaler_default_params(void)
                                    .min_scale = 1.0};
 }
 
-td_status td_loss_scaler_init(td_loss_scaler *s, const td_loss_scaler_params *p)
+td_status td_loss_scaler_params_check(const td_loss_scaler_params *p)
 {
-    if (!s || !p) return td_error_set(TD_ERR_INVALID, "td_loss_scaler_init: NULL argument");
-    memset(s, 0, sizeof *s);
+    if (!p) return td_error_set(TD_ERR_INVALID, "loss scaler parameters are NULL");
     if ((unsigned)p->kind > TD_LOSS_SCALE_DYNAMIC) return td_error_set(TD_ERR_INVALID, "bad loss scaling %d", (int)p->kind);
     if (p->kind != TD_LOSS_SCALE_NONE && !(p->init_scale > 0 && isfinite(p->init_scale)))
         return td_error_set(TD_ERR_INVALID, "loss scale %g: use a finite scale > 0 (e.g. 65536)", p->init_scale);
@@ -49,6 +48,15 @@ td_status td_loss_scaler_init(td_loss_scaler *s, const td_loss_scaler_params *p)
             return td_error_set(TD_ERR_INVALID, "minimum loss scale %g: use 0 < min <= initial scale (%g)",
                                 p->min_scale, p->init_scale);
     }
+    return TD_OK;
+}
+
+td_status td_loss_scaler_init(td_loss_scaler *s, const td_loss_scaler_params *p)
+{
+    if (!s || !p) return td_error_set(TD_ERR_INVALID, "td_loss_scaler_init: NULL argument");
+    memset(s, 0, sizeof *s);
+    td_status st = td_loss_scaler_params_check(p);
+    if (st) return st;
     s->params = *p;
     s->scale = p->kind == TD_LOSS_SCALE_NONE ? 1.0 : p->init_scale;
     s->hysteresis_left = p->hysteresis;

@@ -188,7 +188,7 @@ static void test_kernel_conversions_match_scalar(void **state)
                         .one_minus_beta2 = 0, .step_size = 0, .rsqrt_bc2 = 1, .eps = 1};
     for (int isa = TD_OPTIM_ISA_SCALAR; isa < TD_OPTIM_ISA_COUNT; isa++) {
         if (!td_optim_isa_supported((td_optim_isa)isa)) continue;
-        for (int dt = TD_OPTIM_DTYPE_BF16; dt <= TD_OPTIM_DTYPE_F16; dt++) {
+        for (int dt = TD_DTYPE_BF16; dt <= TD_DTYPE_F16; dt++) {
             for (int i = 0; i < N; i++) {
                 uint32_t b = i < 16 ? specials[i] : (uint32_t)td_rng_next(&rng);
                 if ((b & 0x7f800000) == 0x7f800000 && (b & 0x7fffff)) b |= 0x400000; /* quiet: the multiply quiets */
@@ -196,22 +196,22 @@ static void test_kernel_conversions_match_scalar(void **state)
             }
             memset(m, 0, N * 4);
             memset(v, 0, N * 4);
-            td_adam_chunk ch = {master, m, v, g, TD_OPTIM_DTYPE_F32, out, (td_optim_dtype)dt, N, TD_OPTIM_STATE_FP32, NULL, 0};
+            td_adam_chunk ch = {master, m, v, g, TD_DTYPE_F32, out, (td_dtype)dt, N, TD_OPTIM_STATE_FP32, NULL, 0};
             float before[N];
             memcpy(before, master, sizeof before);
             td_adam_update_range((td_optim_isa)isa, &c, &ch, 0, N);
             for (int i = 0; i < N; i++) {
-                uint16_t want = dt == TD_OPTIM_DTYPE_BF16 ? td_bf16_from_f32(before[i]) : td_f16_from_f32(before[i]);
+                uint16_t want = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(before[i]) : td_f16_from_f32(before[i]);
                 if (out[i] != want)
                     fail_msg("%s %s: element %d 0x%08x -> 0x%04x, want 0x%04x", td_optim_isa_name(isa),
-                             td_optim_dtype_name(dt), i, td_f32_bits(before[i]), out[i], want);
+                             td_dtype_name(dt), i, td_f32_bits(before[i]), out[i], want);
             }
         }
         for (uint32_t h = 0; h < 65536; h++)
-            for (int dt = TD_OPTIM_DTYPE_BF16; dt <= TD_OPTIM_DTYPE_F16; dt++) {
+            for (int dt = TD_DTYPE_BF16; dt <= TD_DTYPE_F16; dt++) {
                 uint16_t hh = (uint16_t)h;
-                float x = dt == TD_OPTIM_DTYPE_BF16 ? td_f32_from_bf16(hh) : td_f32_from_f16(hh);
-                double s = td_grad_sumsq_range((td_optim_isa)isa, &hh, (td_optim_dtype)dt, 0, 1);
+                float x = dt == TD_DTYPE_BF16 ? td_f32_from_bf16(hh) : td_f32_from_f16(hh);
+                double s = td_grad_sumsq_range((td_optim_isa)isa, &hh, (td_dtype)dt, 0, 1);
                 if (isnan(x)) assert_true(isnan(s));
                 else assert_true(s == (double)x * (double)x);
             }

@@ -78,7 +78,7 @@ static void reference_losses(const td_train_config *c, int steps, double *losses
             td_model_tensor t;
             td_model_tensor_get(mc, i, &t);
             td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
-                                 .grad_dtype = TD_OPTIM_DTYPE_F32, .param_out = NULL, .param_dtype = TD_OPTIM_DTYPE_F32,
+                                 .grad_dtype = TD_DTYPE_F32, .param_out = NULL, .param_dtype = TD_DTYPE_F32,
                                  .numel = t.numel };
             TD_ASSERT_OK(td_adam_cpu_update(adam, t.matrix || c->decay_all ? &cd : &cn, &ch, 1));
         }

@@ -20,17 +20,17 @@
 
 static double uniform(td_rng *r, double lo, double hi) { return lo + (hi - lo) * td_rng_uniform(r); }
 
-static void store_as(void *dst, td_optim_dtype dt, size_t i, float x)
+static void store_as(void *dst, td_dtype dt, size_t i, float x)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
-    else if (dt == TD_OPTIM_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
+    if (dt == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
+    else if (dt == TD_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
     else ((float *)dst)[i] = x;
 }
 
-static double load_as(const void *src, td_optim_dtype dt, size_t i)
+static double load_as(const void *src, td_dtype dt, size_t i)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)src)[i]);
-    if (dt == TD_OPTIM_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)src)[i]);
+    if (dt == TD_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)src)[i]);
+    if (dt == TD_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)src)[i]);
     return ((const float *)src)[i];
 }
 
@@ -42,7 +42,7 @@ typedef struct problem {
     int n_chunks;
     size_t chunk_n[3];
     td_optim_params op;
-    td_optim_dtype gdt, pdt;
+    td_dtype gdt, pdt;
     int has_out, out_is_master;
     float *p0;
     void *grads[STEPS];
@@ -80,11 +80,11 @@ static void problem_make_n(problem *pb, uint64_t seed, size_t n)
     static const double scales[] = {1, 1024, 65536};
     op->scaler.kind = TD_LOSS_SCALE_STATIC;
     op->scaler.init_scale = scales[td_rng_below(&r, 3)];
-    pb->gdt = (td_optim_dtype)td_rng_below(&r, 3);
-    if (pb->gdt == TD_OPTIM_DTYPE_F16 && op->scaler.init_scale > 1024) op->scaler.init_scale = 1024;
+    pb->gdt = (td_dtype)td_rng_below(&r, 3);
+    if (pb->gdt == TD_DTYPE_F16 && op->scaler.init_scale > 1024) op->scaler.init_scale = 1024;
     pb->has_out = td_rng_below(&r, 4) != 0;
-    pb->pdt = (td_optim_dtype)td_rng_below(&r, 3);
-    pb->out_is_master = pb->has_out && pb->pdt == TD_OPTIM_DTYPE_F32 && td_rng_below(&r, 2);
+    pb->pdt = (td_dtype)td_rng_below(&r, 3);
+    pb->out_is_master = pb->has_out && pb->pdt == TD_DTYPE_F32 && td_rng_below(&r, 2);
     double gscale = pow(10, uniform(&r, -3, 0.5));
     pb->p0 = malloc(pb->n * 4);
     for (size_t i = 0; i < pb->n; i++) pb->p0[i] = (float)uniform(&r, -1, 1);
@@ -118,7 +118,7 @@ static void problem_free(problem *pb)
 static int problem_chunks(problem *pb, int s, td_adam_chunk *ch)
 {
     size_t off = 0;
-    size_t osz = td_optim_dtype_bytes(pb->pdt), gsz = td_optim_dtype_bytes(pb->gdt);
+    size_t osz = td_dtype_bytes(pb->pdt), gsz = td_dtype_bytes(pb->gdt);
     for (int j = 0; j < pb->n_chunks; j++) {
         ch[j] = (td_adam_chunk){.master = pb->master + off, .m = pb->m + off, .v = pb->v + off,
                                 .grad = (char *)pb->grads[s] + off * gsz, .grad_dtype = pb->gdt,
@@ -143,7 +143,7 @@ static void run_tidal_nested(problem *pb, td_optim_isa isa, int threads, int nes
     td_adam_chunk ch[3];
     int nc = problem_chunks(pb, 0, ch);
     for (int j = 0; j < nc; j++)
-        TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[j], pb->p0 + (ch[j].master - pb->master), TD_OPTIM_DTYPE_F32));
+        TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[j], pb->p0 + (ch[j].master - pb->master), TD_DTYPE_F32));
     td_optim opt;
     TD_ASSERT_OK(td_optim_init(&opt, &pb->op));
     int levels = omp_get_max_active_levels();
@@ -227,13 +227,13 @@ static void test_each_isa_matches_double_reference(void **state)
                     fail_msg("seed %d %s: element %zu of %zu: p %.9g vs %.9g, m %.9g vs %.9g, v %.9g vs %.9g "
                              "(grad %s, decay %s, wd %g, lr %g, scale %g, clip %g)",
                              seed, td_optim_isa_name(isa), i, pb.n, pb.master[i], p[i], pb.m[i], m[i], pb.v[i], v[i],
-                             td_optim_dtype_name(pb.gdt), pb.op.adam.decay == TD_ADAM_DECAY_L2 ? "l2" : "decoupled",
+                             td_dtype_name(pb.gdt), pb.op.adam.decay == TD_ADAM_DECAY_L2 ? "l2" : "decoupled",
                              pb.op.adam.weight_decay, lr, pb.op.scaler.init_scale, pb.op.max_grad_norm);
             }
             if (pb.has_out && !pb.out_is_master) /* the output is the new master, rounded */
                 for (size_t i = 0; i < pb.n; i++) {
-                    uint16_t want16 = pb.pdt == TD_OPTIM_DTYPE_BF16 ? td_bf16_from_f32(pb.master[i]) : td_f16_from_f32(pb.master[i]);
-                    if (pb.pdt == TD_OPTIM_DTYPE_F32) assert_true(((float *)pb.out)[i] == pb.master[i]);
+                    uint16_t want16 = pb.pdt == TD_DTYPE_BF16 ? td_bf16_from_f32(pb.master[i]) : td_f16_from_f32(pb.master[i]);
+                    if (pb.pdt == TD_DTYPE_F32) assert_true(((float *)pb.out)[i] == pb.master[i]);
                     else assert_int_equal(((uint16_t *)pb.out)[i], want16);
                 }
         }
@@ -255,7 +255,7 @@ static void test_variants_and_teams_bit_identical(void **state)
         void *want_o = malloc(bytes);
         run_tidal(&pb, TD_OPTIM_ISA_SCALAR, 1);
         memcpy(want_p, pb.master, bytes), memcpy(want_m, pb.m, bytes), memcpy(want_v, pb.v, bytes);
-        size_t obytes = pb.n * td_optim_dtype_bytes(pb.pdt);
+        size_t obytes = pb.n * td_dtype_bytes(pb.pdt);
         if (pb.has_out) memcpy(want_o, pb.out, obytes);
         for (int isa = TD_OPTIM_ISA_SCALAR; isa < TD_OPTIM_ISA_COUNT; isa++) {
             if (!td_optim_isa_supported((td_optim_isa)isa)) continue;
@@ -282,7 +282,7 @@ static void test_pieces_and_teams_bit_identical(void **state)
         problem pb;
         /* 3 to 5 pieces a thread at 4 threads, and a ragged end */
         problem_make_n(&pb, (uint64_t)seed * 7919, (size_t)(3 + seed) * 4 * 16384 + 777 * (size_t)seed);
-        size_t bytes = pb.n * 4, obytes = pb.n * td_optim_dtype_bytes(pb.pdt);
+        size_t bytes = pb.n * 4, obytes = pb.n * td_dtype_bytes(pb.pdt);
         float *want_p = malloc(bytes), *want_m = malloc(bytes), *want_v = malloc(bytes);
         void *want_o = malloc(bytes);
         run_tidal(&pb, TD_OPTIM_ISA_SCALAR, 1);
@@ -344,14 +344,14 @@ static void test_init_first_touch(void **state)
     uint16_t init[N], out[N];
     for (int i = 0; i < N; i++) init[i] = td_bf16_from_f32((float)i * 0.37f - 900.0f);
     memset(m, 0x7f, N * 4), memset(v, 0x7f, N * 4), memset(out, 0xff, sizeof out);
-    td_adam_chunk ch = {master, m, v, NULL, TD_OPTIM_DTYPE_F32, out, TD_OPTIM_DTYPE_F16, N, TD_OPTIM_STATE_FP32, NULL, 0};
-    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, init, TD_OPTIM_DTYPE_BF16));
+    td_adam_chunk ch = {master, m, v, NULL, TD_DTYPE_F32, out, TD_DTYPE_F16, N, TD_OPTIM_STATE_FP32, NULL, 0};
+    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, init, TD_DTYPE_BF16));
     for (int i = 0; i < N; i++) {
         assert_true(master[i] == td_f32_from_bf16(init[i]));
         assert_true(m[i] == 0 && v[i] == 0);
         assert_int_equal(out[i], td_f16_from_f32(master[i]));
     }
-    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32)); /* zeros */
+    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, NULL, TD_DTYPE_F32)); /* zeros */
     for (int i = 0; i < N; i++) assert_true(master[i] == 0 && out[i] == 0);
     free(master), free(m), free(v);
     td_adam_cpu_destroy(cpu);
@@ -372,20 +372,20 @@ static void test_grad_stats(void **state)
             cp.isa = (td_optim_isa)isa;
             td_adam_cpu *cpu;
             TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
-            for (int dt = 0; dt < TD_OPTIM_DTYPE_COUNT; dt++) {
+            for (int dt = 0; dt < TD_DTYPE_COUNT; dt++) {
                 size_t n = 1 + td_rng_below(&r, 20000);
                 void *g = malloc(n * 4 + 8);
-                char *gu = (char *)g + td_optim_dtype_bytes((td_optim_dtype)dt) * td_rng_below(&r, 2); /* not 8-aligned */
-                double want = 0, big = dt == TD_OPTIM_DTYPE_F16 ? 65504 : 3e38;
+                char *gu = (char *)g + td_dtype_bytes((td_dtype)dt) * td_rng_below(&r, 2); /* not 8-aligned */
+                double want = 0, big = dt == TD_DTYPE_F16 ? 65504 : 3e38;
                 for (size_t i = 0; i < n; i++) {
                     float x = (float)(td_rng_below(&r, 50) ? uniform(&r, -2, 2) : uniform(&r, -big, big));
-                    store_as(gu, (td_optim_dtype)dt, i, x);
-                    double y = load_as(gu, (td_optim_dtype)dt, i);
+                    store_as(gu, (td_dtype)dt, i, x);
+                    double y = load_as(gu, (td_dtype)dt, i);
                     want += y * y;
                 }
                 td_grad_stats s = {0}, s2 = {0};
-                TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, gu, (td_optim_dtype)dt, n, &s));
-                TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, gu, (td_optim_dtype)dt, n, &s2));
+                TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, gu, (td_dtype)dt, n, &s));
+                TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, gu, (td_dtype)dt, n, &s2));
                 assert_true(s.sumsq == s2.sumsq);
                 assert_false(td_grad_stats_overflow(&s));
                 assert_true(fabs(s.sumsq - want) <= 1e-12 * want);
@@ -395,11 +395,11 @@ static void test_grad_stats(void **state)
                 for (size_t w = 0; w < 4; w++)
                     for (size_t b = 0; b < 3; b++) {
                         unsigned char keep[4];
-                        size_t sz = td_optim_dtype_bytes((td_optim_dtype)dt);
+                        size_t sz = td_dtype_bytes((td_dtype)dt);
                         memcpy(keep, gu + where[w] * sz, sz);
-                        store_as(gu, (td_optim_dtype)dt, where[w], bad[b]);
+                        store_as(gu, (td_dtype)dt, where[w], bad[b]);
                         td_grad_stats o = {0};
-                        TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, gu, (td_optim_dtype)dt, n, &o));
+                        TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, gu, (td_dtype)dt, n, &o));
                         assert_true(td_grad_stats_overflow(&o));
                         memcpy(gu + where[w] * sz, keep, sz);
                     }
@@ -411,7 +411,7 @@ static void test_grad_stats(void **state)
     /* The largest finite values cannot overflow the double sum. */
     float huge[64];
     for (int i = 0; i < 64; i++) huge[i] = FLT_MAX;
-    td_grad_stats s = {td_grad_sumsq_range(TD_OPTIM_ISA_AUTO, huge, TD_OPTIM_DTYPE_F32, 0, 64)};
+    td_grad_stats s = {td_grad_sumsq_range(TD_OPTIM_ISA_AUTO, huge, TD_DTYPE_F32, 0, 64)};
     assert_false(td_grad_stats_overflow(&s));
 }
 
@@ -459,9 +459,9 @@ static void test_errors(void **state)
     assert_int_equal(td_optim_isa_parse("sse9", &isa), TD_ERR_INVALID);
     TD_ASSERT_OK(td_optim_isa_parse("avx2", &isa));
     assert_int_equal(isa, TD_OPTIM_ISA_AVX2);
-    td_optim_dtype dt;
-    TD_ASSERT_OK(td_optim_dtype_parse("bf16", &dt));
-    assert_int_equal(dt, TD_OPTIM_DTYPE_BF16);
+    td_dtype dt;
+    TD_ASSERT_OK(td_dtype_parse("bf16", &dt));
+    assert_int_equal(dt, TD_DTYPE_BF16);
 
     cp = td_adam_cpu_default_params();
     TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
@@ -470,23 +470,23 @@ static void test_errors(void **state)
     td_adam_coeffs co;
     td_adam_hparams hp = td_adam_default_hparams();
     TD_ASSERT_OK(td_adam_coeffs_make(&hp, 1e-3, 1, 1, &co));
-    td_adam_chunk ch = {a, b, c4, g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, 4, TD_OPTIM_STATE_FP32, NULL, 0};
-    ch.grad_dtype = (td_optim_dtype)7;
+    td_adam_chunk ch = {a, b, c4, g, TD_DTYPE_F32, NULL, TD_DTYPE_F32, 4, TD_OPTIM_STATE_FP32, NULL, 0};
+    ch.grad_dtype = (td_dtype)7;
     assert_int_equal(td_adam_cpu_update(cpu, &co, &ch, 1), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "grad dtype"));
-    ch.grad_dtype = TD_OPTIM_DTYPE_F32;
+    ch.grad_dtype = TD_DTYPE_F32;
     ch.m = NULL;
     assert_int_equal(td_adam_cpu_update(cpu, &co, &ch, 1), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "NULL"));
     ch.m = b;
     ch.param_out = a;
-    ch.param_dtype = TD_OPTIM_DTYPE_BF16;
+    ch.param_dtype = TD_DTYPE_BF16;
     assert_int_equal(td_adam_cpu_update(cpu, &co, &ch, 1), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "aliases"));
-    ch.param_dtype = TD_OPTIM_DTYPE_F32; /* fp32 output into master itself is allowed */
+    ch.param_dtype = TD_DTYPE_F32; /* fp32 output into master itself is allowed */
     TD_ASSERT_OK(td_adam_cpu_update(cpu, &co, &ch, 1));
     TD_ASSERT_OK(td_adam_cpu_update(cpu, &co, &ch, 0));
-    assert_int_equal(td_adam_cpu_grad_stats(cpu, NULL, TD_OPTIM_DTYPE_F32, 4, &(td_grad_stats){0}), TD_ERR_INVALID);
+    assert_int_equal(td_adam_cpu_grad_stats(cpu, NULL, TD_DTYPE_F32, 4, &(td_grad_stats){0}), TD_ERR_INVALID);
     td_adam_cpu_destroy(cpu);
     td_adam_cpu_destroy(NULL);
 }
@@ -511,14 +511,14 @@ static void test_param_out_may_alias_grad(void **state)
         if (!td_optim_isa_supported((td_optim_isa)isa)) continue;
         for (int threads = 1; threads <= 3; threads += 2)
             for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++)
-                for (int dt = 0; dt < TD_OPTIM_DTYPE_COUNT; dt++)
+                for (int dt = 0; dt < TD_DTYPE_COUNT; dt++)
                     for (int nd = 0; nd < 2; nd++) {
                         td_adam_cpu_params cp = td_adam_cpu_default_params();
                         cp.isa = (td_optim_isa)isa;
                         cp.threads = threads;
                         td_adam_cpu *cpu;
                         TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
-                        size_t esz = td_optim_dtype_bytes((td_optim_dtype)dt), mb = td_adam_moment_bytes(s, N);
+                        size_t esz = td_dtype_bytes((td_dtype)dt), mb = td_adam_moment_bytes(s, N);
                         td_adam_chunk ch[2]; /* 0: separate grad and param_out; 1: param_out == grad */
                         void *bufs[2][5];
                         for (int a = 0; a < 2; a++) {
@@ -528,25 +528,25 @@ static void test_param_out_may_alias_grad(void **state)
                             bufs[a][3] = malloc(N * esz); /* param_out */
                             bufs[a][4] = a ? bufs[a][3] : malloc(N * esz); /* grad */
                             ch[a] = (td_adam_chunk){.master = bufs[a][0], .m = bufs[a][1], .v = bufs[a][2],
-                                                    .grad = bufs[a][4], .grad_dtype = (td_optim_dtype)dt,
-                                                    .param_out = bufs[a][3], .param_dtype = (td_optim_dtype)dt,
+                                                    .grad = bufs[a][4], .grad_dtype = (td_dtype)dt,
+                                                    .param_out = bufs[a][3], .param_dtype = (td_dtype)dt,
                                                     .numel = N, .state = (td_optim_state)s,
                                                     .no_decay = nd ? ranges : NULL, .n_no_decay = nd ? 3 : 0};
-                            TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[a], p0, TD_OPTIM_DTYPE_F32));
+                            TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[a], p0, TD_DTYPE_F32));
                         }
                         for (int step = 1; step <= ASTEPS; step++) {
                             td_adam_coeffs c;
                             TD_ASSERT_OK(td_adam_coeffs_make(&hp, 1e-2, step, 1.0, &c));
                             for (int a = 0; a < 2; a++) {
                                 for (size_t i = 0; i < N; i++)
-                                    store_as(bufs[a][4], (td_optim_dtype)dt, i, gsrc[(size_t)(step - 1) * N + i]);
+                                    store_as(bufs[a][4], (td_dtype)dt, i, gsrc[(size_t)(step - 1) * N + i]);
                                 TD_ASSERT_OK(td_adam_cpu_update(cpu, &c, &ch[a], 1));
                             }
                             if (memcmp(bufs[0][0], bufs[1][0], N * 4) || memcmp(bufs[0][1], bufs[1][1], mb) ||
                                 memcmp(bufs[0][2], bufs[1][2], mb) || memcmp(bufs[0][3], bufs[1][3], N * esz))
                                 fail_msg("%s, %d threads, %s state, %s grads and params%s: step %d differs when "
                                          "param_out is the grad buffer", td_optim_isa_name(isa), threads,
-                                         td_optim_state_name((td_optim_state)s), td_optim_dtype_name((td_optim_dtype)dt),
+                                         td_optim_state_name((td_optim_state)s), td_dtype_name((td_dtype)dt),
                                          nd ? ", no-decay ranges" : "", step);
                         }
                         for (int a = 0; a < 2; a++) {
@@ -560,8 +560,8 @@ static void test_param_out_may_alias_grad(void **state)
     td_adam_cpu *cpu;
     TD_ASSERT_OK(td_adam_cpu_create(NULL, &cpu));
     float master[8] = {0}, m[8] = {0}, v[8] = {0}, gp[8] = {0};
-    td_adam_chunk bad = {.master = master, .m = m, .v = v, .grad = gp, .grad_dtype = TD_OPTIM_DTYPE_BF16,
-                         .param_out = gp, .param_dtype = TD_OPTIM_DTYPE_F32, .numel = 8};
+    td_adam_chunk bad = {.master = master, .m = m, .v = v, .grad = gp, .grad_dtype = TD_DTYPE_BF16,
+                         .param_out = gp, .param_dtype = TD_DTYPE_F32, .numel = 8};
     td_adam_coeffs c;
     TD_ASSERT_OK(td_adam_coeffs_make(&hp, 1e-2, 1, 1.0, &c));
     assert_int_equal(td_adam_cpu_update(cpu, &c, &bad, 1), TD_ERR_INVALID);

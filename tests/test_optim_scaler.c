@@ -157,11 +157,11 @@ static void test_overflow_step_leaves_state(void **state)
     static float master[N], m[N], v[N], init[N];
     static uint16_t grad[N], out[N];
     for (int i = 0; i < N; i++) init[i] = 0.001f * (float)i, grad[i] = 0x3f80; /* bf16 1.0 */
-    td_adam_chunk ch[2] = {{master, m, v, grad, TD_OPTIM_DTYPE_BF16, out, TD_OPTIM_DTYPE_BF16, 1000, TD_OPTIM_STATE_FP32, NULL, 0},
-                           {master + 1000, m + 1000, v + 1000, grad + 1000, TD_OPTIM_DTYPE_BF16, out + 1000,
-                            TD_OPTIM_DTYPE_BF16, N - 1000, TD_OPTIM_STATE_FP32, NULL, 0}};
-    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[0], init, TD_OPTIM_DTYPE_F32));
-    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[1], init + 1000, TD_OPTIM_DTYPE_F32));
+    td_adam_chunk ch[2] = {{master, m, v, grad, TD_DTYPE_BF16, out, TD_DTYPE_BF16, 1000, TD_OPTIM_STATE_FP32, NULL, 0},
+                           {master + 1000, m + 1000, v + 1000, grad + 1000, TD_DTYPE_BF16, out + 1000,
+                            TD_DTYPE_BF16, N - 1000, TD_OPTIM_STATE_FP32, NULL, 0}};
+    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[0], init, TD_DTYPE_F32));
+    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[1], init + 1000, TD_DTYPE_F32));
     td_optim_params p = td_optim_default_params();
     p.scaler.kind = TD_LOSS_SCALE_DYNAMIC;
     p.scaler.hysteresis = 1;

@@ -19,6 +19,7 @@
 #include "td_test.h"
 #include "tidal/optim.h"
 #include "tidal/convert.h"
+#include "tidal/trainer.h"
 
 #include <float.h>
 #include <math.h>
@@ -147,17 +148,17 @@ static int code_sr(int bias, double y, uint32_t r20)
 
 /* ---- random problems ---------------------------------------------------------- */
 
-static void store_as(void *dst, td_optim_dtype dt, size_t i, float x)
+static void store_as(void *dst, td_dtype dt, size_t i, float x)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
-    else if (dt == TD_OPTIM_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
+    if (dt == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
+    else if (dt == TD_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
     else ((float *)dst)[i] = x;
 }
 
-static double load_as(const void *src, td_optim_dtype dt, size_t i)
+static double load_as(const void *src, td_dtype dt, size_t i)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)src)[i]);
-    if (dt == TD_OPTIM_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)src)[i]);
+    if (dt == TD_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)src)[i]);
+    if (dt == TD_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)src)[i]);
     return ((const float *)src)[i];
 }
 
@@ -167,7 +168,7 @@ typedef struct problem {
     int n_chunks;
     size_t chunk_n[3], chunk_off[3];
     td_optim_params op;
-    td_optim_dtype gdt, pdt;
+    td_dtype gdt, pdt;
     int has_out;
     float *p0;
     void *grads[STEPS];
@@ -242,10 +243,10 @@ static void problem_make(problem *pb, td_optim_state state, uint64_t seed)
     static const double scales[] = {1, 1024, 65536};
     op->scaler.kind = TD_LOSS_SCALE_STATIC;
     op->scaler.init_scale = scales[td_rng_below(&r, 3)];
-    pb->gdt = (td_optim_dtype)td_rng_below(&r, 3);
-    if (pb->gdt == TD_OPTIM_DTYPE_F16 && op->scaler.init_scale > 1024) op->scaler.init_scale = 1024;
+    pb->gdt = (td_dtype)td_rng_below(&r, 3);
+    if (pb->gdt == TD_DTYPE_F16 && op->scaler.init_scale > 1024) op->scaler.init_scale = 1024;
     pb->has_out = td_rng_below(&r, 4) != 0;
-    pb->pdt = (td_optim_dtype)td_rng_below(&r, 3);
+    pb->pdt = (td_dtype)td_rng_below(&r, 3);
     /* Grad magnitudes vary by element over ~6 decades (blocks with small and
      * large members), plus a whole-problem scale. */
     double gscale = pow(10, uniform(&r, -3, 0.5));
@@ -289,7 +290,7 @@ static void problem_free(problem *pb)
 
 static void problem_chunks(problem *pb, int s, td_adam_chunk *ch)
 {
-    size_t osz = td_optim_dtype_bytes(pb->pdt), gsz = td_optim_dtype_bytes(pb->gdt);
+    size_t osz = td_dtype_bytes(pb->pdt), gsz = td_dtype_bytes(pb->gdt);
     for (int j = 0; j < pb->n_chunks; j++) {
         size_t off = pb->chunk_off[j];
         ch[j] = (td_adam_chunk){.master = pb->master + off, .m = pb->m[j], .v = pb->v[j],
@@ -404,7 +405,7 @@ static void check_step(const problem *pb, const snapshot *sn, int s, int seed, c
             if (!(fabs(got - pr) <= 2 * ep))
                 fail_msg("%s seed %d step %d (%s, %s): chunk %d element %zu of %zu: master %.9g vs reference %.12g "
                          "(bound %.3g)",
-                         isa, seed, s + 1, td_optim_state_name(pb->state), td_optim_dtype_name(pb->gdt), j, i, nj,
+                         isa, seed, s + 1, td_optim_state_name(pb->state), td_dtype_name(pb->gdt), j, i, nj,
                          got, pr, 2 * ep);
         }
         /* Block by block: the scale is the absmax of the new values. */
@@ -433,8 +434,8 @@ static void check_step(const problem *pb, const snapshot *sn, int s, int seed, c
     }
     if (pb->has_out) /* the output is the new master, rounded */
         for (size_t i = 0; i < pb->n; i++) {
-            if (pb->pdt == TD_OPTIM_DTYPE_F32) assert_true(((float *)pb->out)[i] == pb->master[i]);
-            else if (pb->pdt == TD_OPTIM_DTYPE_BF16) assert_int_equal(((uint16_t *)pb->out)[i], td_bf16_from_f32(pb->master[i]));
+            if (pb->pdt == TD_DTYPE_F32) assert_true(((float *)pb->out)[i] == pb->master[i]);
+            else if (pb->pdt == TD_DTYPE_BF16) assert_int_equal(((uint16_t *)pb->out)[i], td_bf16_from_f32(pb->master[i]));
             else assert_int_equal(((uint16_t *)pb->out)[i], td_f16_from_f32(pb->master[i]));
         }
 }
@@ -452,7 +453,7 @@ static void run_tidal(problem *pb, td_optim_isa isa, int threads, int check, int
     td_adam_chunk ch[3];
     problem_chunks(pb, 0, ch);
     for (int j = 0; j < pb->n_chunks; j++)
-        TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[j], pb->p0 + pb->chunk_off[j], TD_OPTIM_DTYPE_F32));
+        TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch[j], pb->p0 + pb->chunk_off[j], TD_DTYPE_F32));
     td_optim opt;
     TD_ASSERT_OK(td_optim_init(&opt, &pb->op));
     for (int s = 0; s < STEPS; s++) {
@@ -498,7 +499,7 @@ static void test_isas_and_teams_bit_identical(void **state)
             problem pb;
             problem_make(&pb, (td_optim_state)st, (uint64_t)seed * 104723 + (uint64_t)st);
             run_tidal(&pb, TD_OPTIM_ISA_SCALAR, 1, 0, seed);
-            size_t bytes = pb.n * 4, obytes = pb.n * td_optim_dtype_bytes(pb.pdt);
+            size_t bytes = pb.n * 4, obytes = pb.n * td_dtype_bytes(pb.pdt);
             float *want_p = malloc(bytes + 4);
             void *want_o = malloc(bytes + 4), *want_m[3], *want_v[3];
             memcpy(want_p, pb.master, bytes);
@@ -544,13 +545,13 @@ static void run_split(problem *pb)
     for (int j = 0; j < pb->n_chunks; j++) {
         td_adam_chunk c = ch[j];
         c.no_decay = NULL, c.n_no_decay = 0;
-        TD_ASSERT_OK(td_adam_cpu_init(cpu, &c, pb->p0 + pb->chunk_off[j], TD_OPTIM_DTYPE_F32));
+        TD_ASSERT_OK(td_adam_cpu_init(cpu, &c, pb->p0 + pb->chunk_off[j], TD_DTYPE_F32));
     }
     td_optim opt;
     TD_ASSERT_OK(td_optim_init(&opt, &pb->op));
     td_adam_hparams nohp = pb->op.adam;
     nohp.weight_decay = 0;
-    size_t gsz = td_optim_dtype_bytes(pb->gdt), osz = td_optim_dtype_bytes(pb->pdt);
+    size_t gsz = td_dtype_bytes(pb->gdt), osz = td_dtype_bytes(pb->pdt);
     for (int s = 0; s < STEPS; s++) {
         problem_chunks(pb, s, ch);
         td_grad_stats stats = {0};
@@ -592,7 +593,7 @@ static void test_ranges_equal_separate_calls(void **state)
         if (pb.op.adam.weight_decay == 0) pb.op.adam.weight_decay = 0.1;
         if (!pb.n_nd[0] && pb.chunk_n[0] > 2) pb.nd[0][0] = (td_adam_range){1, pb.chunk_n[0] / 2 + 1}, pb.n_nd[0] = 1;
         for (int j = 0; j < pb.n_chunks; j++) cut += pb.n_nd[j];
-        size_t bytes = pb.n * 4, obytes = pb.n * td_optim_dtype_bytes(pb.pdt);
+        size_t bytes = pb.n * 4, obytes = pb.n * td_dtype_bytes(pb.pdt);
         run_split(&pb);
         float *want_p = malloc(bytes + 4), *want_m = malloc(bytes + 4), *want_v = malloc(bytes + 4);
         void *want_o = malloc(obytes + 4);
@@ -620,7 +621,7 @@ static void test_ranges_equal_separate_calls(void **state)
     assert_true(cut > 0);
 }
 
-/* Round trips through td_adam_moment_store / _load: every code is the
+/* Round trips through td_adam_moment_write / _read: every code is the
  * nearest (ties even) to |x| / absmax, the decoded value is that code's
  * value times the scale, so within half a code step of x; all-zero blocks,
  * huge, tiny and subnormal magnitudes, partial blocks. */
@@ -656,8 +657,8 @@ static void test_round_trip(void **state)
                         for (size_t i = 0; i < n; i++) in[i] = fabsf(x[i]);
                     }
                     td_adam_moment which = is_v ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M;
-                    TD_ASSERT_OK(td_adam_moment_store((td_optim_state)st, which, in, n, buf));
-                    TD_ASSERT_OK(td_adam_moment_load((td_optim_state)st, which, buf, n, y));
+                    TD_ASSERT_OK(td_adam_moment_write((td_optim_state)st, which, buf, n, 0, n, in));
+                    TD_ASSERT_OK(td_adam_moment_read((td_optim_state)st, which, buf, n, 0, n, y));
                     assert_int_equal(buf[bytes], 0xa5); /* nothing past the buffer */
                     for (size_t i = 0; i < n; i++) {
                         if (st == TD_OPTIM_STATE_FP32) {
@@ -722,7 +723,7 @@ static void test_init_zeroes_compact_state(void **state)
                 unsigned char *m = malloc(bytes + 1), *v = malloc(bytes + 1);
                 memset(m, 0x7f, bytes + 1), memset(v, 0xff, bytes + 1);
                 td_adam_chunk ch = {.master = master, .m = m, .v = v, .numel = n, .state = (td_optim_state)st};
-                TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
+                TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, NULL, TD_DTYPE_F32));
                 for (size_t i = 0; i < bytes; i++)
                     if (m[i] || v[i])
                         fail_msg("%s state, %zu elements, %d threads: byte %zu of %zu not zeroed",
@@ -754,6 +755,142 @@ static void test_bytes_and_names(void **state)
     assert_string_equal(td_optim_state_name(TD_OPTIM_STATE_BF16), "bf16");
 }
 
+/* Pieces of a moment, for every format: any range reads as the same values
+ * as the whole; aligned pieces written one by one give the bytes of one
+ * write of the whole; a piece's bytes found by td_adam_moment_spans, moved
+ * into a buffer of its own (a file, say) and back, or copied with
+ * td_adam_moment_copy, are the piece itself; a misaligned write is refused,
+ * naming the alignment. */
+static void test_pieces(void **state)
+{
+    td_rng r;
+    td_rng_seed(&r, 5);
+    static const size_t sizes[] = {1, 255, 256, 257, 1000, 4 * 256, 5 * 256 + 3};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+        for (int st = 0; st < TD_OPTIM_STATE_COUNT; st++)
+            for (int is_v = 0; is_v < 2; is_v++) {
+                td_optim_state s = (td_optim_state)st;
+                td_adam_moment which = is_v ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M;
+                size_t n = sizes[k], bytes = td_adam_moment_bytes(s, n), a = td_adam_moment_align(s);
+                float *x = malloc(n * 4), *all = malloc(n * 4), *y = malloc(n * 4);
+                unsigned char *whole = malloc(bytes), *parts = malloc(bytes), *file = malloc(bytes),
+                              *back = malloc(bytes);
+                assert_true(x && all && y && whole && parts && file && back);
+                for (size_t i = 0; i < n; i++) {
+                    x[i] = (float)(uniform(&r, -1, 1) * pow(10, uniform(&r, -6, 2)));
+                    if (is_v) x[i] = fabsf(x[i]);
+                }
+                TD_ASSERT_OK(td_adam_moment_write(s, which, whole, n, 0, n, x));
+                TD_ASSERT_OK(td_adam_moment_read(s, which, whole, n, 0, n, all));
+                for (int t = 0; t < 30; t++) { /* any range reads the same values */
+                    size_t b = td_rng_below(&r, n + 1), e = b + td_rng_below(&r, n - b + 1);
+                    memset(y, 0xff, n * 4);
+                    TD_ASSERT_OK(td_adam_moment_read(s, which, whole, n, b, e, y));
+                    assert_memory_equal(y, all + b, (e - b) * 4);
+                }
+                /* aligned pieces of random lengths, written in turn: the bytes of the whole */
+                memset(parts, 0x5a, bytes);
+                for (size_t b = 0; b < n;) {
+                    size_t e = b + a * (1 + td_rng_below(&r, 3));
+                    if (e > n) e = n;
+                    TD_ASSERT_OK(td_adam_moment_write(s, which, parts, n, b, e, all + b));
+                    b = e;
+                }
+                assert_memory_equal(parts, whole, bytes); /* what was read writes back to the same bits */
+                /* a piece's bytes where they lie, moved out and back */
+                size_t b = a * td_rng_below(&r, (n + a - 1) / a), e = b + a * (1 + td_rng_below(&r, 2));
+                if (e > n) e = n;
+                td_adam_span sp[2];
+                int cnt;
+                TD_ASSERT_OK(td_adam_moment_spans(s, n, b, e, sp, &cnt));
+                assert_int_equal(cnt, s == TD_OPTIM_STATE_INT8 ? 2 : 1);
+                memset(back, 0, bytes);
+                for (int i = 0, at = 0; i < cnt; at += (int)sp[i].bytes, i++) {
+                    assert_true(sp[i].offset + sp[i].bytes <= bytes);
+                    memcpy(file + at, whole + sp[i].offset, sp[i].bytes);
+                    memcpy(back + sp[i].offset, file + at, sp[i].bytes);
+                }
+                TD_ASSERT_OK(td_adam_moment_read(s, which, back, n, b, e, y));
+                assert_memory_equal(y, all + b, (e - b) * 4);
+                /* the piece as a moment of its own, and back into a fresh buffer at the same place */
+                size_t pn = e - b, pbytes = td_adam_moment_bytes(s, pn);
+                unsigned char *piece = malloc(pbytes + 1);
+                piece[pbytes] = 0x77;
+                TD_ASSERT_OK(td_adam_moment_copy(s, piece, pn, 0, whole, n, b, pn));
+                assert_int_equal(piece[pbytes], 0x77);
+                TD_ASSERT_OK(td_adam_moment_read(s, which, piece, pn, 0, pn, y));
+                assert_memory_equal(y, all + b, pn * 4);
+                memset(back, 0, bytes);
+                TD_ASSERT_OK(td_adam_moment_copy(s, back, n, b, piece, pn, 0, pn));
+                TD_ASSERT_OK(td_adam_moment_read(s, which, back, n, b, e, y));
+                assert_memory_equal(y, all + b, pn * 4);
+                free(piece);
+                /* fp32 reads in place; the others do not */
+                assert_true((td_adam_moment_f32(s, whole, 3) != NULL) == (s == TD_OPTIM_STATE_FP32));
+                if (s == TD_OPTIM_STATE_FP32) assert_ptr_equal(td_adam_moment_f32(s, whole, 3), (float *)whole + 3);
+                if (a > 1 && n > a + 1) { /* a piece off the block grid */
+                    assert_int_equal(td_adam_moment_write(s, which, parts, n, 1, a, all + 1), TD_ERR_INVALID);
+                    assert_non_null(strstr(td_error_msg(), "multiple of 256 elements"));
+                    assert_int_equal(td_adam_moment_write(s, which, parts, n, 0, a + 1, all), TD_ERR_INVALID);
+                    assert_int_equal(td_adam_moment_spans(s, n, 0, 1, sp, &cnt), TD_ERR_INVALID);
+                    assert_int_equal(td_adam_moment_copy(s, back, n, 1, whole, n, 0, a), TD_ERR_INVALID);
+                }
+                assert_int_equal(td_adam_moment_copy(s, back, n, 0, whole, n, 0, n + 1), TD_ERR_INVALID);
+                free(x); free(all); free(y); free(whole); free(parts); free(file); free(back);
+            }
+}
+
+/* The one validity check of an optimizer's configuration names each bad
+ * value; td_optim_init and the trainer's config check make it. */
+static void test_params_check(void **state)
+{
+    td_optim_params ok = td_optim_default_params();
+    TD_ASSERT_OK(td_optim_params_check(&ok));
+    for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++) {
+        ok.state = (td_optim_state)s;
+        TD_ASSERT_OK(td_optim_params_check(&ok));
+        TD_ASSERT_OK(td_optim_state_check(ok.state));
+    }
+    assert_int_equal(td_adam_moment_dtype(TD_OPTIM_STATE_FP32), TD_DTYPE_F32);
+    assert_int_equal(td_adam_moment_dtype(TD_OPTIM_STATE_BF16), TD_DTYPE_BF16);
+    assert_int_equal(td_adam_moment_dtype(TD_OPTIM_STATE_INT8), TD_DTYPE_COUNT);
+    assert_int_equal(td_adam_moment_align(TD_OPTIM_STATE_FP32), 1);
+    assert_int_equal(td_adam_moment_align(TD_OPTIM_STATE_BF16), 1);
+    assert_int_equal(td_adam_moment_align(TD_OPTIM_STATE_INT8), QB);
+    struct { const char *field, *msg; } cases[] = {
+        {"state", "optimizer state type 7: use fp32"},
+        {"beta1", "beta1 1 out of range"},
+        {"eps", "eps 0 out of range"},
+        {"lr", "lr -1: use a finite lr > 0"},
+        {"scaler", "loss-scale backoff factor 1.5"},
+        {"clip", "max grad norm inf"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        td_optim_params p = td_optim_default_params();
+        const char *f = cases[k].field;
+        if (!strcmp(f, "state")) p.state = (td_optim_state)7;
+        if (!strcmp(f, "beta1")) p.adam.beta1 = 1;
+        if (!strcmp(f, "eps")) p.adam.eps = 0;
+        if (!strcmp(f, "lr")) p.lr.lr = -1;
+        if (!strcmp(f, "scaler")) {
+            p.scaler.kind = TD_LOSS_SCALE_DYNAMIC;
+            p.scaler.backoff_factor = 1.5;
+        }
+        if (!strcmp(f, "clip")) p.max_grad_norm = INFINITY;
+        assert_int_equal(td_optim_params_check(&p), TD_ERR_INVALID);
+        if (!strstr(td_error_msg(), cases[k].msg)) fail_msg("%s: '%s' lacks '%s'", f, td_error_msg(), cases[k].msg);
+        td_optim o;
+        assert_int_equal(td_optim_init(&o, &p), TD_ERR_INVALID);
+        assert_non_null(strstr(td_error_msg(), cases[k].msg));
+        td_train_config c = td_train_default_config();
+        c.optim = p;
+        assert_int_equal(td_train_config_check(&c), TD_ERR_INVALID);
+        assert_non_null(strstr(td_error_msg(), cases[k].msg));
+    }
+    assert_int_equal(td_optim_params_check(NULL), TD_ERR_INVALID);
+    assert_int_equal(td_optim_state_check((td_optim_state)-2), TD_ERR_INVALID);
+}
+
 static void test_errors(void **state)
 {
     td_adam_cpu *cpu;
@@ -766,7 +903,7 @@ static void test_errors(void **state)
     td_adam_chunk ch = {.master = a, .m = m, .v = v, .grad = g, .numel = 4, .state = (td_optim_state)3};
     assert_int_equal(td_adam_cpu_update(cpu, &co, &ch, 1), TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "optimizer state"));
-    assert_int_equal(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32), TD_ERR_INVALID);
+    assert_int_equal(td_adam_cpu_init(cpu, &ch, NULL, TD_DTYPE_F32), TD_ERR_INVALID);
     ch.state = TD_OPTIM_STATE_INT8;
     TD_ASSERT_OK(td_adam_cpu_update(cpu, &co, &ch, 1));
     /* No-decay ranges: sorted, non-empty, disjoint, inside the chunk. */
@@ -785,9 +922,13 @@ static void test_errors(void **state)
     TD_ASSERT_OK(td_adam_cpu_update(cpu, &co, &ch, 1));
     ch.no_decay = NULL;
     ch.n_no_decay = 0;
-    assert_int_equal(td_adam_moment_store((td_optim_state)-1, TD_ADAM_MOMENT_M, a, 4, m), TD_ERR_INVALID);
-    assert_int_equal(td_adam_moment_store(TD_OPTIM_STATE_INT8, (td_adam_moment)2, a, 4, m), TD_ERR_INVALID);
-    assert_int_equal(td_adam_moment_load(TD_OPTIM_STATE_INT8, TD_ADAM_MOMENT_V, NULL, 4, a), TD_ERR_INVALID);
+    assert_int_equal(td_adam_moment_write((td_optim_state)-1, TD_ADAM_MOMENT_M, m, 4, 0, 4, a), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "optimizer state type -1"));
+    assert_int_equal(td_adam_moment_write(TD_OPTIM_STATE_INT8, (td_adam_moment)2, m, 4, 0, 4, a), TD_ERR_INVALID);
+    assert_int_equal(td_adam_moment_read(TD_OPTIM_STATE_INT8, TD_ADAM_MOMENT_V, NULL, 4, 0, 4, a), TD_ERR_INVALID);
+    assert_int_equal(td_adam_moment_read(TD_OPTIM_STATE_BF16, TD_ADAM_MOMENT_V, m, 4, 3, 5, a), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "not inside"));
+    assert_int_equal(td_adam_moment_read(TD_OPTIM_STATE_BF16, TD_ADAM_MOMENT_V, m, 4, 3, 2, a), TD_ERR_INVALID);
     td_adam_cpu_destroy(cpu);
 }
 
@@ -839,8 +980,8 @@ static double least_squares_run(td_optim_state st, int steps, double *loss0, dou
     cp.threads = 2;
     td_adam_cpu *cpu;
     TD_ASSERT_OK(td_adam_cpu_create(&cp, &cpu));
-    td_adam_chunk ch = {.master = w, .m = m, .v = v, .grad = g, .grad_dtype = TD_OPTIM_DTYPE_F32, .numel = LS_D, .state = st};
-    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, init, TD_OPTIM_DTYPE_F32));
+    td_adam_chunk ch = {.master = w, .m = m, .v = v, .grad = g, .grad_dtype = TD_DTYPE_F32, .numel = LS_D, .state = st};
+    TD_ASSERT_OK(td_adam_cpu_init(cpu, &ch, init, TD_DTYPE_F32));
     td_optim_params op = td_optim_default_params();
     op.state = st;
     op.adam.weight_decay = 0;
@@ -862,7 +1003,7 @@ static double least_squares_run(td_optim_state st, int steps, double *loss0, dou
         }
         for (size_t i = 0; i < LS_D; i++) g[i] = (float)(gd[i] / LS_B);
         td_grad_stats stats = {0};
-        TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, g, TD_OPTIM_DTYPE_F32, LS_D, &stats));
+        TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, g, TD_DTYPE_F32, LS_D, &stats));
         td_optim_step step;
         TD_ASSERT_OK(td_optim_begin_step(&opt, &stats, &step));
         TD_ASSERT_OK(td_adam_cpu_update(cpu, &step.coeffs, &ch, 1));
@@ -896,6 +1037,8 @@ int main(void)
         cmocka_unit_test(test_isas_and_teams_bit_identical),
         cmocka_unit_test(test_ranges_equal_separate_calls),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_pieces),
+        cmocka_unit_test(test_params_check),
         cmocka_unit_test(test_quality_least_squares),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -172,7 +172,7 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
     td_topo *topo = NULL;
     td_hostmem *hm = NULL;
     size_t n = td_train_adam_probe_params(cfg);
-    td_optim_dtype dt = cfg->precision == TD_DTYPE_F32 ? TD_OPTIM_DTYPE_F32 : (td_optim_dtype)cfg->precision;
+    td_dtype dt = cfg->precision;
     size_t E = td_dtype_bytes(cfg->precision);
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     td_adam_cpu *cpu = NULL;
@@ -199,7 +199,7 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
                  td_hostmem_alloc(hm, n * 4, TD_ROLE_OPTIM, (void **)&m) == TD_OK &&
                  td_hostmem_alloc(hm, n * 4, TD_ROLE_OPTIM, (void **)&v) == TD_OK &&
                  td_hostmem_alloc(hm, n * E, TD_ROLE_OPTIM, &grad) == TD_OK &&
-                 (dt == TD_OPTIM_DTYPE_F32 || td_hostmem_alloc(hm, n * E, TD_ROLE_OPTIM, &param) == TD_OK);
+                 (dt == TD_DTYPE_F32 || td_hostmem_alloc(hm, n * E, TD_ROLE_OPTIM, &param) == TD_OK);
         if (ok) break;
         td_hostmem_release(hm, master);
         td_hostmem_release(hm, m);
@@ -216,7 +216,7 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
     TD_TRY(td_adam_cpu_create(&ap, &cpu));
     td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = grad, .grad_dtype = dt,
                          .param_out = param ? param : master, .param_dtype = dt, .numel = n };
-    TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32)); /* first touch by the team: NUMA-local pages */
+    TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_DTYPE_F32)); /* first touch by the team: NUMA-local pages */
     memset(grad, 0, n * E); /* touched: not the shared zero page */
     if (param) memset(param, 0, n * E);
     td_adam_coeffs c;
@@ -234,7 +234,7 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
     double median = ms[passes / 2] > 0 ? ms[passes / 2] : 1e-6, fastest = ms[0] > 0 ? ms[0] : 1e-6;
     /* The kernel's bytes a param: fp32 master, m, v read and written, the
      * grad read, a 16-bit param written. */
-    double bpp = 24.0 + (double)E + (dt == TD_OPTIM_DTYPE_F32 ? 0.0 : (double)E);
+    double bpp = 24.0 + (double)E + (dt == TD_DTYPE_F32 ? 0.0 : (double)E);
     r->adam_gps = (double)n / (median * 1e-3) / 1e9;
     r->dram_gbs = r->adam_gps * bpp;
     r->dram_fastest_gbs = (double)n / (fastest * 1e-3) / 1e9 * bpp;

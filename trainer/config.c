@@ -47,6 +47,5 @@ td_status td_train_config_check(const td_train_config *c)
                             c->ckpt_blocks, c->model.n_layer, c->model.n_layer);
     if (c->ranks < 0 || (c->ranks > 1 && (c->rank < 0 || c->rank >= c->ranks)))
         return td_error_set(TD_ERR_INVALID, "rank %d of %d ranks", c->rank, c->ranks);
-    if ((st = td_adam_hparams_check(&c->optim.adam))) return st;
-    return td_lr_schedule_check(&c->optim.lr);
+    return td_optim_params_check(&c->optim);
 }

@@ -12,19 +12,20 @@
 
 #include <string.h>
 
-/* A moment chunk of int8 state: codes, then a scale per block (optim.h). */
-static size_t int8_moment_bytes(size_t numel, void *ctx)
+/* A moment chunk in a format with a layout of its own (int8: codes, then a
+ * scale per block): optim/ sizes it. */
+static size_t moment_bytes(size_t numel, void *ctx)
 {
-    (void)ctx;
-    return td_adam_moment_bytes(TD_OPTIM_STATE_INT8, numel);
+    return td_adam_moment_bytes((td_optim_state)(uintptr_t)ctx, numel);
 }
 
 /* Every tensor of the model in each role, in the same order for each, so
  * chunk i of each role holds the same tensors: params and grads in the
  * compute precision, an fp32 master when that is not fp32, AdamW m and v as
- * --optim-state stores them: fp32, bf16, or int8 codes with block scales
- * (an opaque format to the chunk manager, sized by td_adam_moment_bytes of
- * the chunk's elements: the elements pack as in every other role).
+ * --optim-state stores them: in the format's element type (fp32, bf16), or,
+ * for a format with a layout of its own (int8), an opaque format to the
+ * chunk manager, sized by td_adam_moment_bytes of the chunk's elements (the
+ * elements pack as in every other role).
  * ids: 5 * count ints (param, grad, master or -1, m, v). */
 td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int *ids)
 {
@@ -35,13 +36,14 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
     static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
                                             TD_TENSOR_ADAM_V};
     td_optim_state os = cfg->optim.state;
-    td_dtype mdt = os == TD_OPTIM_STATE_BF16 ? TD_DTYPE_BF16 : TD_DTYPE_F32;
-    td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, mdt, mdt};
-    if ((unsigned)os >= TD_OPTIM_STATE_COUNT) return td_error_set(TD_ERR_INVALID, "bad --optim-state %d", (int)os);
-    if (os == TD_OPTIM_STATE_INT8) {
-        TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_M, int8_moment_bytes, NULL));
-        TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_V, int8_moment_bytes, NULL));
+    TD_TRY(td_optim_state_check(os));
+    td_dtype mdt = td_adam_moment_dtype(os);
+    if (mdt == TD_DTYPE_COUNT) { /* registered by element count; the format sizes the chunk */
+        mdt = TD_DTYPE_F32;
+        TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_M, moment_bytes, (void *)(uintptr_t)os));
+        TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_V, moment_bytes, (void *)(uintptr_t)os));
     }
+    td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, mdt, mdt};
     for (int r = 0; r < 5; r++)
         for (int i = 0; i < n; i++) {
             ids[r * n + i] = -1;
@@ -52,14 +54,6 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
         }
 cleanup:
     return st;
-}
-
-/* --optim-state: fp32, bf16 or int8 moments (optim.h); anything else is a
- * caller's mistake. */
-td_status td_train_optim_state_check(const td_train_config *cfg)
-{
-    if ((unsigned)cfg->optim.state < TD_OPTIM_STATE_COUNT) return TD_OK;
-    return td_error_set(TD_ERR_INVALID, "optimizer state type %d: use fp32, bf16 or int8", (int)cfg->optim.state);
 }
 
 /* Chunk sizes around one block's parameters unless the caller chose. */
@@ -223,7 +217,9 @@ void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n)
 
 size_t td_train_shard_align(const td_train_config *cfg)
 {
-    /* int8 moments: a shard starts on a scale block, so its blocks are the
-     * whole chunk's and the update is the one a single rank makes. */
-    return cfg->optim.state == TD_OPTIM_STATE_INT8 ? TD_ADAM_INT8_BLOCK : 64;
+    /* A shard starts on the moment format's alignment (int8: a scale block,
+     * so its blocks are the whole chunk's and the update is the one a single
+     * rank makes), and on 64 elements at least. */
+    size_t a = td_adam_moment_align(cfg->optim.state);
+    return a > 64 ? a : 64;
 }

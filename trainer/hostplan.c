@@ -189,7 +189,7 @@ td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_top
         TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_READ, &m));
         TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_READ, &v));
         td_adam_chunk ch = { .master = master, .m = m, .v = v, .state = cfg->optim.state, .numel = numel };
-        TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_OPTIM_DTYPE_F32));
+        TD_TRY(td_adam_cpu_init(cpu, &ch, NULL, TD_DTYPE_F32));
     }
 cleanup:
     td_adam_cpu_destroy(cpu);

@@ -223,7 +223,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
 {
     td_status st = TD_OK;
     *out = NULL;
-    if ((st = td_train_config_check(cfg)) || (st = td_train_optim_state_check(cfg))) return st;
+    if ((st = td_train_config_check(cfg))) return st;
     td_trainer *t = td_calloc(1, sizeof *t, TD_ROLE_META);
     if (!t) return TD_ERR_NOMEM;
     const double t0 = td_now_ms();
@@ -922,12 +922,12 @@ static td_status device_chunk_sumsq(td_trainer *t, int k, int chunks)
     } else
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
-        TD_TRY(td_grad_sumsq_cuda(g, (td_optim_dtype)t->gdt, numel, t->dev_acc + k, t->dev_sumsq_scratch, stream_of(t)));
+        TD_TRY(td_grad_sumsq_cuda(g, t->gdt, numel, t->dev_acc + k, t->dev_sumsq_scratch, stream_of(t)));
     } else
 #endif
     {
         td_grad_stats s = {0};
-        TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, (td_optim_dtype)t->gdt, numel, &s));
+        TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, t->gdt, numel, &s));
         t->h_sumsq[chunks + k] = s.sumsq;
     }
     TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
@@ -970,8 +970,8 @@ static td_status update_chunk_device(td_trainer *t, int k, const td_adam_coeffs 
     }
     master = p;
     if (t->dt != TD_DTYPE_F32) TD_TRY(access_chunk(t, t->sid, k, TD_ACCESS_WRITE, &master));
-    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = (td_optim_dtype)t->gdt,
-                         .param_out = p, .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state,
+    td_adam_chunk ch = { .master = master, .m = m, .v = v, .grad = g, .grad_dtype = t->gdt,
+                         .param_out = p, .param_dtype = t->dt, .state = t->cfg.optim.state,
                          .numel = numel };
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t) && numel) TD_TRY(td_train_adam_chunk_cuda(t, k, c, &ch, stream_of(t)));
@@ -1082,9 +1082,8 @@ static td_status job_make(td_trainer *t, int k, const td_adam_coeffs *c, int sta
     /* The new params go straight into the param chunk's pinned host copy,
      * which the next step uploads. */
     j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g ? g + b * td_dtype_bytes(t->gdt) : NULL,
-                             .grad_dtype = (td_optim_dtype)t->gdt,
-                             .param_out = p ? p + b * td_dtype_bytes(t->dt) : NULL,
-                             .param_dtype = (td_optim_dtype)t->dt, .state = t->cfg.optim.state, .numel = n };
+                             .grad_dtype = t->gdt, .param_out = p ? p + b * td_dtype_bytes(t->dt) : NULL,
+                             .param_dtype = t->dt, .state = t->cfg.optim.state, .numel = n };
     j->c = c;
     j->stats = stats;
     j->consumes = td_memmgr_chunk_transient(mm, gc);
@@ -1352,7 +1351,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         td_grad_stats part = {0};
         if (n && !chunk_on_gpu(t, i)) {
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
-            TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g + b * td_dtype_bytes(t->gdt), (td_optim_dtype)t->gdt, n, &part));
+            TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g + b * td_dtype_bytes(t->gdt), t->gdt, n, &part));
         }
         t->h_sumsq[i] = part.sumsq;
     }
@@ -1456,7 +1455,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
             void *g;
             td_grad_stats part = {0};
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, &g));
-            TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, (td_optim_dtype)t->gdt,
+            TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, t->gdt,
                                           td_memmgr_chunk_bytes(mm, gc) / td_dtype_bytes(t->gdt), &part));
             t->h_sumsq[i] = part.sumsq;
         }

@@ -262,8 +262,6 @@ td_status td_train_plan_disk(const td_train_config *cfg, td_memmgr *mm, const in
 td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo);
 /* The host_* fields of the plan from a planned layout with its homes set. */
 td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p);
-/* TD_OK when this build's AdamW kernels store moments as cfg->optim.state. */
-td_status td_train_optim_state_check(const td_train_config *cfg);
 
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);

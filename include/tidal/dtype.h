@@ -10,7 +10,6 @@
 extern "C" {
 #endif
 
-/* Same order as td_optim_dtype (optim.h), so the two convert by value. */
 typedef enum td_dtype {
     TD_DTYPE_F32,
     TD_DTYPE_BF16,

@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tidal/dtype.h"
 #include "tidal/status.h"
 #include "tidal/topo.h"
 
@@ -44,22 +45,15 @@
 extern "C" {
 #endif
 
-/* ---- element types ------------------------------------------------------- */
+/* Element types of grads, params and init values are td_dtype (dtype.h):
+ * fp32, bf16 or fp16. */
 
-typedef enum td_optim_dtype {
-    TD_OPTIM_DTYPE_F32,
-    TD_OPTIM_DTYPE_BF16,
-    TD_OPTIM_DTYPE_F16,
-    TD_OPTIM_DTYPE_COUNT
-} td_optim_dtype;
-
-size_t td_optim_dtype_bytes(td_optim_dtype dt);
-const char *td_optim_dtype_name(td_optim_dtype dt);          /* "fp32", "bf16", "fp16" */
-td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out);
-
-/* ---- optimizer state types (--optim-state) ------------------------------- */
-
-/* How AdamW's moments m and v are stored.  The fp32 master is fp32 always.
+/* ---- moment formats (--optim-state) ---------------------------------------
+ * optim/ owns how AdamW's moments m and v are stored, end to end: the
+ * formats, their sizes, their conversions to and from fp32 and their
+ * packing; everyone else (the chunk manager, checkpoints, a disk tier)
+ * treats a moment as an opaque byte array of td_adam_moment_bytes and moves
+ * pieces of it through the calls below.  The fp32 master is fp32 always.
  *   fp32  exact (torch.optim.AdamW)
  *   bf16  m and v rounded to bf16 after each update: m to nearest even, v
  *         stochastically (from a hash of the step and the element index, so
@@ -68,9 +62,13 @@ td_status td_optim_dtype_parse(const char *name, td_optim_dtype *out);
  *   int8  m and v as 8-bit codes, block-wise quantized with one fp32 scale
  *         per TD_ADAM_INT8_BLOCK elements (Dettmers et al. 2021); m's codes
  *         rounded to nearest, v's stochastically (the same hash as bf16's)
- * One moment buffer (m or v) of a chunk of `numel` elements takes
- * td_adam_moment_bytes(state, numel) bytes, its block scales included (they
- * follow the codes), so callers can treat a moment as an opaque byte array. */
+ * A moment buffer of `numel` elements is laid out as
+ *   fp32  numel floats
+ *   bf16  numel bf16 codes (uint16)
+ *   int8  numel 8-bit codes, zero bytes up to a multiple of 4, then one fp32
+ *         scale (the block's absmax) per block; m's codes are sign + E4M3,
+ *         v's are E5M3 (docs/optimizer.md)
+ * A zero-initialised format is fp32. */
 typedef enum td_optim_state {
     TD_OPTIM_STATE_FP32,
     TD_OPTIM_STATE_BF16,
@@ -84,11 +82,24 @@ typedef enum td_optim_state {
 
 const char *td_optim_state_name(td_optim_state s);            /* "fp32", "bf16", "int8" */
 td_status td_optim_state_parse(const char *name, td_optim_state *out);
-/* Bytes of one moment buffer (m or v) for `numel` elements. */
+/* TD_ERR_INVALID naming the value unless s is one of the formats. */
+td_status td_optim_state_check(td_optim_state s);
+/* Bytes of one moment buffer (m or v) for `numel` elements, block scales
+ * included (0 for a format that does not exist). */
 size_t td_adam_moment_bytes(td_optim_state s, size_t numel);
 /* Host bytes a parameter of the AdamW state: fp32 master + m + v (block
  * scales amortised), e.g. 12 for fp32, 8 for bf16, about 6 for int8. */
 double td_adam_state_bytes_per_param(td_optim_state s);
+/* The element type of a format that stores one value per element (fp32:
+ * TD_DTYPE_F32, bf16: TD_DTYPE_BF16), or TD_DTYPE_COUNT for one with a
+ * layout of its own (int8), which a chunk manager sizes with
+ * td_adam_moment_bytes. */
+td_dtype td_adam_moment_dtype(td_optim_state s);
+/* The elements a piece of a moment buffer starts on when it is written or
+ * copied on its own: 1 (fp32, bf16) or TD_ADAM_INT8_BLOCK (int8, whose
+ * scales cover whole blocks).  A piece ends on a multiple of it, or at the
+ * buffer's end.  A shard of a chunk's state (ZeRO-3) starts on one. */
+size_t td_adam_moment_align(td_optim_state s);
 
 /* Which moment a buffer holds: int8 codes m (signed) and v (>= 0) differ. */
 typedef enum td_adam_moment {
@@ -96,12 +107,42 @@ typedef enum td_adam_moment {
     TD_ADAM_MOMENT_V,
 } td_adam_moment;
 
-/* `numel` fp32 values into a moment buffer of state `s` (td_adam_moment_bytes
- * bytes), rounded exactly as the update rounds (int8: per block, the absmax
- * is the scale; v's code keeps magnitudes only), and back.  For checkpoints,
- * conversions between state types and tests; single-threaded, thread-safe. */
-td_status td_adam_moment_store(td_optim_state s, td_adam_moment which, const float *x, size_t numel, void *buf);
-td_status td_adam_moment_load(td_optim_state s, td_adam_moment which, const void *buf, size_t numel, float *x);
+/* Elements [begin, end) of a moment buffer of `numel` elements as fp32
+ * values, out[0 .. end - begin): any bounds (int8: the blocks they touch are
+ * decoded).  Exact: every stored value is an fp32 value. */
+td_status td_adam_moment_read(td_optim_state s, td_adam_moment which, const void *buf, size_t numel, size_t begin,
+                              size_t end, float *out);
+/* Elements [begin, end) of a moment buffer of `numel` elements from fp32
+ * values in[0 .. end - begin), rounded exactly as the update rounds them
+ * (int8: per block, the absmax is the scale; v's code keeps magnitudes
+ * only), except that v is rounded to nearest here: writing what
+ * td_adam_moment_read gave restores the same bits.  begin and end on the
+ * format's alignment (end may be numel; the int8 padding is then zeroed).
+ * For checkpoints, conversions between formats and tests. */
+td_status td_adam_moment_write(td_optim_state s, td_adam_moment which, void *buf, size_t numel, size_t begin,
+                               size_t end, const float *in);
+/* Elements from `begin` as fp32 values in place, for a format that stores
+ * them so (fp32): a zero-copy read or write; NULL for the others. */
+float *td_adam_moment_f32(td_optim_state s, void *buf, size_t begin);
+
+/* Where elements [begin, end) of a moment buffer of `numel` elements lie
+ * in it, in its storage format: one byte range (fp32, bf16), or two (int8:
+ * the codes, with the padding when end is numel, then the scales of their
+ * blocks).  *count receives how many.  begin and end as for
+ * td_adam_moment_write.  For reading and writing a piece of a moment where
+ * it is stored (a file holding a chunk's state) without converting it. */
+typedef struct td_adam_span {
+    size_t offset, bytes;
+} td_adam_span;
+td_status td_adam_moment_spans(td_optim_state s, size_t numel, size_t begin, size_t end, td_adam_span spans[2],
+                               int *count);
+/* Copies `count` elements of moment `src` (src_numel elements) from
+ * src_begin into moment `dst` (dst_numel elements) at dst_begin, in the
+ * storage format, bit for bit: a piece of a chunk's state into a buffer of
+ * its own and back.  Starts on the format's alignment; each piece ends on
+ * it or at its buffer's end. */
+td_status td_adam_moment_copy(td_optim_state s, void *dst, size_t dst_numel, size_t dst_begin, const void *src,
+                              size_t src_numel, size_t src_begin, size_t count);
 
 /* ---- AdamW hyper-parameters and per-step coefficients --------------------- */
 
@@ -140,14 +181,7 @@ td_status td_adam_coeffs_make(const td_adam_hparams *hp, double lr, long step, d
 /* One chunk: `numel` elements of each array.  master, m, v are updated in
  * place; param_out (may be NULL) receives the new master rounded to
  * param_dtype.  m and v are moment buffers of td_adam_moment_bytes(state,
- * numel) bytes each in the layout of `state`:
- *   fp32  numel floats
- *   bf16  numel bf16 codes (uint16, rounded to nearest even)
- *   int8  numel 8-bit codes, zero bytes up to a multiple of 4, then one fp32
- *         scale (the block's absmax) per TD_ADAM_INT8_BLOCK elements; m's
- *         codes are sign + E4M3, v's are E5M3 (docs/optimizer.md)
- * A zero-initialised `state` is fp32, so callers that predate it keep their
- * meaning.  Arrays must not overlap, except that param_out may be `master`
+ * numel) bytes each in the layout of `state` (above).  Arrays must not overlap, except that param_out may be `master`
  * itself when param_dtype is fp32 (a no-op copy), and, on the CPU, param_out
  * may be `grad` itself when param_dtype equals grad_dtype (each element's
  * grad is read before its param is written: a host copy that holds a
@@ -173,9 +207,9 @@ typedef struct td_adam_chunk {
     float *master;
     void *m, *v;
     const void *grad;
-    td_optim_dtype grad_dtype;
+    td_dtype grad_dtype;
     void *param_out;
-    td_optim_dtype param_dtype;
+    td_dtype param_dtype;
     size_t numel;
     td_optim_state state;
     const td_adam_range *no_decay;
@@ -248,11 +282,11 @@ void td_adam_cpu_partition(const td_adam_cpu *cpu, size_t numel, int thread, siz
  * m := v := 0 (compact state: zero codes and zero scales), and param_out
  * (if any) := master rounded, each page written
  * by the thread that will update it.  chunk->grad is not read. */
-td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const void *init, td_optim_dtype init_dtype);
+td_status td_adam_cpu_init(td_adam_cpu *cpu, const td_adam_chunk *chunk, const void *init, td_dtype init_dtype);
 
 /* Adds the chunk's grad sum of squares to *acc (deterministic for a given
  * team size and ISA). */
-td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_optim_dtype dtype, size_t numel,
+td_status td_adam_cpu_grad_stats(td_adam_cpu *cpu, const void *grad, td_dtype dtype, size_t numel,
                                  td_grad_stats *acc);
 
 /* The fused update of `n` chunks in one parallel region. */
@@ -266,7 +300,7 @@ td_status td_adam_cpu_update(td_adam_cpu *cpu, const td_adam_coeffs *c, const td
 void td_adam_update_range(td_optim_isa isa, const td_adam_coeffs *c, const td_adam_chunk *chunk, size_t begin,
                           size_t end);
 /* Sum of squares of grads [begin, end) on the calling thread. */
-double td_grad_sumsq_range(td_optim_isa isa, const void *grad, td_optim_dtype dtype, size_t begin, size_t end);
+double td_grad_sumsq_range(td_optim_isa isa, const void *grad, td_dtype dtype, size_t begin, size_t end);
 
 /* ---- LR schedules ---------------------------------------------------------- */
 
@@ -341,6 +375,8 @@ typedef struct td_loss_scaler {
 } td_loss_scaler;
 
 td_loss_scaler_params td_loss_scaler_default_params(void); /* kind NONE, dynamic values as above */
+/* TD_ERR_INVALID naming the bad value. */
+td_status td_loss_scaler_params_check(const td_loss_scaler_params *p);
 td_status td_loss_scaler_init(td_loss_scaler *s, const td_loss_scaler_params *p);
 /* Records one step's outcome; returns 1 when the step must be skipped. */
 int td_loss_scaler_update(td_loss_scaler *s, int overflow);
@@ -358,6 +394,12 @@ typedef struct td_optim_params {
 } td_optim_params;
 
 td_optim_params td_optim_default_params(void);
+/* The one validity check of an optimizer's configuration, made where it is
+ * configured (td_optim_init, td_train_config_check): the hyper-parameters,
+ * the schedule, the loss scaler's parameters, max_grad_norm and the moment
+ * format; TD_ERR_INVALID with a message naming the bad value and what to
+ * use instead. */
+td_status td_optim_params_check(const td_optim_params *p);
 
 typedef struct td_optim {
     td_optim_params params;

@@ -38,7 +38,7 @@ td_status td_adam_update_cuda(const td_adam_coeffs *c, const td_adam_chunk *chun
  * one stream and copying it back once gives td_grad_stats.sumsq; a non-finite
  * grad makes it non-finite, as on the CPU.  dev_scratch: device memory of
  * TD_GRAD_SUMSQ_CUDA_SCRATCH doubles, free for the duration of the call. */
-td_status td_grad_sumsq_cuda(const void *grad, td_optim_dtype dtype, size_t numel, double *dev_acc,
+td_status td_grad_sumsq_cuda(const void *grad, td_dtype dtype, size_t numel, double *dev_acc,
                              double *dev_scratch, void *stream);
 
 #ifdef __cplusplus

@@ -29,10 +29,10 @@
 
 #define STEPS 10
 
-static void store_as(void *dst, td_optim_dtype dt, size_t i, float x)
+static void store_as(void *dst, td_dtype dt, size_t i, float x)
 {
-    if (dt == TD_OPTIM_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
-    else if (dt == TD_OPTIM_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
+    if (dt == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
+    else if (dt == TD_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
     else ((float *)dst)[i] = x;
 }
 
@@ -63,7 +63,7 @@ typedef struct cmp_case {
     size_t n;
     td_optim_state state;
     int l2;                   /* Adam's L2 instead of AdamW's decoupled decay */
-    td_optim_dtype gdt, pdt;  /* pdt TD_OPTIM_DTYPE_COUNT: no param output */
+    td_dtype gdt, pdt;  /* pdt TD_DTYPE_COUNT: no param output */
     const td_adam_range *nd;  /* no-decay list (host), or NULL */
     int n_nd;
     unsigned shift;           /* CMP_SHIFT_* bits: device arrays one element past an aligned address */
@@ -86,8 +86,8 @@ static size_t moment_elem_bytes(td_optim_state s)
 static void compare_case(const cmp_case *k, td_adam_cpu *cpu, td_rng *r, cmp_result *res)
 {
     size_t n = k->n, mb = td_adam_moment_bytes(k->state, n);
-    int has_out = k->pdt < TD_OPTIM_DTYPE_COUNT;
-    size_t gsz = td_optim_dtype_bytes(k->gdt), osz = has_out ? td_optim_dtype_bytes(k->pdt) : 0;
+    int has_out = k->pdt < TD_DTYPE_COUNT;
+    size_t gsz = td_dtype_bytes(k->gdt), osz = has_out ? td_dtype_bytes(k->pdt) : 0;
     size_t msz = moment_elem_bytes(k->state);
     float *init = malloc(n * 4), *master = malloc(n * 4), *gm = malloc(n * 4);
     void *m = malloc(mb), *v = malloc(mb), *gmm = malloc(mb), *gv = malloc(mb);
@@ -121,10 +121,10 @@ static void compare_case(const cmp_case *k, td_adam_cpu *cpu, td_rng *r, cmp_res
     TD_ASSERT_OK(td_optim_init(&opt, &op));
     for (size_t i = 0; i < n; i++) init[i] = (float)(td_rng_uniform(r) * 2 - 1);
     td_adam_chunk hc = {master, m, v, grads, k->gdt, has_out ? out : NULL,
-                        has_out ? k->pdt : TD_OPTIM_DTYPE_F32, n, k->state, k->nd, k->n_nd};
+                        has_out ? k->pdt : TD_DTYPE_F32, n, k->state, k->nd, k->n_nd};
     td_adam_chunk dc = {d_master, d_m, d_v, d_grad, k->gdt, has_out ? d_out : NULL,
                         hc.param_dtype, n, k->state, d_nd, k->n_nd};
-    TD_ASSERT_OK(td_adam_cpu_init(cpu, &hc, init, TD_OPTIM_DTYPE_F32));
+    TD_ASSERT_OK(td_adam_cpu_init(cpu, &hc, init, TD_DTYPE_F32));
     CUDA_OK(cudaMemcpy(d_master, master, n * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_m, 0, mb)); /* zero codes and scales: the initial state of every type */
     CUDA_OK(cudaMemset(d_v, 0, mb));
@@ -189,19 +189,19 @@ static void test_gpu_matches_cpu(void **state)
     td_rng_seed(&r, 2024);
     for (int ost = 0; ost < TD_OPTIM_STATE_COUNT; ost++)
     for (int l2 = 0; l2 < 2; l2++)
-        for (int gdt = 0; gdt < TD_OPTIM_DTYPE_COUNT; gdt++)
-            for (int pdt = 0; pdt <= TD_OPTIM_DTYPE_COUNT; pdt++) { /* COUNT: no param output */
+        for (int gdt = 0; gdt < TD_DTYPE_COUNT; gdt++)
+            for (int pdt = 0; pdt <= TD_DTYPE_COUNT; pdt++) { /* COUNT: no param output */
                 td_optim_state os = (td_optim_state)ost;
-                int has_out = pdt < TD_OPTIM_DTYPE_COUNT, ranges = (l2 + gdt + pdt) % 2;
-                cmp_case k = {n, os, l2, (td_optim_dtype)gdt, (td_optim_dtype)pdt, ranges ? nd : NULL,
+                int has_out = pdt < TD_DTYPE_COUNT, ranges = (l2 + gdt + pdt) % 2;
+                cmp_case k = {n, os, l2, (td_dtype)gdt, (td_dtype)pdt, ranges ? nd : NULL,
                               ranges ? n_nd : 0, 0};
                 cmp_result c;
                 compare_case(&k, cpu, &r, &c);
                 if (os == TD_OPTIM_STATE_FP32) {
                     print_message("fp32 state, decay %-9s grad %s out %-4s: params max rel diff %.3g (%zu of %zu differ "
                                   "in a bit), m %.3g, v %.3g, param output %s\n",
-                                  l2 ? "l2" : "decoupled", td_optim_dtype_name(gdt),
-                                  has_out ? td_optim_dtype_name(pdt) : "none", c.rel_p, c.bits_p, n, c.rel_m, c.rel_v,
+                                  l2 ? "l2" : "decoupled", td_dtype_name(gdt),
+                                  has_out ? td_dtype_name(pdt) : "none", c.rel_p, c.bits_p, n, c.rel_m, c.rel_v,
                                   c.out_same ? "identical" : "DIFFERS");
                     if (c.rel_p > worst) worst = c.rel_p;
                     worst_bits += c.bits_p;
@@ -209,8 +209,8 @@ static void test_gpu_matches_cpu(void **state)
                 } else {
                     print_message("%s state, decay %-9s grad %s out %-4s: params %zu of %zu differ in a bit (max rel "
                                   "%.3g), m %s, v %s, param output %s\n",
-                                  td_optim_state_name(os), l2 ? "l2" : "decoupled", td_optim_dtype_name(gdt),
-                                  has_out ? td_optim_dtype_name(pdt) : "none", c.bits_p, n, c.rel_p,
+                                  td_optim_state_name(os), l2 ? "l2" : "decoupled", td_dtype_name(gdt),
+                                  has_out ? td_dtype_name(pdt) : "none", c.bits_p, n, c.rel_p,
                                   c.m_same ? "identical" : "DIFFERS", c.v_same ? "identical" : "DIFFERS",
                                   c.out_same ? "identical" : "DIFFERS");
                     assert_true(c.bits_p == 0 && c.m_same && c.v_same && c.out_same);
@@ -237,10 +237,10 @@ static void test_gpu_matches_cpu_shapes(void **state)
     const size_t sizes[] = {1, 3, 7, 8, 9, 31, 255, 256, 257, 1003, 4096 + 300};
     const unsigned shifts[] = {0, CMP_SHIFT_ALL, CMP_SHIFT_MASTER, CMP_SHIFT_M, CMP_SHIFT_V, CMP_SHIFT_GRAD,
                                CMP_SHIFT_OUT};
-    const struct { td_optim_dtype g, p; } dts[] = {{TD_OPTIM_DTYPE_F32, TD_OPTIM_DTYPE_COUNT},
-                                                   {TD_OPTIM_DTYPE_BF16, TD_OPTIM_DTYPE_BF16},
-                                                   {TD_OPTIM_DTYPE_F16, TD_OPTIM_DTYPE_F32},
-                                                   {TD_OPTIM_DTYPE_F32, TD_OPTIM_DTYPE_F16}};
+    const struct { td_dtype g, p; } dts[] = {{TD_DTYPE_F32, TD_DTYPE_COUNT},
+                                                   {TD_DTYPE_BF16, TD_DTYPE_BF16},
+                                                   {TD_DTYPE_F16, TD_DTYPE_F32},
+                                                   {TD_DTYPE_F32, TD_DTYPE_F16}};
     td_rng r;
     td_rng_seed(&r, 77);
     size_t cases = 0;
@@ -267,8 +267,8 @@ static void test_gpu_matches_cpu_shapes(void **state)
                     if (!same)
                         print_message("%s state, n %zu, shift 0x%x, grad %s, out %s, decay %s, %d no-decay ranges: "
                                       "params %zu differ, m %s, v %s, param output %s\n",
-                                      td_optim_state_name(k.state), n, k.shift, td_optim_dtype_name(k.gdt),
-                                      k.pdt < TD_OPTIM_DTYPE_COUNT ? td_optim_dtype_name(k.pdt) : "none",
+                                      td_optim_state_name(k.state), n, k.shift, td_dtype_name(k.gdt),
+                                      k.pdt < TD_DTYPE_COUNT ? td_dtype_name(k.pdt) : "none",
                                       l2 ? "l2" : "decoupled", k.n_nd, c.bits_p, c.m_same ? "identical" : "DIFFERS",
                                       c.v_same ? "identical" : "DIFFERS", c.out_same ? "identical" : "DIFFERS");
                     assert_true(same);
@@ -298,11 +298,11 @@ static void test_gpu_sumsq(void **state)
         double zero = 0, got;
         CUDA_OK(cudaMemcpy(d_acc, &zero, 8, cudaMemcpyHostToDevice));
         size_t split = n / 3;
-        TD_ASSERT_OK(td_grad_sumsq_cuda(d_g, TD_OPTIM_DTYPE_BF16, split, d_acc, d_scratch, NULL));
-        TD_ASSERT_OK(td_grad_sumsq_cuda((uint16_t *)d_g + split, TD_OPTIM_DTYPE_BF16, n - split, d_acc, d_scratch, NULL));
+        TD_ASSERT_OK(td_grad_sumsq_cuda(d_g, TD_DTYPE_BF16, split, d_acc, d_scratch, NULL));
+        TD_ASSERT_OK(td_grad_sumsq_cuda((uint16_t *)d_g + split, TD_DTYPE_BF16, n - split, d_acc, d_scratch, NULL));
         CUDA_OK(cudaMemcpy(&got, d_acc, 8, cudaMemcpyDeviceToHost));
         td_grad_stats cs = {0};
-        TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, g, TD_OPTIM_DTYPE_BF16, n, &cs));
+        TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, g, TD_DTYPE_BF16, n, &cs));
         assert_true(fabs(got - cs.sumsq) <= 1e-12 * cs.sumsq);
         if (rep == 0) first = got;
         assert_true(got == first);
@@ -312,14 +312,14 @@ static void test_gpu_sumsq(void **state)
         CUDA_OK(cudaMemcpy((uint16_t *)d_g + n - 1 - 1000 * (size_t)k, &specials[k], 2, cudaMemcpyHostToDevice));
         double zero = 0, got;
         CUDA_OK(cudaMemcpy(d_acc, &zero, 8, cudaMemcpyHostToDevice));
-        TD_ASSERT_OK(td_grad_sumsq_cuda(d_g, TD_OPTIM_DTYPE_BF16, n, d_acc, d_scratch, NULL));
+        TD_ASSERT_OK(td_grad_sumsq_cuda(d_g, TD_DTYPE_BF16, n, d_acc, d_scratch, NULL));
         CUDA_OK(cudaMemcpy(&got, d_acc, 8, cudaMemcpyDeviceToHost));
         td_grad_stats s = {got};
         assert_true(td_grad_stats_overflow(&s));
         CUDA_OK(cudaMemcpy((uint16_t *)d_g + n - 1 - 1000 * (size_t)k, &g[n - 1 - 1000 * (size_t)k], 2,
                            cudaMemcpyHostToDevice));
     }
-    assert_int_equal(td_grad_sumsq_cuda(d_g, (td_optim_dtype)9, n, d_acc, d_scratch, NULL), TD_ERR_INVALID);
+    assert_int_equal(td_grad_sumsq_cuda(d_g, (td_dtype)9, n, d_acc, d_scratch, NULL), TD_ERR_INVALID);
     cudaFree(d_g), cudaFree(d_acc), cudaFree(d_scratch);
     free(g);
     td_adam_cpu_destroy(cpu);
@@ -360,7 +360,7 @@ static void test_gpu_bandwidth(void **state)
         td_optim_state os = (td_optim_state)ost;
         CUDA_OK(cudaMemset(d_m, 0, n * 4));
         CUDA_OK(cudaMemset(d_v, 0, n * 4));
-        td_adam_chunk dc = {d_master, d_m, d_v, d_g, TD_OPTIM_DTYPE_F32, NULL, TD_OPTIM_DTYPE_F32, n, os, NULL, 0};
+        td_adam_chunk dc = {d_master, d_m, d_v, d_g, TD_DTYPE_F32, NULL, TD_DTYPE_F32, n, os, NULL, 0};
         float adam_ms;
         TD_ASSERT_OK(td_adam_update_cuda(&c, &dc, NULL));
         CUDA_OK(cudaEventRecord(e0, NULL));
