@@ -218,9 +218,12 @@ static void test_loss_chunks(void **state)
         for (int s = 0; s < S; s++)
             if (!(fabs(gpu[s] - cpu[s]) <= bf16_loss_tol(&c) * cpu[s]))
                 fail_msg("%s step %d: cuda bf16 loss in chunks %.9g, cpu %.9g", families[k], s + 1, gpu[s], cpu[s]);
-        /* sampling: row 299 lies in the third chunk */
-        int32_t ctx[300];
-        for (int i = 0; i < 300; i++) ctx[i] = (i * 37 + 11) % c.model.vocab_size;
+        /* sampling: the context fills the sequence, so its last row (127 of
+         * T = 128) lies in the second chunk of 100 rows */
+        const int L = c.seq_len;
+        assert_true(L > c.loss_chunk && L <= 1024);
+        int32_t ctx[1024];
+        for (int i = 0; i < L; i++) ctx[i] = (i * 37 + 11) % c.model.vocab_size;
         float *whole = malloc(sizeof(float) * (size_t)c.model.vocab_size);
         float *chunked = malloc(sizeof(float) * (size_t)c.model.vocab_size);
         assert_non_null(whole);
@@ -228,11 +231,11 @@ static void test_loss_chunks(void **state)
         c.precision = TD_DTYPE_F32;
         td_trainer *t;
         TD_ASSERT_OK(td_trainer_create(&c, &t));
-        TD_ASSERT_OK(td_trainer_next_logits(t, ctx, 300, chunked));
+        TD_ASSERT_OK(td_trainer_next_logits(t, ctx, L, chunked));
         td_trainer_destroy(t);
         c.loss_chunk = 0;
         TD_ASSERT_OK(td_trainer_create(&c, &t));
-        TD_ASSERT_OK(td_trainer_next_logits(t, ctx, 300, whole));
+        TD_ASSERT_OK(td_trainer_next_logits(t, ctx, L, whole));
         td_trainer_destroy(t);
         double err = 0, scale = 0;
         for (int v = 0; v < c.model.vocab_size; v++) {
