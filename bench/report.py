@@ -146,7 +146,8 @@ def table(r):
              "", f"    {r['command']}", "",
              "| figure | value |", "|---|---|"]
     for f in r["figures"]:
-        lines.append(f"| {f['name']} | {fmt(f['value'], f['unit'])} |")
+        name = f["name"].replace("|", "\\|")  # a '|' in a name would end the table's cell
+        lines.append(f"| {name} | {fmt(f['value'], f['unit'])} |")
     return lines
 
 
