@@ -665,7 +665,6 @@ struct td_st_writer {
 #define WFMT "safetensors writer for %s: "
 
 size_t td_st_writer_next(const td_st_writer *w) { return w->cur; }
-size_t td_st_writer_tensor_count(const td_st_writer *w) { return w->n; }
 
 static void writer_free(td_st_writer *w)
 {

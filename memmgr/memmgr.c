@@ -971,7 +971,6 @@ cleanup:
     return st;
 }
 
-int td_memmgr_warmed_up(const td_memmgr *m) { return m->warmed_up; }
 size_t td_memmgr_min_budget(const td_memmgr *m) { return m->min_budget; }
 
 /* ---- access and release ------------------------------------------------- */
@@ -1423,14 +1422,12 @@ size_t td_memmgr_padding_bytes(const td_memmgr *m) { return m->padding_bytes; }
 int td_memmgr_tensor_chunk(const td_memmgr *m, int id) { return m->tensors[id].chunk; }
 size_t td_memmgr_tensor_offset(const td_memmgr *m, int id) { return m->tensors[id].offset; }
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id) { return m->tensors[id].numel; }
-const char *td_memmgr_tensor_name(const td_memmgr *m, int id) { return m->tensors[id].name; }
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id) { return m->tensors[id].state; }
 size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->laid_out ? m->chunks[c].host_bytes : host_bytes_of(m, c); }
 size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }
 size_t td_memmgr_chunk_numel_used(const td_memmgr *m, int c) { return m->chunks[c].used_numel; }
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int c) { return m->chunks[c].role; }
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int c) { return m->chunks[c].home; }
-int td_memmgr_chunk_resident(const td_memmgr *m, int c) { return m->chunks[c].dev != NULL; }
 
 int td_memmgr_role_chunk(const td_memmgr *m, td_tensor_role role, int index)
 {

@@ -1,6 +1,6 @@
 /* The rotary decoder shared by the LLaMA-style families (see rotary.h):
  * its parameters and Hugging Face names, its config.json keys, and its CPU
- * reference block, head and embedding.  The GPU's is rotary_cuda.c. */
+ * reference block, head and embedding.  The GPU's is cuda/rotary_cuda.c. */
 #include "rotary.h"
 
 #include <math.h>

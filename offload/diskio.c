@@ -735,7 +735,6 @@ void td_dio_file_close(td_dio_file *f)
 }
 
 size_t td_dio_file_bytes(const td_dio_file *f) { return f->bytes; }
-int td_dio_file_dirs(const td_dio_file *f) { return f->n; }
 const char *td_dio_file_describe(const td_dio_file *f) { return f->describe; }
 const char *td_dio_file_notes(const td_dio_file *f) { return f->notes; }
 

@@ -8,7 +8,6 @@
 
 static const char *const kind_names[] = {"none", "static", "dynamic"};
 
-const char *td_loss_scale_kind_name(td_loss_scale_kind k) { return (unsigned)k < 3 ? kind_names[k] : "?"; }
 
 td_status td_loss_scale_kind_parse(const char *name, td_loss_scale_kind *out)
 {

@@ -71,7 +71,6 @@ void td_comm_destroy(td_comm *c)
 
 int td_comm_rank(const td_comm *c) { return c->rank; }
 int td_comm_size(const td_comm *c) { return c->size; }
-int td_comm_local_rank(const td_comm *c) { return c->local_rank; }
 const char *td_comm_name(const td_comm *c) { return c->name; }
 
 static td_status check(td_comm *c, const char *what, const void *a, const void *b, size_t count, td_dtype dt,
@@ -134,7 +133,6 @@ td_status td_comm_wait(td_comm *c, td_queue q)
     return wait_queue(c, q);
 }
 
-int td_comm_timeout_ms(const td_comm *c) { return c->timeout_ms; }
 
 td_status td_comm_barrier(td_comm *c, td_queue q)
 {

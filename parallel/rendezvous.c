@@ -48,8 +48,6 @@ const char *td_rdv_who(int rank, char *buf, size_t buf_bytes)
     return buf;
 }
 
-int td_rdv_rank(const td_rdv *r) { return r->rank; }
-int td_rdv_size(const td_rdv *r) { return r->size; }
 
 void td_rdv_notify_fault(td_rdv *r, int failed, const char *msg)
 {

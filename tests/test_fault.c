@@ -93,12 +93,38 @@ static void test_fault_host_alloc(void **state) { sweep(TD_FAULT_HOST_ALLOC, 10)
 static void test_fault_pin(void **state) { sweep(TD_FAULT_PIN, 2); }
 static void test_fault_dev_reserve(void **state) { sweep(TD_FAULT_DEV_RESERVE, 1); }
 
+/* The accounting is exact per role: each live block counts its requested
+ * bytes under its role alone, and td_free gives them back. */
+static void test_host_used_by_role(void **state)
+{
+    (void)state;
+    size_t meta = td_host_used(TD_ROLE_META), staging = td_host_used(TD_ROLE_STAGING);
+    size_t total = td_host_used_total();
+    void *a = td_malloc(1000, TD_ROLE_META);
+    char *b = td_calloc(3, 1000, TD_ROLE_STAGING);
+    char *c = td_strdup("tidal", TD_ROLE_META);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_int_equal(td_host_used(TD_ROLE_META), meta + 1006);
+    assert_int_equal(td_host_used(TD_ROLE_STAGING), staging + 3000);
+    assert_int_equal(td_host_used_total(), total + 4006);
+    td_free(b);
+    assert_int_equal(td_host_used(TD_ROLE_STAGING), staging);
+    assert_int_equal(td_host_used(TD_ROLE_META), meta + 1006);
+    td_free(a);
+    td_free(c);
+    assert_int_equal(td_host_used(TD_ROLE_META), meta);
+    assert_int_equal(td_host_used_total(), total);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fault_host_alloc),
         cmocka_unit_test(test_fault_pin),
         cmocka_unit_test(test_fault_dev_reserve),
+        cmocka_unit_test(test_host_used_by_role),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,12 @@
  *   TD_MODEL_<FAMILY> value, no string compare with a family's name, no
  *   family looked up or set by a literal name): they work through the
  *   family's table (include/tidal/family.h).  The families are the
- *   registry's (td_model_family_at), so a new one is covered by being there.
+ *   registry's (td_model_family_at), so a new one is covered by being there;
+ * - a public header is named after the files that define what it declares:
+ *   every function of include/tidal/X.h is defined in X.c, X_*.c, X.cu or
+ *   X_*.cu, or in a folder named X (X_cuda.h: also where X.h's functions may
+ *   be, and the cuda/ folder of its owner folder), so a reader finds a
+ *   declaration's code from the header's name.
  *
  * The checker also runs on small trees made here, with a violation of each
  * kind, to show it reports them.  Runs from the repository root (as `make
@@ -253,6 +258,110 @@ static void check_family_blind(const char *root, const char *rel_dir, const char
     fclose(f);
 }
 
+/* ---- headers named after their files ----------------------------------------- */
+
+/* A function's name and the file that defines it (or the header that
+ * declares it). */
+typedef struct fn_site { char name[64], path[192]; } fn_site;
+#define MAX_SITES 8192
+static fn_site defs[MAX_SITES], decls[MAX_SITES];
+static int n_defs, n_decls, n_matched; /* n_matched: declarations whose definition was found */
+
+/* The function a line starts to define or declare: a line at column 0 that
+ * is not static, a comment, a preprocessor line or a typedef, whose first
+ * td_ identifier is followed by '(' (a call or a function pointer is
+ * indented or behind a '(').  Writes the name to out; 0 when none. */
+static int function_at(const char *line, char *out, size_t n)
+{
+    if (strchr(" \t#/*{}\n", line[0]) || !strncmp(line, "static", 6) || !strncmp(line, "typedef", 7) ||
+        !strncmp(line, "extern const", 12) || !strncmp(line, "return", 6))
+        return 0;
+    for (const char *p = line; *p && *p != '(' && *p != '=' && *p != ';'; p++) {
+        if (strncmp(p, "td_", 3) || (p > line && ((p[-1] >= 'a' && p[-1] <= 'z') || p[-1] == '_'))) continue;
+        size_t k = 0;
+        while ((p[k] >= 'a' && p[k] <= 'z') || (p[k] >= 'A' && p[k] <= 'Z') || (p[k] >= '0' && p[k] <= '9') ||
+               p[k] == '_')
+            k++;
+        const char *q = p + k;
+        while (*q == ' ') q++;
+        if (*q != '(') { p += k - 1; continue; }
+        snprintf(out, n, "%.*s", (int)k, p);
+        return 1;
+    }
+    return 0;
+}
+
+static void collect_functions(const char *root, const char *rel_path, fn_site *sites, int *count)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, rel_path);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[2048];
+    int in_comment = 0;
+    while (fgets(line, sizeof line, f)) {
+        int starts_in_comment = in_comment;
+        for (const char *c = line; *c; c++) {
+            if (!in_comment && c[0] == '/' && c[1] == '*') in_comment = 1, c++;
+            else if (in_comment && c[0] == '*' && c[1] == '/') in_comment = 0, c++;
+        }
+        char name[64];
+        if (starts_in_comment || *count >= MAX_SITES || !function_at(line, name, sizeof name)) continue;
+        snprintf(sites[*count].name, sizeof sites[*count].name, "%s", name);
+        snprintf(sites[*count].path, sizeof sites[*count].path, "%s", rel_path);
+        ++*count;
+    }
+    fclose(f);
+}
+
+static int starts_with(const char *s, const char *prefix) { return !strncmp(s, prefix, strlen(prefix)); }
+
+/* Whether `path` (a source file) is a home of header stem `stem` owned by
+ * folder `owner`. */
+static int is_home(const char *stem, const char *owner, const char *path)
+{
+    char stems[2][64];
+    snprintf(stems[0], sizeof stems[0], "%s", stem);
+    snprintf(stems[1], sizeof stems[1], "%s", stem);
+    int cuda = ends_with(stem, "_cuda");
+    if (cuda) stems[1][strlen(stem) - 5] = '\0';
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    char file[128];
+    snprintf(file, sizeof file, "%s", base);
+    char *dot = strchr(file, '.');
+    if (dot) *dot = '\0';
+    for (int i = 0; i < 2; i++) {
+        char under[160], folder[160];
+        snprintf(under, sizeof under, "%s_", stems[i]);
+        snprintf(folder, sizeof folder, "/%s/", stems[i]);
+        char slashed[256];
+        snprintf(slashed, sizeof slashed, "/%s", path);
+        if (!strcmp(file, stems[i]) || starts_with(file, under) || strstr(slashed, folder)) return 1;
+    }
+    char cuda_dir[96];
+    snprintf(cuda_dir, sizeof cuda_dir, "%s/cuda/", owner);
+    return cuda && starts_with(path, cuda_dir);
+}
+
+static void check_header_names(report *r)
+{
+    for (int i = 0; i < n_decls; i++) {
+        const char *h = strrchr(decls[i].path, '/') + 1;
+        char stem[64];
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(h) - 2), h);
+        char inc[80], buf[64];
+        snprintf(inc, sizeof inc, "tidal/%s", h);
+        const char *own = include_owner("include", inc, buf, sizeof buf);
+        for (int j = 0; own && j < n_defs; j++) {
+            if (strcmp(defs[j].name, decls[i].name)) continue;
+            n_matched++;
+            if (!is_home(stem, own, defs[j].path))
+                note(r, "%s declares %s, defined in %s: define it in %s.c or %s_*.c (or name the header after "
+                        "its file)\n", decls[i].path, decls[i].name, defs[j].path, stem, stem);
+        }
+    }
+}
+
 static void walk(const char *root, const char *rel_dir, const char *folder, report *r)
 {
     char path[1024];
@@ -271,6 +380,7 @@ static void walk(const char *root, const char *rel_dir, const char *folder, repo
         else if (is_source(e->d_name)) {
             check_file(root, rel_dir, e->d_name, folder, r);
             if (is_blind(folder)) check_family_blind(root, rel_dir, e->d_name, r);
+            if (ends_with(e->d_name, ".c") || ends_with(e->d_name, ".cu")) collect_functions(root, child, defs, &n_defs);
         }
     }
     closedir(d);
@@ -295,6 +405,9 @@ static void check_public_headers(const char *root, report *r)
         }
         long saved = layer_index(own) >= 0 ? r->lines[layer_index(own)] : 0;
         check_file(root, "include/tidal", e->d_name, own, r);
+        char rel[300];
+        snprintf(rel, sizeof rel, "include/tidal/%s", e->d_name);
+        collect_functions(root, rel, decls, &n_decls);
         if (layer_index(own) >= 0) r->lines[layer_index(own)] = saved; /* sizes count the folders' own files */
     }
     closedir(d);
@@ -303,9 +416,11 @@ static void check_public_headers(const char *root, report *r)
 static void check_tree(const char *root, report *r)
 {
     memset(r, 0, sizeof *r);
+    n_defs = n_decls = n_matched = 0;
     closure();
     for (int i = 0; i < N_LAYERS; i++) walk(root, layers[i].dir, layers[i].dir, r);
     check_public_headers(root, r);
+    check_header_names(r);
 }
 
 /* ---- the real tree ---------------------------------------------------------- */
@@ -326,6 +441,8 @@ static void test_tree_obeys_layers(void **state)
     report r;
     check_tree(source_root(), &r);
     if (r.violations) fail_msg("%d layering violation(s):\n%s", r.violations, r.text);
+    print_message("%d public functions found defined (of %d declarations)\n", n_matched, n_decls);
+    assert_true(n_matched > 500); /* the header check saw the library's functions */
 }
 
 static void test_no_folder_over_30_percent(void **state)
@@ -458,6 +575,30 @@ static void test_checker_reports_family_branches(void **state)
     assert_non_null(strstr(r.text, "checkpoint/ck.c:1 branches on the gemma family"));
 }
 
+static void test_checker_reports_a_header_named_after_no_file(void **state)
+{
+    (void)state;
+    make_tree();
+    put("include/tidal/dtype.h", "/* td_dtype_name(x) in a comment */\n"
+                                 "const char *td_dtype_name(int dt);\n"
+                                 "int td_dtype_bytes(int dt);\n"
+                                 "static inline int td_dtype_bits(int dt) { return 8 * td_dtype_bytes(dt); }\n");
+    put("include/tidal/ops_cuda.h", "void td_ops_cuda_gelu(void);\nvoid td_ops_cuda_rope(void);\n"
+                                    "void td_ops_cuda_norm(void);\n");
+    put("core/util.c", "#include \"tidal/dtype.h\"\nconst char *td_dtype_name(int dt)\n{\n"
+                       "    return td_dtype_bytes(dt) ? \"x\" : \"y\";\n}\n");
+    put("core/dtype_table.c", "#include \"tidal/dtype.h\"\nint td_dtype_bytes(int dt) { return dt; }\n");
+    put("model/cuda/gelu.cu", "extern \"C\" void td_ops_cuda_gelu(void) {}\n");
+    put("model/ops_cuda_rope.c", "void td_ops_cuda_rope(void)\n{\n}\n");
+    put("model/rotary_cuda.c", "void td_ops_cuda_norm(void)\n{\n}\n");
+    report r;
+    check_tree(tmp_root, &r);
+    remove_tree();
+    assert_int_equal(r.violations, 2);
+    assert_non_null(strstr(r.text, "include/tidal/dtype.h declares td_dtype_name, defined in core/util.c"));
+    assert_non_null(strstr(r.text, "include/tidal/ops_cuda.h declares td_ops_cuda_norm, defined in model/rotary_cuda.c"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +609,7 @@ int main(void)
         cmocka_unit_test(test_checker_reports_a_header_without_owner),
         cmocka_unit_test(test_checker_reports_cuda_outside_its_files),
         cmocka_unit_test(test_checker_reports_family_branches),
+        cmocka_unit_test(test_checker_reports_a_header_named_after_no_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -112,7 +112,6 @@ td_status td_dio_file_create(td_dio *io, const char *const *dirs, int n_dirs, si
 /* Closes the files (their space goes back) and removes the lock files. */
 void td_dio_file_close(td_dio_file *f);
 size_t td_dio_file_bytes(const td_dio_file *f);
-int td_dio_file_dirs(const td_dio_file *f);
 /* 1 when every directory's file is read and written with O_DIRECT. */
 int td_dio_file_direct(const td_dio_file *f);
 /* One line per directory: "DIR: 12.0 GiB, ext4, O_DIRECT" or "..., through

@@ -242,7 +242,6 @@ size_t td_memmgr_padding_bytes(const td_memmgr *m);       /* bytes wasted by the
 int td_memmgr_tensor_chunk(const td_memmgr *m, int id);
 size_t td_memmgr_tensor_offset(const td_memmgr *m, int id); /* elements into its chunk */
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id);
-const char *td_memmgr_tensor_name(const td_memmgr *m, int id);
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
 /* A chunk's bytes up to the end of its last tensor: its host copy, what
  * every copy moves, and what a per-chunk optimizer updates (chunk i of
@@ -263,7 +262,6 @@ size_t td_memmgr_chunk_host_range(const td_memmgr *m, int chunk, size_t *begin, 
 td_status td_memmgr_chunk_shard(const td_memmgr *m, int chunk, td_shard_layout *out);
 td_tensor_role td_memmgr_chunk_role(const td_memmgr *m, int chunk);
 td_chunk_home td_memmgr_chunk_home(const td_memmgr *m, int chunk);
-int td_memmgr_chunk_resident(const td_memmgr *m, int chunk);
 /* Chunk `index` of a role's list, -1 if none: chunk i of every role holds
  * the same tensors when the roles were registered alike. */
 int td_memmgr_role_chunk(const td_memmgr *m, td_tensor_role role, int index);
@@ -307,7 +305,6 @@ td_status td_memmgr_free_nonmodel(td_memmgr *m, void *ptr);
  * the run's peak stays in td_memmgr_stats.device_peak_bytes. */
 td_status td_memmgr_step_begin(td_memmgr *m);
 td_status td_memmgr_step_end(td_memmgr *m);
-int td_memmgr_warmed_up(const td_memmgr *m);
 
 void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out);
 /* The last finished step as one JSON object (no newline): step, loads,

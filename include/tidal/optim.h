@@ -380,7 +380,6 @@ td_status td_loss_scaler_params_check(const td_loss_scaler_params *p);
 td_status td_loss_scaler_init(td_loss_scaler *s, const td_loss_scaler_params *p);
 /* Records one step's outcome; returns 1 when the step must be skipped. */
 int td_loss_scaler_update(td_loss_scaler *s, int overflow);
-const char *td_loss_scale_kind_name(td_loss_scale_kind k);
 td_status td_loss_scale_kind_parse(const char *name, td_loss_scale_kind *out);
 
 /* ---- the step controller -------------------------------------------------- */

@@ -88,8 +88,6 @@ typedef struct td_rdv td_rdv;
  * size or rank disagrees.  A job of size 1 joins at once without sockets. */
 td_status td_rdv_join(const td_dist_env *env, int timeout_ms, td_rdv **out);
 void td_rdv_close(td_rdv *r);
-int td_rdv_rank(const td_rdv *r);
-int td_rdv_size(const td_rdv *r);
 /* Rank 0's `bytes` at buf reach buf on every rank. */
 td_status td_rdv_bcast(td_rdv *r, void *buf, size_t bytes);
 /* Every rank's `bytes` from mine, in rank order, into all (size * bytes). */
@@ -149,7 +147,6 @@ td_status td_comm_create(const td_dist_env *env, td_backend *b, const td_comm_pa
 void td_comm_destroy(td_comm *c);
 int td_comm_rank(const td_comm *c);
 int td_comm_size(const td_comm *c);
-int td_comm_local_rank(const td_comm *c);
 const char *td_comm_name(const td_comm *c); /* "cpu" or "nccl" */
 
 /* Collectives on queue q, after the queue's earlier work.  Counts are in
@@ -173,7 +170,6 @@ td_status td_comm_barrier(td_comm *c, td_queue q);
  * (TD_ERR_IO) naming the ranks whose link has closed; use it instead of
  * td_queue_sync wherever collectives may be in flight. */
 td_status td_comm_wait(td_comm *c, td_queue q);
-int td_comm_timeout_ms(const td_comm *c);
 /* td_rdv_agree over the communicator's rendezvous (host only).  A failure
  * other than a disagreement ends the communicator. */
 td_status td_comm_agree(td_comm *c, const td_dist_setting *s, size_t n);

@@ -145,7 +145,6 @@ td_status td_st_writer_write_convert(td_st_writer *w, size_t index, td_st_dtype 
                                      const void *src, size_t n_elems);
 /* Index of the tensor the next bytes go to; the tensor count when all are full. */
 size_t td_st_writer_next(const td_st_writer *w);
-size_t td_st_writer_tensor_count(const td_st_writer *w);
 /* Checks every tensor is complete, then flushes, fsyncs, renames over the
  * final path and fsyncs its directory.  Frees w whatever the outcome; on
  * failure the temporary file is gone and the final path untouched. */

@@ -130,7 +130,7 @@ static void test_offloading_changes_nothing(void **state)
 /* The rotary decoder's families: LLaMA and Qwen2 (GQA, RoPE with llama3
  * scaling, tied and untied heads, q/k/v biases) and Gemma (heads of 128 over
  * a width of 256, RMSNorm's 1 + w, GeGLU, the embedding scaled by sqrt(C)):
- * their CUDA compute (model/rotary_cuda.c) against the cpu backend in fp32,
+ * their CUDA compute (model/cuda/rotary_cuda.c) against the cpu backend in fp32,
  * bf16 following it, and offloading changing no bit. */
 static td_train_config llama(td_backend_kind kind, td_dtype dt, const char *family, int untied)
 {

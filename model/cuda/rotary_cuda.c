@@ -1,5 +1,5 @@
 /* The rotary decoder's block, head and embedding on the GPU (rotary.h), composed from
- * the CUDA ops: the counterpart of decoder.c's CPU reference, the same
+ * the CUDA ops: the counterpart of rotary.c's CPU reference, the same
  * order and the same activations kept (td_ops_cuda_block_acts's fields as
  * td_model_block_acts maps them: no means, qkv after RoPE, atty (N, NH hs),
  * fch the gate|up product, fch_gelu act(gate) * up), with the fusions the
@@ -16,7 +16,7 @@
  * constants (consts_fill), uploaded once by the caller.
  *
  * Then the decoder's td_model_exec (family.h) over these. */
-#include "rotary.h"
+#include "../rotary.h"
 
 #include <string.h>
 
