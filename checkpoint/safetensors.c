@@ -900,6 +900,8 @@ static td_status make_header(td_st_writer *w, sbuf *b)
             if (!strcmp(names[i], names[i - 1]))
                 TD_FAIL(TD_ERR_INVALID, WFMT "tensor '%s' declared twice", w->path, names[i]);
     }
+    /* Written here rather than with cJSON: offsets are 64-bit integers, which
+     * cJSON's doubles would round past 2^53 bytes. */
     sb_str(b, "{");
     if (w->n_meta) {
         sb_str(b, "\"__metadata__\":{");

@@ -3,6 +3,7 @@
 #include "memmgr_impl.h"
 #include "tidal/util.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1395,24 +1396,28 @@ void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out)
 size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes)
 {
     const td_memmgr_stats *s = &m->last_step;
-    int n = snprintf(buf, buf_bytes,
-                     "{\"step\":%llu,\"accesses\":%llu,\"loads\":%llu,\"evictions\":%llu,\"writebacks\":%llu,"
-                     "\"bytes_h2d\":%llu,\"bytes_d2h\":%llu,\"prefetches\":%llu,\"demand_loads\":%llu,"
-                     "\"stalls\":%llu,\"stall_ms\":%.3f,\"slot_wait_ms\":%.3f,\"prefetch_window\":%d,\"device_peak_bytes\":%zu,"
-                     "\"disk_read_bytes\":%llu,\"disk_write_bytes\":%llu,\"disk_wait_ms\":%.3f,\"peak_bytes\":{",
-                     (unsigned long long)(m->step ? m->step - 1 : 0), (unsigned long long)s->accesses,
-                     (unsigned long long)s->loads, (unsigned long long)s->evictions, (unsigned long long)s->writebacks,
-                     (unsigned long long)s->bytes_h2d, (unsigned long long)s->bytes_d2h,
-                     (unsigned long long)s->prefetches, (unsigned long long)s->demand_loads,
-                     (unsigned long long)s->stalls, s->stall_ms, s->slot_wait_ms, m->prefetch_window,
-                     m->last_step_peak_total, (unsigned long long)s->disk_read_bytes,
-                     (unsigned long long)s->disk_write_bytes, s->disk_wait_ms);
-    for (int r = 0; r < TD_ROLE_COUNT && n > 0 && (size_t)n < buf_bytes; r++)
-        n += snprintf(buf + n, buf_bytes - (size_t)n, "%s\"%s\":%zu", r ? "," : "", td_role_name((td_role)r),
-                      m->last_step_peak[r]);
-    if (n > 0 && (size_t)n < buf_bytes) n += snprintf(buf + n, buf_bytes - (size_t)n, "}}");
+    const struct { const char *key; double value; } fields[] = {
+        {"step", (double)(m->step ? m->step - 1 : 0)}, {"accesses", (double)s->accesses},
+        {"loads", (double)s->loads}, {"evictions", (double)s->evictions}, {"writebacks", (double)s->writebacks},
+        {"bytes_h2d", (double)s->bytes_h2d}, {"bytes_d2h", (double)s->bytes_d2h},
+        {"prefetches", (double)s->prefetches}, {"demand_loads", (double)s->demand_loads},
+        {"stalls", (double)s->stalls}, {"stall_ms", s->stall_ms}, {"slot_wait_ms", s->slot_wait_ms},
+        {"prefetch_window", (double)m->prefetch_window}, {"device_peak_bytes", (double)m->last_step_peak_total},
+        {"disk_read_bytes", (double)s->disk_read_bytes}, {"disk_write_bytes", (double)s->disk_write_bytes},
+        {"disk_wait_ms", s->disk_wait_ms},
+    };
+    cJSON *j = cJSON_CreateObject(), *peak = cJSON_CreateObject();
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        cJSON_AddNumberToObject(j, fields[i].key, fields[i].value);
+    for (int r = 0; r < TD_ROLE_COUNT; r++)
+        cJSON_AddNumberToObject(peak, td_role_name((td_role)r), (double)m->last_step_peak[r]);
+    cJSON_AddItemToObject(j, "peak_bytes", peak);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    int n = buf_bytes ? snprintf(buf, buf_bytes, "%s", text ? text : "{}") : 0;
+    cJSON_free(text);
     if (n < 0) n = 0;
-    return (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
+    return buf_bytes == 0 ? 0 : (size_t)n < buf_bytes ? (size_t)n : buf_bytes - 1;
 }
 
 int td_memmgr_tensor_count(const td_memmgr *m) { return m->n_tensors; }

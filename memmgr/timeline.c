@@ -5,16 +5,49 @@
  * the stream order of what they mark; at a step's end the pool is
  * synchronised, converted to microseconds from the step's base event, written
  * and reset.  A step that needs more events than the pool holds drops the
- * rest and says how many in the file. */
+ * rest and says how many in the file.  Each record is one JSON object made
+ * with cJSON (names are escaped), written as soon as it is known. */
 #include "memmgr_impl.h"
 #include "tidal/util.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #define TL_EVENTS 4096
+
+/* A trace event: name, phase, thread and time (microseconds); cat, dur
+ * (ph "X") and args are added by the caller. */
+static cJSON *event(const char *name, const char *ph, int tid, double ts_us)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", name);
+    cJSON_AddStringToObject(e, "ph", ph);
+    cJSON_AddNumberToObject(e, "pid", 0);
+    if (tid >= 0) cJSON_AddNumberToObject(e, "tid", tid);
+    if (ts_us >= 0) cJSON_AddNumberToObject(e, "ts", ts_us);
+    return e;
+}
+
+/* A track's name (metadata event). */
+static cJSON *thread_name(int tid, const char *name)
+{
+    cJSON *e = event("thread_name", "M", tid, -1);
+    cJSON_AddItemToObject(e, "args", cJSON_CreateObject());
+    cJSON_AddStringToObject(cJSON_GetObjectItem(e, "args"), "name", name);
+    return e;
+}
+
+/* Writes an event after the ones before it (`first`: no comma) and frees it. */
+static void put_event(FILE *f, cJSON *e, int first)
+{
+    char *text = cJSON_PrintUnformatted(e);
+    cJSON_Delete(e);
+    if (text) fprintf(f, "%s%s", first ? "" : ",\n", text);
+    cJSON_free(text);
+}
 
 td_status td_memmgr_timeline_open(td_memmgr *m, const char *path)
 {
@@ -29,12 +62,15 @@ td_status td_memmgr_timeline_open(td_memmgr *m, const char *path)
     for (; tl->n_events < TL_EVENTS; tl->n_events++) TD_TRY(td_event_create(m->backend, &tl->events[tl->n_events]));
     tl->f = fopen(path, "w");
     if (!tl->f) TD_FAIL(TD_ERR_IO, "cannot write the timeline '%s': %s", path, strerror(errno));
-    fprintf(tl->f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
-                   "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"tidal %s\"}},\n"
-                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n"
-                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"H2D\"}},\n"
-                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":2,\"args\":{\"name\":\"D2H\"}}",
-            td_backend_describe(m->backend));
+    fprintf(tl->f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    char process[160];
+    snprintf(process, sizeof process, "tidal %s", td_backend_describe(m->backend));
+    cJSON *p = event("process_name", "M", -1, -1);
+    cJSON_AddItemToObject(p, "args", cJSON_CreateObject());
+    cJSON_AddStringToObject(cJSON_GetObjectItem(p, "args"), "name", process);
+    put_event(tl->f, p, 1);
+    static const char *const tracks[] = {"compute", "H2D", "D2H"};
+    for (int t = 0; t < 3; t++) put_event(tl->f, thread_name(t, tracks[t]), 0);
     tl->base = -1;
     tl->t0_ms = td_now_ms();
     m->tl = tl;
@@ -135,11 +171,12 @@ td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, double t0_ms,
                                 track);
         snprintf(tl->host_tracks[tid], sizeof tl->host_tracks[tid], "%s", track);
         tl->n_host_tracks++;
-        fprintf(tl->f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
-                3 + tid, tl->host_tracks[tid]);
+        put_event(tl->f, thread_name(3 + tid, tl->host_tracks[tid]), 0);
     }
-    fprintf(tl->f, ",\n{\"name\":\"%s\",\"cat\":\"host\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-            text, 3 + tid, (t0_ms - tl->t0_ms) * 1e3, t1_ms > t0_ms ? (t1_ms - t0_ms) * 1e3 : 0);
+    cJSON *e = event(text, "X", 3 + tid, (t0_ms - tl->t0_ms) * 1e3);
+    cJSON_AddStringToObject(e, "cat", "host");
+    cJSON_AddNumberToObject(e, "dur", t1_ms > t0_ms ? (t1_ms - t0_ms) * 1e3 : 0);
+    put_event(tl->f, e, 0);
     return TD_OK;
 }
 
@@ -171,43 +208,57 @@ td_status mm_tl_step_end(td_memmgr *m)
     if (!tl || tl->base < 0) return TD_OK;
     td_status st = td_event_sync(m->backend, tl->events[tl->base]);
     if (st) return st;
-    static const char *tid_name[] = {"H2D", "D2H"};
     for (int i = 0; i < tl->n_recs; i++) {
         mm_tl_rec *r = &tl->recs[i];
         double t0, t1 = 0;
         if ((st = elapsed_us(m, tl->base, r->ev0, &t0))) return st;
         if (r->ev1 >= 0 && (st = elapsed_us(m, tl->base, r->ev1, &t1))) return st;
+        char name[96];
+        cJSON *e = NULL, *args = cJSON_CreateObject();
         switch (r->kind) {
         case MM_TL_LOAD:
         case MM_TL_WRITEBACK: {
             const mm_chunk *ch = &m->chunks[r->chunk];
-            int tid = r->kind == MM_TL_LOAD ? 1 : 2;
-            fprintf(tl->f, ",\n{\"name\":\"%s chunk %d\",\"cat\":\"copy\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
-                           "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"chunk\":%d,\"role\":\"%s\",\"bytes\":%zu,\"step\":%llu}}",
-                    r->kind == MM_TL_LOAD ? "load" : "writeback", r->chunk, tid, t0, t1 > t0 ? t1 - t0 : 0,
-                    r->chunk, td_tensor_role_name(ch->role), ch->bytes, (unsigned long long)m->step);
-            (void)tid_name;
+            snprintf(name, sizeof name, "%s chunk %d", r->kind == MM_TL_LOAD ? "load" : "writeback", r->chunk);
+            e = event(name, "X", r->kind == MM_TL_LOAD ? 1 : 2, t0);
+            cJSON_AddStringToObject(e, "cat", "copy");
+            cJSON_AddNumberToObject(e, "dur", t1 > t0 ? t1 - t0 : 0);
+            cJSON_AddNumberToObject(args, "chunk", r->chunk);
+            cJSON_AddStringToObject(args, "role", td_tensor_role_name(ch->role));
+            cJSON_AddNumberToObject(args, "bytes", (double)ch->bytes);
+            cJSON_AddNumberToObject(args, "step", (double)m->step);
             break;
         }
         case MM_TL_RANGE:
             if (r->ev1 < 0) break; /* never closed */
-            fprintf(tl->f, ",\n{\"name\":\"%s\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":0,"
-                           "\"ts\":%.3f,\"dur\":%.3f}", r->name, t0, t1 > t0 ? t1 - t0 : 0);
+            e = event(r->name, "X", 0, t0);
+            cJSON_AddStringToObject(e, "cat", "compute");
+            cJSON_AddNumberToObject(e, "dur", t1 > t0 ? t1 - t0 : 0);
             break;
         case MM_TL_EVICT:
-            fprintf(tl->f, ",\n{\"name\":\"evict chunk %d\",\"cat\":\"chunk\",\"ph\":\"i\",\"s\":\"p\",\"pid\":0,"
-                           "\"tid\":0,\"ts\":%.3f,\"args\":{\"chunk\":%d}}", r->chunk, t0, r->chunk);
+            snprintf(name, sizeof name, "evict chunk %d", r->chunk);
+            e = event(name, "i", 0, t0);
+            cJSON_AddStringToObject(e, "cat", "chunk");
+            cJSON_AddStringToObject(e, "s", "p");
+            cJSON_AddNumberToObject(args, "chunk", r->chunk);
             break;
         case MM_TL_MEMORY:
-            fprintf(tl->f, ",\n{\"name\":\"device arena\",\"ph\":\"C\",\"pid\":0,\"ts\":%.3f,"
-                           "\"args\":{\"used_bytes\":%.0f}}", t0, r->value);
+            e = event("device arena", "C", -1, t0);
+            cJSON_AddNumberToObject(args, "used_bytes", r->value);
             break;
         }
+        if (e && cJSON_GetArraySize(args)) cJSON_AddItemToObject(e, "args", args);
+        else cJSON_Delete(args);
+        if (e) put_event(tl->f, e, 0);
     }
-    if (tl->dropped)
-        fprintf(tl->f, ",\n{\"name\":\"timeline: %llu records dropped this step (pool of %d events)\","
-                       "\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":%.3f}",
-                (unsigned long long)tl->dropped, tl->n_events, tl->step_offset_ms * 1e3);
+    if (tl->dropped) {
+        char name[128];
+        snprintf(name, sizeof name, "timeline: %llu records dropped this step (pool of %d events)",
+                 (unsigned long long)tl->dropped, tl->n_events);
+        cJSON *e = event(name, "i", 0, tl->step_offset_ms * 1e3);
+        cJSON_AddStringToObject(e, "s", "g");
+        put_event(tl->f, e, 0);
+    }
     tl->dropped = 0;
     tl->base = -1;
     if (fflush(tl->f) != 0) return td_error_set(TD_ERR_IO, "writing the timeline: %s", strerror(errno));

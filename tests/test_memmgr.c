@@ -861,6 +861,8 @@ static void test_step_json_and_timeline(void **state)
         TD_ASSERT_OK(td_memmgr_access(r.m, &id[0], 1, TD_TENSOR_COMPUTE, 0, &p));
         TD_ASSERT_OK(td_memmgr_release(r.m, &id[0], 1, TD_TENSOR_HOLD));
     }
+    /* a name that JSON must escape comes back as it was given */
+    TD_ASSERT_OK(td_memmgr_timeline_host(r.m, "CPU AdamW", 0, 0, "say \"%s\"\\\t", "hi"));
     int host_waits = td_backend_get_kind(r.b) == TD_BACKEND_CPU;
     rig_close(&r); /* closes the timeline */
     FILE *f = fopen(path, "r");
@@ -873,7 +875,7 @@ static void test_step_json_and_timeline(void **state)
     assert_non_null(doc);
     cJSON *events = cJSON_GetObjectItem(doc, "traceEvents");
     int loads = 0, ranges = 0, counters = 0, writebacks = 0, host = 0, host_named = 0, adam_tid = -1, drive_tid = -1;
-    int access_spans = 0, tracks = 0;
+    int access_spans = 0, tracks = 0, escaped = 0;
     double block_start[12], host_end[3];
     cJSON *ev;
     cJSON_ArrayForEach(ev, events) { /* the host tracks' ids, from their names (which comes first varies) */
@@ -894,6 +896,7 @@ static void test_step_json_and_timeline(void **state)
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
         const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "ph"));
         if (!name || !ph) continue;
+        escaped += !strcmp(name, "say \"hi\"\\\t");
         if (!strncmp(name, "load chunk", 10)) loads++;
         if (!strncmp(name, "writeback chunk", 15)) writebacks++;
         if (!strcmp(name, "block") && !strcmp(ph, "X")) ranges++;
@@ -918,6 +921,7 @@ static void test_step_json_and_timeline(void **state)
         }
     }
     cJSON_Delete(doc);
+    assert_int_equal(escaped, 1);
     assert_int_equal(host, 3);
     /* One clock: each step's host span ends before the next step's first
      * block starts (the device may still run a step's blocks after the host

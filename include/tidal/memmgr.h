@@ -307,10 +307,12 @@ td_status td_memmgr_step_begin(td_memmgr *m);
 td_status td_memmgr_step_end(td_memmgr *m);
 
 void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out);
-/* The last finished step as one JSON object (no newline): step, loads,
- * evictions, writebacks, bytes_h2d, bytes_d2h, prefetches, demand_loads,
- * stalls, stall_ms, slot_wait_ms, device_peak_bytes and peak_bytes per arena role.
- * Returns the length written (truncated to buf_bytes - 1). */
+/* The last finished step as one JSON object (no newline): step, accesses,
+ * loads, evictions, writebacks, bytes_h2d, bytes_d2h, prefetches,
+ * demand_loads, stalls, stall_ms, slot_wait_ms, prefetch_window,
+ * device_peak_bytes, disk_read_bytes, disk_write_bytes, disk_wait_ms and
+ * peak_bytes per arena role (written with cJSON).  Returns the length
+ * written (truncated to buf_bytes - 1; 2 KiB always hold it). */
 size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes);
 
 /* Timeline: from now on, every step's chunk loads, write-backs, evictions,
