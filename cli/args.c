@@ -1,6 +1,7 @@
 /* Command-line and config-file options (see args.h). */
 #include "args.h"
 #include "tidal/alloc.h"
+#include "tidal/family.h"
 #include "tidal/util.h"
 
 #include <cjson/cJSON.h>
@@ -265,4 +266,55 @@ td_status td_cli_print_json(cJSON *doc)
     printf("%s\n", text);
     cJSON_free(text);
     return TD_OK;
+}
+
+const char *td_cli_family_titles(void)
+{
+    static char text[512];
+    if (text[0]) return text;
+    size_t k = 0;
+    int n = td_model_family_count();
+    for (int i = 0; i < n && k < sizeof text; i++)
+        k += (size_t)snprintf(text + k, sizeof text - k, "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ",
+                              td_model_family_title(td_model_family_at(i)));
+    return text;
+}
+
+/* Appends `word` to text (length *k), breaking the line before it where
+ * the line would pass `width` characters. */
+static void append_wrapped(char *text, size_t cap, size_t *k, size_t *line, const char *word, size_t width)
+{
+    size_t n = strlen(word);
+    if (*line > 0 && *line + n > width && *k + 1 < cap) {
+        while (*k > 0 && text[*k - 1] == ' ') (*k)--; /* no trailing space before the break */
+        text[(*k)++] = '\n';
+        *line = 0;
+    }
+    if (*k < cap) *k += (size_t)snprintf(text + *k, cap - *k, "%s", word);
+    if (*k >= cap) *k = cap - 1;
+    *line += n;
+}
+
+const char *td_cli_presets_help(const char *default_preset)
+{
+    static char text[4096];
+    if (text[0]) return text;
+    size_t k = 0, line = 0;
+    char word[160];
+    for (int i = 0; i < td_model_family_count(); i++) {
+        const td_model_family *f = td_model_family_at(i);
+        snprintf(word, sizeof word, "%s: ", td_model_family_title(f));
+        append_wrapped(text, sizeof text, &k, &line, word, 90);
+        for (int p = 0; p < f->n_presets; p++) {
+            const char *name = f->presets[p].name;
+            snprintf(word, sizeof word, "%s%s%s ", name, default_preset && !strcmp(name, default_preset) ?
+                     " (default)" : "", p + 1 < f->n_presets ? "," : ";");
+            append_wrapped(text, sizeof text, &k, &line, word, 90);
+        }
+    }
+    append_wrapped(text, sizeof text, &k, &line, "see docs/model.md; ", 90);
+    append_wrapped(text, sizeof text, &k, &line, "or a Hugging Face config.json ", 90);
+    append_wrapped(text, sizeof text, &k, &line, "(or a folder holding one): ", 90);
+    append_wrapped(text, sizeof text, &k, &line, "its architecture, fresh weights", 90);
+    return text;
 }

@@ -60,4 +60,12 @@ td_status td_cli_print_json(struct cJSON *doc);
 /* Frees the config file text that string options may point into. */
 void td_args_free(void);
 
+/* Help text from the model families' registry (model.h), so that a new
+ * family shows in every command's help without an edit here:
+ * "Gemma, GPT-2, LLaMA or Qwen2", and the presets family by family
+ * ("GPT-2: tiny (default), gpt2-124m, ...; LLaMA: ..."), wrapped for
+ * td_args_usage, `default_preset` marked.  Built once; the CLI's thread. */
+const char *td_cli_family_titles(void);
+const char *td_cli_presets_help(const char *default_preset);
+
 #endif

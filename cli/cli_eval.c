@@ -20,7 +20,7 @@ typedef struct model_opts {
 } model_opts;
 
 #define MODEL_OPTS(m)                                                                                              \
-    {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face GPT-2, LLaMA or Qwen2 one)", 0}, \
+    {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face one: tidal train --help lists\nthe families)", 0}, \
     {"backend", TD_OPT_STRING, &(m)->backend, "B", "auto (default: cuda when a GPU answers), cpu or cuda", 0},                             \
     {"gpu-budget", TD_OPT_BUDGET, &(m)->gpu_budget, "SIZE", "device budget (default: what the model needs, at most the free memory;\nmax: all free memory)", 0}, \
     {"threads", TD_OPT_INT, &(m)->threads, "N", "CPU threads (default: the cores this process may run on, at most the\n" \

@@ -192,7 +192,7 @@ int td_cli_generate_main(int argc, char **argv)
 {
     gen_opts o = {.prompt = "", .tokens = 200, .temperature = 0.8, .seed = 1};
     td_opt table[] = {
-        {"checkpoint", TD_OPT_STRING, &o.checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face GPT-2, LLaMA or Qwen2 one)", 0},
+        {"checkpoint", TD_OPT_STRING, &o.checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face one: tidal train --help lists\nthe families)", 0},
         {"prompt", TD_OPT_STRING, &o.prompt, "TEXT", "text to continue (default: empty)", 0},
         {"tokens", TD_OPT_INT, &o.tokens, "N", "tokens to generate (default 200)", 0},
         {"temperature", TD_OPT_DOUBLE, &o.temperature, "T", "sampling temperature; 0 is greedy (default 0.8)", 0},

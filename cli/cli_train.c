@@ -20,10 +20,11 @@
 
 static const char usage[] =
     "usage: tidal train --data FILE [--model PRESET | --layers L --width C --heads H] [options]\n\n"
-    "Trains a GPT-2, LLaMA or Qwen2 model on a token file (see `tidal prepare`) with its parameters, gradients and\n"
-    "optimizer state in chunks that move between pinned host memory and the device under\n"
-    "--gpu-budget.  The first step is a warm-up that records the access order; from the second on,\n"
-    "chunks are evicted by Belady's rule and loaded ahead of use.  Prints a progress line per step.\n"
+    "Trains a transformer (a --model preset or a Hugging Face config) on a token file (see\n"
+    "`tidal prepare`) with its parameters, gradients and optimizer state in chunks that move\n"
+    "between pinned host memory and the device under --gpu-budget.  The first step is a warm-up\n"
+    "that records the access order; from the second on, chunks are evicted by Belady's rule and\n"
+    "loaded ahead of use.  Prints a progress line per step.\n"
     "Exit status: 0 done, 2 a usage error (nothing was run), 1 a failure, 130 or 143 stopped by\n"
     "SIGINT or SIGTERM (saved with --save; --resume continues).";
 

@@ -13,7 +13,7 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"train", td_cli_train_main, "train a GPT-2, LLaMA or Qwen2 model on a token file under a device budget"},
+    {"train", td_cli_train_main, "train a transformer on a token file under a device budget"},
     {"eval", td_cli_eval_main, "mean cross-entropy of a checkpoint on a token file"},
     {"generate", td_cli_generate_main, "sample text from a checkpoint (on the CPU, with a key/value cache)"},
     {"plan", td_cli_plan_main, "print a run's footprint and whether it fits, before starting it"},

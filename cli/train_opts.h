@@ -33,21 +33,18 @@ typedef struct td_cli_train_opts {
 } td_cli_train_opts;
 
 #define TD_CLI_MODEL_OPTS(o)                                                                                         \
-    {"model", TD_OPT_STRING, &(o)->model, "PRESET", "GPT-2: tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt-2.7b, gpt-4b,\n" \
-     "gpt-6.7b, gpt-13b; LLaMA: tiny-llama, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, smollm2-135m,\n"               \
-     "smollm2-360m, smollm2-1.7b; Qwen2: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b (docs/model.md);\n"                  \
-     "or a Hugging Face config.json (or a folder holding one): its architecture, fresh weights", 0},               \
+    {"model", TD_OPT_STRING, &(o)->model, "PRESET", td_cli_presets_help("tiny"), 0},                                \
     {"layers", TD_OPT_INT, &(o)->layers, "L", "layers (overrides the preset)", 0},                                 \
     {"width", TD_OPT_INT, &(o)->width, "C", "embedding width", 0},                                                \
     {"heads", TD_OPT_INT, &(o)->heads, "H", "attention heads (must divide the width)", 0},                        \
-    {"kv-heads", TD_OPT_INT, &(o)->kv_heads, "N", "LLaMA/Qwen2: key/value heads (must divide the heads)", 0},      \
-    {"mlp-width", TD_OPT_INT, &(o)->mlp_width, "H", "LLaMA/Qwen2: the MLP's width (intermediate_size)", 0},         \
+    {"kv-heads", TD_OPT_INT, &(o)->kv_heads, "N", "key/value heads (grouped-query attention; must divide the heads)", 0},      \
+    {"mlp-width", TD_OPT_INT, &(o)->mlp_width, "H", "the MLP's width (intermediate_size; GPT-2's is 4 x the width)", 0},         \
     {"seq", TD_OPT_INT, &(o)->seq, "T", "sequence length (default 64, at most the model's positions)", 0},        \
     {"vocab", TD_OPT_INT, &(o)->vocab, "V", "vocabulary (default: the token file's; a preset's own is kept only\n" \
      "when given here)", 0},                                                                                       \
     {"data", TD_OPT_STRING, &(o)->data, "FILE", "token file written by `tidal prepare`", 0},                      \
-    {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face GPT-2, LLaMA or Qwen2\n" \
-     "directory (its config.json decides the model)", 0}
+    {"init", TD_OPT_STRING, &(o)->init, "DIR", "start from the weights of a checkpoint or a Hugging Face directory of a family\n" \
+     "above (its config.json decides the model)", 0}
 
 #define TD_CLI_RUN_OPTS(o)                                                                                           \
     {"micro-batch", TD_OPT_INT, &(o)->micro_batch, "B", "sequences per micro-batch (default 4)", 0},              \

@@ -50,6 +50,7 @@ const td_model_family *td_model_family_stored(const td_model_family *f)
 }
 
 const char *td_model_family_name(const td_model_family *f) { return f ? f->name : "unknown"; }
+const char *td_model_family_title(const td_model_family *f) { return f && f->title ? f->title : td_model_family_name(f); }
 
 /* The CPU reference over the family's td_model_cpu (model_ref.c). */
 extern const td_model_exec td_model_cpu_exec;

@@ -72,6 +72,7 @@ cleanup:
 
 const td_model_family td_family_gemma = {
     .name = "gemma",
+    .title = "Gemma",
     .architecture = "GemmaForCausalLM",
     .summary = "RMSNorm with gain 1 + w, embedding times sqrt(width), RoPE, multi- or grouped-query attention with "
                "free head size, GeGLU MLP (tanh GELU), no biases, tied head",

@@ -361,6 +361,7 @@ static const td_model_exec cuda = {cuda_acts_bytes, cuda_scratch_bytes, cuda_con
 
 const td_model_family td_family_gpt2 = {
     .name = "gpt2",
+    .title = "GPT-2",
     .architecture = "GPT2LMHeadModel",
     .summary = "LayerNorm, learned positions, multi-head attention, GELU MLP 4 x width, biases, tied head",
     .traits = {.norm = TD_MODEL_NORM_LAYER, .gated = 0, .act = TD_OPS_GLU_GELU_TANH, .rope = 0},

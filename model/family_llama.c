@@ -80,6 +80,7 @@ cleanup:
 
 const td_model_family td_family_llama = {
     .name = "llama",
+    .title = "LLaMA",
     .architecture = "LlamaForCausalLM",
     .summary = "RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, no biases, tied or untied head",
     .traits = {.norm = TD_MODEL_NORM_RMS, .gated = 1, .act = TD_OPS_GLU_SILU, .rope = 1},

@@ -59,6 +59,7 @@ cleanup:
 
 const td_model_family td_family_qwen2 = {
     .name = "qwen2",
+    .title = "Qwen2",
     .architecture = "Qwen2ForCausalLM",
     .summary = "RMSNorm, RoPE, grouped-query attention with q/k/v biases, SwiGLU MLP, tied or untied head",
     .traits = {.norm = TD_MODEL_NORM_RMS, .gated = 1, .act = TD_OPS_GLU_SILU, .rope = 1},

@@ -8,6 +8,7 @@
  * Runs the command of the same build (env TIDAL, else ./build/tidal). */
 #include <stdarg.h>
 #include "td_test.h"
+#include "tidal/model.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -251,7 +252,9 @@ static void test_cpu_device_size(void **state)
 }
 
 /* Help that cannot mislead: plan lists no training-run options, tune one
- * default for --steps. */
+ * default for --steps; every family of the registry shows in --model's
+ * help under its title with all its presets (a new family is listed
+ * without an edit to cli/). */
 static void test_help(void **state)
 {
     char out[32768];
@@ -261,6 +264,20 @@ static void test_help(void **state)
         if (strstr(out, none[i])) fail_msg("tidal plan --help lists %s", none[i]);
     assert_int_equal(sh(out, sizeof out, "%s tune --help", tidal), 0);
     assert_null(strstr(out, "default 100"));
+    assert_int_equal(sh(out, sizeof out, "%s train --help", tidal), 0);
+    for (int i = 0; i < td_model_family_count(); i++) {
+        char title[64];
+        snprintf(title, sizeof title, "%s: ", td_model_family_title(td_model_family_at(i)));
+        if (!strstr(out, title)) fail_msg("tidal train --help does not list the family '%s'", title);
+    }
+    for (const char *const *p = td_model_preset_names(); *p; p++) {
+        char word[96], last[96], dflt[96];
+        snprintf(word, sizeof word, " %s,", *p);
+        snprintf(last, sizeof last, " %s;", *p);
+        snprintf(dflt, sizeof dflt, " %s (default)", *p);
+        if (!strstr(out, word) && !strstr(out, last) && !strstr(out, dflt)) fail_msg("tidal train --help does not list the preset %s", *p);
+    }
+    assert_non_null(strstr(out, " tiny (default),"));
     assert_int_equal(sh(out, sizeof out, "%s --help", tidal), 0);
     assert_non_null(strstr(out, "tokenizer.json"));
     assert_non_null(strstr(out, "exit status"));

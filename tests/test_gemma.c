@@ -9,7 +9,7 @@
  * preset; GemmaConfig's defaults; variants refused with the key named),
  * and a checkpoint round trip under the Hugging Face names.  The trainer
  * on Gemma is in test_llama_train.c; transformers itself checks it in
- * tests/gpu/check_llama_hf.py. */
+ * tests/gpu/check_gemma_hf.py. */
 #include "td_test.h"
 #include "tidal/checkpoint.h"
 #include "tidal/model_ref.h"

@@ -179,6 +179,7 @@ typedef struct td_model_exec {
 
 struct td_model_family {
     const char *name;         /* config.json's model_type: "gpt2", "llama", "qwen2", "gemma" */
+    const char *title;        /* how people write it: "GPT-2", "LLaMA", "Qwen2", "Gemma" (help, messages) */
     const char *architecture; /* config.json's architectures[0]: "GPT2LMHeadModel", ... */
     const char *summary;      /* what its block is, one line */
     td_model_traits traits;   /* its block's make-up */

@@ -63,6 +63,8 @@ const td_model_family *td_model_family_at(int i);
 /* d's family (GPT-2 when d->family is NULL). */
 const td_model_family *td_model_family_of(const td_model_desc *d);
 const char *td_model_family_name(const td_model_family *f);
+/* How people write its name ("GPT-2", "LLaMA"; its name where it gives none). */
+const char *td_model_family_title(const td_model_family *f);
 /* Makes d a model of the family `name` with the family's defaults (its
  * sizes kept); TD_ERR_INVALID naming the families for an unknown name. */
 td_status td_model_desc_set_family(td_model_desc *d, const char *name);
