@@ -248,6 +248,13 @@ encode_failed:
 
 /* ---- output folder --------------------------------------------------------- */
 
+/* The command's options. */
+typedef struct prep_opts {
+    const char *in_path, *out_path, *kind_text, *vocab, *merges;
+    size_t block_bytes;
+    int quiet;
+} prep_opts;
+
 /* Creates the folders leading to `path` (mkdir -p of its dirname). */
 static int make_parents(const char *path)
 {
@@ -321,139 +328,170 @@ static int append_special(prep *P, int before_first)
     return 0;
 }
 
-/* Tokenizes in_path into out_path: 0 done, 1 failed (said on stderr), 2 bad usage. */
-static int prepare(const char *in_path, const char *out_path, const char *kind_text, const char *vocab,
-                   const char *merges, size_t block_bytes, int quiet)
+/* --tokenizer and its files: the kind and, for a tokenizer.json, its path.
+ * 0, or 2 (a usage error, said). */
+static int resolve_tokenizer(const char *kind_text, const char *vocab, const char *merges, td_tokenizer_kind *kind,
+                             char *json_path, size_t json_bytes)
 {
-    td_tokenizer_kind kind;
-    char json_path[4096];
-    if (td_tokenizer_kind_parse(kind_text, &kind) != TD_OK) {
-        if (!td_tokenizer_json_path(kind_text, json_path, sizeof json_path)) {
+    if (td_tokenizer_kind_parse(kind_text, kind) != TD_OK) {
+        if (!td_tokenizer_json_path(kind_text, json_path, json_bytes)) {
             fprintf(stderr, "tidal prepare: --tokenizer '%s' is not byte or gpt2, nor a .json file or a folder "
                             "holding tokenizer.json\n", kind_text);
             return 2;
         }
-        kind = TD_TOKENIZER_JSON;
+        *kind = TD_TOKENIZER_JSON;
     }
-    if (kind != TD_TOKENIZER_GPT2 && (vocab || merges)) {
+    if (*kind != TD_TOKENIZER_GPT2 && (vocab || merges)) {
         fprintf(stderr, "tidal prepare: --vocab and --merges are for --tokenizer gpt2\n");
         return 2;
     }
-    if (kind == TD_TOKENIZER_GPT2 && (!vocab || !merges)) {
+    if (*kind == TD_TOKENIZER_GPT2 && (!vocab || !merges)) {
         fprintf(stderr, "tidal prepare: --tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt "
                         "(Hugging Face GPT-2 files)\n");
         return 2;
     }
+    return 0;
+}
 
-    int rc = 1, from_dir = 0, from_stdin = !strcmp(in_path, "-");
-    input_list L = {0};
-    prep P = {0};
-    dir_id *seen = NULL;
-    struct sigaction old_int, old_term;
-    int handlers = 0;
-    double t0 = td_now_ms();
-
-    if (!from_stdin) {
-        struct stat sb;
-        if (stat(in_path, &sb) != 0) {
-            fprintf(stderr, "tidal prepare: cannot open --input '%s': %s\n", in_path, strerror(errno));
-            goto done;
+/* The documents of --input (a file or a folder's files; none for stdin)
+ * into L, their bytes into P->bytes_total.  0, or 1 (said). */
+static int gather_inputs(const char *in_path, input_list *L, dir_id **seen, prep *P, int *from_dir)
+{
+    struct stat sb;
+    if (stat(in_path, &sb) != 0) {
+        fprintf(stderr, "tidal prepare: cannot open --input '%s': %s\n", in_path, strerror(errno));
+        return 1;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        *from_dir = 1;
+        if (!(*seen = td_calloc(66, sizeof **seen, TD_ROLE_META))) return 1;
+        (*seen)[0] = (dir_id){sb.st_dev, sb.st_ino};
+        if (walk(L, in_path, *seen, 0) != 0) return 1;
+        filter_inputs(L);
+        if (L->n == 0) {
+            fprintf(stderr, "tidal prepare: no text files under '%s'\n", in_path);
+            return 1;
         }
-        if (S_ISDIR(sb.st_mode)) {
-            from_dir = 1;
-            seen = td_calloc(66, sizeof *seen, TD_ROLE_META);
-            if (!seen) goto done;
-            seen[0] = (dir_id){sb.st_dev, sb.st_ino};
-            if (walk(&L, in_path, seen, 0) != 0) goto done;
-            filter_inputs(&L);
-            if (L.n == 0) {
-                fprintf(stderr, "tidal prepare: no text files under '%s'\n", in_path);
-                goto done;
-            }
-        } else if (S_ISREG(sb.st_mode) && looks_binary(in_path)) {
-            fprintf(stderr, "tidal prepare: --input '%s' is not text (a NUL byte in its first %d bytes, as in a "
-                    "program or an image); give a text file, or a folder (whose binary files are skipped)\n",
-                    in_path, SNIFF_BYTES);
-            goto done;
-        } else if (push_input(&L, in_path, &sb) != 0) {
-            fprintf(stderr, "tidal prepare: out of memory\n");
-            goto done;
-        }
-        for (size_t i = 0; i < L.n; i++) P.bytes_total += L.v[i].bytes;
+    } else if (S_ISREG(sb.st_mode) && looks_binary(in_path)) {
+        fprintf(stderr, "tidal prepare: --input '%s' is not text (a NUL byte in its first %d bytes, as in a "
+                "program or an image); give a text file, or a folder (whose binary files are skipped)\n",
+                in_path, SNIFF_BYTES);
+        return 1;
+    } else if (push_input(L, in_path, &sb) != 0) {
+        fprintf(stderr, "tidal prepare: out of memory\n");
+        return 1;
     }
+    for (size_t i = 0; i < L->n; i++) P->bytes_total += L->v[i].bytes;
+    return 0;
+}
 
-    td_status st = kind == TD_TOKENIZER_BYTE   ? td_tokenizer_create_byte(&P.tok)
-                   : kind == TD_TOKENIZER_GPT2 ? td_tokenizer_load_gpt2(vocab, merges, &P.tok)
-                                               : td_tokenizer_load_json(json_path, &P.tok);
-    if (st != TD_OK) {
+/* The tokenizer, the token file's writer (its folders made) and the read
+ * block.  0, or 1 (said). */
+static int open_output(prep *P, td_tokenizer_kind kind, const char *json_path, const prep_opts *o)
+{
+    td_status st = kind == TD_TOKENIZER_BYTE   ? td_tokenizer_create_byte(&P->tok)
+                   : kind == TD_TOKENIZER_GPT2 ? td_tokenizer_load_gpt2(o->vocab, o->merges, &P->tok)
+                                               : td_tokenizer_load_json(json_path, &P->tok);
+    if (!st && make_parents(o->out_path) != 0) return 1;
+    if (!st)
+        st = td_tokfile_writer_open(o->out_path, kind, td_tokenizer_vocab_size(P->tok), td_tokenizer_eot(P->tok),
+                                    &P->w);
+    if (st) {
         fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
-        goto done;
+        return 1;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal; /* no SA_RESTART: a blocked read returns */
-    sigemptyset(&sa.sa_mask);
-    interrupted = 0;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    handlers = 1;
-    if (make_parents(out_path) != 0) goto done;
-    if (td_tokfile_writer_open(out_path, kind, td_tokenizer_vocab_size(P.tok), td_tokenizer_eot(P.tok), &P.w) !=
-        TD_OK) {
-        fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
-        goto done;
+    P->cap = o->block_bytes;
+    if (!(P->buf = td_malloc(P->cap, TD_ROLE_META))) {
+        fprintf(stderr, "tidal prepare: out of memory for a %zu-byte read block\n", o->block_bytes);
+        return 1;
     }
-    P.cap = block_bytes;
-    P.buf = td_malloc(P.cap, TD_ROLE_META);
-    if (!P.buf) {
-        fprintf(stderr, "tidal prepare: out of memory for a %zu-byte read block\n", block_bytes);
-        goto done;
-    }
-    P.progress = !quiet && isatty(STDERR_FILENO);
-    P.t0 = t0;
+    P->progress = !o->quiet && isatty(STDERR_FILENO);
+    return 0;
+}
 
-    if (from_stdin) {
-        if (append_special(&P, 1) != 0 || encode_stream(&P, STDIN_FILENO, "standard input") != 0) goto done;
-    }
-    for (size_t i = 0; i < L.n; i++) {
-        if (append_special(&P, i == 0) != 0) goto done;
-        int fd = open(L.v[i].path, O_RDONLY | O_CLOEXEC);
+/* Every document through the tokenizer into the writer.  0, or 1 (said). */
+static int encode_inputs(prep *P, const input_list *L, int from_stdin, const char *in_path)
+{
+    if (from_stdin && (append_special(P, 1) != 0 || encode_stream(P, STDIN_FILENO, "standard input") != 0)) return 1;
+    for (size_t i = 0; i < L->n; i++) {
+        if (append_special(P, i == 0) != 0) return 1;
+        int fd = open(L->v[i].path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
-            fprintf(stderr, "tidal prepare: cannot open '%s': %s\n", L.v[i].path, strerror(errno));
-            goto done;
+            fprintf(stderr, "tidal prepare: cannot open '%s': %s\n", L->v[i].path, strerror(errno));
+            return 1;
         }
-        int r = encode_stream(&P, fd, L.v[i].path);
+        int r = encode_stream(P, fd, L->v[i].path);
         close(fd);
-        if (r != 0) goto done;
+        if (r != 0) return 1;
     }
-    if (td_tokfile_writer_count(P.w) == 0) {
+    if (td_tokfile_writer_count(P->w) == 0) {
         fprintf(stderr, "tidal prepare: --input '%s' has no text; nothing written\n", in_path);
-        goto done;
+        return 1;
     }
-    show_progress(&P, 1);
-    if (interrupted) goto done;
+    show_progress(P, 1);
+    return interrupted ? 1 : 0;
+}
+
+/* The tokenizer's files beside the token file, then the token file itself
+ * (renamed into place).  0, or 1 (said). */
+static int commit_output(prep *P, td_tokenizer_kind kind, const char *json_path, const prep_opts *o)
+{
     /* The tokenizer files go beside the token file before it appears, so a
      * run's checkpoints can carry them (`tidal generate` then needs no flags). */
-    if (kind == TD_TOKENIZER_GPT2 && save_tokenizer(out_path, vocab, merges) != 0) goto done;
-    if (kind == TD_TOKENIZER_JSON && save_tokenizer(out_path, json_path, NULL) != 0) goto done;
-    uint64_t n_tokens = td_tokfile_writer_count(P.w);
-    td_tokfile_writer *w = P.w;
-    P.w = NULL;
+    if (kind == TD_TOKENIZER_GPT2 && save_tokenizer(o->out_path, o->vocab, o->merges) != 0) return 1;
+    if (kind == TD_TOKENIZER_JSON && save_tokenizer(o->out_path, json_path, NULL) != 0) return 1;
+    td_tokfile_writer *w = P->w;
+    P->w = NULL;
     if (td_tokfile_writer_commit(w) != TD_OK) {
         fprintf(stderr, "tidal prepare: %s\n", td_error_msg());
-        goto done;
+        return 1;
     }
-    if (!quiet) print_summary(&P, n_tokens, out_path, &L, from_dir, td_now_ms() - t0);
+    return 0;
+}
+
+/* SIGINT and SIGTERM set `interrupted` (no SA_RESTART: a blocked read
+ * returns); old[] keeps the handlers to put back. */
+static void catch_signals(struct sigaction old[2])
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    interrupted = 0;
+    sigaction(SIGINT, &sa, &old[0]);
+    sigaction(SIGTERM, &sa, &old[1]);
+}
+
+/* Tokenizes --input into --out: 0 done, 1 failed (said on stderr), 2 bad
+ * usage, 130 interrupted. */
+static int prepare(const prep_opts *o)
+{
+    td_tokenizer_kind kind;
+    char json_path[4096];
+    if (resolve_tokenizer(o->kind_text, o->vocab, o->merges, &kind, json_path, sizeof json_path)) return 2;
+    int rc = 1, from_dir = 0, from_stdin = !strcmp(o->in_path, "-");
+    input_list L = {0};
+    prep P = {.t0 = td_now_ms()};
+    dir_id *seen = NULL;
+    struct sigaction old[2];
+    int handlers = 0;
+    if (!from_stdin && gather_inputs(o->in_path, &L, &seen, &P, &from_dir) != 0) goto done;
+    catch_signals(old);
+    handlers = 1;
+    if (open_output(&P, kind, json_path, o) != 0 || encode_inputs(&P, &L, from_stdin, o->in_path) != 0) goto done;
+    uint64_t n_tokens = td_tokfile_writer_count(P.w);
+    if (commit_output(&P, kind, json_path, o) != 0) goto done;
+    if (!o->quiet) print_summary(&P, n_tokens, o->out_path, &L, from_dir, td_now_ms() - P.t0);
     rc = 0;
 done:
     if (rc != 0 && interrupted) {
-        fprintf(stderr, "\ntidal prepare: interrupted; '%s' was not written\n", out_path);
+        fprintf(stderr, "\ntidal prepare: interrupted; '%s' was not written\n", o->out_path);
         rc = 130;
     }
     td_tokfile_writer_abort(P.w);
     if (handlers) {
-        sigaction(SIGINT, &old_int, NULL);
-        sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGINT, &old[0], NULL);
+        sigaction(SIGTERM, &old[1], NULL);
     }
     td_tokenizer_destroy(P.tok);
     td_free(P.buf);
@@ -464,25 +502,23 @@ done:
 
 int td_cli_prepare_main(int argc, char **argv)
 {
-    const char *in_path = NULL, *out_path = NULL, *kind_text = "byte", *vocab = NULL, *merges = NULL;
-    size_t block_bytes = BLOCK_BYTES;
-    int quiet = 0;
+    prep_opts o = {.kind_text = "byte", .block_bytes = BLOCK_BYTES};
     td_opt table[] = {
-        {"input", TD_OPT_STRING, &in_path, "TEXT", "a text file, a folder (every regular file under it, in path\n"
+        {"input", TD_OPT_STRING, &o.in_path, "TEXT", "a text file, a folder (every regular file under it, in path\n"
                                                    "order, each a document; hidden names, binary files and second\n"
                                                    "links to a file already read are skipped) or '-' for stdin", 0},
-        {"out", TD_OPT_STRING, &out_path, "FILE", "the token file; written to a temporary file and renamed when\n"
+        {"out", TD_OPT_STRING, &o.out_path, "FILE", "the token file; written to a temporary file and renamed when\n"
                                                   "complete (missing folders are created)", 0},
-        {"tokenizer", TD_OPT_STRING, &kind_text, "K", "byte (default: 256 byte tokens + end-of-text, vocab 257),\n"
+        {"tokenizer", TD_OPT_STRING, &o.kind_text, "K", "byte (default: 256 byte tokens + end-of-text, vocab 257),\n"
                                                       "gpt2 (GPT-2 BPE; needs --vocab and --merges), or a Hugging\n"
                                                       "Face tokenizer.json (a path ending in .json, or a folder\n"
                                                       "holding tokenizer.json): byte-level BPE with the GPT-2,\n"
                                                       "Llama 3 or Qwen2 pre-tokenizer and its added tokens", 0},
-        {"vocab", TD_OPT_STRING, &vocab, "FILE", "Hugging Face GPT-2 vocab.json", 0},
-        {"merges", TD_OPT_STRING, &merges, "FILE", "Hugging Face GPT-2 merges.txt", 0},
-        {"block", TD_OPT_SIZE, &block_bytes, "BYTES", "read the input in blocks of this size (default 16MiB); a block\n"
+        {"vocab", TD_OPT_STRING, &o.vocab, "FILE", "Hugging Face GPT-2 vocab.json", 0},
+        {"merges", TD_OPT_STRING, &o.merges, "FILE", "Hugging Face GPT-2 merges.txt", 0},
+        {"block", TD_OPT_SIZE, &o.block_bytes, "BYTES", "read the input in blocks of this size (default 16MiB); a block\n"
                                                       "is cut at whitespace and grows when it has none", 0},
-        {"quiet", TD_OPT_FLAG, &quiet, NULL, "no progress line and no summary", 0},
+        {"quiet", TD_OPT_FLAG, &o.quiet, NULL, "no progress line and no summary", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "prepare",
@@ -497,16 +533,16 @@ int td_cli_prepare_main(int argc, char **argv)
                           "document.");
     if (rc >= 0) return rc;
     td_status st = td_args_require(table, "input", "out", NULL);
-    if (!st && (!*in_path || !*out_path))
-        st = td_error_set(TD_ERR_INVALID, "--%s needs a value", !*in_path ? "input" : "out");
-    if (!st && block_bytes < MIN_BLOCK_BYTES)
+    if (!st && (!*o.in_path || !*o.out_path))
+        st = td_error_set(TD_ERR_INVALID, "--%s needs a value", !*o.in_path ? "input" : "out");
+    if (!st && o.block_bytes < MIN_BLOCK_BYTES)
         st = td_error_set(TD_ERR_INVALID, "--block must be a size of at least %d bytes (e.g. 16MiB)", MIN_BLOCK_BYTES);
     if (st) {
         fprintf(stderr, "tidal prepare: %s\n(tidal prepare --help lists the options)\n", td_error_msg());
         td_args_free();
         return 2;
     }
-    rc = prepare(in_path, out_path, kind_text, vocab, merges, block_bytes, quiet);
+    rc = prepare(&o);
     td_args_free(); /* config strings live until here */
     return rc;
 }
