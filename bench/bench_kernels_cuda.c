@@ -146,22 +146,97 @@ static td_status att_both(void *c)
     return st ? st : att_bwd(c);
 }
 
+/* The command's options. */
+typedef struct att_opts {
+    int T, hs, NH, NKV, tokens, repeat, json;
+    double peak_tf, peak_gbs;
+    const char *precision;
+    td_dtype dt;
+} att_opts;
+
+/* The options' checks and defaults; TD_OK or the usage error. */
+static td_status att_check(att_opts *o)
+{
+    td_status st = td_dtype_parse(o->precision, &o->dt);
+    if (!st && o->dt == TD_DTYPE_F32) st = td_error_set(TD_ERR_INVALID, "--precision fp32: the flash kernels are 16-bit");
+    if (!o->NH && o->hs > 0) o->NH = 2048 / o->hs > 0 ? 2048 / o->hs : 1;
+    if (!o->NKV) o->NKV = o->NH;
+    if (!st && (o->T < 1 || o->hs < 2 || o->hs % 2 || o->NH < 1 || o->NKV < 1 || o->NH % o->NKV || o->tokens < 1 ||
+                o->repeat < 1))
+        st = td_error_set(TD_ERR_INVALID, "--seq, --head-dim (even), --heads, --kv-heads (dividing --heads), --tokens "
+                          "and --repeat must be positive");
+    return st;
+}
+
+/* The buffers of one run in one arena (ws: cuBLASLt's workspace), random
+ * inputs, the ops context. */
+static td_status att_setup(att_run *a, td_backend *be, bufs *b, void **ws)
+{
+    const int QKV = (a->NH + 2 * a->NKV) * a->hs;
+    const size_t E = td_dtype_bytes(a->dt), N = (size_t)a->B * a->T;
+    a->stream = td_backend_native_queue(be, TD_QUEUE_COMPUTE);
+    a->scratch_bytes = td_ops_cuda_attention_gqa_scratch_bytes(a->B, a->T, a->NH, a->NKV, a->hs, a->dt);
+    want(b, ws, TD_OPS_CUDA_WORKSPACE_BYTES);
+    want(b, &a->qkv, N * QKV * E);
+    want(b, &a->dqkv, N * QKV * E);
+    want(b, &a->out, N * a->NH * a->hs * E);
+    want(b, &a->dout, N * a->NH * a->hs * E);
+    want(b, (void **)&a->lse, (size_t)a->B * a->NH * a->T * sizeof(float));
+    want(b, &a->scratch, a->scratch_bytes);
+    td_status st = take_all(b, be);
+    if (!st) st = ops_create(*ws, &a->ops);
+    if (!st) st = fill(a->qkv, N * QKV, a->dt, -1.0f, 1.0f, 1);
+    if (!st) st = fill(a->dout, N * a->NH * a->hs, a->dt, -1.0f, 1.0f, 2);
+    return st;
+}
+
+/* The three timings (forward, backward, both) as the table or JSON. */
+static td_status att_report(const att_opts *o, const att_run *a, const td_bench_peak *pk, const double ms[3])
+{
+    static const char *const names[3] = {"attention forward", "attention backward", "attention forward + backward"};
+    const int B = a->B, T = a->T, NH = a->NH, hs = a->hs, QKV = (NH + 2 * a->NKV) * hs;
+    const size_t E = td_dtype_bytes(a->dt), N = (size_t)B * T;
+    const double f = 2.0 * B * NH * (double)T * T * hs; /* causal: half of 2 products of 2 B NH T^2 hs */
+    /* compulsory bytes: forward reads q, k, v and writes out, lse; backward also reads out, dout, lse, writes dqkv */
+    const double io_f = (double)N * (QKV + NH * hs) * E, io_b = (double)N * (2 * QKV + 2 * NH * hs) * E;
+    const double flops[3] = {f, 2.5 * f, 3.5 * f}, io[3] = {io_f, io_b, io_f + io_b};
+    if (!o->json) {
+        char title[200];
+        snprintf(title, sizeof title, "causal attention, B %d x T %d, %d query heads, %d key/value heads of %d, %s; "
+                 "median of %d runs", B, T, NH, a->NKV, hs, td_dtype_name(a->dt), o->repeat);
+        header_text(title, pk);
+        for (int i = 0; i < 3; i++) row_text(names[i], ms[i], flops[i], io[i], pk);
+        return TD_OK;
+    }
+    cJSON *doc = cJSON_CreateObject();
+    cJSON_AddItemToObject(doc, "device", td_bench_peak_json(pk));
+    cJSON *sh = cJSON_AddObjectToObject(doc, "shape");
+    cJSON_AddNumberToObject(sh, "B", B);
+    cJSON_AddNumberToObject(sh, "T", T);
+    cJSON_AddNumberToObject(sh, "NH", NH);
+    cJSON_AddNumberToObject(sh, "NKV", a->NKV);
+    cJSON_AddNumberToObject(sh, "hs", hs);
+    cJSON_AddStringToObject(sh, "precision", td_dtype_name(a->dt));
+    cJSON_AddBoolToObject(sh, "causal", 1);
+    cJSON *ops = cJSON_AddArrayToObject(doc, "ops");
+    for (int i = 0; i < 3; i++) row_json(ops, names[i], ms[i], flops[i], io[i], pk);
+    return td_cli_print_json(doc);
+}
+
 int td_bench_attention_main(int argc, char **argv)
 {
-    int T = 4096, hs = 128, NH = 0, NKV = 0, tokens = 16384, repeat = 10, json = 0;
-    double peak_tf = 0, peak_gbs = 0;
-    const char *precision = "bf16";
+    att_opts o = {.T = 4096, .hs = 128, .tokens = 16384, .repeat = 10, .precision = "bf16"};
     td_opt table[] = {
-        {"seq", TD_OPT_INT, &T, "T", "sequence length (default 4096)", 0},
-        {"head-dim", TD_OPT_INT, &hs, "D", "head size (default 128; the flash kernels take 64 and 128)", 0},
-        {"heads", TD_OPT_INT, &NH, "H", "query heads (default 2048 / head-dim: a width of 2048)", 0},
-        {"kv-heads", TD_OPT_INT, &NKV, "K", "key/value heads (default --heads: multi-head)", 0},
-        {"tokens", TD_OPT_INT, &tokens, "N", "tokens in all: B = N / T sequences, at least 1 (default 16384)", 0},
-        {"precision", TD_OPT_STRING, &precision, "P", "bf16 (default) or fp16", 0},
-        {"repeat", TD_OPT_INT, &repeat, "N", "timed runs, median reported (default 10)", 0},
-        {"peak-tflops", TD_OPT_DOUBLE, &peak_tf, "X", "the device's dense tensor TFLOP/s (default: its data sheet's)", 0},
-        {"peak-gbs", TD_OPT_DOUBLE, &peak_gbs, "X", "its memory GB/s (default: its data sheet's)", 0},
-        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
+        {"seq", TD_OPT_INT, &o.T, "T", "sequence length (default 4096)", 0},
+        {"head-dim", TD_OPT_INT, &o.hs, "D", "head size (default 128; the flash kernels take 64 and 128)", 0},
+        {"heads", TD_OPT_INT, &o.NH, "H", "query heads (default 2048 / head-dim: a width of 2048)", 0},
+        {"kv-heads", TD_OPT_INT, &o.NKV, "K", "key/value heads (default --heads: multi-head)", 0},
+        {"tokens", TD_OPT_INT, &o.tokens, "N", "tokens in all: B = N / T sequences, at least 1 (default 16384)", 0},
+        {"precision", TD_OPT_STRING, &o.precision, "P", "bf16 (default) or fp16", 0},
+        {"repeat", TD_OPT_INT, &o.repeat, "N", "timed runs, median reported (default 10)", 0},
+        {"peak-tflops", TD_OPT_DOUBLE, &o.peak_tf, "X", "the device's dense tensor TFLOP/s (default: its data sheet's)", 0},
+        {"peak-gbs", TD_OPT_DOUBLE, &o.peak_gbs, "X", "its memory GB/s (default: its data sheet's)", 0},
+        {"json", TD_OPT_FLAG, &o.json, NULL, "one JSON object instead of the table", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "bench attention",
@@ -170,80 +245,31 @@ int td_bench_attention_main(int argc, char **argv)
                           "bench/peers/sdpa_attention.py\ntimes PyTorch's SDPA flash at the same shapes "
                           "(bench/kernels.py runs both).");
     if (rc >= 0) return rc;
-    td_dtype dt;
-    td_status st = td_dtype_parse(precision, &dt);
-    if (!st && dt == TD_DTYPE_F32) st = td_error_set(TD_ERR_INVALID, "--precision fp32: the flash kernels are 16-bit");
-    if (!NH && hs > 0) NH = 2048 / hs > 0 ? 2048 / hs : 1;
-    if (!NKV) NKV = NH;
-    if (!st && (T < 1 || hs < 2 || hs % 2 || NH < 1 || NKV < 1 || NH % NKV || tokens < 1 || repeat < 1))
-        st = td_error_set(TD_ERR_INVALID, "--seq, --head-dim (even), --heads, --kv-heads (dividing --heads), --tokens "
-                          "and --repeat must be positive");
+    td_status st = att_check(&o);
     if (st) {
         fprintf(stderr, "tidal bench attention: %s\n", td_error_msg());
         td_args_free();
         return 2;
     }
-    const int B = tokens / T > 0 ? tokens / T : 1, QKV = (NH + 2 * NKV) * hs;
-    const size_t E = td_dtype_bytes(dt), N = (size_t)B * T;
     td_backend *be = NULL;
     td_backend_params bp = td_backend_default_params();
     bp.kind = TD_BACKEND_CUDA;
     bufs b = {0};
-    att_run a = {.B = B, .T = T, .NH = NH, .NKV = NKV, .hs = hs, .dt = dt};
+    att_run a = {.B = o.tokens / o.T > 0 ? o.tokens / o.T : 1, .T = o.T, .NH = o.NH, .NKV = o.NKV, .hs = o.hs,
+                 .dt = o.dt};
     void *ws = NULL;
     td_bench_peak pk;
-    cJSON *doc = NULL;
-    double fwd = 0, bwd = 0, both = 0;
-    if ((st = td_backend_create(&bp, &be)) || (st = td_bench_peak_get(dt, peak_tf, peak_gbs, &pk))) goto done;
-    a.stream = td_backend_native_queue(be, TD_QUEUE_COMPUTE);
-    a.scratch_bytes = td_ops_cuda_attention_gqa_scratch_bytes(B, T, NH, NKV, hs, dt);
-    want(&b, &ws, TD_OPS_CUDA_WORKSPACE_BYTES);
-    want(&b, &a.qkv, N * QKV * E);
-    want(&b, &a.dqkv, N * QKV * E);
-    want(&b, &a.out, N * NH * hs * E);
-    want(&b, &a.dout, N * NH * hs * E);
-    want(&b, (void **)&a.lse, (size_t)B * NH * T * sizeof(float));
-    want(&b, &a.scratch, a.scratch_bytes);
-    if ((st = take_all(&b, be)) || (st = ops_create(ws, &a.ops))) goto done;
-    if ((st = fill(a.qkv, N * QKV, dt, -1.0f, 1.0f, 1)) || (st = fill(a.dout, N * NH * hs, dt, -1.0f, 1.0f, 2))) goto done;
-    if ((st = td_bench_time(att_fwd, &a, a.stream, repeat, &fwd)) ||
-        (st = td_bench_time(att_bwd, &a, a.stream, repeat, &bwd)) ||
-        (st = td_bench_time(att_both, &a, a.stream, repeat, &both)))
+    double ms[3] = {0, 0, 0};
+    if ((st = td_backend_create(&bp, &be)) || (st = td_bench_peak_get(o.dt, o.peak_tf, o.peak_gbs, &pk)) ||
+        (st = att_setup(&a, be, &b, &ws)))
         goto done;
-    {
-        const double f = 2.0 * B * NH * (double)T * T * hs; /* causal: half of 2 products of 2 B NH T^2 hs */
-        /* compulsory bytes: forward reads q, k, v and writes out, lse; backward also reads out, dout, lse, writes dqkv */
-        const double io_f = (double)N * (QKV + NH * hs) * E, io_b = (double)N * (2 * QKV + 2 * NH * hs) * E;
-        if (json) {
-            doc = cJSON_CreateObject();
-            cJSON_AddItemToObject(doc, "device", td_bench_peak_json(&pk));
-            cJSON *sh = cJSON_AddObjectToObject(doc, "shape");
-            cJSON_AddNumberToObject(sh, "B", B);
-            cJSON_AddNumberToObject(sh, "T", T);
-            cJSON_AddNumberToObject(sh, "NH", NH);
-            cJSON_AddNumberToObject(sh, "NKV", NKV);
-            cJSON_AddNumberToObject(sh, "hs", hs);
-            cJSON_AddStringToObject(sh, "precision", td_dtype_name(dt));
-            cJSON_AddBoolToObject(sh, "causal", 1);
-            cJSON *ops = cJSON_AddArrayToObject(doc, "ops");
-            row_json(ops, "attention forward", fwd, f, io_f, &pk);
-            row_json(ops, "attention backward", bwd, 2.5 * f, io_b, &pk);
-            row_json(ops, "attention forward + backward", both, 3.5 * f, io_f + io_b, &pk);
-            st = td_cli_print_json(doc);
-            doc = NULL;
-        } else {
-            char title[200];
-            snprintf(title, sizeof title, "causal attention, B %d x T %d, %d query heads, %d key/value heads of %d, %s; "
-                     "median of %d runs", B, T, NH, NKV, hs, td_dtype_name(dt), repeat);
-            header_text(title, &pk);
-            row_text("attention forward", fwd, f, io_f, &pk);
-            row_text("attention backward", bwd, 2.5 * f, io_b, &pk);
-            row_text("attention forward + backward", both, 3.5 * f, io_f + io_b, &pk);
-        }
-    }
+    if ((st = td_bench_time(att_fwd, &a, a.stream, o.repeat, &ms[0])) ||
+        (st = td_bench_time(att_bwd, &a, a.stream, o.repeat, &ms[1])) ||
+        (st = td_bench_time(att_both, &a, a.stream, o.repeat, &ms[2])))
+        goto done;
+    st = att_report(&o, &a, &pk, ms);
 done:
     if (st) fprintf(stderr, "tidal bench attention: %s\n", td_error_msg());
-    cJSON_Delete(doc);
     td_ops_cuda_free(a.ops);
     td_arena_destroy(b.arena);
     td_backend_free(be);
@@ -286,22 +312,141 @@ static td_status head_loss(void *c)
     return TD_OK;
 }
 
+/* The command's options. */
+typedef struct head_opts {
+    int B, T, chunk, repeat, json;
+    double peak_tf, peak_gbs;
+    const char *model, *precision;
+} head_opts;
+
+/* The run's configuration from the options; TD_OK or the usage error. */
+static td_status head_config(const head_opts *o, td_train_config *cfg)
+{
+    *cfg = td_train_default_config();
+    td_status st = td_dtype_parse(o->precision, &cfg->precision);
+    if (!st) st = td_model_preset(o->model, &cfg->model);
+    if (!st && (o->B < 1 || o->T < 1 || o->chunk < 0 || o->repeat < 1))
+        st = td_error_set(TD_ERR_INVALID, "--micro-batch, --seq and --repeat must be positive, --loss-chunk at least 0");
+    cfg->micro_batch = o->B;
+    cfg->seq_len = o->T;
+    cfg->loss_chunk = o->chunk;
+    return st;
+}
+
+/* Every buffer of one chunk of all N rows (the chunked runs use a part) in
+ * one arena (ws: cuBLASLt's workspace). */
+static td_status head_buffers(head_run *h, td_backend *be, bufs *b, void **ws, const int *hi, int nh)
+{
+    const td_model_desc *mc = h->run.desc;
+    const size_t E = td_dtype_bytes(h->run.dt), N = (size_t)h->N, C = (size_t)h->C;
+    { /* the head backward's: dlnf (N,C) at the start, its ops' scratch after (GPT-2's or the rotary head's) */
+        size_t g2 = td_ops_cuda_head_scratch_bytes(h->N, h->C), ro = td_ops_cuda_rotary_head_scratch_bytes(h->N, h->C,
+                                                                                                             h->Vp);
+        h->run.scratch_bytes = td_align_up(N * C * E, TD_ARENA_ALIGN) + (g2 > ro ? g2 : ro);
+    }
+    want(b, ws, TD_OPS_CUDA_WORKSPACE_BYTES);
+    for (int k = 0; k < nh; k++) {
+        td_model_tensor t;
+        td_model_tensor_get(mc, hi[k], &t);
+        want(b, &h->p[k], t.numel * E);
+        want(b, &h->g[k], t.numel * E);
+    }
+    want(b, &h->x, N * C * E);
+    want(b, &h->dx, N * C * E);
+    want(b, &h->lnf, N * C * E);
+    want(b, &h->logits, N * (size_t)h->Vp * E);
+    want(b, (void **)&h->mean, N * sizeof(float));
+    want(b, (void **)&h->rstd, N * sizeof(float));
+    want(b, (void **)&h->losses, N * sizeof(float));
+    want(b, (void **)&h->lse, N * sizeof(float));
+    want(b, (void **)&h->targets, N * sizeof(int));
+    want(b, &h->run.scratch, h->run.scratch_bytes);
+    return take_all(b, be);
+}
+
+/* Inputs as in training: the norm's gain near 1 (first), a LayerNorm's
+ * bias near 0, the output matrix at init scale, zero grads, x in [-2, 2),
+ * random targets. */
+static td_status head_fill(head_run *h, const int *hi, int nh)
+{
+    const td_model_desc *mc = h->run.desc;
+    const td_dtype dt = h->run.dt;
+    td_status st = TD_OK;
+    for (int k = 0; k < nh && !st; k++) {
+        td_model_tensor t;
+        td_model_tensor_get(mc, hi[k], &t);
+        if (t.numel != (size_t)h->C) st = fill(h->p[k], t.numel, dt, -0.04f, 0.04f, 10 + (uint64_t)k);
+        else st = fill(h->p[k], t.numel, dt, k ? -0.1f : 0.9f, k ? 0.1f : 1.1f, 10 + (uint64_t)k);
+        if (!st) st = fill(h->g[k], t.numel, dt, 0.0f, 0.0f, 1);
+    }
+    if (!st) st = fill(h->x, (size_t)h->N * h->C, dt, -2.0f, 2.0f, 3);
+    if (st) return st;
+    int *tg = malloc((size_t)h->N * sizeof(int));
+    if (!tg) return td_error_set(TD_ERR_NOMEM, "bench: host memory");
+    td_rng r;
+    td_rng_seed(&r, 4);
+    for (int i = 0; i < h->N; i++) tg[i] = (int)td_rng_below(&r, (uint64_t)mc->vocab_size);
+    if (cudaMemcpy(h->targets, tg, (size_t)h->N * sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess)
+        st = td_error_set(TD_ERR_BACKEND, "bench: upload of the targets");
+    free(tg);
+    return st;
+}
+
+/* The timings (in chunks of R rows; in one chunk when R < N) as the table
+ * or JSON. */
+static td_status head_report(const head_opts *o, const head_run *h, int R, const td_bench_peak *pk,
+                             const double ms[2])
+{
+    const int N = h->N, C = h->C, Vp = h->Vp, nrun = R < N ? 2 : 1;
+    const size_t E = td_dtype_bytes(h->run.dt);
+    const double f = 6.0 * N * (double)C * Vp;
+    /* compulsory: x read, the output matrix read, its gradient read and written, dx written */
+    const double io = (double)N * C * E * 2 + (double)Vp * C * E * 3;
+    char title[240], name[2][64];
+    snprintf(name[0], sizeof name[0], "head + loss, %d chunk%s of %d rows", (N + R - 1) / R, R < N ? "s" : "", R);
+    snprintf(name[1], sizeof name[1], "head + loss, 1 chunk of %d rows", N);
+    if (!o->json) {
+        snprintf(title, sizeof title, "head and loss of %s, B %d x T %d, C %d, padded vocabulary %d, %s; median of %d runs",
+                 o->model, o->B, o->T, C, Vp, td_dtype_name(h->run.dt), o->repeat);
+        header_text(title, pk);
+        for (int i = 0; i < nrun; i++) row_text(name[i], ms[i], f, io, pk);
+        char a1[32], a2[32];
+        printf("\nlogits held: %s in chunks, %s in one chunk\n", td_format_bytes((size_t)R * Vp * E, a1, sizeof a1),
+               td_format_bytes((size_t)N * Vp * E, a2, sizeof a2));
+        return TD_OK;
+    }
+    cJSON *doc = cJSON_CreateObject();
+    cJSON_AddItemToObject(doc, "device", td_bench_peak_json(pk));
+    cJSON *sh = cJSON_AddObjectToObject(doc, "shape");
+    cJSON_AddStringToObject(sh, "model", o->model);
+    cJSON_AddNumberToObject(sh, "B", o->B);
+    cJSON_AddNumberToObject(sh, "T", o->T);
+    cJSON_AddNumberToObject(sh, "C", C);
+    cJSON_AddNumberToObject(sh, "Vp", Vp);
+    cJSON_AddNumberToObject(sh, "loss_chunk_rows", R);
+    cJSON_AddStringToObject(sh, "precision", td_dtype_name(h->run.dt));
+    cJSON *rows = cJSON_AddArrayToObject(doc, "ops");
+    for (int i = 0; i < nrun; i++) {
+        row_json(rows, name[i], ms[i], f, io, pk);
+        cJSON_AddNumberToObject(cJSON_GetArrayItem(rows, i), "logits_bytes", (double)(i ? N : R) * Vp * E);
+    }
+    return td_cli_print_json(doc);
+}
+
 int td_bench_head_main(int argc, char **argv)
 {
-    int B = 16, T = 1024, chunk = 0, repeat = 10, json = 0;
-    double peak_tf = 0, peak_gbs = 0;
-    const char *model = "gpt2-124m", *precision = "bf16";
+    head_opts o = {.B = 16, .T = 1024, .repeat = 10, .model = "gpt2-124m", .precision = "bf16"};
     td_opt table[] = {
-        {"model", TD_OPT_STRING, &model, "PRESET", "the model whose head (final norm, output matrix) is timed (default "
+        {"model", TD_OPT_STRING, &o.model, "PRESET", "the model whose head (final norm, output matrix) is timed (default "
          "gpt2-124m;\nllama-3.1-8b, qwen2.5-0.5b, ...: docs/model.md)", 0},
-        {"micro-batch", TD_OPT_INT, &B, "B", "sequences (default 16)", 0},
-        {"seq", TD_OPT_INT, &T, "T", "sequence length (default 1024)", 0},
-        {"loss-chunk", TD_OPT_INT, &chunk, "ROWS", "rows of a chunk (default 0: the trainer's auto choice)", 0},
-        {"precision", TD_OPT_STRING, &precision, "P", "bf16 (default), fp16 or fp32", 0},
-        {"repeat", TD_OPT_INT, &repeat, "N", "timed runs, median reported (default 10)", 0},
-        {"peak-tflops", TD_OPT_DOUBLE, &peak_tf, "X", "the device's dense tensor TFLOP/s (default: its data sheet's)", 0},
-        {"peak-gbs", TD_OPT_DOUBLE, &peak_gbs, "X", "its memory GB/s (default: its data sheet's)", 0},
-        {"json", TD_OPT_FLAG, &json, NULL, "one JSON object instead of the table", 0},
+        {"micro-batch", TD_OPT_INT, &o.B, "B", "sequences (default 16)", 0},
+        {"seq", TD_OPT_INT, &o.T, "T", "sequence length (default 1024)", 0},
+        {"loss-chunk", TD_OPT_INT, &o.chunk, "ROWS", "rows of a chunk (default 0: the trainer's auto choice)", 0},
+        {"precision", TD_OPT_STRING, &o.precision, "P", "bf16 (default), fp16 or fp32", 0},
+        {"repeat", TD_OPT_INT, &o.repeat, "N", "timed runs, median reported (default 10)", 0},
+        {"peak-tflops", TD_OPT_DOUBLE, &o.peak_tf, "X", "the device's dense tensor TFLOP/s (default: its data sheet's)", 0},
+        {"peak-gbs", TD_OPT_DOUBLE, &o.peak_gbs, "X", "its memory GB/s (default: its data sheet's)", 0},
+        {"json", TD_OPT_FLAG, &o.json, NULL, "one JSON object instead of the table", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "bench head",
@@ -310,134 +455,46 @@ int td_bench_head_main(int argc, char **argv)
                           "rows\n(--loss-chunk) and in one chunk, beside the roofline, with the bytes of logits\n"
                           "each holds at a time.");
     if (rc >= 0) return rc;
-    td_dtype dt;
-    td_train_config cfg = td_train_default_config();
-    td_status st = td_dtype_parse(precision, &dt);
-    if (!st) st = td_model_preset(model, &cfg.model);
-    if (!st && (B < 1 || T < 1 || chunk < 0 || repeat < 1))
-        st = td_error_set(TD_ERR_INVALID, "--micro-batch, --seq and --repeat must be positive, --loss-chunk at least 0");
+    td_train_config cfg;
+    td_status st = head_config(&o, &cfg);
     if (st) {
         fprintf(stderr, "tidal bench head: %s\n", td_error_msg());
         td_args_free();
         return 2;
     }
-    cfg.micro_batch = B;
-    cfg.seq_len = T;
-    cfg.precision = dt;
-    cfg.loss_chunk = chunk;
     const td_model_desc *mc = &cfg.model;
-    const int N = B * T, C = mc->n_embd, Vp = mc->padded_vocab_size, R = td_train_loss_rows(&cfg);
-    const size_t E = td_dtype_bytes(dt);
+    const int N = o.B * o.T, R = td_train_loss_rows(&cfg);
     td_backend *be = NULL;
     td_backend_params bp = td_backend_default_params();
     bp.kind = TD_BACKEND_CUDA;
     bufs b = {0};
     void *ws = NULL;
-    td_ops_cuda *ops = NULL;
     td_bench_peak pk;
-    cJSON *doc = NULL;
-    head_run h = {.N = N, .C = C, .V = mc->vocab_size, .Vp = Vp, .dloss = 1.0f / (float)N};
+    head_run h = {.N = N, .C = mc->n_embd, .V = mc->vocab_size, .Vp = mc->padded_vocab_size, .dloss = 1.0f / (float)N};
     h.ex = td_model_exec_of(mc, 1);
     int hi[3], nh = td_model_head_tensors(mc, hi);
     double ms[2] = {0, 0};
     if (!h.ex) {
-        st = td_error_set(TD_ERR_UNSUPPORTED, "the %s family has no CUDA compute in this build", model);
+        st = td_error_set(TD_ERR_UNSUPPORTED, "the %s family has no CUDA compute in this build", o.model);
         goto done;
     }
-    if ((st = td_backend_create(&bp, &be)) || (st = td_bench_peak_get(dt, peak_tf, peak_gbs, &pk))) goto done;
-    /* the logits, the final norm's rows and the scratch of one chunk of all N rows (the chunked runs use a part) */
-    h.run = (td_model_run){.desc = mc, .B = 1, .T = N, .dt = dt, .gdt = dt,
+    if ((st = td_backend_create(&bp, &be)) || (st = td_bench_peak_get(cfg.precision, o.peak_tf, o.peak_gbs, &pk)))
+        goto done;
+    h.run = (td_model_run){.desc = mc, .B = 1, .T = N, .dt = cfg.precision, .gdt = cfg.precision,
                            .stream = td_backend_native_queue(be, TD_QUEUE_COMPUTE)};
-    { /* the head backward's: dlnf (N,C) at the start, its ops' scratch after (GPT-2's or the rotary head's) */
-        size_t g2 = td_ops_cuda_head_scratch_bytes(N, C), ro = td_ops_cuda_rotary_head_scratch_bytes(N, C, Vp);
-        h.run.scratch_bytes = td_align_up((size_t)N * C * E, TD_ARENA_ALIGN) + (g2 > ro ? g2 : ro);
-    }
-    want(&b, &ws, TD_OPS_CUDA_WORKSPACE_BYTES);
-    for (int k = 0; k < nh; k++) {
-        td_model_tensor t;
-        td_model_tensor_get(mc, hi[k], &t);
-        want(&b, &h.p[k], t.numel * E);
-        want(&b, &h.g[k], t.numel * E);
-    }
-    want(&b, &h.x, (size_t)N * C * E);
-    want(&b, &h.dx, (size_t)N * C * E);
-    want(&b, &h.lnf, (size_t)N * C * E);
-    want(&b, &h.logits, (size_t)N * Vp * E);
-    want(&b, (void **)&h.mean, (size_t)N * sizeof(float));
-    want(&b, (void **)&h.rstd, (size_t)N * sizeof(float));
-    want(&b, (void **)&h.losses, (size_t)N * sizeof(float));
-    want(&b, (void **)&h.lse, (size_t)N * sizeof(float));
-    want(&b, (void **)&h.targets, (size_t)N * sizeof(int));
-    want(&b, &h.run.scratch, h.run.scratch_bytes);
-    if ((st = take_all(&b, be)) || (st = ops_create(ws, &ops))) goto done;
-    h.run.ops = ops;
-    for (int k = 0; k < nh && !st; k++) {
-        td_model_tensor t;
-        td_model_tensor_get(mc, hi[k], &t);
-        /* the norm's gain near 1 (first), a LayerNorm's bias near 0, the output matrix at init scale */
-        if (t.numel != (size_t)C) st = fill(h.p[k], t.numel, dt, -0.04f, 0.04f, 10 + (uint64_t)k);
-        else st = fill(h.p[k], t.numel, dt, k ? -0.1f : 0.9f, k ? 0.1f : 1.1f, 10 + (uint64_t)k);
-        if (!st) st = fill(h.g[k], t.numel, dt, 0.0f, 0.0f, 1);
-    }
-    if (!st) st = fill(h.x, (size_t)N * C, dt, -2.0f, 2.0f, 3);
-    if (!st) {
-        int *tg = malloc((size_t)N * sizeof(int));
-        if (!tg) st = td_error_set(TD_ERR_NOMEM, "bench: host memory");
-        td_rng r;
-        td_rng_seed(&r, 4);
-        for (int i = 0; tg && i < N; i++) tg[i] = (int)td_rng_below(&r, (uint64_t)mc->vocab_size);
-        if (tg && cudaMemcpy(h.targets, tg, (size_t)N * sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess)
-            st = td_error_set(TD_ERR_BACKEND, "bench: upload of the targets");
-        free(tg);
-    }
-    if (st) goto done;
+    if ((st = head_buffers(&h, be, &b, &ws, hi, nh)) || (st = ops_create(ws, &h.run.ops)) ||
+        (st = head_fill(&h, hi, nh)))
+        goto done;
     h.rows = R;
-    if ((st = td_bench_time(head_loss, &h, h.run.stream, repeat, &ms[0]))) goto done;
+    if ((st = td_bench_time(head_loss, &h, h.run.stream, o.repeat, &ms[0]))) goto done;
     if (R < N) {
         h.rows = N;
-        if ((st = td_bench_time(head_loss, &h, h.run.stream, repeat, &ms[1]))) goto done;
+        if ((st = td_bench_time(head_loss, &h, h.run.stream, o.repeat, &ms[1]))) goto done;
     }
-    {
-        const double f = 6.0 * N * (double)C * Vp;
-        /* compulsory: x read, the output matrix read, its gradient read and written, dx written */
-        const double io = (double)N * C * E * 2 + (double)Vp * C * E * 3;
-        char title[240], name[2][64];
-        const int nrun = R < N ? 2 : 1;
-        snprintf(name[0], sizeof name[0], "head + loss, %d chunk%s of %d rows", (N + R - 1) / R, R < N ? "s" : "", R);
-        snprintf(name[1], sizeof name[1], "head + loss, 1 chunk of %d rows", N);
-        if (json) {
-            doc = cJSON_CreateObject();
-            cJSON_AddItemToObject(doc, "device", td_bench_peak_json(&pk));
-            cJSON *sh = cJSON_AddObjectToObject(doc, "shape");
-            cJSON_AddStringToObject(sh, "model", model);
-            cJSON_AddNumberToObject(sh, "B", B);
-            cJSON_AddNumberToObject(sh, "T", T);
-            cJSON_AddNumberToObject(sh, "C", C);
-            cJSON_AddNumberToObject(sh, "Vp", Vp);
-            cJSON_AddNumberToObject(sh, "loss_chunk_rows", R);
-            cJSON_AddStringToObject(sh, "precision", td_dtype_name(dt));
-            cJSON *rows = cJSON_AddArrayToObject(doc, "ops");
-            for (int i = 0; i < nrun; i++) {
-                row_json(rows, name[i], ms[i], f, io, &pk);
-                cJSON *r = cJSON_GetArrayItem(rows, i);
-                cJSON_AddNumberToObject(r, "logits_bytes", (double)(i ? N : R) * Vp * E);
-            }
-            st = td_cli_print_json(doc);
-            doc = NULL;
-        } else {
-            snprintf(title, sizeof title, "head and loss of %s, B %d x T %d, C %d, padded vocabulary %d, %s; median of %d runs",
-                     model, B, T, C, Vp, td_dtype_name(dt), repeat);
-            header_text(title, &pk);
-            for (int i = 0; i < nrun; i++) row_text(name[i], ms[i], f, io, &pk);
-            char a1[32], a2[32];
-            printf("\nlogits held: %s in chunks, %s in one chunk\n", td_format_bytes((size_t)R * Vp * E, a1, sizeof a1),
-                   td_format_bytes((size_t)N * Vp * E, a2, sizeof a2));
-        }
-    }
+    st = head_report(&o, &h, R, &pk, ms);
 done:
     if (st) fprintf(stderr, "tidal bench head: %s\n", td_error_msg());
-    cJSON_Delete(doc);
-    td_ops_cuda_free(ops);
+    td_ops_cuda_free(h.run.ops);
     td_arena_destroy(b.arena);
     td_backend_free(be);
     td_args_free();
