@@ -18,7 +18,10 @@
  *   every function of include/tidal/X.h is defined in X.c, X_*.c, X.cu or
  *   X_*.cu, or in a folder named X (X_cuda.h: also where X.h's functions may
  *   be, and the cuda/ folder of its owner folder), so a reader finds a
- *   declaration's code from the header's name.
+ *   declaration's code from the header's name;
+ * - a command's main function (main, td_cli_*_main, td_bench_*_main in cli/
+ *   and bench/) is at most MAIN_MAX_LINES long: it reads its options, calls
+ *   the library and reports, with the steps in functions of their own.
  *
  * The checker also runs on small trees made here, with a violation of each
  * kind, to show it reports them.  Runs from the repository root (as `make
@@ -362,6 +365,48 @@ static void check_header_names(report *r)
     }
 }
 
+/* ---- commands' main functions --------------------------------------------------- */
+
+#define MAIN_MAX_LINES 80
+
+/* Whether a line at column 0 starts a command's main function. */
+static int is_main_line(const char *line)
+{
+    if (line[0] == ' ' || line[0] == '\t' || line[0] == '/' || line[0] == '#' || !strncmp(line, "static", 6)) return 0;
+    if (!strncmp(line, "int main(", 9)) return 1;
+    const char *p = strstr(line, "_main(");
+    if (!p || strchr(line, ';')) return 0;
+    return (strstr(line, "td_cli_") && strstr(line, "td_cli_") < p) || (strstr(line, "td_bench_") &&
+                                                                          strstr(line, "td_bench_") < p);
+}
+
+static void check_main_lengths(const char *root, const char *rel_path, report *r)
+{
+    char path[2400];
+    snprintf(path, sizeof path, "%s/%s", root, rel_path);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[2048], name[128] = "";
+    int start = 0;
+    for (int no = 1; fgets(line, sizeof line, f); no++) {
+        if (!start && is_main_line(line)) {
+            start = no;
+            const char *open = strchr(line, '(');
+            const char *b = open;
+            while (b > line && b[-1] != ' ' && b[-1] != '*') b--;
+            size_t n = (size_t)(open - b) < sizeof name - 1 ? (size_t)(open - b) : sizeof name - 1;
+            memcpy(name, b, n);
+            name[n] = '\0';
+        } else if (start && !strncmp(line, "}", 1)) {
+            if (no - start + 1 > MAIN_MAX_LINES)
+                note(r, "%s:%d: %s is %d lines; a command's main function is at most %d (move its steps into "
+                        "functions)\n", rel_path, start, name, no - start + 1, MAIN_MAX_LINES);
+            start = 0;
+        }
+    }
+    fclose(f);
+}
+
 static void walk(const char *root, const char *rel_dir, const char *folder, report *r)
 {
     char path[1024];
@@ -381,6 +426,8 @@ static void walk(const char *root, const char *rel_dir, const char *folder, repo
             check_file(root, rel_dir, e->d_name, folder, r);
             if (is_blind(folder)) check_family_blind(root, rel_dir, e->d_name, r);
             if (ends_with(e->d_name, ".c") || ends_with(e->d_name, ".cu")) collect_functions(root, child, defs, &n_defs);
+            if ((!strcmp(folder, "cli") || !strcmp(folder, "bench")) && ends_with(e->d_name, ".c"))
+                check_main_lengths(root, child, r);
         }
     }
     closedir(d);
@@ -599,6 +646,27 @@ static void test_checker_reports_a_header_named_after_no_file(void **state)
     assert_non_null(strstr(r.text, "include/tidal/ops_cuda.h declares td_ops_cuda_norm, defined in model/rotary_cuda.c"));
 }
 
+static void test_checker_reports_a_long_main(void **state)
+{
+    (void)state;
+    make_tree();
+    char text[8192] = "int td_cli_long_main(int argc, char **argv)\n{\n";
+    for (int i = 0; i < MAIN_MAX_LINES - 2; i++) strcat(text, "    step();\n");
+    strcat(text, "}\n\nint td_bench_short_main(int argc, char **argv)\n{\n    return 0;\n}\n"
+                 "static int helper(void)\n{\n");
+    for (int i = 0; i < 2 * MAIN_MAX_LINES; i++) strcat(text, "    step();\n");
+    strcat(text, "}\n");
+    put("cli/cli_long.c", text);   /* MAIN_MAX_LINES + 1 lines: one too many */
+    put("bench/bench_x.c", text);
+    put("trainer/train.c", text);  /* not a command */
+    report r;
+    check_tree(tmp_root, &r);
+    remove_tree();
+    assert_int_equal(r.violations, 2);
+    assert_non_null(strstr(r.text, "cli/cli_long.c:1: td_cli_long_main is 81 lines"));
+    assert_non_null(strstr(r.text, "bench/bench_x.c:1: td_cli_long_main is 81 lines"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -610,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_checker_reports_cuda_outside_its_files),
         cmocka_unit_test(test_checker_reports_family_branches),
         cmocka_unit_test(test_checker_reports_a_header_named_after_no_file),
+        cmocka_unit_test(test_checker_reports_a_long_main),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
