@@ -5,6 +5,7 @@
 
 #include "tidal/alloc.h"
 #include "tidal/convert.h"
+#include "tidal/family.h"
 #include "tidal/util.h"
 
 #include <cuda_runtime.h>
@@ -99,8 +100,9 @@ td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B
         if (s[i]) TD_TRY(td_arena_alloc(p->arena, s[i], TD_ROLE_WORKSPACE, &buf[i]));
     p->stream = td_backend_native_queue(b, TD_QUEUE_COMPUTE);
     /* Params, the input and the output gradient as in training (random, of
-     * GPT-2's init scale; the norms' gains 1); the rest is written before it is read. */
-    size_t E = td_dtype_bytes(dt), C = (size_t)p->mc.n_embd;
+     * GPT-2's init scale; what the family starts at a constant, the norms'
+     * gains, at that constant); the rest is written before it is read. */
+    size_t E = td_dtype_bytes(dt);
     for (int i = 0; i < NBUF; i++)
         if (buf[i] && i != WORKSPACE) TD_TRY(td_backend_memset_async(b, TD_QUEUE_COMPUTE, buf[i], 0, s[i]));
     TD_TRY(td_queue_sync(b, TD_QUEUE_COMPUTE));
@@ -115,8 +117,13 @@ td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B
         p->gp[k] = (char *)buf[GRADS] + (t.offset - span_off) * E;
     }
     TD_TRY(fill_random(buf[PARAMS], s[PARAMS] / E, dt, 1, 0.0f, 0.02f));
-    TD_TRY(fill_random(p->w.ln1_w, C, dt, 4, 1.0f, 0.0f));
-    TD_TRY(fill_random(p->w.ln2_w, C, dt, 5, 1.0f, 0.0f));
+    const td_model_family *fam = td_model_family_of(&p->mc);
+    for (int k = 0, first = td_model_embed_tensor_count(&p->mc); k < td_model_block_tensor_count(&p->mc); k++) {
+        td_model_tensor t;
+        td_model_tensor_get(&p->mc, first + k, &t);
+        td_model_init_rule rule = fam->init(&p->mc, t.kind);
+        if (rule.std <= 0 && rule.value != 0.0f) TD_TRY(fill_random(p->p[k], t.numel, dt, 4, rule.value, 0.0f));
+    }
     TD_TRY(fill_random(buf[X], s[X] / E, dt, 2, 0.0f, 1.0f));
     TD_TRY(fill_random(buf[DY], s[DY] / E, dt, 3, 0.0f, 1e-3f));
     if (s[CONSTS]) {
