@@ -112,7 +112,7 @@ def count_case(binary, work, name, sizes):
     d = os.path.join(work, name)
     os.makedirs(d, exist_ok=True)
     cfg.save_pretrained(d)
-    proc = subprocess.run([binary, "plan", "--model", d, "--backend", "cpu", "--json"], capture_output=True,
+    proc = subprocess.run([binary, "plan", "--model", d, "--backend", "cpu", "--no-measure", "--json"], capture_output=True,
                           text=True)
     if not check(proc.returncode in (0, 3), f"{tag} tidal plan ran (rc {proc.returncode}) {proc.stderr[-300:]}"):
         return
