@@ -57,10 +57,11 @@ typedef struct td_cli_train_opts {
      "host.pinned_bytes is what the run pins, to the byte", 0},                                                    \
     {"host-ram", TD_OPT_SIZE, &(o)->host_ram, "SIZE", "host memory the run may use (default: MemTotal, or the cgroup's memory\n" \
      "limit when one is set: memory.max or memory.limit_in_bytes); with --offload-dir, the\n"                     \
-     "optimizer state beyond it goes to disk", 0},                                                                 \
+     "optimizer state beyond it goes to disk (then grads, then params)", 0},                                       \
     {"offload-dir", TD_OPT_LIST, &(o)->offload_dirs, "DIR", "a directory on a local disk (NVMe) for the optimizer state the host's RAM\n" \
-     "cannot hold: read and written with O_DIRECT beside the CPU AdamW; repeat it\n"                              \
-     "to stripe over several drives (docs/training.md, \"The disk tier\")", 0},                                    \
+     "cannot hold (then grads, then 16-bit params): read and written with O_DIRECT\n"                            \
+     "beside the CPU AdamW; repeat it to stripe over several drives\n"                                            \
+     "(docs/training.md, \"The disk tier\")", 0},                                                                  \
     {"optim-state", TD_OPT_STRING, &(o)->optim_state, "S", "how AdamW stores m and v: fp32 (default, exact), bf16 or int8 (block-wise\n" \
      "quantized, 8-bit Optimizers); the fp32 master stays fp32", 0},                                               \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},        \
