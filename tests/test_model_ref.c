@@ -240,10 +240,10 @@ static void test_loss_at_init_is_log_vocab(void **state)
 /* Central differences of the mean loss against the backward, at a few
  * coordinates of every tensor, plus one directional derivative along a
  * random direction over all parameters at once. */
-static void fd_whole_model(const td_model_desc *cfg)
+static void fd_whole_model_bt(const td_model_desc *cfg, int B, int T)
 {
     model m;
-    model_make(&m, cfg, 2, 5, 5, 0.25f);
+    model_make(&m, cfg, B, T, 5, 0.25f);
     model_grads(&m);
     td_rng rng;
     td_rng_seed(&rng, 99);
@@ -272,22 +272,49 @@ static void fd_whole_model(const td_model_desc *cfg)
     }
     printf("  fd whole model: %d coords, max |diff| %.2e\n", checked, worst);
 
-    /* directional: d/de L(p + e u) at 0 equals grad . u */
+    /* Directional: d/de L(p + e u) at 0 equals grad . u, along a random u
+     * over all parameters at once and then over each tensor alone (every
+     * coordinate of it counts, so one wrong row or head shows).  Richardson's
+     * extrapolation of the central differences at e and e / 2 removes their
+     * e^2 error, which the curvature of a wide model makes 1e-3 of the slope. */
     float *u = fvec(m.n_params), *p0 = fvec(m.n_params);
     memcpy(p0, m.params, m.n_params * sizeof(float));
-    double gu = 0;
-    for (size_t k = 0; k < m.n_params; k++) {
-        u[k] = (float)(2.0 * td_rng_uniform(&rng) - 1.0);
-        gu += (double)m.grads[k] * u[k];
+    for (size_t k = 0; k < m.n_params; k++) u[k] = (float)(2.0 * td_rng_uniform(&rng) - 1.0);
+    const int nt = td_model_tensor_count(&m.cfg);
+    double worst_dir = 0;
+    for (int i = -1; i < nt; i++) {
+        size_t lo = 0, hi = m.n_params;
+        const char *name = "all parameters";
+        if (i >= 0) {
+            td_model_tensor t;
+            td_model_tensor_get(&m.cfg, i, &t);
+            lo = t.offset;
+            hi = t.offset + t.numel;
+            name = t.name;
+        }
+        double num[2], ana[2];
+        for (int r = 0; r < 2; r++) {
+            const double e = r ? 2e-3 : 4e-3;
+            double lp, gu = 0; /* grad . (p+ - p-) / 2e, the perturbation as rounded to float */
+            for (size_t k = lo; k < hi; k++) m.params[k] = p0[k] + (float)e * u[k];
+            lp = model_loss(&m);
+            for (size_t k = lo; k < hi; k++) {
+                gu += (double)m.grads[k] * ((double)m.params[k] - p0[k]);
+                m.params[k] = p0[k] - (float)e * u[k];
+                gu -= (double)m.grads[k] * ((double)m.params[k] - p0[k]);
+            }
+            num[r] = (lp - model_loss(&m)) / (2 * e);
+            ana[r] = gu / (2 * e);
+            memcpy(m.params + lo, p0 + lo, (hi - lo) * sizeof(float));
+        }
+        const double n = (4 * num[1] - num[0]) / 3, a = (4 * ana[1] - ana[0]) / 3;
+        if (i < 0) printf("  directional: numeric %.8g, analytic %.8g\n", n, a);
+        worst_dir = fmax(worst_dir, fabs(n - a) / (2e-3 * fabs(a) + 5e-4));
+        if (fabs(n - a) > 2e-3 * fabs(a) + 5e-4)
+            fail_msg("%s: directional derivative numeric %.8g, analytic %.8g", name, n, a);
     }
-    const double e = 1e-3;
-    for (size_t k = 0; k < m.n_params; k++) m.params[k] = p0[k] + (float)e * u[k];
-    const double lp = model_loss(&m);
-    for (size_t k = 0; k < m.n_params; k++) m.params[k] = p0[k] - (float)e * u[k];
-    const double lm = model_loss(&m);
-    const double num = (lp - lm) / (2 * e);
-    printf("  directional: numeric %.8g, analytic %.8g\n", num, gu);
-    assert_true(fabs(num - gu) < 2e-3 * fabs(gu) + 1e-4);
+    memcpy(m.params, p0, m.n_params * sizeof(float));
+    printf("  directional, tensor by tensor: worst |diff| %.2f of the tolerance\n", worst_dir);
 
     /* no gradient reaches the padding rows of wte (and lm_head) or the unused positions */
     for (int i = 0; i < td_model_tensor_count(&m.cfg); i++) {
@@ -301,6 +328,8 @@ static void fd_whole_model(const td_model_desc *cfg)
     free(p0);
     model_free(&m);
 }
+
+static void fd_whole_model(const td_model_desc *cfg) { fd_whole_model_bt(cfg, 2, 5); }
 
 static void test_whole_model_finite_differences(void **state) { fd_whole_model(&tiny); }
 
@@ -407,6 +436,55 @@ static void test_llama_finite_differences(void **state)
     }
 }
 
+/* A rotary-family model of any shape: NH query heads of hs channels over
+ * NKV key/value heads, width C (NH hs need not be C). */
+static td_model_desc small_rotary(const char *family, int C, int NH, int NKV, int hs, int untied)
+{
+    td_model_desc c = {.n_layer = 2, .n_head = NH, .n_embd = C, .n_positions = 16, .vocab_size = 23,
+                       .padded_vocab_size = 32};
+    TD_ASSERT_OK(td_model_desc_set_family(&c, family));
+    c.n_kv_head = NKV;
+    c.head_dim = hs;
+    c.n_inner = 40;
+    c.norm_eps = !strcmp(family, "llama") ? 1e-5f : 1e-6f;
+    c.rope_theta = !strcmp(family, "gemma") ? 10000.0f : 1e6f;
+    c.untied_head = untied;
+    TD_ASSERT_OK(td_model_desc_check(&c));
+    return c;
+}
+
+/* Every parameter's gradient against central differences over the shapes
+ * the rotary families allow: LLaMA, Qwen2 and Gemma; tied and untied heads;
+ * heads of 8, 12, 16 and 24; 1, 2 and 4 query heads a key/value head; heads
+ * that split the width (NH hs = C) and heads that do not (wider or
+ * narrower). */
+static void test_rotary_shapes_finite_differences(void **state)
+{
+    static const struct { const char *family; int C, NH, NKV, hs, untied, B, T; } cases[] = {
+        {"llama", 96, 4, 2, 24, 1, 2, 5}, /* LLaMA and Qwen2: heads split the width */
+        {"llama", 32, 4, 4, 8, 1, 2, 5},
+        {"llama", 48, 4, 1, 12, 0, 2, 5}, /* 12: not a multiple of 8 */
+        {"llama", 64, 4, 2, 16, 0, 2, 5},
+        {"qwen2", 96, 4, 2, 24, 1, 2, 5},
+        {"qwen2", 24, 2, 1, 12, 0, 2, 5},
+        {"qwen2", 32, 2, 2, 16, 1, 2, 5},
+        {"gemma", 48, 4, 2, 24, 1, 2, 5}, /* the transformers check's untied case */
+        {"gemma", 48, 4, 2, 24, 0, 2, 5},
+        {"gemma", 48, 4, 1, 16, 0, 2, 5},
+        {"gemma", 48, 4, 1, 16, 1, 2, 5},
+        {"gemma", 48, 2, 2, 24, 1, 2, 5}, /* 2 x 24 = 48: heads split the width */
+        {"gemma", 32, 4, 4, 12, 1, 2, 5}, /* 48 over 32 */
+        {"gemma", 64, 4, 2, 8, 1, 2, 5},  /* 32 over 64: narrower */
+        {"gemma", 48, 4, 2, 24, 1, 4, 16}, /* and its batch */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const td_model_desc c = small_rotary(cases[i].family, cases[i].C, cases[i].NH, cases[i].NKV, cases[i].hs,
+                                             cases[i].untied);
+        printf("  %s: width %d, %d heads of %d over %d key/value, %s head, B %d T %d\n", cases[i].family, c.n_embd,
+               c.n_head, cases[i].hs, cases[i].NKV, c.untied_head ? "untied" : "tied", cases[i].B, cases[i].T);
+        fd_whole_model_bt(&c, cases[i].B, cases[i].T);
+    }
+}
 
 /* The head and the loss over chunks of rows (the trainer's loss chunks)
  * give the losses, dx and the head's parameter gradients of one call over
@@ -658,6 +736,7 @@ int main(void)
         cmocka_unit_test(test_whole_model_finite_differences),
         cmocka_unit_test(test_llama_layout_and_presets),
         cmocka_unit_test(test_llama_finite_differences),
+        cmocka_unit_test(test_rotary_shapes_finite_differences),
         cmocka_unit_test(test_block_recompute_matches),
         cmocka_unit_test(test_head_chunks_are_bit_identical),
         cmocka_unit_test(test_targets_masks_and_micro_batches),
