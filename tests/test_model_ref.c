@@ -240,10 +240,10 @@ static void test_loss_at_init_is_log_vocab(void **state)
 /* Central differences of the mean loss against the backward, at a few
  * coordinates of every tensor, plus one directional derivative along a
  * random direction over all parameters at once. */
-static void fd_whole_model_bt(const td_model_desc *cfg, int B, int T)
+static void fd_whole_model(const td_model_desc *cfg)
 {
     model m;
-    model_make(&m, cfg, B, T, 5, 0.25f);
+    model_make(&m, cfg, 2, 5, 5, 0.25f);
     model_grads(&m);
     td_rng rng;
     td_rng_seed(&rng, 99);
@@ -328,8 +328,6 @@ static void fd_whole_model_bt(const td_model_desc *cfg, int B, int T)
     free(p0);
     model_free(&m);
 }
-
-static void fd_whole_model(const td_model_desc *cfg) { fd_whole_model_bt(cfg, 2, 5); }
 
 static void test_whole_model_finite_differences(void **state) { fd_whole_model(&tiny); }
 
@@ -460,29 +458,24 @@ static td_model_desc small_rotary(const char *family, int C, int NH, int NKV, in
  * narrower). */
 static void test_rotary_shapes_finite_differences(void **state)
 {
-    static const struct { const char *family; int C, NH, NKV, hs, untied, B, T; } cases[] = {
-        {"llama", 96, 4, 2, 24, 1, 2, 5}, /* LLaMA and Qwen2: heads split the width */
-        {"llama", 32, 4, 4, 8, 1, 2, 5},
-        {"llama", 48, 4, 1, 12, 0, 2, 5}, /* 12: not a multiple of 8 */
-        {"llama", 64, 4, 2, 16, 0, 2, 5},
-        {"qwen2", 96, 4, 2, 24, 1, 2, 5},
-        {"qwen2", 24, 2, 1, 12, 0, 2, 5},
-        {"qwen2", 32, 2, 2, 16, 1, 2, 5},
-        {"gemma", 48, 4, 2, 24, 1, 2, 5}, /* the transformers check's untied case */
-        {"gemma", 48, 4, 2, 24, 0, 2, 5},
-        {"gemma", 48, 4, 1, 16, 0, 2, 5},
-        {"gemma", 48, 4, 1, 16, 1, 2, 5},
-        {"gemma", 48, 2, 2, 24, 1, 2, 5}, /* 2 x 24 = 48: heads split the width */
-        {"gemma", 32, 4, 4, 12, 1, 2, 5}, /* 48 over 32 */
-        {"gemma", 64, 4, 2, 8, 1, 2, 5},  /* 32 over 64: narrower */
-        {"gemma", 48, 4, 2, 24, 1, 4, 16}, /* and its batch */
+    static const struct { const char *family; int C, NH, NKV, hs, untied; } cases[] = {
+        {"llama", 96, 4, 2, 24, 1}, /* LLaMA and Qwen2: heads split the width */
+        {"llama", 48, 4, 1, 12, 0}, /* 12: not a multiple of 8 */
+        {"qwen2", 96, 4, 2, 24, 1},
+        {"qwen2", 24, 2, 1, 12, 0},
+        {"gemma", 48, 4, 2, 24, 1}, /* the transformers check's untied case */
+        {"gemma", 48, 4, 2, 24, 0},
+        {"gemma", 48, 4, 1, 16, 0},
+        {"gemma", 48, 2, 2, 24, 1}, /* 2 x 24 = 48: heads split the width */
+        {"gemma", 32, 4, 4, 12, 1}, /* 48 over 32 */
+        {"gemma", 64, 4, 2, 8, 1},  /* 32 over 64: narrower */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const td_model_desc c = small_rotary(cases[i].family, cases[i].C, cases[i].NH, cases[i].NKV, cases[i].hs,
                                              cases[i].untied);
-        printf("  %s: width %d, %d heads of %d over %d key/value, %s head, B %d T %d\n", cases[i].family, c.n_embd,
-               c.n_head, cases[i].hs, cases[i].NKV, c.untied_head ? "untied" : "tied", cases[i].B, cases[i].T);
-        fd_whole_model_bt(&c, cases[i].B, cases[i].T);
+        printf("  %s: width %d, %d heads of %d over %d key/value, %s head\n", cases[i].family, c.n_embd, c.n_head,
+               cases[i].hs, cases[i].NKV, c.untied_head ? "untied" : "tied");
+        fd_whole_model(&c);
     }
 }
 
