@@ -295,6 +295,8 @@ struct td_ckpt_writer {
     int *shard_of;                   /* [n_params]: the file of each param */
     size_t *local_of;                /* [n_params]: its index in that file */
     int n_extra;
+    int *state_at;                   /* [n_params]: the index of its first train-state tensor, -1 frozen (none) */
+    int n_state;                     /* train-state tensors declared (the extras follow) */
     unsigned char *scratch; /* transposes, SCRATCH_BYTES */
     td_ckpt_group group;    /* size 0: one process streaming */
     int ranges;             /* td_ckpt_writer_begin_ranges done */
@@ -321,6 +323,7 @@ void td_ckpt_writer_abort(td_ckpt_writer *w)
     for (int i = 0; w->model && i < w->n_model; i++) td_st_writer_abort(w->model[i]);
     td_free(w->model);
     td_free(w->shard_of);
+    td_free(w->state_at);
     td_free(w->local_of);
     td_st_writer_abort(w->state);
     if (w->tmp_dir && w->group.rank == 0 && is_dir(w->tmp_dir)) { /* in a group, rank 0's */
@@ -422,8 +425,15 @@ static td_status declare_files(td_ckpt_writer *w)
     if (!(path = cat3(w->tmp_dir, "/", TD_CKPT_STATE_FILE))) TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
     TD_TRY(td_st_writer_create(path, &w->state));
     TD_TRY(td_st_writer_add_metadata(w->state, "format", "tidal-train-state"));
+    if (!(w->state_at = td_malloc((size_t)w->n_params * sizeof(int), TD_ROLE_META)))
+        TD_FAIL(TD_ERR_NOMEM, "checkpoint: out of memory");
+    w->n_state = 0;
     for (int i = 0; i < w->n_params; i++) {
         td_model_hf_tensor p;
+        w->state_at[i] = -1;
+        if (w->opt.no_state && w->opt.no_state[i]) continue; /* frozen: no train state */
+        w->state_at[i] = w->n_state;
+        w->n_state += TD_CKPT_STATE_COUNT;
         TD_TRY(td_model_hf_get(&w->cfg, i, &p));
         uint64_t shape[2] = {(uint64_t)p.shape[0], (uint64_t)p.shape[1]};
         for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
@@ -714,6 +724,13 @@ static td_status check_param(const td_ckpt_writer *w, int param, td_model_hf_ten
     return td_model_hf_get(&w->cfg, param, p);
 }
 
+/* A frozen tensor's state was not declared (write options' no_state). */
+static td_status state_declared(const td_ckpt_writer *w, int param, const td_model_hf_tensor *p)
+{
+    if (w->state_at && w->state_at[param] >= 0) return TD_OK;
+    return td_error_set(TD_ERR_INVALID, "checkpoint %s: tensor '%s' is frozen and has no train state", w->dir, p->name);
+}
+
 /* The streaming calls of a lone writer; a group writes ranges. */
 static td_status need_stream(const td_ckpt_writer *w)
 {
@@ -785,9 +802,9 @@ td_status td_ckpt_writer_append_state(td_ckpt_writer *w, int param, td_ckpt_stat
     if (st == TD_OK) st = check_param(w, param, &p);
     if (st == TD_OK && (unsigned)kind >= TD_CKPT_STATE_COUNT)
         st = td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown state kind %d", w->dir, kind);
+    if (st == TD_OK) st = state_declared(w, param, &p);
     if (st != TD_OK) return st;
-    return td_st_writer_write(w->state, (size_t)param * TD_CKPT_STATE_COUNT + kind, src,
-                              n_elems * sizeof(float));
+    return td_st_writer_write(w->state, (size_t)w->state_at[param] + kind, src, n_elems * sizeof(float));
 }
 
 td_status td_ckpt_writer_append_extra(td_ckpt_writer *w, int extra, const void *bytes, size_t n_bytes)
@@ -798,8 +815,7 @@ td_status td_ckpt_writer_append_extra(td_ckpt_writer *w, int extra, const void *
     if (extra < 0 || extra >= w->n_extra)
         return td_error_set(TD_ERR_INVALID, "checkpoint %s: extra tensor %d was not declared (%d are)",
                             w->dir, extra, w->n_extra);
-    return td_st_writer_write(w->state, (size_t)w->n_params * TD_CKPT_STATE_COUNT + (size_t)extra,
-                              bytes, n_bytes);
+    return td_st_writer_write(w->state, (size_t)w->n_state + (size_t)extra, bytes, n_bytes);
 }
 
 /* --- ranged writes and reads of transposed weights ------------------------------
@@ -923,9 +939,10 @@ td_status td_ckpt_writer_write_state(td_ckpt_writer *w, int param, td_ckpt_state
     if (st == TD_OK) st = check_param(w, param, &p);
     if (st == TD_OK && (unsigned)kind >= TD_CKPT_STATE_COUNT)
         st = td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown state kind %d", w->dir, kind);
+    if (st == TD_OK) st = state_declared(w, param, &p);
     if (st != TD_OK) return st;
-    return td_st_writer_pwrite_convert(w->state, (size_t)param * TD_CKPT_STATE_COUNT + kind, elem_offset, TD_ST_F32,
-                                       src, n_elems);
+    return td_st_writer_pwrite_convert(w->state, (size_t)w->state_at[param] + kind, elem_offset, TD_ST_F32, src,
+                                       n_elems);
 }
 
 td_status td_ckpt_writer_write_extra(td_ckpt_writer *w, int extra, uint64_t byte_offset, const void *bytes,
@@ -937,8 +954,7 @@ td_status td_ckpt_writer_write_extra(td_ckpt_writer *w, int extra, uint64_t byte
     if (extra < 0 || extra >= w->n_extra)
         return td_error_set(TD_ERR_INVALID, "checkpoint %s: extra tensor %d was not declared (%d are)",
                             w->dir, extra, w->n_extra);
-    return td_st_writer_pwrite(w->state, (size_t)w->n_params * TD_CKPT_STATE_COUNT + (size_t)extra, byte_offset,
-                               bytes, n_bytes);
+    return td_st_writer_pwrite(w->state, (size_t)w->n_state + (size_t)extra, byte_offset, bytes, n_bytes);
 }
 
 /* renameat2 flags; the names come from <stdio.h> with _GNU_SOURCE. */
@@ -1238,7 +1254,13 @@ static td_status check_state_tensors(td_ckpt_reader *r)
         td_model_hf_tensor p;
         td_status st = td_model_hf_get(&r->cfg, i, &p);
         if (st != TD_OK) return st;
+        int have = 0; /* a tensor frozen when saved has none of its state: read_state says so if asked */
         for (int k = 0; k < TD_CKPT_STATE_COUNT; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s.%s", td_ckpt_state_name((td_ckpt_state)k), p.name);
+            have += td_st_find(r->state, name) != NULL;
+        }
+        for (int k = 0; have && k < TD_CKPT_STATE_COUNT; k++) {
             char name[96];
             snprintf(name, sizeof name, "%s.%s", td_ckpt_state_name((td_ckpt_state)k), p.name);
             const td_st_tensor *t;
@@ -1484,6 +1506,10 @@ td_status td_ckpt_reader_read_state(const td_ckpt_reader *r, int param, td_ckpt_
                             "from it with --init instead of --resume", r->dir, TD_CKPT_STATE_FILE);
     if ((unsigned)kind >= TD_CKPT_STATE_COUNT)
         return td_error_set(TD_ERR_INVALID, "checkpoint %s: unknown state kind %d", r->dir, kind);
+    if (!r->state_t[(size_t)param * TD_CKPT_STATE_COUNT + kind])
+        return td_error_set(TD_ERR_INVALID, "checkpoint %s: tensor '%s' was frozen (--freeze) in the run that saved "
+                            "it and has no optimizer state: resume with the same --freeze, or start from the "
+                            "checkpoint with --init", r->dir, p.name);
     return td_st_read(r->state, r->state_t[(size_t)param * TD_CKPT_STATE_COUNT + kind], elem_offset,
                       n_elems, TD_ST_F32, dst);
 }

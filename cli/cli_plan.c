@@ -137,6 +137,7 @@ static void json_host(cJSON *j, const plan_run *pr)
     const size_t *role = p->host_role_bytes;
     cJSON *h = cJSON_AddObjectToObject(j, "host");
     NUM(h, "param_bytes", role[TD_TENSOR_PARAM]);
+    NUM(h, "frozen_bytes", role[TD_TENSOR_OTHER]);
     NUM(h, "grad_bytes", role[TD_TENSOR_GRAD]);
     NUM(h, "grad_slots", p->host_grad_slots);
     NUM(h, "optimizer_bytes", role[TD_TENSOR_ADAM_M] + role[TD_TENSOR_ADAM_V] + role[TD_TENSOR_MASTER]);
@@ -205,6 +206,7 @@ static td_status print_json(const plan_run *pr)
     NUM(j, "ranks", pr->cfg.ranks > 1 ? pr->cfg.ranks : 1);
     NUM(j, "rank", pr->cfg.rank);
     NUM(j, "params", p->params);
+    NUM(j, "frozen_params", p->frozen_params);
     NUM(j, "chunks", p->chunks);
     NUM(j, "chunk_numel", p->chunk_numel);
     NUM(j, "padding_bytes", p->padding_bytes);
@@ -306,6 +308,9 @@ static void text_host(const plan_run *pr)
     printf("\nhost (RAM %s: %s)\n", td_format_bytes(pr->ram, a, sizeof a), pr->ram_src);
     printf(on_cuda(pr) ? "  pinned (crosses PCIe)\n" : "  copy buffers (what moves to and from the cpu backend's device)\n");
     printf("    params           %12s\n", td_format_bytes(p->host_role_bytes[TD_TENSOR_PARAM], a, sizeof a));
+    if (p->frozen_params)
+        printf("    frozen           %12s  (%.1fM params of --freeze: storage alone, never written back)\n",
+               td_format_bytes(p->host_role_bytes[TD_TENSOR_OTHER], a, sizeof a), (double)p->frozen_params / 1e6);
     printf("    grads            %12s", td_format_bytes(p->host_role_bytes[TD_TENSOR_GRAD], a, sizeof a));
     if (p->host_grad_slots)
         printf("  (the rest transient: %d staging slots of %s, in staging below, consumed\n%29sby the AdamW "

@@ -169,6 +169,8 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
     c->cpu_device_bytes = o->cpu_device_bytes;
     c->mm.disk_dirs = o->offload_dirs.v;
     c->mm.n_disk_dirs = o->offload_dirs.n;
+    c->freeze = o->freeze.v;
+    c->n_freeze = o->freeze.n;
     if ((st = td_optim_state_parse(o->optim_state, &c->optim.state))) return td_error_prefix(st, "--optim-state: ");
     if (o->threads < 0) return td_error_set(TD_ERR_INVALID, "--threads %d: give a count of threads, or leave it out", o->threads);
     c->threads = o->threads;

@@ -29,7 +29,7 @@ typedef struct td_cli_train_opts {
     uint64_t seed, chunk_numel;
     size_t gpu_budget, host_pin_limit, host_ram, shard_size, cpu_device_bytes;
     double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
-    td_opt_list offload_dirs;
+    td_opt_list offload_dirs, freeze;
 } td_cli_train_opts;
 
 #define TD_CLI_MODEL_OPTS(o)                                                                                         \
@@ -62,6 +62,9 @@ typedef struct td_cli_train_opts {
      "cannot hold (then grads, then 16-bit params): read and written with O_DIRECT\n"                            \
      "beside the CPU AdamW; repeat it to stripe over several drives\n"                                            \
      "(docs/training.md, \"The disk tier\")", 0},                                                                  \
+    {"freeze", TD_OPT_LIST, &(o)->freeze, "PATTERN", "train without these tensors: a glob over the Hugging Face names, e.g.\n" \
+     "'model.embed_tokens.weight' or 'model.layers.[0-9].*' (repeat it for more); they take no\n"           \
+     "gradient and no optimizer state, and are never written back (docs/training.md)", 0},                       \
     {"optim-state", TD_OPT_STRING, &(o)->optim_state, "S", "how AdamW stores m and v: fp32 (default, exact), bf16 or int8 (block-wise\n" \
      "quantized, 8-bit Optimizers); the fp32 master stays fp32", 0},                                               \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},        \

@@ -40,18 +40,23 @@ void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const 
                              int B, int T, int C)
 {
     // Two rows may share a token: split by channel, rows in ascending order.
+    if (!dwte && !dwpe) return;
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < ch_blocks(C); blk++) {
         const int c0 = blk * CH_BLOCK, c1 = c0 + CH_BLOCK < C ? c0 + CH_BLOCK : C;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
-                float *e = dwte + (size_t)tokens[b * T + t] * C;
+                float *e = dwte ? dwte + (size_t)tokens[b * T + t] * C : NULL; /* NULL: frozen */
                 if (!dwpe) {
                     for (int c = c0; c < c1; c++) e[c] += d[c];
                     continue;
                 }
                 float *p = dwpe + (size_t)t * C;
+                if (!e) {
+                    for (int c = c0; c < c1; c++) p[c] += d[c];
+                    continue;
+                }
                 for (int c = c0; c < c1; c++) {
                     e[c] += d[c];
                     p[c] += d[c];
@@ -106,17 +111,18 @@ void td_ops_layernorm_backward(float *dinp, float *dweight, float *dbias, const 
             dx[c] += s * (d[c] * weight[c] - g_mean - xhat * gx_mean);
         }
     }
-    // dweight += sum_n dout * xhat, dbias += sum_n dout: channel blocks, rows ascending.
+    // dweight += sum_n dout * xhat, dbias += sum_n dout: channel blocks, rows ascending (NULL: frozen).
+    if (!dweight && !dbias) return;
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < ch_blocks(C); blk++) {
         const int c0 = blk * CH_BLOCK, c1 = c0 + CH_BLOCK < C ? c0 + CH_BLOCK : C;
         for (int n = 0; n < N; n++) {
             const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
             const float m = mean[n], s = rstd[n];
-            for (int c = c0; c < c1; c++) {
-                dweight[c] += d[c] * ((x[c] - m) * s);
-                dbias[c] += d[c];
-            }
+            if (dweight)
+                for (int c = c0; c < c1; c++) dweight[c] += d[c] * ((x[c] - m) * s);
+            if (dbias)
+                for (int c = c0; c < c1; c++) dbias[c] += d[c];
         }
     }
 }

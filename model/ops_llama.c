@@ -41,6 +41,7 @@ void td_ops_rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
         float k = dot * r * r * r / (float)C;
         for (int i = 0; i < C; i++) dx[i] += r * (w_offset + weight[i]) * g[i] - x[i] * k;
     }
+    if (!dweight) return; /* frozen */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < C; i++) { /* one thread per column, rows in order, added one by one (as the matmul's
                                       c + a0 b0 + a1 b1 ...): rows split over calls give the same bits */

@@ -85,8 +85,8 @@ void td_ops_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     td_ops_gemm_fn *gemm = td_ops_gemm_get(td_ops_isa_best());
     if (dinp) // dinp (N,C) += dout (N,OC) @ weight (OC,C)
         gemm(N, C, OC, dinp, (size_t)C, dout, (size_t)OC, 1, weight, (size_t)C, 1);
-    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): the reduction runs over the rows n
-    gemm(OC, C, N, dweight, (size_t)C, dout, 1, (size_t)OC, inp, (size_t)C, 1);
+    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): the reduction runs over the rows n (NULL: frozen)
+    if (dweight) gemm(OC, C, N, dweight, (size_t)C, dout, 1, (size_t)OC, inp, (size_t)C, 1);
     if (dbias) {
         const int blocks = (OC + DBIAS_COLS - 1) / DBIAS_COLS;
 #pragma omp parallel for schedule(static)

@@ -337,6 +337,7 @@ static void embed_forward(const td_model_desc *d, const float *const *p, const i
 static void embed_backward(const td_model_desc *d, float *const *g, const float *dout, const int *tokens, int B, int T)
 {
     const float s = td_model_embed_scale(d, TD_DTYPE_F32);
+    if (!g[0]) return; /* frozen */
     if (s == 1.0f) {
         td_ops_encoder_backward(g[0], NULL, dout, tokens, B, T, d->n_embd);
         return;

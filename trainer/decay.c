@@ -77,7 +77,7 @@ td_status td_train_decay_setup(td_trainer *t)
     for (int i = 0; i < n; i++) {
         td_model_tensor tt;
         td_model_tensor_get(&t->cfg.model, i, &tt);
-        if (tt.matrix || !tt.numel) continue;
+        if (tt.matrix || !tt.numel || t->gid[i] < 0) continue; /* frozen: not in a param chunk */
         size_t off = td_memmgr_tensor_offset(mm, t->pid[i]);
         cr[m++] = (chunk_range){td_memmgr_tensor_chunk(mm, t->pid[i]) - first, {off, off + tt.numel}};
     }

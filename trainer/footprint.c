@@ -26,6 +26,10 @@ static size_t moment_bytes(size_t numel, void *ctx)
  * for a format with a layout of its own (int8), an opaque format to the
  * chunk manager, sized by td_adam_moment_bytes of the chunk's elements (the
  * elements pack as in every other role).
+ * A frozen tensor (--freeze) is registered once, its storage in the
+ * compute precision in the OTHER role (chunks of its own, loaded and never
+ * written back), with no grad, master, m or v (their ids -1): the mirrored
+ * roles hold the trainable tensors alone, alike.
  * ids: 5 * count ints (param, grad, master or -1, m, v). */
 td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int *ids)
 {
@@ -44,15 +48,26 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
         TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_V, moment_bytes, (void *)(uintptr_t)os));
     }
     td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, mdt, mdt};
+    uint8_t *frozen = NULL;
+    frozen = td_malloc((size_t)n, TD_ROLE_META);
+    if (!frozen) return td_error_set(TD_ERR_NOMEM, "registering %d tensors", n);
+    TD_TRY(td_train_frozen(cfg, frozen));
+    if (td_train_frozen_count(cfg, frozen) == n) {
+        st = td_error_set(TD_ERR_INVALID, "--freeze freezes every tensor of the model: nothing is left to train");
+        goto cleanup;
+    }
     for (int r = 0; r < 5; r++)
         for (int i = 0; i < n; i++) {
             ids[r * n + i] = -1;
             if (roles[r] == TD_TENSOR_MASTER && dt == TD_DTYPE_F32) continue;
+            if (frozen[i] && r > 0) continue; /* its storage alone */
             td_model_tensor tt;
             td_model_tensor_get(mc, i, &tt);
-            TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, dts[r], roles[r], &ids[r * n + i]));
+            td_tensor_role role = frozen[i] ? TD_TENSOR_OTHER : roles[r];
+            TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, dts[r], role, &ids[r * n + i]));
         }
 cleanup:
+    td_free(frozen);
     return st;
 }
 

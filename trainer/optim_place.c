@@ -80,7 +80,8 @@ int td_train_optim_order(const td_train_config *cfg, td_memmgr *mm, const int *p
     }
     for (int k = 0; k < n; k++) { need[k] = UINT64_MAX; ready[k] = 0; }
     for (int i = 0; i < td_model_tensor_count(mc); i++) {
-        int k = td_memmgr_tensor_chunk(mm, pid[i]) - first;
+        int c = td_memmgr_tensor_chunk(mm, pid[i]), k = c - first;
+        if (td_memmgr_chunk_role(mm, c) != TD_TENSOR_PARAM) continue; /* frozen: no optimizer chunk */
         uint64_t nd, rd;
         tensor_positions(mc, i, &nd, &rd);
         if (nd < need[k]) need[k] = nd;

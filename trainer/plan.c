@@ -7,11 +7,14 @@
 #include <string.h>
 
 /* Chunk bytes of the union of the chunks holding ids. */
+static size_t tensor_numel(const td_model_desc *mc, int i);
+
 static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
 {
     int seen[64], k = 0;
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
+        if (ids[i] < 0) continue; /* a frozen tensor's grad: none */
         int c = td_memmgr_tensor_chunk(mm, ids[i]), dup = 0;
         for (int j = 0; j < k && !dup; j++) dup = seen[j] == c;
         if (dup) continue;
@@ -80,6 +83,9 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     int n = td_model_tensor_count(mc), L = mc->n_layer;
     const int *pid = o.ids, *gid = o.ids + n;
     out->params = td_model_params_numel(mc);
+    out->frozen_params = 0;
+    for (int i = 0; i < n; i++)
+        if (gid[i] < 0) out->frozen_params += tensor_numel(mc, i);
     out->chunks = td_memmgr_chunk_count(mm);
     out->chunk_numel = td_memmgr_chunk_numel(mm);
     out->padding_bytes = td_memmgr_padding_bytes(mm);
@@ -94,7 +100,9 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     /* Transient grads: no host copies, staging slots (in host_staging_bytes). */
     out->host_grad_slots = td_memmgr_grad_slots(mm, &out->host_grad_slot_bytes);
     td_act_plan ap;
-    td_state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD],
+    /* frozen tensors' storage (the OTHER role) moves and sits as params do */
+    size_t frozen_bytes = out->role_bytes[TD_TENSOR_OTHER];
+    td_state_bytes sb = { .param_grad = out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD] + frozen_bytes,
                        .all = state_all, .largest = largest };
     td_train_plan_activations(cfg, budget ? budget : 0, &sb, &ap);
     out->ckpt_blocks = ap.ckpt_blocks;
@@ -132,15 +140,16 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
      * different sizes (a tensor larger than the chunk size has its own) leave
      * holes the others cannot use. */
     out->min_device_bytes = ap.total + ws + 2 * largest;
-    out->full_device_bytes = ap.total + out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD];
+    out->full_device_bytes = ap.total + out->role_bytes[TD_TENSOR_PARAM] + out->role_bytes[TD_TENSOR_GRAD] + frozen_bytes;
     /* Work: 6 flops per param per token (2 forward, 4 backward) plus
      * attention's 12 L T C per token; a recomputed block adds its forward
      * but the last projection (H x C: nothing of backward reads its output). */
     double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;
     double fwd = 2.0 * (double)out->params + 4.0 * L * (double)cfg->seq_len * mc->n_embd;
     double rec = fwd / L - 2.0 * (double)td_model_mlp_width(mc) * mc->n_embd;
-    out->flops_per_step = tokens * (3.0 * fwd + (double)out->ckpt_blocks * rec);
-    double params_bytes = (double)out->role_bytes[TD_TENSOR_PARAM], grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
+    /* a frozen weight's backward is its input's gradient alone: 2 flops, not 4 */
+    out->flops_per_step = tokens * (3.0 * fwd - 2.0 * (double)out->frozen_params + (double)out->ckpt_blocks * rec);
+    double params_bytes = (double)(out->role_bytes[TD_TENSOR_PARAM] + frozen_bytes), grads_bytes = (double)out->role_bytes[TD_TENSOR_GRAD];
     /* Optimizer chunks on the GPU (optim_place.c): their params and grads
      * stay on the device, their state takes room beside them. */
     out->optim_chunks = o.optim_chunks;
@@ -171,10 +180,12 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
      * chunks go down once a step and their new params come up once (the
      * CPU AdamW writes them); the GPU's chunks move nothing. */
     double gpu_share = params_bytes > 0 ? (double)gpu_pg / (params_bytes + grads_bytes) : 0;
-    out->h2d_bytes_per_step = params_bytes * (1 - gpu_share) + streamed * cfg->grad_accum;
+    /* (frozen storage streams with the params but is never updated: no new copy comes up) */
+    out->h2d_bytes_per_step = (params_bytes - (double)frozen_bytes) * (1 - gpu_share) + streamed * cfg->grad_accum;
     out->d2h_bytes_per_step = grads_bytes * (1 - gpu_share);
     /* The GPU chunks' elements include their padding: at most every param. */
-    out->adam_cpu_params = gpu_numel >= out->params ? 0 : (double)(out->params - gpu_numel);
+    size_t trainable = out->params - out->frozen_params;
+    out->adam_cpu_params = gpu_numel >= trainable ? 0 : (double)(trainable - gpu_numel);
     out->adam_bytes_per_param = td_train_adam_bytes_per_param(cfg);
     out->adam_bytes_per_step = out->adam_bytes_per_param * out->adam_cpu_params;
     /* The host: the optimizer homes the trainer gives (optim_place.c; the

@@ -89,14 +89,14 @@ static td_status moments_load(td_trainer *t, const td_ckpt_reader *r, float *tmp
     for (int k = 0; k < np; k++) {
         size_t off;
         TD_TRY(ckpt_part(&cc, k, &pi[k], &off, &pn[k]));
-        p0[k] = td_memmgr_tensor_offset(mm, t->pid[pi[k]]) + off;
+        p0[k] = td_memmgr_tensor_offset(mm, t->pid[pi[k]]) + off; /* a frozen tensor's: unused */
     }
     for (int kind = 0; kind < 2; kind++) {
         td_ckpt_state ks = kind ? TD_CKPT_STATE_ADAM_V : TD_CKPT_STATE_ADAM_M;
         td_adam_moment which = kind ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M;
         const int *ids = kind ? t->vid : t->mid;
         td_tensor_role role = kind ? TD_TENSOR_ADAM_V : TD_TENSOR_ADAM_M;
-        for (int k = 0; k < np; k++) pc[k] = td_memmgr_tensor_chunk(mm, ids[pi[k]]);
+        for (int k = 0; k < np; k++) pc[k] = ids[pi[k]] < 0 ? -1 : td_memmgr_tensor_chunk(mm, ids[pi[k]]); /* -1: frozen */
         for (int ci = 0; ci < td_memmgr_role_chunk_count(mm, role); ci++) {
             int c = td_memmgr_role_chunk(mm, role, ci), any = 0;
             for (int k = 0; k < np && !any; k++) any = pc[k] == c;
@@ -179,6 +179,27 @@ static td_status master_at(td_trainer *t, int i, unsigned flags, size_t at, size
     return st;
 }
 
+/* A frozen tensor's weights (checkpoint param k: tensor i's elements from
+ * `off`) from its host copy, in the compute precision: whole, or (ranged)
+ * at their place. */
+static td_status frozen_save(td_trainer *t, td_ckpt_writer *w, int k, int i, size_t off, size_t numel, int ranged)
+{
+    void *p;
+    td_status st = td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_READ, &p);
+    if (st) return st;
+    p = (char *)p + off * td_dtype_bytes(t->dt);
+    return ranged ? td_ckpt_writer_write_weight(w, k, 0, t->dt, p, numel) : td_ckpt_writer_put_weight(w, k, t->dt, p);
+}
+
+/* A frozen tensor's weights into its host copy (every rank: whole). */
+static td_status frozen_load(td_trainer *t, const td_ckpt_reader *r, int k, int i, size_t off)
+{
+    void *p;
+    td_status st = td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p);
+    if (st) return st;
+    return td_ckpt_reader_get_weight(r, k, t->dt, (char *)p + off * td_dtype_bytes(t->dt));
+}
+
 static td_status save_shards(td_trainer *t, td_ckpt_writer *w, int state, float *tmp)
 {
     td_status st = TD_OK;
@@ -189,6 +210,10 @@ static td_status save_shards(td_trainer *t, td_ckpt_writer *w, int state, float 
         size_t off, numel, p0, from, to, base;
         float *src;
         TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
+        if (t->mid[i] < 0) { /* frozen: whole on every rank, written by rank 0, no state */
+            if (t->rank == 0) TD_TRY(frozen_save(t, w, k, i, off, numel, 1));
+            continue;
+        }
         shard_part(t, i, off, numel, &p0, &from, &to, &base);
         if (from == to) continue;
         TD_TRY(master_at(t, i, TD_ACCESS_READ, from, base, &src));
@@ -216,6 +241,10 @@ static td_status load_shards(td_trainer *t, const td_ckpt_reader *r, int state)
         size_t off, numel, p0, from, to, base;
         char *p;
         TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
+        if (t->mid[i] < 0) {
+            TD_TRY(frozen_load(t, r, k, i, off));
+            continue;
+        }
         shard_part(t, i, off, numel, &p0, &from, &to, &base);
         TD_TRY(td_memmgr_chunk_host_access(t->mm, td_memmgr_tensor_chunk(t->mm, t->pid[i]), TD_ACCESS_WRITE,
                                            (void **)&p));
@@ -260,18 +289,34 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
     td_ckpt_writer *w = NULL;
     td_ckpt_group group;
     float *tmp = NULL; /* moments not stored as fp32 go through it */
+    uint8_t *no_state = NULL;
     TD_TRY(td_trainer_finish_update(t));
+    if (state && t->n_live < t->n_tensors) { /* frozen tensors keep no state */
+        int nh = td_model_hf_count(&cc);
+        if (!(no_state = td_calloc((size_t)nh, 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
+        for (int k = 0; k < nh; k++) {
+            int i;
+            size_t off, numel;
+            TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
+            no_state[k] = t->mid[i] < 0;
+        }
+        wo.no_state = no_state;
+    }
     if (state && !(tmp = td_malloc(PIECE * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
     if (t->ranks > 1) {
         group = (td_ckpt_group){ .rank = t->rank, .size = t->ranks, .allgather = group_allgather, .arg = t->comm };
         wo.group = &group; /* used until commit */
         TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
+        td_free(no_state);
+        no_state = NULL;
         if (state) TD_TRY(set_state_meta(t, w, meta));
         TD_TRY(td_ckpt_writer_begin_ranges(w));
         TD_TRY(save_shards(t, w, state, tmp));
         goto files;
     }
     TD_TRY(td_ckpt_writer_begin(dir, &cc, &wo, &w));
+    td_free(no_state);
+    no_state = NULL;
     if (state) TD_TRY(set_state_meta(t, w, meta));
     /* Tensor by tensor from the host copies: never the whole model at once. */
     int n = td_model_hf_count(&cc);
@@ -279,6 +324,10 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
         int i;
         size_t off, numel;
         TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
+        if (t->mid[i] < 0) {
+            TD_TRY(frozen_save(t, w, k, i, off, numel, 0));
+            continue;
+        }
         /* The fp32 master holds the exact weights (the params themselves in fp32). */
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         void *p;
@@ -289,6 +338,7 @@ td_status td_trainer_save_files(td_trainer *t, const char *dir, int state, const
         int i;
         size_t off, numel;
         TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
+        if (t->mid[i] < 0) continue; /* frozen: no state */
         void *p;
         int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
         TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
@@ -309,6 +359,7 @@ files:
     return TD_OK;
 cleanup:
     td_free(tmp);
+    td_free(no_state);
     td_ckpt_writer_abort(w);
     return td_error_prefix(st, "saving checkpoint %s: ", dir);
 }
@@ -355,6 +406,10 @@ td_status td_trainer_load(td_trainer *t, const char *dir, int state, td_ckpt_rea
             int i;
             size_t off, numel;
             TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
+            if (t->mid[i] < 0) { /* frozen: its weights alone, in the compute precision */
+                TD_TRY(frozen_load(t, r, k, i, off));
+                continue;
+            }
             void *p, *master;
             TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p));
             master = p;

@@ -63,7 +63,23 @@ static td_status register_tensors(td_trainer *t)
     t->sid = t->gid + n;
     t->mid = t->sid + n;
     t->vid = t->mid + n;
-    return td_train_register_model(t->mm, &t->cfg, t->pid);
+    td_status st = td_train_register_model(t->mm, &t->cfg, t->pid);
+    if (st) return st;
+    t->gid_live = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
+    if (!t->gid_live) return TD_ERR_NOMEM;
+    t->n_live = 0;
+    for (int i = 0; i < n; i++)
+        if (t->gid[i] >= 0) t->gid_live[t->n_live++] = t->gid[i];
+    return TD_OK;
+}
+
+/* ids without the -1 of frozen tensors (their grads, m, v: none). */
+static int live_ids(const int *ids, int n, int *out)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0) out[m++] = ids[i];
+    return m;
 }
 
 /* ZeRO-3 with 16-bit params: tensor i initialised whole (every rank alike),
@@ -95,8 +111,8 @@ static td_status init_state(td_trainer *t)
 {
     td_status st = TD_OK;
     for (int i = 0; i < t->n_tensors; i++) { /* first, so that whole chunks may be written (a shard) */
-        int hold[4] = {t->pid[i], t->mid[i], t->vid[i], t->sid[i]};
-        TD_TRY(td_memmgr_set_state(t->mm, hold, t->sid[i] >= 0 ? 4 : 3, TD_TENSOR_HOLD));
+        int hold[4] = {t->pid[i], t->mid[i], t->vid[i], t->sid[i]}, live[4];
+        TD_TRY(td_memmgr_set_state(t->mm, live, live_ids(hold, 4, live), TD_TENSOR_HOLD));
     }
     for (int i = 0; i < t->n_tensors; i++) {
         void *host;
@@ -399,6 +415,7 @@ void td_trainer_destroy(td_trainer *t)
     td_comm_destroy(t->comm);
     td_backend_free(t->backend);
     td_free(t->pid);
+    td_free(t->gid_live);
     td_free(t->group);
     td_free(t->group_start);
     td_free(t->gids_scratch);
@@ -474,7 +491,7 @@ static td_status catch_up(td_trainer *t, int upto)
     if (t->pending_next < t->pending_end) return TD_OK;
     t->pending_end = 0;
     if (t->ranks > 1 && !t->pending_update) return TD_OK; /* gathers alone: no grads held */
-    return td_memmgr_set_state(t->mm, t->gid, t->n_tensors, TD_TENSOR_FREE);
+    return td_memmgr_set_state(t->mm, t->gid_live, t->n_live, TD_TENSOR_FREE);
 }
 
 /* The same for the chunks holding these param ids and the next CATCH_AHEAD
@@ -487,7 +504,9 @@ static td_status catch_up_ids(td_trainer *t, const int *ids, int n)
     if (!t->pending_end) return TD_OK;
     int first = td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, 0), upto = -1;
     for (int i = 0; i < n; i++) {
-        int k = td_memmgr_tensor_chunk(t->mm, ids[i]) - first;
+        int c = td_memmgr_tensor_chunk(t->mm, ids[i]);
+        if (td_memmgr_chunk_role(t->mm, c) != TD_TENSOR_PARAM) continue; /* frozen: nothing updates it */
+        int k = c - first;
         if (k > upto) upto = k;
     }
     int from = t->pending_next;
@@ -711,6 +730,35 @@ static td_status sum_over_ranks(td_trainer *t, double *v, int n)
     return TD_OK;
 }
 
+/* The grads of n tensors (gids, -1 where frozen) accessed for writing:
+ * g[k] NULL for a frozen one (the family's compute then skips its
+ * gradient); live: the others' ids, *m of them. */
+static td_status access_grads(td_trainer *t, const int *gids, int n, int *live, int *m, void **g)
+{
+    void *q[TD_MODEL_BLOCK_TENSORS];
+    *m = live_ids(gids, n, live);
+    if (*m) {
+        td_status st = td_memmgr_access(t->mm, live, *m, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, q);
+        if (st) return st;
+    }
+    for (int k = 0, j = 0; k < n; k++) g[k] = gids[k] >= 0 ? q[j++] : NULL;
+    return TD_OK;
+}
+
+/* The grads of a micro-batch's part are done (live, m of them): released,
+ * and with the last micro-batch reduced, written back and handed over. */
+static td_status grads_done(td_trainer *t, const int *live, int m, td_tensor_state to, int last)
+{
+    td_status st = TD_OK;
+    if (!m) return TD_OK;
+    TD_TRY(td_memmgr_release(t->mm, live, m, to));
+    if (last) TD_TRY(reduce_finished_grads(t, live, m));
+    if (last) TD_TRY(writeback_host_grads(t, live, m));
+    if (last) TD_TRY(hand_over_finished(t, live, m));
+cleanup:
+    return st;
+}
+
 /* Forward through the blocks and the head with its backward; then the blocks'
  * backward.  `last`: the final micro-batch of the step (grads complete). */
 static td_status micro_batch(td_trainer *t, double dloss, int last, int train, double *loss_sum)
@@ -721,7 +769,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     size_t N = N_of(t);
     td_memmgr *mm = t->mm;
     void *p[TD_MODEL_BLOCK_TENSORS], *g[TD_MODEL_BLOCK_TENSORS];
-    int ids[TD_MODEL_BLOCK_TENSORS], gids[TD_MODEL_BLOCK_TENSORS];
+    int ids[TD_MODEL_BLOCK_TENSORS], gids[TD_MODEL_BLOCK_TENSORS], live[TD_MODEL_BLOCK_TENSORS], m;
     td_tensor_state grad_done = last ? TD_TENSOR_READY_FOR_REDUCE : TD_TENSOR_HOLD_AFTER_BWD;
     if (last && train) reduce_begin(t);
     if (last && train) TD_TRY(hand_over_begin(t));
@@ -763,7 +811,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     TD_TRY(td_memmgr_timeline_range(mm, "head", 1));
     TD_TRY(catch_up(t, INT_MAX)); /* ln_f is the last chunk: nothing stays pending into backward */
     TD_TRY(td_memmgr_access(mm, head, nh, TD_TENSOR_COMPUTE, 0, p));
-    if (train) TD_TRY(td_memmgr_access(mm, ghead, nh, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+    if (train) TD_TRY(access_grads(t, ghead, nh, live, &m, g));
     TD_TRY(op_head(t, p, train ? g : NULL, resid_at(t, L), t->dres[0], dloss, train));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->h_losses, t->losses, N * sizeof(float)));
     TD_TRY(compute_sync(t));
@@ -783,11 +831,9 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     }
     TD_TRY(td_memmgr_release(mm, head, nh, TD_TENSOR_HOLD_AFTER_BWD));
     /* A tied wte's grad still takes the embedding's part below. */
-    TD_TRY(td_memmgr_release(mm, ghead, nh - tied, grad_done));
-    if (tied) TD_TRY(td_memmgr_release(mm, ghead + nh - 1, 1, TD_TENSOR_HOLD_AFTER_BWD));
-    if (last) TD_TRY(reduce_finished_grads(t, ghead, nh - tied));
-    if (last) TD_TRY(writeback_host_grads(t, ghead, nh - tied));
-    if (last) TD_TRY(hand_over_finished(t, ghead, nh - tied));
+    m = live_ids(ghead, nh - tied, live);
+    TD_TRY(grads_done(t, live, m, grad_done, last));
+    if (tied && ghead[nh - 1] >= 0) TD_TRY(td_memmgr_release(mm, ghead + nh - 1, 1, TD_TENSOR_HOLD_AFTER_BWD));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 
     /* Blocks in reverse. */
@@ -807,13 +853,10 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         /* The grads after the recompute is queued: where their slot is the
          * one the next block's grads are leaving (a write-back in flight),
          * the compute queue waits for it behind the recompute, not before. */
-        TD_TRY(td_memmgr_access(mm, gids, nb, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
+        TD_TRY(access_grads(t, gids, nb, live, &m, g));
         TD_TRY(t->exec->block_backward(&t->run, p, g, block_acts(t, l), x, dy, dxl));
         TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_BWD));
-        TD_TRY(td_memmgr_release(mm, gids, nb, grad_done));
-        if (last) TD_TRY(reduce_finished_grads(t, gids, nb));
-        if (last) TD_TRY(writeback_host_grads(t, gids, nb));
-        if (last) TD_TRY(hand_over_finished(t, gids, nb));
+        TD_TRY(grads_done(t, live, m, grad_done, last));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
         cur ^= 1;
     }
@@ -822,12 +865,9 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
     int gemb[TD_MODEL_BLOCK_TENSORS];
     for (int k = 0; k < ne; k++) gemb[k] = t->gid[k];
     TD_TRY(td_memmgr_timeline_range(mm, "embedding backward", 1));
-    TD_TRY(td_memmgr_access(mm, gemb, ne, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, g));
-    TD_TRY(t->exec->embed_backward(&t->run, g, t->tokens, t->dres[cur]));
-    TD_TRY(td_memmgr_release(mm, gemb, ne, grad_done));
-    if (last) TD_TRY(reduce_finished_grads(t, gemb, ne));
-    if (last) TD_TRY(writeback_host_grads(t, gemb, ne));
-    if (last) TD_TRY(hand_over_finished(t, gemb, ne));
+    TD_TRY(access_grads(t, gemb, ne, live, &m, g));
+    if (m) TD_TRY(t->exec->embed_backward(&t->run, g, t->tokens, t->dres[cur])); /* frozen: nothing to take */
+    TD_TRY(grads_done(t, live, m, grad_done, last));
     TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
 cleanup:
     return st;
@@ -1009,11 +1049,13 @@ static td_status setup_optimizer(td_trainer *t)
     t->gids_scratch = td_malloc((size_t)n * sizeof(int), TD_ROLE_META);
     t->ptrs = td_malloc((size_t)n * sizeof(void *), TD_ROLE_META);
     if (!t->group || !t->group_start || !t->gids_scratch || !t->ptrs) return TD_ERR_NOMEM;
-    for (int i = 0; i < n; i++) t->group_start[td_memmgr_tensor_chunk(mm, t->pid[i]) - first + 1]++;
+    for (int i = 0; i < n; i++)
+        if (t->gid[i] >= 0) t->group_start[td_memmgr_tensor_chunk(mm, t->pid[i]) - first + 1]++;
     for (int k = 0; k < chunks; k++) t->group_start[k + 1] += t->group_start[k];
     int *fill = t->gids_scratch;
     memcpy(fill, t->group_start, (size_t)chunks * sizeof(int));
-    for (int i = 0; i < n; i++) t->group[fill[td_memmgr_tensor_chunk(mm, t->pid[i]) - first]++] = i;
+    for (int i = 0; i < n; i++)
+        if (t->gid[i] >= 0) t->group[fill[td_memmgr_tensor_chunk(mm, t->pid[i]) - first]++] = i;
 #ifdef TD_HAVE_CUDA
     if (on_cuda(t)) {
         TD_TRY(take(t, (size_t)chunks * sizeof(double), TD_ROLE_WORKSPACE, &t->dev_acc));
@@ -1393,7 +1435,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         for (int i = 0; i < chunks; i++)
             if (!chunk_on_gpu(t, i)) TD_TRY(hand_over(t, i));
     }
-    if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    if (os->skip) TD_TRY(td_memmgr_set_state(mm, t->gid_live, t->n_live, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:
     t->ov_early = 0; /* the next step says again where its updates start */
@@ -1490,7 +1532,7 @@ static td_status optimizer_step(td_trainer *t, td_optim_step *os)
     }
     /* Every param back to HOLD for the next step; the grads are consumed
      * now, or when the last pending update has read them. */
-    if (!t->pending_end) TD_TRY(td_memmgr_set_state(mm, t->gid, t->n_tensors, TD_TENSOR_FREE));
+    if (!t->pending_end) TD_TRY(td_memmgr_set_state(mm, t->gid_live, t->n_live, TD_TENSOR_FREE));
     TD_TRY(td_memmgr_set_state(mm, t->pid, t->n_tensors, TD_TENSOR_HOLD));
 cleanup:
     t->ov_early = 0; /* the next step says again where its sums are */

@@ -39,7 +39,10 @@ struct td_trainer {
 
     int n_tensors;                     /* 4 + 12 L */
     int *pid, *gid, *sid, *mid, *vid;  /* memmgr ids per model tensor: param, grad, fp32 master
-                                          (-1 when the params are fp32 themselves), adam m, v */
+                                          (-1 when the params are fp32 themselves), adam m, v; a frozen
+                                          tensor (--freeze) has its param id alone (the OTHER role), the
+                                          others -1 */
+    int *gid_live, n_live;             /* the grad ids of the trainable tensors, in model order */
     size_t nonmodel_bytes;
     td_dtype dt, gdt;                  /* params and activations; grads */
     void *ops_cuda;                    /* td_ops_cuda on the cuda backend, else NULL */

@@ -126,6 +126,10 @@ typedef struct td_ckpt_write_options {
      * ranged writing by every rank of the group (below); the pointer is
      * used until commit or abort. */
     const td_ckpt_group *group;
+    /* no_state[k] = 1: Hugging Face tensor k (td_model_hf_get's order) is
+     * frozen and has no train state (master, m, v) in the file; NULL: every
+     * tensor has.  Used until td_ckpt_writer_begin returns. */
+    const uint8_t *no_state;
 } td_ckpt_write_options;
 
 td_ckpt_write_options td_ckpt_write_default_options(void);

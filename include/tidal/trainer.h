@@ -126,9 +126,25 @@ typedef struct td_train_config {
     int comm_timeout_ms;
     const td_dist_setting *agree;
     size_t n_agree;
+    /* Frozen tensors (--freeze, docs/training.md): n_freeze glob patterns
+     * (fnmatch) over the Hugging Face names of the model's tensors, e.g.
+     * "model.layers.*.mlp.*".  A tensor a pattern matches takes no
+     * gradient and no optimizer state anywhere: its chunks hold its
+     * storage alone (the OTHER role), are loaded for the forward and the
+     * backward's input gradient and are never written back.  A fused
+     * tensor (q|k|v, gate|up) is frozen when every part is; a pattern that
+     * freezes some parts only, or matches nothing, is an error.  The
+     * strings must outlive the config's use. */
+    const char *const *freeze;
+    int n_freeze;
 } td_train_config;
 
 td_train_config td_train_default_config(void);
+/* frozen[i] (td_model_tensor_count entries) = 1 when cfg's --freeze
+ * patterns freeze layout tensor i; TD_ERR_INVALID names a pattern that
+ * matches nothing or splits a fused tensor. */
+td_status td_train_frozen(const td_train_config *cfg, uint8_t *frozen);
+int td_train_frozen_count(const td_train_config *cfg, const uint8_t *frozen);
 /* Rows of one chunk of the head and loss (cfg->loss_chunk, or auto: the
  * logits of a chunk at most TD_TRAIN_LOSS_CHUNK_BYTES, but at least
  * TD_TRAIN_LOSS_CHUNK_MIN_ROWS rows, which keep the head's GEMMs efficient;
@@ -204,6 +220,8 @@ td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int 
  * allocated): what `tidal plan` prints. */
 typedef struct td_train_plan {
     size_t params;                              /* model parameters */
+    size_t frozen_params;                       /* of them frozen (--freeze): their storage alone, in the
+                                                   OTHER role's chunks; no grads, master, m or v */
     int chunks;
     size_t chunk_numel, padding_bytes;
     size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role, as device slots */
@@ -520,7 +538,8 @@ int td_trainer_checkpointing(const td_trainer *t);
 /* Optimizer chunks updated on the GPU (the rest by the CPU AdamW); *total:
  * all of them (may be NULL). */
 int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total);
-/* Memmgr ids of model tensor `index`: param, grad, adam m, adam v. */
+/* Memmgr ids of model tensor `index`: param, grad, adam m, adam v (-1 but
+ * the param for a frozen tensor, --freeze). */
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);
 /* The optimizer's state (step, scaler) for checkpoints. */
 td_optim *td_trainer_optim(td_trainer *t);

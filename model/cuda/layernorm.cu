@@ -150,8 +150,8 @@ __global__ void layernorm_dparams_final_kernel(G *dweight, G *dbias, const float
         tw += part_w[(size_t)p * C + c];
         tb += part_b[(size_t)p * C + c];
     }
-    dweight[c] = from_f32<G>(to_f32(dweight[c]) + tw);
-    dbias[c] = from_f32<G>(to_f32(dbias[c]) + tb);
+    if (dweight) dweight[c] = from_f32<G>(to_f32(dweight[c]) + tw);
+    if (dbias) dbias[c] = from_f32<G>(to_f32(dbias[c]) + tb);
 }
 
 } // namespace
@@ -204,7 +204,7 @@ extern "C" td_status td_ops_cuda_layernorm_backward_res(void *dinp, const void *
 {
     td_status st = check_dtypes("layernorm backward", dt, gdt);
     if (st != TD_OK || N <= 0 || C <= 0) return st;
-    if (!dinp || !dweight || !dbias || !dout || !inp || !weight || !mean || !rstd)
+    if (!dinp || !dout || !inp || !weight || !mean || !rstd) /* dweight, dbias NULL: frozen, no gradient */
         return td_error_set(TD_ERR_INVALID, "layernorm backward: NULL tensor");
     st = check_scratch("layernorm backward", scratch, scratch_bytes,
                        td_ops_cuda_layernorm_scratch_bytes(N, C));
@@ -222,7 +222,7 @@ extern "C" td_status td_ops_cuda_layernorm_backward_res(void *dinp, const void *
         layernorm_dinp_kernel<X><<<(N + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
             (X *)dinp, (const X *)dres, (const X *)dout, (const X *)inp, (const X *)weight, mean, rstd, N, C, vec);
         td_status st2 = check_launch("layernorm backward (dinp)");
-        if (st2 != TD_OK) return st2;
+        if (st2 != TD_OK || (!dweight && !dbias)) return st2;
         layernorm_dparams_partial_kernel<X><<<dim3((C + 31) / 32, P), dim3(32, 8), 0, s>>>(
             part_w, part_b, (const X *)dout, (const X *)inp, mean, rstd, N, C, rows_per_part);
         st2 = check_launch("layernorm backward (partial dweight, dbias)");

@@ -188,7 +188,7 @@ static td_status matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweight, vo
 {
     td_status st = check_dtypes("matmul backward", dt, gdt);
     if (st != TD_OK) return st;
-    if (!ctx || !dweight || !dout || !inp || !weight)
+    if (!ctx || !dout || !inp || !weight) /* dweight, dbias NULL: a frozen weight's (no gradient) */
         return td_error_set(TD_ERR_INVALID, "matmul backward: NULL context or tensor");
     if (N <= 0 || C <= 0 || OC <= 0) return TD_OK;
     if (dbias) {
@@ -234,6 +234,7 @@ static td_status matmul_backward(td_ops_cuda *ctx, void *dinp, void *dweight, vo
             if (st != TD_OK) return st;
         }
     }
+    if (!dweight) return dbias ? colsum(dt, gdt, dbias, dout, N, OC, scratch, s) : TD_OK;
     Gemm g;
     g.ta = CUBLAS_OP_N;
     g.tb = CUBLAS_OP_T;

@@ -230,8 +230,20 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
     td_status st = check_dtypes("encoder backward", dt, gdt);
     if (st != TD_OK) return st;
     if (B <= 0 || T <= 0 || C <= 0) return TD_OK;
-    if (!dwte || !dout || !tokens) /* dwpe NULL: no position table (rotary models) */
+    if (!dout || !tokens) /* dwpe NULL: no position table (rotary models) or frozen; dwte NULL: frozen */
         return td_error_set(TD_ERR_INVALID, "encoder backward: NULL tensor");
+    if (!dwte) {
+        if (!dwpe) return TD_OK;
+        const bool vec = C % VN == 0 && aligned16(dwpe) && aligned16(dout);
+        return dispatch2(dt, gdt, [&](auto tt, auto gt) {
+            using X = decltype(tt);
+            using G = decltype(gt);
+            const int groups = (C + VN - 1) / VN;
+            encoder_dwpe_kernel<X, G><<<grid_for((size_t)T * groups, kThreads), kThreads, 0, (cudaStream_t)stream>>>(
+                (G *)dwpe, (const X *)dout, B, T, C, vec);
+            return check_launch("encoder backward (dwpe)");
+        });
+    }
     st = check_scratch("encoder backward", scratch, scratch_bytes,
                        td_ops_cuda_encoder_scratch_bytes(B, T, Vp));
     if (st != TD_OK) return st;

@@ -160,7 +160,7 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dr
 {
     td_status st = check_dtypes("rmsnorm backward", dt, gdt);
     if (st != TD_OK || N <= 0 || C <= 0) return st;
-    if (!dinp || !dweight || !dout || !inp || !weight || !rstd)
+    if (!dinp || !dout || !inp || !weight || !rstd) /* dweight NULL: frozen, no gradient */
         return td_error_set(TD_ERR_INVALID, "rmsnorm backward: NULL tensor");
     if (dinp == dout)
         return td_error_set(TD_ERR_INVALID, "rmsnorm backward: dinp may not be dout (dweight reads dout after dinp is "
@@ -178,7 +178,7 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dr
         rmsnorm_dinp_kernel<X><<<(N + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
             (X *)dinp, (const X *)dres, (const X *)dout, (const X *)inp, (const X *)weight, w_offset, rstd, N, C, vec);
         td_status st2 = check_launch("rmsnorm backward (dinp)");
-        if (st2 != TD_OK) return st2;
+        if (st2 != TD_OK || !dweight) return st2;
         rmsnorm_dweight_partial_kernel<X><<<dim3((C + 31) / 32, P), dim3(32, 8), 0, s>>>(
             part, (const X *)dout, (const X *)inp, rstd, N, C, rows_per_part);
         st2 = check_launch("rmsnorm backward (partial dweight)");
