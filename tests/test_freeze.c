@@ -81,7 +81,7 @@ static void reference(const td_train_config *c, const uint8_t *frozen, int steps
             td_model_tensor_get(mc, i, &t);
             if (frozen[i]) continue;
             td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
-                                 .grad_dtype = TD_OPTIM_DTYPE_F32, .param_dtype = TD_OPTIM_DTYPE_F32,
+                                 .grad_dtype = TD_DTYPE_F32, .param_dtype = TD_DTYPE_F32,
                                  .numel = t.numel };
             TD_ASSERT_OK(td_adam_cpu_update(adam, t.matrix ? &cd : &cn, &ch, 1));
         }

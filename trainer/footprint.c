@@ -40,6 +40,7 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
     static const td_tensor_role roles[5] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER, TD_TENSOR_ADAM_M,
                                             TD_TENSOR_ADAM_V};
     td_optim_state os = cfg->optim.state;
+    uint8_t *frozen = NULL;
     TD_TRY(td_optim_state_check(os));
     td_dtype mdt = td_adam_moment_dtype(os);
     if (mdt == TD_DTYPE_COUNT) { /* registered by element count; the format sizes the chunk */
@@ -48,7 +49,6 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
         TD_TRY(td_memmgr_set_role_format(mm, TD_TENSOR_ADAM_V, moment_bytes, (void *)(uintptr_t)os));
     }
     td_dtype dts[5] = {dt, dt, TD_DTYPE_F32, mdt, mdt};
-    uint8_t *frozen = NULL;
     frozen = td_malloc((size_t)n, TD_ROLE_META);
     if (!frozen) return td_error_set(TD_ERR_NOMEM, "registering %d tensors", n);
     TD_TRY(td_train_frozen(cfg, frozen));
