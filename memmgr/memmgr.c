@@ -54,11 +54,9 @@ td_status td_memmgr_set_chunk_home(td_memmgr *m, int chunk, td_chunk_home home)
     if (home != TD_HOME_HOST && home != TD_HOME_DEVICE && home != TD_HOME_DISK)
         return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d: bad home %d", chunk, (int)home);
     td_tensor_role role = m->chunks[chunk].role;
-    if (home == TD_HOME_DISK && !mm_is_optim_role(role) &&
-        ((role != TD_TENSOR_PARAM && role != TD_TENSOR_GRAD) || m->params.shard_ranks > 1))
+    if (home == TD_HOME_DISK && !mm_is_optim_role(role) && role != TD_TENSOR_PARAM && role != TD_TENSOR_GRAD)
         return td_error_set(TD_ERR_INVALID, "memmgr: chunk %d (%s): only optimizer state (master, m, v), params and "
-                            "grads are homed on disk, and with several ranks only optimizer state", chunk,
-                            td_tensor_role_name(role));
+                            "grads are homed on disk", chunk, td_tensor_role_name(role));
     m->chunks[chunk].home = home;
     m->gplan_valid = 0; /* the transient grads follow the optimizer's homes */
     return TD_OK;
@@ -408,7 +406,7 @@ static td_status place_initial(td_memmgr *m)
                                                                                                        : TD_HOME_HOST;
             else if (o == TD_HOME_DEVICE && (ch->role == TD_TENSOR_PARAM || ch->role == TD_TENSOR_GRAD))
                 home = TD_HOME_DEVICE;
-            else if (o != TD_HOME_DEVICE && m->params.shard_ranks <= 1 &&
+            else if (o != TD_HOME_DEVICE &&
                      ((ch->role == TD_TENSOR_PARAM && (h & TD_OPTIM_HOME_PARAM_DISK)) ||
                       (ch->role == TD_TENSOR_GRAD && (h & TD_OPTIM_HOME_GRAD_DISK))))
                 home = TD_HOME_DISK;

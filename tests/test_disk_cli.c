@@ -249,6 +249,81 @@ static void test_train_two_ranks(void **state)
     assert_int_equal(count_files(disk), 0);
 }
 
+/* ZeRO-3 with grads and params on disk too: 192 wide, two micro-batches
+ * (every grad keeps a host copy), and the least --host-ram whose plan
+ * fits with the tier (bisected over `tidal plan`), which homes on disk
+ * the whole state, then grads, then params.  The losses and the
+ * checkpoint files are those of the 2 ranks without the tier, to the bit. */
+#define WIDE "--layers 4 --width 192 --heads 4 --seq 32 --micro-batch 2 --backend cpu --policy cpu " \
+             "--gpu-budget 64MiB --chunk-numel 16384 --lr 3e-3 --seed 5 --grad-accum 2 --nproc 2"
+
+/* The plan of WIDE with the tier at `ram` (NULL when it is not JSON); *fits: the host's. */
+static cJSON *wide_plan(size_t ram, int *fits)
+{
+    static char out[1 << 16];
+    sh(out, sizeof out, "%s plan --data %s/ok.tok " WIDE " --no-measure --json --offload-dir %s --host-ram %zu", tidal,
+       tmp, disk, ram);
+    cJSON *j = cJSON_Parse(out);
+    if (!j) fail_msg("not JSON: %s", out);
+    *fits = cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "host"), "fits"));
+    return j;
+}
+
+static void test_train_two_ranks_params_and_grads(void **state)
+{
+    char out[1 << 15], path[400], a[400], b[400];
+    int fits;
+    cJSON *j = wide_plan(SIZE_MAX / 4, &fits);
+    size_t hi = 2 * (size_t)td_test_json_num(j, "host", "total_bytes"), lo = 0; /* hi fits (both ranks' share) */
+    double state_bytes = td_test_json_num(j, "host", "pageable_optimizer_bytes"); /* a rank's, nothing on disk */
+    cJSON_Delete(j);
+    while (hi - lo > (1 << 20)) {
+        size_t mid = lo + (hi - lo) / 2;
+        cJSON_Delete(wide_plan(mid, &fits));
+        if (fits) hi = mid;
+        else lo = mid;
+    }
+    j = wide_plan(hi, &fits);
+    assert_true(fits);
+    double optim = td_test_json_num(j, "optimizer", "chunks"), chunks = td_test_json_num(j, "disk", "chunks");
+    double grads = td_test_json_num(j, "disk", "grad_chunks"), params = td_test_json_num(j, "disk", "param_chunks");
+    print_message("2 ranks, --host-ram %zu: %.0f optimizer, %.0f grad, %.0f param chunks of %.0f on disk\n", hi, chunks,
+                  grads, params, optim);
+    assert_true(chunks == optim && grads > 0 && params > 0);
+    cJSON_Delete(j);
+    int rc = sh(out, sizeof out, "%s train --data %s/ok.tok " WIDE " --steps 3 --log %s/w.jsonl --save %s/w.ck", tidal,
+                tmp, tmp, tmp);
+    if (rc) fail_msg("%s", out);
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " WIDE " --steps 3 --log %s/wd.jsonl --save %s/wd.ck "
+            "--offload-dir %s --host-ram %zu", tidal, tmp, tmp, tmp, disk, hi);
+    if (rc) fail_msg("%s", out);
+    if (!strstr(out, "grad and") || !strstr(out, "param chunks on disk")) fail_msg("no grads and params on disk: %s", out);
+    double ref[3], got[3];
+    snprintf(path, sizeof path, "%s/w.jsonl", tmp);
+    read_losses(path, ref, 3);
+    snprintf(path, sizeof path, "%s/wd.jsonl", tmp);
+    read_losses(path, got, 3);
+    for (int s = 0; s < 3; s++)
+        if (memcmp(&ref[s], &got[s], sizeof(double)))
+            fail_msg("2 ranks, grads and params on disk, step %d: loss %.17g, %.17g without", s + 1, got[s], ref[s]);
+    /* Its disk traffic was the grads' and params' too: a step wrote more
+     * than the rank's optimizer state (all it writes with state alone). */
+    double most = 0;
+    for (const char *at = td_proc_slurp(path); (at = strstr(at, "\"disk_write_bytes\":")); at++) {
+        double w = atof(at + strlen("\"disk_write_bytes\":"));
+        if (w > most) most = w;
+    }
+    if (most < 1.25 * state_bytes)
+        fail_msg("a step wrote at most %.0f bytes to disk, the optimizer state alone is %.0f", most, state_bytes);
+    for (const char *f = "model.safetensors"; f; f = strcmp(f, "model.safetensors") ? NULL : "train_state.safetensors") {
+        snprintf(a, sizeof a, "%s/w.ck/%s", tmp, f);
+        snprintf(b, sizeof b, "%s/wd.ck/%s", tmp, f);
+        rc = sh(out, sizeof out, "cmp %s %s", a, b);
+        if (rc) fail_msg("the checkpoints' %s differ with grads and params on disk: %s", f, out);
+    }
+    assert_int_equal(count_files(disk), 0);
+}
+
 /* Starts a long run in the background with its --log; waits until it has
  * logged a step. */
 static pid_t start_long_run(const char *out_file, const char *log, size_t ram)
@@ -331,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_plan_largest_counts_disk),
         cmocka_unit_test(test_train_equal_and_clean),
         cmocka_unit_test(test_train_two_ranks),
+        cmocka_unit_test(test_train_two_ranks_params_and_grads),
         cmocka_unit_test(test_train_signals_and_leftovers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

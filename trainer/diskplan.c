@@ -6,7 +6,7 @@
  * step, while params and grads cross PCIe in every micro-batch.  Grads
  * follow when the state alone is not enough (those that keep a host copy:
  * transient grads take only staging slots), params last (every upload of
- * one is then a read from disk); neither with several ranks.  Of each
+ * one is then a read from disk).  Of each
  * kind the fewest chunks that make the host fit its RAM and pin limit (a
  * bisection over the count: each chunk on disk takes its bytes off the
  * host, the slots a fixed amount on).  Which ones: spread evenly over the
@@ -29,8 +29,7 @@ int td_train_disk_tier(const td_train_config *cfg) { return cfg->mm.n_disk_dirs 
 /* The candidates of one kind in chunk order, those of the common size
  * first (*regular of them), then the larger ones; returns the count.
  * Optimizer state: every chunk the CPU AdamW updates; grads and params:
- * those homed on the host (not the GPU AdamW's, nor a transient grad's),
- * one rank only. */
+ * those homed on the host (not the GPU AdamW's, nor a transient grad's). */
 static int candidates(const td_train_config *cfg, td_memmgr *mm, const uint8_t *on_gpu, int n, int kind, int *cand,
                       int *regular)
 {
@@ -38,7 +37,6 @@ static int candidates(const td_train_config *cfg, td_memmgr *mm, const uint8_t *
     int first = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, 0), c = 0;
     size_t common = 0;
     *regular = 0;
-    if (kind != TD_TRAIN_DISK_OPTIM && cfg->ranks > 1) return 0;
     for (int k = 0; k < n; k++) { /* the common capacity: the layout's, the smallest slot */
         size_t b = td_memmgr_chunk_slot_bytes(mm, first + k);
         if (b < common || !common) common = b;
