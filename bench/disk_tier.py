@@ -30,9 +30,17 @@ Parts (--parts, comma-separated, in this order):
   paper   `tidal plan --largest --disk-bytes 2TiB --host-ram 125GiB` (on paper: the
           sizes with fp32 and int8 state, at --paper-width/--paper-heads), with the same
           plan without a disk beside it.
+  pg      equality with grads and params on disk too (minutes): a GPT of --pg-shape
+          (default 12L/1024/16H) at --pg-budget (2 GiB), B2 x 2 micro-batches a step, every
+          optimizer chunk on the CPU AdamW, at the least --host-ram whose plan fits with
+          DIR (bisected over `tidal plan`: the whole state, then grads, then params on
+          disk), on one GPU and, with --pg-nproc 2, on two (ZeRO-3): the losses equal those
+          of the same run without the tier bit for bit, grads and params on disk, the
+          host's peak within --host-ram.  No results file (no figure: PASS or FAIL).
 
 Usage (GPU machine, repository root, after `make`; DIR on the local disk):
     python3 bench/disk_tier.py --dir /mnt/scratch/tidal --parts bench,check   # minutes
+    python3 bench/disk_tier.py --dir /mnt/scratch/tidal --parts pg --pg-nproc 2   # minutes, 2 GPUs
     python3 bench/disk_tier.py --dir /mnt/scratch/tidal --parts w11a --w11a-accum 1
     python3 bench/disk_tier.py --dir /mnt/scratch/tidal --parts w11b,paper
     python3 bench/disk_tier.py --smoke --tidal-backend cpu --dir /tmp/x   # plumbing, no GPU
@@ -52,7 +60,8 @@ sys.path.insert(0, HERE)
 import workloads as wl  # noqa: E402
 
 GIB = 1 << 30
-PARTS = ["bench", "check", "w11a", "w11b", "paper"]
+PARTS = ["bench", "check", "w11a", "w11b", "paper", "pg"]
+RESULT_PARTS = ["bench", "check", "w11a", "w11b", "paper"]  # pg: a check, no figure
 
 
 PART_TITLES = {
@@ -211,6 +220,67 @@ def part_check(a):
     return res
 
 
+def least_ram(a, flags, tag):
+    """The least --host-ram (to 1%) whose plan of flags with DIR fits the host, and that plan."""
+    p = plan(a, flags + ["--no-measure"], f"{tag}-all-in-ram")
+    hi, lo = p["host"]["total_bytes"] * a.pg_nproc, 0
+    best = None
+    while hi - lo > max(hi // 100, 1 << 20):
+        mid = (lo + hi) // 2
+        q = plan(a, flags + ["--no-measure", "--offload-dir", a.dir, "--host-ram", str(mid)], f"{tag}-ram")
+        if q["host"].get("fits"):
+            hi, best = mid, q
+        else:
+            lo = mid
+    if best is None:
+        best = plan(a, flags + ["--no-measure", "--offload-dir", a.dir, "--host-ram", str(hi)], f"{tag}-ram")
+    return hi, best
+
+
+def part_pg(a):
+    res = {}
+    for n in sorted({1, a.pg_nproc}):
+        tag = f"pg-{n}"
+        base = run_flags(a, a.pg_shape, a.pg_batch, 2, a.pg_budget, ["--offload-optim-frac", "1", "--nproc", str(n)])
+        old, a.pg_nproc = a.pg_nproc, n
+        try:
+            ram, p = least_ram(a, base, tag)
+        finally:
+            a.pg_nproc = old
+        d = p.get("disk", {})
+        r = {"nproc": n, "host_ram_bytes": ram, "disk_chunks": d.get("chunks"), "grad_chunks": d.get("grad_chunks"),
+             "param_chunks": d.get("param_chunks"), "plan": p}
+        wl.say(f"pg, {n} rank(s): --host-ram {ram / GIB:.2f} GiB: {d.get('chunks')} optimizer, {d.get('grad_chunks')} "
+               f"grad, {d.get('param_chunks')} param chunks on disk ({d.get('bytes', 0) / GIB:.2f} GiB)")
+        ref = train(a, base, a.pg_steps, f"{tag}-ram", a.run_timeout)
+        dsk = train(a, base + ["--offload-dir", a.dir, "--host-ram", str(ram)], a.pg_steps, f"{tag}-disk",
+                    a.run_timeout)
+        r["ram_run"], r["disk_run"] = ref, dsk
+        if ref["exit"] or dsk["exit"]:
+            r["error"] = f"a run failed: in RAM exit {ref['exit']} ({ref['output_tail']}); with the disk exit " \
+                         f"{dsk['exit']} ({dsk['output_tail']})"
+            r["pass"] = False
+            wl.say(f"pg, {n} rank(s): " + r["error"])
+            res[tag] = r
+            continue
+        la = [x["loss"] for x in ref["steps"]]
+        lb = [x["loss"] for x in dsk["steps"]]
+        r["losses_ram"], r["losses_disk"] = la, lb
+        r["losses_equal"] = len(la) == len(lb) == a.pg_steps and all(x == y for x, y in zip(la, lb))
+        peak = max((x.get("host", {}).get("peak_bytes", 0) for x in dsk["steps"]), default=0)
+        written = max((x.get("memmgr", {}).get("disk_write_bytes", 0) for x in dsk["steps"]), default=0)
+        r["host_peak_bytes"], r["disk_write_bytes_max"] = peak, written
+        r["host_peak_within"] = peak <= ram / n  # the log is rank 0's; each rank plans against its share
+        r["pass"] = bool(r["losses_equal"] and r["host_peak_within"] and (d.get("grad_chunks") or 0) > 0
+                         and (d.get("param_chunks") or 0) > 0 and written > 0)
+        wl.say(f"pg, {n} rank(s): losses equal {r['losses_equal']}; host peak {peak / GIB:.2f} GiB of "
+               f"{ram / n / GIB:.2f} a rank; at most {written / GIB:.2f} GiB written a step -> "
+               f"{'PASS' if r['pass'] else 'FAIL'}")
+        res[tag] = r
+    res["pass"] = all(v.get("pass") for v in res.values() if isinstance(v, dict))
+    return res
+
+
 def part_w11a(a):
     shape, B = (40, 4096, 32), a.batch
     base = lambda K: run_flags(a, shape, B, K, 24, ["--host-ram", "64GiB", "--offload-dir", a.dir])  # noqa: E731
@@ -326,6 +396,11 @@ def main(argv=None):
     ap.add_argument("--check-budget", type=float, default=8.0, help="GiB")
     ap.add_argument("--check-disk-gib", type=float, default=4.0)
     ap.add_argument("--check-steps", type=int, default=8)
+    ap.add_argument("--pg-shape", type=parse_shape, default=(12, 1024, 16))
+    ap.add_argument("--pg-batch", type=int, default=2)
+    ap.add_argument("--pg-budget", type=float, default=2.0, help="GiB")
+    ap.add_argument("--pg-steps", type=int, default=4)
+    ap.add_argument("--pg-nproc", type=int, default=1, help="also on this many GPUs (ZeRO-3)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=4, help="W11a: steps, of which --warmup are not timed")
     ap.add_argument("--warmup", type=int, default=2)
@@ -352,6 +427,7 @@ def main(argv=None):
     if a.smoke:
         a.seq, a.batch, a.check_batch, a.check_budget, a.vocab, token_range = 64, 2, 2, 0.25, 512, 500
         a.check_shape, a.check_disk_gib, a.bench_bytes = (8, 128, 4), 0.012, "16MiB"
+        a.pg_shape, a.pg_batch, a.pg_budget, a.pg_steps = (4, 192, 4), 2, 0.0625, 3
         a.w11b_width, a.w11b_heads, a.paper_width, a.paper_heads = 64, 2, 64, 2
         a.check_steps, a.steps, a.warmup, a.w11b_steps = 4, 3, 1, 2
         a.host_ram = a.host_ram or "200MiB"
@@ -362,7 +438,7 @@ def main(argv=None):
                         eot=min(wl.EOT, a.vocab - 1))
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": wl.machine_info(),
            "dir": a.dir, "parts": parts, "args": vars(a)}
-    fns = {"bench": part_bench, "check": part_check, "w11a": part_w11a, "w11b": part_w11b, "paper": part_paper}
+    fns = {"bench": part_bench, "check": part_check, "w11a": part_w11a, "w11b": part_w11b, "paper": part_paper, "pg": part_pg}
     for p in parts:
         wl.say(f"== {p}")
         try:
@@ -380,7 +456,7 @@ def main(argv=None):
     elif a.results is None and not a.smoke and a.tidal_backend == "cuda":
         a.results = wl.res.RESULTS_DIR
     if a.results:
-        for p in parts:
+        for p in [p for p in parts if p in RESULT_PARTS]:
             wl.res.write_result(f"disk-tier-{p}", PART_TITLES[p], part_figures(p, out[p]),
                                 details=json.loads(json.dumps(out[p], default=str)), out_dir=a.results)
     return 0
