@@ -333,17 +333,15 @@ static td_status head_config(const head_opts *o, td_train_config *cfg)
     return st;
 }
 
-/* Every buffer of one chunk of all N rows (the chunked runs use a part) in
- * one arena (ws: cuBLASLt's workspace). */
-static td_status head_buffers(head_run *h, td_backend *be, bufs *b, void **ws, const int *hi, int nh)
+/* Every buffer of one chunk of all N = B T rows (the chunked runs use a
+ * part) in one arena (ws: cuBLASLt's workspace); the scratch as the trainer
+ * sizes it, the family's (td_model_exec.scratch_bytes: its head's among its
+ * calls'). */
+static td_status head_buffers(head_run *h, td_backend *be, bufs *b, void **ws, const int *hi, int nh, int B, int T)
 {
     const td_model_desc *mc = h->run.desc;
     const size_t E = td_dtype_bytes(h->run.dt), N = (size_t)h->N, C = (size_t)h->C;
-    { /* the head backward's: dlnf (N,C) at the start, its ops' scratch after (GPT-2's or the rotary head's) */
-        size_t g2 = td_ops_cuda_head_scratch_bytes(h->N, h->C), ro = td_ops_cuda_rotary_head_scratch_bytes(h->N, h->C,
-                                                                                                             h->Vp);
-        h->run.scratch_bytes = td_align_up(N * C * E, TD_ARENA_ALIGN) + (g2 > ro ? g2 : ro);
-    }
+    h->run.scratch_bytes = h->ex->scratch_bytes(mc, B, T, h->run.dt, 1);
     want(b, ws, TD_OPS_CUDA_WORKSPACE_BYTES);
     for (int k = 0; k < nh; k++) {
         td_model_tensor t;
@@ -482,7 +480,7 @@ int td_bench_head_main(int argc, char **argv)
         goto done;
     h.run = (td_model_run){.desc = mc, .B = 1, .T = N, .dt = cfg.precision, .gdt = cfg.precision,
                            .stream = td_backend_native_queue(be, TD_QUEUE_COMPUTE)};
-    if ((st = head_buffers(&h, be, &b, &ws, hi, nh)) || (st = ops_create(ws, &h.run.ops)) ||
+    if ((st = head_buffers(&h, be, &b, &ws, hi, nh, o.B, o.T)) || (st = ops_create(ws, &h.run.ops)) ||
         (st = head_fill(&h, hi, nh)))
         goto done;
     h.rows = R;
