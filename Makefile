@@ -49,7 +49,7 @@ endif
 # Objects of each configuration in a folder of their own.
 OBJ      := $(BUILD)/obj-$(if $(filter 1,$(CUDA)),cuda,cpu)
 
-PKGS     := hwloc libcjson
+PKGS     := hwloc libcjson zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 TEST_CFLAGS := $(shell pkg-config --cflags cmocka 2>/dev/null)

@@ -130,13 +130,13 @@ typedef struct att_run {
 static td_status att_fwd(void *c)
 {
     att_run *a = c;
-    return td_ops_cuda_attention_gqa_forward(a->ops, a->out, a->lse, a->qkv, a->B, a->T, a->NH, a->NKV, a->hs, a->dt,
+    return td_ops_cuda_attention_gqa_forward(a->ops, a->out, a->lse, a->qkv, NULL, a->B, a->T, a->NH, a->NKV, a->hs, a->dt,
                                              a->scratch, a->scratch_bytes, a->stream);
 }
 static td_status att_bwd(void *c)
 {
     att_run *a = c;
-    return td_ops_cuda_attention_gqa_backward(a->ops, a->dqkv, a->dout, a->qkv, a->out, a->lse, a->B, a->T, a->NH,
+    return td_ops_cuda_attention_gqa_backward(a->ops, a->dqkv, a->dout, a->qkv, a->out, a->lse, NULL, a->B, a->T, a->NH,
                                               a->NKV, a->hs, TD_OPS_CUDA_SET, a->dt, a->scratch, a->scratch_bytes,
                                               a->stream);
 }

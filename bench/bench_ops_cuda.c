@@ -187,12 +187,12 @@ static td_status l_qkv_fwd(td_block_probe *b)
 }
 static td_status l_rope_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_rope_forward(b->a.qkv, (const float *)b->consts, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
+    return td_ops_cuda_rope_forward(b->a.qkv, (const float *)b->consts, NULL, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
                                     (size_t)L_QKV(b), b->dt, b->stream);
 }
 static td_status l_att_fwd(td_block_probe *b)
 {
-    return td_ops_cuda_attention_gqa_forward(b->ops, b->a.atty, b->a.att_lse, b->a.qkv, b->B, b->T, b->mc.n_head,
+    return td_ops_cuda_attention_gqa_forward(b->ops, b->a.atty, b->a.att_lse, b->a.qkv, NULL, b->B, b->T, b->mc.n_head,
                                              L_NKV(b), L_HS(b), b->dt, b->scratch, b->scratch_bytes, b->stream);
 }
 static td_status l_o_fwd(td_block_probe *b)
@@ -249,13 +249,13 @@ static td_status l_o_bwd(td_block_probe *b)
 }
 static td_status l_att_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_attention_gqa_backward(b->ops, b->big, b->dc, b->a.qkv, b->a.atty, b->a.att_lse, b->B, b->T,
+    return td_ops_cuda_attention_gqa_backward(b->ops, b->big, b->dc, b->a.qkv, b->a.atty, b->a.att_lse, NULL, b->B, b->T,
                                               b->mc.n_head, L_NKV(b), L_HS(b), TD_OPS_CUDA_SET, b->dt, b->scratch,
                                               b->scratch_bytes, b->stream);
 }
 static td_status l_rope_bwd(td_block_probe *b)
 {
-    return td_ops_cuda_rope_backward(b->big, (const float *)b->consts, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
+    return td_ops_cuda_rope_backward(b->big, (const float *)b->consts, NULL, b->B, b->T, b->mc.n_head + L_NKV(b), L_HS(b),
                                      (size_t)L_QKV(b), b->dt, b->stream);
 }
 static td_status l_qkv_bwd(td_block_probe *b)

@@ -158,7 +158,8 @@ static size_t shard_name_len(const char *name)
 static int is_ckpt_file(const char *name)
 {
     static const char *known[] = {TD_CKPT_CONFIG_FILE, TD_CKPT_MODEL_FILE, TD_CKPT_STATE_FILE, "vocab.json",
-                                  "merges.txt", "tokenizer.json", TD_CKPT_MODEL_FILE ".index.json", NULL};
+                                  "merges.txt", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                                  TD_CKPT_MODEL_FILE ".index.json", NULL};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         size_t k = known[i] ? strlen(known[i]) : shard_name_len(name); /* NULL: a shard */
         if (!k || strncmp(name, known[i] ? known[i] : name, k)) continue;
@@ -1014,7 +1015,8 @@ td_status td_ckpt_writer_add_file(td_ckpt_writer *w, const char *name, const cha
     for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++) ok |= name && !strcmp(name, allowed[i]);
     if (!w || !ok || !src)
         return td_error_set(TD_ERR_INVALID, "checkpoint: '%s' is not a file a checkpoint carries (vocab.json, "
-                            "merges.txt, tokenizer.json)", name ? name : "(null)");
+                            "merges.txt, tokenizer.json, tokenizer_config.json, chat_template.jinja)",
+                            name ? name : "(null)");
     if (w->group.rank != 0) return TD_OK; /* in a group, rank 0 copies it */
     char *path = cat3(w->tmp_dir, "/", name);
     if (!path) return td_error_set(TD_ERR_NOMEM, "checkpoint: out of memory");

@@ -1,7 +1,7 @@
 /* `tidal eval`: a checkpoint's mean loss on a token file. */
 #include "args.h"
-#include "cli.h"
 #include <cjson/cJSON.h>
+#include "cli.h"
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
 #include "tidal/trainer.h"
@@ -66,32 +66,48 @@ static td_status open_model(const model_opts *m, int batch, int seq, td_trainer 
     return st;
 }
 
-static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
+/* Batches of the loader; with `once` (--batches all), the rows past the
+ * split's end (the next epoch's first) count nothing, so the file is read
+ * once. */
+typedef struct eval_batches { td_loader *l; uint32_t B, T; int once; uint64_t left; } eval_batches;
+
+static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets, int32_t *positions)
 {
-    return td_loader_next(ctx, tokens, targets);
+    eval_batches *e = ctx;
+    td_status st = td_loader_next(e->l, tokens, targets, positions);
+    if (st || !e->once) return st;
+    for (uint32_t b = (uint32_t)(e->left < e->B ? e->left : e->B); b < e->B; b++)
+        for (uint32_t t = 0; t < e->T; t++) targets[(size_t)b * e->T + t] = -1;
+    e->left -= e->left < e->B ? e->left : e->B;
+    return TD_OK;
 }
 
 int td_cli_eval_main(int argc, char **argv)
 {
     model_opts m = {.backend = "auto"};
-    const char *data = NULL, *split = "all";
+    const char *data = NULL, *split = "all", *batches_text = "20";
     int batches = 20, batch = 4, seq = 0, json = 0;
     double heldout = 10;
     td_opt table[] = {
         MODEL_OPTS(&m),
         {"data", TD_OPT_STRING, &data, "FILE", "token file (`tidal prepare`)", 0},
-        {"batches", TD_OPT_INT, &batches, "N", "batches to average over (default 20)", 0},
+        {"batches", TD_OPT_STRING, &batches_text, "N", "batches to average over (default 20), or all: every sequence\n"
+                                                        "of the split once", 0},
         {"micro-batch", TD_OPT_INT, &batch, "B", "sequences per batch (default 4)", 0},
-        {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: the model's positions, at most 1024)", 0},
+        {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: a file of packed rows' row length, else the\n"
+                                         "model's positions, at most 1024)", 0},
         {"split", TD_OPT_STRING, &split, "S", "all (default) or heldout: the last --heldout % of the sequences", 0},
         {"heldout", TD_OPT_DOUBLE, &heldout, "PCT", "the held-out share, as given to `tidal train --heldout` (default 10)", 0},
-        {"json", TD_OPT_FLAG, &json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}", 0},
+        {"json", TD_OPT_FLAG, &json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}: tokens\n"
+                                          "counts the targets the loss averages over", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = parse_model_command(table, argc, argv, "eval",
                                  "usage: tidal eval --checkpoint DIR --data FILE [options]\n\n"
                                  "The mean cross-entropy (nats per token) of a checkpoint on a token file, over\n"
-                                 "--batches batches read in file order.");
+                                 "--batches batches read in file order: over the targets that count (a\n"
+                                 "file of JSONL records counts only the tokens its --loss-on named, never\n"
+                                 "padding), with packed documents seen one by one.");
     if (rc >= 0) return rc;
     rc = 1;
     td_trainer *t = NULL;
@@ -99,11 +115,25 @@ int td_cli_eval_main(int argc, char **argv)
     td_status st = td_args_require(table, "data", NULL);
     if (!st && strcmp(split, "all") && strcmp(split, "heldout"))
         st = td_error_set(TD_ERR_INVALID, "--split '%s': use all or heldout", split);
-    if (!st && (batches < 1 || batch < 1)) st = td_error_set(TD_ERR_INVALID, "--batches and --micro-batch must be positive");
+    const int all = !strcmp(batches_text, "all");
+    if (!st && !all) {
+        char *end;
+        long v = strtol(batches_text, &end, 10);
+        if (*end || end == batches_text || v < 1 || v > 1000000000)
+            st = td_error_set(TD_ERR_INVALID, "--batches '%s': a positive number, or all", batches_text);
+        else batches = (int)v;
+    }
+    if (!st && batch < 1) st = td_error_set(TD_ERR_INVALID, "--micro-batch must be positive");
     if (st) {
         fprintf(stderr, "tidal eval: %s\n", td_error_msg());
         td_args_free();
         return 2;
+    }
+    if (seq <= 0) { /* a file of packed rows is read with its own row length */
+        td_tokfile *f = NULL;
+        if ((st = td_tokfile_open(data, &f))) goto cleanup;
+        seq = (int)td_tokfile_get_info(f)->row_tokens;
+        td_tokfile_close(f);
     }
     if ((st = open_model(&m, batch, seq, &t))) goto cleanup;
     const td_train_config *c = td_trainer_config(t);
@@ -121,16 +151,30 @@ int td_cli_eval_main(int argc, char **argv)
         st = td_error_set(TD_ERR_INVALID, "%s has a vocabulary of %d, the model only %d", data, vocab, c->model.vocab_size);
         goto cleanup;
     }
+    eval_batches eb = {l, (uint32_t)batch, (uint32_t)c->seq_len, all, td_loader_sequences(l)};
+    if (all) {
+        uint64_t n = (eb.left + (uint64_t)batch - 1) / (uint64_t)batch;
+        if (n > 1000000000) {
+            st = td_error_set(TD_ERR_INVALID, "%s holds %llu sequences: too many batches for --batches all", data,
+                              (unsigned long long)eb.left);
+            goto cleanup;
+        }
+        batches = (int)n;
+    }
     double loss;
-    if ((st = td_trainer_eval(t, loader_batch, l, batches, &loss))) goto cleanup;
-    double tokens = (double)batches * batch * c->seq_len;
+    uint64_t tokens = 0;
+    if ((st = td_trainer_eval(t, loader_batch, &eb, batches, &loss, &tokens))) goto cleanup;
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddNumberToObject(j, "loss", loss);
         cJSON_AddNumberToObject(j, "perplexity", exp(loss));
-        cJSON_AddNumberToObject(j, "tokens", tokens);
+        cJSON_AddNumberToObject(j, "tokens", (double)tokens);
+        cJSON_AddNumberToObject(j, "batches", batches);
         if ((st = td_cli_print_json(j))) goto cleanup;
-    } else printf("loss %.4f nats/token (perplexity %.2f) over %.0f tokens of %s\n", loss, exp(loss), tokens, data);
+    } else {
+        printf("loss %.4f nats/token (perplexity %.2f) over %llu tokens of %s (%d batches)\n", loss, exp(loss),
+               (unsigned long long)tokens, data, batches);
+    }
     rc = 0;
 cleanup:
     if (st) fprintf(stderr, "tidal eval: %s\n", td_error_msg());

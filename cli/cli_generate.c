@@ -3,12 +3,14 @@
  * position's work, not a forward over the whole window. */
 #include "args.h"
 #include "cli.h"
+#include "tidal/chat.h"
 #include "tidal/checkpoint.h"
 #include "tidal/decode.h"
 #include "tidal/tokenizer.h"
 #include "tidal/trainer.h"
 #include "tidal/util.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -24,11 +26,13 @@ static const char usage[] =
     "from the last half of the text so far.  The tokenizer is the one the checkpoint carries\n"
     "(tidal's checkpoints keep the tokenizer.json or vocab.json + merges.txt the data was\n"
     "prepared with; a Hugging Face folder holds its own), unless --tokenizer names another.\n"
+    "With --chat the prompt is a user message rendered with the model's chat template\n"
+    "(generation prompt on) and the answer ends at the template's end-of-turn token.\n"
     "The text goes to stdout; the speed to stderr.";
 
 typedef struct gen_opts {
-    const char *checkpoint, *prompt, *tokenizer, *vocab, *merges;
-    int tokens, threads, context;
+    const char *checkpoint, *prompt, *tokenizer, *vocab, *merges, *chat_template, *system;
+    int tokens, threads, context, chat;
     double temperature;
     uint64_t seed;
 } gen_opts;
@@ -118,6 +122,41 @@ static int sample(const float *logits, int V, double temperature, td_rng *rng)
     return V - 1;
 }
 
+/* --chat: the prompt (after --system) as a conversation rendered with the
+ * chat template, generation prompt on (td_malloc'd into *text), and the
+ * token that ends an answer (the template's eos_token when it is one
+ * token, else none). */
+static td_status chat_prompt(const gen_opts *o, td_tokenizer *tk, char **text, size_t *len, uint32_t *stop)
+{
+    td_chat_template *t = NULL;
+    char *json = NULL;
+    td_status st = td_chat_template_load(o->chat_template ? o->chat_template : o->checkpoint, &t);
+    if (st) return st;
+    cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
+    const char *roles[2] = {"system", "user"}, *contents[2] = {o->system, o->prompt};
+    for (int k = 0; k < 2; k++) {
+        if (!contents[k]) continue;
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", roles[k]);
+        cJSON_AddStringToObject(m, "content", contents[k]);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    json = cJSON_PrintUnformatted(conv);
+    cJSON_Delete(conv);
+    if (!json) TD_FAIL(TD_ERR_NOMEM, "out of memory");
+    TD_TRY(td_chat_template_render(t, json, strlen(json), 1, text, len));
+    *stop = TD_TOKEN_NONE;
+    const char *eos = td_chat_template_token(t, "eos_token");
+    uint32_t *e = NULL;
+    size_t ne = 0;
+    if (eos && td_tokenizer_encode_alloc(tk, eos, strlen(eos), &e, &ne) == TD_OK && ne == 1) *stop = e[0];
+    td_free(e);
+cleanup:
+    cJSON_free(json);
+    td_chat_template_free(t);
+    return st;
+}
+
 /* Feeds ctx[0, n) from an empty cache; the logits after the last. */
 static td_status prefill(td_decoder *d, const int32_t *ctx, int n, float *logits)
 {
@@ -134,24 +173,30 @@ static td_status prefill(td_decoder *d, const int32_t *ctx, int n, float *logits
 static td_status generate(const gen_opts *o, td_tokenizer *tk, td_decoder *d, int T, int V, int *made)
 {
     td_status st = TD_OK;
-    uint32_t *ids = NULL;
-    size_t n = 0;
+    uint32_t *ids = NULL, stop = TD_TOKEN_NONE;
+    size_t n = 0, text_len = strlen(o->prompt);
+    char *rendered = NULL;
+    const char *text = o->prompt;
     int32_t *ctx = td_malloc(sizeof(int32_t) * (size_t)T, TD_ROLE_META);
     float *logits = td_malloc(sizeof(float) * (size_t)V, TD_ROLE_META);
     if (!ctx || !logits) TD_FAIL(TD_ERR_NOMEM, "out of memory for a context of %d tokens", T);
-    TD_TRY(td_tokenizer_encode_alloc(tk, o->prompt, strlen(o->prompt), &ids, &n));
+    if (o->chat) {
+        TD_TRY(chat_prompt(o, tk, &rendered, &text_len, &stop));
+        text = rendered;
+    }
+    TD_TRY(td_tokenizer_encode_alloc(tk, text, text_len, &ids, &n));
     int len = 0;
-    uint32_t bos = td_tokenizer_bos(tk);
+    uint32_t bos = o->chat ? TD_TOKEN_NONE : td_tokenizer_bos(tk); /* a chat template writes its own */
     if (bos != TD_TOKEN_NONE) ctx[len++] = (int32_t)bos;
     else if (n == 0) ctx[len++] = (int32_t)td_tokenizer_eot(tk);
     for (size_t i = n > (size_t)(T - len) ? n - (size_t)(T - len) : 0; i < n; i++) ctx[len++] = (int32_t)ids[i];
     TD_TRY(prefill(d, ctx, len, logits));
     td_rng rng;
     td_rng_seed(&rng, o->seed);
-    fwrite(o->prompt, 1, strlen(o->prompt), stdout);
+    if (!o->chat) fwrite(o->prompt, 1, strlen(o->prompt), stdout); /* with --chat: the answer alone */
     for (*made = 0; *made < o->tokens; ++*made) {
         int next = sample(logits, (int)td_tokenizer_vocab_size(tk), o->temperature, &rng);
-        if ((uint32_t)next == td_tokenizer_eot(tk)) break;
+        if ((uint32_t)next == td_tokenizer_eot(tk) || (uint32_t)next == stop) break;
         size_t blen = 0;
         const char *bytes = td_tokenizer_token_bytes(tk, (uint32_t)next, &blen);
         if (bytes) fwrite(bytes, 1, blen, stdout);
@@ -169,6 +214,7 @@ static td_status generate(const gen_opts *o, td_tokenizer *tk, td_decoder *d, in
     fflush(stdout); /* before the speed on stderr */
 cleanup:
     td_free(ids);
+    td_free(rendered);
     td_free(ctx);
     td_free(logits);
     return st;
@@ -183,6 +229,8 @@ static int check_options(td_opt *table, const gen_opts *o)
         st = td_error_set(TD_ERR_INVALID, "--temperature %g: give a temperature from 0 (greedy) to 1e6", o->temperature);
     if (!st && o->threads < 0) st = td_error_set(TD_ERR_INVALID, "--threads %d: give a count, or leave it out", o->threads);
     if (!st && o->context < 0) st = td_error_set(TD_ERR_INVALID, "--context %d: give a count of tokens", o->context);
+    if (!st && !o->chat && (o->chat_template || o->system))
+        st = td_error_set(TD_ERR_INVALID, "--chat-template and --system go with --chat");
     if (!st) return -1;
     fprintf(stderr, "tidal generate: %s\n(tidal generate --help lists the options)\n", td_error_msg());
     return 2;
@@ -205,6 +253,11 @@ int td_cli_generate_main(int argc, char **argv)
                                                        "or the tokenizer.json / vocab.json + merges.txt it holds)", 0},
         {"vocab", TD_OPT_STRING, &o.vocab, "FILE", "gpt2: vocab.json (default: the checkpoint's own)", 0},
         {"merges", TD_OPT_STRING, &o.merges, "FILE", "gpt2: merges.txt (default: the checkpoint's own)", 0},
+        {"chat", TD_OPT_FLAG, &o.chat, NULL, "the prompt is a user message in the model's chat template; print\n"
+                                             "the answer, which ends at the template's eos_token", 0},
+        {"chat-template", TD_OPT_STRING, &o.chat_template, "PATH", "with --chat: a .jinja file, a tokenizer_config.json or a\n"
+                                                                   "folder (default: the checkpoint's own)", 0},
+        {"system", TD_OPT_STRING, &o.system, "TEXT", "with --chat: a system message before the prompt", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = td_args_main(table, argc, argv, "generate", usage);

@@ -54,19 +54,19 @@ static td_status save_checkpoint(td_trainer *t, td_loader *loader, const char *d
     const char *meta[] = {"data_epoch", epoch, "data_index", index, "data_fingerprint", fp, "data_file", data,
                           "tokenizer", td_tokenizer_kind_name(info->tokenizer), NULL};
     /* The tokenizer the data was made with, when `tidal prepare` kept it. */
-    char paths[3][4096];
-    const char *files[4] = {NULL};
+    char paths[TD_CKPT_TOKENIZER_FILE_COUNT][4096];
+    const char *files[TD_CKPT_TOKENIZER_FILE_COUNT + 1] = {NULL};
     static const char *const names[] = TD_CKPT_TOKENIZER_FILES;
     int n = 0;
-    for (size_t i = 0; i < 3 && info->tokenizer != TD_TOKENIZER_BYTE; i++)
+    for (size_t i = 0; i < TD_CKPT_TOKENIZER_FILE_COUNT && info->tokenizer != TD_TOKENIZER_BYTE; i++)
         if (!td_tokfile_tokenizer_path(data, names[i], paths[n], sizeof paths[n]) && access(paths[n], R_OK) == 0)
             files[n] = paths[n], n++;
     return td_trainer_save_files(t, dir, 1, meta, files);
 }
 
-static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
+static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets, int32_t *positions)
 {
-    return td_loader_next(ctx, tokens, targets);
+    return td_loader_next(ctx, tokens, targets, positions);
 }
 
 /* SIGINT / SIGTERM: the run stops at the next step boundary, saves when
@@ -477,6 +477,7 @@ static td_status log_step(train_run *r, long s, const td_step_result *res)
     cJSON_AddNumberToObject(j, "grad_norm", res->grad_norm);
     cJSON_AddNumberToObject(j, "skipped", res->skipped);
     cJSON_AddNumberToObject(j, "tokens_per_s", res->tokens_per_s);
+    cJSON_AddNumberToObject(j, "targets", (double)res->targets); /* the loss's targets, every rank's */
     cJSON_AddNumberToObject(j, "step_ms", res->step_ms);
     cJSON_AddNumberToObject(j, "device_peak_bytes", (double)res->mm.device_peak_bytes);
     cJSON_AddNumberToObject(j, "h2d_bytes", (double)res->mm.bytes_h2d);

@@ -160,7 +160,10 @@ typedef struct run_ctx {
     size_t budget;
 } run_ctx;
 
-static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets) { return td_loader_next(ctx, tokens, targets); }
+static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets, int32_t *positions)
+{
+    return td_loader_next(ctx, tokens, targets, positions);
+}
 
 static td_status open_batches(void *ctx, const td_train_config *cfg, td_batch_fn *fn, void **bctx)
 {

@@ -18,6 +18,7 @@
 
 struct td_loader {
     const td_tokfile *file;
+    uint32_t rows;    /* the file's row length, 0 for a stream */
     td_tokfile *owned;
     td_loader_params p;
     uint64_t first;   /* index in the file of the split's first sequence */
@@ -98,10 +99,15 @@ td_status td_loader_create(const td_tokfile *file, const td_loader_params *p, td
                             p->ranks ? p->ranks : 1);
     if (p->split != TD_DATA_TRAIN && p->split != TD_DATA_HELDOUT)
         return td_error_set(TD_ERR_INVALID, "loader for '%s': unknown split %d", name, (int)p->split);
-    if (tokens < (uint64_t)p->seq + 1)
+    const uint32_t rows = td_tokfile_get_info(file)->row_tokens;
+    if (rows && p->seq != rows)
+        return td_error_set(TD_ERR_INVALID, "token file '%s' holds packed rows of %u tokens (tidal prepare --seq %u): "
+                            "read it with --seq %u, or prepare it again with --seq %u", name, rows, rows, rows, p->seq);
+    if (!rows && tokens < (uint64_t)p->seq + 1)
         return td_error_set(TD_ERR_INVALID, "token file '%s' has %llu tokens, too few for one sequence of %u + 1; "
                             "lower the sequence length or use more text", name, (unsigned long long)tokens, p->seq);
-    uint64_t total = (tokens - 1) / p->seq;
+    if (rows && tokens == 0) return td_error_set(TD_ERR_INVALID, "token file '%s' holds no rows", name);
+    uint64_t total = rows ? tokens / rows : (tokens - 1) / p->seq;
     uint64_t held = 0;
     if (p->heldout_percent > 0) {
         held = (uint64_t)llround((double)total * p->heldout_percent / 100.0);
@@ -117,6 +123,7 @@ td_status td_loader_create(const td_tokfile *file, const td_loader_params *p, td
     td_loader *l = td_calloc(1, sizeof *l, TD_ROLE_META);
     if (!l) return td_error_set(TD_ERR_NOMEM, "out of memory creating a loader for '%s'", name);
     l->file = file;
+    l->rows = rows;
     l->p = *p;
     if (l->p.ranks == 0) l->p.ranks = 1;
     l->first = p->split == TD_DATA_TRAIN ? 0 : total - held;
@@ -173,7 +180,36 @@ static void skip(td_loader *l, uint64_t k)
     }
 }
 
-td_status td_loader_next(td_loader *l, int32_t *inputs, int32_t *targets)
+/* Sequence s: its inputs, the targets that count (-1 elsewhere) and each
+ * token's position in its document. */
+static td_status read_sequence(const td_loader *l, uint64_t s, int32_t *in, int32_t *tg, int32_t *pos)
+{
+    const uint32_t T = l->p.seq;
+    const uint64_t start = s * T;
+    const td_tokfile *f = l->file;
+    td_status st = td_tokfile_read(f, start, T, in);
+    if (st != TD_OK) return st;
+    if (!td_tokfile_get_info(f)->has_flags) { /* every target counts, one document */
+        memcpy(tg, in + 1, (size_t)(T - 1) * sizeof *tg);
+        if (l->rows) tg[T - 1] = -1;
+        else if ((st = td_tokfile_read(f, start + T, 1, tg + T - 1)) != TD_OK) return st;
+        for (uint32_t i = 0; pos && i < T; i++) pos[i] = (int32_t)i;
+        return TD_OK;
+    }
+    for (uint32_t i = 0; i < T; i++) {
+        const uint64_t j = start + i + 1; /* the token input i predicts */
+        if (l->rows && i == T - 1) {
+            tg[i] = -1;
+        } else {
+            const unsigned fl = td_tokfile_flags_at(f, j);
+            tg[i] = (fl & TD_TOKFLAG_TARGET) && !(fl & TD_TOKFLAG_DOC_START) ? (int32_t)td_tokfile_at(f, j) : -1;
+        }
+        if (pos) pos[i] = i == 0 || (td_tokfile_flags_at(f, start + i) & TD_TOKFLAG_DOC_START) ? 0 : pos[i - 1] + 1;
+    }
+    return TD_OK;
+}
+
+td_status td_loader_next(td_loader *l, int32_t *inputs, int32_t *targets, int32_t *positions)
 {
     const uint32_t T = l->p.seq;
     const uint64_t B = l->p.batch;
@@ -181,11 +217,8 @@ td_status td_loader_next(td_loader *l, int32_t *inputs, int32_t *targets)
     for (uint32_t b = 0; b < l->p.batch; b++) {
         if (l->keys_epoch != l->epoch) set_keys(l, l->epoch);
         uint64_t s = l->first + permute(l, l->keys, l->index);
-        int32_t *in = inputs + (size_t)b * T, *tg = targets + (size_t)b * T;
-        td_status st = td_tokfile_read(l->file, s * T, T, in);
-        if (st != TD_OK) return st;
-        memcpy(tg, in + 1, (size_t)(T - 1) * sizeof *tg);
-        st = td_tokfile_read(l->file, s * T + T, 1, tg + T - 1);
+        td_status st = read_sequence(l, s, inputs + (size_t)b * T, targets + (size_t)b * T,
+                                     positions ? positions + (size_t)b * T : NULL);
         if (st != TD_OK) return st;
         if (++l->index == l->n) {
             l->index = 0;

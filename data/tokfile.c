@@ -75,7 +75,7 @@ static void header_encode(const td_tokfile_info *info, unsigned char h[TD_TOKFIL
 {
     memset(h, 0, TD_TOKFILE_HEADER_BYTES);
     memcpy(h, TD_TOKFILE_MAGIC, 8);
-    put32(h + 8, TD_TOKFILE_VERSION);
+    put32(h + 8, info->version);
     put32(h + 12, TD_TOKFILE_HEADER_BYTES);
     put32(h + 16, info->token_bytes);
     put32(h + 20, (uint32_t)info->tokenizer);
@@ -83,6 +83,9 @@ static void header_encode(const td_tokfile_info *info, unsigned char h[TD_TOKFIL
     put32(h + 28, info->eot);
     put64(h + 32, info->token_count);
     put32(h + 40, info->payload_crc32);
+    put32(h + 44, info->row_tokens);
+    put32(h + 48, (uint32_t)info->has_flags);
+    put32(h + 52, info->flags_crc32);
     put32(h + 60, td_crc32(0, h, 60));
 }
 
@@ -97,9 +100,9 @@ static td_status header_decode(const unsigned char *h, size_t file_bytes, const 
         return td_error_set(TD_ERR_INVALID, "'%s' is not a tidal token file (its first bytes are not \"%s\"); "
                             "make one with tidal prepare", name, TD_TOKFILE_MAGIC);
     uint32_t version = get32(h + 8);
-    if (version != TD_TOKFILE_VERSION)
-        return td_error_set(TD_ERR_INVALID, "token file '%s' has format version %u; this tidal reads version %d "
-                            "(re-run tidal prepare with this tidal)", name, version, TD_TOKFILE_VERSION);
+    if (version != 1 && version != 2)
+        return td_error_set(TD_ERR_INVALID, "token file '%s' has format version %u; this tidal reads versions 1 "
+                            "and 2 (re-run tidal prepare with this tidal)", name, version);
     uint32_t header_bytes = get32(h + 12);
     if (header_bytes != TD_TOKFILE_HEADER_BYTES)
         return td_error_set(TD_ERR_INVALID, "token file '%s': header size %u, expected %d: the header is corrupt",
@@ -108,7 +111,7 @@ static td_status header_decode(const unsigned char *h, size_t file_bytes, const 
     if (stored != computed)
         return td_error_set(TD_ERR_INVALID, "token file '%s': header checksum mismatch (stored %08x, computed "
                             "%08x): the header is corrupt (re-run tidal prepare)", name, stored, computed);
-    for (int i = 44; i < 60; i++)
+    for (int i = version == 1 ? 44 : 56; i < 60; i++)
         if (h[i])
             return td_error_set(TD_ERR_INVALID, "token file '%s': reserved header byte %d is not zero", name, i);
     info->version = version;
@@ -119,6 +122,14 @@ static td_status header_decode(const unsigned char *h, size_t file_bytes, const 
     info->eot = get32(h + 28);
     info->token_count = get64(h + 32);
     info->payload_crc32 = get32(h + 40);
+    info->row_tokens = get32(h + 44);
+    uint32_t has_flags = get32(h + 48);
+    info->has_flags = has_flags == 1;
+    info->flags_crc32 = get32(h + 52);
+    if (has_flags > 1)
+        return td_error_set(TD_ERR_INVALID, "token file '%s': the flags field is %u (0 or 1)", name, has_flags);
+    if (!info->has_flags && info->flags_crc32)
+        return td_error_set(TD_ERR_INVALID, "token file '%s': a flags checksum without flags", name);
     if (kind != TD_TOKENIZER_BYTE && kind != TD_TOKENIZER_GPT2 && kind != TD_TOKENIZER_JSON)
         return td_error_set(TD_ERR_INVALID, "token file '%s': unknown tokenizer kind %u", name, kind);
     if (info->vocab_size == 0 || info->vocab_size > TD_TOKENIZER_MAX_VOCAB)
@@ -131,16 +142,20 @@ static td_status header_decode(const unsigned char *h, size_t file_bytes, const 
         return td_error_set(TD_ERR_INVALID, "token file '%s': %u-byte tokens, but a vocabulary of %u needs %u", name,
                             info->token_bytes, info->vocab_size, td_tokfile_token_bytes_for(info->vocab_size));
     uint64_t payload = file_bytes - TD_TOKFILE_HEADER_BYTES;
-    if (info->token_count > payload / info->token_bytes)
+    const uint64_t per_token = info->token_bytes + (uint64_t)info->has_flags;
+    if (info->token_count > payload / per_token)
         return td_error_set(TD_ERR_INVALID, "token file '%s' is truncated: the header says %llu tokens (%llu "
-                            "bytes) but the file holds %llu bytes of tokens (re-run tidal prepare)", name,
-                            (unsigned long long)info->token_count,
-                            (unsigned long long)info->token_count * info->token_bytes, (unsigned long long)payload);
-    if (info->token_count * info->token_bytes != payload)
-        return td_error_set(TD_ERR_INVALID, "token file '%s' has %llu bytes after its %llu tokens: trailing "
+                            "bytes%s) but the file holds %llu bytes after its header (re-run tidal prepare)", name,
+                            (unsigned long long)info->token_count, (unsigned long long)(info->token_count * per_token),
+                            info->has_flags ? " with their flags" : "", (unsigned long long)payload);
+    if (info->token_count * per_token != payload)
+        return td_error_set(TD_ERR_INVALID, "token file '%s' has %llu bytes after its %llu tokens%s: trailing "
                             "garbage or a corrupt header", name,
-                            (unsigned long long)(payload - info->token_count * info->token_bytes),
-                            (unsigned long long)info->token_count);
+                            (unsigned long long)(payload - info->token_count * per_token),
+                            (unsigned long long)info->token_count, info->has_flags ? " and their flags" : "");
+    if (info->row_tokens && info->token_count % info->row_tokens)
+        return td_error_set(TD_ERR_INVALID, "token file '%s': %llu tokens are not whole rows of %u", name,
+                            (unsigned long long)info->token_count, info->row_tokens);
     return TD_OK;
 }
 
@@ -152,6 +167,11 @@ struct td_tokfile_writer {
     td_tokfile_info info;
     unsigned char *buf;
     size_t buf_used;
+    /* the flag bytes go to a file of their own, appended to the tokens at commit */
+    char *flags_path;
+    int flags_fd;
+    unsigned char *fbuf;
+    size_t fbuf_used;
 };
 
 static td_status write_all(int fd, const void *data, size_t n, const char *path)
@@ -179,9 +199,13 @@ static void writer_free(td_tokfile_writer *w)
 {
     if (w->fd >= 0) close(w->fd);
     if (w->tmp_path) unlink(w->tmp_path);
+    if (w->flags_fd >= 0) close(w->flags_fd);
+    if (w->flags_path) unlink(w->flags_path);
     td_free(w->path);
     td_free(w->tmp_path);
+    td_free(w->flags_path);
     td_free(w->buf);
+    td_free(w->fbuf);
     td_free(w);
 }
 
@@ -196,9 +220,9 @@ td_status td_tokfile_writer_open(const char *path, td_tokenizer_kind tokenizer, 
                             vocab_size, eot);
     td_tokfile_writer *w = td_calloc(1, sizeof *w, TD_ROLE_META);
     if (!w) return td_error_set(TD_ERR_NOMEM, "out of memory opening token file '%s'", path);
-    w->fd = -1;
-    w->info = (td_tokfile_info){TD_TOKFILE_VERSION, td_tokfile_token_bytes_for(vocab_size), tokenizer, vocab_size,
-                                eot, 0, 0};
+    w->fd = w->flags_fd = -1;
+    w->info = (td_tokfile_info){.version = 1, .token_bytes = td_tokfile_token_bytes_for(vocab_size),
+                                .tokenizer = tokenizer, .vocab_size = vocab_size, .eot = eot};
     size_t tmp_bytes = strlen(path) + 48;
     w->path = td_strdup(path, TD_ROLE_META);
     w->tmp_path = td_malloc(tmp_bytes, TD_ROLE_META);
@@ -225,9 +249,54 @@ cleanup:
     return st;
 }
 
+td_status td_tokfile_writer_set_layout(td_tokfile_writer *w, uint32_t row_tokens, int with_flags)
+{
+    if (w->info.token_count)
+        return td_error_set(TD_ERR_STATE, "token file '%s': the layout is set before the first token", w->path);
+    w->info.row_tokens = row_tokens;
+    w->info.has_flags = with_flags != 0;
+    w->info.version = row_tokens || with_flags ? 2 : 1;
+    if (!with_flags || w->flags_fd >= 0) return TD_OK;
+    size_t len = strlen(w->tmp_path) + 8;
+    w->flags_path = td_malloc(len, TD_ROLE_META);
+    w->fbuf = td_malloc(WRITE_BUF_BYTES, TD_ROLE_META);
+    if (!w->flags_path || !w->fbuf) return td_error_set(TD_ERR_NOMEM, "out of memory opening token file '%s'", w->path);
+    snprintf(w->flags_path, len, "%s.flags", w->tmp_path);
+    w->flags_fd = open(w->flags_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (w->flags_fd < 0) {
+        int e = errno;
+        td_free(w->flags_path);
+        w->flags_path = NULL;
+        return td_error_set(TD_ERR_IO, "cannot create '%s.flags' beside the token file '%s': %s", w->tmp_path, w->path,
+                            strerror(e));
+    }
+    return TD_OK;
+}
+
 td_status td_tokfile_writer_append(td_tokfile_writer *w, const uint32_t *ids, size_t n)
 {
+    if (w->info.has_flags)
+        return td_error_set(TD_ERR_STATE, "token file '%s' has a flag byte per token: append with flags", w->path);
+    return td_tokfile_writer_append_flagged(w, ids, NULL, n);
+}
+
+td_status td_tokfile_writer_append_flagged(td_tokfile_writer *w, const uint32_t *ids, const uint8_t *flags, size_t n)
+{
     const uint32_t width = w->info.token_bytes;
+    if (w->info.has_flags != (flags != NULL))
+        return td_error_set(TD_ERR_STATE, "token file '%s': flags %s, but the layout has %s", w->path,
+                            flags ? "given" : "missing", w->info.has_flags ? "a flag byte per token" : "none");
+    for (size_t i = 0; flags && i < n; i++) {
+        if (flags[i] & ~(TD_TOKFLAG_TARGET | TD_TOKFLAG_DOC_START | TD_TOKFLAG_PAD))
+            return td_error_set(TD_ERR_INVALID, "token file '%s': flag byte %#x has unknown bits", w->path, flags[i]);
+        if (w->fbuf_used == WRITE_BUF_BYTES) {
+            w->info.flags_crc32 = td_crc32(w->info.flags_crc32, w->fbuf, w->fbuf_used);
+            td_status st = write_all(w->flags_fd, w->fbuf, w->fbuf_used, w->flags_path);
+            w->fbuf_used = 0;
+            if (st != TD_OK) return st;
+        }
+        w->fbuf[w->fbuf_used++] = flags[i];
+    }
     for (size_t i = 0; i < n; i++) {
         if (ids[i] >= w->info.vocab_size)
             return td_error_set(TD_ERR_INVALID, "token file '%s': id %u is not below vocab size %u", w->path, ids[i],
@@ -271,6 +340,22 @@ td_status td_tokfile_writer_commit(td_tokfile_writer *w)
     unsigned char h[TD_TOKFILE_HEADER_BYTES];
     w->info.payload_crc32 = td_crc32(w->info.payload_crc32, w->buf, w->buf_used);
     TD_TRY(writer_flush(w));
+    if (w->info.row_tokens && w->info.token_count % w->info.row_tokens)
+        TD_FAIL(TD_ERR_STATE, "token file '%s': %llu tokens are not whole rows of %u", w->path,
+                (unsigned long long)w->info.token_count, w->info.row_tokens);
+    if (w->info.has_flags) { /* the flag bytes after the tokens */
+        w->info.flags_crc32 = td_crc32(w->info.flags_crc32, w->fbuf, w->fbuf_used);
+        TD_TRY(write_all(w->flags_fd, w->fbuf, w->fbuf_used, w->flags_path));
+        if (lseek(w->flags_fd, 0, SEEK_SET) != 0)
+            TD_FAIL(TD_ERR_IO, "reading back '%s' failed: %s", w->flags_path, strerror(errno));
+        for (;;) {
+            ssize_t r = read(w->flags_fd, w->buf, WRITE_BUF_BYTES);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) TD_FAIL(TD_ERR_IO, "reading back '%s' failed: %s", w->flags_path, strerror(errno));
+            if (r == 0) break;
+            TD_TRY(write_all(w->fd, w->buf, (size_t)r, w->tmp_path));
+        }
+    }
     header_encode(&w->info, h);
     if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
         TD_FAIL(TD_ERR_IO, "writing the header of '%s' failed: %s", w->tmp_path, strerror(errno));
@@ -306,7 +391,9 @@ struct td_tokfile {
 };
 
 /* One pass: CRC of the payload and the largest id in it. */
-static td_status verify_payload(const td_tokfile *f)
+static td_status verify_flags(td_tokfile *f);
+
+static td_status verify_payload(td_tokfile *f)
 {
     const unsigned char *p = f->data + TD_TOKFILE_HEADER_BYTES;
     const uint64_t n = f->info.token_count;
@@ -343,6 +430,46 @@ static td_status verify_payload(const td_tokfile *f)
     if (crc != f->info.payload_crc32)
         return td_error_set(TD_ERR_INVALID, "token file '%s': token data checksum mismatch (stored %08x, computed "
                             "%08x): the file is corrupt (re-run tidal prepare)", f->name, f->info.payload_crc32, crc);
+    return verify_flags(f);
+}
+
+/* The flag bytes: their CRC, known bits, padding never a target, every row
+ * starting a document; and the counts of documents, targets and padding. */
+static td_status verify_flags(td_tokfile *f)
+{
+    td_tokfile_info *in = &f->info;
+    const uint64_t n = in->token_count;
+    if (!in->has_flags) { /* one document of targets */
+        in->documents = n > 0;
+        in->targets = n > 0 ? n - 1 : 0;
+        in->padding = 0;
+        return TD_OK;
+    }
+    const unsigned char *fl = f->data + TD_TOKFILE_HEADER_BYTES + n * in->token_bytes;
+    uint32_t crc = td_crc32(0, fl, n);
+    if (crc != in->flags_crc32)
+        return td_error_set(TD_ERR_INVALID, "token file '%s': flags checksum mismatch (stored %08x, computed %08x): "
+                            "the file is corrupt (re-run tidal prepare)", f->name, in->flags_crc32, crc);
+    uint64_t docs = 0, targets = 0, pad = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const unsigned c = fl[i];
+        if (c & ~(TD_TOKFLAG_TARGET | TD_TOKFLAG_DOC_START | TD_TOKFLAG_PAD))
+            return td_error_set(TD_ERR_INVALID, "token file '%s': token %llu has the unknown flag bits %#x", f->name,
+                                (unsigned long long)i, c);
+        if ((c & TD_TOKFLAG_PAD) && (c & TD_TOKFLAG_TARGET))
+            return td_error_set(TD_ERR_INVALID, "token file '%s': token %llu is padding and a target", f->name,
+                                (unsigned long long)i);
+        if (in->row_tokens && i % in->row_tokens == 0 && !(c & TD_TOKFLAG_DOC_START))
+            return td_error_set(TD_ERR_INVALID, "token file '%s': row %llu does not start a document", f->name,
+                                (unsigned long long)(i / in->row_tokens));
+        const int start = (c & TD_TOKFLAG_DOC_START) != 0;
+        docs += start && !(c & TD_TOKFLAG_PAD);
+        targets += (c & TD_TOKFLAG_TARGET) && !start && i > 0;
+        pad += (c & TD_TOKFLAG_PAD) != 0;
+    }
+    in->documents = docs;
+    in->targets = targets;
+    in->padding = pad;
     return TD_OK;
 }
 
@@ -426,6 +553,12 @@ uint32_t td_tokfile_at(const td_tokfile *f, uint64_t i)
     uint32_t v;
     memcpy(&v, p + 4 * i, 4);
     return v;
+}
+
+unsigned td_tokfile_flags_at(const td_tokfile *f, uint64_t i)
+{
+    if (!f->info.has_flags) return TD_TOKFLAG_TARGET;
+    return f->data[TD_TOKFILE_HEADER_BYTES + f->info.token_count * f->info.token_bytes + i];
 }
 
 td_status td_tokfile_read(const td_tokfile *f, uint64_t start, size_t n, int32_t *out)

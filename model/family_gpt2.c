@@ -201,12 +201,12 @@ static size_t scratch_numel(const td_model_desc *d, int B, int T) { return (size
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
 static void block_forward(const td_model_desc *d, const td_model_block *w, const td_model_block_acts *a,
-                          const float *x, float *y, int B, int T)
+                          const float *x, float *y, const int *pos, int B, int T)
 {
     const int C = d->n_embd, NH = d->n_head, N = B * T;
     td_ops_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N, C);
     td_ops_matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, 3 * C);        // (N,3C)
-    td_ops_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);            // (N,C)
+    td_ops_attention_gqa_forward(a->atty, a->att_lse, a->qkv, pos, B, T, NH, NH, C / NH); // (N,C)
     td_ops_matmul_forward(a->res2, a->atty, w->attproj_w, w->attproj_b, N, C, C);  // attn branch
     td_ops_residual_forward(a->res2, a->res2, x, (size_t)N * C);                   // x + branch
     td_ops_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N, C);
@@ -219,7 +219,7 @@ static void block_forward(const td_model_desc *d, const td_model_block *w, const
 
 static void block_backward(const td_model_desc *d, const td_model_block *w, const td_model_block *g,
                            const td_model_block_acts *a, const float *x, const float *dy, float *dx,
-                           float *scratch, int B, int T)
+                           float *scratch, const int *pos, int B, int T)
 {
     const int C = d->n_embd, NH = d->n_head, N = B * T;
     const size_t NC = (size_t)N * C;
@@ -245,21 +245,23 @@ static void block_backward(const td_model_desc *d, const td_model_block *w, cons
     td_ops_matmul_backward(dc, g->attproj_w, g->attproj_b, dres2, a->atty, w->attproj_w, N, C, C);
     float *dqkv = d4a;
     zero(dqkv, 3 * NC);
-    td_ops_attention_backward(dqkv, dc, a->qkv, a->atty, a->att_lse, B, T, C, NH);
+    td_ops_attention_gqa_backward(dqkv, dc, a->qkv, a->atty, a->att_lse, pos, B, T, NH, NH, C / NH);
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, 3 * C);
     td_ops_layernorm_backward(dx, g->ln1_w, g->ln1_b, dc, x, w->ln1_w, a->ln1_mean, a->ln1_rstd,
                               N, C);
 }
 
-static void embed_forward(const td_model_desc *d, const float *const *p, const int *tokens, float *out, int B, int T)
+static void embed_forward(const td_model_desc *d, const float *const *p, const int *tokens, const int *pos, float *out,
+                          int B, int T)
 {
-    td_ops_encoder_forward(out, tokens, p[0], p[1], B, T, d->n_embd);
+    td_ops_encoder_forward(out, tokens, pos, p[0], p[1], B, T, d->n_embd);
 }
 
-static void embed_backward(const td_model_desc *d, float *const *g, const float *dout, const int *tokens, int B, int T)
+static void embed_backward(const td_model_desc *d, float *const *g, const float *dout, const int *tokens,
+                           const int *pos, int B, int T)
 {
-    td_ops_encoder_backward(g[0], g[1], dout, tokens, B, T, d->n_embd);
+    td_ops_encoder_backward(g[0], g[1], dout, tokens, pos, B, T, d->n_embd);
 }
 
 static void head_forward(const td_model_desc *d, float *logits, float *lnf, float *lnf_mean, float *lnf_rstd,
@@ -302,12 +304,12 @@ static void cuda_consts_fill(const td_model_desc *d, void *host) { (void)d, (voi
 
 static td_status cuda_embed_forward(const td_model_run *r, void *const *p, const int *tokens, void *out)
 {
-    return td_ops_cuda_encoder_forward(out, tokens, p[0], p[1], r->B, r->T, r->desc->n_embd, r->dt, r->stream);
+    return td_ops_cuda_encoder_forward(out, tokens, r->pos, p[0], p[1], r->B, r->T, r->desc->n_embd, r->dt, r->stream);
 }
 
 static td_status cuda_embed_backward(const td_model_run *r, void *const *g, const int *tokens, const void *dout)
 {
-    return td_ops_cuda_encoder_backward(g[0], g[1], dout, tokens, r->B, r->T, r->desc->n_embd,
+    return td_ops_cuda_encoder_backward(g[0], g[1], dout, tokens, r->pos, r->B, r->T, r->desc->n_embd,
                                         r->desc->padded_vocab_size, r->dt, r->gdt, r->scratch, r->scratch_bytes,
                                         r->stream);
 }
@@ -318,7 +320,7 @@ static td_status cuda_block_forward(const td_model_run *r, void *const *p, void 
     td_ops_cuda_block_acts a;
     memcpy(&w, p, sizeof w); /* twelve pointers in layout order, td_ops_cuda_block's */
     td_ops_cuda_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
-    return td_ops_cuda_block_forward(r->ops, r->desc, &w, &a, x, y, r->B, r->T, r->dt, r->scratch, r->scratch_bytes,
+    return td_ops_cuda_block_forward(r->ops, r->desc, &w, &a, x, y, r->pos, r->B, r->T, r->dt, r->scratch, r->scratch_bytes,
                                      r->stream);
 }
 
@@ -330,7 +332,7 @@ static td_status cuda_block_backward(const td_model_run *r, void *const *p, void
     memcpy(&w, p, sizeof w);
     memcpy(&gw, g, sizeof gw);
     td_ops_cuda_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
-    return td_ops_cuda_block_backward(r->ops, r->desc, &w, &gw, &a, x, dy, dx, r->B, r->T, TD_OPS_CUDA_SET, r->dt,
+    return td_ops_cuda_block_backward(r->ops, r->desc, &w, &gw, &a, x, dy, dx, r->pos, r->B, r->T, TD_OPS_CUDA_SET, r->dt,
                                       r->gdt, r->scratch, r->scratch_bytes, r->stream);
 }
 

@@ -38,28 +38,28 @@ size_t td_model_block_scratch_numel(const td_model_desc *cfg, int B, int T)
 }
 
 void td_model_block_forward(const td_model_desc *cfg, const td_model_block *w, const td_model_block_acts *a,
-                            const float *x, float *y, int B, int T)
+                            const float *x, float *y, const int *pos, int B, int T)
 {
-    cpu_of(cfg)->block_forward(cfg, w, a, x, y, B, T);
+    cpu_of(cfg)->block_forward(cfg, w, a, x, y, pos, B, T);
 }
 
 void td_model_block_backward(const td_model_desc *cfg, const td_model_block *w, const td_model_block *g,
                              const td_model_block_acts *a, const float *x, const float *dy, float *dx, float *scratch,
-                             int B, int T)
+                             const int *pos, int B, int T)
 {
-    cpu_of(cfg)->block_backward(cfg, w, g, a, x, dy, dx, scratch, B, T);
+    cpu_of(cfg)->block_backward(cfg, w, g, a, x, dy, dx, scratch, pos, B, T);
 }
 
-void td_model_embed_forward(const td_model_desc *cfg, float *out, const int *tokens, const float *const *emb, int B,
-                            int T)
+void td_model_embed_forward(const td_model_desc *cfg, float *out, const int *tokens, const int *pos,
+                            const float *const *emb, int B, int T)
 {
-    cpu_of(cfg)->embed_forward(cfg, emb, tokens, out, B, T);
+    cpu_of(cfg)->embed_forward(cfg, emb, tokens, pos, out, B, T);
 }
 
-void td_model_embed_backward(const td_model_desc *cfg, float *const *gemb, const float *dout, const int *tokens, int B,
-                             int T)
+void td_model_embed_backward(const td_model_desc *cfg, float *const *gemb, const float *dout, const int *tokens,
+                             const int *pos, int B, int T)
 {
-    cpu_of(cfg)->embed_backward(cfg, gemb, dout, tokens, B, T);
+    cpu_of(cfg)->embed_backward(cfg, gemb, dout, tokens, pos, B, T);
 }
 
 void td_model_head_forward(const td_model_desc *cfg, float *logits, float *lnf, float *lnf_mean, float *lnf_rstd,
@@ -181,14 +181,14 @@ td_status td_model_forward(const td_model_desc *cfg, const float *params, const 
 
     const float *emb[TD_MODEL_BLOCK_TENSORS];
     for (int k = 0; k < td_model_embed_tensor_count(cfg); k++) emb[k] = params + offset_of(cfg, k);
-    td_model_embed_forward(cfg, stream_at(&l, acts, 0), tokens, emb, B, T);
+    td_model_embed_forward(cfg, stream_at(&l, acts, 0), tokens, NULL, emb, B, T);
     for (int layer = 0; layer < L; layer++) {
         td_model_block w;
         td_model_block_acts a;
         block_views(cfg, params, layer, &w);
         td_model_block_acts_view(cfg, B, T, stream_at(&l, acts, layer) + l.stream, &a);
         td_model_block_forward(cfg, &w, &a, stream_at(&l, acts, layer),
-                                 stream_at(&l, acts, layer + 1), B, T);
+                                 stream_at(&l, acts, layer + 1), NULL, B, T);
     }
     td_model_head_forward(cfg, acts + l.logits, acts + l.lnf, acts + l.lnf_mean, acts + l.lnf_rstd,
                             stream_at(&l, acts, L), head, N);
@@ -242,14 +242,14 @@ td_status td_model_backward(const td_model_desc *cfg, const float *params, float
         td_model_block_acts_view(cfg, B, T, stream_at(&l, acts, layer) + l.stream, &a);
         zero(dnext, NC);
         td_model_block_backward(cfg, &w, &g, &a, stream_at(&l, acts, layer), dcur, dnext,
-                                  block_scratch, B, T);
+                                  block_scratch, NULL, B, T);
         float *tmp = dcur;
         dcur = dnext;
         dnext = tmp;
     }
     float *gemb[TD_MODEL_BLOCK_TENSORS];
     for (int k = 0; k < td_model_embed_tensor_count(cfg); k++) gemb[k] = grads + offset_of(cfg, k);
-    td_model_embed_backward(cfg, gemb, dcur, tokens, B, T);
+    td_model_embed_backward(cfg, gemb, dcur, tokens, NULL, B, T);
     return TD_OK;
 }
 
@@ -274,13 +274,13 @@ static void exec_consts_fill(const td_model_desc *d, void *host) { (void)d, (voi
 
 static td_status exec_embed_forward(const td_model_run *r, void *const *p, const int *tokens, void *out)
 {
-    td_model_embed_forward(r->desc, out, tokens, (const float *const *)p, r->B, r->T);
+    td_model_embed_forward(r->desc, out, tokens, r->pos, (const float *const *)p, r->B, r->T);
     return TD_OK;
 }
 
 static td_status exec_embed_backward(const td_model_run *r, void *const *g, const int *tokens, const void *dout)
 {
-    td_model_embed_backward(r->desc, (float *const *)g, dout, tokens, r->B, r->T);
+    td_model_embed_backward(r->desc, (float *const *)g, dout, tokens, r->pos, r->B, r->T);
     return TD_OK;
 }
 
@@ -290,7 +290,7 @@ static td_status exec_block_forward(const td_model_run *r, void *const *p, void 
     td_model_block_acts a;
     td_model_block_from(r->desc, p, &w);
     td_model_block_acts_view(r->desc, r->B, r->T, acts, &a);
-    td_model_block_forward(r->desc, &w, &a, x, y, r->B, r->T);
+    td_model_block_forward(r->desc, &w, &a, x, y, r->pos, r->B, r->T);
     return TD_OK;
 }
 
@@ -303,7 +303,7 @@ static td_status exec_block_backward(const td_model_run *r, void *const *p, void
     td_model_block_from(r->desc, g, &gw);
     td_model_block_acts_view(r->desc, r->B, r->T, acts, &a);
     zero(dx, (size_t)r->B * (size_t)r->T * (size_t)r->desc->n_embd); /* written, as the CUDA exec does */
-    td_model_block_backward(r->desc, &w, &gw, &a, x, dy, dx, r->scratch, r->B, r->T);
+    td_model_block_backward(r->desc, &w, &gw, &a, x, dy, dx, r->scratch, r->pos, r->B, r->T);
     return TD_OK;
 }
 

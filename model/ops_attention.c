@@ -28,6 +28,13 @@
  * order; the GEMM's own sums have a fixed order too.  So the results are
  * bit-identical for any thread count.
  *
+ * Packed sequences (pos not NULL): a row holds several documents and token t
+ * of row b attends to keys t2 in [t - pos[b,t], t], its own document's up to
+ * itself.  A query tile's key tiles start at the tile containing the lowest
+ * document start of its rows; inside the visited tiles the keys before a
+ * row's document start are masked like the future.  A tile where a row sees
+ * no key at all leaves that row's running max and sum alone.
+ *
  * Grouped-query attention (LLaMA, Qwen2): NKV key/value heads, each shared by
  * NH / NKV consecutive query heads; the rows of qkv hold the NH query heads,
  * then the NKV key heads, then the NKV value heads.  With NKV = NH it is the
@@ -44,10 +51,25 @@ enum { QT = 64, KT = 64 }; /* queries and keys per tile: 2 x 16 KiB of stack */
 void td_ops_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                               int NH)
 {
-    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NH, C / NH);
+    td_ops_attention_gqa_forward(out, lse, qkv, NULL, B, T, NH, NH, C / NH);
 }
 
-void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV, int hs)
+/* The first key a query of row b at t may read: its document's start. */
+static inline int doc_start(const int *pos, int b, int T, int t) { return pos ? t - pos[(size_t)b * T + t] : 0; }
+
+/* The lowest document start of queries [t0, t0 + nq) of row b. */
+static int tile_start(const int *pos, int b, int T, int t0, int nq)
+{
+    int lo = t0;
+    for (int r = 0; r < nq; r++) {
+        const int s = doc_start(pos, b, T, t0 + r);
+        if (s < lo) lo = s;
+    }
+    return pos ? lo : 0;
+}
+
+void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, const int *pos, int B, int T, int NH,
+                                  int NKV, int hs)
 {
     const int q_tiles = (T + QT - 1) / QT, group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -69,31 +91,34 @@ void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, int 
                     l[r] = 0.0f;
                     memset(o + (size_t)r * C, 0, (size_t)hs * sizeof(float));
                 }
-                for (int j0 = 0; j0 < t0 + nq; j0 += KT) { // keys up to the last query
+                const int first = tile_start(pos, b, T, t0, nq) / KT * KT;
+                for (int j0 = first; j0 < t0 + nq; j0 += KT) { // keys up to the last query
                     const int nk = t0 + nq - j0 < KT ? t0 + nq - j0 : KT;
                     memset(s, 0, sizeof s);
                     gemm(nq, nk, hs, s, KT, q, C3, 1, k + j0 * C3, 1, C3); // S = Q K^T
                     for (int r = 0; r < nq; r++) {
                         float *sr = s + r * KT;
-                        const int keys = t0 + r - j0 + 1 < nk ? t0 + r - j0 + 1 : nk; // t2 <= t
-                        if (keys <= 0) { // the whole tile is in this query's future
+                        const int hi = t0 + r - j0 + 1 < nk ? t0 + r - j0 + 1 : nk; // t2 <= t
+                        const int s0 = doc_start(pos, b, T, t0 + r) - j0, lo = s0 > 0 ? s0 : 0; // t2 >= start
+                        if (hi <= lo) { // the whole tile is in this query's future or another document
                             memset(sr, 0, (size_t)nk * sizeof(float));
                             continue;
                         }
                         float mx = m[r];
-                        for (int j = 0; j < keys; j++) {
+                        for (int j = lo; j < hi; j++) {
                             sr[j] *= scale;
                             if (sr[j] > mx) mx = sr[j];
                         }
-                        const float rescale = expf(m[r] - mx); // 0 on the first tile
+                        const float rescale = expf(m[r] - mx); // 0 on the row's first tile
                         float *orow = o + (size_t)r * C;
                         for (int i = 0; i < hs; i++) orow[i] *= rescale;
                         l[r] *= rescale;
-                        for (int j = 0; j < keys; j++) {
+                        for (int j = 0; j < lo; j++) sr[j] = 0.0f;
+                        for (int j = lo; j < hi; j++) {
                             sr[j] = expf(sr[j] - mx);
                             l[r] += sr[j];
                         }
-                        for (int j = keys; j < nk; j++) sr[j] = 0.0f;
+                        for (int j = hi; j < nk; j++) sr[j] = 0.0f;
                         m[r] = mx;
                     }
                     gemm(nq, hs, nk, o, C, s, KT, 1, v + j0 * C3, C3, 1); // out += P V
@@ -110,13 +135,13 @@ void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, int 
 void td_ops_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                const float *out, const float *lse, int B, int T, int C, int NH)
 {
-    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH);
+    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, NULL, B, T, NH, NH, C / NH);
 }
 
 /* A thread owns one key/value head (b, g) and walks its group's query heads
  * in ascending order, so dK and dV sum in a fixed order. */
 void td_ops_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int NH, int NKV, int hs)
+                                   const float *lse, const int *pos, int B, int T, int NH, int NKV, int hs)
 {
     const int group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -140,16 +165,18 @@ void td_ops_attention_gqa_backward(float *dqkv, const float *dout, const float *
                     const float *dO = dout + ((size_t)b * T + t0) * C + h * hs;
                     for (int r = 0; r < nq; r++)
                         D[r] = td_ops_dot(dO + (size_t)r * C, o + (size_t)r * C, hs);
-                    for (int j0 = 0; j0 < t0 + nq; j0 += KT) {
+                    const int first = tile_start(pos, b, T, t0, nq) / KT * KT;
+                    for (int j0 = first; j0 < t0 + nq; j0 += KT) {
                         const int nk = t0 + nq - j0 < KT ? t0 + nq - j0 : KT;
                         memset(p, 0, sizeof p);
                         gemm(nq, nk, hs, p, KT, q, C3, 1, k + j0 * C3, 1, C3);    // S = Q K^T
                         memset(ds, 0, sizeof ds);
                         gemm(nq, nk, hs, ds, KT, dO, C, 1, v + j0 * C3, 1, C3);   // dP = dout V^T
-                        for (int r = 0; r < nq; r++)
+                        for (int r = 0; r < nq; r++) {
+                            const int start = doc_start(pos, b, T, t0 + r);
                             for (int j = 0; j < nk; j++) {
                                 float *pr = p + r * KT + j, *dr = ds + r * KT + j;
-                                if (j0 + j > t0 + r) { // masked: no weight, no gradient
+                                if (j0 + j > t0 + r || j0 + j < start) { // masked: no weight, no gradient
                                     *pr = 0.0f;
                                     *dr = 0.0f;
                                     continue;
@@ -157,6 +184,7 @@ void td_ops_attention_gqa_backward(float *dqkv, const float *dout, const float *
                                 *pr = expf(*pr * scale - row_lse[t0 + r]);
                                 *dr = *pr * (*dr - D[r]) * scale;
                             }
+                        }
                         gemm(nq, hs, nk, dq, C3, ds, KT, 1, k + j0 * C3, C3, 1);          // dQ += dS K
                         gemm(nk, hs, nq, dk + j0 * C3, C3, ds, 1, KT, q, C3, 1);          // dK += dS^T Q
                         gemm(nk, hs, nq, dv + j0 * C3, C3, p, 1, KT, dO, C, 1);           // dV += P^T dout

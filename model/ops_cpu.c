@@ -22,7 +22,7 @@ static int ch_blocks(int C) { return (C + CH_BLOCK - 1) / CH_BLOCK; }
 
 /* --- embedding ------------------------------------------------------------ */
 
-void td_ops_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void td_ops_encoder_forward(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                             int B, int T, int C)
 {
 #pragma omp parallel for collapse(2) schedule(static)
@@ -31,12 +31,12 @@ void td_ops_encoder_forward(float *out, const int *tokens, const float *wte, con
             float *o = out + ((size_t)b * T + t) * C;       // (C)
             const float *e = wte + (size_t)tokens[b * T + t] * C;
             if (!wpe) { memcpy(o, e, (size_t)C * sizeof(float)); continue; } /* rotary models */
-            const float *p = wpe + (size_t)t * C;
+            const float *p = wpe + (size_t)(pos ? pos[b * T + t] : t) * C;
             for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
         }
 }
 
-void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos,
                              int B, int T, int C)
 {
     // Two rows may share a token: split by channel, rows in ascending order.
@@ -52,7 +52,7 @@ void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const 
                     for (int c = c0; c < c1; c++) e[c] += d[c];
                     continue;
                 }
-                float *p = dwpe + (size_t)t * C;
+                float *p = dwpe + (size_t)(pos ? pos[b * T + t] : t) * C;
                 if (!e) {
                     for (int c = c0; c < c1; c++) p[c] += d[c];
                     continue;

@@ -109,7 +109,8 @@ void td_ops_rope_inv_freq(float *inv_freq, int hs, float theta, const td_rope_sc
 }
 
 /* sign +1 rotates by the angle (forward), -1 by its negative (backward). */
-static void rope(float *x, const float *inv_freq, int B, int T, int heads, int hs, size_t stride, float sign)
+static void rope(float *x, const float *inv_freq, const int *pos, int B, int T, int heads, int hs, size_t stride,
+                 float sign)
 {
     const int half = hs / 2;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -117,7 +118,8 @@ static void rope(float *x, const float *inv_freq, int B, int T, int heads, int h
         for (int t = 0; t < T; t++) {
             float *row = x + ((size_t)b * T + t) * stride;
             for (int i = 0; i < half; i++) {
-                float angle = (float)t * inv_freq[i], c = cosf(angle), s = sign * sinf(angle);
+                const int p = pos ? pos[(size_t)b * T + t] : t;
+                float angle = (float)p * inv_freq[i], c = cosf(angle), s = sign * sinf(angle);
                 for (int h = 0; h < heads; h++) {
                     float *p = row + (size_t)h * hs, x1 = p[i], x2 = p[i + half];
                     p[i] = x1 * c - x2 * s;
@@ -127,12 +129,14 @@ static void rope(float *x, const float *inv_freq, int B, int T, int heads, int h
         }
 }
 
-void td_ops_rope_forward(float *x, const float *inv_freq, int B, int T, int heads, int hs, size_t stride)
+void td_ops_rope_forward(float *x, const float *inv_freq, const int *pos, int B, int T, int heads, int hs,
+                         size_t stride)
 {
-    rope(x, inv_freq, B, T, heads, hs, stride, 1.0f);
+    rope(x, inv_freq, pos, B, T, heads, hs, stride, 1.0f);
 }
 
-void td_ops_rope_backward(float *dx, const float *inv_freq, int B, int T, int heads, int hs, size_t stride)
+void td_ops_rope_backward(float *dx, const float *inv_freq, const int *pos, int B, int T, int heads, int hs,
+                          size_t stride)
 {
-    rope(dx, inv_freq, B, T, heads, hs, stride, -1.0f);
+    rope(dx, inv_freq, pos, B, T, heads, hs, stride, -1.0f);
 }

@@ -264,7 +264,7 @@ static size_t scratch_numel(const td_model_desc *d, int B, int T)
 static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
 static void block_forward(const td_model_desc *d, const td_model_block *w, const td_model_block_acts *a,
-                          const float *x, float *y, int B, int T)
+                          const float *x, float *y, const int *pos, int B, int T)
 {
     const sizes s = sizes_of(d, B, T);
     const int N = (int)s.N, C = (int)s.C, NH = (int)s.NH, NKV = (int)s.NKV, hs = (int)s.hs;
@@ -275,9 +275,9 @@ static void block_forward(const td_model_desc *d, const td_model_block *w, const
     td_ops_rope_inv_freq(inv_freq, hs, td_model_rope_theta(d), &d->rope_scaling);
     td_ops_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, st->norm_offset, N, C, eps);
     td_ops_matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, QKV);                 // (N,QKV)
-    td_ops_rope_forward(a->qkv, inv_freq, B, T, NH, hs, (size_t)QKV);                    // q
-    td_ops_rope_forward(a->qkv + (size_t)NH * hs, inv_freq, B, T, NKV, hs, (size_t)QKV); // k
-    td_ops_attention_gqa_forward(a->atty, a->att_lse, a->qkv, B, T, NH, NKV, hs);        // (N,A)
+    td_ops_rope_forward(a->qkv, inv_freq, pos, B, T, NH, hs, (size_t)QKV);                    // q
+    td_ops_rope_forward(a->qkv + (size_t)NH * hs, inv_freq, pos, B, T, NKV, hs, (size_t)QKV); // k
+    td_ops_attention_gqa_forward(a->atty, a->att_lse, a->qkv, pos, B, T, NH, NKV, hs);        // (N,A)
     td_ops_matmul_forward(a->res2, a->atty, w->attproj_w, NULL, N, A, C);                // attn branch
     td_ops_residual_forward(a->res2, a->res2, x, s.N * s.C);                             // x + branch
     td_ops_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, st->norm_offset, N, C, eps);
@@ -290,7 +290,7 @@ static void block_forward(const td_model_desc *d, const td_model_block *w, const
 
 static void block_backward(const td_model_desc *d, const td_model_block *w, const td_model_block *g,
                            const td_model_block_acts *a, const float *x, const float *dy, float *dx, float *scratch,
-                           int B, int T)
+                           const int *pos, int B, int T)
 {
     const sizes s = sizes_of(d, B, T);
     const int N = (int)s.N, C = (int)s.C, NH = (int)s.NH, NKV = (int)s.NKV, hs = (int)s.hs;
@@ -317,29 +317,33 @@ static void block_backward(const td_model_desc *d, const td_model_block *w, cons
     zero(dc, s.N * s.A);
     td_ops_matmul_backward(dc, g->attproj_w, NULL, dres2, a->atty, w->attproj_w, N, A, C);
     zero(dA, s.N * s.QKV);
-    td_ops_attention_gqa_backward(dA, dc, a->qkv, a->atty, a->att_lse, B, T, NH, NKV, hs);
-    td_ops_rope_backward(dA, inv_freq, B, T, NH, hs, (size_t)QKV);
-    td_ops_rope_backward(dA + (size_t)NH * hs, inv_freq, B, T, NKV, hs, (size_t)QKV);
+    td_ops_attention_gqa_backward(dA, dc, a->qkv, a->atty, a->att_lse, pos, B, T, NH, NKV, hs);
+    td_ops_rope_backward(dA, inv_freq, pos, B, T, NH, hs, (size_t)QKV);
+    td_ops_rope_backward(dA + (size_t)NH * hs, inv_freq, pos, B, T, NKV, hs, (size_t)QKV);
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->qkv_w, g->qkv_b, dA, a->ln1, w->qkv_w, N, C, QKV);
     td_ops_rmsnorm_backward(dx, g->ln1_w, dc, x, w->ln1_w, st->norm_offset, a->ln1_rstd, N, C);
 }
 
-static void embed_forward(const td_model_desc *d, const float *const *p, const int *tokens, float *out, int B, int T)
+static void embed_forward(const td_model_desc *d, const float *const *p, const int *tokens, const int *pos, float *out,
+                          int B, int T)
 {
-    td_ops_encoder_forward(out, tokens, p[0], NULL, B, T, d->n_embd);
+    (void)pos; /* rotary positions: the blocks' */
+    td_ops_encoder_forward(out, tokens, NULL, p[0], NULL, B, T, d->n_embd);
     const float s = td_model_embed_scale(d, TD_DTYPE_F32);
     if (s != 1.0f) td_ops_scale(out, out, s, (size_t)B * T * (size_t)d->n_embd);
 }
 
 /* dwte[tokens] += s * dout, split by channel with the rows in order, as the
  * encoder's backward sums (bit-identical for any thread count). */
-static void embed_backward(const td_model_desc *d, float *const *g, const float *dout, const int *tokens, int B, int T)
+static void embed_backward(const td_model_desc *d, float *const *g, const float *dout, const int *tokens,
+                           const int *pos, int B, int T)
 {
+    (void)pos;
     const float s = td_model_embed_scale(d, TD_DTYPE_F32);
     if (!g[0]) return; /* frozen */
     if (s == 1.0f) {
-        td_ops_encoder_backward(g[0], NULL, dout, tokens, B, T, d->n_embd);
+        td_ops_encoder_backward(g[0], NULL, dout, tokens, NULL, B, T, d->n_embd);
         return;
     }
     enum { CH = 32 };

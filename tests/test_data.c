@@ -342,9 +342,29 @@ static void test_corrupt_messages(void **state)
     memcpy(c, "TDTOKENZ", 8);
     expect_open_error(c, n, "is not a tidal token file");
     RESET();
-    put32(c + 8, 2);
+    put32(c + 8, 3);
     reseal_header(c);
-    expect_open_error(c, n, "has format version 2; this tidal reads version 1");
+    expect_open_error(c, n, "has format version 3; this tidal reads versions 1 and 2");
+    RESET(); /* version 2: the row and flags fields, then reserved bytes 56..59 */
+    put32(c + 8, 2);
+    put32(c + 48, 2);
+    reseal_header(c);
+    expect_open_error(c, n, "the flags field is 2 (0 or 1)");
+    RESET();
+    put32(c + 8, 2);
+    put32(c + 48, 1);
+    reseal_header(c);
+    expect_open_error(c, n, "with their flags");
+    RESET();
+    put32(c + 8, 2);
+    c[57] = 1;
+    reseal_header(c);
+    expect_open_error(c, n, "reserved header byte 57");
+    RESET();
+    put32(c + 8, 2);
+    put32(c + 44, 7);
+    reseal_header(c);
+    expect_open_error(c, n, "are not whole rows of 7");
     RESET();
     c[24] ^= 1; /* vocab size, header not resealed */
     expect_open_error(c, n, "header checksum mismatch");
@@ -450,7 +470,7 @@ static td_loader *make_loader(const td_tokfile *f, uint32_t B, uint32_t T, uint6
 static void next_rows(td_loader *l, uint32_t B, uint32_t T, uint64_t *seqs)
 {
     int32_t *in = malloc((size_t)B * T * sizeof *in), *tg = malloc((size_t)B * T * sizeof *tg);
-    TD_ASSERT_OK(td_loader_next(l, in, tg));
+    TD_ASSERT_OK(td_loader_next(l, in, tg, NULL));
     for (uint32_t b = 0; b < B; b++) {
         int32_t first = in[(size_t)b * T];
         assert_int_equal(first % (int32_t)T, 0);
@@ -490,7 +510,7 @@ static void test_loader_sequential_content(void **state)
     td_loader_position last = {0, 99, pos.fingerprint};
     TD_ASSERT_OK(td_loader_seek(l, &last));
     int32_t in[30], tg[30];
-    TD_ASSERT_OK(td_loader_next(l, in, tg));
+    TD_ASSERT_OK(td_loader_next(l, in, tg, NULL));
     assert_int_equal(tg[9], 1000);
     assert_int_equal(in[10], 0); /* then epoch 1 starts over */
     td_loader_destroy(l);

@@ -400,7 +400,7 @@ static void test_disk_checkpoint_round_trip(void **state)
         double skip[3];
         for (int s = 0; s < 3; s++) { /* the data position: the same batches as the whole run's */
             int32_t tok[64], tgt[64];
-            TD_ASSERT_OK(td_test_next_batch(&b2, tok, tgt));
+            TD_ASSERT_OK(td_test_next_batch(&b2, tok, tgt, NULL));
             (void)skip;
         }
         TD_ASSERT_OK(td_trainer_create(&e, &t));
@@ -454,7 +454,7 @@ static void test_disk_faults_fail_cleanly(void **state)
             td_test_batches b2 = td_test_batches_of(&c, 3);
             for (int s = 0; s < 2; s++) {
                 int32_t tok[64], tgt[64];
-                TD_ASSERT_OK(td_test_next_batch(&b2, tok, tgt));
+                TD_ASSERT_OK(td_test_next_batch(&b2, tok, tgt, NULL));
             }
             TD_ASSERT_OK(td_trainer_create(&c, &t));
             TD_ASSERT_OK(td_trainer_load(t, ck, 1, NULL));

@@ -174,7 +174,7 @@ static void test_cpu_reference(void **state)
         td_model_block_span(&d, 0, &off, &span);
         td_model_block_view(&d, p + off, &w);
         td_model_block_acts_view(&d, B, T, a2, &a);
-        td_model_block_forward(&d, &w, &a, acts, y, B, T); /* x_0 is acts' start */
+        td_model_block_forward(&d, &w, &a, acts, y, NULL, B, T); /* x_0 is acts' start */
         assert_memory_equal(a2, acts + NC, na * sizeof(float));
         assert_memory_equal(y, acts + NC + na, NC * sizeof(float));
         TD_ASSERT_OK(td_model_backward(&d, p, g, tok, tgt, 1.0f / T, B, T, acts, scratch));

@@ -68,7 +68,7 @@ static const owner owners[] = {
     {"optim.h", "optim"}, {"optim_cuda.h", "optim"},
     {"model.h", "model"}, {"model_ref.h", "model"}, {"decode.h", "model"}, {"family.h", "model"},
     {"hf_config.h", "model"}, {"ops.h", "model"}, {"ops_cuda.h", "model"},
-    {"data.h", "data"}, {"tokenizer.h", "data"},
+    {"data.h", "data"}, {"tokenizer.h", "data"}, {"chat.h", "data"},
     {"checkpoint.h", "checkpoint"}, {"safetensors.h", "checkpoint"},
     {"trainer.h", "trainer"}, {"block_probe.h", "trainer"}, {"tune.h", "trainer"},
 };

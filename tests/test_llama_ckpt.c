@@ -219,8 +219,8 @@ static void test_round_trip(void **state)
         TD_ASSERT_OK(td_trainer_load(b, dir, 0, NULL));
         td_test_batches ea = { .vocab = c.model.vocab_size, .n = 16, .repeat = 1, .seed = 4 }, eb = ea;
         double ea_loss, eb_loss;
-        TD_ASSERT_OK(td_trainer_eval(a, td_test_next_batch, &ea, 2, &ea_loss));
-        TD_ASSERT_OK(td_trainer_eval(b, td_test_next_batch, &eb, 2, &eb_loss));
+        TD_ASSERT_OK(td_trainer_eval(a, td_test_next_batch, &ea, 2, &ea_loss, NULL));
+        TD_ASSERT_OK(td_trainer_eval(b, td_test_next_batch, &eb, 2, &eb_loss, NULL));
         assert_memory_equal(&ea_loss, &eb_loss, sizeof ea_loss);
         /* loading into another model names what differs */
         td_train_config other = cb;

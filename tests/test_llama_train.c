@@ -59,7 +59,7 @@ static void reference_losses(const td_train_config *c, int steps, double *losses
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     TD_ASSERT_OK(td_adam_cpu_create(&ap, &adam));
     for (int s = 0; s < steps; s++) {
-        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt));
+        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt, NULL));
         float loss;
         int n;
         memset(g, 0, np * 4);

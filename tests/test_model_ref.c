@@ -554,7 +554,7 @@ static void test_block_recompute_matches(void **state)
     td_model_block_span(&m.cfg, 1, &off, &n);
     td_model_block_view(&m.cfg, m.params + off, &w);
     td_model_block_acts_view(&m.cfg, B, T, acts, &a);
-    td_model_block_forward(&m.cfg, &w, &a, x1, y, B, T);
+    td_model_block_forward(&m.cfg, &w, &a, x1, y, NULL, B, T);
     assert_memory_equal(y, x2, NC * sizeof(float));
     assert_memory_equal(acts, x1 + NC, nacts * sizeof(float));
 
@@ -575,7 +575,7 @@ static void test_block_recompute_matches(void **state)
     float *g = fvec(n), *dx1 = fvec(NC), *scratch = fvec(td_model_block_scratch_numel(&m.cfg, B, T));
     td_model_block gv;
     td_model_block_view(&m.cfg, g, &gv);
-    td_model_block_backward(&m.cfg, &w, &gv, &a, x1, dx2, dx1, scratch, B, T);
+    td_model_block_backward(&m.cfg, &w, &gv, &a, x1, dx2, dx1, scratch, NULL, B, T);
     assert_memory_equal(g, m.grads + off, n * sizeof(float));
     assert_memory_equal(lnf_grad, m.grads + lnfw.offset, 2 * (size_t)C * sizeof(float));
     free(logits); free(lnf); free(mean); free(rstd); free(losses); free(lse); free(dx2); free(dlnf);

@@ -290,7 +290,7 @@ typedef struct enc_ctx { int *tok; float *wte, *wpe, *out, *wt; int B, T, C; } e
 static double enc_loss(void *p)
 {
     enc_ctx *c = p;
-    td_ops_encoder_forward(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
+    td_ops_encoder_forward(c->out, c->tok, NULL, c->wte, c->wpe, c->B, c->T, c->C);
     return wsum(c->out, c->wt, (size_t)c->B * c->T * c->C);
 }
 
@@ -315,7 +315,7 @@ static void test_encoder(void **state)
                 assert_true(c.out[((size_t)b * c.T + t) * c.C + ch] ==
                             c.wte[(size_t)tok[b * c.T + t] * c.C + ch] + c.wpe[(size_t)t * c.C + ch]);
     float *dwte = fvec((size_t)Vp * c.C), *dwpe = fvec((size_t)maxT * c.C);
-    td_ops_encoder_backward(dwte, dwpe, c.wt, tok, c.B, c.T, c.C);
+    td_ops_encoder_backward(dwte, dwpe, c.wt, tok, NULL, c.B, c.T, c.C);
     /* rows never used get no gradient */
     for (int ch = 0; ch < c.C; ch++) {
         for (int v = 4; v < Vp; v++) assert_true(dwte[(size_t)v * c.C + ch] == 0.0f);
@@ -662,7 +662,7 @@ static void det_backwards(void *p)
     td_ops_matmul_backward(dx, dw, db, c->dout_mm, c->x, c->w, N, c->C, c->OC);
     td_ops_attention_backward(dqkv, c->dout_c, c->qkv, c->att_out, c->lse, c->B, c->T, c->C, c->NH);
     td_ops_layernorm_backward(dln, dlnw, dlnb, c->dout_c, c->x, c->lnw, c->mean, c->rstd, N, c->C);
-    td_ops_encoder_backward(dwte, dwpe, c->dout_c, c->tok, c->B, c->T, c->C);
+    td_ops_encoder_backward(dwte, dwpe, c->dout_c, c->tok, NULL, c->B, c->T, c->C);
     td_ops_matmul_forward(fwd, c->x, c->w, c->bias, N, c->C, c->OC);
 }
 
@@ -705,7 +705,7 @@ typedef struct gqa_ctx { float *qkv, *out, *lse, *wt; int B, T, NH, NKV, hs; } g
 static double gqa_loss(void *p)
 {
     gqa_ctx *c = p;
-    td_ops_attention_gqa_forward(c->out, c->lse, c->qkv, c->B, c->T, c->NH, c->NKV, c->hs);
+    td_ops_attention_gqa_forward(c->out, c->lse, c->qkv, NULL, c->B, c->T, c->NH, c->NKV, c->hs);
     return wsum(c->out, c->wt, (size_t)c->B * c->T * c->NH * c->hs);
 }
 
@@ -715,7 +715,7 @@ static void gqa_bits(void *p)
 {
     gqa_bits_ctx *c = p;
     memset(c->d, 0, c->n * sizeof(float));
-    td_ops_attention_gqa_backward(c->d, c->dout, c->qkv, c->out, c->lse, c->B, c->T, c->NH, c->NKV, c->hs);
+    td_ops_attention_gqa_backward(c->d, c->dout, c->qkv, c->out, c->lse, NULL, c->B, c->T, c->NH, c->NKV, c->hs);
 }
 
 static void test_gqa_attention(void **state)
@@ -735,8 +735,8 @@ static void test_gqa_attention(void **state)
             }
     double *ref = calloc(nout, sizeof(double)), *ref_full = calloc(nfull, sizeof(double));
     naive_attention(ref, ref_full, full, dout, B, T, C, NH);
-    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NKV, hs);
-    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    td_ops_attention_gqa_forward(out, lse, qkv, NULL, B, T, NH, NKV, hs);
+    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, NULL, B, T, NH, NKV, hs);
     double worst = 0, worst_d = 0;
     for (size_t i = 0; i < nout; i++) worst = fmax(worst, fabs(out[i] - ref[i]));
     for (size_t r = 0; r < (size_t)B * T; r++)
@@ -762,13 +762,96 @@ static void test_gqa_attention(void **state)
     g.wt = frand(&rng, go, 1);
     gqa_loss(&g);
     float *gd = fvec(gn);
-    td_ops_attention_gqa_backward(gd, g.wt, g.qkv, g.out, g.lse, g.B, g.T, g.NH, g.NKV, g.hs);
+    td_ops_attention_gqa_backward(gd, g.wt, g.qkv, g.out, g.lse, NULL, g.B, g.T, g.NH, g.NKV, g.hs);
     fd_check("gqa attention dqkv", g.qkv, gd, gn, gqa_loss, &g, (fd_tol){1e-2f, 2e-4, 3e-3, 400}, &rng);
     gqa_bits_ctx bc = {.d = dqkv, .dout = dout, .qkv = qkv, .out = out, .lse = lse, .n = nqkv,
                        .B = B, .T = T, .NH = NH, .NKV = NKV, .hs = hs};
     check_thread_invariance("gqa attention dqkv", gqa_bits, &bc, dqkv, nqkv);
     free(g.qkv); free(g.out); free(g.lse); free(g.wt); free(gd);
     free(qkv); free(dout); free(out); free(lse); free(dqkv); free(full); free(ref); free(ref_full);
+}
+
+/* Packed rows: attention, RoPE and the position embedding with each row
+ * holding several documents (pos restarting at 0) equal the same ops run on
+ * each document alone (B = 1, T = its length, pos NULL): every output,
+ * lse and gradient, within fp32 rounding (the tiles' sums fall
+ * differently).  Document boundaries fall inside and at the edge of the
+ * 64-query tiles; one row is a single document, one ends in a document of
+ * length 1. */
+static void random_docs(td_rng *rng, int *pos, int T, int row)
+{
+    static const int fixed[][6] = {{63, 1, 64, 2, 0, 0}, {150, 0, 0, 0, 0, 0}};
+    int t = 0, d = 0;
+    while (t < T) {
+        int len = row < 2 && fixed[row][d] ? fixed[row][d] : 1 + (int)td_rng_below(rng, 40);
+        d++;
+        for (int i = 0; i < len && t < T; i++) pos[t++] = i;
+    }
+}
+
+static void test_packed_attention_equals_documents_alone(void **state)
+{
+    td_rng rng;
+    td_rng_seed(&rng, 39);
+    const int B = 3, T = 150, NH = 4, NKV = 2, hs = 16, C = NH * hs, R = (NH + 2 * NKV) * hs;
+    const size_t nqkv = (size_t)B * T * R, nout = (size_t)B * T * C;
+    float *qkv = frand(&rng, nqkv, 2), *dout = frand(&rng, nout, 1), *out = fvec(nout), *lse = fvec((size_t)B * NH * T);
+    float *dqkv = fvec(nqkv), *rot = fcopy(qkv, nqkv), *drot = frand(&rng, nqkv, 1), *drot_p = fcopy(drot, nqkv);
+    int *pos = calloc((size_t)B * T, sizeof(int));
+    for (int b = 0; b < B; b++) random_docs(&rng, pos + (size_t)b * T, T, b);
+    float inv[8];
+    td_ops_rope_inv_freq(inv, hs, 10000.0f, NULL);
+    td_ops_rope_forward(rot, inv, pos, B, T, NH + NKV, hs, (size_t)R);
+    td_ops_rope_backward(drot_p, inv, pos, B, T, NH + NKV, hs, (size_t)R);
+    td_ops_attention_gqa_forward(out, lse, qkv, pos, B, T, NH, NKV, hs);
+    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
+    double worst = 0, worst_d = 0, worst_r = 0;
+    int docs = 0;
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0; t0 < T;) {
+            int len = 1;
+            while (t0 + len < T && pos[(size_t)b * T + t0 + len] != 0) len++;
+            docs++;
+            const size_t r0 = (size_t)b * T + t0;
+            float *o1 = fvec((size_t)len * C), *l1 = fvec((size_t)NH * len), *d1 = fvec((size_t)len * R);
+            float *rot1 = fcopy(qkv + r0 * R, (size_t)len * R), *drot1 = fcopy(drot + r0 * R, (size_t)len * R);
+            td_ops_attention_gqa_forward(o1, l1, qkv + r0 * R, NULL, 1, len, NH, NKV, hs);
+            td_ops_attention_gqa_backward(d1, dout + r0 * C, qkv + r0 * R, o1, l1, NULL, 1, len, NH, NKV, hs);
+            td_ops_rope_forward(rot1, inv, NULL, 1, len, NH + NKV, hs, (size_t)R);
+            td_ops_rope_backward(drot1, inv, NULL, 1, len, NH + NKV, hs, (size_t)R);
+            for (size_t i = 0; i < (size_t)len * C; i++) worst = fmax(worst, fabs(out[r0 * C + i] - o1[i]));
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < len; i++)
+                    worst = fmax(worst, fabs(lse[((size_t)b * NH + h) * T + t0 + i] - l1[(size_t)h * len + i]));
+            for (size_t i = 0; i < (size_t)len * R; i++) {
+                worst_d = fmax(worst_d, fabs(dqkv[r0 * R + i] - d1[i]) / (1 + fabs(d1[i])));
+                worst_r = fmax(worst_r, fabs(rot[r0 * R + i] - rot1[i]) + fabs(drot_p[r0 * R + i] - drot1[i]));
+            }
+            free(o1); free(l1); free(d1); free(rot1); free(drot1);
+            t0 += len;
+        }
+    printf("  packed attention vs %d documents alone: out/lse %.2e, dqkv %.2e, rope %.2e\n", docs, worst, worst_d,
+           worst_r);
+    assert_true(docs > 10);
+    assert_true(worst < 1e-5);
+    assert_true(worst_d < 1e-5);
+    assert_true(worst_r == 0); /* the same angle, the same arithmetic */
+    /* the position embedding reads and writes row pos[t] of wpe */
+    const int Cc = 8, V = 5;
+    int tok[6] = {1, 2, 3, 4, 0, 1}, p6[6] = {0, 1, 2, 0, 1, 0};
+    float *wte = frand(&rng, (size_t)V * Cc, 1), *wpe = frand(&rng, 3 * (size_t)Cc, 1), *e = fvec(6 * (size_t)Cc);
+    float *g = frand(&rng, 6 * (size_t)Cc, 1), *dwte = fvec((size_t)V * Cc), *dwpe = fvec(3 * (size_t)Cc);
+    td_ops_encoder_forward(e, tok, p6, wte, wpe, 1, 6, Cc);
+    td_ops_encoder_backward(dwte, dwpe, g, tok, p6, 1, 6, Cc);
+    for (int t = 0; t < 6; t++)
+        for (int c = 0; c < Cc; c++) assert_true(e[t * Cc + c] == wte[tok[t] * Cc + c] + wpe[p6[t] * Cc + c]);
+    for (int c = 0; c < Cc; c++) {
+        assert_true(fabsf(dwpe[c] - (g[c] + g[3 * Cc + c] + g[5 * Cc + c])) < 1e-6f);
+        assert_true(fabsf(dwpe[Cc + c] - (g[Cc + c] + g[4 * Cc + c])) < 1e-6f);
+        assert_true(fabsf(dwpe[2 * Cc + c] - g[2 * Cc + c]) < 1e-6f);
+    }
+    free(wte); free(wpe); free(e); free(g); free(dwte); free(dwpe);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv); free(rot); free(drot); free(drot_p); free(pos);
 }
 
 typedef struct rms_ctx { float *x, *w, *out, *rstd, *wt; float off; int N, C; } rms_ctx;
@@ -864,7 +947,7 @@ static double rope_loss(void *p)
     rope_ctx *c = p;
     size_t n = (size_t)c->B * c->T * c->stride;
     memcpy(c->y, c->x, n * sizeof(float));
-    td_ops_rope_forward(c->y, c->inv, c->B, c->T, c->heads, c->hs, c->stride);
+    td_ops_rope_forward(c->y, c->inv, NULL, c->B, c->T, c->heads, c->hs, c->stride);
     return wsum(c->y, c->wt, n);
 }
 
@@ -916,10 +999,10 @@ static void test_rope(void **state)
     /* The backward is the inverse rotation: it undoes the forward, and it is
      * the gradient. */
     float *back = fcopy(c.y, n);
-    td_ops_rope_backward(back, c.inv, c.B, c.T, c.heads, c.hs, c.stride);
+    td_ops_rope_backward(back, c.inv, NULL, c.B, c.T, c.heads, c.hs, c.stride);
     for (size_t i = 0; i < n; i++) assert_true(fabs(back[i] - c.x[i]) <= 1e-5);
     float *dx = fcopy(c.wt, n);
-    td_ops_rope_backward(dx, c.inv, c.B, c.T, c.heads, c.hs, c.stride);
+    td_ops_rope_backward(dx, c.inv, NULL, c.B, c.T, c.heads, c.hs, c.stride);
     fd_check("rope dx", c.x, dx, n, rope_loss, &c, (fd_tol){1e-2f, 3e-4, 3e-3, 300}, &rng);
     free(c.x); free(c.y); free(c.wt); free(back); free(dx);
 }
@@ -942,6 +1025,7 @@ int main(void)
         cmocka_unit_test(test_head),
         cmocka_unit_test(test_backward_bit_identical_across_threads),
         cmocka_unit_test(test_gqa_attention),
+        cmocka_unit_test(test_packed_attention_equals_documents_alone),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_scale),

@@ -247,7 +247,7 @@ static void test_first_loss_matches_reference(void **state)
     batches b = { .vocab = mc->vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
     td_rng_seed(&b.rng, 99);
     int32_t tok[32], tgt[32];
-    next_batch(&b, tok, tgt);
+    next_batch(&b, tok, tgt, NULL);
     size_t na = td_model_acts_numel(mc, c.micro_batch, c.seq_len);
     float *acts = malloc(na * sizeof(float));
     float ref;
@@ -289,7 +289,7 @@ static void test_learns_a_fixed_batch(void **state)
     assert_true(r.loss < 0.5 * first.loss); /* learnt */
     assert_true(r.grad_norm > 0 && isfinite(r.grad_norm));
     double eval;
-    TD_ASSERT_OK(td_trainer_eval(t, next_batch, &b, 1, &eval));
+    TD_ASSERT_OK(td_trainer_eval(t, next_batch, &b, 1, &eval, NULL));
     assert_true(eval < 0.6 * first.loss);
     td_trainer_destroy(t);
 }
@@ -854,9 +854,9 @@ static void test_budget_resolve(void **state)
 #include "tidal/data.h"
 #include <dirent.h>
 
-static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets)
+static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets, int32_t *positions)
 {
-    return td_loader_next(ctx, tokens, targets);
+    return td_loader_next(ctx, tokens, targets, positions);
 }
 
 static void test_fortunes_loss_falls(void **state)
@@ -1187,11 +1187,11 @@ static void test_resume_with_the_adam_thread(void **state)
     batches e = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
     td_rng_seed(&e.rng, 5);
     double eval_loss;
-    TD_ASSERT_OK(td_trainer_eval(t, next_batch, &e, 2, &eval_loss));
+    TD_ASSERT_OK(td_trainer_eval(t, next_batch, &e, 2, &eval_loss, NULL));
     expect_straight(t, &b, CUT, STEPS, straight, "an eval");
     td_trainer_destroy(t);
     td_rng_seed(&b.rng, 99);
-    for (int s = 0; s < CUT; s++) TD_ASSERT_OK(next_batch(&b, (int32_t[64]){0}, (int32_t[64]){0}));
+    for (int s = 0; s < CUT; s++) TD_ASSERT_OK(next_batch(&b, (int32_t[64]){0}, (int32_t[64]){0}, NULL));
     TD_ASSERT_OK(td_trainer_create(&c, &t));
     TD_ASSERT_OK(td_trainer_load(t, ckpt, 1, NULL));
     expect_straight(t, &b, CUT, STEPS, straight, "resume");

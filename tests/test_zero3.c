@@ -172,11 +172,11 @@ static void test_loader_slices(void **state)
             }
             int32_t in1[4 * 2 * 8], tg1[4 * 2 * 8], in[2 * 8], tg[2 * 8];
             for (uint32_t c = 0; c < calls; c++) {
-                TD_ASSERT_OK(td_loader_next(one, in1, tg1));
+                TD_ASSERT_OK(td_loader_next(one, in1, tg1, NULL));
                 td_loader_position p1, pr;
                 td_loader_tell(one, &p1);
                 for (uint32_t r = 0; r < N; r++) {
-                    TD_ASSERT_OK(td_loader_next(rank[r], in, tg));
+                    TD_ASSERT_OK(td_loader_next(rank[r], in, tg, NULL));
                     /* rank r's slice is rows [r B, (r + 1) B) of the one-rank batch */
                     assert_memory_equal(in, in1 + (size_t)r * B * T, sizeof in);
                     assert_memory_equal(tg, tg1 + (size_t)r * B * T, sizeof tg);
@@ -196,7 +196,7 @@ static void test_loader_slices(void **state)
     td_loader *two = NULL, *three = NULL, *one = NULL;
     TD_ASSERT_OK(td_loader_open(path, &p, &two));
     int32_t in[6 * 8], tg[6 * 8], inr[2 * 8], tgr[2 * 8];
-    for (int c = 0; c < 5; c++) TD_ASSERT_OK(td_loader_next(two, inr, tgr));
+    for (int c = 0; c < 5; c++) TD_ASSERT_OK(td_loader_next(two, inr, tgr, NULL));
     td_loader_position pos;
     td_loader_tell(two, &pos);
     p.ranks = 3;
@@ -208,8 +208,8 @@ static void test_loader_slices(void **state)
     p.batch = 3 * B;
     TD_ASSERT_OK(td_loader_open(path, &p, &one));
     TD_ASSERT_OK(td_loader_seek(one, &pos));
-    TD_ASSERT_OK(td_loader_next(one, in, tg));
-    TD_ASSERT_OK(td_loader_next(three, inr, tgr));
+    TD_ASSERT_OK(td_loader_next(one, in, tg, NULL));
+    TD_ASSERT_OK(td_loader_next(three, inr, tgr, NULL));
     assert_memory_equal(inr, in + 2 * B * T, sizeof inr);
     td_loader_destroy(two);
     td_loader_destroy(three);

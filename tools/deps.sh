@@ -9,12 +9,13 @@
 #            and sanitizer runtimes (compiler-rt) and its OpenMP runtime.
 # Called by `make deps`, and by `make test` / `make demo` / `make fuzz` when something is missing.
 set -e
-LIBS="hwloc libcjson cmocka jemalloc liburing"
+LIBS="hwloc libcjson zlib cmocka jemalloc liburing"
 need_pkgs() {
     pkgs=""
     command -v pkg-config >/dev/null 2>&1 || pkgs="pkg-config"
     pkg-config --exists hwloc 2>/dev/null || pkgs="$pkgs libhwloc-dev"
     pkg-config --exists libcjson 2>/dev/null || pkgs="$pkgs libcjson-dev"
+    pkg-config --exists zlib 2>/dev/null || pkgs="$pkgs zlib1g-dev"
     pkg-config --exists cmocka 2>/dev/null || pkgs="$pkgs libcmocka-dev"
     # The process's allocator, whose statistics measure the host footprint.
     pkg-config --exists jemalloc 2>/dev/null || [ -f /usr/include/jemalloc/jemalloc.h ] || pkgs="$pkgs libjemalloc-dev"

@@ -311,12 +311,12 @@ static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r
     double best_f = 1e30, best_b = 1e30, best_r = 1e30, start = td_now_ms();
     for (int i = 0; i < 8 && (i < 3 || td_now_ms() - start < 2000); i++) {
         double t0 = td_now_ms();
-        td_model_block_forward(mc, &wb, &a, x, y, B, T);
+        td_model_block_forward(mc, &wb, &a, x, y, NULL, B, T);
         double t1 = td_now_ms();
         memset(dx, 0, N * C * sizeof(float));
-        td_model_block_backward(mc, &wb, &gb, &a, x, y, dx, scr, B, T);
+        td_model_block_backward(mc, &wb, &gb, &a, x, y, dx, scr, NULL, B, T);
         double t2 = td_now_ms();
-        td_model_block_forward(mc, &wb, &a, x, NULL, B, T); /* a recompute: no output */
+        td_model_block_forward(mc, &wb, &a, x, NULL, NULL, B, T); /* a recompute: no output */
         double t3 = td_now_ms();
         if (i && t1 - t0 < best_f) best_f = t1 - t0;
         if (i && t2 - t1 < best_b) best_b = t2 - t1;

@@ -151,11 +151,11 @@ static void act_buffers(const td_train_config *cfg, int nck, td_act_plan *p)
     size_t blocks = (size_t)(nck > 0) + (size_t)(L - nck), R = (size_t)td_train_loss_rows(cfg);
     size_t sizes[ACT_BUFFERS] = {(size_t)(L + 1) * N * C * E, blocks * acts, R * C * E, R * F,
                                  R * F, R * Vp * E, N * F, N * F, N * C * E, N * C * E, scratch, N * 4, N * 4,
-                                 workspace};
+                                 N * 4, workspace};
     td_role roles[ACT_BUFFERS] = {TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
                                   TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION, TD_ROLE_ACTIVATION,
                                   TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_WORKSPACE, TD_ROLE_STAGING,
-                                  TD_ROLE_STAGING, TD_ROLE_WORKSPACE};
+                                  TD_ROLE_STAGING, TD_ROLE_STAGING, TD_ROLE_WORKSPACE};
     p->n = ACT_BUFFERS;
     p->ckpt_blocks = nck;
     p->total = 0;

@@ -128,6 +128,7 @@ void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_ST
     sizes[1] = N * sizeof(int32_t);                                  /* h_targets */
     sizes[2] = N * sizeof(float);                                    /* h_losses */
     sizes[3] = (size_t)cfg->model.padded_vocab_size * sizeof(float); /* h_row */
+    sizes[4] = N * sizeof(int32_t);                                  /* h_positions */
 }
 
 td_status td_train_host_homes(td_memmgr *mm, const int *order, int gpu_chunks, const uint8_t *marks)

@@ -157,7 +157,8 @@ static td_status alloc_activations(td_trainer *t)
     t->loss_rows = td_train_loss_rows(&t->cfg);
     t->want_row = -1;
     void *dst[ACT_BUFFERS] = {&t->resid, &t->acts, &t->lnf, &t->lnf_mean, &t->lnf_rstd, &t->logits, &t->losses,
-                              &t->lse, &t->dres[0], &t->dres[1], &t->scratch, &t->tokens, &t->targets, &t->workspace};
+                              &t->lse, &t->dres[0], &t->dres[1], &t->scratch, &t->tokens, &t->targets,
+                              &t->positions, &t->workspace};
     for (int i = 0; i < p.n; i++)
         if (p.bytes[i]) TD_TRY(take(t, p.bytes[i], p.role[i], dst[i]));
     size_t N = N_of(t);
@@ -166,6 +167,11 @@ static td_status alloc_activations(td_trainer *t)
     TD_TRY(td_hostpool_alloc(t->pool, N * sizeof(float), TD_ROLE_STAGING, (void **)&t->h_losses));
     TD_TRY(td_hostpool_alloc(t->pool, (size_t)t->cfg.model.padded_vocab_size * sizeof(float), TD_ROLE_STAGING,
                              &t->h_row));
+    TD_TRY(td_hostpool_alloc(t->pool, N * sizeof(int32_t), TD_ROLE_STAGING, (void **)&t->h_positions));
+    if (t->cfg.grad_accum > 1) {
+        t->batches = td_malloc((size_t)t->cfg.grad_accum * 3 * N * sizeof(int32_t), TD_ROLE_META);
+        if (!t->batches) TD_FAIL(TD_ERR_NOMEM, "out of memory for %d micro-batches of %zu tokens", t->cfg.grad_accum, N);
+    }
 cleanup:
     if (st == TD_ERR_BUDGET) {
         char need[32], budget[32];
@@ -404,6 +410,7 @@ void td_trainer_destroy(td_trainer *t)
         td_hostpool_release(t->pool, t->h_targets);
         td_hostpool_release(t->pool, t->h_losses);
         td_hostpool_release(t->pool, t->h_row);
+        td_hostpool_release(t->pool, t->h_positions);
         td_hostpool_release(t->pool, t->h_sumsq);
     }
     td_memmgr_destroy(t->mm); /* gives back the activations with the arena below */
@@ -416,6 +423,7 @@ void td_trainer_destroy(td_trainer *t)
     td_backend_free(t->backend);
     td_free(t->pid);
     td_free(t->gid_live);
+    td_free(t->batches);
     td_free(t->group);
     td_free(t->group_start);
     td_free(t->gids_scratch);
@@ -776,6 +784,9 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
 
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->tokens, t->h_tokens, N * sizeof(int32_t)));
     TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->targets, t->h_targets, N * sizeof(int32_t)));
+    if (t->packed)
+        TD_TRY(td_backend_copy_async(t->backend, TD_QUEUE_COMPUTE, t->positions, t->h_positions, N * sizeof(int32_t)));
+    t->run.pos = t->packed ? t->positions : NULL; /* packed documents: positions restart, attention stays in each */
 
     /* Embedding: x0 (N,C); wte and (GPT-2) wpe. */
     int emb[TD_MODEL_BLOCK_TENSORS];
@@ -1539,49 +1550,89 @@ cleanup:
     return st;
 }
 
+/* Draws the next micro-batch into the staging buffers (positions preset to
+ * 0 .. T-1 on each row) and checks it: tokens and targets inside the
+ * vocabulary, positions that start each row at 0 and go up by one or restart
+ * at 0.  *kept: its targets that count (not negative); t->packed: whether a
+ * row holds several documents. */
+static td_status draw_batch(td_trainer *t, td_batch_fn next_batch, void *ctx, size_t *kept)
+{
+    const int B = t->cfg.micro_batch, T = t->cfg.seq_len, V = t->cfg.model.vocab_size;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < T; i++) t->h_positions[(size_t)b * T + i] = i;
+    td_status st = next_batch(ctx, t->h_tokens, t->h_targets, t->h_positions);
+    if (st) return st;
+    size_t n = 0;
+    int packed = 0;
+    for (size_t i = 0; i < N_of(t); i++) {
+        const int32_t tok = t->h_tokens[i], tg = t->h_targets[i], p = t->h_positions[i];
+        if (tok < 0 || tok >= V)
+            return td_error_set(TD_ERR_INVALID, "token %d at position %zu is outside the vocabulary of %d", tok, i, V);
+        if (tg >= V)
+            return td_error_set(TD_ERR_INVALID, "target %d at position %zu is outside the vocabulary of %d", tg, i, V);
+        const int32_t prev = i % (size_t)T ? t->h_positions[i - 1] : -1;
+        if (p != 0 && p != prev + 1)
+            return td_error_set(TD_ERR_INVALID, "position %d of row %zu, token %zu: a document's positions start at 0 "
+                                "and go up by one (the one before is %d)", p, i / (size_t)T, i % (size_t)T, prev);
+        packed |= p != (int32_t)(i % (size_t)T);
+        n += tg >= 0;
+    }
+    t->packed = packed;
+    *kept = n;
+    return TD_OK;
+}
+
+/* Micro-batch k of the step, kept aside (grad_accum > 1) or brought back. */
+static void keep_batch(td_trainer *t, int k, int back)
+{
+    const size_t N = N_of(t), bytes = N * sizeof(int32_t);
+    int32_t *kept = t->batches + (size_t)k * 3 * N, *staging[3] = {t->h_tokens, t->h_targets, t->h_positions};
+    for (int i = 0; i < 3; i++) {
+        if (back) memcpy(staging[i], kept + (size_t)i * N, bytes);
+        else memcpy(kept + (size_t)i * N, staging[i], bytes);
+    }
+    if (!back) return;
+    int packed = 0;
+    for (size_t i = 0; i < N && !packed; i++) packed = t->h_positions[i] != (int32_t)(i % (size_t)t->cfg.seq_len);
+    t->packed = packed;
+}
+
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out)
 {
     td_status st = TD_OK;
     double t0 = td_now_ms();
-    size_t targets = 0, N = N_of(t);
-    double loss_sum = 0;
+    size_t N = N_of(t);
+    double loss_sum = 0, targets = 0;
     memset(out, 0, sizeof *out);
     t->adam_cpu_ms = t->adam_wait_ms = 0;
     t->ov_early = 0; /* set by this step's hand-over, if it hands over in the backward */
     TD_TRY(td_memmgr_step_begin(t->mm));
-    /* dloss: the mean over every target of the step, so micro-batches add up.
-     * The count needs the targets first: gather them all (cheap: ints). */
+    /* dloss: 1 / the step's targets that count, over every micro-batch and
+     * rank, so that the step's gradient is that of the mean loss over them
+     * (masked and padded targets take no part; micro-batches and ranks add
+     * up).  The count needs every micro-batch first: they are drawn and
+     * kept aside (ints: cheap), and the ranks' counts summed. */
     int accum = t->cfg.grad_accum;
     for (int k = 0; k < accum; k++) {
-        TD_TRY(next_batch(ctx, t->h_tokens, t->h_targets));
-        size_t kept = 0;
-        for (size_t i = 0; i < N; i++) {
-            if (t->h_tokens[i] < 0 || t->h_tokens[i] >= t->cfg.model.vocab_size)
-                TD_FAIL(TD_ERR_INVALID, "token %d at position %zu is outside the vocabulary of %d", t->h_tokens[i], i,
-                        t->cfg.model.vocab_size);
-            if (t->h_targets[i] >= t->cfg.model.vocab_size)
-                TD_FAIL(TD_ERR_INVALID, "target %d at position %zu is outside the vocabulary of %d", t->h_targets[i],
-                        i, t->cfg.model.vocab_size);
-            kept += t->h_targets[i] >= 0;
-        }
-        targets += kept;
-        /* Rows of a micro-batch are weighted 1/(B*T*accum): the mean of the
-         * step when every target is kept, which the data loader ensures. */
-        double dloss = 1.0 / ((double)N * accum * t->ranks) * td_optim_loss_scale(&t->optim);
+        size_t kept;
+        TD_TRY(draw_batch(t, next_batch, ctx, &kept));
+        targets += (double)kept;
+        if (accum > 1) keep_batch(t, k, 0);
+    }
+    TD_TRY(sum_over_ranks(t, &targets, 1));
+    double dloss = (targets > 0 ? 1.0 / targets : 0.0) * td_optim_loss_scale(&t->optim);
+    for (int k = 0; k < accum; k++) {
+        if (accum > 1) keep_batch(t, k, 1);
         TD_TRY(micro_batch(t, dloss, k == accum - 1, 1, &loss_sum));
     }
     td_optim_step os;
     TD_TRY(optimizer_step(t, &os));
     TD_TRY(td_memmgr_disk_status(t->mm)); /* a write that failed behind the updates fails this step */
     TD_TRY(td_memmgr_step_end(t->mm));
-    {   /* the step's loss over the global batch: every rank's sums, in rank order */
-        double sums[2] = {loss_sum, (double)targets};
-        TD_TRY(sum_over_ranks(t, sums, 2));
-        loss_sum = sums[0];
-        targets = (size_t)sums[1];
-    }
+    TD_TRY(sum_over_ranks(t, &loss_sum, 1)); /* the step's loss over the global batch, in rank order */
     out->step = t->optim.step;
-    out->loss = targets ? loss_sum / (double)targets : 0;
+    out->loss = targets > 0 ? loss_sum / targets : 0;
+    out->targets = (long)targets;
     out->lr = os.lr;
     out->grad_norm = os.grad_norm;
     out->skipped = os.skip;
@@ -1594,24 +1645,21 @@ cleanup:
     return st;
 }
 
-td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss)
+td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss,
+                          uint64_t *targets_out)
 {
     td_status st = TD_OK;
-    double sum = 0;
-    size_t targets = 0, N = N_of(t);
+    double sums[2] = {0, 0}; /* loss, targets */
     TD_TRY(td_trainer_finish_update(t));
     for (int k = 0; k < batches; k++) {
-        TD_TRY(next_batch(ctx, t->h_tokens, t->h_targets));
-        for (size_t i = 0; i < N; i++) targets += t->h_targets[i] >= 0;
-        TD_TRY(micro_batch(t, 0, 0, 0, &sum));
+        size_t kept;
+        TD_TRY(draw_batch(t, next_batch, ctx, &kept));
+        sums[1] += (double)kept;
+        TD_TRY(micro_batch(t, 0, 0, 0, &sums[0]));
     }
-    {
-        double sums[2] = {sum, (double)targets};
-        TD_TRY(sum_over_ranks(t, sums, 2));
-        sum = sums[0];
-        targets = (size_t)sums[1];
-    }
-    *loss = targets ? sum / (double)targets : 0;
+    TD_TRY(sum_over_ranks(t, sums, 2));
+    *loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
+    if (targets_out) *targets_out = (uint64_t)sums[1];
 cleanup:
     return st;
 }
@@ -1666,6 +1714,7 @@ td_status td_trainer_next_logits(td_trainer *t, const int32_t *tokens, int n, fl
         t->h_tokens[i] = i < (size_t)n ? tokens[i] : 0;
         t->h_targets[i] = -1;
     }
+    t->packed = 0;
     double ignored = 0;
     t->want_row = n - 1; /* the head copies its logits out of their chunk (op_head) */
     st = micro_batch(t, 0, 0, 0, &ignored);

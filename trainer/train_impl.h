@@ -64,9 +64,14 @@ struct td_trainer {
     char *scratch;                     /* the model's scratch (its exec's scratch_bytes) */
     size_t scratch_bytes;
     int32_t *tokens, *targets;         /* (N) */
+    int32_t *positions;                /* (N): each token's position in its packed document */
+    int packed;                        /* this micro-batch's rows hold several documents: run.pos is set */
     void *workspace;                   /* cuBLASLt's (cuda), then the model's constants (consts_bytes) */
     /* Host (pinned, for async copies). */
-    int32_t *h_tokens, *h_targets;
+    int32_t *h_tokens, *h_targets, *h_positions;
+    int32_t *batches;                  /* grad_accum > 1: the step's micro-batches (tokens, targets,
+                                          positions of each), read before the first so that the loss
+                                          is weighted by the step's count of targets */
     float *h_losses;
     void *h_row;                       /* one row of logits */
     /* The GPU AdamW of the optimizer chunks placed on the device
@@ -170,7 +175,7 @@ size_t td_train_cublas_workspace_bytes(const td_train_config *cfg);
  * trainer and for `tidal plan`).  The sizes depend on the backend: the CUDA
  * ops keep activations in the compute precision and have their own scratch
  * needs and a cuBLASLt workspace. */
-#define ACT_BUFFERS 14
+#define ACT_BUFFERS 15
 typedef struct td_act_plan {
     size_t bytes[ACT_BUFFERS];
     td_role role[ACT_BUFFERS];
@@ -228,7 +233,7 @@ td_status td_train_optim_homes(const td_train_config *cfg, int gpu, uint8_t **on
  * memmgr's optimizer homes. */
 td_status td_train_place_optimizer(td_trainer *t, const td_train_plan *plan);
 /* ---- the host side (hostplan.c) ---- */
-#define TD_TRAIN_STAGING 4
+#define TD_TRAIN_STAGING 5
 /* The pinned staging buffers the trainer takes, in order (alloc_activations). */
 void td_train_staging_sizes(const td_train_config *cfg, size_t sizes[TD_TRAIN_STAGING]);
 /* The pinned pool's slab size for the pinned chunk copies of a planned layout. */

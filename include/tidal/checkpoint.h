@@ -64,8 +64,11 @@ extern "C" {
 #define TD_CKPT_MODEL_FILE "model.safetensors"
 #define TD_CKPT_STATE_FILE "train_state.safetensors"
 /* The tokenizer files a checkpoint may carry, as Hugging Face directories do
- * (GPT-2 BPE: vocab.json and merges.txt; or tokenizer.json). */
-#define TD_CKPT_TOKENIZER_FILES {"vocab.json", "merges.txt", "tokenizer.json"}
+ * (GPT-2 BPE: vocab.json and merges.txt; or tokenizer.json), with the
+ * tokenizer_config.json and chat_template.jinja that hold its special tokens
+ * and chat template. */
+#define TD_CKPT_TOKENIZER_FILES {"vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+#define TD_CKPT_TOKENIZER_FILE_COUNT 5
 
 /* The model's description (model.h): vocab_size V rows of the embedding
  * stored in model.safetensors, padded_vocab_size Vp >= V rows in tidal's

@@ -109,15 +109,17 @@ typedef struct td_model_cpu {
     void (*acts_view)(const td_model_desc *d, int B, int T, float *base, td_model_block_acts *out);
     /* scratch of block_backward, and the head_backward's dlnf (N,C) */
     size_t (*scratch_numel)(const td_model_desc *d, int B, int T);
+    /* pos (B,T) or NULL: each token's position in its packed document (ops.h) */
     void (*block_forward)(const td_model_desc *d, const td_model_block *w, const td_model_block_acts *a,
-                          const float *x, float *y, int B, int T);
+                          const float *x, float *y, const int *pos, int B, int T);
     void (*block_backward)(const td_model_desc *d, const td_model_block *w, const td_model_block *g,
                            const td_model_block_acts *a, const float *x, const float *dy, float *dx,
-                           float *scratch, int B, int T);
+                           float *scratch, const int *pos, int B, int T);
     /* p, g: the embedding's tensors in layout order */
-    void (*embed_forward)(const td_model_desc *d, const float *const *p, const int *tokens, float *out, int B, int T);
-    void (*embed_backward)(const td_model_desc *d, float *const *g, const float *dout, const int *tokens, int B,
-                           int T);
+    void (*embed_forward)(const td_model_desc *d, const float *const *p, const int *tokens, const int *pos,
+                          float *out, int B, int T);
+    void (*embed_backward)(const td_model_desc *d, float *const *g, const float *dout, const int *tokens,
+                           const int *pos, int B, int T);
     /* p, g: td_model_head_tensors' order; lnf_mean may be NULL where the norm keeps none */
     void (*head_forward)(const td_model_desc *d, float *logits, float *lnf, float *lnf_mean, float *lnf_rstd,
                          const float *x, const float *const *p, int N);
@@ -137,6 +139,8 @@ typedef struct td_model_run {
     const void *consts;    /* the family's constants on the device (consts_bytes of them), or NULL */
     void *scratch;         /* scratch_bytes of device memory, 256-byte aligned */
     size_t scratch_bytes;
+    const int *pos;        /* (B,T) on the device: each token's position in its document when rows hold
+                              packed documents (ops.h), or NULL: one document a row */
 } td_model_run;
 
 /* What the head's final norm keeps for its backward: lnf (N,C) in dt,

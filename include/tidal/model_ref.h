@@ -61,26 +61,29 @@ size_t td_model_block_scratch_numel(const td_model_desc *cfg, int B, int T);
 
 /* y (B,T,C) = block(x (B,T,C)), filling acts.  y must not alias x: backward needs x.
  * y NULL: the acts only, as a checkpointed block's recompute needs them (the
- * last projection, whose output nothing of backward reads, is skipped). */
+ * last projection, whose output nothing of backward reads, is skipped).
+ * pos (B,T) or NULL: the documents packed in each row (ops.h); RoPE and
+ * attention follow them. */
 void td_model_block_forward(const td_model_desc *cfg, const td_model_block *w,
                               const td_model_block_acts *acts, const float *x, float *y,
-                              int B, int T);
+                              const int *pos, int B, int T);
 /* From dy (B,T,C): dx (B,T,C) += d/dx, and every tensor of g +=.  Needs the x
  * and acts of the matching forward; scratch of td_model_block_scratch_numel. */
 void td_model_block_backward(const td_model_desc *cfg, const td_model_block *w,
                                const td_model_block *g, const td_model_block_acts *acts,
                                const float *x, const float *dy, float *dx, float *scratch,
-                               int B, int T);
+                               const int *pos, int B, int T);
 
 /* --- the embedding and the head ---------------------------------------------- */
 
 /* out (B,T,C) = the embedding of tokens (B,T); emb: the embedding's tensors
- * in layout order (wte [, wpe]). */
-void td_model_embed_forward(const td_model_desc *cfg, float *out, const int *tokens, const float *const *emb,
-                            int B, int T);
+ * in layout order (wte [, wpe]).  pos (B,T) or NULL: each token's position
+ * in its packed document (ops.h), what a learned position table reads. */
+void td_model_embed_forward(const td_model_desc *cfg, float *out, const int *tokens, const int *pos,
+                            const float *const *emb, int B, int T);
 /* gemb += its gradient from dout (B,T,C). */
 void td_model_embed_backward(const td_model_desc *cfg, float *const *gemb, const float *dout, const int *tokens,
-                             int B, int T);
+                             const int *pos, int B, int T);
 
 /* lnf (N,C) = the final norm of x (saving lnf_mean (LayerNorm) and lnf_rstd (N));
  * logits (N,Vp) = lnf @ out^T.  head: the tensors of td_model_head_tensors. */

@@ -13,6 +13,16 @@
  *                                 columns of the logits; columns >= V are ignored
  * All tensors are dense, row-major, fp32.  Token and target ids are int.
  *
+ * Packed sequences.  The ops that depend on a token's position (the learned
+ * position embedding, RoPE, attention) take pos (B,T) int: each token's
+ * position in its document, 0 at the document's first token, so that one
+ * row of T tokens can hold several documents.  Token t of row b is in the
+ * document that starts at t - pos[b,t]; its position term is that of
+ * pos[b,t], and attention reads keys t2 with t - pos[b,t] <= t2 <= t only
+ * (never another document's).  Documents are contiguous: pos[b,0] = 0 and
+ * pos[b,t] is 0 or pos[b,t-1] + 1 (the caller's to check).  pos NULL is one
+ * document per row, pos[b,t] = t.
+ *
  * Conventions:
  *   - A forward writes its outputs (overwrites); a backward ADDS into every
  *     gradient it produces (input and parameter gradients alike), so the
@@ -48,12 +58,12 @@ extern "C" {
 
 /* --- embedding ------------------------------------------------------------ */
 
-/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C); wpe NULL (rotary
- * models): no position term. */
-void td_ops_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[pos[b,t]] (maxT,C); wpe NULL
+ * (rotary models): no position term. */
+void td_ops_encoder_forward(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                             int B, int T, int C);
-/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (dwpe may be NULL). */
-void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+/* dwte[tokens[b,t]] += dout[b,t]; dwpe[pos[b,t]] += dout[b,t] (dwpe may be NULL). */
+void td_ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, const int *pos,
                              int B, int T, int C);
 
 /* --- LayerNorm ------------------------------------------------------------ */
@@ -84,6 +94,7 @@ const char *td_ops_matmul_isa(void);
 /* Causal multi-head self-attention.  qkv (B,T,3C) holds q, k, v side by side,
  * head h in channels [h*hs, (h+1)*hs) of each.  out (B,T,C), heads side by side:
  *   out[b,t,h] = sum_{t2<=t} softmax_t2(q[t].k[t2] / sqrt(hs)) v[t2].
+ * One document per row (the gqa calls below take packed rows).
  * Saves lse (B,NH,T), the log-sum-exp of each row of scaled scores; backward
  * recomputes the attention weights from it instead of keeping (B,NH,T,T). */
 void td_ops_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
@@ -95,11 +106,13 @@ void td_ops_attention_backward(float *dqkv, const float *dout, const float *qkv,
 /* Grouped-query attention: NKV key/value heads (NH % NKV == 0), query head h
  * reading key/value head h / (NH / NKV); head size hs.  qkv (B,T,(NH+2 NKV) hs)
  * holds the NH query heads, then the NKV key heads, then the NKV value heads;
- * out (B,T,NH hs), lse (B,NH,T).  NKV = NH is td_ops_attention_forward. */
-void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
-                                  int hs);
+ * out (B,T,NH hs), lse (B,NH,T).  pos (B,T) or NULL: the rows' documents
+ * (above); the sum runs over t - pos[b,t] <= t2 <= t.  NKV = NH, pos NULL is
+ * td_ops_attention_forward. */
+void td_ops_attention_gqa_forward(float *out, float *lse, const float *qkv, const int *pos, int B, int T, int NH,
+                                  int NKV, int hs);
 void td_ops_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int NH, int NKV, int hs);
+                                   const float *lse, const int *pos, int B, int T, int NH, int NKV, int hs);
 
 /* --- pointwise ------------------------------------------------------------ */
 
@@ -151,12 +164,15 @@ typedef struct td_rope_scaling {
 } td_rope_scaling;
 void td_ops_rope_inv_freq(float *inv_freq, int hs, float theta, const td_rope_scaling *scaling);
 /* In place on heads of hs channels at x (B,T, heads*hs) with rows `stride`
- * floats apart, position t of each sequence rotated by t * inv_freq in the
- * rotate-half layout (transformers' apply_rotary_pos_emb): for i < hs/2,
+ * floats apart, the token at [b,t] rotated by p * inv_freq, p = pos[b,t]
+ * (pos NULL: p = t), in the rotate-half layout (transformers'
+ * apply_rotary_pos_emb): for i < hs/2,
  *   x'[i] = x[i] cos - x[i + hs/2] sin,  x'[i + hs/2] = x[i + hs/2] cos + x[i] sin. */
-void td_ops_rope_forward(float *x, const float *inv_freq, int B, int T, int heads, int hs, size_t stride);
+void td_ops_rope_forward(float *x, const float *inv_freq, const int *pos, int B, int T, int heads, int hs,
+                         size_t stride);
 /* The gradient through it: the inverse rotation, in place on dx. */
-void td_ops_rope_backward(float *dx, const float *inv_freq, int B, int T, int heads, int hs, size_t stride);
+void td_ops_rope_backward(float *dx, const float *inv_freq, const int *pos, int B, int T, int heads, int hs,
+                          size_t stride);
 
 /* --- softmax and loss ----------------------------------------------------- */
 

@@ -39,6 +39,11 @@
  * the context and the config.  Preconditions as in ops.h (tokens in [0,Vp),
  * targets < V, T <= maxT, C % NH == 0) are the caller's.
  *
+ * Packed sequences: the ops that depend on positions (encoder, RoPE,
+ * attention, the blocks) take pos (B,T) int on the device, each token's
+ * position in its document, or NULL for one document per row; its meaning
+ * and preconditions are ops.h's.
+ *
  * Determinism: no floating-point atomics; every reduction has an order fixed
  * by the shapes, so a call gives the same bits every time on the same GPU and
  * build (cuBLASLt's choice of algorithm is cached per shape in the context).
@@ -89,15 +94,16 @@ typedef enum td_ops_cuda_write {
 
 /* --- embedding ------------------------------------------------------------ */
 
-/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[t] (maxT,C); tokens (B,T) int.
+/* out (B,T,C) = wte[tokens[b,t]] (Vp,C) + wpe[pos[b,t]] (maxT,C); tokens (B,T) int.
  * wpe NULL (rotary models): no position term; the same for dwpe below. */
-td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, const void *wte, const void *wpe,
-                                      int B, int T, int C, td_dtype dt, void *stream);
-/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (gdt).  Rows sharing a
- * token are summed in ascending row order (a stable sort of the tokens). */
+td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, const int *pos, const void *wte,
+                                      const void *wpe, int B, int T, int C, td_dtype dt, void *stream);
+/* dwte[tokens[b,t]] += dout[b,t]; dwpe[pos[b,t]] += dout[b,t] (gdt).  Rows
+ * sharing a token (or a position) are summed in ascending row order (a
+ * stable sort of the tokens, or of the positions). */
 size_t td_ops_cuda_encoder_scratch_bytes(int B, int T, int Vp);
 td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const void *dout, const int *tokens,
-                                       int B, int T, int C, int Vp, td_dtype dt, td_dtype gdt,
+                                       const int *pos, int B, int T, int C, int Vp, td_dtype dt, td_dtype gdt,
                                        void *scratch, size_t scratch_bytes, void *stream);
 
 /* --- LayerNorm ------------------------------------------------------------ */
@@ -174,19 +180,20 @@ td_status td_ops_cuda_matmul_backward_gelu(td_ops_cuda *ctx, void *dinp, void *d
  * h / (NH / NKV), head size hs; qkv (B,T,(NH + 2 NKV) hs) holds the NH query
  * heads, then the NKV key heads, then the NKV value heads (the output of one
  * fused matmul; q/k/v biases are that matmul's bias); out (B,T,NH hs), lse
- * (B,NH,T) fp32.  The paths and the scratch are those of the multi-head
+ * (B,NH,T) fp32; pos (B,T) or NULL: the documents of each row, which
+ * attention does not cross (ops.h).  The paths and the scratch are those of the multi-head
  * calls below (which are the NKV = NH case): flash for bf16/fp16 with hs 64
  * or 128, where the dK/dV kernel sums a key/value head's group of query
  * heads in registers (no atomics); the batched-GEMM path otherwise. */
 size_t td_ops_cuda_attention_gqa_scratch_bytes(int seqs, int T, int NH, int NKV, int hs, td_dtype dt);
-td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv, int B, int T,
-                                            int NH, int NKV, int hs, td_dtype dt, void *scratch,
-                                            size_t scratch_bytes, void *stream);
+td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv,
+                                            const int *pos, int B, int T, int NH, int NKV, int hs, td_dtype dt,
+                                            void *scratch, size_t scratch_bytes, void *stream);
 /* dqkv (B,T,(NH + 2 NKV) hs) (mode) from dout (B,T,NH hs). */
 td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *dqkv, const void *dout, const void *qkv,
-                                             const void *out, const float *lse, int B, int T, int NH, int NKV,
-                                             int hs, td_ops_cuda_write mode, td_dtype dt, void *scratch,
-                                             size_t scratch_bytes, void *stream);
+                                             const void *out, const float *lse, const int *pos, int B, int T,
+                                             int NH, int NKV, int hs, td_ops_cuda_write mode, td_dtype dt,
+                                             void *scratch, size_t scratch_bytes, void *stream);
 
 /* Causal self-attention as td_ops_attention_forward: qkv (B,T,3C) -> out
  * (B,T,C), lse (B,NH,T) fp32.  Two paths, chosen by shape:
@@ -240,16 +247,17 @@ td_status td_ops_cuda_glu_backward(void *dgate_up, const void *dout, const void 
 
 /* Rotary position embedding in place, as td_ops_rope_forward: `heads` heads
  * of hs channels (hs even) at x (B,T,...), rows `stride` elements apart,
- * position t rotated by t * inv_freq in the rotate-half layout.  inv_freq
+ * the token at [b,t] rotated by pos[b,t] * inv_freq (pos NULL: t) in the
+ * rotate-half layout.  inv_freq
  * (hs/2, fp32, device) is td_ops_rope_inv_freq's table (theta, llama3
  * scaling), computed once on the host.  On a fused qkv (B,T,(NH + 2 NKV) hs)
  * row, heads = NH + NKV and stride = (NH + 2 NKV) hs rotate q and k in one
  * launch. */
-td_status td_ops_cuda_rope_forward(void *x, const float *inv_freq, int B, int T, int heads, int hs, size_t stride,
-                                   td_dtype dt, void *stream);
+td_status td_ops_cuda_rope_forward(void *x, const float *inv_freq, const int *pos, int B, int T, int heads, int hs,
+                                   size_t stride, td_dtype dt, void *stream);
 /* The gradient through it: the inverse rotation, in place on dx. */
-td_status td_ops_cuda_rope_backward(void *dx, const float *inv_freq, int B, int T, int heads, int hs,
-                                    size_t stride, td_dtype dt, void *stream);
+td_status td_ops_cuda_rope_backward(void *dx, const float *inv_freq, const int *pos, int B, int T, int heads,
+                                    int hs, size_t stride, td_dtype dt, void *stream);
 
 /* --- softmax and loss ----------------------------------------------------- */
 
@@ -329,16 +337,17 @@ void td_ops_cuda_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtyp
 size_t td_ops_cuda_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt,
                                        int att_seqs);
 /* y (B,T,C) = block(x), filling acts, as td_model_block_forward; y NULL:
- * the acts only (a recompute: the fc_proj GEMM is skipped). */
+ * the acts only (a recompute: the fc_proj GEMM is skipped); pos: the rows'
+ * documents or NULL. */
 td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                     const td_ops_cuda_block *w, const td_ops_cuda_block_acts *acts,
-                                    const void *x, void *y, int B, int T, td_dtype dt,
+                                    const void *x, void *y, const int *pos, int B, int T, td_dtype dt,
                                     void *scratch, size_t scratch_bytes, void *stream);
 /* From dy: dx (mode) and every tensor of g += (gdt), as td_model_block_backward. */
 td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                      const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                      const td_ops_cuda_block_acts *acts, const void *x,
-                                     const void *dy, void *dx, int B, int T,
+                                     const void *dy, void *dx, const int *pos, int B, int T,
                                      td_ops_cuda_write dx_mode, td_dtype dt, td_dtype gdt,
                                      void *scratch, size_t scratch_bytes, void *stream);
 
@@ -356,16 +365,17 @@ size_t td_ops_cuda_rotary_block_acts_bytes(const td_model_desc *cfg, int B, int 
 void td_ops_cuda_rotary_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
                                          td_ops_cuda_block_acts *out);
 size_t td_ops_cuda_rotary_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs);
-/* y NULL: the acts only (a recompute: the down projection is skipped). */
+/* y NULL: the acts only (a recompute: the down projection is skipped).
+ * pos: the rows' documents (above), or NULL. */
 td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                             const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
-                                            void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
-                                            void *stream);
+                                            void *y, const int *pos, int B, int T, td_dtype dt, void *scratch,
+                                            size_t scratch_bytes, void *stream);
 td_status td_ops_cuda_rotary_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                              const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                              const td_ops_cuda_block_acts *acts, const float *inv_freq, const void *x,
-                                             const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
-                                             void *scratch, size_t scratch_bytes, void *stream);
+                                             const void *dy, void *dx, const int *pos, int B, int T, td_dtype dt,
+                                             td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream);
 /* The head: lnf = RMSNorm(x; norm_w) saving lnf_rstd; logits (N,Vp) = lnf @ out_w^T
  * (out_w: lm_head, or the embedding when tied).  Backward from dlogits: dx +=
  * (dt), dnorm_w, dout_w += (gdt); dlnf (N,C) is overwritten. */

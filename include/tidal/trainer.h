@@ -169,12 +169,20 @@ td_backend_params td_train_backend_params(const td_train_config *cfg);
 /* TD_OK or TD_ERR_INVALID naming the bad value. */
 td_status td_train_config_check(const td_train_config *c);
 
-/* A micro-batch: tokens and targets, B*T int32 each (targets < 0 are ignored). */
-typedef td_status (*td_batch_fn)(void *ctx, int32_t *tokens, int32_t *targets);
+/* A micro-batch: tokens and targets, B*T int32 each (targets < 0 are
+ * ignored: they take no part in the loss or its gradient), and positions,
+ * B*T int32, which the trainer fills with 0 .. T-1 on every row before the
+ * call: a batch of packed documents writes each token's position in its
+ * document instead (0 at each document's first token; ops.h), and then
+ * positions restart and attention does not cross documents.  The trainer
+ * checks them (each row starts at 0, and each position is 0 or the one
+ * before plus 1). */
+typedef td_status (*td_batch_fn)(void *ctx, int32_t *tokens, int32_t *targets, int32_t *positions);
 
 typedef struct td_step_result {
     long step;                    /* optimizer steps taken, this one included */
-    double loss;                  /* mean cross-entropy over the step's targets */
+    double loss;                  /* mean cross-entropy over the step's targets that count (not negative) */
+    long targets;                 /* how many counted, over every rank and micro-batch */
     double lr, grad_norm;
     int skipped;                  /* overflow: no update */
     double step_ms, tokens_per_s;
@@ -213,8 +221,11 @@ td_status td_trainer_finish_update(td_trainer *t);
  * deferred to the next forward.  0 after td_trainer_finish_update.  Not
  * thread-safe against td_trainer_step (call it between steps). */
 int td_trainer_updates_pending(td_trainer *t);
-/* Mean loss over `batches` micro-batches without updating (eval). */
-td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss);
+/* Mean loss over the targets that count (not negative) of `batches`
+ * micro-batches, without updating (eval); *targets (may be NULL) gets how
+ * many counted. */
+td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int batches, double *loss,
+                          uint64_t *targets);
 
 /* The footprint of a run, from the layout alone (nothing of the model is
  * allocated): what `tidal plan` prints. */

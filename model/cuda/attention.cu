@@ -14,8 +14,9 @@
  * Per group of G sequences, in scratch (layout below), with BH = G * NH heads:
  *   split    qkv (B,T,3C) -> Q, K, V (BH, T, hsp)      hsp = hs rounded up to 8
  *   forward  S = K^T Q / sqrt(hs)  (BH, T, Tp) fp32    Tp = T rounded up to 8
- *            P = exp(S - lse), lse = logsumexp of each row over t2 <= t,
- *                P = 0 above the diagonal              (BH, T, Tp) in dt
+ *            P = exp(S - lse), lse = logsumexp of each row over t2 <= t
+ *                (and t2 >= t - pos[t] with packed documents),
+ *                P = 0 elsewhere                       (BH, T, Tp) in dt
  *            O = P V, merged back to out (B,T,C)
  *   backward S again; P = exp(S - lse);  dV = P^T dO;  dP = dO V^T (fp32);
  *            dS = P (dP - D) / sqrt(hs) with D = dout . out per row (written
@@ -111,18 +112,26 @@ __global__ void heads_merge_kernel(T *dst, const T *src0, const T *src1, const T
     }
 }
 
-/* One warp per row r = (bh, t) of S: lse over t2 <= t, P = exp(S - lse)
- * masked.  lse indexes (B,NH,T) rows from the group's first. */
+/* The first key row r = (bh, t) of a group starting at sequence b0 reads:
+ * its document's start with packed documents, else 0. */
+__device__ __forceinline__ int row_start(const int *pos, int r, int b0, int NH, int T_)
+{
+    const int t = r % T_;
+    return pos ? t - pos[(size_t)(b0 + r / T_ / NH) * T_ + t] : 0;
+}
+
+/* One warp per row r = (bh, t) of S: lse over start <= t2 <= t, P = exp(S -
+ * lse) masked.  lse indexes (B,NH,T) rows from the group's first. */
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    softmax_forward_kernel(T *P, float *lse, const float *S, int rows, int T_, int Tp)
+    softmax_forward_kernel(T *P, float *lse, const float *S, const int *pos, int b0, int NH, int rows, int T_, int Tp)
 {
     const int lane = threadIdx.x % 32, r = blockIdx.x * kRowWarps + threadIdx.x / 32;
     if (r >= rows) return;
-    const int t = r % T_;
+    const int t = r % T_, t0 = row_start(pos, r, b0, NH, T_);
     const float *s = S + (size_t)r * Tp;
     float m = -INFINITY, l = 0.0f; /* running max and sum of exp(s - m) of this lane */
-    for (int t2 = lane; t2 <= t; t2 += 32) {
+    for (int t2 = t0 + lane; t2 <= t; t2 += 32) {
         const float x = s[t2];
         if (x > m) {
             l = l * expf(m - x) + 1.0f;
@@ -141,34 +150,36 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     }
     const float row_lse = m + logf(l);
     T *p = P + (size_t)r * Tp;
-    for (int t2 = lane; t2 < T_; t2 += 32) p[t2] = from_f32<T>(t2 <= t ? expf(s[t2] - row_lse) : 0.0f);
+    for (int t2 = lane; t2 < T_; t2 += 32)
+        p[t2] = from_f32<T>(t2 <= t && t2 >= t0 ? expf(s[t2] - row_lse) : 0.0f);
     if (lane == 0) lse[r] = row_lse;
 }
 
 /* Backward: P = exp(S - lse) masked. */
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    probs_kernel(T *P, const float *S, const float *lse, int rows, int T_, int Tp)
+    probs_kernel(T *P, const float *S, const float *lse, const int *pos, int b0, int NH, int rows, int T_, int Tp)
 {
     const int lane = threadIdx.x % 32, r = blockIdx.x * kRowWarps + threadIdx.x / 32;
     if (r >= rows) return;
-    const int t = r % T_;
+    const int t = r % T_, t0 = row_start(pos, r, b0, NH, T_);
     const float row_lse = lse[r];
     const float *s = S + (size_t)r * Tp;
     T *p = P + (size_t)r * Tp;
-    for (int t2 = lane; t2 < T_; t2 += 32) p[t2] = from_f32<T>(t2 <= t ? expf(s[t2] - row_lse) : 0.0f);
+    for (int t2 = lane; t2 < T_; t2 += 32)
+        p[t2] = from_f32<T>(t2 <= t && t2 >= t0 ? expf(s[t2] - row_lse) : 0.0f);
 }
 
 /* Backward: dS = P (dP - D) * scale masked, over P in place;
  * D = dout[b,t,h,:] . out[b,t,h,:]. */
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * 32)
-    dscores_kernel(T *PdS, const float *dP, const T *dout, const T *out, int b0, int rows, int T_,
+    dscores_kernel(T *PdS, const float *dP, const T *dout, const T *out, const int *pos, int b0, int rows, int T_,
                    int Tp, int C, int NH, int hs, float scale)
 {
     const int lane = threadIdx.x % 32, r = blockIdx.x * kRowWarps + threadIdx.x / 32;
     if (r >= rows) return;
-    const int t = r % T_, bh = r / T_, h = bh % NH, b = b0 + bh / NH;
+    const int t = r % T_, bh = r / T_, h = bh % NH, b = b0 + bh / NH, t0 = row_start(pos, r, b0, NH, T_);
     const size_t off = ((size_t)b * T_ + t) * C + (size_t)h * hs;
     float D = 0.0f;
     for (int i = lane; i < hs; i += 32) D += to_f32(dout[off + i]) * to_f32(out[off + i]);
@@ -176,7 +187,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     const float *dp = dP + (size_t)r * Tp;
     T *p = PdS + (size_t)r * Tp;
     for (int t2 = lane; t2 < T_; t2 += 32)
-        p[t2] = from_f32<T>(t2 <= t ? to_f32(p[t2]) * (dp[t2] - D) * scale : 0.0f);
+        p[t2] = from_f32<T>(t2 <= t && t2 >= t0 ? to_f32(p[t2]) * (dp[t2] - D) * scale : 0.0f);
 }
 
 struct Group {
@@ -278,8 +289,9 @@ extern "C" size_t td_ops_cuda_attention_scratch_bytes(int seqs, int T, int C, in
 }
 
 extern "C" td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv,
-                                                       int B, int T, int NH, int NKV, int hs, td_dtype dt,
-                                                       void *scratch, size_t scratch_bytes, void *stream)
+                                                       const int *pos, int B, int T, int NH, int NKV, int hs,
+                                                       td_dtype dt, void *scratch, size_t scratch_bytes,
+                                                       void *stream)
 {
     const char *op = "attention forward";
     td_status st = check_args(op, ctx, B, T, NH, NKV, hs, dt);
@@ -288,7 +300,7 @@ extern "C" td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *o
     st = check_scratch(op, scratch, scratch_bytes, td_ops_cuda_attention_gqa_scratch_bytes(1, T, NH, NKV, hs, dt));
     if (st != TD_OK) return st;
     cudaStream_t s = (cudaStream_t)stream;
-    if (flash_applies(dt, hs)) return flash_forward(dt, out, lse, qkv, B, T, NH, NKV, hs, s);
+    if (flash_applies(dt, hs)) return flash_forward(dt, out, lse, qkv, pos, B, T, NH, NKV, hs, s);
     const int C = NH * hs, group = NH / NKV, hsp = pad8(hs), Tp = pad8(T);
     const int G = group_seqs(B, T, NH, hs, dt, scratch_bytes);
     const float scale = 1.0f / sqrtf((float)hs);
@@ -312,7 +324,7 @@ extern "C" td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *o
                        s, "attention forward (Q K^T)");
             if (st2 != TD_OK) return st2;
             softmax_forward_kernel<X><<<(rows + kRowWarps - 1) / kRowWarps, kRowWarps * 32, 0, s>>>(
-                (X *)buf.P, lse + (size_t)b0 * NH * T, buf.S, rows, T, Tp);
+                (X *)buf.P, lse + (size_t)b0 * NH * T, buf.S, pos, b0, NH, rows, T, Tp);
             st2 = check_launch("attention forward (softmax)");
             if (st2 != TD_OK) return st2;
             /* O (i x t per head) = V P */
@@ -335,13 +347,14 @@ extern "C" td_status td_ops_cuda_attention_forward(td_ops_cuda *ctx, void *out, 
 {
     td_status st = check_heads("attention forward", C, NH);
     if (st != TD_OK) return st;
-    return td_ops_cuda_attention_gqa_forward(ctx, out, lse, qkv, B, T, NH, NH, C / NH, dt, scratch, scratch_bytes,
-                                             stream);
+    return td_ops_cuda_attention_gqa_forward(ctx, out, lse, qkv, NULL, B, T, NH, NH, C / NH, dt, scratch,
+                                             scratch_bytes, stream);
 }
 
 extern "C" td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *dqkv, const void *dout,
-                                                        const void *qkv, const void *out, const float *lse, int B,
-                                                        int T, int NH, int NKV, int hs, td_ops_cuda_write mode,
+                                                        const void *qkv, const void *out, const float *lse,
+                                                        const int *pos, int B, int T, int NH, int NKV, int hs,
+                                                        td_ops_cuda_write mode,
                                                         td_dtype dt, void *scratch, size_t scratch_bytes,
                                                         void *stream)
 {
@@ -353,7 +366,7 @@ extern "C" td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *
     if (st != TD_OK) return st;
     cudaStream_t s = (cudaStream_t)stream;
     if (flash_applies(dt, hs))
-        return flash_backward(dt, dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, mode == TD_OPS_CUDA_ADD, scratch,
+        return flash_backward(dt, dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, hs, mode == TD_OPS_CUDA_ADD, scratch,
                               scratch_bytes, s);
     const int C = NH * hs, group = NH / NKV, hsp = pad8(hs), Tp = pad8(T);
     const int G = group_seqs(B, T, NH, hs, dt, scratch_bytes);
@@ -383,7 +396,7 @@ extern "C" td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *
                                       buf.S, Tp, sq, BH, type, CUDA_R_32F, scale),
                        s, "attention backward (Q K^T)");
             if (st2 != TD_OK) return st2;
-            probs_kernel<X><<<row_grid, kRowWarps * 32, 0, s>>>((X *)buf.P, buf.S, row_lse, rows, T, Tp);
+            probs_kernel<X><<<row_grid, kRowWarps * 32, 0, s>>>((X *)buf.P, buf.S, row_lse, pos, b0, NH, rows, T, Tp);
             st2 = check_launch("attention backward (probabilities)");
             if (st2 != TD_OK) return st2;
             /* dV (i x t2) of a key/value head = dO P^T over its group: the
@@ -398,7 +411,7 @@ extern "C" td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *
                        s, "attention backward (dP)");
             if (st2 != TD_OK) return st2;
             dscores_kernel<X><<<row_grid, kRowWarps * 32, 0, s>>>((X *)buf.P, buf.S, (const X *)dout,
-                                                                 (const X *)out, b0, rows, T, Tp, C, NH,
+                                                                 (const X *)out, pos, b0, rows, T, Tp, C, NH,
                                                                  hs, scale);
             st2 = check_launch("attention backward (dS)");
             if (st2 != TD_OK) return st2;
@@ -431,6 +444,6 @@ extern "C" td_status td_ops_cuda_attention_backward(td_ops_cuda *ctx, void *dqkv
 {
     td_status st = check_heads("attention backward", C, NH);
     if (st != TD_OK) return st;
-    return td_ops_cuda_attention_gqa_backward(ctx, dqkv, dout, qkv, out, lse, B, T, NH, NH, C / NH, mode, dt, scratch,
-                                              scratch_bytes, stream);
+    return td_ops_cuda_attention_gqa_backward(ctx, dqkv, dout, qkv, out, lse, NULL, B, T, NH, NH, C / NH, mode, dt,
+                                              scratch, scratch_bytes, stream);
 }

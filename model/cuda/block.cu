@@ -110,7 +110,7 @@ extern "C" size_t td_ops_cuda_block_scratch_bytes(const td_model_desc *cfg, int 
 extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                                const td_ops_cuda_block *w,
                                                const td_ops_cuda_block_acts *a, const void *x, void *y,
-                                               int B, int T, td_dtype dt, void *scratch,
+                                               const int *pos, int B, int T, td_dtype dt, void *scratch,
                                                size_t scratch_bytes, void *stream)
 {
     const char *what = "block forward";
@@ -121,8 +121,8 @@ extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_model_
                                       stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->qkv, nullptr, a->ln1, w->qkv_w, w->qkv_b, nullptr, N, C, 3 * C,
                                    dt, stream));
-    TRY(td_ops_cuda_attention_forward(ctx, a->atty, a->att_lse, a->qkv, B, T, C, NH, dt, scratch,
-                                      scratch_bytes, stream));
+    TRY(td_ops_cuda_attention_gqa_forward(ctx, a->atty, a->att_lse, a->qkv, pos, B, T, NH, NH, C / NH, dt, scratch,
+                                          scratch_bytes, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->res2, nullptr, a->atty, w->attproj_w, w->attproj_b, x, N, C, C,
                                    dt, stream)); /* res2 = x + attention branch */
     TRY(td_ops_cuda_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N, C,
@@ -138,7 +138,7 @@ extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_model_
 extern "C" td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                                 const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                                 const td_ops_cuda_block_acts *a, const void *x,
-                                                const void *dy, void *dx, int B, int T,
+                                                const void *dy, void *dx, const int *pos, int B, int T,
                                                 td_ops_cuda_write dx_mode, td_dtype dt, td_dtype gdt,
                                                 void *scratch, size_t scratch_bytes, void *stream)
 {
@@ -173,8 +173,8 @@ extern "C" td_status td_ops_cuda_block_backward(td_ops_cuda *ctx, const td_model
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->attproj_w, g->attproj_b, dres2, a->atty, w->attproj_w, N,
                                     C, C, TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
     void *dqkv = d4;
-    TRY(td_ops_cuda_attention_backward(ctx, dqkv, dc, a->qkv, a->atty, a->att_lse, B, T, C, NH,
-                                       TD_OPS_CUDA_SET, dt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_attention_gqa_backward(ctx, dqkv, dc, a->qkv, a->atty, a->att_lse, pos, B, T, NH, NH, C / NH,
+                                           TD_OPS_CUDA_SET, dt, ops, ops_bytes, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, 3 * C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
     /* dx = dres2 + LayerNorm 1's part (SET), or dx += it (ADD, dres2 added above) */

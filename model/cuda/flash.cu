@@ -31,6 +31,12 @@
  *                 are keys): S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
  *                 dK += dS^T Q.  The group's sum stays in the block's fp32
  *                 registers: one writer per element, a fixed order.
+ * Packed documents (pos not NULL, ops.h): query t reads keys from its
+ * document's start t - pos[t] on.  A query block starts at the key tile of
+ * the lowest document start among its rows; a key block of dK/dV stops after
+ * the query tile of the last query that can still see one of its keys; in
+ * the tiles visited, keys before a row's start are masked like the future
+ * (a row that sees no key of a tile leaves its running max and sum alone).
  * Grids run the longest tiles (most keys or queries) first (for GQA's dK/dV
  * all heads' longest tiles first, see flash_dkv_kernel).  With NKV = NH
  * every index and every operation is what it was before GQA (group 1): the
@@ -150,6 +156,40 @@ __device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+/* The first key a query row may read: its document's start (0 without pos). */
+__device__ __forceinline__ int doc_start(const int *pos, int row) { return pos ? row - pos[row] : 0; }
+
+/* The key tile of the lowest document start among rows q0 .. q0+BM-1 (below
+ * T) of a sequence's pos; 0 without pos.  Every thread of the block calls it. */
+__device__ __forceinline__ int first_key_tile(const int *pos, int q0, int T_)
+{
+    __shared__ int lo;
+    if (!pos) return 0;
+    if (threadIdx.x == 0) lo = q0;
+    __syncthreads();
+    if (threadIdx.x < BM && q0 + (int)threadIdx.x < T_) atomicMin(&lo, doc_start(pos, q0 + threadIdx.x));
+    __syncthreads();
+    const int first = lo / BN;
+    __syncthreads(); /* lo is read by all before a later call rewrites it */
+    return first;
+}
+
+/* One past the query tile of the last query (below T) whose document starts
+ * at or before key k_last, the last key of a key block; n_tiles without pos. */
+__device__ __forceinline__ int query_tile_end(const int *pos, int k0, int k_last, int T_, int n_tiles)
+{
+    __shared__ int hi;
+    if (!pos) return n_tiles;
+    if (threadIdx.x == 0) hi = k0;
+    __syncthreads();
+    for (int r = k0 + threadIdx.x; r < T_; r += blockDim.x)
+        if (doc_start(pos, r) <= k_last) atomicMax(&hi, r);
+    __syncthreads();
+    const int end = hi / BM + 1;
+    __syncthreads();
+    return end;
+}
+
 template <int R> __device__ __forceinline__ void zero(float (&acc)[R][4])
 {
 #pragma unroll
@@ -160,11 +200,11 @@ template <int R> __device__ __forceinline__ void zero(float (&acc)[R][4])
  * (when kt < last) loading into the other stage: the forward's and dQ's loop
  * over the key tiles. */
 template <typename T, int HS>
-__device__ __forceinline__ int kv_stage(T *Ks, T *Vs, const T *k_base, const T *v_base, size_t rs, int kt, int last,
-                                        int T_, bool vec)
+__device__ __forceinline__ int kv_stage(T *Ks, T *Vs, const T *k_base, const T *v_base, size_t rs, int kt, int first,
+                                        int last, int T_, bool vec)
 {
     constexpr int QP = pitch<HS>();
-    const int st = kt & 1;
+    const int st = (kt - first) & 1;
     if (kt < last) {
         load<T, HS>(Ks + (st ^ 1) * BM * QP, k_base, rs, (kt + 1) * BN, T_, vec);
         load<T, HS>(Vs + (st ^ 1) * BM * QP, v_base, rs, (kt + 1) * BN, T_, vec);
@@ -261,7 +301,8 @@ template <typename T, int HS> constexpr size_t fwd_smem_bytes() { return 5 * til
 
 template <typename T, int HS>
 __global__ void __launch_bounds__(THREADS)
-    flash_forward_kernel(T *out, float *lse, const T *qkv, int T_, Heads<HS> hd, float scale_log2, bool vec)
+    flash_forward_kernel(T *out, float *lse, const T *qkv, const int *pos, int T_, Heads<HS> hd, float scale_log2,
+                         bool vec)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     constexpr int QP = pitch<HS>(), NO = HS / 8;
@@ -273,17 +314,20 @@ __global__ void __launch_bounds__(THREADS)
     const T *q_base = qkv + (size_t)b * T_ * rs + (size_t)h * HS;
     const T *k_base = q_base + hd.k_from_q(h), *v_base = k_base + hd.NKV * HS;
     const int row0 = q0 + warp * 16 + lane / 4, row1 = row0 + 8;
+    if (pos) pos += (size_t)b * T_;
+    const int kt0 = first_key_tile(pos, q0, T_);
+    const int start0 = row0 < T_ ? doc_start(pos, row0) : 0, start1 = row1 < T_ ? doc_start(pos, row1) : 0;
 
     load<T, HS>(Qs, q_base, rs, q0, T_, vec);
-    load<T, HS>(Ks, k_base, rs, 0, T_, vec);
-    load<T, HS>(Vs, v_base, rs, 0, T_, vec);
+    load<T, HS>(Ks, k_base, rs, kt0 * BN, T_, vec);
+    load<T, HS>(Vs, v_base, rs, kt0 * BN, T_, vec);
     commit();
     float o[NO][4];
     zero(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
-    for (int kt = 0; kt <= qt; kt++) {
-        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, qt, T_, vec);
+    for (int kt = kt0; kt <= qt; kt++) {
+        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, kt0, qt, T_, vec);
         const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
         float s[BN / 8][4];
         mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);
@@ -293,8 +337,10 @@ __global__ void __launch_bounds__(THREADS)
         for (int n = 0; n < BN / 8; n++) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
+                const int key = kt * BN + n * 8 + c2 + (j & 1);
                 s[n][j] *= scale_log2;
-                if (kt == qt && kt * BN + n * 8 + c2 + (j & 1) > (j < 2 ? row0 : row1)) s[n][j] = -INFINITY;
+                if (kt == qt && key > (j < 2 ? row0 : row1)) s[n][j] = -INFINITY;
+                if (pos && key < (j < 2 ? start0 : start1)) s[n][j] = -INFINITY; /* another document */
             }
             mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
             mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
@@ -303,16 +349,19 @@ __global__ void __launch_bounds__(THREADS)
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float a0 = exp2f(m0 - mx0), a1 = exp2f(m1 - mx1);
+        /* a row that has seen no key yet (all masked) keeps max -inf: its
+         * exponentials are taken against 0, so they are 0, not NaN */
+        const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
         m0 = mx0;
         m1 = mx1;
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
         for (int n = 0; n < BN / 8; n++) {
-            s[n][0] = exp2f(s[n][0] - mx0);
-            s[n][1] = exp2f(s[n][1] - mx0);
-            s[n][2] = exp2f(s[n][2] - mx1);
-            s[n][3] = exp2f(s[n][3] - mx1);
+            s[n][0] = exp2f(s[n][0] - base0);
+            s[n][1] = exp2f(s[n][1] - base0);
+            s[n][2] = exp2f(s[n][2] - base1);
+            s[n][3] = exp2f(s[n][3] - base1);
             ps0 += s[n][0] + s[n][1];
             ps1 += s[n][2] + s[n][3];
         }
@@ -356,13 +405,16 @@ __global__ void rowdot_kernel(float *D, const T *dout, const T *out, int b0, int
     if (lane == 0) D[r] = d;
 }
 
-template <typename T, int HS> constexpr size_t bwd_smem_bytes() { return 6 * tile_bytes<HS>() + 4 * BM * sizeof(float); }
+template <typename T, int HS> constexpr size_t bwd_smem_bytes()
+{
+    return 6 * tile_bytes<HS>() + 4 * BM * sizeof(float) + 2 * BM * sizeof(int);
+}
 
 /* dQ of 64 queries: key tiles 0 .. the diagonal. */
 template <typename T, int HS>
 __global__ void __launch_bounds__(THREADS)
-    flash_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, int b0, int T_,
-                    Heads<HS> hd, float scale, bool vec, bool add)
+    flash_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, const int *pos, int b0,
+                    int T_, Heads<HS> hd, float scale, bool vec, bool add)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     constexpr int QP = pitch<HS>();
@@ -380,17 +432,20 @@ __global__ void __launch_bounds__(THREADS)
     const float scale_log2 = scale * LOG2E;
     const float lse0 = row0 < T_ ? lse_h[row0] * LOG2E : 0.0f, lse1 = row1 < T_ ? lse_h[row1] * LOG2E : 0.0f;
     const float D0 = row0 < T_ ? D_h[row0] : 0.0f, D1 = row1 < T_ ? D_h[row1] : 0.0f;
+    if (pos) pos += (size_t)b * T_;
+    const int kt0 = first_key_tile(pos, q0, T_);
+    const int start0 = row0 < T_ ? doc_start(pos, row0) : 0, start1 = row1 < T_ ? doc_start(pos, row1) : 0;
 
     load<T, HS>(Qs, q_base, rs, q0, T_, vec);
     load<T, HS>(dOs, do_base, C, q0, T_, vec);
-    load<T, HS>(Ks, k_base, rs, 0, T_, vec);
-    load<T, HS>(Vs, v_base, rs, 0, T_, vec);
+    load<T, HS>(Ks, k_base, rs, kt0 * BN, T_, vec);
+    load<T, HS>(Vs, v_base, rs, kt0 * BN, T_, vec);
     commit();
     float dq[HS / 8][4];
     zero(dq);
 
-    for (int kt = 0; kt <= qt; kt++) {
-        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, qt, T_, vec);
+    for (int kt = kt0; kt <= qt; kt++) {
+        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, kt0, qt, T_, vec);
         const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
         float s[BN / 8][4], dp[BN / 8][4];
         mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);   /* S */
@@ -400,7 +455,8 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int row = j < 2 ? row0 : row1, key = kt * BN + n * 8 + c2 + (j & 1);
-                const float p = key > row || row >= T_ ? 0.0f : exp2f(s[n][j] * scale_log2 - (j < 2 ? lse0 : lse1));
+                const bool masked = key > row || row >= T_ || key < (j < 2 ? start0 : start1);
+                const float p = masked ? 0.0f : exp2f(s[n][j] * scale_log2 - (j < 2 ? lse0 : lse1));
                 s[n][j] = p * (dp[n][j] - (j < 2 ? D0 : D1)) * scale; /* dS */
             }
         mm_xb<T, HS>(dq, s, Kt); /* dQ += dS K */
@@ -423,13 +479,14 @@ __global__ void __launch_bounds__(THREADS)
  * between its adjacent key tiles). */
 template <typename T, int HS, bool KT_MAJOR>
 __global__ void __launch_bounds__(THREADS)
-    flash_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, int b0, int T_,
-                     Heads<HS> hd, float scale, bool vec, bool add)
+    flash_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, const int *pos, int b0,
+                     int T_, Heads<HS> hd, float scale, bool vec, bool add)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     constexpr int QP = pitch<HS>();
     T *Ks = (T *)smem_raw, *Vs = Ks + BM * QP, *Qs = Vs + BM * QP, *dOs = Qs + 2 * BM * QP;
     float *lse_s = (float *)(dOs + 2 * BM * QP), *D_s = lse_s + 2 * BM; /* two stages each */
+    int *start_s = (int *)(D_s + 2 * BM);
     const int NH = hd.NH, group = NH / hd.NKV;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c2 = 2 * (lane % 4);
     const int kt = KT_MAJOR ? blockIdx.y : blockIdx.x, k0 = kt * BN, n_tiles = KT_MAJOR ? gridDim.y : gridDim.x,
@@ -440,6 +497,8 @@ __global__ void __launch_bounds__(THREADS)
     const T *k_base = seq + hd.k_col(g), *v_base = seq + hd.v_col(g);
     const int key0 = k0 + warp * 16 + lane / 4; /* and key0 + 8 */
     const float scale_log2 = scale * LOG2E;
+    if (pos) pos += (size_t)b * T_;
+    const int q_end = query_tile_end(pos, k0, k0 + BN - 1, T_, n_tiles);
 
     auto stage_rows = [&](int h, int qt, int st) {
         const float *lse_h = lse + ((size_t)b * NH + h) * T_, *D_h = D + ((size_t)bl * NH + h) * T_;
@@ -449,6 +508,7 @@ __global__ void __launch_bounds__(THREADS)
             const int q = qt * BM + threadIdx.x;
             lse_s[st * BM + threadIdx.x] = q < T_ ? lse_h[q] * LOG2E : 0.0f;
             D_s[st * BM + threadIdx.x] = q < T_ ? D_h[q] : 0.0f;
+            start_s[st * BM + threadIdx.x] = q < T_ ? doc_start(pos, q) : 0;
         }
     };
     load<T, HS>(Ks, k_base, rs, k0, T_, vec);
@@ -462,7 +522,7 @@ __global__ void __launch_bounds__(THREADS)
     for (int h = h_first, qt = kt; h < h_end; st ^= 1) {
         /* the next (head, tile) pair, staged while this one is used */
         int nh = h, nqt = qt + 1;
-        if (nqt == n_tiles) {
+        if (nqt == q_end) {
             nh++;
             nqt = kt;
         }
@@ -476,6 +536,7 @@ __global__ void __launch_bounds__(THREADS)
         __syncthreads();
         const T *Qt = Qs + st * BM * QP, *dOt = dOs + st * BM * QP;
         const float *lse_t = lse_s + st * BM, *D_t = D_s + st * BM;
+        const int *start_t = start_s + st * BM;
         float s[BN / 8][4]; /* S^T: rows are keys, columns queries */
         mm_abt<T, HS>(s, Ks + warp * 16 * QP, Qt);
 #pragma unroll
@@ -483,7 +544,8 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int ql = n * 8 + c2 + (j & 1), q = qt * BM + ql, key = key0 + (j < 2 ? 0 : 8);
-                s[n][j] = q < key || q >= T_ ? 0.0f : exp2f(s[n][j] * scale_log2 - lse_t[ql]); /* P^T */
+                const bool masked = q < key || q >= T_ || key < start_t[ql];
+                s[n][j] = masked ? 0.0f : exp2f(s[n][j] * scale_log2 - lse_t[ql]); /* P^T */
             }
         mm_xb<T, HS>(dv, s, dOt); /* dV += P^T dO */
         float dp[BN / 8][4];
@@ -528,8 +590,8 @@ bool flash_applies(td_dtype dt, int hs)
 
 size_t flash_scratch_bytes(int seqs, int T, int NH) { return align_up((size_t)seqs * NH * T * sizeof(float)); }
 
-td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, int B, int T, int NH, int NKV, int hs,
-                        cudaStream_t s)
+td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, const int *pos, int B, int T, int NH,
+                        int NKV, int hs, cudaStream_t s)
 {
     const int tiles = (T + BM - 1) / BM;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -541,14 +603,14 @@ td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, int
         td_status st = allow_smem(flash_forward_kernel<X, HS>, smem, "flash attention forward: shared memory limit");
         if (st != TD_OK) return st;
         flash_forward_kernel<X, HS><<<dim3(tiles, B * NH), THREADS, smem, s>>>(
-            (X *)out, lse, (const X *)qkv, T, Heads<HS>{NH, NKV}, scale * LOG2E, vec);
+            (X *)out, lse, (const X *)qkv, pos, T, Heads<HS>{NH, NKV}, scale * LOG2E, vec);
         return check_launch("flash attention forward");
     });
 }
 
 td_status flash_backward(td_dtype dt, void *dqkv, const void *dout, const void *qkv, const void *out,
-                         const float *lse, int B, int T, int NH, int NKV, int hs, bool add, void *scratch,
-                         size_t scratch_bytes, cudaStream_t s)
+                         const float *lse, const int *pos, int B, int T, int NH, int NKV, int hs, bool add,
+                         void *scratch, size_t scratch_bytes, cudaStream_t s)
 {
     const int tiles = (T + BM - 1) / BM, C = NH * hs;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -573,15 +635,15 @@ td_status flash_backward(td_dtype dt, void *dqkv, const void *dout, const void *
             st = check_launch("flash attention backward (dout . out)");
             if (st != TD_OK) return st;
             flash_dq_kernel<X, HS><<<dim3(tiles, nb * NH), THREADS, smem, s>>>(
-                (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, b0, T, hd, scale, vec, add);
+                (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, pos, b0, T, hd, scale, vec, add);
             st = check_launch("flash attention backward (dQ)");
             if (st != TD_OK) return st;
             if (kt_major)
                 flash_dkv_kernel<X, HS, true><<<dim3(nb * NKV, tiles), THREADS, smem, s>>>(
-                    (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, b0, T, hd, scale, vec, add);
+                    (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, pos, b0, T, hd, scale, vec, add);
             else
                 flash_dkv_kernel<X, HS, false><<<dim3(tiles, nb * NKV), THREADS, smem, s>>>(
-                    (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, b0, T, hd, scale, vec, add);
+                    (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, pos, b0, T, hd, scale, vec, add);
             st = check_launch("flash attention backward (dK, dV)");
             if (st != TD_OK) return st;
         }

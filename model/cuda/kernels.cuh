@@ -197,12 +197,13 @@ bool flash_applies(td_dtype dt, int hs);
 /* Backward scratch: D (seqs, NH, T) fp32; the forward needs none. */
 size_t flash_scratch_bytes(int seqs, int T, int NH);
 /* qkv (B,T,(NH + 2 NKV) hs): NH query heads, then NKV key heads, then NKV
- * value heads; out (B,T,NH hs); NH % NKV == 0 (the caller checks). */
-td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, int B, int T, int NH, int NKV, int hs,
-                        cudaStream_t s);
+ * value heads; out (B,T,NH hs); NH % NKV == 0 (the caller checks); pos
+ * (B,T) the rows' packed documents or NULL (ops.h). */
+td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, const int *pos, int B, int T, int NH,
+                        int NKV, int hs, cudaStream_t s);
 td_status flash_backward(td_dtype dt, void *dqkv, const void *dout, const void *qkv, const void *out,
-                         const float *lse, int B, int T, int NH, int NKV, int hs, bool add, void *scratch,
-                         size_t scratch_bytes, cudaStream_t s);
+                         const float *lse, const int *pos, int B, int T, int NH, int NKV, int hs, bool add,
+                         void *scratch, size_t scratch_bytes, cudaStream_t s);
 
 } // namespace tdc
 

@@ -9,7 +9,9 @@
  * without floating-point atomics (determinism): the token ids are sorted
  * (cub's stable radix sort, with the row numbers as values), and each run of
  * equal tokens is summed in ascending row order by one block, 8 channels per
- * thread.  dwpe sums over the batch, one thread per (t, 8 channels). */
+ * thread.  dwpe sums over the batch, one thread per (t, 8 channels); with
+ * packed documents (positions given) the positions are sorted the same way
+ * and their runs summed into dwpe as the tokens' into dwte. */
 #include "kernels.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
@@ -22,13 +24,13 @@ constexpr int kThreads = 256;
 /* --- encoder ----------------------------------------------------------------- */
 
 template <typename T>
-__global__ void encoder_forward_kernel(T *out, const int *tokens, const T *wte, const T *wpe, int N,
-                                       int T_, int C, bool vec)
+__global__ void encoder_forward_kernel(T *out, const int *tokens, const int *pos, const T *wte, const T *wpe,
+                                       int N, int T_, int C, bool vec)
 {
     const size_t groups = (size_t)(C + VN - 1) / VN, total = (size_t)N * groups;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
-        const int n = (int)(idx / groups), c = (int)(idx % groups) * VN, t = n % T_;
+        const int n = (int)(idx / groups), c = (int)(idx % groups) * VN, t = pos ? pos[n] : n % T_;
         float e[VN], p[VN];
         load8(e, wte + (size_t)tokens[n] * C, c, C, vec);
         if (wpe) { /* NULL: rotary models have no position table */
@@ -194,7 +196,7 @@ td_status add(td_dtype dt, void *out, const void *a, const void *b, size_t n, cu
 
 using namespace tdc;
 
-extern "C" td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, const void *wte,
+extern "C" td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, const int *pos, const void *wte,
                                                  const void *wpe, int B, int T, int C, td_dtype dt,
                                                  void *stream)
 {
@@ -209,7 +211,7 @@ extern "C" td_status td_ops_cuda_encoder_forward(void *out, const int *tokens, c
     return dispatch(dt, [&](auto tag) {
         using X = decltype(tag);
         encoder_forward_kernel<X><<<grid_for((size_t)N * ((C + VN - 1) / VN), kThreads), kThreads, 0, s>>>(
-            (X *)out, tokens, (const X *)wte, (const X *)wpe, N, T, C, vec);
+            (X *)out, tokens, pos, (const X *)wte, (const X *)wpe, N, T, C, vec);
         return check_launch("encoder forward");
     });
 }
@@ -219,11 +221,11 @@ extern "C" size_t td_ops_cuda_encoder_scratch_bytes(int B, int T, int Vp)
 {
     const int N = B * T;
     if (N <= 0) return 0;
-    return 3 * align_up((size_t)N * sizeof(unsigned)) + align_up(sort_temp_bytes(N, Vp));
+    return 3 * align_up((size_t)N * sizeof(unsigned)) + align_up(sort_temp_bytes(N, Vp > T ? Vp : T));
 }
 
 extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const void *dout,
-                                                  const int *tokens, int B, int T, int C, int Vp,
+                                                  const int *tokens, const int *pos, int B, int T, int C, int Vp,
                                                   td_dtype dt, td_dtype gdt, void *scratch,
                                                   size_t scratch_bytes, void *stream)
 {
@@ -253,7 +255,7 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
     unsigned *keys = (unsigned *)cv.take((size_t)N * sizeof(unsigned));
     unsigned *rows_in = (unsigned *)cv.take((size_t)N * sizeof(unsigned));
     unsigned *rows = (unsigned *)cv.take((size_t)N * sizeof(unsigned));
-    size_t temp_bytes = sort_temp_bytes(N, Vp);
+    size_t temp_bytes = sort_temp_bytes(N, Vp > T ? Vp : T);
     void *temp = cv.take(temp_bytes);
     const bool vec = C % VN == 0 && aligned16(dwte) && (!dwpe || aligned16(dwpe)) && aligned16(dout);
 
@@ -268,7 +270,7 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
         using X = decltype(tt);
         using G = decltype(gt);
         const int groups = (C + VN - 1) / VN;
-        if (dwpe) {
+        if (dwpe && !pos) {
             encoder_dwpe_kernel<X, G><<<grid_for((size_t)T * groups, kThreads), kThreads, 0, s>>>(
                 (G *)dwpe, (const X *)dout, B, T, C, vec);
             td_status st2 = check_launch("encoder backward (dwpe)");
@@ -278,7 +280,16 @@ extern "C" td_status td_ops_cuda_encoder_backward(void *dwte, void *dwpe, const 
         dim3 grid(N, (groups + threads - 1) / threads);
         encoder_dwte_kernel<X, G><<<grid, threads, 0, s>>>((G *)dwte, (const X *)dout, keys, rows, N, C,
                                                            vec);
-        return check_launch("encoder backward (dwte)");
+        td_status st2 = check_launch("encoder backward (dwte)");
+        if (st2 != TD_OK || !dwpe || !pos) return st2;
+        /* packed documents: the rows of each position, the same way (the
+         * buffers are free again: the dwte kernel ran first on this stream) */
+        st2 = check_cuda(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, (const unsigned *)pos, keys, rows_in, rows,
+                                                         N, 0, token_bits(T), s),
+                         "encoder backward: radix sort of the positions");
+        if (st2 != TD_OK) return st2;
+        encoder_dwte_kernel<X, G><<<grid, threads, 0, s>>>((G *)dwpe, (const X *)dout, keys, rows, N, C, vec);
+        return check_launch("encoder backward (dwpe)");
     });
 }
 

@@ -3,7 +3,8 @@
  *
  * In place on `heads` heads of hs channels in rows `stride` elements apart,
  * transformers' rotate-half layout: channel i < hs/2 of a head pairs with
- * i + hs/2, position t = row % T rotated by t * inv_freq[i].  q and k are
+ * i + hs/2, position p rotated by p * inv_freq[i]: p = pos[row] when the row
+ * holds packed documents, else t = row % T.  q and k are
  * rotated by one launch: in a fused qkv row the NH query heads and the NKV
  * key heads are adjacent, so heads = NH + NKV covers both (the value heads
  * after them are left alone).  The frequency table inv_freq (hs/2 floats,
@@ -25,8 +26,8 @@ constexpr int kThreads = 256;
 constexpr int kHeadsPerThread = 8;
 
 template <typename T>
-__global__ void rope_kernel(T *x, const float *inv_freq, int N, int T_, int heads, int hs, size_t stride, float sign,
-                            bool vec)
+__global__ void rope_kernel(T *x, const float *inv_freq, const int *pos, int N, int T_, int heads, int hs,
+                            size_t stride, float sign, bool vec)
 {
     const int half = hs / 2, fgroups = (half + VN - 1) / VN, hchunks = (heads + kHeadsPerThread - 1) / kHeadsPerThread;
     const size_t total = (size_t)N * fgroups * hchunks;
@@ -34,7 +35,7 @@ __global__ void rope_kernel(T *x, const float *inv_freq, int N, int T_, int head
          idx += (size_t)gridDim.x * blockDim.x) {
         const int hc = (int)(idx % hchunks), i0 = (int)(idx / hchunks % fgroups) * VN;
         const size_t n = idx / hchunks / fgroups;
-        const float t = (float)(int)(n % T_);
+        const float t = (float)(pos ? pos[n] : (int)(n % T_));
         float c[VN], s[VN];
 #pragma unroll
         for (int j = 0; j < VN; j++) {
@@ -59,8 +60,8 @@ __global__ void rope_kernel(T *x, const float *inv_freq, int N, int T_, int head
     }
 }
 
-td_status rope(const char *op, void *x, const float *inv_freq, int B, int T, int heads, int hs, size_t stride,
-               td_dtype dt, float sign, cudaStream_t s)
+td_status rope(const char *op, void *x, const float *inv_freq, const int *pos, int B, int T, int heads, int hs,
+               size_t stride, td_dtype dt, float sign, cudaStream_t s)
 {
     td_status st = check_dtype(op, dt);
     if (st != TD_OK) return st;
@@ -76,8 +77,8 @@ td_status rope(const char *op, void *x, const float *inv_freq, int B, int T, int
     const size_t items = (size_t)N * ((half + VN - 1) / VN) * ((heads + kHeadsPerThread - 1) / kHeadsPerThread);
     return dispatch(dt, [&](auto tag) {
         using X = decltype(tag);
-        rope_kernel<X><<<grid_for(items, kThreads), kThreads, 0, s>>>((X *)x, inv_freq, N, T, heads, hs, stride,
-                                                                      sign, vec);
+        rope_kernel<X><<<grid_for(items, kThreads), kThreads, 0, s>>>((X *)x, inv_freq, pos, N, T, heads, hs,
+                                                                      stride, sign, vec);
         return check_launch(op);
     });
 }
@@ -87,14 +88,14 @@ td_status rope(const char *op, void *x, const float *inv_freq, int B, int T, int
 
 using namespace tdc;
 
-extern "C" td_status td_ops_cuda_rope_forward(void *x, const float *inv_freq, int B, int T, int heads, int hs,
-                                              size_t stride, td_dtype dt, void *stream)
+extern "C" td_status td_ops_cuda_rope_forward(void *x, const float *inv_freq, const int *pos, int B, int T,
+                                              int heads, int hs, size_t stride, td_dtype dt, void *stream)
 {
-    return rope("rope forward", x, inv_freq, B, T, heads, hs, stride, dt, 1.0f, (cudaStream_t)stream);
+    return rope("rope forward", x, inv_freq, pos, B, T, heads, hs, stride, dt, 1.0f, (cudaStream_t)stream);
 }
 
-extern "C" td_status td_ops_cuda_rope_backward(void *dx, const float *inv_freq, int B, int T, int heads, int hs,
-                                               size_t stride, td_dtype dt, void *stream)
+extern "C" td_status td_ops_cuda_rope_backward(void *dx, const float *inv_freq, const int *pos, int B, int T,
+                                               int heads, int hs, size_t stride, td_dtype dt, void *stream)
 {
-    return rope("rope backward", dx, inv_freq, B, T, heads, hs, stride, dt, -1.0f, (cudaStream_t)stream);
+    return rope("rope backward", dx, inv_freq, pos, B, T, heads, hs, stride, dt, -1.0f, (cudaStream_t)stream);
 }

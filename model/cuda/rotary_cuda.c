@@ -104,8 +104,8 @@ size_t td_ops_cuda_rotary_block_scratch_bytes(const td_model_desc *cfg, int B, i
 
 td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                             const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
-                                            void *y, int B, int T, td_dtype dt, void *scratch, size_t scratch_bytes,
-                                            void *stream)
+                                            void *y, const int *pos, int B, int T, td_dtype dt, void *scratch,
+                                            size_t scratch_bytes, void *stream)
 {
     const char *what = "decoder block forward";
     if (!cfg || !w || !a || !inv_freq || !x) return td_error_set(TD_ERR_INVALID, "%s: NULL argument", what);
@@ -118,8 +118,8 @@ td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc
     const float off = sty->norm_offset;
     TRY(td_ops_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, off, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->qkv, NULL, a->ln1, w->qkv_w, w->qkv_b, NULL, N, C, QKV, dt, stream));
-    TRY(td_ops_cuda_rope_forward(a->qkv, inv_freq, B, T, NH + NKV, hs, (size_t)QKV, dt, stream)); /* q and k */
-    TRY(td_ops_cuda_attention_gqa_forward(ctx, a->atty, a->att_lse, a->qkv, B, T, NH, NKV, hs, dt, scratch,
+    TRY(td_ops_cuda_rope_forward(a->qkv, inv_freq, pos, B, T, NH + NKV, hs, (size_t)QKV, dt, stream)); /* q and k */
+    TRY(td_ops_cuda_attention_gqa_forward(ctx, a->atty, a->att_lse, a->qkv, pos, B, T, NH, NKV, hs, dt, scratch,
                                           scratch_bytes, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->res2, NULL, a->atty, w->attproj_w, NULL, x, N, A, C, dt,
                                    stream)); /* res2 = x + attention branch */
@@ -135,8 +135,8 @@ td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc
 td_status td_ops_cuda_rotary_block_backward(td_ops_cuda *ctx, const td_model_desc *cfg,
                                              const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                              const td_ops_cuda_block_acts *a, const float *inv_freq, const void *x,
-                                             const void *dy, void *dx, int B, int T, td_dtype dt, td_dtype gdt,
-                                             void *scratch, size_t scratch_bytes, void *stream)
+                                             const void *dy, void *dx, const int *pos, int B, int T, td_dtype dt,
+                                             td_dtype gdt, void *scratch, size_t scratch_bytes, void *stream)
 {
     const char *what = "decoder block backward";
     if (!cfg || !w || !g || !a || !inv_freq || !x || !dy || !dx || !scratch)
@@ -169,9 +169,9 @@ td_status td_ops_cuda_rotary_block_backward(td_ops_cuda *ctx, const td_model_des
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->attproj_w, NULL, dres2, a->atty, w->attproj_w, N, A, C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
     void *dqkv = dA;
-    TRY(td_ops_cuda_attention_gqa_backward(ctx, dqkv, dc, a->qkv, a->atty, a->att_lse, B, T, NH, NKV, hs,
+    TRY(td_ops_cuda_attention_gqa_backward(ctx, dqkv, dc, a->qkv, a->atty, a->att_lse, pos, B, T, NH, NKV, hs,
                                            TD_OPS_CUDA_SET, dt, ops, ops_bytes, stream));
-    TRY(td_ops_cuda_rope_backward(dqkv, inv_freq, B, T, NH + NKV, hs, (size_t)QKV, dt, stream));
+    TRY(td_ops_cuda_rope_backward(dqkv, inv_freq, pos, B, T, NH + NKV, hs, (size_t)QKV, dt, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, QKV,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
     /* dx = dres2 + RMSNorm 1's part */
@@ -261,7 +261,7 @@ static td_status exec_embed_forward(const td_model_run *r, void *const *p, const
 {
     const size_t NC = (size_t)r->B * r->T * (size_t)r->desc->n_embd;
     const float s = td_model_embed_scale(r->desc, r->dt);
-    td_status st = td_ops_cuda_encoder_forward(out, tokens, p[0], NULL, r->B, r->T, r->desc->n_embd, r->dt, r->stream);
+    td_status st = td_ops_cuda_encoder_forward(out, tokens, NULL, p[0], NULL, r->B, r->T, r->desc->n_embd, r->dt, r->stream);
     return st || s == 1.0f ? st : td_ops_cuda_scale(out, out, s, NC, r->dt, r->stream);
 }
 
@@ -280,7 +280,7 @@ static td_status exec_embed_backward(const td_model_run *r, void *const *g, cons
         dout = scratch;
         scratch += scaled, bytes -= scaled;
     }
-    return td_ops_cuda_encoder_backward(g[0], NULL, dout, tokens, r->B, r->T, r->desc->n_embd,
+    return td_ops_cuda_encoder_backward(g[0], NULL, dout, tokens, NULL, r->B, r->T, r->desc->n_embd,
                                         r->desc->padded_vocab_size, r->dt, r->gdt, scratch, bytes, r->stream);
 }
 
@@ -290,7 +290,7 @@ static td_status exec_block_forward(const td_model_run *r, void *const *p, void 
     td_ops_cuda_block_acts a;
     view(r->desc, p, &w);
     td_ops_cuda_rotary_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
-    return td_ops_cuda_rotary_block_forward(r->ops, r->desc, &w, &a, r->consts, x, y, r->B, r->T, r->dt, r->scratch,
+    return td_ops_cuda_rotary_block_forward(r->ops, r->desc, &w, &a, r->consts, x, y, r->pos, r->B, r->T, r->dt, r->scratch,
                                              r->scratch_bytes, r->stream);
 }
 
@@ -302,7 +302,7 @@ static td_status exec_block_backward(const td_model_run *r, void *const *p, void
     view(r->desc, p, &w);
     view(r->desc, g, &gw);
     td_ops_cuda_rotary_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
-    return td_ops_cuda_rotary_block_backward(r->ops, r->desc, &w, &gw, &a, r->consts, x, dy, dx, r->B, r->T, r->dt,
+    return td_ops_cuda_rotary_block_backward(r->ops, r->desc, &w, &gw, &a, r->consts, x, dy, dx, r->pos, r->B, r->T, r->dt,
                                               r->gdt, r->scratch, r->scratch_bytes, r->stream);
 }
 

@@ -18,7 +18,9 @@
  * Each test prints, per storage type, its worst error as a fraction of its
  * tolerance.  The LLaMA-family ops (RMSNorm, SwiGLU, RoPE, grouped-query
  * attention with 1, 2 and 4 query heads a key/value head, q/k/v biases
- * through the qkv matmul) the same way.  Also: a block composed of the CUDA ops against
+ * through the qkv matmul) the same way.  The position-dependent ops
+ * (encoder, RoPE, attention on both paths) also with packed documents:
+ * positions restarting inside a row, attention not crossing them.  Also: a block composed of the CUDA ops against
  * td_model_block_forward/backward, bit-identical repeats, argument errors,
  * and the speed of one GPT-2 124M block (printed).
  *
@@ -349,35 +351,39 @@ static void test_encoder(void **state)
             const size_t N = (size_t)B * T;
             td_dtype gdts[2];
             const int ng = grad_types(dt, gdts);
-            for (int gi = 0; gi < ng; gi++) {
-                const td_dtype gdt = gdts[gi];
+            for (int gi = 0; gi < 2 * ng; gi++) { /* each gradient type, then again with packed documents */
+                const td_dtype gdt = gdts[gi % ng];
+                const int packed = gi >= ng;
                 reset();
-                int *tok = hmalloc(N * sizeof(int));
+                int *tok = hmalloc(N * sizeof(int)), *pos = packed ? hmalloc(N * sizeof(int)) : NULL;
                 for (size_t i = 0; i < N; i++) tok[i] = (int)td_rng_below(&F.rng, (uint64_t)range);
+                for (size_t i = 0; packed && i < N; i++) /* documents of 1 to 4 tokens */
+                    pos[i] = i % (size_t)T && td_rng_below(&F.rng, 4) ? pos[i - 1] + 1 : 0;
+                int *d_pos = packed ? up_int(pos, N) : NULL;
                 float *wte = hrand(dt, (size_t)Vp * C, 1), *wpe = hrand(dt, (size_t)T * C, 1);
                 int *d_tok = up_int(tok, N);
-                if (gi == 0) {
+                if (gi % ng == 0) {
                     float *want = hmalloc(N * C * sizeof(float));
-                    td_ops_encoder_forward(want, tok, wte, wpe, B, T, C);
+                    td_ops_encoder_forward(want, tok, pos, wte, wpe, B, T, C);
                     void *d_out = dnan(dt, N * C);
-                    TD_ASSERT_OK(td_ops_cuda_encoder_forward(d_out, d_tok, up(dt, wte, (size_t)Vp * C),
+                    TD_ASSERT_OK(td_ops_cuda_encoder_forward(d_out, d_tok, d_pos, up(dt, wte, (size_t)Vp * C),
                                                              up(dt, wpe, (size_t)T * C), B, T, C, dt, F.s));
-                    check_dev(LABEL("encoder out B%d T%d C%d", B, T, C), dt, d_out, want, N * C,
+                    check_dev(LABEL("encoder out B%d T%d C%d packed %d", B, T, C, packed), dt, d_out, want, N * C,
                               tol_of(dt, TOL_POINT, 2));
                 }
                 float *dout = hrand(dt, N * C, 1);
                 float *g0 = hzero((size_t)Vp * C), *p0 = hzero((size_t)T * C);
-                td_ops_encoder_backward(g0, p0, dout, tok, B, T, C);
+                td_ops_encoder_backward(g0, p0, dout, tok, pos, B, T, C);
                 float *dwte = acc_like(gdt, g0, (size_t)Vp * C), *dwpe = acc_like(gdt, p0, (size_t)T * C);
                 void *d_dwte = up(gdt, dwte, (size_t)Vp * C), *d_dwpe = up(gdt, dwpe, (size_t)T * C);
-                td_ops_encoder_backward(dwte, dwpe, dout, tok, B, T, C);
+                td_ops_encoder_backward(dwte, dwpe, dout, tok, pos, B, T, C);
                 size_t sb = td_ops_cuda_encoder_scratch_bytes(B, T, Vp);
-                TD_ASSERT_OK(td_ops_cuda_encoder_backward(d_dwte, d_dwpe, up(dt, dout, N * C), d_tok, B, T, C, Vp,
+                TD_ASSERT_OK(td_ops_cuda_encoder_backward(d_dwte, d_dwpe, up(dt, dout, N * C), d_tok, d_pos, B, T, C, Vp,
                                                           dt, gdt, scratch_for(sb), sb, F.s));
                 check_dev(LABEL("encoder dwte B%d T%d C%d grads %s", B, T, C, td_dtype_name(gdt)), gdt, d_dwte,
                           dwte, (size_t)Vp * C, tol_of(gdt, TOL_POINT, (long)N));
-                check_dev(LABEL("encoder dwpe B%d T%d C%d grads %s", B, T, C, td_dtype_name(gdt)), gdt, d_dwpe,
-                          dwpe, (size_t)T * C, tol_of(gdt, TOL_POINT, B));
+                check_dev(LABEL("encoder dwpe B%d T%d C%d grads %s packed %d", B, T, C, td_dtype_name(gdt), packed), gdt,
+                          d_dwpe, dwpe, (size_t)T * C, tol_of(gdt, TOL_POINT, packed ? (long)N : B));
             }
         }
     }
@@ -703,20 +709,22 @@ static void attention_path(int path)
  * grouped-query entry points (NKV key/value heads of hs channels), else the
  * multi-head ones (NKV = NH, C = NH hs); the CPU reference is the same
  * function either way. */
-static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int hs, int grouped, int path, int gqa)
+static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int hs, int grouped, int path, int gqa,
+                               const int *pos)
 {
     const int C = NH * hs, group = NH / NKV;
     const size_t N = (size_t)B * T, n_qkv = N * (C + 2 * (size_t)NKV * hs), n_out = N * C, n_lse = (size_t)B * NH * T;
     const char *pn = path ? "gemm" : "default";
     char shape[64];
-    if (gqa) snprintf(shape, sizeof shape, "B%d T%d NH%d NKV%d hs%d", B, T, NH, NKV, hs);
+    if (gqa) snprintf(shape, sizeof shape, "B%d T%d NH%d NKV%d hs%d%s", B, T, NH, NKV, hs, pos ? " packed" : "");
     else snprintf(shape, sizeof shape, "B%d T%d C%d NH%d", B, T, C, NH);
     attention_path(path);
     reset();
     float *qkv = hrand(dt, n_qkv, 2.0f);
     float *out = hmalloc(n_out * 4), *lse = hmalloc(n_lse * 4);
-    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NKV, hs);
+    td_ops_attention_gqa_forward(out, lse, qkv, pos, B, T, NH, NKV, hs);
     void *d_qkv = up(dt, qkv, n_qkv);
+    const int *d_pos = pos ? up_int(pos, N) : NULL;
     const int seqs = grouped ? 1 : B;
     const size_t sb = gqa ? td_ops_cuda_attention_gqa_scratch_bytes(seqs, T, NH, NKV, hs, dt)
                           : td_ops_cuda_attention_scratch_bytes(seqs, T, C, NH, dt);
@@ -724,8 +732,8 @@ static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int h
     void *d_out = dnan(dt, n_out);
     float *d_lse = dnan(TD_DTYPE_F32, n_lse);
     if (gqa)
-        TD_ASSERT_OK(td_ops_cuda_attention_gqa_forward(F.ctx, d_out, d_lse, d_qkv, B, T, NH, NKV, hs, dt, scratch, sb,
-                                                       F.s));
+        TD_ASSERT_OK(td_ops_cuda_attention_gqa_forward(F.ctx, d_out, d_lse, d_qkv, d_pos, B, T, NH, NKV, hs, dt, scratch,
+                                                       sb, F.s));
     else
         TD_ASSERT_OK(td_ops_cuda_attention_forward(F.ctx, d_out, d_lse, d_qkv, B, T, C, NH, dt, scratch, sb, F.s));
     check_dev(LABEL("attention out %s grouped %d %s", shape, grouped, pn), dt, d_out, out, n_out,
@@ -739,15 +747,15 @@ static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int h
     float *dout = hrand(dt, n_out, 1);
     void *d_dout = up(dt, dout, n_out);
     float *g0 = hzero(n_qkv);
-    td_ops_attention_gqa_backward(g0, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    td_ops_attention_gqa_backward(g0, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
     for (int mode = 0; mode < 2; mode++) { /* 0: added into random values, 1: set */
         float *dqkv = mode ? hcopy(g0, n_qkv) : acc_like(dt, g0, n_qkv);
         void *d_dqkv = mode ? dnan(dt, n_qkv) : up(dt, dqkv, n_qkv);
-        if (!mode) td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+        if (!mode) td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
         const td_ops_cuda_write wm = mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD;
         if (gqa)
-            TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, B, T, NH, NKV,
-                                                            hs, wm, dt, scratch, sb, F.s));
+            TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, d_pos, B, T, NH,
+                                                            NKV, hs, wm, dt, scratch, sb, F.s));
         else
             TD_ASSERT_OK(td_ops_cuda_attention_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_fout, d_lse, B, T, C, NH, wm,
                                                         dt, scratch, sb, F.s));
@@ -756,7 +764,7 @@ static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int h
                   dqkv, n_qkv, tol_of(dt, TOL_ATT_BW, (long)group * T));
         if (gqa && mode) { /* no atomics: a second run gives the same bits */
             void *d_again = dnan(dt, n_qkv);
-            TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_again, d_dout, d_qkv, d_fout, d_lse, B, T, NH,
+            TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_again, d_dout, d_qkv, d_fout, d_lse, d_pos, B, T, NH,
                                                             NKV, hs, wm, dt, scratch, sb, F.s));
             const size_t bytes = n_qkv * esize(dt);
             void *h1 = hmalloc(bytes), *h2 = hmalloc(bytes);
@@ -770,7 +778,51 @@ static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int h
 
 static void attention_case(td_dtype dt, int B, int T, int C, int NH, int grouped, int path)
 {
-    attention_gqa_case(dt, B, T, NH, NH, C / NH, grouped, path, 0);
+    attention_gqa_case(dt, B, T, NH, NH, C / NH, grouped, path, 0, NULL);
+}
+
+/* Packed rows: each row several documents, attention not crossing them
+ * (pos restarts at 0), both paths, multi-head and grouped-query, against
+ * the CPU reference with the same positions (tests/test_ops.c checks that
+ * one against each document alone).  Documents end inside and at the edge
+ * of the 64-row tiles, some are one token long, one row is whole. */
+static int *packed_positions(int B, int T)
+{
+    int *pos = malloc((size_t)B * T * sizeof(int)); /* not hmalloc: the case's reset() would free it */
+    assert_non_null(pos);
+    static const int edges[] = {64, 1, 63, 1, 128, 3};
+    for (int b = 0; b < B; b++) {
+        int t = 0, d = 0;
+        while (t < T) {
+            int len = b == 1 ? T : b == 0 && d < 6 ? edges[d] : 1 + (int)td_rng_below(&F.rng, 90);
+            d++;
+            for (int i = 0; i < len && t < T; i++) pos[(size_t)b * T + t++] = i;
+        }
+    }
+    return pos;
+}
+
+static void test_attention_packed(void **state)
+{
+    (void)state;
+    /* B, T, NH, NKV, hs: flash (hs 64, 128) and GEMM (hs 24) shapes, T across several tiles */
+    static const int cases[][5] = {{3, 200, 4, 4, 64}, {3, 257, 8, 2, 64}, {3, 130, 4, 1, 128}, {3, 96, 6, 3, 24},
+                                   {4, 300, 2, 2, 128}};
+    td_rng_seed(&F.rng, 39);
+    worst_begin();
+    for (int di = 0; di < N_DTS; di++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
+            const int paths = flash_shape(DTS[di], NH * hs, NH) ? 2 : 1;
+            for (int path = 0; path < paths; path++)
+                for (int grouped = 0; grouped < 2; grouped++) {
+                    int *pos = packed_positions(B, T);
+                    attention_gqa_case(DTS[di], B, T, NH, NKV, hs, grouped, path, 1, pos);
+                    free(pos);
+                }
+        }
+    reset();
+    worst_print("attention over packed documents");
 }
 
 static void test_attention(void **state)
@@ -813,7 +865,7 @@ static void test_attention_gqa(void **state)
             const int paths = flash_shape(DTS[di], NH * hs, NH) ? 2 : 1;
             for (int path = 0; path < paths; path++)
                 for (int grouped = 0; grouped < (B > 1 ? 2 : 1); grouped++)
-                    attention_gqa_case(DTS[di], B, T, NH, NKV, hs, grouped, path, 1);
+                    attention_gqa_case(DTS[di], B, T, NH, NKV, hs, grouped, path, 1, NULL);
         }
     reset();
     worst_print("attention gqa");
@@ -968,23 +1020,29 @@ static void test_rope(void **state)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const int B = cases[ci][0], T = cases[ci][1], heads = cases[ci][2], hs = cases[ci][3];
             const size_t stride = (size_t)cases[ci][4], n = (size_t)B * T * stride;
+            for (int packed = 0; packed < 2; packed++) {
             reset();
+            int *pos = packed ? hmalloc((size_t)B * T * sizeof(int)) : NULL;
+            for (size_t i = 0; packed && i < (size_t)B * T; i++) /* documents of about 10 tokens */
+                pos[i] = i % (size_t)T && td_rng_below(&F.rng, 10) ? pos[i - 1] + 1 : 0;
+            int *d_pos = packed ? up_int(pos, (size_t)B * T) : NULL;
             float *inv = hmalloc((size_t)hs / 2 * 4);
             rope_table(inv, hs, cases[ci][5]);
             float *d_inv = up(TD_DTYPE_F32, inv, (size_t)hs / 2);
             float *x = hrand(dt, n, 2), *want = hcopy(x, n);
             /* forward; the columns past heads * hs of a row stay as they were */
-            td_ops_rope_forward(want, inv, B, T, heads, hs, stride);
+            td_ops_rope_forward(want, inv, pos, B, T, heads, hs, stride);
             void *d_x = up(dt, x, n);
-            TD_ASSERT_OK(td_ops_cuda_rope_forward(d_x, d_inv, B, T, heads, hs, stride, dt, F.s));
+            TD_ASSERT_OK(td_ops_cuda_rope_forward(d_x, d_inv, d_pos, B, T, heads, hs, stride, dt, F.s));
             check_dev(LABEL("rope forward B%d T%d heads %d hs %d stride %zu", B, T, heads, hs, stride), dt, d_x, want,
                       n, tol_of(dt, TOL_POINT, 2));
             float *dx = hrand(dt, n, 1), *dwant = hcopy(dx, n);
-            td_ops_rope_backward(dwant, inv, B, T, heads, hs, stride);
+            td_ops_rope_backward(dwant, inv, pos, B, T, heads, hs, stride);
             void *d_dx = up(dt, dx, n);
-            TD_ASSERT_OK(td_ops_cuda_rope_backward(d_dx, d_inv, B, T, heads, hs, stride, dt, F.s));
-            check_dev(LABEL("rope backward B%d T%d heads %d hs %d stride %zu", B, T, heads, hs, stride), dt, d_dx,
-                      dwant, n, tol_of(dt, TOL_POINT, 2));
+            TD_ASSERT_OK(td_ops_cuda_rope_backward(d_dx, d_inv, d_pos, B, T, heads, hs, stride, dt, F.s));
+            check_dev(LABEL("rope backward B%d T%d heads %d hs %d stride %zu packed %d", B, T, heads, hs, stride, packed),
+                      dt, d_dx, dwant, n, tol_of(dt, TOL_POINT, 2));
+            }
         }
     }
     reset();
@@ -1010,9 +1068,9 @@ static void llama_attention_case(td_dtype dt, int B, int T, int C, int NH, int N
     float *qkv = hmalloc(NO * 4), *out = hmalloc(NA * 4), *lse = hmalloc(n_lse * 4);
     td_ops_matmul_forward(qkv, x, w, b, N, C, OC);
     for (size_t i = 0; i < NO; i++) qkv[i] = rnd(dt, qkv[i]);
-    td_ops_rope_forward(qkv, inv, B, T, NH + NKV, hs, OC);
+    td_ops_rope_forward(qkv, inv, NULL, B, T, NH + NKV, hs, OC);
     for (size_t i = 0; i < NO; i++) qkv[i] = rnd(dt, qkv[i]);
-    td_ops_attention_gqa_forward(out, lse, qkv, B, T, NH, NKV, hs);
+    td_ops_attention_gqa_forward(out, lse, qkv, NULL, B, T, NH, NKV, hs);
 
     void *d_x = up(dt, x, NC), *d_w = up(dt, w, WC), *d_b = bias ? up(dt, b, OC) : NULL;
     float *d_inv = up(TD_DTYPE_F32, inv, (size_t)hs / 2);
@@ -1022,8 +1080,8 @@ static void llama_attention_case(td_dtype dt, int B, int T, int C, int NH, int N
                       td_ops_cuda_matmul_scratch_bytes(N, OC);
     void *scratch = scratch_for(sb);
     TD_ASSERT_OK(td_ops_cuda_matmul_forward(F.ctx, d_qkv, NULL, d_x, d_w, d_b, NULL, N, C, OC, dt, F.s));
-    TD_ASSERT_OK(td_ops_cuda_rope_forward(d_qkv, d_inv, B, T, NH + NKV, hs, OC, dt, F.s));
-    TD_ASSERT_OK(td_ops_cuda_attention_gqa_forward(F.ctx, d_out, d_lse, d_qkv, B, T, NH, NKV, hs, dt, scratch, sb, F.s));
+    TD_ASSERT_OK(td_ops_cuda_rope_forward(d_qkv, d_inv, NULL, B, T, NH + NKV, hs, OC, dt, F.s));
+    TD_ASSERT_OK(td_ops_cuda_attention_gqa_forward(F.ctx, d_out, d_lse, d_qkv, NULL, B, T, NH, NKV, hs, dt, scratch, sb, F.s));
     check_dev(LABEL("llama attention qkv %s", shape), dt, d_qkv, qkv, NO, tol_of(dt, TOL_BLOCK, C));
     check_dev(LABEL("llama attention out %s", shape), dt, d_out, out, NA, tol_of(dt, TOL_BLOCK, T));
 
@@ -1033,13 +1091,13 @@ static void llama_attention_case(td_dtype dt, int B, int T, int C, int NH, int N
     void *d_fout = up(dt, out, NA);
     float *dout = hrand(dt, NA, 1);
     float *dqkv = hzero(NO), *dx = hzero(NC), *dw = hzero(WC), *db = hzero(OC);
-    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
-    td_ops_rope_backward(dqkv, inv, B, T, NH + NKV, hs, OC);
+    td_ops_attention_gqa_backward(dqkv, dout, qkv, out, lse, NULL, B, T, NH, NKV, hs);
+    td_ops_rope_backward(dqkv, inv, NULL, B, T, NH + NKV, hs, OC);
     td_ops_matmul_backward(dx, dw, bias ? db : NULL, dqkv, x, w, N, C, OC);
     void *d_dqkv = dnan(dt, NO), *d_dx = dnan(dt, NC), *d_dw = up(dt, hzero(WC), WC), *d_db = up(dt, hzero(OC), OC);
-    TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_dqkv, up(dt, dout, NA), d_qkv, d_fout, d_lse, B, T, NH,
+    TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_dqkv, up(dt, dout, NA), d_qkv, d_fout, d_lse, NULL, B, T, NH,
                                                     NKV, hs, TD_OPS_CUDA_SET, dt, scratch, sb, F.s));
-    TD_ASSERT_OK(td_ops_cuda_rope_backward(d_dqkv, d_inv, B, T, NH + NKV, hs, OC, dt, F.s));
+    TD_ASSERT_OK(td_ops_cuda_rope_backward(d_dqkv, d_inv, NULL, B, T, NH + NKV, hs, OC, dt, F.s));
     TD_ASSERT_OK(td_ops_cuda_matmul_backward(F.ctx, d_dx, d_dw, bias ? d_db : NULL, d_dqkv, d_x, d_w, N, C, OC,
                                              TD_OPS_CUDA_SET, dt, dt, scratch, sb, F.s));
     check_dev(LABEL("llama attention dx %s", shape), dt, d_dx, dx, NC, tol_of(dt, TOL_BLOCK, OC));
@@ -1067,14 +1125,14 @@ static void test_llama_argument_errors(void **state)
     reset();
     void *d = dmalloc(1 << 16), *scratch = dmalloc(1 << 20);
     /* key/value heads that do not divide the query heads */
-    assert_int_equal(td_ops_cuda_attention_gqa_forward(F.ctx, d, d, d, 1, 4, 6, 4, 64, TD_DTYPE_BF16, scratch, 1 << 20,
+    assert_int_equal(td_ops_cuda_attention_gqa_forward(F.ctx, d, d, d, NULL, 1, 4, 6, 4, 64, TD_DTYPE_BF16, scratch, 1 << 20,
                                                        F.s),
                      TD_ERR_INVALID);
     assert_non_null(strstr(td_error_msg(), "NKV"));
     assert_int_equal(td_ops_cuda_attention_gqa_scratch_bytes(1, 4, 6, 4, 64, TD_DTYPE_BF16), 0);
     /* odd head size, rows shorter than the heads */
-    assert_int_equal(td_ops_cuda_rope_forward(d, d, 1, 4, 2, 63, 126, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
-    assert_int_equal(td_ops_cuda_rope_backward(d, d, 1, 4, 2, 64, 127, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_rope_forward(d, d, NULL, 1, 4, 2, 63, 126, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
+    assert_int_equal(td_ops_cuda_rope_backward(d, d, NULL, 1, 4, 2, 64, 127, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
     /* in place only when written */
     assert_int_equal(td_ops_cuda_glu_backward(d, d, d, 4, 8, TD_OPS_GLU_SILU, TD_OPS_CUDA_ADD, TD_DTYPE_F32, F.s), TD_ERR_INVALID);
     assert_int_equal(td_ops_cuda_glu_backward(d, d, (char *)d + 4096, 4, 8, TD_OPS_GLU_SILU, TD_OPS_CUDA_SET, TD_DTYPE_F32, F.s),
@@ -1280,7 +1338,7 @@ static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, i
     ca.numel = td_model_block_acts_numel(&cfg, B, T);
     ca.base = hmalloc(ca.numel * 4);
     td_model_block_acts_view(&cfg, B, T, ca.base, &ca.a);
-    td_model_block_forward(&cfg, &w, &ca.a, x, y, B, T);
+    td_model_block_forward(&cfg, &w, &ca.a, x, y, NULL, B, T);
 
     void *d_params = up(dt, params, pn), *d_x = up(dt, x, NC);
     td_ops_cuda_block dw;
@@ -1311,7 +1369,7 @@ static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, i
     const int n_acts = (int)(sizeof acts / sizeof acts[0]);
     if (do_forward) {
         void *d_y = dnan(dt, NC);
-        TD_ASSERT_OK(td_ops_cuda_block_forward(F.ctx, &cfg, &dw, &da, d_x, d_y, B, T, dt, scratch, sb, F.s));
+        TD_ASSERT_OK(td_ops_cuda_block_forward(F.ctx, &cfg, &dw, &da, d_x, d_y, NULL, B, T, dt, scratch, sb, F.s));
         check_dev(LABEL("block y B%d T%d C%d NH%d", B, T, C, NH), dt, d_y, y, NC, tol_of(dt, TOL_BLOCK, 4 * C));
         for (int i = 0; i < n_acts; i++) {
             td_dtype at = acts[i].fp32 ? TD_DTYPE_F32 : dt;
@@ -1330,7 +1388,7 @@ static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, i
     float *g0 = hzero(pn), *dx0 = hzero(NC), *cpu_scratch = hmalloc(td_model_block_scratch_numel(&cfg, B, T) * 4);
     td_model_block gv;
     td_model_block_view(&cfg, g0, &gv);
-    td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx0, cpu_scratch, B, T);
+    td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx0, cpu_scratch, NULL, B, T);
     /* grads start at random values of each tensor's own gradient size */
     float *g = hmalloc(pn * 4);
     {
@@ -1352,12 +1410,12 @@ static void block_case(int B, int T, int C, int NH, td_dtype dt, td_dtype gdt, i
         float *dx = mode ? hcopy(dx0, NC) : acc_like(dt, dx0, NC);
         void *d_dx = mode ? dnan(dt, NC) : up(dt, dx, NC);
         if (mode == 0) {
-            td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx, cpu_scratch, B, T);
+            td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx, cpu_scratch, NULL, B, T);
         } else { /* the grads are added a second time on both sides */
             float *dx_unused = hzero(NC);
-            td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx_unused, cpu_scratch, B, T);
+            td_model_block_backward(&cfg, &w, &gv, &ca.a, x, dy, dx_unused, cpu_scratch, NULL, B, T);
         }
-        TD_ASSERT_OK(td_ops_cuda_block_backward(F.ctx, &cfg, &dw, &dg, &da, d_x, d_dy, d_dx, B, T,
+        TD_ASSERT_OK(td_ops_cuda_block_backward(F.ctx, &cfg, &dw, &dg, &da, d_x, d_dy, d_dx, NULL, B, T,
                                                 mode ? TD_OPS_CUDA_SET : TD_OPS_CUDA_ADD, dt, gdt, scratch, sb, F.s));
         const char *m = mode ? "set" : "add";
         check_dev(LABEL("block dx B%d T%d C%d NH%d %s", B, T, C, NH, m), dt, d_dx, dx, NC, tol_of(dt, TOL_BLOCK, 4 * C));
@@ -1422,8 +1480,8 @@ static void repeats_case(int C, int NH)
     void *const dev[3] = {d_y, d_g, d_dx};
     for (int rep = 0; rep < 3; rep++) {
         fill(d_g, 0, pn * 4);
-        TD_ASSERT_OK(td_ops_cuda_block_forward(F.ctx, &cfg, &w, &a, d_x, d_y, B, T, dt, scratch, sb, F.s));
-        TD_ASSERT_OK(td_ops_cuda_block_backward(F.ctx, &cfg, &w, &g, &a, d_x, d_dy, d_dx, B, T, TD_OPS_CUDA_SET, dt,
+        TD_ASSERT_OK(td_ops_cuda_block_forward(F.ctx, &cfg, &w, &a, d_x, d_y, NULL, B, T, dt, scratch, sb, F.s));
+        TD_ASSERT_OK(td_ops_cuda_block_backward(F.ctx, &cfg, &w, &g, &a, d_x, d_dy, d_dx, NULL, B, T, TD_OPS_CUDA_SET, dt,
                                                 gdt, scratch, sb, F.s));
         CUDA_OK(cudaStreamSynchronize((cudaStream_t)F.s));
         for (int i = 0; i < 3; i++) {
@@ -1521,9 +1579,9 @@ static void block_speed(int path)
     float best_f = 1e30f, best_b = 1e30f;
     for (int rep = 0; rep < 6; rep++) { /* the first is the warm-up (plans, heuristics) */
         CUDA_OK(cudaEventRecord(e0, s));
-        TD_ASSERT_OK(td_ops_cuda_block_forward(F.ctx, &cfg, &w, &a, d_x, d_y, B, T, dt, scratch, sb, F.s));
+        TD_ASSERT_OK(td_ops_cuda_block_forward(F.ctx, &cfg, &w, &a, d_x, d_y, NULL, B, T, dt, scratch, sb, F.s));
         CUDA_OK(cudaEventRecord(e1, s));
-        TD_ASSERT_OK(td_ops_cuda_block_backward(F.ctx, &cfg, &w, &g, &a, d_x, d_dy, d_dx, B, T, TD_OPS_CUDA_SET, dt,
+        TD_ASSERT_OK(td_ops_cuda_block_backward(F.ctx, &cfg, &w, &g, &a, d_x, d_dy, d_dx, NULL, B, T, TD_OPS_CUDA_SET, dt,
                                                 gdt, scratch, sb, F.s));
         CUDA_OK(cudaEventRecord(e2, s));
         CUDA_OK(cudaEventSynchronize(e2));
@@ -1577,6 +1635,7 @@ int main(void)
         cmocka_unit_test(test_pointwise),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_attention_packed),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_rope),

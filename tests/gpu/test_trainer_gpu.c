@@ -301,7 +301,7 @@ static void test_block_probe_llama_family(void **state)
         td_model_block_acts a;
         td_model_block_view(&p->mc, w, &wb);
         td_model_block_acts_view(&p->mc, B, T, acts, &a);
-        td_model_block_forward(&p->mc, &wb, &a, x, y, B, T);
+        td_model_block_forward(&p->mc, &wb, &a, x, y, NULL, B, T);
         /* a recompute (y NULL) refills the acts bit for bit and writes no output */
         const size_t NH_ = (size_t)N * shapes[k].H * sizeof(float);
         float *g0 = malloc(NH_), *g1 = malloc(NH_), *y_after = malloc(N * C * sizeof(float));

@@ -1,8 +1,9 @@
 /* Shared by the trainer's tests (see td_train_test.h). */
 #include "td_train_test.h"
 
-td_status td_test_next_batch(void *ctx, int32_t *tokens, int32_t *targets)
+td_status td_test_next_batch(void *ctx, int32_t *tokens, int32_t *targets, int32_t *positions)
 {
+    (void)positions; /* one document a row */
     td_test_batches *b = ctx;
     if (b->repeat) td_rng_seed(&b->rng, b->seed);
     for (size_t i = 0; i < b->n; i++) {

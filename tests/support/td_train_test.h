@@ -10,7 +10,7 @@
  * something to learn.  repeat: every batch is the one of `seed`. */
 typedef struct td_test_batches { td_rng rng; int vocab; size_t n; int repeat; uint64_t seed; } td_test_batches;
 
-td_status td_test_next_batch(void *ctx, int32_t *tokens, int32_t *targets);
+td_status td_test_next_batch(void *ctx, int32_t *tokens, int32_t *targets, int32_t *positions);
 /* The batches of c's micro-batch shape and vocabulary, seeded. */
 td_test_batches td_test_batches_of(const td_train_config *c, uint64_t seed);
 /* `steps` steps of a fresh trainer over batches seeded with data_seed:
