@@ -27,14 +27,14 @@ after the first 5 (the warm-up and the planner's first steps), counting
 every token of a step, padding included; the fine-tune's share of real
 tokens comes from the packed file (1 - padding / tokens), its counted
 targets a step from the log.  The result goes to
-<out>/finetune_packed-<date>.json with the commands, the machine and both
-verdicts; the script exits 1 if a target is missed.
+bench/results/finetune-packed.json (bench/results.py; --out: another
+folder) with the commands, the machine and both verdicts; the script exits
+1 if a target is missed.
 """
 import argparse
-import datetime
 import json
+import re
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -43,6 +43,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import results as res  # noqa: E402
+
+RESULT_ID = "finetune-packed"
 TEMPLATE = os.path.join(ROOT, "tests", "data", "chat", "qwen2.5.jinja")
 
 WORDS = ("the of and to in is was that for it with as on be at by had are but from not this have which one you were "
@@ -105,7 +109,7 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--conversations", type=int, default=6000)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=None, help="the results folder (default bench/results)")
     ap.add_argument("extra", nargs="*", help="more `tidal train` flags for both runs (after --)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="finetune_packed_")
@@ -127,32 +131,34 @@ def main():
     said = run([a.tidal, "prepare", "--input", jsonl, "--out", ft_tok, "--seq", str(a.seq), "--chat-template",
                 TEMPLATE, "--loss-on", "assistant"])
     print(said.strip())
-    import re
+
     m = re.search(r"\((\d+) tokens, (\d+) of them padding", said)
     tokens, padding = int(m.group(1)), int(m.group(2))
     real = 1 - padding / tokens
     pre = train(a, pre_tok, os.path.join(work, "pre.jsonl"), a.seq)
     ft = train(a, ft_tok, os.path.join(work, "ft.jsonl"), a.seq)
     ratio = ft["tokens_per_s"] / pre["tokens_per_s"]
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True).stdout.strip()
-    result = {
-        "bench": "finetune_packed", "date": datetime.date.today().isoformat(), "model": a.model, "seq": a.seq,
-        "micro_batch": a.micro_batch, "steps": a.steps, "machine": {"host": platform.node(), "gpu": gpu,
-                                                                      "cpus": os.cpu_count()},
+    details = {
+        "model": a.model, "seq": a.seq, "micro_batch": a.micro_batch, "steps": a.steps,
         "data": {"conversations": a.conversations, "rows": tokens // a.seq, "tokens": tokens, "padding": padding,
                  "real_share": real, "prepare": said.strip()},
         "pretraining": pre, "fine_tuning": ft, "tokens_per_s_ratio": ratio,
         "targets": {"ratio_at_least": 0.95, "real_share_at_least": 0.95},
         "pass": {"speed": ratio >= 0.95, "real_tokens": real >= 0.95},
     }
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"finetune_packed-{result['date']}.json")
-    json.dump(result, open(path, "w"), indent=1)
+    figures = [
+        res.figure(f"pretraining {a.model} T{a.seq} B{a.micro_batch}", pre["tokens_per_s"], "tok/s"),
+        res.figure(f"fine-tuning on packed conversations {a.model} T{a.seq} B{a.micro_batch}", ft["tokens_per_s"],
+                   "tok/s"),
+        res.figure("fine-tuning over pretraining tokens/s", 100 * ratio, "%"),
+        res.figure("real (non-padding) tokens of the packed file", 100 * real, "%"),
+    ]
+    path = res.write_result(RESULT_ID, "Fine-tuning on packed conversations beside pretraining at one shape", figures,
+                            details, out_dir=a.out)
     print(f"pretraining {pre['tokens_per_s']:.0f} tokens/s, fine-tuning on packed conversations "
           f"{ft['tokens_per_s']:.0f} tokens/s ({100 * ratio:.1f}%; target >= 95%), {100 * real:.1f}% of the tokens "
           f"real (target >= 95%), {ft['targets_per_step']:.0f} targets counted a step; wrote {path}")
-    sys.exit(0 if all(result["pass"].values()) else 1)
+    sys.exit(0 if all(details["pass"].values()) else 1)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ GROUPS = [
     ("The disk tier (W11a, W11b; DIR on a local disk)",
      "python3 bench/disk_tier.py --dir DIR --parts bench,check,w11a,w11b,paper",
      ["disk-tier-bench", "disk-tier-check", "disk-tier-w11a", "disk-tier-w11b", "disk-tier-paper"]),
+    ("Fine-tuning on packed conversations beside pretraining (the Qwen2.5-0.5B shape)",
+     "python3 bench/finetune_packed.py build/tidal", ["finetune-packed"]),
 ]
 
 RATE = r"(?P<rate>tok/s|tokens/s|params/s|(?:[GT])?FLOP/s|(?:Gi|[KMGT])?B/s)"

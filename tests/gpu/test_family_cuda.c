@@ -2,10 +2,11 @@
  * against its CPU reference, call by call, in fp32: the embedding forward
  * and backward, the block forward (output and activations' effect through
  * the backward), its recompute (y NULL) and backward (dx and every
- * parameter gradient), the head forward (logits) and backward.  The
- * family's smallest preset with one block and a vocabulary of 256, its
- * params perturbed away from init so that gains and biases matter.  A new
- * family is tested by being in the registry. */
+ * parameter gradient), the head forward (logits) and backward; then all
+ * again with each row holding packed documents (run.pos).  The family's
+ * smallest preset with one block and a vocabulary of 256, its params
+ * perturbed away from init so that gains and biases matter.  A new family
+ * is tested by being in the registry. */
 #include "td_test.h"
 #include "tidal/family.h"
 #include "tidal/ops_cuda.h"
@@ -36,6 +37,8 @@ static void *dev_copy(const float *h, size_t n)
 }
 
 /* The largest |gpu - cpu| against the largest |cpu|, which must be within rel. */
+static int packed_run; /* the rows hold packed documents (run.pos set): labels say so */
+
 static void compare(const char *fam, const char *what, const void *d_got, const float *want, size_t n, double rel)
 {
     float *got = fvec(n);
@@ -46,8 +49,9 @@ static void compare(const char *fam, const char *what, const void *d_got, const 
         err = fmax(err, fabs((double)got[i] - want[i]));
         scale = fmax(scale, fabs((double)want[i]));
     }
-    print_message("%-6s %-26s max |diff| %.3g of %.3g\n", fam, what, err, scale);
-    if (!(err <= rel * scale + 1e-6)) fail_msg("%s %s: max |diff| %g of %g", fam, what, err, scale);
+    const char *how = packed_run ? " (packed)" : "";
+    print_message("%-6s %-26s%s max |diff| %.3g of %.3g\n", fam, what, how, err, scale);
+    if (!(err <= rel * scale + 1e-6)) fail_msg("%s %s%s: max |diff| %g of %g", fam, what, how, err, scale);
     free(got);
 }
 
@@ -77,8 +81,16 @@ static void ptrs(const td_model_desc *d, void *base, int first, int count, void 
     }
 }
 
-static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream)
+/* packed: each row holds documents (row 0: 5, 1, 10 tokens; row 1: 16),
+ * their positions restarting, passed in run.pos to both sides. */
+static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream, int packed)
 {
+    packed_run = packed;
+    static const int docs[B][4] = {{5, 1, 10, 0}, {16, 0, 0, 0}};
+    int pos[N];
+    for (int b = 0; b < B; b++)
+        for (int k = 0, t = 0; k < 4 && docs[b][k]; k++)
+            for (int i = 0; i < docs[b][k]; i++) pos[b * T + t++] = i;
     const td_model_desc d = smallest(f);
     const td_model_exec *cpu = td_model_exec_of(&d, 0), *gpu = td_model_exec_of(&d, 1);
     assert_non_null(gpu);
@@ -101,7 +113,7 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream)
     float *scr = fvec(cpu->scratch_bytes(&d, B, T, TD_DTYPE_F32, B) / 4), *emb = fvec(NC), *logits = fvec((size_t)N * Vp);
     float *lnf = fvec(NC), *mean = fvec(N), *rstd = fvec(N), *hdx = fvec(NC);
     td_model_run rc = {.desc = &d, .B = B, .T = T, .dt = TD_DTYPE_F32, .gdt = TD_DTYPE_F32, .scratch = scr,
-                       .scratch_bytes = cpu->scratch_bytes(&d, B, T, TD_DTYPE_F32, B)};
+                       .scratch_bytes = cpu->scratch_bytes(&d, B, T, TD_DTYPE_F32, B), .pos = packed ? pos : NULL};
     /* the GPU side */
     void *d_p = dev_copy(p, np), *d_g = dev(np * 4), *d_x = dev_copy(x, NC), *d_dy = dev_copy(dy, NC);
     void *d_acts = dev(gpu->block_acts_bytes(&d, B, T, TD_DTYPE_F32)), *d_y = dev(NC * 4), *d_dx = dev(NC * 4);
@@ -109,6 +121,8 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream)
     void *d_scr = dev(sb), *d_emb = dev(NC * 4), *d_logits = dev((size_t)N * Vp * 4), *d_lnf = dev(NC * 4);
     void *d_mean = dev(N * 4), *d_rstd = dev(N * 4), *d_hdx = dev(NC * 4), *d_tok = dev(sizeof tok), *d_consts = NULL;
     assert_int_equal(cudaMemcpy(d_tok, tok, sizeof tok, cudaMemcpyHostToDevice), cudaSuccess);
+    void *d_pos = dev(sizeof pos);
+    assert_int_equal(cudaMemcpy(d_pos, pos, sizeof pos, cudaMemcpyHostToDevice), cudaSuccess);
     if (cb) {
         void *h = malloc(cb);
         assert_non_null(h);
@@ -118,7 +132,8 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream)
         free(h);
     }
     td_model_run rg = {.desc = &d, .B = B, .T = T, .dt = TD_DTYPE_F32, .gdt = TD_DTYPE_F32, .ops = ops,
-                       .stream = stream, .consts = d_consts, .scratch = d_scr, .scratch_bytes = sb};
+                       .stream = stream, .consts = d_consts, .scratch = d_scr, .scratch_bytes = sb,
+                       .pos = packed ? d_pos : NULL};
     void *cp[TD_MODEL_BLOCK_TENSORS], *cg[TD_MODEL_BLOCK_TENSORS], *gp[TD_MODEL_BLOCK_TENSORS], *gg[TD_MODEL_BLOCK_TENSORS];
 
     /* embedding */
@@ -173,7 +188,7 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream)
     }
 
     void *devs[] = {d_p, d_g, d_x, d_dy, d_acts, d_y, d_dx, d_scr, d_emb, d_logits, d_lnf, d_mean, d_rstd, d_hdx,
-                    d_tok, d_consts};
+                    d_tok, d_consts, d_pos};
     for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) cudaFree(devs[i]);
     free(p); free(x); free(dy); free(dlogits); free(g); free(acts); free(y); free(dx); free(scr); free(emb);
     free(logits); free(lnf); free(mean); free(rstd); free(hdx);
@@ -188,7 +203,8 @@ static void test_every_family_against_cpu(void **state)
     op.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
     td_ops_cuda *ops;
     TD_ASSERT_OK(td_ops_cuda_create(&op, &ops));
-    for (int i = 0; i < td_model_family_count(); i++) run_family(td_model_family_at(i), ops, NULL);
+    for (int packed = 0; packed < 2; packed++)
+        for (int i = 0; i < td_model_family_count(); i++) run_family(td_model_family_at(i), ops, NULL, packed);
     td_ops_cuda_free(ops);
     cudaFree(ws);
 }
