@@ -309,7 +309,7 @@ static void text_host(const plan_run *pr)
     printf(on_cuda(pr) ? "  pinned (crosses PCIe)\n" : "  copy buffers (what moves to and from the cpu backend's device)\n");
     printf("    params           %12s\n", td_format_bytes(p->host_role_bytes[TD_TENSOR_PARAM], a, sizeof a));
     if (p->frozen_params)
-        printf("    frozen           %12s  (%.1fM params of --freeze: storage alone, never written back)\n",
+        printf("    frozen           %12s  (%.1fM params frozen, --freeze or a LoRA base: storage alone, never written back)\n",
                td_format_bytes(p->host_role_bytes[TD_TENSOR_OTHER], a, sizeof a), (double)p->frozen_params / 1e6);
     printf("    grads            %12s", td_format_bytes(p->host_role_bytes[TD_TENSOR_GRAD], a, sizeof a));
     if (p->host_grad_slots)

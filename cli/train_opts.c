@@ -171,6 +171,14 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
     c->mm.n_disk_dirs = o->offload_dirs.n;
     c->freeze = o->freeze.v;
     c->n_freeze = o->freeze.n;
+    if (o->lora_rank || td_cli_seen(table, "lora-targets") || td_cli_seen(table, "lora-alpha") ||
+        td_cli_seen(table, "lora-dropout")) {
+        if (!td_cli_seen(table, "lora-rank"))
+            return td_error_set(TD_ERR_INVALID, "--lora-alpha, --lora-dropout and --lora-targets need --lora-rank R");
+        float alpha = td_cli_seen(table, "lora-alpha") ? (float)o->lora_alpha : (float)o->lora_rank;
+        if ((st = td_model_lora_set(&c->model, o->lora_rank, alpha, (float)o->lora_dropout, o->lora_targets)))
+            return st;
+    }
     if ((st = td_optim_state_parse(o->optim_state, &c->optim.state))) return td_error_prefix(st, "--optim-state: ");
     if (o->threads < 0) return td_error_set(TD_ERR_INVALID, "--threads %d: give a count of threads, or leave it out", o->threads);
     c->threads = o->threads;

@@ -30,6 +30,9 @@ typedef struct td_cli_train_opts {
     size_t gpu_budget, host_pin_limit, host_ram, shard_size, cpu_device_bytes;
     double param_frac, optim_frac, lr, min_lr, weight_decay, clip;
     td_opt_list offload_dirs, freeze;
+    int lora_rank;
+    double lora_alpha, lora_dropout;
+    const char *lora_targets;
 } td_cli_train_opts;
 
 #define TD_CLI_MODEL_OPTS(o)                                                                                         \
@@ -65,6 +68,13 @@ typedef struct td_cli_train_opts {
     {"freeze", TD_OPT_LIST, &(o)->freeze, "PATTERN", "train without these tensors: a glob over the Hugging Face names, e.g.\n" \
      "'model.embed_tokens.weight' or 'model.layers.[0-9].*' (repeat it for more); they take no\n"           \
      "gradient and no optimizer state, and are never written back (docs/training.md)", 0},                       \
+    {"lora-rank", TD_OPT_INT, &(o)->lora_rank, "R", "LoRA: train rank-R adapters on --lora-targets, the base frozen (docs/training.md,\n" \
+     "\"LoRA\"); --save then writes a PEFT adapter folder", 0},                                                  \
+    {"lora-alpha", TD_OPT_DOUBLE, &(o)->lora_alpha, "A", "LoRA: the update is scaled by A / R (default A = R)", 0}, \
+    {"lora-dropout", TD_OPT_DOUBLE, &(o)->lora_dropout, "P", "LoRA: dropout on the adapters' input (only 0, the default, is supported)", 0}, \
+    {"lora-targets", TD_OPT_STRING, &(o)->lora_targets, "LIST", "LoRA: the modules, comma separated, e.g. q_proj,v_proj (default: every\n" \
+     "linear module of the block: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj;\n"                  \
+     "GPT-2's c_attn,c_proj,c_fc)", 0},                                              \
     {"optim-state", TD_OPT_STRING, &(o)->optim_state, "S", "how AdamW stores m and v: fp32 (default, exact), bf16 or int8 (block-wise\n" \
      "quantized, 8-bit Optimizers); the fp32 master stays fp32", 0},                                               \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},        \

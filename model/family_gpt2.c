@@ -12,6 +12,7 @@
  * The CPU block is here; the CUDA block is model/cuda/block.cu's
  * (td_ops_cuda_block_*), the head and embedding the CUDA ops'. */
 #include "tidal/family.h"
+#include "lora.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -72,7 +73,7 @@ static int kinds(const td_model_desc *d, td_model_section s, td_model_param *out
     case TD_MODEL_SECTION_EMBED: out[0] = TD_MODEL_WTE; out[1] = TD_MODEL_WPE; return 2;
     case TD_MODEL_SECTION_BLOCK:
         for (int k = TD_MODEL_LN1_W; k <= TD_MODEL_FCPROJ_B; k++) out[k - TD_MODEL_LN1_W] = (td_model_param)k;
-        return TD_MODEL_BLOCK_TENSORS;
+        return TD_MODEL_FCPROJ_B - TD_MODEL_LN1_W + 1;
     default: out[0] = TD_MODEL_LNF_W; out[1] = TD_MODEL_LNF_B; return 2;
     }
 }
@@ -206,14 +207,21 @@ static void block_forward(const td_model_desc *d, const td_model_block *w, const
     const int C = d->n_embd, NH = d->n_head, N = B * T;
     td_ops_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1_w, w->ln1_b, N, C);
     td_ops_matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, 3 * C);        // (N,3C)
+    td_lora_forward(d, w, a, TD_MODEL_QKV_W, a->ln1, a->qkv, 3 * C, N);            // + adapters (LoRA)
     td_ops_attention_gqa_forward(a->atty, a->att_lse, a->qkv, pos, B, T, NH, NH, C / NH); // (N,C)
     td_ops_matmul_forward(a->res2, a->atty, w->attproj_w, w->attproj_b, N, C, C);  // attn branch
+    td_lora_forward(d, w, a, TD_MODEL_ATTPROJ_W, a->atty, a->res2, C, N);
     td_ops_residual_forward(a->res2, a->res2, x, (size_t)N * C);                   // x + branch
     td_ops_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N, C);
     td_ops_matmul_forward(a->fch, a->ln2, w->fc_w, w->fc_b, N, C, 4 * C);          // (N,4C)
+    td_lora_forward(d, w, a, TD_MODEL_FC_W, a->ln2, a->fch, 4 * C, N);
     td_ops_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-    if (!y) return; /* a recompute: the acts only */
+    if (!y) { /* a recompute: the acts only (and c_proj's adapter input) */
+        td_lora_forward(d, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, NULL, C, N);
+        return;
+    }
     td_ops_matmul_forward(y, a->fch_gelu, w->fcproj_w, w->fcproj_b, N, 4 * C, C);  // mlp branch
+    td_lora_forward(d, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, y, C, N);
     td_ops_residual_forward(y, y, a->res2, (size_t)N * C);                         // res2 + branch
 }
 
@@ -231,10 +239,12 @@ static void block_backward(const td_model_desc *d, const td_model_block *w, cons
     // y = res2 + fc_proj(gelu(fc(ln2(res2)))): both paths get dy
     zero(d4a, 4 * NC);
     td_ops_matmul_backward(d4a, g->fcproj_w, g->fcproj_b, dy, a->fch_gelu, w->fcproj_w, N, 4 * C, C);
+    td_lora_backward(d, w, g, a, TD_MODEL_FCPROJ_W, a->fch_gelu, dy, C, d4a, N);
     zero(d4b, 4 * NC);
     td_ops_gelu_backward(d4b, a->fch, d4a, 4 * NC);
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->fc_w, g->fc_b, d4b, a->ln2, w->fc_w, N, C, 4 * C);
+    td_lora_backward(d, w, g, a, TD_MODEL_FC_W, a->ln2, d4b, 4 * C, dc, N);
     memcpy(dres2, dy, NC * sizeof(float));
     td_ops_layernorm_backward(dres2, g->ln2_w, g->ln2_b, dc, a->res2, w->ln2_w, a->ln2_mean,
                               a->ln2_rstd, N, C);
@@ -243,11 +253,13 @@ static void block_backward(const td_model_desc *d, const td_model_block *w, cons
     for (size_t i = 0; i < NC; i++) dx[i] += dres2[i];
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->attproj_w, g->attproj_b, dres2, a->atty, w->attproj_w, N, C, C);
+    td_lora_backward(d, w, g, a, TD_MODEL_ATTPROJ_W, a->atty, dres2, C, dc, N);
     float *dqkv = d4a;
     zero(dqkv, 3 * NC);
     td_ops_attention_gqa_backward(dqkv, dc, a->qkv, a->atty, a->att_lse, pos, B, T, NH, NH, C / NH);
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, 3 * C);
+    td_lora_backward(d, w, g, a, TD_MODEL_QKV_W, a->ln1, dqkv, 3 * C, dc, N);
     td_ops_layernorm_backward(dx, g->ln1_w, g->ln1_b, dc, x, w->ln1_w, a->ln1_mean, a->ln1_rstd,
                               N, C);
 }

@@ -12,6 +12,7 @@
  *
  * Last, td_model_cpu_exec: the same calls as a td_model_exec over "device"
  * pointers that are host memory, what the trainer runs on the cpu backend. */
+#include "lora.h"
 #include "tidal/family.h"
 
 #include <string.h>
@@ -24,12 +25,16 @@ static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
 
 /* --- one block, the embedding, the head ---------------------------------------- */
 
-size_t td_model_block_acts_numel(const td_model_desc *cfg, int B, int T) { return cpu_of(cfg)->acts_numel(cfg, B, T); }
+size_t td_model_block_acts_numel(const td_model_desc *cfg, int B, int T)
+{
+    return cpu_of(cfg)->acts_numel(cfg, B, T) + td_lora_acts_numel(cfg, B, T); /* the adapters' after the family's */
+}
 
 void td_model_block_acts_view(const td_model_desc *cfg, int B, int T, float *base, td_model_block_acts *out)
 {
     memset(out, 0, sizeof *out);
     cpu_of(cfg)->acts_view(cfg, B, T, base, out);
+    td_lora_acts_view(cfg, B, T, base + cpu_of(cfg)->acts_numel(cfg, B, T), out);
 }
 
 size_t td_model_block_scratch_numel(const td_model_desc *cfg, int B, int T)

@@ -6,6 +6,7 @@
  * in the family's order (contiguous: td_model_block_span), then the final
  * ones.  A lookup recomputes sizes from the description (no cache): the
  * tables are small and the callers few outside the set-up. */
+#include "lora.h"
 #include "tidal/family.h"
 
 #include <math.h>
@@ -17,15 +18,22 @@
 
 static const td_model_family *fam(const td_model_desc *d) { return td_model_family_of(d); }
 
+/* The family's kinds of a section; a block's LoRA adapters after them. */
 static int kinds(const td_model_desc *d, td_model_section s, td_model_param out[TD_MODEL_BLOCK_TENSORS])
 {
-    return fam(d)->kinds(d, s, out);
+    int n = fam(d)->kinds(d, s, out);
+    return s == TD_MODEL_SECTION_BLOCK ? n + td_lora_kinds(d, out + n) : n;
+}
+
+static int kind_shape(const td_model_desc *d, td_model_param kind, int shape[2])
+{
+    return TD_MODEL_IS_LORA(kind) ? td_lora_shape(d, kind, shape) : fam(d)->shape(d, kind, shape);
 }
 
 static size_t kind_numel(const td_model_desc *d, td_model_param kind)
 {
     int shape[2] = {1, 1};
-    const int ndim = fam(d)->shape(d, kind, shape);
+    const int ndim = kind_shape(d, kind, shape);
     return ndim == 2 ? (size_t)shape[0] * (size_t)shape[1] : (size_t)shape[0];
 }
 
@@ -74,7 +82,7 @@ size_t td_model_block_largest_numel(const td_model_desc *d)
     td_model_param k[TD_MODEL_BLOCK_TENSORS];
     size_t m = 0;
     for (int i = 0, nk = kinds(d, TD_MODEL_SECTION_BLOCK, k); i < nk; i++)
-        if (kind_numel(d, k[i]) > m) m = kind_numel(d, k[i]);
+        if (!TD_MODEL_IS_LORA(k[i]) && kind_numel(d, k[i]) > m) m = kind_numel(d, k[i]);
     return m;
 }
 
@@ -102,7 +110,7 @@ void td_model_tensor_get(const td_model_desc *d, int index, td_model_tensor *out
     }
     for (int i = 0; i < j; i++) out->offset += kind_numel(d, k[i]);
     out->kind = k[j];
-    out->ndim = f->shape(d, out->kind, out->shape);
+    out->ndim = kind_shape(d, out->kind, out->shape);
     if (out->ndim == 1) out->shape[1] = 0;
     out->numel = kind_numel(d, out->kind);
     out->matrix = out->ndim == 2;
@@ -112,6 +120,11 @@ void td_model_tensor_get(const td_model_desc *d, int index, td_model_tensor *out
                                                                               : TD_MODEL_SECTION_FINAL;
     for (int i = 0, np = f->hf_parts(d, s, parts); i < np; i++)
         if (parts[i].kind == out->kind && parts[i].transposed) out->hf_transposed = 1;
+    if (TD_MODEL_IS_LORA(out->kind)) { /* "<prefix><layer>.<module>.lora_A.weight" */
+        int at = snprintf(out->name, sizeof out->name, "%s%d.", f->hf_block_prefix, out->layer);
+        if (at > 0 && (size_t)at < sizeof out->name) td_lora_name(d, out->kind, out->name + at, sizeof out->name - (size_t)at);
+        return;
+    }
     const char *name = f->names[out->kind] ? f->names[out->kind] : "?";
     if (out->layer >= 0) snprintf(out->name, sizeof out->name, "%s%d.%s", f->hf_block_prefix, out->layer, name);
     else snprintf(out->name, sizeof out->name, "%s", name);
@@ -134,7 +147,15 @@ void td_model_block_from(const td_model_desc *d, void *const *p, td_model_block 
     td_model_param bk[TD_MODEL_BLOCK_TENSORS];
     float **slot = (float **)out; /* the struct's pointers follow td_model_param from LN1_W */
     memset(out, 0, sizeof *out);
-    for (int k = 0, nb = kinds(d, TD_MODEL_SECTION_BLOCK, bk); k < nb; k++) slot[bk[k] - TD_MODEL_LN1_W] = p[k];
+    for (int k = 0, nb = kinds(d, TD_MODEL_SECTION_BLOCK, bk); k < nb; k++) {
+        if (!TD_MODEL_IS_LORA(bk[k])) {
+            slot[bk[k] - TD_MODEL_LN1_W] = p[k];
+            continue;
+        }
+        int j = ((int)bk[k] - TD_MODEL_PARAM_COUNT) / 2;
+        if (((int)bk[k] - TD_MODEL_PARAM_COUNT) % 2) out->lora_b[j] = p[k];
+        else out->lora_a[j] = p[k];
+    }
 }
 
 void td_model_block_view(const td_model_desc *d, float *block_base, td_model_block *out)
@@ -155,6 +176,19 @@ void td_model_init_tensor(const td_model_desc *d, int index, float *dst, uint64_
 {
     td_model_tensor t;
     td_model_tensor_get(d, index, &t);
+    /* Each tensor's stream from its index in the layout without adapters,
+     * so a run with LoRA starts from the base weights of the same seed;
+     * the adapters' streams after every base tensor's. */
+    const int nt2 = td_lora_kinds(d, (td_model_param[TD_MODEL_BLOCK_TENSORS]){0});
+    const int ne = td_model_embed_tensor_count(d), nb = td_model_block_tensor_count(d);
+    const int layer = index < ne ? 0 : index >= ne + nb * d->n_layer ? d->n_layer : (index - ne) / nb;
+    const int base_count = td_model_tensor_count(d) - nt2 * d->n_layer;
+    if (TD_MODEL_IS_LORA(t.kind)) {
+        const int stream = base_count + layer * nt2 + ((int)t.kind - TD_MODEL_PARAM_COUNT);
+        td_lora_init(d, t.kind, dst, t.numel, seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(stream + 1)));
+        return;
+    }
+    index -= nt2 * layer; /* the adapters of the blocks before it */
     const td_model_init_rule rule = fam(d)->init(d, t.kind);
     if (!(rule.std > 0)) {
         for (size_t i = 0; i < t.numel; i++) dst[i] = rule.value;

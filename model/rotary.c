@@ -2,6 +2,7 @@
  * its parameters and Hugging Face names, its config.json keys, and its CPU
  * reference block, head and embedding.  The GPU's is cuda/rotary_cuda.c. */
 #include "rotary.h"
+#include "lora.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -275,16 +276,23 @@ static void block_forward(const td_model_desc *d, const td_model_block *w, const
     td_ops_rope_inv_freq(inv_freq, hs, td_model_rope_theta(d), &d->rope_scaling);
     td_ops_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, st->norm_offset, N, C, eps);
     td_ops_matmul_forward(a->qkv, a->ln1, w->qkv_w, w->qkv_b, N, C, QKV);                 // (N,QKV)
+    td_lora_forward(d, w, a, TD_MODEL_QKV_W, a->ln1, a->qkv, QKV, N);                    // + q, k, v adapters
     td_ops_rope_forward(a->qkv, inv_freq, pos, B, T, NH, hs, (size_t)QKV);                    // q
     td_ops_rope_forward(a->qkv + (size_t)NH * hs, inv_freq, pos, B, T, NKV, hs, (size_t)QKV); // k
     td_ops_attention_gqa_forward(a->atty, a->att_lse, a->qkv, pos, B, T, NH, NKV, hs);        // (N,A)
     td_ops_matmul_forward(a->res2, a->atty, w->attproj_w, NULL, N, A, C);                // attn branch
+    td_lora_forward(d, w, a, TD_MODEL_ATTPROJ_W, a->atty, a->res2, C, N);
     td_ops_residual_forward(a->res2, a->res2, x, s.N * s.C);                             // x + branch
     td_ops_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, st->norm_offset, N, C, eps);
     td_ops_matmul_forward(a->fch, a->ln2, w->fc_w, NULL, N, C, 2 * H);                   // (N,2H) gate|up
+    td_lora_forward(d, w, a, TD_MODEL_FC_W, a->ln2, a->fch, 2 * H, N);
     td_ops_glu_forward(a->fch_gelu, a->fch, N, H, st->act);                              // (N,H)
-    if (!y) return; /* a recompute: the acts only */
+    if (!y) { /* a recompute: the acts only (and down_proj's adapter input) */
+        td_lora_forward(d, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, NULL, C, N);
+        return;
+    }
     td_ops_matmul_forward(y, a->fch_gelu, w->fcproj_w, NULL, N, H, C);                   // mlp branch
+    td_lora_forward(d, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, y, C, N);
     td_ops_residual_forward(y, y, a->res2, s.N * s.C);                                   // res2 + branch
 }
 
@@ -306,22 +314,26 @@ static void block_backward(const td_model_desc *d, const td_model_block *w, cons
 
     zero(dB, s.N * s.H);
     td_ops_matmul_backward(dB, g->fcproj_w, NULL, dy, a->fch_gelu, w->fcproj_w, N, H, C);
+    td_lora_backward(d, w, g, a, TD_MODEL_FCPROJ_W, a->fch_gelu, dy, C, dB, N);
     zero(dA, s.N * 2 * s.H);
     td_ops_glu_backward(dA, dB, a->fch, N, H, st->act);
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->fc_w, NULL, dA, a->ln2, w->fc_w, N, C, 2 * H);
+    td_lora_backward(d, w, g, a, TD_MODEL_FC_W, a->ln2, dA, 2 * H, dc, N);
     memcpy(dres2, dy, NC * sizeof(float));
     td_ops_rmsnorm_backward(dres2, g->ln2_w, dc, a->res2, w->ln2_w, st->norm_offset, a->ln2_rstd, N, C);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < NC; i++) dx[i] += dres2[i];
     zero(dc, s.N * s.A);
     td_ops_matmul_backward(dc, g->attproj_w, NULL, dres2, a->atty, w->attproj_w, N, A, C);
+    td_lora_backward(d, w, g, a, TD_MODEL_ATTPROJ_W, a->atty, dres2, C, dc, N);
     zero(dA, s.N * s.QKV);
     td_ops_attention_gqa_backward(dA, dc, a->qkv, a->atty, a->att_lse, pos, B, T, NH, NKV, hs);
     td_ops_rope_backward(dA, inv_freq, pos, B, T, NH, hs, (size_t)QKV);
     td_ops_rope_backward(dA + (size_t)NH * hs, inv_freq, pos, B, T, NKV, hs, (size_t)QKV);
     zero(dc, NC);
     td_ops_matmul_backward(dc, g->qkv_w, g->qkv_b, dA, a->ln1, w->qkv_w, N, C, QKV);
+    td_lora_backward(d, w, g, a, TD_MODEL_QKV_W, a->ln1, dA, QKV, dc, N);
     td_ops_rmsnorm_backward(dx, g->ln1_w, dc, x, w->ln1_w, st->norm_offset, a->ln1_rstd, N, C);
 }
 

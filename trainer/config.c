@@ -47,5 +47,8 @@ td_status td_train_config_check(const td_train_config *c)
                             c->ckpt_blocks, c->model.n_layer, c->model.n_layer);
     if (c->ranks < 0 || (c->ranks > 1 && (c->rank < 0 || c->rank >= c->ranks)))
         return td_error_set(TD_ERR_INVALID, "rank %d of %d ranks", c->rank, c->ranks);
+    if (c->model.lora.rank > 0 && c->model.lora.dropout > 0)
+        return td_error_set(TD_ERR_INVALID, "--lora-dropout %g: the adapters train without dropout here; give "
+                            "--lora-dropout 0", c->model.lora.dropout);
     return td_optim_params_check(&c->optim);
 }

@@ -26,6 +26,12 @@ td_status td_train_frozen(const td_train_config *cfg, uint8_t *frozen)
     const td_model_desc *d = &cfg->model;
     int n = td_model_tensor_count(d), nh = td_model_hf_count(d);
     memset(frozen, 0, (size_t)n);
+    if (d->lora.rank > 0) /* LoRA: the base is frozen, the adapters train */
+        for (int i = 0; i < n; i++) {
+            td_model_tensor tt;
+            td_model_tensor_get(d, i, &tt);
+            frozen[i] = !TD_MODEL_IS_LORA(tt.kind);
+        }
     if (cfg->n_freeze <= 0) return TD_OK;
     if (!cfg->freeze) return td_error_set(TD_ERR_INVALID, "%d --freeze patterns but no list", cfg->n_freeze);
     td_status st = TD_OK;
@@ -56,7 +62,7 @@ td_status td_train_frozen(const td_train_config *cfg, uint8_t *frozen)
                               "tensor (%s) with one gradient: freeze both or neither", a.name, b.name, tt.name);
             goto cleanup;
         }
-        frozen[i] = seen[i] == 1;
+        frozen[i] |= seen[i] == 1;
     }
     for (int p = 0; p < cfg->n_freeze; p++)
         if (!hit[p]) {

@@ -34,6 +34,23 @@ typedef struct td_model_family td_model_family; /* family.h */
 
 /* The model's description.  A zero family is GPT-2, so a GPT-2
  * description needs only the first six fields. */
+/* LoRA (docs/training.md, "LoRA"): each targeted linear module of every
+ * block (a Hugging Face weight of the block, e.g. q_proj, or a part of
+ * tidal's fused q|k|v and gate|up) gets A (R, in) and B (out, R); the
+ * module computes x W^T + s (drop(x) A^T) B^T with s = alpha / R, never
+ * forming W + s B A.  The adapters are block tensors after the family's
+ * (kinds TD_MODEL_LORA_A(j), TD_MODEL_LORA_B(j) for target j in the
+ * family's part order): the layout, the flat reference and the trainer
+ * carry them like any tensor.  A starts kaiming-uniform (a = sqrt 5) as
+ * PEFT's, B at zero. */
+#define TD_MODEL_LORA_MAX 8
+typedef struct td_model_lora {
+    int rank;          /* R; 0: no adapters */
+    float alpha;       /* the update's scale is alpha / R */
+    float dropout;     /* on the adapters' input while training (0: none) */
+    unsigned targets;  /* bit i: the i-th 2-D weight among the family's block parts (td_model_lora_target) */
+} td_model_lora;
+
 typedef struct td_model_desc {
     int n_layer;           /* L */
     int n_head;            /* NH */
@@ -50,6 +67,7 @@ typedef struct td_model_desc {
     td_rope_scaling rope_scaling; /* factor 0: none; else llama3 scaling */
     int qkv_bias;          /* the q, k, v projections have biases (Qwen2) */
     int untied_head;       /* 1: its own lm_head (Vp, C); 0: logits against the embedding */
+    td_model_lora lora;    /* low-rank adapters on the block's linear modules (rank 0: none) */
 } td_model_desc;
 
 /* --- families and presets (model/model.c) ---------------------------------- */
@@ -122,9 +140,38 @@ typedef enum td_model_param {
     TD_MODEL_LM_HEAD,   /* (Vp, C)   an untied head */
     TD_MODEL_PARAM_COUNT
 } td_model_param;
+/* The adapters of LoRA target j (0 <= j < td_model_lora_count): A (R, in), B (out, R). */
+#define TD_MODEL_LORA_A(j) ((td_model_param)(TD_MODEL_PARAM_COUNT + 2 * (j)))
+#define TD_MODEL_LORA_B(j) ((td_model_param)(TD_MODEL_PARAM_COUNT + 2 * (j) + 1))
+#define TD_MODEL_IS_LORA(k) ((int)(k) >= TD_MODEL_PARAM_COUNT)
 
-/* The most tensors a block has (GPT-2's). */
-#define TD_MODEL_BLOCK_TENSORS 12
+/* One LoRA target of a block: the tidal tensor it adapts (a weight), the
+ * rows of it that are the module (q of a fused q|k|v: [0, NH hs)), the
+ * module's input width and its Hugging Face module path in the block
+ * ("self_attn.q_proj", GPT-2's "attn.c_attn"). */
+typedef struct td_model_lora_target {
+    td_model_param kind;
+    int row0, rows, in;
+    char module[48];
+} td_model_lora_target;
+/* Targets per block (0 without LoRA), and the j-th. */
+int td_model_lora_count(const td_model_desc *d);
+void td_model_lora_target_get(const td_model_desc *d, int j, td_model_lora_target *out);
+/* Sets d->lora: rank R, alpha, dropout and the targets, a comma list of
+ * module names as PEFT's target_modules (the last component: q_proj,
+ * k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2's c_attn,
+ * c_proj, c_fc); NULL: every linear module of the block.  TD_ERR_INVALID naming an unknown module (and the
+ * block's), a rank below 1 or above a targeted module's smaller side, a
+ * dropout outside [0, 1) or alpha <= 0. */
+td_status td_model_lora_set(td_model_desc *d, int rank, float alpha, float dropout, const char *targets);
+/* The merged weights: base_params (the layout of d without adapters)
+ * from params (d's layout), each targeted weight W + s B A. */
+void td_model_lora_merge(const td_model_desc *d, const float *params, float *base_params);
+/* The targets' module names, comma separated (PEFT's target_modules). */
+int td_model_lora_modules(const td_model_desc *d, char *buf, size_t n);
+
+/* The most tensors a block has (GPT-2's 12 and the adapters of LoRA targets). */
+#define TD_MODEL_BLOCK_TENSORS (12 + 2 * TD_MODEL_LORA_MAX)
 
 typedef struct td_model_tensor {
     td_model_param kind;
@@ -170,6 +217,7 @@ void td_model_init(const td_model_desc *d, float *params, uint64_t seed);
 typedef struct td_model_block {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+    float *lora_a[TD_MODEL_LORA_MAX], *lora_b[TD_MODEL_LORA_MAX]; /* LoRA target j's A and B (NULL: none) */
 } td_model_block;
 
 /* Points `out` into a block's span (block_base = flat + the span's offset). */

@@ -50,6 +50,9 @@ typedef struct td_model_block_acts {
     float *res2;                      /* (N,C) x + attention branch */
     float *ln2, *ln2_mean, *ln2_rstd; /* (N,C), (N), (N) */
     float *fch, *fch_gelu;            /* the MLP's first product and its activation */
+    /* LoRA (model.h): drop(x) A^T of each target j at lora_xa + j N R, and
+     * (N,R) scratch for the backward; NULL without LoRA */
+    float *lora_xa, *lora_dxa;
 } td_model_block_acts;
 
 /* One block's acts (floats), and the view of them at base. */

@@ -74,7 +74,7 @@ extern "C" void td_ops_cuda_block_view(const td_model_desc *cfg, void *block_bas
     /* td_model_block and td_ops_cuda_block list the same twelve roles in one order */
     void **dst = (void **)out;
     float **src = (float **)&b;
-    for (int i = 0; i < TD_MODEL_BLOCK_TENSORS; i++) dst[i] = src[i];
+    for (int i = 0; i < 12; i++) dst[i] = src[i]; /* the twelve, not the LoRA adapters after them */
 }
 
 extern "C" size_t td_ops_cuda_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt)

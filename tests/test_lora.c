@@ -1,0 +1,346 @@
+/* LoRA (model.h's td_model_lora) on the CPU reference and in the trainer:
+ * the adapters' gradients by finite differences (LLaMA, Qwen2, GPT-2), a
+ * zero B changes nothing, the merged weights evaluate as base + adapters,
+ * the trainer's run equals a reference AdamW over the adapters alone with
+ * the base bit for bit unchanged (offloaded or resident), PEFT's
+ * initialisation and shapes, and bad targets and ranks refused. */
+#include "td_train_test.h"
+#include "tidal/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static td_model_desc desc(const char *family)
+{
+    td_model_desc d = { .n_layer = 2, .n_head = 4, .n_embd = 32, .n_positions = 32, .vocab_size = 61,
+                        .padded_vocab_size = 64 };
+    td_model_desc_set_family(&d, family);
+    if (strcmp(family, "gpt2")) {
+        d.n_kv_head = 2;
+        d.n_inner = 40;
+        d.norm_eps = 1e-6f;
+        d.rope_theta = 10000.0f;
+        d.qkv_bias = !strcmp(family, "qwen2");
+    }
+    return d;
+}
+
+static float loss_of(const td_model_desc *d, const float *p, const int *tok, const int *tgt, int B, int T, float *acts)
+{
+    float loss;
+    int n;
+    TD_ASSERT_OK(td_model_forward(d, p, tok, tgt, B, T, acts, &loss, &n));
+    return loss;
+}
+
+static void batch(int V, int n, int *tok, int *tgt, uint64_t seed)
+{
+    td_rng r;
+    td_rng_seed(&r, seed);
+    for (int i = 0; i < n; i++) {
+        tok[i] = (int)td_rng_below(&r, (uint64_t)V);
+        tgt[i] = (tok[i] * 7 + 3) % V;
+    }
+}
+
+static const struct { const char *family, *targets; } cases[] = {
+    {"llama", NULL}, {"qwen2", "q_proj,v_proj,down_proj"}, {"gpt2", NULL}, {"gpt2", "c_proj"},
+};
+
+/* dL/dA and dL/dB from td_model_backward against central differences (in
+ * double around fp32 losses), B made non-zero so that A's gradient is. */
+static void test_gradients_by_finite_differences(void **state)
+{
+    enum { B = 2, T = 8, N = B * T };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_model_desc d = desc(cases[k].family);
+        TD_ASSERT_OK(td_model_lora_set(&d, 3, 6.0f, 0.0f, cases[k].targets));
+        size_t np = td_model_params_numel(&d);
+        float *p = calloc(np, 4), *g = calloc(np, 4), *acts = calloc(td_model_acts_numel(&d, B, T), 4);
+        float *scratch = calloc(td_model_scratch_numel(&d, B, T), 4);
+        int tok[N], tgt[N];
+        batch(d.vocab_size, N, tok, tgt, 5);
+        td_model_init(&d, p, 11);
+        td_rng r;
+        td_rng_seed(&r, 3);
+        int n = td_model_tensor_count(&d), checked = 0;
+        for (int i = 0; i < n; i++) { /* B non-zero */
+            td_model_tensor t;
+            td_model_tensor_get(&d, i, &t);
+            if (TD_MODEL_IS_LORA(t.kind) && ((int)t.kind - TD_MODEL_PARAM_COUNT) % 2)
+                for (size_t e = 0; e < t.numel; e++) p[t.offset + e] = (float)(td_rng_uniform(&r) - 0.5) * 0.2f;
+        }
+        loss_of(&d, p, tok, tgt, B, T, acts);
+        TD_ASSERT_OK(td_model_backward(&d, p, g, tok, tgt, 1.0f / N, B, T, acts, scratch));
+        for (int i = 0; i < n; i++) {
+            td_model_tensor t;
+            td_model_tensor_get(&d, i, &t);
+            if (!TD_MODEL_IS_LORA(t.kind)) continue;
+            for (int q = 0; q < 3; q++) {
+                size_t e = t.offset + td_rng_below(&r, t.numel);
+                const float eps = 1e-2f, keep = p[e];
+                p[e] = keep + eps;
+                double lp = loss_of(&d, p, tok, tgt, B, T, acts);
+                p[e] = keep - eps;
+                double lm = loss_of(&d, p, tok, tgt, B, T, acts);
+                p[e] = keep;
+                double fd = (lp - lm) / (2.0 * eps);
+                if (!(fabs(fd - g[e]) <= 2e-3 + 2e-2 * fabs(fd)))
+                    fail_msg("%s %s: analytic %.6g, finite difference %.6g", cases[k].family, t.name, g[e], fd);
+                checked++;
+            }
+        }
+        assert_true(checked >= 6);
+        free(p); free(g); free(acts); free(scratch);
+    }
+}
+
+/* B = 0 (PEFT's start): the same losses as the base model, bit for bit;
+ * after the adapters move, the merged weights (W + s B A) evaluate as
+ * base + adapters within 1e-5. */
+static void test_zero_b_and_merge(void **state)
+{
+    enum { B = 2, T = 8, N = B * T };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_model_desc base = desc(cases[k].family), d = base;
+        TD_ASSERT_OK(td_model_lora_set(&d, 4, 8.0f, 0.0f, cases[k].targets));
+        size_t np = td_model_params_numel(&d), nb = td_model_params_numel(&base);
+        assert_true(np > nb);
+        float *p = calloc(np, 4), *m = calloc(nb, 4);
+        float *acts = calloc(td_model_acts_numel(&d, B, T), 4), *bacts = calloc(td_model_acts_numel(&base, B, T), 4);
+        int tok[N], tgt[N];
+        batch(d.vocab_size, N, tok, tgt, 9);
+        td_model_init(&d, p, 11);
+        td_model_lora_merge(&d, p, m);
+        /* the base tensors draw the same values with or without adapters */
+        float *b0 = calloc(nb, 4);
+        td_model_init(&base, b0, 11);
+        assert_memory_equal(m, b0, nb * 4);
+        float with = loss_of(&d, p, tok, tgt, B, T, acts), without = loss_of(&base, m, tok, tgt, B, T, bacts);
+        assert_memory_equal(&with, &without, sizeof with);
+        /* A: kaiming uniform (a = sqrt 5): |a| <= 1 / sqrt(in), not all tiny; B: zero */
+        for (int i = 0; i < td_model_tensor_count(&d); i++) {
+            td_model_tensor t;
+            td_model_tensor_get(&d, i, &t);
+            if (!TD_MODEL_IS_LORA(t.kind)) continue;
+            int isb = ((int)t.kind - TD_MODEL_PARAM_COUNT) % 2;
+            float bound = 1.0f / sqrtf((float)t.shape[1]), big = 0;
+            for (size_t e = 0; e < t.numel; e++) {
+                float v = fabsf(p[t.offset + e]);
+                if (isb) assert_true(v == 0.0f);
+                else assert_true(v <= bound);
+                if (v > big) big = v;
+            }
+            if (!isb) assert_true(big > 0.5f * bound);
+            assert_non_null(strstr(t.name, isb ? ".lora_B.weight" : ".lora_A.weight"));
+            td_rng r;
+            td_rng_seed(&r, (uint64_t)i);
+            for (size_t e = 0; isb && e < t.numel; e++) p[t.offset + e] = (float)(td_rng_uniform(&r) - 0.5) * 0.3f;
+        }
+        td_model_lora_merge(&d, p, m);
+        with = loss_of(&d, p, tok, tgt, B, T, acts);
+        without = loss_of(&base, m, tok, tgt, B, T, bacts);
+        if (!(fabsf(with - without) <= 1e-5f * fabsf(with)))
+            fail_msg("%s: base + adapters %.9g, merged %.9g", cases[k].family, with, without);
+        assert_true(fabsf(with - loss_of(&base, b0, tok, tgt, B, T, bacts)) > 1e-4f); /* the adapters matter */
+        free(p); free(m); free(b0); free(acts); free(bacts);
+    }
+}
+
+/* The trainer against a reference over flat buffers: the whole model's
+ * gradients, AdamW (with the global norm) over the adapters alone. */
+static void reference(const td_train_config *c, int steps, double *losses, float *out)
+{
+    const td_model_desc *mc = &c->model;
+    const int B = c->micro_batch, T = c->seq_len, N = B * T, n = td_model_tensor_count(mc);
+    const size_t np = td_model_params_numel(mc);
+    float *p = calloc(np, 4), *g = calloc(np, 4), *m = calloc(np, 4), *v = calloc(np, 4);
+    float *acts = calloc(td_model_acts_numel(mc, B, T), 4), *scratch = calloc(td_model_scratch_numel(mc, B, T), 4);
+    int32_t *tok = calloc((size_t)N, 4), *tgt = calloc((size_t)N, 4);
+    td_model_init(mc, p, c->seed);
+    td_test_batches b = td_test_batches_of(c, 99);
+    td_adam_cpu *adam;
+    td_adam_cpu_params ap = td_adam_cpu_default_params();
+    TD_ASSERT_OK(td_adam_cpu_create(&ap, &adam));
+    for (int s = 0; s < steps; s++) {
+        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt));
+        float loss;
+        int cnt;
+        memset(g, 0, np * 4);
+        TD_ASSERT_OK(td_model_forward(mc, p, tok, tgt, B, T, acts, &loss, &cnt));
+        TD_ASSERT_OK(td_model_backward(mc, p, g, tok, tgt, (float)(1.0 / N), B, T, acts, scratch));
+        losses[s] = loss;
+        double sumsq = 0;
+        for (int i = 0; i < n; i++) {
+            td_model_tensor t;
+            td_model_tensor_get(mc, i, &t);
+            for (size_t e = 0; TD_MODEL_IS_LORA(t.kind) && e < t.numel; e++)
+                sumsq += (double)g[t.offset + e] * g[t.offset + e];
+        }
+        td_adam_coeffs cd;
+        double lr = td_lr_at(&c->optim.lr, s + 1);
+        double clip = c->optim.max_grad_norm > 0 ? td_clip_coef(sqrt(sumsq), c->optim.max_grad_norm) : 1.0;
+        TD_ASSERT_OK(td_adam_coeffs_make(&c->optim.adam, lr, s + 1, clip, &cd));
+        for (int i = 0; i < n; i++) {
+            td_model_tensor t;
+            td_model_tensor_get(mc, i, &t);
+            if (!TD_MODEL_IS_LORA(t.kind)) continue;
+            td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
+                                 .grad_dtype = TD_DTYPE_F32, .param_dtype = TD_DTYPE_F32, .numel = t.numel };
+            TD_ASSERT_OK(td_adam_cpu_update(adam, &cd, &ch, 1));
+        }
+    }
+    memcpy(out, p, np * 4);
+    td_adam_cpu_destroy(adam);
+    free(p); free(g); free(m); free(v); free(acts); free(scratch); free(tok); free(tgt);
+}
+
+static td_train_config run_config(const char *family, const char *targets)
+{
+    td_train_config c = td_train_default_config();
+    c.model = desc(family);
+    c.model.n_layer = 3;
+    TD_ASSERT_OK(td_model_lora_set(&c.model, 4, 8.0f, 0.0f, targets));
+    c.micro_batch = 2;
+    c.seq_len = 16;
+    c.backend = TD_BACKEND_CPU;
+    c.mm.min_chunk_numel = 1024;
+    c.mm.max_chunk_numel = 8192;
+    c.optim.lr.lr = 1e-2;
+    c.optim.lr.warmup_steps = 0;
+    c.optim.adam.weight_decay = 0.01;
+    c.threads = 2;
+    return c;
+}
+
+static void test_trainer_matches_reference(void **state)
+{
+    enum { STEPS = 5 };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_train_config c = run_config(cases[k].family, cases[k].targets);
+        const td_model_desc *mc = &c.model;
+        size_t np = td_model_params_numel(mc);
+        float *want = malloc(np * 4), *init = malloc(np * 4);
+        double lw[STEPS], lg[STEPS];
+        reference(&c, STEPS, lw, want);
+        td_model_init(mc, init, c.seed);
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        td_test_batches b = td_test_batches_of(&c, 99);
+        for (int s = 0; s < STEPS; s++) {
+            td_step_result r;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+            lg[s] = r.loss;
+            if (!(fabs(lg[s] - lw[s]) <= 2e-6 * fabs(lw[s])))
+                fail_msg("%s step %d: trainer %.9g, reference %.9g", cases[k].family, s, lg[s], lw[s]);
+        }
+        TD_ASSERT_OK(td_trainer_finish_update(t));
+        td_memmgr *mm = td_trainer_memmgr(t);
+        for (int i = 0; i < td_model_tensor_count(mc); i++) {
+            td_model_tensor tt;
+            int pid, gid;
+            void *h;
+            td_model_tensor_get(mc, i, &tt);
+            td_trainer_tensor_ids(t, i, &pid, &gid, NULL, NULL);
+            TD_ASSERT_OK(td_memmgr_host_access(mm, &pid, 1, TD_ACCESS_READ, &h));
+            if (!TD_MODEL_IS_LORA(tt.kind)) { /* the base: frozen, bit for bit */
+                assert_int_equal(gid, -1);
+                assert_memory_equal(h, init + tt.offset, tt.numel * 4);
+                continue;
+            }
+            assert_true(gid >= 0);
+            int moved = 0;
+            for (size_t e = 0; e < tt.numel; e++) moved |= ((float *)h)[e] != init[tt.offset + e];
+            assert_true(moved); /* A and B both train (B from zero) */
+            for (size_t e = 0; e < tt.numel; e++)
+                if (!(fabsf(((float *)h)[e] - want[tt.offset + e]) <= 1e-5f))
+                    fail_msg("%s %s[%zu]: trainer %.9g, reference %.9g", cases[k].family, tt.name, e,
+                             ((float *)h)[e], want[tt.offset + e]);
+        }
+        td_trainer_destroy(t);
+        free(want); free(init);
+    }
+}
+
+/* Streaming the frozen base through a tight budget with recomputed blocks:
+ * the same losses, bit for bit, as everything resident. */
+static void test_offloaded_is_bit_identical(void **state)
+{
+    enum { STEPS = 3 };
+    td_train_config c = run_config("llama", NULL);
+    c.mm.placement = TD_PLACEMENT_CUDA;
+    c.gpu_budget = 64 * TD_MiB;
+    double ref[STEPS], got[STEPS];
+    td_test_train(&c, STEPS, 7, ref, NULL);
+    td_train_config v = c;
+    v.mm.placement = TD_PLACEMENT_CPU;
+    v.ckpt = TD_CKPT_ON;
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(&v, &t));
+    td_test_batches b = td_test_batches_of(&c, 7);
+    td_step_result r;
+    TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+    v.gpu_budget = td_memmgr_min_budget(td_trainer_memmgr(t)) + 64 * 1024;
+    td_trainer_destroy(t);
+    td_memmgr_stats st;
+    td_test_train(&v, STEPS, 7, got, &st);
+    assert_memory_equal(got, ref, sizeof got);
+    assert_true(st.evictions > 0);
+}
+
+static void expect_bad(const char *family, int rank, float alpha, float p, const char *targets, const char *needle)
+{
+    td_model_desc d = desc(family);
+    assert_int_equal(td_model_lora_set(&d, rank, alpha, p, targets), TD_ERR_INVALID);
+    if (!strstr(td_error_msg(), needle)) fail_msg("expected '%s' in: %s", needle, td_error_msg());
+    assert_int_equal(d.lora.rank, 0);
+}
+
+static void test_bad_input(void **state)
+{
+    expect_bad("llama", 4, 8, 0, "q_proj,qq_proj", "'qq_proj' is no linear module of the LLaMA block");
+    expect_bad("llama", 4, 8, 0, "c_attn", "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+    expect_bad("gpt2", 4, 8, 0, "q_proj", "c_attn");
+    expect_bad("llama", 0, 8, 0, NULL, "at least 1");
+    expect_bad("llama", 17, 8, 0, "k_proj", "above self_attn.k_proj's width (16 x 32): at most 16");
+    expect_bad("llama", 4, 0, 0, NULL, "--lora-alpha");
+    expect_bad("llama", 4, 8, 1.0f, NULL, "--lora-dropout");
+    /* GPT-2's c_proj is two modules (attn and mlp); PEFT's target list names it once */
+    td_model_desc d = desc("gpt2");
+    TD_ASSERT_OK(td_model_lora_set(&d, 2, 2, 0, "c_proj"));
+    assert_int_equal(td_model_lora_count(&d), 2);
+    char mods[128];
+    td_model_lora_modules(&d, mods, sizeof mods);
+    assert_string_equal(mods, "c_proj");
+    d = desc("llama");
+    TD_ASSERT_OK(td_model_lora_set(&d, 2, 2, 0, NULL));
+    td_model_lora_modules(&d, mods, sizeof mods);
+    assert_string_equal(mods, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    /* v_proj: rows [NH hs + NKV hs, QKV) of the fused q|k|v */
+    TD_ASSERT_OK(td_model_lora_set(&d, 2, 2, 0, "v_proj"));
+    td_model_lora_target tg;
+    td_model_lora_target_get(&d, 0, &tg);
+    assert_int_equal(tg.kind, TD_MODEL_QKV_W);
+    assert_int_equal(tg.row0, 32 + 16);
+    assert_int_equal(tg.rows, 16);
+    assert_string_equal(tg.module, "self_attn.v_proj");
+    /* a dropout the trainer does not compute is refused before the first step */
+    td_train_config c = run_config("llama", NULL);
+    c.model.lora.dropout = 0.1f;
+    td_trainer *t = NULL;
+    assert_int_not_equal(td_trainer_create(&c, &t), TD_OK);
+    assert_non_null(strstr(td_error_msg(), "--lora-dropout"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gradients_by_finite_differences),
+        cmocka_unit_test(test_zero_b_and_merge),
+        cmocka_unit_test(test_trainer_matches_reference),
+        cmocka_unit_test(test_offloaded_is_bit_identical),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
