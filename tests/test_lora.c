@@ -164,7 +164,7 @@ static void reference(const td_train_config *c, int steps, double *losses, float
     td_adam_cpu_params ap = td_adam_cpu_default_params();
     TD_ASSERT_OK(td_adam_cpu_create(&ap, &adam));
     for (int s = 0; s < steps; s++) {
-        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt));
+        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt, NULL));
         float loss;
         int cnt;
         memset(g, 0, np * 4);
