@@ -82,24 +82,93 @@ static td_status loader_batch(void *ctx, int32_t *tokens, int32_t *targets, int3
     return TD_OK;
 }
 
+/* The command's options. */
+typedef struct eval_opts {
+    model_opts m;
+    const char *data, *split, *batches_text;
+    int batches, batch, seq, json, all;
+    double heldout;
+} eval_opts;
+
+/* The options' checks (--batches read into batches and all); TD_OK or the
+ * usage error. */
+static td_status eval_check(const td_opt *table, eval_opts *o)
+{
+    td_status st = td_args_require(table, "data", NULL);
+    if (!st && strcmp(o->split, "all") && strcmp(o->split, "heldout"))
+        st = td_error_set(TD_ERR_INVALID, "--split '%s': use all or heldout", o->split);
+    o->all = !strcmp(o->batches_text, "all");
+    if (!st && !o->all) {
+        char *end;
+        long v = strtol(o->batches_text, &end, 10);
+        if (*end || end == o->batches_text || v < 1 || v > 1000000000)
+            st = td_error_set(TD_ERR_INVALID, "--batches '%s': a positive number, or all", o->batches_text);
+        else o->batches = (int)v;
+    }
+    if (!st && o->batch < 1) st = td_error_set(TD_ERR_INVALID, "--micro-batch must be positive");
+    return st;
+}
+
+/* The loader over --data's split in file order for the model c, and the
+ * batches to read (--batches all: every sequence once). */
+static td_status eval_loader(eval_opts *o, const td_train_config *c, td_loader **l, eval_batches *eb)
+{
+    td_status st;
+    td_loader_params lp = td_loader_default_params();
+    lp.batch = (uint32_t)o->batch;
+    lp.seq = (uint32_t)c->seq_len;
+    lp.shuffle = 0;
+    if (!strcmp(o->split, "heldout")) {
+        lp.heldout_percent = o->heldout;
+        lp.split = TD_DATA_HELDOUT;
+    }
+    if ((st = td_loader_open(o->data, &lp, l))) return st;
+    int vocab = (int)td_tokfile_get_info(td_loader_file(*l))->vocab_size;
+    if (vocab > c->model.vocab_size)
+        return td_error_set(TD_ERR_INVALID, "%s has a vocabulary of %d, the model only %d", o->data, vocab,
+                            c->model.vocab_size);
+    *eb = (eval_batches){*l, (uint32_t)o->batch, (uint32_t)c->seq_len, o->all, td_loader_sequences(*l)};
+    if (o->all) {
+        uint64_t n = (eb->left + (uint64_t)o->batch - 1) / (uint64_t)o->batch;
+        if (n > 1000000000)
+            return td_error_set(TD_ERR_INVALID, "%s holds %llu sequences: too many batches for --batches all", o->data,
+                                (unsigned long long)eb->left);
+        o->batches = (int)n;
+    }
+    return TD_OK;
+}
+
+static td_status eval_report(const eval_opts *o, double loss, uint64_t tokens)
+{
+    if (!o->json) {
+        printf("loss %.4f nats/token (perplexity %.2f) over %llu tokens of %s (%d batches)\n", loss, exp(loss),
+               (unsigned long long)tokens, o->data, o->batches);
+        return TD_OK;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "loss", loss);
+    cJSON_AddNumberToObject(j, "perplexity", exp(loss));
+    cJSON_AddNumberToObject(j, "tokens", (double)tokens);
+    cJSON_AddNumberToObject(j, "batches", o->batches);
+    return td_cli_print_json(j);
+}
+
 int td_cli_eval_main(int argc, char **argv)
 {
-    model_opts m = {.backend = "auto"};
-    const char *data = NULL, *split = "all", *batches_text = "20";
-    int batches = 20, batch = 4, seq = 0, json = 0;
-    double heldout = 10;
+    eval_opts o = {.m = {.backend = "auto"}, .split = "all", .batches_text = "20", .batches = 20, .batch = 4,
+                   .heldout = 10};
     td_opt table[] = {
-        MODEL_OPTS(&m),
-        {"data", TD_OPT_STRING, &data, "FILE", "token file (`tidal prepare`)", 0},
-        {"batches", TD_OPT_STRING, &batches_text, "N", "batches to average over (default 20), or all: every sequence\n"
-                                                        "of the split once", 0},
-        {"micro-batch", TD_OPT_INT, &batch, "B", "sequences per batch (default 4)", 0},
-        {"seq", TD_OPT_INT, &seq, "T", "sequence length (default: a file of packed rows' row length, else the\n"
+        MODEL_OPTS(&o.m),
+        {"data", TD_OPT_STRING, &o.data, "FILE", "token file (`tidal prepare`)", 0},
+        {"batches", TD_OPT_STRING, &o.batches_text, "N", "batches to average over (default 20), or all: every sequence\n"
+                                                          "of the split once", 0},
+        {"micro-batch", TD_OPT_INT, &o.batch, "B", "sequences per batch (default 4)", 0},
+        {"seq", TD_OPT_INT, &o.seq, "T", "sequence length (default: a file of packed rows' row length, else the\n"
                                          "model's positions, at most 1024)", 0},
-        {"split", TD_OPT_STRING, &split, "S", "all (default) or heldout: the last --heldout % of the sequences", 0},
-        {"heldout", TD_OPT_DOUBLE, &heldout, "PCT", "the held-out share, as given to `tidal train --heldout` (default 10)", 0},
-        {"json", TD_OPT_FLAG, &json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}: tokens\n"
-                                          "counts the targets the loss averages over", 0},
+        {"split", TD_OPT_STRING, &o.split, "S", "all (default) or heldout: the last --heldout % of the sequences", 0},
+        {"heldout", TD_OPT_DOUBLE, &o.heldout, "PCT", "the held-out share, as given to `tidal train --heldout` (default 10)", 0},
+        {"json", TD_OPT_FLAG, &o.json, NULL, "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...}: tokens\n"
+                                            "counts the targets the loss averages over", 0},
         {NULL, 0, NULL, NULL, NULL, 0},
     };
     int rc = parse_model_command(table, argc, argv, "eval",
@@ -109,77 +178,31 @@ int td_cli_eval_main(int argc, char **argv)
                                  "file of JSONL records counts only the tokens its --loss-on named, never\n"
                                  "padding), with packed documents seen one by one.");
     if (rc >= 0) return rc;
-    rc = 1;
     td_trainer *t = NULL;
     td_loader *l = NULL;
-    td_status st = td_args_require(table, "data", NULL);
-    if (!st && strcmp(split, "all") && strcmp(split, "heldout"))
-        st = td_error_set(TD_ERR_INVALID, "--split '%s': use all or heldout", split);
-    const int all = !strcmp(batches_text, "all");
-    if (!st && !all) {
-        char *end;
-        long v = strtol(batches_text, &end, 10);
-        if (*end || end == batches_text || v < 1 || v > 1000000000)
-            st = td_error_set(TD_ERR_INVALID, "--batches '%s': a positive number, or all", batches_text);
-        else batches = (int)v;
-    }
-    if (!st && batch < 1) st = td_error_set(TD_ERR_INVALID, "--micro-batch must be positive");
+    td_status st = eval_check(table, &o);
     if (st) {
         fprintf(stderr, "tidal eval: %s\n", td_error_msg());
         td_args_free();
         return 2;
     }
-    if (seq <= 0) { /* a file of packed rows is read with its own row length */
+    if (o.seq <= 0) { /* a file of packed rows is read with its own row length */
         td_tokfile *f = NULL;
-        if ((st = td_tokfile_open(data, &f))) goto cleanup;
-        seq = (int)td_tokfile_get_info(f)->row_tokens;
+        if ((st = td_tokfile_open(o.data, &f))) goto cleanup;
+        o.seq = (int)td_tokfile_get_info(f)->row_tokens;
         td_tokfile_close(f);
     }
-    if ((st = open_model(&m, batch, seq, &t))) goto cleanup;
-    const td_train_config *c = td_trainer_config(t);
-    td_loader_params lp = td_loader_default_params();
-    lp.batch = (uint32_t)batch;
-    lp.seq = (uint32_t)c->seq_len;
-    lp.shuffle = 0;
-    if (!strcmp(split, "heldout")) {
-        lp.heldout_percent = heldout;
-        lp.split = TD_DATA_HELDOUT;
-    }
-    if ((st = td_loader_open(data, &lp, &l))) goto cleanup;
-    int vocab = (int)td_tokfile_get_info(td_loader_file(l))->vocab_size;
-    if (vocab > c->model.vocab_size) {
-        st = td_error_set(TD_ERR_INVALID, "%s has a vocabulary of %d, the model only %d", data, vocab, c->model.vocab_size);
-        goto cleanup;
-    }
-    eval_batches eb = {l, (uint32_t)batch, (uint32_t)c->seq_len, all, td_loader_sequences(l)};
-    if (all) {
-        uint64_t n = (eb.left + (uint64_t)batch - 1) / (uint64_t)batch;
-        if (n > 1000000000) {
-            st = td_error_set(TD_ERR_INVALID, "%s holds %llu sequences: too many batches for --batches all", data,
-                              (unsigned long long)eb.left);
-            goto cleanup;
-        }
-        batches = (int)n;
-    }
+    eval_batches eb;
     double loss;
     uint64_t tokens = 0;
-    if ((st = td_trainer_eval(t, loader_batch, &eb, batches, &loss, &tokens))) goto cleanup;
-    if (json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddNumberToObject(j, "loss", loss);
-        cJSON_AddNumberToObject(j, "perplexity", exp(loss));
-        cJSON_AddNumberToObject(j, "tokens", (double)tokens);
-        cJSON_AddNumberToObject(j, "batches", batches);
-        if ((st = td_cli_print_json(j))) goto cleanup;
-    } else {
-        printf("loss %.4f nats/token (perplexity %.2f) over %llu tokens of %s (%d batches)\n", loss, exp(loss),
-               (unsigned long long)tokens, data, batches);
-    }
-    rc = 0;
+    if ((st = open_model(&o.m, o.batch, o.seq, &t)) || (st = eval_loader(&o, td_trainer_config(t), &l, &eb)) ||
+        (st = td_trainer_eval(t, loader_batch, &eb, o.batches, &loss, &tokens)))
+        goto cleanup;
+    st = eval_report(&o, loss, tokens);
 cleanup:
     if (st) fprintf(stderr, "tidal eval: %s\n", td_error_msg());
     td_loader_destroy(l);
     td_trainer_destroy(t);
     td_args_free();
-    return rc;
+    return st ? 1 : 0;
 }
