@@ -6,6 +6,9 @@
  * initialisation and shapes, and bad targets and ranks refused. */
 #include "td_train_test.h"
 #include "tidal/model.h"
+#include "tidal/safetensors.h"
+
+#include <unistd.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -333,6 +336,77 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(td_error_msg(), "--lora-dropout"));
 }
 
+
+/* --save of a LoRA run: a PEFT folder (PEFT's names and shapes, its
+ * adapter_config.json); loaded into a fresh run it gives the same
+ * adapters, and with its train state the run continues bit for bit. */
+static void test_adapter_save_resume(void **state)
+{
+    enum { STEPS = 5, CUT = 2 };
+    for (int k = 0; k < 3; k += 2) { /* llama, gpt2 */
+        td_train_config c = run_config(cases[k].family, cases[k].targets);
+        double straight[STEPS];
+        td_test_train(&c, STEPS, 99, straight, NULL);
+        char dir[] = "/tmp/td_lora_XXXXXX", ad[300], path[400];
+        assert_non_null(mkdtemp(dir));
+        snprintf(ad, sizeof ad, "%s/adapter", dir);
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        td_test_batches b = td_test_batches_of(&c, 99);
+        for (int s = 0; s < CUT; s++) {
+            td_step_result r;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        }
+        const char *meta[] = {"note", "kept", NULL};
+        TD_ASSERT_OK(td_trainer_save_adapter(t, ad, "/models/base", 1, meta));
+        td_trainer_destroy(t);
+        /* the files as PEFT writes them */
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
+        td_st_reader *f;
+        TD_ASSERT_OK(td_st_open(path, &f));
+        const char *q = strcmp(cases[k].family, "gpt2")
+                          ? "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"
+                          : "base_model.model.transformer.h.1.attn.c_attn.lora_B.weight";
+        const td_st_tensor *x = td_st_find(f, q);
+        if (!x) fail_msg("no tensor %s", q);
+        assert_int_equal(x->ndim, 2);
+        assert_int_equal(x->shape[strcmp(cases[k].family, "gpt2") ? 0 : 1], 4); /* A (R, in), B (out, R) */
+        assert_int_equal(td_st_tensor_count(f), 2 * td_model_lora_count(&c.model) * c.model.n_layer);
+        td_st_close(f);
+        snprintf(path, sizeof path, "%s/adapter_config.json", ad);
+        char *cfg = td_test_slurp(path, NULL);
+        assert_non_null(strstr(cfg, "\"base_model_name_or_path\":\t\"/models/base\""));
+        assert_non_null(strstr(cfg, "\"peft_type\":\t\"LORA\""));
+        assert_non_null(strstr(cfg, "\"r\":\t4"));
+        assert_non_null(strstr(cfg, "\"lora_alpha\":\t8"));
+        assert_non_null(strstr(cfg, strcmp(cases[k].family, "gpt2") ? "\"down_proj\"" : "\"c_fc\""));
+        free(cfg);
+        char note[16];
+        assert_non_null(td_trainer_adapter_meta(ad, "note", note, sizeof note));
+        assert_string_equal(note, "kept");
+        /* resume: the same losses from the cut on */
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        TD_ASSERT_OK(td_trainer_load_adapter(t, ad, 1));
+        assert_int_equal(td_trainer_optim(t)->step, CUT);
+        for (int s = CUT; s < STEPS; s++) {
+            td_step_result r;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+            assert_memory_equal(&r.loss, &straight[s], sizeof(double));
+        }
+        td_trainer_destroy(t);
+        /* another rank's adapters are refused, naming the tensor */
+        td_train_config o = c;
+        TD_ASSERT_OK(td_model_lora_set(&o.model, 2, 8.0f, 0.0f, cases[k].targets));
+        TD_ASSERT_OK(td_trainer_create(&o, &t));
+        assert_int_not_equal(td_trainer_load_adapter(t, ad, 0), TD_OK);
+        assert_non_null(strstr(td_error_msg(), "lora_A.weight"));
+        td_trainer_destroy(t);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -341,6 +415,7 @@ int main(void)
         cmocka_unit_test(test_trainer_matches_reference),
         cmocka_unit_test(test_offloaded_is_bit_identical),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_adapter_save_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -549,6 +549,21 @@ int td_trainer_checkpointing(const td_trainer *t);
 /* Optimizer chunks updated on the GPU (the rest by the CPU AdamW); *total:
  * all of them (may be NULL). */
 int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total);
+/* A LoRA run's adapters (cfg.model.lora) as a PEFT adapter folder in dir
+ * (made as `mkdir -p`): adapter_config.json (base_model_name_or_path:
+ * base, or null), adapter_model.safetensors with PEFT's tensor names
+ * ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+ * fp32; with state, adapter_train_state.safetensors: the AdamW moments, the
+ * step and meta's key/value pairs (NULL-terminated), for a resume.  One
+ * rank; fp32 or bf16 moments. */
+td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *base, int state,
+                                  const char *const *meta);
+/* The adapters of such a folder into the run (its LoRA rank and targets
+ * must be the folder's: a shape that differs is an error naming the
+ * tensor), and with state the moments and the step. */
+td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state);
+/* A metadata value of dir's adapter train state into buf, or NULL. */
+const char *td_trainer_adapter_meta(const char *dir, const char *key, char *buf, size_t n);
 /* Memmgr ids of model tensor `index`: param, grad, adam m, adam v (-1 but
  * the param for a frozen tensor, --freeze). */
 void td_trainer_tensor_ids(const td_trainer *t, int index, int *param, int *grad, int *m, int *v);

@@ -1,0 +1,285 @@
+/* A LoRA run's adapters as a PEFT adapter folder (trainer.h,
+ * td_trainer_save_adapter): adapter_config.json and
+ * adapter_model.safetensors as peft's save_pretrained writes them (tensor
+ * names "base_model.model.<module path>.lora_A.weight", fp32), which
+ * peft.PeftModel.from_pretrained loads over the base; with the train state,
+ * adapter_train_state.safetensors beside them: the adapters' AdamW moments
+ * (fp32 values), the optimizer's step and the caller's metadata, for
+ * --resume.  The base's weights are not copied: the folder names them
+ * (base_model_name_or_path). */
+#include "train_impl.h"
+#include "tidal/alloc.h"
+#include "tidal/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define ADAPTER_CONFIG "adapter_config.json"
+#define ADAPTER_MODEL "adapter_model.safetensors"
+#define ADAPTER_STATE "adapter_train_state.safetensors"
+
+/* PEFT's name of layout tensor i (an adapter). */
+static void peft_name(const td_trainer *t, int i, char *buf, size_t n)
+{
+    td_model_tensor tt;
+    td_model_tensor_get(&t->cfg.model, i, &tt);
+    const char *pre = td_model_family_of(&t->cfg.model)->hf_optional_prefix;
+    snprintf(buf, n, "base_model.model.%s%s", pre ? pre : "", tt.name);
+}
+
+static td_status mkdirs(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        if (mkdir(p, 0777) && errno != EEXIST) return td_error_set(TD_ERR_IO, "mkdir %s: %s", p, strerror(errno));
+        *s = '/';
+    }
+    if (mkdir(p, 0777) && errno != EEXIST) return td_error_set(TD_ERR_IO, "mkdir %s: %s", p, strerror(errno));
+    return TD_OK;
+}
+
+static td_status write_config(const td_trainer *t, const char *dir, const char *base)
+{
+    const td_model_lora *l = &t->cfg.model.lora;
+    char path[4200], tmp[4210], mods[256];
+    td_model_lora_modules(&t->cfg.model, mods, sizeof mods);
+    cJSON *j = cJSON_CreateObject(), *tm = cJSON_AddArrayToObject(j, "target_modules");
+    for (char *s = mods, *e; s && *s; s = e ? e + 1 : NULL) {
+        e = strchr(s, ',');
+        if (e) *e = '\0';
+        cJSON_AddItemToArray(tm, cJSON_CreateString(s));
+    }
+    if (base) cJSON_AddStringToObject(j, "base_model_name_or_path", base);
+    else cJSON_AddNullToObject(j, "base_model_name_or_path");
+    cJSON_AddStringToObject(j, "peft_type", "LORA");
+    cJSON_AddStringToObject(j, "task_type", "CAUSAL_LM");
+    cJSON_AddNumberToObject(j, "r", l->rank);
+    cJSON_AddNumberToObject(j, "lora_alpha", l->alpha);
+    cJSON_AddNumberToObject(j, "lora_dropout", l->dropout);
+    cJSON_AddStringToObject(j, "bias", "none");
+    /* GPT-2's Conv1D stores (in, out): PEFT's flag for it */
+    cJSON_AddBoolToObject(j, "fan_in_fan_out", !strcmp(td_model_family_of(&t->cfg.model)->name, "gpt2"));
+    cJSON_AddBoolToObject(j, "inference_mode", 1);
+    cJSON_AddBoolToObject(j, "init_lora_weights", 1);
+    cJSON_AddBoolToObject(j, "use_rslora", 0);
+    cJSON_AddBoolToObject(j, "use_dora", 0);
+    cJSON_AddNullToObject(j, "modules_to_save");
+    cJSON_AddNullToObject(j, "layers_to_transform");
+    cJSON_AddObjectToObject(j, "rank_pattern");
+    cJSON_AddObjectToObject(j, "alpha_pattern");
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!text) return td_error_set(TD_ERR_NOMEM, "writing %s/%s", dir, ADAPTER_CONFIG);
+    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_CONFIG);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && fclose(f)) ok = 0;
+    free(text);
+    if (!ok || rename(tmp, path))
+        return td_error_set(TD_ERR_IO, "writing %s: %s", path, strerror(errno));
+    return TD_OK;
+}
+
+/* Layout tensor i's host values as fp32 (its master when the params are not). */
+static td_status values_of(td_trainer *t, int i, unsigned flags, float **out)
+{
+    int src = t->sid[i] >= 0 ? t->sid[i] : t->pid[i];
+    return td_memmgr_host_access(t->mm, &src, 1, flags, (void **)out);
+}
+
+static int is_adapter(const td_trainer *t, int i)
+{
+    td_model_tensor tt;
+    td_model_tensor_get(&t->cfg.model, i, &tt);
+    return TD_MODEL_IS_LORA(tt.kind);
+}
+
+td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *base, int state,
+                                  const char *const *meta)
+{
+    td_status st = TD_OK;
+    td_st_writer *w = NULL, *sw = NULL;
+    float *tmp = NULL;
+    char path[4200];
+    const td_model_desc *d = &t->cfg.model;
+    if (d->lora.rank <= 0) return td_error_set(TD_ERR_INVALID, "saving an adapter: the run trains no LoRA adapters");
+    if (t->ranks > 1) return td_error_set(TD_ERR_UNSUPPORTED, "saving an adapter from %d ranks", t->ranks);
+    if (state && t->cfg.optim.state == TD_OPTIM_STATE_INT8)
+        return td_error_set(TD_ERR_UNSUPPORTED, "an adapter's train state keeps fp32 or bf16 moments; train LoRA "
+                            "with --optim-state fp32 or bf16 to --save it with its state");
+    TD_TRY(td_trainer_finish_update(t));
+    TD_TRY(mkdirs(dir));
+    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_MODEL);
+    TD_TRY(td_st_writer_create(path, &w));
+    TD_TRY(td_st_writer_add_metadata(w, "format", "pt"));
+    int n = t->n_tensors;
+    for (int i = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        td_model_tensor tt;
+        char name[160];
+        td_model_tensor_get(d, i, &tt);
+        peft_name(t, i, name, sizeof name);
+        uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
+        TD_TRY(td_st_writer_declare(w, name, TD_ST_F32, 2, shape, NULL));
+    }
+    for (int i = 0, k = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        float *v;
+        TD_TRY(values_of(t, i, TD_ACCESS_READ, &v));
+        TD_TRY(td_st_writer_write(w, (size_t)k++, v, td_memmgr_tensor_numel(t->mm, t->pid[i]) * sizeof(float)));
+    }
+    TD_TRY(td_st_writer_commit(w));
+    w = NULL;
+    TD_TRY(write_config(t, dir, base));
+    if (!state) return TD_OK;
+    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_STATE);
+    TD_TRY(td_st_writer_create(path, &sw));
+    TD_TRY(td_st_writer_add_metadata(sw, "format", "tidal-adapter-train-state"));
+    char num[32];
+    snprintf(num, sizeof num, "%ld", t->optim.step);
+    TD_TRY(td_st_writer_add_metadata(sw, "optim_step", num));
+    snprintf(num, sizeof num, "%ld", t->optim.skipped_steps);
+    TD_TRY(td_st_writer_add_metadata(sw, "optim_skipped_steps", num));
+    TD_TRY(td_st_writer_add_metadata(sw, "optim_state", td_optim_state_name(t->cfg.optim.state)));
+    for (int k = 0; meta && meta[k] && meta[k + 1]; k += 2) TD_TRY(td_st_writer_add_metadata(sw, meta[k], meta[k + 1]));
+    for (int i = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        td_model_tensor tt;
+        char name[160], full[176];
+        td_model_tensor_get(d, i, &tt);
+        peft_name(t, i, name, sizeof name);
+        uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
+        for (int m = 0; m < 2; m++) {
+            snprintf(full, sizeof full, "%s.%s", m ? "adam_v" : "adam_m", name);
+            TD_TRY(td_st_writer_declare(sw, full, TD_ST_F32, 2, shape, NULL));
+        }
+    }
+    size_t big = 0;
+    for (int i = 0; i < n; i++)
+        if (is_adapter(t, i) && td_memmgr_tensor_numel(t->mm, t->pid[i]) > big) big = td_memmgr_tensor_numel(t->mm, t->pid[i]);
+    if (!(tmp = td_malloc(big * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
+    for (int i = 0, k = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]), off = td_memmgr_tensor_offset(t->mm, t->pid[i]);
+        for (int m = 0; m < 2; m++) {
+            int c = td_memmgr_tensor_chunk(t->mm, (m ? t->vid : t->mid)[i]);
+            void *buf;
+            TD_TRY(td_memmgr_chunk_host_access(t->mm, c, TD_ACCESS_READ, &buf));
+            TD_TRY(td_adam_moment_read(t->cfg.optim.state, m ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M, buf,
+                                       td_memmgr_chunk_numel_used(t->mm, c), off, off + numel, tmp));
+            TD_TRY(td_st_writer_write(sw, (size_t)k++, tmp, numel * sizeof(float)));
+        }
+    }
+    TD_TRY(td_st_writer_commit(sw));
+    sw = NULL;
+cleanup:
+    td_free(tmp);
+    td_st_writer_abort(w);
+    td_st_writer_abort(sw);
+    return st ? td_error_prefix(st, "saving adapter %s: ", dir) : TD_OK;
+}
+
+/* A tensor of f named `name`, F32 of the shape of layout tensor i. */
+static td_status tensor_in(const td_st_reader *f, const char *name, const td_model_tensor *tt, const td_st_tensor **out)
+{
+    td_status st = td_st_get(f, name, out);
+    if (st) return st;
+    const td_st_tensor *x = *out;
+    if (x->ndim != 2 || (int64_t)x->shape[0] != tt->shape[0] || (int64_t)x->shape[1] != tt->shape[1])
+        return td_error_set(TD_ERR_INVALID, "%s: '%s' is %lld x %lld, this model's is %d x %d (another rank, "
+                            "targets or base model?)", td_st_path(f), name, x->ndim > 0 ? (long long)x->shape[0] : 0,
+                            x->ndim > 1 ? (long long)x->shape[1] : 0, tt->shape[0], tt->shape[1]);
+    return TD_OK;
+}
+
+td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state)
+{
+    td_status st = TD_OK;
+    td_st_reader *f = NULL, *sf = NULL;
+    float *tmp = NULL;
+    char path[4200];
+    const td_model_desc *d = &t->cfg.model;
+    if (d->lora.rank <= 0) return td_error_set(TD_ERR_INVALID, "loading adapter %s: the run has no LoRA adapters "
+                                               "(give --lora-rank and --lora-targets as saved)", dir);
+    TD_TRY(td_trainer_finish_update(t));
+    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_MODEL);
+    TD_TRY(td_st_open(path, &f));
+    int n = t->n_tensors, found = 0;
+    for (int i = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        td_model_tensor tt;
+        const td_st_tensor *x;
+        char name[160];
+        float *v;
+        td_model_tensor_get(d, i, &tt);
+        peft_name(t, i, name, sizeof name);
+        TD_TRY(tensor_in(f, name, &tt, &x));
+        TD_TRY(values_of(t, i, TD_ACCESS_WRITE, &v));
+        TD_TRY(td_st_read(f, x, 0, tt.numel, TD_ST_F32, v));
+        if (t->sid[i] >= 0) { /* 16-bit params from the master */
+            void *p;
+            TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p));
+            td_train_from_f32(p, t->dt, v, tt.numel);
+        }
+        found++;
+    }
+    if (!state) goto cleanup;
+    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_STATE);
+    TD_TRY(td_st_open(path, &sf));
+    const char *saved = td_st_metadata(sf, "optim_state"), *step = td_st_metadata(sf, "optim_step");
+    const char *skipped = td_st_metadata(sf, "optim_skipped_steps");
+    if (!saved || !step || !skipped) TD_FAIL(TD_ERR_INVALID, "%s: no optimizer step in its metadata", path);
+    if (strcmp(saved, td_optim_state_name(t->cfg.optim.state)))
+        TD_FAIL(TD_ERR_INVALID, "%s was saved with --optim-state %s; resume with --optim-state %s", path, saved, saved);
+    size_t big = 0;
+    for (int i = 0; i < n; i++)
+        if (is_adapter(t, i) && td_memmgr_tensor_numel(t->mm, t->pid[i]) > big) big = td_memmgr_tensor_numel(t->mm, t->pid[i]);
+    if (!(tmp = td_malloc(big * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
+    for (int i = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        td_model_tensor tt;
+        char name[160], full[176];
+        td_model_tensor_get(d, i, &tt);
+        peft_name(t, i, name, sizeof name);
+        size_t off = td_memmgr_tensor_offset(t->mm, t->pid[i]);
+        for (int m = 0; m < 2; m++) {
+            const td_st_tensor *x;
+            snprintf(full, sizeof full, "%s.%s", m ? "adam_v" : "adam_m", name);
+            TD_TRY(tensor_in(sf, full, &tt, &x));
+            TD_TRY(td_st_read(sf, x, 0, tt.numel, TD_ST_F32, tmp));
+            int c = td_memmgr_tensor_chunk(t->mm, (m ? t->vid : t->mid)[i]);
+            void *buf;
+            TD_TRY(td_memmgr_chunk_host_access(t->mm, c, TD_ACCESS_WRITE, &buf));
+            TD_TRY(td_adam_moment_write(t->cfg.optim.state, m ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M, buf,
+                                        td_memmgr_chunk_numel_used(t->mm, c), off, off + tt.numel, tmp));
+        }
+    }
+    t->optim.step = strtol(step, NULL, 10);
+    t->optim.skipped_steps = strtol(skipped, NULL, 10);
+cleanup:
+    (void)found;
+    td_free(tmp);
+    td_st_close(f);
+    td_st_close(sf);
+    return st ? td_error_prefix(st, "loading adapter %s: ", dir) : TD_OK;
+}
+
+const char *td_trainer_adapter_meta(const char *dir, const char *key, char *buf, size_t n)
+{
+    char path[4200];
+    td_st_reader *sf = NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_STATE);
+    if (td_st_open(path, &sf)) return NULL;
+    const char *v = td_st_metadata(sf, key);
+    if (v) snprintf(buf, n, "%s", v);
+    td_st_close(sf);
+    return v ? buf : NULL;
+}
