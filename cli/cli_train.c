@@ -41,6 +41,10 @@ typedef struct train_run {
     td_train_plan hplan;           /* the host's plan, for the end's footprint line */
 } train_run;
 
+/* A LoRA run's base: --init's folder as an absolute path, or the base a
+ * resumed adapter names ("" for fresh weights). */
+static char lora_base[4096];
+
 /* A checkpoint with the data position, so --resume continues mid-epoch. */
 static td_status save_checkpoint(td_trainer *t, td_loader *loader, const char *dir, const char *data)
 {
@@ -53,6 +57,8 @@ static td_status save_checkpoint(td_trainer *t, td_loader *loader, const char *d
     const td_tokfile_info *info = td_tokfile_get_info(td_loader_file(loader));
     const char *meta[] = {"data_epoch", epoch, "data_index", index, "data_fingerprint", fp, "data_file", data,
                           "tokenizer", td_tokenizer_kind_name(info->tokenizer), NULL};
+    if (td_trainer_config(t)->model.lora.rank > 0) /* a LoRA run: a PEFT adapter folder naming its base */
+        return td_trainer_save_adapter(t, dir, lora_base[0] ? lora_base : NULL, 1, meta);
     /* The tokenizer the data was made with, when `tidal prepare` kept it. */
     char paths[TD_CKPT_TOKENIZER_FILE_COUNT][4096];
     const char *files[TD_CKPT_TOKENIZER_FILE_COUNT + 1] = {NULL};
@@ -231,6 +237,14 @@ static td_status check_save(const td_cli_train_opts *o)
 {
     char what[400];
     if (!o->save) return TD_OK;
+    if (o->lora_rank > 0 || (o->resume && lora_base[0])) { /* an adapter folder, made at the save */
+        char path[4200];
+        snprintf(path, sizeof path, "%s/adapter_config.json", o->save);
+        if (!o->overwrite && access(path, F_OK) == 0 && !(o->resume && same_dir(o->resume, o->save)))
+            return td_error_set(TD_ERR_INVALID, "--save %s holds an adapter that this run would replace; continue its "
+                                "run with --resume %s, give --overwrite, or choose another --save DIR", o->save, o->save);
+        return TD_OK;
+    }
     if (!o->overwrite && checkpoint_at(o->save, what, sizeof what) && !(o->resume && same_dir(o->resume, o->save)))
         return td_error_set(TD_ERR_INVALID, "--save %s holds a checkpoint (%s) that this run would replace; continue "
                             "its run with --resume %s, give --overwrite to replace it, or choose another --save DIR",
@@ -294,6 +308,15 @@ static int train_prepare(train_run *r)
     }
     char note[512];
     int data_vocab = (int)td_tokfile_get_info(td_loader_file(r->loader))->vocab_size;
+    lora_base[0] = '\0';
+    if (o->resume) { /* an adapter folder names its base */
+        char t[512];
+        int rk;
+        double a, p;
+        (void)td_cli_adapter_read(o->resume, lora_base, sizeof lora_base, &rk, &a, &p, t, sizeof t);
+    } else if (o->init && o->lora_rank > 0 && !realpath(o->init, lora_base)) {
+        snprintf(lora_base, sizeof lora_base, "%s", o->init);
+    }
     if ((st = td_cli_train_config(o, r->table, data_vocab, &r->cfg, note)) || (r->lead && (st = check_save(o)))) {
         fprintf(stderr, "tidal train: %s\n", td_error_msg());
         return td_cli_config_exit(st);
@@ -338,7 +361,22 @@ static td_status train_create(train_run *r, double timeout_s)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     if ((st = td_trainer_create(cfg, &r->t))) return st;
-    if (o->resume) {
+    if (o->resume && cfg->model.lora.rank > 0) { /* the base's weights, then the adapters and their state */
+        td_loader_position pos = {0};
+        char v[3][32];
+        if ((st = td_trainer_load(r->t, lora_base, 0, NULL))) return st;
+        if ((st = td_trainer_load_adapter(r->t, o->resume, 1))) return st;
+        if (!td_trainer_adapter_meta(o->resume, "data_epoch", v[0], sizeof v[0]) ||
+            !td_trainer_adapter_meta(o->resume, "data_index", v[1], sizeof v[1]) ||
+            !td_trainer_adapter_meta(o->resume, "data_fingerprint", v[2], sizeof v[2]))
+            return td_error_set(TD_ERR_INVALID, "--resume %s: the adapter's train state has no data position", o->resume);
+        pos.epoch = strtoull(v[0], NULL, 10);
+        pos.index = strtoull(v[1], NULL, 10);
+        pos.fingerprint = strtoull(v[2], NULL, 10);
+        if ((st = td_loader_seek(r->loader, &pos))) return td_error_prefix(st, "--resume %s: the data position: ", o->resume);
+        if (r->lead) fprintf(stderr, "tidal train: resumed adapter %s over %s at step %ld\n", o->resume, lora_base,
+                             td_trainer_optim(r->t)->step);
+    } else if (o->resume) {
         td_ckpt_reader *rd = NULL;
         if ((st = td_trainer_load(r->t, o->resume, 1, &rd))) return st;
         td_loader_position pos = {0};

@@ -1,6 +1,7 @@
 /* The options shared by `tidal train`, `tidal plan` and `tidal tune`, and
  * the step from them to a td_train_config (see train_opts.h). */
 #include "train_opts.h"
+#include <cjson/cJSON.h>
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
 #include "tidal/util.h"
@@ -46,6 +47,41 @@ int td_cli_seen(td_opt *table, const char *name)
 }
 
 int td_cli_config_exit(td_status st) { return st == TD_ERR_NOMEM ? 1 : 2; }
+
+int td_cli_adapter_read(const char *dir, char *base, size_t base_n, int *rank, double *alpha, double *dropout,
+                        char *targets, size_t targets_n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "base_model_name_or_path");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"), *a = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "lora_dropout");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "target_modules"), *e;
+    if (!j || !cJSON_IsNumber(r) || !cJSON_IsNumber(a) || !cJSON_IsArray(t)) {
+        cJSON_Delete(j);
+        td_error_set(TD_ERR_INVALID, "%s: not a LoRA adapter_config.json (r, lora_alpha and target_modules are needed)",
+                     path);
+        return -1;
+    }
+    snprintf(base, base_n, "%s", cJSON_IsString(b) ? b->valuestring : "");
+    *rank = r->valueint;
+    *alpha = a->valuedouble;
+    *dropout = cJSON_IsNumber(p) ? p->valuedouble : 0;
+    size_t at = 0;
+    targets[0] = '\0';
+    cJSON_ArrayForEach(e, t)
+        if (cJSON_IsString(e) && at < targets_n)
+            at += (size_t)snprintf(targets + at, targets_n - at, "%s%s", at ? "," : "", e->valuestring);
+    cJSON_Delete(j);
+    return 1;
+}
 
 /* A preset names a model of a vocabulary; trained on a token file of
  * another, the model takes the file's, and its size changes: say so. */
@@ -129,6 +165,18 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
                             "--init %s would start from other weights: give one of them", o->resume, o->init);
     if ((st = model_of(o->model, &c->model))) return st;
     const char *from = o->resume ? o->resume : o->init;
+    /* --resume of a LoRA run: its adapter folder names the base and the adapters' shape */
+    static char adapter_base[4096];
+    char targets[512];
+    int a_rank = 0;
+    double a_alpha = 0, a_dropout = 0;
+    int adapter = o->resume ? td_cli_adapter_read(o->resume, adapter_base, sizeof adapter_base, &a_rank, &a_alpha,
+                                                  &a_dropout, targets, sizeof targets) : 0;
+    if (adapter < 0) return TD_ERR_INVALID;
+    if (adapter && !adapter_base[0])
+        return td_error_set(TD_ERR_INVALID, "--resume %s: the adapter names no base model (base_model_name_or_path); "
+                            "it was trained on fresh weights and cannot be continued", o->resume);
+    if (adapter) from = adapter_base;
     if (from) { /* the checkpoint decides the model's shape; the flags of the first run may stay */
         td_model_desc asked = c->model;
         if ((st = td_trainer_checkpoint_model(from, &c->model)))
@@ -171,7 +219,15 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
     c->mm.n_disk_dirs = o->offload_dirs.n;
     c->freeze = o->freeze.v;
     c->n_freeze = o->freeze.n;
-    if (o->lora_rank || td_cli_seen(table, "lora-targets") || td_cli_seen(table, "lora-alpha") ||
+    if (adapter) { /* the folder's adapters; flags given again must agree */
+        if ((td_cli_seen(table, "lora-rank") && o->lora_rank != a_rank) ||
+            (td_cli_seen(table, "lora-alpha") && (float)o->lora_alpha != (float)a_alpha) ||
+            (td_cli_seen(table, "lora-targets") && strcmp(o->lora_targets, targets)))
+            return td_error_set(TD_ERR_INVALID, "--resume %s holds adapters of rank %d, alpha %g on %s: the --lora "
+                                "flags given differ", o->resume, a_rank, a_alpha, targets);
+        if ((st = td_model_lora_set(&c->model, a_rank, (float)a_alpha, (float)a_dropout, targets)))
+            return td_error_prefix(st, "--resume %s: ", o->resume);
+    } else if (o->lora_rank || td_cli_seen(table, "lora-targets") || td_cli_seen(table, "lora-alpha") ||
         td_cli_seen(table, "lora-dropout")) {
         if (!td_cli_seen(table, "lora-rank"))
             return td_error_set(TD_ERR_INVALID, "--lora-alpha, --lora-dropout and --lora-targets need --lora-rank R");

@@ -143,6 +143,12 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
  * value, or a file an option names, that cannot be used), or 1 when the host
  * ran out of memory. */
 int td_cli_config_exit(td_status st);
+/* A PEFT adapter folder (adapter_config.json in dir): 1 and its base model
+ * path (base_model_name_or_path, in base), rank, alpha, dropout and
+ * target modules (comma separated); 0 when dir holds none; -1 with a
+ * message when it is unreadable. */
+int td_cli_adapter_read(const char *dir, char *base, size_t base_n, int *rank, double *alpha, double *dropout,
+                        char *targets, size_t targets_n);
 
 /* One option's value as a --config file has it ("max" for a budget of
  * TD_GPU_BUDGET_MAX, "(unset)" for a string never given). */

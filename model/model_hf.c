@@ -41,7 +41,8 @@ static int tensor_of(const td_model_desc *d, td_model_section s, int layer, td_m
 {
     td_model_param k[TD_MODEL_BLOCK_TENSORS];
     const td_model_family *f = fam(d);
-    const int ne = f->kinds(d, TD_MODEL_SECTION_EMBED, k), nb = f->kinds(d, TD_MODEL_SECTION_BLOCK, k);
+    /* a block's stride in the layout counts its LoRA adapters (after the family's tensors) */
+    const int ne = td_model_embed_tensor_count(d), nb = td_model_block_tensor_count(d);
     const int first = s == TD_MODEL_SECTION_EMBED ? 0 : s == TD_MODEL_SECTION_BLOCK ? ne + layer * nb
                                                                                     : ne + nb * d->n_layer;
     for (int j = 0, n = f->kinds(d, s, k); j < n; j++)

@@ -407,6 +407,40 @@ static void test_adapter_save_resume(void **state)
     }
 }
 
+/* A LoRA run starts from a checkpoint's base weights (--init): with B = 0
+ * its first loss is the base's own, bit for bit (the files' tensors land
+ * in the base tensors of a layout that also holds adapters). */
+static void test_init_from_base_checkpoint(void **state)
+{
+    for (int k = 0; k < 3; k += 2) {
+        td_train_config base = run_config(cases[k].family, NULL);
+        base.model.lora = (td_model_lora){0};
+        base.seed = 5;
+        char dir[] = "/tmp/td_lora_XXXXXX", ck[300];
+        assert_non_null(mkdtemp(dir));
+        snprintf(ck, sizeof ck, "%s/base", dir);
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&base, &t));
+        td_test_batches b = td_test_batches_of(&base, 3);
+        td_step_result r, r0, r1;
+        TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        TD_ASSERT_OK(td_trainer_save(t, ck, 0, NULL));
+        TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r0)); /* the saved weights' loss on batch 2 */
+        td_trainer_destroy(t);
+        td_train_config c = run_config(cases[k].family, cases[k].targets); /* seed 1337: other fresh weights */
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        TD_ASSERT_OK(td_trainer_load(t, ck, 0, NULL));
+        b = td_test_batches_of(&base, 3);
+        TD_ASSERT_OK(td_test_next_batch(&b, (int32_t[32]){0}, (int32_t[32]){0}, NULL)); /* skip batch 1 */
+        TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r1));
+        assert_memory_equal(&r1.loss, &r0.loss, sizeof(double));
+        td_trainer_destroy(t);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -416,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_offloaded_is_bit_identical),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_adapter_save_resume),
+        cmocka_unit_test(test_init_from_base_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
