@@ -20,6 +20,7 @@
 # TD_TEST_WRAP: a command each binary runs under (e.g. compute-sanitizer);
 # its non-zero exit fails the binary.
 passed=0; failed=0; skipped=0
+run_t0=$(date +%s.%N)
 failures=(); skip_lines=(); hw_lines=()
 
 gpu_count() {
@@ -34,6 +35,15 @@ gpu_count() {
     echo "$n"
 }
 gpus=$(gpu_count)
+
+# CPU seconds (user + system) of this script's finished children so far:
+# beside each binary's wall-clock seconds, what it costs on a machine whose
+# cores other work shares (the wall clock then grows, this does not).
+# (/proc/PID/stat's cutime and cstime, fields 16 and 17 after the name.)
+clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)
+children_cpu() {
+    sed 's/^.*) //' "/proc/$$/stat" 2>/dev/null | awk -v hz="$clk_tck" '{ printf "%.2f", ($14 + $15) / hz }'
+}
 
 # Why a skip should not have happened here, or nothing.
 hardware_present() {
@@ -53,9 +63,10 @@ hardware_present() {
 
 for bin in "$@"; do
     name=${bin##*/}
-    t0=$(date +%s.%N)
+    t0=$(date +%s.%N); c0=$(children_cpu)
     out=$(${TD_TEST_WRAP:-} "$bin" 2>&1); rc=$?
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    cpu=$(awk -v a="$c0" -v b="$(children_cpu)" 'BEGIN { printf "%.1f", b - a }')
     sum() { printf '%s\n' "$out" | sed -n "s/^\[$1\] \([0-9]*\) test.*/\1/p" | awk '{ s += $1 } END { print s + 0 }'; }
     p=$(sum '  PASSED  '); f=$(sum '  FAILED  '); s=$(sum '  SKIPPED ')
     has_summary=$(printf '%s\n' "$out" | grep -c '^\[==========\] [0-9]* test(s) run\.')
@@ -92,11 +103,11 @@ for bin in "$@"; do
     if [ "$f" -ne 0 ]; then
         failures+=("$name")
         printf '%s\n' "$out" | tail -40
-        printf 'FAIL %-28s %s, %d failed%s %6s s\n' "$name" "$counts" "$f" "${note:+ ($note)}" "$secs"
+        printf 'FAIL %-28s %s, %d failed%s %6s s (CPU %s s)\n' "$name" "$counts" "$f" "${note:+ ($note)}" "$secs" "$cpu"
     elif [ "$p" -eq 0 ] && [ "$s" -ne 0 ]; then
-        printf 'skip %-28s %s %6s s\n' "$name" "$counts" "$secs"
+        printf 'skip %-28s %s %6s s (CPU %s s)\n' "$name" "$counts" "$secs" "$cpu"
     else
-        printf 'ok   %-28s %s %6s s\n' "$name" "$counts" "$secs"
+        printf 'ok   %-28s %s %6s s (CPU %s s)\n' "$name" "$counts" "$secs" "$cpu"
     fi
 done
 if [ ${#skip_lines[@]} -ne 0 ]; then
@@ -108,5 +119,7 @@ if [ ${#hw_lines[@]} -ne 0 ]; then
     printf '  %s\n' "${hw_lines[@]}"
 fi
 [ ${#failures[@]} -eq 0 ] || echo "failed: ${failures[*]}"
+awk -v a="$run_t0" -v b="$(date +%s.%N)" -v c="$(children_cpu)" -v l="$(cut -d' ' -f1-3 /proc/loadavg)" -v n=$# \
+    'BEGIN { printf "%d binaries in %.0f s, %.0f CPU-s (load average %s)\n", n, b - a, c, l }'
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
