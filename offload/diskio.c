@@ -695,8 +695,18 @@ td_status td_dio_file_create(td_dio *io, const char *const *dirs, int n_dirs, si
         size_t dl = strlen(dir);
         while (dl > 1 && dir[dl - 1] == '/') dir[--dl] = 0;
         memcpy(d->dir, dir, dl + 1);
-        snprintf(d->lock, sizeof d->lock, "%s/%s.lock", dir, stem);
-        snprintf(d->data, sizeof d->data, "%s/%s.data", dir, stem);
+        /* a name cut short would be another file's: refuse it */
+        int nl = snprintf(d->lock, sizeof d->lock, "%s/%s.lock", dir, stem);
+        int nd = snprintf(d->data, sizeof d->data, "%s/%s.data", dir, stem);
+        if (strlen(dirs[i]) >= sizeof dir || nl < 0 || (size_t)nl >= sizeof d->lock || nd < 0 ||
+            (size_t)nd >= sizeof d->data) {
+            d->lock[0] = d->data[0] = 0;
+            size_t most = sizeof d->lock - strlen(stem) - sizeof "/.lock";
+            if (most > sizeof dir - 1) most = sizeof dir - 1;
+            st = td_error_set(TD_ERR_INVALID, "--offload-dir %s: the path is too long (at most %zu bytes here)",
+                              dirs[i], most);
+            goto cleanup;
+        }
         struct statfs fs;
         if (statfs(d->dir, &fs) == 0) fs_name((long)fs.f_type, d->fs, sizeof d->fs);
         TD_TRY(reclaim(d->dir, host, f->notes, sizeof f->notes));

@@ -244,6 +244,24 @@ static void test_diskio_bad_requests(void **state)
     const char *missing[1] = {"/nonexistent/td_diskio"};
     assert_int_equal(td_dio_file_create(io, missing, 1, TD_MiB, NULL, &g), TD_ERR_IO);
     assert_non_null(strstr(td_error_msg(), "/nonexistent/td_diskio"));
+    /* A directory whose path leaves no room for the file names: refused by
+     * name, nothing created in it (a name cut short would be another file). */
+    char deep[700];
+    int dl = snprintf(deep, sizeof deep, "%s", f.dir[0]), levels = 0;
+    while (dl < 560) {
+        dl += snprintf(deep + dl, sizeof deep - (size_t)dl, "/%s", "a123456789012345678901234567890123456789");
+        assert_int_equal(mkdir(deep, 0700), 0);
+        levels++;
+    }
+    const char *too_long[1] = {deep};
+    assert_int_equal(td_dio_file_create(io, too_long, 1, TD_MiB, NULL, &g), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "too long"));
+    assert_int_equal(count_files(deep, "tidal-"), 0);
+    assert_int_equal(count_files(deep, ".tidal"), 0);
+    for (; levels > 0; levels--) {
+        assert_int_equal(rmdir(deep), 0);
+        *strrchr(deep, '/') = 0;
+    }
     td_dio_params p = td_dio_default_params();
     p.piece_bytes = 1000;
     td_dio *bad;
