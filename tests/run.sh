@@ -19,6 +19,8 @@
 #
 # TD_TEST_WRAP: a command each binary runs under (e.g. compute-sanitizer);
 # its non-zero exit fails the binary.
+# TD_TEST_JOBS=N: up to N binaries at once (default 1); the report keeps the
+# order given.  Each binary's seconds then include its share of the cores.
 passed=0; failed=0; skipped=0
 run_t0=$(date +%s.%N)
 failures=(); skip_lines=(); hw_lines=()
@@ -61,12 +63,32 @@ hardware_present() {
     fi
 }
 
-for bin in "$@"; do
-    name=${bin##*/}
-    t0=$(date +%s.%N); c0=$(children_cpu)
-    out=$(${TD_TEST_WRAP:-} "$bin" 2>&1); rc=$?
-    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-    cpu=$(awk -v a="$c0" -v b="$(children_cpu)" 'BEGIN { printf "%.1f", b - a }')
+# Each binary runs in a subshell of its own, which leaves in $work/N.* its
+# output, exit status, wall-clock and CPU seconds; up to $jobs at once
+# (TD_TEST_JOBS; default 1).  Results are reported in the order given.
+njobs=${TD_TEST_JOBS:-1}
+[[ $njobs =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: TD_TEST_JOBS=$njobs: give a count of 1 or more" >&2; exit 2; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/td-run.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; wait; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
+start_one() {
+    local i=$1 bin=$2
+    (
+        t0=$(date +%s.%N); me=$BASHPID
+        ${TD_TEST_WRAP:-} "$bin" > "$work/$i.out" 2>&1; echo $? > "$work/$i.rc"
+        # this subshell's finished children: the binary and all it ran
+        sed 's/^.*) //' "/proc/$me/stat" | awk -v hz="$clk_tck" '{ printf "%.1f\n", ($14 + $15) / hz }' \
+            > "$work/$i.cpu"
+        awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", b - a }' > "$work/$i.secs"
+        mv "$work/$i.rc" "$work/$i.done"
+    ) &
+}
+
+report() {
+    local i=$1 bin=$2
+    local name=${bin##*/}
+    local out rc secs cpu
+    out=$(cat "$work/$i.out"); rc=$(cat "$work/$i.done"); secs=$(cat "$work/$i.secs"); cpu=$(cat "$work/$i.cpu")
     sum() { printf '%s\n' "$out" | sed -n "s/^\[$1\] \([0-9]*\) test.*/\1/p" | awk '{ s += $1 } END { print s + 0 }'; }
     p=$(sum '  PASSED  '); f=$(sum '  FAILED  '); s=$(sum '  SKIPPED ')
     has_summary=$(printf '%s\n' "$out" | grep -c '^\[==========\] [0-9]* test(s) run\.')
@@ -109,7 +131,29 @@ for bin in "$@"; do
     else
         printf 'ok   %-28s %s %6s s (CPU %s s)\n' "$name" "$counts" "$secs" "$cpu"
     fi
+}
+
+bins=("$@")
+reported=0
+flush() { # reports every finished binary whose predecessors are reported
+    while [ "$reported" -lt ${#bins[@]} ] && [ -e "$work/$reported.done" ]; do
+        report "$reported" "${bins[$reported]}"
+        reported=$((reported + 1))
+    done
+}
+running=0
+for i in "${!bins[@]}"; do
+    while [ "$running" -ge "$njobs" ]; do
+        wait -n || true
+        running=$((running - 1))
+        flush
+    done
+    start_one "$i" "${bins[$i]}"
+    running=$((running + 1))
 done
+wait
+flush
+
 if [ ${#skip_lines[@]} -ne 0 ]; then
     echo "skipped:"
     printf '  %s\n' "${skip_lines[@]}"
