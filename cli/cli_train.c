@@ -421,7 +421,7 @@ static void print_model_line(const train_run *r)
         snprintf(rest, sizeof rest, "%s%d CPU thread%s%s%s", optim_dev ? ", the rest by " : "by ", threads,
                  threads == 1 ? "" : "s", own ? " driven from a thread of its own (--adam-thread)" : "",
                  slots ? ", grads transient" : "");
-    char where[160];
+    char where[sizeof rest + 128]; /* room for the longest line: never cut */
     if (optim_dev == 0) snprintf(where, sizeof where, "AdamW on the host for all %d param chunks, %s", optim_total, rest);
     else snprintf(where, sizeof where, "AdamW on the %s for %d of %d param chunks%s", cuda ? "GPU" : "cpu backend's device",
                   optim_dev, optim_total, rest);
