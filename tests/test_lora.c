@@ -441,6 +441,50 @@ static void test_init_from_base_checkpoint(void **state)
     }
 }
 
+/* The merged checkpoint (td_trainer_save_merged, `tidal merge`) of trained
+ * adapters evaluates as base + adapters within 1e-5, on the fused q|k|v
+ * and gate|up rows and GPT-2's transposed Conv1D alike. */
+static void test_merged_checkpoint_evaluates_alike(void **state)
+{
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        td_train_config c = run_config(cases[k].family, cases[k].targets);
+        c.optim.lr.lr = 3e-2;
+        char dir[] = "/tmp/td_lora_XXXXXX", out[300];
+        assert_non_null(mkdtemp(dir));
+        snprintf(out, sizeof out, "%s/merged", dir);
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        td_test_batches b = td_test_batches_of(&c, 99);
+        for (int s = 0; s < 4; s++) {
+            td_step_result r;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        }
+        double with, merged, base_loss;
+        td_test_batches e = td_test_batches_of(&c, 1234);
+        TD_ASSERT_OK(td_trainer_eval(t, td_test_next_batch, &e, 2, &with, NULL));
+        TD_ASSERT_OK(td_trainer_save_merged(t, out));
+        td_trainer_destroy(t);
+        td_train_config m = c;
+        m.model.lora = (td_model_lora){0};
+        td_model_desc got;
+        TD_ASSERT_OK(td_trainer_checkpoint_model(out, &got));
+        assert_int_equal(got.lora.rank, 0);
+        assert_int_equal(got.n_layer, c.model.n_layer);
+        TD_ASSERT_OK(td_trainer_create(&m, &t));
+        TD_ASSERT_OK(td_trainer_eval(t, td_test_next_batch, (e = td_test_batches_of(&c, 1234), &e), 2, &base_loss, NULL));
+        TD_ASSERT_OK(td_trainer_load(t, out, 0, NULL));
+        e = td_test_batches_of(&c, 1234);
+        TD_ASSERT_OK(td_trainer_eval(t, td_test_next_batch, &e, 2, &merged, NULL));
+        td_trainer_destroy(t);
+        if (!(fabs(with - merged) <= 1e-5 * fabs(with)))
+            fail_msg("%s: base + adapters %.9g, merged %.9g", cases[k].family, with, merged);
+        assert_true(fabs(with - base_loss) > 1e-4); /* the adapters changed the model */
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -451,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_adapter_save_resume),
         cmocka_unit_test(test_init_from_base_checkpoint),
+        cmocka_unit_test(test_merged_checkpoint_evaluates_alike),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -562,6 +562,10 @@ td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *ba
  * must be the folder's: a shape that differs is an error naming the
  * tensor), and with state the moments and the step. */
 td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state);
+/* A LoRA run's merged model as a Hugging Face checkpoint in dir (no train
+ * state): the base's weights with each targeted module's W + s B A, the
+ * description without adapters. */
+td_status td_trainer_save_merged(td_trainer *t, const char *dir);
 /* A metadata value of dir's adapter train state into buf, or NULL. */
 const char *td_trainer_adapter_meta(const char *dir, const char *key, char *buf, size_t n);
 /* Memmgr ids of model tensor `index`: param, grad, adam m, adam v (-1 but
