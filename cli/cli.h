@@ -13,6 +13,7 @@ int td_cli_memsim_main(int argc, char **argv);
 int td_cli_train_main(int argc, char **argv);
 int td_cli_plan_main(int argc, char **argv);
 int td_cli_eval_main(int argc, char **argv);
+int td_cli_merge_main(int argc, char **argv);
 int td_cli_generate_main(int argc, char **argv);
 int td_cli_prepare_main(int argc, char **argv);
 

@@ -16,6 +16,7 @@ static const command commands[] = {
     {"train", td_cli_train_main, "train a transformer on a token file under a device budget"},
     {"eval", td_cli_eval_main, "mean cross-entropy of a checkpoint on a token file"},
     {"generate", td_cli_generate_main, "sample text from a checkpoint (on the CPU, with a key/value cache)"},
+    {"merge", td_cli_merge_main, "merge a LoRA adapter folder into its base: a Hugging Face checkpoint"},
     {"plan", td_cli_plan_main, "print a run's footprint and whether it fits, before starting it"},
     {"tune", td_cli_tune_main, "find the fastest micro-batch, checkpointing and offload for a budget (or several)"},
     {"memsim", td_cli_memsim_main, "simulate a chunk access trace under a budget and policy"},
