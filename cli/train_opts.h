@@ -69,7 +69,7 @@ typedef struct td_cli_train_opts {
      "'model.embed_tokens.weight' or 'model.layers.[0-9].*' (repeat it for more); they take no\n"           \
      "gradient and no optimizer state, and are never written back (docs/training.md)", 0},                       \
     {"lora-rank", TD_OPT_INT, &(o)->lora_rank, "R", "LoRA: train rank-R adapters on --lora-targets, the base frozen (docs/training.md,\n" \
-     "\"LoRA\"); --save then writes a PEFT adapter folder", 0},                                                  \
+     "\"LoRA\"); a save then writes a PEFT adapter folder", 0},                                                  \
     {"lora-alpha", TD_OPT_DOUBLE, &(o)->lora_alpha, "A", "LoRA: the update is scaled by A / R (default A = R)", 0}, \
     {"lora-dropout", TD_OPT_DOUBLE, &(o)->lora_dropout, "P", "LoRA: dropout on the adapters' input (only 0, the default, is supported)", 0}, \
     {"lora-targets", TD_OPT_STRING, &(o)->lora_targets, "LIST", "LoRA: the modules, comma separated, e.g. q_proj,v_proj (default: every\n" \
