@@ -5,6 +5,7 @@
 #include "tidal/parallel.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +41,25 @@ int td_cli_launch_self(const char *what, int nproc, const char *const *prefix, i
     args[k] = NULL;
     td_launch_params p = td_launch_default_params();
     p.nproc = nproc;
+    /* Several hosts, as torchrun's --nnodes/--node-rank: NNODES and NODE_RANK,
+     * with MASTER_ADDR and MASTER_PORT the same on every host. */
+    const char *nn = getenv("NNODES"), *nr = getenv("NODE_RANK"), *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+    char *end = NULL;
+    if (nn && *nn && ((p.nnodes = (int)strtol(nn, &end, 10)) < 1 || *end)) {
+        fprintf(stderr, "tidal %s: NNODES='%s' is not a count of hosts\n", what, nn);
+        return 2;
+    }
+    if (nr && *nr && ((p.node_rank = (int)strtol(nr, &end, 10)) < 0 || *end)) {
+        fprintf(stderr, "tidal %s: NODE_RANK='%s' is not a host index\n", what, nr);
+        return 2;
+    }
+    if (p.nnodes > 1) {
+        p.master_addr = ma && *ma ? ma : NULL;
+        if (mp && *mp && ((p.master_port = (int)strtol(mp, &end, 10)) < 1 || *end)) {
+            fprintf(stderr, "tidal %s: MASTER_PORT='%s' is not a port\n", what, mp);
+            return 2;
+        }
+    }
     td_launch_result res;
     int rc = 0;
     if (td_launch_run(&p, args, &res)) {

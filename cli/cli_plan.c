@@ -127,6 +127,7 @@ static void json_device(cJSON *j, const plan_run *pr)
     NUM(d, "working_set_bytes", p->working_set_bytes);
     NUM(d, "min_bytes", p->min_device_bytes);
     NUM(d, "all_resident_bytes", p->full_device_bytes);
+    NUM(d, "comm_bytes", p->comm_device_bytes);
     NUM(d, "peak_bytes", pr->device_peak);
     cJSON_AddBoolToObject(d, "fits", pr->fits_device);
 }
@@ -160,6 +161,11 @@ static void json_host(cJSON *j, const plan_run *pr)
     cJSON_AddStringToObject(h, "ram_source", pr->ram_src);
     NUM(h, "pin_limit_bytes", pr->pin_limit);
     cJSON_AddBoolToObject(h, "fits", pr->fits_host);
+    NUM(h, "shard_ranks", p->shard_ranks);
+    NUM(h, "local_ranks", p->local_ranks);
+    NUM(h, "node_bytes", p->node_bytes);
+    NUM(h, "node_state_bytes", p->node_state_bytes);
+    NUM(h, "node_bytes_per_param", (double)p->node_state_bytes / (double)p->params);
 }
 
 /* The rates and the step's estimate: null when nothing was measured. */
@@ -185,11 +191,16 @@ static void json_estimate(cJSON *j, const plan_run *pr)
     NUM(m, "block_forward_ms", r->block_fwd_ms);
     NUM(m, "block_backward_ms", r->block_bwd_ms);
     NUM(m, "block_recompute_ms", r->block_recompute_ms);
+    NUM(m, "link_gbytes_per_s", r->link_gbs);
+    cJSON_AddStringToObject(m, "link_measured_by", r->link_what ? r->link_what : "");
     cJSON *e = cJSON_AddObjectToObject(j, "estimate");
     NUM(e, "h2d_bytes", pr->p.h2d_bytes_per_step);
     NUM(e, "d2h_bytes", pr->p.d2h_bytes_per_step);
+    NUM(e, "gather_bytes", pr->p.gather_bytes_per_step);
+    NUM(e, "reduce_scatter_bytes", pr->p.reduce_bytes_per_step);
     NUM(e, "compute_ms", bd->compute_ms);
     NUM(e, "pcie_ms", bd->pcie_ms);
+    NUM(e, "link_ms", bd->link_ms);
     NUM(e, "adam_ms", bd->adam_ms);
     NUM(e, "exposed_adam_ms", bd->exposed_adam_ms);
     NUM(e, "dram_ms", bd->dram_ms);
@@ -253,10 +264,11 @@ static void text_model(const plan_run *pr)
     printf("\nchunks       %d of %zu elements, %s padding\n", p->chunks, p->chunk_numel,
            td_format_bytes(p->padding_bytes, a, sizeof a));
     if (cfg->ranks > 1)
-        printf("ranks        %d (ZeRO-3); below: rank %d's bytes: its 1/%d shard of the fp32 master and AdamW\n"
-               "             moments, the whole 16-bit params and grads, device chunks padded to %d equal shards;\n"
-               "             global batch %d x %d x %d sequences\n", cfg->ranks, cfg->rank, cfg->ranks, cfg->ranks,
-               cfg->ranks, cfg->micro_batch, cfg->grad_accum);
+        printf("ranks        %d (ZeRO-3), %d on this host, chunks split over %d; below: rank %d's bytes: its 1/%d\n"
+               "             shard of every chunk on the host (16-bit params and grads, fp32 master, AdamW moments),\n"
+               "             the device's chunks whole (padded to %d equal shards); global batch %d x %d x %d sequences\n",
+               cfg->ranks, p->local_ranks, p->shard_ranks, cfg->rank, p->shard_ranks, p->shard_ranks, cfg->ranks,
+               cfg->micro_batch, cfg->grad_accum);
 }
 
 static void text_device(const plan_run *pr)
@@ -338,6 +350,10 @@ static void text_host(const plan_run *pr)
     printf("  bytes a param      %.2f on the host, %.2f of them in copy buffers (model state)\n",
            (double)(p->host_pinned_chunk_bytes + p->host_pageable_state_bytes) / (double)p->params,
            (double)p->host_pinned_chunk_bytes / (double)p->params);
+    if (pr->cfg.ranks > 1)
+        printf("  this host          %12s  for its %d ranks, %.2f bytes a param of model state (each byte %s)\n",
+               td_format_bytes(p->node_bytes, a, sizeof a), p->local_ranks, (double)p->node_state_bytes / (double)p->params,
+               p->shard_ranks <= p->local_ranks ? "once on this host" : "once in the job");
     if (td_train_disk_tier(&pr->cfg)) td_cli_plan_disk_text(stdout, &pr->cfg, p, &pr->r);
 }
 
@@ -358,7 +374,7 @@ static void text_estimate(const plan_run *pr, int no_measure)
     const td_train_rates *r = &pr->r;
     const td_train_bound *bd = &pr->bd;
     const td_train_plan *p = &pr->p;
-    char a[32], b[32];
+    char a[32], b[32], c[32];
     if (!pr->measured) {
         printf("\nmeasured here: nothing (%s), so no step estimate\n",
                no_measure ? "--no-measure" : "no CUDA device on this machine; run the plan there for rates");
@@ -382,6 +398,12 @@ static void text_estimate(const plan_run *pr, int no_measure)
            td_format_bytes((size_t)p->d2h_bytes_per_step, b, sizeof b), bd->adam_ms,
            p->gpu_optimizer ? " (none: all on the device)" : "");
     printf("               host DRAM %.3g ms (the CPU AdamW's bytes and the copies')\n", bd->dram_ms);
+    if (pr->cfg.ranks > 1)
+        printf("               devices' link %.3g ms (%s gathered in, %s reduce-scattered out, at %.1f GB/s:\n"
+               "               %s); the communicator's device memory %s of the budget\n", bd->link_ms,
+               td_format_bytes((size_t)p->gather_bytes_per_step, a, sizeof a),
+               td_format_bytes((size_t)p->reduce_bytes_per_step, b, sizeof b), r->link_gbs,
+               r->link_what ? r->link_what : "not measured", td_format_bytes(p->comm_device_bytes, c, sizeof c));
     td_cli_plan_disk_estimate(stdout, &pr->cfg, p, bd, pr->hide_accum, pr->hide_accum ? &pr->hide : NULL);
     if (bd->exposed_adam_ms > 0)
         printf("               CPU AdamW%s beyond one micro-batch's compute %.3g ms (it hides only there: the\n"

@@ -458,9 +458,10 @@ static td_status print_start(train_run *r)
         (st = td_train_host_limits(cfg, &ram, &pin_limit, src, sizeof src)))
         return st;
     if (r->lead && r->env.size > 1)
-        fprintf(stderr, "tidal train: %d ranks (%s), ZeRO-3: each rank holds 1/%d of every chunk's optimizer state; "
-                "global batch %d x %d x %d sequences; per rank:\n", r->env.size, r->env.launcher, r->env.size,
-                r->env.size, cfg->micro_batch, cfg->grad_accum);
+        fprintf(stderr, "tidal train: %d ranks (%s), ZeRO-3: every chunk split over %d ranks (--shard %s), each rank's "
+                "host holding its shard of params, grads and optimizer state; global batch %d x %d x %d sequences; per "
+                "rank:\n", r->env.size, r->env.launcher, td_trainer_shard_ranks(r->t),
+                td_shard_mode_name(td_trainer_config(r->t)->shard), r->env.size, cfg->micro_batch, cfg->grad_accum);
     if (r->lead) print_model_line(r);
     if (r->lead) fprintf(stderr, "tidal train: host plan %s %s + %s pageable (--optim-state %s) of %s RAM (%s); heap measured by %s\n",
             td_format_bytes(r->hplan.host_pinned_bytes, a, sizeof a),
@@ -523,6 +524,8 @@ static td_status log_step(train_run *r, long s, const td_step_result *res)
     cJSON_AddNumberToObject(j, "stall_ms", res->mm.stall_ms);
     cJSON_AddNumberToObject(j, "adam_cpu_ms", res->adam_cpu_ms);
     cJSON_AddNumberToObject(j, "adam_wait_ms", res->adam_wait_ms);
+    cJSON_AddNumberToObject(j, "device_process_peak_bytes", (double)res->device_process_peak_bytes);
+    cJSON_AddNumberToObject(j, "host_node_peak_bytes", (double)res->host_node_peak_bytes);
     cJSON_AddItemToObject(j, "memmgr", cJSON_Parse(mm));
     cJSON_AddItemToObject(j, "host", cJSON_Parse(host));
     char *text = cJSON_PrintUnformatted(j);
@@ -621,8 +624,10 @@ int td_cli_train_main(int argc, char **argv)
     double timeout_s = td_comm_default_params().timeout_ms / 1000.0;
     td_opt table[] = { TD_CLI_MODEL_OPTS(&r.o), TD_CLI_RUN_OPTS(&r.o), TD_CLI_OPTIM_OPTS(&r.o), TD_CLI_TRAIN_OPTS(&r.o),
                        {"nproc", TD_OPT_INT, &nproc, "N", "start N local ranks (one per GPU, as torchrun --nproc-per-node) that train\n"
-                        "data-parallel with ZeRO-3: each holds 1/N of the optimizer state (docs/distributed.md);\n"
-                        "--micro-batch is per rank (global batch = N x micro-batch x grad-accum)", 0},
+                        "data-parallel with ZeRO-3: each rank's host holds its shard of every chunk (params, grads,\n"
+                        "optimizer state; docs/distributed.md); --micro-batch is per rank (global batch = ranks x\n"
+                        "micro-batch x grad-accum); NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT start this host's\n"
+                        "ranks of a job over several hosts", 0},
                        {"comm-timeout", TD_OPT_DOUBLE, &timeout_s, "S", "several ranks: seconds a rank waits for the others "
                         "before it exits non-zero naming\nthe rank that stopped (default 60, or TD_COMM_TIMEOUT_MS)", 0},
                        {NULL, 0, NULL, NULL, NULL, 0} };

@@ -29,6 +29,7 @@ void td_cli_train_opts_defaults(td_cli_train_opts *o)
     o->weight_decay = 0.1;
     o->clip = 1.0;
     o->policy = "auto";
+    o->shard = "auto";
     o->eviction = "belady";
     o->precision = "fp32";
     o->optim_state = "fp32";
@@ -260,6 +261,7 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
         c->ckpt_blocks = (int)n;
     }
     if ((st = td_placement_parse(o->policy, &c->mm.placement))) return td_error_prefix(st, "--policy: ");
+    if ((st = td_shard_mode_parse(o->shard, &c->shard))) return st;
     if ((st = td_evict_policy_parse(o->eviction, &c->mm.eviction))) return td_error_prefix(st, "--eviction: ");
     if (o->param_frac < 0 || o->param_frac > 1 || o->optim_frac < 0 || o->optim_frac > 1)
         return td_error_set(TD_ERR_INVALID, "--offload-param-frac and --offload-optim-frac lie in [0, 1]");

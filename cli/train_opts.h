@@ -20,7 +20,7 @@ struct cJSON;
 
 typedef struct td_cli_train_opts {
     const char *model, *data, *policy, *precision, *ckpt, *schedule, *backend, *eviction;
-    const char *log, *trace_out, *timeline, *save, *resume, *init, *optim_state, *adam_thread;
+    const char *log, *trace_out, *timeline, *save, *resume, *init, *optim_state, *adam_thread, *shard;
     long save_every, stop_after, max_bad_steps;
     double heldout;
     int layers, width, heads, kv_heads, mlp_width, seq, vocab, micro_batch, grad_accum, warmup, prefetch, grad_slots;
@@ -78,6 +78,9 @@ typedef struct td_cli_train_opts {
     {"optim-state", TD_OPT_STRING, &(o)->optim_state, "S", "how AdamW stores m and v: fp32 (default, exact), bf16 or int8 (block-wise\n" \
      "quantized, 8-bit Optimizers); the fp32 master stays fp32", 0},                                               \
     {"policy", TD_OPT_STRING, &(o)->policy, "P", "placement: cuda, cpu, static or auto (default auto)", 0},        \
+    {"shard", TD_OPT_STRING, &(o)->shard, "M", "several ranks: split every chunk over each host's ranks (node: each host\n" \
+     "holds the model state once, the hosts' grads summed over the network) or over every\n"                   \
+     "rank (world: the job holds it once); auto (default): node where each host holds it", 0},               \
     {"offload-param-frac", TD_OPT_DOUBLE, &(o)->param_frac, "F", "static: share of param/grad chunks on the host", 0}, \
     {"offload-optim-frac", TD_OPT_DOUBLE, &(o)->optim_frac, "F", "static: share of optimizer-state chunks on the host (the rest are\n" \
      "updated on the device); auto: at least this share on the host", 0},                                         \

@@ -74,15 +74,17 @@ int td_memmgr_chunk_pageable(const td_memmgr *m, int c)
 
 /* A grad chunk whose optimizer chunk is homed on the host: its grads go
  * down once a step for the CPU AdamW and nothing else. */
+static size_t host_bytes_of(const td_memmgr *m, int c);
+
 static int wants_transient(const td_memmgr *m, const mm_chunk *ch)
 {
-    if (ch->role != TD_TENSOR_GRAD || m->params.grad_slots <= 0 || m->params.shard_ranks > 1) return 0;
+    if (ch->role != TD_TENSOR_GRAD || m->params.grad_slots <= 0) return 0;
     if (ch->home == TD_HOME_DISK) return 0; /* its host side is the disk tier's slot */
     if (ch->index >= m->role_count[TD_TENSOR_ADAM_M]) return 0;
+    /* a rank past a small chunk's end holds none of it: no copy to stage (and no consumer) */
+    if (!host_bytes_of(m, (int)(ch - m->chunks))) return 0;
     return m->chunks[m->role_first[TD_TENSOR_ADAM_M] + ch->index].home != TD_HOME_DEVICE; /* the CPU AdamW's */
 }
-
-static size_t host_bytes_of(const td_memmgr *m, int c);
 
 /* The slots the layout gives the transient grads, and their bytes: the
  * size that pins the least, the chunks larger than it (the embedding's)
@@ -231,10 +233,22 @@ td_status td_memmgr_grad_consumed(td_memmgr *m, const void *host)
                         host);
 }
 
-/* ZeRO-3: optimizer state is every rank's own shard, wherever it lives. */
-static int chunk_sharded(const td_memmgr *m, const mm_chunk *ch)
+/* ZeRO-3: every rank's host holds its shard of the optimizer state, the
+ * params and the grads; the optimizer state is the shard on the device
+ * too, params and grads are whole there (gathered). */
+static int optim_sharded(const td_memmgr *m, const mm_chunk *ch)
 {
     return m->params.shard_ranks > 1 && mm_is_optim_role(ch->role);
+}
+
+static int role_gathered(const td_memmgr *m, td_tensor_role r)
+{
+    return m->params.shard_ranks > 1 && (r == TD_TENSOR_PARAM || r == TD_TENSOR_GRAD);
+}
+
+static int host_sharded(const td_memmgr *m, const mm_chunk *ch)
+{
+    return optim_sharded(m, ch) || role_gathered(m, ch->role);
 }
 
 td_status td_memmgr_chunk_shard(const td_memmgr *m, int c, td_shard_layout *out)
@@ -250,7 +264,7 @@ size_t td_memmgr_chunk_host_range(const td_memmgr *m, int c, size_t *begin, size
     *begin = 0;
     *end = ch->used_numel;
     td_shard_layout l;
-    if (chunk_sharded(m, ch) && td_memmgr_chunk_shard(m, c, &l) == TD_OK)
+    if (host_sharded(m, ch) && td_memmgr_chunk_shard(m, c, &l) == TD_OK)
         td_shard_range(&l, m->params.shard_rank, begin, end);
     return *end - *begin;
 }
@@ -276,6 +290,9 @@ td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *e
                             p.offload_param_frac, p.offload_optim_frac);
     if (p.shard_ranks > 1 && (p.shard_rank < 0 || p.shard_rank >= p.shard_ranks))
         return td_error_set(TD_ERR_INVALID, "memmgr: shard rank %d of %d ranks", p.shard_rank, p.shard_ranks);
+    if (p.shard_ranks > 1 && arena && (!p.shard_comm.all_gather || !p.shard_comm.reduce_scatter))
+        return td_error_set(TD_ERR_INVALID, "memmgr: %d shards of every param and grad chunk need the collectives "
+                            "that join them (td_memmgr_params.shard_comm)", p.shard_ranks);
     td_memmgr *m = td_calloc(1, sizeof *m, TD_ROLE_META);
     if (!m) return TD_ERR_NOMEM;
     m->arena = arena;
@@ -327,7 +344,7 @@ void td_memmgr_destroy(td_memmgr *m)
         if (ch->host && ch->pageable) td_hostmem_release(m->hostmem, ch->host);
         else if (ch->host) td_hostpool_release(m->pool, ch->host);
     }
-    for (int i = 0; i < m->n_gslots; i++)
+    for (int i = 0; m->gslots && i < m->n_gslots; i++) /* a layout that failed may have counted them only */
         if (m->gslots[i].buf) td_hostpool_release(m->pool, m->gslots[i].buf);
     td_free(m->gslots);
     if (m->gslot_sync) {
@@ -443,6 +460,15 @@ td_status td_memmgr_layout(td_memmgr *m)
         mm_chunk *ch = &m->chunks[c];
         td_role role = mm_is_optim_role(ch->role) ? TD_ROLE_OPTIM : TD_ROLE_CHUNK;
         ch->host_bytes = host_bytes_of(m, c); /* the homes are final now: a shard or the whole */
+        size_t hb, he;
+        td_memmgr_chunk_host_range(m, c, &hb, &he);
+        ch->host_begin = hb;
+        ch->gathered = role_gathered(m, ch->role);
+        td_shard_layout sl;
+        if (ch->gathered) {
+            TD_TRY(td_memmgr_chunk_shard(m, c, &sl));
+            ch->shard_numel = sl.shard_numel;
+        }
         ch->gslot = -1;
         if (m->n_gslots && wants_transient(m, ch) && td_align_up(ch->host_bytes, TD_HOSTPOOL_ALIGN) <= m->gslot_bytes) {
             ch->transient = 1; /* its host copy: a staging slot, lent at its write-back */
@@ -455,8 +481,8 @@ td_status td_memmgr_layout(td_memmgr *m)
             TD_TRY(td_hostmem_alloc(m->hostmem, hb, role, &ch->host));
             ch->pageable = 1;
             m->stats.host_pageable_bytes += td_hostmem_round(hb);
-        } else {
-            TD_TRY(td_hostpool_alloc(m->pool, ch->host_bytes, role, &ch->host));
+        } else { /* a rank past a small chunk's end holds none of it: a byte stands in */
+            TD_TRY(td_hostpool_alloc(m->pool, ch->host_bytes ? ch->host_bytes : 1, role, &ch->host));
             memset(ch->host, 0, ch->host_bytes);
             m->stats.host_chunk_bytes += ch->host_bytes;
         }
@@ -543,6 +569,84 @@ static int chunk_dirty(const mm_chunk *ch)
     return ch->dev && ch->dev_ver > ch->host_ver && ch->n_free < ch->n_tensors;
 }
 
+/* ---- gathered chunks (ZeRO-3: memmgr.h, shard_ranks) ---------------------- */
+
+/* Bytes from a gathered chunk's slot start to element e. */
+static size_t elem_bytes(const mm_chunk *ch, size_t e) { return e * td_dtype_bytes(ch->dtype); }
+
+/* Zeroes the slot outside this rank's shard, on queue q. */
+static td_status zero_others(td_memmgr *m, mm_chunk *ch, td_queue q)
+{
+    size_t n = ch->host_bytes / td_dtype_bytes(ch->dtype), end = ch->host_begin + n;
+    size_t padded = ch->shard_numel * (size_t)m->params.shard_ranks;
+    td_status st = TD_OK;
+    if (ch->host_begin) st = td_backend_memset_async(m->backend, q, ch->dev, 0, elem_bytes(ch, ch->host_begin));
+    if (!st && end < padded)
+        st = td_backend_memset_async(m->backend, q, (char *)ch->dev + elem_bytes(ch, end), 0, elem_bytes(ch, padded - end));
+    return st;
+}
+
+/* Work just queued on q wrote the device copy: its next access, a
+ * write-back and the slot's next owner wait for it. */
+static td_status written_by(td_memmgr *m, mm_chunk *ch, td_queue q)
+{
+    td_copy_ticket t;
+    td_status st = td_copy_mark(m->engine, q, &t);
+    if (st) return st;
+    ch->load = t;
+    ch->fence = t;
+    return TD_OK;
+}
+
+/* The other ranks' shards of a param chunk whose own shard is current on
+ * the device: all-gathered in place on the H2D queue, after the chunk's
+ * load and last use. */
+static td_status gather(td_memmgr *m, mm_chunk *ch)
+{
+    td_status st;
+    if ((st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->load)) ||
+        (st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->writeback)) ||
+        (st = td_copy_order(m->engine, TD_QUEUE_H2D, &ch->fence)))
+        return st;
+    td_memmgr_comm *c = &m->params.shard_comm;
+    if ((st = c->all_gather(c->ctx, ch->dev, ch->shard_numel, ch->dtype, TD_QUEUE_H2D)))
+        return td_error_prefix(st, "memmgr: gathering param chunk %d: ", (int)(ch - m->chunks));
+    ch->partial = 0;
+    m->stats.gathers++;
+    m->stats.bytes_gathered += elem_bytes(ch, ch->shard_numel * (size_t)(m->params.shard_ranks - 1));
+    return written_by(m, ch, TD_QUEUE_H2D);
+}
+
+/* A grad chunk's contributions summed over the ranks into each shard's
+ * owner, in place on the D2H queue after its last use; the other shards
+ * zeroed, so that grads added later are counted once. */
+static td_status reduce(td_memmgr *m, mm_chunk *ch)
+{
+    td_status st;
+    if ((st = td_copy_order(m->engine, TD_QUEUE_D2H, &ch->load)) ||
+        (st = td_copy_order(m->engine, TD_QUEUE_D2H, &ch->fence)))
+        return st;
+    td_memmgr_comm *c = &m->params.shard_comm;
+    if ((st = c->reduce_scatter(c->ctx, ch->dev, ch->shard_numel, ch->dtype, TD_QUEUE_D2H)))
+        return td_error_prefix(st, "memmgr: reducing grad chunk %d: ", (int)(ch - m->chunks));
+    if ((st = zero_others(m, ch, TD_QUEUE_D2H))) return st;
+    ch->unreduced = 0;
+    m->stats.reduce_scatters++;
+    m->stats.bytes_reduced += elem_bytes(ch, ch->shard_numel * (size_t)(m->params.shard_ranks - 1));
+    return written_by(m, ch, TD_QUEUE_D2H);
+}
+
+/* After the load of a gathered chunk's shard (on the H2D queue): a param
+ * chunk's other shards from their owners, a grad chunk's zeroed (the sums
+ * of the other shards are their owners'). */
+static td_status complete_load(td_memmgr *m, mm_chunk *ch)
+{
+    if (ch->role == TD_TENSOR_PARAM) return gather(m, ch);
+    td_status st = zero_others(m, ch, TD_QUEUE_H2D);
+    ch->unreduced = 0;
+    return st ? st : written_by(m, ch, TD_QUEUE_H2D);
+}
+
 static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
 {
     td_event *e0, *e1;
@@ -551,9 +655,13 @@ static td_status start_writeback(td_memmgr *m, mm_chunk *ch)
     td_status st = ch->on_disk ? mm_disk_copy_begin(m, ch, 1, &host) : host_of(m, ch, 1);
     if (st) return st;
     if (!ch->on_disk) host = ch->host;
+    if (ch->gathered && ch->unreduced && (st = reduce(m, ch))) {
+        if (ch->on_disk) mm_disk_copy_end(m, ch, NULL);
+        return st;
+    }
     mm_tl_copy_events(m, &e0, &e1, &tl_index);
-    st = td_copy_submit_timed(m->engine, TD_COPY_D2H, host, ch->dev, ch->host_bytes, &ch->fence, e0, e1,
-                                        &ch->writeback);
+    st = td_copy_submit_timed(m->engine, TD_COPY_D2H, host, (char *)ch->dev + elem_bytes(ch, ch->gathered ? ch->host_begin : 0),
+                              ch->host_bytes, &ch->fence, e0, e1, &ch->writeback);
     if (ch->on_disk) mm_disk_copy_end(m, ch, st ? NULL : &ch->writeback); /* its slot: written once this lands */
     if (st) return st;
     mm_tl_copy(m, MM_TL_WRITEBACK, (int)(ch - m->chunks), tl_index);
@@ -574,6 +682,7 @@ static td_status evict(td_memmgr *m, mm_chunk *ch)
     td_evictor_remove(m->evictor, (uint32_t)(ch - m->chunks));
     ch->dev = NULL;
     ch->dev_ver = ch->host_ver;
+    ch->partial = ch->unreduced = 0; /* what the next load brings is whole */
     m->stats.evictions++;
     mm_tl_instant(m, MM_TL_EVICT, (int)(ch - m->chunks), 0);
     return TD_OK;
@@ -667,11 +776,20 @@ static td_status get_slot(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, voi
     }
 }
 
+/* A load's size for the prefetch window: what it moves, or under sharding
+ * the device slot's bytes, which every rank shares (the window must be
+ * every rank's; a rank's shard of a small chunk may be empty). */
+static size_t load_bytes(const td_memmgr *m, const mm_chunk *ch)
+{
+    return m->params.shard_ranks > 1 ? ch->bytes : ch->host_bytes;
+}
+
 /* Makes the device copy current: a load (H2D) into a new slot or over a
  * stale one, or zeros for a chunk of only FREE tensors. */
 static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, int prefetch)
 {
     td_status st;
+    ch->partial = ch->unreduced = 0; /* whatever the slot held is replaced */
     td_copy_ticket after = {0};
     if (!ch->dev) {
         void *ptr;
@@ -709,15 +827,22 @@ static td_status materialize(td_memmgr *m, mm_chunk *ch, uint64_t min_next_use, 
     if (!m->warmed_up && m->in_step && !prefetch && ms->n < MM_MEASURE_LOADS && ms->ev[0]) {
         e0 = ms->ev[2 * ms->n];
         e1 = ms->ev[2 * ms->n + 1];
-        ms->bytes[ms->n++] = ch->host_bytes;
+        ms->bytes[ms->n++] = load_bytes(m, ch);
     } else {
         mm_tl_copy_events(m, &e0, &e1, &tl_index);
     }
-    st = td_copy_submit_timed(m->engine, TD_COPY_H2D, ch->dev, host, ch->host_bytes, &after, e0, e1, &ch->load);
+    void *dst = (char *)ch->dev + elem_bytes(ch, ch->gathered ? ch->host_begin : 0);
+    /* a gathered chunk's load ends with its gather: timed to there (the prefetch window counts it) */
+    st = td_copy_submit_timed(m->engine, TD_COPY_H2D, dst, host, ch->host_bytes, &after, e0, ch->gathered ? NULL : e1,
+                              &ch->load);
     if (ch->on_disk) mm_disk_copy_end(m, ch, st ? NULL : &ch->load); /* its slot is kept until the upload lands */
     if (st) return st;
     mm_tl_copy(m, MM_TL_LOAD, (int)(ch - m->chunks), tl_index);
     ch->fence = ch->load;
+    if (ch->gathered) {
+        if ((st = complete_load(m, ch))) return st;
+        if (e1 && (st = td_event_record(m->backend, e1, TD_QUEUE_H2D))) return st;
+    }
     ch->dev_ver = ch->host_ver;
     m->stats.loads++;
     m->stats.bytes_h2d += ch->host_bytes;
@@ -845,7 +970,7 @@ static int prefetch_window(td_memmgr *m)
     const mm_measure *ms = &m->measure;
     if (m->trace_len == 0 || ms->step_ms <= 0 || ms->load_ms_per_mib <= 0) return 4;
     double bytes = 0;
-    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)m->chunks[m->trace_seq[i]].host_bytes;
+    for (size_t i = 0; i < m->trace_len; i++) bytes += (double)load_bytes(m, &m->chunks[m->trace_seq[i]]);
     double chunk_load_ms = ms->load_ms_per_mib * bytes / (double)m->trace_len / (double)TD_MiB;
     double access_ms = ms->step_ms / (double)m->trace_len;
     double w = access_ms > 0 ? chunk_load_ms / access_ms + 1.0 : 64.0;
@@ -942,6 +1067,10 @@ td_status td_memmgr_step_end(td_memmgr *m)
     m->last_step.disk_read_bytes -= m->step_start.disk_read_bytes;
     m->last_step.disk_write_bytes -= m->step_start.disk_write_bytes;
     m->last_step.disk_wait_ms -= m->step_start.disk_wait_ms;
+    m->last_step.gathers -= m->step_start.gathers;
+    m->last_step.reduce_scatters -= m->step_start.reduce_scatters;
+    m->last_step.bytes_gathered -= m->step_start.bytes_gathered;
+    m->last_step.bytes_reduced -= m->step_start.bytes_reduced;
     td_arena_stats as;
     td_arena_get_stats(m->arena, &as);
     memcpy(m->last_step_peak, as.peak, sizeof as.peak);
@@ -949,6 +1078,14 @@ td_status td_memmgr_step_end(td_memmgr *m)
     if (m->warmed_up || m->trace_len == 0) return TD_OK;
     /* The warm-up step is over: make the plan. */
     TD_TRY(measure_warmup(m));
+    if (m->params.shard_ranks > 1 && m->params.shard_comm.agree_max) {
+        /* Sharded, every rank loads (and gathers) in the same order: one
+         * prefetch window for all, from the slowest rank's rates. */
+        double v[2] = {m->measure.load_ms_per_mib, m->measure.step_ms};
+        TD_TRY(m->params.shard_comm.agree_max(m->params.shard_comm.ctx, v, 2));
+        m->measure.load_ms_per_mib = v[0];
+        m->measure.step_ms = v[1];
+    }
     TD_TRY(td_nextuse_create(m->trace_seq, m->trace_len, (uint32_t)m->n_chunks, 0, &m->nextuse));
     uint64_t *bytes = td_malloc((size_t)m->n_chunks * sizeof *bytes, TD_ROLE_META);
     if (!bytes) { st = TD_ERR_NOMEM; goto cleanup; }
@@ -1020,13 +1157,21 @@ static int chunks_of(td_memmgr *m, const int *ids, int n, int *out)
     return k;
 }
 
-static void prefetch(td_memmgr *m)
+/* Loads ahead; a load that finds no room stops it quietly (the access will
+ * load), any other failure (a collective's) is the access's. */
+static td_status prefetch(td_memmgr *m)
 {
-    if (!m->nextuse || m->off_trace || m->prefetch_window <= 0) return;
+    if (!m->nextuse || m->off_trace || m->prefetch_window <= 0) return TD_OK;
     for (uint64_t p = m->pos; p < m->pos + (uint64_t)m->prefetch_window; p++) {
         int c = (int)td_nextuse_chunk_at(m->nextuse, p);
         mm_chunk *ch = &m->chunks[c];
-        if (!needs_load(ch) || ch->pins || ch->n_free == ch->n_tensors) continue; /* empty: zeroed at access */
+        if (ch->expect_write || ch->pins || ch->n_free == ch->n_tensors) continue; /* empty: zeroed at access */
+        if (!needs_load(ch)) {
+            /* resident with only this rank's shard current: the others gathered ahead too */
+            td_status st = ch->partial ? gather(m, ch) : TD_OK;
+            if (st) return st;
+            continue;
+        }
         int was_candidate = td_evictor_contains(m->evictor, (uint32_t)c);
         td_evictor_remove(m->evictor, (uint32_t)c); /* never its own victim */
         /* Only chunks next used after p may make room for it (Belady-safe). */
@@ -1035,8 +1180,10 @@ static void prefetch(td_memmgr *m)
             ch->last_use = m->pos;
             offer(m, c);
         }
-        if (st) { td_error_clear(); return; } /* no room yet: stop here */
+        if (st == TD_ERR_BUDGET) { td_error_clear(); return TD_OK; } /* no room yet: stop here */
+        if (st) return st;
     }
+    return TD_OK;
 }
 
 td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state state, unsigned flags,
@@ -1074,7 +1221,7 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
         ch->pins++;
         /* A chunk of only FREE tensors is handed out zeroed, also when resident. */
         int empty = ch->n_free == ch->n_tensors;
-        if ((needs_load(ch) || empty) && (st = materialize(m, ch, 0, 0))) {
+        if (((needs_load(ch) || empty) && (st = materialize(m, ch, 0, 0))) || (ch->partial && (st = gather(m, ch)))) {
             for (int j = 0; j <= i; j++) m->chunks[cs[j]].pins--;
             for (int j = 0; j < k; j++) offer(m, cs[j]);
             goto out;
@@ -1113,15 +1260,20 @@ td_status td_memmgr_access(td_memmgr *m, const int *ids, int n, td_tensor_state 
         set_state(m, ids[i], state);
         mm_tensor *t = &m->tensors[ids[i]];
         const mm_chunk *ch = &m->chunks[t->chunk];
-        /* a shard: its start (the chunk's owner updates it whole) */
-        dev_ptrs[i] = (char *)ch->dev + (chunk_sharded(m, ch) ? 0 : mm_tensor_byte_offset(m, t));
+        /* an optimizer shard: its start (the chunk's owner updates it whole) */
+        dev_ptrs[i] = (char *)ch->dev + (optim_sharded(m, ch) ? 0 : mm_tensor_byte_offset(m, t));
     }
     for (int i = 0; i < k; i++) {
         mm_chunk *ch = &m->chunks[cs[i]];
-        if (flags & TD_ACCESS_WRITE) ch->dev_ver = (ch->dev_ver > ch->host_ver ? ch->dev_ver : ch->host_ver) + 1;
+        if (flags & TD_ACCESS_WRITE) {
+            ch->dev_ver = (ch->dev_ver > ch->host_ver ? ch->dev_ver : ch->host_ver) + 1;
+            /* gathered: a param's own shard is what the writer changes; a grad gains this rank's terms */
+            if (ch->gathered && ch->role == TD_TENSOR_PARAM) ch->partial = 1;
+            if (ch->gathered && ch->role == TD_TENSOR_GRAD) ch->unreduced = 1;
+        }
         offer(m, cs[i]);
     }
-    if (m->in_step) prefetch(m);
+    if (m->in_step && (st = prefetch(m))) goto out;
     if (m->tl) {
         td_arena_stats as;
         td_arena_get_stats(m->arena, &as);
@@ -1194,6 +1346,30 @@ td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n)
     return TD_OK;
 }
 
+td_status td_memmgr_reduce_async(td_memmgr *m, const int *ids, int n)
+{
+    td_status st;
+    if ((st = check_ids(m, ids, n, "reduce"))) return st;
+    for (int i = 0; i < n; i++) {
+        mm_chunk *ch = &m->chunks[m->tensors[ids[i]].chunk];
+        if (!ch->gathered || ch->role != TD_TENSOR_GRAD || !ch->dev || !ch->unreduced) continue;
+        if (ch->pins)
+            return td_error_set(TD_ERR_STATE, "memmgr: grad chunk %d reduced while in COMPUTE (release its tensors "
+                                "first)", (int)(ch - m->chunks));
+        if ((st = reduce(m, ch))) return st;
+        offer(m, (int)(ch - m->chunks));
+    }
+    return TD_OK;
+}
+
+td_status td_memmgr_expect_host_write(td_memmgr *m, int chunk)
+{
+    if (!m->laid_out || chunk < 0 || chunk >= m->n_chunks)
+        return td_error_set(TD_ERR_INVALID, "memmgr: a host write expected of chunk %d (%d chunks)", chunk, m->n_chunks);
+    m->chunks[chunk].expect_write = 1;
+    return TD_OK;
+}
+
 td_status td_memmgr_written_on(td_memmgr *m, int id, td_queue q)
 {
     td_status st;
@@ -1223,6 +1399,24 @@ td_status td_memmgr_order_after_use(td_memmgr *m, int id, td_queue q)
     return td_copy_order(m->engine, q, &ch->fence);
 }
 
+/* The host waits for a ticket; under sharding one behind a collective
+ * through the communicator's bounded wait (a peer that stopped answering
+ * fails the wait instead of hanging it). */
+static td_status wait_ticket(td_memmgr *m, const td_copy_ticket *t)
+{
+    const td_memmgr_comm *c = &m->params.shard_comm;
+    int done = 1;
+    td_status st;
+    if (m->params.shard_ranks > 1 && c->wait && t->seq && (st = td_copy_done(m->engine, t, &done))) return st;
+    if (!done) {
+        double t0 = td_now_ms();
+        st = c->wait(c->ctx, (td_queue)t->queue);
+        m->comm_wait_ms += td_now_ms() - t0;
+        if (st) return st;
+    }
+    return td_copy_wait(m->engine, t);
+}
+
 /* A valid host copy of one chunk: checks, then waits (see host_access). */
 static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
 {
@@ -1232,11 +1426,12 @@ static td_status host_sync(td_memmgr *m, mm_chunk *ch, unsigned flags)
                             "device", (int)(ch - m->chunks), m->tensors[ch->tensors[0]].name);
     if (chunk_dirty(ch) && (st = start_writeback(m, ch))) return st;
     if ((st = host_of(m, ch, 0))) return st;
-    if ((st = td_copy_wait(m->engine, &ch->writeback))) return st;
+    if ((st = wait_ticket(m, &ch->writeback))) return st;
     if (flags & TD_ACCESS_WRITE) {
         /* The upload in flight reads this host copy (or the disk slot): let it finish first. */
-        if ((st = td_copy_wait(m->engine, &ch->load))) return st;
+        if ((st = wait_ticket(m, &ch->load))) return st;
         ch->host_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
+        ch->expect_write = 0;
         offer(m, (int)(ch - m->chunks));
     }
     return TD_OK;
@@ -1257,7 +1452,7 @@ td_status td_memmgr_host_access(td_memmgr *m, const int *ids, int n, unsigned fl
     if ((st = check_ids(m, ids, n, "host access"))) return st;
     for (int i = 0; i < n; i++) {
         const mm_chunk *ch = &m->chunks[m->tensors[ids[i]].chunk];
-        if (chunk_sharded(m, ch))
+        if (host_sharded(m, ch))
             return td_error_set(TD_ERR_STATE, "memmgr: host access to '%s': its %s chunk %d holds only rank %d's shard "
                                 "on this host; use td_memmgr_chunk_host_access with td_memmgr_chunk_host_range",
                                 m->tensors[ids[i]].name, td_tensor_role_name(ch->role), ch->index,
@@ -1375,7 +1570,7 @@ void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out)
     out->stall_ms = 0;
     td_copy_stats cs;
     td_copy_get_stats(m->engine, &cs);
-    out->stall_ms = cs.host_wait_ms;
+    out->stall_ms = cs.host_wait_ms + m->comm_wait_ms;
     td_arena_stats s;
     td_arena_get_stats(m->arena, &s);
     out->device_chunk_bytes = s.used[TD_ROLE_CHUNK] + s.used[TD_ROLE_OPTIM];
@@ -1400,6 +1595,8 @@ size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes)
         {"bytes_h2d", (double)s->bytes_h2d}, {"bytes_d2h", (double)s->bytes_d2h},
         {"prefetches", (double)s->prefetches}, {"demand_loads", (double)s->demand_loads},
         {"stalls", (double)s->stalls}, {"stall_ms", s->stall_ms}, {"slot_wait_ms", s->slot_wait_ms},
+        {"gathers", (double)s->gathers}, {"reduce_scatters", (double)s->reduce_scatters},
+        {"bytes_gathered", (double)s->bytes_gathered}, {"bytes_reduced", (double)s->bytes_reduced},
         {"prefetch_window", (double)m->prefetch_window}, {"device_peak_bytes", (double)m->last_step_peak_total},
         {"disk_read_bytes", (double)s->disk_read_bytes}, {"disk_write_bytes", (double)s->disk_write_bytes},
         {"disk_wait_ms", s->disk_wait_ms},

@@ -63,6 +63,16 @@ typedef struct mm_chunk {
      * while used.  disk_written: the file holds its bytes (else they are zeros). */
     int on_disk, disk_written;
     size_t disk_off;
+    /* Sharded (params.shard_ranks > 1, memmgr.h): the host copy holds
+     * chunk elements [host_begin, host_begin + host numel).  A gathered
+     * chunk (param or grad) holds the whole chunk on the device, N shards
+     * of shard_numel elements, the host copy at element host_begin. */
+    size_t host_begin, shard_numel;
+    int gathered;
+    int partial;                /* param: this rank's shard on the device is newer than the others'
+                                   (gathered before the next use) */
+    int unreduced;              /* grad: device contributions not yet summed over the ranks */
+    int expect_write;           /* td_memmgr_expect_host_write: no prefetch until the host copy is written */
 } mm_chunk;
 
 /* The disk tier (disk.c).  A chunk homed on disk lives in the scratch file
@@ -186,6 +196,7 @@ struct td_memmgr {
     int prefetch_window;
 
     td_memmgr_stats stats;
+    double comm_wait_ms;        /* host waits for copies behind collectives (wait_ticket) */
     td_memmgr_stats step_start;  /* stats at the current step's start */
     td_memmgr_stats last_step;   /* the last finished step's deltas */
     size_t last_step_peak[TD_ROLE_COUNT], last_step_peak_total, peak_total;

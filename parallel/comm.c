@@ -2,9 +2,12 @@
  * the host barrier in one place, so NCCL and the CPU communicator behave the
  * same at the interface. */
 #include "parallel_impl.h"
+#include "net.h"
 #include "tidal/alloc.h"
 
 #include <stdlib.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 td_comm_params td_comm_default_params(void)
@@ -61,6 +64,44 @@ td_status td_comm_create(const td_dist_env *env, td_backend *b, const td_comm_pa
 #endif
         st = td_comm_cpu_create(&base, out);
     if (st) td_rdv_close(base.rdv);
+    return st;
+}
+
+/* Who joins which group: color, key and, from the group's first rank, the port it serves. */
+typedef struct split_entry { int32_t color, key, port, pad; } split_entry;
+
+td_status td_comm_split(td_comm *c, int color, int key, td_comm **out)
+{
+    td_status st = TD_OK;
+    enum { ADDR = 256 };
+    *out = NULL;
+    split_entry mine = { color, key, 0, 0 }, *all = td_calloc((size_t)c->size, sizeof *all, TD_ROLE_COMM);
+    char *addrs = td_malloc((size_t)c->size * ADDR, TD_ROLE_COMM);
+    if (!all || !addrs) TD_FAIL(TD_ERR_NOMEM, "splitting a communicator of %d ranks", c->size);
+    TD_TRY(td_rdv_allgather(c->rdv, &mine, sizeof mine, all));
+    /* my group, in (key, rank) order: my index, its size, its first rank */
+    int index = 0, size = 0, first = -1;
+    for (int r = 0; color >= 0 && r < c->size; r++) {
+        if (all[r].color != color) continue;
+        size++;
+        if (all[r].key < key || (all[r].key == key && r < c->rank)) index++;
+        if (first < 0 || all[r].key < all[first].key) first = r;
+    }
+    if (color >= 0 && index == 0) TD_TRY(td_net_free_port(&mine.port)); /* the group's first rank serves */
+    TD_TRY(td_rdv_allgather(c->rdv, &mine, sizeof mine, all));
+    TD_TRY(td_rdv_addresses(c->rdv, addrs, ADDR));
+    if (color < 0) goto cleanup;
+    td_dist_env env = { .rank = index, .size = size, .local_rank = c->local_rank, .node_rank = -1,
+                        .master_port = all[first].port };
+    snprintf(env.master_addr, sizeof env.master_addr, "%s", addrs + (size_t)first * ADDR);
+    snprintf(env.launcher, sizeof env.launcher, "split");
+    td_comm_params p = { .kind = !strcmp(c->name, "nccl") ? TD_COMM_NCCL : TD_COMM_CPU, .timeout_ms = c->timeout_ms };
+    st = td_comm_create(&env, c->backend, &p, out);
+    if (st) st = td_error_prefix(st, "the group of color %d (%d ranks, served by rank %d at %s:%d): ", color, size,
+                                 first, env.master_addr, env.master_port);
+cleanup:
+    td_free(all);
+    td_free(addrs);
     return st;
 }
 

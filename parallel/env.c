@@ -96,6 +96,7 @@ td_status td_dist_env_parse(char *const *envp, td_dist_env *out)
     td_status st;
     memset(out, 0, sizeof *out);
     out->size = 1;
+    out->node_rank = -1;
     snprintf(out->launcher, sizeof out->launcher, "none");
     snprintf(out->master_addr, sizeof out->master_addr, "127.0.0.1");
     out->master_port = 29500;
@@ -105,6 +106,12 @@ td_status td_dist_env_parse(char *const *envp, td_dist_env *out)
         if ((r && *r) || (s && *s)) L = &launchers[i];
     }
     if (L && (st = read_ranks(envp, L, out))) return st;
+    /* the host's index, where the launcher says (a host's ranks share it) */
+    const char *node_var = L && !strcmp(L->name, "torchrun") ? "GROUP_RANK" : L && !strcmp(L->name, "slurm") ? "SLURM_NODEID" : NULL;
+    long node = -1;
+    int has_node = 0;
+    if (node_var && (st = env_int(envp, node_var, 0, INT_MAX, L->name, &node, &has_node))) return st;
+    out->node_rank = has_node ? (int)node : -1;
 
     const char *addr = env_get(envp, "MASTER_ADDR");
     long port = 0;

@@ -27,7 +27,7 @@ static void on_signal(int sig) { pending_signal = sig; }
 
 td_launch_params td_launch_default_params(void)
 {
-    td_launch_params p = { .nproc = 1, .grace_ms = 5000, .master_port = 0 };
+    td_launch_params p = { .nproc = 1, .grace_ms = 5000, .master_port = 0, .nnodes = 1, .node_rank = 0 };
     return p;
 }
 
@@ -52,7 +52,7 @@ static td_status free_port(int *port)
 /* Variables the launcher sets, or drops because they would redirect the rendezvous. */
 static int replaced(const char *kv)
 {
-    static const char *names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    static const char *names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                                   "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TD_RDV_PORT"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         size_t n = strlen(names[i]);
@@ -61,11 +61,11 @@ static int replaced(const char *kv)
     return 0;
 }
 
-enum { RANK_VARS = 6, VAR_BYTES = 64 };
+enum { RANK_VARS = 7, VAR_BYTES = 300 };
 
 /* One rank's environment: ours first, then the inherited rest.  One
- * allocation: the pointer table, then the six "NAME=value" strings. */
-static char **rank_env(int rank, int nproc, int port)
+ * allocation: the pointer table, then the seven "NAME=value" strings. */
+static char **rank_env(const td_launch_params *p, int i, int port)
 {
     size_t n = 0;
     for (char **e = environ; e && *e; e++) n++;
@@ -74,10 +74,11 @@ static char **rank_env(int rank, int nproc, int port)
     char *s = (char *)(env + n + RANK_VARS + 1);
     size_t k = 0;
     const char *fmt[RANK_VARS] = {"RANK=%d", "LOCAL_RANK=%d", "WORLD_SIZE=%d", "LOCAL_WORLD_SIZE=%d",
-                                  "MASTER_ADDR=127.0.0.1", "MASTER_PORT=%d"};
-    int val[RANK_VARS] = {rank, rank, nproc, nproc, 0, port};
-    for (int i = 0; i < RANK_VARS; i++, s += VAR_BYTES) {
-        snprintf(s, VAR_BYTES, fmt[i], val[i]);
+                                  "GROUP_RANK=%d", "MASTER_PORT=%d", "MASTER_ADDR=%s"};
+    int val[RANK_VARS] = {p->node_rank * p->nproc + i, i, p->nnodes * p->nproc, p->nproc, p->node_rank, port, 0};
+    for (int v = 0; v < RANK_VARS; v++, s += VAR_BYTES) {
+        if (v == RANK_VARS - 1) snprintf(s, VAR_BYTES, fmt[v], p->master_addr ? p->master_addr : "127.0.0.1");
+        else snprintf(s, VAR_BYTES, fmt[v], val[v]);
         env[k++] = s;
     }
     for (char **e = environ; e && *e; e++)
@@ -105,6 +106,15 @@ td_status td_launch_run(const td_launch_params *params, char *const *argv, td_la
     res->failed_rank = -1;
     if (p.nproc < 1 || p.nproc > 4096) return td_error_set(TD_ERR_INVALID, "--nproc %d: use 1 to 4096 ranks", p.nproc);
     if (!argv || !argv[0]) return td_error_set(TD_ERR_INVALID, "launch: no command to run");
+    if (p.nnodes < 1) p.nnodes = 1;
+    if (p.node_rank < 0 || p.node_rank >= p.nnodes)
+        return td_error_set(TD_ERR_INVALID, "launch: node rank %d of %d nodes (NODE_RANK runs from 0 to NNODES - 1)",
+                            p.node_rank, p.nnodes);
+    if (p.nnodes > 1 && !p.master_port)
+        return td_error_set(TD_ERR_INVALID, "launch: %d nodes need MASTER_PORT (and MASTER_ADDR, rank 0's host): every "
+                            "node's launcher must give its ranks the same rendezvous", p.nnodes);
+    if (p.master_addr && strlen(p.master_addr) >= VAR_BYTES - 16)
+        return td_error_set(TD_ERR_INVALID, "launch: MASTER_ADDR is longer than %d characters", VAR_BYTES - 16);
     int port = p.master_port;
     if (port == 0 && (st = free_port(&port))) return st;
     if (port < 1 || port > 65535) return td_error_set(TD_ERR_INVALID, "launch: MASTER_PORT %d is not a port", port);
@@ -116,7 +126,7 @@ td_status td_launch_run(const td_launch_params *params, char *const *argv, td_la
     int handlers = 0, alive = 0;
     if (!pids || !envs) TD_FAIL(TD_ERR_NOMEM, "launch: tables for %d ranks", p.nproc);
     for (int i = 0; i < p.nproc; i++)
-        if (!(envs[i] = rank_env(i, p.nproc, port))) TD_FAIL(TD_ERR_NOMEM, "launch: the environment of rank %d", i);
+        if (!(envs[i] = rank_env(&p, i, port))) TD_FAIL(TD_ERR_NOMEM, "launch: the environment of rank %d", i);
     sigemptyset(&sa.sa_mask);
     pending_signal = 0;
     sigaction(SIGINT, &sa, &old_int);
@@ -162,7 +172,7 @@ td_status td_launch_run(const td_launch_params *params, char *const *argv, td_la
             alive--;
             int code = status_code(status);
             if (code != 0 && res->failed_rank < 0) {
-                res->failed_rank = i;
+                res->failed_rank = p.node_rank * p.nproc + i; /* the job's rank */
                 res->exit_code = code;
                 signal_all(pids, p.nproc, SIGTERM);
                 kill_at = td_now_ms() + p.grace_ms;

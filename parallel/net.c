@@ -3,6 +3,7 @@
  * MSG_NOSIGNAL, so a closed peer is an error, not SIGPIPE. */
 #include "net.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -191,4 +192,49 @@ td_status td_net_recv(int fd, void *buf, size_t bytes, int timeout_ms, const cha
         bytes -= (size_t)n;
     }
     return TD_OK;
+}
+
+td_status td_net_free_port(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return td_error_set(TD_ERR_IO, "socket(): %s", strerror(errno));
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = 0 };
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        int e = errno;
+        close(fd);
+        return td_error_set(TD_ERR_IO, "finding a free port: %s", strerror(e));
+    }
+    *port = ntohs(a.sin_port);
+    close(fd);
+    return TD_OK;
+}
+
+td_status td_net_peer_addr(int fd, char *buf, size_t buf_bytes, int *loopback)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    *loopback = 0;
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+        return td_error_set(TD_ERR_IO, "the address of a peer: %s", strerror(errno));
+    const void *a;
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&ss;
+        if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) { /* a v4 peer on a dual-stack socket: print it as v4 */
+            struct in_addr v4;
+            memcpy(&v4, &s6->sin6_addr.s6_addr[12], 4);
+            *loopback = (ntohl(v4.s_addr) >> 24) == 127;
+            return inet_ntop(AF_INET, &v4, buf, (socklen_t)buf_bytes) ? TD_OK
+                   : td_error_set(TD_ERR_IO, "inet_ntop: %s", strerror(errno));
+        }
+        *loopback = IN6_IS_ADDR_LOOPBACK(&s6->sin6_addr);
+        a = &s6->sin6_addr;
+    } else {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)&ss;
+        *loopback = (ntohl(s4->sin_addr.s_addr) >> 24) == 127;
+        a = &s4->sin_addr;
+    }
+    return inet_ntop(ss.ss_family, a, buf, (socklen_t)buf_bytes) ? TD_OK
+           : td_error_set(TD_ERR_IO, "inet_ntop: %s", strerror(errno));
 }

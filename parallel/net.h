@@ -17,5 +17,10 @@ td_status td_net_accept(int listen_fd, int timeout_ms, int *fd_out);
 td_status td_net_connect(const char *host, int port, int timeout_ms, int *fd_out);
 td_status td_net_send(int fd, const void *buf, size_t bytes, int timeout_ms, const char *who);
 td_status td_net_recv(int fd, void *buf, size_t bytes, int timeout_ms, const char *who);
+/* A port nobody listens on now (the kernel's pick). */
+td_status td_net_free_port(int *port);
+/* The peer's address of a connected socket, numeric; *loopback set when it
+ * is this host's loopback (127.0.0.0/8, ::1, or IPv4 mapped into IPv6). */
+td_status td_net_peer_addr(int fd, char *buf, size_t buf_bytes, int *loopback);
 
 #endif

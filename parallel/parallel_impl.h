@@ -17,7 +17,14 @@ struct td_rdv {
      * only shows rank 0 closing). */
     int ctl_fd;    /* rank > 0 */
     int *peer_ctl; /* rank 0: [size] */
+    char addr0[256]; /* rank 0's address, as the job reached it (MASTER_ADDR) */
 };
+
+/* Every rank's address, as another host reaches it, into table (size
+ * entries of stride bytes): rank 0's as the job reached it, the others' as
+ * rank 0 sees their links (a rank on rank 0's host, seen on the loopback:
+ * rank 0's).  Collective over the rendezvous. */
+td_status td_rdv_addresses(td_rdv *r, char *table, size_t stride);
 
 /* "rank 3" into buf, for messages. */
 /* After a failure: shuts every link down, so the other ranks see the job

@@ -227,6 +227,7 @@ td_status td_rdv_join(const td_dist_env *env, int timeout_ms, td_rdv **out)
     r->size = env->size;
     r->timeout_ms = timeout_ms;
     r->fd = r->ctl_fd = -1;
+    snprintf(r->addr0, sizeof r->addr0, "%s", env->master_addr);
     if (r->size > 1) {
         if (r->rank == 0) {
             r->peer_fd = td_malloc((size_t)r->size * sizeof(int), TD_ROLE_COMM);
@@ -282,4 +283,20 @@ td_status td_rdv_barrier(td_rdv *r)
     for (int i = 1; i < r->size; i++)
         if ((st = td_net_recv(r->peer_fd[i], &token, 1, r->timeout_ms, td_rdv_who(i, who, sizeof who)))) return st;
     return td_rdv_bcast(r, &token, 1);
+}
+
+td_status td_rdv_addresses(td_rdv *r, char *table, size_t stride)
+{
+    memset(table, 0, (size_t)r->size * stride);
+    if (r->rank == 0) {
+        snprintf(table, stride, "%s", r->addr0);
+        for (int i = 1; i < r->size; i++) {
+            int loop = 0;
+            char *a = table + (size_t)i * stride;
+            td_status st = td_net_peer_addr(r->peer_fd[i], a, stride, &loop);
+            if (st) return st;
+            if (loop) snprintf(a, stride, "%s", r->addr0); /* on rank 0's host: reached as rank 0 is */
+        }
+    }
+    return r->size > 1 ? td_rdv_bcast(r, table, (size_t)r->size * stride) : TD_OK;
 }

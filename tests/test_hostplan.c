@@ -527,6 +527,7 @@ static void sweep(td_fault_kind kind, long min_reached, int adam_thread)
         c.adam_thread = 1;
         c.optim.max_grad_norm = 0;
         c.mm.grad_slots = 8;
+        c.mm.placement = TD_PLACEMENT_CPU; /* every optimizer chunk the host's: their grads staged */
         td_train_plan p;
         TD_ASSERT_OK(td_train_plan_make(&c, c.gpu_budget, &p));
         assert_true(p.host_grad_slots > 0);

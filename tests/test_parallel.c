@@ -77,6 +77,19 @@ static void test_env_torchrun(void **state)
     TD_ASSERT_OK(parse(&e, nested));
     assert_int_equal(e.rank, 1);
     assert_int_equal(e.size, 4);
+    assert_int_equal(e.node_rank, -1);
+    /* the host's index: torchrun's GROUP_RANK, Slurm's SLURM_NODEID */
+    const char *group[] = {"RANK=5", "WORLD_SIZE=8", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4", "GROUP_RANK=1",
+                           "MASTER_ADDR=a", "MASTER_PORT=1234", NULL};
+    TD_ASSERT_OK(parse(&e, group));
+    assert_int_equal(e.node_rank, 1);
+    const char *slurm[] = {"SLURM_PROCID=3", "SLURM_NTASKS=4", "SLURM_LOCALID=1", "SLURM_NODEID=1", "MASTER_ADDR=a", NULL};
+    TD_ASSERT_OK(parse(&e, slurm));
+    assert_int_equal(e.node_rank, 1);
+    const char *bad_group[] = {"RANK=0", "WORLD_SIZE=2", "GROUP_RANK=x", "MASTER_ADDR=a", "MASTER_PORT=1", NULL};
+    assert_int_equal(parse(&e, bad_group), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "GROUP_RANK"));
+    td_error_clear();
 }
 
 static void test_env_mpirun_slurm(void **state)
@@ -583,6 +596,91 @@ static void test_launch_env_and_failure(void **state)
     assert_int_equal(td_launch_run(&p, ok_argv, &res), TD_ERR_INVALID);
 }
 
+/* Two "hosts" on this one, as torchrun --nnodes 2 --node-rank 0/1 starts
+ * them: each launcher's ranks get the job's ranks, sizes and GROUP_RANK,
+ * the rendezvous given (a launcher of several nodes needs MASTER_PORT), and
+ * a failure names the job's rank. */
+static void test_launch_nodes(void **state)
+{
+    char script[512];
+    snprintf(script, sizeof script,
+             "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT\" > "
+             "%s/nodes.$RANK; [ \"$RANK\" = 3 ] && exit 4; exit 0", dir);
+    char *argv[] = {"sh", "-c", script, NULL};
+    td_launch_params p = td_launch_default_params();
+    p.nproc = 2;
+    p.nnodes = 2;
+    td_launch_result res;
+    assert_int_equal(td_launch_run(&p, argv, &res), TD_ERR_INVALID); /* no MASTER_PORT */
+    assert_non_null(strstr(td_error_msg(), "MASTER_PORT"));
+    td_error_clear();
+    p.master_port = 4321;
+    p.master_addr = "10.0.0.7";
+    p.node_rank = 2;
+    assert_int_equal(td_launch_run(&p, argv, &res), TD_ERR_INVALID); /* node rank past the nodes */
+    td_error_clear();
+    for (int node = 0; node < 2; node++) {
+        p.node_rank = node;
+        TD_ASSERT_OK(td_launch_run(&p, argv, &res));
+        assert_int_equal(res.failed_rank, node ? 3 : -1);
+        assert_int_equal(res.exit_code, node ? 4 : 0);
+    }
+    for (int r = 0; r < 4; r++) {
+        char path[128], got[256], want[256];
+        snprintf(path, sizeof path, "%s/nodes.%d", dir, r);
+        assert_int_equal(read_file(path, got, sizeof got), 0);
+        snprintf(want, sizeof want, "%d 4 %d 2 %d 10.0.0.7 4321\n", r, r % 2, r / 2);
+        assert_string_equal(got, want);
+    }
+}
+
+/* td_comm_split: 4 ranks split by rank / 2 (keyed by rank % 2) and by
+ * rank % 2 (keyed backwards): each group's ranks, sizes and an all-reduce
+ * over its members alone; a negative color gets no communicator. */
+static int split_body(int rank, int size, int port, void *ctx)
+{
+    (void)ctx;
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = TD_BACKEND_CPU;
+    bp.cpu_device_bytes = 4 * TD_MiB;
+    td_backend *b = NULL;
+    td_comm *c = NULL, *a = NULL, *x = NULL, *none = (td_comm *)&bp;
+    td_dist_env e = td_test_local_env(rank, size, port);
+    td_comm_params cp = td_comm_default_params();
+    cp.kind = TD_COMM_CPU;
+    cp.timeout_ms = 20000;
+    if (td_backend_create(&bp, &b) || td_comm_create(&e, b, &cp, &c)) return td_test_rank_fail(rank, "create");
+    if (td_comm_split(c, rank / 2, rank % 2, &a)) return td_test_rank_fail(rank, "split by host");
+    if (td_comm_split(c, rank % 2, -rank, &x)) return td_test_rank_fail(rank, "split across hosts");
+    if (td_comm_split(c, rank == 0 ? -1 : 0, rank, &none)) return td_test_rank_fail(rank, "split with a rank out");
+    if (td_comm_size(a) != 2 || td_comm_rank(a) != rank % 2) return 2;
+    if (td_comm_size(x) != 2 || td_comm_rank(x) != (rank < 2 ? 1 : 0)) return 3;
+    if ((rank == 0) != (none == NULL) || (none && (td_comm_size(none) != 3 || td_comm_rank(none) != rank - 1))) return 4;
+    float *v = NULL;
+    if (td_backend_dev_reserve(b, 16, (void **)&v)) return td_test_rank_fail(rank, "alloc");
+    v[0] = (float)(1 << rank);
+    if (td_comm_all_reduce(a, v, v, 1, TD_DTYPE_F32, TD_REDUCE_SUM, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "a");
+    if (v[0] != (float)(rank < 2 ? 3 : 12)) return 5; /* 1 + 2, 4 + 8 */
+    v[0] = (float)(1 << rank);
+    if (td_comm_all_reduce(x, v, v, 1, TD_DTYPE_F32, TD_REDUCE_SUM, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "x");
+    if (v[0] != (float)(rank % 2 ? 10 : 5)) return 6; /* 2 + 8, 1 + 4 */
+    td_backend_dev_release(b, v);
+    td_comm_destroy(none);
+    td_comm_destroy(x);
+    td_comm_destroy(a);
+    if (td_comm_barrier(c, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "barrier");
+    td_comm_destroy(c);
+    td_backend_free(b);
+    return 0;
+}
+
+static void test_comm_split(void **state)
+{
+    int codes[4];
+    td_test_run_ranks(4, split_body, NULL, codes);
+    td_test_expect_codes(4, codes, NULL);
+}
+
 /* A rank that ignores SIGTERM is killed after the grace. */
 static void test_launch_grace(void **state)
 {
@@ -710,6 +808,8 @@ int main(void)
         cmocka_unit_test(test_comm_kinds),
         cmocka_unit_test(test_launch_env_and_failure),
         cmocka_unit_test(test_launch_grace),
+        cmocka_unit_test(test_launch_nodes),
+        cmocka_unit_test(test_comm_split),
         cmocka_unit_test(test_launch_forwards_signals),
         cmocka_unit_test(test_cli_bench_comm),
     };

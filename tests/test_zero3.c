@@ -785,15 +785,18 @@ static void test_cli_mismatched_flags(void **state)
     if (!first || !strstr(first + 1, want) || !strstr(out, "codes 1 1")) fail_msg("%s", out);
 }
 
-/* The chunk manager sharded over N ranks (memmgr.h, shard_ranks): every
- * param slot holds N equal shards of its chunk; an optimizer chunk holds
- * rank r's shard alone (td_shard_range of its used elements) on the host
- * (pageable under --policy cpu, pinned when homed on the device) and on the
- * device (a slot of 1/N), a param chunk all of it; per-tensor host access to
- * a shard is refused, the whole shard is writable through chunk access
- * (ASan checks its bounds) and reaches the device intact. */
-/* A chunk manager on backend b: 4 MiB pinned slabs, an arena of
- * `arena_bytes`, a copy engine; mp says the rest. */
+/* The chunk manager sharded over N ranks (memmgr.h, shard_ranks), on
+ * forked ranks joined by the CPU communicator: every chunk's host copy is
+ * the rank's shard (td_shard_range of its used elements: pageable optimizer
+ * state under --policy cpu, pinned when homed on the device; params and
+ * grads pinned); an optimizer chunk is the shard alone on the device too,
+ * a param or grad chunk is whole there (its slot N equal shards).  Params
+ * reach the device whole from every rank's shard (the gather); a device
+ * write changes the rank's shard alone (the others come back from their
+ * owners); grads written on every rank reach each owner's host summed
+ * (the reduce-scatter), and grads added after a write-back or a reload
+ * are counted once.  Under a budget of three slots chunks are evicted and
+ * reloaded throughout; per-tensor host access to a shard is refused. */
 typedef struct mm_fixture {
     td_hostpool *pool;
     td_arena *arena;
@@ -819,105 +822,232 @@ static void mm_fixture_destroy(mm_fixture *f)
     td_hostpool_destroy(f->pool);
 }
 
+static td_status mm_gather(void *ctx, void *buf, size_t S, td_dtype dt, td_queue q)
+{
+    td_comm *c = ctx;
+    return td_comm_all_gather(c, (char *)buf + (size_t)td_comm_rank(c) * S * td_dtype_bytes(dt), buf, S, dt, q);
+}
+
+static td_status mm_reduce(void *ctx, void *buf, size_t S, td_dtype dt, td_queue q)
+{
+    td_comm *c = ctx;
+    return td_comm_reduce_scatter(c, buf, (char *)buf + (size_t)td_comm_rank(c) * S * td_dtype_bytes(dt), S, dt, q);
+}
+
+static td_status mm_wait(void *ctx, td_queue q) { return td_comm_wait(ctx, q); }
+
+enum { SH_T = 6 };
+static const size_t sh_sizes[SH_T] = {1000, 37, 2048, 777, 5, 4096 + 3};
+/* Element e of tensor j's param: the same on every rank. */
+static float sh_val(int j, size_t e) { return (float)(j * 10000 + (int)(e % 5000)); }
+
+/* Every tensor of ids on the device (one at a time) equal to want(j, e) + add. */
+static int sh_check_device(td_backend *b, td_memmgr *m, const int *ids, int rank, float add, float scale,
+                           const char *what)
+{
+    static float back[8192];
+    for (int j = 0; j < SH_T; j++) {
+        void *d;
+        if (td_memmgr_access(m, &ids[j], 1, TD_TENSOR_COMPUTE, 0, &d)) return td_test_rank_fail(rank, what);
+        if (td_backend_copy_async(b, TD_QUEUE_COMPUTE, back, d, sh_sizes[j] * 4) || td_queue_sync(b, TD_QUEUE_COMPUTE))
+            return td_test_rank_fail(rank, what);
+        for (size_t e = 0; e < sh_sizes[j]; e++)
+            if (back[e] != scale * sh_val(j, e) + add) {
+                fprintf(stderr, "rank %d: %s: tensor %d element %zu is %g, want %g\n", rank, what, j, e, back[e],
+                        scale * sh_val(j, e) + add);
+                return 1;
+            }
+        if (td_memmgr_release(m, &ids[j], 1, TD_TENSOR_HOLD)) return td_test_rank_fail(rank, what);
+    }
+    return 0;
+}
+
+/* Each rank adds (rank + 1) x val to every grad on the device. */
+static int sh_add_grads(td_backend *b, td_memmgr *m, const int *gid, int rank)
+{
+    static float buf[8192];
+    for (int j = 0; j < SH_T; j++) {
+        void *d;
+        if (td_memmgr_access(m, &gid[j], 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d)) return td_test_rank_fail(rank, "grads");
+        if (td_backend_copy_async(b, TD_QUEUE_COMPUTE, buf, d, sh_sizes[j] * 4) || td_queue_sync(b, TD_QUEUE_COMPUTE))
+            return td_test_rank_fail(rank, "grads read");
+        for (size_t e = 0; e < sh_sizes[j]; e++) buf[e] += (float)(rank + 1) * sh_val(j, e);
+        if (td_backend_copy_async(b, TD_QUEUE_COMPUTE, d, buf, sh_sizes[j] * 4) || td_queue_sync(b, TD_QUEUE_COMPUTE) ||
+            td_memmgr_release(m, &gid[j], 1, TD_TENSOR_HOLD_AFTER_BWD))
+            return td_test_rank_fail(rank, "grads write");
+    }
+    return 0;
+}
+
+/* Each rank's host shard of every grad chunk: rounds x the sum over the ranks of (r + 1) x val. */
+static int sh_check_grad_shards(td_memmgr *m, const int *gid, int rank, int size, int rounds)
+{
+    float want = (float)rounds * (float)(size * (size + 1) / 2);
+    for (int c = 0; c < td_memmgr_chunk_count(m); c++) {
+        if (td_memmgr_chunk_role(m, c) != TD_TENSOR_GRAD) continue;
+        size_t hb, he;
+        float *h;
+        td_memmgr_chunk_host_range(m, c, &hb, &he);
+        if (td_memmgr_chunk_host_access(m, c, TD_ACCESS_READ, (void **)&h)) return td_test_rank_fail(rank, "grad shard");
+        for (int j = 0; j < SH_T; j++) {
+            if (td_memmgr_tensor_chunk(m, gid[j]) != c) continue;
+            size_t off = td_memmgr_tensor_offset(m, gid[j]);
+            for (size_t e = 0; e < sh_sizes[j]; e++)
+                if (off + e >= hb && off + e < he && h[off + e - hb] != want * sh_val(j, e)) {
+                    fprintf(stderr, "rank %d: grad %d element %zu on the host is %g, want %g\n", rank, j, e,
+                            h[off + e - hb], want * sh_val(j, e));
+                    return 1;
+                }
+        }
+    }
+    return 0;
+}
+
+typedef struct sh_case { int place, tight; } sh_case;
+
+static int shards_body(int rank, int size, int port, void *ctx)
+{
+    const sh_case *k = ctx;
+    td_dist_env e = td_test_local_env(rank, size, port);
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = TD_BACKEND_CPU;
+    bp.cpu_device_bytes = 16 * TD_MiB;
+    td_backend *b = NULL;
+    td_comm *c = NULL;
+    td_comm_params cp = td_comm_default_params();
+    cp.timeout_ms = 20000;
+    if (td_backend_create(&bp, &b) || td_comm_create(&e, b, &cp, &c)) return td_test_rank_fail(rank, "comm");
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.chunk_numel = 3000;
+    mp.placement = k->place ? TD_PLACEMENT_CUDA : TD_PLACEMENT_CPU;
+    mp.prefetch = k->tight ? 2 : 0;
+    mp.shard_ranks = size;
+    mp.shard_rank = rank;
+    mp.shard_align = 64;
+    mp.shard_comm = (td_memmgr_comm){ .ctx = c, .all_gather = mm_gather, .reduce_scatter = mm_reduce, .wait = mm_wait };
+    mm_fixture f;
+    td_hostpool_params hp = td_hostpool_default_params();
+    hp.slab_bytes = 4 * TD_MiB;
+    /* tight: three slots of the largest chunk (4099 elements padded to 4 ranks x 64) */
+    size_t arena = k->tight ? 3 * (4096 + 256) * 4 + 4 * TD_ARENA_ALIGN : 16 * TD_MiB;
+    if (td_hostpool_create(b, NULL, &hp, &f.pool) || td_arena_create(b, arena, &f.arena) ||
+        td_copy_engine_create(b, NULL, &f.eng) || td_memmgr_create(f.arena, f.pool, f.eng, &mp, &f.m))
+        return td_test_rank_fail(rank, "memmgr");
+    td_memmgr *m = f.m;
+    int pid[SH_T], gid[SH_T], mid[SH_T];
+    static const td_tensor_role roles[3] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_ADAM_M};
+    int *ids[3] = {pid, gid, mid};
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < SH_T; j++) {
+            char name[32];
+            snprintf(name, sizeof name, "%s%d", td_tensor_role_name(roles[r]), j);
+            if (td_memmgr_register(m, name, sh_sizes[j], TD_DTYPE_F32, roles[r], &ids[r][j]))
+                return td_test_rank_fail(rank, "register");
+        }
+    if (td_memmgr_layout(m) || td_memmgr_set_state(m, pid, SH_T, TD_TENSOR_HOLD) ||
+        td_memmgr_set_state(m, mid, SH_T, TD_TENSOR_HOLD))
+        return td_test_rank_fail(rank, "layout");
+    /* Layout and host copies: the rank's shard of every chunk. */
+    for (int ch = 0; ch < td_memmgr_chunk_count(m); ch++) {
+        size_t used = td_memmgr_chunk_numel_used(m, ch), slot = td_memmgr_chunk_slot_bytes(m, ch) / 4, hb, he, wb, we;
+        td_shard_layout l;
+        td_tensor_role role = td_memmgr_chunk_role(m, ch);
+        int opt = role == TD_TENSOR_ADAM_M;
+        if (td_memmgr_chunk_shard(m, ch, &l) || l.ranks != size) return td_test_rank_fail(rank, "shard layout");
+        size_t n = td_memmgr_chunk_host_range(m, ch, &hb, &he);
+        td_shard_range(&l, rank, &wb, &we);
+        if (size == 1) wb = 0, we = used;
+        int ok = hb == wb && he == we && td_memmgr_chunk_bytes(m, ch) == n * 4 &&
+                 td_memmgr_chunk_pageable(m, ch) == (opt && !k->place) &&
+                 (opt && size > 1 ? l.shard_numel <= slot && slot % 64 == 0
+                                  : l.padded_numel <= slot && (size == 1 || slot % ((size_t)size * 64) == 0));
+        if (!ok) {
+            fprintf(stderr, "rank %d: chunk %d (%s): host [%zu, %zu) of %zu used, slot %zu; want [%zu, %zu)\n", rank,
+                    ch, td_tensor_role_name(role), hb, he, used, slot, wb, we);
+            return 1;
+        }
+        if (role == TD_TENSOR_PARAM && n) { /* the params' shard: the same values on every rank */
+            float *h;
+            if (td_memmgr_chunk_host_access(m, ch, TD_ACCESS_WRITE, (void **)&h)) return td_test_rank_fail(rank, "host");
+            for (int j = 0; j < SH_T; j++) {
+                if (td_memmgr_tensor_chunk(m, pid[j]) != ch) continue;
+                size_t off = td_memmgr_tensor_offset(m, pid[j]);
+                for (size_t x = 0; x < sh_sizes[j]; x++)
+                    if (off + x >= hb && off + x < he) h[off + x - hb] = sh_val(j, x);
+            }
+        }
+    }
+    void *h;
+    td_status st = td_memmgr_host_access(m, &pid[0], 1, TD_ACCESS_READ, &h);
+    if ((size > 1) != (st == TD_ERR_STATE)) return td_test_rank_fail(rank, "per-tensor host access to a shard");
+    td_error_clear();
+    if (td_memmgr_step_begin(m)) return td_test_rank_fail(rank, "step");
+    /* Params: every element on the device, gathered from every rank's shard. */
+    if (sh_check_device(b, m, pid, rank, 0, 1, "params gathered")) return 1;
+    /* A device write changes the rank's shard alone: every rank adds 1
+     * everywhere, so the gathered params are val + 1 (not + N). */
+    for (int j = 0; j < SH_T; j++) {
+        static float buf[8192];
+        void *d;
+        if (td_memmgr_access(m, &pid[j], 1, TD_TENSOR_COMPUTE, TD_ACCESS_WRITE, &d)) return td_test_rank_fail(rank, "write");
+        for (size_t x = 0; x < sh_sizes[j]; x++) buf[x] = sh_val(j, x) + 1;
+        if (td_backend_copy_async(b, TD_QUEUE_COMPUTE, d, buf, sh_sizes[j] * 4) || td_queue_sync(b, TD_QUEUE_COMPUTE) ||
+            td_memmgr_release(m, &pid[j], 1, TD_TENSOR_HOLD))
+            return td_test_rank_fail(rank, "write");
+    }
+    if (sh_check_device(b, m, pid, rank, 1, 1, "params written on every rank, gathered")) return 1;
+    /* Grads: added on every rank, written back (each owner's host shard
+     * holds the sum), added again (after the write-back, or a reload under
+     * the tight budget: counted once), summed again. */
+    for (int round = 1; round <= 2; round++) {
+        if (sh_add_grads(b, m, gid, rank)) return 1;
+        if (round == 1 && sh_check_device(b, m, pid, rank, 1, 1, "params again, evicting grads")) return 1;
+        if (td_memmgr_set_state(m, gid, SH_T, TD_TENSOR_READY_FOR_REDUCE) || td_memmgr_writeback_async(m, gid, SH_T))
+            return td_test_rank_fail(rank, "grads write-back");
+        if (sh_check_grad_shards(m, gid, rank, size, round)) return 1;
+    }
+    if (td_memmgr_step_end(m)) return td_test_rank_fail(rank, "step end");
+    td_memmgr_stats ms;
+    td_memmgr_get_stats(m, &ms);
+    if (size > 1 && (!ms.gathers || !ms.reduce_scatters || !ms.bytes_gathered))
+        return td_test_rank_fail(rank, "no collectives counted");
+    if (k->tight && !ms.evictions) return td_test_rank_fail(rank, "the tight budget evicted nothing");
+    mm_fixture_destroy(&f);
+    if (td_comm_barrier(c, TD_QUEUE_COMPUTE)) return td_test_rank_fail(rank, "barrier");
+    td_comm_destroy(c);
+    td_backend_free(b);
+    return 0;
+}
+
 static void test_memmgr_shards(void **state)
 {
     (void)state;
-    static const size_t sizes[] = {1000, 37, 2048, 777, 5, 4096 + 3};
-    const int n_t = (int)(sizeof sizes / sizeof sizes[0]);
-    for (int place = 0; place < 2; place++)
-    for (int ranks = 1; ranks <= 4; ranks++) {
-        for (int rank = 0; rank < ranks; rank++) {
-            td_backend_params bpar = td_backend_default_params();
-            bpar.kind = TD_BACKEND_CPU;
-            td_backend *b;
-            TD_ASSERT_OK(td_backend_create(&bpar, &b));
-            td_memmgr_params mp = td_memmgr_default_params();
-            mp.chunk_numel = 3000;
-            mp.placement = place ? TD_PLACEMENT_CUDA : TD_PLACEMENT_CPU;
-            mp.shard_ranks = ranks;
-            mp.shard_rank = rank;
-            mp.shard_align = 64;
-            mm_fixture f;
-            mm_fixture_create(b, 16 * TD_MiB, &mp, &f);
-            td_memmgr *m = f.m;
-            int pid[8], mid[8];
-            for (int i = 0; i < n_t; i++) {
-                char name[32];
-                snprintf(name, sizeof name, "p%d", i);
-                TD_ASSERT_OK(td_memmgr_register(m, name, sizes[i], TD_DTYPE_F32, TD_TENSOR_PARAM, &pid[i]));
-            }
-            for (int i = 0; i < n_t; i++) {
-                char name[32];
-                snprintf(name, sizeof name, "m%d", i);
-                TD_ASSERT_OK(td_memmgr_register(m, name, sizes[i], TD_DTYPE_F32, TD_TENSOR_ADAM_M, &mid[i]));
-            }
-            TD_ASSERT_OK(td_memmgr_layout(m));
-            TD_ASSERT_OK(td_memmgr_set_state(m, pid, n_t, TD_TENSOR_HOLD));
-            TD_ASSERT_OK(td_memmgr_set_state(m, mid, n_t, TD_TENSOR_HOLD));
-            for (int c = 0; c < td_memmgr_chunk_count(m); c++) {
-                size_t used = td_memmgr_chunk_numel_used(m, c), slot = td_memmgr_chunk_slot_bytes(m, c) / 4, hb, he;
-                td_shard_layout l;
-                TD_ASSERT_OK(td_memmgr_chunk_shard(m, c, &l));
-                assert_int_equal(l.ranks, ranks);
-                int opt = td_memmgr_chunk_role(m, c) == TD_TENSOR_ADAM_M;
-                assert_int_equal(td_memmgr_chunk_pageable(m, c), opt && !place);
-                if (opt && ranks > 1) { /* the shard alone, also on the device */
-                    assert_true(l.shard_numel <= slot);
-                    assert_int_equal(slot % 64, 0);
-                } else {
-                    assert_true(l.padded_numel <= slot);
-                    if (ranks > 1) assert_int_equal(slot % ((size_t)ranks * 64), 0);
-                }
-                size_t n = td_memmgr_chunk_host_range(m, c, &hb, &he);
-                if (opt && ranks > 1) {
-                    size_t wb, we;
-                    td_shard_range(&l, rank, &wb, &we);
-                    assert_int_equal(hb, wb);
-                    assert_int_equal(he, we);
-                } else {
-                    assert_int_equal(hb, 0);
-                    assert_int_equal(he, used);
-                }
-                assert_int_equal(td_memmgr_chunk_bytes(m, c), n * 4);
-                if (n) {
-                    float *h;
-                    TD_ASSERT_OK(td_memmgr_chunk_host_access(m, c, TD_ACCESS_WRITE, (void **)&h));
-                    for (size_t k = 0; k < n; k++) h[k] = (float)(hb + k);
-                }
-            }
-            if (place) { /* on the device: every tensor of a shard gives its start, which holds the shard */
-                int mc = td_memmgr_tensor_chunk(m, mid[n_t - 1]);
-                size_t hb, he, n = td_memmgr_chunk_host_range(m, mc, &hb, &he);
-                void *d[8];
-                TD_ASSERT_OK(td_memmgr_access(m, mid, n_t, TD_TENSOR_COMPUTE, 0, d));
-                float *back = td_malloc((n + 1) * sizeof(float), TD_ROLE_META);
-                assert_non_null(back);
-                int k = 0;
-                while (td_memmgr_tensor_chunk(m, mid[k]) != mc) k++;
-                TD_ASSERT_OK(td_backend_copy_async(b, TD_QUEUE_COMPUTE, back, d[k], n * sizeof(float)));
-                TD_ASSERT_OK(td_queue_sync(b, TD_QUEUE_COMPUTE));
-                for (size_t e = 0; e < n; e++) assert_true(back[e] == (float)(hb + e));
-                if (ranks > 1) assert_ptr_equal(d[n_t - 1], d[k]);
-                td_free(back);
-                TD_ASSERT_OK(td_memmgr_release(m, mid, n_t, TD_TENSOR_HOLD));
-            }
-            void *h;
-            td_status st = td_memmgr_host_access(m, &mid[0], 1, TD_ACCESS_READ, &h);
-            if (ranks > 1) assert_int_equal(st, TD_ERR_STATE);
-            else assert_int_equal(st, TD_OK);
-            td_error_clear();
-            TD_ASSERT_OK(td_memmgr_host_access(m, &pid[0], 1, TD_ACCESS_READ, &h)); /* params: whole */
-            mm_fixture_destroy(&f);
-            td_backend_free(b);
+    static const sh_case cases[] = {{0, 0}, {1, 0}, {0, 1}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int ranks = 1; ranks <= 4; ranks++) {
+            int codes[4];
+            td_test_run_ranks(ranks, shards_body, (void *)&cases[k], codes);
+            td_test_expect_codes(ranks, codes, NULL);
         }
-    }
-    /* a shard rank outside the ranks is refused */
+    /* a shard rank outside the ranks is refused, and a live manager needs the collectives */
     td_memmgr_params mp = td_memmgr_default_params();
     mp.shard_ranks = 2;
     mp.shard_rank = 2;
     td_memmgr *m = NULL;
     assert_int_equal(td_memmgr_create(NULL, NULL, NULL, &mp, &m), TD_ERR_INVALID);
     td_error_clear();
+    mp.shard_rank = 1;
+    td_backend_params bp = td_backend_default_params();
+    bp.kind = TD_BACKEND_CPU;
+    td_backend *b;
+    td_arena *a;
+    TD_ASSERT_OK(td_backend_create(&bp, &b));
+    TD_ASSERT_OK(td_arena_create(b, TD_MiB, &a));
+    assert_int_equal(td_memmgr_create(a, NULL, NULL, &mp, &m), TD_ERR_INVALID);
+    assert_non_null(strstr(td_error_msg(), "shard_comm"));
+    td_error_clear();
+    td_arena_destroy(a);
+    td_backend_free(b);
 }
 
 /* td_memmgr_written_on: a chunk written on the H2D queue after its release

@@ -387,9 +387,21 @@ td_status td_train_measure_rates(td_backend *b, const td_train_config *cfg, td_t
     if (td_backend_get_kind(b) == TD_BACKEND_CUDA) {
         TD_TRY(measure_cuda_gflops(b, mc, &r->gflops));
         TD_TRY(measure_cuda_block(b, cfg, r));
+        if (cfg->ranks > 1) TD_TRY(td_link_probe_cuda(b, &r->link_gbs, &r->link_what));
         goto cleanup;
     }
 #endif
+    if (cfg->ranks > 1) { /* the cpu backend's collectives move host memory */
+        best = 1e30;
+        for (int i = 0; i < 3; i++) {
+            double t0 = td_now_ms();
+            memcpy(h_down, h, bytes);
+            double ms = td_now_ms() - t0;
+            if (ms < best) best = ms;
+        }
+        r->link_gbs = (double)bytes / (best * 1e-3) / 1e9;
+        r->link_what = "host memory copies (the cpu backend's collectives)";
+    }
     /* Compute: one MLP matmul of the model at 256 rows. */
     int N = 256, C = mc->n_embd, OC = 4 * mc->n_embd;
     x = td_malloc((size_t)N * C * sizeof(float), TD_ROLE_WORKSPACE);
@@ -480,6 +492,11 @@ void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const
                                              head / (r->gflops * 1e9) * 1e3);
     }
     out->pcie_ms = r->copy_gbs > 0 ? (p->h2d_bytes_per_step + p->d2h_bytes_per_step) / (r->copy_gbs * 1e9) * 1e3 : 0;
+    /* Several ranks: the other ranks' shards over the devices' links, the
+     * gathers and the reduce-scatters sharing them (one direction each way
+     * at best; counted in series, as NCCL serialises one communicator's
+     * collectives). */
+    out->link_ms = r->link_gbs > 0 ? (p->gather_bytes_per_step + p->reduce_bytes_per_step) / (r->link_gbs * 1e9) * 1e3 : 0;
     /* The CPU AdamW streams its bytes a param at the measured DRAM rate (a
      * compact state moves fewer bytes at the same rate). */
     out->adam_gparams_per_s = r->dram_gbs > 0 && p->adam_bytes_per_param > 0 ? r->dram_gbs / p->adam_bytes_per_param
@@ -536,6 +553,7 @@ void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const
     out->bound_ms = out->compute_ms + out->exposed_adam_ms;
     if (out->disk_ms > out->bound_ms) out->bound_ms = out->disk_ms;
     if (out->pcie_ms > out->bound_ms) out->bound_ms = out->pcie_ms;
+    if (out->link_ms > out->bound_ms) out->bound_ms = out->link_ms;
     if (out->adam_ms > out->bound_ms) out->bound_ms = out->adam_ms;
     if (out->dram_ms > out->bound_ms) out->bound_ms = out->dram_ms;
     double tokens = (double)cfg->micro_batch * cfg->seq_len * cfg->grad_accum;

@@ -60,6 +60,9 @@ td_status td_train_budget_resolve(const td_train_config *cfg, td_backend *b, td_
                             out->margin_bytes ? "not more than" : "too little beside",
                             td_format_bytes(out->margin_bytes, m, sizeof m));
     out->cap_bytes = (out->free_bytes - out->margin_bytes) / TD_ARENA_ALIGN * TD_ARENA_ALIGN;
+    /* The communicator's buffers, once measured (the trainer's), are gone
+     * from the free memory already, and they are the budget's too. */
+    out->cap_bytes += td_train_comm_device_bytes(cfg) && cfg->comm_device_bytes ? cfg->comm_device_bytes : 0;
     if (asked == TD_GPU_BUDGET_MAX || use == TD_BUDGET_USE_SEARCH) {
         out->budget_bytes = out->cap_bytes;
         out->origin = TD_BUDGET_CAP;

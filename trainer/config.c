@@ -50,5 +50,12 @@ td_status td_train_config_check(const td_train_config *c)
     if (c->model.lora.rank > 0 && c->model.lora.dropout > 0)
         return td_error_set(TD_ERR_INVALID, "--lora-dropout %g: the adapters train without dropout here; give "
                             "--lora-dropout 0", c->model.lora.dropout);
+    if ((unsigned)c->shard > TD_SHARD_NODE) return td_error_set(TD_ERR_INVALID, "bad --shard mode %d", (int)c->shard);
+    if (c->ranks > 1 && c->shard == TD_SHARD_NODE && c->local_ranks > 0 && c->ranks % c->local_ranks)
+        return td_error_set(TD_ERR_INVALID, "--shard node: %d ranks with %d on this host; every host must run the same "
+                            "number of ranks", c->ranks, c->local_ranks);
+    if (c->ranks > 1 && c->shard == TD_SHARD_NODE && c->local_ranks == 1)
+        return td_error_set(TD_ERR_INVALID, "--shard node with one rank a host would keep the whole model state on "
+                            "every host; use --shard world (or auto)");
     return td_optim_params_check(&c->optim);
 }

@@ -86,8 +86,8 @@ td_memmgr_params td_train_chunk_params(const td_train_config *cfg)
         mp.min_chunk_numel = big > 4096 ? big : 4096;
         mp.max_chunk_numel = span > mp.min_chunk_numel ? span : mp.min_chunk_numel;
     }
-    mp.shard_ranks = cfg->ranks > 1 ? cfg->ranks : 0;
-    mp.shard_rank = cfg->ranks > 1 ? cfg->rank : 0;
+    mp.shard_ranks = td_train_shard_ranks(cfg);
+    mp.shard_rank = td_train_shard_rank(cfg);
     mp.shard_align = td_train_shard_align(cfg);
     /* auto (-1) is resolved before a layout (td_train_resolve_grad_slots);
      * unresolved here, the host's least */
@@ -228,6 +228,37 @@ void td_train_to_f32(float *dst, const void *src, td_dtype dt, size_t n)
     const uint16_t *s = src;
 #pragma omp parallel for schedule(static) if (n >= (1u << 18))
     for (size_t i = 0; i < n; i++) dst[i] = dt == TD_DTYPE_BF16 ? td_f32_from_bf16(s[i]) : td_f32_from_f16(s[i]);
+}
+
+const char *td_shard_mode_name(td_shard_mode m)
+{
+    return m == TD_SHARD_WORLD ? "world" : m == TD_SHARD_NODE ? "node" : "auto";
+}
+
+td_status td_shard_mode_parse(const char *name, td_shard_mode *out)
+{
+    for (int m = TD_SHARD_AUTO; m <= TD_SHARD_NODE; m++)
+        if (name && !strcmp(name, td_shard_mode_name((td_shard_mode)m))) { *out = (td_shard_mode)m; return TD_OK; }
+    return td_error_set(TD_ERR_INVALID, "--shard '%s': use node (each host holds the model state once), world (the "
+                        "job holds it once) or auto", name ? name : "");
+}
+
+int td_train_shard_ranks(const td_train_config *cfg)
+{
+    if (cfg->ranks <= 1) return 1;
+    return cfg->shard == TD_SHARD_NODE && cfg->local_ranks > 0 ? cfg->local_ranks : cfg->ranks;
+}
+
+/* Ranks are numbered host by host, so a host's ranks are one shard group
+ * under --shard node. */
+int td_train_shard_rank(const td_train_config *cfg) { return cfg->ranks > 1 ? cfg->rank % td_train_shard_ranks(cfg) : 0; }
+
+size_t td_train_comm_device_bytes(const td_train_config *cfg)
+{
+    if (cfg->ranks <= 1 || cfg->backend != TD_BACKEND_CUDA) return 0;
+    if (cfg->comm_device_bytes) return cfg->comm_device_bytes;
+    int groups = td_train_shard_ranks(cfg) < cfg->ranks ? 2 : 1; /* --shard node over hosts: a second communicator */
+    return (size_t)groups * TD_TRAIN_NCCL_PLAN_BYTES;
 }
 
 size_t td_train_shard_align(const td_train_config *cfg)

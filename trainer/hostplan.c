@@ -52,7 +52,8 @@ static td_status replay(td_memmgr *mm, const td_train_config *cfg, size_t slab_b
         if (td_memmgr_chunk_pageable(mm, c) || td_memmgr_chunk_transient(mm, c) || td_memmgr_chunk_on_disk(mm, c)) continue;
         td_tensor_role r = td_memmgr_chunk_role(mm, c);
         int optim = r == TD_TENSOR_MASTER || r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V;
-        TD_TRY(td_hostpool_alloc(pool, td_memmgr_chunk_bytes(mm, c), optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
+        size_t b = td_memmgr_chunk_bytes(mm, c); /* a rank past a small chunk's end: a byte, as the layout takes */
+        TD_TRY(td_hostpool_alloc(pool, b ? b : 1, optim ? TD_ROLE_OPTIM : TD_ROLE_CHUNK, &ignored));
     }
     size_t slot_bytes;
     int slots = td_memmgr_grad_slots(mm, &slot_bytes); /* the transient grads' staging, after the chunks */
@@ -185,8 +186,7 @@ td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_top
         void *master, *m, *v; /* zeros over zeros: reads suffice, no version changes */
         size_t b, e, numel = td_memmgr_chunk_host_range(mm, mc, &b, &e); /* a rank's shard under ZeRO-3 */
         if (!numel) continue;
-        TD_TRY(td_memmgr_chunk_host_access(mm, sc >= 0 ? sc : pc, TD_ACCESS_READ, &master));
-        if (sc < 0) master = (float *)master + b; /* fp32 params are the master, whole on every rank */
+        TD_TRY(td_memmgr_chunk_host_access(mm, sc >= 0 ? sc : pc, TD_ACCESS_READ, &master)); /* fp32 params: the master */
         TD_TRY(td_memmgr_chunk_host_access(mm, mc, TD_ACCESS_READ, &m));
         TD_TRY(td_memmgr_chunk_host_access(mm, vc, TD_ACCESS_READ, &v));
         td_adam_chunk ch = { .master = master, .m = m, .v = v, .state = cfg->optim.state, .numel = numel };
@@ -225,6 +225,38 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
     p->host_bytes = p->host_pinned_bytes + p->host_pageable_bytes;
 cleanup:
     return st;
+}
+
+/* The model state one rank of the shard group holds on the host: for each
+ * chunk its shard (`shard`), as a pinned block or page-rounded pageable
+ * mapping, as the layout allocates it; transient grads hold none. */
+static size_t state_bytes_of(td_memmgr *mm, const td_train_config *cfg, int shard)
+{
+    size_t total = 0, E = td_dtype_bytes(cfg->precision);
+    for (int c = 0; c < td_memmgr_chunk_count(mm); c++) {
+        td_shard_layout l;
+        size_t b, e, n;
+        if (td_memmgr_chunk_transient(mm, c) || td_memmgr_chunk_shard(mm, c, &l)) continue;
+        n = l.ranks > 1 ? td_shard_range(&l, shard, &b, &e) : l.numel;
+        td_tensor_role r = td_memmgr_chunk_role(mm, c);
+        size_t bytes = r == TD_TENSOR_MASTER ? 4 * n
+                     : r == TD_TENSOR_ADAM_M || r == TD_TENSOR_ADAM_V ? td_adam_moment_bytes(cfg->optim.state, n)
+                     : E * n;
+        if (!bytes) bytes = 1; /* a rank past a small chunk's end: a byte stands in */
+        total += td_memmgr_chunk_pageable(mm, c) ? td_hostmem_round(bytes) : td_align_up(bytes, TD_HOSTPOOL_ALIGN);
+    }
+    return total;
+}
+
+td_status td_train_node_plan(td_memmgr *mm, const td_train_config *cfg, td_train_plan *p)
+{
+    int L = p->local_ranks > 0 ? p->local_ranks : 1, N = td_train_shard_ranks(cfg);
+    int first = N > 1 ? td_train_shard_rank(cfg) / L * L : 0; /* this host's first shard */
+    size_t mine = state_bytes_of(mm, cfg, td_train_shard_rank(cfg)), rest = p->host_bytes > mine ? p->host_bytes - mine : 0;
+    p->node_state_bytes = 0;
+    for (int i = 0; i < L; i++) p->node_state_bytes += N > 1 ? state_bytes_of(mm, cfg, (first + i) % N) : mine;
+    p->node_bytes = p->node_state_bytes + (size_t)L * rest;
+    return TD_OK;
 }
 
 td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *pin_limit, char *source,
@@ -304,7 +336,7 @@ int td_train_adam_overlap(const td_train_config *cfg)
 
 int td_train_grads_transient(const td_train_config *cfg)
 {
-    return td_train_adam_overlap(cfg) && cfg->ranks <= 1 && cfg->optim.max_grad_norm <= 0 &&
+    return td_train_adam_overlap(cfg) && cfg->optim.max_grad_norm <= 0 &&
            cfg->optim.scaler.kind == TD_LOSS_SCALE_NONE && cfg->grad_accum == 1;
 }
 

@@ -63,6 +63,23 @@ td_status td_train_resolve_grad_slots(td_train_config *cfg, size_t budget)
     return resolve_grad_slots(cfg, budget, &p, &planned);
 }
 
+td_status td_train_resolve_shard(td_train_config *cfg)
+{
+    if (cfg->shard != TD_SHARD_AUTO) return TD_OK;
+    cfg->shard = TD_SHARD_WORLD;
+    if (cfg->ranks <= 1 || cfg->local_ranks <= 1 || cfg->local_ranks >= cfg->ranks) return TD_OK; /* one host, or one a host */
+    td_train_config c = *cfg;
+    c.shard = TD_SHARD_NODE;
+    td_train_plan p;
+    size_t ram = 0, pin_limit = 0;
+    char src[160];
+    td_status st = td_train_plan_make(&c, cfg->gpu_budget == TD_GPU_BUDGET_MAX ? 0 : cfg->gpu_budget, &p);
+    if (!st) st = td_train_host_limits(&c, &ram, &pin_limit, src, sizeof src);
+    if (st) return st;
+    if (p.host_bytes <= ram && p.host_pinned_bytes <= pin_limit) cfg->shard = TD_SHARD_NODE;
+    return TD_OK;
+}
+
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out)
 {
     td_status st;
@@ -70,6 +87,11 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     memset(out, 0, sizeof *out);
     out->disk_fits = 1; /* no disk tier: nothing to fit there */
     if ((st = td_train_config_check(cfg))) return st;
+    if (cfg->shard == TD_SHARD_AUTO && cfg->ranks > 1) { /* planned as the trainer resolves it */
+        td_train_config c = *cfg;
+        if ((st = td_train_resolve_shard(&c))) return st;
+        return td_train_plan_make(&c, budget, out);
+    }
     if (cfg->mm.grad_slots < 0) { /* auto: planned as the trainer resolves it */
         td_train_config c = *cfg;
         int planned;
@@ -78,6 +100,11 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     }
     if ((st = td_train_ordered_make(cfg, &o))) goto cleanup;
     td_memmgr *mm = o.mm;
+    /* The communicator's device memory comes out of the budget: the arena
+     * (chunks, activations) has the rest. */
+    out->comm_device_bytes = td_train_comm_device_bytes(cfg);
+    size_t whole_budget = budget;
+    budget = budget > out->comm_device_bytes ? budget - out->comm_device_bytes : 0;
     const int *order = o.order;
     const td_model_desc *mc = &cfg->model;
     int n = td_model_tensor_count(mc), L = mc->n_layer;
@@ -168,7 +195,9 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     if (cfg->mm.placement == TD_PLACEMENT_AUTO && out->min_device_bytes > out->full_device_bytes)
         out->min_device_bytes = out->full_device_bytes;
     out->gpu_optimizer = out->optim_chunks > 0 && out->optim_gpu_chunks == out->optim_chunks;
-    double room = budget > out->min_device_bytes ? (double)(budget - out->min_device_bytes) : 0;
+    out->min_device_bytes += out->comm_device_bytes;
+    out->full_device_bytes += out->comm_device_bytes;
+    double room = whole_budget > out->min_device_bytes ? (double)(whole_budget - out->min_device_bytes) : 0;
     double resident = cfg->mm.placement == TD_PLACEMENT_CPU ? 0
                     : cfg->mm.placement == TD_PLACEMENT_CUDA ? params_bytes + grads_bytes
                     : room < params_bytes + grads_bytes ? room : params_bytes + grads_bytes;
@@ -181,8 +210,27 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
      * CPU AdamW writes them); the GPU's chunks move nothing. */
     double gpu_share = params_bytes > 0 ? (double)gpu_pg / (params_bytes + grads_bytes) : 0;
     /* (frozen storage streams with the params but is never updated: no new copy comes up) */
-    out->h2d_bytes_per_step = (params_bytes - (double)frozen_bytes) * (1 - gpu_share) + streamed * cfg->grad_accum;
-    out->d2h_bytes_per_step = grads_bytes * (1 - gpu_share);
+    double loads = (params_bytes - (double)frozen_bytes) * (1 - gpu_share) + streamed * cfg->grad_accum;
+    double downs = grads_bytes * (1 - gpu_share);
+    /* Several ranks: a load moves this rank's shard over PCIe and the other
+     * ranks' shards over the devices' links (the gather); a GPU AdamW's
+     * chunks, updated on their own devices, are gathered once a step; every
+     * grad chunk is reduce-scattered once a step (each its shard's sum),
+     * the host AdamW's shards going down. */
+    int N = cfg->ranks > 1 ? td_train_shard_ranks(cfg) : 1;
+    double pshare = N > 1 && params_bytes > 0 ? (double)out->host_role_bytes[TD_TENSOR_PARAM] / params_bytes : 1;
+    double gshare = N > 1 ? 1.0 / N : 1;
+    out->h2d_bytes_per_step = loads * pshare;
+    out->d2h_bytes_per_step = downs * gshare;
+    out->shard_ranks = N;
+    out->local_ranks = cfg->ranks > 1 && cfg->local_ranks > 1 ? cfg->local_ranks : 1;
+    if (N > 1) {
+        double others = (double)(N - 1) / N;
+        double gpu_params = params_bytes + grads_bytes > 0 ? (double)gpu_pg * params_bytes / (params_bytes + grads_bytes) : 0;
+        out->gather_bytes_per_step = (loads + gpu_params) * others;
+        /* grads that stream are reduced at each micro-batch's eviction, the others once a step */
+        out->reduce_bytes_per_step = grads_bytes * (streamed > 0 ? cfg->grad_accum : 1) * others;
+    }
     /* The GPU chunks' elements include their padding: at most every param. */
     size_t trainable = out->params - out->frozen_params;
     out->adam_cpu_params = gpu_numel >= trainable ? 0 : (double)(trainable - gpu_numel);
@@ -192,10 +240,16 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
      * host-homed state is pageable), then every pinned and pageable byte by
      * the trainer's own sequence. */
     if ((st = td_train_host_homes(mm, order, out->optim_gpu_chunks, NULL))) goto cleanup;
+    /* the host copies as these homes give them (a GPU AdamW's grads keep theirs) */
+    memset(out->host_role_bytes, 0, sizeof out->host_role_bytes);
+    for (int c = 0; c < out->chunks; c++)
+        if (!td_memmgr_chunk_transient(mm, c)) out->host_role_bytes[td_memmgr_chunk_role(mm, c)] += td_memmgr_chunk_bytes(mm, c);
+    out->host_grad_slots = td_memmgr_grad_slots(mm, &out->host_grad_slot_bytes);
     if ((st = td_train_host_plan(mm, cfg, budget, out))) goto cleanup;
     /* The disk tier: what the host cannot hold of the CPU AdamW's state. */
     if (td_train_disk_tier(cfg) && (st = td_train_plan_disk(cfg, mm, order, out->optim_gpu_chunks, budget, out)))
         goto cleanup;
+    if ((st = td_train_node_plan(mm, cfg, out))) goto cleanup;
 cleanup:
     td_train_ordered_free(&o);
     return st;

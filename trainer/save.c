@@ -146,8 +146,8 @@ cleanup:
 /* ---- ZeRO-3: each rank its shard ----------------------------------------------
  * Rank r saves (and loads) the elements of every tensor that fall in its
  * shard of the tensor's chunk, straight from its host copies (the shard of
- * master, m and v it keeps; the whole 16-bit params); the files are those one
- * process writes, so any number of ranks resumes them. */
+ * params, master, m and v it keeps); the files are those one process
+ * writes, so any number of ranks resumes them. */
 
 static td_status group_allgather(void *arg, const void *mine, size_t bytes, void *all)
 {
@@ -169,13 +169,13 @@ static void shard_part(td_trainer *t, int i, size_t off, size_t numel, size_t *p
 }
 
 /* Chunk element `at` of tensor i's fp32 master on this rank (in its shard):
- * the master chunk's shard, or the fp32 params (whole). */
+ * the master chunk's shard, or the fp32 params' (the same elements). */
 static td_status master_at(td_trainer *t, int i, unsigned flags, size_t at, size_t base, float **out)
 {
     void *h;
     int c = td_memmgr_tensor_chunk(t->mm, t->sid[i] >= 0 ? t->sid[i] : t->pid[i]);
     td_status st = td_memmgr_chunk_host_access(t->mm, c, flags, &h);
-    *out = (float *)h + (t->sid[i] >= 0 ? at - base : at);
+    *out = (float *)h + (at - base);
     return st;
 }
 
@@ -203,6 +203,7 @@ static td_status frozen_load(td_trainer *t, const td_ckpt_reader *r, int k, int 
 static td_status save_shards(td_trainer *t, td_ckpt_writer *w, int state, float *tmp)
 {
     td_status st = TD_OK;
+    if (t->replica_rank > 0) return TD_OK; /* --shard node: the first host's ranks write every shard */
     td_model_desc cc = t->cfg.model;
     int n = td_model_hf_count(&cc);
     for (int k = 0; k < n; k++) {
@@ -227,49 +228,42 @@ cleanup:
     return st;
 }
 
-/* Every rank: the whole params (each rank computes with all of them), and
- * its shard of the master (moments_load, its shard of m and v). */
+/* Every rank: its shard of params and master (moments_load, its shard of
+ * m and v; the devices gather the params from every rank's at their first
+ * use). */
 static td_status load_shards(td_trainer *t, const td_ckpt_reader *r, int state)
 {
     td_status st = TD_OK;
     td_model_desc cc = t->cfg.model;
-    float *whole = NULL;
-    size_t whole_n = 0;
     int n = td_model_hf_count(&cc);
     for (int k = 0; k < n; k++) {
         int i;
         size_t off, numel, p0, from, to, base;
         char *p;
+        float *master;
         TD_TRY(ckpt_part(&cc, k, &i, &off, &numel));
         if (t->mid[i] < 0) {
             TD_TRY(frozen_load(t, r, k, i, off));
             continue;
         }
         shard_part(t, i, off, numel, &p0, &from, &to, &base);
-        TD_TRY(td_memmgr_chunk_host_access(t->mm, td_memmgr_tensor_chunk(t->mm, t->pid[i]), TD_ACCESS_WRITE,
-                                           (void **)&p));
-        float *dst = (float *)(p + p0 * td_dtype_bytes(t->dt));
-        if (t->sid[i] >= 0) { /* 16-bit params: through fp32, the shard's part kept as the master */
-            if (numel > whole_n) {
-                td_free(whole);
-                if (!(whole = td_malloc(numel * sizeof(float), TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
-                whole_n = numel;
-            }
-            dst = whole;
-        }
-        if (state) TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, 0, numel, dst));
-        else TD_TRY(td_ckpt_reader_get_weight(r, k, TD_DTYPE_F32, dst));
-        if (t->sid[i] >= 0) {
-            float *master;
-            td_train_from_f32(p + p0 * td_dtype_bytes(t->dt), t->dt, whole, numel);
-            if (from < to) {
-                TD_TRY(master_at(t, i, TD_ACCESS_WRITE, from, base, &master));
-                memcpy(master, whole + (from - p0), (to - from) * sizeof(float));
-            }
+        if (from == to) continue; /* none of it in this rank's shard */
+        TD_TRY(master_at(t, i, TD_ACCESS_WRITE, from, base, &master));
+        if (state) TD_TRY(td_ckpt_reader_read_state(r, k, TD_CKPT_STATE_MASTER, from - p0, to - from, master));
+        else TD_TRY(td_ckpt_reader_get_weight_range(r, k, from - p0, to - from, TD_DTYPE_F32, master));
+        if (t->sid[i] >= 0) { /* 16-bit params: the shard's part rounded from the master */
+            TD_TRY(td_memmgr_chunk_host_access(t->mm, td_memmgr_tensor_chunk(t->mm, t->pid[i]), TD_ACCESS_WRITE,
+                                               (void **)&p));
+            td_train_from_f32(p + (from - base) * td_dtype_bytes(t->dt), t->dt, master, to - from);
         }
     }
+    /* Every param chunk's host copy written on every rank, its shard empty
+     * or not: the next load of each, and so its gather, is every rank's. */
+    for (int k = 0; k < td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM); k++) {
+        void *h;
+        TD_TRY(td_memmgr_chunk_host_access(t->mm, td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, k), TD_ACCESS_WRITE, &h));
+    }
 cleanup:
-    td_free(whole);
     return st;
 }
 

@@ -51,6 +51,70 @@ static size_t E_of(const td_trainer *t) { return td_dtype_bytes(t->dt); }
 
 static size_t N_of(const td_trainer *t) { return (size_t)t->cfg.micro_batch * (size_t)t->cfg.seq_len; }
 
+/* ---- ZeRO-3: the chunk manager's collectives (memmgr.h, shard_comm) -------- */
+
+/* In place on a gathered chunk: this rank's shard is at shard_rank x S.
+ * Over the shard group; a grad shard is then summed over its replicas on
+ * the other hosts (--shard node), so each holds the sum over every rank. */
+static td_status mm_all_gather(void *ctx, void *buf, size_t S, td_dtype dt, td_queue q)
+{
+    td_trainer *t = ctx;
+    return td_comm_all_gather(t->scomm, (char *)buf + (size_t)t->shard_rank * S * td_dtype_bytes(dt), buf, S, dt, q);
+}
+
+static td_status mm_reduce_scatter(void *ctx, void *buf, size_t S, td_dtype dt, td_queue q)
+{
+    td_trainer *t = ctx;
+    char *mine = (char *)buf + (size_t)t->shard_rank * S * td_dtype_bytes(dt);
+    td_status st = td_comm_reduce_scatter(t->scomm, buf, mine, S, dt, q);
+    return st || !t->xcomm ? st : td_comm_all_reduce(t->xcomm, mine, mine, S, dt, TD_REDUCE_SUM, q);
+}
+
+static td_status mm_agree_max(void *ctx, double *v, int n)
+{
+    td_trainer *t = ctx;
+    double *all = t->sumsq_all; /* ranks x (chunks + 1) */
+    if (!all || n > td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM) + 1)
+        return td_error_set(TD_ERR_STATE, "agreeing on %d values over %d ranks before the optimizer is set up", n,
+                            t->ranks);
+    td_status st = td_comm_host_allgather(t->comm, v, (size_t)n * sizeof *v, all);
+    for (int r = 0; !st && r < t->ranks; r++)
+        for (int i = 0; i < n; i++)
+            if (all[r * n + i] > v[i]) v[i] = all[r * n + i];
+    return st;
+}
+
+static td_status mm_wait(void *ctx, td_queue q)
+{
+    td_trainer *t = ctx;
+    td_status st = td_comm_wait(t->scomm, q);
+    return st || !t->xcomm ? st : td_comm_wait(t->xcomm, q);
+}
+
+/* --shard node over several hosts: a communicator over this host's ranks
+ * (the shard group) and one over the ranks holding the same shard on the
+ * other hosts.  The job's ranks must be numbered host by host. */
+static td_status split_groups(td_trainer *t)
+{
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    uint64_t mine = 1469598103934665603ull, *all = td_malloc((size_t)t->ranks * sizeof *all, TD_ROLE_META);
+    if (!all) return TD_ERR_NOMEM;
+    for (const char *p = host; *p; p++) mine = (mine ^ (unsigned char)*p) * 1099511628211ull;
+    mine = (mine ^ (uint64_t)(t->node_rank + 1)) * 1099511628211ull;
+    td_status st = td_comm_host_allgather(t->comm, &mine, sizeof mine, all);
+    int L = t->shard_ranks, g = t->rank / L;
+    for (int r = g * L; !st && r < (g + 1) * L; r++)
+        if (all[r] != all[g * L])
+            st = td_error_set(TD_ERR_INVALID, "--shard node: ranks %d and %d share a shard group of %d but not a host "
+                              "(the job's ranks must be numbered host by host, %d a host; or use --shard world)",
+                              g * L, r, L, L);
+    td_free(all);
+    if (!st) st = td_comm_split(t->comm, g, t->rank % L, &t->scomm);
+    if (!st) st = td_comm_split(t->comm, t->rank % L, g, &t->xcomm);
+    return st;
+}
+
 /* ---- creation ------------------------------------------------------------- */
 
 static td_status register_tensors(td_trainer *t)
@@ -82,25 +146,28 @@ static int live_ids(const int *ids, int n, int *out)
     return m;
 }
 
-/* ZeRO-3 with 16-bit params: tensor i initialised whole (every rank alike),
- * rounded into the params' host copy, and the part in this rank's shard of
- * its master chunk kept there. */
-static td_status init_master_shard(td_trainer *t, int i, void *host, size_t numel)
+/* ZeRO-3: tensor i initialised whole (every rank alike), and the part in
+ * this rank's shard of its chunk kept in the host copies: the fp32 master
+ * and the params rounded from it (fp32 params are the master). */
+static td_status init_shard(td_trainer *t, int i, size_t numel)
 {
     td_memmgr *mm = t->mm;
-    int sc = td_memmgr_tensor_chunk(mm, t->sid[i]);
-    size_t off = td_memmgr_tensor_offset(mm, t->sid[i]), b, e, from, to;
-    float *whole = td_malloc(numel * sizeof(float), TD_ROLE_META), *shard;
+    int pc = td_memmgr_tensor_chunk(mm, t->pid[i]);
+    size_t off = td_memmgr_tensor_offset(mm, t->pid[i]), b, e, from, to;
+    td_memmgr_chunk_host_range(mm, pc, &b, &e);
+    if (off >= e || off + numel <= b) return TD_OK; /* none of it is this rank's */
+    float *whole = td_malloc(numel * sizeof(float), TD_ROLE_META), *master;
+    char *param;
     if (!whole) return td_error_set(TD_ERR_NOMEM, "initialising tensor %d (%zu elements)", i, numel);
     td_model_init_tensor(&t->cfg.model, i, whole, t->cfg.seed);
-    td_train_from_f32(host, t->dt, whole, numel);
-    td_memmgr_chunk_host_range(mm, sc, &b, &e);
-    td_status st = TD_OK;
-    if (off < e && off + numel > b && !(st = td_memmgr_chunk_host_access(mm, sc, TD_ACCESS_WRITE, (void **)&shard))) {
-        from = off > b ? off : b;
-        to = off + numel < e ? off + numel : e;
-        memcpy(shard + (from - b), whole + (from - off), (to - from) * sizeof(float));
+    from = off > b ? off : b;
+    to = off + numel < e ? off + numel : e;
+    td_status st = td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, (void **)&param);
+    if (!st && t->sid[i] >= 0) {
+        st = td_memmgr_chunk_host_access(mm, td_memmgr_tensor_chunk(mm, t->sid[i]), TD_ACCESS_WRITE, (void **)&master);
+        if (!st) memcpy(master + (from - b), whole + (from - off), (to - from) * sizeof(float));
     }
+    if (!st) td_train_from_f32(param + (from - b) * td_dtype_bytes(t->dt), t->dt, whole + (from - off), to - from);
     td_free(whole);
     return st;
 }
@@ -117,13 +184,13 @@ static td_status init_state(td_trainer *t)
     for (int i = 0; i < t->n_tensors; i++) {
         void *host;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
+        if (t->ranks > 1) {
+            TD_TRY(init_shard(t, i, numel));
+            continue;
+        }
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
         if (t->sid[i] < 0) {
             td_model_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
-            continue;
-        }
-        if (t->ranks > 1) {
-            TD_TRY(init_master_shard(t, i, host, numel));
             continue;
         }
         void *master;
@@ -226,6 +293,8 @@ static td_status share_cores(td_trainer *t)
     for (const char *s = host; *s; s++) mine = (mine ^ (unsigned char)*s) * 1099511628211ull;
     mine = (mine ^ '/') * 1099511628211ull;
     for (const char *s = nodes; *s; s++) mine = (mine ^ (unsigned char)*s) * 1099511628211ull;
+    mine = (mine ^ (uint64_t)(t->node_rank + 1)) * 1099511628211ull; /* hosts the launcher tells apart */
+    t->host_id = mine;
     uint64_t *all = td_malloc((size_t)t->ranks * sizeof *all, TD_ROLE_META);
     if (!all) return TD_ERR_NOMEM;
     td_status st = td_comm_host_allgather(t->comm, &mine, sizeof mine, all);
@@ -234,6 +303,57 @@ static td_status share_cores(td_trainer *t)
         if (all[r] == mine) index += r < t->rank, count++;
     td_free(all);
     return st ? st : td_topo_share(t->topo, index, count);
+}
+
+/* Every rank's value in v replaced by the largest (max) or smallest over the ranks. */
+static td_status agree_size(td_trainer *t, size_t *v, int max)
+{
+    uint64_t mine = *v, *all = td_malloc((size_t)t->ranks * sizeof *all, TD_ROLE_META);
+    if (!all) return TD_ERR_NOMEM;
+    td_status st = td_comm_host_allgather(t->comm, &mine, sizeof mine, all);
+    for (int r = 0; !st && r < t->ranks; r++)
+        if (max ? all[r] > *v : all[r] < *v) *v = (size_t)all[r];
+    td_free(all);
+    return st;
+}
+
+/* The communicator's own device memory (NCCL's buffers, which NCCL
+ * allocates itself, partly at the first collectives): the device's free
+ * memory before it joined (free0) less after a gather and a reduce-scatter
+ * of small and large counts on the two copy queues, where the chunk
+ * manager runs them.  The largest over the ranks, so every rank's arena
+ * has the same budget (the ranks must make the same eviction decisions). */
+static td_status measure_comm_bytes(td_trainer *t, size_t free0, size_t *out)
+{
+    td_status st = TD_OK;
+    td_arena *a = NULL;
+    void *buf = NULL;
+    size_t counts[2] = {256, (size_t)4 << 20}, E = 2, free1 = 0, total = 0;
+    *out = 0;
+    if (td_backend_get_kind(t->backend) != TD_BACKEND_CUDA) return TD_OK;
+    size_t bytes = counts[1] * (size_t)t->ranks * E;
+    TD_TRY(td_arena_create(t->backend, bytes + TD_ARENA_ALIGN, &a));
+    TD_TRY(td_arena_alloc(a, bytes, TD_ROLE_COMM, &buf));
+    TD_TRY(td_backend_memset_async(t->backend, TD_QUEUE_COMPUTE, buf, 0, bytes));
+    TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
+    for (int q = TD_QUEUE_H2D; q <= TD_QUEUE_D2H; q++)
+        for (int i = 0; i < 2; i++) {
+            char *mine = (char *)buf + (size_t)t->rank * counts[i] * E;
+            TD_TRY(td_comm_all_gather(t->comm, mine, buf, counts[i], TD_DTYPE_BF16, (td_queue)q));
+            TD_TRY(td_comm_reduce_scatter(t->comm, buf, mine, counts[i], TD_DTYPE_BF16, (td_queue)q));
+            TD_TRY(td_comm_wait(t->comm, (td_queue)q));
+        }
+    td_arena_release(a, buf);
+    buf = NULL;
+    td_arena_destroy(a);
+    a = NULL;
+    TD_TRY(td_backend_mem_info(t->backend, &free1, &total));
+    *out = free0 > free1 ? free0 - free1 : 0;
+    TD_TRY(agree_size(t, out, 1));
+cleanup:
+    if (buf) td_arena_release(a, buf);
+    td_arena_destroy(a);
+    return st;
 }
 
 /* Milliseconds since *mark, which moves to now. */
@@ -263,11 +383,30 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     td_backend_params bp = td_train_backend_params(cfg);
     if (t->ranks > 1) bp.cuda_device = cfg->dist->local_rank; /* rank r: GPU LOCAL_RANK */
     TD_TRY(td_backend_create(&bp, &t->backend));
+    if (td_backend_get_kind(t->backend) == TD_BACKEND_CUDA) { /* what the process takes beyond its context, from here */
+        size_t total = 0;
+        TD_TRY(td_backend_mem_info(t->backend, &t->dev_free0, &total));
+    }
     if (t->ranks > 1) { /* join the job, and refuse disagreeing ranks before anything is allocated */
         td_comm_params cp = td_comm_default_params();
         if (cfg->comm_timeout_ms > 0) cp.timeout_ms = cfg->comm_timeout_ms;
         TD_TRY(td_comm_create(cfg->dist, t->backend, &cp, &t->comm));
         if (cfg->n_agree) TD_TRY(td_comm_agree(t->comm, cfg->agree, cfg->n_agree));
+        t->node_rank = cfg->dist->node_rank;
+        if (t->cfg.shard == TD_SHARD_AUTO) { /* NODE only where every host holds the state (hosts differ) */
+            TD_TRY(td_train_resolve_shard(&t->cfg));
+            size_t node = t->cfg.shard == TD_SHARD_NODE;
+            TD_TRY(agree_size(t, &node, 0));
+            t->cfg.shard = node ? TD_SHARD_NODE : TD_SHARD_WORLD;
+        }
+        cfg = &t->cfg;
+        t->shard_ranks = td_train_shard_ranks(cfg);
+        t->shard_rank = td_train_shard_rank(cfg);
+        t->replica_rank = t->rank / t->shard_ranks;
+        t->scomm = t->comm;
+        if (t->shard_ranks < t->ranks) TD_TRY(split_groups(t));
+        /* NCCL's buffers come out of the budget, as measured (the plan's figure otherwise) */
+        TD_TRY(measure_comm_bytes(t, t->dev_free0, &t->cfg.comm_device_bytes));
     }
     t->cfg.dist = NULL; /* the caller's, used only here */
     t->cfg.agree = NULL;
@@ -291,10 +430,17 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     td_hostpool_params hp = td_hostpool_default_params();
     hp.pin_limit_bytes = cfg->host_pin_limit;
     TD_TRY(td_train_budget_resolve(cfg, t->backend, TD_BUDGET_USE_RUN, &t->budget));
+    if (t->ranks > 1 && t->budget.origin != TD_BUDGET_GIVEN) /* one budget for every rank: they must make the same decisions */
+        TD_TRY(agree_size(t, &t->budget.budget_bytes, 0));
     t->cfg.gpu_budget = t->budget.budget_bytes;
     TD_TRY(td_train_resolve_grad_slots(&t->cfg, cfg->gpu_budget)); /* the plan's choice, for the layout */
     td_train_plan plan;
     TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
+    if (t->ranks > 1) { /* every rank places the optimizer alike (the chunks' accesses must be every rank's) */
+        size_t gpu = (size_t)plan.optim_gpu_chunks;
+        TD_TRY(agree_size(t, &gpu, 0));
+        plan.optim_gpu_chunks = (int)gpu;
+    }
     /* Refuse up front what cannot work, saying what would. */
     {
         size_t ram = 0, limit = 0;
@@ -335,10 +481,22 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     }
     hp.slab_bytes = plan.host_slab_bytes; /* as planned: the plan's pinned bytes are exact */
     TD_TRY(td_hostpool_create(t->backend, t->topo, &hp, &t->pool));
-    TD_TRY(td_arena_create(t->backend, cfg->gpu_budget, &t->arena));
+    {
+        size_t comm = td_train_comm_device_bytes(cfg);
+        if (comm >= cfg->gpu_budget) {
+            char a[32], b[32];
+            TD_FAIL(TD_ERR_BUDGET, "--gpu-budget %s leaves nothing beside the communicator's %s of device memory "
+                    "(NCCL's buffers, measured); raise the budget", td_format_bytes(cfg->gpu_budget, a, sizeof a),
+                    td_format_bytes(comm, b, sizeof b));
+        }
+        TD_TRY(td_arena_create(t->backend, cfg->gpu_budget - comm, &t->arena)); /* the rest of the budget */
+    }
     TD_TRY(td_copy_engine_create(t->backend, NULL, &t->engine));
     td_memmgr_params mp = td_train_chunk_params(cfg);
     mp.hostmem = t->hostmem;
+    if (t->ranks > 1)
+        mp.shard_comm = (td_memmgr_comm){ .ctx = t, .all_gather = mm_all_gather, .reduce_scatter = mm_reduce_scatter,
+                                          .agree_max = mm_agree_max, .wait = mm_wait };
     TD_TRY(td_memmgr_create(t->arena, t->pool, t->engine, &mp, &t->mm));
     t->setup.backend_ms = lap(&mark);
     TD_TRY(register_tensors(t));
@@ -383,11 +541,6 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     TD_TRY(setup_optimizer(t));
     TD_TRY(td_optim_init(&t->optim, &cfg->optim));
     TD_TRY(set_disk_order(t));
-    if (t->ranks > 1) { /* the first step gathers too (the same params on every rank): see pending_update */
-        t->pending_next = 0;
-        t->pending_end = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
-        t->pending_update = 0;
-    }
     td_host_usage hu;
     TD_TRY(td_trainer_host_usage(t, &hu)); /* the footprint's first sample */
     t->setup.rest_ms = lap(&mark);
@@ -422,6 +575,8 @@ void td_trainer_destroy(td_trainer *t)
     td_hostpool_destroy(t->pool);
     td_hostmem_destroy(t->hostmem);
     td_topo_destroy(t->topo);
+    td_comm_destroy(t->xcomm);
+    if (t->scomm != t->comm) td_comm_destroy(t->scomm);
     td_comm_destroy(t->comm);
     td_backend_free(t->backend);
     td_free(t->pid);
@@ -464,7 +619,6 @@ static void *resid_at(td_trainer *t, int l) { return t->resid + (size_t)l * N_of
 /* ---- the deferred optimizer updates ------------------------------------------ */
 
 static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int stats);
-static td_status gather_param_chunk(td_trainer *t, int k);
 static int chunk_on_gpu(const td_trainer *t, int k);
 
 /* The pending AdamW of param chunks up to role index `upto`; when the last
@@ -478,14 +632,6 @@ static td_status catch_up(td_trainer *t, int upto)
     if (!t->pending_end) return TD_OK;
     for (; t->pending_next <= upto && t->pending_next < t->pending_end; t->pending_next++) {
         td_status st = TD_OK;
-        if (t->ranks > 1) { /* ZeRO-3: this rank's shard, then the chunk gathered from every rank's */
-            int k = t->pending_next;
-            if (t->pending_update && !chunk_on_gpu(t, k))
-                st = t->worker ? take_back(t, k) : update_host(t, k, &t->pending_coeffs, 0);
-            if (!st) st = gather_param_chunk(t, k);
-            if (st) return st;
-            continue;
-        }
         if (chunk_on_gpu(t, t->pending_next)) continue; /* updated on the device */
         st = t->worker ? take_back(t, t->pending_next) : update_host(t, t->pending_next, &t->pending_coeffs, 0);
         if (st) return st;
@@ -501,7 +647,6 @@ static td_status catch_up(td_trainer *t, int upto)
     }
     if (t->pending_next < t->pending_end) return TD_OK;
     t->pending_end = 0;
-    if (t->ranks > 1 && !t->pending_update) return TD_OK; /* gathers alone: no grads held */
     return td_memmgr_set_state(t->mm, t->gid_live, t->n_live, TD_TENSOR_FREE);
 }
 
@@ -536,8 +681,7 @@ int td_trainer_updates_pending(td_trainer *t)
 {
     int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM), n = 0;
     for (int k = 0; k < chunks; k++) {
-        int deferred = t->pending_end && k >= t->pending_next && k < t->pending_end && !chunk_on_gpu(t, k) &&
-                       (t->ranks == 1 || t->pending_update); /* ZeRO-3's first step: gathers alone */
+        int deferred = t->pending_end && k >= t->pending_next && k < t->pending_end && !chunk_on_gpu(t, k);
         n += deferred || (t->worker && td_adam_worker_pending(t->worker, k));
     }
     return n;
@@ -548,7 +692,7 @@ td_status td_trainer_finish_update(td_trainer *t)
     td_status st = catch_up(t, INT_MAX);
     /* and whatever the AdamW thread still holds (a step that failed after handing chunks over) */
     if (!st && t->worker) st = take_back_all(t);
-    /* ZeRO-3: the gathers done (bounded) before the host reads what they wrote (a save) */
+    /* ZeRO-3: the collectives in flight done (bounded) before the host reads a save */
     return st || !t->comm ? st : compute_sync(t);
 }
 
@@ -619,9 +763,11 @@ static td_status op_head(td_trainer *t, void *const p[3], void *const g[3], cons
 }
 
 /* Start the grads of the host's optimizer chunks for the host (the GPU
- * chunks' grads stay on the device). */
+ * chunks' grads stay on the device).  ZeRO-3: each chunk once its grads are
+ * whole (reduce_finished_grads). */
 static td_status writeback_host_grads(td_trainer *t, const int *gids, int n)
 {
+    if (t->ranks > 1) return TD_OK;
     int keep[TD_MODEL_BLOCK_TENSORS], m = 0;
     int first = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, 0);
     for (int i = 0; i < n && m < TD_MODEL_BLOCK_TENSORS; i++)
@@ -639,35 +785,19 @@ static int param_chunk_of(const td_trainer *t, int id, td_tensor_role role)
     return td_memmgr_tensor_chunk(t->mm, id) - td_memmgr_role_chunk(t->mm, role, 0);
 }
 
-/* The last micro-batch's grads of param chunk k are complete: the chunk's
- * grads of every rank are summed, each rank keeping its shard of the sum
- * (reduce-scatter in place on the device chunk, whose slot holds the N
- * shards: memmgr.h), and that shard goes to its host with the write-back
- * that follows.  Each rank's loss was weighted 1/(ranks x rows x accum), so
- * the sum is the mean over the global batch, as one rank computes it.
- * The reduce-scatter runs on the D2H queue, after the kernels that wrote
- * the grads and before the chunk's write-back on that queue, so the
- * backward of the next blocks goes on beside it (NCCL); the write-back's
- * ticket, which the chunk's slot and host copy wait for, covers it. */
+/* The last micro-batch's grads of param chunk k are complete: every
+ * rank's are summed, each rank keeping its shard of the sum, the mean over
+ * the global batch (each rank's loss was weighted 1/(ranks x rows x
+ * accum)).  The chunk manager reduce-scatters the chunk in place on the
+ * D2H queue after the kernels that wrote it, so the backward of the next
+ * blocks goes on beside it: for a host chunk as the first step of its
+ * shard's write-back, for a GPU AdamW's chunk alone (its grads stay). */
 static td_status reduce_grad_chunk(td_trainer *t, int k)
 {
-    td_status st = TD_OK;
-    int gc = td_memmgr_role_chunk(t->mm, TD_TENSOR_GRAD, k);
-    td_shard_layout l;
-    td_copy_ticket written = {0};
-    void *g;
-    size_t E = td_dtype_bytes(t->gdt);
-    TD_TRY(td_memmgr_chunk_shard(t->mm, gc, &l));
-    TD_TRY(access_chunk(t, t->gid, k, TD_ACCESS_WRITE, &g));
-    /* The padding past the last tensor: zeros, whatever the slot held before. */
-    if (l.padded_numel > l.numel) TD_TRY(zero(t, (char *)g + l.numel * E, (l.padded_numel - l.numel) * E));
-    TD_TRY(td_copy_mark(t->engine, TD_QUEUE_COMPUTE, &written));
-    TD_TRY(td_copy_order(t->engine, TD_QUEUE_D2H, &written));
-    TD_TRY(td_comm_reduce_scatter(t->comm, g, (char *)g + (size_t)t->rank * l.shard_numel * E, l.shard_numel, t->gdt,
-                                  TD_QUEUE_D2H));
-    TD_TRY(release_chunk(t, t->gid, k, TD_TENSOR_READY_FOR_REDUCE));
-cleanup:
-    return st;
+    int n = t->group_start[k + 1] - t->group_start[k];
+    for (int j = 0; j < n; j++) t->gids_scratch[j] = t->gid[t->group[t->group_start[k] + j]];
+    if (chunk_on_gpu(t, k)) return td_memmgr_reduce_async(t->mm, t->gids_scratch, n);
+    return td_memmgr_writeback_async(t->mm, t->gids_scratch, n);
 }
 
 /* Counts down the grads the last micro-batch finished (gids, just released
@@ -694,48 +824,19 @@ static void reduce_begin(td_trainer *t)
     for (int k = 0; k < chunks; k++) t->rs_left[k] = t->group_start[k + 1] - t->group_start[k];
 }
 
-/* Param chunk k's new shard (this rank's update, in its host copy or on the
- * device) joins the others': the chunk is loaded (its other shards are
- * stale) and all-gathered in place on the device, which leaves the device
- * copy the newest.  Called in the forward, just before the chunk's first
- * use (catch_up), so the CPU AdamW of the next chunks runs beside the GPU. */
-static td_status gather_param_chunk(td_trainer *t, int k)
-{
-    td_status st = TD_OK;
-    int pc = td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, k);
-    td_shard_layout l;
-    void *p;
-    size_t E = td_dtype_bytes(t->dt);
-    int id = t->pid[t->group[t->group_start[k]]];
-    TD_TRY(td_memmgr_chunk_shard(t->mm, pc, &l));
-    TD_TRY(access_chunk(t, t->pid, k, TD_ACCESS_WRITE, &p));
-    /* On the H2D queue, behind the chunk's load and after the kernels that
-     * last used its slot, but not behind the kernels queued since (the
-     * blocks before it): those compute meanwhile.  The chunk's next access
-     * waits for the gather (td_memmgr_written_on). */
-    TD_TRY(td_memmgr_order_after_use(t->mm, id, TD_QUEUE_H2D));
-    TD_TRY(td_comm_all_gather(t->comm, (char *)p + (size_t)t->rank * l.shard_numel * E, p, l.shard_numel, t->dt,
-                              TD_QUEUE_H2D));
-    TD_TRY(release_chunk(t, t->pid, k, TD_TENSOR_HOLD));
-    TD_TRY(td_memmgr_written_on(t->mm, id, TD_QUEUE_H2D));
-    /* The whole chunk back to its host copy now, beside the next gathers:
-     * an eviction of the chunk is then free, and the next step's update
-     * finds its host copy current.  A GPU AdamW's chunk stays (its host
-     * copy is brought up to date only when read: a checkpoint). */
-    if (!chunk_on_gpu(t, k)) TD_TRY(td_memmgr_writeback_async(t->mm, &id, 1));
-cleanup:
-    return st;
-}
-
-/* Every rank's `n` doubles summed in rank order (the same bits on every rank). */
-static td_status sum_over_ranks(td_trainer *t, double *v, int n)
+/* Every rank's `n` doubles summed in rank order (the same bits on every
+ * rank): over the job, or with `shard` over the shard group (each of its
+ * ranks' shards summed once; the other hosts' replicas hold the same). */
+static td_status sum_over_ranks(td_trainer *t, double *v, int n, int shard)
 {
     if (t->ranks == 1) return TD_OK;
-    td_status st = td_comm_host_allgather(t->comm, v, (size_t)n * sizeof(double), t->sumsq_all);
+    td_comm *c = shard ? t->scomm : t->comm;
+    int ranks = shard ? t->shard_ranks : t->ranks;
+    td_status st = td_comm_host_allgather(c, v, (size_t)n * sizeof(double), t->sumsq_all);
     if (st) return st;
     for (int i = 0; i < n; i++) {
         double s = 0;
-        for (int r = 0; r < t->ranks; r++) s += t->sumsq_all[(size_t)r * (size_t)n + (size_t)i];
+        for (int r = 0; r < ranks; r++) s += t->sumsq_all[(size_t)r * (size_t)n + (size_t)i];
         v[i] = s;
     }
     return TD_OK;
@@ -931,9 +1032,10 @@ static td_status set_disk_order(td_trainer *t)
 }
 
 /* Whether this step's host chunks went to the AdamW thread in the backward
- * with their grad sums taken on the device as they went (one rank; ZeRO-3
- * takes its shards' sums on the host at the step's end). */
-static int early_sums_on_device(const td_trainer *t) { return t->ov_early && t->ranks == 1; }
+ * with their grad sums (ZeRO-3: of this rank's reduced shard) taken on the
+ * device as they went: the grads' host copies may be transient, gone once
+ * the AdamW has read them. */
+static int early_sums_on_device(const td_trainer *t) { return t->ov_early; }
 
 /* Chunk k of role `role`: access all its tensors, give its base pointer. */
 static td_status access_chunk(td_trainer *t, const int *role_ids, int k, unsigned flags, void **base)
@@ -1107,9 +1209,9 @@ static void own_core(td_trainer *t)
 }
 
 /* Param chunk k's host update as a job (under ZeRO-3 this rank's shard of
- * it: master, m and v hold the shard alone, the grads' and params' host
- * copies the whole chunk): the host copies peeked at, and the tickets of
- * the write-backs to wait for; *has 0 when this rank holds none of it. */
+ * it: every host copy holds the shard alone): the host copies peeked at,
+ * and the tickets of the write-backs to wait for; *has 0 when this rank
+ * holds none of it. */
 static td_status job_make(td_trainer *t, int k, const td_adam_coeffs *c, int stats, td_adam_job *j, int *has)
 {
     td_status st = TD_OK;
@@ -1117,8 +1219,8 @@ static td_status job_make(td_trainer *t, int k, const td_adam_coeffs *c, int sta
     int pc = td_memmgr_role_chunk(mm, TD_TENSOR_PARAM, k), gc = td_memmgr_role_chunk(mm, TD_TENSOR_GRAD, k);
     int mc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_M, k), vc = td_memmgr_role_chunk(mm, TD_TENSOR_ADAM_V, k);
     int sc = td_memmgr_role_chunk(mm, TD_TENSOR_MASTER, k); /* -1: the params are the fp32 master */
-    size_t b = 0, e, n = td_memmgr_chunk_bytes(mm, pc) / td_dtype_bytes(t->dt);
-    *has = !(t->ranks > 1 && !(n = td_memmgr_chunk_host_range(mm, mc, &b, &e)));
+    size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e); /* the whole chunk, or this rank's shard */
+    *has = n > 0;
     if (!*has) return TD_OK; /* a rank past the end of a small chunk */
     char *p, *g;
     void *m = NULL, *v = NULL, *master;
@@ -1127,18 +1229,16 @@ static td_status job_make(td_trainer *t, int k, const td_adam_coeffs *c, int sta
     j->disk = chunk_on_disk(t, k);
     j->grads_disk = td_memmgr_chunk_on_disk(mm, gc) ? gc : -1;
     j->params_disk = td_memmgr_chunk_on_disk(mm, pc) ? pc : -1;
-    j->offset = b;
     TD_TRY(td_memmgr_chunk_host_peek(mm, gc, (void **)&g, &j->grads)); /* NULL on disk: its write-back's ticket */
     TD_TRY(td_memmgr_chunk_host_peek(mm, pc, (void **)&p, &j->params));
     if (!j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, mc, &m, NULL));
     if (!j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, vc, &v, NULL));
     j->master_is_params = sc < 0;
-    master = p && sc < 0 ? p + b * sizeof(float) : NULL; /* fp32 params are the master (whole on every rank) */
+    master = sc < 0 ? (void *)p : NULL; /* fp32 params are the master */
     if (sc >= 0 && !j->disk) TD_TRY(td_memmgr_chunk_host_peek(mm, sc, &master, NULL));
     /* The new params go straight into the param chunk's pinned host copy,
      * which the next step uploads. */
-    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g ? g + b * td_dtype_bytes(t->gdt) : NULL,
-                             .grad_dtype = t->gdt, .param_out = p ? p + b * td_dtype_bytes(t->dt) : NULL,
+    j->ch = (td_adam_chunk){ .master = master, .m = m, .v = v, .grad = g, .grad_dtype = t->gdt, .param_out = p,
                              .param_dtype = t->dt, .state = t->cfg.optim.state, .numel = n };
     j->c = c;
     j->stats = stats;
@@ -1169,15 +1269,15 @@ static td_status job_run(td_trainer *t, int k, td_adam_job *j, td_adam_cpu *cpu)
         void *g;
         TD_TRY(td_memmgr_disk_chunk_acquire(t->mm, j->grads_disk, TD_DISK_READ, &g));
         grads_held = 1;
-        j->ch.grad = (char *)g + j->offset * td_dtype_bytes(t->gdt);
+        j->ch.grad = g;
     }
     if (j->params_disk >= 0) { /* overwritten whole, unless they are the master too (read, then written) */
         void *p;
         TD_TRY(td_memmgr_disk_chunk_acquire(t->mm, j->params_disk,
                                             j->master_is_params || t->ranks > 1 ? TD_DISK_MODIFY : TD_DISK_OVERWRITE, &p));
         params_held = 1;
-        j->ch.param_out = (char *)p + j->offset * td_dtype_bytes(t->dt);
-        if (j->master_is_params) j->ch.master = (float *)p + j->offset;
+        j->ch.param_out = p;
+        if (j->master_is_params) j->ch.master = p;
     }
     if (j->disk || j->grads_disk >= 0 || j->params_disk >= 0) j->state_ms = td_now_ms();
     if (j->stats) {
@@ -1237,7 +1337,9 @@ static td_status update_host(td_trainer *t, int k, const td_adam_coeffs *c, int 
                                          "chunk %d's state from disk", k);
         if (!st) st = td_memmgr_timeline_host(t->mm, "CPU AdamW (driving thread)", j.state_ms, t1, "AdamW chunk %d", k);
     }
-    if (!st && has) st = job_record(t, k);
+    /* recorded on every rank, its shard empty or not: under ZeRO-3 the
+     * chunk's next load (and gather) is every rank's */
+    if (!st) st = job_record(t, k);
     return st;
 }
 
@@ -1289,13 +1391,28 @@ static td_status hand_over(td_trainer *t, int k)
     return st || !has ? st : td_adam_worker_submit(t->worker, k);
 }
 
+/* ZeRO-3: the host chunks' params wait for their update before any load
+ * (the order of loads, and so of gathers, must be every rank's: not when
+ * an update happened to finish). */
+static td_status expect_updates(td_trainer *t)
+{
+    int chunks = td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM);
+    for (int k = 0; k < chunks; k++) {
+        td_status st = chunk_on_gpu(t, k) ? TD_OK
+                     : td_memmgr_expect_host_write(t->mm, td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, k));
+        if (st) return st;
+    }
+    return TD_OK;
+}
+
 /* Param chunk k's update back from the AdamW thread, recorded. */
 static td_status take_back(td_trainer *t, int k)
 {
     int handed = td_adam_worker_pending(t->worker, k);
     td_adam_job_times tm;
     td_status st = td_adam_worker_wait_timed(t->worker, k, &tm);
-    if (st || !handed) return st; /* not handed: nothing of it is this rank's */
+    if (st) return st;
+    if (!handed) return job_record(t, k); /* none of it is this rank's: recorded all the same (update_host) */
     /* the run, from its grads' landing (before: the job waited for their write-back) */
     double landed = t->jobs[k].landed_ms > tm.started_ms ? t->jobs[k].landed_ms : tm.started_ms;
     double ran_from = t->jobs[k].state_ms > landed ? t->jobs[k].state_ms : landed; /* its state read from disk */
@@ -1362,10 +1479,10 @@ static td_status hand_over_finished(td_trainer *t, const int *gids, int n)
          * the step's norm does not wait for the AdamW thread; then the
          * update goes over.  (ZeRO-3: the chunk was reduce-scattered and
          * its shard's write-back queued just before, on the D2H queue; the
-         * shard's sum is taken on the host at the step's end, beside the
-         * update, in optimizer_step_sharded.) */
+         * sum is of the shard, once reduced.) */
         if (early_sums_on_device(t)) st = device_chunk_sumsq(t, k, chunks);
         if (!st) st = hand_over(t, k);
+        if (!st && t->ranks > 1) st = td_memmgr_expect_host_write(t->mm, td_memmgr_role_chunk(t->mm, TD_TENSOR_PARAM, k));
     }
     return st;
 }
@@ -1384,8 +1501,10 @@ static td_grad_stats merge_sumsq(const td_trainer *t, int chunks)
 
 /* ZeRO-3's optimizer step: the global grad norm from every rank's shard
  * sums (all ranks get the same bits, so they clip alike and skip a
- * non-finite step together), AdamW of this rank's shard of every chunk,
- * then each chunk's params all-gathered on the device. */
+ * non-finite step together), then AdamW of this rank's shard of every
+ * chunk: the GPU's now, the host's in the next forward (catch_up); the
+ * devices gather each chunk's params from every rank's shard as they load
+ * it (memmgr.h). */
 static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
 {
     td_status st = TD_OK;
@@ -1395,9 +1514,12 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
      * write-backs queued behind them. */
     TD_TRY(compute_sync(t));
     TD_TRY(td_comm_wait(t->comm, TD_QUEUE_D2H));
-    /* The GPU AdamW's chunks' shard sums on the device first, then the host's. */
-    if (t->gpu_opt && !on_cuda(t)) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
-    if (t->gpu_opt && on_cuda(t)) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
+    /* The GPU AdamW's chunks' shard sums on the device first, then the
+     * host's (taken on the device in the backward when the updates went
+     * over there: early_sums_on_device). */
+    int early = t->ov_early;
+    if (t->gpu_opt && !on_cuda(t) && !early) memset(t->h_sumsq + chunks, 0, (size_t)chunks * sizeof(double));
+    if (t->gpu_opt && on_cuda(t) && !early) TD_TRY(zero(t, t->dev_acc, (size_t)chunks * sizeof(double)));
     for (int i = 0; i < chunks; i++)
         if (chunk_on_gpu(t, i)) TD_TRY(device_chunk_sumsq(t, i, chunks));
     for (int i = 0; i < chunks; i++) {
@@ -1405,17 +1527,17 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
         size_t b, e, n = td_memmgr_chunk_host_range(mm, mc, &b, &e);
         char *g;
         td_grad_stats part = {0};
-        if (n && !chunk_on_gpu(t, i)) {
+        if (!chunk_on_gpu(t, i) && !early) { /* accessed on every rank, its shard empty or not (a collective may follow) */
             TD_TRY(td_memmgr_chunk_host_access(mm, gc, TD_ACCESS_READ, (void **)&g));
-            TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g + b * td_dtype_bytes(t->gdt), t->gdt, n, &part));
+            if (n) TD_TRY(td_adam_cpu_grad_stats(t->adam_main, g, t->gdt, n, &part)); /* the shard */
         }
         t->h_sumsq[i] = part.sumsq;
     }
     TD_TRY(gather_device_sumsq(t, chunks));
     for (int i = 0; i < chunks; i++)
-        if (chunk_on_gpu(t, i)) t->h_sumsq[i] = t->h_sumsq[chunks + i];
+        if (chunk_on_gpu(t, i) || early) t->h_sumsq[i] = t->h_sumsq[chunks + i];
     /* every rank's, chunk by chunk in rank order, then the chunks in order: the same bits everywhere */
-    TD_TRY(sum_over_ranks(t, t->h_sumsq, chunks));
+    TD_TRY(sum_over_ranks(t, t->h_sumsq, chunks, 1));
     td_grad_stats global = {0};
     for (int i = 0; i < chunks; i++) {
         td_grad_stats part = { .sumsq = t->h_sumsq[i] };
@@ -1424,24 +1546,23 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     TD_TRY(begin_step(t, &global, os));
     /* Without clipping the host shards went to the AdamW thread in the
      * backward (hand_over_finished), each once reduced and written back. */
-    int early = t->ov_early;
     if (early && os->skip)
         TD_FAIL(TD_ERR_STATE, "non-finite gradients at step %ld (no clipping and no loss scale: the update had "
                 "already begun); lower --lr or use --clip-grad-norm", t->optim.step + 1);
     for (int i = 0; early && i < chunks; i++)
         if (t->ov_left[i]) TD_FAIL(TD_ERR_STATE, "param chunk %d's grads were never handed to the AdamW thread", i);
-    /* The GPU's shards now (queued behind the backward); the host's, and
-     * every chunk's gather, in the next forward, each just before the
-     * chunk's first use (catch_up): the CPU updates chunk k + 1 while the
-     * GPU runs the blocks of chunk k.  A skipped step gathers too, so every
-     * step makes the same accesses. */
-    if (!os->skip)
+    /* The GPU's shards now (queued behind the backward); the host's in the
+     * next forward, each just before the chunk's first use (catch_up): the
+     * CPU updates chunk k + 1 while the GPU runs the blocks of chunk k, and
+     * no load of a chunk comes before its update. */
+    if (!os->skip) {
         for (int i = 0; i < chunks; i++)
             if (chunk_on_gpu(t, i)) TD_TRY(update_chunk_device(t, i, &os->coeffs));
-    t->pending_next = 0;
-    t->pending_end = chunks;
-    t->pending_update = !os->skip;
-    t->pending_coeffs = os->coeffs;
+        TD_TRY(expect_updates(t));
+        t->pending_next = 0;
+        t->pending_end = chunks;
+        t->pending_coeffs = os->coeffs;
+    }
     if (t->worker && !os->skip && !early) { /* every host shard to the AdamW thread, in forward order */
         t->ov_cur ^= 1;
         t->ov_coeffs[t->ov_cur] = os->coeffs;
@@ -1622,7 +1743,7 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
         targets += (double)kept;
         if (accum > 1) keep_batch(t, k, 0);
     }
-    TD_TRY(sum_over_ranks(t, &targets, 1));
+    TD_TRY(sum_over_ranks(t, &targets, 1, 0));
     double dloss = (targets > 0 ? 1.0 / targets : 0.0) * td_optim_loss_scale(&t->optim);
     for (int k = 0; k < accum; k++) {
         if (accum > 1) keep_batch(t, k, 1);
@@ -1632,7 +1753,7 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
     TD_TRY(optimizer_step(t, &os));
     TD_TRY(td_memmgr_disk_status(t->mm)); /* a write that failed behind the updates fails this step */
     TD_TRY(td_memmgr_step_end(t->mm));
-    TD_TRY(sum_over_ranks(t, &loss_sum, 1)); /* the step's loss over the global batch, in rank order */
+    TD_TRY(sum_over_ranks(t, &loss_sum, 1, 0)); /* the step's loss over the global batch, in rank order */
     out->step = t->optim.step;
     out->loss = targets > 0 ? loss_sum / targets : 0;
     out->targets = (long)targets;
@@ -1644,6 +1765,27 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
     out->adam_wait_ms = t->adam_wait_ms;
     out->tokens_per_s = (double)N * accum * t->ranks / (out->step_ms * 1e-3); /* every rank's */
     td_memmgr_get_stats(t->mm, &out->mm);
+    {   /* the host's footprint: this process's peak, and its host's (every local rank's peak, added) */
+        td_host_usage hu;
+        TD_TRY(td_trainer_host_usage(t, &hu));
+        out->host_node_peak_bytes = hu.peak_bytes;
+        if (t->ranks > 1) {
+            uint64_t mine[2] = {t->host_id, hu.peak_bytes}, *all = (uint64_t *)t->sumsq_all; /* ranks x (chunks+1) doubles */
+            if (td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM) < 1)
+                TD_FAIL(TD_ERR_STATE, "no param chunks to size the host figures' exchange");
+            TD_TRY(td_comm_host_allgather(t->comm, mine, sizeof mine, all));
+            out->host_node_peak_bytes = 0;
+            for (int r = 0; r < t->ranks; r++)
+                if (all[2 * r] == t->host_id) out->host_node_peak_bytes += all[2 * r + 1];
+        }
+    }
+    if (t->dev_free0) { /* cuda: the device memory the process holds beyond its context */
+        size_t free_b = 0, total = 0;
+        TD_TRY(td_backend_mem_info(t->backend, &free_b, &total));
+        out->device_process_bytes = t->dev_free0 > free_b ? t->dev_free0 - free_b : 0;
+        if (out->device_process_bytes > t->dev_used_peak) t->dev_used_peak = out->device_process_bytes;
+        out->device_process_peak_bytes = t->dev_used_peak;
+    }
 cleanup:
     return st;
 }
@@ -1660,7 +1802,7 @@ td_status td_trainer_eval(td_trainer *t, td_batch_fn next_batch, void *ctx, int 
         sums[1] += (double)kept;
         TD_TRY(micro_batch(t, 0, 0, 0, &sums[0]));
     }
-    TD_TRY(sum_over_ranks(t, sums, 2));
+    TD_TRY(sum_over_ranks(t, sums, 2, 0));
     *loss = sums[1] > 0 ? sums[0] / sums[1] : 0;
     if (targets_out) *targets_out = (uint64_t)sums[1];
 cleanup:
@@ -1680,6 +1822,7 @@ const char *td_trainer_host_cores(const td_trainer *t, int *driver_core)
     return td_topo_describe(t->topo);
 }
 td_comm *td_trainer_comm(td_trainer *t) { return t->comm; }
+int td_trainer_shard_ranks(const td_trainer *t) { return t->ranks > 1 ? t->shard_ranks : 1; }
 td_memmgr *td_trainer_memmgr(td_trainer *t) { return t->mm; }
 td_backend *td_trainer_backend(td_trainer *t) { return t->backend; }
 td_arena *td_trainer_arena(td_trainer *t) { return t->arena; }

@@ -27,12 +27,6 @@ struct td_trainer {
      * (catch_up); pending_end 0: nothing pending. */
     int pending_next, pending_end;
     td_adam_coeffs pending_coeffs;
-    /* ZeRO-3 (ranks > 1): every chunk's params are all-gathered in the
-     * forward, just before their first use (catch_up), in every step, the
-     * first included, so the access sequence the chunk manager records is
-     * every step's; pending_update 0: gathers alone (the first step, or
-     * after a skipped one). */
-    int pending_update;
     int ckpt_blocks;                   /* blocks [0, ckpt_blocks) are recomputed in backward */
     td_setup_times setup;              /* td_trainer_create's phases */
     td_train_budget budget;            /* as td_train_budget_resolve decided it */
@@ -98,6 +92,17 @@ struct td_trainer {
      * then this rank's shard's, in shard coordinates. */
     td_comm *comm;
     int rank, ranks;
+    /* The shard group (cfg.shard_ranks): scomm over the ranks this rank
+     * shares every chunk with (comm itself, or this host's ranks under
+     * --shard node), this rank shard_rank of shard_ranks; xcomm over the
+     * ranks on other hosts holding the same shard (replica_rank its index,
+     * NULL when the shard group is the job), whose grads are summed too. */
+    td_comm *scomm, *xcomm;
+    int shard_rank, shard_ranks, replica_rank;
+    int node_rank;                     /* the launcher's host index (-1: not given) */
+    uint64_t host_id;                  /* a hash of the host's name, NUMA nodes and node_rank (share_cores) */
+    size_t dev_free0, dev_used_peak;   /* cuda: free device memory once the context was made; the most the
+                                          process has held beyond it at a step's end (cudaMemGetInfo) */
     int *rs_left;
     double *sumsq_all;
     /* The host's AdamW on a thread of its own (adam_worker.h,
@@ -134,7 +139,6 @@ typedef struct td_adam_job {
     int disk;         /* its master, m and v live on disk: acquired from the disk tier when it runs */
     int grads_disk, params_disk; /* its grad / param chunk when that lives on disk too (acquired then), else -1 */
     int master_is_params;        /* fp32 params: the master is the param chunk */
-    size_t offset;               /* elements: where this rank's shard starts in the chunk (0 on one rank) */
     double landed_ms; /* when its run found the grads and params landed (td_now_ms) */
     double state_ms;  /* and its state read from disk (landed_ms when none of it is there) */
 } td_adam_job;
@@ -270,6 +274,9 @@ td_status td_train_plan_disk(const td_train_config *cfg, td_memmgr *mm, const in
 td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo);
 /* The host_* fields of the plan from a planned layout with its homes set. */
 td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t budget, td_train_plan *p);
+/* The node_* fields of the plan (the host all local ranks share) from a
+ * planned layout with its homes set, after td_train_host_plan. */
+td_status td_train_node_plan(td_memmgr *mm, const td_train_config *cfg, td_train_plan *p);
 
 /* fp32 values into a buffer of dtype dt (round to nearest even), and back. */
 void td_train_from_f32(void *dst, td_dtype dt, const float *src, size_t n);

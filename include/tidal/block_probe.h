@@ -57,4 +57,10 @@ td_status td_block_probe_forward(td_block_probe *p);
 td_status td_block_probe_recompute(td_block_probe *p); /* the forward, y not written */
 td_status td_block_probe_backward(td_block_probe *p);
 
+/* The devices' link for ZeRO-3's collectives: GB/s of 256 MiB peer copies
+ * into this backend's GPU from another (GPU 1, or 0 from GPU 1), best of
+ * 4, through arenas on both; *what says how (peer-to-peer, or staged through
+ * the host where the GPUs cannot reach each other).  0 with one GPU. */
+td_status td_link_probe_cuda(td_backend *b, double *gbytes_per_s, const char **what);
+
 #endif

@@ -110,6 +110,25 @@ typedef enum td_chunk_home {
 #define TD_ACCESS_READ  0u
 #define TD_ACCESS_WRITE 1u
 
+/* The collectives of sharded chunks (params.shard_ranks > 1), supplied by
+ * the caller (the trainer passes its communicator's).  In place on a
+ * device chunk of shard_ranks shards of shard_numel elements each, on
+ * queue q after the queue's earlier work; every rank calls them in the same
+ * order.  The chunk manager stays free of any communicator. */
+typedef struct td_memmgr_comm {
+    void *ctx;
+    /* every rank's shard (this rank's at shard_rank x shard_numel) into every rank's buf */
+    td_status (*all_gather)(void *ctx, void *buf, size_t shard_numel, td_dtype dt, td_queue q);
+    /* the sum over the ranks of shard r into rank r's shard r (the other shards: anything after) */
+    td_status (*reduce_scatter)(void *ctx, void *buf, size_t shard_numel, td_dtype dt, td_queue q);
+    /* n host values replaced by their maximum over the ranks (decisions every rank must share) */
+    td_status (*agree_max)(void *ctx, double *v, int n);
+    /* The host waits for queue q, collectives included, failing (not
+     * hanging) when a peer stops answering; the manager's host waits for
+     * a copy behind a collective go through it.  NULL: td_queue_sync. */
+    td_status (*wait)(void *ctx, td_queue q);
+} td_memmgr_comm;
+
 typedef struct td_memmgr_params {
     size_t min_chunk_numel, max_chunk_numel; /* search range; 0: 1Mi..64Mi elements */
     size_t chunk_numel;                      /* fixed size, skips the search; 0: search */
@@ -137,17 +156,36 @@ typedef struct td_memmgr_params {
      * when there are no more such chunks than slots, or <= 0 (default -1:
      * the trainer reads it as auto, td_train_resolve_grad_slots). */
     int grad_slots;
-    /* ZeRO-3 (shard.h): with shard_ranks > 1, every param, grad (and
-     * other) chunk's device slot is padded to a multiple of shard_ranks x
-     * shard_align elements, so that the gathered buffer of any chunk (N S
-     * elements) fits its slot; every optimizer chunk (MASTER, ADAM_M,
-     * ADAM_V) holds only rank shard_rank's shard of the chunk's used
-     * elements (td_memmgr_chunk_host_range), on the host and, homed there,
-     * on the device (a slot of 1/N the padded chunk): each rank's AdamW
-     * updates its shard alone.  Such a chunk is used only whole: through
-     * td_memmgr_chunk_host_access (td_memmgr_host_access refuses its
-     * tensors), and td_memmgr_access gives the shard's start for each of
-     * its tensors.  0 or 1: no sharding. */
+    /* ZeRO-3 (shard.h): with shard_ranks > 1 the host copy of every
+     * chunk is rank shard_rank's shard of the chunk's used elements
+     * (td_memmgr_chunk_host_range), so the ranks' hosts hold each byte of
+     * the model state once:
+     *   - optimizer chunks (MASTER, ADAM_M, ADAM_V) are the shard alone on
+     *     the device too (a slot of 1/N the padded chunk): each rank's
+     *     AdamW updates its shard;
+     *   - param and grad chunks ("gathered") have a device slot padded to
+     *     a multiple of shard_ranks x shard_align elements that holds the
+     *     whole chunk: N shards of S elements, this rank's at
+     *     shard_rank x S.  A load copies the rank's shard over PCIe; a
+     *     param chunk is then all-gathered in place (shard_comm), a grad
+     *     chunk's other shards are zeroed.  A device write to a param
+     *     chunk changes the rank's shard alone (the GPU AdamW): the other
+     *     shards are gathered from their owners before its next use.  A
+     *     device write to a grad chunk adds this rank's contributions:
+     *     before its shard goes to the host (a write-back) or
+     *     td_memmgr_reduce_async, the chunk is reduce-scattered in place
+     *     (the sum of every rank's over each shard into its owner's) and
+     *     its other shards zeroed, so a later write adds to a sum no rank
+     *     counts twice.
+     * Collectives run in the order the chunk manager meets these events;
+     * every rank must make the same accesses, releases, host writes and
+     * write-backs in the same order with the same budget (the trainer
+     * does), and the plan's measured inputs (the prefetch window's) are
+     * agreed with shard_comm.agree_max.  A sharded chunk is used only
+     * whole on the host: td_memmgr_chunk_host_access (td_memmgr_host_access
+     * refuses its tensors); td_memmgr_access gives an optimizer chunk's
+     * shard start for each of its tensors, a gathered chunk's tensors their
+     * own addresses.  0 or 1: no sharding. */
     int shard_ranks, shard_rank;
     size_t shard_align;                      /* elements; 0 means 1 */
     /* The disk tier (chunks homed on TD_HOME_DISK): their scratch file is
@@ -158,6 +196,7 @@ typedef struct td_memmgr_params {
     int disk_buffered;                       /* 1: through the page cache (default: O_DIRECT where the filesystem
                                                 has it, else the page cache, said in td_memmgr_disk_describe) */
     td_dio_method disk_method;               /* io_uring or threads (default auto) */
+    td_memmgr_comm shard_comm;               /* the collectives; a live manager needs them when shard_ranks > 1 */
 } td_memmgr_params;
 
 td_memmgr_params td_memmgr_default_params(void);
@@ -176,6 +215,13 @@ typedef struct td_memmgr_stats {
     size_t host_pageable_bytes;                   /* pageable host copies (page-rounded) */
     uint64_t disk_read_bytes, disk_write_bytes;   /* the disk tier's reads and writes (whole 4 KiB blocks) */
     double disk_wait_ms;                          /* time its users waited for a read, a write or a free set */
+    /* Sharded param and grad chunks (params.shard_ranks > 1): the
+     * all-gathers of params and reduce-scatters of grads, and the bytes of
+     * the other ranks' shards each moves over the devices' links ((N - 1)
+     * S elements a collective: what this rank receives in a gather, sends
+     * in a reduce-scatter). */
+    uint64_t gathers, reduce_scatters;
+    uint64_t bytes_gathered, bytes_reduced;
 } td_memmgr_stats;
 
 td_status td_memmgr_create(td_arena *arena, td_hostpool *pool, td_copy_engine *engine,
@@ -285,6 +331,17 @@ td_status td_memmgr_chunk_host_access(td_memmgr *m, int chunk, unsigned flags, v
  * (TD_ACCESS_WRITE), which makes the device copy stale. */
 td_status td_memmgr_chunk_host_peek(td_memmgr *m, int chunk, void **host, td_copy_ticket *written);
 td_status td_memmgr_writeback_async(td_memmgr *m, const int *ids, int n);
+/* The grad chunks holding these tensors reduce-scattered now (on the D2H
+ * queue) where they hold contributions not yet summed over the ranks,
+ * without a write-back: for grads that stay on the device (a GPU AdamW's).
+ * Their next access waits for it.  Nothing without sharding. */
+td_status td_memmgr_reduce_async(td_memmgr *m, const int *ids, int n);
+/* The chunk's host copy will be written (a deferred CPU update) before its
+ * next use: prefetches leave it alone until that write (a host access with
+ * TD_ACCESS_WRITE), rather than load what the write replaces.  Under
+ * sharding the order of loads is every rank's, so a load must not depend on
+ * when an update finished. */
+td_status td_memmgr_expect_host_write(td_memmgr *m, int chunk);
 /* The device copy of the chunk holding tensor `id` was just written by work
  * queued on q (a collective on the H2D queue, say), after td_memmgr_release:
  * its next access orders the compute queue after that work, and its slot is
@@ -309,10 +366,11 @@ td_status td_memmgr_step_end(td_memmgr *m);
 void td_memmgr_get_stats(const td_memmgr *m, td_memmgr_stats *out);
 /* The last finished step as one JSON object (no newline): step, accesses,
  * loads, evictions, writebacks, bytes_h2d, bytes_d2h, prefetches,
- * demand_loads, stalls, stall_ms, slot_wait_ms, prefetch_window,
- * device_peak_bytes, disk_read_bytes, disk_write_bytes, disk_wait_ms and
- * peak_bytes per arena role (written with cJSON).  Returns the length
- * written (truncated to buf_bytes - 1; 2 KiB always hold it). */
+ * demand_loads, stalls, stall_ms, slot_wait_ms, gathers, reduce_scatters,
+ * bytes_gathered, bytes_reduced, prefetch_window, device_peak_bytes,
+ * disk_read_bytes, disk_write_bytes, disk_wait_ms and peak_bytes per arena
+ * role (written with cJSON).  Returns the length written (truncated to
+ * buf_bytes - 1; 2 KiB always hold it). */
 size_t td_memmgr_step_json(const td_memmgr *m, char *buf, size_t buf_bytes);
 
 /* Timeline: from now on, every step's chunk loads, write-backs, evictions,

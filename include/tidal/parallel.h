@@ -45,6 +45,8 @@ extern "C" {
 typedef struct td_dist_env {
     int rank, size;             /* global rank in [0, size) */
     int local_rank, local_size; /* on this host; local_size 0 when the launcher does not say */
+    int node_rank;              /* this host's index when the launcher says (torchrun's GROUP_RANK,
+                                   Slurm's SLURM_NODEID); -1 otherwise */
     char master_addr[256];      /* where rank 0 serves the rendezvous */
     int master_port;            /* the rendezvous port (see td_dist_env_parse) */
     char launcher[16];          /* "none", "torchrun", "mpirun" or "slurm" */
@@ -145,6 +147,13 @@ int td_comm_nccl_compiled(void);
  * cuda backend the device the backend uses must be current. */
 td_status td_comm_create(const td_dist_env *env, td_backend *b, const td_comm_params *params, td_comm **out);
 void td_comm_destroy(td_comm *c);
+/* A communicator over some of c's ranks (collective: every rank of c calls
+ * it): those that pass the same color (>= 0) form one, ranked by key then
+ * by their rank in c; a rank passing a negative color gets *out NULL.  The
+ * same kind as c (NCCL or CPU), the same timeout, with a rendezvous of its
+ * own that the group's first rank serves on a free port of its host (the
+ * address the job reaches it at).  Destroy it before c. */
+td_status td_comm_split(td_comm *c, int color, int key, td_comm **out);
 int td_comm_rank(const td_comm *c);
 int td_comm_size(const td_comm *c);
 const char *td_comm_name(const td_comm *c); /* "cpu" or "nccl" */
@@ -184,7 +193,13 @@ td_status td_comm_host_allgather(td_comm *c, const void *mine, size_t bytes, voi
 typedef struct td_launch_params {
     int nproc;             /* local ranks, >= 1 */
     int grace_ms;          /* after the first failure: SIGTERM, then SIGKILL after this (default 5000) */
-    int master_port;       /* 0: a free port found now */
+    int master_port;       /* 0: a free port found now (one host only) */
+    /* Several hosts, as torchrun's --nnodes / --node-rank: this launcher
+     * starts ranks node_rank x nproc .. + nproc - 1 of nnodes x nproc, and
+     * each host's launcher must be given the same master_addr (rank 0's
+     * host; NULL: 127.0.0.1) and master_port. */
+    int nnodes, node_rank;
+    const char *master_addr;
 } td_launch_params;
 
 typedef struct td_launch_result {
@@ -196,8 +211,8 @@ typedef struct td_launch_result {
 
 td_launch_params td_launch_default_params(void);
 /* Runs argv (argv[0] looked up on PATH) nproc times, each with RANK,
- * LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and
- * MASTER_PORT set, each in its own process group (and ended if the
+ * LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank),
+ * MASTER_ADDR (127.0.0.1 unless given) and MASTER_PORT set, each in its own process group (and ended if the
  * launcher dies); forwards SIGINT and SIGTERM to all of them.  When a rank
  * exits non-zero or is killed, the others get SIGTERM, then SIGKILL after
  * grace_ms.  Returns once every rank has exited; fails only when it could

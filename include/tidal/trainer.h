@@ -67,6 +67,10 @@ typedef enum td_ckpt_mode { TD_CKPT_AUTO, TD_CKPT_ON, TD_CKPT_OFF } td_ckpt_mode
 #define TD_GPU_BUDGET_DEFAULT 0
 #define TD_GPU_BUDGET_MAX SIZE_MAX
 
+typedef enum td_shard_mode { TD_SHARD_AUTO, TD_SHARD_WORLD, TD_SHARD_NODE } td_shard_mode;
+const char *td_shard_mode_name(td_shard_mode m);
+td_status td_shard_mode_parse(const char *name, td_shard_mode *out); /* auto, world, node */
+
 typedef struct td_train_config {
     td_model_desc model;
     int micro_batch, seq_len, grad_accum;
@@ -122,6 +126,18 @@ typedef struct td_train_config {
     int ranks, rank;
     int local_ranks;              /* of them on this host (0: unknown, taken as 1): each plans against 1/local_ranks
                                      of the host's RAM and pin limit (--host-ram, --host-pin-limit) */
+    /* The ranks each chunk is split over (--shard): every rank of the job
+     * (WORLD: the job holds each byte of the model state once), or each
+     * host's (NODE: each host holds it once, its local_ranks the shards,
+     * the hosts' copies of a shard's grads summed over the network; the
+     * job's ranks must be numbered host by host).  AUTO (the default):
+     * NODE where the job spans hosts and each host holds the model state,
+     * else WORLD (td_train_resolve_shard). */
+    td_shard_mode shard;
+    /* The communicator's own device memory (NCCL's buffers), out of
+     * gpu_budget: 0 plans it (td_train_comm_device_bytes); the trainer
+     * measures it and plans with that. */
+    size_t comm_device_bytes;
     const td_dist_env *dist;
     int comm_timeout_ms;
     const td_dist_setting *agree;
@@ -192,6 +208,15 @@ typedef struct td_step_result {
      * not hide. */
     double adam_cpu_ms, adam_wait_ms;
     td_memmgr_stats mm;           /* the run's totals so far */
+    /* cuda: the device memory the process holds beyond its CUDA context
+     * (free memory once the backend made its context, less free memory now:
+     * the arena, the communicator's buffers, the libraries' handles, kernel
+     * modules loaded since), now and at the most of any step's end; one
+     * process a GPU.  0 on the cpu backend. */
+    size_t device_process_bytes, device_process_peak_bytes;
+    /* The host footprint's peak (td_trainer_host_usage) of every rank on
+     * this host, added (this process's alone on one rank). */
+    size_t host_node_peak_bytes;
 } td_step_result;
 
 td_status td_trainer_create(const td_train_config *cfg, td_trainer **out);
@@ -206,6 +231,8 @@ int td_trainer_adam_threads(const td_trainer *t, int *own_thread, int *grad_slot
 const char *td_trainer_host_cores(const td_trainer *t, int *driver_core);
 /* The trainer's communicator (cfg.ranks > 1), else NULL. */
 td_comm *td_trainer_comm(td_trainer *t);
+/* The ranks each chunk is split over (1: one rank). */
+int td_trainer_shard_ranks(const td_trainer *t);
 void td_trainer_destroy(td_trainer *t);
 
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);
@@ -304,6 +331,22 @@ typedef struct td_train_plan {
     size_t disk_free_bytes;                     /* the space there: cfg.disk_bytes, or the directories' free space
                                                    (the least of them times their count: the file is striped evenly) */
     int disk_fits;                              /* disk_bytes within disk_free_bytes */
+    /* Several ranks (ZeRO-3, docs/distributed.md).  The host_* figures
+     * above are this rank's: its shard of every chunk (params, grads,
+     * master, m, v).  The host these ranks share holds node_bytes: each
+     * local rank's own model-state bytes (its shards) and the rest
+     * (staging, slabs' rounding, heap, the cpu backend's device region) as
+     * this rank's, local_ranks times. */
+    int shard_ranks;                            /* the ranks each chunk is split over (1: none) */
+    int local_ranks;                            /* the ranks on this host */
+    size_t node_bytes, node_state_bytes;        /* the host's total, and of it the model state */
+    /* Each step, each rank: h2d/d2h_bytes_per_step above are its shards
+     * over its PCIe link; the other ranks' shards reach its device in
+     * all-gathers of params and leave in reduce-scatters of grads, over the
+     * devices' links (NVLink, or the network between hosts). */
+    double gather_bytes_per_step, reduce_bytes_per_step;
+    size_t comm_device_bytes;                   /* the communicator's own device memory the budget must leave
+                                                   (NCCL's buffers, planned; the run measures them) */
 } td_train_plan;
 
 /* Whether cfg plans a disk tier: directories (cfg.mm.disk_dirs) or
@@ -314,6 +357,20 @@ int td_train_disk_tier(const td_train_config *cfg);
  * (fp32 master + m + v: 12 bytes each way for fp32 state), the grad read and,
  * with 16-bit params, the param written: 28 for fp32 state either way. */
 double td_train_adam_bytes_per_param(const td_train_config *cfg);
+
+/* ZeRO-3's shard group: how many ranks each chunk is split over (1: one
+ * rank), and this rank's index among them (AUTO unresolved counts as WORLD). */
+int td_train_shard_ranks(const td_train_config *cfg);
+/* cfg->shard AUTO resolved: NODE when the job spans hosts (local_ranks
+ * below ranks) and the plan with NODE fits each host's RAM and pin limit
+ * (td_train_host_limits), else WORLD.  A mode given is kept. */
+td_status td_train_resolve_shard(td_train_config *cfg);
+int td_train_shard_rank(const td_train_config *cfg);
+/* The device memory a run's communicator takes beside the arena: none on
+ * one rank or on the cpu backend; NCCL's buffers otherwise (as measured,
+ * cfg->comm_device_bytes, or TD_TRAIN_NCCL_PLAN_BYTES a communicator). */
+#define TD_TRAIN_NCCL_PLAN_BYTES ((size_t)512 << 20)
+size_t td_train_comm_device_bytes(const td_train_config *cfg);
 
 /* budget: the device budget to plan for (0: unknown; ckpt auto assumes on).
  * --ckpt auto: when the model state can stay on the device with every block
@@ -450,6 +507,12 @@ typedef struct td_train_rates {
      * there are none. */
     double disk_write_gbs, disk_read_gbs, disk_mixed_gbs;
     int disk_direct;          /* measured with O_DIRECT (else through the page cache) */
+    /* The devices' link (ZeRO-3's gathers and reduce-scatters): GB/s one
+     * device receives from another (cuda: peer copies between GPUs 0 and
+     * 1; without a second GPU, or on the cpu backend: host memory copies).
+     * 0: not measured (one rank). */
+    double link_gbs;
+    const char *link_what;    /* how it was measured */
 } td_train_rates;
 /* The AdamW probe's size: the model's params, from 64 Mi to 256 Mi (the
  * probe takes less where that would be over a quarter of the host memory
@@ -489,6 +552,7 @@ typedef struct td_train_bound {
      * for each chunk's read, so the AdamW's stretch is the larger of the two
      * and what of it exceeds its window is exposed. */
     double disk_ms;
+    double link_ms;              /* several ranks: gather and reduce-scatter bytes / link_gbs */
     double exposed_adam_ms;      /* the CPU AdamW (or the disk beside it) beyond what it can hide in (see above) */
     double adam_gparams_per_s;   /* the rate adam_ms assumes */
     double tokens_per_s;         /* at bound_ms */

@@ -1,21 +1,30 @@
-/* `tidal train` on several GPUs (ZeRO-3 over NCCL, one rank a GPU): 2 ranks
- * give the losses one rank gives on the same global batch — in fp32 within
- * 1e-4 relative over 12 steps (the sums' order differs: each rank's half of
- * the batch, then NCCL's reduce-scatter), with each rank's AdamW on the CPU
- * (its shards, on the AdamW thread), on the GPU (its shards in device
- * slots), and under a budget that evicts chunks (all-gathers into reloaded
- * slots); in bf16 without clipping within bf16 noise — and a rank killed mid-run makes the
- * other exit non-zero within --comm-timeout, naming it.  Needs 2 GPUs: with
- * fewer the tests skip, saying so (NCCL takes one GPU a rank).  The CPU path of the same
- * logic is tests/test_zero3_train.c. */
+/* `tidal train` on several GPUs (ZeRO-3 over NCCL, one rank a GPU, each
+ * rank's host holding its shard of every chunk): 2 ranks give the losses
+ * one rank gives on the same global batch — in fp32 within 1e-4 relative
+ * over 12 steps (the sums' order differs: each rank's half of the batch,
+ * then NCCL's reduce-scatter), with each rank's AdamW on the CPU (its
+ * shards, on the AdamW thread), on the GPU (its shards in device slots),
+ * and under a budget that evicts chunks (shard loads and all-gathers into
+ * reloaded slots, grads reduce-scattered at eviction); in bf16 without
+ * clipping within bf16 noise; each rank moves about half of one rank's
+ * bytes over PCIe; each process's device memory (cudaMemGetInfo, and
+ * nvidia-smi's per-process figure) stays within the budget plus the CUDA
+ * context; two simulated hosts (two launches with NNODES=2, a GPU each)
+ * train as one job; and a rank killed mid-run makes the other exit
+ * non-zero within --comm-timeout, naming it.  Needs 2 GPUs: with fewer the
+ * tests skip (NCCL takes one GPU a rank).  The CPU path of the same logic
+ * is tests/test_zero3_train.c. */
 #include "td_proc.h"
 #include "td_ranks.h"
 #include "td_test.h"
 
 #include "tidal/parallel.h"
 
+#include "tidal/backend.h"
+
 #include <signal.h>
 #include <stdio.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -70,15 +79,61 @@ static const char *train(const char *name, const char *args, double *loss)
     return td_proc_slurp(out);
 }
 
-/* The device peak of the last line of a --log (rank 0's own). */
-static long long log_peak(const char *name)
+/* A number `key` ("\"bytes_h2d\":") of the last line of a --log (rank 0's own). */
+static long long log_last(const char *name, const char *key)
 {
     char path[256];
     snprintf(path, sizeof path, "%s/%s.jsonl", tmp, name);
     const char *s = td_proc_slurp(path), *last = NULL;
-    for (const char *p = s; (p = strstr(p, "\"device_peak_bytes\":")); p++) last = p;
-    assert_non_null(last);
-    return strtoll(last + strlen("\"device_peak_bytes\":"), NULL, 10);
+    for (const char *p = s; (p = strstr(p, key)); p++) last = p;
+    if (!last) fail_msg("%s: no %s in %s", name, key, path);
+    return strtoll(last + strlen(key), NULL, 10);
+}
+static long long log_peak(const char *name) { return log_last(name, "\"device_peak_bytes\":"); }
+
+/* nvidia-smi's largest per-process device memory now (MiB), 0 if none. */
+static long long smi_max_mib(void)
+{
+    FILE *p = popen("nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null", "r");
+    if (!p) return 0;
+    long long most = 0, pid, mib;
+    while (fscanf(p, "%lld, %lld", &pid, &mib) == 2)
+        if (mib > most) most = mib;
+    pclose(p);
+    return most;
+}
+
+/* The device memory of a process holding only a CUDA context (a child
+ * that makes the backend, as a rank does, and asks nvidia-smi), in MiB. */
+static long long context_mib(void)
+{
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        td_backend_params bp = td_backend_default_params();
+        bp.kind = TD_BACKEND_CUDA;
+        td_backend *b = NULL;
+        long long mib = 0;
+        if (td_backend_create(&bp, &b) == TD_OK) {
+            char cmd[160], line[128];
+            snprintf(cmd, sizeof cmd, "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits");
+            FILE *p = popen(cmd, "r");
+            long long q, m;
+            while (p && fgets(line, sizeof line, p))
+                if (sscanf(line, "%lld, %lld", &q, &m) == 2 && q == (long long)getpid()) mib = m;
+            if (p) pclose(p);
+        }
+        if (write(fd[1], &mib, sizeof mib) != (ssize_t)sizeof mib) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    long long mib = 0;
+    if (read(fd[0], &mib, sizeof mib) != (ssize_t)sizeof mib) mib = 0;
+    close(fd[0]);
+    waitpid(pid, NULL, 0);
+    return mib;
 }
 
 static void test_two_gpus_match_one(void **state)
@@ -112,6 +167,15 @@ static void test_two_gpus_match_one(void **state)
     long long peak = log_peak("evicting");
     print_message("evicting budget %lld bytes a GPU: rank 0's device peak %lld\n", budget, peak);
     assert_true(peak <= budget);
+    /* Each rank's PCIe bytes: its shards, about half of one rank's (the
+     * same --policy cpu, every chunk streamed): the last step's loads. */
+    train("one_cpu_adam", "--precision fp32 --micro-batch 4 --policy cpu", ref);
+    long long one = log_last("one_cpu_adam", "\"bytes_h2d\":"), two = log_last("cpu_adam", "\"bytes_h2d\":");
+    long long gathered = log_last("cpu_adam", "\"bytes_gathered\":");
+    print_message("a step's loads over PCIe: one GPU %lld bytes, each of 2 GPUs %lld (%.2f), gathered over NVLink %lld\n",
+                  one, two, (double)two / (double)one, gathered);
+    assert_true(two <= one * 0.55 && two >= one * 0.45);
+    assert_true(gathered >= two * 0.9);
 
     /* bf16 without clipping (W7's setting: nothing waits for the norm) */
     train("ref_bf16", "--precision bf16 --micro-batch 4 --clip-grad-norm 0", ref);
@@ -119,6 +183,71 @@ static void test_two_gpus_match_one(void **state)
     double worst = td_proc_expect_close(ref, got, STEPS, 2e-2, "bf16, 2 GPUs");
     print_message("2 GPUs, bf16: worst relative loss difference %.3g\n", worst);
     assert_true(got[STEPS - 1] < got[0]); /* it learns */
+}
+
+/* Under a budget of 1 GiB a GPU: the device memory each rank's process
+ * holds beyond its CUDA context (cudaMemGetInfo, the log's
+ * device_process_peak_bytes) and nvidia-smi's per-process figure, sampled
+ * through the run, stay within the budget plus the context (and the
+ * kernel modules CUDA loads lazily, at most 256 MiB); NCCL's buffers are
+ * measured and taken from the budget. */
+static void test_device_memory_within_budget(void **state)
+{
+    (void)state;
+    if (!need_two_gpus()) skip();
+    const long long budget = 1LL << 30, lazy = 256LL << 20;
+    long long ctx = context_mib();
+    char out[256], log[256];
+    snprintf(out, sizeof out, "%s/budget.out", tmp);
+    snprintf(log, sizeof log, "%s/budget.jsonl", tmp);
+    pid_t p = td_proc_start(out, -1, 0, 0, "%s train --data %s/text.tok " MODEL " --precision bf16 --micro-batch 8 "
+                            "--nproc 2 --gpu-budget %lld --steps 30 --log %s", tidal, tmp, budget, log);
+    long long smi = 0;
+    int status = 0;
+    while (waitpid(p, &status, WNOHANG) == 0) {
+        long long m = smi_max_mib();
+        if (m > smi) smi = m;
+        usleep(100000);
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) fail_msg("train under 1 GiB a GPU failed: %s", td_proc_slurp(out));
+    long long used = log_last("budget", "\"device_process_peak_bytes\":");
+    print_message("budget %lld MiB a GPU; a context alone %lld MiB (nvidia-smi); rank 0 beyond its context %.1f MiB "
+                  "(cudaMemGetInfo); nvidia-smi's largest process %lld MiB\n", budget >> 20, ctx, used / 1048576.0, smi);
+    print_message("%s", td_proc_slurp(out));
+    assert_true(used > 0);
+    assert_true(used <= budget + lazy);
+    assert_true(ctx > 0);
+    assert_true(smi <= (budget >> 20) + ctx + (lazy >> 20));
+}
+
+/* Two simulated hosts on one machine: two launches with NNODES=2, NODE_RANK
+ * 0 and 1, a GPU each (CUDA_VISIBLE_DEVICES), one rank a host, chunks split
+ * over both (--shard world, over NCCL): one rank's losses of the same
+ * global batch within 1e-4. */
+static void test_two_hosts(void **state)
+{
+    (void)state;
+    if (!need_two_gpus()) skip();
+    double ref[STEPS], got[STEPS];
+    train("hosts_ref", "--precision fp32 --micro-batch 4", ref);
+    char out[2][256], log[256];
+    snprintf(log, sizeof log, "%s/hosts.jsonl", tmp);
+    int port = td_test_free_port();
+    pid_t p[2];
+    for (int h = 0; h < 2; h++) {
+        snprintf(out[h], sizeof out[h], "%s/hosts%d.out", tmp, h);
+        p[h] = td_proc_start(out[h], -1, 0, 0, "env NNODES=2 NODE_RANK=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
+                             "CUDA_VISIBLE_DEVICES=%d %s train --data %s/text.tok " MODEL " --precision fp32 "
+                             "--micro-batch 2 --nproc 1 --shard world --steps %d --log %s", h, port, h, tidal, tmp,
+                             STEPS, log);
+    }
+    for (int h = 0; h < 2; h++) {
+        int rc = td_proc_finish(p[h], 240, "a simulated host");
+        if (rc) fail_msg("host %d: exit %d: %s", h, rc, td_proc_slurp(out[h]));
+    }
+    assert_int_equal(td_proc_read_log(log, got, NULL, STEPS), STEPS);
+    double worst = td_proc_expect_close(ref, got, STEPS, 1e-4, "two hosts, a GPU each");
+    print_message("two simulated hosts, a GPU each: worst relative loss difference %.3g\n", worst);
 }
 
 /* Rank 1 killed (SIGKILL) in the step loop: rank 0 exits non-zero within
@@ -154,6 +283,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_gpus_match_one),
+        cmocka_unit_test(test_device_memory_within_budget),
+        cmocka_unit_test(test_two_hosts),
         cmocka_unit_test(test_killed_rank),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""W10 of BENCH.md: the largest model that trains on the 2 GPUs of one host at
+24 GiB each with fp32 AdamW state, beside the largest one GPU of that host
+trains, and beside FSDP2 CPU offload on the 2 GPUs.
+
+Rows, each a bench/workloads.py run of its own (16k tokens a rank a step,
+bf16 compute, fp32 AdamW state, lr 1e-4, random tokens):
+
+  tidal-2gpu    tidal --nproc 2 at the largest shape `tidal plan --largest
+                --nproc 2` finds for the host (each rank's host holding its
+                shard of every chunk: the host holds the model state once)
+  tidal-1gpu    tidal on one GPU of the same host at the largest shape
+                `tidal plan --largest` finds (or --one-shape)
+  at-peer-max   tidal --nproc 2 beside FSDP2 CPU offload on the 2 GPUs
+                (torchrun) at FSDP2's largest 2-GPU shape (--peer-shape,
+                default 32L/4096/32H = 6.65B: FSDP2 keeps fp32 params,
+                grads, m and v on the host, 16 bytes a parameter for the
+                host whatever the number of GPUs): the tokens/s ratio of one
+                run
+
+The W10 targets: tidal-2gpu's model at least tidal-1gpu's; at FSDP2's
+largest, tidal at least 2x FSDP2.  Peers are not run at tidal's larger
+shapes (their host state would not fit).  The JSON (--json, by default
+bench/results/w10.json) has every run's figures, the shapes, their
+parameter counts and the two comparisons.
+
+Usage (GPU machine of 2 GPUs, repository root, after `make`):
+    python3 bench/w10.py                               # all rows
+    python3 bench/w10.py --rows at-peer-max            # the ratio only
+    python3 bench/w10.py --smoke --tidal-backend cpu   # plumbing, no GPU
+"""
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import workloads as wl  # noqa: E402
+import w5  # noqa: E402
+
+ROWS = ["tidal-2gpu", "tidal-1gpu", "at-peer-max"]
+
+
+def largest(a, nproc):
+    """The largest layer count at --width/--heads that `tidal plan --largest [--nproc N]` fits with fp32
+    state, as a shape, or None."""
+    cmd = [a.tidal, "plan", "--largest", "--json", "--backend", a.tidal_backend,
+           "--precision", "bf16" if a.tidal_backend == "cuda" else "fp32", "--width", str(a.width),
+           "--heads", str(a.heads), "--seq", str(a.seq), "--micro-batch", str(a.batch), "--vocab", str(wl.VOCAB),
+           "--gpu-budget", f"{a.budget_gib:g}GiB", "--optim-state", "fp32", "--clip-grad-norm", f"{a.clip:g}"]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    if a.host_ram:
+        cmd += ["--host-ram", a.host_ram]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    doc = None
+    for ln in reversed(out.stdout.splitlines()):
+        if ln.strip().startswith("{"):
+            try:
+                doc = json.loads(ln)
+                break
+            except ValueError:
+                pass
+    if doc is None:
+        wl.say(f"  tidal plan --largest{' --nproc %d' % nproc if nproc > 1 else ''} failed (exit {out.returncode}): "
+               f"{out.stderr.strip()[-300:]}")
+        return None
+    for row in doc.get("largest", []):
+        if row.get("optim_state") == "fp32" and row.get("width") == a.width and row.get("layers"):
+            return (row["layers"], a.width, a.heads)
+    wl.say(f"  tidal plan --largest gave no fp32 row for width {a.width}: {json.dumps(doc)[:300]}")
+    return None
+
+
+def workload(wid, shape, a, ranks, peer):
+    L, C, H = shape
+    name = f"{w5.params_of(shape) / 1e9:.2f}B ({L}L/{C}/{H}H)" + (f" on {ranks} GPUs" if ranks > 1 else "")
+    B = a.batch
+    return wl.Workload(wid, name, shape, a.budget_gib, B * a.seq * ranks, [(B, 1)], "fsdp2-offload",
+                       [(B, 1, True)] if peer else [], 2.0 if peer else 0.0, ranks=ranks)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
+    ap.add_argument("--tidal", default="build/tidal")
+    ap.add_argument("--two-shape", type=w5.parse_shape, help="LxCxH for tidal-2gpu (default: plan --largest --nproc 2)")
+    ap.add_argument("--one-shape", type=w5.parse_shape, help="LxCxH for tidal-1gpu (default: plan --largest)")
+    ap.add_argument("--peer-shape", type=w5.parse_shape, default=(32, 4096, 32),
+                    help="FSDP2's largest on the 2 GPUs (32x4096x32)")
+    ap.add_argument("--width", type=int, default=4096, help="width for --largest (default 4096)")
+    ap.add_argument("--heads", type=int, default=32, help="heads for --largest (default 32)")
+    ap.add_argument("--host-ram", default="", help="host RAM for tidal (e.g. 250GiB; default: tidal's reading)")
+    ap.add_argument("--budget-gib", type=float, default=24.0, help="GPU budget of each GPU (default 24)")
+    ap.add_argument("--batch", type=int, default=16, help="micro-batch a rank (16 x 1024 = 16k tokens)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--clip", type=float, default=0.0)
+    ap.add_argument("--tidal-args", default="")
+    ap.add_argument("--tidal-backend", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, to check the plumbing")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--workdir", default="out/bench-w10")
+    ap.add_argument("--json", metavar="OUT", default="bench/results/w10.json")
+    ap.add_argument("--run-timeout", type=int, default=900)
+    a = ap.parse_args(argv)
+    rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    bad = [r for r in rows if r not in ROWS]
+    if bad or not rows:
+        ap.error(f"unknown row(s) {', '.join(bad) or '(none)'}: choose from {', '.join(ROWS)}")
+    a.seq, a.quick, a.tidal_batch, a.peer_batch = 1024, True, "", ""
+    if a.smoke:
+        a.seq, a.batch, a.budget_gib = 64, 2, 0.25
+        a.width, a.heads = 64, 2
+        a.peer_shape = (2, 64, 2)
+    os.makedirs(a.workdir, exist_ok=True)
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    a.data = os.path.join(a.workdir, "random.tok")
+    wl.write_token_file(a.data, max(2 * a.batch * a.seq * a.steps + 1, 1 << 20), seed=1337)
+    info = wl.machine_info()
+    wl.say(f"bench/w10.py: rows {', '.join(rows)}; machine {info.get('host')}, {info.get('cpus')} CPUs, "
+           f"GPU {', '.join(info.get('gpus', ['none found']))}")
+    results, shapes = [], {}
+    for r in rows:
+        if r == "tidal-2gpu":
+            shape, ranks, peer = a.two_shape or largest(a, 2), 2, False
+        elif r == "tidal-1gpu":
+            shape, ranks, peer = a.one_shape or largest(a, 1), 1, False
+        else:
+            shape, ranks, peer = a.peer_shape, 2, True
+        if shape is None:
+            continue
+        shapes[r] = {"shape": shape, "params": w5.params_of(shape)}
+        extra = "--optim-state fp32" + (f" --host-ram {a.host_ram}" if a.host_ram else "")
+        w = workload(f"W10-{r}", shape, a, ranks, peer)
+        wl.say(f"\n== W10-{r}: {w.name}, GPU budget {a.budget_gib:g} GiB each, {w.tokens} tokens/step, tidal {extra}")
+        res = w5.run_row(a, w, extra, peer)
+        t = res["tidal"]
+        if t.get("error"):
+            wl.say(f"  tidal: not available ({t['error']})")
+        else:
+            wl.say(f"  tidal: {t['tokens_per_s']:.0f} tok/s, step {t['step_ms_median']:.1f} ms, peak "
+                   f"{wl.gib(t['peak_bytes'])}")
+        results.append(res)
+        if a.json:
+            doc = wl.to_json(results, a)
+            doc["w10"] = {"shapes": shapes}
+            two, one = shapes.get("tidal-2gpu"), shapes.get("tidal-1gpu")
+            if two and one:
+                doc["w10"]["two_gpu_params_over_one"] = two["params"] / one["params"]
+                doc["w10"]["two_at_least_one"] = two["params"] >= one["params"]
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+    wl.print_table(results)
+    two, one = shapes.get("tidal-2gpu"), shapes.get("tidal-1gpu")
+    if two and one:
+        wl.say(f"\nlargest on 2 GPUs {two['params'] / 1e9:.2f}B, on 1 GPU {one['params'] / 1e9:.2f}B: "
+               f"{two['params'] / one['params']:.2f}x (target: at least 1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
