@@ -13,10 +13,12 @@ peak of each sampled at every step's end).  Beside it, the plan's figures
 (`tidal plan --nproc N`): host.node_bytes and the model state alone,
 host.node_state_bytes.
 
-Writes one JSON object (--json, default bench/results/host_peak.json):
-per N, params, the measured peak and its bytes a param, the plan's, and the
-spread of the measured bytes a param over the N (the target: within 3%, at
-most 16.2 with fp32 state, 10.2 with bf16, 8.2 with int8).
+Writes bench/results/host-peak-<state>.json through bench/results.py
+(--results DIR for another folder): the figures are the spread of the
+measured bytes a param over the N and the plan's (the target: within 3%,
+at most 16.2 with fp32 state, 10.2 with bf16, 8.2 with int8) and the
+largest N's measured bytes a param over one rank's; the details hold, per
+N, params, the measured peak and its bytes a param, and the plan's.
 
 Usage (GPU machine, repository root, after `make`):
     python3 bench/host_peak.py                         # N = 1 and 2, fp32 state
@@ -24,7 +26,6 @@ Usage (GPU machine, repository root, after `make`):
     python3 bench/host_peak.py --smoke --backend cpu   # plumbing, no GPU
 """
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -32,6 +33,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import results as res  # noqa: E402
 import workloads as wl  # noqa: E402
 
 
@@ -96,7 +98,9 @@ def main(argv=None):
     ap.add_argument("--tidal-args", default="")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, to check the plumbing")
     ap.add_argument("--workdir", default="out/bench-host-peak")
-    ap.add_argument("--json", metavar="OUT", default="bench/results/host_peak.json")
+    ap.add_argument("--results", metavar="DIR", help="write the results file here (default bench/results/; not with "
+                    "--smoke unless given)")
+    ap.add_argument("--no-results", action="store_true", help="write no results file")
     ap.add_argument("--run-timeout", type=int, default=900)
     a = ap.parse_args(argv)
     a.seq = 1024
@@ -137,16 +141,26 @@ def main(argv=None):
                    f"of it model state {row['plan_node_state_bytes_per_param']:.2f})")
         rows.append(row)
     ok = [r["measured_bytes_per_param"] for r in rows if "measured_bytes_per_param" in r]
-    doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": info, "shape": a.shape,
-           "optim_state": a.optim_state, "budget": a.budget, "batch": a.batch, "steps": a.steps, "rows": rows}
+    planned = [r["plan_node_bytes_per_param"] for r in rows if "plan_node_bytes_per_param" in r]
+    doc = {"machine": info, "shape": a.shape, "optim_state": a.optim_state, "budget": a.budget, "batch": a.batch,
+           "steps": a.steps, "rows": rows}
+    figs = []
     if len(ok) > 1:
         doc["spread"] = max(ok) / min(ok) - 1
         wl.say(f"bytes a param from {min(ok):.2f} to {max(ok):.2f}: a spread of {100 * doc['spread']:.1f}% "
                f"(target: within 3%)")
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        figs.append(res.figure(f"the host's measured peak a param, spread over {a.ranks} ranks", 100 * doc["spread"], "%"))
+        m = [r for r in rows if "measured_bytes_per_param" in r]
+        figs.append(res.figure(f"the host's measured peak a param, {m[-1]['ranks']} ranks / {m[0]['ranks']}",
+                               m[-1]["measured_bytes_per_param"] / m[0]["measured_bytes_per_param"], "x"))
+    if len(planned) > 1:
+        doc["plan_spread"] = max(planned) / min(planned) - 1
+        figs.append(res.figure(f"the plan's host bytes a param, spread over {a.ranks} ranks", 100 * doc["plan_spread"],
+                               "%"))
+    if not a.no_results and (a.results or not a.smoke):
+        res.write_result(f"host-peak-{a.optim_state}", f"The host's peak a parameter under ZeRO-3 ({a.shape[0]}L/"
+                         f"{a.shape[1]}/{a.shape[2]}H, {a.optim_state} AdamW state), {a.ranks} ranks on one host",
+                         figs, details=doc, out_dir=a.results)
     return 0 if ok and len(ok) == len(rows) else 1
 
 

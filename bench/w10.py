@@ -20,9 +20,10 @@ bf16 compute, fp32 AdamW state, lr 1e-4, random tokens):
 
 The W10 targets: tidal-2gpu's model at least tidal-1gpu's; at FSDP2's
 largest, tidal at least 2x FSDP2.  Peers are not run at tidal's larger
-shapes (their host state would not fit).  The JSON (--json, by default
-bench/results/w10.json) has every run's figures, the shapes, their
-parameter counts and the two comparisons.
+shapes (their host state would not fit).  The results file
+(bench/results/W10.json through bench/results.py; --results DIR for
+another folder) has the two comparisons as figures and every run's
+figures, the shapes and their parameter counts as details.
 
 Usage (GPU machine of 2 GPUs, repository root, after `make`):
     python3 bench/w10.py                               # all rows
@@ -38,6 +39,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import results as res  # noqa: E402
 import workloads as wl  # noqa: E402
 import w5  # noqa: E402
 
@@ -104,7 +106,9 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, to check the plumbing")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--workdir", default="out/bench-w10")
-    ap.add_argument("--json", metavar="OUT", default="bench/results/w10.json")
+    ap.add_argument("--results", metavar="DIR", help="write the results file W10.json here (default bench/results/; "
+                    "not with --smoke unless given)")
+    ap.add_argument("--no-results", action="store_true", help="write no results file")
     ap.add_argument("--run-timeout", type=int, default=900)
     a = ap.parse_args(argv)
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
@@ -117,8 +121,6 @@ def main(argv=None):
         a.width, a.heads = 64, 2
         a.peer_shape = (2, 64, 2)
     os.makedirs(a.workdir, exist_ok=True)
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
     a.data = os.path.join(a.workdir, "random.tok")
     wl.write_token_file(a.data, max(2 * a.batch * a.seq * a.steps + 1, 1 << 20), seed=1337)
     info = wl.machine_info()
@@ -138,29 +140,38 @@ def main(argv=None):
         extra = "--optim-state fp32" + (f" --host-ram {a.host_ram}" if a.host_ram else "")
         w = workload(f"W10-{r}", shape, a, ranks, peer)
         wl.say(f"\n== W10-{r}: {w.name}, GPU budget {a.budget_gib:g} GiB each, {w.tokens} tokens/step, tidal {extra}")
-        res = w5.run_row(a, w, extra, peer)
-        t = res["tidal"]
+        row = w5.run_row(a, w, extra, peer)
+        t = row["tidal"]
         if t.get("error"):
             wl.say(f"  tidal: not available ({t['error']})")
         else:
             wl.say(f"  tidal: {t['tokens_per_s']:.0f} tok/s, step {t['step_ms_median']:.1f} ms, peak "
                    f"{wl.gib(t['peak_bytes'])}")
-        results.append(res)
-        if a.json:
-            doc = wl.to_json(results, a)
-            doc["w10"] = {"shapes": shapes}
-            two, one = shapes.get("tidal-2gpu"), shapes.get("tidal-1gpu")
-            if two and one:
-                doc["w10"]["two_gpu_params_over_one"] = two["params"] / one["params"]
-                doc["w10"]["two_at_least_one"] = two["params"] >= one["params"]
-            with open(a.json, "w") as f:
-                json.dump(doc, f, indent=1)
+        results.append(row)
     wl.print_table(results)
+    figs = []
     two, one = shapes.get("tidal-2gpu"), shapes.get("tidal-1gpu")
     if two and one:
         wl.say(f"\nlargest on 2 GPUs {two['params'] / 1e9:.2f}B, on 1 GPU {one['params'] / 1e9:.2f}B: "
                f"{two['params'] / one['params']:.2f}x (target: at least 1)")
-    return 0
+        figs.append(res.figure("largest model on 2 GPUs / on 1 GPU (parameters)", two["params"] / one["params"], "x"))
+    for row in results:
+        t, best = row["tidal"], (row.get("peer") or {}).get("best")
+        if not t.get("tokens_per_s"):
+            continue
+        figs.append(res.figure(f"{row['w'].id} tidal tokens/s", t["tokens_per_s"], "tok/s"))
+        if row["w"].id == "W10-at-peer-max" and best and best.get("tokens_per_s"):
+            r = t["tokens_per_s"] / best["tokens_per_s"]
+            wl.say(f"at FSDP2's largest: tidal {t['tokens_per_s']:.0f} tok/s, FSDP2 {best['tokens_per_s']:.0f} tok/s: "
+                   f"{r:.2f}x (target: at least 2)")
+            figs.append(res.figure("tidal / FSDP2 CPU offload at FSDP2's largest, 2 GPUs", r, "x"))
+    if not a.no_results and (a.results or not a.smoke):
+        doc = wl.to_json(results, a)
+        doc["shapes"] = shapes
+        res.write_result("W10", "The largest model on 2 GPUs at 24 GiB each (fp32 AdamW state) beside 1 GPU of "
+                         "the host, and tidal beside FSDP2 CPU offload at FSDP2's largest", figs, details=doc,
+                         out_dir=a.results)
+    return 0 if results else 1
 
 
 if __name__ == "__main__":
