@@ -20,9 +20,11 @@ static const td_family_preset presets[] = {
     {"tiny-gemma", {.n_layer = 2, .n_embd = 128, .n_head = 4, .n_kv_head = 1, .head_dim = 48, .n_inner = 384,
                     .n_positions = 256, .vocab_size = 256, .norm_eps = 1e-6f, .rope_theta = 10000.0f}},
     {"gemma-2b", {.n_layer = 18, .n_embd = 2048, .n_head = 8, .n_kv_head = 1, .head_dim = 256, .n_inner = 16384,
-                  .n_positions = 8192, .vocab_size = 256000, .norm_eps = 1e-6f, .rope_theta = 10000.0f}},
+                  .n_positions = 8192, .vocab_size = 256000, .norm_eps = 1e-6f, .rope_theta = 10000.0f,
+                  .has_pad_token = 1, .pad_token = 0}},
     {"gemma-7b", {.n_layer = 28, .n_embd = 3072, .n_head = 16, .n_kv_head = 16, .head_dim = 256, .n_inner = 24576,
-                  .n_positions = 8192, .vocab_size = 256000, .norm_eps = 1e-6f, .rope_theta = 10000.0f}},
+                  .n_positions = 8192, .vocab_size = 256000, .norm_eps = 1e-6f, .rope_theta = 10000.0f,
+                  .has_pad_token = 1, .pad_token = 0}},
 };
 
 static void defaults(td_model_desc *d) { d->qkv_bias = 0; }
@@ -42,13 +44,17 @@ static td_model_init_rule init(const td_model_desc *d, td_model_param kind)
 }
 
 /* GemmaConfig (transformers' defaults for what is absent: head_dim 256, a
- * tied head).  Gemma's MLP reads hidden_activation (absent: tanh GELU);
+ * tied head, pad_token_id 0).  Gemma's MLP reads hidden_activation (absent: tanh GELU);
  * hidden_act is not read by transformers' Gemma, so not here either. */
 static td_status config_read(const td_hf_config *c, td_model_desc *d)
 {
     td_status st = TD_OK;
     TD_TRY(td_rotary_config_read(c, d, 1e-6f, 256));
     if (!td_hf_config_has(c, "tie_word_embeddings")) d->untied_head = 0;
+    if (!td_hf_config_present(c, "pad_token_id")) { /* GemmaConfig's default; null is none */
+        d->has_pad_token = 1;
+        d->pad_token = 0;
+    }
     static const char *const gelu_tanh[] = {"gelu_pytorch_tanh", "gelu_new", NULL};
     TD_TRY(td_hf_config_one_of(c, "hidden_activation", gelu_tanh,
                                "tidal's GeGLU computes GELU with the tanh approximation (gelu_pytorch_tanh)"));

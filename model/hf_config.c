@@ -137,6 +137,11 @@ static const cJSON *get(const td_hf_config *c, const char *key)
 
 int td_hf_config_has(const td_hf_config *c, const char *key) { return get(c, key) != NULL; }
 
+int td_hf_config_present(const td_hf_config *c, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(c->o, key) != NULL;
+}
+
 static td_status absent(const td_hf_config *c, const char *key, int required)
 {
     return required ? td_error_set(TD_ERR_INVALID, "%s: no \"%s\"; this config.json needs it", c->where, key) : TD_OK;

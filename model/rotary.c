@@ -148,6 +148,24 @@ cleanup:
     return st;
 }
 
+/* pad_token_id: transformers builds the embedding as nn.Embedding(V, C,
+ * padding_idx=pad_token_id), whose row takes no gradient from the lookup;
+ * null or absent: none (the family may default it: GemmaConfig's is 0).
+ * torch counts a negative index from the end. */
+static td_status pad_token_read(const td_hf_config *c, td_model_desc *d)
+{
+    double v = 0;
+    if (!td_hf_config_has(c, "pad_token_id")) return TD_OK;
+    td_status st = td_hf_config_number(c, "pad_token_id", &v);
+    if (st) return st;
+    if (v != floor(v) || v < -(double)d->vocab_size || v >= (double)d->vocab_size)
+        return td_error_set(TD_ERR_INVALID, "%s: \"pad_token_id\" %g is not a token of the vocabulary [0, %d)",
+                            td_hf_config_where(c), v, d->vocab_size);
+    d->has_pad_token = 1;
+    d->pad_token = v < 0 ? (int)v + d->vocab_size : (int)v;
+    return TD_OK;
+}
+
 td_status td_rotary_config_read(const td_hf_config *c, td_model_desc *d, float eps, int head_dim_default)
 {
     td_status st = TD_OK;
@@ -169,6 +187,7 @@ td_status td_rotary_config_read(const td_hf_config *c, td_model_desc *d, float e
     d->untied_head = !tied;
     TD_TRY(rope_scaling_read(c, "rope_scaling", d));
     TD_TRY(rope_scaling_read(c, "rope_parameters", d)); /* transformers >= 5 */
+    TD_TRY(pad_token_read(c, d));
     if (d->n_head % d->n_kv_head)
         TD_FAIL(TD_ERR_INVALID, "%s: \"num_key_value_heads\" %d does not divide \"num_attention_heads\" %d", w,
                 d->n_kv_head, d->n_head);
@@ -212,6 +231,8 @@ td_status td_rotary_config_write(const td_model_desc *d, td_hf_config *c)
         TD_TRY(td_hf_config_set_null(c, "rope_scaling"));
     }
     TD_TRY(td_hf_config_set_bool(c, "tie_word_embeddings", !d->untied_head));
+    if (d->has_pad_token) TD_TRY(td_hf_config_set_int(c, "pad_token_id", d->pad_token));
+    else TD_TRY(td_hf_config_set_null(c, "pad_token_id"));
     TD_TRY(td_hf_config_set_number(c, "attention_dropout", 0.0));
     TD_TRY(td_hf_config_set_number(c, "initializer_range", 0.02));
     TD_TRY(td_hf_config_set_bool(c, "use_cache", 1));
@@ -347,14 +368,16 @@ static void embed_forward(const td_model_desc *d, const float *const *p, const i
 }
 
 /* dwte[tokens] += s * dout, split by channel with the rows in order, as the
- * encoder's backward sums (bit-identical for any thread count). */
+ * encoder's backward sums (bit-identical for any thread count); the padding
+ * token's row takes nothing (torch's padding_idx). */
 static void embed_backward(const td_model_desc *d, float *const *g, const float *dout, const int *tokens,
                            const int *pos, int B, int T)
 {
     (void)pos;
     const float s = td_model_embed_scale(d, TD_DTYPE_F32);
     if (!g[0]) return; /* frozen */
-    if (s == 1.0f) {
+    const int pad = d->has_pad_token ? d->pad_token : -1;
+    if (s == 1.0f && pad < 0) {
         td_ops_encoder_backward(g[0], NULL, dout, tokens, NULL, B, T, d->n_embd);
         return;
     }
@@ -365,6 +388,7 @@ static void embed_backward(const td_model_desc *d, float *const *g, const float 
         const int c0 = blk * CH, c1 = c0 + CH < C ? c0 + CH : C;
         for (int r = 0; r < B * T; r++) {
             const float *dr = dout + (size_t)r * C;
+            if (tokens[r] == pad) continue;
             float *e = g[0] + (size_t)tokens[r] * C;
             for (int c = c0; c < c1; c++) e[c] += s * dr[c];
         }

@@ -42,8 +42,8 @@ extern const char *const td_rotary_hf_ignored[];
  * (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads, head_dim, max_position_embeddings, vocab_size,
  * rms_norm_eps, rope_theta, rope_scaling / rope_parameters,
- * tie_word_embeddings), with transformers' defaults for what is absent
- * (rms_norm_eps `eps`, rope_theta 10000, untied).  head_dim_default 0: the
+ * tie_word_embeddings, pad_token_id), with transformers' defaults for what
+ * is absent (rms_norm_eps `eps`, rope_theta 10000, untied, no padding token).  head_dim_default 0: the
  * heads split the width (a head_dim must be hidden_size /
  * num_attention_heads); else any head_dim, this one when absent. */
 td_status td_rotary_config_read(const td_hf_config *c, td_model_desc *d, float eps, int head_dim_default);

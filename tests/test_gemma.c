@@ -290,6 +290,61 @@ static void test_gradients(void **state)
     model_free(&m);
 }
 
+/* The padding token (config.json's pad_token_id; transformers' embedding is
+ * nn.Embedding(padding_idx=pad_token_id)): its embedding row takes nothing
+ * from the input lookup.  With pad set to a token of the inputs, every other
+ * gradient is the same, bit for bit; untied, its row's gradient is 0; tied,
+ * it is the head's part alone: an untied copy of the model (lm_head = the
+ * embedding) gives it as lm_head's row. */
+static void backward_of(const td_model_desc *d, float *p, float *g, model *m)
+{
+    float loss;
+    memset(g, 0, td_model_params_numel(d) * sizeof(float));
+    float *acts = fvec(td_model_acts_numel(d, B, T)), *scratch = fvec(td_model_scratch_numel(d, B, T));
+    TD_ASSERT_OK(td_model_forward(d, p, m->tok, m->tgt, B, T, acts, &loss, NULL));
+    TD_ASSERT_OK(td_model_backward(d, p, g, m->tok, m->tgt, 1.0f / (B * T), B, T, acts, scratch));
+    free(acts);
+    free(scratch);
+}
+
+static void test_padding_token(void **state)
+{
+    model m;
+    model_make(&m);
+    const td_model_desc tied = m.d;
+    td_model_desc padded = tied, untied = tied;
+    untied.untied_head = 1;
+    padded.has_pad_token = 1;
+    padded.pad_token = m.tok[3];
+    const int C = tied.n_embd, pad = padded.pad_token;
+    const size_t np = td_model_params_numel(&tied), nu = td_model_params_numel(&untied);
+    const size_t row = (size_t)pad * C, wte_n = (size_t)tied.padded_vocab_size * C; /* wte is tensor 0 */
+    float *g0 = fvec(np), *g1 = fvec(np), *pu = fvec(nu), *gu = fvec(nu), *gp = fvec(nu);
+    backward_of(&tied, m.p, g0, &m);
+    backward_of(&padded, m.p, g1, &m);
+    assert_memory_equal(g1, g0, row * sizeof(float));
+    assert_memory_equal(g1 + row + C, g0 + row + C, (np - row - C) * sizeof(float));
+    /* untied: lm_head after the tied layout, a copy of the embedding */
+    memcpy(pu, m.p, np * sizeof(float));
+    memcpy(pu + np, m.p, wte_n * sizeof(float));
+    td_model_desc untied_padded = untied;
+    untied_padded.has_pad_token = 1;
+    untied_padded.pad_token = pad;
+    backward_of(&untied, pu, gu, &m);
+    backward_of(&untied_padded, pu, gp, &m);
+    for (int c = 0; c < C; c++) {
+        assert_true(gu[row + c] != 0.0f); /* without it, the lookup reached the row */
+        assert_true(gp[row + c] == 0.0f);
+        const float head = gu[np + row + c];
+        if (!(fabsf(g1[row + c] - head) <= 1e-6f * fabsf(head) + 1e-9f))
+            fail_msg("tied, channel %d of the padding row: %.9g, the head's part %.9g", c, g1[row + c], head);
+        assert_true(fabsf(g0[row + c] - (head + gu[row + c])) <= 1e-5f * (fabsf(head) + fabsf(gu[row + c])) + 1e-9f);
+    }
+    assert_memory_equal(gp + row + C, gu + row + C, (nu - row - C) * sizeof(float));
+    free(g0); free(g1); free(pu); free(gu); free(gp);
+    model_free(&m);
+}
+
 /* --- config.json and checkpoints ---------------------------------------------- */
 
 static char tmp_root[256];
@@ -344,10 +399,18 @@ static void test_config_json(void **state)
     TD_ASSERT_OK(td_model_preset("gemma-2b", &preset));
     d.padded_vocab_size = preset.padded_vocab_size;
     assert_memory_equal(&d, &preset, sizeof d);
-    /* GemmaConfig's defaults: heads of 256, a tied head, eps 1e-6 */
+    /* GemmaConfig's defaults: heads of 256, a tied head, eps 1e-6, padding token 0 */
     TD_ASSERT_OK(td_model_config_read(write_config("{" GEMMA_BASE "}"), &d));
     assert_int_equal(td_model_head_size(&d), 256);
     assert_true(!d.untied_head && d.norm_eps == 1e-6f && td_model_kv_heads(&d) == 4);
+    assert_true(d.has_pad_token && d.pad_token == 0);
+    /* pad_token_id null: none; negative: from the end, as torch's padding_idx */
+    TD_ASSERT_OK(td_model_config_read(write_config("{" GEMMA_BASE ", \"pad_token_id\": null}"), &d));
+    assert_false(d.has_pad_token);
+    TD_ASSERT_OK(td_model_config_read(write_config("{" GEMMA_BASE ", \"pad_token_id\": -1}"), &d));
+    assert_true(d.has_pad_token && d.pad_token == d.vocab_size - 1);
+    expect_error("{" GEMMA_BASE ", \"pad_token_id\": 1e9}", "\"pad_token_id\" 1e+09 is not a token");
+    expect_error("{" GEMMA_BASE ", \"pad_token_id\": 1.5}", "is not a token of the vocabulary");
     /* out and back in: the same description */
     const td_model_desc s = small_gemma();
     td_hf_config *c;
@@ -361,6 +424,17 @@ static void test_config_json(void **state)
     TD_ASSERT_OK(td_model_config_read(write_config(text), &d));
     td_free(text);
     assert_memory_equal(&d, &s, sizeof d);
+    td_model_desc padded = s; /* a padding token goes out and comes back */
+    padded.has_pad_token = 1;
+    padded.pad_token = 7;
+    TD_ASSERT_OK(td_hf_config_create("test", &c));
+    TD_ASSERT_OK(td_model_config_put(&padded, c));
+    TD_ASSERT_OK(td_hf_config_print(c, &text));
+    td_hf_config_free(c);
+    assert_non_null(strstr(text, "\"pad_token_id\":\t7"));
+    TD_ASSERT_OK(td_model_config_read(write_config(text), &d));
+    td_free(text);
+    assert_memory_equal(&d, &padded, sizeof d);
     /* what tidal does not compute is refused, the key named */
     expect_error("{" GEMMA_BASE ", \"hidden_activation\": \"gelu\"}", "hidden_activation \"gelu\" is not supported");
     expect_error("{" GEMMA_BASE ", \"attention_bias\": true}", "\"attention_bias\" must be false");
@@ -429,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_presets_and_layout),
         cmocka_unit_test(test_loss_against_reference),
         cmocka_unit_test(test_gradients),
+        cmocka_unit_test(test_padding_token),
         cmocka_unit_test(test_config_json),
         cmocka_unit_test(test_checkpoint_round_trip),
     };

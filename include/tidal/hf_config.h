@@ -36,6 +36,9 @@ const char *td_hf_config_where(const td_hf_config *c);
 
 /* 1 when the key is there and not null. */
 int td_hf_config_has(const td_hf_config *c, const char *key);
+/* 1 when the key is there, null included (null may differ from absent:
+ * GemmaConfig's pad_token_id is 0 when absent, none when null). */
+int td_hf_config_present(const td_hf_config *c, const char *key);
 /* A positive integer up to INT32_MAX; required: absent is an error. */
 td_status td_hf_config_int(const td_hf_config *c, const char *key, int required, int *out);
 /* A positive finite number. */

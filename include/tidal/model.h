@@ -68,6 +68,10 @@ typedef struct td_model_desc {
     int qkv_bias;          /* the q, k, v projections have biases (Qwen2) */
     int untied_head;       /* 1: its own lm_head (Vp, C); 0: logits against the embedding */
     td_model_lora lora;    /* low-rank adapters on the block's linear modules (rank 0: none) */
+    int has_pad_token;     /* 1: pad_token is config.json's pad_token_id (rotary families) */
+    int pad_token;         /* its embedding row takes no gradient from the input lookup, as torch's
+                            * nn.Embedding(padding_idx) that transformers builds; a tied head's
+                            * logits still reach it */
 } td_model_desc;
 
 /* --- families and presets (model/model.c) ---------------------------------- */

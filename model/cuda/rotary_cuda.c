@@ -221,12 +221,14 @@ static size_t exec_acts_bytes(const td_model_desc *d, int B, int T, td_dtype dt)
 }
 
 /* The embedding's backward: the scaled gradient (N,C) when the embedding is
- * scaled, then the encoder's sort. */
+ * scaled, the padding token's gradient row (C, in fp32: any grad dtype fits)
+ * when there is one, then the encoder's sort. */
 static size_t embed_scratch(const td_model_desc *d, int B, int T, td_dtype dt)
 {
     const size_t NC = (size_t)B * T * (size_t)d->n_embd;
     const size_t scaled = td_rotary_traits(d)->embed_scaled ? up(NC * td_dtype_bytes(dt)) : 0;
-    return scaled + td_ops_cuda_encoder_scratch_bytes(B, T, d->padded_vocab_size);
+    const size_t pad = d->has_pad_token ? up((size_t)d->n_embd * sizeof(float)) : 0;
+    return scaled + pad + td_ops_cuda_encoder_scratch_bytes(B, T, d->padded_vocab_size);
 }
 
 /* The block's; the head's dlnf (N,C) and its op scratch; the embedding's. */
@@ -266,22 +268,36 @@ static td_status exec_embed_forward(const td_model_run *r, void *const *p, const
 }
 
 /* A scaled embedding's gradient is the scaled dout: into the scratch first,
- * the encoder's sort after it. */
+ * the encoder's sort after it.  The padding token's row (torch's
+ * padding_idx) takes nothing from the lookup: kept aside before the sort's
+ * sums and put back after them (x * 1 copies any dtype exactly), so what
+ * reached it before (a tied head's logits, earlier micro-batches) stays. */
 static td_status exec_embed_backward(const td_model_run *r, void *const *g, const int *tokens, const void *dout)
 {
-    const size_t NC = (size_t)r->B * r->T * (size_t)r->desc->n_embd;
-    const float s = td_model_embed_scale(r->desc, r->dt);
+    const td_model_desc *d = r->desc;
+    const size_t NC = (size_t)r->B * r->T * (size_t)d->n_embd;
+    const float s = td_model_embed_scale(d, r->dt);
     char *scratch = r->scratch;
     size_t bytes = r->scratch_bytes;
+    td_status st = TD_OK;
     if (s != 1.0f) {
         const size_t scaled = up(NC * td_dtype_bytes(r->dt));
-        td_status st = td_ops_cuda_scale(scratch, dout, s, NC, r->dt, r->stream);
-        if (st) return st;
+        if ((st = td_ops_cuda_scale(scratch, dout, s, NC, r->dt, r->stream))) return st;
         dout = scratch;
         scratch += scaled, bytes -= scaled;
     }
-    return td_ops_cuda_encoder_backward(g[0], NULL, dout, tokens, NULL, r->B, r->T, r->desc->n_embd,
-                                        r->desc->padded_vocab_size, r->dt, r->gdt, scratch, bytes, r->stream);
+    const int pad = g[0] && d->has_pad_token && d->pad_token >= 0 && d->pad_token < d->vocab_size;
+    void *kept = scratch, *row = NULL;
+    if (pad) {
+        row = (char *)g[0] + (size_t)d->pad_token * d->n_embd * td_dtype_bytes(r->gdt);
+        const size_t b = up((size_t)d->n_embd * sizeof(float));
+        if ((st = td_ops_cuda_scale(kept, row, 1.0f, (size_t)d->n_embd, r->gdt, r->stream))) return st;
+        scratch += b, bytes -= b;
+    }
+    st = td_ops_cuda_encoder_backward(g[0], NULL, dout, tokens, NULL, r->B, r->T, d->n_embd, d->padded_vocab_size,
+                                      r->dt, r->gdt, scratch, bytes, r->stream);
+    if (st || !pad) return st;
+    return td_ops_cuda_scale(row, kept, 1.0f, (size_t)d->n_embd, r->gdt, r->stream);
 }
 
 static td_status exec_block_forward(const td_model_run *r, void *const *p, void *acts, const void *x, void *y)

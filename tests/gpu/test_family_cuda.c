@@ -6,7 +6,10 @@
  * again with each row holding packed documents (run.pos).  The family's
  * smallest preset with one block and a vocabulary of 256, its params
  * perturbed away from init so that gains and biases matter.  A new family
- * is tested by being in the registry. */
+ * is tested by being in the registry.  The rotary families once more with a
+ * padding token among the inputs (config.json's pad_token_id): its embedding
+ * row keeps what it held (here random start gradients) and the other rows
+ * sum the lookup as the CPU does. */
 #include "td_test.h"
 #include "tidal/family.h"
 #include "tidal/ops_cuda.h"
@@ -83,7 +86,7 @@ static void ptrs(const td_model_desc *d, void *base, int first, int count, void 
 
 /* packed: each row holds documents (row 0: 5, 1, 10 tokens; row 1: 16),
  * their positions restarting, passed in run.pos to both sides. */
-static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream, int packed)
+static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream, int packed, int with_pad)
 {
     packed_run = packed;
     static const int docs[B][4] = {{5, 1, 10, 0}, {16, 0, 0, 0}};
@@ -91,7 +94,7 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
     for (int b = 0; b < B; b++)
         for (int k = 0, t = 0; k < 4 && docs[b][k]; k++)
             for (int i = 0; i < docs[b][k]; i++) pos[b * T + t++] = i;
-    const td_model_desc d = smallest(f);
+    td_model_desc d = smallest(f);
     const td_model_exec *cpu = td_model_exec_of(&d, 0), *gpu = td_model_exec_of(&d, 1);
     assert_non_null(gpu);
     const int C = d.n_embd, Vp = d.padded_vocab_size, ne = td_model_embed_tensor_count(&d);
@@ -107,6 +110,12 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
     for (size_t k = 0; k < (size_t)N * Vp; k++) dlogits[k] = (float)(td_rng_uniform(&rng) - 0.5) * 1e-2f;
     int tok[N];
     for (int i = 0; i < N; i++) tok[i] = (int)td_rng_below(&rng, (uint64_t)d.vocab_size);
+    if (with_pad) {
+        d.has_pad_token = 1;
+        d.pad_token = tok[N / 2];
+        tok[3] = d.pad_token; /* twice at least */
+        print_message("%-6s padding token %d\n", f->name, d.pad_token);
+    }
 
     /* the CPU side: host buffers */
     float *g = fvec(np), *acts = fvec(cpu->block_acts_bytes(&d, B, T, TD_DTYPE_F32) / 4), *y = fvec(NC), *dx = fvec(NC);
@@ -142,8 +151,19 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
     TD_ASSERT_OK(gpu->embed_forward(&rg, gp, d_tok, d_emb));
     compare(f->name, "embedding forward", d_emb, emb, NC, 1e-6);
     ptrs(&d, g, 0, ne, cg), ptrs(&d, d_g, 0, ne, gg);
+    const size_t wte_n = (size_t)Vp * C; /* tensor 0; start gradients, as a tied head's or a micro-batch's */
+    float *g0 = fvec(wte_n);
+    for (size_t k = 0; k < wte_n; k++) g0[k] = g[k] = (float)(td_rng_uniform(&rng) - 0.5) * 1e-2f;
+    assert_int_equal(cudaMemcpy(d_g, g, wte_n * 4, cudaMemcpyHostToDevice), cudaSuccess);
     TD_ASSERT_OK(cpu->embed_backward(&rc, cg, tok, dy));
     TD_ASSERT_OK(gpu->embed_backward(&rg, gg, d_tok, d_dy));
+    if (with_pad) { /* the CPU's padding row kept its start; the GPU's is compared with it below */
+        assert_memory_equal(g + (size_t)d.pad_token * C, g0 + (size_t)d.pad_token * C, (size_t)C * 4);
+        int other = 0;
+        while (tok[other] == d.pad_token) other++;
+        assert_memory_not_equal(g + (size_t)tok[other] * C, g0 + (size_t)tok[other] * C, (size_t)C * 4);
+    }
+    free(g0);
     for (int k = 0; k < ne; k++) {
         td_model_tensor t;
         td_model_tensor_get(&d, k, &t);
@@ -204,7 +224,11 @@ static void test_every_family_against_cpu(void **state)
     td_ops_cuda *ops;
     TD_ASSERT_OK(td_ops_cuda_create(&op, &ops));
     for (int packed = 0; packed < 2; packed++)
-        for (int i = 0; i < td_model_family_count(); i++) run_family(td_model_family_at(i), ops, NULL, packed);
+        for (int i = 0; i < td_model_family_count(); i++) {
+            const td_model_family *f = td_model_family_at(i);
+            run_family(f, ops, NULL, packed, 0);
+            if (f->traits.rope && !packed) run_family(f, ops, NULL, 0, 1);
+        }
     td_ops_cuda_free(ops);
     cudaFree(ws);
 }
