@@ -847,7 +847,7 @@ static void test_step_json_and_timeline(void **state)
     /* "CPU AdamW" and, where the host waited in an access, the memmgr's
      * own "driving thread" are there: fill the rest, then one too many */
     for (int i = 2; i <= TD_TIMELINE_HOST_TRACKS + 1; i++) {
-        char track[16];
+        char track[24]; /* "track " and any int */
         snprintf(track, sizeof track, "track %d", i);
         td_status st = td_memmgr_timeline_host(r.m, track, 0, 0, "x");
         if (st == TD_OK) continue;
