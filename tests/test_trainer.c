@@ -972,7 +972,7 @@ static void test_resume_is_bit_exact(void **state)
     TD_ASSERT_OK(td_trainer_load(t, ckpt, 1, &rd));
     batches b2 = b;
     for (int k = 0; k < 4; k++) {
-        char key[8];
+        char key[16]; /* "rng" and any int */
         snprintf(key, sizeof key, "rng%d", k);
         uint64_t v;
         TD_ASSERT_OK(td_ckpt_reader_meta_u64(rd, key, &v));
