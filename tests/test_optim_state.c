@@ -857,6 +857,8 @@ static void test_params_check(void **state)
     assert_int_equal(td_adam_moment_align(TD_OPTIM_STATE_FP32), 1);
     assert_int_equal(td_adam_moment_align(TD_OPTIM_STATE_BF16), 1);
     assert_int_equal(td_adam_moment_align(TD_OPTIM_STATE_INT8), QB);
+    for (int s = 0; s < TD_OPTIM_STATE_COUNT; s++) /* what callers size pieces by, knowing no format */
+        assert_int_equal(TD_ADAM_MOMENT_ALIGN_MAX % td_adam_moment_align((td_optim_state)s), 0);
     struct { const char *field, *msg; } cases[] = {
         {"state", "optimizer state type 7: use fp32"},
         {"beta1", "beta1 1 out of range"},

@@ -15,10 +15,10 @@
 
 /* Moments move in pieces of PIECE elements through a small buffer (none for
  * fp32, read and written in place): a save or load takes no more heap than
- * that.  A multiple of every format's alignment (td_adam_moment_align), so
- * the pieces of a load are whole scale blocks. */
+ * that.  A multiple of every format's alignment (TD_ADAM_MOMENT_ALIGN_MAX),
+ * so each piece of a load is written on its own. */
 #define PIECE ((size_t)1 << 20)
-_Static_assert(PIECE % TD_ADAM_INT8_BLOCK == 0, "a piece holds whole int8 blocks");
+_Static_assert(PIECE % TD_ADAM_MOMENT_ALIGN_MAX == 0, "a piece starts on every format's alignment");
 
 /* Checkpoint parameter k: the tidal tensor it is (a part of), and the part's first element. */
 static td_status ckpt_part(const td_model_desc *cc, int k, int *index, size_t *offset, size_t *numel)

@@ -100,6 +100,10 @@ td_dtype td_adam_moment_dtype(td_optim_state s);
  * scales cover whole blocks).  A piece ends on a multiple of it, or at the
  * buffer's end.  A shard of a chunk's state (ZeRO-3) starts on one. */
 size_t td_adam_moment_align(td_optim_state s);
+/* A multiple of every format's td_adam_moment_align: pieces of a multiple
+ * of it are aligned for whichever format a caller meets (a buffer that
+ * moves moments in pieces sizes itself by it, knowing no format). */
+#define TD_ADAM_MOMENT_ALIGN_MAX TD_ADAM_INT8_BLOCK
 
 /* Which moment a buffer holds: int8 codes m (signed) and v (>= 0) differ. */
 typedef enum td_adam_moment {
