@@ -456,7 +456,14 @@ static int tune_options(tune_state *ts, int argc, char **argv)
     else if (o->sweep && o->write_config)
         st = td_error_set(TD_ERR_INVALID, "--write-config saves the winner of one budget; use --gpu-budget with it "
                           "(--json reports every budget's winner)");
-    else if (o->sweep) st = parse_sweep(o->sweep, &ts->budgets, &ts->n_budgets);
+    else if (o->sweep && !(st = parse_sweep(o->sweep, &ts->budgets, &ts->n_budgets)))
+        for (int i = 0; i < ts->n_budgets && !st; i++) { /* each, as a run would take it (the one decision) */
+            td_train_config c = ts->cfg;
+            td_train_budget tb;
+            c.gpu_budget = ts->budgets[i];
+            if ((st = td_train_budget_resolve(&c, NULL, TD_BUDGET_USE_RUN, &tb)))
+                st = td_error_prefix(st, "--sweep-budget '%s': ", o->sweep);
+        }
     if (!st && o->write_config) st = check_writable("--write-config", o->write_config);
     if (!st && o->plot) st = check_writable("--plot", o->plot);
     cJSON *steps = cJSON_GetObjectItem(ts->given, "steps");

@@ -369,6 +369,7 @@ static void test_tune_bad_input(void **state)
         {"--sweep-budget 1MiB,lots", "item 2 ('lots') is not a size"},
         {"--sweep-budget ''", "--sweep-budget is empty"},
         {"--sweep-budget 2MiB,2MiB", "given twice"},
+        {"--sweep-budget 2MiB,100", "--sweep-budget '2MiB,100': --gpu-budget 100 bytes is below the arena's least"},
         {"--gpu-budget 2MiB --sweep-budget 2MiB,4MiB", "not both"},
         {"--gpu-budget 2MiB --write-config /nonexistent-dir/w.json", "--write-config /nonexistent-dir/w.json: cannot create"},
         {"--sweep-budget 2MiB,4MiB --plot /nonexistent-dir/p.svg", "--plot /nonexistent-dir/p.svg: cannot create"},
