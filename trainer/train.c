@@ -456,20 +456,20 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                     td_format_bytes(ram, r, sizeof r), plan.host_pinned_bytes);
         char more[96] = ""; /* grads and params that followed the state to disk */
         if (plan.disk_grad_chunks || plan.disk_param_chunks)
-            snprintf(more, sizeof more, ", and %d grad and %d param chunks", plan.disk_grad_chunks,
+            snprintf(more, sizeof more, ", and %d grad and %d param chunks there", plan.disk_grad_chunks,
                      plan.disk_param_chunks);
         if (plan.host_bytes > ram)
-            TD_FAIL(TD_ERR_NOMEM, "the run needs %s of host memory (%s pinned, %s pageable%s%s%s; `tidal plan` shows the "
+            TD_FAIL(TD_ERR_NOMEM, "the run needs %s of host memory (%s pinned, %s pageable%s%s; `tidal plan` shows the "
                     "breakdown) and the host has %s (%s); %suse --optim-state bf16 or int8, a smaller model or batch, "
                     "or give --host-ram if the figure is wrong",
                     td_format_bytes(plan.host_bytes, need, sizeof need),
                     td_format_bytes(plan.host_pinned_bytes, lim, sizeof lim),
                     td_format_bytes(plan.host_pageable_bytes, r, sizeof r),
-                    plan.disk_chunks ? ", with the CPU AdamW's whole optimizer state" : "", more,
-                    plan.disk_chunks ? " on disk" : "", td_format_bytes(ram, rb, sizeof rb), src,
+                    plan.disk_chunks ? ", with the CPU AdamW's whole optimizer state on disk" : "",
+                    plan.disk_chunks ? more : "", td_format_bytes(ram, rb, sizeof rb), src,
                     cfg->mm.n_disk_dirs ? "" : "give --offload-dir DIR to keep optimizer state on a local disk, or ");
         if (plan.disk_chunks && !plan.disk_fits)
-            TD_FAIL(TD_ERR_IO, "the disk tier needs %s of disk for %d optimizer chunks%s and --offload-dir has %s free; "
+            TD_FAIL(TD_ERR_IO, "the disk tier needs %s of disk for %d optimizer chunks%s, and --offload-dir has %s free; "
                     "free space there, add another --offload-dir on a second drive, or keep more in RAM (--host-ram, "
                     "--optim-state bf16 or int8)", td_format_bytes(plan.disk_bytes, need, sizeof need), plan.disk_chunks,
                     more, td_format_bytes(plan.disk_free_bytes, lim, sizeof lim));
