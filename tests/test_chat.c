@@ -13,7 +13,8 @@
  *   - records: each shape, the spans that count under all / completion /
  *     assistant, and each bad input's message;
  *   - tokens: the loss mask of a record follows its spans, framed records
- *     get begin and end of text. */
+ *     get begin and end of text; with a normalizing (NFC) tokenizer the
+ *     counted tokens are still exactly the answers. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -391,6 +392,83 @@ static void test_encode_masks(void **state)
     td_tokenizer_destroy(tok);
 }
 
+/* A byte-level tokenizer.json with Qwen2's NFC normalizer and ChatML's
+ * added tokens: ids 0-255 are the bytes, 256 <|im_start|>, 257 <|im_end|>. */
+static td_tokenizer *nfc_chatml_tokenizer(void)
+{
+    cJSON *doc = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
+    for (int b = 0, extra = 0; b < 256; b++) { /* GPT-2's byte alphabet */
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        unsigned cp = printable ? (unsigned)b : 256u + (unsigned)extra++;
+        char u[4] = {0};
+        if (cp < 0x80) u[0] = (char)cp;
+        else u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3F));
+        cJSON_AddNumberToObject(vocab, u, b);
+    }
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    cJSON_AddItemToObject(model, "merges", cJSON_CreateArray());
+    cJSON_AddItemToObject(doc, "model", model);
+    cJSON_AddItemToObject(doc, "added_tokens", cJSON_Parse(
+        "[{\"id\": 256, \"content\": \"<|im_start|>\", \"special\": true, \"normalized\": false},"
+        " {\"id\": 257, \"content\": \"<|im_end|>\", \"special\": true, \"normalized\": false}]"));
+    cJSON_AddItemToObject(doc, "normalizer", cJSON_Parse("{\"type\": \"NFC\"}"));
+    cJSON_AddItemToObject(doc, "pre_tokenizer", cJSON_Parse("{\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                                                            "\"trim_offsets\": true, \"use_regex\": true}"));
+    cJSON_AddItemToObject(doc, "decoder", cJSON_Parse("{\"type\": \"ByteLevel\"}"));
+    char *text = cJSON_PrintUnformatted(doc);
+    td_tokenizer *tok;
+    TD_ASSERT_OK(td_tokenizer_create_json(text, strlen(text), "nfc.json", NULL, 0, &tok));
+    free(text);
+    cJSON_Delete(doc);
+    return tok;
+}
+
+/* Decodes the tokens whose counted flag is `which`. */
+static char *decode_where(const td_tokenizer *tok, const uint32_t *ids, const uint8_t *counted, size_t n, int which)
+{
+    uint32_t *keep = malloc((n + 1) * sizeof *keep);
+    size_t k = 0, len;
+    for (size_t i = 0; i < n; i++)
+        if (counted[i] == which) keep[k++] = ids[i];
+    char *text;
+    TD_ASSERT_OK(td_tokenizer_decode(tok, keep, k, &text, &len));
+    free(keep);
+    return text;
+}
+
+/* A tokenizer that normalizes (Qwen2's NFC): the tokens do not spell the
+ * rendered text byte for byte, and the counted ones are still exactly the
+ * assistant's answers, composed as the tokenizer composes them. */
+static void test_encode_masks_nfc(void **state)
+{
+    (void)state;
+    td_tokenizer *tok = nfc_chatml_tokenizer();
+    td_chat_template *t = qwen();
+    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"caf\\u00e9 or cafe\\u0301?\"},"
+                       " {\"role\": \"assistant\", \"content\": \"\\u00e9 composed vs e\\u0301 decomposed\"},"
+                       " {\"role\": \"user\", \"content\": \"e\\u0301\"}, {\"role\": \"assistant\", \"content\": \"o\\u0308k\"}]}";
+    td_chat_record r;
+    td_record_error why;
+    TD_ASSERT_OK(td_chat_record_parse(chat, strlen(chat), t, TD_LOSS_ASSISTANT, &r, &why));
+    uint32_t *ids;
+    uint8_t *counted;
+    size_t n;
+    TD_ASSERT_OK(td_chat_record_encode(tok, &r, &ids, &counted, &n));
+    char *spoken = decode_where(tok, ids, counted, n, 1), *rest = decode_where(tok, ids, counted, n, 0);
+    assert_string_equal(spoken, "\xC3\xA9 composed vs \xC3\xA9 decomposed<|im_end|>\n\xC3\xB6k<|im_end|>\n");
+    assert_string_equal(rest, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                              "<|im_end|>\n<|im_start|>user\ncaf\xC3\xA9 or caf\xC3\xA9?<|im_end|>\n<|im_start|>assistant\n"
+                              "<|im_start|>user\n\xC3\xA9<|im_end|>\n<|im_start|>assistant\n");
+    td_free(spoken);
+    td_free(rest);
+    td_free(ids);
+    td_free(counted);
+    td_chat_record_free(&r);
+    td_chat_template_free(t);
+    td_tokenizer_destroy(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_record_spans),
         cmocka_unit_test(test_bad_records),
         cmocka_unit_test(test_encode_masks),
+        cmocka_unit_test(test_encode_masks_nfc),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
