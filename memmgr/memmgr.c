@@ -1172,6 +1172,8 @@ static td_status prefetch(td_memmgr *m)
             if (st) return st;
             continue;
         }
+        /* A param on disk still being read: this prefetch stops here, a later access loads it. */
+        if (ch->on_disk && !mm_disk_chunk_ready(m, ch)) return TD_OK;
         int was_candidate = td_evictor_contains(m->evictor, (uint32_t)c);
         td_evictor_remove(m->evictor, (uint32_t)c); /* never its own victim */
         /* Only chunks next used after p may make room for it (Belady-safe). */

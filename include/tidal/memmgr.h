@@ -406,8 +406,7 @@ td_status td_memmgr_timeline_host(td_memmgr *m, const char *track, double t0_ms,
  * prefetch waits for that read to land), a write-back lands in the grad
  * chunk's slot and is written from there; the CPU AdamW acquires them per
  * chunk (td_memmgr_disk_chunk_acquire).  With params.shard_ranks > 1 a
- * rank's optimizer chunks on disk are its shards; its param and grad
- * chunks there are whole, as their host copies are.  The manager reads ahead, into the slots
+ * chunk on disk is the rank's shard of it, as its host copy would be.  The manager reads ahead, into the slots
  * no one uses, the next optimizer chunks in the order
  * td_memmgr_disk_set_order gives (the AdamW's) and the params of the next
  * accesses by its next-use table, taking first the slot whose chunk comes
