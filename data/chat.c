@@ -341,8 +341,83 @@ static td_status set_text(td_chat_record *r, const char *a, size_t alen, const c
     return TD_OK;
 }
 
+/* msgs[0, n) with message j's "content" replaced by s. */
+static jv with_content(jarena *a, jv msgs, size_t n, size_t j, const char *s)
+{
+    jv l = sublist(a, msgs, n), v = {.kind = JV_DICT};
+    const jdict *src = msgs.u.l->v[j].u.d;
+    jdict *d = l.kind == JV_LIST ? jdict_new(a, src->n + 1) : NULL;
+    if (!d) return jv_undef(NULL);
+    for (size_t k = 0; k < src->n; k++)
+        if (jdict_set(a, d, src->k[k], src->v[k])) return jv_undef(NULL);
+    if (jdict_set(a, d, key(a, "content"), jv_strv(jstr_new(a, s, strlen(s))))) return jv_undef(NULL);
+    v.u.d = d;
+    l.u.l->v[j] = v;
+    return l;
+}
+
+static size_t common_suffix(const jbuf *x, const jbuf *y)
+{
+    size_t k = 0;
+    while (k < x->n && k < y->n && x->p[x->n - 1 - k] == y->p[y->n - 1 - k]) k++;
+    return k;
+}
+
+/* Where what message j's text decides ends in r, the rendering of msgs[0, n):
+ * r less the end it shares with renderings that hold one of two sentinels
+ * (their last bytes differ) in place of that text. */
+static td_status content_end(const td_chat_template *t, jarena *a, jdict *vars, jv msgs, size_t n, size_t j, int gen,
+                             const jbuf *r, size_t *end)
+{
+    static const char *const SENTINEL[2] = {"\x7ftidal-sentinel\x01", "\x7ftidal-sentinel\x02"};
+    size_t shared = r->n;
+    for (int k = 0; k < 2; k++) {
+        jv l = with_content(a, msgs, n, j, SENTINEL[k]);
+        jdict *c = l.kind == JV_LIST ? context(t, a, vars, l, gen) : NULL;
+        if (!c) return td_error_set(TD_ERR_NOMEM, "out of memory");
+        jbuf other;
+        td_status st = render(t, a, c, &other);
+        if (st) return st;
+        size_t s = common_suffix(r, &other);
+        if (s < shared) shared = s;
+    }
+    *end = r->n - shared;
+    return TD_OK;
+}
+
+/* Assistant message i where the rendering up to it is not the start of the
+ * whole (Mistral v0.3 puts the system message in the last user message and
+ * the tools before it): anchored at the end of the text of message i - 1,
+ * found by sentinels in before (msgs[0, i) with the generation prompt), with
+ * (msgs[0, i + 1)) and full.  What before holds after that text (the end of
+ * message i - 1, the generation prompt) must follow it in with and in full;
+ * what with holds after that, message i as the last one, must follow in full,
+ * and is its span.  1 where the template does not render them so. */
+static int span_by_anchor(const td_chat_template *t, jarena *a, jdict *vars, jv msgs, size_t i, const jbuf *before,
+                          const jbuf *with, const jbuf *full, size_t *b, size_t *e)
+{
+    if (i == 0) return 1;
+    const jv *prev = jdict_get_str(msgs.u.l->v[i - 1].u.d, "content");
+    if (!prev || prev->kind != JV_STR) return 1;
+    size_t eb, ew, ef;
+    if (content_end(t, a, vars, msgs, i, i - 1, 1, before, &eb) || content_end(t, a, vars, msgs, i + 1, i - 1, 0, with, &ew) ||
+        content_end(t, a, vars, msgs, msgs.u.l->n, i - 1, 0, full, &ef))
+        return 1;
+    size_t lt = before->n - eb;
+    if (ew + lt > with->n || ef + lt > full->n || (lt && (memcmp(with->p + ew, before->p + eb, lt) ||
+                                                          memcmp(full->p + ef, before->p + eb, lt))))
+        return 1;
+    size_t le = with->n - ew - lt;
+    if (ef + lt + le > full->n || (le && memcmp(full->p + ef + lt, with->p + ew + lt, le))) return 1;
+    *b = ef + lt;
+    *e = ef + lt + le;
+    return 0;
+}
+
 /* A conversation: the full text, and the span of each assistant message
- * that counts. */
+ * that counts: what the rendering up to it with the generation prompt
+ * leaves of the rendering up to and with it, when those are the start of
+ * the whole, else found by span_by_anchor. */
 static td_status parse_chat(const td_chat_template *t, jarena *a, jv rec, jv msgs, td_loss_on loss_on,
                             td_chat_record *r, td_record_error *why)
 {
@@ -374,13 +449,16 @@ static td_status parse_chat(const td_chat_template *t, jarena *a, jv rec, jv msg
             *why = TD_RECORD_TEMPLATE;
             goto cleanup;
         }
-        if (before.n > with.n || with.n > full.n || (before.n && memcmp(before.p, with.p, before.n)) ||
-            (with.n && memcmp(with.p, full.p, with.n))) {
+        size_t b = before.n, e = with.n;
+        if ((before.n > with.n || with.n > full.n || (before.n && memcmp(before.p, with.p, before.n)) ||
+             (with.n && memcmp(with.p, full.p, with.n))) &&
+            span_by_anchor(t, a, vars, msgs, i, &before, &with, &full, &b, &e)) {
             *why = TD_RECORD_TEMPLATE;
-            TD_FAIL(TD_ERR_INVALID, "the chat template does not render the conversation up to message %zu as the "
-                    "start of the whole, so the tokens of its answer cannot be told apart; use --loss-on all", i + 1);
+            TD_FAIL(TD_ERR_INVALID, "the chat template renders the conversation up to message %zu neither as the "
+                    "start of the whole nor with that message as it is in the whole after message %zu's text, so the "
+                    "tokens of its answer cannot be told apart; use --loss-on all", i + 1, i);
         }
-        TD_TRY(push_span(r, &cap, before.n, with.n));
+        TD_TRY(push_span(r, &cap, b, e));
     }
 cleanup:
     return st;

@@ -11,7 +11,8 @@
  *   - unsupported constructs fail at load time naming the construct, its
  *     line and column; malformed templates never crash;
  *   - records: each shape, the spans that count under all / completion /
- *     assistant, and each bad input's message;
+ *     assistant (also where the rendering up to an answer is not the start
+ *     of the whole, as Mistral v0.3's), and each bad input's message;
  *   - tokens: the loss mask of a record follows its spans, framed records
  *     get begin and end of text; with a normalizing (NFC) tokenizer the
  *     counted tokens are still exactly the answers. */
@@ -302,6 +303,65 @@ static void test_record_spans(void **state)
     td_chat_template_free(t);
 }
 
+static td_chat_template *template_file(const char *file, const char *cfg)
+{
+    size_t len;
+    char path[256];
+    snprintf(path, sizeof path, CHAT_DIR "%s", file);
+    char *src = td_test_slurp(path, &len);
+    td_chat_template *t;
+    TD_ASSERT_OK(td_chat_template_create(src, len, cfg, cfg ? strlen(cfg) : 0, file, &t));
+    free(src);
+    return t;
+}
+
+/* Mistral v0.3 puts the system message into the last user message and the
+ * tools before it, so the rendering up to an answer is not the start of the
+ * whole: each answer is found after the text of the message before it. */
+static void test_record_spans_mistral_v03(void **state)
+{
+    (void)state;
+    td_chat_template *t = template_file("mistral-v0.3.jinja", "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
+    const char *chat =
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Q1\"},"
+        " {\"role\": \"assistant\", \"content\": \" A1 \"}, {\"role\": \"user\", \"content\": \"Q2\"},"
+        " {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"abc123xyz\", \"type\": \"function\","
+        " \"function\": {\"name\": \"f\", \"arguments\": {\"x\": 1}}}]},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"abc123xyz\", \"content\": \"Q1\"}, {\"role\": \"assistant\", \"content\": \"A2\"},"
+        " {\"role\": \"user\", \"content\": \"Q3\"}, {\"role\": \"assistant\", \"content\": \"\"}],"
+        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"d\"}}]}";
+    const char *spans[] = {" A1</s>", "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\": 1}, \"id\": \"abc123xyz\"}]</s>",
+                           " A2</s>", " </s>"};
+    expect_spans(t, chat, TD_LOSS_ASSISTANT, 4, spans);
+    expect_spans(t, chat, TD_LOSS_COMPLETION, 1, spans + 3);
+    /* the system message shows when the last message is the user's */
+    const char *sys = "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Q1\"},"
+                      " {\"role\": \"assistant\", \"content\": \"A1\"}, {\"role\": \"user\", \"content\": \"Q2\"}]}";
+    td_chat_record r;
+    td_record_error why;
+    TD_ASSERT_OK(td_chat_record_parse(sys, strlen(sys), t, TD_LOSS_ASSISTANT, &r, &why));
+    assert_string_equal(r.text, "<s>[INST] Q1[/INST] A1</s>[INST] S\n\nQ2[/INST]");
+    td_chat_record_free(&r);
+    const char *a1[] = {" A1</s>"};
+    expect_spans(t, sys, TD_LOSS_ASSISTANT, 1, a1);
+    td_chat_template_free(t);
+    /* a template that renders an answer one way when it is the last message
+     * and another way before others: no exact span, refused */
+    const char *src = "{% for m in messages %}{% if loop.last %}[{{ m.content }}]{% else %}{{ m.content }}{% endif %}"
+                      "{% endfor %}";
+    TD_ASSERT_OK(td_chat_template_create(src, strlen(src), NULL, 0, "last.jinja", &t));
+    const char *two = "{\"messages\": [{\"role\": \"user\", \"content\": \"Q\"}, {\"role\": \"assistant\", \"content\": \"A\"},"
+                      " {\"role\": \"user\", \"content\": \"R\"}]}";
+    TD_ASSERT_OK(td_chat_record_parse(two, strlen(two), t, TD_LOSS_ALL, &r, &why));
+    td_chat_record_free(&r);
+    assert_int_equal(td_chat_record_parse(two, strlen(two), t, TD_LOSS_ASSISTANT, &r, &why), TD_ERR_INVALID);
+    assert_int_equal(why, TD_RECORD_TEMPLATE);
+    assert_non_null(strstr(td_error_msg(), "message 2 neither as the start of the whole nor"));
+    assert_non_null(strstr(td_error_msg(), "use --loss-on all"));
+    assert_null(r.text);
+    td_chat_template_free(t);
+}
+
 static void expect_bad(const td_chat_template *t, const char *line, td_record_error kind, const char *needle)
 {
     td_chat_record r;
@@ -477,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_damaged_templates_never_crash),
         cmocka_unit_test(test_load_from_tokenizer_config),
         cmocka_unit_test(test_record_spans),
+        cmocka_unit_test(test_record_spans_mistral_v03),
         cmocka_unit_test(test_bad_records),
         cmocka_unit_test(test_encode_masks),
         cmocka_unit_test(test_encode_masks_nfc),
