@@ -449,10 +449,11 @@ static td_status parse_chat(const td_chat_template *t, jarena *a, jv rec, jv msg
             *why = TD_RECORD_TEMPLATE;
             goto cleanup;
         }
-        size_t b = before.n, e = with.n;
-        if ((before.n > with.n || with.n > full.n || (before.n && memcmp(before.p, with.p, before.n)) ||
-             (with.n && memcmp(with.p, full.p, with.n))) &&
-            span_by_anchor(t, a, vars, msgs, i, &before, &with, &full, &b, &e)) {
+        size_t b = before.n, e = with.n, done = r->n_spans ? r->spans[2 * r->n_spans - 1] : 0;
+        if (((before.n > with.n || with.n > full.n || (before.n && memcmp(before.p, with.p, before.n)) ||
+              (with.n && memcmp(with.p, full.p, with.n))) &&
+             span_by_anchor(t, a, vars, msgs, i, &before, &with, &full, &b, &e)) ||
+            b < done) { /* or it reaches back into the answer before */
             *why = TD_RECORD_TEMPLATE;
             TD_FAIL(TD_ERR_INVALID, "the chat template renders the conversation up to message %zu neither as the "
                     "start of the whole nor with that message as it is in the whole after message %zu's text, so the "
