@@ -6,7 +6,7 @@
 #
 #   on a GPU:  25M params (8 layers, 512 wide), 1800 steps of 32 x 256
 #              bytes (15M tokens, about six passes over the corpus) under a
-#              300 MiB budget, and a sample of English words
+#              384 MiB budget, and a sample of English words
 #   on a CPU:  3.3M params (4 layers, 256 wide), 300 steps of 8 x 64
 #              bytes under a 32 MiB budget on the cpu backend; the sample
 #              is made of word-like pieces
@@ -23,9 +23,9 @@ fi
 if "$tidal" version | grep -q cuda && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     model="--layers 8 --width 512 --heads 8 --seq 256 --micro-batch 32"
     steps=${DEMO_STEPS:-1800}
-    run="--backend cuda --precision bf16 --gpu-budget 300MiB --ckpt on --policy auto"
-    what="25M params (params, grads, fp32 master and AdamW state: 402 MiB) under a 300 MiB device budget, on the GPU"
-    lr=1e-3 warmup=100 seq=256 budget=300 backend=cuda
+    run="--backend cuda --precision bf16 --gpu-budget 384MiB --ckpt on --policy auto"
+    what="25M params (params, grads, fp32 master and AdamW state: 402 MiB) under a 384 MiB device budget, on the GPU"
+    lr=1e-3 warmup=100 seq=256 budget=384 backend=cuda
 else
     model="--layers 4 --width 256 --heads 4 --seq 64 --micro-batch 8"
     steps=${DEMO_STEPS:-300}
