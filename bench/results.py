@@ -41,7 +41,11 @@ FIGURE_UNITS = ("x", "%", "tok/s", "params/s", "B/s", "FLOP/s")
 
 
 def commit():
-    """`git describe --always --dirty` of the repository, or "unknown" outside a checkout."""
+    """TD_BENCH_COMMIT when set (a copy of the tree whose .git is not the tree's own, as on
+    a machine that receives the working tree without its history), else `git describe
+    --always --dirty` of the repository, or "unknown" outside a checkout."""
+    if os.environ.get("TD_BENCH_COMMIT"):
+        return os.environ["TD_BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty", "--abbrev=12"],
                              capture_output=True, text=True, timeout=30)
