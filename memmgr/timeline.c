@@ -12,14 +12,16 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #define TL_EVENTS 4096
 
-/* A trace event: name, phase, thread and time (microseconds); cat, dur
- * (ph "X") and args are added by the caller. */
+/* A trace event: name, phase, thread and time (microseconds; NAN for none,
+ * as metadata has; a host span that began before the timeline opened has a
+ * negative time); cat, dur (ph "X") and args are added by the caller. */
 static cJSON *event(const char *name, const char *ph, int tid, double ts_us)
 {
     cJSON *e = cJSON_CreateObject();
@@ -27,14 +29,14 @@ static cJSON *event(const char *name, const char *ph, int tid, double ts_us)
     cJSON_AddStringToObject(e, "ph", ph);
     cJSON_AddNumberToObject(e, "pid", 0);
     if (tid >= 0) cJSON_AddNumberToObject(e, "tid", tid);
-    if (ts_us >= 0) cJSON_AddNumberToObject(e, "ts", ts_us);
+    if (!isnan(ts_us)) cJSON_AddNumberToObject(e, "ts", ts_us);
     return e;
 }
 
 /* A track's name (metadata event). */
 static cJSON *thread_name(int tid, const char *name)
 {
-    cJSON *e = event("thread_name", "M", tid, -1);
+    cJSON *e = event("thread_name", "M", tid, NAN);
     cJSON_AddItemToObject(e, "args", cJSON_CreateObject());
     cJSON_AddStringToObject(cJSON_GetObjectItem(e, "args"), "name", name);
     return e;
@@ -65,7 +67,7 @@ td_status td_memmgr_timeline_open(td_memmgr *m, const char *path)
     fprintf(tl->f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     char process[160];
     snprintf(process, sizeof process, "tidal %s", td_backend_describe(m->backend));
-    cJSON *p = event("process_name", "M", -1, -1);
+    cJSON *p = event("process_name", "M", -1, NAN);
     cJSON_AddItemToObject(p, "args", cJSON_CreateObject());
     cJSON_AddStringToObject(cJSON_GetObjectItem(p, "args"), "name", process);
     put_event(tl->f, p, 1);
