@@ -148,11 +148,12 @@ static void test_file_roundtrip_and_damage(void **state)
         i = j;
     }
     assert_int_equal(found, 60);
+    const size_t token_count = (size_t)in->token_count; /* the info goes with the file */
     td_tokfile_close(f);
     /* every single-byte change of the flags is an error */
     size_t len;
     char *bytes = td_test_slurp(path, &len);
-    const size_t flags_at = TD_TOKFILE_HEADER_BYTES + (size_t)in->token_count * 2;
+    const size_t flags_at = TD_TOKFILE_HEADER_BYTES + token_count * 2;
     for (size_t i = flags_at; i < len; i += 7) {
         bytes[i] ^= 0x10;
         assert_int_not_equal(td_tokfile_open_buffer(bytes, len, "damaged", &f), TD_OK);
