@@ -288,6 +288,7 @@ fuzz-build: $(patsubst tests/fuzz/%.c,$(BUILD)/tests/fuzz/%,$(FUZZ_SRC))
 .SECONDARY: $(patsubst tests/fuzz/%.c,$(OBJ)/tests/fuzz/%.o,$(FUZZ_SRC))
 
 $(BUILD)/tests/fuzz/%: $(OBJ)/tests/fuzz/%.o $(BUILD)/libtidal.a
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(BUILD)/libtidal.a $(LDLIBS)
 
 clean:
