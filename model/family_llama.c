@@ -88,18 +88,8 @@ const td_model_family td_family_llama = {
     .n_presets = (int)(sizeof presets / sizeof presets[0]),
     .defaults = defaults,
     .check = check,
-    .describe = td_rotary_describe,
-    .kinds = td_rotary_kinds,
-    .shape = td_rotary_shape,
     .init = td_model_init_common,
-    .names = td_rotary_names,
-    .hf_block_prefix = "model.layers.",
-    .hf_parts = td_rotary_hf_parts,
-    .hf_ignored = td_rotary_hf_ignored,
     .config_read = config_read,
     .config_write = config_write,
-    .cpu = &td_rotary_cpu,
-#ifdef TD_HAVE_CUDA
-    .cuda = &td_rotary_cuda,
-#endif
+    TD_ROTARY_FAMILY_ENTRIES
 };

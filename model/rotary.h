@@ -26,6 +26,9 @@ const td_model_traits *td_rotary_traits(const td_model_desc *d);
 extern const td_model_cpu td_rotary_cpu;
 #ifdef TD_HAVE_CUDA
 extern const td_model_exec td_rotary_cuda;
+#define TD_ROTARY_CUDA_ENTRY .cuda = &td_rotary_cuda,
+#else
+#define TD_ROTARY_CUDA_ENTRY
 #endif
 
 /* The checks every rotary decoder needs: an even head size up to
@@ -37,6 +40,14 @@ int td_rotary_shape(const td_model_desc *d, td_model_param kind, int shape[2]);
 int td_rotary_hf_parts(const td_model_desc *d, td_model_section s, td_model_hf_part out[TD_MODEL_HF_PARTS_MAX]);
 extern const char *const td_rotary_names[TD_MODEL_PARAM_COUNT];
 extern const char *const td_rotary_hf_ignored[];
+
+/* The table entries every rotary decoder shares (in a td_model_family's
+ * initializer, beside its own name, traits, presets, checks, init and
+ * config.json reader and writer). */
+#define TD_ROTARY_FAMILY_ENTRIES                                                                                      \
+    .describe = td_rotary_describe, .kinds = td_rotary_kinds, .shape = td_rotary_shape, .names = td_rotary_names,    \
+    .hf_block_prefix = "model.layers.", .hf_parts = td_rotary_hf_parts, .hf_ignored = td_rotary_hf_ignored,         \
+    .cpu = &td_rotary_cpu, TD_ROTARY_CUDA_ENTRY
 
 /* config.json: the keys LlamaConfig, Qwen2Config and their kin share
  * (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
