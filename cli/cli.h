@@ -42,6 +42,10 @@ int td_bench_attention_main(int argc, char **argv); /* bench_kernels_cuda.c */
 int td_bench_head_main(int argc, char **argv);      /* bench_kernels_cuda.c */
 #endif
 
+/* Whether `--nproc N` launches ranks (cli_launch.c): N other than 1, or
+ * NNODES in the environment other than 1 (several hosts, one rank each; a
+ * bad NNODES the launch refuses by name). */
+int td_cli_launch_wanted(int nproc);
 /* `tidal <prefix...> <args without --nproc>` as nproc local ranks of one job
  * (cli_launch.c); returns the exit code for main: 0, the first failed rank's,
  * or 2 on a bad --nproc.  `what` names the command in messages. */

@@ -10,6 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
+int td_cli_launch_wanted(int nproc)
+{
+    const char *nn = getenv("NNODES");
+    return nproc != 1 || (nn && *nn && strcmp(nn, "1") != 0);
+}
+
 int td_cli_launch_self(const char *what, int nproc, const char *const *prefix, int argc, char **argv)
 {
     if (nproc < 1) {

@@ -265,7 +265,7 @@ static int train_job(train_run *r, int nproc, double timeout_s, int argc, char *
                 getenv("WORLD_SIZE"));
         return 2;
     }
-    if (td_cli_seen(r->table, "nproc") && nproc != 1) {
+    if (td_cli_seen(r->table, "nproc") && td_cli_launch_wanted(nproc)) {
         const char *prefix[] = {"train", NULL};
         return td_cli_launch_self("train", nproc, prefix, argc, argv);
     }
@@ -404,9 +404,13 @@ static void print_model_line(const train_run *r)
     const td_train_config *cfg = &r->cfg;
     td_trainer *t = r->t;
     int cuda = cfg->backend == TD_BACKEND_CUDA;
-    char budget[32], origin[160] = "", cap[32], ckpt[48], rest[200] = "";
+    char budget[32], origin[160] = "", cap[32], ckpt[48], rest[200] = "", comm[96] = "", cb[32], ab[32];
     td_arena_stats as;
     td_arena_get_stats(td_trainer_arena(t), &as);
+    size_t comm_bytes = td_train_comm_device_bytes(cfg);
+    if (comm_bytes) /* the budget as given: NCCL's share, measured, beside the arena's */
+        snprintf(comm, sizeof comm, " (NCCL's buffers %s, measured; the arena %s)",
+                 td_format_bytes(comm_bytes, cb, sizeof cb), td_format_bytes(as.budget_bytes, ab, sizeof ab));
     int nck = td_trainer_checkpointing(t);
     if (nck == 0 || nck == cfg->model.n_layer) snprintf(ckpt, sizeof ckpt, "%s", nck ? "on" : "off");
     else snprintf(ckpt, sizeof ckpt, "%d of %d blocks", nck, cfg->model.n_layer);
@@ -425,11 +429,11 @@ static void print_model_line(const train_run *r)
     if (optim_dev == 0) snprintf(where, sizeof where, "AdamW on the host for all %d param chunks, %s", optim_total, rest);
     else snprintf(where, sizeof where, "AdamW on the %s for %d of %d param chunks%s", cuda ? "GPU" : "cpu backend's device",
                   optim_dev, optim_total, rest);
-    fprintf(stderr, "tidal train: %zu params (%s %d layers, %d wide, %d heads, vocab %d), %s, budget %s%s, policy %s, "
+    fprintf(stderr, "tidal train: %zu params (%s %d layers, %d wide, %d heads, vocab %d), %s, budget %s%s%s, policy %s, "
             "checkpointing %s, %d chunks, %s\n", td_model_params_numel(&cfg->model),
             td_model_family_name(td_model_family_of(&cfg->model)), cfg->model.n_layer, cfg->model.n_embd, cfg->model.n_head,
             cfg->model.vocab_size, td_backend_describe(td_trainer_backend(t)),
-            td_format_bytes(as.budget_bytes, budget, sizeof budget), origin, r->o.policy, ckpt,
+            td_format_bytes(as.budget_bytes + comm_bytes, budget, sizeof budget), comm, origin, r->o.policy, ckpt,
             td_memmgr_chunk_count(td_trainer_memmgr(t)), where);
 }
 
@@ -525,6 +529,7 @@ static td_status log_step(train_run *r, long s, const td_step_result *res)
     cJSON_AddNumberToObject(j, "adam_cpu_ms", res->adam_cpu_ms);
     cJSON_AddNumberToObject(j, "adam_wait_ms", res->adam_wait_ms);
     cJSON_AddNumberToObject(j, "device_process_peak_bytes", (double)res->device_process_peak_bytes);
+    cJSON_AddNumberToObject(j, "comm_device_bytes", (double)td_train_comm_device_bytes(td_trainer_config(r->t)));
     cJSON_AddNumberToObject(j, "host_node_peak_bytes", (double)res->host_node_peak_bytes);
     cJSON_AddItemToObject(j, "memmgr", cJSON_Parse(mm));
     cJSON_AddItemToObject(j, "host", cJSON_Parse(host));

@@ -137,8 +137,9 @@ static void test_ranks_match_one_rank(void **state)
 /* 4 ranks, and 4 ranks on two simulated hosts (two launches of --nproc 2
  * with NNODES=2 and NODE_RANK 0 and 1, each its own --host-ram): chunks
  * split over the 4 (--shard world) and over each host's 2, the hosts'
- * copies of a shard summed over the "network" (--shard node); each gives
- * one rank's losses with the same global batch (micro-batch 4). */
+ * copies of a shard summed over the "network" (--shard node); and one rank
+ * a host (--nproc 1, still a launch that joins the job); each gives one
+ * rank's losses with the same global batch (micro-batch 4). */
 static void test_four_ranks_and_two_hosts(void **state)
 {
     (void)state;
@@ -167,16 +168,18 @@ static void test_four_ranks_and_two_hosts(void **state)
         double n = strtod(node + strlen("\"host_node_peak_bytes\":"), NULL), o = strtod(own + strlen("\"peak_bytes\":"), NULL);
         if (!(n >= 2 * o && n <= 4 * o)) fail_msg("the host's peak %.0f for 4 ranks, rank 0's %.0f", n, o);
     }
-    static const char *const shard[] = {"node", "world"};
-    for (int c = 0; c < 2; c++) {
+    static const char *const shard[] = {"node", "world", "world"};
+    static const int per_host[] = {2, 2, 1};
+    for (int c = 0; c < 3; c++) {
         char hout[2][256];
         int port = td_test_free_port();
         pid_t p[2];
-        snprintf(log, sizeof log, "%s/hosts_%s.jsonl", tmp, shard[c]);
+        snprintf(log, sizeof log, "%s/hosts_%s%d.jsonl", tmp, shard[c], per_host[c]);
         for (int h = 0; h < 2; h++) {
-            snprintf(hout[h], sizeof hout[h], "%s/hosts_%s%d.out", tmp, shard[c], h);
-            snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 1 --steps %d --nproc 2 --shard %s "
-                     "--host-ram %dGiB --comm-timeout 60 --log %s", tmp, N, shard[c], 6 + 2 * h, log);
+            snprintf(hout[h], sizeof hout[h], "%s/hosts_%s%d_%d.out", tmp, shard[c], per_host[c], h);
+            snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch %d --steps %d --nproc %d --shard %s "
+                     "--host-ram %dGiB --comm-timeout 60 --log %s", tmp, 2 / per_host[c], N, per_host[c], shard[c],
+                     6 + 2 * h, log);
             p[h] = td_proc_start(hout[h], -1, 0, 0, "env NNODES=2 NODE_RANK=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
                                  "%s train %s", h, port, tidal, args);
         }
@@ -185,9 +188,13 @@ static void test_four_ranks_and_two_hosts(void **state)
             if (rc) fail_msg("--shard %s, host %d: exit %d: %s", shard[c], h, rc, td_proc_slurp(hout[h]));
         }
         assert_int_equal(td_proc_read_log(log, got, NULL, N), N); /* rank 0's, on host 0 */
-        td_proc_expect_close(ref, got, N, 1e-5, c ? "loss, two hosts, --shard world" : "loss, two hosts, --shard node");
+        char what[64];
+        snprintf(what, sizeof what, "loss, two hosts of %d ranks, --shard %s", per_host[c], shard[c]);
+        td_proc_expect_close(ref, got, N, 1e-5, what);
         /* rank 0 says how the chunks are split */
-        assert_non_null(strstr(td_proc_slurp(hout[0]), c ? "split over 4 ranks" : "split over 2 ranks"));
+        char split[32];
+        snprintf(split, sizeof split, "split over %d ranks", c == 1 ? 4 : 2);
+        if (!strstr(td_proc_slurp(hout[0]), split)) fail_msg("%s: no '%s' in %s", what, split, td_proc_slurp(hout[0]));
     }
 }
 
