@@ -79,6 +79,7 @@ def train(a, n):
         res["error"] = f"exit {rc}, {len(steps)} steps logged: {wl.tail(out, 2) or 'no output'}"
         return res
     res["host_node_peak_bytes"] = max(s.get("host_node_peak_bytes", 0) for s in steps)
+    res["host_node_rss_peak_bytes"] = max(s.get("host_node_rss_peak_bytes", 0) for s in steps)
     res["rank0_host"] = steps[-1].get("host")
     res["step_ms_last"] = steps[-1].get("step_ms")
     return res
@@ -136,9 +137,14 @@ def main(argv=None):
         else:
             row["measured_node_peak_bytes"] = t["host_node_peak_bytes"]
             row["measured_bytes_per_param"] = t["host_node_peak_bytes"] / params
+            # what the footprint does not itemize: the resident peaks (VmHWM) beyond it, a process
+            row["measured_node_rss_peak_bytes"] = t["host_node_rss_peak_bytes"]
+            row["unitemized_bytes_per_process"] = (t["host_node_rss_peak_bytes"] - t["host_node_peak_bytes"]) / n
             wl.say(f"  {n} rank(s): the host's measured peak {wl.gib(t['host_node_peak_bytes'])}, "
                    f"{row['measured_bytes_per_param']:.2f} bytes a param (plan: {row['plan_node_bytes_per_param']:.2f}, "
-                   f"of it model state {row['plan_node_state_bytes_per_param']:.2f})")
+                   f"of it model state {row['plan_node_state_bytes_per_param']:.2f}); resident peak "
+                   f"{wl.gib(t['host_node_rss_peak_bytes'])}, {wl.gib(row['unitemized_bytes_per_process'])} a process "
+                   f"beyond the itemized footprint")
         rows.append(row)
     ok = [r["measured_bytes_per_param"] for r in rows if "measured_bytes_per_param" in r]
     planned = [r["plan_node_bytes_per_param"] for r in rows if "plan_node_bytes_per_param" in r]
@@ -153,6 +159,11 @@ def main(argv=None):
         m = [r for r in rows if "measured_bytes_per_param" in r]
         figs.append(res.figure(f"the host's measured peak a param, {m[-1]['ranks']} ranks / {m[0]['ranks']}",
                                m[-1]["measured_bytes_per_param"] / m[0]["measured_bytes_per_param"], "x"))
+    extra = [r["unitemized_bytes_per_process"] for r in rows if "unitemized_bytes_per_process" in r]
+    if extra:  # against the 512 MiB a process the plan keeps back on cuda (TD_HOST_RESERVE_PROCESS_CUDA)
+        keep = (512 if a.backend == "cuda" else 64) * 2**20
+        figs.append(res.figure("the resident peak beyond the itemized footprint, a process (the most), of what the "
+                               "plan keeps for it", 100 * max(extra) / keep, "%"))
     if len(planned) > 1:
         doc["plan_spread"] = max(planned) / min(planned) - 1
         figs.append(res.figure(f"the plan's host bytes a param, spread over {a.ranks} ranks", 100 * doc["plan_spread"],

@@ -36,7 +36,7 @@ typedef struct plan_run {
     int measured;                  /* the rates were measured (not --no-measure, a device here) */
     td_budget_origin origin;       /* given, the default or max */
     size_t budget, free_b, ram, pin_limit, device_peak;
-    char ram_src[160];
+    char ram_src[256];
     td_train_plan p;
     td_train_rates r;
     td_train_bound bd;

@@ -456,7 +456,7 @@ static td_status print_start(train_run *r)
     td_arena_stats as;
     td_arena_get_stats(td_trainer_arena(r->t), &as);
     size_t ram = 0, pin_limit = 0;
-    char src[160], a[32], b[32], c[32];
+    char src[256], a[32], b[32], c[32];
     td_status st;
     if ((st = td_train_plan_make(cfg, as.budget_bytes, &r->hplan)) ||
         (st = td_train_host_limits(cfg, &ram, &pin_limit, src, sizeof src)))
@@ -531,6 +531,7 @@ static td_status log_step(train_run *r, long s, const td_step_result *res)
     cJSON_AddNumberToObject(j, "device_process_peak_bytes", (double)res->device_process_peak_bytes);
     cJSON_AddNumberToObject(j, "comm_device_bytes", (double)td_train_comm_device_bytes(td_trainer_config(r->t)));
     cJSON_AddNumberToObject(j, "host_node_peak_bytes", (double)res->host_node_peak_bytes);
+    cJSON_AddNumberToObject(j, "host_node_rss_peak_bytes", (double)res->host_node_rss_peak_bytes);
     cJSON_AddItemToObject(j, "memmgr", cJSON_Parse(mm));
     cJSON_AddItemToObject(j, "host", cJSON_Parse(host));
     char *text = cJSON_PrintUnformatted(j);
@@ -609,14 +610,16 @@ static td_status print_end(train_run *r)
     td_status st;
     if ((st = td_trainer_finish_update(r->t)) || (st = td_trainer_host_usage(r->t, &hu))) return st;
     if (!r->lead) return TD_OK;
-    char a[32], b[32], c[32], d[32], e[32], region[64] = "";
+    char a[32], b[32], c[32], d[32], e[32], f[32], region[64] = "";
     if (hu.device_region_bytes)
         snprintf(region, sizeof region, ", device region %s", td_format_bytes(hu.device_region_bytes, a, sizeof a));
-    fprintf(stderr, "host: planned %s, peak %s (%s %s, %s pageable state, heap %s by %s%s)\n",
+    fprintf(stderr, "host: planned %s, peak %s (%s %s, %s pageable state, heap %s by %s%s); the process's resident "
+            "peak %s (VmHWM: with the %s and the libraries' own pages)\n",
             td_format_bytes(r->hplan.host_bytes, a, sizeof a), td_format_bytes(hu.peak_bytes, b, sizeof b),
             td_format_bytes(hu.pinned_bytes, c, sizeof c), r->cfg.backend == TD_BACKEND_CUDA ? "pinned" : "copy buffers",
             td_format_bytes(hu.pageable_bytes, d, sizeof d), td_format_bytes(hu.heap_allocated_bytes, e, sizeof e),
-            hu.heap_source, region);
+            hu.heap_source, region, td_format_bytes(hu.rss_peak_bytes, f, sizeof f),
+            r->cfg.backend == TD_BACKEND_CUDA ? "CUDA driver's" : "program's");
     return TD_OK;
 }
 

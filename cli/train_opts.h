@@ -59,7 +59,8 @@ typedef struct td_cli_train_opts {
     {"host-pin-limit", TD_OPT_SIZE, &(o)->host_pin_limit, "SIZE", "most host memory to pin (default 80% of the host RAM); `tidal plan`'s\n" \
      "host.pinned_bytes is what the run pins, to the byte", 0},                                                    \
     {"host-ram", TD_OPT_SIZE, &(o)->host_ram, "SIZE", "host memory the run may use (default: MemTotal, or the cgroup's memory\n" \
-     "limit when one is set: memory.max or memory.limit_in_bytes); with --offload-dir, the\n"                     \
+     "limit when one is set: memory.max or memory.limit_in_bytes, less 5% and at least 2 GiB\n"                  \
+     "for the system and 512 MiB a process on cuda); with --offload-dir, the\n"                                   \
      "optimizer state beyond it goes to disk (then grads, then params)", 0},                                       \
     {"offload-dir", TD_OPT_LIST, &(o)->offload_dirs, "DIR", "a directory on a local disk (NVMe) for the optimizer state the host's RAM\n" \
      "cannot hold (then grads, then 16-bit params): read and written with O_DIRECT\n"                            \

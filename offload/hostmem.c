@@ -267,6 +267,21 @@ static int cgroup_limit(char *buf, size_t bytes, char *name, size_t name_bytes)
     return -1;
 }
 
+td_status td_host_rss(size_t *now, size_t *peak)
+{
+    char status[8192];
+    *now = *peak = 0;
+    if (read_text("/proc/self/status", status, sizeof status) != 0)
+        return td_error_set(TD_ERR_UNSUPPORTED, "cannot read /proc/self/status for the resident memory");
+    const char *rss = strstr(status, "VmRSS:"), *hwm = strstr(status, "VmHWM:");
+    unsigned long long a = 0, b = 0;
+    if (!rss || !hwm || sscanf(rss + 6, "%llu", &a) != 1 || sscanf(hwm + 6, "%llu", &b) != 1)
+        return td_error_set(TD_ERR_UNSUPPORTED, "no VmRSS or VmHWM in /proc/self/status");
+    *now = (size_t)a * 1024;
+    *peak = (size_t)b * 1024;
+    return TD_OK;
+}
+
 td_status td_host_ram(size_t *bytes, char *source, size_t source_bytes)
 {
     char meminfo[8192], limit[64], name[2100];

@@ -81,7 +81,7 @@ static void test_host_ram_reads_cgroup_limits(void **state)
 {
     static const char meminfo[] = "MemTotal:       24684084 kB\nMemFree:        1000 kB\n";
     size_t ram;
-    char src[160];
+    char src[256];
     TD_ASSERT_OK(td_host_ram_parse(meminfo, NULL, NULL, &ram, src, sizeof src));
     assert_int_equal(ram, (size_t)24684084 * 1024);
     assert_non_null(strstr(src, "MemTotal"));
@@ -101,6 +101,27 @@ static void test_host_ram_reads_cgroup_limits(void **state)
     assert_non_null(strstr(td_error_msg(), "--host-ram"));
     TD_ASSERT_OK(td_host_ram(&ram, src, sizeof src));
     assert_true(ram > 0);
+    /* The machine's RAM less what the system and each local process keep:
+     * 5% and at least 2 GiB, 512 MiB a rank on cuda, 64 MiB on the cpu
+     * backend; half of a small machine at most. */
+    {
+        td_train_config c = small_config();
+        size_t gib = (size_t)1 << 30, mib = (size_t)1 << 20, machine = 0, run = 0, pin = 0;
+        c.backend = TD_BACKEND_CUDA;
+        assert_int_equal(td_train_host_reserve(&c, 256 * gib), 256 * gib / 100 * 5 + 512 * mib);
+        assert_int_equal(td_train_host_reserve(&c, 16 * gib), 2 * gib + 512 * mib);
+        assert_int_equal(td_train_host_reserve(&c, 3 * gib), 3 * gib / 2);
+        c.ranks = 8;
+        c.local_ranks = 4;
+        assert_int_equal(td_train_host_reserve(&c, 256 * gib), 256 * gib / 100 * 5 + 4 * 512 * mib);
+        c.backend = TD_BACKEND_CPU;
+        c.ranks = c.local_ranks = 1;
+        assert_int_equal(td_train_host_reserve(&c, 64 * gib), 64 * gib / 100 * 5 + 64 * mib);
+        TD_ASSERT_OK(td_host_ram(&machine, src, sizeof src));
+        TD_ASSERT_OK(td_train_host_limits(&c, &run, &pin, src, sizeof src));
+        assert_int_equal(run, machine - td_train_host_reserve(&c, machine));
+        assert_non_null(strstr(src, "kept for the system"));
+    }
     /* --host-ram wins; the pin limit defaults to 80% of it. */
     td_train_config c = small_config();
     c.host_ram = (size_t)10 << 30;

@@ -188,7 +188,7 @@ static td_status adam_probe(td_backend *b, const td_train_config *cfg, copy_load
      * cgroup's limit or MemTotal: td_train_host_limits), down to the 64 Mi
      * floor: a plan must not push a small host into swap. */
     size_t ram = 0, pin = 0;
-    char ram_src[128];
+    char ram_src[256];
     if (td_train_host_limits(cfg, &ram, &pin, ram_src, sizeof ram_src) != TD_OK) ram = 0;
     td_error_clear();
     while (ram && n > TD_TRAIN_ADAM_PROBE_PARAMS && n * (12 + 2 * E) > ram / 4) n /= 2;

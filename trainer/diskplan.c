@@ -158,7 +158,7 @@ td_status td_train_plan_disk(const td_train_config *cfg, td_memmgr *mm, const in
                              td_train_plan *p)
 {
     td_status st = TD_OK;
-    char src[160];
+    char src[256];
     p->disk_chunks = p->disk_grad_chunks = p->disk_param_chunks = 0;
     p->disk_bytes = p->disk_set_bytes = 0;
     p->disk_sets = 0;

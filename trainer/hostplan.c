@@ -259,6 +259,16 @@ td_status td_train_node_plan(td_memmgr *mm, const td_train_config *cfg, td_train
     return TD_OK;
 }
 
+size_t td_train_host_reserve(const td_train_config *cfg, size_t ram)
+{
+    size_t system = ram / 100 * TD_HOST_RESERVE_PERCENT;
+    if (system < TD_HOST_RESERVE_MIN) system = TD_HOST_RESERVE_MIN;
+    size_t procs = cfg->ranks > 1 && cfg->local_ranks > 1 ? (size_t)cfg->local_ranks : 1;
+    size_t each = cfg->backend == TD_BACKEND_CPU ? TD_HOST_RESERVE_PROCESS_CPU : TD_HOST_RESERVE_PROCESS_CUDA;
+    size_t r = system + procs * each;
+    return r < ram / 2 ? r : ram / 2; /* a small machine keeps half for the run */
+}
+
 td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *pin_limit, char *source,
                                size_t source_bytes)
 {
@@ -269,6 +279,11 @@ td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *
     } else {
         td_status st = td_host_ram(ram, source, source_bytes);
         if (st) return st;
+        size_t keep = td_train_host_reserve(cfg, *ram), len = strlen(source);
+        char a[32];
+        *ram -= keep;
+        snprintf(source + len, source_bytes > len ? source_bytes - len : 0, " less %s kept for the system",
+                 td_format_bytes(keep, a, sizeof a));
     }
     *pin_limit = cfg->host_pin_limit ? cfg->host_pin_limit : *ram / 10 * 8;
     if (cfg->ranks > 1 && cfg->local_ranks > 1) { /* the host's figures, shared by its ranks */
@@ -299,6 +314,7 @@ td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out)
         td_hostmem_get_stats(t->hostmem, &ms);
         out->pageable_bytes = ms.used_bytes;
     }
+    if ((st = td_host_rss(&out->rss_bytes, &out->rss_peak_bytes))) return st;
     out->heap_allocated_bytes = hs.allocated_bytes;
     out->heap_resident_bytes = hs.resident_bytes;
     out->heap_source = hs.source;
@@ -319,6 +335,8 @@ size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
     cJSON_AddNumberToObject(j, "device_region_bytes", (double)u->device_region_bytes);
     cJSON_AddNumberToObject(j, "total_bytes", (double)u->total_bytes);
     cJSON_AddNumberToObject(j, "peak_bytes", (double)u->peak_bytes);
+    cJSON_AddNumberToObject(j, "rss_bytes", (double)u->rss_bytes);
+    cJSON_AddNumberToObject(j, "rss_peak_bytes", (double)u->rss_peak_bytes);
     cJSON_AddStringToObject(j, "heap_source", u->heap_source ? u->heap_source : "");
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);

@@ -41,7 +41,7 @@ static td_status resolve_grad_slots(td_train_config *cfg, size_t budget, td_trai
     }
     cfg->mm.grad_slots = TD_TRAIN_GRAD_SLOTS;
     size_t ram = 0, pin_limit = 0;
-    char src[160];
+    char src[256];
     if (td_train_host_limits(cfg, &ram, &pin_limit, src, sizeof src)) { /* unknown: the host's least */
         td_error_clear();
         return TD_OK;
@@ -72,7 +72,7 @@ td_status td_train_resolve_shard(td_train_config *cfg)
     c.shard = TD_SHARD_NODE;
     td_train_plan p;
     size_t ram = 0, pin_limit = 0;
-    char src[160];
+    char src[256];
     td_status st = td_train_plan_make(&c, cfg->gpu_budget == TD_GPU_BUDGET_MAX ? 0 : cfg->gpu_budget, &p);
     if (!st) st = td_train_host_limits(&c, &ram, &pin_limit, src, sizeof src);
     if (st) return st;

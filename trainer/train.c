@@ -444,7 +444,7 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     /* Refuse up front what cannot work, saying what would. */
     {
         size_t ram = 0, limit = 0;
-        char need[32], lim[32], r[32], rb[32], src[160];
+        char need[32], lim[32], r[32], rb[32], src[256];
         TD_TRY(td_train_host_limits(cfg, &ram, &limit, src, sizeof src));
         hp.pin_limit_bytes = limit;
         if (plan.host_pinned_bytes > limit && plan.host_pinned_bytes <= ram) /* more than the RAM: the check below */
@@ -1773,14 +1773,20 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
         td_host_usage hu;
         TD_TRY(td_trainer_host_usage(t, &hu));
         out->host_node_peak_bytes = hu.peak_bytes;
+        out->host_node_rss_peak_bytes = hu.rss_peak_bytes;
         if (t->ranks > 1) {
-            uint64_t mine[2] = {t->host_id, hu.peak_bytes}, *all = (uint64_t *)t->sumsq_all; /* ranks x (chunks+1) doubles */
-            if (td_memmgr_role_chunk_count(t->mm, TD_TENSOR_PARAM) < 1)
-                TD_FAIL(TD_ERR_STATE, "no param chunks to size the host figures' exchange");
-            TD_TRY(td_comm_host_allgather(t->comm, mine, sizeof mine, all));
-            out->host_node_peak_bytes = 0;
-            for (int r = 0; r < t->ranks; r++)
-                if (all[2 * r] == t->host_id) out->host_node_peak_bytes += all[2 * r + 1];
+            uint64_t mine[3] = {t->host_id, hu.peak_bytes, hu.rss_peak_bytes};
+            uint64_t *all = td_calloc((size_t)t->ranks, sizeof mine, TD_ROLE_META);
+            if (!all) TD_FAIL(TD_ERR_NOMEM, "the host figures of %d ranks", t->ranks);
+            st = td_comm_host_allgather(t->comm, mine, sizeof mine, all);
+            out->host_node_peak_bytes = out->host_node_rss_peak_bytes = 0;
+            for (int r = 0; !st && r < t->ranks; r++)
+                if (all[3 * r] == t->host_id) {
+                    out->host_node_peak_bytes += all[3 * r + 1];
+                    out->host_node_rss_peak_bytes += all[3 * r + 2];
+                }
+            td_free(all);
+            TD_TRY(st);
         }
     }
     if (t->dev_free0) { /* cuda: the device memory the process holds beyond its context */

@@ -74,6 +74,10 @@ const char *td_host_heap_source(void);
  * memory is used while the cgroup holds the real cap.  `source` (at least
  * 96 bytes) says which figure was used. */
 td_status td_host_ram(size_t *bytes, char *source, size_t source_bytes);
+/* This process's resident memory now and at its most (VmRSS and VmHWM of
+ * /proc/self/status): everything it holds, the CUDA driver's and the
+ * libraries' own pages included, which the plan does not itemize. */
+td_status td_host_rss(size_t *now, size_t *peak);
 /* The same from given texts (tests): meminfo's contents, and the cgroup
  * limit file's (NULL or "max": none). */
 td_status td_host_ram_parse(const char *meminfo, const char *cgroup_limit, const char *cgroup_name,

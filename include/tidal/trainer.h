@@ -217,6 +217,10 @@ typedef struct td_step_result {
     /* The host footprint's peak (td_trainer_host_usage) of every rank on
      * this host, added (this process's alone on one rank). */
     size_t host_node_peak_bytes;
+    /* The resident memory's peak (VmHWM) of every rank on this host, added:
+     * the footprint above and what the plan does not itemize (the CUDA
+     * driver's, NCCL's and the libraries' own pages). */
+    size_t host_node_rss_peak_bytes;
 } td_step_result;
 
 td_status td_trainer_create(const td_train_config *cfg, td_trainer **out);
@@ -435,9 +439,21 @@ typedef struct td_train_largest {
     int n_presets_fit;
 } td_train_largest;
 td_status td_train_largest_model(const td_train_config *cfg, const td_train_limits *lim, td_train_largest *out);
-/* The host bytes a run may take (cfg->host_ram, else td_host_ram) and the
- * pin limit (cfg->host_pin_limit, else 80% of that); `source` (96+ bytes)
- * says where the RAM figure came from. */
+/* What a run leaves of the machine's RAM (td_host_ram; --host-ram is taken
+ * as given): the system's share, TD_HOST_RESERVE_PERCENT of it and at least
+ * TD_HOST_RESERVE_MIN (the kernel's slabs and page tables, other
+ * processes, the page cache the data file needs), and each local rank's
+ * pages the plan does not itemize (the CUDA driver's and the libraries'
+ * mappings beyond the heap allowance; the program's on the cpu backend);
+ * at most half of the RAM. */
+#define TD_HOST_RESERVE_PERCENT 5
+#define TD_HOST_RESERVE_MIN ((size_t)2 << 30)
+#define TD_HOST_RESERVE_PROCESS_CUDA ((size_t)512 << 20)
+#define TD_HOST_RESERVE_PROCESS_CPU ((size_t)64 << 20)
+size_t td_train_host_reserve(const td_train_config *cfg, size_t ram);
+/* The host bytes a run may take (cfg->host_ram, else td_host_ram less
+ * td_train_host_reserve) and the pin limit (cfg->host_pin_limit, else 80%
+ * of that); `source` (160+ bytes) says where the RAM figure came from. */
 td_status td_train_host_limits(const td_train_config *cfg, size_t *ram, size_t *pin_limit, char *source,
                                size_t source_bytes);
 
@@ -661,6 +677,7 @@ typedef struct td_host_usage {
     size_t device_region_bytes;                 /* td_backend_host_mapped_bytes */
     size_t total_bytes;                         /* pinned + pageable + heap allocated + device region */
     size_t peak_bytes;                          /* the largest total sampled */
+    size_t rss_bytes, rss_peak_bytes;           /* the process's resident memory, now and at most (td_host_rss) */
     const char *heap_source;                    /* "jemalloc" or "mallinfo2" */
 } td_host_usage;
 td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out);
