@@ -458,7 +458,9 @@ static td_status print_start(train_run *r)
     size_t ram = 0, pin_limit = 0;
     char src[256], a[32], b[32], c[32];
     td_status st;
-    if ((st = td_train_plan_make(cfg, as.budget_bytes, &r->hplan)) ||
+    /* the trainer's own plan: the whole budget (the arena's and NCCL's measured share), as it resolved it */
+    const td_train_config *tc = td_trainer_config(r->t);
+    if ((st = td_train_plan_make(tc, as.budget_bytes + td_train_comm_device_bytes(tc), &r->hplan)) ||
         (st = td_train_host_limits(cfg, &ram, &pin_limit, src, sizeof src)))
         return st;
     if (r->lead && r->env.size > 1)
