@@ -50,6 +50,8 @@ GROUPS = [
      "python3 bench/w10.py", ["W10"]),
     ("The host's bytes a parameter under ZeRO-3, one rank and two on one host",
      "python3 bench/host_peak.py --ranks 1,2", ["host-peak-fp32"]),
+    ("The rotary families on two GPUs against one, and the fp16 loop beside bf16 (a machine of 2 GPUs)",
+     "python3 bench/families_ranks.py", ["families-ranks"]),
     ("The LLaMA family (W8, W8S, W9)", "python3 bench/workloads.py --workloads W9,W8,W8S", ["W9", "W8", "W8S"]),
     ("Kernels: each op beside its roofline, the head and loss in chunks, attention beside PyTorch SDPA (flash)",
      "python3 bench/kernels.py", ["kernels-ops", "kernels-head", "kernels-attention"]),
