@@ -2,6 +2,7 @@
 #include "args.h"
 #include <cjson/cJSON.h>
 #include "cli.h"
+#include "train_opts.h"
 #include "tidal/checkpoint.h"
 #include "tidal/data.h"
 #include "tidal/trainer.h"
@@ -14,13 +15,14 @@
 
 /* The options that run a checkpoint. */
 typedef struct model_opts {
-    const char *checkpoint, *backend;
+    const char *checkpoint, *base, *backend;
     size_t gpu_budget;
     int threads;
 } model_opts;
 
 #define MODEL_OPTS(m)                                                                                              \
-    {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face one: tidal train --help lists\nthe families)", 0}, \
+    {"checkpoint", TD_OPT_STRING, &(m)->checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face one: tidal train --help lists\nthe families), or a LoRA adapter folder (PEFT's), run over its base", 0}, \
+    {"base", TD_OPT_STRING, &(m)->base, "DIR", "an adapter folder's base model (default: its base_model_name_or_path)", 0}, \
     {"backend", TD_OPT_STRING, &(m)->backend, "B", "auto (default: cuda when a GPU answers), cpu or cuda", 0},                             \
     {"gpu-budget", TD_OPT_BUDGET, &(m)->gpu_budget, "SIZE", "device budget (default: what the model needs, at most the free memory;\nmax: all free memory)", 0}, \
     {"threads", TD_OPT_INT, &(m)->threads, "N", "CPU threads (default: the cores this process may run on, at most the\n" \
@@ -41,13 +43,19 @@ static int parse_model_command(td_opt *table, int argc, char **argv, const char 
     return 2;
 }
 
-/* A trainer shaped by the checkpoint, holding its weights. */
+/* A trainer shaped by the checkpoint, holding its weights (an adapter
+ * folder's: its base's and the adapters). */
 static td_status open_model(const model_opts *m, int batch, int seq, td_trainer **out)
 {
     const char *dir = m->checkpoint;
+    char base[4096];
     td_status st;
     td_train_config c = td_train_default_config();
-    if ((st = td_trainer_checkpoint_model(dir, &c.model))) return st;
+    int adapter = 0;
+    if ((st = td_cli_adapter_model(dir, m->base, &c.model, base, sizeof base, &adapter))) return st;
+    if (!adapter && m->base)
+        return td_error_set(TD_ERR_INVALID, "--base goes with an adapter folder; %s holds no adapter_config.json", dir);
+    if (!adapter && (st = td_trainer_checkpoint_model(dir, &c.model))) return st;
     c.micro_batch = batch;
     /* Default: the model's positions, at most 1024 (LLaMA-family models
      * allow 131072, whose activations would not fit anywhere). */
@@ -59,7 +67,8 @@ static td_status open_model(const model_opts *m, int batch, int seq, td_trainer 
     c.ckpt = TD_CKPT_OFF;
     if ((st = td_backend_kind_parse(m->backend, &c.backend))) return td_error_prefix(st, "--backend: ");
     if ((st = td_trainer_create(&c, out))) return st;
-    if ((st = td_trainer_load(*out, dir, 0, NULL))) {
+    if ((st = td_trainer_load(*out, adapter ? base : dir, 0, NULL)) ||
+        (adapter && (st = td_trainer_load_adapter(*out, dir, 0)))) {
         td_trainer_destroy(*out);
         *out = NULL;
     }

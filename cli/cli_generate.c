@@ -3,6 +3,7 @@
  * position's work, not a forward over the whole window. */
 #include "args.h"
 #include "cli.h"
+#include "train_opts.h"
 #include "tidal/chat.h"
 #include "tidal/checkpoint.h"
 #include "tidal/decode.h"
@@ -32,6 +33,8 @@ static const char usage[] =
 
 typedef struct gen_opts {
     const char *checkpoint, *prompt, *tokenizer, *vocab, *merges, *chat_template, *system;
+    const char *base;  /* --base: an adapter folder's base model */
+    const char *files; /* where the tokenizer and chat template are: the checkpoint, or an adapter's base */
     int tokens, threads, context, chat;
     double temperature;
     uint64_t seed;
@@ -43,22 +46,22 @@ static td_status open_tokenizer(const gen_opts *o, td_tokenizer **tk)
 {
     const char *kind = o->tokenizer, *vocab = o->vocab, *merges = o->merges;
     td_ckpt_reader *rd = NULL;
-    if (!kind && td_ckpt_reader_open(o->checkpoint, NULL, &rd) == TD_OK) {
+    if (!kind && td_ckpt_reader_open(o->files, NULL, &rd) == TD_OK) {
         const char *k = td_ckpt_reader_meta(rd, "tokenizer");
         kind = k ? (!strcmp(k, "gpt2") ? "gpt2" : !strcmp(k, "json") ? "json" : "byte") : NULL;
     }
     td_ckpt_reader_close(rd);
     td_error_clear();
     char ck_vocab[4096], ck_merges[4096], ck_json[4096];
-    snprintf(ck_vocab, sizeof ck_vocab, "%s/vocab.json", o->checkpoint);
-    snprintf(ck_merges, sizeof ck_merges, "%s/merges.txt", o->checkpoint);
-    snprintf(ck_json, sizeof ck_json, "%s/tokenizer.json", o->checkpoint);
+    snprintf(ck_vocab, sizeof ck_vocab, "%s/vocab.json", o->files);
+    snprintf(ck_merges, sizeof ck_merges, "%s/merges.txt", o->files);
+    snprintf(ck_json, sizeof ck_json, "%s/tokenizer.json", o->files);
     int carried = access(ck_vocab, R_OK) == 0 && access(ck_merges, R_OK) == 0, carried_json = access(ck_json, R_OK) == 0;
     if (!kind) kind = carried_json ? "json" : carried ? "gpt2" : "byte";
     if (!strcmp(kind, "json")) {
         if (!carried_json)
             return td_error_set(TD_ERR_INVALID, "%s was trained with a tokenizer.json it does not carry; give it with "
-                                "--tokenizer PATH/tokenizer.json", o->checkpoint);
+                                "--tokenizer PATH/tokenizer.json", o->files);
         return td_tokenizer_load_json(ck_json, tk);
     }
     if (strcmp(kind, "gpt2") && strcmp(kind, "byte") && td_tokenizer_json_path(kind, NULL, 0))
@@ -72,7 +75,7 @@ static td_status open_tokenizer(const gen_opts *o, td_tokenizer **tk)
     if (!vocab || !merges)
         return td_error_set(TD_ERR_INVALID, "a gpt2 model needs --vocab vocab.json --merges merges.txt to read and "
                             "write text (%s carries none: it was trained on a token file whose tokenizer files were "
-                            "not kept beside it)", o->checkpoint);
+                            "not kept beside it)", o->files);
     return td_tokenizer_load_gpt2(vocab, merges, tk);
 }
 
@@ -106,6 +109,38 @@ static td_status load_weights(const char *dir, td_model_desc *cfg, float **param
     return st;
 }
 
+/* An adapter folder's model: its base's weights with the adapters merged
+ * (W + s B A), through a trainer on the cpu backend that holds both, as one
+ * flat fp32 buffer in the base model's layout; *cfg the base's description. */
+static td_status load_adapter_weights(const char *dir, const char *base, td_model_desc *lora, td_model_desc *cfg,
+                                      float **params)
+{
+    td_train_config c = td_train_default_config();
+    c.model = *lora;
+    c.micro_batch = 1;
+    c.seq_len = 1;
+    c.backend = TD_BACKEND_CPU;
+    c.ckpt = TD_CKPT_OFF;
+    *cfg = *lora;
+    cfg->lora = (td_model_lora){0};
+    size_t n = td_model_params_numel(cfg);
+    char need[32];
+    td_trainer *t = NULL;
+    td_status st = td_trainer_create(&c, &t);
+    if (!st && !(st = td_trainer_load(t, base, 0, NULL)) && !(st = td_trainer_load_adapter(t, dir, 0))) {
+        if (!(*params = td_malloc(n * sizeof(float), TD_ROLE_META)))
+            st = td_error_set(TD_ERR_NOMEM, "the %zu merged weights of %s need %s of host memory in fp32", n, dir,
+                              td_format_bytes(n * sizeof(float), need, sizeof need));
+        else st = td_trainer_merged_params(t, *params);
+    }
+    td_trainer_destroy(t);
+    if (st) {
+        td_free(*params);
+        *params = NULL;
+    }
+    return st;
+}
+
 /* Samples from softmax(logits / temperature) with a seeded RNG; greedy at 0. */
 static int sample(const float *logits, int V, double temperature, td_rng *rng)
 {
@@ -130,7 +165,7 @@ static td_status chat_prompt(const gen_opts *o, td_tokenizer *tk, char **text, s
 {
     td_chat_template *t = NULL;
     char *json = NULL;
-    td_status st = td_chat_template_load(o->chat_template ? o->chat_template : o->checkpoint, &t);
+    td_status st = td_chat_template_load(o->chat_template ? o->chat_template : o->files, &t);
     if (st) return st;
     cJSON *conv = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(conv, "messages");
     const char *roles[2] = {"system", "user"}, *contents[2] = {o->system, o->prompt};
@@ -240,7 +275,8 @@ int td_cli_generate_main(int argc, char **argv)
 {
     gen_opts o = {.prompt = "", .tokens = 200, .temperature = 0.8, .seed = 1};
     td_opt table[] = {
-        {"checkpoint", TD_OPT_STRING, &o.checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face one: tidal train --help lists\nthe families)", 0},
+        {"checkpoint", TD_OPT_STRING, &o.checkpoint, "DIR", "checkpoint directory (tidal's, or a Hugging Face one: tidal train --help lists\nthe families), or a LoRA adapter folder (PEFT's), its adapters merged\ninto its base", 0},
+        {"base", TD_OPT_STRING, &o.base, "DIR", "an adapter folder's base model (default: its base_model_name_or_path)", 0},
         {"prompt", TD_OPT_STRING, &o.prompt, "TEXT", "text to continue (default: empty)", 0},
         {"tokens", TD_OPT_INT, &o.tokens, "N", "tokens to generate (default 200)", 0},
         {"temperature", TD_OPT_DOUBLE, &o.temperature, "T", "sampling temperature; 0 is greedy (default 0.8)", 0},
@@ -267,9 +303,30 @@ int td_cli_generate_main(int argc, char **argv)
     td_tokenizer *tk = NULL;
     td_decoder *d = NULL;
     float *params = NULL;
-    td_model_desc cfg;
-    td_status st;
-    if ((st = open_tokenizer(&o, &tk)) || (st = load_weights(o.checkpoint, &cfg, &params))) goto done;
+    td_model_desc cfg, lora;
+    char base[4096];
+    int adapter = 0;
+    td_status st = td_cli_adapter_model(o.checkpoint, o.base, &lora, base, sizeof base, &adapter);
+    if (st) {
+        fprintf(stderr, "tidal generate: %s\n", td_error_msg());
+        rc = st == TD_ERR_INVALID ? 2 : 1;
+        goto out;
+    }
+    if (!adapter && o.base) {
+        fprintf(stderr, "tidal generate: --base goes with an adapter folder; %s holds no adapter_config.json\n",
+                o.checkpoint);
+        rc = 2;
+        goto out;
+    }
+    /* an adapter folder's tokenizer: its own files when it has them, else its base's */
+    char own[4200], own_json[4200];
+    snprintf(own, sizeof own, "%s/vocab.json", o.checkpoint);
+    snprintf(own_json, sizeof own_json, "%s/tokenizer.json", o.checkpoint);
+    o.files = adapter && access(own, R_OK) != 0 && access(own_json, R_OK) != 0 ? base : o.checkpoint;
+    if ((st = open_tokenizer(&o, &tk))) goto done;
+    if (adapter) st = load_adapter_weights(o.checkpoint, base, &lora, &cfg, &params);
+    else st = load_weights(o.checkpoint, &cfg, &params);
+    if (st) goto done;
     if ((int)td_tokenizer_vocab_size(tk) > cfg.vocab_size) {
         st = td_error_set(TD_ERR_INVALID, "the tokenizer has %u tokens, the model %d", td_tokenizer_vocab_size(tk),
                           cfg.vocab_size);

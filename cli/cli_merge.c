@@ -21,22 +21,16 @@ static const char usage_text[] =
 static td_status merge(const char *adapter, const char *base_opt, const char *out, int threads)
 {
     char base[4096], targets[512];
-    int rank = 0;
-    double alpha = 0, dropout = 0;
-    int found = td_cli_adapter_read(adapter, base, sizeof base, &rank, &alpha, &dropout, targets, sizeof targets);
-    if (found < 0) return TD_ERR_INVALID;
+    td_train_config c = td_train_default_config();
+    int found = 0;
+    td_status st = td_cli_adapter_model(adapter, base_opt, &c.model, base, sizeof base, &found);
+    if (st) return st;
     if (!found)
         return td_error_set(TD_ERR_INVALID, "--adapter %s holds no adapter_config.json: give a LoRA adapter folder",
                             adapter);
-    if (base_opt) snprintf(base, sizeof base, "%s", base_opt);
-    if (!base[0])
-        return td_error_set(TD_ERR_INVALID, "--adapter %s names no base model (base_model_name_or_path): give --base DIR",
-                            adapter);
-    td_train_config c = td_train_default_config();
-    td_status st = td_trainer_checkpoint_model(base, &c.model);
-    if (st) return td_error_prefix(st, "the base %s: ", base);
-    if ((st = td_model_lora_set(&c.model, rank, (float)alpha, 0.0f, targets)))
-        return td_error_prefix(st, "--adapter %s: ", adapter);
+    td_model_lora_modules(&c.model, targets, sizeof targets);
+    const int rank = c.model.lora.rank;
+    const double alpha = c.model.lora.alpha;
     c.micro_batch = 1;
     c.seq_len = 1;
     c.backend = TD_BACKEND_CPU;

@@ -84,6 +84,26 @@ int td_cli_adapter_read(const char *dir, char *base, size_t base_n, int *rank, d
     return 1;
 }
 
+td_status td_cli_adapter_model(const char *dir, const char *base_opt, td_model_desc *model, char *base, size_t base_n,
+                               int *found)
+{
+    char targets[512];
+    int rank = 0;
+    double alpha = 0, dropout = 0;
+    *found = td_cli_adapter_read(dir, base, base_n, &rank, &alpha, &dropout, targets, sizeof targets);
+    if (*found < 0) return TD_ERR_INVALID;
+    if (!*found) return TD_OK;
+    if (base_opt) snprintf(base, base_n, "%s", base_opt);
+    if (!base[0])
+        return td_error_set(TD_ERR_INVALID, "%s is a LoRA adapter folder naming no base model "
+                            "(base_model_name_or_path): give --base DIR", dir);
+    td_status st = td_trainer_checkpoint_model(base, model);
+    if (st) return td_error_prefix(st, "the base model %s of the adapter folder %s: ", base, dir);
+    /* trained without dropout or with: the model the adapters make is the same */
+    if ((st = td_model_lora_set(model, rank, (float)alpha, 0.0f, targets))) return td_error_prefix(st, "%s: ", dir);
+    return TD_OK;
+}
+
 /* A preset names a model of a vocabulary; trained on a token file of
  * another, the model takes the file's, and its size changes: say so. */
 static void vocab_note(const char *preset, const td_model_desc *m, int vocab, char *note)

@@ -153,6 +153,13 @@ int td_cli_config_exit(td_status st);
  * message when it is unreadable. */
 int td_cli_adapter_read(const char *dir, char *base, size_t base_n, int *rank, double *alpha, double *dropout,
                         char *targets, size_t targets_n);
+/* When dir is a LoRA adapter folder (*found 1): its base model's description
+ * with the folder's adapters (rank, alpha, targets) in *model and the
+ * base's folder in base (base_opt, else base_model_name_or_path); *found 0
+ * when dir holds no adapter_config.json.  An error when the folder or its
+ * base cannot be read (TD_ERR_INVALID for a bad folder or no base named). */
+td_status td_cli_adapter_model(const char *dir, const char *base_opt, td_model_desc *model, char *base, size_t base_n,
+                               int *found);
 
 /* One option's value as a --config file has it ("max" for a budget of
  * TD_GPU_BUDGET_MAX, "(unset)" for a string never given). */

@@ -4,6 +4,7 @@
  * the trainer's run equals a reference AdamW over the adapters alone with
  * the base bit for bit unchanged (offloaded or resident), PEFT's
  * initialisation and shapes, and bad targets and ranks refused. */
+#include "td_proc.h"
 #include "td_train_test.h"
 #include "tidal/model.h"
 #include "tidal/safetensors.h"
@@ -11,6 +12,8 @@
 #include <unistd.h>
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -485,6 +488,88 @@ static void test_merged_checkpoint_evaluates_alike(void **state)
     }
 }
 
+/* Runs the command (td_proc_start: stdout and stderr into DIR/NAME.out);
+ * returns its exit status, the output in *out (td_proc_slurp). */
+static int cli(const char *dir, const char *name, const char **out, const char *fmt, ...)
+{
+    char cmd[2048], path[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(path, sizeof path, "%s/%s.out", dir, name);
+    pid_t p = td_proc_start(path, -1, 0, 0, "%s", cmd);
+    int rc = td_proc_finish(p, 300, name);
+    *out = td_proc_slurp(path);
+    return rc;
+}
+
+/* `tidal eval` and `tidal generate --checkpoint ADAPTER_DIR` run base +
+ * adapters: eval's loss equals the merged checkpoint's (`tidal merge`)
+ * within 1e-6 and differs from the base's; generate samples the merged
+ * model's text token for token (greedy and seeded); --base overrides the
+ * folder's base; a missing base fails as a missing checkpoint does (exit
+ * 1) naming it, and --base without an adapter is a usage error (exit 2). */
+static void test_eval_and_generate_an_adapter_folder(void **state)
+{
+    (void)state;
+    char dir[64];
+    const char *o, *tidal = td_test_tidal();
+    assert_int_equal(td_proc_tmpdir(dir, sizeof dir, "tidal-lora-cli"), 0);
+    const char *model = "--model tiny-llama --layers 2 --seq 64 --backend cpu";
+    int rc = cli(dir, "prepare", &o, "cat docs/*.md | head -c 200000 > %s/text && %s prepare --quiet --input %s/text "
+                 "--out %s/text.tok", dir, tidal, dir, dir);
+    if (rc) fail_msg("prepare: %s", o);
+    rc = cli(dir, "base", &o, "%s train --data %s/text.tok %s --steps 10 --lr 3e-3 --save %s/base", tidal, dir, model, dir);
+    if (rc) fail_msg("base: %s", o);
+    rc = cli(dir, "lora", &o, "%s train --data %s/text.tok --init %s/base --seq 64 --backend cpu --lora-rank 4 "
+             "--lora-alpha 8 --lora-targets q_proj,v_proj,down_proj --steps 10 --lr 1e-2 --save %s/ad", tidal, dir, dir,
+             dir);
+    if (rc) fail_msg("lora: %s", o);
+    rc = cli(dir, "merge", &o, "%s merge --adapter %s/ad --out %s/merged", tidal, dir, dir);
+    if (rc) fail_msg("merge: %s", o);
+    static const char *const which[] = {"ad", "merged", "base"};
+    double loss[3];
+    for (int k = 0; k < 3; k++) {
+        rc = cli(dir, which[k], &o, "%s eval --checkpoint %s/%s --data %s/text.tok --seq 64 --batches 4 --json "
+                 "--backend cpu", tidal, dir, which[k], dir);
+        const char *l = strstr(o, "\"loss\":");
+        if (rc || !l) fail_msg("eval %s: exit %d: %s", which[k], rc, o);
+        loss[k] = strtod(l + 7, NULL);
+    }
+    print_message("eval: adapter folder %.9f, merged %.9f, base %.9f\n", loss[0], loss[1], loss[2]);
+    assert_true(fabs(loss[0] - loss[1]) <= 1e-6 * fabs(loss[1]));
+    assert_true(fabs(loss[0] - loss[2]) > 1e-6 * fabs(loss[2])); /* the adapters moved it */
+    static const char *const how[] = {"--temperature 0", "--temperature 0.9 --seed 7"};
+    for (int h = 0; h < 2; h++) {
+        char text[2][4096];
+        for (int k = 0; k < 2; k++) {
+            rc = cli(dir, "gen", &o, "%s generate --checkpoint %s/%s --prompt 'The model' --tokens 40 %s",
+                     tidal, dir, which[k], how[h]);
+            if (rc) fail_msg("generate %s: exit %d: %s", which[k], rc, o);
+            snprintf(text[k], sizeof text[k], "%s", o);
+            char *speed = strstr(text[k], "tidal generate:"); /* the text alone, not the timing on stderr */
+            if (speed) *speed = '\0';
+        }
+        if (strcmp(text[0], text[1])) fail_msg("generate %s: adapter folder '%s', merged '%s'", how[h], text[0], text[1]);
+    }
+    char from[128], to[128];
+    snprintf(from, sizeof from, "%s/base", dir);
+    snprintf(to, sizeof to, "%s/base2", dir);
+    assert_int_equal(rename(from, to), 0);
+    rc = cli(dir, "moved", &o, "%s eval --checkpoint %s/ad --data %s/text.tok --seq 64 --batches 1 --backend cpu", tidal,
+             dir, dir);
+    if (rc != 1 || !strstr(o, "the base model")) fail_msg("eval with its base gone: exit %d (want 1): %s", rc, o);
+    rc = cli(dir, "based", &o, "%s eval --checkpoint %s/ad --base %s/base2 --data %s/text.tok --seq 64 --batches 4 "
+             "--json --backend cpu", tidal, dir, dir, dir);
+    const char *l = strstr(o, "\"loss\":");
+    if (rc || !l) fail_msg("eval --base: exit %d: %s", rc, o);
+    assert_true(fabs(strtod(l + 7, NULL) - loss[0]) <= 1e-9 * fabs(loss[0]));
+    rc = cli(dir, "nobase", &o, "%s generate --checkpoint %s/merged --base %s/base2 --tokens 2", tidal, dir, dir);
+    if (rc != 2 || !strstr(o, "adapter_config.json")) fail_msg("--base without an adapter: exit %d (want 2): %s", rc, o);
+    td_proc_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -496,6 +581,7 @@ int main(void)
         cmocka_unit_test(test_adapter_save_resume),
         cmocka_unit_test(test_init_from_base_checkpoint),
         cmocka_unit_test(test_merged_checkpoint_evaluates_alike),
+        cmocka_unit_test(test_eval_and_generate_an_adapter_folder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -285,6 +285,73 @@ const char *td_trainer_adapter_meta(const char *dir, const char *key, char *buf,
     return v ? buf : NULL;
 }
 
+/* Hugging Face part k of the merged model (its numel floats) into dst: the
+ * base's values with s B A added on the rows a target covers. */
+static td_status merged_part(td_trainer *t, int k, float *dst)
+{
+    td_status st = TD_OK;
+    const td_model_desc *d = &t->cfg.model;
+    const int nt = td_model_lora_count(d), R = d->lora.rank;
+    const float s = d->lora.alpha / (float)R;
+    const int ne = td_model_embed_tensor_count(d), nb = td_model_block_tensor_count(d);
+    td_model_hf_tensor h;
+    td_model_tensor tt;
+    void *p;
+    TD_TRY(td_model_hf_get(d, k, &h));
+    td_model_tensor_get(d, h.tensor, &tt);
+    size_t numel = h.numel;
+    int src = t->sid[h.tensor] >= 0 ? t->sid[h.tensor] : t->pid[h.tensor];
+    TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
+    if (t->sid[h.tensor] >= 0 || t->dt == TD_DTYPE_F32) memcpy(dst, (float *)p + h.offset, numel * sizeof(float));
+    else td_train_to_f32(dst, (char *)p + h.offset * td_dtype_bytes(t->dt), t->dt, numel);
+    /* W[o, c] += s sum_r B[o - row0, r] A[r, c] on the rows of this part that a target covers */
+    for (int j = 0; tt.layer >= 0 && tt.ndim == 2 && j < nt; j++) {
+        td_model_lora_target tg;
+        td_model_lora_target_get(d, j, &tg);
+        if (tg.kind != tt.kind) continue;
+        const int in = tt.shape[1], r0 = (int)(h.offset / (uint64_t)in), r1 = r0 + (int)(numel / (size_t)in);
+        const int lo = r0 > tg.row0 ? r0 : tg.row0, hi = r1 < tg.row0 + tg.rows ? r1 : tg.row0 + tg.rows;
+        if (lo >= hi) continue;
+        int ia = -1, ib = -1;
+        for (int q = ne + tt.layer * nb; q < ne + (tt.layer + 1) * nb; q++) {
+            td_model_tensor tq;
+            td_model_tensor_get(d, q, &tq);
+            if (tq.kind == TD_MODEL_LORA_A(j)) ia = q;
+            if (tq.kind == TD_MODEL_LORA_B(j)) ib = q;
+        }
+        float *A, *Bm;
+        TD_TRY(values_of(t, ia, TD_ACCESS_READ, &A));
+        TD_TRY(values_of(t, ib, TD_ACCESS_READ, &Bm));
+        for (int o = lo; o < hi; o++)
+            for (int c = 0; c < in; c++) {
+                float acc = 0.0f;
+                for (int r = 0; r < R; r++) acc += Bm[(size_t)(o - tg.row0) * R + r] * A[(size_t)r * in + c];
+                dst[(size_t)(o - r0) * in + c] += s * acc;
+            }
+    }
+cleanup:
+    return st;
+}
+
+td_status td_trainer_merged_params(td_trainer *t, float *out)
+{
+    td_status st = TD_OK;
+    const td_model_desc *d = &t->cfg.model;
+    td_model_desc base = *d;
+    base.lora = (td_model_lora){0};
+    if (d->lora.rank <= 0) return td_error_set(TD_ERR_INVALID, "merging: the run has no LoRA adapters");
+    TD_TRY(td_trainer_finish_update(t));
+    for (int k = 0; k < td_model_hf_count(&base); k++) {
+        td_model_hf_tensor h;
+        td_model_tensor bt;
+        TD_TRY(td_model_hf_get(&base, k, &h));
+        td_model_tensor_get(&base, h.tensor, &bt);
+        TD_TRY(merged_part(t, k, out + bt.offset + h.offset));
+    }
+cleanup:
+    return st;
+}
+
 td_status td_trainer_save_merged(td_trainer *t, const char *dir)
 {
     td_status st = TD_OK;
@@ -299,47 +366,12 @@ td_status td_trainer_save_merged(td_trainer *t, const char *dir)
     wo.train_state = 0;
     wo.shard_bytes = t->cfg.save_shard_bytes;
     TD_TRY(td_ckpt_writer_begin(dir, &base, &wo, &w));
-    const int nh = td_model_hf_count(d), nt = td_model_lora_count(d), R = d->lora.rank;
-    const float s = d->lora.alpha / (float)R;
-    const int ne = td_model_embed_tensor_count(d), nb = td_model_block_tensor_count(d);
-    for (int k = 0; k < nh; k++) {
+    for (int k = 0; k < td_model_hf_count(d); k++) {
         td_model_hf_tensor h;
-        td_model_tensor tt;
-        void *p;
         TD_TRY(td_model_hf_get(d, k, &h));
-        td_model_tensor_get(d, h.tensor, &tt);
-        size_t numel = h.numel;
         td_free(tmp);
-        if (!(tmp = td_malloc(numel * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
-        int src = t->sid[h.tensor] >= 0 ? t->sid[h.tensor] : t->pid[h.tensor];
-        TD_TRY(td_memmgr_host_access(t->mm, &src, 1, TD_ACCESS_READ, &p));
-        if (t->sid[h.tensor] >= 0 || t->dt == TD_DTYPE_F32) memcpy(tmp, (float *)p + h.offset, numel * sizeof(float));
-        else td_train_to_f32(tmp, (char *)p + h.offset * td_dtype_bytes(t->dt), t->dt, numel);
-        /* W[o, c] += s sum_r B[o - row0, r] A[r, c] on the rows of this part that a target covers */
-        for (int j = 0; tt.layer >= 0 && tt.ndim == 2 && j < nt; j++) {
-            td_model_lora_target tg;
-            td_model_lora_target_get(d, j, &tg);
-            if (tg.kind != tt.kind) continue;
-            const int in = tt.shape[1], r0 = (int)(h.offset / (uint64_t)in), r1 = r0 + (int)(numel / (size_t)in);
-            const int lo = r0 > tg.row0 ? r0 : tg.row0, hi = r1 < tg.row0 + tg.rows ? r1 : tg.row0 + tg.rows;
-            if (lo >= hi) continue;
-            int ia = -1, ib = -1;
-            for (int q = ne + tt.layer * nb; q < ne + (tt.layer + 1) * nb; q++) {
-                td_model_tensor tq;
-                td_model_tensor_get(d, q, &tq);
-                if (tq.kind == TD_MODEL_LORA_A(j)) ia = q;
-                if (tq.kind == TD_MODEL_LORA_B(j)) ib = q;
-            }
-            float *A, *Bm;
-            TD_TRY(values_of(t, ia, TD_ACCESS_READ, &A));
-            TD_TRY(values_of(t, ib, TD_ACCESS_READ, &Bm));
-            for (int o = lo; o < hi; o++)
-                for (int c = 0; c < in; c++) {
-                    float acc = 0.0f;
-                    for (int r = 0; r < R; r++) acc += Bm[(size_t)(o - tg.row0) * R + r] * A[(size_t)r * in + c];
-                    tmp[(size_t)(o - r0) * in + c] += s * acc;
-                }
-        }
+        if (!(tmp = td_malloc(h.numel * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
+        TD_TRY(merged_part(t, k, tmp));
         TD_TRY(td_ckpt_writer_put_weight(w, k, TD_DTYPE_F32, tmp));
     }
     st = td_ckpt_writer_commit(w);

@@ -648,6 +648,10 @@ td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state);
  * state): the base's weights with each targeted module's W + s B A, the
  * description without adapters. */
 td_status td_trainer_save_merged(td_trainer *t, const char *dir);
+/* The same merged model's weights into out, in the layout of the model
+ * description without adapters (td_model_params_numel of it, fp32): what a
+ * decoder of the base model runs. */
+td_status td_trainer_merged_params(td_trainer *t, float *out);
 /* A metadata value of dir's adapter train state into buf, or NULL. */
 const char *td_trainer_adapter_meta(const char *dir, const char *key, char *buf, size_t n);
 /* Memmgr ids of model tensor `index`: param, grad, adam m, adam v (-1 but
