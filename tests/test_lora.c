@@ -570,6 +570,47 @@ static void test_eval_and_generate_an_adapter_folder(void **state)
     td_proc_rmdir(dir);
 }
 
+/* LoRA on 2 ranks (ZeRO-3: each rank's host holds its shard of the
+ * adapters, their master and moments): the losses of one rank's run with
+ * the same global batch within 1e-6; an adapter folder --saved from the 2
+ * ranks (gathered, written by rank 0) and resumed on 2 ranks and on 1
+ * continues that run within 1e-6. */
+static void test_two_ranks_save_and_resume(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    char dir[64], log[256];
+    const char *o, *tidal = td_test_tidal();
+    assert_int_equal(td_proc_tmpdir(dir, sizeof dir, "tidal-lora-ranks"), 0);
+    const char *run = "--lora-rank 4 --lora-targets q_proj,v_proj,down_proj --seq 64 --backend cpu --lr 1e-2 "
+                      "--schedule constant --warmup 0";
+    int rc = cli(dir, "prepare", &o, "cat docs/*.md | head -c 200000 > %s/text && %s prepare --quiet --input %s/text "
+                 "--out %s/text.tok", dir, tidal, dir, dir);
+    if (rc) fail_msg("prepare: %s", o);
+    rc = cli(dir, "base", &o, "%s train --data %s/text.tok --model tiny-llama --layers 2 --seq 64 --backend cpu "
+             "--steps 5 --save %s/base", tidal, dir, dir);
+    if (rc) fail_msg("base: %s", o);
+    double one[N], got[N];
+    snprintf(log, sizeof log, "%s/one.jsonl", dir);
+    rc = cli(dir, "one", &o, "%s train --data %s/text.tok --init %s/base %s --steps %d --micro-batch 4 --log %s", tidal,
+             dir, dir, run, N, log);
+    if (rc || td_proc_read_log(log, one, NULL, N) != N) fail_msg("one rank: exit %d: %s", rc, o);
+    snprintf(log, sizeof log, "%s/two.jsonl", dir);
+    rc = cli(dir, "two", &o, "%s train --data %s/text.tok --init %s/base %s --steps %d --micro-batch 2 --nproc 2 "
+             "--save %s/ad --log %s", tidal, dir, dir, run, N / 2, dir, log);
+    if (rc || td_proc_read_log(log, got, NULL, N / 2) != N / 2) fail_msg("two ranks: exit %d: %s", rc, o);
+    td_proc_expect_close(one, got, N / 2, 1e-6, "LoRA, 2 ranks against 1");
+    for (int ranks = 1; ranks <= 2; ranks++) {
+        snprintf(log, sizeof log, "%s/resumed%d.jsonl", dir, ranks);
+        rc = cli(dir, "resumed", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch %d --nproc %d --resume "
+                 "%s/ad --log %s", tidal, dir, run, N, 4 / ranks, ranks, dir, log);
+        if (rc || td_proc_read_log(log, got, NULL, N / 2) != N / 2)
+            fail_msg("resumed on %d rank(s): exit %d: %s", ranks, rc, o);
+        td_proc_expect_close(one + N / 2, got, N / 2, 1e-6, ranks == 1 ? "resumed on 1 rank" : "resumed on 2 ranks");
+    }
+    td_proc_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -582,6 +623,7 @@ int main(void)
         cmocka_unit_test(test_init_from_base_checkpoint),
         cmocka_unit_test(test_merged_checkpoint_evaluates_alike),
         cmocka_unit_test(test_eval_and_generate_an_adapter_folder),
+        cmocka_unit_test(test_two_ranks_save_and_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,86 +103,156 @@ static int is_adapter(const td_trainer *t, int i)
     return TD_MODEL_IS_LORA(tt.kind);
 }
 
+/* Where layout tensor i lies in the host copy of its chunk of one role
+ * (ids: t->sid, t->pid, t->mid or t->vid): the host copy (*buf) holds the
+ * chunk's elements [*base, *base + *n); the tensor starts at chunk element
+ * *p0, and [*e0, *e1) of it is in the copy: all of it on one rank, the
+ * rank's shard's part under ZeRO-3 (maybe none). */
+typedef struct host_part { void *buf; size_t base, n, p0, e0, e1; } host_part;
+
+static td_status part_of(td_trainer *t, const int *ids, int i, unsigned flags, host_part *h)
+{
+    int c = td_memmgr_tensor_chunk(t->mm, ids[i]);
+    size_t end, numel = td_memmgr_tensor_numel(t->mm, ids[i]);
+    h->n = td_memmgr_chunk_host_range(t->mm, c, &h->base, &end);
+    h->p0 = td_memmgr_tensor_offset(t->mm, ids[i]);
+    h->e0 = h->p0 > h->base ? h->p0 : h->base;
+    h->e1 = h->p0 + numel < h->base + h->n ? h->p0 + numel : h->base + h->n;
+    if (h->e1 < h->e0) h->e1 = h->e0;
+    return td_memmgr_chunk_host_access(t->mm, c, flags, &h->buf);
+}
+
+/* The whole of a tensor of numel elements into out, from each rank's part
+ * of it (mine holds this rank's [e0, e1) in tensor coordinates, the rest
+ * anything): on several ranks every rank's part is exchanged and each
+ * element taken from a rank that holds it.  One rank: mine is the whole. */
+static td_status assemble(td_trainer *t, float *mine, size_t numel, size_t e0, size_t e1, float *out, float *all)
+{
+    if (t->ranks <= 1) {
+        if (out != mine) memcpy(out, mine, numel * sizeof(float));
+        return TD_OK;
+    }
+    uint64_t range[2] = {e0, e1}, *ranges = (uint64_t *)all; /* all: at least 2 x ranks x numel floats */
+    td_status st = td_comm_host_allgather(t->comm, range, sizeof range, ranges);
+    uint64_t *saved = td_malloc((size_t)t->ranks * sizeof range, TD_ROLE_META);
+    if (!saved) return TD_ERR_NOMEM;
+    if (!st) memcpy(saved, ranges, (size_t)t->ranks * sizeof range);
+    if (!st) st = td_comm_host_allgather(t->comm, mine, numel * sizeof(float), all);
+    for (int r = 0; !st && r < t->ranks; r++)
+        if (saved[2 * r + 1] > saved[2 * r])
+            memcpy(out + saved[2 * r], all + (size_t)r * numel + saved[2 * r],
+                   (saved[2 * r + 1] - saved[2 * r]) * sizeof(float));
+    td_free(saved);
+    return st;
+}
+
+/* Adapter tensor i's values (fp32: its master when the params are not) or
+ * AdamW moment m (0: m, 1: v; which < 0: the values), whole, into out. */
+static td_status gather(td_trainer *t, int i, int which, float *mine, float *out, float *all)
+{
+    host_part h;
+    const int *ids = which < 0 ? (t->sid[i] >= 0 ? t->sid : t->pid) : which ? t->vid : t->mid;
+    td_status st = part_of(t, ids, i, TD_ACCESS_READ, &h);
+    if (st) return st;
+    size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
+    if (which < 0) memcpy(mine + (h.e0 - h.p0), (float *)h.buf + (h.e0 - h.base), (h.e1 - h.e0) * sizeof(float));
+    else if (h.e1 > h.e0 &&
+             (st = td_adam_moment_read(t->cfg.optim.state, which ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M, h.buf, h.n,
+                                       h.e0 - h.base, h.e1 - h.base, mine + (h.e0 - h.p0))))
+        return st;
+    return assemble(t, mine, numel, h.e0 - h.p0, h.e1 - h.p0, out, all);
+}
+
 td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *base, int state,
                                   const char *const *meta)
 {
     td_status st = TD_OK;
     td_st_writer *w = NULL, *sw = NULL;
-    float *tmp = NULL;
+    float *mine = NULL, *out = NULL, *all = NULL;
     char path[4200];
     const td_model_desc *d = &t->cfg.model;
+    const int lead = t->rank == 0; /* on several ranks, every rank gathers and rank 0 writes */
     if (d->lora.rank <= 0) return td_error_set(TD_ERR_INVALID, "saving an adapter: the run trains no LoRA adapters");
-    if (t->ranks > 1) return td_error_set(TD_ERR_UNSUPPORTED, "saving an adapter from %d ranks", t->ranks);
     if (state && t->cfg.optim.state == TD_OPTIM_STATE_INT8)
         return td_error_set(TD_ERR_UNSUPPORTED, "an adapter's train state keeps fp32 or bf16 moments; train LoRA "
                             "with --optim-state fp32 or bf16 to --save it with its state");
     TD_TRY(td_trainer_finish_update(t));
-    TD_TRY(mkdirs(dir));
-    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_MODEL);
-    TD_TRY(td_st_writer_create(path, &w));
-    TD_TRY(td_st_writer_add_metadata(w, "format", "pt"));
     int n = t->n_tensors;
-    for (int i = 0; i < n; i++) {
-        if (!is_adapter(t, i)) continue;
-        td_model_tensor tt;
-        char name[160];
-        td_model_tensor_get(d, i, &tt);
-        peft_name(t, i, name, sizeof name);
-        uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
-        TD_TRY(td_st_writer_declare(w, name, TD_ST_F32, 2, shape, NULL));
-    }
-    for (int i = 0, k = 0; i < n; i++) {
-        if (!is_adapter(t, i)) continue;
-        float *v;
-        TD_TRY(values_of(t, i, TD_ACCESS_READ, &v));
-        TD_TRY(td_st_writer_write(w, (size_t)k++, v, td_memmgr_tensor_numel(t->mm, t->pid[i]) * sizeof(float)));
-    }
-    TD_TRY(td_st_writer_commit(w));
-    w = NULL;
-    TD_TRY(write_config(t, dir, base));
-    if (!state) return TD_OK;
-    snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_STATE);
-    TD_TRY(td_st_writer_create(path, &sw));
-    TD_TRY(td_st_writer_add_metadata(sw, "format", "tidal-adapter-train-state"));
-    char num[32];
-    snprintf(num, sizeof num, "%ld", t->optim.step);
-    TD_TRY(td_st_writer_add_metadata(sw, "optim_step", num));
-    snprintf(num, sizeof num, "%ld", t->optim.skipped_steps);
-    TD_TRY(td_st_writer_add_metadata(sw, "optim_skipped_steps", num));
-    TD_TRY(td_st_writer_add_metadata(sw, "optim_state", td_optim_state_name(t->cfg.optim.state)));
-    for (int k = 0; meta && meta[k] && meta[k + 1]; k += 2) TD_TRY(td_st_writer_add_metadata(sw, meta[k], meta[k + 1]));
-    for (int i = 0; i < n; i++) {
-        if (!is_adapter(t, i)) continue;
-        td_model_tensor tt;
-        char name[160], full[176];
-        td_model_tensor_get(d, i, &tt);
-        peft_name(t, i, name, sizeof name);
-        uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
-        for (int m = 0; m < 2; m++) {
-            snprintf(full, sizeof full, "%s.%s", m ? "adam_v" : "adam_m", name);
-            TD_TRY(td_st_writer_declare(sw, full, TD_ST_F32, 2, shape, NULL));
-        }
-    }
     size_t big = 0;
     for (int i = 0; i < n; i++)
         if (is_adapter(t, i) && td_memmgr_tensor_numel(t->mm, t->pid[i]) > big) big = td_memmgr_tensor_numel(t->mm, t->pid[i]);
-    if (!(tmp = td_malloc(big * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
-    for (int i = 0, k = 0; i < n; i++) {
-        if (!is_adapter(t, i)) continue;
-        size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]), off = td_memmgr_tensor_offset(t->mm, t->pid[i]);
-        for (int m = 0; m < 2; m++) {
-            int c = td_memmgr_tensor_chunk(t->mm, (m ? t->vid : t->mid)[i]);
-            void *buf;
-            TD_TRY(td_memmgr_chunk_host_access(t->mm, c, TD_ACCESS_READ, &buf));
-            TD_TRY(td_adam_moment_read(t->cfg.optim.state, m ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M, buf,
-                                       td_memmgr_chunk_numel_used(t->mm, c), off, off + numel, tmp));
-            TD_TRY(td_st_writer_write(sw, (size_t)k++, tmp, numel * sizeof(float)));
+    size_t all_n = t->ranks > 1 ? (size_t)t->ranks * (big > 4 ? big : 4) : 1;
+    mine = td_calloc(big + 1, sizeof(float), TD_ROLE_META);
+    out = td_calloc(big + 1, sizeof(float), TD_ROLE_META);
+    all = td_calloc(all_n, sizeof(float), TD_ROLE_META);
+    if (!mine || !out || !all) { st = TD_ERR_NOMEM; goto cleanup; }
+    if (lead) {
+        TD_TRY(mkdirs(dir));
+        snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_MODEL);
+        TD_TRY(td_st_writer_create(path, &w));
+        TD_TRY(td_st_writer_add_metadata(w, "format", "pt"));
+        for (int i = 0; i < n; i++) {
+            if (!is_adapter(t, i)) continue;
+            td_model_tensor tt;
+            char name[160];
+            td_model_tensor_get(d, i, &tt);
+            peft_name(t, i, name, sizeof name);
+            uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
+            TD_TRY(td_st_writer_declare(w, name, TD_ST_F32, 2, shape, NULL));
         }
     }
-    TD_TRY(td_st_writer_commit(sw));
-    sw = NULL;
+    for (int i = 0, k = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        TD_TRY(gather(t, i, -1, mine, out, all));
+        if (lead) TD_TRY(td_st_writer_write(w, (size_t)k++, out, td_memmgr_tensor_numel(t->mm, t->pid[i]) * sizeof(float)));
+    }
+    if (lead) {
+        TD_TRY(td_st_writer_commit(w));
+        w = NULL;
+        TD_TRY(write_config(t, dir, base));
+    }
+    if (!state) goto cleanup;
+    if (lead) {
+        snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_STATE);
+        TD_TRY(td_st_writer_create(path, &sw));
+        TD_TRY(td_st_writer_add_metadata(sw, "format", "tidal-adapter-train-state"));
+        char num[32];
+        snprintf(num, sizeof num, "%ld", t->optim.step);
+        TD_TRY(td_st_writer_add_metadata(sw, "optim_step", num));
+        snprintf(num, sizeof num, "%ld", t->optim.skipped_steps);
+        TD_TRY(td_st_writer_add_metadata(sw, "optim_skipped_steps", num));
+        TD_TRY(td_st_writer_add_metadata(sw, "optim_state", td_optim_state_name(t->cfg.optim.state)));
+        for (int k = 0; meta && meta[k] && meta[k + 1]; k += 2)
+            TD_TRY(td_st_writer_add_metadata(sw, meta[k], meta[k + 1]));
+        for (int i = 0; i < n; i++) {
+            if (!is_adapter(t, i)) continue;
+            td_model_tensor tt;
+            char name[160], full[176];
+            td_model_tensor_get(d, i, &tt);
+            peft_name(t, i, name, sizeof name);
+            uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
+            for (int m = 0; m < 2; m++) {
+                snprintf(full, sizeof full, "%s.%s", m ? "adam_v" : "adam_m", name);
+                TD_TRY(td_st_writer_declare(sw, full, TD_ST_F32, 2, shape, NULL));
+            }
+        }
+    }
+    for (int i = 0, k = 0; i < n; i++) {
+        if (!is_adapter(t, i)) continue;
+        for (int m = 0; m < 2; m++) {
+            TD_TRY(gather(t, i, m, mine, out, all));
+            if (lead)
+                TD_TRY(td_st_writer_write(sw, (size_t)k++, out, td_memmgr_tensor_numel(t->mm, t->pid[i]) * sizeof(float)));
+        }
+    }
+    if (lead) {
+        TD_TRY(td_st_writer_commit(sw));
+        sw = NULL;
+    }
 cleanup:
-    td_free(tmp);
+    td_free(mine);
+    td_free(out);
+    td_free(all);
     td_st_writer_abort(w);
     td_st_writer_abort(sw);
     return st ? td_error_prefix(st, "saving adapter %s: ", dir) : TD_OK;
@@ -214,21 +284,27 @@ td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state)
     snprintf(path, sizeof path, "%s/%s", dir, ADAPTER_MODEL);
     TD_TRY(td_st_open(path, &f));
     int n = t->n_tensors, found = 0;
+    size_t big = 0;
+    for (int i = 0; i < n; i++)
+        if (is_adapter(t, i) && td_memmgr_tensor_numel(t->mm, t->pid[i]) > big) big = td_memmgr_tensor_numel(t->mm, t->pid[i]);
+    if (!(tmp = td_malloc(big * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
     for (int i = 0; i < n; i++) {
         if (!is_adapter(t, i)) continue;
         td_model_tensor tt;
         const td_st_tensor *x;
         char name[160];
-        float *v;
         td_model_tensor_get(d, i, &tt);
         peft_name(t, i, name, sizeof name);
         TD_TRY(tensor_in(f, name, &tt, &x));
-        TD_TRY(values_of(t, i, TD_ACCESS_WRITE, &v));
-        TD_TRY(td_st_read(f, x, 0, tt.numel, TD_ST_F32, v));
+        TD_TRY(td_st_read(f, x, 0, tt.numel, TD_ST_F32, tmp));
+        /* each rank's host copy takes its part (all of it on one rank) */
+        host_part h;
+        TD_TRY(part_of(t, t->sid[i] >= 0 ? t->sid : t->pid, i, TD_ACCESS_WRITE, &h));
+        memcpy((float *)h.buf + (h.e0 - h.base), tmp + (h.e0 - h.p0), (h.e1 - h.e0) * sizeof(float));
         if (t->sid[i] >= 0) { /* 16-bit params from the master */
-            void *p;
-            TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &p));
-            td_train_from_f32(p, t->dt, v, tt.numel);
+            TD_TRY(part_of(t, t->pid, i, TD_ACCESS_WRITE, &h));
+            td_train_from_f32((char *)h.buf + (h.e0 - h.base) * td_dtype_bytes(t->dt), t->dt, tmp + (h.e0 - h.p0),
+                              h.e1 - h.e0);
         }
         found++;
     }
@@ -240,27 +316,22 @@ td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state)
     if (!saved || !step || !skipped) TD_FAIL(TD_ERR_INVALID, "%s: no optimizer step in its metadata", path);
     if (strcmp(saved, td_optim_state_name(t->cfg.optim.state)))
         TD_FAIL(TD_ERR_INVALID, "%s was saved with --optim-state %s; resume with --optim-state %s", path, saved, saved);
-    size_t big = 0;
-    for (int i = 0; i < n; i++)
-        if (is_adapter(t, i) && td_memmgr_tensor_numel(t->mm, t->pid[i]) > big) big = td_memmgr_tensor_numel(t->mm, t->pid[i]);
-    if (!(tmp = td_malloc(big * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
     for (int i = 0; i < n; i++) {
         if (!is_adapter(t, i)) continue;
         td_model_tensor tt;
         char name[160], full[176];
         td_model_tensor_get(d, i, &tt);
         peft_name(t, i, name, sizeof name);
-        size_t off = td_memmgr_tensor_offset(t->mm, t->pid[i]);
         for (int m = 0; m < 2; m++) {
             const td_st_tensor *x;
+            host_part h;
             snprintf(full, sizeof full, "%s.%s", m ? "adam_v" : "adam_m", name);
             TD_TRY(tensor_in(sf, full, &tt, &x));
             TD_TRY(td_st_read(sf, x, 0, tt.numel, TD_ST_F32, tmp));
-            int c = td_memmgr_tensor_chunk(t->mm, (m ? t->vid : t->mid)[i]);
-            void *buf;
-            TD_TRY(td_memmgr_chunk_host_access(t->mm, c, TD_ACCESS_WRITE, &buf));
-            TD_TRY(td_adam_moment_write(t->cfg.optim.state, m ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M, buf,
-                                        td_memmgr_chunk_numel_used(t->mm, c), off, off + tt.numel, tmp));
+            TD_TRY(part_of(t, m ? t->vid : t->mid, i, TD_ACCESS_WRITE, &h));
+            if (h.e1 > h.e0)
+                TD_TRY(td_adam_moment_write(t->cfg.optim.state, m ? TD_ADAM_MOMENT_V : TD_ADAM_MOMENT_M, h.buf, h.n,
+                                            h.e0 - h.base, h.e1 - h.base, tmp + (h.e0 - h.p0)));
         }
     }
     t->optim.step = strtol(step, NULL, 10);

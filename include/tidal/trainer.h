@@ -636,8 +636,10 @@ int td_trainer_optim_gpu_chunks(const td_trainer *t, int *total);
  * base, or null), adapter_model.safetensors with PEFT's tensor names
  * ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
  * fp32; with state, adapter_train_state.safetensors: the AdamW moments, the
- * step and meta's key/value pairs (NULL-terminated), for a resume.  One
- * rank; fp32 or bf16 moments. */
+ * step and meta's key/value pairs (NULL-terminated), for a resume; fp32 or
+ * bf16 moments.  On several ranks every rank calls it: the adapters and
+ * their moments are gathered from the ranks' shards and rank 0 writes;
+ * td_trainer_load_adapter gives each rank its part, for any rank count. */
 td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *base, int state,
                                   const char *const *meta);
 /* The adapters of such a folder into the run (its LoRA rank and targets
