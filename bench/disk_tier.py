@@ -125,12 +125,7 @@ def train(a, flags, steps, tag, timeout):
         os.remove(log)
     cmd = [a.tidal, "train"] + flags + ["--steps", str(steps), "--log", log, "--log-every", "1"]
     rc, smi, secs = wl.run_logged(cmd, out, timeout)
-    rows = []
-    try:
-        with open(log) as f:
-            rows = [json.loads(ln) for ln in f if ln.strip()]
-    except (OSError, ValueError):
-        pass
+    rows = wl.read_jsonl(log)
     return {"command": " ".join(shlex.quote(c) for c in cmd), "exit": rc, "seconds": secs, "smi_bytes": smi,
             "steps": rows, "output_tail": wl.tail(out, 6), "output": out}
 

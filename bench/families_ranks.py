@@ -19,7 +19,6 @@ Usage (GPU machine with 2 GPUs, repository root, after `make`):
     python3 bench/families_ranks.py --backend cpu --no-fp16 --no-results   # the plumbing, no GPU
 """
 import argparse
-import json
 import math
 import os
 import shlex
@@ -44,12 +43,7 @@ def train(a, tag, flags):
     cmd = [a.tidal, "train", "--data", a.data, "--backend", a.backend, "--seq", str(a.seq), "--steps", str(a.steps),
            "--seed", "1337", "--lr", "1e-3", "--log", log] + flags
     rc, _, secs = wl.run_logged(cmd, out, a.run_timeout)
-    rows = []
-    try:
-        with open(log) as f:
-            rows = [json.loads(ln) for ln in f if ln.strip()]
-    except (OSError, ValueError):
-        pass
+    rows = wl.read_jsonl(log)
     r = {"command": " ".join(shlex.quote(c) for c in cmd), "exit": rc, "seconds": secs,
          "losses": [x.get("loss") for x in rows], "skipped": sum(1 for x in rows if x.get("skipped")),
          "tokens_per_s": sorted(x.get("tokens_per_s", 0) for x in rows[1:])[len(rows[1:]) // 2] if len(rows) > 1

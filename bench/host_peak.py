@@ -26,7 +26,6 @@ Usage (GPU machine, repository root, after `make`):
     python3 bench/host_peak.py --smoke --backend cpu   # plumbing, no GPU
 """
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -67,12 +66,7 @@ def train(a, n):
         os.remove(log)
     cmd = [a.tidal, "train", "--data", a.data, "--steps", str(a.steps), "--log", log] + common(a, n)
     rc, smi, secs = wl.run_logged(cmd, out, a.run_timeout)
-    steps = []
-    try:
-        with open(log) as f:
-            steps = [json.loads(ln) for ln in f if ln.strip()]
-    except (OSError, ValueError):
-        pass
+    steps = wl.read_jsonl(log)
     res = {"command": " ".join(shlex.quote(c) for c in cmd), "exit": rc, "seconds": secs, "smi_bytes": smi,
            "output": out}
     if rc != 0 or not steps:

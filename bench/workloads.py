@@ -370,6 +370,15 @@ def tail(path, n=4):
     return " | ".join(lines[-n:])
 
 
+def read_jsonl(path):
+    """The JSON objects of a --log file, a line each; [] when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return [json.loads(ln) for ln in f if ln.strip()]
+    except (OSError, ValueError):
+        return []
+
+
 def last_json(path):
     """The last line of the file that parses as a JSON object, or None."""
     try:
@@ -437,12 +446,7 @@ def run_tidal_once(a, w, B, K, plan):
     res["command"] = " ".join(shlex.quote(c) for c in cmd)
     rc, smi, secs = run_logged(cmd, out_file, a.run_timeout)
     res.update(exit=rc, smi_bytes=smi, seconds=secs, output=out_file)
-    steps = []
-    try:
-        with open(log_file) as f:
-            steps = [json.loads(ln) for ln in f if ln.strip()]
-    except (OSError, ValueError):
-        pass
+    steps = read_jsonl(log_file)
     timed = [s for s in steps if s.get("step", 0) > a.warmup]
     if rc != 0 or not timed:
         why = tail(out_file, 2) or "no output"
