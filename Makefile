@@ -44,7 +44,7 @@ OPT      ?= -O2
 BUILD    := build
 ifneq ($(strip $(SANITIZE)),)
 BUILD    := build-san
-OPT      := -O1 -g -fno-omit-frame-pointer -fsanitize=$(SANITIZE) -fno-sanitize-recover=all
+OPT      := -O2 -g -fno-omit-frame-pointer -fsanitize=$(SANITIZE) -fno-sanitize-recover=all
 endif
 # Objects of each configuration in a folder of their own.
 OBJ      := $(BUILD)/obj-$(if $(filter 1,$(CUDA)),cuda,cpu)
@@ -231,10 +231,12 @@ install: $(BUILD)/tidal $(BUILD)/libtidal.a $(BUILD)/$(SONAME)
 
 # --- test --------------------------------------------------------------------
 # ASan needs the shadow gap unprotected for the CUDA runtime to initialise.
+# OpenMP's idle threads sleep instead of spinning: the runner runs binaries
+# side by side (TD_TEST_JOBS), whose spinning threads took each other's cores.
 test: check-deps
 	@$(MAKE) --no-print-directory CUDA=$(CUDA) $(BUILD)/tidal $(TESTS)
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  TD_BACKEND=cpu ./tests/run.sh $(TESTS)
+	  OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} TD_BACKEND=cpu ./tests/run.sh $(TESTS)
 
 # The backend-generic CPU tests run again on the cuda backend, beside tests/gpu/.
 GENERIC_TESTS := $(filter $(addprefix $(BUILD)/tests/,test_arena test_copy test_fault test_hostpool test_memmgr),$(TESTS))
