@@ -330,7 +330,7 @@ static td_status cuda_block_forward(const td_model_run *r, void *const *p, void 
 {
     td_ops_cuda_block w;
     td_ops_cuda_block_acts a;
-    memcpy(&w, p, sizeof w); /* twelve pointers in layout order, td_ops_cuda_block's */
+    td_ops_cuda_block_from(r->desc, p, &w); /* the twelve and the adapters, by role */
     td_ops_cuda_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
     return td_ops_cuda_block_forward(r->ops, r->desc, &w, &a, x, y, r->pos, r->B, r->T, r->dt, r->scratch, r->scratch_bytes,
                                      r->stream);
@@ -341,8 +341,8 @@ static td_status cuda_block_backward(const td_model_run *r, void *const *p, void
 {
     td_ops_cuda_block w, gw;
     td_ops_cuda_block_acts a;
-    memcpy(&w, p, sizeof w);
-    memcpy(&gw, g, sizeof gw);
+    td_ops_cuda_block_from(r->desc, p, &w);
+    td_ops_cuda_block_from(r->desc, g, &gw);
     td_ops_cuda_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
     return td_ops_cuda_block_backward(r->ops, r->desc, &w, &gw, &a, x, dy, dx, r->pos, r->B, r->T, TD_OPS_CUDA_SET, r->dt,
                                       r->gdt, r->scratch, r->scratch_bytes, r->stream);

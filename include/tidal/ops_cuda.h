@@ -300,12 +300,18 @@ td_status td_ops_cuda_head_backward(td_ops_cuda *ctx, void *dx, void *dlnf_w, vo
 
 /* --- one transformer block ------------------------------------------------ */
 
-/* A block's 12 tensors on the device, in td_model_block's order and shapes
- * (params in dt, or their gradients in gdt). */
+/* A block's tensors on the device, in td_model_block's order and shapes
+ * (params in dt, or their gradients in gdt): the 12 roles, then LoRA target
+ * j's A (R, in) and B (rows, R) (NULL: none, or a gradient not wanted). */
 typedef struct td_ops_cuda_block {
     void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     void *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+    void *lora_a[TD_MODEL_LORA_MAX], *lora_b[TD_MODEL_LORA_MAX];
 } td_ops_cuda_block;
+
+/* The same from a block's tensors one by one (p[k]: its k-th tensor in
+ * layout order, NULL where it has none, as a frozen tensor's gradient). */
+void td_ops_cuda_block_from(const td_model_desc *cfg, void *const *p, td_ops_cuda_block *out);
 
 /* Points `out` into a block's span laid out as the reference model's (td_model_block_span),
  * with elements of type dt: a block's chunk.  Any family: a LLaMA-family
@@ -325,7 +331,33 @@ typedef struct td_ops_cuda_block_acts {
     void *ln2;                  /* (N,C) */
     float *ln2_mean, *ln2_rstd; /* (N) */
     void *fch, *fch_gelu;       /* (N,4C), (N,4C) */
+    void *lora_xa;              /* LoRA: x A^T (N,R) of target j at j td_ops_cuda_lora_xa_stride bytes; NULL: none */
 } td_ops_cuda_block_acts;
+
+/* --- LoRA adapters on a block's linear modules (model/cuda/lora.cu) ------------ *
+ * The CUDA counterpart of lora.c's td_lora_forward / td_lora_backward, for
+ * the blocks above and the rotary decoder's: after module `kind`'s product y
+ * (N rows, leading dimension ldy, elements of dt) of input x (N, in), each
+ * target j on that module:  xa = x A^T (N,R), kept in the acts;
+ * y[:, row0 : row0 + rows] += s xa B^T (s = alpha / R; beta = 1 GEMMs with
+ * fp32 accumulation).  Backward from that product's gradient dy:
+ * dB += s dy^T xa;  dxa = s dy B (N,R, into dxa);  dA += dxa^T x;
+ * dx += dxa A (dx NULL: none).  A gradient NULL in g is not computed. */
+size_t td_ops_cuda_lora_xa_stride(const td_model_desc *cfg, int B, int T, td_dtype dt);
+/* The acts the block keeps for them (every target's xa), carved by the block's acts view after its own. */
+size_t td_ops_cuda_lora_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
+/* The backward's dxa (N,R): in the block's backward scratch (0 without LoRA). */
+size_t td_ops_cuda_lora_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
+/* Whether a LoRA target sits on module `kind` (its product then runs unfused from what follows it). */
+int td_ops_cuda_lora_on(const td_model_desc *cfg, td_model_param kind);
+/* y NULL: a recompute, xa alone. */
+td_status td_ops_cuda_lora_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
+                                   const td_ops_cuda_block_acts *acts, td_model_param kind, const void *x, void *y,
+                                   int ldy, int N, td_dtype dt, void *stream);
+td_status td_ops_cuda_lora_backward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
+                                    const td_ops_cuda_block *g, const td_ops_cuda_block_acts *acts,
+                                    td_model_param kind, const void *x, const void *dy, int ldy, void *dx, int N,
+                                    td_dtype dt, td_dtype gdt, void *dxa, void *stream);
 
 /* Bytes of one block's acts, each field 256-byte aligned. */
 size_t td_ops_cuda_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);

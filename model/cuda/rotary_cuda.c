@@ -7,10 +7,12 @@
  *   forward   the residual adds ride in o_proj's and down_proj's GEMMs
  *             (beta = 1 on the residual input); RoPE rotates q and k of the
  *             fused qkv in one launch;
+ *             LoRA targets add their updates right after their module's
+ *             product (lora.cu), q, k and v before RoPE;
  *   backward  input gradients are written (SET), and the GLU backward
  *             runs in place over the gate|up gradient buffer.
  * Backward scratch: dA (N, max(2H, QKV)) for dgate_up, later dqkv; dB (N,H);
- * dres2 (N,C); dc (N, max(C, A)) for dln2, datty, dln1; then the op scratch
+ * dres2 (N,C); dc (N, max(C, A)) for dln2, datty, dln1; LoRA's dxa (N,R); then the op scratch
  * (matmul / RMSNorm partial sums, or attention's buffers).
  * RoPE's frequency table (hs/2 fp32 on the device) is the family's
  * constants (consts_fill), uploaded once by the caller.
@@ -54,7 +56,7 @@ size_t td_ops_cuda_rotary_block_acts_bytes(const td_model_desc *cfg, int B, int 
     size_t b[12], total = 0;
     acts_fields(cfg, B, T, dt, b);
     for (int i = 0; i < 12; i++) total += up(b[i]);
-    return total;
+    return total + td_ops_cuda_lora_acts_bytes(cfg, B, T, dt);
 }
 
 void td_ops_cuda_rotary_block_acts_view(const td_model_desc *cfg, int B, int T, td_dtype dt, void *base,
@@ -70,6 +72,7 @@ void td_ops_cuda_rotary_block_acts_view(const td_model_desc *cfg, int B, int T, 
         *slot[i] = b[i] ? p : NULL;
         p += up(b[i]);
     }
+    out->lora_xa = td_model_lora_count(cfg) ? p : NULL; /* the adapters' xa after the twelve */
 }
 
 static size_t op_scratch(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
@@ -86,7 +89,7 @@ static size_t fixed_scratch(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
     const sizes s = sizes_of(cfg, B, T, dt);
     return up(s.N * max2(2 * s.H, s.QKV) * s.e) + up(s.N * s.H * s.e) + up(s.N * s.C * s.e) +
-           up(s.N * max2(s.C, s.A) * s.e);
+           up(s.N * max2(s.C, s.A) * s.e) + td_ops_cuda_lora_scratch_bytes(cfg, B, T, dt);
 }
 
 size_t td_ops_cuda_rotary_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
@@ -118,17 +121,24 @@ td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc
     const float off = sty->norm_offset;
     TRY(td_ops_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, off, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->qkv, NULL, a->ln1, w->qkv_w, w->qkv_b, NULL, N, C, QKV, dt, stream));
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_QKV_W, a->ln1, a->qkv, QKV, N, dt, stream)); /* before RoPE */
     TRY(td_ops_cuda_rope_forward(a->qkv, inv_freq, pos, B, T, NH + NKV, hs, (size_t)QKV, dt, stream)); /* q and k */
     TRY(td_ops_cuda_attention_gqa_forward(ctx, a->atty, a->att_lse, a->qkv, pos, B, T, NH, NKV, hs, dt, scratch,
                                           scratch_bytes, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->res2, NULL, a->atty, w->attproj_w, NULL, x, N, A, C, dt,
                                    stream)); /* res2 = x + attention branch */
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_ATTPROJ_W, a->atty, a->res2, C, N, dt, stream));
     TRY(td_ops_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, off, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->fch, NULL, a->ln2, w->fc_w, NULL, NULL, N, C, 2 * H, dt, stream));
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FC_W, a->ln2, a->fch, 2 * H, N, dt, stream));
     TRY(td_ops_cuda_glu_forward(a->fch_gelu, a->fch, N, H, sty->act, dt, stream));
-    if (!y) return TD_OK; /* a recompute: backward reads the acts, not y */
+    if (!y) { /* a recompute: backward reads the acts (and down_proj's adapter input), not y */
+        TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, NULL, C, N, dt, stream));
+        return TD_OK;
+    }
     TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, a->fch_gelu, w->fcproj_w, NULL, a->res2, N, H, C, dt,
                                    stream)); /* y = res2 + mlp branch */
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, y, C, N, dt, stream));
     return TD_OK;
 }
 
@@ -152,6 +162,8 @@ td_status td_ops_cuda_rotary_block_backward(td_ops_cuda *ctx, const td_model_des
     void *dB = p;      p += up(s.N * s.H * s.e);
     void *dres2 = p;   p += up(s.N * s.C * s.e);
     void *dc = p;      p += up(s.N * max2(s.C, s.A) * s.e);
+    void *dxa = td_model_lora_count(cfg) ? p : NULL;
+    p += td_ops_cuda_lora_scratch_bytes(cfg, B, T, dt);
     void *ops = p;
     const size_t ops_bytes = scratch_bytes - fixed;
     const td_model_traits *sty = td_rotary_traits(cfg);
@@ -160,20 +172,26 @@ td_status td_ops_cuda_rotary_block_backward(td_ops_cuda *ctx, const td_model_des
     /* y = res2 + down(act(gate) * up), (gate | up) = gate_up(rmsnorm_2(res2)) */
     TRY(td_ops_cuda_matmul_backward(ctx, dB, g->fcproj_w, NULL, dy, a->fch_gelu, w->fcproj_w, N, H, C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_lora_backward(ctx, cfg, w, g, a, TD_MODEL_FCPROJ_W, a->fch_gelu, dy, C, dB, N, dt, gdt, dxa,
+                                  stream));
     TRY(td_ops_cuda_glu_backward(dA, dB, a->fch, N, H, sty->act, TD_OPS_CUDA_SET, dt, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->fc_w, NULL, dA, a->ln2, w->fc_w, N, C, 2 * H, TD_OPS_CUDA_SET, dt,
                                     gdt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_lora_backward(ctx, cfg, w, g, a, TD_MODEL_FC_W, a->ln2, dA, 2 * H, dc, N, dt, gdt, dxa, stream));
     TRY(td_ops_cuda_rmsnorm_backward_res(dres2, dy, g->ln2_w, dc, a->res2, w->ln2_w, off, a->ln2_rstd, N, C, dt, gdt,
                                          ops, ops_bytes, stream));
     /* res2 = x + o_proj(gqa(rope(qkv(rmsnorm_1(x))))) */
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->attproj_w, NULL, dres2, a->atty, w->attproj_w, N, A, C,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_lora_backward(ctx, cfg, w, g, a, TD_MODEL_ATTPROJ_W, a->atty, dres2, C, dc, N, dt, gdt, dxa,
+                                  stream));
     void *dqkv = dA;
     TRY(td_ops_cuda_attention_gqa_backward(ctx, dqkv, dc, a->qkv, a->atty, a->att_lse, pos, B, T, NH, NKV, hs,
                                            TD_OPS_CUDA_SET, dt, ops, ops_bytes, stream));
     TRY(td_ops_cuda_rope_backward(dqkv, inv_freq, pos, B, T, NH + NKV, hs, (size_t)QKV, dt, stream));
     TRY(td_ops_cuda_matmul_backward(ctx, dc, g->qkv_w, g->qkv_b, dqkv, a->ln1, w->qkv_w, N, C, QKV,
                                     TD_OPS_CUDA_SET, dt, gdt, ops, ops_bytes, stream));
+    TRY(td_ops_cuda_lora_backward(ctx, cfg, w, g, a, TD_MODEL_QKV_W, a->ln1, dqkv, QKV, dc, N, dt, gdt, dxa, stream));
     /* dx = dres2 + RMSNorm 1's part */
     TRY(td_ops_cuda_rmsnorm_backward_res(dx, dres2, g->ln1_w, dc, x, w->ln1_w, off, a->ln1_rstd, N, C, dt, gdt, ops,
                                          ops_bytes, stream));
@@ -248,15 +266,7 @@ static void exec_consts_fill(const td_model_desc *d, void *host)
 }
 
 /* The block's tensors (layout order) as td_ops_cuda_block's fields. */
-static void view(const td_model_desc *d, void *const *p, td_ops_cuda_block *w)
-{
-    td_model_block b;
-    td_model_block_from(d, p, &b);
-    /* td_model_block and td_ops_cuda_block list the same twelve roles in one order */
-    void **dst = (void **)w;
-    float **src = (float **)&b;
-    for (size_t i = 0; i < sizeof *w / sizeof(void *); i++) dst[i] = src[i];
-}
+static void view(const td_model_desc *d, void *const *p, td_ops_cuda_block *w) { td_ops_cuda_block_from(d, p, w); }
 
 /* The embedding, scaled in place by sqrt(C) rounded to dt (Gemma). */
 static td_status exec_embed_forward(const td_model_run *r, void *const *p, const int *tokens, void *out)
