@@ -9,7 +9,14 @@
  * is tested by being in the registry.  The rotary families once more with a
  * padding token among the inputs (config.json's pad_token_id): its embedding
  * row keeps what it held (here random start gradients) and the other rows
- * sum the lookup as the CPU does. */
+ * sum the lookup as the CPU does.  Then each family with LoRA adapters of
+ * rank 4 (alpha 8), the base frozen as the trainer freezes it (its
+ * gradients NULL on both sides): on every linear module (q, k and v are
+ * row ranges of the fused qkv, gate and up of gate|up), and on a few (v and
+ * up, ranges that start past row 0, with o and down; GPT-2's c_attn alone,
+ * its fc GEMM keeping its fused GELU): the block's output, its dx and every
+ * adapter's gradient against the CPU reference (model/lora.c), the adapters'
+ * xa rebuilt by the recompute. */
 #include "td_test.h"
 #include "tidal/family.h"
 #include "tidal/ops_cuda.h"
@@ -86,7 +93,8 @@ static void ptrs(const td_model_desc *d, void *base, int first, int count, void 
 
 /* packed: each row holds documents (row 0: 5, 1, 10 tokens; row 1: 16),
  * their positions restarting, passed in run.pos to both sides. */
-static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream, int packed, int with_pad)
+/* lora: 0 none, 1 on every linear module, 2 on a few (see the top). */
+static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream, int packed, int with_pad, int lora)
 {
     packed_run = packed;
     static const int docs[B][4] = {{5, 1, 10, 0}, {16, 0, 0, 0}};
@@ -95,6 +103,14 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
         for (int k = 0, t = 0; k < 4 && docs[b][k]; k++)
             for (int i = 0; i < docs[b][k]; i++) pos[b * T + t++] = i;
     td_model_desc d = smallest(f);
+    if (lora) {
+        const char *few = f->traits.rope ? "v_proj,o_proj,up_proj,down_proj" : "c_attn";
+        TD_ASSERT_OK(td_model_lora_set(&d, 4, 8.0f, 0.0f, lora == 1 ? NULL : few));
+        char mods[256];
+        td_model_lora_modules(&d, mods, sizeof mods);
+        print_message("%-6s LoRA rank 4 on %s (%d targets)\n", f->name, mods, td_model_lora_count(&d));
+        assert_true(td_model_lora_count(&d) >= 2);
+    }
     const td_model_exec *cpu = td_model_exec_of(&d, 0), *gpu = td_model_exec_of(&d, 1);
     assert_non_null(gpu);
     const int C = d.n_embd, Vp = d.padded_vocab_size, ne = td_model_embed_tensor_count(&d);
@@ -172,6 +188,11 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
 
     /* the block: forward, recompute, backward */
     ptrs(&d, p, ne, nb, cp), ptrs(&d, d_p, ne, nb, gp), ptrs(&d, g, ne, nb, cg), ptrs(&d, d_g, ne, nb, gg);
+    for (int k = 0; lora && k < nb; k++) { /* the base frozen: no gradients */
+        td_model_tensor t;
+        td_model_tensor_get(&d, ne + k, &t);
+        if (!TD_MODEL_IS_LORA(t.kind)) cg[k] = gg[k] = NULL;
+    }
     TD_ASSERT_OK(cpu->block_forward(&rc, cp, acts, x, y));
     TD_ASSERT_OK(gpu->block_forward(&rg, gp, d_acts, d_x, d_y));
     compare(f->name, "block forward", d_y, y, NC, 2e-4);
@@ -179,10 +200,32 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
     TD_ASSERT_OK(cpu->block_backward(&rc, cp, cg, acts, x, dy, dx));
     TD_ASSERT_OK(gpu->block_backward(&rg, gp, gg, d_acts, d_x, d_dy, d_dx));
     compare(f->name, "block backward dx", d_dx, dx, NC, 2e-4);
+    int adapters = 0;
     for (int k = 0; k < nb; k++) {
         td_model_tensor t;
         td_model_tensor_get(&d, ne + k, &t);
-        compare(f->name, t.name + strlen(f->hf_block_prefix) + 2, gg[k], cg[k], t.numel, 1e-3);
+        if (!cg[k]) continue; /* frozen */
+        /* an adapter's gradient: a handful of GEMMs past dx's, dx's tolerance */
+        const int ad = TD_MODEL_IS_LORA(t.kind);
+        adapters += ad;
+        compare(f->name, t.name + strlen(f->hf_block_prefix) + 2, gg[k], cg[k], t.numel, ad ? 2e-4 : 1e-3);
+    }
+    assert_int_equal(adapters, 2 * td_model_lora_count(&d));
+    if (lora) { /* the adapters moved the block: B is not zero here */
+        float *base_y = fvec(NC);
+        td_model_desc b = d;
+        b.lora = (td_model_lora){0};
+        const td_model_exec *bc = td_model_exec_of(&b, 0);
+        float *bacts = fvec(bc->block_acts_bytes(&b, B, T, TD_DTYPE_F32) / 4);
+        td_model_run rb = rc;
+        rb.desc = &b;
+        TD_ASSERT_OK(bc->block_forward(&rb, cp, bacts, x, base_y)); /* the block's tensors come first in the layout */
+        double moved = 0;
+        for (size_t k = 0; k < NC; k++) moved = fmax(moved, fabs((double)base_y[k] - y[k]));
+        print_message("%-6s LoRA's change of the block output: max %.3g\n", f->name, moved);
+        assert_true(moved > 1e-3);
+        free(base_y);
+        free(bacts);
     }
 
     /* the head */
@@ -226,8 +269,9 @@ static void test_every_family_against_cpu(void **state)
     for (int packed = 0; packed < 2; packed++)
         for (int i = 0; i < td_model_family_count(); i++) {
             const td_model_family *f = td_model_family_at(i);
-            run_family(f, ops, NULL, packed, 0);
-            if (f->traits.rope && !packed) run_family(f, ops, NULL, 0, 1);
+            run_family(f, ops, NULL, packed, 0, 0);
+            if (f->traits.rope && !packed) run_family(f, ops, NULL, 0, 1, 0);
+            if (!packed) run_family(f, ops, NULL, 0, 0, 1), run_family(f, ops, NULL, 0, 0, 2);
         }
     td_ops_cuda_free(ops);
     cudaFree(ws);
