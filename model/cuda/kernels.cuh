@@ -226,7 +226,9 @@ struct td_ops_cuda_plan {
     cublasLtMatmulAlgo_t algo;
 };
 
-enum { TD_OPS_CUDA_PLANS = 64 };
+/* A block with LoRA on every module adds some 30 small GEMM shapes to the base
+ * model's (its adapters' widths and row ranges): room for both. */
+enum { TD_OPS_CUDA_PLANS = 128 };
 
 struct td_ops_cuda {
     cublasLtHandle_t lt;
