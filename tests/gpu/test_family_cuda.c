@@ -13,8 +13,9 @@
  * rank 4 (alpha 8), the base frozen as the trainer freezes it (its
  * gradients NULL on both sides): on every linear module (q, k and v are
  * row ranges of the fused qkv, gate and up of gate|up), and on a few (v and
- * up, ranges that start past row 0, with o and down; GPT-2's c_attn alone,
- * its fc GEMM keeping its fused GELU): the block's output, its dx and every
+ * up, ranges that start past row 0, with o and down; k and gate; GPT-2's
+ * c_attn and c_fc, c_proj's backward keeping its fused GELU derivative;
+ * both c_proj, the fc GEMM keeping its fused GELU): the block's output, its dx and every
  * adapter's gradient against the CPU reference (model/lora.c), the adapters'
  * xa rebuilt by the recompute. */
 #include "td_test.h"
@@ -93,7 +94,7 @@ static void ptrs(const td_model_desc *d, void *base, int first, int count, void 
 
 /* packed: each row holds documents (row 0: 5, 1, 10 tokens; row 1: 16),
  * their positions restarting, passed in run.pos to both sides. */
-/* lora: 0 none, 1 on every linear module, 2 on a few (see the top). */
+/* lora: 0 none, 1 on every linear module, 2 and 3 on a few (see the top). */
 static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream, int packed, int with_pad, int lora)
 {
     packed_run = packed;
@@ -104,7 +105,8 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
             for (int i = 0; i < docs[b][k]; i++) pos[b * T + t++] = i;
     td_model_desc d = smallest(f);
     if (lora) {
-        const char *few = f->traits.rope ? "v_proj,o_proj,up_proj,down_proj" : "c_attn";
+        const char *few = f->traits.rope ? (lora == 2 ? "v_proj,o_proj,up_proj,down_proj" : "k_proj,gate_proj")
+                                         : (lora == 2 ? "c_attn,c_fc" : "c_proj");
         TD_ASSERT_OK(td_model_lora_set(&d, 4, 8.0f, 0.0f, lora == 1 ? NULL : few));
         char mods[256];
         td_model_lora_modules(&d, mods, sizeof mods);
@@ -271,7 +273,7 @@ static void test_every_family_against_cpu(void **state)
             const td_model_family *f = td_model_family_at(i);
             run_family(f, ops, NULL, packed, 0, 0);
             if (f->traits.rope && !packed) run_family(f, ops, NULL, 0, 1, 0);
-            if (!packed) run_family(f, ops, NULL, 0, 0, 1), run_family(f, ops, NULL, 0, 0, 2);
+            for (int lora = 1; lora <= 3 && !packed; lora++) run_family(f, ops, NULL, 0, 0, lora);
         }
     td_ops_cuda_free(ops);
     cudaFree(ws);
