@@ -115,10 +115,10 @@ def main(argv=None):
             f["error"] = fp16.get("error") or bf16.get("error")
             wl.say(f"fp16: {f['error']}")
         else:
+            # random tokens: nothing to learn, so fp16 is held to bf16's path, not to a falling loss
             finite = all(x is not None and math.isfinite(x) for x in fp16["losses"])
-            learnt = fp16["losses"][-1] < fp16["losses"][0]
             f["last_over_bf16"] = fp16["losses"][-1] / bf16["losses"][-1]
-            f["met"] = finite and learnt and abs(f["last_over_bf16"] - 1) <= 0.02
+            f["met"] = finite and abs(f["last_over_bf16"] - 1) <= 0.02
             ok &= f["met"]
             wl.say(f"fp16, {a.fp16_steps} steps: every loss finite: {'yes' if finite else 'NO'}; loss "
                    f"{fp16['losses'][0]:.4f} -> {fp16['losses'][-1]:.4f} (bf16: -> {bf16['losses'][-1]:.4f}, "
