@@ -103,6 +103,15 @@ static int is_adapter(const td_trainer *t, int i)
     return TD_MODEL_IS_LORA(tt.kind);
 }
 
+/* Layout tensor i when it is an adapter (1): its shape and PEFT name. */
+static int adapter_at(const td_trainer *t, int i, td_model_tensor *tt, char *name, size_t n)
+{
+    if (!is_adapter(t, i)) return 0;
+    td_model_tensor_get(&t->cfg.model, i, tt);
+    peft_name(t, i, name, n);
+    return 1;
+}
+
 /* Where layout tensor i lies in the host copy of its chunk of one role
  * (ids: t->sid, t->pid, t->mid or t->vid): the host copy (*buf) holds the
  * chunk's elements [*base, *base + *n); the tensor starts at chunk element
@@ -192,11 +201,9 @@ td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *ba
         TD_TRY(td_st_writer_create(path, &w));
         TD_TRY(td_st_writer_add_metadata(w, "format", "pt"));
         for (int i = 0; i < n; i++) {
-            if (!is_adapter(t, i)) continue;
             td_model_tensor tt;
             char name[160];
-            td_model_tensor_get(d, i, &tt);
-            peft_name(t, i, name, sizeof name);
+            if (!adapter_at(t, i, &tt, name, sizeof name)) continue;
             uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
             TD_TRY(td_st_writer_declare(w, name, TD_ST_F32, 2, shape, NULL));
         }
@@ -225,11 +232,9 @@ td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *ba
         for (int k = 0; meta && meta[k] && meta[k + 1]; k += 2)
             TD_TRY(td_st_writer_add_metadata(sw, meta[k], meta[k + 1]));
         for (int i = 0; i < n; i++) {
-            if (!is_adapter(t, i)) continue;
             td_model_tensor tt;
             char name[160], full[176];
-            td_model_tensor_get(d, i, &tt);
-            peft_name(t, i, name, sizeof name);
+            if (!adapter_at(t, i, &tt, name, sizeof name)) continue;
             uint64_t shape[2] = {(uint64_t)tt.shape[0], (uint64_t)tt.shape[1]};
             for (int m = 0; m < 2; m++) {
                 snprintf(full, sizeof full, "%s.%s", m ? "adam_v" : "adam_m", name);
@@ -289,12 +294,10 @@ td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state)
         if (is_adapter(t, i) && td_memmgr_tensor_numel(t->mm, t->pid[i]) > big) big = td_memmgr_tensor_numel(t->mm, t->pid[i]);
     if (!(tmp = td_malloc(big * sizeof(float) + 1, TD_ROLE_META))) { st = TD_ERR_NOMEM; goto cleanup; }
     for (int i = 0; i < n; i++) {
-        if (!is_adapter(t, i)) continue;
         td_model_tensor tt;
         const td_st_tensor *x;
         char name[160];
-        td_model_tensor_get(d, i, &tt);
-        peft_name(t, i, name, sizeof name);
+        if (!adapter_at(t, i, &tt, name, sizeof name)) continue;
         TD_TRY(tensor_in(f, name, &tt, &x));
         TD_TRY(td_st_read(f, x, 0, tt.numel, TD_ST_F32, tmp));
         /* each rank's host copy takes its part (all of it on one rank) */
@@ -317,11 +320,9 @@ td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state)
     if (strcmp(saved, td_optim_state_name(t->cfg.optim.state)))
         TD_FAIL(TD_ERR_INVALID, "%s was saved with --optim-state %s; resume with --optim-state %s", path, saved, saved);
     for (int i = 0; i < n; i++) {
-        if (!is_adapter(t, i)) continue;
         td_model_tensor tt;
         char name[160], full[176];
-        td_model_tensor_get(d, i, &tt);
-        peft_name(t, i, name, sizeof name);
+        if (!adapter_at(t, i, &tt, name, sizeof name)) continue;
         for (int m = 0; m < 2; m++) {
             const td_st_tensor *x;
             host_part h;
