@@ -4,18 +4,17 @@
  * once, and a kill reaches a rank's own children) and PR_SET_PDEATHSIG (so
  * no rank outlives a launcher killed with SIGKILL).  The environments are
  * built before fork: a forked child of a threaded process may only exec. */
+#include "net.h"
 #include "tidal/alloc.h"
 #include "tidal/parallel.h"
 #include "tidal/util.h"
 
 #include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,24 +28,6 @@ td_launch_params td_launch_default_params(void)
 {
     td_launch_params p = { .nproc = 1, .grace_ms = 5000, .master_port = 0, .nnodes = 1, .node_rank = 0 };
     return p;
-}
-
-/* A port nobody listens on now (the kernel's pick); the ranks bind it a moment later. */
-static td_status free_port(int *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return td_error_set(TD_ERR_IO, "launch: socket(): %s", strerror(errno));
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = 0 };
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t len = sizeof a;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        int e = errno;
-        close(fd);
-        return td_error_set(TD_ERR_IO, "launch: finding a free port for MASTER_PORT: %s", strerror(e));
-    }
-    *port = ntohs(a.sin_port);
-    close(fd);
-    return TD_OK;
 }
 
 /* Variables the launcher sets, or drops because they would redirect the rendezvous. */
@@ -116,7 +97,8 @@ td_status td_launch_run(const td_launch_params *params, char *const *argv, td_la
     if (p.master_addr && strlen(p.master_addr) >= VAR_BYTES - 16)
         return td_error_set(TD_ERR_INVALID, "launch: MASTER_ADDR is longer than %d characters", VAR_BYTES - 16);
     int port = p.master_port;
-    if (port == 0 && (st = free_port(&port))) return st;
+    /* a port nobody listens on now (the kernel's pick); the ranks bind it a moment later */
+    if (port == 0 && (st = td_net_free_port(&port))) return td_error_prefix(st, "launch: MASTER_PORT: ");
     if (port < 1 || port > 65535) return td_error_set(TD_ERR_INVALID, "launch: MASTER_PORT %d is not a port", port);
     res->master_port = port;
 
