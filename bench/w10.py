@@ -31,10 +31,7 @@ Usage (GPU machine of 2 GPUs, repository root, after `make`):
     python3 bench/w10.py --smoke --tidal-backend cpu   # plumbing, no GPU
 """
 import argparse
-import copy
-import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,32 +46,8 @@ ROWS = ["tidal-2gpu", "tidal-1gpu", "at-peer-max"]
 def largest(a, nproc):
     """The largest layer count at --width/--heads that `tidal plan --largest [--nproc N]` fits with fp32
     state, as a shape, or None."""
-    cmd = [a.tidal, "plan", "--largest", "--json", "--backend", a.tidal_backend,
-           "--precision", "bf16" if a.tidal_backend == "cuda" else "fp32", "--width", str(a.width),
-           "--heads", str(a.heads), "--seq", str(a.seq), "--micro-batch", str(a.batch), "--vocab", str(wl.VOCAB),
-           "--gpu-budget", f"{a.budget_gib:g}GiB", "--optim-state", "fp32", "--clip-grad-norm", f"{a.clip:g}"]
-    if nproc > 1:
-        cmd += ["--nproc", str(nproc)]
-    if a.host_ram:
-        cmd += ["--host-ram", a.host_ram]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    doc = None
-    for ln in reversed(out.stdout.splitlines()):
-        if ln.strip().startswith("{"):
-            try:
-                doc = json.loads(ln)
-                break
-            except ValueError:
-                pass
-    if doc is None:
-        wl.say(f"  tidal plan --largest{' --nproc %d' % nproc if nproc > 1 else ''} failed (exit {out.returncode}): "
-               f"{out.stderr.strip()[-300:]}")
-        return None
-    for row in doc.get("largest", []):
-        if row.get("optim_state") == "fp32" and row.get("width") == a.width and row.get("layers"):
-            return (row["layers"], a.width, a.heads)
-    wl.say(f"  tidal plan --largest gave no fp32 row for width {a.width}: {json.dumps(doc)[:300]}")
-    return None
+    extra = ["--clip-grad-norm", f"{a.clip:g}"] + (["--nproc", str(nproc)] if nproc > 1 else [])
+    return w5.largest(a, "fp32", a.width, a.heads, extra)
 
 
 def workload(wid, shape, a, ranks, peer):

@@ -55,12 +55,12 @@ def params_of(shape, vocab=wl.VOCAB, seq=1024):
     return vocab * C + seq * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
-def largest(a, state, width, heads):
-    """The largest layer count of width/heads that `tidal plan --largest` says fits, or None."""
+def largest(a, state, width, heads, extra=()):
+    """The largest layer count of width/heads that `tidal plan --largest [extra flags]` says fits, or None."""
     cmd = [a.tidal, "plan", "--largest", "--json", "--backend", a.tidal_backend,
            "--precision", "bf16" if a.tidal_backend == "cuda" else "fp32", "--width", str(width),
            "--heads", str(heads), "--seq", str(a.seq), "--micro-batch", str(a.batch), "--vocab", str(wl.VOCAB),
-           "--gpu-budget", f"{a.budget_gib:g}GiB", "--optim-state", state]
+           "--gpu-budget", f"{a.budget_gib:g}GiB", "--optim-state", state] + list(extra)
     if a.host_ram:
         cmd += ["--host-ram", a.host_ram]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -73,7 +73,7 @@ def largest(a, state, width, heads):
             except ValueError:
                 pass
     if doc is None:
-        wl.say(f"  tidal plan --largest failed (exit {out.returncode}): {out.stderr.strip()[-300:]}")
+        wl.say(f"  tidal plan --largest {' '.join(extra)} failed (exit {out.returncode}): {out.stderr.strip()[-300:]}")
         return None
     for row in doc.get("largest", []):
         if row.get("optim_state") == state and row.get("width") == width and row.get("layers"):
