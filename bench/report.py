@@ -56,6 +56,8 @@ GROUPS = [
     ("Kernels: each op beside its roofline, the head and loss in chunks, attention beside PyTorch SDPA (flash)",
      "python3 bench/kernels.py", ["kernels-ops", "kernels-head", "kernels-attention"]),
     ("The copy engine and the CPU AdamW", "make bench-gpu TD_BENCH_PARTS='copy adam'", ["copy", "adam", "adam-torch"]),
+    ("A long run at W6's shape: device, pinned, pageable and heap bytes flat after the warm-up, every loss finite",
+     "python3 tests/gpu/soak.py --steps 2000", ["soak-W6"]),
     ("`tidal tune`'s pick against a measured grid (W6's shape)", "python3 bench/tune_grid.py", ["tune-grid-W6"]),
     ("The disk tier (W11a, W11b; DIR on a local disk)",
      "python3 bench/disk_tier.py --dir DIR --parts bench,check,w11a,w11b,paper",
