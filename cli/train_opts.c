@@ -246,6 +246,9 @@ td_status td_cli_train_config(const td_cli_train_opts *o, td_opt *table, int dat
             (td_cli_seen(table, "lora-targets") && strcmp(o->lora_targets, targets)))
             return td_error_set(TD_ERR_INVALID, "--resume %s holds adapters of rank %d, alpha %g on %s: the --lora "
                                 "flags given differ", o->resume, a_rank, a_alpha, targets);
+        if (td_cli_seen(table, "lora-dropout") && (float)o->lora_dropout != (float)a_dropout)
+            return td_error_set(TD_ERR_INVALID, "--resume %s trained with --lora-dropout %g (its adapter_config.json's "
+                                "lora_dropout): leave --lora-dropout out, or give %g", o->resume, a_dropout, a_dropout);
         if ((st = td_model_lora_set(&c->model, a_rank, (float)a_alpha, (float)a_dropout, targets)))
             return td_error_prefix(st, "--resume %s: ", o->resume);
     } else if (o->lora_rank || td_cli_seen(table, "lora-targets") || td_cli_seen(table, "lora-alpha") ||

@@ -72,7 +72,7 @@ typedef struct td_cli_train_opts {
     {"lora-rank", TD_OPT_INT, &(o)->lora_rank, "R", "LoRA: train rank-R adapters on --lora-targets, the base frozen (docs/training.md,\n" \
      "\"LoRA\"); a save then writes a PEFT adapter folder", 0},                                                  \
     {"lora-alpha", TD_OPT_DOUBLE, &(o)->lora_alpha, "A", "LoRA: the update is scaled by A / R (default A = R)", 0}, \
-    {"lora-dropout", TD_OPT_DOUBLE, &(o)->lora_dropout, "P", "LoRA: dropout on the adapters' input (only 0, the default, is supported)", 0}, \
+    {"lora-dropout", TD_OPT_DOUBLE, &(o)->lora_dropout, "P", "LoRA: dropout on the adapters' input while training (peft's lora_dropout;\ndefault 0): each input element of an adapter is zeroed with probability P,\nthe others scaled by 1/(1-P); the mask is a hash of the seed, step, sample,\nposition, layer, module and column, never stored; eval and generate never drop", 0}, \
     {"lora-targets", TD_OPT_STRING, &(o)->lora_targets, "LIST", "LoRA: the modules, comma separated, e.g. q_proj,v_proj (default: every\n" \
      "linear module of the block: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj;\n"                  \
      "GPT-2's c_attn,c_proj,c_fc)", 0},                                              \

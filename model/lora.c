@@ -7,9 +7,14 @@
  * Forward, for target j on rows [row0, row0 + rows) of the module's output
  * y (N, ldy):  xa = x A^T (N,R), kept;  y[:, rows] += s xa B^T.
  * Backward from dy:  dB += s dy^T xa;  dxa = s dy B;  dA += dxa^T x;
- * dx += dxa A.  W + s B A is never formed.  Dropout on the adapters'
- * input is not computed here: the trainer refuses a dropout above 0. */
+ * dx += dxa A.  W + s B A is never formed.
+ *
+ * Dropout (training: the acts carry a key): x above is drop(x) = x m/(1-P)
+ * with the mask m of model.h's hash, written into the acts' lora_xd
+ * scratch.  The backward hashes the same key again: dA += dxa^T drop(x),
+ * and dx takes m/(1-P) times (dxa A), the branch's input gradient. */
 #include "lora.h"
+#include "lora_mask.h"
 #include "ops_internal.h"
 #include "tidal/family.h"
 #include "tidal/util.h"
@@ -45,7 +50,7 @@ static void module_of(const td_model_hf_part *p, char *path, size_t n, const cha
     *last = l ? l + 1 : path;
 }
 
-static void target_of(const td_model_desc *d, const td_model_hf_part *p, td_model_lora_target *out)
+static void target_of(const td_model_desc *d, const td_model_hf_part *p, int index, td_model_lora_target *out)
 {
     int shape[2] = {0, 0};
     const char *last;
@@ -53,6 +58,7 @@ static void target_of(const td_model_desc *d, const td_model_hf_part *p, td_mode
     memset(out, 0, sizeof *out);
     module_of(p, out->module, sizeof out->module, &last);
     out->kind = p->kind;
+    out->module_index = index;
     out->in = shape[1];
     out->row0 = 0;
     out->rows = shape[0];
@@ -84,7 +90,7 @@ void td_model_lora_target_get(const td_model_desc *d, int j, td_model_lora_targe
     for (int i = 0; i < n; i++) {
         if (!(d->lora.targets >> i & 1u)) continue;
         if (seen++ == j) {
-            target_of(d, &c[i], out);
+            target_of(d, &c[i], i, out);
             return;
         }
     }
@@ -208,6 +214,47 @@ void td_lora_init(const td_model_desc *d, td_model_param kind, float *dst, size_
     for (size_t i = 0; i < numel; i++) dst[i] = (float)((2.0 * td_rng_uniform(&r) - 1.0) * bound);
 }
 
+/* --- dropout's mask --------------------------------------------------------------- */
+
+uint64_t td_model_lora_drop_hash(uint64_t seed, int64_t step, int layer, int module_index, int64_t sample,
+                                 int position, int column)
+{
+    const uint64_t row = td_lora_mask_row(td_lora_mask_call(seed, step, layer, module_index), sample, position);
+    return td_lora_mask_eat(row, (uint64_t)column);
+}
+
+int td_model_lora_dropped(const td_model_lora_drop *k, int module_index, int64_t row, int column, float p)
+{
+    const uint64_t call = td_lora_mask_call(k->seed, k->step, k->layer, module_index);
+    return td_lora_mask_dropped(td_lora_mask_row(call, k->sample0 + row / k->T, (int)(row % k->T)), column,
+                                p * 16777216.0f);
+}
+
+/* out (N,in) = m/(1-P) x, or (add) out += m/(1-P) x: target tg's mask under key k. */
+static void drop_apply(const td_model_desc *d, const td_model_lora_drop *k, const td_model_lora_target *tg,
+                       float *out, const float *x, int N, int add)
+{
+    const float p = d->lora.dropout, threshold = p * 16777216.0f, keep = 1.0f / (1.0f - p);
+    const uint64_t call = td_lora_mask_call(k->seed, k->step, k->layer, tg->module_index);
+    const int in = tg->in;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; r++) {
+        const uint64_t row = td_lora_mask_row(call, k->sample0 + r / k->T, r % k->T);
+        float *o = out + (size_t)r * (size_t)in;
+        const float *xr = x + (size_t)r * (size_t)in;
+        for (int c = 0; c < in; c++) {
+            const float v = td_lora_mask_dropped(row, c, threshold) ? 0.0f : xr[c] * keep;
+            o[c] = add ? o[c] + v : v;
+        }
+    }
+}
+
+/* The acts' dropout key, when this call drops (a key, a dropout, its scratch). */
+static const td_model_lora_drop *drop_of(const td_model_desc *d, const td_model_block_acts *a)
+{
+    return a->lora_drop && d->lora.dropout > 0 && a->lora_xd ? a->lora_drop : NULL;
+}
+
 /* --- compute ------------------------------------------------------------------------ */
 
 size_t td_lora_acts_numel(const td_model_desc *d, int B, int T)
@@ -230,6 +277,7 @@ void td_lora_forward(const td_model_desc *d, const td_model_block *w, const td_m
 {
     const int n = td_model_lora_count(d), R = d->lora.rank;
     const float s = scale_of(d);
+    const td_model_lora_drop *drop = drop_of(d, a);
     td_ops_gemm_fn *gemm = td_ops_gemm_get(td_ops_isa_best());
     for (int j = 0; j < n; j++) {
         td_model_lora_target tg;
@@ -237,6 +285,10 @@ void td_lora_forward(const td_model_desc *d, const td_model_block *w, const td_m
         if (tg.kind != kind || !w->lora_a[j]) continue;
         float *xa = a->lora_xa + (size_t)j * (size_t)N * (size_t)R;
         const float *xd = x;
+        if (drop) { /* drop(x): the branch's input */
+            drop_apply(d, drop, &tg, a->lora_xd, x, N, 0);
+            xd = a->lora_xd;
+        }
         memset(xa, 0, (size_t)N * (size_t)R * sizeof(float));
         gemm(N, R, tg.in, xa, (size_t)R, xd, (size_t)tg.in, 1, w->lora_a[j], 1, (size_t)tg.in); // (N,R)
         if (!y) continue; /* a recompute: xa alone */
@@ -252,6 +304,7 @@ void td_lora_backward(const td_model_desc *d, const td_model_block *w, const td_
 {
     const int n = td_model_lora_count(d), R = d->lora.rank;
     const float s = scale_of(d);
+    const td_model_lora_drop *drop = drop_of(d, a);
     td_ops_gemm_fn *gemm = td_ops_gemm_get(td_ops_isa_best());
     for (int j = 0; j < n; j++) {
         td_model_lora_target tg;
@@ -267,9 +320,19 @@ void td_lora_backward(const td_model_desc *d, const td_model_block *w, const td_
         memset(dxa, 0, (size_t)N * (size_t)R * sizeof(float)); // dxa (N,R) = s dy (N,rows) B (rows,R)
         gemm(N, R, tg.rows, dxa, (size_t)R, dyj, (size_t)ldy, 1, w->lora_b[j], (size_t)R, 1);
         for (size_t i = 0; i < (size_t)N * (size_t)R; i++) dxa[i] *= s;
-        if (g->lora_a[j]) // dA (R,in) += dxa^T (R,N) x (N,in)
-            gemm(R, tg.in, N, g->lora_a[j], (size_t)tg.in, dxa, 1, (size_t)R, x, (size_t)tg.in, 1);
-        if (dx) // dx (N,in) += dxa (N,R) A (R,in)
+        if (g->lora_a[j]) { // dA (R,in) += dxa^T (R,N) drop(x) (N,in)
+            const float *xd = x;
+            if (drop) {
+                drop_apply(d, drop, &tg, a->lora_xd, x, N, 0);
+                xd = a->lora_xd;
+            }
+            gemm(R, tg.in, N, g->lora_a[j], (size_t)tg.in, dxa, 1, (size_t)R, xd, (size_t)tg.in, 1);
+        }
+        if (dx && drop) { // dx (N,in) += m/(1-P) (dxa (N,R) A (R,in))
+            memset(a->lora_xd, 0, (size_t)N * (size_t)tg.in * sizeof(float));
+            gemm(N, tg.in, R, a->lora_xd, (size_t)tg.in, dxa, (size_t)R, 1, w->lora_a[j], (size_t)tg.in, 1);
+            drop_apply(d, drop, &tg, dx, a->lora_xd, N, 1);
+        } else if (dx) // dx (N,in) += dxa (N,R) A (R,in)
             gemm(N, tg.in, R, dx, (size_t)tg.in, dxa, (size_t)R, 1, w->lora_a[j], (size_t)tg.in, 1);
     }
 }

@@ -37,6 +37,18 @@ void td_model_block_acts_view(const td_model_desc *cfg, int B, int T, float *bas
     td_lora_acts_view(cfg, B, T, base + cpu_of(cfg)->acts_numel(cfg, B, T), out);
 }
 
+size_t td_model_lora_drop_numel(const td_model_desc *cfg, int B, int T)
+{
+    if (!(cfg->lora.dropout > 0)) return 0;
+    int in = 0;
+    for (int j = 0; j < td_model_lora_count(cfg); j++) {
+        td_model_lora_target tg;
+        td_model_lora_target_get(cfg, j, &tg);
+        if (tg.in > in) in = tg.in;
+    }
+    return (size_t)B * (size_t)T * (size_t)in;
+}
+
 size_t td_model_block_scratch_numel(const td_model_desc *cfg, int B, int T)
 {
     return cpu_of(cfg)->scratch_numel(cfg, B, T);
@@ -271,7 +283,16 @@ static size_t exec_acts_bytes(const td_model_desc *d, int B, int T, td_dtype dt)
 static size_t exec_scratch_bytes(const td_model_desc *d, int B, int T, td_dtype dt, int att_seqs)
 {
     (void)dt, (void)att_seqs;
-    return td_model_block_scratch_numel(d, B, T) * sizeof(float);
+    return (td_model_block_scratch_numel(d, B, T) + td_model_lora_drop_numel(d, B, T)) * sizeof(float);
+}
+
+/* The block's acts at `acts`, with LoRA dropout's key and its scratch after the backward's. */
+static void exec_acts(const td_model_run *r, void *acts, td_model_block_acts *a)
+{
+    td_model_block_acts_view(r->desc, r->B, r->T, acts, a);
+    if (!r->lora_drop || !td_model_lora_drop_numel(r->desc, r->B, r->T)) return;
+    a->lora_drop = r->lora_drop;
+    a->lora_xd = (float *)r->scratch + td_model_block_scratch_numel(r->desc, r->B, r->T);
 }
 
 static size_t exec_consts_bytes(const td_model_desc *d) { (void)d; return 0; }
@@ -294,7 +315,7 @@ static td_status exec_block_forward(const td_model_run *r, void *const *p, void 
     td_model_block w;
     td_model_block_acts a;
     td_model_block_from(r->desc, p, &w);
-    td_model_block_acts_view(r->desc, r->B, r->T, acts, &a);
+    exec_acts(r, acts, &a);
     td_model_block_forward(r->desc, &w, &a, x, y, r->pos, r->B, r->T);
     return TD_OK;
 }
@@ -306,7 +327,7 @@ static td_status exec_block_backward(const td_model_run *r, void *const *p, void
     td_model_block_acts a;
     td_model_block_from(r->desc, p, &w);
     td_model_block_from(r->desc, g, &gw);
-    td_model_block_acts_view(r->desc, r->B, r->T, acts, &a);
+    exec_acts(r, acts, &a);
     zero(dx, (size_t)r->B * (size_t)r->T * (size_t)r->desc->n_embd); /* written, as the CUDA exec does */
     td_model_block_backward(r->desc, &w, &gw, &a, x, dy, dx, r->scratch, r->pos, r->B, r->T);
     return TD_OK;

@@ -331,12 +331,15 @@ static void test_bad_input(void **state)
     assert_int_equal(tg.row0, 32 + 16);
     assert_int_equal(tg.rows, 16);
     assert_string_equal(tg.module, "self_attn.v_proj");
-    /* a dropout the trainer does not compute is refused before the first step */
+    /* a dropout in [0, 1) trains (test_lora_dropout.c); one of 1 or more is refused before the first step */
     td_train_config c = run_config("llama", NULL);
     c.model.lora.dropout = 0.1f;
     td_trainer *t = NULL;
+    TD_ASSERT_OK(td_trainer_create(&c, &t));
+    td_trainer_destroy(t);
+    c.model.lora.dropout = 1.0f;
     assert_int_not_equal(td_trainer_create(&c, &t), TD_OK);
-    assert_non_null(strstr(td_error_msg(), "--lora-dropout"));
+    assert_non_null(strstr(td_error_msg(), "--lora-dropout 1: give a probability in [0, 1)"));
 }
 
 

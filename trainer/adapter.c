@@ -46,6 +46,17 @@ static td_status mkdirs(const char *dir)
     return TD_OK;
 }
 
+/* The shortest decimal that is f as a float (0.1f: 0.1, not 0.10000000149), as peft's config reads best. */
+static double shortest(float f)
+{
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        if ((float)strtod(buf, NULL) == f) return strtod(buf, NULL);
+    }
+    return f;
+}
+
 static td_status write_config(const td_trainer *t, const char *dir, const char *base)
 {
     const td_model_lora *l = &t->cfg.model.lora;
@@ -63,7 +74,7 @@ static td_status write_config(const td_trainer *t, const char *dir, const char *
     cJSON_AddStringToObject(j, "task_type", "CAUSAL_LM");
     cJSON_AddNumberToObject(j, "r", l->rank);
     cJSON_AddNumberToObject(j, "lora_alpha", l->alpha);
-    cJSON_AddNumberToObject(j, "lora_dropout", l->dropout);
+    cJSON_AddNumberToObject(j, "lora_dropout", shortest(l->dropout));
     cJSON_AddStringToObject(j, "bias", "none");
     /* GPT-2's Conv1D stores (in, out): PEFT's flag for it */
     cJSON_AddBoolToObject(j, "fan_in_fan_out", !strcmp(td_model_family_of(&t->cfg.model)->name, "gpt2"));

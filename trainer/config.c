@@ -47,9 +47,8 @@ td_status td_train_config_check(const td_train_config *c)
                             c->ckpt_blocks, c->model.n_layer, c->model.n_layer);
     if (c->ranks < 0 || (c->ranks > 1 && (c->rank < 0 || c->rank >= c->ranks)))
         return td_error_set(TD_ERR_INVALID, "rank %d of %d ranks", c->rank, c->ranks);
-    if (c->model.lora.rank > 0 && c->model.lora.dropout > 0)
-        return td_error_set(TD_ERR_INVALID, "--lora-dropout %g: the adapters train without dropout here; give "
-                            "--lora-dropout 0", c->model.lora.dropout);
+    if (c->model.lora.rank > 0 && !(c->model.lora.dropout >= 0 && c->model.lora.dropout < 1))
+        return td_error_set(TD_ERR_INVALID, "--lora-dropout %g: give a probability in [0, 1)", c->model.lora.dropout);
     if ((unsigned)c->shard > TD_SHARD_NODE) return td_error_set(TD_ERR_INVALID, "bad --shard mode %d", (int)c->shard);
     if (c->ranks > 1 && c->shard == TD_SHARD_NODE && c->local_ranks > 0 && c->ranks % c->local_ranks)
         return td_error_set(TD_ERR_INVALID, "--shard node: %d ranks with %d on this host; every host must run the same "

@@ -258,6 +258,9 @@ static td_status setup_model_exec(td_trainer *t)
     void *host = NULL;
     const td_model_desc *mc = &t->cfg.model;
     t->exec = td_model_exec_of(mc, on_cuda(t));
+    if (on_cuda(t) && mc->lora.rank > 0 && mc->lora.dropout > 0)
+        return td_error_set(TD_ERR_UNSUPPORTED, "--lora-dropout %g: the cuda backend's adapters train without "
+                            "dropout in this build; use --backend cpu, or --lora-dropout 0", mc->lora.dropout);
     if (!t->exec)
         return td_error_set(TD_ERR_UNSUPPORTED, "the %s model family has no CUDA compute in this build; use "
                             "--backend cpu", td_model_family_name(td_model_family_of(mc)));
@@ -872,6 +875,22 @@ cleanup:
     return st;
 }
 
+/* LoRA dropout's key for micro-batch k of the step (training, a dropout
+ * above 0; else none): the step the gradients make, and the step-global
+ * index of the micro-batch's first sample.  The loader hands rank r rows
+ * [r B, (r + 1) B) of each ranks x B of the step's sequences, so a row's
+ * index is its place in the global batch: N ranks draw one rank's masks. */
+static void lora_drop_set(td_trainer *t, int k, int train)
+{
+    const int B = t->cfg.micro_batch;
+    t->run.lora_drop = NULL;
+    if (!train || t->cfg.model.lora.rank <= 0 || !(t->cfg.model.lora.dropout > 0)) return;
+    t->lora_drop = (td_model_lora_drop){.seed = t->cfg.seed, .step = (int64_t)t->optim.step + 1,
+                                        .sample0 = ((int64_t)k * t->ranks + t->rank) * B, .layer = 0,
+                                        .T = t->cfg.seq_len};
+    t->run.lora_drop = &t->lora_drop;
+}
+
 /* Forward through the blocks and the head with its backward; then the blocks'
  * backward.  `last`: the final micro-batch of the step (grads complete). */
 static td_status micro_batch(td_trainer *t, double dloss, int last, int train, double *loss_sum)
@@ -910,6 +929,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         block_ids(t, t->pid, l, ids);
         TD_TRY(catch_up_ids(t, ids, nb));
         TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
+        t->lora_drop.layer = l;
         TD_TRY(t->exec->block_forward(&t->run, p, block_acts(t, l), resid_at(t, l), resid_at(t, l + 1)));
         TD_TRY(td_memmgr_release(mm, ids, nb, TD_TENSOR_HOLD_AFTER_FWD));
         TD_TRY(td_memmgr_timeline_range(mm, NULL, 0));
@@ -963,6 +983,7 @@ static td_status micro_batch(td_trainer *t, double dloss, int last, int train, d
         TD_TRY(td_memmgr_access(mm, ids, nb, TD_TENSOR_COMPUTE, 0, p));
         const void *x = resid_at(t, l);
         void *dy = t->dres[cur], *dxl = t->dres[cur ^ 1];
+        t->lora_drop.layer = l; /* the recompute and the backward draw the forward's masks */
         /* Checkpointing: recompute this block's activations from its kept
          * input; its output is not needed (the last projection is skipped). */
         if (l < t->ckpt_blocks) TD_TRY(t->exec->block_forward(&t->run, p, block_acts(t, l), x, NULL));
@@ -1748,7 +1769,10 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
     double dloss = (targets > 0 ? 1.0 / targets : 0.0) * td_optim_loss_scale(&t->optim);
     for (int k = 0; k < accum; k++) {
         if (accum > 1) keep_batch(t, k, 1);
-        TD_TRY(micro_batch(t, dloss, k == accum - 1, 1, &loss_sum));
+        lora_drop_set(t, k, 1);
+        st = micro_batch(t, dloss, k == accum - 1, 1, &loss_sum);
+        t->run.lora_drop = NULL;
+        TD_TRY(st);
     }
     td_optim_step os;
     TD_TRY(optimizer_step(t, &os));

@@ -42,6 +42,8 @@ struct td_trainer {
     void *ops_cuda;                    /* td_ops_cuda on the cuda backend, else NULL */
     const td_model_exec *exec;         /* the model family's compute on this backend (family.h) */
     td_model_run run;                  /* its shape and buffers: scratch, constants, stream */
+    td_model_lora_drop lora_drop;      /* LoRA dropout's key (model.h): run.lora_drop points here while a
+                                          training micro-batch runs with a dropout above 0 */
 
     /* Activations (device, from the arena); dt unless marked fp32. */
     char *resid;                       /* (L+1, N, C): every block's input, then the last output */

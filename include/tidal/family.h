@@ -141,6 +141,8 @@ typedef struct td_model_run {
     size_t scratch_bytes;
     const int *pos;        /* (B,T) on the device: each token's position in its document when rows hold
                               packed documents (ops.h), or NULL: one document a row */
+    const td_model_lora_drop *lora_drop; /* host memory: LoRA dropout's key of the block call (model.h; its
+                              layer set before each), or NULL: no dropout (eval, a dropout of 0) */
 } td_model_run;
 
 /* What the head's final norm keeps for its backward: lnf (N,C) in dt,

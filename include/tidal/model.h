@@ -156,6 +156,9 @@ typedef enum td_model_param {
 typedef struct td_model_lora_target {
     td_model_param kind;
     int row0, rows, in;
+    int module_index; /* its place among the block's linear modules (the family's part order;
+                         LLaMA: q k v o gate up down = 0..6, GPT-2: c_attn attn.c_proj c_fc
+                         mlp.c_proj = 0..3): LoRA dropout's module key */
     char module[48];
 } td_model_lora_target;
 /* Targets per block (0 without LoRA), and the j-th. */
@@ -168,6 +171,32 @@ void td_model_lora_target_get(const td_model_desc *d, int j, td_model_lora_targe
  * block's), a rank below 1 or above a targeted module's smaller side, a
  * dropout outside [0, 1) or alpha <= 0. */
 td_status td_model_lora_set(td_model_desc *d, int rank, float alpha, float dropout, const char *targets);
+/* LoRA dropout (PEFT's lora_dropout, training only): target j's update is
+ * s (drop(x) A^T) B^T where drop(x)[row, c] = x[row, c] m / (1 - P), m 0 or
+ * 1.  The mask is not stored: m is a counter-based hash of the run's seed,
+ * the optimizer step, the block, the module (module_index), the row's
+ * sample (its index in the step's global batch) and position, and the
+ * column, so a forward, its backward and a checkpointed block's recompute
+ * draw the same one, on any backend and any number of ranks:
+ *   mix(z)  = splitmix64's finalizer: z ^= z >> 30; z *= 0xbf58476d1ce4e5b9;
+ *             z ^= z >> 27; z *= 0x94d049bb133111eb; z ^= z >> 31 (mod 2^64)
+ *   eat(h, v) = mix(h + 0x9e3779b97f4a7c15 (v + 1))
+ *   h = eat(eat(eat(eat(eat(eat(seed, step), layer), module), sample), position), column)
+ *   dropped  iff  (float)(h >> 40) < P 2^24,   kept ones scaled by 1 / (1 - P) (fp32).
+ * The key of one block call: */
+typedef struct td_model_lora_drop {
+    uint64_t seed;   /* the run's seed */
+    int64_t step;    /* the optimizer step being made (1 for the first) */
+    int64_t sample0; /* the step-global index of the call's first row's sample */
+    int layer;       /* the block */
+    int T;           /* row r is sample sample0 + r / T, position r % T */
+} td_model_lora_drop;
+/* The hash above for one element (model/lora.c): 1 when it is dropped at probability p. */
+int td_model_lora_dropped(const td_model_lora_drop *k, int module_index, int64_t row, int column, float p);
+/* The hash itself (its top 24 bits decide). */
+uint64_t td_model_lora_drop_hash(uint64_t seed, int64_t step, int layer, int module_index, int64_t sample,
+                                 int position, int column);
+
 /* The merged weights: base_params (the layout of d without adapters)
  * from params (d's layout), each targeted weight W + s B A. */
 void td_model_lora_merge(const td_model_desc *d, const float *params, float *base_params);

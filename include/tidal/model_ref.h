@@ -53,7 +53,17 @@ typedef struct td_model_block_acts {
     /* LoRA (model.h): drop(x) A^T of each target j at lora_xa + j N R, and
      * (N,R) scratch for the backward; NULL without LoRA */
     float *lora_xa, *lora_dxa;
+    /* LoRA dropout (model.h): this call's key, NULL for none (eval,
+     * inference, a dropout of 0), and with it scratch for a dropped input
+     * (N, the widest target's in: td_model_lora_drop_numel floats), which
+     * the caller gives (the exec: after the block's backward scratch). */
+    const td_model_lora_drop *lora_drop;
+    float *lora_xd;
 } td_model_block_acts;
+
+/* Floats of lora_xd above: N times the widest targeted input when the
+ * model's LoRA dropout is above 0, else 0. */
+size_t td_model_lora_drop_numel(const td_model_desc *cfg, int B, int T);
 
 /* One block's acts (floats), and the view of them at base. */
 size_t td_model_block_acts_numel(const td_model_desc *cfg, int B, int T);
