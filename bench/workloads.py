@@ -168,7 +168,8 @@ WORKLOADS = [
 for _w in WORKLOADS:  # every candidate keeps the workload's tokens per step
     assert all(b * k * 1024 * _w.ranks == _w.tokens for b, k in _w.tidal), _w.id
     assert all(b * k * 1024 * _w.ranks == _w.tokens for b, k, _ in _w.peer_cands), _w.id
-PEER_NAMES = {"eager": "PyTorch eager", "fsdp2-offload": "FSDP2 CPU offload"}
+# peft-lora: W12's peer (bench/lora.py, bench/peers/peft_lora.py)
+PEER_NAMES = {"eager": "PyTorch eager", "fsdp2-offload": "FSDP2 CPU offload", "peft-lora": "peft LoRA"}
 
 
 def llama_params(layers, width, heads, kv_heads, mlp, vocab):

@@ -50,7 +50,11 @@ host_check()).
 The machinery here (flags, FSDP2 setup, the timed loop, the JSON result) is
 shared with the LLaMA-family peer, bench/peers/torch_hf.py, through a Family
 object: what differs between GPT2LMHeadModel and LlamaForCausalLM /
-Qwen2ForCausalLM (the config, the blocks FSDP2 wraps, the vocabulary).
+Qwen2ForCausalLM (the config, the blocks FSDP2 wraps, the vocabulary).  A
+family may bring a system of its own (bench/peers/peft_lora.py): its `modes`
+(the --mode choices), `system` (the JSON's name), `setup(torch, a, cfg)`
+returning (model, optimizer, autocast) in place of the eager and FSDP2
+set-ups, and `result_fields(model)` added to the JSON.
 """
 import argparse
 import os
@@ -146,7 +150,7 @@ GPT2 = GPT2Family()
 def parse_args(argv, family=GPT2):
     ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__ or __doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["eager", "fsdp2-offload"], required=True)
+    ap.add_argument("--mode", choices=getattr(family, "modes", ["eager", "fsdp2-offload"]), required=True)
     family.add_args(ap)
     ap.add_argument("--batch", type=int, required=True, help="sequences per micro-batch")
     ap.add_argument("--seq", type=int, default=1024)
@@ -367,7 +371,9 @@ def run(a, family=GPT2):
     cfg = family.config(a)
     t0 = time.perf_counter()
     rank, size, _ = world()
-    if a.mode == "eager":
+    if hasattr(family, "setup"):  # a family of its own system (bench/peers/peft_lora.py)
+        model, opt, autocast = family.setup(torch, a, cfg)
+    elif a.mode == "eager":
         if size > 1:
             raise Usage("--mode eager runs on one GPU; several ranks need --mode fsdp2-offload")
         model, opt, autocast = setup_eager(torch, a, cfg, family)
@@ -435,6 +441,8 @@ def run(a, family=GPT2):
         "device": torch.cuda.get_device_name(0),
         "ranks": size,
     }
+    if hasattr(family, "result_fields"):
+        result.update(family.result_fields(model))
     if a.mode == "fsdp2-offload":
         import torch.distributed as dist
         dist.destroy_process_group()
@@ -444,7 +452,7 @@ def run(a, family=GPT2):
 def main(argv=None, family=GPT2):
     a = parse_args(sys.argv[1:] if argv is None else argv, family)
     out = {
-        "system": "pytorch-eager" if a.mode == "eager" else "fsdp2-cpu-offload",
+        "system": getattr(family, "system", None) or ("pytorch-eager" if a.mode == "eager" else "fsdp2-cpu-offload"),
         "workload": a.workload or f"{family.describe(a)} T{a.seq}",
         **family.fields(a), "seq": a.seq,
         "batch": a.batch, "grad_accum": a.grad_accum, "ckpt": a.ckpt, "steps": a.steps, "warmup": a.warmup,
