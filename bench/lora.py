@@ -23,7 +23,7 @@ Parts (--parts, comma separated, in this order):
   largest  The largest base that LoRA fine-tunes at a 24 GiB GPU budget on a
            host of --host-ram (125GiB): `tidal plan --largest` with the LoRA
            flags at --width/--heads/--kv-heads/--mlp (Llama 3.1 70B's block:
-           8192 wide, 64 heads, 8 key/value heads, MLP 14336 x 2), micro-batch
+           8192 wide, 64 heads, 8 key/value heads, MLP 28672), micro-batch
            --largest-batch (4: at 16 the activations of 8192-wide blocks
            leave the chunks no room), the most layers of its rows (the
            adapters' AdamW state, fp32, bf16 or int8, is a few hundred MiB
@@ -60,6 +60,7 @@ import argparse
 import copy
 import datetime
 import json
+import math
 import os
 import re
 import shlex
@@ -87,6 +88,10 @@ class LoraWorkload(wl.Workload):
     @property
     def peer_script(self):
         return os.path.join(wl.PEER_DIR, "peft_lora.py")
+
+
+def finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def lora_flags(a):
@@ -117,6 +122,8 @@ def part_w12(a):
     wl.say(f"W12: {w.name}, GPU budget {w.budget_gib:g} GiB for tidal (none for the peer), {w.tokens} tokens a step; "
            f"LoRA rank {a.lora_rank}, alpha {a.lora_alpha:g} on {TARGETS}")
     t = wl.guarded(wl.run_tidal, b, w, {"system": "tidal", "tried": []})
+    if not t.get("error") and not finite(t.get("loss_last")):
+        t["error"] = f"the last step's loss is {t.get('loss_last')}: the run trained nothing meaningful"
     wl.say_tidal(t, "")
     wp = copy.copy(w)
     wp.budget_gib = None  # the peer runs without one: its first micro-batch that runs is its figure
@@ -156,10 +163,10 @@ def w12_title(row, a):
     w, t, p = row["w"], row["tidal"], row["peer"]
     tid = "" if t.get("error") else f" (B{t['batch']}x{t['grad_accum']})"
     b = p.get("best")
-    peer = "" if not b else f", B{b['batch']}x{b['grad_accum']}{' with checkpointing' if b.get('ckpt') else ''}"
-    return (f"W12: LoRA rank {a.lora_rank}, alpha {a.lora_alpha:g}, on every linear module of the {w.name} shape, "
-            f"{wl.tok_step(w.tokens)} tokens a step: tidal at a {w.budget_gib:g} GiB GPU budget{tid} beside peft on "
-            f"transformers (bf16 base, no budget{peer})")
+    peer = (f"beside peft on transformers (bf16 base, no budget, B{b['batch']}x{b['grad_accum']}"
+            f"{' with checkpointing' if b.get('ckpt') else ''})" if b else "alone (the peft peer did not run)")
+    return (f"LoRA rank {a.lora_rank}, alpha {a.lora_alpha:g}, on every linear module of the {w.name} shape, "
+            f"{wl.tok_step(w.tokens)} tokens a step: tidal at a {w.budget_gib:g} GiB GPU budget{tid} {peer}")
 
 
 # ---- the largest base ------------------------------------------------------------------------------
@@ -262,6 +269,11 @@ def part_largest(a):
                      f"{wl.tail(out, 3) or 'no output'}"
         wl.say("largest: " + r["error"])
         return r
+    r["losses"] = [s.get("loss") for s in steps]
+    if not all(finite(x) for x in r["losses"]):
+        r["error"] = f"a loss is not finite: {r['losses']}"
+        wl.say("largest: " + r["error"])
+        return r
     timed = [s for s in steps if s.get("step", 0) > 1] or steps
     ram = wl_size(a.host_ram)
     r["step_ms"] = [s["step_ms"] for s in steps]
@@ -299,11 +311,9 @@ def wl_size(s):
 
 def largest_figures(r):
     figs = []
-    if not isinstance(r, dict) or not r.get("base_params"):
+    if not isinstance(r, dict) or not r.get("base_params") or r.get("error"):
         return figs
     figs.append(res.figure("the largest base / the 50B target", r["base_params"] / TARGET_PARAMS, "x"))
-    if r.get("error"):
-        return figs
     figs.append(res.figure("tokens/s (median after the first step)", r["tokens_per_s"], "tok/s"))
     if r.get("bound_fraction"):
         figs.append(res.figure("the lower bound / the step", 100 * r["bound_fraction"], "%"))
@@ -318,12 +328,15 @@ def largest_figures(r):
 
 
 def largest_title(r, a):
-    shape = (f"{r['layers']} layers of {r['width']} wide, {r['heads']} heads, {r['kv_heads']} key/value heads, MLP "
-             f"{r['mlp']} (Llama 3.1 70B's block)") if r.get("layers") else f"{a.width} wide"
+    block = " (Llama 3.1 70B's block)" if (a.width, a.heads, a.kv_heads, a.mlp) == (8192, 64, 8, 28672) else ""
+    kv = f"{r['kv_heads']} key/value head" + ("s" if r["kv_heads"] != 1 else "")
+    shape = (f"{r['layers']} layers of {r['width']} wide, {r['heads']} heads, {kv}, MLP {r['mlp']}{block}"
+             if r.get("layers") else f"{a.width} wide")
     size = f": {r['base_params'] / 1e9:.2f}B base params" if r.get("base_params") else ""
+    prec = "bf16" if a.tidal_backend == "cuda" else "fp32"
     return (f"The largest base that LoRA rank {a.lora_rank} on every linear module fine-tunes at a "
-            f"{a.budget_gib:g} GiB GPU budget with --host-ram {a.host_ram}, bf16 base, "
-            f"B{a.largest_batch}x{a.largest_accum} x {a.seq} tokens a step{size} ({shape})")
+            f"{a.budget_gib:g} GiB GPU budget with --host-ram {a.host_ram}, {prec} base, the adapters' AdamW state "
+            f"{r.get('optim_state')}, B{a.largest_batch}x{a.largest_accum} x {a.seq} tokens a step{size} ({shape})")
 
 
 # ---- main ------------------------------------------------------------------------------------------
@@ -421,7 +434,7 @@ def main(argv=None):
                 wl.say(f"largest: {r['error']}")
             r["seconds"] = time.perf_counter() - t0
             out["largest"] = r
-            if r.get("base_params") and a.results:
+            if not r.get("error") and a.results:
                 res.write_result("lora-largest", largest_title(r, a), largest_figures(r),
                                  details=json.loads(json.dumps(r, default=str)), out_dir=a.results)
             rc |= bool(r.get("error"))
