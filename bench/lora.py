@@ -24,8 +24,8 @@ Parts (--parts, comma separated, in this order):
            host of --host-ram (125GiB): `tidal plan --largest` with the LoRA
            flags at --width/--heads/--kv-heads/--mlp (Llama 3.1 70B's block:
            8192 wide, 64 heads, 8 key/value heads, MLP 28672), micro-batch
-           --largest-batch (4: at 16 the activations of 8192-wide blocks
-           leave the chunks no room), the most layers of its rows (the
+           of --largest-batch (4, then 2: at 16 the activations of 8192-wide
+           blocks leave the chunks no room), the most layers of its rows (the
            adapters' AdamW state, fp32, bf16 or int8, is a few hundred MiB
            either way), and the EDGE counts above it checked with `tidal plan`
            (its search may stop below a fitting count: the device's need
@@ -215,20 +215,25 @@ def part_largest(a):
          "grad_accum": a.largest_accum, "width": a.width, "heads": a.heads, "kv_heads": a.kv_heads, "mlp": a.mlp,
          "lora": {"rank": a.lora_rank, "alpha": a.lora_alpha, "targets": TARGETS.split(",")}, "dir": a.dir or None}
     t0 = time.perf_counter()
-    doc = plan_json(a, largest_flags(a) + ["--largest"], "largest")
-    r["plan_largest"] = doc
-    rows = [x for x in doc.get("largest", []) if x.get("layers")]
-    for x in doc.get("largest", []):
-        wl.say(f"largest: plan --largest, --optim-state {x['optim_state']}: {x['layers']} layers, "
-               f"{x['params'] / 1e9:.2f}B params, host {x['host_bytes'] / GIB:.1f} GiB "
-               f"({x['pinned_bytes'] / GIB:.1f} GiB pinned)")
-    if not rows:
-        r["error"] = f"`tidal plan --largest` fits no layer count at {a.width} wide: {json.dumps(doc)[:300]}"
+    r["plan_largest"], best = {}, None
+    for B in a.largest_batches:  # the largest micro-batch first: on a tie it is taken
+        a.largest_batch = B
+        doc = plan_json(a, largest_flags(a) + ["--largest"], f"largest-B{B}")
+        r["plan_largest"][f"B{B}"] = doc
+        for x in doc.get("largest", []):
+            wl.say(f"largest: plan --largest at micro-batch {B}, --optim-state {x['optim_state']}: {x['layers']} "
+                   f"layers, {x['params'] / 1e9:.2f}B params, host {x['host_bytes'] / GIB:.1f} GiB "
+                   f"({x['pinned_bytes'] / GIB:.1f} GiB pinned)")
+            if x.get("layers") and (best is None or (x["layers"], x["optim_state"] == "fp32") >
+                                    (best[1]["layers"], best[1]["optim_state"] == "fp32")):
+                best = (B, x)
+    if best is None:
+        r["error"] = (f"`tidal plan --largest` fits no layer count at {a.width} wide and micro-batch "
+                      f"{', '.join(map(str, a.largest_batches))}")
         wl.say("largest: " + r["error"])
         return r
-    best = max(rows, key=lambda x: (x["layers"], x["optim_state"] == "fp32"))
-    state, L = best["optim_state"], best["layers"]
-    r["plan_largest_layers"], r["optim_state"] = L, state
+    a.largest_batch, state, L = best[0], best[1]["optim_state"], best[1]["layers"]
+    r["micro_batch"], r["plan_largest_layers"], r["optim_state"] = a.largest_batch, L, state
     # The counts just above: the search descends from the host's bound and may stop below a count that fits.
     for n in range(L + 1, L + EDGE + 1):
         p = plan_json(a, largest_flags(a, n, state, a.largest_accum) + ["--no-measure"], f"edge-{n}")
@@ -364,7 +369,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=64, help="largest: heads (default 64)")
     ap.add_argument("--kv-heads", type=int, default=8, help="largest: key/value heads (default 8)")
     ap.add_argument("--mlp", type=int, default=28672, help="largest: the MLP's width (default 28672)")
-    ap.add_argument("--largest-batch", type=int, default=4, help="largest: the micro-batch (default 4)")
+    ap.add_argument("--largest-batch", default="4,2", metavar="B[,B]",
+                    help="largest: the micro-batches searched, the one of the most layers trained (default 4,2)")
     ap.add_argument("--largest-accum", type=int, default=4, help="largest: micro-batches a step (default 4)")
     ap.add_argument("--largest-steps", type=int, default=3, help="largest: steps, the first untimed (default 3)")
     ap.add_argument("--dir", default="", help="largest: a local directory for the disk tier (--offload-dir)")
@@ -385,6 +391,13 @@ def main(argv=None):
         ap.error(f"--steps {a.steps} must exceed --warmup {a.warmup}")
     if a.largest_steps < 2:
         ap.error(f"--largest-steps {a.largest_steps}: at least 2 (the first is not timed)")
+    try:
+        a.largest_batches = [int(x) for x in a.largest_batch.split(",") if x.strip()]
+    except ValueError:
+        a.largest_batches = []
+    if not a.largest_batches or min(a.largest_batches) < 1:
+        ap.error(f"--largest-batch {a.largest_batch!r}: give micro-batches, e.g. 4,2")
+    a.largest_batch = a.largest_batches[0]
     if wl_size(a.host_ram) is None:
         ap.error(f"--host-ram {a.host_ram!r}: give a size such as 125GiB")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -394,7 +407,7 @@ def main(argv=None):
         # the cpu backend's "device" is host memory: its budget counts in --host-ram (some 30 layers fit here)
         a.seq, a.budget_gib = 64, 0.5
         a.width, a.heads, a.kv_heads, a.mlp = 128, 2, 1, 256
-        a.largest_batch, a.largest_accum = 2, 2
+        a.largest_batches, a.largest_batch, a.largest_accum = [2, 1], 2, 2
         a.host_ram = "720MiB" if a.host_ram == "125GiB" else a.host_ram
     if a.no_results:
         a.results = None
@@ -403,7 +416,7 @@ def main(argv=None):
     os.makedirs(a.workdir, exist_ok=True)
     if a.dir:
         os.makedirs(a.dir, exist_ok=True)
-    need = max(16 * a.seq * a.steps, a.largest_batch * a.largest_accum * a.seq * a.largest_steps) + 1
+    need = max(16 * a.seq * a.steps, max(a.largest_batches) * a.largest_accum * a.seq * a.largest_steps) + 1
     wl.write_token_file(tok_name(a), max(need, 1 << 20), seed=1337, vocab=LLAMA8B.vocab, token_range=LLAMA8B.vocab,
                         eot=LLAMA8B.eot, kind=3)
     info = wl.machine_info()
