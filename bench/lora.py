@@ -94,6 +94,18 @@ def finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def loss_problem(x):
+    """Why a loss of these runs is wrong, or None.  On random ids over the whole vocabulary, from N(0, 0.02)
+    weights, the loss starts at about ln(vocab) (11.76) and stays near it; a base whose weights are not what the
+    init draws (e.g. written in the wrong precision) gives another loss, or none that is finite."""
+    want = math.log(LLAMA8B.vocab)
+    if not finite(x):
+        return f"the loss is {x}"
+    if abs(x - want) > 0.25 * want:
+        return f"the loss is {x:.3f}, far from the {want:.2f} (ln {LLAMA8B.vocab}) that random ids give"
+    return None
+
+
 def lora_flags(a):
     return ["--lora-rank", str(a.lora_rank), "--lora-alpha", f"{a.lora_alpha:g}", "--lora-targets", TARGETS]
 
@@ -122,8 +134,8 @@ def part_w12(a):
     wl.say(f"W12: {w.name}, GPU budget {w.budget_gib:g} GiB for tidal (none for the peer), {w.tokens} tokens a step; "
            f"LoRA rank {a.lora_rank}, alpha {a.lora_alpha:g} on {TARGETS}")
     t = wl.guarded(wl.run_tidal, b, w, {"system": "tidal", "tried": []})
-    if not t.get("error") and not finite(t.get("loss_last")):
-        t["error"] = f"the last step's loss is {t.get('loss_last')}: the run trained nothing meaningful"
+    if not t.get("error") and loss_problem(t.get("loss_last")):
+        t["error"] = f"the last step: {loss_problem(t.get('loss_last'))}; no figure is recorded"
     wl.say_tidal(t, "")
     wp = copy.copy(w)
     wp.budget_gib = None  # the peer runs without one: its first micro-batch that runs is its figure
@@ -275,8 +287,9 @@ def part_largest(a):
         wl.say("largest: " + r["error"])
         return r
     r["losses"] = [s.get("loss") for s in steps]
-    if not all(finite(x) for x in r["losses"]):
-        r["error"] = f"a loss is not finite: {r['losses']}"
+    bad = [f"step {i + 1}: {loss_problem(x)}" for i, x in enumerate(r["losses"]) if loss_problem(x)]
+    if bad:
+        r["error"] = "; ".join(bad) + "; no figure is recorded"
         wl.say("largest: " + r["error"])
         return r
     timed = [s for s in steps if s.get("step", 0) > 1] or steps
