@@ -129,6 +129,7 @@ def w12_workload(a):
 def part_w12(a):
     w = w12_workload(a)
     w.data = tok_name(a)
+    w.peer_args = lora_flags(a)  # bench/peers/peft_lora.py takes tidal's LoRA flags
     b = copy.copy(a)
     b.tidal_args = " ".join([shlex.quote(x) for x in lora_flags(a)] + ([a.tidal_args] if a.tidal_args else []))
     wl.say(f"W12: {w.name}, GPU budget {w.budget_gib:g} GiB for tidal (none for the peer), {w.tokens} tokens a step; "

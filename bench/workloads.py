@@ -124,6 +124,7 @@ class Workload:
         self.llama = llama                # LlamaShape, or None: GPT-2
         self.ranks = ranks                # GPUs (tidal --nproc, torchrun for the peer); B is per rank
         self.data = None                  # its token file (main writes it; None: the caller's a.data)
+        self.peer_args = []               # more flags for the peer script (bench/lora.py: the LoRA config)
 
     @property
     def vocab(self):
@@ -584,6 +585,7 @@ def run_peer_once(a, w, B, K, ck):
         cmd.append("--ckpt")
     if w.budget_gib is not None:
         cmd += ["--budget-gib", f"{w.budget_gib:g}"]
+    cmd += w.peer_args
     rc, smi, secs = run_logged(cmd, out_file, a.run_timeout)
     r = last_json(out_file) or {"error": f"exit {rc}, no JSON result: {tail(out_file, 3)}"}
     r.update(batch=B, grad_accum=K, ckpt=ck, exit=rc, smi_bytes=smi, seconds=secs, output=out_file,
