@@ -46,6 +46,8 @@ GROUPS = [
     ("The largest model on the host (W5)", "python3 bench/w5.py", ["W5-tidal-fp32", "W5-tidal-int8", "W5-at-peer-max"]),
     ("Two GPUs: ZeRO-3 beside FSDP2 on two and tidal on one (W7; a machine of 2 GPUs)",
      "python3 bench/workloads.py --workloads W7", ["W7"]),
+    ("Four and eight GPUs: ZeRO-3 beside FSDP2 on as many and tidal on one (W7x4, W7x8; a machine of 4 or 8 GPUs)",
+     "python3 bench/workloads.py --workloads W7 --ranks 4   # --ranks 8", ["W7x4", "W7x8"]),
     ("Two GPUs: the largest model on two beside one, and beside FSDP2 at its largest (W10)",
      "python3 bench/w10.py", ["W10"]),
     ("The host's bytes a parameter under ZeRO-3, one rank and two on one host",
