@@ -332,6 +332,7 @@ static td_status cuda_block_forward(const td_model_run *r, void *const *p, void 
     td_ops_cuda_block_acts a;
     td_ops_cuda_block_from(r->desc, p, &w); /* the twelve and the adapters, by role */
     td_ops_cuda_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
+    a.lora_drop = r->lora_drop;
     return td_ops_cuda_block_forward(r->ops, r->desc, &w, &a, x, y, r->pos, r->B, r->T, r->dt, r->scratch, r->scratch_bytes,
                                      r->stream);
 }
@@ -344,6 +345,7 @@ static td_status cuda_block_backward(const td_model_run *r, void *const *p, void
     td_ops_cuda_block_from(r->desc, p, &w);
     td_ops_cuda_block_from(r->desc, g, &gw);
     td_ops_cuda_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
+    a.lora_drop = r->lora_drop;
     return td_ops_cuda_block_backward(r->ops, r->desc, &w, &gw, &a, x, dy, dx, r->pos, r->B, r->T, TD_OPS_CUDA_SET, r->dt,
                                       r->gdt, r->scratch, r->scratch_bytes, r->stream);
 }

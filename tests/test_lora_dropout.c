@@ -80,7 +80,8 @@ static void test_mask_drops_p_and_every_field_counts(void **state)
             for (int c = 0; c < 4096; c++, n++)
                 same += td_model_lora_dropped(&k, 4, r, c, p) == td_model_lora_dropped(&o, module, r + dr, c + dc, p);
         const double agree = (double)same / n, want = p * p + (1 - p) * (1 - p);
-        if (!(fabs(agree - want) <= 0.02)) fail_msg("field %d: masks agree on %.4f (independent: %.4f)", field, agree, want);
+        if (!(fabs(agree - want) <= 0.02))
+            fail_msg("field %d: masks agree on %.4f (independent: %.4f)", field, agree, want);
     }
     /* the hash of model.h's formula: row r of a call is sample sample0 + r / T, position r % T */
     const uint64_t h = td_model_lora_drop_hash(k.seed, k.step, k.layer, 4, k.sample0 + 1, 3, 77);

@@ -143,6 +143,8 @@ td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B
     p->scratch_bytes = s[SCRATCH];
     p->run = (td_model_run){.desc = &p->mc, .B = B, .T = T, .dt = dt, .gdt = dt, .ops = p->ops, .stream = p->stream,
                             .consts = p->consts, .scratch = p->scratch, .scratch_bytes = p->scratch_bytes};
+    p->lora_drop = (td_model_lora_drop){.seed = 1, .step = 1, .T = T};
+    if (p->mc.lora.rank > 0 && p->mc.lora.dropout > 0) p->run.lora_drop = &p->lora_drop;
     *out = p;
     td_free(host);
     return TD_OK;

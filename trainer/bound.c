@@ -288,7 +288,7 @@ static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r
     r->block_fwd_ms = r->block_bwd_ms = r->block_recompute_ms = 0;
     td_model_block_span(mc, 0, &off, &span);
     if (2.0 * (double)N * (double)span * 3 * 3 > 20e9) return TD_OK; /* three passes of forward + backward (+ recompute) */
-    size_t scratch = td_model_block_scratch_numel(mc, B, T);
+    size_t scratch = td_model_block_scratch_numel(mc, B, T) + td_model_lora_drop_numel(mc, B, T);
     float *w = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE), *g = td_calloc(span, sizeof(float), TD_ROLE_WORKSPACE);
     float *acts = td_calloc(td_model_block_acts_numel(mc, B, T), sizeof(float), TD_ROLE_WORKSPACE);
     float *scr = td_calloc(scratch, sizeof(float), TD_ROLE_WORKSPACE), *x = td_calloc(N * C, sizeof(float), TD_ROLE_WORKSPACE);
@@ -306,6 +306,11 @@ static td_status measure_cpu_block(const td_train_config *cfg, td_train_rates *r
     td_model_block_view(mc, g, &gb);
     td_model_block_acts a;
     td_model_block_acts_view(mc, B, T, acts, &a);
+    const td_model_lora_drop key = {.seed = cfg->seed, .step = 1, .T = T};
+    if (td_model_lora_drop_numel(mc, B, T)) { /* a LoRA dropout: the training step's masks cost their time */
+        a.lora_drop = &key;
+        a.lora_xd = scr + td_model_block_scratch_numel(mc, B, T);
+    }
     /* The best of up to seven after a warm-up, within about two seconds:
      * the fastest pass is the one other work on the host disturbed least. */
     double best_f = 1e30, best_b = 1e30, best_r = 1e30, start = td_now_ms();

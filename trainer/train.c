@@ -258,9 +258,6 @@ static td_status setup_model_exec(td_trainer *t)
     void *host = NULL;
     const td_model_desc *mc = &t->cfg.model;
     t->exec = td_model_exec_of(mc, on_cuda(t));
-    if (on_cuda(t) && mc->lora.rank > 0 && mc->lora.dropout > 0)
-        return td_error_set(TD_ERR_UNSUPPORTED, "--lora-dropout %g: the cuda backend's adapters train without "
-                            "dropout in this build; use --backend cpu, or --lora-dropout 0", mc->lora.dropout);
     if (!t->exec)
         return td_error_set(TD_ERR_UNSUPPORTED, "the %s model family has no CUDA compute in this build; use "
                             "--backend cpu", td_model_family_name(td_model_family_of(mc)));

@@ -23,6 +23,7 @@ typedef struct td_block_probe {
     void *stream;              /* the backend's compute queue */
     const td_model_exec *exec; /* the family's CUDA compute */
     td_model_run run;          /* its shape and buffers */
+    td_model_lora_drop lora_drop; /* a LoRA dropout's key (a dropout above 0): the step's masks cost their time */
     void *p[TD_MODEL_BLOCK_TENSORS], *gp[TD_MODEL_BLOCK_TENSORS]; /* the block's params, grads (layout order) */
     td_ops_cuda_block w, g;    /* the same by role (td_ops_cuda_block_view) */
     void *acts;                /* the block's activations (the exec's block_acts_bytes) */

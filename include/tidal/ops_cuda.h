@@ -331,7 +331,9 @@ typedef struct td_ops_cuda_block_acts {
     void *ln2;                  /* (N,C) */
     float *ln2_mean, *ln2_rstd; /* (N) */
     void *fch, *fch_gelu;       /* (N,4C), (N,4C) */
-    void *lora_xa;              /* LoRA: x A^T (N,R) of target j at j td_ops_cuda_lora_xa_stride bytes; NULL: none */
+    void *lora_xa;              /* LoRA: drop(x) A^T (N,R) of target j at j td_ops_cuda_lora_xa_stride bytes; NULL: none */
+    const td_model_lora_drop *lora_drop; /* host memory: LoRA dropout's key of this call (model.h), or NULL: no
+                                            dropout (eval, inference); the views set NULL, the exec the run's */
 } td_ops_cuda_block_acts;
 
 /* --- LoRA adapters on a block's linear modules (model/cuda/lora.cu) ------------ *
@@ -341,23 +343,28 @@ typedef struct td_ops_cuda_block_acts {
  * target j on that module:  xa = x A^T (N,R), kept in the acts;
  * y[:, row0 : row0 + rows] += s xa B^T (s = alpha / R; beta = 1 GEMMs with
  * fp32 accumulation).  Backward from that product's gradient dy:
- * dB += s dy^T xa;  dxa = s dy B (N,R, into dxa);  dA += dxa^T x;
- * dx += dxa A (dx NULL: none).  A gradient NULL in g is not computed. */
+ * dB += s dy^T xa;  dxa = s dy B (N,R, into the scratch);  dA += dxa^T x;
+ * dx += dxa A (dx NULL: none).  A gradient NULL in g is not computed.
+ * With a dropout key in the acts (training, P > 0), x above is drop(x)
+ * (model.h's hash, the CPU reference's masks): the forward writes it into
+ * the scratch, the backward hashes it again for dA and scales dxa A by the
+ * mask for dx. */
 size_t td_ops_cuda_lora_xa_stride(const td_model_desc *cfg, int B, int T, td_dtype dt);
 /* The acts the block keeps for them (every target's xa), carved by the block's acts view after its own. */
 size_t td_ops_cuda_lora_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
-/* The backward's dxa (N,R): in the block's backward scratch (0 without LoRA). */
+/* Their scratch, in the block's scratch (0 without LoRA): dxa (N,R), and
+ * with a dropout above 0 the dropped input (N, the widest targeted input). */
 size_t td_ops_cuda_lora_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);
 /* Whether a LoRA target sits on module `kind` (its product then runs unfused from what follows it). */
 int td_ops_cuda_lora_on(const td_model_desc *cfg, td_model_param kind);
 /* y NULL: a recompute, xa alone. */
 td_status td_ops_cuda_lora_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                    const td_ops_cuda_block_acts *acts, td_model_param kind, const void *x, void *y,
-                                   int ldy, int N, td_dtype dt, void *stream);
+                                   int ldy, int N, td_dtype dt, void *scratch, void *stream);
 td_status td_ops_cuda_lora_backward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                     const td_ops_cuda_block *g, const td_ops_cuda_block_acts *acts,
                                     td_model_param kind, const void *x, const void *dy, int ldy, void *dx, int N,
-                                    td_dtype dt, td_dtype gdt, void *dxa, void *stream);
+                                    td_dtype dt, td_dtype gdt, void *scratch, void *stream);
 
 /* Bytes of one block's acts, each field 256-byte aligned. */
 size_t td_ops_cuda_block_acts_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt);

@@ -107,6 +107,7 @@ extern "C" void td_ops_cuda_block_acts_view(const td_model_desc *cfg, int B, int
         p += align_up(s.bytes[i]);
     }
     out->lora_xa = td_model_lora_count(cfg) ? p : nullptr; /* the adapters' xa after the twelve */
+    out->lora_drop = nullptr; /* the exec sets the run's key */
 }
 
 extern "C" size_t td_ops_cuda_block_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt,
@@ -131,29 +132,31 @@ extern "C" td_status td_ops_cuda_block_forward(td_ops_cuda *ctx, const td_model_
                                       stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->qkv, nullptr, a->ln1, w->qkv_w, w->qkv_b, nullptr, N, C, 3 * C,
                                    dt, stream));
-    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_QKV_W, a->ln1, a->qkv, 3 * C, N, dt, stream));
+    /* the adapters' dropped input (a dropout) goes into the scratch: the ops between them are done with it */
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_QKV_W, a->ln1, a->qkv, 3 * C, N, dt, scratch, stream));
     TRY(td_ops_cuda_attention_gqa_forward(ctx, a->atty, a->att_lse, a->qkv, pos, B, T, NH, NH, C / NH, dt, scratch,
                                           scratch_bytes, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->res2, nullptr, a->atty, w->attproj_w, w->attproj_b, x, N, C, C,
                                    dt, stream)); /* res2 = x + attention branch */
-    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_ATTPROJ_W, a->atty, a->res2, C, N, dt, stream));
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_ATTPROJ_W, a->atty, a->res2, C, N, dt, scratch, stream));
     TRY(td_ops_cuda_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b, N, C,
                                       dt, stream));
     if (td_ops_cuda_lora_on(cfg, TD_MODEL_FC_W)) { /* GELU after the adapters' update of its input */
         TRY(td_ops_cuda_matmul_forward(ctx, a->fch, nullptr, a->ln2, w->fc_w, w->fc_b, nullptr, N, C, 4 * C, dt,
                                        stream));
-        TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FC_W, a->ln2, a->fch, 4 * C, N, dt, stream));
+        TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FC_W, a->ln2, a->fch, 4 * C, N, dt, scratch, stream));
         TRY(td_ops_cuda_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C, dt, stream));
     } else
         TRY(td_ops_cuda_matmul_forward(ctx, a->fch_gelu, a->fch, a->ln2, w->fc_w, w->fc_b, nullptr, N, C,
                                        4 * C, dt, stream));
     if (!y) { /* a recompute: backward reads the acts (and c_proj's adapter input), not y */
-        TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, nullptr, C, N, dt, stream));
+        TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, nullptr, C, N, dt, scratch,
+                                     stream));
         return TD_OK;
     }
     TRY(td_ops_cuda_matmul_forward(ctx, y, nullptr, a->fch_gelu, w->fcproj_w, w->fcproj_b, a->res2, N,
                                    4 * C, C, dt, stream)); /* y = res2 + mlp branch */
-    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, y, C, N, dt, stream));
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, y, C, N, dt, scratch, stream));
     return TD_OK;
 }
 

@@ -10,8 +10,14 @@
  *   dA^T (in,R)     += x^T (in,N) dxa (N,R)             ta=N tb=T m=in   n=R    k=N
  *   dx^T (in,N)     += A^T (in,R) dxa^T (R,N)           ta=N tb=N m=in   n=N    k=R
  * xa and dxa are stored in dt (fp32, or bf16 in a bf16 run), the adapters'
- * gradients in gdt. */
+ * gradients in gdt.
+ *
+ * Dropout (a key in the acts): one elementwise kernel writes drop(x) =
+ * x m/(1-P) into the scratch before the first GEMM, m from lora_mask.h's
+ * hash (the CPU reference's bits); backward writes it again for dA, and
+ * for dx forms dxa A in the scratch and adds m/(1-P) times it to dx. */
 #include "kernels.cuh"
+#include "../lora_mask.h"
 
 using namespace tdc;
 
@@ -20,6 +26,65 @@ namespace {
 float scale_of(const td_model_desc *cfg) { return cfg->lora.alpha / (float)cfg->lora.rank; }
 
 void *at(const void *p, size_t elems, td_dtype dt) { return (char *)p + elems * dtype_bytes(dt); }
+
+/* The widest input of a target (the dropped input's row width in the scratch). */
+int widest_in(const td_model_desc *cfg)
+{
+    int in = 0;
+    for (int j = 0; j < td_model_lora_count(cfg); j++) {
+        td_model_lora_target tg;
+        td_model_lora_target_get(cfg, j, &tg);
+        if (tg.in > in) in = tg.in;
+    }
+    return in;
+}
+
+/* One call's mask: the hash's call key, the rows' samples and positions,
+ * P 2^24 and 1/(1-P) (fp32, as lora.c computes them). */
+struct Mask {
+    uint64_t call;
+    int64_t sample0;
+    int T;
+    float threshold, keep;
+};
+
+Mask mask_of(const td_model_desc *cfg, const td_model_lora_drop *k, const td_model_lora_target &tg)
+{
+    const float p = cfg->lora.dropout;
+    return Mask{td_lora_mask_call(k->seed, k->step, k->layer, tg.module_index), k->sample0, k->T, p * 16777216.0f,
+                1.0f / (1.0f - p)};
+}
+
+/* out (N,in) = m/(1-P) x, or (add) out += m/(1-P) x; fp32 arithmetic, one rounding to T. */
+template <typename T>
+__global__ void drop_kernel(T *out, const T *x, size_t N, int in, Mask m, int add)
+{
+    const size_t n = N * (size_t)in;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / (size_t)in;
+        const int c = (int)(i - r * (size_t)in);
+        const uint64_t row = td_lora_mask_row(m.call, m.sample0 + (int64_t)(r / (size_t)m.T), (int)(r % (size_t)m.T));
+        const float v = td_lora_mask_dropped(row, c, m.threshold) ? 0.0f : to_f32(x[i]) * m.keep;
+        out[i] = from_f32<T>(add ? to_f32(out[i]) + v : v);
+    }
+}
+
+td_status drop(td_dtype dt, void *out, const void *x, int N, int in, const Mask &m, int add, cudaStream_t s)
+{
+    return dispatch(dt, [&](auto t) -> td_status {
+        using T = decltype(t);
+        const int threads = 256;
+        drop_kernel<T><<<grid_for((size_t)N * in, threads), threads, 0, s>>>((T *)out, (const T *)x, (size_t)N, in,
+                                                                              m, add);
+        return check_launch("LoRA dropout");
+    });
+}
+
+/* The acts' dropout key when this call drops. */
+const td_model_lora_drop *drop_of(const td_model_desc *cfg, const td_ops_cuda_block_acts *a)
+{
+    return a->lora_drop && cfg->lora.dropout > 0 ? a->lora_drop : nullptr;
+}
 
 } // namespace
 
@@ -36,7 +101,9 @@ extern "C" size_t td_ops_cuda_lora_acts_bytes(const td_model_desc *cfg, int B, i
 
 extern "C" size_t td_ops_cuda_lora_scratch_bytes(const td_model_desc *cfg, int B, int T, td_dtype dt)
 {
-    return td_ops_cuda_lora_xa_stride(cfg, B, T, dt);
+    const size_t dxa = td_ops_cuda_lora_xa_stride(cfg, B, T, dt);
+    if (!dxa || !(cfg->lora.dropout > 0)) return dxa;
+    return dxa + align_up((size_t)B * T * (size_t)widest_in(cfg) * dtype_bytes(dt));
 }
 
 extern "C" int td_ops_cuda_lora_on(const td_model_desc *cfg, td_model_param kind)
@@ -52,13 +119,16 @@ extern "C" int td_ops_cuda_lora_on(const td_model_desc *cfg, td_model_param kind
 
 extern "C" td_status td_ops_cuda_lora_forward(td_ops_cuda *ctx, const td_model_desc *cfg, const td_ops_cuda_block *w,
                                               const td_ops_cuda_block_acts *a, td_model_param kind, const void *x,
-                                              void *y, int ldy, int N, td_dtype dt, void *stream)
+                                              void *y, int ldy, int N, td_dtype dt, void *scratch, void *stream)
 {
     const int n = td_model_lora_count(cfg), R = cfg->lora.rank;
     if (!n) return TD_OK;
     if (!ctx || !w || !a || !a->lora_xa || !x)
         return td_error_set(TD_ERR_INVALID, "LoRA forward: NULL context, adapters, acts or input");
+    const td_model_lora_drop *dk = drop_of(cfg, a);
+    if (dk && !scratch) return td_error_set(TD_ERR_INVALID, "LoRA forward: dropout without scratch");
     const size_t stride = td_ops_cuda_lora_xa_stride(cfg, 1, N, dt);
+    void *xd = dk ? (char *)scratch + stride : nullptr; /* after the backward's dxa, as there */
     const cudaDataType_t type = cuda_type(dt);
     cudaStream_t s = (cudaStream_t)stream;
     for (int j = 0; j < n; j++) {
@@ -67,11 +137,17 @@ extern "C" td_status td_ops_cuda_lora_forward(td_ops_cuda *ctx, const td_model_d
         if (tg.kind != kind || !w->lora_a[j]) continue;
         if (!w->lora_b[j]) return td_error_set(TD_ERR_INVALID, "LoRA forward: target %d has A but no B", j);
         void *xa = (char *)a->lora_xa + (size_t)j * stride;
-        Gemm g; /* xa = x A^T */
+        const void *in = x;
+        td_status st;
+        if (dk) { /* drop(x): the branch's input */
+            if ((st = drop(dt, xd, x, N, tg.in, mask_of(cfg, dk, tg), 0, s)) != TD_OK) return st;
+            in = xd;
+        }
+        Gemm g; /* xa = drop(x) A^T */
         g.ta = CUBLAS_OP_T, g.tb = CUBLAS_OP_N, g.m = R, g.n = N, g.k = tg.in;
-        g.A = w->lora_a[j], g.lda = tg.in, g.B = x, g.ldb = tg.in;
+        g.A = w->lora_a[j], g.lda = tg.in, g.B = in, g.ldb = tg.in;
         g.D = xa, g.ldd = R, g.ab_type = g.d_type = type;
-        td_status st = gemm(ctx, g, s, "LoRA forward (x A^T)");
+        st = gemm(ctx, g, s, "LoRA forward (x A^T)");
         if (st != TD_OK) return st;
         if (!y) continue; /* a recompute: xa alone */
         Gemm u; /* y[:, rows] += s xa B^T */
@@ -88,15 +164,17 @@ extern "C" td_status td_ops_cuda_lora_backward(td_ops_cuda *ctx, const td_model_
                                                const td_ops_cuda_block *w, const td_ops_cuda_block *g,
                                                const td_ops_cuda_block_acts *a, td_model_param kind, const void *x,
                                                const void *dy, int ldy, void *dx, int N, td_dtype dt, td_dtype gdt,
-                                               void *dxa, void *stream)
+                                               void *scratch, void *stream)
 {
     const int n = td_model_lora_count(cfg), R = cfg->lora.rank;
     if (!n) return TD_OK;
     td_status st = check_dtypes("LoRA backward", dt, gdt);
     if (st != TD_OK) return st;
-    if (!ctx || !w || !g || !a || !a->lora_xa || !x || !dy || !dxa)
+    if (!ctx || !w || !g || !a || !a->lora_xa || !x || !dy || !scratch)
         return td_error_set(TD_ERR_INVALID, "LoRA backward: NULL context, adapters, acts, tensor or scratch");
     const size_t stride = td_ops_cuda_lora_xa_stride(cfg, 1, N, dt);
+    const td_model_lora_drop *dk = drop_of(cfg, a);
+    void *dxa = scratch, *xd = (char *)scratch + stride; /* xd: with a dropout only */
     const cudaDataType_t type = cuda_type(dt), gtype = cuda_type(gdt);
     const float sc = scale_of(cfg);
     cudaStream_t s = (cudaStream_t)stream;
@@ -121,21 +199,28 @@ extern "C" td_status td_ops_cuda_lora_backward(td_ops_cuda *ctx, const td_model_
         m.D = dxa, m.ldd = R, m.ab_type = m.d_type = type;
         m.alpha = sc;
         if ((st = gemm(ctx, m, s, "LoRA backward (dxa)")) != TD_OK) return st;
-        if (g->lora_a[j]) { /* dA += dxa^T x */
+        const Mask mk = dk ? mask_of(cfg, dk, tg) : Mask{};
+        if (g->lora_a[j]) { /* dA += dxa^T drop(x) */
+            const void *in = x;
+            if (dk) { /* the forward's drop(x), hashed again */
+                if ((st = drop(dt, xd, x, N, tg.in, mk, 0, s)) != TD_OK) return st;
+                in = xd;
+            }
             Gemm u;
             u.ta = CUBLAS_OP_N, u.tb = CUBLAS_OP_T, u.m = tg.in, u.n = R, u.k = N;
-            u.A = x, u.lda = tg.in, u.B = dxa, u.ldb = R;
+            u.A = in, u.lda = tg.in, u.B = dxa, u.ldb = R;
             u.D = g->lora_a[j], u.ldd = tg.in, u.ab_type = type, u.d_type = gtype;
             u.beta = 1.0f;
             if ((st = gemm(ctx, u, s, "LoRA backward (dA)")) != TD_OK) return st;
         }
-        if (dx) { /* dx += dxa A */
+        if (dx) { /* dx += dxa A, or with a dropout dx += m/(1-P) (dxa A) */
             Gemm u;
             u.ta = CUBLAS_OP_N, u.tb = CUBLAS_OP_N, u.m = tg.in, u.n = N, u.k = R;
             u.A = w->lora_a[j], u.lda = tg.in, u.B = dxa, u.ldb = R;
-            u.D = dx, u.C = dx, u.ldd = tg.in, u.ab_type = u.d_type = type;
-            u.beta = 1.0f;
+            u.D = dk ? xd : dx, u.C = dk ? nullptr : dx, u.ldd = tg.in, u.ab_type = u.d_type = type;
+            u.beta = dk ? 0.0f : 1.0f;
             if ((st = gemm(ctx, u, s, "LoRA backward (dx)")) != TD_OK) return st;
+            if (dk && (st = drop(dt, dx, xd, N, tg.in, mk, 1, s)) != TD_OK) return st;
         }
     }
     return TD_OK;

@@ -73,6 +73,7 @@ void td_ops_cuda_rotary_block_acts_view(const td_model_desc *cfg, int B, int T, 
         p += up(b[i]);
     }
     out->lora_xa = td_model_lora_count(cfg) ? p : NULL; /* the adapters' xa after the twelve */
+    out->lora_drop = NULL; /* the exec sets the run's key */
 }
 
 static size_t op_scratch(const td_model_desc *cfg, int B, int T, td_dtype dt, int att_seqs)
@@ -121,24 +122,26 @@ td_status td_ops_cuda_rotary_block_forward(td_ops_cuda *ctx, const td_model_desc
     const float off = sty->norm_offset;
     TRY(td_ops_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, w->ln1_w, off, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->qkv, NULL, a->ln1, w->qkv_w, w->qkv_b, NULL, N, C, QKV, dt, stream));
-    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_QKV_W, a->ln1, a->qkv, QKV, N, dt, stream)); /* before RoPE */
+    /* the adapters' dropped input (a dropout) goes into the scratch: the ops between them are done with it */
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_QKV_W, a->ln1, a->qkv, QKV, N, dt, scratch,
+                                 stream)); /* before RoPE */
     TRY(td_ops_cuda_rope_forward(a->qkv, inv_freq, pos, B, T, NH + NKV, hs, (size_t)QKV, dt, stream)); /* q and k */
     TRY(td_ops_cuda_attention_gqa_forward(ctx, a->atty, a->att_lse, a->qkv, pos, B, T, NH, NKV, hs, dt, scratch,
                                           scratch_bytes, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->res2, NULL, a->atty, w->attproj_w, NULL, x, N, A, C, dt,
                                    stream)); /* res2 = x + attention branch */
-    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_ATTPROJ_W, a->atty, a->res2, C, N, dt, stream));
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_ATTPROJ_W, a->atty, a->res2, C, N, dt, scratch, stream));
     TRY(td_ops_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, w->ln2_w, off, N, C, eps, dt, stream));
     TRY(td_ops_cuda_matmul_forward(ctx, a->fch, NULL, a->ln2, w->fc_w, NULL, NULL, N, C, 2 * H, dt, stream));
-    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FC_W, a->ln2, a->fch, 2 * H, N, dt, stream));
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FC_W, a->ln2, a->fch, 2 * H, N, dt, scratch, stream));
     TRY(td_ops_cuda_glu_forward(a->fch_gelu, a->fch, N, H, sty->act, dt, stream));
     if (!y) { /* a recompute: backward reads the acts (and down_proj's adapter input), not y */
-        TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, NULL, C, N, dt, stream));
+        TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, NULL, C, N, dt, scratch, stream));
         return TD_OK;
     }
     TRY(td_ops_cuda_matmul_forward(ctx, y, NULL, a->fch_gelu, w->fcproj_w, NULL, a->res2, N, H, C, dt,
                                    stream)); /* y = res2 + mlp branch */
-    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, y, C, N, dt, stream));
+    TRY(td_ops_cuda_lora_forward(ctx, cfg, w, a, TD_MODEL_FCPROJ_W, a->fch_gelu, y, C, N, dt, scratch, stream));
     return TD_OK;
 }
 
@@ -316,6 +319,7 @@ static td_status exec_block_forward(const td_model_run *r, void *const *p, void 
     td_ops_cuda_block_acts a;
     view(r->desc, p, &w);
     td_ops_cuda_rotary_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
+    a.lora_drop = r->lora_drop;
     return td_ops_cuda_rotary_block_forward(r->ops, r->desc, &w, &a, r->consts, x, y, r->pos, r->B, r->T, r->dt, r->scratch,
                                              r->scratch_bytes, r->stream);
 }
@@ -328,6 +332,7 @@ static td_status exec_block_backward(const td_model_run *r, void *const *p, void
     view(r->desc, p, &w);
     view(r->desc, g, &gw);
     td_ops_cuda_rotary_block_acts_view(r->desc, r->B, r->T, r->dt, acts, &a);
+    a.lora_drop = r->lora_drop;
     return td_ops_cuda_rotary_block_backward(r->ops, r->desc, &w, &gw, &a, r->consts, x, dy, dx, r->pos, r->B, r->T, r->dt,
                                               r->gdt, r->scratch, r->scratch_bytes, r->stream);
 }

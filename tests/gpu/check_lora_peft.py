@@ -25,7 +25,15 @@ build()), saved with save_pretrained:
    within 1e-5;
 4. with --cuda, the same training on `--backend cuda` (fp32, the adapters
    in model/cuda/lora.cu) equals peft's within 1e-5 at every step, and the
-   adapters it saves (loaded by peft) equal peft's trained ones within 1e-4.
+   adapters it saves (loaded by peft) equal peft's trained ones within 1e-4;
+5. LoRA dropout: `--lora-dropout 0.1` for 12 steps equals peft where each
+   module's lora_dropout is a torch module applying tidal's mask
+   (lora_mask.py: the hash of seed, step, layer, module, sample, position
+   and column; kept elements times 1/(1-P)) within 1e-5 at every step, on
+   the cpu backend and with --cuda on the cuda backend, and differs from
+   peft's run without dropout by more than that.  The 4 sequences of this
+   token file are the same tokens, so the loader's shuffled order cannot
+   change which row (sample) a mask falls on.
 
 The token file holds exactly one batch of sequences (docs/data.md), so
 every step sees all of them.
@@ -42,11 +50,13 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_llama_hf as hf  # noqa: E402  (build, write_tokens, run, hf_loss, tidal_eval)
+import lora_mask  # noqa: E402  (tidal's dropout mask)
 
 TOL = 1e-5
 STEPS = 12
 R, ALPHA = 4, 8
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # module index = place
+DROPOUT, SEED = 0.1, 1337
 
 CASES = [
     ("llama untied, 4 q/kv", "llama", dict(num_key_value_heads=2, tie_word_embeddings=False)),
@@ -62,12 +72,50 @@ def check(ok, what):
     return ok
 
 
-def tidal_lora(binary, base, data, B, T, lr, clip, steps, out, log, backend="cpu"):
+def tidal_lora(binary, base, data, B, T, lr, clip, steps, out, log, backend="cpu", dropout=0.0):
     return hf.run([binary, "train", "--init", base, "--data", data, "--steps", str(steps), "--micro-batch", str(B),
                    "--seq", str(T), "--lr", str(lr), "--schedule", "constant", "--warmup", "0",
                    "--weight-decay", "0.1", "--clip-grad-norm", str(clip), "--backend", backend, "--precision", "fp32",
                    "--lora-rank", str(R), "--lora-alpha", str(ALPHA), "--lora-targets", ",".join(TARGETS),
-                   "--log", log, "--save", out])
+                   "--lora-dropout", str(dropout), "--seed", str(SEED), "--log", log, "--save", out])
+
+
+_masks = {}  # (step, layer, module, B, T, in) -> tidal's mask as a float32 tensor (0 or 1/(1-P))
+
+
+def tidal_dropout_module(p, layer, module, state):
+    """A torch module for peft's lora_dropout that drops what tidal drops: row b, t of the input
+    (B, T, in) is sample b (one micro-batch on one rank: the step's samples 0..B-1), position t."""
+    import torch
+
+    class TidalDropout(torch.nn.Module):
+        def forward(self, x):
+            if not self.training:
+                return x
+            B, T, n = x.shape
+            key = (state["step"], layer, module, B, T, n)
+            if key not in _masks:
+                call = lora_mask.call_key(SEED, state["step"], layer, module)
+                keep = lora_mask.keep_scale(p)
+                rows = [[keep if k else 0.0 for k in lora_mask.kept_row(call, b, t, n, p)]
+                        for b in range(B) for t in range(T)]
+                _masks[key] = torch.tensor(rows, dtype=torch.float32).reshape(B, T, n)
+            return x * _masks[key].to(device=x.device, dtype=x.dtype)
+
+    return TidalDropout()
+
+
+def use_tidal_dropout(pm, p, state):
+    """Every LoRA module's lora_dropout["default"] replaced by tidal's mask; returns how many."""
+    n = 0
+    for name, mod in pm.named_modules():
+        if not hasattr(mod, "lora_dropout") or "default" not in mod.lora_dropout:
+            continue
+        parts = name.split(".")
+        layer = int(parts[parts.index("layers") + 1])
+        mod.lora_dropout["default"] = tidal_dropout_module(p, layer, TARGETS.index(parts[-1]), state)
+        n += 1
+    return n
 
 
 def peft_model(family, over, k, adapter):
@@ -83,13 +131,15 @@ def peft_model(family, over, k, adapter):
     return pm
 
 
-def peft_steps(pm, seqs, lr, clip, steps):
+def peft_steps(pm, seqs, lr, clip, steps, state=None):
     import torch
     params = [p for p in pm.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
     pm.train()
     losses = []
-    for _ in range(steps):
+    for s in range(steps):
+        if state is not None:
+            state["step"] = s + 1  # the optimizer step being made, as tidal keys its masks
         opt.zero_grad()
         loss = hf.hf_loss(pm, seqs)
         loss.backward()
@@ -157,6 +207,33 @@ def one_case(binary, work, name, family, over, k, cuda):
             with torch.no_grad():
                 hl = float(hf.hf_loss(m, seqs))
             check(abs(hl - want_loss) <= TOL, f"{tag} transformers on the merge {hl:.7f} vs peft {want_loss:.7f}")
+    # 5. dropout: the same tokens in every sequence (the loader's order cannot move a mask)
+    dtokens = [tokens[i % T] for i in range(B * T + 1)]
+    ddata = os.path.join(work, f"tokd{k}.tok")
+    hf.write_tokens(ddata, dtokens, V)
+    dseqs = [dtokens[s * T: s * T + T + 1] for s in range(B)]
+    pm = peft_model(family, over, k, init)
+    none = peft_steps(pm, dseqs, 2e-3, 0.0, STEPS)
+    pm = peft_model(family, over, k, init)
+    state = {"step": 0}
+    n = use_tidal_dropout(pm, DROPOUT, state)
+    check(n == len(TARGETS) * model.config.num_hidden_layers, f"{tag} dropout: tidal's mask in {n} peft modules")
+    pl = peft_steps(pm, dseqs, 2e-3, 0.0, STEPS, state)
+    apart = max(abs(a - b) for a, b in zip(none, pl))
+    check(apart > 10 * TOL, f"{tag} dropout {DROPOUT}: peft's losses move by {apart:.2e} from no dropout")
+    for backend in ["cpu"] + (["cuda"] if cuda else []):
+        log = os.path.join(work, f"logd{k}{backend}.jsonl")
+        rc, _, err = tidal_lora(binary, base, ddata, B, T, 2e-3, 0.0, STEPS, os.path.join(work, f"add{k}{backend}"),
+                                log, backend=backend, dropout=DROPOUT)
+        if not check(rc == 0, f"{tag} {backend}: tidal train --lora-dropout {DROPOUT} ran {err.strip()[-300:]}"):
+            continue
+        tl = [json.loads(line)["loss"] for line in open(log) if line.strip()]
+        diff = max(abs(a - b) for a, b in zip(tl, pl)) if len(tl) == len(pl) else float("inf")
+        check(diff <= TOL, f"{tag} {backend} {STEPS} LoRA steps with dropout {DROPOUT}: max |tidal - peft| "
+              f"{diff:.2e} <= {TOL}")
+        cfg = json.load(open(os.path.join(work, f"add{k}{backend}", "adapter_config.json")))
+        check(abs(cfg["lora_dropout"] - DROPOUT) < 1e-7, f"{tag} {backend}: adapter_config.json's lora_dropout "
+              f"{cfg['lora_dropout']}")
     if cuda:
         log = os.path.join(work, f"logcuda{k}.jsonl")
         rc, _, err = tidal_lora(binary, base, data, B, T, 2e-3, 0.0, STEPS, os.path.join(work, f"adc{k}"), log,

@@ -17,7 +17,11 @@
  * c_attn and c_fc, c_proj's backward keeping its fused GELU derivative;
  * both c_proj, the fc GEMM keeping its fused GELU): the block's output, its dx and every
  * adapter's gradient against the CPU reference (model/lora.c), the adapters'
- * xa rebuilt by the recompute. */
+ * xa rebuilt by the recompute.  Last, adapters on every module with LoRA
+ * dropout 0.25 under one key on both sides (model.h's hash: the same
+ * masks): each target's kept xa = drop(x) A^T (within the block output's
+ * 2e-4: a wrong mask moves it by tenths), and the output,
+ * dx and the adapters' gradients as above; the dropout changed xa. */
 #include "td_test.h"
 #include "tidal/family.h"
 #include "tidal/ops_cuda.h"
@@ -94,7 +98,16 @@ static void ptrs(const td_model_desc *d, void *base, int first, int count, void 
 
 /* packed: each row holds documents (row 0: 5, 1, 10 tokens; row 1: 16),
  * their positions restarting, passed in run.pos to both sides. */
-/* lora: 0 none, 1 on every linear module, 2 and 3 on a few (see the top). */
+/* target j's xa (N,R) on the GPU: after the family's acts, j strides apart */
+static const void *gpu_xa(const td_model_family *f, const td_model_desc *d, void *d_acts, int j)
+{
+    td_ops_cuda_block_acts a;
+    if (f->traits.rope) td_ops_cuda_rotary_block_acts_view(d, B, T, TD_DTYPE_F32, d_acts, &a);
+    else td_ops_cuda_block_acts_view(d, B, T, TD_DTYPE_F32, d_acts, &a);
+    return (const char *)a.lora_xa + (size_t)j * td_ops_cuda_lora_xa_stride(d, B, T, TD_DTYPE_F32);
+}
+
+/* lora: 0 none, 1 on every linear module, 2 and 3 on a few (see the top), 4 on every one with dropout 0.25. */
 static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream, int packed, int with_pad, int lora)
 {
     packed_run = packed;
@@ -107,7 +120,7 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
     if (lora) {
         const char *few = f->traits.rope ? (lora == 2 ? "v_proj,o_proj,up_proj,down_proj" : "k_proj,gate_proj")
                                          : (lora == 2 ? "c_attn,c_fc" : "c_proj");
-        TD_ASSERT_OK(td_model_lora_set(&d, 4, 8.0f, 0.0f, lora == 1 ? NULL : few));
+        TD_ASSERT_OK(td_model_lora_set(&d, 4, 8.0f, lora == 4 ? 0.25f : 0.0f, lora == 1 || lora == 4 ? NULL : few));
         char mods[256];
         td_model_lora_modules(&d, mods, sizeof mods);
         print_message("%-6s LoRA rank 4 on %s (%d targets)\n", f->name, mods, td_model_lora_count(&d));
@@ -162,6 +175,8 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
                        .stream = stream, .consts = d_consts, .scratch = d_scr, .scratch_bytes = sb,
                        .pos = packed ? d_pos : NULL};
     void *cp[TD_MODEL_BLOCK_TENSORS], *cg[TD_MODEL_BLOCK_TENSORS], *gp[TD_MODEL_BLOCK_TENSORS], *gg[TD_MODEL_BLOCK_TENSORS];
+    const td_model_lora_drop key = {.seed = 9, .step = 2, .sample0 = 3, .layer = 0, .T = T};
+    if (lora == 4) rc.lora_drop = rg.lora_drop = &key; /* training: the same masks on both sides */
 
     /* embedding */
     ptrs(&d, p, 0, ne, cp), ptrs(&d, d_p, 0, ne, gp);
@@ -198,6 +213,28 @@ static void run_family(const td_model_family *f, td_ops_cuda *ops, void *stream,
     TD_ASSERT_OK(cpu->block_forward(&rc, cp, acts, x, y));
     TD_ASSERT_OK(gpu->block_forward(&rg, gp, d_acts, d_x, d_y));
     compare(f->name, "block forward", d_y, y, NC, 2e-4);
+    if (lora) { /* each target's kept xa: drop(x) A^T under the key */
+        const int R = d.lora.rank;
+        td_model_block_acts ca;
+        td_model_block_acts_view(&d, B, T, acts, &ca);
+        for (int j = 0; j < td_model_lora_count(&d); j++)
+            compare(f->name, lora == 4 ? "LoRA xa with dropout" : "LoRA xa", gpu_xa(f, &d, d_acts, j),
+                    ca.lora_xa + (size_t)j * N * R, (size_t)N * R, 2e-4); /* the block output's: inputs past attention */
+        if (lora == 4) { /* the masks mattered: without the key xa is another */
+            td_model_run r0 = rc;
+            r0.lora_drop = NULL;
+            float *a0 = fvec(cpu->block_acts_bytes(&d, B, T, TD_DTYPE_F32) / 4), *y0 = fvec(NC);
+            TD_ASSERT_OK(cpu->block_forward(&r0, cp, a0, x, y0));
+            td_model_block_acts c0;
+            td_model_block_acts_view(&d, B, T, a0, &c0);
+            double most = 0;
+            for (size_t k = 0; k < (size_t)td_model_lora_count(&d) * N * R; k++)
+                most = fmax(most, fabs((double)c0.lora_xa[k] - ca.lora_xa[k]));
+            assert_true(most > 1e-2);
+            free(a0);
+            free(y0);
+        }
+    }
     TD_ASSERT_OK(gpu->block_forward(&rg, gp, d_acts, d_x, NULL)); /* a recompute refills the same acts */
     TD_ASSERT_OK(cpu->block_backward(&rc, cp, cg, acts, x, dy, dx));
     TD_ASSERT_OK(gpu->block_backward(&rg, gp, gg, d_acts, d_x, d_dy, d_dx));
@@ -273,7 +310,7 @@ static void test_every_family_against_cpu(void **state)
             const td_model_family *f = td_model_family_at(i);
             run_family(f, ops, NULL, packed, 0, 0);
             if (f->traits.rope && !packed) run_family(f, ops, NULL, 0, 1, 0);
-            for (int lora = 1; lora <= 3 && !packed; lora++) run_family(f, ops, NULL, 0, 0, lora);
+            for (int lora = 1; lora <= 4 && !packed; lora++) run_family(f, ops, NULL, 0, 0, lora);
         }
     td_ops_cuda_free(ops);
     cudaFree(ws);

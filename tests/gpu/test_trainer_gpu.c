@@ -305,6 +305,64 @@ static void test_lora_matches_cpu(void **state)
     }
 }
 
+/* LoRA dropout 0.2 (model.h's hashed masks, the same on both backends):
+ * the cuda backend's fp32 losses within FP32_LOSS_TOL of the cpu backend's
+ * with the same dropout, apart from its own run without dropout (the masks
+ * act on cuda), the same bits run after run and offloaded with every block
+ * recomputed at the plan's minimum budget (the recompute and the backward
+ * hash the forward's masks), bf16 within bf16's band of the cpu's fp32. */
+static void test_lora_dropout_matches_cpu(void **state)
+{
+    enum { S = 6 };
+    static const char *const families[] = {"gpt2", "llama", "qwen2", "gemma"};
+    for (int k = 0; k < 4; k++) {
+        const char *f = families[k];
+        td_train_config c = k ? llama(TD_BACKEND_CPU, TD_DTYPE_F32, f, k == 2) : config(TD_BACKEND_CPU, TD_DTYPE_F32);
+        TD_ASSERT_OK(td_model_lora_set(&c.model, 4, 8.0f, 0.2f, NULL));
+        c.optim.lr.lr = 1e-2;
+        double cpu[S], gpu[S], again[S], none[S], worst = 0;
+        run(&c, S, cpu, NULL);
+        c.backend = TD_BACKEND_CUDA;
+        run(&c, S, gpu, NULL);
+        run(&c, S, again, NULL);
+        assert_memory_equal(gpu, again, sizeof gpu);
+        for (int s = 0; s < S; s++) {
+            print_message("%s LoRA dropout step %d: cpu %.7f  cuda fp32 %.7f  relative difference %.2g\n", f, s + 1,
+                          cpu[s], gpu[s], fabs(gpu[s] - cpu[s]) / fabs(cpu[s]));
+            if (!(fabs(gpu[s] - cpu[s]) <= FP32_LOSS_TOL * fabs(cpu[s])))
+                fail_msg("%s LoRA dropout step %d: cuda fp32 loss %.9g, cpu %.9g: more than %g apart", f, s + 1,
+                         gpu[s], cpu[s], FP32_LOSS_TOL);
+        }
+        td_train_config z = c;
+        z.model.lora.dropout = 0.0f;
+        run(&z, S, none, NULL);
+        double apart = 0;
+        for (int s = 1; s < S; s++) apart = fmax(apart, fabs(none[s] - gpu[s]) / fabs(gpu[s]));
+        print_message("%s LoRA dropout 0.2 against none on cuda: relative loss difference up to %.2g\n", f, apart);
+        assert_true(apart > 10 * FP32_LOSS_TOL);
+        double ref[4], got[4];
+        c.mm.placement = TD_PLACEMENT_CUDA;
+        run(&c, 4, ref, NULL);
+        td_train_config v = c;
+        v.mm.placement = TD_PLACEMENT_CPU;
+        v.ckpt = TD_CKPT_ON;
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_plan_make(&v, 0, &p));
+        v.gpu_budget = p.min_device_bytes + p.min_device_bytes / 8;
+        td_memmgr_stats st;
+        run(&v, 4, got, &st);
+        assert_memory_equal(got, ref, sizeof got);
+        assert_true(st.device_peak_bytes <= v.gpu_budget);
+        c.precision = TD_DTYPE_BF16;
+        c.mm.placement = TD_PLACEMENT_AUTO;
+        run(&c, S, gpu, NULL);
+        for (int s = 0; s < S; s++) worst = fmax(worst, fabs(gpu[s] - cpu[s]) / cpu[s]);
+        print_message("%s LoRA dropout bf16 vs cpu fp32: worst relative loss difference %.4f, bound %.4f\n", f, worst,
+                      bf16_loss_tol(&c));
+        assert_true(worst <= bf16_loss_tol(&c));
+    }
+}
+
 /* `tidal plan`'s block probe composes the model's own block: for LLaMA and
  * Qwen2 (GQA with hs 64 and 128, RoPE with llama3 scaling, q/k/v biases) its
  * fp32 forward equals the CPU reference block on the probe's own params and
@@ -402,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_llama_family),
         cmocka_unit_test(test_loss_chunks),
         cmocka_unit_test(test_lora_matches_cpu),
+        cmocka_unit_test(test_lora_dropout_matches_cpu),
         cmocka_unit_test(test_block_probe_llama_family),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
