@@ -339,7 +339,7 @@ static void test_lora_dropout_matches_cpu(void **state)
         double apart = 0;
         for (int s = 1; s < S; s++) apart = fmax(apart, fabs(none[s] - gpu[s]) / fabs(gpu[s]));
         print_message("%s LoRA dropout 0.2 against none on cuda: relative loss difference up to %.2g\n", f, apart);
-        assert_true(apart > 10 * FP32_LOSS_TOL);
+        assert_true(apart > 3 * FP32_LOSS_TOL); /* past the backends' difference: the masks act */
         double ref[4], got[4];
         c.mm.placement = TD_PLACEMENT_CUDA;
         run(&c, 4, ref, NULL);

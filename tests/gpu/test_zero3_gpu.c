@@ -10,7 +10,8 @@
  * bytes over PCIe; each process's device memory (cudaMemGetInfo, and
  * nvidia-smi's per-process figure) stays within the budget plus the CUDA
  * context; two simulated hosts (two launches with NNODES=2, a GPU each)
- * train as one job; and a rank killed mid-run makes the other exit
+ * train as one job; LoRA with dropout on 2 GPUs gives one GPU's losses;
+ * and a rank killed mid-run makes the other exit
  * non-zero within --comm-timeout, naming it.  Needs 2 GPUs: with fewer the
  * tests skip (NCCL takes one GPU a rank).  The CPU path of the same logic
  * is tests/test_zero3_train.c. */
@@ -22,6 +23,7 @@
 
 #include "tidal/backend.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/wait.h>
@@ -194,6 +196,26 @@ static void test_two_gpus_match_one(void **state)
     assert_true(got[STEPS - 1] < got[0]); /* it learns */
 }
 
+/* LoRA (rank 4 on every module, the base frozen) with dropout 0.2 on 2
+ * GPUs: one GPU's losses on the same global batch within the fp32 bound
+ * above (each rank hashes the masks of its rows' global sample indices),
+ * apart from the run without dropout. */
+static void test_two_gpus_lora_dropout(void **state)
+{
+    (void)state;
+    need_two_gpus();
+    double ref[STEPS], got[STEPS], none[STEPS];
+    train("lora_ref", "--precision fp32 --micro-batch 4 --lora-rank 4 --lora-dropout 0.2", ref);
+    train("lora_none", "--precision fp32 --micro-batch 4 --lora-rank 4", none);
+    train("lora_two", "--precision fp32 --micro-batch 2 --nproc 2 --lora-rank 4 --lora-dropout 0.2", got);
+    double worst = td_proc_expect_close(ref, got, STEPS, 1e-4, "LoRA dropout, 2 GPUs");
+    double apart = 0;
+    for (int s = 1; s < STEPS; s++) apart = fmax(apart, fabs(ref[s] - none[s]) / fabs(none[s]));
+    print_message("2 GPUs, LoRA dropout 0.2: worst relative loss difference %.3g; dropout moved the loss by up to "
+                  "%.3g\n", worst, apart);
+    assert_true(apart > 1e-5); /* past fp32's noise: the masks act */
+}
+
 /* Under a budget of 1 GiB a GPU: the device memory each rank's process
  * holds beyond its CUDA context (cudaMemGetInfo, the log's
  * device_process_peak_bytes) and nvidia-smi's per-process figure, sampled
@@ -292,6 +314,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_gpus_match_one),
+        cmocka_unit_test(test_two_gpus_lora_dropout),
         cmocka_unit_test(test_device_memory_within_budget),
         cmocka_unit_test(test_two_hosts),
         cmocka_unit_test(test_killed_rank),
