@@ -239,6 +239,10 @@ td_comm *td_trainer_comm(td_trainer *t);
 int td_trainer_shard_ranks(const td_trainer *t);
 void td_trainer_destroy(td_trainer *t);
 
+/* One optimizer step over cfg.grad_accum micro-batches from next_batch.  A
+ * LoRA dropout (model.h) keys row b of micro-batch k on rank r as the
+ * step's sample (k ranks + r) B + b: the order td_loader deals a global
+ * batch in, so N ranks draw the masks of one rank with N times the batch. */
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);
 /* With clipping or a loss scale, or with the AdamW thread, a step's CPU
  * AdamW finishes chunk by chunk in the next step's forward, each chunk just
