@@ -189,8 +189,16 @@ static td_status init_state(td_trainer *t)
             continue;
         }
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
-        if (t->sid[i] < 0) {
+        if (t->sid[i] < 0 && t->dt == TD_DTYPE_F32) { /* fp32 params are the master */
             td_model_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
+            continue;
+        }
+        if (t->sid[i] < 0) { /* frozen in 16 bits: no master to draw into, so a scratch one */
+            float *drawn = td_malloc(numel * sizeof(float), TD_ROLE_META);
+            if (!drawn) TD_FAIL(TD_ERR_NOMEM, "initialising frozen tensor %d (%zu elements)", i, numel);
+            td_model_init_tensor(&t->cfg.model, i, drawn, t->cfg.seed);
+            td_train_from_f32(host, t->dt, drawn, numel);
+            td_free(drawn);
             continue;
         }
         void *master;
