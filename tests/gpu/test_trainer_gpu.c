@@ -305,6 +305,43 @@ static void test_lora_matches_cpu(void **state)
     }
 }
 
+/* A bf16 run's frozen base from the seeded init: each weight the cpu
+ * backend's fp32 draw rounded to bf16 (relative error at most 2^-9), none
+ * lost or out of place.  The base has no fp32 master to draw into, so the
+ * draw goes through a scratch buffer; written straight into the 16-bit copy,
+ * the fp32 values took twice its bytes. */
+static void test_lora_bf16_base_from_init(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        td_train_config c = k ? llama(TD_BACKEND_CPU, TD_DTYPE_F32, "llama", 1) : config(TD_BACKEND_CPU, TD_DTYPE_F32);
+        TD_ASSERT_OK(td_model_lora_set(&c.model, 4, 8.0f, 0.0f, NULL));
+        td_model_desc base = c.model;
+        base.lora = (td_model_lora){0};
+        size_t n = td_model_params_numel(&base), bad = 0;
+        float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        td_trainer *t = NULL;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        TD_ASSERT_OK(td_trainer_merged_params(t, want)); /* B starts at zero: the base itself */
+        td_trainer_destroy(t);
+        c.backend = TD_BACKEND_CUDA;
+        c.precision = TD_DTYPE_BF16;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        TD_ASSERT_OK(td_trainer_merged_params(t, got));
+        td_trainer_destroy(t);
+        for (size_t i = 0; i < n; i++)
+            if (!(fabsf(got[i] - want[i]) <= ldexpf(fabsf(want[i]), -9))) {
+                if (!bad++) print_message("%s: weight %zu is %g, the fp32 draw %g\n", k ? "llama" : "gpt2", i, got[i], want[i]);
+            }
+        print_message("%s: %zu base weights in bf16, %zu not the fp32 draw rounded\n", k ? "llama" : "gpt2", n, bad);
+        assert_int_equal(bad, 0);
+        free(want);
+        free(got);
+    }
+}
+
 /* LoRA dropout 0.2 (model.h's hashed masks, the same on both backends):
  * the cuda backend's fp32 losses within FP32_LOSS_TOL of the cpu backend's
  * with the same dropout, apart from its own run without dropout (the masks
@@ -460,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_llama_family),
         cmocka_unit_test(test_loss_chunks),
         cmocka_unit_test(test_lora_matches_cpu),
+        cmocka_unit_test(test_lora_bf16_base_from_init),
         cmocka_unit_test(test_lora_dropout_matches_cpu),
         cmocka_unit_test(test_block_probe_llama_family),
     };
