@@ -371,8 +371,9 @@ static void test_trainer_deterministic_and_keyed_by_sample(void **state)
 }
 
 /* Eval never drops: after training with P 0.5, the eval loss is the one
- * of the same adapters in a P 0 trainer, bit for bit; a P of 1 or more, or
- * below 0, set straight into the config is refused before the first step. */
+ * of the same adapters in a P 0 trainer, bit for bit; the folder's train
+ * state resumes only with its P; a P of 1 or more, or below 0, set
+ * straight into the config is refused before the first step. */
 static void test_eval_does_not_drop(void **state)
 {
     (void)state;
@@ -393,10 +394,14 @@ static void test_eval_does_not_drop(void **state)
     e = td_test_batches_of(&c, 1234);
     TD_ASSERT_OK(td_trainer_eval(t, td_test_next_batch, &e, 2, &again, NULL));
     assert_memory_equal(&with, &again, sizeof with);
-    TD_ASSERT_OK(td_trainer_save_adapter(t, ad, NULL, 0, NULL));
+    TD_ASSERT_OK(td_trainer_save_adapter(t, ad, NULL, 1, NULL));
     td_trainer_destroy(t);
     TD_ASSERT_OK(td_trainer_create(&z, &t));
-    TD_ASSERT_OK(td_trainer_load_adapter(t, ad, 0));
+    /* its train state goes on with the folder's P alone */
+    assert_int_equal(td_trainer_load_adapter(t, ad, 1), TD_ERR_INVALID);
+    if (!strstr(td_error_msg(), "trained with --lora-dropout 0.5 and this run has 0"))
+        fail_msg("resuming P 0.5 with P 0: %s", td_error_msg());
+    TD_ASSERT_OK(td_trainer_load_adapter(t, ad, 0)); /* the adapters alone: any P */
     e = td_test_batches_of(&c, 1234);
     TD_ASSERT_OK(td_trainer_eval(t, td_test_next_batch, &e, 2, &without, NULL));
     td_trainer_destroy(t);

@@ -240,6 +240,8 @@ td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *ba
         snprintf(num, sizeof num, "%ld", t->optim.skipped_steps);
         TD_TRY(td_st_writer_add_metadata(sw, "optim_skipped_steps", num));
         TD_TRY(td_st_writer_add_metadata(sw, "optim_state", td_optim_state_name(t->cfg.optim.state)));
+        snprintf(num, sizeof num, "%.9g", (double)t->cfg.model.lora.dropout); /* a resume keeps the run's masks */
+        TD_TRY(td_st_writer_add_metadata(sw, "lora_dropout", num));
         for (int k = 0; meta && meta[k] && meta[k + 1]; k += 2)
             TD_TRY(td_st_writer_add_metadata(sw, meta[k], meta[k + 1]));
         for (int i = 0; i < n; i++) {
@@ -330,6 +332,11 @@ td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state)
     if (!saved || !step || !skipped) TD_FAIL(TD_ERR_INVALID, "%s: no optimizer step in its metadata", path);
     if (strcmp(saved, td_optim_state_name(t->cfg.optim.state)))
         TD_FAIL(TD_ERR_INVALID, "%s was saved with --optim-state %s; resume with --optim-state %s", path, saved, saved);
+    const char *p = td_st_metadata(sf, "lora_dropout"); /* absent: saved before dropout trained, so 0 */
+    const float was = p ? (float)strtod(p, NULL) : 0.0f;
+    if (was != d->lora.dropout)
+        TD_FAIL(TD_ERR_INVALID, "%s was trained with --lora-dropout %g and this run has %g: resume with the folder's "
+                "(its adapter_config.json's lora_dropout)", path, (double)was, (double)d->lora.dropout);
     for (int i = 0; i < n; i++) {
         td_model_tensor tt;
         char name[160], full[176];

@@ -648,7 +648,8 @@ td_status td_trainer_save_adapter(td_trainer *t, const char *dir, const char *ba
                                   const char *const *meta);
 /* The adapters of such a folder into the run (its LoRA rank and targets
  * must be the folder's: a shape that differs is an error naming the
- * tensor), and with state the moments and the step. */
+ * tensor), and with state the moments and the step (then the run's LoRA
+ * dropout must be the folder's: its masks go on where they stopped). */
 td_status td_trainer_load_adapter(td_trainer *t, const char *dir, int state);
 /* A LoRA run's merged model as a Hugging Face checkpoint in dir (no train
  * state): the base's weights with each targeted module's W + s B A, the
