@@ -83,6 +83,21 @@ static void test_mask_drops_p_and_every_field_counts(void **state)
         if (!(fabs(agree - want) <= 0.02))
             fail_msg("field %d: masks agree on %.4f (independent: %.4f)", field, agree, want);
     }
+    /* the module keys lora_mask.py's users give: the place among the block's linear modules */
+    static const struct { const char *family, *targets; int index[7]; } keys[] = {
+        {"llama", NULL, {0, 1, 2, 3, 4, 5, 6}}, {"qwen2", "v_proj,up_proj", {2, 5}}, {"gpt2", NULL, {0, 1, 2, 3}},
+        {"gpt2", "c_fc", {2}}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        td_model_desc d = desc(keys[i].family);
+        TD_ASSERT_OK(td_model_lora_set(&d, 2, 2, 0.1f, keys[i].targets));
+        for (int j = 0; j < td_model_lora_count(&d); j++) {
+            td_model_lora_target tg;
+            td_model_lora_target_get(&d, j, &tg);
+            if (tg.module_index != keys[i].index[j])
+                fail_msg("%s %s: module index %d, want %d", keys[i].family, tg.module, tg.module_index,
+                         keys[i].index[j]);
+        }
+    }
     /* the hash of model.h's formula: row r of a call is sample sample0 + r / T, position r % T */
     const uint64_t h = td_model_lora_drop_hash(k.seed, k.step, k.layer, 4, k.sample0 + 1, 3, 77);
     assert_int_equal(td_model_lora_dropped(&k, 4, 16 + 3, 77, p), (float)(h >> 40) < p * 16777216.0f);
