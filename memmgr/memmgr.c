@@ -963,12 +963,20 @@ static td_status measure_warmup(td_memmgr *m)
 /* Prefetch far enough ahead that a load (at the measured rate) finishes
  * within the compute of the accesses before its use: window = ceil(load
  * time of an average chunk / compute time per access) + 1, in [1, 64].  The
- * free budget bounds it too: a prefetch never evicts a chunk needed sooner. */
+ * free budget bounds it too: a prefetch never evicts a chunk needed sooner.
+ * On the cpu backend the window is MM_PREFETCH_DEFAULT, not measured: its
+ * copies are memcpys whose rate says nothing of a GPU's, and a window from
+ * the machine's load of the moment would make the chunk schedule, and with
+ * it the bits, differ from run to run (under ZeRO-3 a grad chunk evicted
+ * between micro-batches is reduce-scattered then accumulated into, summing
+ * its terms in another order than one reduce-scattered once). */
+#define MM_PREFETCH_DEFAULT 4
 static int prefetch_window(td_memmgr *m)
 {
     if (m->params.prefetch >= 0) return m->params.prefetch;
+    if (m->backend && td_backend_get_kind(m->backend) == TD_BACKEND_CPU) return MM_PREFETCH_DEFAULT;
     const mm_measure *ms = &m->measure;
-    if (m->trace_len == 0 || ms->step_ms <= 0 || ms->load_ms_per_mib <= 0) return 4;
+    if (m->trace_len == 0 || ms->step_ms <= 0 || ms->load_ms_per_mib <= 0) return MM_PREFETCH_DEFAULT;
     double bytes = 0;
     for (size_t i = 0; i < m->trace_len; i++) bytes += (double)load_bytes(m, &m->chunks[m->trace_seq[i]]);
     double chunk_load_ms = ms->load_ms_per_mib * bytes / (double)m->trace_len / (double)TD_MiB;
