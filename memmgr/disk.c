@@ -108,7 +108,6 @@ td_status mm_disk_setup(td_memmgr *m)
     m->disk = d;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
-    d->pos = -1;
     for (int c = 0; c < m->n_chunks; c++) { /* in chunk order: a role's chunks lie together in the file */
         mm_chunk *ch = &m->chunks[c];
         if (ch->home != TD_HOME_DISK) continue;
@@ -120,6 +119,8 @@ td_status mm_disk_setup(td_memmgr *m)
     d->order = td_malloc(2 * ((size_t)n + 1) * sizeof *d->order, TD_ROLE_META);
     if (!d->order) TD_FAIL(TD_ERR_NOMEM, "memmgr: the disk tier's order of %d chunks", n);
     d->order_pos = d->order + n + 1;
+    if (!(d->done = td_calloc((size_t)n + 1, 1, TD_ROLE_META)))
+        TD_FAIL(TD_ERR_NOMEM, "memmgr: the disk tier's round of %d chunks", n);
     for (int k = 0; k < n; k++) d->order[k] = d->order_pos[k] = k;
     d->n_order = d->n_index = n;
     for (int p = 0; p < 5; p++) {
@@ -160,6 +161,7 @@ void mm_disk_free(td_memmgr *m)
         td_free(pool->slots);
     }
     td_free(d->order);
+    td_free(d->done);
     pthread_cond_destroy(&d->cond);
     pthread_mutex_destroy(&d->lock);
     td_free(d);
@@ -177,9 +179,20 @@ static int find_slot(const mm_dpool *pool, int c)
     return -1;
 }
 
+/* How far place p of the AdamW's order is from its next use, in places:
+ * the ones of this round not yet taken come first (from the cursor), then
+ * the taken ones, in the next round.  The AdamW may take chunks out of the
+ * order (its thread runs whichever job's inputs are in first): a chunk taken
+ * early is spent for this round, and one passed over is still next. */
+static int place_distance(const mm_disk *d, int p)
+{
+    return d->done[p] ? d->n_order - d->cursor + p : p - d->cursor;
+}
+
 /* How far chunk c's next use is (0: next): optimizer state and grads by
- * the AdamW's order, params by the manager's next-use table where there is
- * one; INT_MAX for no chunk, INT_MAX - 1 for one with no known use. */
+ * the AdamW's order (place_distance), params by the manager's next-use
+ * table where there is one; INT_MAX for no chunk, INT_MAX - 1 for one with
+ * no known use. */
 static int distance(td_memmgr *m, int c)
 {
     mm_disk *d = m->disk;
@@ -193,8 +206,23 @@ static int distance(td_memmgr *m, int c)
     }
     int p = ch->index < d->n_index && ch->index >= 0 ? d->order_pos[ch->index] : -1;
     if (p < 0 || !d->n_order) return INT_MAX - 1;
-    int pos = d->pos < 0 ? d->n_order - 1 : d->pos;
-    return (p - pos - 1 + 2 * d->n_order) % d->n_order;
+    return place_distance(d, p);
+}
+
+/* Index k taken by the AdamW: its place done for this round.  Taking one
+ * that is done already starts the next round (a step whose updates all
+ * ran, or one that stopped short: a skipped step, a failure). */
+static void take_place(mm_disk *d, int k)
+{
+    if (k < 0 || k >= d->n_index || d->order_pos[k] < 0) return;
+    int p = d->order_pos[k];
+    if (d->done[p]) {
+        memset(d->done, 0, (size_t)d->n_order);
+        d->n_done = d->cursor = 0;
+    }
+    d->done[p] = 1;
+    d->n_done++;
+    while (d->cursor < d->n_order && d->done[d->cursor]) d->cursor++;
 }
 
 /* Polls slot s: ended reads become valid, ended writes clean, landed copies done. */
@@ -303,7 +331,8 @@ static void assign(mm_dslot *s, int c)
     s->valid = s->reading = s->dirty = s->writing = s->copy_busy = s->copy_dirty = 0;
 }
 
-/* The next chunk (of the pool's role) to read ahead into a slot: c, `dist` away. */
+/* The next chunk (of the pool's role) to read ahead into a slot: c, `dist` away
+ * (distance's). */
 static td_status read_ahead(td_memmgr *m, int c, int dist, int *stop)
 {
     mm_dpool *pool = pool_of(m, c);
@@ -332,12 +361,16 @@ static td_status prefetch(td_memmgr *m, int params)
     for (int s = 0; s < 3; s++) {
         td_tensor_role r = optim_roles[s];
         if (!d->pools[r].n) continue;
-        int pos = d->pos < 0 ? d->n_order - 1 : d->pos;
-        for (int ahead = 0; ahead < d->pools[r].n - 1 && ahead < d->n_order; ahead++) {
-            int c = disk_chunk(m, r, d->order[(pos + 1 + ahead) % d->n_order]), stop;
+        /* the round's places not yet taken from the cursor on, then the
+         * next round's: as many as the pool has slots but the one in use */
+        int ahead = 0, stop = 0;
+        for (int i = 0; i < 2 * d->n_order && ahead < d->pools[r].n - 1 && !stop; i++) {
+            int p = i < d->n_order ? i : i - d->n_order;
+            if (i < d->n_order ? p < d->cursor || d->done[p] : !d->done[p]) continue;
+            int c = disk_chunk(m, r, d->order[p]);
             if (c < 0) continue;
-            if ((st = read_ahead(m, c, ahead, &stop))) return st;
-            if (stop) break;
+            ahead++;
+            if ((st = read_ahead(m, c, place_distance(d, p), &stop))) return st;
         }
     }
     mm_dpool *pp = &d->pools[TD_TENSOR_PARAM];
@@ -472,7 +505,8 @@ td_status td_memmgr_disk_set_order(td_memmgr *m, const int *index, int n)
         else d->order[j] = index[j], d->order_pos[index[j]] = j;
     }
     d->n_order = st ? 0 : n;
-    d->pos = -1;
+    memset(d->done, 0, (size_t)total + 1);
+    d->n_done = d->cursor = 0;
     pthread_mutex_unlock(&d->lock);
     return st;
 }
@@ -530,7 +564,7 @@ td_status td_memmgr_disk_acquire(td_memmgr *m, int k, void *host[3])
     }
     mm_disk *d = m->disk;
     pthread_mutex_lock(&d->lock);
-    if (k >= 0 && k < d->n_index && d->order_pos[k] >= 0) d->pos = d->order_pos[k];
+    take_place(d, k);
     st = prefetch(m, 0);
     pthread_mutex_unlock(&d->lock);
     return st;

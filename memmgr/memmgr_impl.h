@@ -106,7 +106,8 @@ typedef struct mm_disk {
     mm_dpool pools[TD_TENSOR_ROLE_COUNT];
     int *order, n_order, *order_pos;    /* optimizer chunk indices in the order the AdamW takes them; per index its place */
     int n_index;                        /* indices (order_pos's length) */
-    int pos;                            /* the place of the last index acquired */
+    unsigned char *done;                /* per place in the order: acquired in this round (step) already */
+    int n_done, cursor;                 /* how many are; the first place not yet (n_order: none left) */
     const td_nextuse *nextuse;          /* the manager's, and its position, as the driving thread last saw them */
     uint64_t mm_pos;
     int held[MM_DISK_HOLDS], n_held;    /* chunks a host access keeps, oldest first */

@@ -373,6 +373,76 @@ static td_status steps(td_trainer *t, td_test_batches *b, int n, double *losses)
     return TD_OK;
 }
 
+/* Runs `n` steps of cfg; the disk bytes read and written over them. */
+static void disk_bytes_over(const td_train_config *cfg, int n, double *read, double *written)
+{
+    td_trainer *t;
+    td_test_batches b = td_test_batches_of(cfg, 5);
+    TD_ASSERT_OK(td_trainer_create(cfg, &t));
+    *read = *written = 0;
+    for (int s = 0; s < n; s++) {
+        td_step_result r;
+        TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        *read = (double)r.mm.disk_read_bytes; /* the run's so far */
+        *written = (double)r.mm.disk_write_bytes;
+    }
+    td_trainer_destroy(t);
+    assert_int_equal(count_files(dir_a), 0);
+}
+
+/* Each disk-resident byte read once a step and written once, as the plan
+ * says (disk.read_bytes_per_step, disk.write_bytes_per_step): the AdamW
+ * thread takes whichever chunk's grads and state are in first, out of the
+ * order the tier reads ahead in, and a chunk passed over must stay in its
+ * slot, not be read again.  Steps overlap (the last updates' writes, the
+ * next step's reads ahead), so over n steps: the first reads nothing (the
+ * file is new), and n - 1 rounds plus at most one round ahead come to no
+ * more than n steps' plan; the writes to no more than n steps' either
+ * (and more than n - 2: the grads' writes are lazy, some never happen). */
+static void test_disk_bytes_per_step_as_planned(void **state)
+{
+    enum { STEPS = 4 };
+    struct { int adam_thread, accum; double clip; int grads, params; const char *what; } cases[] = {
+        {1, 1, 0.0, 0, 0, "AdamW thread, updates in the backward, one micro-batch"},
+        {1, 4, 0.0, 0, 0, "AdamW thread, updates in the backward, four micro-batches"},
+        {1, 3, 1.0, 0, 0, "AdamW thread, clipping, three micro-batches"},
+        {-1, 2, 0.0, 0, 0, "driving thread, two micro-batches"},
+        {1, 2, 1.0, 1, 0, "grads on disk too, AdamW thread"},
+        {1, 2, 0.0, 0, 1, "params on disk too, AdamW thread"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        td_train_config c = small_config();
+        c.adam_thread = cases[i].adam_thread;
+        c.grad_accum = cases[i].accum;
+        c.optim.max_grad_norm = cases[i].clip;
+        td_train_config d;
+        td_train_plan p;
+        if (cases[i].grads || cases[i].params) {
+            c.model.n_embd = 192; /* test_disk_params_and_grads's */
+            c.model.n_head = 4;
+            c.mm.min_chunk_numel = 16384;
+            c.mm.max_chunk_numel = 65536;
+            d = with_disk_pg(c, cases[i].grads, cases[i].params, &p);
+        } else {
+            int dc, nc;
+            d = with_disk(c, &dc, &nc);
+            TD_ASSERT_OK(td_train_plan_make(&d, d.gpu_budget, &p));
+        }
+        double rd, wr, plan_rd = p.disk_read_bytes_per_step, plan_wr = p.disk_write_bytes_per_step;
+        disk_bytes_over(&d, STEPS, &rd, &wr);
+        print_message("%s: %.0f bytes read and %.0f written in %d steps; the plan: %.0f and %.0f a step\n",
+                      cases[i].what, rd, wr, STEPS, plan_rd, plan_wr);
+        assert_true(plan_rd > 0 && plan_wr > 0);
+        if (rd > STEPS * plan_rd)
+            fail_msg("%s: %.0f bytes read in %d steps, %.2f times the plan's %.0f a step", cases[i].what, rd, STEPS,
+                     rd / (STEPS - 1) / plan_rd, plan_rd);
+        if (rd < (STEPS - 2) * plan_rd / 2)
+            fail_msg("%s: %.0f bytes read in %d steps, the plan's %.0f a step", cases[i].what, rd, STEPS, plan_rd);
+        if (wr > STEPS * plan_wr || wr < (STEPS - 2) * plan_wr)
+            fail_msg("%s: %.0f bytes written in %d steps, the plan's %.0f a step", cases[i].what, wr, STEPS, plan_wr);
+    }
+}
+
 /* A checkpoint of a disk-tier run streams the state out of its file; it
  * loads into a run without a disk tier (and one with it) and both continue
  * with the uninterrupted run's losses. */
@@ -508,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_memmgr_disk_chunks),
         cmocka_unit_test(test_disk_losses_bit_identical),
         cmocka_unit_test(test_disk_params_and_grads),
+        cmocka_unit_test(test_disk_bytes_per_step_as_planned),
         cmocka_unit_test(test_disk_checkpoint_round_trip),
         cmocka_unit_test(test_disk_faults_fail_cleanly),
         cmocka_unit_test(test_disk_room),
