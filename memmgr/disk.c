@@ -511,6 +511,16 @@ td_status td_memmgr_disk_set_order(td_memmgr *m, const int *index, int n)
     return st;
 }
 
+int td_memmgr_disk_next(td_memmgr *m)
+{
+    if (!m->disk) return -1;
+    mm_disk *d = m->disk;
+    pthread_mutex_lock(&d->lock);
+    int k = !d->n_order ? -1 : d->order[d->cursor < d->n_order ? d->cursor : 0];
+    pthread_mutex_unlock(&d->lock);
+    return k;
+}
+
 td_status td_memmgr_disk_chunk_acquire(td_memmgr *m, int c, td_disk_access how, void **host)
 {
     td_status st = check_chunk(m, c, "disk acquire");

@@ -1388,14 +1388,17 @@ static td_status adam_job(void *ctx, int k)
 }
 
 /* On the AdamW thread: whether job k's grads (and the write-back into its
- * params' host copy) have landed, so that its run will not wait. */
+ * params' host copy) have landed, so that its run will not wait; a job
+ * with state on disk also only in its turn of the tier's read-ahead (the
+ * worker would otherwise take the lowest index whose state is in, out of
+ * the order the drive reads in) once its state is read. */
 static int adam_ready(void *ctx, int k)
 {
     td_trainer *t = ctx;
     int grads = 0, params = 0;
     return td_copy_done(t->engine, &t->jobs[k].grads, &grads) == TD_OK && grads &&
            td_copy_done(t->engine, &t->jobs[k].params, &params) == TD_OK && params &&
-           (!t->jobs[k].disk || td_memmgr_disk_ready(t->mm, k)); /* and its state read from disk */
+           (!t->jobs[k].disk || (td_memmgr_disk_next(t->mm) == k && td_memmgr_disk_ready(t->mm, k)));
 }
 
 /* On the AdamW thread: job k done with (run, failed or not run): a

@@ -428,8 +428,14 @@ int td_memmgr_chunk_on_disk(const td_memmgr *m, int chunk);
  * bytes (each disk chunk rounded up to 4 KiB).  Either pointer may be NULL. */
 int td_memmgr_disk_plan(const td_memmgr *m, size_t slot_bytes[TD_TENSOR_ROLE_COUNT], size_t *file_bytes);
 /* The optimizer chunk indices in the order their users take them, for the
- * read-ahead (default: ascending). */
+ * read-ahead (default: ascending).  Users may take them out of the order
+ * (each index once a round: a step); the read-ahead keeps the ones passed
+ * over and reads from the first not yet taken. */
 td_status td_memmgr_disk_set_order(td_memmgr *m, const int *index, int n);
+/* The index the read-ahead serves first: the first of the order not yet
+ * taken this round (the next round's first when all were); -1 without a
+ * disk tier or an order. */
+int td_memmgr_disk_next(td_memmgr *m);
 /* Optimizer chunk `index`'s disk chunks in slots (waits for their reads):
  * host[0] master, host[1] m, host[2] v; NULL for a role of the index not on
  * disk.  Held until td_memmgr_disk_release. */
