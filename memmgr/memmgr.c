@@ -1535,6 +1535,7 @@ td_status td_memmgr_chunk_host_written(td_memmgr *m, int chunk)
         return td_error_set(TD_ERR_STATE, "memmgr: host write of chunk %d ('%s', ...) while it is in COMPUTE on the "
                             "device", chunk, m->tensors[ch->tensors[0]].name);
     ch->host_ver = (ch->host_ver > ch->dev_ver ? ch->host_ver : ch->dev_ver) + 1;
+    ch->expect_write = 0; /* the write td_memmgr_expect_host_write announced: prefetches may load it again */
     offer(m, chunk);
     return TD_OK;
 }

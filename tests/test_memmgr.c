@@ -1017,6 +1017,60 @@ static void test_read_beside_writeback(void **state)
     rig_close(&r);
 }
 
+/* A chunk whose host write was expected (ZeRO-3: the AdamW thread's update
+ * still to come) is left alone by prefetches until the write; a write
+ * recorded by td_memmgr_chunk_host_written (an update in a disk slot) ends
+ * that as a host access for writing does, so the next step loads it ahead
+ * again instead of at its access. */
+static void test_expected_write_then_prefetch(void **state)
+{
+    (void)state;
+    enum { N = 1024, T = 4 };
+    for (int how = 0; how < 2; how++) { /* 0: a host access for writing, 1: td_memmgr_chunk_host_written */
+        td_memmgr_params mp = td_memmgr_default_params();
+        mp.chunk_numel = N;
+        mp.prefetch = 4;
+        rig r;
+        rig_open(&r, 1, 64 * N * 4, &mp);
+        int id[T];
+        char name[8];
+        for (int i = 0; i < T; i++) {
+            snprintf(name, sizeof name, "p%d", i);
+            TD_ASSERT_OK(td_memmgr_register(r.m, name, N, TD_DTYPE_F32, TD_TENSOR_PARAM, &id[i]));
+        }
+        TD_ASSERT_OK(td_memmgr_layout(r.m));
+        td_memmgr_stats before, after;
+        for (int step = 0; step < 3; step++) {
+            TD_ASSERT_OK(td_memmgr_step_begin(r.m));
+            td_memmgr_get_stats(r.m, &before);
+            for (int i = 0; i < T; i++) {
+                void *d;
+                TD_ASSERT_OK(td_memmgr_access(r.m, &id[i], 1, TD_TENSOR_COMPUTE, 0, &d));
+                TD_ASSERT_OK(td_memmgr_release(r.m, &id[i], 1, TD_TENSOR_HOLD));
+            }
+            td_memmgr_get_stats(r.m, &after);
+            TD_ASSERT_OK(td_memmgr_step_end(r.m));
+            if (step == 2) { /* p3 was written on the host: loaded again, ahead of its access */
+                assert_int_equal(after.loads - before.loads, 1);
+                if (after.prefetches - before.prefetches != 1)
+                    fail_msg("%s: p3's new host copy was loaded at its access, not ahead (%llu prefetches)",
+                             how ? "td_memmgr_chunk_host_written" : "a host access", 
+                             (unsigned long long)(after.prefetches - before.prefetches));
+            }
+            /* between steps: p3's update expected, then written */
+            int c = td_memmgr_tensor_chunk(r.m, id[T - 1]);
+            TD_ASSERT_OK(td_memmgr_expect_host_write(r.m, c));
+            if (how) {
+                TD_ASSERT_OK(td_memmgr_chunk_host_written(r.m, c));
+            } else {
+                void *h;
+                TD_ASSERT_OK(td_memmgr_chunk_host_access(r.m, c, TD_ACCESS_WRITE, &h));
+            }
+        }
+        rig_close(&r);
+    }
+}
+
 /* td_memmgr_order_after_use: work on another queue that overwrites a
  * chunk in place (ZeRO-3's all-gather, on the H2D queue) waits for what
  * still uses its device copy, and for nothing queued since.
@@ -1114,6 +1168,7 @@ int main(void)
         cmocka_unit_test(test_optim_order_by_slack),
         cmocka_unit_test(test_order_after_use),
         cmocka_unit_test(test_read_beside_writeback),
+        cmocka_unit_test(test_expected_write_then_prefetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -465,7 +465,8 @@ td_status td_memmgr_disk_status(td_memmgr *m);
 const char *td_memmgr_disk_describe(const td_memmgr *m);
 /* A write to the chunk's bytes made elsewhere (the disk tier's slot, by
  * another thread): the host side is the newer from now on, the device copy
- * stale (reloaded at its next access).  No load may be in flight from it. */
+ * stale (reloaded at its next access, or loaded ahead again: it ends a
+ * td_memmgr_expect_host_write).  No load may be in flight from it. */
 td_status td_memmgr_chunk_host_written(td_memmgr *m, int chunk);
 
 /* Device bytes the chunks need at the least: the largest set pinned at once
