@@ -512,7 +512,7 @@ static td_status log_step(train_run *r, long s, const td_step_result *res)
     td_host_usage hu;
     td_status st = td_trainer_host_usage(r->t, &hu);
     if (st || !r->log) return st;
-    char mm[2048], host[1024];
+    char mm[2048], host[4096];
     td_memmgr_step_json(td_trainer_memmgr(r->t), mm, sizeof mm);
     td_host_usage_json(&hu, host, sizeof host);
     cJSON *j = cJSON_CreateObject();

@@ -200,10 +200,10 @@ void td_lora_name(const td_model_desc *d, td_model_param kind, char *buf, size_t
 /* A: kaiming uniform with a = sqrt(5) over fan_in = in (torch's Linear
  * default, PEFT's init_lora_weights=True): U(-b, b), b = sqrt(6 / ((1 +
  * a^2) in)) = 1 / sqrt(in).  B: zero. */
-void td_lora_init(const td_model_desc *d, td_model_param kind, float *dst, size_t numel, uint64_t stream)
+void td_lora_init(const td_model_desc *d, td_model_param kind, float *dst, size_t begin, size_t count, uint64_t stream)
 {
     if (((int)kind - TD_MODEL_PARAM_COUNT) % 2) {
-        memset(dst, 0, numel * sizeof(float));
+        memset(dst, 0, count * sizeof(float));
         return;
     }
     int shape[2];
@@ -211,7 +211,8 @@ void td_lora_init(const td_model_desc *d, td_model_param kind, float *dst, size_
     const double bound = 1.0 / sqrt((double)shape[1]);
     td_rng r;
     td_rng_seed(&r, stream);
-    for (size_t i = 0; i < numel; i++) dst[i] = (float)((2.0 * td_rng_uniform(&r) - 1.0) * bound);
+    td_rng_jump(&r, begin); /* one draw an element */
+    for (size_t i = 0; i < count; i++) dst[i] = (float)((2.0 * td_rng_uniform(&r) - 1.0) * bound);
 }
 
 /* --- dropout's mask --------------------------------------------------------------- */

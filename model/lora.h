@@ -13,7 +13,9 @@ int td_lora_shape(const td_model_desc *d, td_model_param kind, int shape[2]);
 /* Its name in the block: "<module>.lora_A.weight" (PEFT's, after the block prefix). */
 void td_lora_name(const td_model_desc *d, td_model_param kind, char *buf, size_t n);
 /* A: PEFT's kaiming uniform from the seeded stream; B: zero. */
-void td_lora_init(const td_model_desc *d, td_model_param kind, float *dst, size_t numel, uint64_t stream);
+/* Elements [begin, begin + count) of an adapter tensor's init (of its
+ * stream), into dst[0 .. count). */
+void td_lora_init(const td_model_desc *d, td_model_param kind, float *dst, size_t begin, size_t count, uint64_t stream);
 /* The acts a block keeps for its adapters (floats), carved after the family's. */
 size_t td_lora_acts_numel(const td_model_desc *d, int B, int T);
 void td_lora_acts_view(const td_model_desc *d, int B, int T, float *base, td_model_block_acts *a);

@@ -176,6 +176,16 @@ void td_model_init_tensor(const td_model_desc *d, int index, float *dst, uint64_
 {
     td_model_tensor t;
     td_model_tensor_get(d, index, &t);
+    td_model_init_range(d, index, dst, 0, t.numel, seed);
+}
+
+void td_model_init_range(const td_model_desc *d, int index, float *dst, size_t begin, size_t count, uint64_t seed)
+{
+    td_model_tensor t;
+    td_model_tensor_get(d, index, &t);
+    if (begin > t.numel) begin = t.numel;
+    if (count > t.numel - begin) count = t.numel - begin;
+    const size_t end = begin + count;
     /* Each tensor's stream from its index in the layout without adapters,
      * so a run with LoRA starts from the base weights of the same seed;
      * the adapters' streams after every base tensor's. */
@@ -185,41 +195,45 @@ void td_model_init_tensor(const td_model_desc *d, int index, float *dst, uint64_
     const int base_count = td_model_tensor_count(d) - nt2 * d->n_layer;
     if (TD_MODEL_IS_LORA(t.kind)) {
         const int stream = base_count + layer * nt2 + ((int)t.kind - TD_MODEL_PARAM_COUNT);
-        td_lora_init(d, t.kind, dst, t.numel, seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(stream + 1)));
+        td_lora_init(d, t.kind, dst, begin, count, seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(stream + 1)));
         return;
     }
     index -= nt2 * layer; /* the adapters of the blocks before it */
     const td_model_init_rule rule = fam(d)->init(d, t.kind);
     if (!(rule.std > 0)) {
-        for (size_t i = 0; i < t.numel; i++) dst[i] = rule.value;
+        for (size_t i = 0; i < count; i++) dst[i] = rule.value;
         return;
     }
     const double std = rule.std;
     size_t n = t.numel;
-    if (t.kind == TD_MODEL_WTE || t.kind == TD_MODEL_LM_HEAD) { /* padding rows stay zero */
+    if (t.kind == TD_MODEL_WTE || t.kind == TD_MODEL_LM_HEAD) /* padding rows stay zero */
         n = (size_t)d->vocab_size * (size_t)d->n_embd;
-        memset(dst + n, 0, (t.numel - n) * sizeof(float));
-    }
+    if (end > n) memset(dst + (begin > n ? begin : n) - begin, 0, (end - (begin > n ? begin : n)) * sizeof(float));
+    if (begin >= n) return;
+    const size_t drawn_end = end < n ? end : n;
     td_rng rng;
     td_rng_seed(&rng, seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(index + 1)));
     /* Box-Muller: pair j turns draws 2j and 2j + 1 of the tensor's stream
      * (u1 in (0, 1], u2 in [0, 1)) into elements 2j and 2j + 1.  Each thread
      * jumps the stream to its first pair (td_rng_jump) and draws its share
-     * in order: the serial loop's values whatever the threads, and an 8B
-     * model initialises in seconds, the draws parallel as the transform. */
-    const size_t pairs = (n + 1) / 2;
+     * in order: the serial loop's values whatever the threads and whatever
+     * range is asked for, and an 8B model initialises in seconds, the draws
+     * parallel as the transform.  The range's pairs: those of elements
+     * begin .. drawn_end - 1, each element written only when in range. */
+    const size_t first = begin / 2, pairs = (drawn_end + 1) / 2 - first;
 #pragma omp parallel if (pairs >= 4096)
     {
         const size_t nt = (size_t)omp_get_num_threads(), me = (size_t)omp_get_thread_num();
-        const size_t begin = pairs / nt * me + (me < pairs % nt ? me : pairs % nt);
-        const size_t end = begin + pairs / nt + (me < pairs % nt);
+        const size_t lo = first + pairs / nt * me + (me < pairs % nt ? me : pairs % nt);
+        const size_t hi = lo + pairs / nt + (me < pairs % nt);
         td_rng r = rng;
-        td_rng_jump(&r, 2 * begin);
-        for (size_t j = begin; j < end; j++) {
+        td_rng_jump(&r, 2 * lo);
+        for (size_t j = lo; j < hi; j++) {
             const double u1 = 1.0 - td_rng_uniform(&r), u2 = td_rng_uniform(&r);
             const double rad = std * sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
-            dst[2 * j] = (float)(rad * cos(a));
-            if (2 * j + 1 < n) dst[2 * j + 1] = (float)(rad * sin(a));
+            const size_t e0 = 2 * j, e1 = 2 * j + 1;
+            if (e0 >= begin) dst[e0 - begin] = (float)(rad * cos(a));
+            if (e1 >= begin && e1 < drawn_end) dst[e1 - begin] = (float)(rad * sin(a));
         }
     }
 }

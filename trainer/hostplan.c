@@ -318,6 +318,11 @@ td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out)
     out->heap_allocated_bytes = hs.allocated_bytes;
     out->heap_resident_bytes = hs.resident_bytes;
     out->heap_source = hs.source;
+    for (int r = 0; r < TD_ROLE_COUNT; r++) {
+        out->heap_role_bytes[r] = td_host_used((td_role)r);
+        out->heap_role_peak_bytes[r] = td_host_used_peak((td_role)r);
+    }
+    out->n_heap_sites = td_host_sites(out->heap_sites, TD_HOST_USAGE_SITES);
     out->device_region_bytes = t->backend ? td_backend_host_mapped_bytes(t->backend) : 0;
     out->total_bytes = out->pinned_bytes + out->pageable_bytes + out->heap_allocated_bytes + out->device_region_bytes;
     if (out->total_bytes > t->host_peak_bytes) t->host_peak_bytes = out->total_bytes;
@@ -338,6 +343,20 @@ size_t td_host_usage_json(const td_host_usage *u, char *buf, size_t buf_bytes)
     cJSON_AddNumberToObject(j, "rss_bytes", (double)u->rss_bytes);
     cJSON_AddNumberToObject(j, "rss_peak_bytes", (double)u->rss_peak_bytes);
     cJSON_AddStringToObject(j, "heap_source", u->heap_source ? u->heap_source : "");
+    cJSON *roles = cJSON_AddObjectToObject(j, "heap_roles"), *sites = cJSON_AddArrayToObject(j, "heap_sites");
+    for (int r = 0; r < TD_ROLE_COUNT; r++) {
+        cJSON *o = cJSON_AddObjectToObject(roles, td_role_name((td_role)r));
+        cJSON_AddNumberToObject(o, "bytes", (double)u->heap_role_bytes[r]);
+        cJSON_AddNumberToObject(o, "peak_bytes", (double)u->heap_role_peak_bytes[r]);
+    }
+    for (int i = 0; i < u->n_heap_sites; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "site", u->heap_sites[i].site);
+        cJSON_AddStringToObject(o, "role", td_role_name(u->heap_sites[i].role));
+        cJSON_AddNumberToObject(o, "bytes", (double)u->heap_sites[i].live_bytes);
+        cJSON_AddNumberToObject(o, "peak_bytes", (double)u->heap_sites[i].peak_bytes);
+        cJSON_AddItemToArray(sites, o);
+    }
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     int n = snprintf(buf, buf_bytes, "%s", text ? text : "{}");

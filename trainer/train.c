@@ -146,9 +146,36 @@ static int live_ids(const int *ids, int n, int *out)
     return m;
 }
 
-/* ZeRO-3: tensor i initialised whole (every rank alike), and the part in
- * this rank's shard of its chunk kept in the host copies: the fp32 master
- * and the params rounded from it (fp32 params are the master). */
+/* Elements [begin, begin + count) of tensor i's seeded init into its host
+ * copies, drawn alone (td_model_init_range): into the fp32 master when it
+ * has one and the params rounded from it, into fp32 params directly (they
+ * are the master), else (frozen 16-bit params) through a scratch of at most
+ * INIT_PIECE floats.  No buffer the size of a tensor: under ZeRO-3 a rank
+ * draws only its shard. */
+#define INIT_PIECE ((size_t)1 << 20)
+static td_status draw_init(td_trainer *t, int i, size_t begin, size_t count, float *master, char *param)
+{
+    const td_model_desc *d = &t->cfg.model;
+    if (master || t->dt == TD_DTYPE_F32) {
+        td_model_init_range(d, i, master ? master : (float *)param, begin, count, t->cfg.seed);
+        if (master) td_train_from_f32(param, t->dt, master, count);
+        return TD_OK;
+    }
+    size_t piece = count < INIT_PIECE ? count : INIT_PIECE;
+    float *scratch = td_malloc((piece ? piece : 1) * sizeof(float), TD_ROLE_META);
+    if (!scratch) return td_error_set(TD_ERR_NOMEM, "initialising frozen tensor %d (%zu elements at a time)", i, piece);
+    for (size_t k = 0; k < count; k += piece) {
+        size_t n = count - k < piece ? count - k : piece;
+        td_model_init_range(d, i, scratch, begin + k, n, t->cfg.seed);
+        td_train_from_f32(param + k * td_dtype_bytes(t->dt), t->dt, scratch, n);
+    }
+    td_free(scratch);
+    return TD_OK;
+}
+
+/* ZeRO-3: the part of tensor i in this rank's shard of its chunk, drawn
+ * into the host copies (every rank draws its own part of the same
+ * streams). */
 static td_status init_shard(td_trainer *t, int i, size_t numel)
 {
     td_memmgr *mm = t->mm;
@@ -156,20 +183,16 @@ static td_status init_shard(td_trainer *t, int i, size_t numel)
     size_t off = td_memmgr_tensor_offset(mm, t->pid[i]), b, e, from, to;
     td_memmgr_chunk_host_range(mm, pc, &b, &e);
     if (off >= e || off + numel <= b) return TD_OK; /* none of it is this rank's */
-    float *whole = td_malloc(numel * sizeof(float), TD_ROLE_META), *master;
+    float *master = NULL;
     char *param;
-    if (!whole) return td_error_set(TD_ERR_NOMEM, "initialising tensor %d (%zu elements)", i, numel);
-    td_model_init_tensor(&t->cfg.model, i, whole, t->cfg.seed);
     from = off > b ? off : b;
     to = off + numel < e ? off + numel : e;
     td_status st = td_memmgr_chunk_host_access(mm, pc, TD_ACCESS_WRITE, (void **)&param);
-    if (!st && t->sid[i] >= 0) {
+    if (!st && t->sid[i] >= 0)
         st = td_memmgr_chunk_host_access(mm, td_memmgr_tensor_chunk(mm, t->sid[i]), TD_ACCESS_WRITE, (void **)&master);
-        if (!st) memcpy(master + (from - b), whole + (from - off), (to - from) * sizeof(float));
-    }
-    if (!st) td_train_from_f32(param + (from - b) * td_dtype_bytes(t->dt), t->dt, whole + (from - off), to - from);
-    td_free(whole);
-    return st;
+    if (st) return st;
+    return draw_init(t, i, from - off, to - from, master ? master + (from - b) : NULL,
+                     param + (from - b) * td_dtype_bytes(t->dt));
 }
 
 /* Params from the seeded init, written into their host copies; m and v
@@ -182,29 +205,15 @@ static td_status init_state(td_trainer *t)
         TD_TRY(td_memmgr_set_state(t->mm, live, live_ids(hold, 4, live), TD_TENSOR_HOLD));
     }
     for (int i = 0; i < t->n_tensors; i++) {
-        void *host;
+        void *host, *master = NULL;
         size_t numel = td_memmgr_tensor_numel(t->mm, t->pid[i]);
         if (t->ranks > 1) {
             TD_TRY(init_shard(t, i, numel));
             continue;
         }
         TD_TRY(td_memmgr_host_access(t->mm, &t->pid[i], 1, TD_ACCESS_WRITE, &host));
-        if (t->sid[i] < 0 && t->dt == TD_DTYPE_F32) { /* fp32 params are the master */
-            td_model_init_tensor(&t->cfg.model, i, host, t->cfg.seed);
-            continue;
-        }
-        if (t->sid[i] < 0) { /* frozen in 16 bits: no master to draw into, so a scratch one */
-            float *drawn = td_malloc(numel * sizeof(float), TD_ROLE_META);
-            if (!drawn) TD_FAIL(TD_ERR_NOMEM, "initialising frozen tensor %d (%zu elements)", i, numel);
-            td_model_init_tensor(&t->cfg.model, i, drawn, t->cfg.seed);
-            td_train_from_f32(host, t->dt, drawn, numel);
-            td_free(drawn);
-            continue;
-        }
-        void *master;
-        TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
-        td_model_init_tensor(&t->cfg.model, i, master, t->cfg.seed);
-        td_train_from_f32(host, t->dt, master, numel);
+        if (t->sid[i] >= 0) TD_TRY(td_memmgr_host_access(t->mm, &t->sid[i], 1, TD_ACCESS_WRITE, &master));
+        TD_TRY(draw_init(t, i, 0, numel, master, host));
     }
 cleanup:
     return st;

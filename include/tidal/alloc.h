@@ -35,14 +35,40 @@ typedef enum td_role {
 
 const char *td_role_name(td_role role);
 
-void *td_malloc(size_t bytes, td_role role);        /* NULL + message on failure */
-void *td_calloc(size_t n, size_t size, td_role role);
+/* Each allocation is counted under its role and its site (the file:line of
+ * the td_malloc call, which the macros below pass), so that a footprint can
+ * say which code holds the heap: td_host_sites.  NULL + message on failure. */
+void *td_malloc_at(size_t bytes, td_role role, const char *site);
+void *td_calloc_at(size_t n, size_t size, td_role role, const char *site);
+char *td_strdup_at(const char *s, td_role role, const char *site);
 void  td_free(void *ptr);                           /* NULL is a no-op */
-char *td_strdup(const char *s, td_role role);
+
+#define TD_ALLOC_STR_(x) #x
+#define TD_ALLOC_STR(x) TD_ALLOC_STR_(x)
+#define TD_ALLOC_SITE __FILE__ ":" TD_ALLOC_STR(__LINE__)
+#define td_malloc(bytes, role) td_malloc_at((bytes), (role), TD_ALLOC_SITE)
+#define td_calloc(n, size, role) td_calloc_at((n), (size), (role), TD_ALLOC_SITE)
+#define td_strdup(s, role) td_strdup_at((s), (role), TD_ALLOC_SITE)
 
 size_t td_host_used(td_role role);   /* live pageable bytes of that role */
 size_t td_host_used_total(void);
 size_t td_host_live_allocs(void);    /* live td_malloc blocks (leak checks) */
+/* The most bytes of that role live at once since the start (or the last
+ * td_host_peak_reset, which sets every peak, by role and by site, to the
+ * bytes live now). */
+size_t td_host_used_peak(td_role role);
+void   td_host_peak_reset(void);
+
+/* One allocation site's bytes: live now and the most live at once. */
+typedef struct td_host_site {
+    const char *site;     /* "dir/file.c:123", or "(other sites)" once the table is full */
+    td_role role;         /* the role of its first allocation */
+    size_t live_bytes, peak_bytes;
+    size_t live_allocs;
+} td_host_site;
+/* The sites with the largest peaks, largest first: at most max of them into
+ * out; returns how many. */
+int td_host_sites(td_host_site *out, int max);
 
 typedef enum td_fault_kind {
     TD_FAULT_HOST_ALLOC,   /* td_malloc / td_calloc */

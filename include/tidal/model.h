@@ -242,6 +242,10 @@ int td_model_head_tensors(const td_model_desc *d, int idx[3]);
  * by (seed, index), so tensors can be initialised in any order, wherever
  * they live, with the same result. */
 void td_model_init_tensor(const td_model_desc *d, int index, float *dst, uint64_t seed);
+/* Elements [begin, begin + count) of that init into dst[0 .. count) (the
+ * values td_model_init_tensor writes there; the range is clipped to the
+ * tensor), without drawing the rest: a rank's shard of a tensor. */
+void td_model_init_range(const td_model_desc *d, int index, float *dst, size_t begin, size_t count, uint64_t seed);
 /* All tensors into a flat buffer of td_model_params_numel floats. */
 void td_model_init(const td_model_desc *d, float *params, uint64_t seed);
 

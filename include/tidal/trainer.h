@@ -45,6 +45,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "tidal/alloc.h"
 #include "tidal/backend.h"
 #include "tidal/parallel.h"
 #include "tidal/dtype.h"
@@ -682,6 +683,7 @@ void td_trainer_setup_times(const td_trainer *t, td_setup_times *out);
  * creation's end and after every step): pinned slabs, pageable optimizer
  * state, the heap as td_host_heap_stats measures it, and the cpu backend's
  * "device" region (host pages it maps; 0 on cuda). */
+#define TD_HOST_USAGE_SITES 8
 typedef struct td_host_usage {
     size_t pinned_bytes, pageable_bytes;        /* slabs; td_hostmem mappings */
     size_t heap_allocated_bytes, heap_resident_bytes;
@@ -690,6 +692,12 @@ typedef struct td_host_usage {
     size_t peak_bytes;                          /* the largest total sampled */
     size_t rss_bytes, rss_peak_bytes;           /* the process's resident memory, now and at most (td_host_rss) */
     const char *heap_source;                    /* "jemalloc" or "mallinfo2" */
+    /* tidal's own part of the heap (td_malloc, alloc.h), by role: live now
+     * and the most live at once since the process started; and the
+     * allocation sites with the largest peaks, largest first. */
+    size_t heap_role_bytes[TD_ROLE_COUNT], heap_role_peak_bytes[TD_ROLE_COUNT];
+    td_host_site heap_sites[TD_HOST_USAGE_SITES];
+    int n_heap_sites;
 } td_host_usage;
 td_status td_trainer_host_usage(td_trainer *t, td_host_usage *out);
 /* The footprint as one JSON object (no newline), for the step log. */
