@@ -9,6 +9,7 @@
 #include "tidal/hostpool.h"
 #include "tidal/topo.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Builds the whole offload stack, uses it, and tears it down.  Returns the
@@ -118,6 +119,44 @@ static void test_host_used_by_role(void **state)
     assert_int_equal(td_host_used_total(), total);
 }
 
+/* Peaks by role and by call site: a block that came and went leaves its
+ * bytes in its role's peak and in its site's (named file:line, the largest
+ * peak first), live bytes back to where they were; td_host_peak_reset
+ * brings every peak down to what is live. */
+static void test_host_peaks_and_sites(void **state)
+{
+    (void)state;
+    td_host_peak_reset();
+    size_t ws = td_host_used(TD_ROLE_WORKSPACE);
+    assert_int_equal(td_host_used_peak(TD_ROLE_WORKSPACE), ws);
+    const size_t big = 64u << 20; /* larger than any block the test binary holds */
+    char *a = td_malloc(big, TD_ROLE_WORKSPACE);
+    const int line = __LINE__ - 1;
+    assert_non_null(a);
+    void *b = td_calloc(1, 1000, TD_ROLE_WORKSPACE);
+    assert_non_null(b);
+    td_free(a);
+    assert_int_equal(td_host_used_peak(TD_ROLE_WORKSPACE), ws + big + 1000);
+    assert_int_equal(td_host_used(TD_ROLE_WORKSPACE), ws + 1000);
+    td_host_site top[4];
+    int n = td_host_sites(top, 4);
+    assert_true(n >= 2);
+    char want[64];
+    snprintf(want, sizeof want, "test_fault.c:%d", line);
+    assert_non_null(strstr(top[0].site, want));
+    assert_int_equal(top[0].role, TD_ROLE_WORKSPACE);
+    assert_int_equal(top[0].peak_bytes, big);
+    assert_int_equal(top[0].live_bytes, 0);
+    assert_int_equal(top[0].live_allocs, 0);
+    for (int i = 1; i < n; i++) assert_true(top[i].peak_bytes <= top[i - 1].peak_bytes);
+    td_host_peak_reset();
+    assert_int_equal(td_host_used_peak(TD_ROLE_WORKSPACE), ws + 1000);
+    n = td_host_sites(top, 4);
+    for (int i = 0; i < n; i++) assert_null(strstr(top[i].site, want)); /* nothing of it is live */
+    td_free(b);
+    assert_int_equal(td_host_used(TD_ROLE_WORKSPACE), ws);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -125,6 +164,7 @@ int main(void)
         cmocka_unit_test(test_fault_pin),
         cmocka_unit_test(test_fault_dev_reserve),
         cmocka_unit_test(test_host_used_by_role),
+        cmocka_unit_test(test_host_peaks_and_sites),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

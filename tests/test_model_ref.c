@@ -693,6 +693,45 @@ static void test_init_is_the_serial_stream(void **state)
     free(got);
 }
 
+/* A range of a tensor's init (td_model_init_range: a ZeRO-3 rank's shard)
+ * is that slice of td_model_init_tensor's values, to the bit, for every
+ * tensor of a model with adapters (normal, constant, padding rows, LoRA A
+ * and B): ranges from odd and even elements (a Box-Muller pair cut), across
+ * the vocabulary's padding, wholly in it, empty, and past the end (clipped),
+ * with 1 and 3 threads; elements outside the range stay untouched. */
+static void test_init_range_is_the_slice(void **state)
+{
+    (void)state;
+    td_model_desc c = {.n_layer = 2, .n_head = 1, .n_embd = 33, .n_positions = 16, .vocab_size = 4099,
+                       .padded_vocab_size = 4160};
+    TD_ASSERT_OK(td_model_lora_set(&c, 4, 8.0f, 0.0f, NULL));
+    const int saved = omp_get_max_threads();
+    for (int i = 0; i < td_model_tensor_count(&c); i++) {
+        td_model_tensor t;
+        td_model_tensor_get(&c, i, &t);
+        float *whole = fvec(t.numel), *got = fvec(t.numel + 2);
+        td_model_init_tensor(&c, i, whole, 5);
+        const size_t n = t.numel, v = (size_t)c.vocab_size * c.n_embd;
+        const size_t ranges[][2] = {{0, n}, {1, n - 1}, {n / 3, n / 3 + 1}, {n / 3 + 1, n / 2}, {n - 1, 1},
+                                    {n, 0}, {n / 2, n}, {v - 3, 100}, {v + 1, 7}};
+        for (int k = 0; k < 2; k++) {
+            omp_set_num_threads(k ? 3 : 1);
+            for (size_t r = 0; r < sizeof ranges / sizeof *ranges; r++) {
+                size_t b = ranges[r][0], cnt = ranges[r][1];
+                if (b > n) continue;
+                size_t want = cnt < n - b ? cnt : n - b;
+                for (size_t e = 0; e < n + 2; e++) got[e] = -7.0f;
+                td_model_init_range(&c, i, got + 1, b, cnt, 5);
+                assert_memory_equal(got + 1, whole + b, want * sizeof(float));
+                assert_true(got[0] == -7.0f && got[1 + want] == -7.0f);
+            }
+        }
+        free(whole);
+        free(got);
+    }
+    omp_set_num_threads(saved);
+}
+
 static void test_bit_identical_across_threads(void **state)
 {
     const td_model_desc c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .n_positions = 32, .vocab_size = 100, .padded_vocab_size = 128};
@@ -725,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_layout_table),
         cmocka_unit_test(test_config_and_batch_errors),
         cmocka_unit_test(test_init),
+        cmocka_unit_test(test_init_range_is_the_slice),
         cmocka_unit_test(test_loss_at_init_is_log_vocab),
         cmocka_unit_test(test_whole_model_finite_differences),
         cmocka_unit_test(test_llama_layout_and_presets),
