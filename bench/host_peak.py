@@ -79,6 +79,27 @@ def train(a, n):
     return res
 
 
+def heap_split(row, h):
+    """Rank 0's heap split into tidal's own (td_malloc, host.heap_roles of the
+    log: live at the last step, and the most live at once) and the rest, the
+    libraries' (the CUDA runtime, cuBLAS, NCCL, hwloc, OpenMP); with the
+    allocation sites of tidal's largest peaks."""
+    def mib(b):
+        return f"{b / 2**20:.1f} MiB"
+    roles = h.get("heap_roles")
+    if not roles or "heap_allocated_bytes" not in h:
+        return
+    own = sum(r["bytes"] for r in roles.values())
+    row["rank0_heap_tidal_bytes"] = own
+    row["rank0_heap_tidal_peak_bytes"] = sum(r["peak_bytes"] for r in roles.values())
+    row["rank0_heap_libraries_bytes"] = h["heap_allocated_bytes"] - own
+    row["rank0_heap_sites"] = h.get("heap_sites", [])
+    sites = ", ".join(f"{x['site']} {mib(x['peak_bytes'])}" for x in row["rank0_heap_sites"][:3])
+    wl.say(f"    rank 0's heap {mib(h['heap_allocated_bytes'])}: tidal's own {mib(own)} (at most "
+           f"{mib(row['rank0_heap_tidal_peak_bytes'])}; largest sites {sites or 'none'}), the libraries' "
+           f"{mib(row['rank0_heap_libraries_bytes'])}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tidal", default="build/tidal")
@@ -139,6 +160,7 @@ def main(argv=None):
                    f"of it model state {row['plan_node_state_bytes_per_param']:.2f}); resident peak "
                    f"{wl.gib(t['host_node_rss_peak_bytes'])}, {wl.gib(row['unitemized_bytes_per_process'])} a process "
                    f"beyond the itemized footprint")
+            heap_split(row, t.get("rank0_host") or {})
         rows.append(row)
     ok = [r["measured_bytes_per_param"] for r in rows if "measured_bytes_per_param" in r]
     planned = [r["plan_node_bytes_per_param"] for r in rows if "plan_node_bytes_per_param" in r]

@@ -339,7 +339,8 @@ static void text_host(const plan_run *pr)
     printf("  pageable (NUMA-local to the CPU AdamW)\n    optimizer        %12s  (fp32 master, m and v as %s)\n",
            td_format_bytes(p->host_pageable_state_bytes, a, sizeof a), td_optim_state_name(pr->cfg.optim.state));
     printf("    heap             %12s  (metadata, loader, libraries%s; measured by %s)\n",
-           td_format_bytes(p->host_heap_bytes, a, sizeof a), on_cuda(pr) ? ", the CUDA runtime" : "", td_host_heap_source());
+           td_format_bytes(p->host_heap_bytes, a, sizeof a),
+           !on_cuda(pr) ? "" : pr->cfg.ranks > 1 ? ", the CUDA runtime, NCCL" : ", the CUDA runtime", td_host_heap_source());
     if (p->host_device_region_bytes)
         printf("    device region    %12s  (the cpu backend's \"device\" is host memory)\n",
                td_format_bytes(p->host_device_region_bytes, a, sizeof a));

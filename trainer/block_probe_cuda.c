@@ -56,7 +56,7 @@ static void sizes_of(const td_model_desc *model, int B, int T, td_dtype dt, int 
 static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, float center, float scale)
 {
     size_t E = td_dtype_bytes(dt);
-    void *h = malloc(n * E);
+    void *h = td_malloc(n * E, TD_ROLE_STAGING);
     if (!h) return td_error_set(TD_ERR_NOMEM, "block probe: %zu bytes of host staging", n * E);
     td_rng r;
     td_rng_seed(&r, seed);
@@ -66,7 +66,7 @@ static td_status fill_random(void *dev, size_t n, td_dtype dt, uint64_t seed, fl
         else ((uint16_t *)h)[i] = dt == TD_DTYPE_BF16 ? td_bf16_from_f32(v) : td_f16_from_f32(v);
     }
     cudaError_t e = cudaMemcpy(dev, h, n * E, cudaMemcpyHostToDevice);
-    free(h);
+    td_free(h);
     return e == cudaSuccess ? TD_OK : td_error_set(TD_ERR_BACKEND, "block probe: cudaMemcpy: %s", cudaGetErrorString(e));
 }
 

@@ -33,6 +33,13 @@
  * 13) jemalloc measured a heap of 744.7 MiB at its peak, 183 MiB over a
  * 512 MiB allowance, so the allowance is that peak rounded up. */
 #define HEAP_CUDA_BYTES (768 * TD_MiB)
+/* On CUDA with several ranks, each rank's NCCL beside it (its communicator
+ * and proxy state, its kernels' module images): tidal's own heap is the
+ * same at 1 and 2 ranks (td_malloc by role, the step log's
+ * host.heap_roles), while jemalloc measured each rank's heap 384.8 MiB
+ * above one rank's alone (4.1B GPT, 2 x H200, NCCL over NVLink:
+ * bench/results/host-peak-fp32.json), rounded up here. */
+#define HEAP_NCCL_BYTES (416 * TD_MiB)
 #define HEAP_PER_TENSOR_BYTES 512
 #define HEAP_PER_CHUNK_BYTES 1024
 
@@ -216,7 +223,8 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
     p->host_slabs = hs.slabs;
     p->host_pageable_state_bytes = pageable;
     p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
-                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + (cfg->backend == TD_BACKEND_CUDA ? HEAP_CUDA_BYTES : 0);
+                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + (cfg->backend == TD_BACKEND_CUDA ? HEAP_CUDA_BYTES : 0) +
+                         (cfg->backend == TD_BACKEND_CUDA && cfg->ranks > 1 ? HEAP_NCCL_BYTES : 0);
     /* The cpu backend's device region is host memory: the arena's one
      * reservation, mapped in whole pages behind a header page (what
      * td_backend_host_mapped_bytes measures). */
