@@ -73,12 +73,6 @@ static td_status host_bound(const td_train_config *cfg, const td_train_limits *l
     return TD_OK;
 }
 
-/* A count near the device's edge fits or not by a layer's parity as well as
- * by its size (the layout packs narrow blocks two a chunk at an even
- * count), so the counts this far above a boundary the bisection finds are
- * tried too before it is the answer. */
-#define EDGE_LAYERS 4
-
 /* Whether `layers` of cfg fit lim (its plan into *p). */
 static td_status fits_at(const td_train_config *cfg, const td_train_limits *lim, int layers, td_train_plan *p, int *fits)
 {
@@ -87,18 +81,45 @@ static td_status fits_at(const td_train_config *cfg, const td_train_limits *lim,
     return td_train_plan_fits(&c, lim, p, fits, NULL);
 }
 
-/* The most layers at or below `start` that fit: from the top down in
- * doubling steps to the first count that fits, then bisection between it
- * and the count above it that did not, then the EDGE_LAYERS counts above
- * the boundary found (a fit there starts the bisection again above it).
- * A few dozen plans, where the plain scan from the top planned every count
- * (hours at thousands of narrow layers, a few seconds a plan). */
+/* The exact scan's cost: the layers of every count it plans, summed (a
+ * plan's time grows with its layers, about 0.15 ms a layer at narrow
+ * widths): every count from the start down at a few dozen layers, a
+ * dozen counts near a thousand. */
+#define SCAN_LAYERS 16384
+
+/* Past the exact scan, a count near the device's edge fits or not by its
+ * layout as well as by its size (the chunk size searched per count packs
+ * blocks differently, --ckpt auto's choice, the GPU optimizer chunks), so
+ * the counts this far above a boundary the bisection finds are tried too
+ * before it is the answer. */
+#define EDGE_LAYERS 16
+
+/* The most layers at or below `start` that fit.  First every count from
+ * the top down to the first that fits, while their layers sum to at most
+ * SCAN_LAYERS: the exact answer, the brute force's.  Past that (thousands
+ * of narrow layers below a loose start), from the count the scan stopped
+ * at down in doubling steps to the first count that fits, bisection
+ * between it and the count above it that did not, then the EDGE_LAYERS
+ * counts above the boundary found (a fit there starts the bisection again
+ * above it). */
 static td_status descend(const td_train_config *cfg, const td_train_limits *lim, int start, int *layers)
 {
     td_train_plan p;
-    int lo = 0, hi = start + 1, fits = 0, step = 1;
+    int fits = 0;
+    long spent = 0;
     td_status st;
-    for (int n = start; n > 0 && !lo; step *= 2) {
+    int n = start;
+    for (; n > 0 && spent + n <= SCAN_LAYERS; n--) {
+        if ((st = fits_at(cfg, lim, n, &p, &fits))) return st;
+        spent += n;
+        if (fits) {
+            *layers = n;
+            return TD_OK;
+        }
+    }
+    start = n; /* every count above it does not fit */
+    int lo = 0, hi = start + 1, step = 1;
+    for (; n > 0 && !lo; step *= 2) {
         if ((st = fits_at(cfg, lim, n, &p, &fits))) return st;
         if (fits) lo = n;
         else hi = n, n = n - step > 0 ? n - step : n > 1 ? 1 : 0;
@@ -115,9 +136,9 @@ static td_status descend(const td_train_config *cfg, const td_train_limits *lim,
             else hi = mid;
         }
         int above = 0;
-        for (int n = lo + 2; n <= lo + EDGE_LAYERS && n <= start && !above; n++) {
-            if ((st = fits_at(cfg, lim, n, &p, &fits))) return st;
-            if (fits) above = n;
+        for (int k = lo + 2; k <= lo + EDGE_LAYERS && k <= start && !above; k++) {
+            if ((st = fits_at(cfg, lim, k, &p, &fits))) return st;
+            if (fits) above = k;
         }
         if (!above) break;
         lo = above;
@@ -149,14 +170,19 @@ static td_status largest_preset(const td_train_config *cfg, const td_train_limit
         if (td_model_family_of(&pc.model) != td_model_family_of(&cfg->model)) continue;
         pc.model.vocab_size = cfg->model.vocab_size;
         pc.model.padded_vocab_size = cfg->model.padded_vocab_size;
+        pc.model.lora = cfg->model.lora; /* the run asked for: its adapters (and --freeze, kept with the config) */
         if (pc.model.n_positions < pc.seq_len) pc.model.n_positions = pc.seq_len;
-        if (td_train_config_check(&pc) != TD_OK) { /* a shape this run cannot take (--ckpt N past its layers) */
+        if (td_train_config_check(&pc) != TD_OK) { /* a shape this run cannot take (--ckpt N past its layers, a rank past its width) */
             td_error_clear();
             continue;
         }
         td_train_plan pp;
         int ok = 0;
-        if ((st = td_train_plan_fits(&pc, lim, &pp, &ok, NULL))) return st;
+        if ((st = td_train_plan_fits(&pc, lim, &pp, &ok, NULL))) {
+            if (st != TD_ERR_INVALID) return st;
+            td_error_clear(); /* --freeze naming what this preset lacks (a layer past its count) */
+            continue;
+        }
         if (!ok) continue;
         if (out->n_presets_fit < TD_TRAIN_LARGEST_PRESETS) out->presets_fit[out->n_presets_fit++] = *n;
         if (pp.params > best_params) {

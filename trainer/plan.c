@@ -262,15 +262,35 @@ static size_t tensor_numel(const td_model_desc *mc, int i)
     return t.numel;
 }
 
+/* Which tensors train (0: frozen, --freeze or a LoRA base) into trains[];
+ * patterns that cannot be resolved at this count (one names a layer past
+ * it) leave the LoRA base's alone frozen: fewer frozen, a higher floor is
+ * still no plan's need, as that count cannot be planned. */
+static void floor_trains(const td_train_config *cfg, uint8_t *trains, int n)
+{
+    if (td_train_frozen(cfg, trains) != TD_OK) {
+        td_error_clear();
+        td_train_config c = *cfg;
+        c.n_freeze = 0;
+        if (td_train_frozen(&c, trains) != TD_OK) {
+            td_error_clear();
+            memset(trains, 0, (size_t)n);
+        }
+    }
+    for (int i = 0; i < n; i++) trains[i] = !trains[i];
+}
+
 /* td_train_plan_make's device need at its least, term by term: a chunk
  * holds at least its tensors, so an access of the working set pins at
- * least the bytes of its params and grads (the embedding's params, the
- * head's params and grads, or one block's), the largest chunk is at least
- * the largest param tensor, and under --policy cuda every param and grad
+ * least the bytes of its params and grads (the embedding's params or its
+ * grads, the head's params and grads, or a block's; a frozen tensor, of
+ * --freeze or a LoRA base, has no grad), the largest chunk is at least the
+ * largest param tensor, and under --policy cuda every param and grad
  * stays; the non-model buffers are --ckpt on's or off's, or auto's fewest
  * (every block recomputed).  With more layers only the blocks' count grows
- * (the residual streams and the activations kept, the params), and the
- * blocks added are alike. */
+ * (the residual streams and the activations kept, the params), and each
+ * block added only adds terms (which of its tensors freeze depends on its
+ * name, not on the count). */
 size_t td_train_device_floor_bytes(const td_train_config *cfg)
 {
     const td_model_desc *mc = &cfg->model;
@@ -282,23 +302,40 @@ size_t td_train_device_floor_bytes(const td_train_config *cfg)
     td_act_plan fewest;
     td_train_plan_activations(&least, 0, NULL, &fewest); /* on and off ask nothing of the state */
     size_t E = td_dtype_bytes(cfg->precision);
-    if (cfg->mm.placement == TD_PLACEMENT_CUDA) return fewest.total + 2 * E * td_model_params_numel(mc);
+    int n = td_model_tensor_count(mc), ne = td_model_embed_tensor_count(mc), nb = td_model_block_tensor_count(mc);
+    uint8_t *trains = td_malloc((size_t)n, TD_ROLE_META);
+    if (!trains) return fewest.total; /* out of memory: the activations alone are still a floor */
+    floor_trains(cfg, trains, n);
+    size_t all = 0, big = 0, embed_p = 0, embed_g = 0, head = 0, access = 0;
+    for (int i = 0; i < n; i++) {
+        size_t t = tensor_numel(mc, i);
+        all += t + (trains[i] ? t : 0);
+        if (t > big) big = t;
+        if (i < ne) {
+            embed_p += t;
+            embed_g += trains[i] ? t : 0;
+        }
+    }
     int hi[3], nh = td_model_head_tensors(mc, hi);
-    size_t off, block, embed = 0, head = 0, big = td_model_block_largest_numel(mc);
-    td_model_block_span(mc, 0, &off, &block);
-    for (int i = 0; i < td_model_embed_tensor_count(mc); i++) {
-        size_t n = tensor_numel(mc, i);
-        embed += n;
-        if (n > big) big = n;
-    }
     for (int k = 0; k < nh; k++) {
-        size_t n = tensor_numel(mc, hi[k]);
-        head += n;
-        if (n > big) big = n;
+        size_t t = tensor_numel(mc, hi[k]);
+        head += t + (trains[hi[k]] ? t : 0);
     }
-    size_t access = embed > 2 * head ? embed : 2 * head;
-    if (2 * block > access) access = 2 * block;
-    size_t streamed = fewest.total + E * access + 2 * E * big, resident = fewest.total + 2 * E * td_model_params_numel(mc);
+    access = embed_p > embed_g ? embed_p : embed_g;
+    if (head > access) access = head;
+    for (int l = 0; l < mc->n_layer; l++) {
+        size_t b = 0;
+        for (int k = 0; k < nb; k++) {
+            int i = ne + l * nb + k;
+            size_t t = tensor_numel(mc, i);
+            b += t + (trains[i] ? t : 0);
+        }
+        if (b > access) access = b;
+    }
+    td_free(trains);
+    size_t resident = fewest.total + E * all;
+    if (cfg->mm.placement == TD_PLACEMENT_CUDA) return resident;
+    size_t streamed = fewest.total + E * access + 2 * E * big;
     /* --policy auto's minimum is at most the all-resident footprint (td_train_plan_make) */
     return cfg->mm.placement == TD_PLACEMENT_AUTO && resident < streamed ? resident : streamed;
 }
