@@ -256,12 +256,188 @@ static void test_largest_narrow_is_quick(void **state)
     assert_true(ms < QUICK_MS);
 }
 
+/* ---- LoRA and --freeze: against every count planned ----------------------------- */
+
+/* A tiny LLaMA of `width` (4 heads, 2 of key/value), with LoRA rank
+ * `lora` (0: none) on q, v and down. */
+static td_train_config llama_of(int width, int lora, int micro_batch, int vocab, td_backend_kind backend)
+{
+    td_train_config c = td_train_default_config();
+    TD_ASSERT_OK(td_model_preset("tiny-llama", &c.model));
+    c.model.n_embd = width;
+    c.model.n_head = 4;
+    c.model.n_kv_head = 2;
+    c.model.n_inner = 0;
+    c.model.head_dim = 0;
+    c.model.vocab_size = vocab;
+    c.model.padded_vocab_size = td_model_pad_vocab(vocab);
+    c.backend = backend;
+    c.precision = backend == TD_BACKEND_CUDA ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+    c.micro_batch = micro_batch;
+    c.seq_len = 32;
+    if (c.model.n_positions < c.seq_len) c.model.n_positions = c.seq_len;
+    if (lora) TD_ASSERT_OK(td_model_lora_set(&c.model, lora, 2.0f * lora, 0, "q_proj,v_proj,down_proj"));
+    return c;
+}
+
+/* The brute force: every count in 1..top planned, the most that fits. */
+static int brute_largest(const td_train_config *cfg, const td_train_limits *lim, int top)
+{
+    int best = 0;
+    for (int layers = 1; layers <= top; layers++) {
+        td_train_config c = *cfg;
+        c.model.n_layer = layers;
+        td_train_plan p;
+        int fits;
+        TD_ASSERT_OK(td_train_plan_fits(&c, lim, &p, &fits, NULL));
+        if (fits) best = layers;
+    }
+    return best;
+}
+
+/* The search's answer is the brute force's, and planned alone it fits. */
+static void expect_brute(const td_train_config *cfg, const td_train_limits *lim, int top, const char *what)
+{
+    int want = brute_largest(cfg, lim, top), got = -1;
+    td_train_plan p;
+    TD_ASSERT_OK(td_train_largest_layers(cfg, lim, &got, &p));
+    if (got != want) fail_msg("%s: --largest %d layers, every count planned: %d", what, got, want);
+    if (got > 0) {
+        td_train_config c = *cfg;
+        c.model.n_layer = got;
+        int fits = 0;
+        TD_ASSERT_OK(td_train_plan_fits(&c, lim, &p, &fits, NULL));
+        assert_true(fits);
+    }
+}
+
+/* The device's need of a LoRA run (or a full one) goes up and down with
+ * the layers: the chunk size searched per count packs the blocks
+ * differently, so a count fits where the one below does not (at 64 wide,
+ * micro-batch 2, the budget 20 layers need: 15..17 fit, 18 and 19 not, 20
+ * fits, and 30).  The search finds the brute force's answer, where the
+ * bisection with four counts above stopped at 20; the budgets here are the
+ * device's need at `at` layers, the RAM what `host_at` take. */
+static void test_largest_lora_matches_brute_force(void **state)
+{
+    static const struct { int width, lora, micro_batch, at, host_at; td_backend_kind backend; } cases[] = {
+        {64, 4, 2, 20, 40, TD_BACKEND_CPU},  /* the old search: 20 of 30 (fp32), 13 (bf16), 15 (int8) */
+        {64, 4, 1, 20, 40, TD_BACKEND_CPU},
+        {64, 4, 4, 20, 40, TD_BACKEND_CUDA}, /* bf16's sizes: 20 of 32 */
+        {64, 4, 1, 1, 24, TD_BACKEND_CPU},   /* one layer's need: the old floor (a frozen base's grads) said none */
+        {32, 4, 8, 12, 32, TD_BACKEND_CPU},
+        {64, 0, 2, 20, 40, TD_BACKEND_CPU},  /* a full fine-tune */
+        {32, 0, 4, 7, 32, TD_BACKEND_CUDA},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int s = i ? (int)i % TD_OPTIM_STATE_COUNT : 0; s < (i ? (int)i % TD_OPTIM_STATE_COUNT + 1 : TD_OPTIM_STATE_COUNT); s++) {
+            /* every state at the first case, one each at the others */
+            td_train_config c = llama_of(cases[i].width, cases[i].lora, cases[i].micro_batch, 1000, cases[i].backend);
+            c.optim.state = (td_optim_state)s;
+            td_train_plan p;
+            td_train_limits lim = { .device_free_bytes = SIZE_MAX };
+            c.model.n_layer = cases[i].at;
+            TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+            lim.budget_bytes = p.min_device_bytes;
+            c.model.n_layer = cases[i].host_at;
+            TD_ASSERT_OK(td_train_plan_make(&c, lim.budget_bytes, &p));
+            lim.ram_bytes = p.host_bytes;
+            lim.pin_limit_bytes = p.host_pinned_bytes;
+            char what[160];
+            snprintf(what, sizeof what, "%d wide, LoRA rank %d, micro-batch %d, %s sizes, %s, budget of %d layers",
+                     cases[i].width, cases[i].lora, cases[i].micro_batch, cases[i].backend == TD_BACKEND_CUDA ? "cuda" : "cpu",
+                     td_optim_state_name(c.optim.state), cases[i].at);
+            /* past host_at + 8 the host never fits (its need grows a layer's state at a time) */
+            expect_brute(&c, &lim, cases[i].host_at + 8, what);
+        }
+    /* --freeze of the first block's attention: its grads and state gone */
+    static const char *const pat[] = {"model.layers.0.self_attn.*"};
+    td_train_config c = llama_of(64, 0, 2, 1000, TD_BACKEND_CPU);
+    c.freeze = pat;
+    c.n_freeze = 1;
+    td_train_plan p;
+    td_train_limits lim = { .device_free_bytes = SIZE_MAX };
+    c.model.n_layer = 16;
+    TD_ASSERT_OK(td_train_plan_make(&c, 0, &p));
+    assert_true(p.frozen_params > 0);
+    lim.budget_bytes = p.min_device_bytes;
+    c.model.n_layer = 32;
+    TD_ASSERT_OK(td_train_plan_make(&c, lim.budget_bytes, &p));
+    lim.ram_bytes = p.host_bytes;
+    lim.pin_limit_bytes = p.host_pinned_bytes;
+    expect_brute(&c, &lim, 40, "--freeze of a block's attention");
+}
+
+/* A budget a few layers fit only because the base is frozen (128 wide,
+ * LLaMA-3's 128256 vocabulary, 256 MiB): the floor counted the frozen
+ * embedding's grads, above the budget, and --largest said nothing fits
+ * while one layer's plan fits. */
+static void test_largest_tiny_budget(void **state)
+{
+    td_train_config c = llama_of(128, 8, 1, 128256, TD_BACKEND_CPU);
+    c.seq_len = 64;
+    td_train_limits lim = { .budget_bytes = (size_t)256 << 20, .device_free_bytes = SIZE_MAX };
+    td_train_plan p;
+    c.model.n_layer = 24; /* the host holds 24 layers */
+    TD_ASSERT_OK(td_train_plan_make(&c, lim.budget_bytes, &p));
+    lim.ram_bytes = p.host_bytes;
+    lim.pin_limit_bytes = p.host_pinned_bytes;
+    c.model.n_layer = 1;
+    int fits = 0;
+    TD_ASSERT_OK(td_train_plan_fits(&c, &lim, &p, &fits, NULL));
+    assert_true(fits);
+    assert_true(td_train_device_floor_bytes(&c) <= p.min_device_bytes);
+    expect_brute(&c, &lim, 30, "128 wide, 128256 vocabulary, LoRA rank 8, 256 MiB");
+}
+
+/* The preset rows plan the run asked for: a LoRA preset row's host bytes
+ * are that preset's LoRA plan's, far below its full fine-tune's; --freeze
+ * is kept too. */
+static void test_largest_presets_keep_lora(void **state)
+{
+    td_train_config c = llama_of(1024, 8, 1, 1000, TD_BACKEND_CPU); /* wide: the layer search plans few counts */
+    td_train_limits lim = { .budget_bytes = (size_t)1 << 30, .device_free_bytes = SIZE_MAX,
+                            .ram_bytes = (size_t)4 << 30, .pin_limit_bytes = (size_t)3 << 30 };
+    td_train_largest l;
+    c.model.n_layer = 2;
+    TD_ASSERT_OK(td_train_largest_model(&c, &lim, &l));
+    assert_non_null(l.preset);
+    td_train_config pc = c;
+    TD_ASSERT_OK(td_model_preset(l.preset, &pc.model));
+    pc.model.vocab_size = c.model.vocab_size;
+    pc.model.padded_vocab_size = c.model.padded_vocab_size;
+    if (pc.model.n_positions < pc.seq_len) pc.model.n_positions = pc.seq_len;
+    td_train_plan full, lora;
+    TD_ASSERT_OK(td_train_plan_make(&pc, lim.budget_bytes, &full));
+    pc.model.lora = c.model.lora;
+    TD_ASSERT_OK(td_train_plan_make(&pc, lim.budget_bytes, &lora));
+    print_message("preset %s: LoRA row %zu host bytes, its LoRA plan %zu, a full fine-tune %zu\n", l.preset,
+                  l.preset_plan.host_bytes, lora.host_bytes, full.host_bytes);
+    assert_true(l.preset_plan.frozen_params > 0);
+    assert_int_equal(l.preset_plan.frozen_params, lora.frozen_params);
+    assert_int_equal(l.preset_plan.host_bytes, lora.host_bytes);
+    assert_true(l.preset_plan.host_bytes < full.host_bytes * 3 / 4);
+    /* --freeze of the first block: the preset rows freeze it too */
+    static const char *const pat[] = {"model.layers.0.*"};
+    c = llama_of(1024, 0, 1, 1000, TD_BACKEND_CPU);
+    c.freeze = pat;
+    c.n_freeze = 1;
+    c.model.n_layer = 2;
+    TD_ASSERT_OK(td_train_largest_model(&c, &lim, &l));
+    assert_non_null(l.preset);
+    assert_true(l.preset_plan.frozen_params > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_largest_matches_the_scan),
         cmocka_unit_test(test_largest_refusals),
         cmocka_unit_test(test_largest_narrow_is_quick),
+        cmocka_unit_test(test_largest_lora_matches_brute_force),
+        cmocka_unit_test(test_largest_tiny_budget),
+        cmocka_unit_test(test_largest_presets_keep_lora),
     };
+    if (getenv("TD_TEST_FILTER")) cmocka_set_test_filter(getenv("TD_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
