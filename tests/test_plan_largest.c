@@ -314,8 +314,8 @@ static void expect_brute(const td_train_config *cfg, const td_train_limits *lim,
 /* The device's need of a LoRA run (or a full one) goes up and down with
  * the layers: the chunk size searched per count packs the blocks
  * differently, so a count fits where the one below does not (at 64 wide,
- * micro-batch 2, the budget 20 layers need: 15..17 fit, 18 and 19 not, 20
- * fits, and 30).  The search finds the brute force's answer, where the
+ * micro-batch 2, the budget 20 layers need: 1 to 15 fit, 16 and 17 not,
+ * 18 to 20, then 30 alone).  The search finds the brute force's answer, where the
  * bisection with four counts above stopped at 20; the budgets here are the
  * device's need at `at` layers, the RAM what `host_at` take. */
 static void test_largest_lora_matches_brute_force(void **state)

@@ -24,8 +24,11 @@
  *     in the same order, except that they stop once one at or above the
  *     scan's start fits the host (the bisection only raises its lower end,
  *     so the bound is at least that probe: the rest cannot lower the start).
- * Below the start the scan needs a dozen counts or so at narrow widths (the
- * floor leaves out the layout's padding and --ckpt's kept activations). */
+ * Below the start every count is planned from the top down until one
+ * fits (the brute force's answer: the device's need goes up and down by
+ * whole chunks, a count fitting ten above one that does not), while the
+ * layers planned stay within SCAN_LAYERS; only past that, at thousands of
+ * narrow layers under a loose start, is the edge bisected (descend). */
 #include "train_impl.h"
 
 #include <string.h>

@@ -426,7 +426,8 @@ td_status td_train_plan_fits(const td_train_config *cfg, const td_train_limits *
  * its plan (when not 0).  The host's bound is found by doubling then
  * bisecting the layers (the host's bytes grow with them, up to a few KiB
  * of the layout's padding), and below it the largest count that fits the
- * device too: each count that could is tried, from the top (see largest.c). */
+ * device too: every count from the top down until one fits, within a
+ * budget of plans, then a bisection with a window above it (largest.c). */
 #define TD_TRAIN_LARGEST_LAYERS 4096
 td_status td_train_largest_layers(const td_train_config *cfg, const td_train_limits *lim, int *layers,
                                   td_train_plan *p);
