@@ -1475,7 +1475,9 @@ static int eval(ev *E, frame *F, const jnode *n, jv *out)
             *out = a.kind == JV_FLOAT ? jv_float(-a.u.f) : jv_int(-as_int(a));
         }
         break;
-    case JN_NOT: rc = eval(E, F, n->a, &a); *out = jv_bool(!jv_truthy(a)); break;
+    case JN_NOT:
+        if (!(rc = eval(E, F, n->a, &a))) *out = jv_bool(!jv_truthy(a)); /* a is unset when eval failed */
+        break;
     case JN_AND: case JN_OR:
         if ((rc = eval(E, F, n->a, &a))) break;
         if (jv_truthy(a) == (n->kind == JN_OR)) *out = a;
