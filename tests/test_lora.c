@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -493,20 +492,6 @@ static void test_merged_checkpoint_evaluates_alike(void **state)
 
 /* Runs the command (td_proc_start: stdout and stderr into DIR/NAME.out);
  * returns its exit status, the output in *out (td_proc_slurp). */
-static int cli(const char *dir, const char *name, const char **out, const char *fmt, ...)
-{
-    char cmd[2048], path[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(path, sizeof path, "%s/%s.out", dir, name);
-    pid_t p = td_proc_start(path, -1, 0, 0, "%s", cmd);
-    int rc = td_proc_finish(p, 300, name);
-    *out = td_proc_slurp(path);
-    return rc;
-}
-
 /* `tidal eval` and `tidal generate --checkpoint ADAPTER_DIR` run base +
  * adapters: eval's loss equals the merged checkpoint's (`tidal merge`)
  * within 1e-6 and differs from the base's; generate samples the merged
@@ -520,21 +505,21 @@ static void test_eval_and_generate_an_adapter_folder(void **state)
     const char *o, *tidal = td_test_tidal();
     assert_int_equal(td_proc_tmpdir(dir, sizeof dir, "tidal-lora-cli"), 0);
     const char *model = "--model tiny-llama --layers 2 --seq 64 --backend cpu";
-    int rc = cli(dir, "prepare", &o, "cat docs/*.md | head -c 200000 > %s/text && %s prepare --quiet --input %s/text "
+    int rc = td_proc_run(dir, "prepare", &o, "cat docs/*.md | head -c 200000 > %s/text && %s prepare --quiet --input %s/text "
                  "--out %s/text.tok", dir, tidal, dir, dir);
     if (rc) fail_msg("prepare: %s", o);
-    rc = cli(dir, "base", &o, "%s train --data %s/text.tok %s --steps 10 --lr 3e-3 --save %s/base", tidal, dir, model, dir);
+    rc = td_proc_run(dir, "base", &o, "%s train --data %s/text.tok %s --steps 10 --lr 3e-3 --save %s/base", tidal, dir, model, dir);
     if (rc) fail_msg("base: %s", o);
-    rc = cli(dir, "lora", &o, "%s train --data %s/text.tok --init %s/base --seq 64 --backend cpu --lora-rank 4 "
+    rc = td_proc_run(dir, "lora", &o, "%s train --data %s/text.tok --init %s/base --seq 64 --backend cpu --lora-rank 4 "
              "--lora-alpha 8 --lora-targets q_proj,v_proj,down_proj --steps 10 --lr 1e-2 --save %s/ad", tidal, dir, dir,
              dir);
     if (rc) fail_msg("lora: %s", o);
-    rc = cli(dir, "merge", &o, "%s merge --adapter %s/ad --out %s/merged", tidal, dir, dir);
+    rc = td_proc_run(dir, "merge", &o, "%s merge --adapter %s/ad --out %s/merged", tidal, dir, dir);
     if (rc) fail_msg("merge: %s", o);
     static const char *const which[] = {"ad", "merged", "base"};
     double loss[3];
     for (int k = 0; k < 3; k++) {
-        rc = cli(dir, which[k], &o, "%s eval --checkpoint %s/%s --data %s/text.tok --seq 64 --batches 4 --json "
+        rc = td_proc_run(dir, which[k], &o, "%s eval --checkpoint %s/%s --data %s/text.tok --seq 64 --batches 4 --json "
                  "--backend cpu", tidal, dir, which[k], dir);
         const char *l = strstr(o, "\"loss\":");
         if (rc || !l) fail_msg("eval %s: exit %d: %s", which[k], rc, o);
@@ -547,7 +532,7 @@ static void test_eval_and_generate_an_adapter_folder(void **state)
     for (int h = 0; h < 2; h++) {
         char text[2][4096];
         for (int k = 0; k < 2; k++) {
-            rc = cli(dir, "gen", &o, "%s generate --checkpoint %s/%s --prompt 'The model' --tokens 40 %s",
+            rc = td_proc_run(dir, "gen", &o, "%s generate --checkpoint %s/%s --prompt 'The model' --tokens 40 %s",
                      tidal, dir, which[k], how[h]);
             if (rc) fail_msg("generate %s: exit %d: %s", which[k], rc, o);
             snprintf(text[k], sizeof text[k], "%s", o);
@@ -560,15 +545,15 @@ static void test_eval_and_generate_an_adapter_folder(void **state)
     snprintf(from, sizeof from, "%s/base", dir);
     snprintf(to, sizeof to, "%s/base2", dir);
     assert_int_equal(rename(from, to), 0);
-    rc = cli(dir, "moved", &o, "%s eval --checkpoint %s/ad --data %s/text.tok --seq 64 --batches 1 --backend cpu", tidal,
+    rc = td_proc_run(dir, "moved", &o, "%s eval --checkpoint %s/ad --data %s/text.tok --seq 64 --batches 1 --backend cpu", tidal,
              dir, dir);
     if (rc != 1 || !strstr(o, "the base model")) fail_msg("eval with its base gone: exit %d (want 1): %s", rc, o);
-    rc = cli(dir, "based", &o, "%s eval --checkpoint %s/ad --base %s/base2 --data %s/text.tok --seq 64 --batches 4 "
+    rc = td_proc_run(dir, "based", &o, "%s eval --checkpoint %s/ad --base %s/base2 --data %s/text.tok --seq 64 --batches 4 "
              "--json --backend cpu", tidal, dir, dir, dir);
     const char *l = strstr(o, "\"loss\":");
     if (rc || !l) fail_msg("eval --base: exit %d: %s", rc, o);
     assert_true(fabs(strtod(l + 7, NULL) - loss[0]) <= 1e-9 * fabs(loss[0]));
-    rc = cli(dir, "nobase", &o, "%s generate --checkpoint %s/merged --base %s/base2 --tokens 2", tidal, dir, dir);
+    rc = td_proc_run(dir, "nobase", &o, "%s generate --checkpoint %s/merged --base %s/base2 --tokens 2", tidal, dir, dir);
     if (rc != 2 || !strstr(o, "adapter_config.json")) fail_msg("--base without an adapter: exit %d (want 2): %s", rc, o);
     td_proc_rmdir(dir);
 }
@@ -587,25 +572,25 @@ static void test_two_ranks_save_and_resume(void **state)
     assert_int_equal(td_proc_tmpdir(dir, sizeof dir, "tidal-lora-ranks"), 0);
     const char *run = "--lora-rank 4 --lora-targets q_proj,v_proj,down_proj --seq 64 --backend cpu --lr 1e-2 "
                       "--schedule constant --warmup 0";
-    int rc = cli(dir, "prepare", &o, "cat docs/*.md | head -c 200000 > %s/text && %s prepare --quiet --input %s/text "
+    int rc = td_proc_run(dir, "prepare", &o, "cat docs/*.md | head -c 200000 > %s/text && %s prepare --quiet --input %s/text "
                  "--out %s/text.tok", dir, tidal, dir, dir);
     if (rc) fail_msg("prepare: %s", o);
-    rc = cli(dir, "base", &o, "%s train --data %s/text.tok --model tiny-llama --layers 2 --seq 64 --backend cpu "
+    rc = td_proc_run(dir, "base", &o, "%s train --data %s/text.tok --model tiny-llama --layers 2 --seq 64 --backend cpu "
              "--steps 5 --save %s/base", tidal, dir, dir);
     if (rc) fail_msg("base: %s", o);
     double one[N], got[N];
     snprintf(log, sizeof log, "%s/one.jsonl", dir);
-    rc = cli(dir, "one", &o, "%s train --data %s/text.tok --init %s/base %s --steps %d --micro-batch 4 --log %s", tidal,
+    rc = td_proc_run(dir, "one", &o, "%s train --data %s/text.tok --init %s/base %s --steps %d --micro-batch 4 --log %s", tidal,
              dir, dir, run, N, log);
     if (rc || td_proc_read_log(log, one, NULL, N) != N) fail_msg("one rank: exit %d: %s", rc, o);
     snprintf(log, sizeof log, "%s/two.jsonl", dir);
-    rc = cli(dir, "two", &o, "%s train --data %s/text.tok --init %s/base %s --steps %d --micro-batch 2 --nproc 2 "
+    rc = td_proc_run(dir, "two", &o, "%s train --data %s/text.tok --init %s/base %s --steps %d --micro-batch 2 --nproc 2 "
              "--save %s/ad --log %s", tidal, dir, dir, run, N / 2, dir, log);
     if (rc || td_proc_read_log(log, got, NULL, N / 2) != N / 2) fail_msg("two ranks: exit %d: %s", rc, o);
     td_proc_expect_close(one, got, N / 2, 1e-6, "LoRA, 2 ranks against 1");
     for (int ranks = 1; ranks <= 2; ranks++) {
         snprintf(log, sizeof log, "%s/resumed%d.jsonl", dir, ranks);
-        rc = cli(dir, "resumed", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch %d --nproc %d --resume "
+        rc = td_proc_run(dir, "resumed", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch %d --nproc %d --resume "
                  "%s/ad --log %s", tidal, dir, run, N, 4 / ranks, ranks, dir, log);
         if (rc || td_proc_read_log(log, got, NULL, N / 2) != N / 2)
             fail_msg("resumed on %d rank(s): exit %d: %s", ranks, rc, o);

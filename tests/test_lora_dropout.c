@@ -15,7 +15,6 @@
 #include "tidal/model_ref.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -442,20 +441,6 @@ static void test_eval_does_not_drop(void **state)
 
 /* --- the command line ---------------------------------------------------------- */
 
-static int cli(const char *dir, const char *name, const char **out, const char *fmt, ...)
-{
-    char cmd[2048], path[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(path, sizeof path, "%s/%s.out", dir, name);
-    pid_t p = td_proc_start(path, -1, 0, 0, "%s", cmd);
-    int rc = td_proc_finish(p, 300, name);
-    *out = td_proc_slurp(path);
-    return rc;
-}
-
 /* `--lora-dropout 0.3` on 2 ranks (ZeRO-3, cpu backend, micro-batch 2)
  * gives one rank's losses (micro-batch 4) within 1e-5, which differ from
  * P 0's; the folder the 2 ranks save carries lora_dropout, and a run
@@ -472,22 +457,22 @@ static void test_cli_two_ranks_resume_and_bad_input(void **state)
     char run[512];
     snprintf(run, sizeof run, "--init %s/base --seq 32 --backend cpu --lora-rank 4 --lr 1e-2 --schedule constant "
              "--warmup 0", dir);
-    int rc = cli(dir, "prepare", &o, "cat docs/*.md | head -c 60000 > %s/text && %s prepare --quiet --input %s/text "
+    int rc = td_proc_run(dir, "prepare", &o, "cat docs/*.md | head -c 60000 > %s/text && %s prepare --quiet --input %s/text "
                  "--out %s/text.tok && %s train --data %s/text.tok --model tiny-llama --layers 2 --seq 32 "
                  "--backend cpu --steps 2 --save %s/base", dir, tidal, dir, dir, tidal, dir, dir);
     if (rc) fail_msg("prepare and base: %s", o);
     double one[N], zero[N], got[N];
     snprintf(log, sizeof log, "%s/one.jsonl", dir);
-    rc = cli(dir, "one", &o, "%s train --data %s/text.tok %s --lora-dropout 0.3 --steps %d --micro-batch 4 --log %s",
+    rc = td_proc_run(dir, "one", &o, "%s train --data %s/text.tok %s --lora-dropout 0.3 --steps %d --micro-batch 4 --log %s",
              tidal, dir, run, N, log);
     if (rc || td_proc_read_log(log, one, NULL, N) != N) fail_msg("one rank: exit %d: %s", rc, o);
     snprintf(log, sizeof log, "%s/zero.jsonl", dir);
-    rc = cli(dir, "zero", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch 4 --log %s", tidal, dir, run, N,
+    rc = td_proc_run(dir, "zero", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch 4 --log %s", tidal, dir, run, N,
              log);
     if (rc || td_proc_read_log(log, zero, NULL, N) != N) fail_msg("P 0: exit %d: %s", rc, o);
     assert_true(fabs(one[N - 1] - zero[N - 1]) > 1e-4 * fabs(zero[N - 1]));
     snprintf(log, sizeof log, "%s/two.jsonl", dir);
-    rc = cli(dir, "two", &o, "%s train --data %s/text.tok %s --lora-dropout 0.3 --steps %d --micro-batch 2 --nproc 2 "
+    rc = td_proc_run(dir, "two", &o, "%s train --data %s/text.tok %s --lora-dropout 0.3 --steps %d --micro-batch 2 --nproc 2 "
              "--save %s/ad --log %s", tidal, dir, run, N / 2, dir, log);
     if (rc || td_proc_read_log(log, got, NULL, N / 2) != N / 2) fail_msg("two ranks: exit %d: %s", rc, o);
     td_proc_expect_close(one, got, N / 2, 1e-5, "LoRA dropout, 2 ranks against 1");
@@ -498,16 +483,16 @@ static void test_cli_two_ranks_resume_and_bad_input(void **state)
     free(j);
     snprintf(log, sizeof log, "%s/resumed.jsonl", dir);
     snprintf(run, sizeof run, "--seq 32 --backend cpu --lora-rank 4 --lr 1e-2 --schedule constant --warmup 0");
-    rc = cli(dir, "resumed", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch 4 --resume %s/ad --log %s",
+    rc = td_proc_run(dir, "resumed", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch 4 --resume %s/ad --log %s",
              tidal, dir, run, N, dir, log);
     if (rc || td_proc_read_log(log, got, NULL, N / 2) != N / 2) fail_msg("resumed: exit %d: %s", rc, o);
     td_proc_expect_close(one + N / 2, got, N / 2, 1e-5, "resumed on 1 rank, P from the folder");
-    rc = cli(dir, "other", &o, "%s train --data %s/text.tok %s --steps %d --lora-dropout 0.1 --resume %s/ad", tidal,
+    rc = td_proc_run(dir, "other", &o, "%s train --data %s/text.tok %s --steps %d --lora-dropout 0.1 --resume %s/ad", tidal,
              dir, run, N, dir);
     if (rc != 2 || !strstr(o, "--lora-dropout")) fail_msg("a resume with another P: exit %d (want 2): %s", rc, o);
     static const char *const bad[] = {"1", "-0.1", "1.5", "nan"};
     for (int i = 0; i < 4; i++) {
-        rc = cli(dir, "bad", &o, "%s train --data %s/text.tok %s --steps 1 --lora-dropout %s", tidal, dir, run, bad[i]);
+        rc = td_proc_run(dir, "bad", &o, "%s train --data %s/text.tok %s --steps 1 --lora-dropout %s", tidal, dir, run, bad[i]);
         if (rc != 2 || !strstr(o, "--lora-dropout") || !strstr(o, "[0, 1)"))
             fail_msg("--lora-dropout %s: exit %d (want 2): %s", bad[i], rc, o);
     }

@@ -3,6 +3,7 @@
 #include "td_test.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,20 @@ int td_proc_finish(pid_t pid, double limit_s, const char *what)
         usleep(20000);
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int td_proc_run(const char *dir, const char *name, const char **out, const char *fmt, ...)
+{
+    char cmd[2048], path[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(path, sizeof path, "%s/%s.out", dir, name);
+    pid_t p = td_proc_start(path, -1, 0, 0, "%s", cmd);
+    int rc = td_proc_finish(p, 300, name);
+    *out = td_proc_slurp(path);
+    return rc;
 }
 
 char *td_proc_slurp(const char *path)

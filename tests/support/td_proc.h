@@ -18,6 +18,11 @@ pid_t td_proc_start(const char *out, int rank, int size, int port, const char *f
 /* Waits for pid at most `limit_s`; its exit status (128 + signal when
  * killed); on the deadline it is killed and the test fails naming `what`. */
 int td_proc_finish(pid_t pid, double limit_s, const char *what);
+/* Runs the command (td_proc_start, stdout and stderr into DIR/NAME.out) to
+ * its end, at most 300 s; returns its exit status, with its output in *out
+ * (td_proc_slurp's buffer). */
+int td_proc_run(const char *dir, const char *name, const char **out, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* A file's first 64 KiB as a string, in a static buffer ("" if unreadable). */
 char *td_proc_slurp(const char *path);
 /* The per-step losses (and grad norms, when `norm`) of a --log file;
