@@ -115,20 +115,7 @@ static void test_offloading_is_bit_identical(void **state)
         c.gpu_budget = 64 * TD_MiB;
         double ref[STEPS], got[STEPS];
         td_test_train(&c, STEPS, 7, ref, NULL);
-        td_train_config v = c;
-        v.mm.placement = TD_PLACEMENT_CPU;
-        v.ckpt = TD_CKPT_ON;
-        v.gpu_budget = 64 * TD_MiB;
-        { /* a budget just above what one step's accesses need: chunks move all the time */
-            td_trainer *t;
-            TD_ASSERT_OK(td_trainer_create(&v, &t));
-            td_test_batches b = { .vocab = c.model.vocab_size, .n = (size_t)c.micro_batch * c.seq_len };
-            td_rng_seed(&b.rng, 7);
-            td_step_result r;
-            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
-            v.gpu_budget = td_memmgr_min_budget(td_trainer_memmgr(t)) + 64 * 1024;
-            td_trainer_destroy(t);
-        }
+        td_train_config v = td_test_offloaded_config(&c, 7); /* chunks move all the time */
         td_memmgr_stats st;
         td_test_train(&v, STEPS, 7, got, &st);
         assert_memory_equal(got, ref, sizeof got);

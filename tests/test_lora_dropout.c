@@ -361,16 +361,7 @@ static void test_trainer_deterministic_and_keyed_by_sample(void **state)
     for (int s = 1; s < STEPS; s++)
         if (!(fabs(a[s] - zero[s]) > 1e-5 * fabs(zero[s])))
             fail_msg("step %d: P 0.3 %.9g, P 0 %.9g: the dropout changed nothing", s + 1, a[s], zero[s]);
-    td_train_config v = c;
-    v.mm.placement = TD_PLACEMENT_CPU;
-    v.ckpt = TD_CKPT_ON;
-    td_trainer *t;
-    TD_ASSERT_OK(td_trainer_create(&v, &t));
-    td_test_batches bt = td_test_batches_of(&c, 7);
-    td_step_result r;
-    TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &bt, &r));
-    v.gpu_budget = td_memmgr_min_budget(td_trainer_memmgr(t)) + 64 * 1024;
-    td_trainer_destroy(t);
+    td_train_config v = td_test_offloaded_config(&c, 7);
     td_memmgr_stats st;
     td_test_train(&v, STEPS, 7, off, &st);
     assert_memory_equal(off, a, sizeof a);

@@ -34,3 +34,18 @@ void td_test_train(const td_train_config *c, int steps, uint64_t data_seed, doub
     }
     td_trainer_destroy(t);
 }
+
+td_train_config td_test_offloaded_config(const td_train_config *c, uint64_t data_seed)
+{
+    td_train_config v = *c;
+    v.mm.placement = TD_PLACEMENT_CPU;
+    v.ckpt = TD_CKPT_ON;
+    td_trainer *t;
+    TD_ASSERT_OK(td_trainer_create(&v, &t));
+    td_test_batches b = td_test_batches_of(c, data_seed);
+    td_step_result r;
+    TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+    v.gpu_budget = td_memmgr_min_budget(td_trainer_memmgr(t)) + 64 * 1024;
+    td_trainer_destroy(t);
+    return v;
+}

@@ -16,5 +16,10 @@ td_test_batches td_test_batches_of(const td_train_config *c, uint64_t seed);
 /* `steps` steps of a fresh trainer over batches seeded with data_seed:
  * the losses, and the memory manager's totals after the last. */
 void td_test_train(const td_train_config *c, int steps, uint64_t data_seed, double *losses, td_memmgr_stats *stats);
+/* c offloaded as far as it goes: every chunk homed on the host, every block
+ * recomputed, and the budget 64 KiB above the least one step of c's
+ * accesses needed (measured by a step over batches seeded with data_seed),
+ * so that chunks move all the time. */
+td_train_config td_test_offloaded_config(const td_train_config *c, uint64_t data_seed);
 
 #endif
