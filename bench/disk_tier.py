@@ -87,6 +87,10 @@ def part_figures(part, r):
             figs.append(wl.res.figure(name, t["tokens_per_s_median"], "tok/s"))
     if r.get("bound_fraction"):
         figs.append(wl.res.figure("the lower bound / the step", 100 * r["bound_fraction"], "%"))
+    t = r.get("timed")
+    ram = r.get("host_ram_bytes")
+    if isinstance(t, dict) and t.get("host_peak_bytes") and ram:
+        figs.append(wl.res.figure("the host's peak / the host RAM given", 100 * t["host_peak_bytes"] / ram, "%"))
     if part == "w11b" and len(r.get("tokens_per_s") or []) > 1:
         figs.append(wl.res.figure("tokens/s (median after the first step)",
                                   statistics.median(r["tokens_per_s"][1:]), "tok/s"))
@@ -308,6 +312,7 @@ def part_w11a(a):
     bound, src = bound_of(before, after)
     res.update(timed=t, bound_ms=bound, bound_from=src)
     res["bound_fraction"] = bound / t["step_ms_median"] if t else None
+    res["host_ram_bytes"] = 64 * GIB
     res["host_peak_within"] = t is not None and t["host_peak_bytes"] <= 64 * GIB
     res["pass"] = bool(res["host_peak_within"] and (res["bound_fraction"] or 0) >= 0.85)
     wl.say(f"w11a: step {t['step_ms_median'] / 1e3:.1f} s, {t['tokens_per_s_median']:.0f} tok/s, bound "

@@ -79,6 +79,11 @@ static td_status plan_limits(plan_run *pr, int largest)
     if (!pr->no_device) {
         CHECK(pr->b ? TD_OK : td_backend_create(&bp, &pr->b));
         cfg->backend = td_backend_get_kind(pr->b); /* size activations for the backend that will run */
+        /* the libraries' heap as the trainer measures it: backend and topology made */
+        td_topo *topo = NULL;
+        if (!cfg->library_heap_bytes && td_topo_create(pr->b, &topo) == TD_OK) cfg->library_heap_bytes = td_train_library_heap();
+        td_topo_destroy(topo);
+        td_error_clear();
     }
     td_train_budget tb;
     CHECK(td_train_budget_resolve(cfg, pr->b, largest ? TD_BUDGET_USE_SEARCH : TD_BUDGET_USE_RUN, &tb));
@@ -151,6 +156,8 @@ static void json_host(cJSON *j, const plan_run *pr)
     NUM(h, "pageable_bytes", p->host_pageable_bytes);
     NUM(h, "pageable_optimizer_bytes", p->host_pageable_state_bytes);
     NUM(h, "heap_bytes", p->host_heap_bytes);
+    NUM(h, "library_heap_bytes", p->host_library_heap_bytes);
+    NUM(h, "library_heap_measured_bytes", pr->cfg.library_heap_bytes);
     NUM(h, "device_region_bytes", p->host_device_region_bytes);
     NUM(h, "total_bytes", p->host_bytes);
     NUM(h, "bytes_per_param", (double)(p->host_pinned_chunk_bytes + p->host_pageable_state_bytes) / (double)p->params);

@@ -15,6 +15,7 @@
 #include "train_impl.h"
 
 #include <cjson/cJSON.h>
+#include "tidal/hostmem.h"
 #include "tidal/hostpool.h"
 #include "tidal/util.h"
 
@@ -40,6 +41,19 @@
  * above one rank's alone (4.1B GPT, 2 x H200, NCCL over NVLink:
  * bench/results/host-peak-fp32.json), rounded up here. */
 #define HEAP_NCCL_BYTES (416 * TD_MiB)
+/* Where the libraries' heap was measured (td_train_config's
+ * library_heap_bytes, once the backend and the topology exist), the
+ * allowance is at least that plus what a run adds after it (on CUDA the
+ * module images of the kernels it loads on their first launch, cuBLAS's
+ * heuristics), rounded up to 256 MiB so that `tidal plan` and the trainer,
+ * measuring in different processes, plan alike; a measured heap under
+ * 256 MiB leaves the constants as they are.  The libraries' heap grows
+ * with the machine's CPUs, not the run's: jemalloc measured a 1-rank CUDA
+ * run's peak heap at 453 MiB on a 16-CPU H200 host, 760 MiB on 32 and
+ * 1360 MiB on 64 (the run bound to 16 of them), past the constant above. */
+#define HEAP_GROWTH_CUDA_BYTES (256 * TD_MiB)
+#define HEAP_GROWTH_CPU_BYTES (64 * TD_MiB)
+#define HEAP_MEASURED_ROUND (256 * TD_MiB)
 #define HEAP_PER_TENSOR_BYTES 512
 #define HEAP_PER_CHUNK_BYTES 1024
 
@@ -173,6 +187,17 @@ cleanup:
     return st;
 }
 
+size_t td_train_library_heap(void)
+{
+    td_heap_stats hs;
+    if (strcmp(td_host_heap_source(), "jemalloc") || td_host_heap_stats(&hs) != TD_OK) {
+        td_error_clear();
+        return 0;
+    }
+    size_t own = td_host_used_total();
+    return hs.allocated_bytes > own ? hs.allocated_bytes - own : 0;
+}
+
 td_status td_train_first_touch(td_memmgr *mm, const td_train_config *cfg, td_topo *topo)
 {
     td_status st = TD_OK;
@@ -222,9 +247,16 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
     p->host_slab_bytes = slab;
     p->host_slabs = hs.slabs;
     p->host_pageable_state_bytes = pageable;
+    int cuda = cfg->backend == TD_BACKEND_CUDA;
+    size_t library = cuda ? HEAP_CUDA_BYTES : 0;
+    if (cfg->library_heap_bytes >= HEAP_MEASURED_ROUND) { /* below, the constants cover what the libraries hold */
+        size_t measured = td_align_up(cfg->library_heap_bytes + (cuda ? HEAP_GROWTH_CUDA_BYTES : HEAP_GROWTH_CPU_BYTES),
+                                      HEAP_MEASURED_ROUND);
+        if (measured > library) library = measured;
+    }
+    p->host_library_heap_bytes = library;
     p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
-                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + (cfg->backend == TD_BACKEND_CUDA ? HEAP_CUDA_BYTES : 0) +
-                         (cfg->backend == TD_BACKEND_CUDA && cfg->ranks > 1 ? HEAP_NCCL_BYTES : 0);
+                         (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + library + (cuda && cfg->ranks > 1 ? HEAP_NCCL_BYTES : 0);
     /* The cpu backend's device region is host memory: the arena's one
      * reservation, mapped in whole pages behind a header page (what
      * td_backend_host_mapped_bytes measures). */

@@ -401,7 +401,9 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         size_t total = 0;
         TD_TRY(td_backend_mem_info(t->backend, &t->dev_free0, &total));
     }
+    size_t comm_heap = 0; /* the communicator's part of the libraries' heap (the plan's NCCL allowance) */
     if (t->ranks > 1) { /* join the job, and refuse disagreeing ranks before anything is allocated */
+        comm_heap = td_train_library_heap();
         td_comm_params cp = td_comm_default_params();
         if (cfg->comm_timeout_ms > 0) cp.timeout_ms = cfg->comm_timeout_ms;
         TD_TRY(td_comm_create(cfg->dist, t->backend, &cp, &t->comm));
@@ -421,6 +423,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         if (t->shard_ranks < t->ranks) TD_TRY(split_groups(t));
         /* NCCL's buffers come out of the budget, as measured (the plan's figure otherwise) */
         TD_TRY(measure_comm_bytes(t, t->dev_free0, &t->cfg.comm_device_bytes));
+        size_t after = td_train_library_heap();
+        comm_heap = after > comm_heap ? after - comm_heap : 0;
     }
     t->cfg.dist = NULL; /* the caller's, used only here */
     t->cfg.agree = NULL;
@@ -432,6 +436,11 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
                 td_dtype_name(cfg->precision));
     t->dt = t->gdt = cfg->precision;
     TD_TRY(td_topo_create(t->backend, &t->topo));
+    if (!t->cfg.library_heap_bytes) { /* as `tidal plan` measures it: backend and topology made, no communicator */
+        size_t lib = td_train_library_heap();
+        t->cfg.library_heap_bytes = lib > comm_heap ? lib - comm_heap : 0;
+        if (t->ranks > 1) TD_TRY(agree_size(t, &t->cfg.library_heap_bytes, 1)); /* one plan for every rank */
+    }
     if (t->ranks > 1) {
         TD_TRY(share_cores(t));
         /* Unless --threads says otherwise, a rank's ops run on its share of

@@ -139,6 +139,12 @@ typedef struct td_train_config {
      * gpu_budget: 0 plans it (td_train_comm_device_bytes); the trainer
      * measures it and plans with that. */
     size_t comm_device_bytes;
+    /* The heap the libraries hold once the backend (and on CUDA its context)
+     * and the topology exist, beside tidal's own (td_train_library_heap):
+     * the host plan's heap allowance is at least this plus the growth a run
+     * adds after.  0: not measured, the allowance's constants alone.  The
+     * trainer and `tidal plan` each measure it at that point. */
+    size_t library_heap_bytes;
     const td_dist_env *dist;
     int comm_timeout_ms;
     const td_dist_setting *agree;
@@ -307,6 +313,7 @@ typedef struct td_train_plan {
     size_t host_pageable_bytes;                 /* optimizer state + heap (+ cpu device region) */
     size_t host_pageable_state_bytes;           /* of which optimizer state (page-rounded) */
     size_t host_heap_bytes;                     /* of which the heap allowance */
+    size_t host_library_heap_bytes;             /* of that, the libraries' (the constant, or as measured) */
     size_t host_device_region_bytes;            /* of which the cpu backend's device region (0 on cuda) */
     size_t host_bytes;                          /* pinned + pageable */
     double flops_per_step;                      /* forward + backward (+ recompute), all micro-batches */
@@ -382,6 +389,10 @@ int td_train_shard_rank(const td_train_config *cfg);
  * H200s over NVLink, so what the plan accepts the measured run accepts. */
 #define TD_TRAIN_NCCL_PLAN_BYTES ((size_t)1 << 30)
 size_t td_train_comm_device_bytes(const td_train_config *cfg);
+/* The process heap now less tidal's own td_malloc bytes: what the libraries
+ * (the CUDA driver and runtime, cuBLAS, hwloc, OpenMP) hold; 0 where the
+ * heap is not measured by jemalloc. */
+size_t td_train_library_heap(void);
 
 /* budget: the device budget to plan for (0: unknown; ckpt auto assumes on).
  * --ckpt auto: when the model state can stay on the device with every block

@@ -146,5 +146,19 @@ int td_proc_gpu_count(void)
     while (fgets(line, sizeof line, p))
         if (!strncmp(line, "GPU ", 4)) n++;
     if (pclose(p) != 0) return 0;
+    /* CUDA_VISIBLE_DEVICES narrows what a process sees: its entries up to
+     * the first that names none (CUDA stops there), at most the listed. */
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis) {
+        int seen = 0;
+        for (const char *q = vis; *q;) {
+            size_t len = strcspn(q, ",");
+            if (!len || *q == '-') break;
+            seen++;
+            q += len;
+            if (*q == ',') q++;
+        }
+        if (seen < n) n = seen;
+    }
     return n > 8 ? 8 : n;
 }

@@ -35,7 +35,8 @@ double td_proc_expect_close(const double *want, const double *got, int n, double
 int td_proc_tmpdir(char *dir, size_t dir_bytes, const char *prefix);
 /* `rm -rf dir`: 0, or -1. */
 int td_proc_rmdir(const char *dir);
-/* GPUs that `nvidia-smi -L` lists (at most 8; 0 without a driver). */
+/* GPUs that `nvidia-smi -L` lists, no more than CUDA_VISIBLE_DEVICES names
+ * (at most 8; 0 without a driver). */
 int td_proc_gpu_count(void);
 
 #endif
