@@ -124,6 +124,9 @@ report() {
     [ "$s" -ne 0 ] && counts="$counts, $s skipped"
     if [ "$f" -ne 0 ]; then
         failures+=("$name")
+        # each failed assertion with what the test printed before it, then the end
+        printf '%s\n' "$out" | grep -B8 -A1 -e '^\[  ERROR   \]' -e '^\[   LINE   \]' | head -80
+        echo "..."
         printf '%s\n' "$out" | tail -40
         printf 'FAIL %-28s %s, %d failed%s %6s s (CPU %s s)\n' "$name" "$counts" "$f" "${note:+ ($note)}" "$secs" "$cpu"
     elif [ "$p" -eq 0 ] && [ "$s" -ne 0 ]; then
