@@ -39,58 +39,6 @@ static td_train_config small(const char *family)
     return c;
 }
 
-/* The reference: the whole model's forward and backward over flat
- * buffers, the global norm over the trainable grads, AdamW over the
- * trainable tensors alone; the final params in *out (np floats). */
-static void reference(const td_train_config *c, const uint8_t *frozen, int steps, double *losses, float *out)
-{
-    const td_model_desc *mc = &c->model;
-    const int B = c->micro_batch, T = c->seq_len, N = B * T, n = td_model_tensor_count(mc);
-    const size_t np = td_model_params_numel(mc);
-    float *p = calloc(np, 4), *g = calloc(np, 4), *m = calloc(np, 4), *v = calloc(np, 4);
-    float *acts = calloc(td_model_acts_numel(mc, B, T), 4), *scratch = calloc(td_model_scratch_numel(mc, B, T), 4);
-    int32_t *tok = calloc((size_t)N, 4), *tgt = calloc((size_t)N, 4);
-    td_model_init(mc, p, c->seed);
-    td_test_batches b = td_test_batches_of(c, 99);
-    td_adam_cpu *adam;
-    td_adam_cpu_params ap = td_adam_cpu_default_params();
-    TD_ASSERT_OK(td_adam_cpu_create(&ap, &adam));
-    for (int s = 0; s < steps; s++) {
-        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt, NULL));
-        float loss;
-        int cnt;
-        memset(g, 0, np * 4);
-        TD_ASSERT_OK(td_model_forward(mc, p, tok, tgt, B, T, acts, &loss, &cnt));
-        TD_ASSERT_OK(td_model_backward(mc, p, g, tok, tgt, (float)(1.0 / N), B, T, acts, scratch));
-        losses[s] = loss;
-        double sumsq = 0;
-        for (int i = 0; i < n; i++) {
-            td_model_tensor t;
-            td_model_tensor_get(mc, i, &t);
-            for (size_t e = 0; !frozen[i] && e < t.numel; e++) sumsq += (double)g[t.offset + e] * g[t.offset + e];
-        }
-        td_adam_coeffs cd, cn;
-        td_adam_hparams nodecay = c->optim.adam;
-        nodecay.weight_decay = 0;
-        double lr = td_lr_at(&c->optim.lr, s + 1);
-        double clip = c->optim.max_grad_norm > 0 ? td_clip_coef(sqrt(sumsq), c->optim.max_grad_norm) : 1.0;
-        TD_ASSERT_OK(td_adam_coeffs_make(&c->optim.adam, lr, s + 1, clip, &cd));
-        TD_ASSERT_OK(td_adam_coeffs_make(&nodecay, lr, s + 1, clip, &cn));
-        for (int i = 0; i < n; i++) {
-            td_model_tensor t;
-            td_model_tensor_get(mc, i, &t);
-            if (frozen[i]) continue;
-            td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
-                                 .grad_dtype = TD_DTYPE_F32, .param_dtype = TD_DTYPE_F32,
-                                 .numel = t.numel };
-            TD_ASSERT_OK(td_adam_cpu_update(adam, t.matrix ? &cd : &cn, &ch, 1));
-        }
-    }
-    memcpy(out, p, np * 4);
-    td_adam_cpu_destroy(adam);
-    free(p); free(g); free(m); free(v); free(acts); free(scratch); free(tok); free(tgt);
-}
-
 /* Every tensor's values in the trainer, into a flat buffer of the layout. */
 static void trainer_params(td_trainer *t, const td_model_desc *mc, float *out)
 {
@@ -144,7 +92,10 @@ static void test_matches_reference_and_frozen_stay(void **state)
         size_t numel = td_model_params_numel(mc);
         float *want = malloc(numel * 4), *got = malloc(numel * 4), *init = malloc(numel * 4);
         double lw[STEPS], lg[STEPS];
-        reference(&c, frozen, STEPS, lw, want);
+        uint8_t *trains = malloc((size_t)n);
+        for (int i = 0; i < n; i++) trains[i] = !frozen[i];
+        td_test_reference_train(&c, trains, STEPS, lw, want);
+        free(trains);
         td_model_init(mc, init, c.seed);
         td_test_batches b = td_test_batches_of(&c, 99);
         td_trainer *t = train(&c, STEPS, lg, &b);

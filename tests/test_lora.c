@@ -153,54 +153,6 @@ static void test_zero_b_and_merge(void **state)
     }
 }
 
-/* The trainer against a reference over flat buffers: the whole model's
- * gradients, AdamW (with the global norm) over the adapters alone. */
-static void reference(const td_train_config *c, int steps, double *losses, float *out)
-{
-    const td_model_desc *mc = &c->model;
-    const int B = c->micro_batch, T = c->seq_len, N = B * T, n = td_model_tensor_count(mc);
-    const size_t np = td_model_params_numel(mc);
-    float *p = calloc(np, 4), *g = calloc(np, 4), *m = calloc(np, 4), *v = calloc(np, 4);
-    float *acts = calloc(td_model_acts_numel(mc, B, T), 4), *scratch = calloc(td_model_scratch_numel(mc, B, T), 4);
-    int32_t *tok = calloc((size_t)N, 4), *tgt = calloc((size_t)N, 4);
-    td_model_init(mc, p, c->seed);
-    td_test_batches b = td_test_batches_of(c, 99);
-    td_adam_cpu *adam;
-    td_adam_cpu_params ap = td_adam_cpu_default_params();
-    TD_ASSERT_OK(td_adam_cpu_create(&ap, &adam));
-    for (int s = 0; s < steps; s++) {
-        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt, NULL));
-        float loss;
-        int cnt;
-        memset(g, 0, np * 4);
-        TD_ASSERT_OK(td_model_forward(mc, p, tok, tgt, B, T, acts, &loss, &cnt));
-        TD_ASSERT_OK(td_model_backward(mc, p, g, tok, tgt, (float)(1.0 / N), B, T, acts, scratch));
-        losses[s] = loss;
-        double sumsq = 0;
-        for (int i = 0; i < n; i++) {
-            td_model_tensor t;
-            td_model_tensor_get(mc, i, &t);
-            for (size_t e = 0; TD_MODEL_IS_LORA(t.kind) && e < t.numel; e++)
-                sumsq += (double)g[t.offset + e] * g[t.offset + e];
-        }
-        td_adam_coeffs cd;
-        double lr = td_lr_at(&c->optim.lr, s + 1);
-        double clip = c->optim.max_grad_norm > 0 ? td_clip_coef(sqrt(sumsq), c->optim.max_grad_norm) : 1.0;
-        TD_ASSERT_OK(td_adam_coeffs_make(&c->optim.adam, lr, s + 1, clip, &cd));
-        for (int i = 0; i < n; i++) {
-            td_model_tensor t;
-            td_model_tensor_get(mc, i, &t);
-            if (!TD_MODEL_IS_LORA(t.kind)) continue;
-            td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
-                                 .grad_dtype = TD_DTYPE_F32, .param_dtype = TD_DTYPE_F32, .numel = t.numel };
-            TD_ASSERT_OK(td_adam_cpu_update(adam, &cd, &ch, 1));
-        }
-    }
-    memcpy(out, p, np * 4);
-    td_adam_cpu_destroy(adam);
-    free(p); free(g); free(m); free(v); free(acts); free(scratch); free(tok); free(tgt);
-}
-
 static td_train_config run_config(const char *family, const char *targets)
 {
     td_train_config c = td_train_default_config();
@@ -228,7 +180,15 @@ static void test_trainer_matches_reference(void **state)
         size_t np = td_model_params_numel(mc);
         float *want = malloc(np * 4), *init = malloc(np * 4);
         double lw[STEPS], lg[STEPS];
-        reference(&c, STEPS, lw, want);
+        int n = td_model_tensor_count(mc);
+        uint8_t *trains = malloc((size_t)n);
+        for (int i = 0; i < n; i++) {
+            td_model_tensor tt;
+            td_model_tensor_get(mc, i, &tt);
+            trains[i] = TD_MODEL_IS_LORA(tt.kind); /* the adapters alone */
+        }
+        td_test_reference_train(&c, trains, STEPS, lw, want);
+        free(trains);
         td_model_init(mc, init, c.seed);
         td_trainer *t;
         TD_ASSERT_OK(td_trainer_create(&c, &t));

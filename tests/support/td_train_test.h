@@ -6,6 +6,8 @@
 #include "td_test.h"
 #include "tidal/trainer.h"
 
+#include <stdint.h>
+
 /* Random tokens; each target is a fixed function of its token, so there is
  * something to learn.  repeat: every batch is the one of `seed`. */
 typedef struct td_test_batches { td_rng rng; int vocab; size_t n; int repeat; uint64_t seed; } td_test_batches;
@@ -21,5 +23,11 @@ void td_test_train(const td_train_config *c, int steps, uint64_t data_seed, doub
  * accesses needed (measured by a step over batches seeded with data_seed),
  * so that chunks move all the time. */
 td_train_config td_test_offloaded_config(const td_train_config *c, uint64_t data_seed);
+/* The trainer's arithmetic over flat buffers for `steps` steps of c's
+ * batches seeded with 99: the whole model's forward and backward, the
+ * global norm over the grads of the tensors with trains[i] set, AdamW over
+ * those alone (weight decay on 2-D tensors); the losses, and the final
+ * params in out (td_model_params_numel floats). */
+void td_test_reference_train(const td_train_config *c, const uint8_t *trains, int steps, double *losses, float *out);
 
 #endif
