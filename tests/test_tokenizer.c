@@ -248,46 +248,17 @@ static void test_decode_errors(void **state)
 
 /* ---- the pre-tokenizer ----------------------------------------------------- */
 
-typedef struct pieces {
-    char *v[4096];
-    size_t len[4096];
-    int n;
-} pieces;
-
-static void collect_piece(void *ctx, const char *piece, size_t len)
-{
-    pieces *p = ctx;
-    assert_true(p->n < 4096);
-    p->len[p->n] = len;
-    p->v[p->n] = malloc(len + 1);
-    memcpy(p->v[p->n], piece, len);
-    p->v[p->n++][len] = '\0';
-}
-
-static void free_pieces(pieces *p)
-{
-    for (int i = 0; i < p->n; i++) free(p->v[i]);
-    p->n = 0;
-}
-
 static void check_pretok_case(cJSON *o, void *ctx)
 {
     const char *text = cJSON_GetObjectItem(o, "text")->valuestring;
-    cJSON *want = cJSON_GetObjectItem(o, "pieces");
-    pieces *got = ctx;
-    td_gpt2_pretokenize(text, strlen(text), collect_piece, got);
-    int n = cJSON_GetArraySize(want);
-    if (got->n != n) fail_msg("pre-tokenizing '%s': %d pieces, the regex gives %d", text, got->n, n);
-    for (int i = 0; i < n; i++)
-        if (strcmp(got->v[i], cJSON_GetArrayItem(want, i)->valuestring))
-            fail_msg("pre-tokenizing '%s': piece %d is '%s', the regex gives '%s'", text, i, got->v[i],
-                     cJSON_GetArrayItem(want, i)->valuestring);
-    free_pieces(got);
+    td_test_pieces *got = ctx;
+    td_gpt2_pretokenize(text, strlen(text), td_test_collect_piece, got);
+    td_test_expect_pieces(text, cJSON_GetObjectItem(o, "pieces"), got);
 }
 
 static void test_pretok_matches_regex(void **state)
 {
-    pieces *p = calloc(1, sizeof *p);
+    td_test_pieces *p = calloc(1, sizeof *p);
     int n = for_each_jsonl("pretok_cases.jsonl", check_pretok_case, p);
     assert_true(n > 300);
     free(p);
@@ -295,21 +266,21 @@ static void test_pretok_matches_regex(void **state)
 
 static void test_pretok_invalid_utf8(void **state)
 {
-    pieces *p = calloc(1, sizeof *p);
+    td_test_pieces *p = calloc(1, sizeof *p);
     /* each invalid byte is one "other" character */
     const char text[] = "ab\xFF" "cd \xFE\xFD" "e\xC3" " \xE2\x82" "x";
-    td_gpt2_pretokenize(text, sizeof text - 1, collect_piece, p);
+    td_gpt2_pretokenize(text, sizeof text - 1, td_test_collect_piece, p);
     const char *want[] = {"ab", "\xFF", "cd", " \xFE\xFD", "e", "\xC3", " \xE2\x82", "x"};
     assert_int_equal(p->n, 8);
     for (int i = 0; i < 8; i++) assert_string_equal(p->v[i], want[i]);
-    free_pieces(p);
+    td_test_free_pieces(p);
     /* pieces always tile the input */
     char buf[512];
     for (int seed = 0; seed < td_test_seeds(300); seed++) {
         td_rng rng;
         td_rng_seed(&rng, (uint64_t)seed + 1000);
         size_t n = random_text(&rng, buf, sizeof buf, 1);
-        td_gpt2_pretokenize(buf, n, collect_piece, p);
+        td_gpt2_pretokenize(buf, n, td_test_collect_piece, p);
         size_t at = 0;
         for (int i = 0; i < p->n; i++) {
             assert_true(p->len[i] > 0 && at + p->len[i] <= n);
@@ -317,7 +288,7 @@ static void test_pretok_invalid_utf8(void **state)
             at += p->len[i];
         }
         assert_int_equal(at, n);
-        free_pieces(p);
+        td_test_free_pieces(p);
     }
     free(p);
 }

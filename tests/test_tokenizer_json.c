@@ -268,52 +268,22 @@ static td_tokenizer *gpt2_files_tok(void)
 
 /* ---- pre-tokenizers ------------------------------------------------------- */
 
-typedef struct pieces {
-    char *v[4096];
-    size_t len[4096];
-    int n;
-    td_tokenizer *t;
-} pieces;
-
-static void collect_piece(void *ctx, const char *piece, size_t len)
-{
-    pieces *p = ctx;
-    assert_true(p->n < 4096);
-    p->len[p->n] = len;
-    p->v[p->n] = malloc(len + 1);
-    memcpy(p->v[p->n], piece, len);
-    p->v[p->n++][len] = '\0';
-}
-
-static void free_pieces(pieces *p)
-{
-    for (int i = 0; i < p->n; i++) free(p->v[i]);
-    p->n = 0;
-}
-
 static void check_pretok_case(cJSON *o, void *ctx)
 {
     const char *text = cJSON_GetObjectItem(o, "text")->valuestring;
-    cJSON *want = cJSON_GetObjectItem(o, "pieces");
-    pieces *got = ctx;
-    td_tokenizer_pretokenize(got->t, text, strlen(text), collect_piece, got);
-    int n = cJSON_GetArraySize(want);
-    for (int i = 0; i < n && i < got->n; i++)
-        if (strcmp(got->v[i], cJSON_GetArrayItem(want, i)->valuestring))
-            fail_msg("pre-tokenizing '%s': piece %d is '%s', the regex gives '%s'", text, i, got->v[i],
-                     cJSON_GetArrayItem(want, i)->valuestring);
-    if (got->n != n) fail_msg("pre-tokenizing '%s': %d pieces, the regex gives %d", text, got->n, n);
-    free_pieces(got);
+    td_test_pieces *got = ctx;
+    td_tokenizer_pretokenize(got->user, text, strlen(text), td_test_collect_piece, got);
+    td_test_expect_pieces(text, cJSON_GetObjectItem(o, "pieces"), got);
 }
 
 static void pretok_fixture(const char *pattern, const char *fixture)
 {
     spec s = {.pattern = pattern};
-    pieces *p = calloc(1, sizeof *p);
-    p->t = make_tok(&s);
+    td_test_pieces *p = calloc(1, sizeof *p);
+    p->user = make_tok(&s);
     int n = for_each_jsonl(fixture, check_pretok_case, p);
     assert_true(n > 300);
-    td_tokenizer_destroy(p->t);
+    td_tokenizer_destroy(p->user);
     free(p);
 }
 
@@ -330,7 +300,7 @@ static void test_pretok_tiles(void **state)
 {
     const char *patterns[] = {LLAMA3, QWEN2, GPT2};
     char buf[600];
-    pieces *p = calloc(1, sizeof *p);
+    td_test_pieces *p = calloc(1, sizeof *p);
     for (int k = 0; k < 3; k++) {
         spec s = {.pattern = patterns[k]};
         td_tokenizer *t = make_tok(&s);
@@ -338,7 +308,7 @@ static void test_pretok_tiles(void **state)
             td_rng rng;
             td_rng_seed(&rng, (uint64_t)seed + 77);
             size_t n = random_text(&rng, buf, sizeof buf, 1);
-            td_tokenizer_pretokenize(t, buf, n, collect_piece, p);
+            td_tokenizer_pretokenize(t, buf, n, td_test_collect_piece, p);
             size_t at = 0;
             for (int i = 0; i < p->n; i++) {
                 assert_true(p->len[i] > 0);
@@ -346,7 +316,7 @@ static void test_pretok_tiles(void **state)
                 at += p->len[i];
             }
             assert_int_equal(at, n);
-            free_pieces(p);
+            td_test_free_pieces(p);
         }
         td_tokenizer_destroy(t);
     }

@@ -81,3 +81,31 @@ int td_test_for_each_jsonl(const char *path, void (*fn)(struct cJSON *obj, void 
     free(text);
     return n;
 }
+
+void td_test_collect_piece(void *ctx, const char *piece, size_t len)
+{
+    td_test_pieces *p = ctx;
+    assert_true(p->n < 4096);
+    p->len[p->n] = len;
+    p->v[p->n] = malloc(len + 1);
+    assert_non_null(p->v[p->n]);
+    memcpy(p->v[p->n], piece, len);
+    p->v[p->n++][len] = '\0';
+}
+
+void td_test_free_pieces(td_test_pieces *p)
+{
+    for (int i = 0; i < p->n; i++) free(p->v[i]);
+    p->n = 0;
+}
+
+void td_test_expect_pieces(const char *text, const cJSON *want, td_test_pieces *got)
+{
+    int n = cJSON_GetArraySize(want);
+    for (int i = 0; i < n && i < got->n; i++)
+        if (strcmp(got->v[i], cJSON_GetArrayItem(want, i)->valuestring))
+            fail_msg("pre-tokenizing '%s': piece %d is '%s', the regex gives '%s'", text, i, got->v[i],
+                     cJSON_GetArrayItem(want, i)->valuestring);
+    if (got->n != n) fail_msg("pre-tokenizing '%s': %d pieces, the regex gives %d", text, got->n, n);
+    td_test_free_pieces(got);
+}

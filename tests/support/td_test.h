@@ -52,4 +52,19 @@ char *td_test_slurp(const char *path, size_t *len);
  * that is not JSON; returns the count. */
 int td_test_for_each_jsonl(const char *path, void (*fn)(struct cJSON *obj, void *ctx), void *ctx);
 
+/* The pieces a pre-tokenizer hands its callback, copied (at most 4096);
+ * `user` is the caller's (a tokenizer, say). */
+typedef struct td_test_pieces {
+    char *v[4096];
+    size_t len[4096];
+    int n;
+    void *user;
+} td_test_pieces;
+/* A pre-tokenizer's callback: ctx a td_test_pieces. */
+void td_test_collect_piece(void *ctx, const char *piece, size_t len);
+void td_test_free_pieces(td_test_pieces *p);
+/* got's pieces of `text` against the JSON array of strings `want` (the
+ * reference regex's), each piece and their count; then frees got's. */
+void td_test_expect_pieces(const char *text, const struct cJSON *want, td_test_pieces *got);
+
 #endif
