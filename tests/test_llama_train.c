@@ -43,48 +43,14 @@ static const struct { const char *f; int nkv, untied, scaled, hd; } cases[] = {
 };
 
 /* The reference: td_model_forward/backward over the whole model and AdamW
- * over one flat chunk, with the trainer's coefficients and decay rule. */
+ * over every tensor, with the trainer's coefficients and decay rule. */
 static void reference_losses(const td_train_config *c, int steps, double *losses)
 {
-    const td_model_desc *mc = &c->model;
-    const int B = c->micro_batch, T = c->seq_len, N = B * T;
-    const size_t np = td_model_params_numel(mc);
-    float *p = calloc(np, 4), *g = calloc(np, 4), *m = calloc(np, 4), *v = calloc(np, 4);
-    float *acts = calloc(td_model_acts_numel(mc, B, T), 4), *scratch = calloc(td_model_scratch_numel(mc, B, T), 4);
-    int32_t *tok = calloc((size_t)N, 4), *tgt = calloc((size_t)N, 4);
-    td_model_init(mc, p, c->seed);
-    td_test_batches b = { .vocab = mc->vocab_size, .n = (size_t)N };
-    td_rng_seed(&b.rng, 99);
-    td_adam_cpu *adam;
-    td_adam_cpu_params ap = td_adam_cpu_default_params();
-    TD_ASSERT_OK(td_adam_cpu_create(&ap, &adam));
-    for (int s = 0; s < steps; s++) {
-        TD_ASSERT_OK(td_test_next_batch(&b, tok, tgt, NULL));
-        float loss;
-        int n;
-        memset(g, 0, np * 4);
-        TD_ASSERT_OK(td_model_forward(mc, p, tok, tgt, B, T, acts, &loss, &n));
-        TD_ASSERT_OK(td_model_backward(mc, p, g, tok, tgt, (float)(1.0 / N), B, T, acts, scratch));
-        losses[s] = loss;
-        td_adam_coeffs cd, cn;
-        td_adam_hparams nodecay = c->optim.adam;
-        nodecay.weight_decay = 0;
-        double lr = td_lr_at(&c->optim.lr, s + 1), sumsq = 0;
-        for (size_t i = 0; i < np; i++) sumsq += (double)g[i] * g[i];
-        double clip = c->optim.max_grad_norm > 0 ? td_clip_coef(sqrt(sumsq), c->optim.max_grad_norm) : 1.0;
-        TD_ASSERT_OK(td_adam_coeffs_make(&c->optim.adam, lr, s + 1, clip, &cd));
-        TD_ASSERT_OK(td_adam_coeffs_make(&nodecay, lr, s + 1, clip, &cn));
-        for (int i = 0; i < td_model_tensor_count(mc); i++) {
-            td_model_tensor t;
-            td_model_tensor_get(mc, i, &t);
-            td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
-                                 .grad_dtype = TD_DTYPE_F32, .param_out = NULL, .param_dtype = TD_DTYPE_F32,
-                                 .numel = t.numel };
-            TD_ASSERT_OK(td_adam_cpu_update(adam, t.matrix || c->decay_all ? &cd : &cn, &ch, 1));
-        }
-    }
-    td_adam_cpu_destroy(adam);
-    free(p); free(g); free(m); free(v); free(acts); free(scratch); free(tok); free(tgt);
+    int n = td_model_tensor_count(&c->model);
+    uint8_t *all = malloc((size_t)n);
+    memset(all, 1, (size_t)n);
+    td_test_reference_train(c, all, steps, losses, NULL);
+    free(all);
 }
 
 static void test_steps_match_reference(void **state)

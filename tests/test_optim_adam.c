@@ -20,20 +20,6 @@
 
 static double uniform(td_rng *r, double lo, double hi) { return lo + (hi - lo) * td_rng_uniform(r); }
 
-static void store_as(void *dst, td_dtype dt, size_t i, float x)
-{
-    if (dt == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
-    else if (dt == TD_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
-    else ((float *)dst)[i] = x;
-}
-
-static double load_as(const void *src, td_dtype dt, size_t i)
-{
-    if (dt == TD_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)src)[i]);
-    if (dt == TD_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)src)[i]);
-    return ((const float *)src)[i];
-}
-
 /* One random problem: hyper-parameters, sizes, buffers (deliberately
  * misaligned), and the grads of every step as the backward stores them
  * (true grad * loss scale, rounded to grad_dtype). */
@@ -91,7 +77,7 @@ static void problem_make_n(problem *pb, uint64_t seed, size_t n)
     for (int s = 0; s < STEPS; s++) {
         pb->grads[s] = malloc(pb->n * 4);
         for (size_t i = 0; i < pb->n; i++)
-            store_as(pb->grads[s], pb->gdt, i, (float)(uniform(&r, -1, 1) * gscale * op->scaler.init_scale));
+            td_test_store_as(pb->grads[s], pb->gdt, i, (float)(uniform(&r, -1, 1) * gscale * op->scaler.init_scale));
     }
     /* master, m, v, out at odd float offsets (not 64-byte aligned). */
     pb->mem = calloc(3 * (pb->n + 16), 4);
@@ -182,14 +168,14 @@ static void run_reference(const problem *pb, double *p, double *m, double *v, do
         long t = s + 1;
         double sumsq = 0;
         for (size_t i = 0; i < n; i++) {
-            double g = load_as(pb->grads[s], pb->gdt, i) / scale;
+            double g = td_test_load_as(pb->grads[s], pb->gdt, i) / scale;
             sumsq += g * g;
         }
         double norm = sqrt(sumsq), coef = 1;
         if (pb->op.max_grad_norm > 0 && pb->op.max_grad_norm / (norm + 1e-6) < 1) coef = pb->op.max_grad_norm / (norm + 1e-6);
         double bc1 = 1 - pow(hp->beta1, (double)t), bc2 = 1 - pow(hp->beta2, (double)t);
         for (size_t i = 0; i < n; i++) {
-            double g = load_as(pb->grads[s], pb->gdt, i) / scale * coef;
+            double g = td_test_load_as(pb->grads[s], pb->gdt, i) / scale * coef;
             if (fabs(g) > *max_g) *max_g = fabs(g);
             if (hp->decay == TD_ADAM_DECAY_L2) g += hp->weight_decay * p[i];
             else p[i] *= 1 - lr * hp->weight_decay;
@@ -379,8 +365,8 @@ static void test_grad_stats(void **state)
                 double want = 0, big = dt == TD_DTYPE_F16 ? 65504 : 3e38;
                 for (size_t i = 0; i < n; i++) {
                     float x = (float)(td_rng_below(&r, 50) ? uniform(&r, -2, 2) : uniform(&r, -big, big));
-                    store_as(gu, (td_dtype)dt, i, x);
-                    double y = load_as(gu, (td_dtype)dt, i);
+                    td_test_store_as(gu, (td_dtype)dt, i, x);
+                    double y = td_test_load_as(gu, (td_dtype)dt, i);
                     want += y * y;
                 }
                 td_grad_stats s = {0}, s2 = {0};
@@ -397,7 +383,7 @@ static void test_grad_stats(void **state)
                         unsigned char keep[4];
                         size_t sz = td_dtype_bytes((td_dtype)dt);
                         memcpy(keep, gu + where[w] * sz, sz);
-                        store_as(gu, (td_dtype)dt, where[w], bad[b]);
+                        td_test_store_as(gu, (td_dtype)dt, where[w], bad[b]);
                         td_grad_stats o = {0};
                         TD_ASSERT_OK(td_adam_cpu_grad_stats(cpu, gu, (td_dtype)dt, n, &o));
                         assert_true(td_grad_stats_overflow(&o));
@@ -539,7 +525,7 @@ static void test_param_out_may_alias_grad(void **state)
                             TD_ASSERT_OK(td_adam_coeffs_make(&hp, 1e-2, step, 1.0, &c));
                             for (int a = 0; a < 2; a++) {
                                 for (size_t i = 0; i < N; i++)
-                                    store_as(bufs[a][4], (td_dtype)dt, i, gsrc[(size_t)(step - 1) * N + i]);
+                                    td_test_store_as(bufs[a][4], (td_dtype)dt, i, gsrc[(size_t)(step - 1) * N + i]);
                                 TD_ASSERT_OK(td_adam_cpu_update(cpu, &c, &ch[a], 1));
                             }
                             if (memcmp(bufs[0][0], bufs[1][0], N * 4) || memcmp(bufs[0][1], bufs[1][1], mb) ||

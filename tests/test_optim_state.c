@@ -148,20 +148,6 @@ static int code_sr(int bias, double y, uint32_t r20)
 
 /* ---- random problems ---------------------------------------------------------- */
 
-static void store_as(void *dst, td_dtype dt, size_t i, float x)
-{
-    if (dt == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
-    else if (dt == TD_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
-    else ((float *)dst)[i] = x;
-}
-
-static double load_as(const void *src, td_dtype dt, size_t i)
-{
-    if (dt == TD_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)src)[i]);
-    if (dt == TD_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)src)[i]);
-    return ((const float *)src)[i];
-}
-
 typedef struct problem {
     td_optim_state state;
     size_t n;
@@ -259,7 +245,7 @@ static void problem_make(problem *pb, td_optim_state state, uint64_t seed)
         for (size_t i = 0; i < pb->n; i++) {
             double g = uniform(&r, -1, 1) * emag[i] * gscale * op->scaler.init_scale;
             if (td_rng_below(&r, 50) == 0) g = 0; /* exact zeros */
-            store_as(pb->grads[s], pb->gdt, i, (float)g);
+            td_test_store_as(pb->grads[s], pb->gdt, i, (float)g);
         }
     }
     free(emag);
@@ -375,7 +361,7 @@ static void check_step(const problem *pb, const snapshot *sn, int s, int seed, c
     long t = s + 1;
     double sumsq = 0;
     for (size_t i = 0; i < pb->n; i++) {
-        double g = load_as(pb->grads[s], pb->gdt, i) / scale;
+        double g = td_test_load_as(pb->grads[s], pb->gdt, i) / scale;
         sumsq += g * g;
     }
     double norm = sqrt(sumsq), coef = 1;
@@ -389,7 +375,7 @@ static void check_step(const problem *pb, const snapshot *sn, int s, int seed, c
         for (size_t i = 0; i < nj; i++) {
             double p = sn->master[off + i];
             double m = ref_load(pb->state, 0, sn->m[j], nj, i), v = ref_load(pb->state, 1, sn->v[j], nj, i);
-            double g = load_as(pb->grads[s], pb->gdt, off + i) / scale * coef, eg = e * fabs(g);
+            double g = td_test_load_as(pb->grads[s], pb->gdt, off + i) / scale * coef, eg = e * fabs(g);
             double wd = in_ranges(pb->nd[j], pb->n_nd[j], i) ? 0.0 : hp->weight_decay;
             if (l2) eg = e * (fabs(g) + 2 * wd * fabs(p)), g += wd * p;
             else p *= 1 - lr * wd;

@@ -1,5 +1,6 @@
 /* Shared helpers for tidal's cmocka tests (see td_test.h). */
 #include "td_test.h"
+#include "tidal/convert.h"
 
 #include <cjson/cJSON.h>
 
@@ -108,4 +109,18 @@ void td_test_expect_pieces(const char *text, const cJSON *want, td_test_pieces *
                      cJSON_GetArrayItem(want, i)->valuestring);
     if (got->n != n) fail_msg("pre-tokenizing '%s': %d pieces, the regex gives %d", text, got->n, n);
     td_test_free_pieces(got);
+}
+
+void td_test_store_as(void *dst, td_dtype dt, size_t i, float x)
+{
+    if (dt == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_bf16_from_f32(x);
+    else if (dt == TD_DTYPE_F16) ((uint16_t *)dst)[i] = td_f16_from_f32(x);
+    else ((float *)dst)[i] = x;
+}
+
+double td_test_load_as(const void *src, td_dtype dt, size_t i)
+{
+    if (dt == TD_DTYPE_BF16) return td_f32_from_bf16(((const uint16_t *)src)[i]);
+    if (dt == TD_DTYPE_F16) return td_f32_from_f16(((const uint16_t *)src)[i]);
+    return ((const float *)src)[i];
 }

@@ -10,6 +10,7 @@
 
 #include "tidal/alloc.h"
 #include "tidal/backend.h"
+#include "tidal/dtype.h"
 #include "tidal/status.h"
 #include "tidal/util.h"
 
@@ -51,6 +52,11 @@ char *td_test_slurp(const char *path, size_t *len);
 /* Calls fn on every line of a JSON-lines file, failing the test on a line
  * that is not JSON; returns the count. */
 int td_test_for_each_jsonl(const char *path, void (*fn)(struct cJSON *obj, void *ctx), void *ctx);
+
+/* Element i of a buffer of dtype dt (fp32, bf16 or fp16), written from x
+ * rounded to nearest even, or read as a double. */
+void td_test_store_as(void *dst, td_dtype dt, size_t i, float x);
+double td_test_load_as(const void *src, td_dtype dt, size_t i);
 
 /* The pieces a pre-tokenizer hands its callback, copied (at most 4096);
  * `user` is the caller's (a tokenizer, say). */

@@ -98,10 +98,10 @@ void td_test_reference_train(const td_train_config *c, const uint8_t *trains, in
             td_adam_chunk ch = { .master = p + t.offset, .m = m + t.offset, .v = v + t.offset, .grad = g + t.offset,
                                  .grad_dtype = TD_DTYPE_F32, .param_dtype = TD_DTYPE_F32,
                                  .numel = t.numel };
-            TD_ASSERT_OK(td_adam_cpu_update(adam, t.matrix ? &cd : &cn, &ch, 1));
+            TD_ASSERT_OK(td_adam_cpu_update(adam, t.matrix || c->decay_all ? &cd : &cn, &ch, 1));
         }
     }
-    memcpy(out, p, np * 4);
+    if (out) memcpy(out, p, np * 4);
     td_adam_cpu_destroy(adam);
     free(p); free(g); free(m); free(v); free(acts); free(scratch); free(tok); free(tgt);
 }

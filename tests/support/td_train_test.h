@@ -26,8 +26,9 @@ td_train_config td_test_offloaded_config(const td_train_config *c, uint64_t data
 /* The trainer's arithmetic over flat buffers for `steps` steps of c's
  * batches seeded with 99: the whole model's forward and backward, the
  * global norm over the grads of the tensors with trains[i] set, AdamW over
- * those alone (weight decay on 2-D tensors); the losses, and the final
- * params in out (td_model_params_numel floats). */
+ * those alone (weight decay on 2-D tensors, or on all with c->decay_all);
+ * the losses, and the final params in out (td_model_params_numel floats;
+ * NULL: not wanted). */
 void td_test_reference_train(const td_train_config *c, const uint8_t *trains, int steps, double *losses, float *out);
 
 #endif
