@@ -348,6 +348,10 @@ static void text_host(const plan_run *pr)
     printf("    heap             %12s  (metadata, loader, libraries%s; measured by %s)\n",
            td_format_bytes(p->host_heap_bytes, a, sizeof a),
            !on_cuda(pr) ? "" : pr->cfg.ranks > 1 ? ", the CUDA runtime, NCCL" : ", the CUDA runtime", td_host_heap_source());
+    if (p->host_library_heap_measured)
+        printf("%21s%12s  of it the libraries': the %s measured here once the backend and topology\n%35sexist, "
+               "plus what a run adds after\n", "", td_format_bytes(p->host_library_heap_bytes, a, sizeof a),
+               td_format_bytes(pr->cfg.library_heap_bytes, b, sizeof b), "");
     if (p->host_device_region_bytes)
         printf("    device region    %12s  (the cpu backend's \"device\" is host memory)\n",
                td_format_bytes(p->host_device_region_bytes, a, sizeof a));

@@ -434,6 +434,46 @@ static void test_bytes_a_param(void **state)
 #endif
 }
 
+/* The libraries' heap: a measured figure of 256 MiB or more raises the
+ * allowance to it plus a run's growth (64 MiB on the cpu backend), rounded
+ * up to 256 MiB; one under that leaves the constants.  A plain malloc
+ * counts as the libraries' (td_malloc's bytes do not). */
+static void test_library_heap_allowance(void **state)
+{
+    td_train_config c = small_config();
+    td_train_plan base, low, high;
+    c.library_heap_bytes = 0;
+    TD_ASSERT_OK(td_train_plan_make(&c, 64 * TD_MiB, &base));
+    c.library_heap_bytes = 100 * TD_MiB;
+    TD_ASSERT_OK(td_train_plan_make(&c, 64 * TD_MiB, &low));
+    c.library_heap_bytes = 1000 * TD_MiB;
+    TD_ASSERT_OK(td_train_plan_make(&c, 64 * TD_MiB, &high));
+    assert_int_equal(base.host_library_heap_measured, 0);
+    assert_int_equal(low.host_library_heap_measured, 0);
+    assert_int_equal(low.host_heap_bytes, base.host_heap_bytes);
+    assert_int_equal(high.host_library_heap_measured, 1);
+    assert_int_equal(high.host_library_heap_bytes, 1280 * TD_MiB); /* 1000 + 64, up to 256s */
+    assert_int_equal(high.host_heap_bytes - base.host_heap_bytes, 1280 * TD_MiB - base.host_library_heap_bytes);
+    assert_int_equal(high.host_bytes - base.host_bytes, high.host_heap_bytes - base.host_heap_bytes);
+    if (strcmp(td_host_heap_source(), "jemalloc")) td_test_skip("the heap is measured by jemalloc only");
+    size_t before = td_train_library_heap();
+    char *theirs = malloc(32 * TD_MiB);
+    assert_non_null(theirs);
+    memset(theirs, 1, 32 * TD_MiB);
+    size_t after = td_train_library_heap();
+    free(theirs);
+    /* tidal's own: at most its header and jemalloc's size class beside it */
+    size_t before_own = td_train_library_heap();
+    char *mine = td_malloc(TD_MiB, TD_ROLE_META);
+    assert_non_null(mine);
+    size_t after_own = td_train_library_heap();
+    td_free(mine);
+    print_message("libraries' heap %zu bytes, %zu with a 32 MiB malloc; %zu, %zu with a 1 MiB td_malloc\n", before,
+                  after, before_own, after_own);
+    assert_true(after >= before + 32 * TD_MiB && after < before + 33 * TD_MiB);
+    assert_true(after_own < before_own + TD_MiB / 2);
+}
+
 /* Compact moments train: bf16 and int8 state's losses stay close to fp32's,
  * and a checkpoint of each resumes bit for bit (int8 moments move by whole
  * scale blocks, which straddle tensors). */
@@ -599,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_transient_grads_pin_less),
         cmocka_unit_test(test_grad_slots_auto),
         cmocka_unit_test(test_bytes_a_param),
+        cmocka_unit_test(test_library_heap_allowance),
         cmocka_unit_test(test_compact_state_trains),
         cmocka_unit_test(test_checkpoint_keeps_state_type),
         cmocka_unit_test(test_trainer_host_faults),

@@ -254,6 +254,7 @@ td_status td_train_host_plan(td_memmgr *mm, const td_train_config *cfg, size_t b
                                       HEAP_MEASURED_ROUND);
         if (measured > library) library = measured;
     }
+    p->host_library_heap_measured = library > (cuda ? HEAP_CUDA_BYTES : 0);
     p->host_library_heap_bytes = library;
     p->host_heap_bytes = HEAP_BASE_BYTES + (size_t)td_memmgr_tensor_count(mm) * HEAP_PER_TENSOR_BYTES +
                          (size_t)n_chunks * HEAP_PER_CHUNK_BYTES + library + (cuda && cfg->ranks > 1 ? HEAP_NCCL_BYTES : 0);

@@ -314,6 +314,7 @@ typedef struct td_train_plan {
     size_t host_pageable_state_bytes;           /* of which optimizer state (page-rounded) */
     size_t host_heap_bytes;                     /* of which the heap allowance */
     size_t host_library_heap_bytes;             /* of that, the libraries' (the constant, or as measured) */
+    int host_library_heap_measured;             /* 1: the measured heap (config's library_heap_bytes) set it */
     size_t host_device_region_bytes;            /* of which the cpu backend's device region (0 on cuda) */
     size_t host_bytes;                          /* pinned + pageable */
     double flops_per_step;                      /* forward + backward (+ recompute), all micro-batches */
