@@ -436,8 +436,7 @@ static void test_bytes_a_param(void **state)
 
 /* The libraries' heap: a measured figure of 256 MiB or more raises the
  * allowance to it plus a run's growth (64 MiB on the cpu backend), rounded
- * up to 256 MiB; one under that leaves the constants.  A plain malloc
- * counts as the libraries' (td_malloc's bytes do not). */
+ * up to 256 MiB; one under that leaves the constants. */
 static void test_library_heap_allowance(void **state)
 {
     td_train_config c = small_config();
@@ -455,6 +454,12 @@ static void test_library_heap_allowance(void **state)
     assert_int_equal(high.host_library_heap_bytes, 1280 * TD_MiB); /* 1000 + 64, up to 256s */
     assert_int_equal(high.host_heap_bytes - base.host_heap_bytes, 1280 * TD_MiB - base.host_library_heap_bytes);
     assert_int_equal(high.host_bytes - base.host_bytes, high.host_heap_bytes - base.host_heap_bytes);
+}
+
+/* What the trainer and the plan measure: a plain malloc counts as the
+ * libraries' heap, tidal's td_malloc does not. */
+static void test_library_heap_measure(void **state)
+{
     if (strcmp(td_host_heap_source(), "jemalloc")) td_test_skip("the heap is measured by jemalloc only");
     size_t before = td_train_library_heap();
     char *theirs = malloc(32 * TD_MiB);
@@ -470,7 +475,8 @@ static void test_library_heap_allowance(void **state)
     td_free(mine);
     print_message("libraries' heap %zu bytes, %zu with a 32 MiB malloc; %zu, %zu with a 1 MiB td_malloc\n", before,
                   after, before_own, after_own);
-    assert_true(after >= before + 32 * TD_MiB && after < before + 33 * TD_MiB);
+    /* (other blocks come and go meanwhile: a few hundred bytes) */
+    assert_true(after + 64 * 1024 >= before + 32 * TD_MiB && after < before + 33 * TD_MiB);
     assert_true(after_own < before_own + TD_MiB / 2);
 }
 
@@ -640,6 +646,7 @@ int main(void)
         cmocka_unit_test(test_grad_slots_auto),
         cmocka_unit_test(test_bytes_a_param),
         cmocka_unit_test(test_library_heap_allowance),
+        cmocka_unit_test(test_library_heap_measure),
         cmocka_unit_test(test_compact_state_trains),
         cmocka_unit_test(test_checkpoint_keeps_state_type),
         cmocka_unit_test(test_trainer_host_faults),

@@ -900,18 +900,22 @@ static void test_fortunes_loss_falls(void **state)
     c.seq_len = 64;
     c.backend = TD_BACKEND_CPU;
     c.gpu_budget = 16 * TD_MiB;
+    /* Under ASan the memory of 60 steps (whose last 20 average 3.26 in the
+     * plain build), from a uniform guess's ln 257 = 5.55. */
+    const int steps = TD_TEST_SANITIZED ? 60 : 200;
+    const double below = TD_TEST_SANITIZED ? 3.5 : 3.0;
     c.optim.lr = (td_lr_schedule){ .decay = TD_LR_DECAY_COSINE, .lr = 3e-3, .min_lr = 3e-4, .warmup_steps = 20,
-                                   .total_steps = 200 };
+                                   .total_steps = steps };
     td_trainer *t;
     TD_ASSERT_OK(td_trainer_create(&c, &t));
     td_step_result r = {0};
     double last20 = 0;
-    for (int s = 0; s < 200; s++) {
+    for (int s = 0; s < steps; s++) {
         TD_ASSERT_OK(td_trainer_step(t, loader_batch, l, &r));
-        if (s >= 180) last20 += r.loss / 20;
+        if (s >= steps - 20) last20 += r.loss / 20;
     }
-    print_message("fortunes: mean loss of steps 181-200: %.3f\n", last20);
-    assert_true(last20 < 3.0);
+    print_message("fortunes: mean loss of steps %d-%d: %.3f (below %.2f)\n", steps - 19, steps, last20, below);
+    assert_true(last20 < below);
     td_trainer_destroy(t);
     td_loader_destroy(l);
     unlink(path);

@@ -8,6 +8,20 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+/* 1 in builds under AddressSanitizer (`make test SANITIZE=...`), whose
+ * instrumented code runs several times slower: long loops there check the
+ * memory of fewer iterations, the plain build the whole property. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TD_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TD_TEST_SANITIZED 1
+#endif
+#endif
+#ifndef TD_TEST_SANITIZED
+#define TD_TEST_SANITIZED 0
+#endif
+
 #include "tidal/alloc.h"
 #include "tidal/backend.h"
 #include "tidal/dtype.h"
