@@ -27,10 +27,7 @@ static int setup(void **state)
     (void)state;
     snprintf(tidal, sizeof tidal, "%s", td_test_tidal());
     if (td_proc_tmpdir(tmp, sizeof tmp, "tidal-zero3-heap")) return -1;
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "head -c 50000 /usr/share/games/fortunes/fortunes > %s/text && %s prepare --quiet "
-             "--input %s/text --out %s/d.tok > %s/prepare.out 2>&1", tmp, tidal, tmp, tmp, tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    return td_proc_prepare(tidal, tmp, "head -c 50000 /usr/share/games/fortunes/fortunes", "d");
 }
 
 static int teardown(void **state)

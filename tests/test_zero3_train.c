@@ -47,12 +47,12 @@ static int setup(void **state)
     (void)state;
     snprintf(tidal, sizeof tidal, "%s", td_test_tidal());
     if (td_proc_tmpdir(tmp, sizeof tmp, "tidal-zero3")) return -1;
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "head -c 100000 /usr/share/games/fortunes/fortunes > %s/text && %s prepare --quiet "
-             "--input %s/text --out %s/ok.tok > %s/prepare.out 2>&1 && head -c 20000 %s/text > %s/text2 && "
-             "%s prepare --quiet --input %s/text2 --out %s/other.tok >> %s/prepare.out 2>&1", tmp, tidal, tmp, tmp, tmp,
-             tmp, tmp, tidal, tmp, tmp, tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    const char *fortunes = "/usr/share/games/fortunes/fortunes";
+    char text[128];
+    snprintf(text, sizeof text, "head -c 100000 %s", fortunes);
+    if (td_proc_prepare(tidal, tmp, text, "ok")) return -1;
+    snprintf(text, sizeof text, "head -c 20000 %s", fortunes); /* another file: the first fifth of it */
+    return td_proc_prepare(tidal, tmp, text, "other");
 }
 
 static int teardown(void **state)

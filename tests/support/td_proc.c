@@ -130,6 +130,14 @@ int td_proc_tmpdir(char *dir, size_t dir_bytes, const char *prefix)
     return mkdtemp(dir) ? 0 : -1;
 }
 
+int td_proc_prepare(const char *tidal, const char *dir, const char *text_cmd, const char *name)
+{
+    char cmd[2048];
+    int n = snprintf(cmd, sizeof cmd, "(%s) > '%s/%s.txt' && '%s' prepare --quiet --input '%s/%s.txt' --out '%s/%s.tok' "
+                     ">> '%s/prepare.out' 2>&1", text_cmd, dir, name, tidal, dir, name, dir, name, dir);
+    return n > 0 && (size_t)n < sizeof cmd && system(cmd) == 0 ? 0 : -1;
+}
+
 int td_proc_rmdir(const char *dir)
 {
     char cmd[512];

@@ -33,6 +33,10 @@ int td_proc_read_log(const char *path, double *loss, double *norm, int max);
 double td_proc_expect_close(const double *want, const double *got, int n, double rel, const char *what);
 /* A fresh directory /tmp/<prefix>-XXXXXX into dir (at least 64 bytes): 0, or -1. */
 int td_proc_tmpdir(char *dir, size_t dir_bytes, const char *prefix);
+/* DIR/NAME.tok: `tidal prepare` (the command tidal) of what the shell
+ * command text_cmd prints, kept in DIR/NAME.txt; prepare's output appended
+ * to DIR/prepare.out.  0, or -1. */
+int td_proc_prepare(const char *tidal, const char *dir, const char *text_cmd, const char *name);
 /* `rm -rf dir`: 0, or -1. */
 int td_proc_rmdir(const char *dir);
 /* GPUs that `nvidia-smi -L` lists, no more than CUDA_VISIBLE_DEVICES names
