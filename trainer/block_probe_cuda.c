@@ -154,6 +154,12 @@ cleanup:
     return st;
 }
 
+void td_block_probe_freeze(td_block_probe *p, const uint8_t *frozen)
+{
+    for (int k = 0; k < td_model_block_tensor_count(&p->mc); k++)
+        if (frozen[k]) p->gp[k] = NULL;
+}
+
 void td_block_probe_destroy(td_block_probe *p)
 {
     if (!p) return;

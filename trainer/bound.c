@@ -95,7 +95,22 @@ static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, t
     if (st || need + need / 8 > free_b) return st;
     td_block_probe *p = NULL;
     if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, 0, &p))) return st;
-    st = td_block_probe_time(p, 3, &r->block_fwd_ms, &r->block_bwd_ms, &r->block_recompute_ms);
+    /* Frozen tensors (LoRA's base, --freeze) have no weight gradient: a block
+     * tensor frozen in any block is frozen in the probe, so its backward is
+     * at most any block's (the bound stays below the step). */
+    int n = td_model_tensor_count(&cfg->model), nb = td_model_block_tensor_count(&cfg->model);
+    int ne = td_model_embed_tensor_count(&cfg->model);
+    uint8_t *frozen = td_malloc((size_t)n + (size_t)nb, TD_ROLE_META), *any = frozen ? frozen + n : NULL;
+    if (!frozen) st = td_error_set(TD_ERR_NOMEM, "block probe: the frozen tensors of %d", n);
+    if (!st) st = td_train_frozen(cfg, frozen);
+    if (!st) {
+        memset(any, 0, (size_t)nb);
+        for (int l = 0; l < cfg->model.n_layer; l++)
+            for (int k = 0; k < nb; k++) any[k] |= frozen[ne + l * nb + k];
+        td_block_probe_freeze(p, any);
+        st = td_block_probe_time(p, 3, &r->block_fwd_ms, &r->block_bwd_ms, &r->block_recompute_ms);
+    }
+    td_free(frozen);
     td_block_probe_destroy(p);
     return st;
 }

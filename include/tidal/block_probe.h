@@ -45,6 +45,10 @@ size_t td_block_probe_bytes(const td_model_desc *model, int B, int T, td_dtype d
 td_status td_block_probe_create(td_backend *b, const td_model_desc *model, int B, int T, td_dtype dt, int op_buffers,
                                 td_block_probe **out);
 void td_block_probe_destroy(td_block_probe *p); /* NULL is a no-op */
+/* The block's tensors with frozen[k] set (k over the block's tensors, in
+ * the model's order) get no gradient: the backward computes their input's
+ * gradient alone, as a run that freezes them does (LoRA's base, --freeze). */
+void td_block_probe_freeze(td_block_probe *p, const uint8_t *frozen);
 /* Forward (filling the acts), backward and recompute (the forward without
  * its last projection, as backward reruns a checkpointed block; rec_ms may
  * be NULL) of the block, each the best of `repeat` runs after one warm-up,
