@@ -203,6 +203,13 @@ $(BUILD)/tests/%: $(OBJ)/tests/%.o $(TEST_SUPPORT_OBJ) $(BUILD)/libtidal.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libtidal.a $(TEST_LIBS) $(LDLIBS)
 
+# test_hostpool's stand-in OpenCL vendor library (loaded only if something
+# asks the ICD loader for platforms).
+$(BUILD)/tests/test_hostpool: $(BUILD)/tests/libtd_fake_icd.so
+$(BUILD)/tests/libtd_fake_icd.so: tests/support/icd/fake_icd.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -shared -fPIC -o $@ $<
+
 # --- the shared library and `make install` -----------------------------------
 # libtidal.so.$(SOVERSION): SOVERSION changes when the public API breaks.
 SOVERSION := 0

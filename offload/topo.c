@@ -30,8 +30,8 @@ static void describe(td_topo *t, const char *gpu)
 
 /* The machine's topology, read once per process (PCI devices included, to
  * find a GPU's node) and copied for each td_topo: a discovery loads and
- * unloads hwloc's plugins (libxml2, OpenCL, GL, PCI) each time, which cost
- * more than a small trainer's whole set-up.  Kept until the process ends. */
+ * unloads hwloc's plugins (libxml2, PCI) each time, which cost more than a
+ * small trainer's whole set-up.  Kept until the process ends. */
 static hwloc_topology_t machine_topology;
 static pthread_once_t machine_once = PTHREAD_ONCE_INIT;
 
@@ -40,6 +40,13 @@ static void machine_load(void)
     hwloc_topology_t m;
     if (hwloc_topology_init(&m) != 0) return;
     hwloc_topology_set_io_types_filter(m, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    /* The GPU is found by its PCI bus id (the pci component): the vendors'
+     * components would only name devices, and loading them starts their
+     * runtimes (OpenCL's ICDs, CUDA, NVML, ROCm SMI, Level Zero, the X
+     * server), whose heap and threads the process would keep. */
+    static const char *const skip[] = {"opencl", "gl", "cuda", "nvml", "rsmi", "levelzero"};
+    for (size_t i = 0; i < sizeof skip / sizeof *skip; i++)
+        hwloc_topology_set_components(m, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, skip[i]);
     if (hwloc_topology_load(m) != 0) {
         hwloc_topology_destroy(m);
         return;

@@ -1,13 +1,20 @@
 /* Pinned host pool: sub-allocation inside pinned slabs, per-role counts,
- * the pin limit as a clear error, NUMA topology. */
+ * the pin limit as a clear error, NUMA topology (and that reading it starts
+ * no vendor's runtime). */
+#include "td_proc.h"
 #include "td_test.h"
 #include "tidal/hostpool.h"
 #include "tidal/range.h"
 #include "tidal/topo.h"
 
+#include <dlfcn.h>
+#include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_hostpool_suballocates_slabs(void **state)
 {
@@ -145,6 +152,67 @@ static void test_hostpool_pin_limit_error(void **state)
     td_backend_free(b);
 }
 
+/* In a child: OpenCL's ICD loader pointed at the stand-in vendor library
+ * (build/tests/libtd_fake_icd.so, which creates `mark` when it is loaded),
+ * then either the topology read (`topo`) or a direct question to the loader
+ * for its platforms (the control: it must load the library).  The child's
+ * exit status: 0 done, 2 no ICD loader, 1 a failure. */
+static int icd_child(const char *vendors, const char *mark, int topo)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("OCL_ICD_VENDORS", vendors, 1);
+        setenv("TD_FAKE_ICD_MARK", mark, 1);
+        if (topo) {
+            td_topo *t = NULL;
+            _exit(td_topo_create(NULL, &t) == TD_OK ? 0 : 1);
+        }
+        void *cl = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!cl) _exit(2);
+        int (*platforms)(unsigned, void *, unsigned *) =
+            (int (*)(unsigned, void *, unsigned *))dlsym(cl, "clGetPlatformIDs");
+        unsigned n = 0;
+        if (platforms) platforms(0, NULL, &n);
+        _exit(platforms ? 0 : 2);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* Reading the machine's topology for the GPU's NUMA node starts none of the
+ * vendors' runtimes (hwloc's OpenCL, GL, CUDA, NVML components): they would
+ * load the drivers and leave their heap and threads in every process.  Runs
+ * first, before anything in this process reads the topology. */
+static void test_topo_leaves_vendor_runtimes_alone(void **state)
+{
+    char exe[PATH_MAX] = {0}, lib[PATH_MAX + 32], dir[128], icd[192], mark[192];
+    assert_true(readlink("/proc/self/exe", exe, sizeof exe - 1) > 0);
+    *strrchr(exe, '/') = 0;
+    snprintf(lib, sizeof lib, "%s/libtd_fake_icd.so", exe);
+    assert_int_equal(access(lib, R_OK), 0); /* built beside this test by make */
+    assert_int_equal(td_proc_tmpdir(dir, sizeof dir, "tidal-icd"), 0);
+    snprintf(icd, sizeof icd, "%s/fake.icd", dir);
+    snprintf(mark, sizeof mark, "%s/loaded", dir);
+    FILE *f = fopen(icd, "w");
+    assert_non_null(f);
+    fprintf(f, "%s\n", lib);
+    fclose(f);
+
+    int control = icd_child(dir, mark, 0);
+    if (control == 2 || access(mark, F_OK) != 0) {
+        td_proc_rmdir(dir);
+        td_test_skip("no OpenCL ICD loader here that honours OCL_ICD_VENDORS: nothing could start a vendor's runtime");
+    }
+    assert_int_equal(control, 0);
+    assert_int_equal(unlink(mark), 0);
+
+    assert_int_equal(icd_child(dir, mark, 1), 0);
+    assert_int_not_equal(access(mark, F_OK), 0); /* the topology read never asked for OpenCL's platforms */
+    td_proc_rmdir(dir);
+}
+
 static void test_topo_describes_and_binds(void **state)
 {
     td_backend *b = td_test_backend(0);
@@ -166,6 +234,7 @@ static void test_topo_describes_and_binds(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_topo_leaves_vendor_runtimes_alone), /* first: before the topology is read here */
         cmocka_unit_test(test_hostpool_suballocates_slabs),
         cmocka_unit_test(test_hostpool_places_as_first_fit),
         cmocka_unit_test(test_hostpool_pin_limit_error),
