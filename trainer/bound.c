@@ -97,7 +97,7 @@ static td_status measure_cuda_block(td_backend *b, const td_train_config *cfg, t
     if ((st = td_block_probe_create(b, &cfg->model, cfg->micro_batch, cfg->seq_len, cfg->precision, 0, &p))) return st;
     /* Frozen tensors (LoRA's base, --freeze) have no weight gradient: a block
      * tensor frozen in any block is frozen in the probe, so its backward is
-     * at most any block's (the bound stays below the step). */
+     * at most any block's. */
     int n = td_model_tensor_count(&cfg->model), nb = td_model_block_tensor_count(&cfg->model);
     int ne = td_model_embed_tensor_count(&cfg->model);
     uint8_t *frozen = td_malloc((size_t)n + (size_t)nb, TD_ROLE_META), *any = frozen ? frozen + n : NULL;
