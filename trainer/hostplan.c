@@ -47,10 +47,14 @@
  * module images of the kernels it loads on their first launch, cuBLAS's
  * heuristics), rounded up to 256 MiB so that `tidal plan` and the trainer,
  * measuring in different processes, plan alike; a measured heap under
- * 256 MiB leaves the constants as they are.  The libraries' heap grows
- * with the machine's CPUs, not the run's: jemalloc measured a 1-rank CUDA
- * run's peak heap at 453 MiB on a 16-CPU H200 host, 760 MiB on 32 and
- * 1360 MiB on 64 (the run bound to 16 of them), past the constant above. */
+ * 256 MiB leaves the constants as they are.  The constants are peaks
+ * measured while hwloc's OpenCL and NVML components started those runtimes
+ * in every process, whose heap grew with the host's CPUs (a 1-rank CUDA
+ * run's peak: 453 MiB on a 16-CPU H200 host, 760 MiB on 32, 1360 MiB on
+ * 64).  The topology is read with the PCI component alone (offload/topo.c),
+ * and `tidal plan --backend cuda` measures the libraries' heap at 31.1 MiB
+ * on a 32-CPU 2 x H200 host (628.5 MiB with those components), so the
+ * constants now hold a margin over what the libraries take. */
 #define HEAP_GROWTH_CUDA_BYTES (256 * TD_MiB)
 #define HEAP_GROWTH_CPU_BYTES (64 * TD_MiB)
 #define HEAP_MEASURED_ROUND (256 * TD_MiB)
