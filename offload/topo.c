@@ -6,6 +6,7 @@
 #include <hwloc.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct td_topo {
@@ -44,9 +45,13 @@ static void machine_load(void)
      * components would only name devices, and loading them starts their
      * runtimes (OpenCL's ICDs, CUDA, NVML, ROCm SMI, Level Zero, the X
      * server), whose heap and threads the process would keep. */
+#if HWLOC_API_VERSION >= 0x00020100
     static const char *const skip[] = {"opencl", "gl", "cuda", "nvml", "rsmi", "levelzero"};
     for (size_t i = 0; i < sizeof skip / sizeof *skip; i++)
         hwloc_topology_set_components(m, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, skip[i]);
+#else /* hwloc 2.0 has no per-topology list: its environment variable, unless the user set one */
+    setenv("HWLOC_COMPONENTS", "-opencl,-gl,-cuda,-nvml,-rsmi,-levelzero", 0);
+#endif
     if (hwloc_topology_load(m) != 0) {
         hwloc_topology_destroy(m);
         return;
