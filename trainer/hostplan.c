@@ -97,14 +97,34 @@ cleanup:
     return st;
 }
 
+/* Replays the trainer's pinned allocations on slabs of `slab` bytes and keeps
+ * it in *best where it pins fewer bytes than *best_pinned (the larger slab
+ * of two that pin as much: fewer registrations). */
+static void try_slab(td_memmgr *mm, const td_train_config *cfg, size_t slab, size_t *best, size_t *best_pinned)
+{
+    td_hostpool_stats hs;
+    if (replay(mm, cfg, slab, &hs) != TD_OK) {
+        td_error_clear();
+        return;
+    }
+    if (hs.pinned_bytes < *best_pinned || (hs.pinned_bytes == *best_pinned && slab > *best)) {
+        *best_pinned = hs.pinned_bytes;
+        *best = slab;
+    }
+}
+
 /* The slab size that pins the fewest bytes.  Candidates: for each distinct
- * pinned chunk size b and each slab count k from the fewest that keep slabs
- * at most 1 GiB (few registrations for a big model) to 16 more, slabs of
- * ceil(bytes / b / k) chunks of b plus room for the staging buffers,
- * rounded to the pool's grain; each is replayed exactly. */
+ * pinned chunk size b (up to 16 of them) and each slab count k from the
+ * fewest that keep slabs at most 1 GiB (few registrations for a big model)
+ * to 16 more, slabs of ceil(bytes / b / k) chunks of b plus room for the
+ * staging buffers; and slabs of whole multiples of b from 64 MiB to 2 GiB,
+ * with and without that room, into which chunks of the other sizes may pack
+ * (ZeRO-3's shards of a block beside the embedding's larger shard and the
+ * optimizer's chunks).  Each is rounded to the pool's grain and replayed
+ * exactly. */
 size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
 {
-    enum { SIZES = 4 };
+    enum { SIZES = 16 };
     size_t total = 0, sizes[SIZES] = {0};
     int n = td_memmgr_chunk_count(mm), n_sizes = 0;
     size_t slot_bytes, disk_slot[TD_TENSOR_ROLE_COUNT];
@@ -134,14 +154,15 @@ size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
     size_t kmin = (total + TD_GiB - 1) / TD_GiB;
     for (int i = 0; i < n_sizes; i++) {
         size_t count = (total + sizes[i] - 1) / sizes[i];
-        for (size_t k = kmin; k <= kmin + 16 && k <= count; k++) {
-            size_t slab = td_align_up((count + k - 1) / k * sizes[i] + extra, TD_HOSTPOOL_SLAB_GRAIN);
-            td_hostpool_stats hs;
-            if (replay(mm, cfg, slab, &hs) != TD_OK) { td_error_clear(); continue; }
-            if (hs.pinned_bytes < best_pinned || (hs.pinned_bytes == best_pinned && slab > best)) {
-                best_pinned = hs.pinned_bytes;
-                best = slab;
-            }
+        for (size_t k = kmin; k <= kmin + 16 && k <= count; k++)
+            try_slab(mm, cfg, td_align_up((count + k - 1) / k * sizes[i] + extra, TD_HOSTPOOL_SLAB_GRAIN), &best,
+                     &best_pinned);
+        /* and slabs of whole multiples of it from 64 MiB to 2 GiB (at most 64 of them), which the
+         * other sizes may pack into */
+        size_t m0 = (64 * TD_MiB + sizes[i] - 1) / sizes[i];
+        for (size_t m = m0 ? m0 : 1; m * sizes[i] <= 2 * TD_GiB && m < m0 + 64; m++) {
+            try_slab(mm, cfg, td_align_up(m * sizes[i], TD_HOSTPOOL_SLAB_GRAIN), &best, &best_pinned);
+            try_slab(mm, cfg, td_align_up(m * sizes[i] + extra, TD_HOSTPOOL_SLAB_GRAIN), &best, &best_pinned);
         }
     }
     return best;
