@@ -21,6 +21,9 @@
 # its non-zero exit fails the binary.
 # TD_TEST_JOBS=N: up to N binaries at once (default 1); the report keeps the
 # order given.  Each binary's seconds then include its share of the cores.
+# With several at once the binaries that tests/slow-first.txt names start
+# first, in its order (the longest first: no long one is left to run alone
+# at the end); the others follow in the order given.
 passed=0; failed=0; skipped=0
 run_t0=$(date +%s.%N)
 failures=(); skip_lines=(); hw_lines=()
@@ -144,8 +147,17 @@ flush() { # reports every finished binary whose predecessors are reported
         reported=$((reported + 1))
     done
 }
+# The start order: indices into bins, tests/slow-first.txt's names first.
+order=()
+if [ "$njobs" -gt 1 ] && [ -f "$(dirname "$0")/slow-first.txt" ]; then
+    while read -r slow _; do
+        [[ -z $slow || $slow == \#* ]] && continue
+        for i in "${!bins[@]}"; do [ "${bins[$i]##*/}" = "$slow" ] && order+=("$i"); done
+    done < "$(dirname "$0")/slow-first.txt"
+fi
+for i in "${!bins[@]}"; do [[ " ${order[*]} " == *" $i "* ]] || order+=("$i"); done
 running=0
-for i in "${!bins[@]}"; do
+for i in "${order[@]}"; do
     while [ "$running" -ge "$njobs" ]; do
         wait -n || true
         running=$((running - 1))
