@@ -55,10 +55,18 @@ size_t mm_tensor_byte_offset(const td_memmgr *m, const mm_tensor *t)
 
 /* Each role's tensors in registration order (a counting sort by role), so
  * that packing walks a role's tensors alone: the chunk search packs every
- * candidate size, and a model has thousands of tensors in five roles. */
+ * candidate size, and a model has thousands of tensors in five roles.
+ * Beside the ids, each one's elements, contiguous, for the search's walks;
+ * and per role the element size its tensors share (0: mixed) and an earlier
+ * role with the same sizes in the same order and a shared element size
+ * (-1: none): the mirrored roles (grads, master, m, v of the params) pack
+ * into the same chunks, so a search walks such a role once. */
 typedef struct mm_by_role {
     int *ids;
+    size_t *numel;
     int start[TD_TENSOR_ROLE_COUNT + 1];
+    size_t el[TD_TENSOR_ROLE_COUNT];
+    int same_as[TD_TENSOR_ROLE_COUNT];
 } mm_by_role;
 
 static td_status by_role_make(const td_memmgr *m, mm_by_role *br)
@@ -66,14 +74,50 @@ static td_status by_role_make(const td_memmgr *m, mm_by_role *br)
     int next[TD_TENSOR_ROLE_COUNT];
     memset(br->start, 0, sizeof br->start);
     br->ids = td_malloc((size_t)m->n_tensors * sizeof *br->ids, TD_ROLE_META);
-    if (!br->ids) return TD_ERR_NOMEM;
+    br->numel = td_malloc((size_t)m->n_tensors * sizeof *br->numel, TD_ROLE_META);
+    if (!br->ids || !br->numel) {
+        td_free(br->ids);
+        td_free(br->numel);
+        br->ids = NULL;
+        br->numel = NULL;
+        return TD_ERR_NOMEM;
+    }
     for (int i = 0; i < m->n_tensors; i++) br->start[m->tensors[i].role + 1]++;
     for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) {
         br->start[r + 1] += br->start[r];
         next[r] = br->start[r];
     }
-    for (int i = 0; i < m->n_tensors; i++) br->ids[next[m->tensors[i].role]++] = i;
+    for (int i = 0; i < m->n_tensors; i++) {
+        int j = next[m->tensors[i].role]++;
+        br->ids[j] = i;
+        br->numel[j] = m->tensors[i].numel;
+    }
+    for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) {
+        br->el[r] = 0;
+        br->same_as[r] = -1;
+        for (int j = br->start[r]; j < br->start[r + 1]; j++) {
+            size_t el = td_dtype_bytes(m->tensors[br->ids[j]].dtype);
+            if (j == br->start[r]) br->el[r] = el;
+            else if (el != br->el[r]) {
+                br->el[r] = 0;
+                break;
+            }
+        }
+        const int n = br->start[r + 1] - br->start[r];
+        for (int q = 0; q < r && br->el[r] && n; q++)
+            if (br->el[q] && br->same_as[q] < 0 && br->start[q + 1] - br->start[q] == n &&
+                !memcmp(br->numel + br->start[q], br->numel + br->start[r], (size_t)n * sizeof *br->numel)) {
+                br->same_as[r] = q;
+                break;
+            }
+    }
     return TD_OK;
+}
+
+static void by_role_free(mm_by_role *br)
+{
+    td_free(br->ids);
+    td_free(br->numel);
 }
 
 /* Packs every role with capacity `cap`, in registration order: a tensor
@@ -81,46 +125,64 @@ static td_status by_role_make(const td_memmgr *m, mm_by_role *br)
  * it fits, else opens a new chunk; a tensor larger than `cap` gets a chunk of
  * its own and leaves the open one open.  Counts chunks and padding bytes;
  * with `record`, also fills m->chunks (sized by a counting pass) and places
- * the tensors.  One walk for both, so the search prices what the layout does. */
+ * the tensors.  One walk for both, so the search prices what the layout does.
+ * Without `record`, a role with the sizes of an earlier one (same_as) has
+ * its chunks and its padding in elements: they are counted again, not
+ * walked. */
 static void pack(td_memmgr *m, const mm_by_role *br, size_t cap, int record, size_t *chunks_out, size_t *waste_out)
 {
     size_t chunks = 0, waste = 0;
+    size_t role_chunks[TD_TENSOR_ROLE_COUNT] = {0}, role_pad[TD_TENSOR_ROLE_COUNT] = {0}; /* pad: in elements */
     for (int r = 0; r < TD_TENSOR_ROLE_COUNT; r++) {
+        if (!record && br->same_as[r] >= 0) {
+            const int q = br->same_as[r];
+            chunks += role_chunks[q];
+            waste += role_pad[q] * br->el[r];
+            continue;
+        }
         if (record) m->role_first[r] = (int)chunks;
+        const size_t chunks_before = chunks, waste_before = waste;
         size_t used = 0, open_el = 0;
         long open = -1;
         for (int j = br->start[r]; j < br->start[r + 1]; j++) {
-            mm_tensor *t = &m->tensors[br->ids[j]];
-            size_t el = td_dtype_bytes(t->dtype);
+            const size_t numel = br->numel[j];
+            size_t el = br->el[r] ? br->el[r] : td_dtype_bytes(m->tensors[br->ids[j]].dtype);
             long c;
             size_t start;
-            if (t->numel > cap) {
+            if (numel > cap) {
                 c = (long)chunks++;
                 start = 0;
-                if (record)
+                if (record) {
+                    mm_tensor *t = &m->tensors[br->ids[j]];
                     m->chunks[c] = (mm_chunk){ .role = t->role, .dtype = t->dtype, .numel = t->numel };
+                }
             } else {
                 start = td_align_up(used, MM_ALIGN_NUMEL);
-                if (open < 0 || start + t->numel > cap || el != open_el) {
+                if (open < 0 || start + numel > cap || el != open_el) {
                     if (open >= 0) waste += (cap - used) * open_el;
                     open = (long)chunks++;
                     open_el = el;
                     start = 0;
-                    if (record)
+                    if (record) {
+                        mm_tensor *t = &m->tensors[br->ids[j]];
                         m->chunks[open] = (mm_chunk){ .role = t->role, .dtype = t->dtype, .numel = cap };
+                    }
                 } else {
                     waste += (start - used) * el;
                 }
-                used = start + t->numel;
+                used = start + numel;
                 c = open;
             }
             if (record) {
+                mm_tensor *t = &m->tensors[br->ids[j]];
                 t->chunk = (int)c;
                 t->offset = start;
             }
         }
         if (open >= 0) waste += (cap - used) * open_el;
         if (record) m->role_count[r] = (int)chunks - m->role_first[r];
+        role_chunks[r] = chunks - chunks_before;
+        role_pad[r] = br->el[r] ? (waste - waste_before) / br->el[r] : 0;
     }
     *chunks_out = chunks;
     *waste_out = waste;
@@ -261,7 +323,7 @@ td_status mm_layout(td_memmgr *m)
     mm_by_role br;
     td_status st = by_role_make(m, &br);
     if (st == TD_OK) st = layout_by_role(m, &br);
-    td_free(br.ids);
+    by_role_free(&br);
     return st;
 }
 

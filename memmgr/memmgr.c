@@ -1633,6 +1633,7 @@ size_t td_memmgr_padding_bytes(const td_memmgr *m) { return m->padding_bytes; }
 int td_memmgr_tensor_chunk(const td_memmgr *m, int id) { return m->tensors[id].chunk; }
 size_t td_memmgr_tensor_offset(const td_memmgr *m, int id) { return m->tensors[id].offset; }
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id) { return m->tensors[id].numel; }
+const char *td_memmgr_tensor_name(const td_memmgr *m, int id) { return m->tensors[id].name; }
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id) { return m->tensors[id].state; }
 size_t td_memmgr_chunk_bytes(const td_memmgr *m, int c) { return m->laid_out ? m->chunks[c].host_bytes : host_bytes_of(m, c); }
 size_t td_memmgr_chunk_slot_bytes(const td_memmgr *m, int c) { return m->chunks[c].bytes; }

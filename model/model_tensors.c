@@ -86,28 +86,55 @@ size_t td_model_block_largest_numel(const td_model_desc *d)
     return m;
 }
 
+/* Where the index-th tensor lies: its section, its layer (-1 outside the
+ * blocks), its kind and its place j among the section's kinds (k[] gets
+ * the section's kinds).  Only the kinds: no sizes, no names. */
+static td_model_section locate(const td_model_desc *d, int index, td_model_param k[TD_MODEL_BLOCK_TENSORS], int *layer,
+                               int *j)
+{
+    const int ne = kinds(d, TD_MODEL_SECTION_EMBED, k);
+    *layer = -1;
+    if (index < ne) {
+        *j = index;
+        return TD_MODEL_SECTION_EMBED;
+    }
+    const int nb = kinds(d, TD_MODEL_SECTION_BLOCK, k);
+    if (index < ne + nb * d->n_layer) {
+        *j = (index - ne) % nb;
+        *layer = (index - ne) / nb;
+        return TD_MODEL_SECTION_BLOCK;
+    }
+    kinds(d, TD_MODEL_SECTION_FINAL, k);
+    *j = index - ne - nb * d->n_layer;
+    return TD_MODEL_SECTION_FINAL;
+}
+
+size_t td_model_tensor_numel(const td_model_desc *d, int index)
+{
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
+    int layer, j;
+    locate(d, index, k, &layer, &j);
+    return kind_numel(d, k[j]);
+}
+
+td_model_param td_model_tensor_kind(const td_model_desc *d, int index)
+{
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
+    int layer, j;
+    locate(d, index, k, &layer, &j);
+    return k[j];
+}
+
 void td_model_tensor_get(const td_model_desc *d, int index, td_model_tensor *out)
 {
     const td_model_family *f = fam(d);
     memset(out, 0, sizeof *out);
-    td_model_param ek[TD_MODEL_BLOCK_TENSORS], bk[TD_MODEL_BLOCK_TENSORS], fk[TD_MODEL_BLOCK_TENSORS];
-    const int ne = kinds(d, TD_MODEL_SECTION_EMBED, ek), nb = kinds(d, TD_MODEL_SECTION_BLOCK, bk);
-    kinds(d, TD_MODEL_SECTION_FINAL, fk);
-    const int L = d->n_layer;
-    const size_t embed = section_numel(d, TD_MODEL_SECTION_EMBED), block = section_numel(d, TD_MODEL_SECTION_BLOCK);
-    const td_model_param *k;
+    td_model_param k[TD_MODEL_BLOCK_TENSORS];
     int j;
-    out->layer = -1;
-    if (index < ne) {
-        k = ek, j = index;
-    } else if (index < ne + nb * L) {
-        k = bk, j = (index - ne) % nb;
-        out->layer = (index - ne) / nb;
-        out->offset = embed + (size_t)out->layer * block;
-    } else {
-        k = fk, j = index - ne - nb * L;
-        out->offset = embed + (size_t)L * block;
-    }
+    const td_model_section s = locate(d, index, k, &out->layer, &j);
+    if (s != TD_MODEL_SECTION_EMBED) out->offset = section_numel(d, TD_MODEL_SECTION_EMBED);
+    if (s == TD_MODEL_SECTION_BLOCK) out->offset += (size_t)out->layer * section_numel(d, TD_MODEL_SECTION_BLOCK);
+    if (s == TD_MODEL_SECTION_FINAL) out->offset += (size_t)d->n_layer * section_numel(d, TD_MODEL_SECTION_BLOCK);
     for (int i = 0; i < j; i++) out->offset += kind_numel(d, k[i]);
     out->kind = k[j];
     out->ndim = kind_shape(d, out->kind, out->shape);
@@ -116,8 +143,6 @@ void td_model_tensor_get(const td_model_desc *d, int index, td_model_tensor *out
     out->matrix = out->ndim == 2;
     /* transposed in the files when its one whole part is (GPT-2's Conv1D) */
     td_model_hf_part parts[TD_MODEL_HF_PARTS_MAX];
-    td_model_section s = out->layer >= 0 ? TD_MODEL_SECTION_BLOCK : index < ne ? TD_MODEL_SECTION_EMBED
-                                                                              : TD_MODEL_SECTION_FINAL;
     for (int i = 0, np = f->hf_parts(d, s, parts); i < np; i++)
         if (parts[i].kind == out->kind && parts[i].transposed) out->hf_transposed = 1;
     if (TD_MODEL_IS_LORA(out->kind)) { /* "<prefix><layer>.<module>.lora_A.weight" */

@@ -252,6 +252,76 @@ static void test_layout_packs_and_mirrors(void **state)
     rig_close(&r);
 }
 
+/* One role's padding bytes at capacity c, packed as documented: in order,
+ * at aligned offsets, a new chunk when one does not fit or its element size
+ * differs; a tensor over c alone in a chunk of its own. */
+static size_t role_waste(const size_t *sizes, const size_t *els, int n, size_t c)
+{
+    size_t waste = 0, used = 0, open_el = 0;
+    int open = 0;
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] > c) continue;
+        size_t start = (used + 63) / 64 * 64;
+        if (!open || start + sizes[i] > c || els[i] != open_el) {
+            if (open) waste += (c - used) * open_el;
+            open = 1;
+            open_el = els[i];
+            start = 0;
+        } else {
+            waste += (start - used) * els[i];
+        }
+        used = start + sizes[i];
+    }
+    return open ? waste + (c - used) * open_el : waste;
+}
+
+/* The search prices every role as its own walk would: roles whose sizes
+ * mirror the params' (in another element size too) and roles that only
+ * look alike (the same sizes in another order, one size changed, mixed
+ * element sizes).  Brute force over every candidate gives the least
+ * padding, which the layout must reach exactly. */
+static void test_layout_search_prices_every_role(void **state)
+{
+    rig r;
+    td_memmgr_params mp = td_memmgr_default_params();
+    mp.min_chunk_numel = 1024;
+    mp.max_chunk_numel = 24576;
+    rig_open(&r, 0, 16 * TD_MiB, &mp);
+    enum { N = 11 };
+    static const size_t sizes[N] = {3000, 700, 700, 5000, 64, 30000, 1200, 4100, 999, 7777, 2048};
+    size_t roles[6][N], els[6][N];
+    static const td_tensor_role role_of[6] = {TD_TENSOR_PARAM, TD_TENSOR_GRAD, TD_TENSOR_MASTER,
+                                              TD_TENSOR_ADAM_M, TD_TENSOR_ADAM_V, TD_TENSOR_OTHER};
+    for (int i = 0; i < N; i++) {
+        roles[0][i] = roles[1][i] = roles[2][i] = sizes[i];   /* params, grads, master: mirrored */
+        roles[3][i] = sizes[N - 1 - i];                       /* m: the same sizes, reversed */
+        roles[4][i] = i == 6 ? 6000 : sizes[i];               /* v: one size changed */
+        roles[5][i] = sizes[(i * 7) % N];                     /* other: shuffled, mixed element sizes */
+        els[0][i] = els[1][i] = 2;
+        els[2][i] = els[3][i] = els[4][i] = 4;
+        els[5][i] = i % 3 ? 2 : 4;
+    }
+    char name[64];
+    for (int k = 0; k < 6; k++)
+        for (int i = 0; i < N; i++) {
+            int id;
+            snprintf(name, sizeof name, "r%d.%d", k, i);
+            TD_ASSERT_OK(td_memmgr_register(r.m, name, roles[k][i], els[k][i] == 2 ? TD_DTYPE_BF16 : TD_DTYPE_F32,
+                                            role_of[k], &id));
+        }
+    TD_ASSERT_OK(td_memmgr_layout(r.m));
+    size_t best = SIZE_MAX, best_cap = 0;
+    for (size_t c = 1024; c <= 24576; c += 64) {
+        size_t waste = 0;
+        for (int k = 0; k < 6; k++) waste += role_waste(roles[k], els[k], N, c);
+        if (waste < best) best = waste, best_cap = c;
+    }
+    if (td_memmgr_padding_bytes(r.m) != best)
+        fail_msg("the layout pads %zu bytes at %zu elements a chunk; brute force finds %zu at %zu",
+                 td_memmgr_padding_bytes(r.m), td_memmgr_chunk_numel(r.m), best, best_cap);
+    rig_close(&r);
+}
+
 static void test_bad_registrations(void **state)
 {
     rig r;
@@ -1155,6 +1225,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_packs_and_mirrors),
+        cmocka_unit_test(test_layout_search_prices_every_role),
         cmocka_unit_test(test_bad_registrations),
         cmocka_unit_test(test_pageable_optimizer_state),
         cmocka_unit_test(test_states_and_zero_fill),

@@ -61,9 +61,14 @@ td_status td_train_register_model(td_memmgr *mm, const td_train_config *cfg, int
             ids[r * n + i] = -1;
             if (roles[r] == TD_TENSOR_MASTER && dt == TD_DTYPE_F32) continue;
             if (frozen[i] && r > 0) continue; /* its storage alone */
+            td_tensor_role role = frozen[i] ? TD_TENSOR_OTHER : roles[r];
+            if (r > 0) { /* the name and size its param took */
+                TD_TRY(td_memmgr_register(mm, td_memmgr_tensor_name(mm, ids[i]), td_memmgr_tensor_numel(mm, ids[i]),
+                                          dts[r], role, &ids[r * n + i]));
+                continue;
+            }
             td_model_tensor tt;
             td_model_tensor_get(mc, i, &tt);
-            td_tensor_role role = frozen[i] ? TD_TENSOR_OTHER : roles[r];
             TD_TRY(td_memmgr_register(mm, tt.name, tt.numel, dts[r], role, &ids[r * n + i]));
         }
 cleanup:

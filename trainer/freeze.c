@@ -27,11 +27,7 @@ td_status td_train_frozen(const td_train_config *cfg, uint8_t *frozen)
     int n = td_model_tensor_count(d), nh = td_model_hf_count(d);
     memset(frozen, 0, (size_t)n);
     if (d->lora.rank > 0) /* LoRA: the base is frozen, the adapters train */
-        for (int i = 0; i < n; i++) {
-            td_model_tensor tt;
-            td_model_tensor_get(d, i, &tt);
-            frozen[i] = !TD_MODEL_IS_LORA(tt.kind);
-        }
+        for (int i = 0; i < n; i++) frozen[i] = !TD_MODEL_IS_LORA(td_model_tensor_kind(d, i));
     if (cfg->n_freeze <= 0) return TD_OK;
     if (!cfg->freeze) return td_error_set(TD_ERR_INVALID, "%d --freeze patterns but no list", cfg->n_freeze);
     td_status st = TD_OK;

@@ -7,7 +7,6 @@
 #include <string.h>
 
 /* Chunk bytes of the union of the chunks holding ids. */
-static size_t tensor_numel(const td_model_desc *mc, int i);
 
 static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
 {
@@ -112,7 +111,7 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
     out->params = td_model_params_numel(mc);
     out->frozen_params = 0;
     for (int i = 0; i < n; i++)
-        if (gid[i] < 0) out->frozen_params += tensor_numel(mc, i);
+        if (gid[i] < 0) out->frozen_params += td_model_tensor_numel(mc, i);
     out->chunks = td_memmgr_chunk_count(mm);
     out->chunk_numel = td_memmgr_chunk_numel(mm);
     out->padding_bytes = td_memmgr_padding_bytes(mm);
@@ -255,12 +254,6 @@ cleanup:
     return st;
 }
 
-static size_t tensor_numel(const td_model_desc *mc, int i)
-{
-    td_model_tensor t;
-    td_model_tensor_get(mc, i, &t);
-    return t.numel;
-}
 
 /* Which tensors train (0: frozen, --freeze or a LoRA base) into trains[];
  * patterns that cannot be resolved at this count (one names a layer past
@@ -308,7 +301,7 @@ size_t td_train_device_floor_bytes(const td_train_config *cfg)
     floor_trains(cfg, trains, n);
     size_t all = 0, big = 0, embed_p = 0, embed_g = 0, head = 0, access = 0;
     for (int i = 0; i < n; i++) {
-        size_t t = tensor_numel(mc, i);
+        size_t t = td_model_tensor_numel(mc, i);
         all += t + (trains[i] ? t : 0);
         if (t > big) big = t;
         if (i < ne) {
@@ -318,7 +311,7 @@ size_t td_train_device_floor_bytes(const td_train_config *cfg)
     }
     int hi[3], nh = td_model_head_tensors(mc, hi);
     for (int k = 0; k < nh; k++) {
-        size_t t = tensor_numel(mc, hi[k]);
+        size_t t = td_model_tensor_numel(mc, hi[k]);
         head += t + (trains[hi[k]] ? t : 0);
     }
     access = embed_p > embed_g ? embed_p : embed_g;
@@ -327,7 +320,7 @@ size_t td_train_device_floor_bytes(const td_train_config *cfg)
         size_t b = 0;
         for (int k = 0; k < nb; k++) {
             int i = ne + l * nb + k;
-            size_t t = tensor_numel(mc, i);
+            size_t t = td_model_tensor_numel(mc, i);
             b += t + (trains[i] ? t : 0);
         }
         if (b > access) access = b;

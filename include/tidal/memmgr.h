@@ -288,6 +288,7 @@ size_t td_memmgr_padding_bytes(const td_memmgr *m);       /* bytes wasted by the
 int td_memmgr_tensor_chunk(const td_memmgr *m, int id);
 size_t td_memmgr_tensor_offset(const td_memmgr *m, int id); /* elements into its chunk */
 size_t td_memmgr_tensor_numel(const td_memmgr *m, int id);
+const char *td_memmgr_tensor_name(const td_memmgr *m, int id); /* as registered */
 td_tensor_state td_memmgr_tensor_state(const td_memmgr *m, int id);
 /* A chunk's bytes up to the end of its last tensor: its host copy, what
  * every copy moves, and what a per-chunk optimizer updates (chunk i of

@@ -223,6 +223,10 @@ typedef struct td_model_tensor {
 int td_model_tensor_count(const td_model_desc *d);
 /* The index-th tensor of the layout (0 <= index < count). */
 void td_model_tensor_get(const td_model_desc *d, int index, td_model_tensor *out);
+/* Its elements and its kind alone, as td_model_tensor_get gives them, without
+ * the name and offset (the planner asks these of every tensor, many times). */
+size_t td_model_tensor_numel(const td_model_desc *d, int index);
+td_model_param td_model_tensor_kind(const td_model_desc *d, int index);
 size_t td_model_params_numel(const td_model_desc *d);
 /* A block's tensors (e.g. GPT-2 12, LLaMA 6) and the tensors before block 0 (e.g. 2 or 1). */
 int td_model_block_tensor_count(const td_model_desc *d);
