@@ -8,6 +8,7 @@
 #include "tidal/topo.h"
 
 #include <dlfcn.h>
+#include <glob.h>
 #include <hwloc.h>
 #include <limits.h>
 #include <stdint.h>
@@ -210,11 +211,16 @@ static void vendor_libs_of_machine(vendor_libs *v)
                                         "libigdrcl.so", "libintelocl.so", "libpocl.so"};
     v->n = 0;
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) vendor_add(v, known[i]);
-    char cmd[] = "cat /etc/OpenCL/vendors/*.icd 2>/dev/null", line[512];
-    FILE *f = popen(cmd, "r");
-    if (!f) return;
-    while (fgets(line, sizeof line, f)) vendor_add(v, line);
-    pclose(f);
+    glob_t g;
+    if (glob("/etc/OpenCL/vendors/*.icd", 0, NULL, &g) != 0) return;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        char line[512];
+        FILE *f = fopen(g.gl_pathv[i], "r");
+        if (!f) continue;
+        while (fgets(line, sizeof line, f)) vendor_add(v, line);
+        fclose(f);
+    }
+    globfree(&g);
 }
 
 /* Which of those this process maps (bit i: v->name[i]), from /proc/self/maps. */

@@ -54,7 +54,10 @@
  * 64).  The topology is read with the PCI component alone (offload/topo.c),
  * and `tidal plan --backend cuda` measures the libraries' heap at 31.1 MiB
  * on a 32-CPU 2 x H200 host (628.5 MiB with those components), so the
- * constants now hold a margin over what the libraries take. */
+ * constants now hold a margin over what the libraries take: the whole
+ * process's heap, tidal's own included, stayed at or under 160417648 bytes
+ * (153 MiB) after the warm-up of 2000 steps at W6's shape on a 16-CPU H200
+ * host (bench/results/soak-W6.json). */
 #define HEAP_GROWTH_CUDA_BYTES (256 * TD_MiB)
 #define HEAP_GROWTH_CPU_BYTES (64 * TD_MiB)
 #define HEAP_MEASURED_ROUND (256 * TD_MiB)
@@ -162,7 +165,7 @@ size_t td_train_host_slab_bytes(td_memmgr *mm, const td_train_config *cfg)
         size_t m0 = (64 * TD_MiB + sizes[i] - 1) / sizes[i];
         for (size_t m = m0 ? m0 : 1; m * sizes[i] <= 2 * TD_GiB && m < m0 + 64; m++) {
             try_slab(mm, cfg, td_align_up(m * sizes[i], TD_HOSTPOOL_SLAB_GRAIN), &best, &best_pinned);
-            try_slab(mm, cfg, td_align_up(m * sizes[i] + extra, TD_HOSTPOOL_SLAB_GRAIN), &best, &best_pinned);
+            if (extra) try_slab(mm, cfg, td_align_up(m * sizes[i] + extra, TD_HOSTPOOL_SLAB_GRAIN), &best, &best_pinned);
         }
     }
     return best;

@@ -7,7 +7,6 @@
 #include <string.h>
 
 /* Chunk bytes of the union of the chunks holding ids. */
-
 static size_t chunks_bytes(td_memmgr *mm, const int *ids, int n)
 {
     int seen[64], k = 0;
@@ -253,7 +252,6 @@ cleanup:
     td_train_ordered_free(&o);
     return st;
 }
-
 
 /* Which tensors train (0: frozen, --freeze or a LoRA base) into trains[];
  * patterns that cannot be resolved at this count (one names a layer past
