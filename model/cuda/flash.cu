@@ -40,7 +40,15 @@
  * Grids run the longest tiles (most keys or queries) first (for GQA's dK/dV
  * all heads' longest tiles first, see flash_dkv_kernel).  With NKV = NH
  * every index and every operation is what it was before GQA (group 1): the
- * GPT-2 path gives the same bits at the same speed. */
+ * GPT-2 path gives the same bits at the same speed.
+ * Why 64 queries a block: blocks of 128 (each warp two 16-row tiles, every
+ * K/V fragment from shared memory serving both) give the same bits but need
+ * about 250 registers a thread, two blocks an SM where 64-query blocks fit
+ * three or four.  Measured on one H200 beside these (bench/kernels.py
+ * --parts attention, bf16, 16k tokens): at hs 64 the forward ran 5-13% and
+ * dQ 3-5% slower; at hs 128 the forward 4% faster at T 4096 and 8192, 4%
+ * slower at T 1024, and dQ would spill.  The backward's two passes (7
+ * products where one pass needs 5) are the larger cost. */
 #include "kernels.cuh"
 
 #include <math.h>
