@@ -45,10 +45,11 @@
  * K/V fragment from shared memory serving both) give the same bits but need
  * about 250 registers a thread, two blocks an SM where 64-query blocks fit
  * three or four.  Measured on one H200 beside these (bench/kernels.py
- * --parts attention, bf16, 16k tokens): at hs 64 the forward ran 5-13% and
- * dQ 3-5% slower; at hs 128 the forward 4% faster at T 4096 and 8192, 4%
- * slower at T 1024, and dQ would spill.  The backward's two passes (7
- * products where one pass needs 5) are the larger cost. */
+ * --parts attention, bf16, 16k tokens): at hs 64 the forward ran 3-13%
+ * slower and the backward 4-5% (dQ's share); at hs 128 the forward ran 3-5%
+ * faster at T 4096 and 8192 and 4-5% slower at T 1024, and dQ would spill.
+ * The backward's two passes (7 products where one pass needs 5) are the
+ * larger cost. */
 #include "kernels.cuh"
 
 #include <math.h>
