@@ -43,13 +43,10 @@
  * GPT-2 path gives the same bits at the same speed.
  * Why 64 queries a block: blocks of 128 (each warp two 16-row tiles, every
  * K/V fragment from shared memory serving both) give the same bits but need
- * about 250 registers a thread: two blocks an SM, where at hs 64 the
- * 64-query forward fits four and dQ three.  Measured on one H200 beside these (bench/kernels.py
- * --parts attention, bf16, 16k tokens): at hs 64 the forward ran 3-13%
- * slower and the backward 4-5% (dQ's share); at hs 128 the forward ran 3-5%
- * faster at T 4096 and 8192 and 4-5% slower at T 1024, and dQ would spill.
- * The backward's two passes (7 products where one pass needs 5) are the
- * larger cost. */
+ * about 250 registers a thread (ptxas -v), so two blocks an SM, where at hs
+ * 64 the 64-query forward fits four and dQ three; at hs 128 dQ spills.  The
+ * backward's two passes (7 products where one pass needs 5) are the larger
+ * cost. */
 #include "kernels.cuh"
 
 #include <math.h>
