@@ -44,9 +44,15 @@
  * Why 64 queries a block: blocks of 128 (each warp two 16-row tiles, every
  * K/V fragment from shared memory serving both) give the same bits but need
  * about 250 registers a thread (ptxas -v), so two blocks an SM, where at hs
- * 64 the 64-query forward fits four and dQ three; at hs 128 dQ spills.  The
- * backward's two passes (7 products where one pass needs 5) are the larger
- * cost. */
+ * 64 the 64-query forward fits four and dQ three; at hs 128 dQ spills.
+ * Why two passes for the backward (7 products a (query tile, key tile) pair
+ * where one pass needs 5): a one pass in which each key block adds its
+ * share of dQ into an fp32 sum, the shares taken in a fixed order through a
+ * turn per (head, query tile) passed from block to block (so the bits still
+ * repeat), gave the same dK and dV bits and dQ within rounding, but was
+ * measured slower than the two passes at every shape of bench/kernels.py,
+ * most with grouped-query heads: the ordered sums cost more than the two
+ * products they save. */
 #include "kernels.cuh"
 
 #include <math.h>
