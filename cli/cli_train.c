@@ -24,7 +24,8 @@ static const char usage[] =
     "`tidal prepare`) with its parameters, gradients and optimizer state in chunks that move\n"
     "between pinned host memory and the device under --gpu-budget.  The first step is a warm-up\n"
     "that records the access order; from the second on, chunks are evicted by Belady's rule and\n"
-    "loaded ahead of use.  Prints a progress line per step.\n"
+    "loaded ahead of use.  Prints a progress line per step, and within a step of several\n"
+    "micro-batches (--grad-accum) a line every 10 s on a terminal, every minute into a log.\n"
     "Exit status: 0 done, 2 a usage error (nothing was run), 1 a failure, 130 or 143 stopped by\n"
     "SIGINT or SIGTERM (saved with --save; --resume continues).";
 
@@ -39,6 +40,8 @@ typedef struct train_run {
     FILE *log;
     td_train_config cfg;
     td_train_plan hplan;           /* the host's plan, for the end's footprint line */
+    long step;                     /* the step running, for the lines within it */
+    double step_t0, noted, note_ms; /* its start, the last line within it, the time between lines */
 } train_run;
 
 /* A LoRA run's base: --init's folder as an absolute path, or the base a
@@ -120,6 +123,32 @@ static void progress(FILE *f, int tty, long step, long steps, const td_step_resu
             r->mm.stall_ms, r->skipped ? "  (overflow: step skipped)" : "");
     fprintf(f, tty ? "" : "\n");
     fflush(f);
+}
+
+/* "2m05s" (under a minute: "41s"). */
+static const char *format_span(double ms, char *buf, size_t n)
+{
+    long s = (long)(ms / 1e3);
+    if (s < 60) snprintf(buf, n, "%lds", s);
+    else if (s < 3600) snprintf(buf, n, "%ldm%02lds", s / 60, s % 60);
+    else snprintf(buf, n, "%ldh%02ldm", s / 3600, s % 3600 / 60);
+    return buf;
+}
+
+/* Within a step of several micro-batches (--grad-accum): a line once the
+ * step has run note_ms since its start or its last line, so that a step of
+ * minutes shows it moves (on a terminal rewritten in place, as the step
+ * lines are). */
+static void microbatch_progress(void *ctx, int k, int accum)
+{
+    train_run *r = ctx;
+    double now = td_now_ms();
+    if (!r->lead || k >= accum || now - r->noted < r->note_ms) return;
+    r->noted = now;
+    char el[32];
+    fprintf(stderr, "%sstep %ld/%ld  micro-batch %d/%d  %s into the step%s", r->tty ? "\r\033[K" : "", r->step,
+            r->o.steps, k, accum, format_span(now - r->step_t0, el, sizeof el), r->tty ? "" : "\n");
+    fflush(stderr);
 }
 
 /* A file each rank writes for itself: with several ranks, "rankR" goes
@@ -361,6 +390,11 @@ static td_status train_create(train_run *r, double timeout_s)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     if ((st = td_trainer_create(cfg, &r->t))) return st;
+    /* Lines within a step: every 10 s on a terminal, every minute into a
+     * log; TD_TRAIN_PROGRESS_S sets the seconds (0: after every micro-batch). */
+    const char *every = getenv("TD_TRAIN_PROGRESS_S");
+    r->note_ms = (every && *every ? atof(every) : r->tty ? 10.0 : 60.0) * 1e3;
+    td_trainer_set_microbatch_fn(r->t, microbatch_progress, r);
     if (o->resume && cfg->model.lora.rank > 0) { /* the base's weights, then the adapters and their state */
         td_loader_position pos = {0};
         char v[3][32];
@@ -581,6 +615,8 @@ static int train_loop(train_run *r, td_status *st)
     for (long s = first; s <= last; s++) {
         td_step_result res;
         if (fault_step(s)) td_fault_arm(TD_FAULT_NONFINITE_GRAD, 1);
+        r->step = s;
+        r->step_t0 = r->noted = td_now_ms();
         *st = td_trainer_step(r->t, loader_batch, r->loader, &res);
         td_fault_arm(TD_FAULT_NONFINITE_GRAD, 0);
         if (*st || (*st = count_bad(r, s, &res, &bad))) return 0;

@@ -710,6 +710,30 @@ static void test_bad_steps(void **state)
     assert_non_null(strstr(out, "at step 2"));
 }
 
+/* Within a step of several micro-batches, a line after each one but the
+ * last when TD_TRAIN_PROGRESS_S is 0; none in a short run by default (a line
+ * comes only once a step has run a minute into a log), and none with one
+ * micro-batch a step. */
+static void test_progress_within_a_step(void **state)
+{
+    char out[16384];
+    int rc = sh(out, sizeof out, "TD_TRAIN_PROGRESS_S=0 %s train --data %s/ok.tok " MODEL " --steps 2 --grad-accum 3",
+                tidal, tmp);
+    assert_int_equal(rc, 0);
+    for (int s = 1; s <= 2; s++)
+        for (int k = 1; k <= 3; k++) {
+            char want[64];
+            snprintf(want, sizeof want, "step %d/2  micro-batch %d/3  ", s, k);
+            if ((strstr(out, want) != NULL) != (k < 3)) fail_msg("'%s' %s in:\n%s", want, k < 3 ? "missing" : "printed", out);
+        }
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " --steps 2 --grad-accum 3", tidal, tmp);
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "micro-batch"));
+    rc = sh(out, sizeof out, "TD_TRAIN_PROGRESS_S=0 %s train --data %s/ok.tok " MODEL " --steps 2", tidal, tmp);
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "micro-batch"));
+}
+
 /* SIGTERM and SIGINT stop at a step boundary, save with --save, and exit
  * 143 / 130; the saved run resumes.  The log's tail: on a loaded machine
  * many steps pass before the signal lands, more than `out` holds. */
@@ -818,6 +842,7 @@ int main(void)
         cmocka_unit_test(test_config_numbers_for_string_flags),
         cmocka_unit_test(test_eval_defaults_to_auto),
         cmocka_unit_test(test_bad_steps),
+        cmocka_unit_test(test_progress_within_a_step),
         cmocka_unit_test(test_stop_signals),
         cmocka_unit_test(test_tune_bad_input),
         cmocka_unit_test(test_tune_config_trains_within_budget),

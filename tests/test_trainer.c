@@ -1127,6 +1127,44 @@ static void test_step_reports_cpu_adam_time(void **state)
     }
 }
 
+/* The micro-batch hook: called after each micro-batch of a step of several,
+ * k = 1 .. accum in order, each step; never with one micro-batch a step. */
+typedef struct mb_calls { int k[64], accum[64], n; } mb_calls;
+
+static void note_microbatch(void *ctx, int k, int accum)
+{
+    mb_calls *c = ctx;
+    if (c->n < 64) c->k[c->n] = k, c->accum[c->n] = accum;
+    c->n++;
+}
+
+static void test_microbatch_hook(void **state)
+{
+    for (int accum = 1; accum <= 3; accum++) {
+        td_train_config c = small_config();
+        c.grad_accum = accum;
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        mb_calls calls = {0};
+        td_trainer_set_microbatch_fn(t, note_microbatch, &calls);
+        td_test_batches b = td_test_batches_of(&c, 5);
+        for (int s = 0; s < 2; s++) {
+            td_step_result r;
+            TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        }
+        assert_int_equal(calls.n, accum > 1 ? 2 * accum : 0);
+        for (int i = 0; i < calls.n; i++) {
+            assert_int_equal(calls.k[i], i % accum + 1);
+            assert_int_equal(calls.accum[i], accum);
+        }
+        td_trainer_set_microbatch_fn(t, NULL, NULL); /* off again: a step calls nothing */
+        td_step_result r;
+        TD_ASSERT_OK(td_trainer_step(t, td_test_next_batch, &b, &r));
+        assert_int_equal(calls.n, accum > 1 ? 2 * accum : 0);
+        td_trainer_destroy(t);
+    }
+}
+
 /* A step that fails after handing its chunks to the AdamW thread (non-finite
  * grads without clipping: the updates had begun) leaves nothing running
  * behind: td_trainer_finish_update takes every update back, after which
@@ -1357,6 +1395,7 @@ int main(void)
         cmocka_unit_test(test_adam_thread_is_bit_identical),
         cmocka_unit_test(test_failed_step_drains_the_adam_thread),
         cmocka_unit_test(test_step_reports_cpu_adam_time),
+        cmocka_unit_test(test_microbatch_hook),
         cmocka_unit_test(test_resume_with_the_adam_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1769,6 +1769,12 @@ static void keep_batch(td_trainer *t, int k, int back)
     t->packed = packed;
 }
 
+void td_trainer_set_microbatch_fn(td_trainer *t, td_microbatch_fn fn, void *ctx)
+{
+    t->microbatch_fn = fn;
+    t->microbatch_ctx = ctx;
+}
+
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out)
 {
     td_status st = TD_OK;
@@ -1799,6 +1805,7 @@ td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_s
         st = micro_batch(t, dloss, k == accum - 1, 1, &loss_sum);
         t->run.lora_drop = NULL;
         TD_TRY(st);
+        if (t->microbatch_fn && accum > 1) t->microbatch_fn(t->microbatch_ctx, k + 1, accum);
     }
     td_optim_step os;
     TD_TRY(optimizer_step(t, &os));

@@ -22,6 +22,8 @@ struct td_trainer {
                                           adam itself without an AdamW thread, else a second team, so the
                                           two threads never share one */
     td_optim optim;
+    td_microbatch_fn microbatch_fn;    /* td_trainer_set_microbatch_fn */
+    void *microbatch_ctx;
     /* The two-pass CPU AdamW leaves param chunks [pending_next, pending_end)
      * to the next forward, each updated just before its first access
      * (catch_up); pending_end 0: nothing pending. */

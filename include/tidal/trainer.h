@@ -251,6 +251,13 @@ void td_trainer_destroy(td_trainer *t);
  * step's sample (k ranks + r) B + b: the order td_loader deals a global
  * batch in, so N ranks draw the masks of one rank with N times the batch. */
 td_status td_trainer_step(td_trainer *t, td_batch_fn next_batch, void *ctx, td_step_result *out);
+/* Called in td_trainer_step after each micro-batch's forward and backward
+ * have been issued, when a step has several (cfg.grad_accum > 1): k of
+ * accum, k from 1 to accum, on the thread that runs the step.  For progress
+ * within long steps (the GPU may still be running the micro-batch); fn
+ * NULL: none. */
+typedef void (*td_microbatch_fn)(void *ctx, int k, int accum);
+void td_trainer_set_microbatch_fn(td_trainer *t, td_microbatch_fn fn, void *ctx);
 /* With clipping or a loss scale, or with the AdamW thread, a step's CPU
  * AdamW finishes chunk by chunk in the next step's forward, each chunk just
  * before its first use, so that the CPU updates while the GPU computes (the
