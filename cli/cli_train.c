@@ -393,7 +393,13 @@ static td_status train_create(train_run *r, double timeout_s)
     /* Lines within a step: every 10 s on a terminal, every minute into a
      * log; TD_TRAIN_PROGRESS_S sets the seconds (0: after every micro-batch). */
     const char *every = getenv("TD_TRAIN_PROGRESS_S");
-    r->note_ms = (every && *every ? atof(every) : r->tty ? 10.0 : 60.0) * 1e3;
+    char *end = NULL;
+    double secs = every && *every ? strtod(every, &end) : -1.0;
+    if (every && *every && (*end || !(secs >= 0.0))) {
+        if (r->lead) fprintf(stderr, "tidal train: TD_TRAIN_PROGRESS_S=%s: not seconds (0 or more); the default\n", every);
+        secs = -1.0;
+    }
+    r->note_ms = (secs >= 0.0 ? secs : r->tty ? 10.0 : 60.0) * 1e3;
     td_trainer_set_microbatch_fn(r->t, microbatch_progress, r);
     if (o->resume && cfg->model.lora.rank > 0) { /* the base's weights, then the adapters and their state */
         td_loader_position pos = {0};

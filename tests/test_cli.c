@@ -732,6 +732,12 @@ static void test_progress_within_a_step(void **state)
     rc = sh(out, sizeof out, "TD_TRAIN_PROGRESS_S=0 %s train --data %s/ok.tok " MODEL " --steps 2", tidal, tmp);
     assert_int_equal(rc, 0);
     assert_null(strstr(out, "micro-batch"));
+    /* not seconds: said, and the default kept (no line in a short run) */
+    rc = sh(out, sizeof out, "TD_TRAIN_PROGRESS_S=soon %s train --data %s/ok.tok " MODEL " --steps 2 --grad-accum 3",
+            tidal, tmp);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "TD_TRAIN_PROGRESS_S=soon: not seconds"));
+    assert_null(strstr(out, "micro-batch"));
 }
 
 /* SIGTERM and SIGINT stop at a step boundary, save with --save, and exit
