@@ -599,13 +599,15 @@ static void test_launch_env_and_failure(void **state)
 /* Two "hosts" on this one, as torchrun --nnodes 2 --node-rank 0/1 starts
  * them: each launcher's ranks get the job's ranks, sizes and GROUP_RANK,
  * the rendezvous given (a launcher of several nodes needs MASTER_PORT), and
- * a failure names the job's rank. */
+ * a failure names the job's rank.  Rank 3 fails only once rank 2 has written
+ * its line: a failure stops the node's other ranks (SIGTERM). */
 static void test_launch_nodes(void **state)
 {
     char script[512];
     snprintf(script, sizeof script,
              "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT\" > "
-             "%s/nodes.$RANK; [ \"$RANK\" = 3 ] && exit 4; exit 0", dir);
+             "%s/nodes.$RANK; [ \"$RANK\" = 3 ] && { while [ ! -s %s/nodes.2 ]; do sleep 0.01; done; exit 4; }; "
+             "exit 0", dir, dir);
     char *argv[] = {"sh", "-c", script, NULL};
     td_launch_params p = td_launch_default_params();
     p.nproc = 2;
