@@ -391,7 +391,8 @@ static td_status train_create(train_run *r, double timeout_s)
     sigaction(SIGTERM, &sa, NULL);
     if ((st = td_trainer_create(cfg, &r->t))) return st;
     /* Lines within a step: every 10 s on a terminal, every minute into a
-     * log; TD_TRAIN_PROGRESS_S sets the seconds (0: after every micro-batch). */
+     * log; TD_TRAIN_PROGRESS_S sets the seconds (0: after every micro-batch,
+     * and the last step's updates' line however short they were). */
     const char *every = getenv("TD_TRAIN_PROGRESS_S");
     char *end = NULL;
     double secs = every && *every ? strtod(every, &end) : -1.0;
@@ -547,7 +548,7 @@ static td_status print_start(train_run *r)
 }
 
 /* One JSON line of --log for a step. */
-static td_status log_step(train_run *r, long s, const td_step_result *res)
+static td_status log_step(train_run *r, long s, const td_step_result *res, double tail_ms)
 {
     td_host_usage hu;
     td_status st = td_trainer_host_usage(r->t, &hu);
@@ -574,6 +575,7 @@ static td_status log_step(train_run *r, long s, const td_step_result *res)
     cJSON_AddNumberToObject(j, "comm_device_bytes", (double)td_train_comm_device_bytes(td_trainer_config(r->t)));
     cJSON_AddNumberToObject(j, "host_node_peak_bytes", (double)res->host_node_peak_bytes);
     cJSON_AddNumberToObject(j, "host_node_rss_peak_bytes", (double)res->host_node_rss_peak_bytes);
+    if (tail_ms >= 0) cJSON_AddNumberToObject(j, "updates_tail_ms", tail_ms); /* the run's last step: finish_last */
     cJSON_AddItemToObject(j, "memmgr", cJSON_Parse(mm));
     cJSON_AddItemToObject(j, "host", cJSON_Parse(host));
     char *text = cJSON_PrintUnformatted(j);
@@ -604,6 +606,33 @@ static td_status count_bad(const train_run *r, long s, const td_step_result *res
                         r->o.save ? ", the last good checkpoint stays in " : "", r->o.save ? r->o.save : "");
 }
 
+/* The run's last step: its CPU AdamW updates, which the next step's
+ * forward would hide (each chunk's just before its first use), waited for
+ * here, so that what a run of few steps reports holds them: the record gets
+ * how long they ran past the step (updates_tail_ms; step_ms is the step's
+ * own), and its host peak counts them.  A step time plus its tail bounds a
+ * step of a longer run from above. */
+static td_status finish_last(train_run *r, long s, td_step_result *res, double *tail_ms)
+{
+    int pending = td_trainer_updates_pending(r->t);
+    double t0 = td_now_ms();
+    td_status st = td_trainer_finish_update(r->t);
+    *tail_ms = td_now_ms() - t0;
+    td_host_usage hu;
+    if (st || (st = td_trainer_host_usage(r->t, &hu))) return st;
+    if (hu.peak_bytes > res->host_node_peak_bytes) res->host_node_peak_bytes = hu.peak_bytes;
+    if (hu.rss_peak_bytes > res->host_node_rss_peak_bytes) res->host_node_rss_peak_bytes = hu.rss_peak_bytes;
+    if (r->lead && pending && (*tail_ms >= 1e3 || r->note_ms == 0)) { /* a line where it matters (every line: 0) */
+        char el[32];
+        if (*tail_ms < 1e3) snprintf(el, sizeof el, "%.0f ms", *tail_ms);
+        else if (*tail_ms < 60e3) snprintf(el, sizeof el, "%.1f s", *tail_ms / 1e3);
+        fprintf(stderr, "%sstep %ld: its updates (%d param chunks) finished %s after it; a next step's forward would "
+                "hide them\n", r->tty ? "\n" : "", s, pending,
+                *tail_ms < 60e3 ? el : format_span(*tail_ms, el, sizeof el));
+    }
+    return TD_OK;
+}
+
 /* The steps, with progress, the log, checkpoints and signals.  Returns 0,
  * or 128 + the signal that stopped the run (*st: a failure). */
 static int train_loop(train_run *r, td_status *st)
@@ -628,7 +657,9 @@ static int train_loop(train_run *r, td_status *st)
         if (*st || (*st = count_bad(r, s, &res, &bad))) return 0;
         if (r->lead && (r->tty || s == first || s == last || s % (o->log_every > 0 ? o->log_every : 10) == 0))
             progress(stderr, r->tty, s, o->steps, &res, r->t);
-        if ((*st = log_step(r, s, &res)) || (*st = any_rank_stopping(r->t, stop_signal, &stopping))) return 0;
+        double tail_ms = -1;
+        if (s == last && (*st = finish_last(r, s, &res, &tail_ms))) return 0;
+        if ((*st = log_step(r, s, &res, tail_ms)) || (*st = any_rank_stopping(r->t, stop_signal, &stopping))) return 0;
         if (stopping && !stop_signal) stop_signal = stopping; /* another rank's: stop alike */
         if (o->save && !bad && ((o->save_every > 0 && s % o->save_every == 0) || s == last || stopping)) {
             if ((*st = save_checkpoint(r->t, r->loader, o->save, o->data))) return 0;

@@ -740,6 +740,31 @@ static void test_progress_within_a_step(void **state)
     assert_null(strstr(out, "micro-batch"));
 }
 
+/* The last step's CPU AdamW updates are waited for at its end: the log's
+ * last record says how long (updates_tail_ms), the others do not, and a
+ * line names them (every time with TD_TRAIN_PROGRESS_S=0, else only when
+ * they took a second or more: not in a run this small). */
+static void test_last_step_updates(void **state)
+{
+    char out[16384];
+    const char *opts = "--offload-optim-frac 1 --steps 3";
+    int rc = sh(out, sizeof out, "TD_TRAIN_PROGRESS_S=0 %s train --data %s/ok.tok " MODEL " %s --log %s/tail.jsonl",
+                tidal, tmp, opts, tmp);
+    if (rc) fail_msg("%s", out);
+    int chunks = 0;
+    const char *said = strstr(out, "step 3: its updates (");
+    if (!said || sscanf(said, "step 3: its updates (%d param chunks) finished", &chunks) != 1 || chunks < 1)
+        fail_msg("no line of the last step's updates in:\n%s", out);
+    assert_null(strstr(out, "step 2: its updates"));
+    rc = sh(out, sizeof out, "grep -c updates_tail_ms %s/tail.jsonl; grep -c '\"step\":3,.*\"updates_tail_ms\":[0-9]' "
+            "%s/tail.jsonl; wc -l < %s/tail.jsonl", tmp, tmp, tmp);
+    assert_int_equal(rc, 0);
+    assert_string_equal(out, "1\n1\n3\n");
+    rc = sh(out, sizeof out, "%s train --data %s/ok.tok " MODEL " %s", tidal, tmp, opts);
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "its updates"));
+}
+
 /* SIGTERM and SIGINT stop at a step boundary, save with --save, and exit
  * 143 / 130; the saved run resumes.  The log's tail: on a loaded machine
  * many steps pass before the signal lands, more than `out` holds. */
@@ -849,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_eval_defaults_to_auto),
         cmocka_unit_test(test_bad_steps),
         cmocka_unit_test(test_progress_within_a_step),
+        cmocka_unit_test(test_last_step_updates),
         cmocka_unit_test(test_stop_signals),
         cmocka_unit_test(test_tune_bad_input),
         cmocka_unit_test(test_tune_config_trains_within_budget),
