@@ -37,6 +37,10 @@
  * the query tile of the last query that can still see one of its keys; in
  * the tiles visited, keys before a row's start are masked like the future
  * (a row that sees no key of a tile leaves its running max and sum alone).
+ * Only the tiles that can hold a masked score (the diagonal, every tile with
+ * packed documents, in the backward a query tile that runs past T) test each
+ * element; the others, most of a long sequence, take a loop without the
+ * tests that does the same operations on the same values (the same bits).
  * Grids run the longest tiles (most keys or queries) first (for GQA's dK/dV
  * all heads' longest tiles first, see flash_dkv_kernel).  With NKV = NH
  * every index and every operation is what it was before GQA (group 1): the
@@ -44,7 +48,8 @@
  * Why 64 queries a block: blocks of 128 (each warp two 16-row tiles, every
  * K/V fragment from shared memory serving both) give the same bits but need
  * about 250 registers a thread (ptxas -v), so two blocks an SM, where at hs
- * 64 the 64-query forward fits four and dQ three; at hs 128 dQ spills.
+ * 64 the 64-query forward fits three (its shared memory four) and dQ three;
+ * at hs 128 dQ spills.
  * Why two passes for the backward (7 products a (query tile, key tile) pair
  * where one pass needs 5): a one pass in which each key block adds its
  * share of dQ into an fp32 sum, the shares taken in a fixed order through a
@@ -66,6 +71,9 @@ namespace {
 
 constexpr int BM = 64;  /* rows of a block's own tile */
 constexpr int BN = 64;  /* rows of a streamed tile (columns of a score tile) */
+/* Equal, so that every key of tile kt comes before every query of a tile qt > kt:
+ * the tiles below the diagonal need no causal mask. */
+static_assert(BM == BN, "query and key tiles of one size");
 constexpr int WARPS = 4;
 constexpr int THREADS = 32 * WARPS;
 constexpr int PAD = 8;  /* elements of padding per shared row: conflict-free ldmatrix */
@@ -344,16 +352,29 @@ __global__ void __launch_bounds__(THREADS)
         float s[BN / 8][4];
         mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);
         /* scale, causal mask on the diagonal tile, online max and sum */
+        if (kt == qt || pos) {
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int key = kt * BN + n * 8 + c2 + (j & 1);
+                    s[n][j] *= scale_log2;
+                    if (kt == qt && key > (j < 2 ? row0 : row1)) s[n][j] = -INFINITY;
+                    if (pos && key < (j < 2 ? start0 : start1)) s[n][j] = -INFINITY; /* another document */
+                }
+        } else {
+            /* below the diagonal, one document: nothing to mask.  __fmul_rn
+             * is the same product, but one that ptxas cannot fuse with the
+             * subtraction in exp2f below (in the masked loop a select stands
+             * between them): the same bits */
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) s[n][j] = __fmul_rn(s[n][j], scale_log2);
+        }
         float mx0 = m0, mx1 = m1;
 #pragma unroll
         for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int key = kt * BN + n * 8 + c2 + (j & 1);
-                s[n][j] *= scale_log2;
-                if (kt == qt && key > (j < 2 ? row0 : row1)) s[n][j] = -INFINITY;
-                if (pos && key < (j < 2 ? start0 : start1)) s[n][j] = -INFINITY; /* another document */
-            }
             mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
             mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
         }
@@ -455,22 +476,39 @@ __global__ void __launch_bounds__(THREADS)
     commit();
     float dq[HS / 8][4];
     zero(dq);
+    /* no document mask and all 64 rows below T: the tiles below the diagonal mask nothing */
+    const bool plain = !pos && q0 + BM <= T_;
 
     for (int kt = kt0; kt <= qt; kt++) {
         const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, kt0, qt, T_, vec);
         const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
         float s[BN / 8][4], dp[BN / 8][4];
-        mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);   /* S */
+        mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt); /* S */
+        /* P = exp(S - lse) in s: a tile that masks nothing takes it before dP
+         * (its exponentials beside dP's products), a masked tile after (of
+         * the orders tried, the one where ptxas needs the fewest registers) */
+        const bool lean = kt < qt && plain;
+        if (lean) {
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) s[n][j] = exp2f(s[n][j] * scale_log2 - (j < 2 ? lse0 : lse1));
+        }
         mm_abt<T, HS>(dp, dOs + warp * 16 * QP, Vt); /* dP = dO V^T */
+        if (!lean) {
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int row = j < 2 ? row0 : row1, key = kt * BN + n * 8 + c2 + (j & 1);
+                    const bool masked = key > row || row >= T_ || key < (j < 2 ? start0 : start1);
+                    s[n][j] = masked ? 0.0f : exp2f(s[n][j] * scale_log2 - (j < 2 ? lse0 : lse1));
+                }
+        }
 #pragma unroll
         for (int n = 0; n < BN / 8; n++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int row = j < 2 ? row0 : row1, key = kt * BN + n * 8 + c2 + (j & 1);
-                const bool masked = key > row || row >= T_ || key < (j < 2 ? start0 : start1);
-                const float p = masked ? 0.0f : exp2f(s[n][j] * scale_log2 - (j < 2 ? lse0 : lse1));
-                s[n][j] = p * (dp[n][j] - (j < 2 ? D0 : D1)) * scale; /* dS */
-            }
+            for (int j = 0; j < 4; j++) s[n][j] = s[n][j] * (dp[n][j] - (j < 2 ? D0 : D1)) * scale; /* dS */
         mm_xb<T, HS>(dq, s, Kt); /* dQ += dS K */
         __syncthreads();
     }
@@ -551,14 +589,23 @@ __global__ void __launch_bounds__(THREADS)
         const int *start_t = start_s + st * BM;
         float s[BN / 8][4]; /* S^T: rows are keys, columns queries */
         mm_abt<T, HS>(s, Ks + warp * 16 * QP, Qt);
+        if (qt > kt && !pos && (qt + 1) * BM <= T_) {
+            /* every query after every key, one document, all below T: no mask */
 #pragma unroll
-        for (int n = 0; n < BN / 8; n++)
+            for (int n = 0; n < BN / 8; n++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int ql = n * 8 + c2 + (j & 1), q = qt * BM + ql, key = key0 + (j < 2 ? 0 : 8);
-                const bool masked = q < key || q >= T_ || key < start_t[ql];
-                s[n][j] = masked ? 0.0f : exp2f(s[n][j] * scale_log2 - lse_t[ql]); /* P^T */
-            }
+                for (int j = 0; j < 4; j++)
+                    s[n][j] = exp2f(s[n][j] * scale_log2 - lse_t[n * 8 + c2 + (j & 1)]); /* P^T */
+        } else {
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int ql = n * 8 + c2 + (j & 1), q = qt * BM + ql, key = key0 + (j < 2 ? 0 : 8);
+                    const bool masked = q < key || q >= T_ || key < start_t[ql];
+                    s[n][j] = masked ? 0.0f : exp2f(s[n][j] * scale_log2 - lse_t[ql]); /* P^T */
+                }
+        }
         mm_xb<T, HS>(dv, s, dOt); /* dV += P^T dO */
         float dp[BN / 8][4];
         mm_abt<T, HS>(dp, Vs + warp * 16 * QP, dOt); /* dP^T = V dO^T */
