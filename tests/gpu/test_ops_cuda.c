@@ -847,7 +847,9 @@ static void test_attention(void **state)
 }
 
 /* Grouped-query attention: 1, 2 and 4 query heads a key/value head, head
- * sizes 64 and 128 (flash for 16-bit) and others (batched GEMM), odd T. */
+ * sizes 64 and 128 (flash for 16-bit) and others (batched GEMM), odd T, and
+ * T a multiple of the flash tiles (every tile whole: the tiles below the
+ * diagonal take the loops without mask tests, the last one too). */
 static void test_attention_gqa(void **state)
 {
     (void)state;
@@ -855,7 +857,7 @@ static void test_attention_gqa(void **state)
     static const int cases[][5] = {
         {2, 65, 4, 4, 64},  {2, 37, 4, 2, 64},   {1, 130, 8, 2, 64}, {2, 257, 4, 1, 64}, {1, 1, 2, 1, 64},
         {1, 100, 2, 2, 128}, {1, 200, 4, 2, 128}, {2, 130, 8, 2, 128}, {1, 63, 4, 1, 128},
-        {2, 37, 6, 3, 24},  {1, 20, 4, 1, 8},    {3, 33, 6, 2, 40},
+        {2, 37, 6, 3, 24},  {1, 20, 4, 1, 8},    {3, 33, 6, 2, 40},  {2, 192, 4, 2, 64}, {1, 256, 4, 4, 128},
     };
     td_rng_seed(&F.rng, 111);
     worst_begin();
