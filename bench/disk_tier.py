@@ -84,6 +84,13 @@ def part_figures(part, r):
         return figs
     if part == "bench":
         return wl.res.bench_figures(r.get("result") or {})
+    if part == "paper":
+        for tag, doc in r.items():
+            for row in (doc or {}).get("largest") or []:
+                if row.get("params"):
+                    figs.append(wl.res.figure(f"{tag}, {row['optim_state']} state: the largest model "
+                                              f"({row['layers']}L/{row['width']}/{row['heads']}H)", row["params"], "params"))
+        return figs
     for key, name in (("timed_disk", "tokens/s, state partly on disk"), ("timed_ram", "tokens/s, state in RAM"),
                       ("timed", "tokens/s")):
         t = r.get(key)

@@ -152,6 +152,8 @@ def fmt(value, unit):
         return f"{value / 1e9:.1f} GB/s"
     if unit == "FLOP/s":
         return f"{value / 1e12:.0f} TFLOP/s"
+    if unit == "params":
+        return f"{value / 1e9:.2f}B params"
     return f"{value:g} {unit}"
 
 

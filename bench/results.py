@@ -36,8 +36,8 @@ ROOT = os.path.dirname(HERE)
 RESULTS_DIR = os.path.join(HERE, "results")
 SCHEMA = 1
 # The units a figure may have: a ratio (tidal over its peer, "2.01x"), a
-# percentage (of a bound, MFU), and rates.
-FIGURE_UNITS = ("x", "%", "tok/s", "params/s", "B/s", "FLOP/s")
+# percentage (of a bound, MFU), rates, and a model's size in parameters.
+FIGURE_UNITS = ("x", "%", "tok/s", "params/s", "B/s", "FLOP/s", "params")
 
 
 def commit():
