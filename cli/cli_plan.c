@@ -228,6 +228,7 @@ static td_status print_json(const plan_run *pr)
     NUM(j, "chunks", p->chunks);
     NUM(j, "chunk_numel", p->chunk_numel);
     NUM(j, "padding_bytes", p->padding_bytes);
+    NUM(j, "chunk_numel_least_padding", p->chunk_numel_least_padding);
     json_device(j, pr);
     json_host(j, pr);
     cJSON_AddBoolToObject(j, "checkpointing", p->ckpt);
@@ -270,6 +271,9 @@ static void text_model(const plan_run *pr)
     }
     printf("\nchunks       %d of %zu elements, %s padding\n", p->chunks, p->chunk_numel,
            td_format_bytes(p->padding_bytes, a, sizeof a));
+    if (p->chunk_numel_least_padding)
+        printf("             (smaller than the least padding's %zu elements: with chunks that large the device's\n"
+               "             minimum is above the budget; --chunk-numel chooses)\n", p->chunk_numel_least_padding);
     if (cfg->ranks > 1)
         printf("ranks        %d (ZeRO-3), %d on this host, chunks split over %d; below: rank %d's bytes: its 1/%d\n"
                "             shard of every chunk on the host (16-bit params and grads, fp32 master, AdamW moments),\n"

@@ -85,7 +85,7 @@ typedef struct td_cli_train_opts {
     {"offload-param-frac", TD_OPT_DOUBLE, &(o)->param_frac, "F", "static: share of param/grad chunks on the host", 0}, \
     {"offload-optim-frac", TD_OPT_DOUBLE, &(o)->optim_frac, "F", "static: share of optimizer-state chunks on the host (the rest are\n" \
      "updated on the device); auto: at least this share on the host", 0},                                         \
-    {"chunk-numel", TD_OPT_U64, &(o)->chunk_numel, "N", "elements a chunk holds (default: searched around one block's params)", 0}, \
+    {"chunk-numel", TD_OPT_U64, &(o)->chunk_numel, "N", "elements a chunk holds (default: searched around one block's params, smaller where the budget needs it)", 0}, \
     {"eviction", TD_OPT_STRING, &(o)->eviction, "E", "belady (default) or lru", 0},                               \
     {"prefetch", TD_OPT_INT, &(o)->prefetch, "N", "look-ahead in accesses; -1 auto (default), 0 off", 0},          \
     {"grad-slots", TD_OPT_INT, &(o)->grad_slots, "N", "pinned staging slots for the grads the CPU AdamW consumes as they land (no\n" \

@@ -370,6 +370,65 @@ static void test_plan_minimum_is_enough(void **state)
     }
 }
 
+/* The chunk size the layout picks (least padding, up to a block) can need
+ * more of the device than a budget the smallest chunk (the largest block
+ * tensor) fits: the plan then takes a smaller one and says which it gave up,
+ * the trainer lays the model out at the plan's size, and a run at that
+ * budget trains within it, with the losses of the layout's own pick (a
+ * chunk's size moves bytes, not arithmetic).  A budget that holds the pick
+ * keeps it. */
+static void test_chunk_shrinks_for_the_budget(void **state)
+{
+    int found = 0;
+    for (int k = 0; k < 16 && !found; k++) {
+        int w = 1 + k % 4;
+        td_train_config c = small_config();
+        td_memmgr_params d = td_memmgr_default_params();
+        c.mm.min_chunk_numel = d.min_chunk_numel; /* the layout's own search: auto */
+        c.mm.max_chunk_numel = d.max_chunk_numel;
+        c.model.n_embd = 32 * w;
+        c.model.n_layer = 2 + k / 4;
+        c.mm.placement = TD_PLACEMENT_CPU;
+        c.ckpt = TD_CKPT_ON;
+        td_train_plan pick, least;
+        TD_ASSERT_OK(td_train_plan_make(&c, 0, &pick)); /* no budget: the padding's pick */
+        assert_int_equal(pick.chunk_numel_least_padding, 0);
+        td_train_config s = c;
+        s.mm.chunk_numel = td_model_block_largest_numel(&c.model);
+        TD_ASSERT_OK(td_train_plan_make(&s, 0, &least));
+        if (least.min_device_bytes >= pick.min_device_bytes) continue; /* no smaller chunk needs less here */
+        found = 1;
+        /* A budget between the two: the plan shrinks the chunk and fits. */
+        size_t budget = least.min_device_bytes;
+        td_train_plan p;
+        TD_ASSERT_OK(td_train_plan_make(&c, budget, &p));
+        assert_true(p.chunk_numel < pick.chunk_numel);
+        assert_int_equal(p.chunk_numel_least_padding, pick.chunk_numel);
+        assert_true(p.min_device_bytes <= budget);
+        td_train_config r = c;
+        TD_ASSERT_OK(td_train_resolve_chunks(&r, budget));
+        assert_int_equal(r.mm.chunk_numel, p.chunk_numel);
+        /* The trainer's layout is the plan's, and the run keeps to the budget. */
+        c.gpu_budget = budget;
+        td_trainer *t;
+        TD_ASSERT_OK(td_trainer_create(&c, &t));
+        assert_int_equal(td_memmgr_chunk_numel(td_trainer_memmgr(t)), p.chunk_numel);
+        td_trainer_destroy(t);
+        double losses[2], ref[2];
+        td_memmgr_stats st;
+        run(&c, 2, losses, &st);
+        assert_true(st.device_peak_bytes <= budget);
+        td_train_config big = c;
+        big.gpu_budget = pick.min_device_bytes; /* holds the pick: kept */
+        TD_ASSERT_OK(td_train_plan_make(&big, big.gpu_budget, &p));
+        assert_int_equal(p.chunk_numel, pick.chunk_numel);
+        assert_int_equal(p.chunk_numel_least_padding, 0);
+        run(&big, 2, ref, NULL);
+        assert_memory_equal(losses, ref, sizeof ref);
+    }
+    assert_true(found);
+}
+
 /* Weight decay by tensor with compact AdamW state (bf16, int8) and no
  * --decay-all: each chunk's AdamW call carries its no-decay ranges (norm
  * gains and biases; int8 scale blocks they cut are requantized whole), so
@@ -1381,6 +1440,7 @@ int main(void)
         cmocka_unit_test(test_learns_a_fixed_batch),
         cmocka_unit_test(test_budget_too_small_names_minimum),
         cmocka_unit_test(test_plan_minimum_is_enough),
+        cmocka_unit_test(test_chunk_shrinks_for_the_budget),
         cmocka_unit_test(test_default_budget_keeps_the_run_resident),
         cmocka_unit_test(test_budget_resolve),
         cmocka_unit_test(test_optimizer_share_is_bit_identical),

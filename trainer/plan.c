@@ -78,10 +78,65 @@ td_status td_train_resolve_shard(td_train_config *cfg)
     return TD_OK;
 }
 
+/* The chunk size is the layout's own choice (td_train_chunk_params): the
+ * least padding between the largest block tensor and a whole block. */
+static int chunk_auto(const td_train_config *cfg)
+{
+    td_memmgr_params d = td_memmgr_default_params();
+    return !cfg->mm.chunk_numel && cfg->mm.min_chunk_numel == d.min_chunk_numel &&
+           cfg->mm.max_chunk_numel == d.max_chunk_numel;
+}
+
+static td_status plan_layout(const td_train_config *cfg, size_t budget, td_train_plan *out);
+
+/* An auto chunk size (chunk_auto) as the trainer takes it, its plan into
+ * *out.  The least padding can mean a chunk of a whole block or two; the
+ * device then holds two of the largest chunk beside the working set (one
+ * to prefetch into, one for the holes), and at wide blocks that alone can
+ * be gigabytes past a budget the smallest chunk, the largest block tensor,
+ * fits (8192 wide, B 16: 25.3 GiB against 24 at the padding's choice).
+ * Where the budget does not hold the padding's choice, the smallest is
+ * planned too and taken when it needs less of the device; cfg then names
+ * it (mm.chunk_numel), so the layout that follows is that plan's. */
+static td_status resolve_chunks(td_train_config *cfg, size_t budget, td_train_plan *out)
+{
+    td_status st = plan_layout(cfg, budget, out);
+    if (st || !budget || cfg->mm.placement == TD_PLACEMENT_CUDA || out->min_device_bytes <= budget) return st;
+    td_memmgr_params range = td_train_chunk_params(cfg);
+    td_train_config c = *cfg;
+    c.mm.min_chunk_numel = range.min_chunk_numel;
+    td_train_plan *q = td_malloc(sizeof *q, TD_ROLE_META);
+    if (!q) return TD_ERR_NOMEM;
+    size_t chunk = out->chunk_numel;
+    while (chunk / 8 * 7 >= range.min_chunk_numel) {
+        c.mm.max_chunk_numel = chunk / 8 * 7;
+        if ((st = plan_layout(&c, budget, q))) break;
+        chunk = q->chunk_numel;
+        if (q->min_device_bytes < out->min_device_bytes) {
+            size_t pick = out->chunk_numel_least_padding ? out->chunk_numel_least_padding : out->chunk_numel;
+            cfg->mm.chunk_numel = chunk;
+            *out = *q;
+            out->chunk_numel_least_padding = pick;
+            if (out->min_device_bytes <= budget) break;
+        }
+    }
+    td_free(q);
+    return st;
+}
+
+td_status td_train_resolve_chunks(td_train_config *cfg, size_t budget)
+{
+    if (!chunk_auto(cfg)) return TD_OK;
+    td_train_plan *p = td_malloc(sizeof *p, TD_ROLE_META);
+    if (!p) return TD_ERR_NOMEM;
+    td_status st = resolve_chunks(cfg, budget, p);
+    td_free(p);
+    return st;
+}
+
 td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train_plan *out)
 {
     td_status st;
-    td_train_ordered o = {0};
     memset(out, 0, sizeof *out);
     out->disk_fits = 1; /* no disk tier: nothing to fit there */
     if ((st = td_train_config_check(cfg))) return st;
@@ -96,6 +151,20 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
         if ((st = resolve_grad_slots(&c, budget, out, &planned))) return st;
         return planned && c.mm.grad_slots == 0 ? TD_OK : td_train_plan_make(&c, budget, out);
     }
+    if (chunk_auto(cfg)) { /* planned as the trainer resolves it */
+        td_train_config c = *cfg;
+        return resolve_chunks(&c, budget, out);
+    }
+    return plan_layout(cfg, budget, out);
+}
+
+/* td_train_plan_make with every auto choice resolved: the layout's plan. */
+static td_status plan_layout(const td_train_config *cfg, size_t budget, td_train_plan *out)
+{
+    td_status st;
+    td_train_ordered o = {0};
+    memset(out, 0, sizeof *out);
+    out->disk_fits = 1; /* no disk tier: nothing to fit there */
     if ((st = td_train_ordered_make(cfg, &o))) goto cleanup;
     td_memmgr *mm = o.mm;
     /* The communicator's device memory comes out of the budget: the arena
@@ -355,6 +424,7 @@ td_status td_train_plan_print_layout(const td_train_config *cfg, const td_train_
     td_train_ordered o;
     td_train_config c = *cfg;
     if (c.mm.grad_slots < 0) c.mm.grad_slots = p->host_grad_slots; /* auto, as the plan resolved it (0: copies) */
+    if (!c.mm.chunk_numel) c.mm.chunk_numel = p->chunk_numel;      /* the chunk size it resolved */
     TD_TRY(td_train_ordered_make(&c, &o));
     {
         int n = td_memmgr_role_chunk_count(o.mm, TD_TENSOR_PARAM);

@@ -456,7 +456,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
     if (t->ranks > 1 && t->budget.origin != TD_BUDGET_GIVEN) /* one budget for every rank: they must make the same decisions */
         TD_TRY(agree_size(t, &t->budget.budget_bytes, 0));
     t->cfg.gpu_budget = t->budget.budget_bytes;
-    TD_TRY(td_train_resolve_grad_slots(&t->cfg, cfg->gpu_budget)); /* the plan's choice, for the layout */
+    TD_TRY(td_train_resolve_grad_slots(&t->cfg, cfg->gpu_budget)); /* the plan's choices, for the layout */
+    TD_TRY(td_train_resolve_chunks(&t->cfg, cfg->gpu_budget));
     td_train_plan plan;
     TD_TRY(td_train_plan_make(cfg, cfg->gpu_budget, &plan));
     if (t->ranks > 1) { /* every rank places the optimizer alike (the chunks' accesses must be every rank's) */

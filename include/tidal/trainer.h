@@ -284,6 +284,9 @@ typedef struct td_train_plan {
                                                    OTHER role's chunks; no grads, master, m or v */
     int chunks;
     size_t chunk_numel, padding_bytes;
+    size_t chunk_numel_least_padding;           /* where the chunk size was made smaller for the budget
+                                                   (td_train_resolve_chunks): the least-padding size,
+                                                   whose device minimum the budget did not hold; else 0 */
     size_t role_bytes[TD_TENSOR_ROLE_COUNT];    /* all chunks of each role, as device slots */
     size_t host_role_bytes[TD_TENSOR_ROLE_COUNT]; /* the same up to each chunk's last tensor: the host
                                                    copies (no tail padding; none for transient grads) */
@@ -417,6 +420,13 @@ td_status td_train_plan_make(const td_train_config *cfg, size_t budget, td_train
  * (td_train_host_limits); else 8 staging slots, the host's least.  A count
  * given (>= 0) is kept. */
 td_status td_train_resolve_grad_slots(td_train_config *cfg, size_t budget);
+/* cfg->mm.chunk_numel, when the layout picks it (0 and the default search
+ * range), resolved for a budget as the plan and the trainer resolve it:
+ * the layout's pick, the least padding between the largest block tensor
+ * and a block; or, where the budget does not hold that plan's device
+ * minimum, the largest block tensor's size when that plan needs less of
+ * the device.  Call after td_train_resolve_grad_slots. */
+td_status td_train_resolve_chunks(td_train_config *cfg, size_t budget);
 /* The least device bytes any plan of cfg needs, whatever its budget: the
  * non-model buffers (under --ckpt auto with every block recomputed), plus
  * every param and grad under --policy cuda, else the params and grads of
