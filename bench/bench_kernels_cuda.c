@@ -228,7 +228,7 @@ int td_bench_attention_main(int argc, char **argv)
     att_opts o = {.T = 4096, .hs = 128, .tokens = 16384, .repeat = 10, .precision = "bf16"};
     td_opt table[] = {
         {"seq", TD_OPT_INT, &o.T, "T", "sequence length (default 4096)", 0},
-        {"head-dim", TD_OPT_INT, &o.hs, "D", "head size (default 128; the flash kernels take 64 and 128)", 0},
+        {"head-dim", TD_OPT_INT, &o.hs, "D", "head size (default 128; the flash kernels take 64, 80, 96 and 128)", 0},
         {"heads", TD_OPT_INT, &o.NH, "H", "query heads (default 2048 / head-dim: a width of 2048)", 0},
         {"kv-heads", TD_OPT_INT, &o.NKV, "K", "key/value heads (default --heads: multi-head)", 0},
         {"tokens", TD_OPT_INT, &o.tokens, "N", "tokens in all: B = N / T sequences, at least 1 (default 16384)", 0},

@@ -182,8 +182,8 @@ td_status td_ops_cuda_matmul_backward_gelu(td_ops_cuda *ctx, void *dinp, void *d
  * fused matmul; q/k/v biases are that matmul's bias); out (B,T,NH hs), lse
  * (B,NH,T) fp32; pos (B,T) or NULL: the documents of each row, which
  * attention does not cross (ops.h).  The paths and the scratch are those of the multi-head
- * calls below (which are the NKV = NH case): flash for bf16/fp16 with hs 64
- * or 128, where the dK/dV kernel sums a key/value head's group of query
+ * calls below (which are the NKV = NH case): flash for bf16/fp16 with hs 64,
+ * 80, 96 or 128, where the dK/dV kernel sums a key/value head's group of query
  * heads in registers (no atomics); the batched-GEMM path otherwise. */
 size_t td_ops_cuda_attention_gqa_scratch_bytes(int seqs, int T, int NH, int NKV, int hs, td_dtype dt);
 td_status td_ops_cuda_attention_gqa_forward(td_ops_cuda *ctx, void *out, float *lse, const void *qkv,
@@ -197,7 +197,7 @@ td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *dqkv, const
 
 /* Causal self-attention as td_ops_attention_forward: qkv (B,T,3C) -> out
  * (B,T,C), lse (B,NH,T) fp32.  Two paths, chosen by shape:
- *   flash (bf16/fp16 with hs 64 or 128): tiles in shared memory on tensor
+ *   flash (bf16/fp16 with hs 64, 80, 96 or 128): tiles in shared memory on tensor
  *     cores, nothing T x T in device memory; scratch only for the backward's
  *     row dots (NH*T floats per sequence);
  *   batched GEMM (otherwise, or when the environment variable

@@ -1,6 +1,6 @@
-/* Flash attention for 16-bit storage and head sizes 64 and 128 (the GPT-2
- * family: 124M..1.5B have hs 64, the 4.1B workload hs 128; LLaMA and Qwen2
- * hs 64 or 128), causal, in the scheme of FlashAttention-2 (Dao, 2023), with
+/* Flash attention for 16-bit storage and head sizes 64, 80, 96 and 128 (the
+ * GPT-2 family: 124M..1.5B have hs 64, the 4.1B workload hs 128; LLaMA and
+ * Qwen2 hs 64 or 128; 80 and 96 elsewhere, Phi's), causal, in the scheme of FlashAttention-2 (Dao, 2023), with
  * grouped-query attention: NKV key/value heads, each shared by group = NH /
  * NKV consecutive query heads; a row of qkv holds the NH query heads, then
  * the NKV key heads, then the NKV value heads (NKV = NH: GPT-2's q, k, v).
@@ -92,7 +92,11 @@ template <int HS> struct Heads {
     __device__ __forceinline__ int k_from_q(int h) const { return (NH + kv_of(h) - h) * HS; }
 };
 
-template <int HS> __host__ __device__ constexpr int pitch() { return HS + PAD; }
+template <int HS> __host__ __device__ constexpr int pitch()
+{
+    static_assert(HS % 16 == 0, "head sizes in whole mma steps of 16");
+    return HS + PAD;
+}
 template <int HS> __host__ __device__ constexpr size_t tile_bytes() { return (size_t)BM * pitch<HS>() * 2; }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -101,6 +105,13 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
                  : "r"(smem_addr(p)));
 }
 
@@ -237,7 +248,9 @@ __device__ __forceinline__ int kv_stage(T *Ks, T *Vs, const T *k_base, const T *
 }
 
 /* s (16 x 64) = A B^T: A the warp's 16 rows (pitch HS + PAD, HS wide), B a
- * 64-row tile.  s[n] is the m16n8 accumulator of columns [8n, 8n + 8). */
+ * 64-row tile.  s[n] is the m16n8 accumulator of columns [8n, 8n + 8).  The
+ * head's 16-column steps go two at a time (one ldmatrix x4 of B serves
+ * both); an odd last one (hs 80) takes an x2 of its own. */
 template <typename T, int HS>
 __device__ __forceinline__ void mm_abt(float (&s)[BN / 8][4], const T *A, const T *B)
 {
@@ -245,7 +258,7 @@ __device__ __forceinline__ void mm_abt(float (&s)[BN / 8][4], const T *A, const 
     const int lane = threadIdx.x % 32;
     zero(s);
 #pragma unroll
-    for (int k = 0; k < HS / 16; k += 2) {
+    for (int k = 0; k + 1 < HS / 16; k += 2) {
         uint32_t a0[4], a1[4];
         ldsm_x4(a0, A + (lane % 16) * QP + k * 16 + (lane / 16) * 8);
         ldsm_x4(a1, A + (lane % 16) * QP + (k + 1) * 16 + (lane / 16) * 8);
@@ -255,6 +268,17 @@ __device__ __forceinline__ void mm_abt(float (&s)[BN / 8][4], const T *A, const 
             ldsm_x4(b, B + (n * 8 + lane % 8) * QP + k * 16 + (lane / 8) * 8);
             mma<T>(s[n], a0, b[0], b[1]);
             mma<T>(s[n], a1, b[2], b[3]);
+        }
+    }
+    if constexpr (HS / 16 % 2) {
+        constexpr int k = HS / 16 - 1;
+        uint32_t a0[4];
+        ldsm_x4(a0, A + (lane % 16) * QP + k * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            uint32_t b[2];
+            ldsm_x2(b, B + (n * 8 + lane % 8) * QP + k * 16 + ((lane / 8) % 2) * 8);
+            mma<T>(s[n], a0, b[0], b[1]);
         }
     }
 }
@@ -633,12 +657,22 @@ template <typename K> td_status allow_smem(K kernel, size_t bytes, const char *w
     return check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what);
 }
 
-/* Calls fn(T{}, HS) for the 16-bit storage types and the two head sizes. */
+/* Calls fn(T{}, HS) for a head size the kernels are built for. */
+template <typename T, typename Fn> td_status dispatch_hs(int hs, Fn &&fn)
+{
+    switch (hs) {
+    case 64: return fn(T{}, std::integral_constant<int, 64>{});
+    case 80: return fn(T{}, std::integral_constant<int, 80>{});
+    case 96: return fn(T{}, std::integral_constant<int, 96>{});
+    default: return fn(T{}, std::integral_constant<int, 128>{});
+    }
+}
+
+/* Calls fn(T{}, HS) for the 16-bit storage types and the head sizes. */
 template <typename Fn> td_status dispatch16(td_dtype dt, int hs, Fn &&fn)
 {
-    if (dt == TD_DTYPE_BF16) return hs == 64 ? fn(__nv_bfloat16{}, std::integral_constant<int, 64>{})
-                                             : fn(__nv_bfloat16{}, std::integral_constant<int, 128>{});
-    return hs == 64 ? fn(__half{}, std::integral_constant<int, 64>{}) : fn(__half{}, std::integral_constant<int, 128>{});
+    if (dt == TD_DTYPE_BF16) return dispatch_hs<__nv_bfloat16>(hs, fn);
+    return dispatch_hs<__half>(hs, fn);
 }
 
 } // namespace
@@ -646,7 +680,7 @@ template <typename Fn> td_status dispatch16(td_dtype dt, int hs, Fn &&fn)
 bool flash_applies(td_dtype dt, int hs)
 {
     if (dt != TD_DTYPE_BF16 && dt != TD_DTYPE_F16) return false;
-    if (hs != 64 && hs != 128) return false;
+    if (hs != 64 && hs != 80 && hs != 96 && hs != 128) return false;
     const char *force = getenv("TD_OPS_CUDA_ATTENTION");
     return !(force && !strcmp(force, "gemm"));
 }

@@ -694,7 +694,8 @@ static void test_pointwise(void **state)
 /* Whether the flash kernels run for these (ops_cuda_flash.cu). */
 static int flash_shape(td_dtype dt, int C, int NH)
 {
-    return dt != TD_DTYPE_F32 && (C / NH == 64 || C / NH == 128);
+    const int hs = C / NH;
+    return dt != TD_DTYPE_F32 && (hs == 64 || hs == 80 || hs == 96 || hs == 128);
 }
 
 /* path 0: the default (flash where it applies); 1: the batched-GEMM path. */
@@ -805,9 +806,9 @@ static int *packed_positions(int B, int T)
 static void test_attention_packed(void **state)
 {
     (void)state;
-    /* B, T, NH, NKV, hs: flash (hs 64, 128) and GEMM (hs 24) shapes, T across several tiles */
+    /* B, T, NH, NKV, hs: flash (hs 64, 80, 96, 128) and GEMM (hs 24) shapes, T across several tiles */
     static const int cases[][5] = {{3, 200, 4, 4, 64}, {3, 257, 8, 2, 64}, {3, 130, 4, 1, 128}, {3, 96, 6, 3, 24},
-                                   {4, 300, 2, 2, 128}};
+                                   {4, 300, 2, 2, 128}, {3, 200, 4, 2, 80}, {2, 257, 4, 4, 96}};
     td_rng_seed(&F.rng, 39);
     worst_begin();
     for (int di = 0; di < N_DTS; di++)
@@ -828,10 +829,11 @@ static void test_attention_packed(void **state)
 static void test_attention(void **state)
 {
     (void)state;
-    /* B, T, C, NH: hs = 8, 8, 24, 64, 24, 64, 12, 64, 128, 128, 64 */
-    static const int cases[][4] = {{1, 1, 8, 1},     {2, 5, 16, 2},   {2, 37, 72, 3},  {1, 64, 128, 2},
-                                   {2, 130, 96, 4},  {1, 257, 64, 1}, {3, 20, 36, 3},  {2, 130, 128, 2},
-                                   {1, 257, 256, 2}, {2, 1, 128, 1},  {1, 200, 384, 6}};
+    /* B, T, C, NH: hs = 8, 8, 24, 64, 24, 64, 12, 64, 128, 128, 64, 80, 96 */
+    static const int cases[][4] = {{1, 1, 8, 1},     {2, 5, 16, 2},   {2, 37, 72, 3},   {1, 64, 128, 2},
+                                   {2, 130, 96, 4},  {1, 257, 64, 1}, {3, 20, 36, 3},   {2, 130, 128, 2},
+                                   {1, 257, 256, 2}, {2, 1, 128, 1},  {1, 200, 384, 6}, {2, 130, 160, 2},
+                                   {1, 257, 192, 2}};
     td_rng_seed(&F.rng, 105);
     worst_begin();
     for (int di = 0; di < N_DTS; di++)
@@ -847,7 +849,7 @@ static void test_attention(void **state)
 }
 
 /* Grouped-query attention: 1, 2 and 4 query heads a key/value head, head
- * sizes 64 and 128 (flash for 16-bit) and others (batched GEMM), odd T, and
+ * sizes 64, 80, 96 and 128 (flash for 16-bit) and others (batched GEMM), odd T, and
  * T a multiple of the flash tiles (every tile whole: the tiles below the
  * diagonal take the loops without mask tests, the last one too). */
 static void test_attention_gqa(void **state)
@@ -858,6 +860,7 @@ static void test_attention_gqa(void **state)
         {2, 65, 4, 4, 64},  {2, 37, 4, 2, 64},   {1, 130, 8, 2, 64}, {2, 257, 4, 1, 64}, {1, 1, 2, 1, 64},
         {1, 100, 2, 2, 128}, {1, 200, 4, 2, 128}, {2, 130, 8, 2, 128}, {1, 63, 4, 1, 128},
         {2, 37, 6, 3, 24},  {1, 20, 4, 1, 8},    {3, 33, 6, 2, 40},  {2, 192, 4, 2, 64}, {1, 256, 4, 4, 128},
+        {2, 130, 4, 2, 80}, {1, 63, 4, 4, 80},   {1, 128, 8, 2, 80}, {2, 200, 4, 1, 96}, {1, 192, 4, 2, 96},
     };
     td_rng_seed(&F.rng, 111);
     worst_begin();
