@@ -17,8 +17,9 @@ after the other on the same GPU:
   attention  `tidal bench attention --json` and bench/peers/sdpa_attention.py
              (PyTorch SDPA with only the flash backend) at T = 1024, 4096 and
              8192, head sizes 64 and 128, causal, 16k tokens, 2048 wide, and
-             grouped-query (4 query heads a key/value head) at 128; tidal /
-             SDPA as ratios of forward + backward time.
+             grouped-query (4 query heads a key/value head) at 128; head
+             sizes 80 and 96 at T = 4096, 32 heads; tidal / SDPA as ratios
+             of forward + backward time.
 
 Writes bench/results/kernels-ops.json, kernels-head.json and
 kernels-attention.json (bench/results.py), and prints a summary.  A part
@@ -50,6 +51,7 @@ HEAD_SHAPES = [
 ]
 SEQS = [1024, 4096, 8192]
 HEAD_DIMS = [64, 128]
+ODD_DIMS, ODD_SEQ = [80, 96], 4096  # the flash kernels' other head sizes, 32 heads, at one length
 WIDTH, TOKENS = 2048, 16384
 
 
@@ -100,23 +102,27 @@ def part_head(a, log):
 
 def part_attention(a, log):
     figs, details = [], {"tidal": [], "sdpa": None}
-    cases = [(T, hs, WIDTH // hs) for hs in HEAD_DIMS for T in SEQS] + [(T, 128, 4) for T in SEQS]  # NKV: group 4
+    # (T, hs, NH, NKV): 2048 wide at 64 and 128 (and GQA 4 at 128); 32 heads at 80 and 96, T 4096
+    cases = ([(T, hs, WIDTH // hs, WIDTH // hs) for hs in HEAD_DIMS for T in SEQS] +
+             [(T, 128, WIDTH // 128, 4) for T in SEQS] + [(ODD_SEQ, hs, 32, 32) for hs in ODD_DIMS])
     peer = {}
+    sdpa = [sys.executable, os.path.join(HERE, "peers", "sdpa_attention.py"), "--repeat", str(a.repeat),
+            "--tokens", str(TOKENS)]
     try:
-        doc = run_json([sys.executable, os.path.join(HERE, "peers", "sdpa_attention.py"), "--repeat", str(a.repeat),
-                        "--seqs", ",".join(map(str, SEQS)), "--head-dims", ",".join(map(str, HEAD_DIMS)),
-                        "--width", str(WIDTH), "--tokens", str(TOKENS)], a.timeout)
-        gqa = run_json([sys.executable, os.path.join(HERE, "peers", "sdpa_attention.py"), "--repeat", str(a.repeat),
-                        "--seqs", ",".join(map(str, SEQS)), "--head-dims", "128", "--group", "4",
-                        "--width", str(WIDTH), "--tokens", str(TOKENS)], a.timeout)
-        details["sdpa"] = [doc, gqa]
-        for r in doc["results"] + gqa["results"]:
-            peer[(r["T"], r["hs"], r["NKV"])] = r
+        docs = [run_json(sdpa + ["--seqs", ",".join(map(str, SEQS)), "--head-dims", ",".join(map(str, HEAD_DIMS)),
+                                 "--width", str(WIDTH)], a.timeout),
+                run_json(sdpa + ["--seqs", ",".join(map(str, SEQS)), "--head-dims", "128", "--group", "4",
+                                 "--width", str(WIDTH)], a.timeout)]
+        docs += [run_json(sdpa + ["--seqs", str(ODD_SEQ), "--head-dims", str(hs), "--width", str(32 * hs)], a.timeout)
+                 for hs in ODD_DIMS]
+        details["sdpa"] = docs
+        for doc in docs:
+            for r in doc["results"]:
+                peer[(r["T"], r["hs"], r["NKV"])] = r
     except Exception as e:  # the peer's failure is recorded; tidal's figures still are
         details["sdpa_error"] = str(e)
         log(f"  SDPA peer: not available: {e}")
-    for T, hs, nkv in cases:
-        NH = WIDTH // hs
+    for T, hs, NH, nkv in cases:
         d = run_json([a.tidal, "bench", "attention", "--json", "--repeat", str(a.repeat), "--seq", str(T),
                       "--head-dim", str(hs), "--heads", str(NH), "--kv-heads", str(nkv), "--tokens", str(TOKENS)],
                      a.timeout)
