@@ -6,7 +6,8 @@
 #   NCCL=0        build without the NCCL communicator (default: on with CUDA when nccl.h is found)
 #   JEMALLOC=0    build without jemalloc (default: on when jemalloc.h is found, off with SANITIZE)
 #   URING=0       disk I/O without io_uring, with pread/pwrite threads only (default: on when liburing is found)
-#   CUDA_ARCH=... nvcc -gencode flags (default: sm_90 code plus compute_80 PTX, portable to sm_80+)
+#   CUDA_ARCH=... nvcc -gencode flags (default: sm_90a code, whose flash attention runs on wgmma,
+#                 plus compute_80 PTX, portable to sm_80+)
 #   SANITIZE=address,undefined   build into build-san/ with ASan/UBSan (CPU tests)
 #   OPT=-O2       optimisation flags
 #   WERROR=1      warnings are errors (CI sets it)
@@ -38,7 +39,7 @@ ifeq ($(filter-out 0 1,$(words $(MAKECMDGOALS))),)
 MAKEFLAGS += -j$(NPROC)
 endif
 endif
-CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80
+CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
 
 OPT      ?= -O2
 BUILD    := build

@@ -199,7 +199,10 @@ td_status td_ops_cuda_attention_gqa_backward(td_ops_cuda *ctx, void *dqkv, const
  * (B,T,C), lse (B,NH,T) fp32.  Two paths, chosen by shape:
  *   flash (bf16/fp16 with hs 64, 80, 96 or 128): tiles in shared memory on tensor
  *     cores, nothing T x T in device memory; scratch only for the backward's
- *     row dots (NH*T floats per sequence);
+ *     row dots (NH*T floats per sequence); the products on wgmma where the
+ *     device runs the sm_90a code and hs is 64 or 128 (rows 16-byte
+ *     aligned), else on mma.sync (also everywhere with
+ *     TD_OPS_CUDA_ATTENTION=mma): the same bits either way;
  *   batched GEMM (otherwise, or when the environment variable
  *     TD_OPS_CUDA_ATTENTION=gemm): S = QK^T/sqrt(hs) in fp32, P in dt and
  *     out = PV through batched cuBLASLt GEMMs over whole T x T score

@@ -8,13 +8,17 @@
  * saves lse (B,NH,T); P and dS are rounded to the storage type before their
  * products; fp32 everywhere else.
  *
- * Every product runs on the tensor cores through mma.sync m16n8k16 (16-bit
- * in, fp32 accumulate) with operands from ldmatrix, and the score tiles stay
- * in registers: an accumulator tile of S (16 x 8 per mma) is laid out as the
- * A operand of the next product, so P or dS go from S to the next mma
- * without shared memory.  A block has 4 warps; each owns 16 of the block's
- * 64 rows.  The streamed tiles (64 rows x hs) go through two shared-memory
- * stages with cp.async: the next tile loads while this one is used.
+ * Every product runs on the tensor cores (16-bit in, fp32 accumulate), and
+ * the score tiles stay in registers: an accumulator tile of S is laid out as
+ * the A operand of the next product, so P or dS go from S to the next
+ * product without shared memory.  A block has 4 warps; each owns 16 of the
+ * block's 64 rows.  The streamed tiles (64 rows x hs) go through two
+ * shared-memory stages with cp.async: the next tile loads while this one is
+ * used.  The products have two engines (SyncMma, WgMma below; the kernels
+ * are templates over them): mma.sync m16n8k16 with ldmatrix operands, each
+ * warp its 16 rows, on every device; and, where the device runs this
+ * file's sm_90a code, wgmma over the block's 64 rows as one warpgroup
+ * (hs 64 and 128), 1.5-1.6x faster on an H200 with the same bits.
  *   forward   block = 64 queries of one head; key tiles up to the diagonal;
  *             S = Q K^T, online (max, sum) per row with O rescaled as the max
  *             grows (exp2 of scores pre-scaled by log2 e / sqrt(hs)); O / sum
@@ -58,6 +62,7 @@
  * most with grouped-query heads: the ordered sums cost more than the two
  * products they save. */
 #include "kernels.cuh"
+#include "wgmma.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -163,7 +168,7 @@ template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v)
  * into dst (pitch HS + PAD); rows at or past T are zero.  vec: 16-byte
  * cp.async (asynchronous: commit, then wait), else element copies. */
 template <typename T, int HS>
-__device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0, int T_, bool vec)
+__device__ __forceinline__ void load_rows(T *dst, const T *src, size_t stride, int r0, int T_, bool vec)
 {
     constexpr int CH = HS / 8, ITERS = BM * CH / THREADS;
     static_assert(BM * CH % THREADS == 0, "a tile is whole iterations of the block");
@@ -229,20 +234,20 @@ template <int R> __device__ __forceinline__ void zero(float (&acc)[R][4])
 /* Key/value tile kt ready in shared stage kt & 1 (returned), with tile kt + 1
  * (when kt < last) loading into the other stage: the forward's and dQ's loop
  * over the key tiles. */
-template <typename T, int HS>
+template <typename T, int HS, typename E>
 __device__ __forceinline__ int kv_stage(T *Ks, T *Vs, const T *k_base, const T *v_base, size_t rs, int kt, int first,
                                         int last, int T_, bool vec)
 {
-    constexpr int QP = pitch<HS>();
     const int st = (kt - first) & 1;
     if (kt < last) {
-        load<T, HS>(Ks + (st ^ 1) * BM * QP, k_base, rs, (kt + 1) * BN, T_, vec);
-        load<T, HS>(Vs + (st ^ 1) * BM * QP, v_base, rs, (kt + 1) * BN, T_, vec);
+        E::load(Ks + (st ^ 1) * E::TILE, k_base, rs, (kt + 1) * BN, T_, vec);
+        E::load(Vs + (st ^ 1) * E::TILE, v_base, rs, (kt + 1) * BN, T_, vec);
         commit();
         wait<1>();
     } else {
         wait<0>();
     }
+    E::ready();
     __syncthreads();
     return st;
 }
@@ -338,11 +343,140 @@ __device__ __forceinline__ void store_rows(T *dst, size_t stride, int row0, int 
         }
 }
 
+/* --- the products' engines ------------------------------------------------------------ */
+
+/* mma.sync m16n8k16 on ldmatrix operands (sm_80 on): tiles of 64 rows
+ * padded to pitch HS + PAD; each warp multiplies its own 16 rows. */
+template <int HS> struct SyncMma {
+    static constexpr int TILE = BM * pitch<HS>(); /* elements */
+    static constexpr size_t TILE_BYTES = tile_bytes<HS>();
+    static constexpr size_t SLACK = 0;
+    template <typename T> static __device__ __forceinline__ T *tiles(unsigned char *raw) { return (T *)raw; }
+    template <typename T>
+    static __device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0, int T_, bool vec)
+    {
+        load_rows<T, HS>(dst, src, stride, r0, T_, vec);
+    }
+    /* the loads waited for, before the barrier that hands them to all warps */
+    static __device__ __forceinline__ void ready() {}
+    /* s = A B^T for this warp's 16 of A's 64 rows */
+    template <typename T> static __device__ __forceinline__ void abt(float (&s)[BN / 8][4], const T *A, const T *B)
+    {
+        mm_abt<T, HS>(s, A + (threadIdx.x / 32) * 16 * pitch<HS>(), B);
+    }
+    template <typename T>
+    static __device__ __forceinline__ void xb(float (&acc)[HS / 8][4], const float (&x)[BN / 8][4], const T *B)
+    {
+        mm_xb<T, HS>(acc, x, B);
+    }
+};
+
+/* wgmma (sm_90a, wgmma.cuh): the block's four warps are one warpgroup, and
+ * a product is m64nNk16 steps over all 64 rows with B (and the A of A B^T)
+ * read from shared memory through matrix descriptors; X of X B (P, dS) goes
+ * in from registers, as the softmax left it: wgmma's accumulator layout is
+ * mma.sync's, each warp 16 rows.  A warp's rows, their order of products
+ * and the fp32 sums are those of SyncMma: the same bits (test_ops_cuda's
+ * test_attention_engines).  Tiles are 64 rows in the 128-byte swizzle: HS/64 atoms
+ * of 64 rows x 128 B (a row's 64 elements), the 16-byte chunk c of row r
+ * at r * 128 + (c ^ r % 8) * 16, atoms 1024-byte aligned.  One layout
+ * serves a tile's two uses: K-major in A B^T (the head dimension is the
+ * contraction: a 16-wide step is 32 bytes into the atom) and MN-major with
+ * the transpose bit in X B (rows are the contraction: a step is 16 rows,
+ * 2048 bytes; atoms LBO = 8 KiB apart, 8-row groups SBO = 1 KiB). */
+template <int HS> struct WgMma {
+    static_assert(HS % 64 == 0, "whole 128-byte atoms");
+    static constexpr int TILE = BM * HS;
+    static constexpr size_t TILE_BYTES = (size_t)BM * HS * 2;
+    static constexpr size_t SLACK = 1024; /* to align the first tile */
+    static constexpr uint32_t ATOM = BM * 128;
+    template <typename T> static __device__ __forceinline__ T *tiles(unsigned char *raw)
+    {
+        return (T *)(raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u));
+    }
+    /* 16-byte aligned rows only (the engine is chosen where they are) */
+    template <typename T>
+    static __device__ __forceinline__ void load(T *dst, const T *src, size_t stride, int r0, int T_, bool)
+    {
+        constexpr int CH = HS / 8, ITERS = BM * CH / THREADS;
+        const uint32_t d0 = smem_addr(dst);
+#pragma unroll
+        for (int it = 0; it < ITERS; it++) {
+            const int idx = threadIdx.x + it * THREADS, row = idx / CH, c = idx % CH;
+            const bool in = r0 + row < T_;
+            const T *s = src + (size_t)(in ? r0 + row : 0) * stride + c * 8;
+            const uint32_t d = d0 + (c / 8) * ATOM + row * 128 + (((c % 8) ^ (row % 8)) << 4);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s), "r"(in ? 16 : 0));
+        }
+    }
+    /* what cp.async wrote, made visible to wgmma's (async proxy) reads */
+    static __device__ __forceinline__ void ready()
+    {
+#ifdef TD_WGMMA
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+    }
+    static __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+    {
+        return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFFu) << 16 |
+               (uint64_t)((sbo >> 4) & 0x3FFFu) << 32 | (uint64_t)1 << 62; /* 128-byte swizzle */
+    }
+    /* registers the wgmma reads or writes asynchronously stay where they are */
+    template <int R> static __device__ __forceinline__ void pin(float (&x)[R])
+    {
+#pragma unroll
+        for (int i = 0; i < R; i++) asm volatile("" : "+f"(x[i])::"memory");
+    }
+    template <typename T> static __device__ __forceinline__ void abt(float (&s)[BN / 8][4], const T *A, const T *B)
+    {
+#ifdef TD_WGMMA
+        float(&d)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(s);
+        const uint32_t a = smem_addr(A), b = smem_addr(B);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < HS / 16; k++) {
+            const uint32_t off = (k / 4) * ATOM + (k % 4) * 32;
+            wgmma_ss<T>(d, desc(a + off, 16, 1024), desc(b + off, 16, 1024), k > 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        pin(d);
+#else
+        __trap();
+#endif
+    }
+    template <typename T>
+    static __device__ __forceinline__ void xb(float (&acc)[HS / 8][4], const float (&x)[BN / 8][4], const T *B)
+    {
+#ifdef TD_WGMMA
+        float(&d)[HS / 2] = reinterpret_cast<float(&)[HS / 2]>(acc);
+        uint32_t p[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            p[kk][0] = pack2<T>(x[2 * kk][0], x[2 * kk][1]);
+            p[kk][1] = pack2<T>(x[2 * kk][2], x[2 * kk][3]);
+            p[kk][2] = pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+            p[kk][3] = pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+        }
+        const uint32_t b = smem_addr(B);
+        pin(d);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) wgmma_rs_t<T, HS>(d, p[kk], desc(b + kk * 16 * 128, ATOM, 1024));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        pin(d);
+#else
+        __trap();
+#endif
+    }
+};
+
 /* --- forward -------------------------------------------------------------------------- */
 
-template <typename T, int HS> constexpr size_t fwd_smem_bytes() { return 5 * tile_bytes<HS>(); }
+template <typename E> constexpr size_t fwd_smem_bytes() { return 5 * E::TILE_BYTES + E::SLACK; }
 
-template <typename T, int HS>
+template <typename T, int HS, typename E>
 /* Four blocks an SM at hs 64 (128 registers; ptxas would take 133 and fit
  * three).  At hs 128 the bound of one block lets ptxas take more registers
  * (238 where it took 177), two blocks an SM either way: the forward ran
@@ -353,8 +487,8 @@ __global__ void __launch_bounds__(THREADS, HS == 64 ? 4 : 1)
                          bool vec)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    constexpr int QP = pitch<HS>(), NO = HS / 8;
-    T *Qs = (T *)smem_raw, *Ks = Qs + BM * QP, *Vs = Ks + 2 * BM * QP;
+    constexpr int NO = HS / 8;
+    T *Qs = E::template tiles<T>(smem_raw), *Ks = Qs + E::TILE, *Vs = Ks + 2 * E::TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c2 = 2 * (lane % 4);
     const int qt = gridDim.x - 1 - blockIdx.x, q0 = qt * BM, bh = blockIdx.y, b = bh / hd.NH, h = bh % hd.NH;
     const int C = hd.NH * HS;
@@ -366,19 +500,19 @@ __global__ void __launch_bounds__(THREADS, HS == 64 ? 4 : 1)
     const int kt0 = first_key_tile(pos, q0, T_);
     const int start0 = row0 < T_ ? doc_start(pos, row0) : 0, start1 = row1 < T_ ? doc_start(pos, row1) : 0;
 
-    load<T, HS>(Qs, q_base, rs, q0, T_, vec);
-    load<T, HS>(Ks, k_base, rs, kt0 * BN, T_, vec);
-    load<T, HS>(Vs, v_base, rs, kt0 * BN, T_, vec);
+    E::load(Qs, q_base, rs, q0, T_, vec);
+    E::load(Ks, k_base, rs, kt0 * BN, T_, vec);
+    E::load(Vs, v_base, rs, kt0 * BN, T_, vec);
     commit();
     float o[NO][4];
     zero(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
     for (int kt = kt0; kt <= qt; kt++) {
-        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, kt0, qt, T_, vec);
-        const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
+        const int st = kv_stage<T, HS, E>(Ks, Vs, k_base, v_base, rs, kt, kt0, qt, T_, vec);
+        const T *Kt = Ks + st * E::TILE, *Vt = Vs + st * E::TILE;
         float s[BN / 8][4];
-        mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt);
+        E::abt(s, Qs, Kt);
         /* scale, causal mask on the diagonal tile, online max and sum */
         if (kt == qt || pos) {
 #pragma unroll
@@ -435,7 +569,7 @@ __global__ void __launch_bounds__(THREADS, HS == 64 ? 4 : 1)
             o[n][2] *= a1;
             o[n][3] *= a1;
         }
-        mm_xb<T, HS>(o, s, Vt); /* O += P V */
+        E::xb(o, s, Vt); /* O += P V */
         __syncthreads();        /* this stage is reloaded next iteration */
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -466,20 +600,19 @@ __global__ void rowdot_kernel(float *D, const T *dout, const T *out, int b0, int
     if (lane == 0) D[r] = d;
 }
 
-template <typename T, int HS> constexpr size_t bwd_smem_bytes()
+template <typename E> constexpr size_t bwd_smem_bytes()
 {
-    return 6 * tile_bytes<HS>() + 4 * BM * sizeof(float) + 2 * BM * sizeof(int);
+    return 6 * E::TILE_BYTES + E::SLACK + 4 * BM * sizeof(float) + 2 * BM * sizeof(int);
 }
 
 /* dQ of 64 queries: key tiles 0 .. the diagonal. */
-template <typename T, int HS>
+template <typename T, int HS, typename E>
 __global__ void __launch_bounds__(THREADS)
     flash_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, const int *pos, int b0,
                     int T_, Heads<HS> hd, float scale, bool vec, bool add)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    constexpr int QP = pitch<HS>();
-    T *Qs = (T *)smem_raw, *dOs = Qs + BM * QP, *Ks = dOs + BM * QP, *Vs = Ks + 2 * BM * QP;
+    T *Qs = E::template tiles<T>(smem_raw), *dOs = Qs + E::TILE, *Ks = dOs + E::TILE, *Vs = Ks + 2 * E::TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c2 = 2 * (lane % 4);
     const int NH = hd.NH, qt = gridDim.x - 1 - blockIdx.x, q0 = qt * BM, bhl = blockIdx.y, b = b0 + bhl / NH,
               h = bhl % NH;
@@ -497,10 +630,10 @@ __global__ void __launch_bounds__(THREADS)
     const int kt0 = first_key_tile(pos, q0, T_);
     const int start0 = row0 < T_ ? doc_start(pos, row0) : 0, start1 = row1 < T_ ? doc_start(pos, row1) : 0;
 
-    load<T, HS>(Qs, q_base, rs, q0, T_, vec);
-    load<T, HS>(dOs, do_base, C, q0, T_, vec);
-    load<T, HS>(Ks, k_base, rs, kt0 * BN, T_, vec);
-    load<T, HS>(Vs, v_base, rs, kt0 * BN, T_, vec);
+    E::load(Qs, q_base, rs, q0, T_, vec);
+    E::load(dOs, do_base, C, q0, T_, vec);
+    E::load(Ks, k_base, rs, kt0 * BN, T_, vec);
+    E::load(Vs, v_base, rs, kt0 * BN, T_, vec);
     commit();
     float dq[HS / 8][4];
     zero(dq);
@@ -508,10 +641,10 @@ __global__ void __launch_bounds__(THREADS)
     const bool plain = !pos && q0 + BM <= T_;
 
     for (int kt = kt0; kt <= qt; kt++) {
-        const int st = kv_stage<T, HS>(Ks, Vs, k_base, v_base, rs, kt, kt0, qt, T_, vec);
-        const T *Kt = Ks + st * BM * QP, *Vt = Vs + st * BM * QP;
+        const int st = kv_stage<T, HS, E>(Ks, Vs, k_base, v_base, rs, kt, kt0, qt, T_, vec);
+        const T *Kt = Ks + st * E::TILE, *Vt = Vs + st * E::TILE;
         float s[BN / 8][4], dp[BN / 8][4];
-        mm_abt<T, HS>(s, Qs + warp * 16 * QP, Kt); /* S */
+        E::abt(s, Qs, Kt); /* S */
         /* P = exp(S - lse) in s: a tile that masks nothing takes it before dP
          * (its exponentials beside dP's products), a masked tile after (of
          * the orders tried, the one where ptxas needs the fewest registers) */
@@ -522,7 +655,7 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
                 for (int j = 0; j < 4; j++) s[n][j] = exp2f(s[n][j] * scale_log2 - (j < 2 ? lse0 : lse1));
         }
-        mm_abt<T, HS>(dp, dOs + warp * 16 * QP, Vt); /* dP = dO V^T */
+        E::abt(dp, dOs, Vt); /* dP = dO V^T */
         if (!lean) {
 #pragma unroll
             for (int n = 0; n < BN / 8; n++)
@@ -537,7 +670,7 @@ __global__ void __launch_bounds__(THREADS)
         for (int n = 0; n < BN / 8; n++)
 #pragma unroll
             for (int j = 0; j < 4; j++) s[n][j] = s[n][j] * (dp[n][j] - (j < 2 ? D0 : D1)) * scale; /* dS */
-        mm_xb<T, HS>(dq, s, Kt); /* dQ += dS K */
+        E::xb(dq, s, Kt); /* dQ += dS K */
         __syncthreads();
     }
     store_rows<T, HS>(dqkv + (size_t)b * T_ * rs + hd.q_col(h), rs, row0, T_, dq, 1.0f, 1.0f, add);
@@ -555,15 +688,14 @@ __global__ void __launch_bounds__(THREADS)
  * hs 64) to 20% (B1 T4096) faster, while GPT-2's order stays the better one
  * for its B32 1.5B shape (6%; there a head's Q and dO tiles stay in L2
  * between its adjacent key tiles). */
-template <typename T, int HS, bool KT_MAJOR>
+template <typename T, int HS, bool KT_MAJOR, typename E>
 __global__ void __launch_bounds__(THREADS)
     flash_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D, const int *pos, int b0,
                      int T_, Heads<HS> hd, float scale, bool vec, bool add)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    constexpr int QP = pitch<HS>();
-    T *Ks = (T *)smem_raw, *Vs = Ks + BM * QP, *Qs = Vs + BM * QP, *dOs = Qs + 2 * BM * QP;
-    float *lse_s = (float *)(dOs + 2 * BM * QP), *D_s = lse_s + 2 * BM; /* two stages each */
+    T *Ks = E::template tiles<T>(smem_raw), *Vs = Ks + E::TILE, *Qs = Vs + E::TILE, *dOs = Qs + 2 * E::TILE;
+    float *lse_s = (float *)(dOs + 2 * E::TILE), *D_s = lse_s + 2 * BM; /* two stages each */
     int *start_s = (int *)(D_s + 2 * BM);
     const int NH = hd.NH, group = NH / hd.NKV;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c2 = 2 * (lane % 4);
@@ -580,8 +712,8 @@ __global__ void __launch_bounds__(THREADS)
 
     auto stage_rows = [&](int h, int qt, int st) {
         const float *lse_h = lse + ((size_t)b * NH + h) * T_, *D_h = D + ((size_t)bl * NH + h) * T_;
-        load<T, HS>(Qs + st * BM * QP, seq + hd.q_col(h), rs, qt * BM, T_, vec);
-        load<T, HS>(dOs + st * BM * QP, dout + (size_t)b * T_ * C + (size_t)h * HS, C, qt * BM, T_, vec);
+        E::load(Qs + st * E::TILE, seq + hd.q_col(h), rs, qt * BM, T_, vec);
+        E::load(dOs + st * E::TILE, dout + (size_t)b * T_ * C + (size_t)h * HS, C, qt * BM, T_, vec);
         if (threadIdx.x < BM) {
             const int q = qt * BM + threadIdx.x;
             lse_s[st * BM + threadIdx.x] = q < T_ ? lse_h[q] * LOG2E : 0.0f;
@@ -589,8 +721,8 @@ __global__ void __launch_bounds__(THREADS)
             start_s[st * BM + threadIdx.x] = q < T_ ? doc_start(pos, q) : 0;
         }
     };
-    load<T, HS>(Ks, k_base, rs, k0, T_, vec);
-    load<T, HS>(Vs, v_base, rs, k0, T_, vec);
+    E::load(Ks, k_base, rs, k0, T_, vec);
+    E::load(Vs, v_base, rs, k0, T_, vec);
     stage_rows(h_first, kt, 0);
     commit();
     float dk[HS / 8][4], dv[HS / 8][4];
@@ -611,12 +743,13 @@ __global__ void __launch_bounds__(THREADS)
         } else {
             wait<0>();
         }
+        E::ready();
         __syncthreads();
-        const T *Qt = Qs + st * BM * QP, *dOt = dOs + st * BM * QP;
+        const T *Qt = Qs + st * E::TILE, *dOt = dOs + st * E::TILE;
         const float *lse_t = lse_s + st * BM, *D_t = D_s + st * BM;
         const int *start_t = start_s + st * BM;
         float s[BN / 8][4]; /* S^T: rows are keys, columns queries */
-        mm_abt<T, HS>(s, Ks + warp * 16 * QP, Qt);
+        E::abt(s, Ks, Qt);
         if (qt > kt && !pos && (qt + 1) * BM <= T_) {
             /* every query after every key, one document, all below T: no mask */
 #pragma unroll
@@ -634,14 +767,14 @@ __global__ void __launch_bounds__(THREADS)
                     s[n][j] = masked ? 0.0f : exp2f(s[n][j] * scale_log2 - lse_t[ql]); /* P^T */
                 }
         }
-        mm_xb<T, HS>(dv, s, dOt); /* dV += P^T dO */
+        E::xb(dv, s, dOt); /* dV += P^T dO */
         float dp[BN / 8][4];
-        mm_abt<T, HS>(dp, Vs + warp * 16 * QP, dOt); /* dP^T = V dO^T */
+        E::abt(dp, Vs, dOt); /* dP^T = V dO^T */
 #pragma unroll
         for (int n = 0; n < BN / 8; n++)
 #pragma unroll
             for (int j = 0; j < 4; j++) s[n][j] *= (dp[n][j] - D_t[n * 8 + c2 + (j & 1)]) * scale; /* dS^T */
-        mm_xb<T, HS>(dk, s, Qt); /* dK += dS^T Q */
+        E::xb(dk, s, Qt); /* dK += dS^T Q */
         __syncthreads();
         h = nh;
         qt = nqt;
@@ -675,6 +808,99 @@ template <typename Fn> td_status dispatch16(td_dtype dt, int hs, Fn &&fn)
     return dispatch_hs<__half>(hs, fn);
 }
 
+/* Whether the image the device runs is this file's sm_90a compile (the
+ * wgmma engine's): each device compile of the file sets its own value. */
+#ifdef TD_WGMMA
+__device__ int wgmma_image = 1;
+#else
+__device__ int wgmma_image = 0;
+#endif
+
+/* The wgmma engine where the device runs the sm_90a code, the head size is
+ * whole 128-byte atoms, rows are 16-byte aligned and TD_OPS_CUDA_ATTENTION
+ * is not "mma" (which keeps the mma.sync engine everywhere). */
+bool use_wgmma(int hs, bool vec)
+{
+    if (hs % 64 || !vec) return false;
+    const char *force = getenv("TD_OPS_CUDA_ATTENTION");
+    if (force && !strcmp(force, "mma")) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    static int image[64]; /* per device: 0 not asked yet, 1 no, 2 yes */
+    if (!image[dev]) {
+        int v = 0;
+        const bool ok = cudaMemcpyFromSymbol(&v, wgmma_image, sizeof v) == cudaSuccess;
+        if (!ok) (void)cudaGetLastError();
+        image[dev] = ok && v ? 2 : 1;
+    }
+    return image[dev] == 2;
+}
+
+template <typename X, int HS, typename E>
+td_status forward_on(X *out, float *lse, const X *qkv, const int *pos, int B, int T, int NH, int NKV, float scale_log2,
+                     bool vec, cudaStream_t s)
+{
+    const int tiles = (T + BM - 1) / BM;
+    const size_t smem = fwd_smem_bytes<E>();
+    td_status st = allow_smem(flash_forward_kernel<X, HS, E>, smem, "flash attention forward: shared memory limit");
+    if (st != TD_OK) return st;
+    flash_forward_kernel<X, HS, E><<<dim3(tiles, B * NH), THREADS, smem, s>>>(out, lse, qkv, pos, T, Heads<HS>{NH, NKV},
+                                                                              scale_log2, vec);
+    return check_launch("flash attention forward");
+}
+
+/* flash_backward's arguments but the gradient's and the type's */
+struct Backward {
+    const void *dout, *qkv, *out;
+    const float *lse;
+    const int *pos;
+    int B, T, NH, NKV;
+    float scale;
+    bool add;
+    void *scratch;
+    size_t scratch_bytes;
+    bool vec;
+};
+
+template <typename X, int HS, typename E> td_status backward_on(X *dqkv, const Backward &a, cudaStream_t s)
+{
+    const int T = a.T, NH = a.NH, NKV = a.NKV, tiles = (T + BM - 1) / BM, C = NH * HS;
+    int G = a.B;
+    while (G > 1 && flash_scratch_bytes(G, T, NH) > a.scratch_bytes) G--;
+    float *D = (float *)a.scratch;
+    const X *dout = (const X *)a.dout, *qkv = (const X *)a.qkv;
+    const Heads<HS> hd{NH, NKV};
+    const size_t smem = bwd_smem_bytes<E>();
+    const bool kt_major = NKV < NH; /* see flash_dkv_kernel */
+    td_status st = allow_smem(flash_dq_kernel<X, HS, E>, smem, "flash attention backward: shared memory limit");
+    if (st == TD_OK)
+        st = allow_smem(kt_major ? flash_dkv_kernel<X, HS, true, E> : flash_dkv_kernel<X, HS, false, E>, smem,
+                        "flash attention backward: shared memory limit");
+    if (st != TD_OK) return st;
+    for (int b0 = 0; b0 < a.B; b0 += G) {
+        const int nb = a.B - b0 < G ? a.B - b0 : G, rows = nb * NH * T;
+        rowdot_kernel<X><<<(rows + 7) / 8, 256, 0, s>>>(D, dout, (const X *)a.out, b0, rows, T, C, NH, HS);
+        st = check_launch("flash attention backward (dout . out)");
+        if (st != TD_OK) return st;
+        flash_dq_kernel<X, HS, E><<<dim3(tiles, nb * NH), THREADS, smem, s>>>(dqkv, dout, qkv, a.lse, D, a.pos, b0, T,
+                                                                               hd, a.scale, a.vec, a.add);
+        st = check_launch("flash attention backward (dQ)");
+        if (st != TD_OK) return st;
+        if (kt_major)
+            flash_dkv_kernel<X, HS, true, E><<<dim3(nb * NKV, tiles), THREADS, smem, s>>>(
+                dqkv, dout, qkv, a.lse, D, a.pos, b0, T, hd, a.scale, a.vec, a.add);
+        else
+            flash_dkv_kernel<X, HS, false, E><<<dim3(tiles, nb * NKV), THREADS, smem, s>>>(
+                dqkv, dout, qkv, a.lse, D, a.pos, b0, T, hd, a.scale, a.vec, a.add);
+        st = check_launch("flash attention backward (dK, dV)");
+        if (st != TD_OK) return st;
+    }
+    return TD_OK;
+}
+
 } // namespace
 
 bool flash_applies(td_dtype dt, int hs)
@@ -690,18 +916,17 @@ size_t flash_scratch_bytes(int seqs, int T, int NH) { return align_up((size_t)se
 td_status flash_forward(td_dtype dt, void *out, float *lse, const void *qkv, const int *pos, int B, int T, int NH,
                         int NKV, int hs, cudaStream_t s)
 {
-    const int tiles = (T + BM - 1) / BM;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const bool vec = aligned16(qkv);
+    const float scale_log2 = 1.0f / sqrtf((float)hs) * LOG2E;
+    const bool vec = aligned16(qkv), wg = use_wgmma(hs, vec);
     return dispatch16(dt, hs, [&](auto tag, auto hs_c) -> td_status {
         using X = decltype(tag);
         constexpr int HS = decltype(hs_c)::value;
-        const size_t smem = fwd_smem_bytes<X, HS>();
-        td_status st = allow_smem(flash_forward_kernel<X, HS>, smem, "flash attention forward: shared memory limit");
-        if (st != TD_OK) return st;
-        flash_forward_kernel<X, HS><<<dim3(tiles, B * NH), THREADS, smem, s>>>(
-            (X *)out, lse, (const X *)qkv, pos, T, Heads<HS>{NH, NKV}, scale * LOG2E, vec);
-        return check_launch("flash attention forward");
+        if constexpr (HS % 64 == 0) {
+            if (wg)
+                return forward_on<X, HS, WgMma<HS>>((X *)out, lse, (const X *)qkv, pos, B, T, NH, NKV, scale_log2,
+                                                    vec, s);
+        }
+        return forward_on<X, HS, SyncMma<HS>>((X *)out, lse, (const X *)qkv, pos, B, T, NH, NKV, scale_log2, vec, s);
     });
 }
 
@@ -709,42 +934,16 @@ td_status flash_backward(td_dtype dt, void *dqkv, const void *dout, const void *
                          const float *lse, const int *pos, int B, int T, int NH, int NKV, int hs, bool add,
                          void *scratch, size_t scratch_bytes, cudaStream_t s)
 {
-    const int tiles = (T + BM - 1) / BM, C = NH * hs;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const bool vec = aligned16(qkv) && aligned16(dout);
-    int G = B;
-    while (G > 1 && flash_scratch_bytes(G, T, NH) > scratch_bytes) G--;
-    float *D = (float *)scratch;
+    const Backward a = {dout, qkv, out, lse, pos, B, T, NH, NKV, 1.0f / sqrtf((float)hs), add, scratch, scratch_bytes,
+                        aligned16(qkv) && aligned16(dout)};
+    const bool wg = use_wgmma(hs, a.vec);
     return dispatch16(dt, hs, [&](auto tag, auto hs_c) -> td_status {
         using X = decltype(tag);
         constexpr int HS = decltype(hs_c)::value;
-        const Heads<HS> hd{NH, NKV};
-        const size_t smem = bwd_smem_bytes<X, HS>();
-        const bool kt_major = NKV < NH; /* see flash_dkv_kernel */
-        td_status st = allow_smem(flash_dq_kernel<X, HS>, smem, "flash attention backward: shared memory limit");
-        if (st == TD_OK)
-            st = allow_smem(kt_major ? flash_dkv_kernel<X, HS, true> : flash_dkv_kernel<X, HS, false>, smem,
-                            "flash attention backward: shared memory limit");
-        if (st != TD_OK) return st;
-        for (int b0 = 0; b0 < B; b0 += G) {
-            const int nb = B - b0 < G ? B - b0 : G, rows = nb * NH * T;
-            rowdot_kernel<X><<<(rows + 7) / 8, 256, 0, s>>>(D, (const X *)dout, (const X *)out, b0, rows, T, C, NH, hs);
-            st = check_launch("flash attention backward (dout . out)");
-            if (st != TD_OK) return st;
-            flash_dq_kernel<X, HS><<<dim3(tiles, nb * NH), THREADS, smem, s>>>(
-                (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, pos, b0, T, hd, scale, vec, add);
-            st = check_launch("flash attention backward (dQ)");
-            if (st != TD_OK) return st;
-            if (kt_major)
-                flash_dkv_kernel<X, HS, true><<<dim3(nb * NKV, tiles), THREADS, smem, s>>>(
-                    (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, pos, b0, T, hd, scale, vec, add);
-            else
-                flash_dkv_kernel<X, HS, false><<<dim3(tiles, nb * NKV), THREADS, smem, s>>>(
-                    (X *)dqkv, (const X *)dout, (const X *)qkv, lse, D, pos, b0, T, hd, scale, vec, add);
-            st = check_launch("flash attention backward (dK, dV)");
-            if (st != TD_OK) return st;
+        if constexpr (HS % 64 == 0) {
+            if (wg) return backward_on<X, HS, WgMma<HS>>((X *)dqkv, a, s);
         }
-        return TD_OK;
+        return backward_on<X, HS, SyncMma<HS>>((X *)dqkv, a, s);
     });
 }
 

@@ -698,10 +698,12 @@ static int flash_shape(td_dtype dt, int C, int NH)
     return dt != TD_DTYPE_F32 && (hs == 64 || hs == 80 || hs == 96 || hs == 128);
 }
 
-/* path 0: the default (flash where it applies); 1: the batched-GEMM path. */
+/* path 0: the default (flash where it applies, on wgmma where the device
+ * runs the sm_90a code); 1: the batched-GEMM path; 2: flash on mma.sync. */
+#define FLASH_PATHS 3
 static void attention_path(int path)
 {
-    if (path) setenv("TD_OPS_CUDA_ATTENTION", "gemm", 1);
+    if (path) setenv("TD_OPS_CUDA_ATTENTION", path == 1 ? "gemm" : "mma", 1);
     else unsetenv("TD_OPS_CUDA_ATTENTION");
 }
 
@@ -715,7 +717,7 @@ static void attention_gqa_case(td_dtype dt, int B, int T, int NH, int NKV, int h
 {
     const int C = NH * hs, group = NH / NKV;
     const size_t N = (size_t)B * T, n_qkv = N * (C + 2 * (size_t)NKV * hs), n_out = N * C, n_lse = (size_t)B * NH * T;
-    const char *pn = path ? "gemm" : "default";
+    const char *pn = path == 1 ? "gemm" : path == 2 ? "mma" : "default";
     char shape[64];
     if (gqa) snprintf(shape, sizeof shape, "B%d T%d NH%d NKV%d hs%d%s", B, T, NH, NKV, hs, pos ? " packed" : "");
     else snprintf(shape, sizeof shape, "B%d T%d C%d NH%d", B, T, C, NH);
@@ -814,7 +816,7 @@ static void test_attention_packed(void **state)
     for (int di = 0; di < N_DTS; di++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const int B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
-            const int paths = flash_shape(DTS[di], NH * hs, NH) ? 2 : 1;
+            const int paths = flash_shape(DTS[di], NH * hs, NH) ? FLASH_PATHS : 1;
             for (int path = 0; path < paths; path++)
                 for (int grouped = 0; grouped < 2; grouped++) {
                     int *pos = packed_positions(B, T);
@@ -839,7 +841,7 @@ static void test_attention(void **state)
     for (int di = 0; di < N_DTS; di++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const int B = cases[ci][0], T = cases[ci][1], C = cases[ci][2], NH = cases[ci][3];
-            const int paths = flash_shape(DTS[di], C, NH) ? 2 : 1;
+            const int paths = flash_shape(DTS[di], C, NH) ? FLASH_PATHS : 1;
             for (int path = 0; path < paths; path++)
                 for (int grouped = 0; grouped < (B > 1 ? 2 : 1); grouped++)
                     attention_case(DTS[di], B, T, C, NH, grouped, path);
@@ -867,13 +869,66 @@ static void test_attention_gqa(void **state)
     for (int di = 0; di < N_DTS; di++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const int B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
-            const int paths = flash_shape(DTS[di], NH * hs, NH) ? 2 : 1;
+            const int paths = flash_shape(DTS[di], NH * hs, NH) ? FLASH_PATHS : 1;
             for (int path = 0; path < paths; path++)
                 for (int grouped = 0; grouped < (B > 1 ? 2 : 1); grouped++)
                     attention_gqa_case(DTS[di], B, T, NH, NKV, hs, grouped, path, 1, NULL);
         }
     reset();
     worst_print("attention gqa");
+}
+
+/* The flash kernels' two engines (wgmma on a device that runs the sm_90a
+ * code, mma.sync everywhere) give the same bits: out, lse and dqkv, whole
+ * and partial tiles, grouped-query heads, packed documents.  Elsewhere both
+ * runs take mma.sync and agree trivially. */
+static void test_attention_engines(void **state)
+{
+    (void)state;
+    /* B, T, NH, NKV, hs, packed */
+    static const int cases[][6] = {{2, 257, 4, 4, 64, 0}, {2, 200, 8, 2, 128, 0}, {1, 256, 4, 1, 64, 0},
+                                   {3, 200, 4, 2, 64, 1}, {2, 130, 4, 1, 128, 1}, {1, 64, 2, 2, 128, 0}};
+    td_rng_seed(&F.rng, 41);
+    for (int di = 0; di < N_DTS; di++) {
+        const td_dtype dt = DTS[di];
+        if (dt == TD_DTYPE_F32) continue;
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
+            const size_t N = (size_t)B * T, n_qkv = N * ((size_t)NH + 2 * NKV) * hs, n_out = N * NH * hs,
+                         n_lse = (size_t)B * NH * T, e = esize(dt);
+            reset();
+            int *pos = cases[ci][5] ? packed_positions(B, T) : NULL;
+            const int *d_pos = pos ? up_int(pos, N) : NULL;
+            void *d_qkv = up(dt, hrand(dt, n_qkv, 2.0f), n_qkv), *d_dout = up(dt, hrand(dt, n_out, 1), n_out);
+            const size_t sb = td_ops_cuda_attention_gqa_scratch_bytes(B, T, NH, NKV, hs, dt);
+            void *scratch = scratch_for(sb);
+            void *h[2][3];
+            for (int path = 0; path < 2; path++) {
+                attention_path(path ? 2 : 0);
+                void *d_out = dnan(dt, n_out), *d_dqkv = dnan(dt, n_qkv);
+                float *d_lse = dnan(TD_DTYPE_F32, n_lse);
+                TD_ASSERT_OK(td_ops_cuda_attention_gqa_forward(F.ctx, d_out, d_lse, d_qkv, d_pos, B, T, NH, NKV, hs, dt,
+                                                               scratch, sb, F.s));
+                TD_ASSERT_OK(td_ops_cuda_attention_gqa_backward(F.ctx, d_dqkv, d_dout, d_qkv, d_out, d_lse, d_pos, B, T,
+                                                                NH, NKV, hs, TD_OPS_CUDA_SET, dt, scratch, sb, F.s));
+                h[path][0] = hmalloc(n_out * e);
+                h[path][1] = hmalloc(n_lse * 4);
+                h[path][2] = hmalloc(n_qkv * e);
+                copy_sync(h[path][0], d_out, n_out * e, cudaMemcpyDeviceToHost);
+                copy_sync(h[path][1], d_lse, n_lse * 4, cudaMemcpyDeviceToHost);
+                copy_sync(h[path][2], d_dqkv, n_qkv * e, cudaMemcpyDeviceToHost);
+            }
+            attention_path(0);
+            static const char *const what[3] = {"out", "lse", "dqkv"};
+            const size_t bytes[3] = {n_out * e, n_lse * 4, n_qkv * e};
+            for (int k = 0; k < 3; k++)
+                if (memcmp(h[0][k], h[1][k], bytes[k]))
+                    fail_msg("attention engines: %s differs (B%d T%d NH%d NKV%d hs%d%s, %s)", what[k], B, T, NH, NKV,
+                             hs, pos ? " packed" : "", dt == TD_DTYPE_BF16 ? "bf16" : "fp16");
+            free(pos);
+        }
+    }
+    reset();
 }
 
 /* --- LLaMA-family ops: RMSNorm, SwiGLU, RoPE ------------------------------------------ */
@@ -1641,6 +1696,7 @@ int main(void)
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_packed),
+        cmocka_unit_test(test_attention_engines),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_rope),
