@@ -383,7 +383,12 @@ template <int HS> struct SyncMma {
  * serves a tile's two uses: K-major in A B^T (the head dimension is the
  * contraction: a 16-wide step is 32 bytes into the atom) and MN-major with
  * the transpose bit in X B (rows are the contraction: a step is 16 rows,
- * 2048 bytes; atoms LBO = 8 KiB apart, 8-row groups SBO = 1 KiB). */
+ * 2048 bytes; atoms LBO = 8 KiB apart, 8-row groups SBO = 1 KiB).  Each
+ * product is waited for before the next: a backward that issued dP beside
+ * S and let dV run while dS was taken gave the same bits but was measured
+ * slower on an H200 (`tidal bench attention`, 16k tokens): hs 64 11-14%
+ * (its dK/dV took 177 registers, two blocks an SM where 160 fit three),
+ * hs 128 no faster. */
 template <int HS> struct WgMma {
     static_assert(HS % 64 == 0, "whole 128-byte atoms");
     static constexpr int TILE = BM * HS;
