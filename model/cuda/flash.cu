@@ -432,6 +432,15 @@ template <int HS> struct WgMma {
 #pragma unroll
         for (int i = 0; i < R; i++) asm volatile("" : "+f"(x[i])::"memory");
     }
+#ifdef TD_WGMMA
+    /* the products issued since the last fence, committed and waited for */
+    template <int R> static __device__ __forceinline__ void finish(float (&d)[R])
+    {
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        pin(d);
+    }
+#endif
     template <typename T> static __device__ __forceinline__ void abt(float (&s)[BN / 8][4], const T *A, const T *B)
     {
 #ifdef TD_WGMMA
@@ -443,9 +452,7 @@ template <int HS> struct WgMma {
             const uint32_t off = (k / 4) * ATOM + (k % 4) * 32;
             wgmma_ss<T>(d, desc(a + off, 16, 1024), desc(b + off, 16, 1024), k > 0);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        pin(d);
+        finish(d);
 #else
         __trap();
 #endif
@@ -468,9 +475,7 @@ template <int HS> struct WgMma {
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) wgmma_rs_t<T, HS>(d, p[kk], desc(b + kk * 16 * 128, ATOM, 1024));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        pin(d);
+        finish(d);
 #else
         __trap();
 #endif
