@@ -461,7 +461,13 @@ static void test_cli_two_ranks_resume_and_bad_input(void **state)
     rc = td_proc_run(dir, "zero", &o, "%s train --data %s/text.tok %s --steps %d --micro-batch 4 --log %s", tidal, dir, run, N,
              log);
     if (rc || td_proc_read_log(log, zero, NULL, N) != N) fail_msg("P 0: exit %d: %s", rc, o);
-    assert_true(fabs(one[N - 1] - zero[N - 1]) > 1e-4 * fabs(zero[N - 1]));
+    /* dropout changes the run: some step's loss moves by more than 1e-4 of
+     * P 0's (not a given step's: the corpus is the docs' text, and on one
+     * version of it the two runs' last losses came within 1.4e-5 while the
+     * steps before differed by 1e-3) */
+    double moved = 0.0;
+    for (int i = 0; i < N; i++) moved = fmax(moved, fabs(one[i] - zero[i]) / fabs(zero[i]));
+    if (!(moved > 1e-4)) fail_msg("--lora-dropout 0.3 left every loss within %g of P 0's", moved);
     snprintf(log, sizeof log, "%s/two.jsonl", dir);
     rc = td_proc_run(dir, "two", &o, "%s train --data %s/text.tok %s --lora-dropout 0.3 --steps %d --micro-batch 2 --nproc 2 "
              "--save %s/ad --log %s", tidal, dir, run, N / 2, dir, log);
