@@ -17,7 +17,8 @@
  * l + 32, ...), as does int8's partial last block.
  *
  * The sum of squares is two kernels: each block reduces a fixed, strided
- * share of the grads in double into dev_scratch[block], then one block adds
+ * share of the grads (16-byte accesses where the grads are aligned to them)
+ * in double into dev_scratch[block], then one block adds
  * the partials in a fixed order into *dev_acc.  No atomics, so the result
  * depends only on the data and numel. */
 #include "tidal/optim_cuda.h"
@@ -567,16 +568,46 @@ cudaError_t launch_gdt(const td_adam_coeffs &c, const td_adam_chunk &ch, int pdt
     }
 }
 
+/* Each block's share in double into partials[block]: with `wide` (grad
+ * aligned to 16 bytes) thread t of the grid takes the 16-byte groups t,
+ * t + threads, ... (two in flight per iteration: one element per thread
+ * would leave the loads too few to cover the memory's latency), then the
+ * last numel % W elements one each; else element by element.  The order is
+ * fixed by numel and the alignment alone. */
 template <int GDT>
-__global__ void __launch_bounds__(kThreads) sumsq_partial_kernel(const void *__restrict__ grad, size_t n,
+__global__ void __launch_bounds__(kThreads) sumsq_partial_kernel(const void *__restrict__ grad, size_t n, bool wide,
                                                                  double *__restrict__ partials)
 {
+    constexpr int W = GDT == TD_DTYPE_F32 ? 4 : 8; /* one 16-byte access */
     __shared__ double sh[kThreads];
     double acc = 0.0;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        double x = load_grad<GDT>(grad, i);
-        acc = __fma_rn(x, x, acc);
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    if (wide) {
+        size_t groups = n / W, i = t;
+        for (; i + stride < groups; i += 2 * stride) {
+            float a[W], b[W];
+            load_grads<GDT, W>(grad, i * W, a);
+            load_grads<GDT, W>(grad, (i + stride) * W, b);
+#pragma unroll
+            for (int k = 0; k < W; k++) acc = __fma_rn((double)a[k], (double)a[k], acc);
+#pragma unroll
+            for (int k = 0; k < W; k++) acc = __fma_rn((double)b[k], (double)b[k], acc);
+        }
+        if (i < groups) {
+            float a[W];
+            load_grads<GDT, W>(grad, i * W, a);
+#pragma unroll
+            for (int k = 0; k < W; k++) acc = __fma_rn((double)a[k], (double)a[k], acc);
+        }
+        if (t < n % W) {
+            double x = load_grad<GDT>(grad, groups * W + t);
+            acc = __fma_rn(x, x, acc);
+        }
+    } else {
+        for (size_t i = t; i < n; i += stride) {
+            double x = load_grad<GDT>(grad, i);
+            acc = __fma_rn(x, x, acc);
+        }
     }
     sh[threadIdx.x] = acc;
     __syncthreads();
@@ -641,12 +672,13 @@ extern "C" td_status td_grad_sumsq_cuda(const void *grad, td_dtype dtype, size_t
     if (numel == 0) return TD_OK;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int blocks = grid_for(numel, TD_GRAD_SUMSQ_CUDA_SCRATCH);
+    bool wide = wide_ok(grad, 16, 1);
     if (dtype == TD_DTYPE_BF16)
-        sumsq_partial_kernel<TD_DTYPE_BF16><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
+        sumsq_partial_kernel<TD_DTYPE_BF16><<<blocks, kThreads, 0, s>>>(grad, numel, wide, dev_scratch);
     else if (dtype == TD_DTYPE_F16)
-        sumsq_partial_kernel<TD_DTYPE_F16><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
+        sumsq_partial_kernel<TD_DTYPE_F16><<<blocks, kThreads, 0, s>>>(grad, numel, wide, dev_scratch);
     else
-        sumsq_partial_kernel<TD_DTYPE_F32><<<blocks, kThreads, 0, s>>>(grad, numel, dev_scratch);
+        sumsq_partial_kernel<TD_DTYPE_F32><<<blocks, kThreads, 0, s>>>(grad, numel, wide, dev_scratch);
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) {
         sumsq_final_kernel<<<1, kThreads, 0, s>>>(dev_scratch, blocks, dev_acc);

@@ -8,7 +8,11 @@
  * wanted) writes every column: exp(x - lse) [- 1 at the target] times dloss
  * for v < V, 0 for v >= V and for an ignored row.  A thread reads each of
  * its elements before writing it and the block synchronises between the
- * passes, so dlogits may be the logits themselves. */
+ * passes, so dlogits may be the logits themselves.  (A cluster of 8 blocks
+ * a row, each holding its slice of the row in shared memory so that the
+ * logits are read once, was slower on an H200: the training head of W1 took
+ * 8.84 ms against 7.77, W9's 28.0 against 26.3; the second pass finds most
+ * of its row in L2.) */
 #include "kernels.cuh"
 
 #include <math.h>
