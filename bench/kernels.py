@@ -40,6 +40,10 @@ sys.path.insert(0, HERE)
 import results as res  # noqa: E402
 
 OPS_SHAPES = [
+    # W1's and W9's blocks (16k tokens), then wider ones
+    ("gpt2-124m", ["--width", "768", "--heads", "12", "--micro-batch", "16", "--seq", "1024"]),
+    ("qwen2.5-0.5b", ["--width", "896", "--heads", "14", "--kv-heads", "2", "--mlp", "4864",
+                      "--micro-batch", "16", "--seq", "1024"]),
     ("gpt2-1.5b", ["--width", "1600", "--heads", "25", "--micro-batch", "32", "--seq", "1024"]),
     ("llama-3.2-3b", ["--width", "3072", "--heads", "24", "--kv-heads", "8", "--mlp", "8192",
                       "--micro-batch", "8", "--seq", "1024"]),
