@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "tidal/dtype.h"
+#include "tidal/ops_cuda.h"
 #include "tidal/status.h"
 
 struct cJSON;
@@ -34,8 +35,9 @@ double td_bench_roofline_ms(const td_bench_peak *p, double flops, double bytes);
 struct cJSON *td_bench_peak_json(const td_bench_peak *p);
 
 /* Median ms of `repeat` timed runs of fn(ctx) after two warm-up runs, with
- * CUDA events on `stream`. */
+ * CUDA events on `stream`; with ops (NULL: fn runs no GEMM), the warm-up
+ * goes on until the GEMM shapes' tuning has settled (ops_cuda.h). */
 typedef td_status (*td_bench_fn)(void *ctx);
-td_status td_bench_time(td_bench_fn fn, void *ctx, void *stream, int repeat, double *ms);
+td_status td_bench_time(td_bench_fn fn, void *ctx, td_ops_cuda *ops, void *stream, int repeat, double *ms);
 
 #endif

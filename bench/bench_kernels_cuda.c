@@ -263,9 +263,9 @@ int td_bench_attention_main(int argc, char **argv)
     if ((st = td_backend_create(&bp, &be)) || (st = td_bench_peak_get(o.dt, o.peak_tf, o.peak_gbs, &pk)) ||
         (st = att_setup(&a, be, &b, &ws)))
         goto done;
-    if ((st = td_bench_time(att_fwd, &a, a.stream, o.repeat, &ms[0])) ||
-        (st = td_bench_time(att_bwd, &a, a.stream, o.repeat, &ms[1])) ||
-        (st = td_bench_time(att_both, &a, a.stream, o.repeat, &ms[2])))
+    if ((st = td_bench_time(att_fwd, &a, a.ops, a.stream, o.repeat, &ms[0])) ||
+        (st = td_bench_time(att_bwd, &a, a.ops, a.stream, o.repeat, &ms[1])) ||
+        (st = td_bench_time(att_both, &a, a.ops, a.stream, o.repeat, &ms[2])))
         goto done;
     st = att_report(&o, &a, &pk, ms);
 done:
@@ -484,10 +484,10 @@ int td_bench_head_main(int argc, char **argv)
         (st = head_fill(&h, hi, nh)))
         goto done;
     h.rows = R;
-    if ((st = td_bench_time(head_loss, &h, h.run.stream, o.repeat, &ms[0]))) goto done;
+    if ((st = td_bench_time(head_loss, &h, h.run.ops, h.run.stream, o.repeat, &ms[0]))) goto done;
     if (R < N) {
         h.rows = N;
-        if ((st = td_bench_time(head_loss, &h, h.run.stream, o.repeat, &ms[1]))) goto done;
+        if ((st = td_bench_time(head_loss, &h, h.run.ops, h.run.stream, o.repeat, &ms[1]))) goto done;
     }
     st = head_report(&o, &h, R, &pk, ms);
 done:

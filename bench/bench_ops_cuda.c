@@ -7,7 +7,8 @@
  * and k, flash GQA, SwiGLU MLP with gate and up from one matmul), so that
  * their TFLOP/s per block compare.
  *
- * Each figure is the median of --repeat timed runs after two warm-up runs,
+ * Each figure is the median of --repeat timed runs after two warm-up runs
+ * (and more until cuBLASLt's candidates for each GEMM shape have been timed),
  * timed with CUDA events on one stream.  Matmuls and attention also give
  * TFLOP/s (2 flops per multiply-add; causal attention counts half the T x T
  * products); memory-bound ops give GB/s of their compulsory reads + writes.
@@ -47,7 +48,8 @@ static int cmp_double(const void *a, const void *b)
 
 /* One op on the probe's buffers. */
 typedef td_status (*op_fn)(td_block_probe *b);
-/* Median time of `repeat` runs of fn(b) after two warm-ups. */
+/* Median time of `repeat` runs of fn(b) after two warm-ups, and more until
+ * the GEMM shapes' tuning has settled (ops_cuda.h). */
 static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
 {
     cudaEvent_t e0, e1;
@@ -59,6 +61,10 @@ static td_status time_op(td_block_probe *b, op_fn fn, int repeat, double *ms)
         return td_error_set(TD_ERR_BACKEND, "cudaEventCreate failed");
     }
     for (int i = 0; i < 2 && !st; i++) st = fn(b);
+    for (int i = 0; i < 256 && !st && td_ops_cuda_gemm_tuning(b->ops); i++) {
+        st = fn(b);
+        cudaStreamSynchronize(b->stream);
+    }
     for (int i = 0; i < repeat && !st; i++) {
         cudaEventRecord(e0, b->stream);
         st = fn(b);

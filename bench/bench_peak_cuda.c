@@ -78,7 +78,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-td_status td_bench_time(td_bench_fn fn, void *ctx, void *stream, int repeat, double *ms)
+td_status td_bench_time(td_bench_fn fn, void *ctx, td_ops_cuda *ops, void *stream, int repeat, double *ms)
 {
     cudaStream_t s = (cudaStream_t)stream;
     cudaEvent_t e0, e1;
@@ -95,6 +95,10 @@ td_status td_bench_time(td_bench_fn fn, void *ctx, void *stream, int repeat, dou
     }
     td_status st = TD_OK;
     for (int i = 0; i < 2 && !st; i++) st = fn(ctx);
+    for (int i = 0; i < 256 && !st && ops && td_ops_cuda_gemm_tuning(ops); i++) {
+        st = fn(ctx);
+        cudaStreamSynchronize(s);
+    }
     for (int i = 0; i < repeat && !st; i++) {
         float f = 0;
         cudaEventRecord(e0, s);

@@ -77,14 +77,29 @@ typedef struct td_ops_cuda_params {
     int fuse_gelu;          /* 16-bit matmul + GELU as one cuBLASLt epilogue (default 1) */
     int fallback_gemm;      /* 1: every GEMM on the simple fallback kernel that serves the
                                shapes cuBLASLt refuses (tests; slow) */
+    int tune_gemm;          /* 1: the first calls of each GEMM shape of the linears (sm_90,
+                               16-bit, not batched) time cuBLASLt's candidates that give the
+                               same bits as its heuristic's first choice, and later calls take
+                               the fastest; 2: also print each shape's timings to stderr
+                               (default 1; the environment's TD_OPS_CUDA_GEMM_TUNE=0 or =log
+                               makes it 0 or 2) */
 } td_ops_cuda_params;
 
-/* Defaults: no workspace, fuse_gelu 1, fallback_gemm 0. */
+/* Defaults: no workspace, fuse_gelu 1, fallback_gemm 0, tune_gemm 1 (0 or 2
+ * with TD_OPS_CUDA_GEMM_TUNE=0 or =log in the environment). */
 td_ops_cuda_params td_ops_cuda_default_params(void);
 /* Creates the cuBLASLt handle on the current device.  TD_ERR_BACKEND if
  * cuBLASLt cannot start; TD_ERR_NOMEM if the host context cannot be allocated. */
 td_status td_ops_cuda_create(const td_ops_cuda_params *params, td_ops_cuda **out);
 void td_ops_cuda_free(td_ops_cuda *ctx); /* NULL is a no-op; the caller frees the workspace */
+/* The GEMM shapes whose tuning is still under way: their timed calls not all
+ * issued, or not all finished on the device (this call settles those that
+ * have).  A benchmark repeats its warm-up until this is 0. */
+int td_ops_cuda_gemm_tuning(td_ops_cuda *ctx);
+/* How many GEMM shapes the context holds; of those, how many had more than
+ * one candidate to time, and how many kept one other than the heuristic's
+ * first.  Any pointer may be NULL. */
+void td_ops_cuda_gemm_counts(td_ops_cuda *ctx, int *shapes, int *timed, int *retuned);
 
 /* How an input gradient is written. */
 typedef enum td_ops_cuda_write {

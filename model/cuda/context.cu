@@ -11,10 +11,31 @@
  * so an unaligned view, e.g. a tensor at an odd offset inside a chunk, gets
  * its own plan instead of a kernel that would fault on it).  A shape
  * cuBLASLt refuses runs on a simple fallback kernel (plain or bias
- * epilogue), so no shape is an error. */
+ * epilogue), so no shape is an error.
+ *
+ * Tuning: the heuristic's first choice is often not the fastest of the
+ * algorithms it lists (measured on an H200 at the GEMMs of GPT-2 124M and
+ * 1.5B and of Qwen2.5 0.5B: the fastest of its first 8 was up to 1.23x
+ * faster, 2-8 % of each workload's GEMM time).  A plan keeps the listed
+ * candidates that compute the same sums in the same order as the first: the
+ * same kernel family, split-K count and reduction scheme (they differ only in
+ * tiles, stages and cluster shape, and give the same bits: checked for
+ * every one at those shapes, and by tests/gpu/test_ops_cuda.c).  Only the
+ * linears' kind of GEMM is tuned, where that was checked: on sm_90, 16-bit
+ * operands, one matrix (not batched), every dimension at least 128; tiny or
+ * batched fp32 shapes (the attention's GEMM path) have candidates that do
+ * not give the same bits, and keep the heuristic's choice.  Its first
+ * calls take the candidates in turn, TD_OPS_CUDA_TUNE_ROUNDS times each, each
+ * call between two events; once every timed call has finished on the device,
+ * the candidate with the least time serves every later call.  The calls
+ * being real ones, tuning costs no extra work and no memory, works for
+ * accumulating GEMMs (beta 1) too, and the results are the same bits
+ * whichever candidate is kept; the choice itself follows the timings, so it
+ * may differ from run to run. */
 #include "kernels.cuh"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tidal/alloc.h"
@@ -111,6 +132,103 @@ static bool uses_aux(cublasLtEpilogue_t e)
     return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
 
+/* Ends a plan's tuning: its events destroyed (an event still waiting in a
+ * stream is released when it completes), its algorithm kept. */
+static void tune_end(td_ops_cuda_plan *p)
+{
+    for (int i = 0; i < 2 * TD_OPS_CUDA_TUNE_MAX * TD_OPS_CUDA_TUNE_ROUNDS; i++)
+        if (p->ev[i]) {
+            cudaEventDestroy(p->ev[i]);
+            p->ev[i] = nullptr;
+        }
+    p->tune = 0;
+}
+
+static int config_attr(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t attr)
+{
+    int32_t v = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(a, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return -1000;
+    return v;
+}
+
+/* The same sums in the same order as ref: the same kernel family, split-K
+ * count and reduction scheme. */
+static bool same_numerics(const cublasLtMatmulAlgo_t *a, const cublasLtMatmulAlgo_t *ref)
+{
+    const cublasLtMatmulAlgoConfigAttributes_t attrs[] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                          CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME};
+    for (cublasLtMatmulAlgoConfigAttributes_t at : attrs) {
+        int va = config_attr(a, at);
+        if (va == -1000 || va != config_attr(ref, at)) return false;
+    }
+    return true;
+}
+
+/* Settles a plan whose timed calls have all been issued, once they have all
+ * finished: the candidate with the least time is kept.  Returns whether the
+ * plan is still tuning. */
+static bool tune_settle(td_ops_cuda_plan *p, bool verbose)
+{
+    if (!p->tune) return false;
+    const int calls = p->n_cand * TD_OPS_CUDA_TUNE_ROUNDS;
+    if (p->issued < calls) return true;
+    for (int i = 0; i < calls; i++) {
+        cudaError_t e = cudaEventQuery(p->ev[2 * i + 1]);
+        if (e == cudaErrorNotReady) {
+            if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+            return true;
+        }
+        if (e != cudaSuccess) { /* keep what the calls use now; the error shows at the next check */
+            tune_end(p);
+            return false;
+        }
+    }
+    float best = 0.0f;
+    int pick = -1;
+    for (int c = 0; c < p->n_cand; c++) {
+        if (p->refused[c]) continue;
+        float least = -1.0f;
+        for (int r = 0; r < TD_OPS_CUDA_TUNE_ROUNDS; r++) {
+            const int i = r * p->n_cand + c;
+            float ms = 0.0f;
+            if (cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]) != cudaSuccess) {
+                (void)cudaGetLastError();
+                continue;
+            }
+            if (least < 0.0f || ms < least) least = ms;
+        }
+        if (least >= 0.0f && (pick < 0 || least < best)) {
+            best = least;
+            pick = c;
+        }
+    }
+    if (pick >= 0) {
+        p->algo = p->cand[pick];
+        p->picked = pick;
+    }
+    if (verbose) {
+        fprintf(stderr, "gemm tune: m %d n %d k %d batch %d ta %d tb %d epi %d:", p->key.m, p->key.n, p->key.k,
+                p->key.batch, p->key.ta, p->key.tb, p->key.epilogue);
+        for (int c = 0; c < p->n_cand; c++) {
+            float least = -1.0f;
+            for (int r = 0; r < TD_OPS_CUDA_TUNE_ROUNDS; r++) {
+                const int i = r * p->n_cand + c;
+                float ms = 0.0f;
+                if (cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    continue;
+                }
+                if (least < 0.0f || ms < least) least = ms;
+            }
+            fprintf(stderr, " %s%.4f", c == pick ? "*" : "", least);
+        }
+        fprintf(stderr, "\n");
+    }
+    tune_end(p);
+    return false;
+}
+
 static void plan_release(td_ops_cuda_plan *p)
 {
     if (!p->used) return;
@@ -118,6 +236,7 @@ static void plan_release(td_ops_cuda_plan *p)
     if (p->la) cublasLtMatrixLayoutDestroy(p->la);
     if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
     if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    tune_end(p);
     memset(p, 0, sizeof *p);
 }
 
@@ -162,7 +281,7 @@ static td_status plan_build(td_ops_cuda *ctx, td_ops_cuda_plan *p, const Gemm &g
 {
     td_status st = TD_OK;
     cublasLtMatmulPreference_t pref = nullptr;
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t result[TD_OPS_CUDA_TUNE_MAX];
     int returned = 0;
     int32_t ta = g.ta, tb = g.tb;
     uint32_t epi = g.epilogue;
@@ -170,6 +289,7 @@ static td_status plan_build(td_ops_cuda *ctx, td_ops_cuda_plan *p, const Gemm &g
     uint32_t al_a = p->key.align_a, al_b = p->key.align_b, al_c = p->key.align_c,
              al_d = p->key.align_d;
     cublasStatus_t hs;
+    bool tunable;
 
     p->used = 1;
     LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
@@ -221,12 +341,27 @@ static td_status plan_build(td_ops_cuda *ctx, td_ops_cuda_plan *p, const Gemm &g
            what);
     /* Any refusal here (no algorithm, or a combination cuBLASLt rejects) marks
      * the shape unsupported: callers with a fused epilogue then fall back. */
-    hs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result,
-                                        &returned);
+    tunable = ctx->tune_gemm && ctx->sm_major == 9 && g.batch == 1 && g.ab_type != CUDA_R_32F && g.m >= 128 &&
+              g.n >= 128 && g.k >= 128;
+    hs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref,
+                                        tunable ? TD_OPS_CUDA_TUNE_MAX : 1, result, &returned);
     p->status = hs;
     if (hs == CUBLAS_STATUS_SUCCESS && returned > 0) {
-        p->algo = result.algo;
+        p->algo = result[0].algo;
         p->found = 1;
+        p->cand[p->n_cand++] = result[0].algo;
+        for (int i = 1; i < returned; i++)
+            if (result[i].state == CUBLAS_STATUS_SUCCESS && same_numerics(&result[i].algo, &result[0].algo))
+                p->cand[p->n_cand++] = result[i].algo;
+        if (p->n_cand > 1) {
+            p->tune = 1;
+            for (int i = 0; i < 2 * p->n_cand * TD_OPS_CUDA_TUNE_ROUNDS; i++)
+                if (cudaEventCreate(&p->ev[i]) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    tune_end(p); /* untimed: the heuristic's choice */
+                    break;
+                }
+        }
     }
 cleanup:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -371,10 +506,35 @@ td_status gemm(td_ops_cuda *ctx, const Gemm &g, cudaStream_t s, const char *what
     }
     if (p->found) {
         const void *c = g.C ? g.C : g.D;
-        cublasStatus_t ls = cublasLtMatmul(ctx->lt, p->desc, &g.alpha, g.A, p->la, g.B, p->lb, &g.beta,
-                                           c, p->lc, g.D, p->lc, &p->algo, ctx->workspace,
-                                           ctx->workspace_bytes, s);
+        int slot = -1; /* this call's timed slot while tuning */
+        if (p->tune && p->issued < p->n_cand * TD_OPS_CUDA_TUNE_ROUNDS) {
+            slot = p->issued++;
+            if (p->refused[slot % p->n_cand] || cudaEventRecord(p->ev[2 * slot], s) != cudaSuccess) {
+                (void)cudaGetLastError();
+                p->refused[slot % p->n_cand] = 1;
+                slot = -1;
+            }
+        } else if (p->tune) {
+            tune_settle(p, ctx->tune_gemm > 1);
+        }
+        cublasStatus_t ls = cublasLtMatmul(ctx->lt, p->desc, &g.alpha, g.A, p->la, g.B, p->lb, &g.beta, c, p->lc,
+                                           g.D, p->lc, slot >= 0 ? &p->cand[slot % p->n_cand] : &p->algo,
+                                           ctx->workspace, ctx->workspace_bytes, s);
+        if (slot >= 0) {
+            if (ls == CUBLAS_STATUS_SUCCESS && cudaEventRecord(p->ev[2 * slot + 1], s) == cudaSuccess) {
+                if (p->issued == p->n_cand * TD_OPS_CUDA_TUNE_ROUNDS) tune_settle(p, ctx->tune_gemm > 1);
+                return TD_OK;
+            }
+            (void)cudaGetLastError();
+            /* the candidate refused, or its end cannot be timed: out of the
+             * running, and this call runs on the plan's algorithm */
+            p->refused[slot % p->n_cand] = 1;
+            if (ls == CUBLAS_STATUS_SUCCESS) return TD_OK;
+            ls = cublasLtMatmul(ctx->lt, p->desc, &g.alpha, g.A, p->la, g.B, p->lb, &g.beta, c, p->lc, g.D, p->lc,
+                                &p->algo, ctx->workspace, ctx->workspace_bytes, s);
+        }
         if (ls != CUBLAS_STATUS_NOT_SUPPORTED) return lt_check(ls, "cublasLtMatmul", what);
+        tune_end(p);
         p->found = 0; /* refused at run time: never again for this plan */
         p->status = ls;
     }
@@ -398,6 +558,8 @@ extern "C" td_ops_cuda_params td_ops_cuda_default_params(void)
     p.workspace_bytes = 0;
     p.fuse_gelu = 1;
     p.fallback_gemm = 0;
+    const char *tune = getenv("TD_OPS_CUDA_GEMM_TUNE");
+    p.tune_gemm = !tune ? 1 : !strcmp(tune, "0") ? 0 : !strcmp(tune, "log") ? 2 : 1;
     return p;
 }
 
@@ -429,6 +591,13 @@ extern "C" td_status td_ops_cuda_create(const td_ops_cuda_params *params, td_ops
     ctx->workspace_bytes = p.workspace ? p.workspace_bytes : 0;
     ctx->fuse_gelu = p.fuse_gelu;
     ctx->fallback_gemm = p.fallback_gemm;
+    ctx->tune_gemm = p.tune_gemm;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&ctx->sm_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        ctx->sm_major = 0; /* unknown: no tuning */
+    }
     *out = ctx;
     return TD_OK;
 }
@@ -439,4 +608,27 @@ extern "C" void td_ops_cuda_free(td_ops_cuda *ctx)
     for (int i = 0; i < TD_OPS_CUDA_PLANS; i++) tdc::plan_release(&ctx->plans[i]);
     cublasLtDestroy(ctx->lt);
     td_free(ctx);
+}
+
+extern "C" int td_ops_cuda_gemm_tuning(td_ops_cuda *ctx)
+{
+    int n = 0;
+    if (!ctx) return 0;
+    for (int i = 0; i < TD_OPS_CUDA_PLANS; i++)
+        if (ctx->plans[i].used && tdc::tune_settle(&ctx->plans[i], ctx->tune_gemm > 1)) n++;
+    return n;
+}
+
+extern "C" void td_ops_cuda_gemm_counts(td_ops_cuda *ctx, int *shapes, int *timed, int *retuned)
+{
+    int n = 0, t = 0, r = 0;
+    for (int i = 0; ctx && i < TD_OPS_CUDA_PLANS; i++)
+        if (ctx->plans[i].used) {
+            n++;
+            t += ctx->plans[i].n_cand > 1;
+            r += ctx->plans[i].picked != 0;
+        }
+    if (shapes) *shapes = n;
+    if (timed) *timed = t;
+    if (retuned) *retuned = r;
 }

@@ -209,12 +209,18 @@ td_status flash_backward(td_dtype dt, void *dqkv, const void *dout, const void *
 
 /* --- the context and its GEMM ---------------------------------------------- */
 
-/* One cached cuBLASLt plan: descriptors and the algorithm for one shape. */
+/* One cached cuBLASLt plan: descriptors and the algorithm for one shape.
+ * While tune is set, the plan's first calls time the heuristic's candidates
+ * that give its first choice's bits (context.cu, "Tuning"). */
 struct td_ops_cuda_plan_key {
     int ta, tb, m, n, k, batch, ab_type, d_type, epilogue, has_c;
     long long lda, ldb, ldd, stride_a, stride_b, stride_d, aux_ld;
     unsigned align_a, align_b, align_c, align_d, align_bias, align_aux;
 };
+
+/* Tuning: at most this many of the heuristic's candidates, each timed this
+ * many times (the least counts). */
+enum { TD_OPS_CUDA_TUNE_MAX = 8, TD_OPS_CUDA_TUNE_ROUNDS = 3 };
 
 struct td_ops_cuda_plan {
     td_ops_cuda_plan_key key;
@@ -223,7 +229,14 @@ struct td_ops_cuda_plan {
     cublasStatus_t status; /* the heuristic's answer, for the message when none was found */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo; /* the algorithm calls use (the heuristic's first until tuned) */
+    int tune;                  /* 1 while the candidates are being timed */
+    int picked;                /* the candidate kept (0: the heuristic's first) */
+    int n_cand;                /* candidates, the heuristic's first among them */
+    int issued;                /* timed calls issued: n_cand * TD_OPS_CUDA_TUNE_ROUNDS at most */
+    cublasLtMatmulAlgo_t cand[TD_OPS_CUDA_TUNE_MAX];
+    unsigned char refused[TD_OPS_CUDA_TUNE_MAX]; /* refused at run time: out of the running */
+    cudaEvent_t ev[2 * TD_OPS_CUDA_TUNE_MAX * TD_OPS_CUDA_TUNE_ROUNDS]; /* start, end of each timed call */
 };
 
 /* A block with LoRA on every module adds some 30 small GEMM shapes to the base
@@ -236,6 +249,8 @@ struct td_ops_cuda {
     size_t workspace_bytes;
     int fuse_gelu;
     int fallback_gemm;
+    int tune_gemm; /* 0 off, 1 on, 2 on and each settled shape's timings printed */
+    int sm_major;  /* the device's compute capability */
     int next_evict;
     td_ops_cuda_plan plans[TD_OPS_CUDA_PLANS];
 };

@@ -21,7 +21,8 @@
  * through the qkv matmul) the same way.  The position-dependent ops
  * (encoder, RoPE, attention on both paths) also with packed documents:
  * positions restarting inside a row, attention not crossing them.  Also: a block composed of the CUDA ops against
- * td_model_block_forward/backward, bit-identical repeats, argument errors,
+ * td_model_block_forward/backward, bit-identical repeats, GEMM tuning
+ * (the bits of an untuned context at every call), argument errors,
  * and the speed of one GPT-2 124M block (printed).
  *
  * Device memory comes from an arena on the cuda backend, as in the trainer. */
@@ -1563,6 +1564,99 @@ static void test_block_repeats_bit_identical(void **state)
     repeats_case(128, 2);
 }
 
+/* --- GEMM tuning ------------------------------------------------------------------------------ */
+
+/* A context that tunes its GEMMs (context.cu, "Tuning": the first calls of a
+ * shape take cuBLASLt's candidates in turn) gives the bits of one that does
+ * not, at every call: while each candidate is timed and after one is kept.
+ * Shapes of the workloads' linears (GPT-2 124M and 1.5B, Qwen2.5 0.5B) at
+ * 4096 rows: forward (with bias, and with the fused GELU), dinp (with the
+ * fused GELU derivative), dweight added into (beta 1) in bf16 and fp32, and
+ * an fp16 case. */
+typedef struct tune_case {
+    int C, OC, gelu;
+    td_dtype dt, gdt;
+} tune_case;
+
+static int tune_case_run(td_ops_cuda *plain, td_ops_cuda *tuned, tune_case c)
+{
+    const int N = 4096, C = c.C, OC = c.OC, calls = 40;
+    const td_dtype dt = c.dt, gdt = c.gdt;
+    reset();
+    const size_t nin = (size_t)N * C, nout = (size_t)N * OC, nw = (size_t)OC * C;
+    void *inp = up(dt, hrand(dt, nin, 1), nin), *w = up(dt, hrand(dt, nw, 0.05f), nw),
+         *bias = up(dt, hrand(dt, OC, 0.5f), OC), *dout = up(dt, hrand(dt, nout, 1), nout),
+         *pre = c.gelu ? up(dt, hrand(dt, nin, 2), nin) : NULL, *dw0 = up(gdt, hrand(gdt, nw, 0.5f), nw);
+    void *out = dmalloc(nout * esize(dt)), *aux = c.gelu ? dmalloc(nout * esize(dt)) : NULL,
+         *dinp = dmalloc(nin * esize(dt)), *dw = dmalloc(nw * esize(gdt)), *db = dmalloc(OC * esize(gdt));
+    const size_t sb = td_ops_cuda_matmul_scratch_bytes(N, OC);
+    void *scratch = dmalloc(sb);
+    void *const dev[4] = {out, dinp, dw, db};
+    const size_t bytes[4] = {nout * esize(dt), nin * esize(dt), nw * esize(gdt), OC * esize(gdt)};
+    unsigned char *ref[4], *now[4];
+    for (int i = 0; i < 4; i++) {
+        ref[i] = hmalloc(bytes[i]);
+        now[i] = hmalloc(bytes[i]);
+    }
+    for (int call = -1; call < calls; call++) {
+        td_ops_cuda *ctx = call < 0 ? plain : tuned;
+        for (int i = 0; i < 2; i++) fill(dev[i], 0xff, bytes[i]);
+        CUDA_OK(cudaMemcpyAsync(dw, dw0, bytes[2], cudaMemcpyDeviceToDevice, (cudaStream_t)F.s));
+        fill(db, 0, bytes[3]);
+        /* forward: with GELU, out = gelu(inp W^T + b) and the pre-activation in aux */
+        TD_ASSERT_OK(td_ops_cuda_matmul_forward(ctx, out, aux, inp, w, bias, NULL, N, C, OC, dt, F.s));
+        if (c.gelu) /* dinp through GELU: inp was gelu(pre) */
+            TD_ASSERT_OK(td_ops_cuda_matmul_backward_gelu(ctx, dinp, dw, db, dout, inp, w, pre, N, C, OC, dt, gdt,
+                                                          scratch, sb, F.s));
+        else
+            TD_ASSERT_OK(td_ops_cuda_matmul_backward(ctx, dinp, dw, db, dout, inp, w, N, C, OC, TD_OPS_CUDA_SET, dt,
+                                                     gdt, scratch, sb, F.s));
+        for (int i = 0; i < 4; i++) {
+            copy_sync(call < 0 ? ref[i] : now[i], dev[i], bytes[i], cudaMemcpyDeviceToHost);
+            if (call >= 0 && memcmp(ref[i], now[i], bytes[i]))
+                fail_msg("GEMM tuning: C %d OC %d gelu %d %s/%s: %s of call %d differs from the untuned context's", C,
+                         OC, c.gelu, td_dtype_name(dt), td_dtype_name(gdt),
+                         (const char *[]){"out", "dinp", "dweight", "dbias"}[i], call);
+        }
+    }
+    CUDA_OK(cudaStreamSynchronize((cudaStream_t)F.s));
+    assert_int_equal(td_ops_cuda_gemm_tuning(tuned), 0); /* settled: every timed call has finished */
+    int shapes = 0, timed = 0;
+    td_ops_cuda_gemm_counts(tuned, &shapes, &timed, NULL);
+    reset();
+    return timed;
+}
+
+static void test_gemm_tuning_same_bits(void **state)
+{
+    (void)state;
+    td_rng_seed(&F.rng, 211);
+    const tune_case cases[] = {
+        {768, 2304, 0, TD_DTYPE_BF16, TD_DTYPE_BF16},  {768, 768, 0, TD_DTYPE_BF16, TD_DTYPE_F32},
+        {768, 3072, 1, TD_DTYPE_BF16, TD_DTYPE_BF16},  {3072, 768, 1, TD_DTYPE_BF16, TD_DTYPE_F32},
+        {896, 1152, 0, TD_DTYPE_BF16, TD_DTYPE_BF16},  {4864, 896, 0, TD_DTYPE_BF16, TD_DTYPE_BF16},
+        {1600, 4800, 0, TD_DTYPE_BF16, TD_DTYPE_F32}, {1024, 1024, 1, TD_DTYPE_F16, TD_DTYPE_F16},
+    };
+    td_ops_cuda_params p = td_ops_cuda_default_params();
+    p.workspace = F.ws;
+    p.workspace_bytes = TD_OPS_CUDA_WORKSPACE_BYTES;
+    p.tune_gemm = 0;
+    td_ops_cuda *plain = NULL, *tuned = NULL;
+    TD_ASSERT_OK(td_ops_cuda_create(&p, &plain));
+    p.tune_gemm = 1;
+    TD_ASSERT_OK(td_ops_cuda_create(&p, &tuned));
+    int timed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) timed = tune_case_run(plain, tuned, cases[i]);
+    int shapes = 0, retuned = 0, plain_timed = -1;
+    td_ops_cuda_gemm_counts(tuned, &shapes, &timed, &retuned);
+    td_ops_cuda_gemm_counts(plain, NULL, &plain_timed, NULL);
+    assert_int_equal(plain_timed, 0); /* tune_gemm 0: one candidate a shape */
+    printf("  GEMM tuning: %d shapes, %d with candidates timed, %d kept one other than the heuristic's first; "
+           "every call the untuned bits\n", shapes, timed, retuned);
+    td_ops_cuda_free(plain);
+    td_ops_cuda_free(tuned);
+}
+
 /* --- argument errors ----------------------------------------------------------------------- */
 
 static void test_argument_errors(void **state)
@@ -1706,6 +1800,7 @@ int main(void)
         cmocka_unit_test(test_head),
         cmocka_unit_test(test_block),
         cmocka_unit_test(test_block_repeats_bit_identical),
+        cmocka_unit_test(test_gemm_tuning_same_bits),
         cmocka_unit_test(test_argument_errors),
         cmocka_unit_test(test_block_gpt2_speed),
     };
