@@ -610,6 +610,37 @@ __global__ void rowdot_kernel(float *D, const T *dout, const T *out, int b0, int
     if (lane == 0) D[r] = d;
 }
 
+/* The same D with 16-byte loads (dout and out 16-byte aligned; hs a multiple
+ * of 8): 8 lanes a (row, head), items in memory order (b, t, h), so a warp
+ * reads 4 heads' contiguous bytes; each lane sums its 8-element slices in
+ * order, then the 8 lanes by butterflies.  The per-warp kernel above makes
+ * 2-byte loads, a warp a head: 45 us a layer of W1, against 17 at the
+ * bandwidth. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    rowdot_vec_kernel(float *D, const T *dout, const T *out, int b0, int items, int T_, int C, int NH, int hs)
+{
+    const int g = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 8), lane = threadIdx.x % 8;
+    float d = 0.0f;
+    int t = 0, h = 0, bl = 0;
+    if (g < items) {
+        h = g % NH;
+        t = (g / NH) % T_;
+        bl = g / (NH * T_);
+        const size_t off = ((size_t)(b0 + bl) * T_ + t) * C + (size_t)h * hs;
+        for (int c = lane * VN; c < hs; c += 8 * VN) {
+            float a[VN], o[VN];
+            load8(a, dout + off, (size_t)c, (size_t)hs, true);
+            load8(o, out + off, (size_t)c, (size_t)hs, true);
+#pragma unroll
+            for (int j = 0; j < VN; j++) d += a[j] * o[j];
+        }
+    }
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (g < items && lane == 0) D[((size_t)bl * NH + h) * T_ + t] = d;
+}
+
 template <typename E> constexpr size_t bwd_smem_bytes()
 {
     return 6 * E::TILE_BYTES + E::SLACK + 4 * BM * sizeof(float) + 2 * BM * sizeof(int);
@@ -892,7 +923,10 @@ template <typename X, int HS, typename E> td_status backward_on(X *dqkv, const B
     if (st != TD_OK) return st;
     for (int b0 = 0; b0 < a.B; b0 += G) {
         const int nb = a.B - b0 < G ? a.B - b0 : G, rows = nb * NH * T;
-        rowdot_kernel<X><<<(rows + 7) / 8, 256, 0, s>>>(D, dout, (const X *)a.out, b0, rows, T, C, NH, HS);
+        if (aligned16(dout) && aligned16(a.out) && C % VN == 0)
+            rowdot_vec_kernel<X><<<(rows + 31) / 32, 256, 0, s>>>(D, dout, (const X *)a.out, b0, rows, T, C, NH, HS);
+        else
+            rowdot_kernel<X><<<(rows + 7) / 8, 256, 0, s>>>(D, dout, (const X *)a.out, b0, rows, T, C, NH, HS);
         st = check_launch("flash attention backward (dout . out)");
         if (st != TD_OK) return st;
         flash_dq_kernel<X, HS, E><<<dim3(tiles, nb * NH), THREADS, smem, s>>>(dqkv, dout, qkv, a.lse, D, a.pos, b0, T,

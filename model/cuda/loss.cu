@@ -2,9 +2,10 @@
  * a padded vocabulary, and the tied head (see ops_cuda.h, ops.h).
  *
  * One block per row of logits (N rows of Vp).  Pass 1: each thread keeps an
- * online (max, sum of exp) over its columns v < V, the block merges them in
+ * online (max, sum of exp) over its columns v < V, eight at a time (their
+ * max first, the sum rescaled once when it grows), the block merges them in
  * a fixed order (warp butterflies, then the warps' results in ascending
- * order) into the row's lse.  Pass 2 (when a gradient or probabilities are
+ * order) into the row's lse; 16-bit logits in base 2 (SoftmaxExp).  Pass 2 (when a gradient or probabilities are
  * wanted) writes every column: exp(x - lse) [- 1 at the target] times dloss
  * for v < V, 0 for v >= V and for an ignored row.  A thread reads each of
  * its elements before writing it and the block synchronises between the
@@ -24,12 +25,27 @@ constexpr int kThreads = 512;
 
 enum RowMode { CE_FORWARD, CE_BACKWARD, CE_FUSED, SOFTMAX };
 
+/* The exponentials of the softmax.  16-bit logits take exp2 of values
+ * pre-scaled by log2 e (fewer instructions than expf; its error, a few
+ * units of fp32 rounding, is far below the logits' own); fp32 keeps expf,
+ * so fp32 losses stay the CPU's within fp32 rounding. */
+template <typename T> struct SoftmaxExp {
+    static constexpr bool kFast = sizeof(T) == 2;
+    static constexpr float kScale = kFast ? 1.4426950408889634f : 1.0f; /* log2 e */
+    static __device__ __forceinline__ float exp(float x) { return kFast ? exp2f(x) : expf(x); }
+    /* lse in natural units from the scaled max and sum */
+    static __device__ __forceinline__ float lse(float m, float l)
+    {
+        return kFast ? (m + log2f(l)) * 0.6931471805599453f : m + logf(l);
+    }
+};
+
 /* (m, l) merge of two online softmax states; (-inf, 0) is the empty state. */
-__device__ __forceinline__ void merge(float &m, float &l, float m2, float l2)
+template <typename T> __device__ __forceinline__ void merge(float &m, float &l, float m2, float l2)
 {
     const float mm = fmaxf(m, m2);
     if (mm == -INFINITY) return;
-    l = l * expf(m - mm) + l2 * expf(m2 - mm);
+    l = l * SoftmaxExp<T>::exp(m - mm) + l2 * SoftmaxExp<T>::exp(m2 - mm);
     m = mm;
 }
 
@@ -38,6 +54,7 @@ __global__ void __launch_bounds__(kThreads)
     row_softmax_kernel(T *outp, float *losses, float *lse, const T *logits, const int *targets,
                        float dloss, int N, int V, int Vp, bool vec)
 {
+    using E = SoftmaxExp<T>;
     __shared__ float sm[kThreads / 32], sl[kThreads / 32];
     __shared__ float row_lse;
     const int n = blockIdx.x;
@@ -48,23 +65,29 @@ __global__ void __launch_bounds__(kThreads)
     if (MODE == CE_BACKWARD) {
         if (threadIdx.x == 0) row_lse = lse[n];
     } else {
+        /* online (max, sum) in scaled units, 8 elements at a time: their max
+         * first, the sum rescaled once if it grew */
         float m = -INFINITY, l = 0.0f;
         for (int v = threadIdx.x * VN; v < V; v += kThreads * VN) {
             load8(f, x, v, Vp, vec);
+            const int k = V - v < VN ? V - v : VN;
+            float mx = m;
 #pragma unroll
             for (int j = 0; j < VN; j++) {
-                if (v + j >= V) break;
-                if (f[j] > m) {
-                    l = l * expf(m - f[j]) + 1.0f;
-                    m = f[j];
-                } else {
-                    l += expf(f[j] - m);
-                }
+                f[j] *= E::kScale;
+                if (j < k) mx = fmaxf(mx, f[j]);
             }
+            if (mx > m) {
+                l *= E::exp(m - mx);
+                m = mx;
+            }
+#pragma unroll
+            for (int j = 0; j < VN; j++)
+                if (j < k) l += E::exp(f[j] - m);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
-            merge(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+            merge<T>(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
         if (threadIdx.x % 32 == 0) {
             sm[threadIdx.x / 32] = m;
             sl[threadIdx.x / 32] = l;
@@ -72,8 +95,8 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         if (threadIdx.x == 0) {
             float bm = sm[0], bl = sl[0];
-            for (int w = 1; w < kThreads / 32; w++) merge(bm, bl, sm[w], sl[w]);
-            row_lse = bm + logf(bl);
+            for (int w = 1; w < kThreads / 32; w++) merge<T>(bm, bl, sm[w], sl[w]);
+            row_lse = E::lse(bm, bl);
             if (MODE != SOFTMAX) {
                 lse[n] = row_lse;
                 losses[n] = y < 0 ? 0.0f : row_lse - to_f32(x[y]);
@@ -82,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     if (MODE == CE_FORWARD) return;
-    const float L = row_lse;
+    const float L = row_lse * E::kScale;
     T *d = outp + (size_t)n * Vp;
     const bool ignored = MODE != SOFTMAX && y < 0;
     const float scale = MODE == SOFTMAX ? 1.0f : dloss;
@@ -92,7 +115,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < VN; j++) {
             const int c = v + j;
             float g = 0.0f;
-            if (!ignored && c < V) g = scale * (expf(f[j] - L) - (MODE != SOFTMAX && c == y ? 1.0f : 0.0f));
+            if (!ignored && c < V)
+                g = scale * (E::exp(f[j] * E::kScale - L) - (MODE != SOFTMAX && c == y ? 1.0f : 0.0f));
             f[j] = g;
         }
         store8(d, v, Vp, vec, f);
