@@ -139,21 +139,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-template <typename G>
-__global__ void layernorm_dparams_final_kernel(G *dweight, G *dbias, const float *part_w,
-                                               const float *part_b, int P, int C)
-{
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float tw = 0.0f, tb = 0.0f;
-    for (int p = 0; p < P; p++) {
-        tw += part_w[(size_t)p * C + c];
-        tb += part_b[(size_t)p * C + c];
-    }
-    if (dweight) dweight[c] = from_f32<G>(to_f32(dweight[c]) + tw);
-    if (dbias) dbias[c] = from_f32<G>(to_f32(dbias[c]) + tb);
-}
-
 } // namespace
 } // namespace tdc
 
@@ -227,8 +212,7 @@ extern "C" td_status td_ops_cuda_layernorm_backward_res(void *dinp, const void *
             part_w, part_b, (const X *)dout, (const X *)inp, mean, rstd, N, C, rows_per_part);
         st2 = check_launch("layernorm backward (partial dweight, dbias)");
         if (st2 != TD_OK) return st2;
-        layernorm_dparams_final_kernel<G><<<(C + 255) / 256, 256, 0, s>>>((G *)dweight, (G *)dbias,
-                                                                          part_w, part_b, P, C);
+        partials_final<G>((G *)dweight, part_w, (G *)dbias, part_b, P, C, s);
         return check_launch("layernorm backward (dweight, dbias)");
     });
 }

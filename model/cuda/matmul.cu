@@ -19,7 +19,8 @@
  * (a function of N only) summed by blocks of 32 columns x 8 row lanes into
  * fp32 partials (256 columns, 8 a thread with 16-byte loads, where rows are
  * 16-byte aligned: the same sums in the same order), then the P partials of
- * each column by 8 lanes (lane j: partials j, j + 8, ...) added in order. */
+ * each column by 8 lanes (lane j: partials j, j + 8, ...) added in order
+ * (partials_final, kernels.cuh). */
 #include "kernels.cuh"
 
 namespace tdc {
@@ -76,27 +77,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* The P partials of each column: block (32 columns x 8 lanes), lane ty sums
- * partials ty, ty + 8, ... in order, then the 8 lanes in order (a column a
- * thread of one block row took P dependent loads with a few blocks in all:
- * 8.5 us a call at W1's shapes, a fifth of the partial kernel's time). */
-template <typename G>
-__global__ void __launch_bounds__(256) colsum_final_kernel(G *out, const float *part, int P, int M)
-{
-    __shared__ float sh[8][33];
-    const int c = blockIdx.x * 32 + threadIdx.x;
-    float t = 0.0f;
-    if (c < M)
-        for (int p = threadIdx.y; p < P; p += 8) t += part[(size_t)p * M + c];
-    sh[threadIdx.y][threadIdx.x] = t;
-    __syncthreads();
-    if (threadIdx.y || c >= M) return;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) sum += sh[j][threadIdx.x];
-    out[c] = from_f32<G>(to_f32(out[c]) + sum);
-}
-
 } // namespace
 
 int colsum_parts(int N)
@@ -128,7 +108,7 @@ td_status colsum(td_dtype dt, td_dtype gdt, void *out, const void *x, int N, int
                                                                                   rows_per_part);
         td_status st = check_launch("bias gradient (partial sums)");
         if (st != TD_OK) return st;
-        colsum_final_kernel<G><<<(M + 31) / 32, dim3(32, 8), 0, s>>>((G *)out, part, P, M);
+        partials_final<G>((G *)out, part, nullptr, nullptr, P, M, s);
         return check_launch("bias gradient");
     });
 }

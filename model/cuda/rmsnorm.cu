@@ -105,16 +105,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-template <typename G>
-__global__ void rmsnorm_dweight_final_kernel(G *dweight, const float *part, int P, int C)
-{
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float tw = 0.0f;
-    for (int p = 0; p < P; p++) tw += part[(size_t)p * C + c];
-    dweight[c] = from_f32<G>(to_f32(dweight[c]) + tw);
-}
-
 } // namespace
 } // namespace tdc
 
@@ -183,7 +173,7 @@ extern "C" td_status td_ops_cuda_rmsnorm_backward_res(void *dinp, const void *dr
             part, (const X *)dout, (const X *)inp, rstd, N, C, rows_per_part);
         st2 = check_launch("rmsnorm backward (partial dweight)");
         if (st2 != TD_OK) return st2;
-        rmsnorm_dweight_final_kernel<G><<<(C + 255) / 256, 256, 0, s>>>((G *)dweight, part, P, C);
+        partials_final<G>((G *)dweight, part, nullptr, nullptr, P, C, s);
         return check_launch("rmsnorm backward (dweight)");
     });
 }
