@@ -196,8 +196,12 @@ td_status td_block_probe_time(td_block_probe *p, int repeat, double *fwd_ms, dou
      * from 3.9 to 4.4 ms over its first 17 blocks, nvidia-smi reading
      * 1320-1635 MHz at 679-695 W (1980 MHz idle); the cold probe's compute
      * term read 772-779 ms against an 895-908 ms step, after the heat 861. */
+    /* The heat also runs until the GEMM shapes' tuning has settled (their
+     * first calls take cuBLASLt's candidates in turn: ops_cuda.h), at most
+     * ten heats. */
     double heat_from = td_now_ms();
-    while (td_now_ms() - heat_from < TD_BLOCK_PROBE_HEAT_MS) {
+    while (td_now_ms() - heat_from < TD_BLOCK_PROBE_HEAT_MS ||
+           (td_ops_cuda_gemm_tuning(p->ops) && td_now_ms() - heat_from < 10 * TD_BLOCK_PROBE_HEAT_MS)) {
         TD_TRY(td_block_probe_forward(p));
         TD_TRY(td_block_probe_backward(p));
         TD_TRY(td_event_record(b, e[0], TD_QUEUE_COMPUTE));
