@@ -20,7 +20,11 @@
  * fp32 partials (256 columns, 8 a thread with 16-byte loads, where rows are
  * 16-byte aligned: the same sums in the same order), then the P partials of
  * each column by 8 lanes (lane j: partials j, j + 8, ...) added in order
- * (partials_final, kernels.cuh). */
+ * (partials_final, kernels.cuh).  cuBLASLt's BGRADB epilogue (the bias
+ * gradient in the dweight GEMM) was measured instead on an H200 at W1's and
+ * W2's shapes: it takes a 16-bit bias only (no fp32 gradient), and it made
+ * the GEMM slower by 13-42 us at W1's shapes (2-60 at W2's), as much as the
+ * two kernels here take: no gain. */
 #include "kernels.cuh"
 
 namespace tdc {
