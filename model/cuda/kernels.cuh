@@ -143,8 +143,9 @@ __device__ __forceinline__ float gelu_tanh_grad(float x)
  * NULL), for the column sums taken as P row-partition partials: a block of
  * 32 columns x 8 lanes, lane ty adds partials ty, ty + 8, ... in order, then
  * the 8 lanes are added in order (a fixed order: the same bits every run).
- * A column a thread, with the few blocks of C / 256, took P dependent loads:
- * 8-12 us a call at GPT-2's widths, against 2-3 like this. */
+ * A column a thread (C / 256 blocks, P dependent loads each) took 8.5 us a
+ * bias and 12 a LayerNorm at GPT-2 124M's widths, B16 (ncu, H200); these
+ * calls average 4.6 us over a step of Qwen2.5 0.5B at B16. */
 template <typename G>
 __global__ void __launch_bounds__(256)
     partials_final_kernel(G *out0, const float *part0, G *out1, const float *part1, int P, int M)
