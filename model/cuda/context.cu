@@ -184,20 +184,24 @@ static bool tune_settle(td_ops_cuda_plan *p, bool verbose)
             return false;
         }
     }
-    float least[TD_OPS_CUDA_TUNE_MAX]; /* each candidate's least time, -1 if none was timed */
+    float best = 0.0f;
     int pick = -1;
     for (int c = 0; c < p->n_cand; c++) {
-        least[c] = -1.0f;
-        for (int r = 0; r < TD_OPS_CUDA_TUNE_ROUNDS && !p->refused[c]; r++) {
+        if (p->refused[c]) continue;
+        float least = -1.0f;
+        for (int r = 0; r < TD_OPS_CUDA_TUNE_ROUNDS; r++) {
             const int i = r * p->n_cand + c;
             float ms = 0.0f;
             if (cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]) != cudaSuccess) {
                 (void)cudaGetLastError();
                 continue;
             }
-            if (least[c] < 0.0f || ms < least[c]) least[c] = ms;
+            if (least < 0.0f || ms < least) least = ms;
         }
-        if (least[c] >= 0.0f && (pick < 0 || least[c] < least[pick])) pick = c;
+        if (least >= 0.0f && (pick < 0 || least < best)) {
+            best = least;
+            pick = c;
+        }
     }
     if (pick >= 0) {
         p->algo = p->cand[pick];
@@ -206,7 +210,19 @@ static bool tune_settle(td_ops_cuda_plan *p, bool verbose)
     if (verbose) {
         fprintf(stderr, "gemm tune: m %d n %d k %d batch %d ta %d tb %d epi %d:", p->key.m, p->key.n, p->key.k,
                 p->key.batch, p->key.ta, p->key.tb, p->key.epilogue);
-        for (int c = 0; c < p->n_cand; c++) fprintf(stderr, " %s%.4f", c == pick ? "*" : "", least[c]);
+        for (int c = 0; c < p->n_cand; c++) {
+            float least = -1.0f;
+            for (int r = 0; r < TD_OPS_CUDA_TUNE_ROUNDS; r++) {
+                const int i = r * p->n_cand + c;
+                float ms = 0.0f;
+                if (cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    continue;
+                }
+                if (least < 0.0f || ms < least) least = ms;
+            }
+            fprintf(stderr, " %s%.4f", c == pick ? "*" : "", least);
+        }
         fprintf(stderr, "\n");
     }
     tune_end(p);
