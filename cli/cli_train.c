@@ -208,6 +208,9 @@ static void agree_build(agree_list *a, const td_opt *table, const td_train_confi
     snprintf(data, sizeof data, "%llu tokens, CRC-32 %08x, loader fingerprint %016llx",
              (unsigned long long)info->token_count, (unsigned)info->payload_crc32, (unsigned long long)pos.fingerprint);
     agree_add(a, "the data file", data);
+    /* a rank with its own reduce-scatter communicator and one without would
+     * wait for each other's collectives */
+    agree_add(a, "TD_REDUCE_COMM", cfg->reduce_comm == TD_REDUCE_COMM_SHARED ? "shared" : "own");
 }
 
 /* Whether any rank was asked to stop (each rank gets the signal at its own
@@ -506,9 +509,11 @@ static td_status print_start(train_run *r)
         return st;
     if (r->lead && r->env.size > 1)
         fprintf(stderr, "tidal train: %d ranks (%s), ZeRO-3: every chunk split over %d ranks (--shard %s), each rank's "
-                "host holding its shard of params, grads and optimizer state; global batch %d x %d x %d sequences; per "
-                "rank:\n", r->env.size, r->env.launcher, td_trainer_shard_ranks(r->t),
-                td_shard_mode_name(td_trainer_config(r->t)->shard), r->env.size, cfg->micro_batch, cfg->grad_accum);
+                "host holding its shard of params, grads and optimizer state; grads reduce-scattered on %s; global "
+                "batch %d x %d x %d sequences; per rank:\n", r->env.size, r->env.launcher, td_trainer_shard_ranks(r->t),
+                td_shard_mode_name(td_trainer_config(r->t)->shard),
+                tc->reduce_comm == TD_REDUCE_COMM_OWN ? "a communicator of their own" : "the gathers' communicator",
+                r->env.size, cfg->micro_batch, cfg->grad_accum);
     if (r->lead) print_model_line(r);
     if (r->lead) fprintf(stderr, "tidal train: host plan %s %s + %s pageable (--optim-state %s) of %s RAM (%s); heap measured by %s\n",
             td_format_bytes(r->hplan.host_pinned_bytes, a, sizeof a),

@@ -108,11 +108,15 @@ static void test_ranks_match_one_rank(void **state)
      * machine's load, and under an evicting budget the window decides
      * which grad chunks are reduce-scattered between micro-batches, so the
      * losses differed from step 5 on by about 1e-9 from run to run. */
+    /* c 8: the evicting run with the grads' reduce-scatters on the gathers'
+     * communicator (TD_REDUCE_COMM=shared) instead of their own, bit for
+     * bit: the same sums, whichever communicator carries them. */
     const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
-                                  "--policy cuda", tight, "--policy cpu --adam-thread on", tight_thread, tight_window};
-    static const int ranks_of[] = {2, 3, 2, 3, 2, 3, 2, 2}, same_as[] = {-1, -1, -1, -1, -1, 1, 4, 4};
-    double losses[8][STEPS];
-    for (int c = 0; c < 8; c++) {
+                                  "--policy cuda", tight, "--policy cpu --adam-thread on", tight_thread, tight_window,
+                                  tight};
+    static const int ranks_of[] = {2, 3, 2, 3, 2, 3, 2, 2, 2}, same_as[] = {-1, -1, -1, -1, -1, 1, 4, 4, 4};
+    double losses[9][STEPS];
+    for (int c = 0; c < 9; c++) {
         int n = ranks_of[c];
         char out[256], args[2048], log[256];
         double loss[STEPS], norm[STEPS];
@@ -123,7 +127,9 @@ static void test_ranks_match_one_rank(void **state)
         /* the last: chunks evicted and reloaded, under the cpu backend's debug
          * mode (a copy's destination poisoned until it lands: a collective or
          * an update that reads a chunk before its copy is done fails) */
-        int rc = run(out, c == 4 || c >= 6 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s" : "%s train %s",
+        int rc = run(out, c == 8   ? "env TD_REDUCE_COMM=shared TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s"
+                          : c == 4 || c >= 6 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s"
+                                             : "%s train %s",
                      args);
         if (rc) fail_msg("%d ranks, %s: exit %d: %s", n, policy[c], rc, td_proc_slurp(out));
         assert_int_equal(td_proc_read_log(log, loss, norm, STEPS), STEPS);
@@ -147,6 +153,8 @@ static void test_ranks_match_one_rank(void **state)
         assert_non_null(first);
         assert_null(strstr(first + 1, "step 20/20"));
         assert_non_null(strstr(o, "ZeRO-3"));
+        assert_non_null(strstr(o, c == 8 ? "reduce-scattered on the gathers' communicator"
+                                         : "reduce-scattered on a communicator of their own"));
     }
 }
 
@@ -522,27 +530,35 @@ static void test_nproc_killed_rank(void **state)
 static void test_mismatched_flags(void **state)
 {
     (void)state;
-    for (int c = 0; c < 2; c++) {
+    /* c 0: --lr; c 1: the data file; c 2: TD_REDUCE_COMM */
+    static const char *const what[] = {"--lr and both values", "data file", "TD_REDUCE_COMM"};
+    for (int c = 0; c < 3; c++) {
         char out[2][256], args[2048];
         int port = td_test_free_port();
         pid_t p[2];
         for (int r = 0; r < 2; r++) {
             snprintf(out[r], sizeof out[r], "%s/mm%d_%d.out", tmp, c, r);
             snprintf(args, sizeof args, "--data %s/%s " MODEL " --micro-batch 3 --steps 2 --comm-timeout 20%s", tmp,
-                     c && r ? "other.tok" : "ok.tok", !c && r ? " --lr 0.001" : "");
-            p[r] = td_proc_start(out[r], r, 2, port, "%s train %s", tidal, args);
+                     c == 1 && r ? "other.tok" : "ok.tok", !c && r ? " --lr 0.001" : "");
+            p[r] = td_proc_start(out[r], r, 2, port, "%s%s train %s", c == 2 && r ? "env TD_REDUCE_COMM=shared " : "",
+                                 tidal, args);
         }
         for (int r = 0; r < 2; r++) {
             int rc = td_proc_finish(p[r], 120, "a rank with a mismatched flag");
             const char *o = td_proc_slurp(out[r]);
-            int named = c ? strstr(o, "ranks disagree on the data file") != NULL
-                          : strstr(o, "ranks disagree on --lr") && strstr(o, "'0.003'") && strstr(o, "'0.001'");
-            if (rc == 0 || !named)
-                fail_msg("rank %d: exit %d, want a refusal naming the %s: %s", r, rc,
-                         c ? "data file" : "--lr and both values", o);
+            int named = c == 2   ? strstr(o, "ranks disagree on TD_REDUCE_COMM") != NULL
+                        : c == 1 ? strstr(o, "ranks disagree on the data file") != NULL
+                                 : strstr(o, "ranks disagree on --lr") && strstr(o, "'0.003'") && strstr(o, "'0.001'");
+            if (rc == 0 || !named) fail_msg("rank %d: exit %d, want a refusal naming the %s: %s", r, rc, what[c], o);
             assert_null(strstr(o, "step 1/2"));
         }
     }
+    /* a value that names neither: refused before anything starts */
+    char out[256], args[512];
+    snprintf(out, sizeof out, "%s/rc_bad.out", tmp);
+    snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 2 --nproc 2", tmp);
+    assert_int_not_equal(run(out, "env TD_REDUCE_COMM=both %s train %s", args), 0);
+    assert_non_null(strstr(td_proc_slurp(out), "TD_REDUCE_COMM=both: use own"));
 }
 
 /* MASTER_PORT already taken on rank 0's host: a clear error, at once. */

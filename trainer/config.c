@@ -2,6 +2,9 @@
  * include/tidal/trainer.h). */
 #include "tidal/trainer.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 td_train_config td_train_default_config(void)
 {
     td_train_config c = {0};
@@ -15,6 +18,10 @@ td_train_config td_train_default_config(void)
     c.backend = TD_BACKEND_AUTO;
     c.mm = td_memmgr_default_params();
     c.optim = td_optim_default_params();
+    const char *rc = getenv("TD_REDUCE_COMM");
+    if (rc && *rc)
+        c.reduce_comm = !strcmp(rc, "own") ? TD_REDUCE_COMM_OWN
+                      : !strcmp(rc, "shared") ? TD_REDUCE_COMM_SHARED : TD_REDUCE_COMM_INVALID;
     return c;
 }
 
@@ -32,6 +39,9 @@ td_status td_train_config_check(const td_train_config *c)
 {
     td_status st = td_model_desc_check(&c->model);
     if (st) return st;
+    if ((unsigned)c->reduce_comm >= TD_REDUCE_COMM_INVALID)
+        return td_error_set(TD_ERR_INVALID, "TD_REDUCE_COMM=%s: use own (the grads' reduce-scatters on a communicator "
+                            "of their own) or shared (on the gathers')", getenv("TD_REDUCE_COMM") ? getenv("TD_REDUCE_COMM") : "?");
     if (c->micro_batch < 1) return td_error_set(TD_ERR_INVALID, "--micro-batch must be at least 1 (got %d)", c->micro_batch);
     if (c->seq_len < 1 || c->seq_len > c->model.n_positions)
         return td_error_set(TD_ERR_INVALID, "--seq %d must lie in [1, %d] (the model's positions)", c->seq_len,

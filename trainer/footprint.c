@@ -263,6 +263,7 @@ size_t td_train_comm_device_bytes(const td_train_config *cfg)
     if (cfg->ranks <= 1 || cfg->backend != TD_BACKEND_CUDA) return 0;
     if (cfg->comm_device_bytes) return cfg->comm_device_bytes;
     int groups = td_train_shard_ranks(cfg) < cfg->ranks ? 2 : 1; /* --shard node over hosts: a second communicator */
+    if (td_train_shard_ranks(cfg) > 1 && cfg->reduce_comm == TD_REDUCE_COMM_OWN) groups++; /* the reduce-scatters' */
     return (size_t)groups * TD_TRAIN_NCCL_PLAN_BYTES;
 }
 

@@ -66,7 +66,7 @@ static td_status mm_reduce_scatter(void *ctx, void *buf, size_t S, td_dtype dt, 
 {
     td_trainer *t = ctx;
     char *mine = (char *)buf + (size_t)t->shard_rank * S * td_dtype_bytes(dt);
-    td_status st = td_comm_reduce_scatter(t->scomm, buf, mine, S, dt, q);
+    td_status st = td_comm_reduce_scatter(t->rcomm ? t->rcomm : t->scomm, buf, mine, S, dt, q);
     return st || !t->xcomm ? st : td_comm_all_reduce(t->xcomm, mine, mine, S, dt, TD_REDUCE_SUM, q);
 }
 
@@ -84,12 +84,21 @@ static td_status mm_agree_max(void *ctx, double *v, int n)
     return st;
 }
 
-static td_status mm_wait(void *ctx, td_queue q)
+/* The host waits for queue q through every communicator that may have a
+ * collective on it, the reduce-scatters' first on the D2H queue: a wait
+ * ends when the queue drains, or aborts its communicator at the timeout,
+ * so the one whose collective hangs should be the one waited through. */
+static td_status queue_wait(td_trainer *t, td_queue q)
 {
-    td_trainer *t = ctx;
-    td_status st = td_comm_wait(t->scomm, q);
-    return st || !t->xcomm ? st : td_comm_wait(t->xcomm, q);
+    td_status st = TD_OK;
+    if (t->rcomm && q == TD_QUEUE_D2H) st = td_comm_wait(t->rcomm, q);
+    if (!st) st = td_comm_wait(t->scomm, q);
+    if (!st && t->xcomm) st = td_comm_wait(t->xcomm, q);
+    if (!st && t->rcomm && q != TD_QUEUE_D2H) st = td_comm_wait(t->rcomm, q);
+    return st;
 }
+
+static td_status mm_wait(void *ctx, td_queue q) { return queue_wait(ctx, q); }
 
 /* --shard node over several hosts: a communicator over this host's ranks
  * (the shard group) and one over the ranks holding the same shard on the
@@ -331,11 +340,11 @@ static td_status agree_size(td_trainer *t, size_t *v, int max)
     return st;
 }
 
-/* The communicator's own device memory (NCCL's buffers, which NCCL
+/* The communicators' own device memory (NCCL's buffers, which NCCL
  * allocates itself, partly at the first collectives): the device's free
- * memory before it joined (free0) less after a gather and a reduce-scatter
- * of small and large counts on the two copy queues, where the chunk
- * manager runs them.  The largest over the ranks, so every rank's arena
+ * memory before the first joined (free0) less after a gather, a
+ * reduce-scatter and an all-reduce of small and large counts on each,
+ * on the two copy queues, where the chunk manager runs them.  The largest over the ranks, so every rank's arena
  * has the same budget (the ranks must make the same eviction decisions). */
 static td_status measure_comm_bytes(td_trainer *t, size_t free0, size_t *out)
 {
@@ -350,13 +359,22 @@ static td_status measure_comm_bytes(td_trainer *t, size_t free0, size_t *out)
     TD_TRY(td_arena_alloc(a, bytes, TD_ROLE_COMM, &buf));
     TD_TRY(td_backend_memset_async(t->backend, TD_QUEUE_COMPUTE, buf, 0, bytes));
     TD_TRY(td_queue_sync(t->backend, TD_QUEUE_COMPUTE));
-    for (int q = TD_QUEUE_H2D; q <= TD_QUEUE_D2H; q++)
-        for (int i = 0; i < 2; i++) {
-            char *mine = (char *)buf + (size_t)t->rank * counts[i] * E;
-            TD_TRY(td_comm_all_gather(t->comm, mine, buf, counts[i], TD_DTYPE_BF16, (td_queue)q));
-            TD_TRY(td_comm_reduce_scatter(t->comm, buf, mine, counts[i], TD_DTYPE_BF16, (td_queue)q));
-            TD_TRY(td_comm_wait(t->comm, (td_queue)q));
-        }
+    /* every communicator that runs collectives on the device, each kind of
+     * collective on each copy queue (NCCL connects them as first used) */
+    td_comm *comms[3] = {t->scomm, t->xcomm, t->rcomm};
+    for (int c = 0; c < 3; c++) {
+        if (!comms[c]) continue;
+        int size = td_comm_size(comms[c]), me = td_comm_rank(comms[c]);
+        for (int q = TD_QUEUE_H2D; q <= TD_QUEUE_D2H; q++)
+            for (int i = 0; i < 2; i++) {
+                char *mine = (char *)buf + (size_t)me * counts[i] * E;
+                TD_TRY(td_comm_all_gather(comms[c], mine, buf, counts[i], TD_DTYPE_BF16, (td_queue)q));
+                TD_TRY(td_comm_reduce_scatter(comms[c], buf, mine, counts[i], TD_DTYPE_BF16, (td_queue)q));
+                TD_TRY(td_comm_all_reduce(comms[c], buf, buf, counts[i] * (size_t)size, TD_DTYPE_BF16, TD_REDUCE_SUM,
+                                          (td_queue)q));
+                TD_TRY(td_comm_wait(comms[c], (td_queue)q));
+            }
+    }
     td_arena_release(a, buf);
     buf = NULL;
     td_arena_destroy(a);
@@ -421,6 +439,8 @@ td_status td_trainer_create(const td_train_config *cfg, td_trainer **out)
         t->replica_rank = t->rank / t->shard_ranks;
         t->scomm = t->comm;
         if (t->shard_ranks < t->ranks) TD_TRY(split_groups(t));
+        if (t->shard_ranks > 1 && cfg->reduce_comm == TD_REDUCE_COMM_OWN) /* every rank of scomm, in its order */
+            TD_TRY(td_comm_split(t->scomm, 0, t->shard_rank, &t->rcomm));
         /* NCCL's buffers come out of the budget, as measured (the plan's figure otherwise) */
         TD_TRY(measure_comm_bytes(t, t->dev_free0, &t->cfg.comm_device_bytes));
         size_t after = td_train_library_heap();
@@ -603,6 +623,7 @@ void td_trainer_destroy(td_trainer *t)
     td_hostpool_destroy(t->pool);
     td_hostmem_destroy(t->hostmem);
     td_topo_destroy(t->topo);
+    td_comm_destroy(t->rcomm);
     td_comm_destroy(t->xcomm);
     if (t->scomm != t->comm) td_comm_destroy(t->scomm);
     td_comm_destroy(t->comm);
@@ -1566,7 +1587,7 @@ static td_status optimizer_step_sharded(td_trainer *t, td_optim_step *os)
     /* Every reduce-scatter done (bounded), before the host waits on the
      * write-backs queued behind them. */
     TD_TRY(compute_sync(t));
-    TD_TRY(td_comm_wait(t->comm, TD_QUEUE_D2H));
+    TD_TRY(queue_wait(t, TD_QUEUE_D2H));
     /* The GPU AdamW's chunks' shard sums on the device first, then the
      * host's (taken on the device in the backward when the updates went
      * over there: early_sums_on_device). */

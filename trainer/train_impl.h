@@ -100,8 +100,15 @@ struct td_trainer {
      * shares every chunk with (comm itself, or this host's ranks under
      * --shard node), this rank shard_rank of shard_ranks; xcomm over the
      * ranks on other hosts holding the same shard (replica_rank its index,
-     * NULL when the shard group is the job), whose grads are summed too. */
-    td_comm *scomm, *xcomm;
+     * NULL when the shard group is the job), whose grads are summed too.
+     * rcomm: the shard group again, for the grads' reduce-scatters alone
+     * (NULL where they share scomm: cfg.reduce_comm, or one rank).  NCCL
+     * runs one communicator's collectives in the order they were issued,
+     * whatever their streams, so on scomm a gather issued after a
+     * reduce-scatter waits for it, and the reduce-scatter waits for the
+     * backward that makes its grads: the next chunk's prefetch then lands
+     * late.  On two communicators each keeps its own order. */
+    td_comm *scomm, *xcomm, *rcomm;
     int shard_rank, shard_ranks, replica_rank;
     int node_rank;                     /* the launcher's host index (-1: not given) */
     uint64_t host_id;                  /* a hash of the host's name, NUMA nodes and node_rank (share_cores) */

@@ -71,6 +71,11 @@ typedef enum td_ckpt_mode { TD_CKPT_AUTO, TD_CKPT_ON, TD_CKPT_OFF } td_ckpt_mode
 typedef enum td_shard_mode { TD_SHARD_AUTO, TD_SHARD_WORLD, TD_SHARD_NODE } td_shard_mode;
 const char *td_shard_mode_name(td_shard_mode m);
 td_status td_shard_mode_parse(const char *name, td_shard_mode *out); /* auto, world, node */
+/* Where the grads' reduce-scatters run under ZeRO-3: on a communicator of
+ * their own beside the gathers' (OWN, the default), or on the gathers'
+ * (SHARED); td_train_default_config takes it from TD_REDUCE_COMM (own,
+ * shared), INVALID when that names neither (td_train_config_check says so). */
+typedef enum td_reduce_comm { TD_REDUCE_COMM_OWN, TD_REDUCE_COMM_SHARED, TD_REDUCE_COMM_INVALID } td_reduce_comm;
 
 typedef struct td_train_config {
     td_model_desc model;
@@ -135,6 +140,7 @@ typedef struct td_train_config {
      * NODE where the job spans hosts and each host holds the model state,
      * else WORLD (td_train_resolve_shard). */
     td_shard_mode shard;
+    td_reduce_comm reduce_comm;
     /* The communicator's own device memory (NCCL's buffers), out of
      * gpu_budget: 0 plans it (td_train_comm_device_bytes); the trainer
      * measures it and plans with that. */
