@@ -49,7 +49,7 @@ GROUPS = [
     ("Four and eight GPUs: ZeRO-3 beside FSDP2 on as many and tidal on one (W7x4, W7x8; a machine of 4 or 8 GPUs)",
      "python3 bench/workloads.py --workloads W7 --ranks 4   # --ranks 8", ["W7x4", "W7x8"]),
     ("Two GPUs: the largest model on two beside one, and beside FSDP2 at its largest (W10)",
-     "python3 bench/w10.py", ["W10"]),
+     "python3 bench/w10.py", ["W10", "W10-2gpu"]),
     ("The host's bytes a parameter under ZeRO-3, one rank and two on one host",
      "python3 bench/host_peak.py --ranks 1,2", ["host-peak-fp32"]),
     ("The rotary families on two GPUs against one, and the fp16 loop beside bf16 (a machine of 2 GPUs)",

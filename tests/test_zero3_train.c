@@ -108,9 +108,10 @@ static void test_ranks_match_one_rank(void **state)
      * machine's load, and under an evicting budget the window decides
      * which grad chunks are reduce-scattered between micro-batches, so the
      * losses differed from step 5 on by about 1e-9 from run to run. */
-    /* c 8: the evicting run with the grads' reduce-scatters on the gathers'
-     * communicator (TD_REDUCE_COMM=shared) instead of their own, bit for
-     * bit: the same sums, whichever communicator carries them. */
+    /* c 8: the evicting run with the grads' reduce-scatters on a
+     * communicator of their own (TD_REDUCE_COMM=own) instead of the
+     * gathers', bit for bit: the same sums, whichever communicator carries
+     * them. */
     const char *const policy[] = {"--policy cpu", "--policy cpu", "--policy static --offload-optim-frac 0.5",
                                   "--policy cuda", tight, "--policy cpu --adam-thread on", tight_thread, tight_window,
                                   tight};
@@ -127,7 +128,7 @@ static void test_ranks_match_one_rank(void **state)
         /* the last: chunks evicted and reloaded, under the cpu backend's debug
          * mode (a copy's destination poisoned until it lands: a collective or
          * an update that reads a chunk before its copy is done fails) */
-        int rc = run(out, c == 8   ? "env TD_REDUCE_COMM=shared TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s"
+        int rc = run(out, c == 8   ? "env TD_REDUCE_COMM=own TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s"
                           : c == 4 || c >= 6 ? "env TD_CPU_DEBUG=1 TD_CPU_DEBUG_DELAY_US=100 %s train %s"
                                              : "%s train %s",
                      args);
@@ -153,8 +154,8 @@ static void test_ranks_match_one_rank(void **state)
         assert_non_null(first);
         assert_null(strstr(first + 1, "step 20/20"));
         assert_non_null(strstr(o, "ZeRO-3"));
-        assert_non_null(strstr(o, c == 8 ? "reduce-scattered on the gathers' communicator"
-                                         : "reduce-scattered on a communicator of their own"));
+        assert_non_null(strstr(o, c == 8 ? "reduce-scattered on a communicator of their own"
+                                         : "reduce-scattered on the gathers' communicator"));
     }
 }
 
@@ -540,7 +541,7 @@ static void test_mismatched_flags(void **state)
             snprintf(out[r], sizeof out[r], "%s/mm%d_%d.out", tmp, c, r);
             snprintf(args, sizeof args, "--data %s/%s " MODEL " --micro-batch 3 --steps 2 --comm-timeout 20%s", tmp,
                      c == 1 && r ? "other.tok" : "ok.tok", !c && r ? " --lr 0.001" : "");
-            p[r] = td_proc_start(out[r], r, 2, port, "%s%s train %s", c == 2 && r ? "env TD_REDUCE_COMM=shared " : "",
+            p[r] = td_proc_start(out[r], r, 2, port, "%s%s train %s", c == 2 && r ? "env TD_REDUCE_COMM=own " : "",
                                  tidal, args);
         }
         for (int r = 0; r < 2; r++) {
@@ -558,7 +559,7 @@ static void test_mismatched_flags(void **state)
     snprintf(out, sizeof out, "%s/rc_bad.out", tmp);
     snprintf(args, sizeof args, "--data %s/ok.tok " MODEL " --micro-batch 3 --steps 2 --nproc 2", tmp);
     assert_int_not_equal(run(out, "env TD_REDUCE_COMM=both %s train %s", args), 0);
-    assert_non_null(strstr(td_proc_slurp(out), "TD_REDUCE_COMM=both: use own"));
+    assert_non_null(strstr(td_proc_slurp(out), "TD_REDUCE_COMM=both: use shared"));
 }
 
 /* MASTER_PORT already taken on rank 0's host: a clear error, at once. */

@@ -102,12 +102,12 @@ struct td_trainer {
      * ranks on other hosts holding the same shard (replica_rank its index,
      * NULL when the shard group is the job), whose grads are summed too.
      * rcomm: the shard group again, for the grads' reduce-scatters alone
-     * (NULL where they share scomm: cfg.reduce_comm, or one rank).  NCCL
-     * runs one communicator's collectives in the order they were issued,
-     * whatever their streams, so on scomm a gather issued after a
-     * reduce-scatter waits for it, and the reduce-scatter waits for the
-     * backward that makes its grads: the next chunk's prefetch then lands
-     * late.  On two communicators each keeps its own order. */
+     * (TD_REDUCE_COMM=own; NULL where they share scomm, the default).
+     * NCCL runs one communicator's collectives in the order they were
+     * issued, whatever their streams: on scomm a gather issued after a
+     * reduce-scatter waits for it, and the reduce-scatter for the backward
+     * that makes its grads.  On two communicators each keeps its own
+     * order (docs/distributed.md: on W7 the steps came out the same). */
     td_comm *scomm, *xcomm, *rcomm;
     int shard_rank, shard_ranks, replica_rank;
     int node_rank;                     /* the launcher's host index (-1: not given) */
