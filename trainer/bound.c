@@ -522,8 +522,8 @@ void td_train_bound_of(const td_train_config *cfg, const td_train_plan *p, const
     out->pcie_ms = r->copy_gbs > 0 ? (p->h2d_bytes_per_step + p->d2h_bytes_per_step) / (r->copy_gbs * 1e9) * 1e3 : 0;
     /* Several ranks: the other ranks' shards over the devices' links, the
      * gathers and the reduce-scatters sharing them (one direction each way
-     * at best; counted in series: on their two communicators they overlap
-     * each other but share the links' bandwidth). */
+     * at best; counted in series: they share the links' bandwidth, and on
+     * one communicator NCCL runs them in turn). */
     out->link_ms = r->link_gbs > 0 ? (p->gather_bytes_per_step + p->reduce_bytes_per_step) / (r->link_gbs * 1e9) * 1e3 : 0;
     /* The CPU AdamW streams its bytes a param at the measured DRAM rate (a
      * compact state moves fewer bytes at the same rate). */

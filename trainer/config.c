@@ -39,9 +39,11 @@ td_status td_train_config_check(const td_train_config *c)
 {
     td_status st = td_model_desc_check(&c->model);
     if (st) return st;
-    if ((unsigned)c->reduce_comm >= TD_REDUCE_COMM_INVALID)
+    if ((unsigned)c->reduce_comm >= TD_REDUCE_COMM_INVALID) {
+        const char *v = getenv("TD_REDUCE_COMM");
         return td_error_set(TD_ERR_INVALID, "TD_REDUCE_COMM=%s: use shared (the grads' reduce-scatters on the gathers' "
-                            "communicator, the default) or own (on a communicator of their own)", getenv("TD_REDUCE_COMM") ? getenv("TD_REDUCE_COMM") : "?");
+                            "communicator, the default) or own (on a communicator of their own)", v ? v : "?");
+    }
     if (c->micro_batch < 1) return td_error_set(TD_ERR_INVALID, "--micro-batch must be at least 1 (got %d)", c->micro_batch);
     if (c->seq_len < 1 || c->seq_len > c->model.n_positions)
         return td_error_set(TD_ERR_INVALID, "--seq %d must lie in [1, %d] (the model's positions)", c->seq_len,

@@ -343,9 +343,10 @@ static td_status agree_size(td_trainer *t, size_t *v, int max)
 /* The communicators' own device memory (NCCL's buffers, which NCCL
  * allocates itself, partly at the first collectives): the device's free
  * memory before the first joined (free0) less after a gather, a
- * reduce-scatter and an all-reduce of small and large counts on each,
- * on the two copy queues, where the chunk manager runs them.  The largest over the ranks, so every rank's arena
- * has the same budget (the ranks must make the same eviction decisions). */
+ * reduce-scatter and an all-reduce of small and large counts on each, on
+ * the two copy queues, where the chunk manager runs them.  The largest
+ * over the ranks, so every rank's arena has the same budget (the ranks
+ * must make the same eviction decisions). */
 static td_status measure_comm_bytes(td_trainer *t, size_t free0, size_t *out)
 {
     td_status st = TD_OK;
