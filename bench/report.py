@@ -166,6 +166,11 @@ def table(r):
     for f in r["figures"]:
         name = f["name"].replace("|", "\\|")  # a '|' in a name would end the table's cell
         lines.append(f"| {name} | {fmt(f['value'], f['unit'])} |")
+    # the runs' models, as the file's details name them (a figure's row names only its id)
+    runs = (r.get("details") or {}).get("workloads") if isinstance(r.get("details"), dict) else None
+    named = [f"{w['id']}: {w['model']}" for w in runs or [] if isinstance(w, dict) and w.get("id") and w.get("model")]
+    if named:
+        lines += ["", "Models: " + "; ".join(named) + "."]
     return lines
 
 

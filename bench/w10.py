@@ -133,6 +133,7 @@ def main(argv=None):
         if not t.get("tokens_per_s"):
             continue
         figs.append(res.figure(f"{row['w'].id} tidal tokens/s", t["tokens_per_s"], "tok/s"))
+        figs.append(res.figure(f"{row['w'].id} model, trained", shapes[row["w"].id[len("W10-"):]]["params"], "params"))
         if row["w"].id == "W10-at-peer-max" and best and best.get("tokens_per_s"):
             r = t["tokens_per_s"] / best["tokens_per_s"]
             wl.say(f"at FSDP2's largest: tidal {t['tokens_per_s']:.0f} tok/s, FSDP2 {best['tokens_per_s']:.0f} tok/s: "
