@@ -22,8 +22,9 @@ The W10 targets: tidal-2gpu's model at least tidal-1gpu's; at FSDP2's
 largest, tidal at least 2x FSDP2.  Peers are not run at tidal's larger
 shapes (their host state would not fit).  The results file
 (bench/results/W10.json through bench/results.py; --results DIR for
-another folder) has the two comparisons as figures and every run's
-figures, the shapes and their parameter counts as details.
+another folder) has the two comparisons (each where both of its rows ran)
+and each trained row's tokens/s and parameter count as figures; every
+run's figures, the shapes and their parameter counts as details.
 
 Usage (GPU machine of 2 GPUs, repository root, after `make`):
     python3 bench/w10.py                               # all rows
