@@ -107,7 +107,7 @@ struct td_trainer {
      * issued, whatever their streams: on scomm a gather issued after a
      * reduce-scatter waits for it, and the reduce-scatter for the backward
      * that makes its grads.  On two communicators each keeps its own
-     * order (docs/distributed.md: on W7 the steps came out the same). */
+     * order (docs/distributed.md). */
     td_comm *scomm, *xcomm, *rcomm;
     int shard_rank, shard_ranks, replica_rank;
     int node_rank;                     /* the launcher's host index (-1: not given) */

@@ -73,9 +73,9 @@ const char *td_shard_mode_name(td_shard_mode m);
 td_status td_shard_mode_parse(const char *name, td_shard_mode *out); /* auto, world, node */
 /* Where the grads' reduce-scatters run under ZeRO-3: on the gathers'
  * communicator (SHARED, the default), or on a communicator of their own
- * beside it (OWN: NCCL's buffers twice, about 0.5 GiB more a GPU on two
- * H200s); td_train_default_config takes it from TD_REDUCE_COMM (shared,
- * own), INVALID when that names neither (td_train_config_check says so). */
+ * beside it (OWN: a second set of NCCL buffers out of each GPU's budget);
+ * td_train_default_config takes it from TD_REDUCE_COMM (shared, own),
+ * INVALID when that names neither (td_train_config_check says so). */
 typedef enum td_reduce_comm { TD_REDUCE_COMM_SHARED, TD_REDUCE_COMM_OWN, TD_REDUCE_COMM_INVALID } td_reduce_comm;
 
 typedef struct td_train_config {
